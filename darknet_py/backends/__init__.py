@@ -1,0 +1,56 @@
+"""Backends: where a network's arrays live and how its ops run.
+
+Layers never branch on the device; they call the ops of the backend they were
+given. ``numpy_backend.NumpyBackend`` is the reference; ``cuda_backend.CudaBackend``
+runs the same ops as hand-written CUDA kernels and is imported only when asked for,
+so the package works without PyCUDA.
+"""
+import sys
+
+from .numpy_backend import NumpyBackend
+
+
+class BackendError(Exception):
+    pass
+
+
+def cuda_available():
+    """True when PyCUDA imports and at least one CUDA device is present."""
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        return drv.Device.count() > 0
+    except Exception:
+        return False
+
+
+def get_backend(device="auto", notice=True):
+    """Return a backend for `device`: "cpu", "cuda", "cuda:N", an int N, or "auto"
+    (CUDA when PyCUDA and a GPU are present, else NumPy with a one-line notice)."""
+    if device is None:
+        device = "auto"
+    if isinstance(device, int):
+        device = f"cuda:{device}"
+    device = str(device).lower()
+    if device == "cpu":
+        return NumpyBackend()
+    if device == "auto":
+        if cuda_available():
+            return get_backend("cuda:0")
+        if notice:
+            print("darknet-py: no CUDA GPU (or PyCUDA) found; running on the CPU (NumPy)",
+                  file=sys.stderr)
+        return NumpyBackend()
+    if device == "cuda" or device.startswith("cuda:"):
+        index = 0 if device == "cuda" else device.split(":", 1)[1]
+        try:
+            index = int(index)
+        except ValueError:
+            raise BackendError(f"bad device '{device}': expected cuda:N") from None
+        try:
+            from .cuda_backend import CudaBackend
+        except ImportError as e:
+            raise BackendError(f"device '{device}' needs PyCUDA "
+                               f"(pip install 'darknet-cfg-runner[cuda]'): {e}") from None
+        return CudaBackend(index)
+    raise BackendError(f"unknown device '{device}': use cpu, cuda, cuda:N or auto")

@@ -1,0 +1,319 @@
+"""The NumPy backend: the reference implementation of every op a layer uses.
+
+Contract shared with the CUDA backend (backends/cuda_backend.py):
+  * Every array is 1-D and contiguous (NumPy ndarray here, GPUArray there);
+    a flat slice ``a[i:j]`` is a view on both. Layers keep their shapes as ints.
+  * Ops work in place on the arrays they are given and return nothing,
+    unless documented otherwise. Names and arguments follow Darknet's
+    blas.h / im2col.h / gemm.h so a Darknet reader finds their way.
+  * ``delta`` arrays hold Darknet's delta: minus the gradient of the loss.
+"""
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .. import activations
+
+
+class NumpyBackend:
+    name = "cpu"
+
+    def __init__(self, dtype=np.float32, seed=0):
+        # dtype=float64 is used by the gradient-check tests.
+        self.dtype = np.dtype(dtype)
+        self.rng = np.random.default_rng(seed)
+
+    # ---- memory -------------------------------------------------------------
+    def zeros(self, n):
+        return np.zeros(int(n), dtype=self.dtype)
+
+    def empty(self, n):
+        return np.empty(int(n), dtype=self.dtype)
+
+    def from_host(self, host):
+        """A new backend array holding a copy of `host` (flattened)."""
+        return np.array(host, dtype=self.dtype).reshape(-1)
+
+    def to_host(self, arr):
+        """A NumPy copy of `arr`."""
+        return np.array(arr, dtype=self.dtype)
+
+    def write(self, arr, host):
+        """Copy host data (any shape, arr.size elements) into an existing array."""
+        arr[...] = np.asarray(host, dtype=self.dtype).reshape(-1)
+
+    def synchronize(self):
+        pass
+
+    def fill(self, arr, value):
+        arr.fill(value)
+
+    def copy(self, src, dst):
+        dst[...] = src
+
+    def copy_blocks(self, src, src_offset, src_stride, dst, dst_offset, dst_stride,
+                    width, rows, accumulate=False):
+        """For r in rows: dst[dst_offset + r*dst_stride : +width] (+)= src[src_offset + r*src_stride : +width].
+
+        Route layers use it to concatenate per-image blocks (and to route deltas back).
+        """
+        s = _matrix(src, src_offset, rows, width, src_stride)
+        d = _matrix(dst, dst_offset, rows, width, dst_stride)
+        if accumulate:
+            d += s
+        else:
+            d[...] = s
+
+    # ---- BLAS-like ----------------------------------------------------------
+    def axpy(self, alpha, x, y):
+        """y += alpha * x"""
+        y += self.dtype.type(alpha) * x
+
+    def scal(self, alpha, x):
+        """x *= alpha"""
+        x *= self.dtype.type(alpha)
+
+    def mul(self, x, y):
+        """y *= x (element-wise)"""
+        y *= x
+
+    def sum(self, x):
+        """Sum of all elements as a Python float (a host sync on the GPU)."""
+        return float(np.sum(x, dtype=np.float64))
+
+    def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        """C = alpha * op(A) @ op(B) + beta * C, row-major, as Darknet's gemm().
+
+        op(A) is m x k (A stored k x m with leading dim lda when ta), op(B) is k x n.
+        """
+        A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
+        B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
+        C = _matrix(c, 0, m, n, ldc)
+        prod = A @ B
+        if beta == 0:
+            C[...] = self.dtype.type(alpha) * prod
+        else:
+            if beta != 1:
+                C *= self.dtype.type(beta)
+            C += self.dtype.type(alpha) * prod
+
+    # ---- convolution helpers -----------------------------------------------
+    def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col):
+        """Unfold one image (channels x height x width) into col (channels*k*k x out_h*out_w)."""
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        padded = np.zeros((channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
+        padded[:, pad:pad + height, pad:pad + width] = im[:channels * height * width].reshape(
+            channels, height, width)
+        sc, sh, sw = padded.strides
+        windows = as_strided(padded, (channels, ksize, ksize, out_h, out_w),
+                             (sc, sh * dilation, sw * dilation, sh * stride, sw * stride))
+        col[:channels * ksize * ksize * out_h * out_w] = windows.reshape(-1)
+
+    def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im):
+        """Fold col back, *adding* into im (the adjoint of im2col)."""
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        cols = col[:channels * ksize * ksize * out_h * out_w].reshape(
+            channels, ksize, ksize, out_h, out_w)
+        padded = np.zeros((channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
+        for ki in range(ksize):
+            for kj in range(ksize):
+                r0, c0 = ki * dilation, kj * dilation
+                padded[:, r0:r0 + stride * (out_h - 1) + 1:stride,
+                       c0:c0 + stride * (out_w - 1) + 1:stride] += cols[:, ki, kj]
+        im[:channels * height * width] += padded[:, pad:pad + height, pad:pad + width].reshape(-1)
+
+    # ---- bias / scale (per-channel, layout batch x n x size) ----------------
+    def add_bias(self, output, biases, batch, n, size):
+        output.reshape(batch, n, size)[...] += biases[:n].reshape(1, n, 1)
+
+    def scale_bias(self, output, scales, batch, n, size):
+        output.reshape(batch, n, size)[...] *= scales[:n].reshape(1, n, 1)
+
+    def backward_bias(self, bias_updates, delta, batch, n, size):
+        """bias_updates += sum of delta over batch and space."""
+        bias_updates[:n] += delta.reshape(batch, n, size).sum(axis=(0, 2))
+
+    def backward_scale(self, x_norm, delta, batch, n, size, scale_updates):
+        scale_updates[:n] += (delta.reshape(batch, n, size)
+                              * x_norm.reshape(batch, n, size)).sum(axis=(0, 2))
+
+    # ---- batch normalisation (Darknet's CPU formulas, quirks included) ------
+    def mean(self, x, batch, filters, spatial, mean):
+        mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
+
+    def variance(self, x, mean, batch, filters, spatial, variance):
+        # Darknet divides by (batch*spatial - 1).
+        d = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
+        variance[:filters] = (d * d).sum(axis=(0, 2)) / (batch * spatial - 1)
+
+    def normalize(self, x, mean, variance, batch, filters, spatial):
+        # Darknet's CPU forward divides by sqrt(var) + 1e-6 (its backward uses sqrt(var + 1e-5)).
+        v = x.reshape(batch, filters, spatial)
+        v -= mean[:filters].reshape(1, filters, 1)
+        v /= (np.sqrt(variance[:filters]) + self.dtype.type(1e-6)).reshape(1, filters, 1)
+
+    def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
+        d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
+        mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))
+
+    def variance_delta(self, x, delta, mean, variance, batch, filters, spatial, variance_delta):
+        xc = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
+        s = (delta.reshape(batch, filters, spatial) * xc).sum(axis=(0, 2))
+        variance_delta[:filters] = s * -0.5 * np.power(variance[:filters] + 1e-5, -1.5)
+
+    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
+                        batch, filters, spatial, delta):
+        shape = (1, filters, 1)
+        n = batch * spatial
+        xc = x.reshape(batch, filters, spatial) - mean[:filters].reshape(shape)
+        d = delta.reshape(batch, filters, spatial)
+        d[...] = (d / np.sqrt(variance[:filters] + 1e-5).reshape(shape)
+                  + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
+                  + mean_delta[:filters].reshape(shape) / n)
+
+    # ---- activations ---------------------------------------------------------
+    def activate(self, x, activation):
+        if activation != "linear":
+            x[...] = activations.activate(x, activation)
+
+    def gradient(self, y, activation, delta):
+        """delta *= activation'(.) computed from the output y."""
+        if activation != "linear":
+            delta *= activations.gradient(y, activation)
+
+    # ---- pooling -------------------------------------------------------------
+    def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
+        """Darknet maxpool: windows start at -padding//2; indexes get the flat argmax
+        (into x, over the whole batch) for backward. out_h = (h + padding - size)//stride + 1."""
+        out_h = (h + padding - size) // stride + 1
+        out_w = (w + padding - size) // stride + 1
+        off = padding // 2
+        # Pad so every window is in range; padded cells never win (-inf).
+        ph = max(0, (out_h - 1) * stride + size - off - h)
+        pw = max(0, (out_w - 1) * stride + size - off - w)
+        src = x[:batch * c * h * w].reshape(batch * c, h, w)
+        padded = np.full((batch * c, off + h + ph, off + w + pw), -np.inf, dtype=x.dtype)
+        padded[:, off:off + h, off:off + w] = src
+        idx = np.full(padded.shape, -1, dtype=np.int64)
+        idx[:, off:off + h, off:off + w] = np.arange(batch * c * h * w).reshape(batch * c, h, w)
+        sb, sh, sw = padded.strides
+        win = as_strided(padded, (batch * c, out_h, out_w, size, size),
+                         (sb, sh * stride, sw * stride, sh, sw)).reshape(batch * c, out_h, out_w, -1)
+        arg = win.argmax(axis=3)  # first max in row-major window order, as Darknet's strict '>'
+        ib, ih, iw = idx.strides
+        iwin = as_strided(idx, (batch * c, out_h, out_w, size, size),
+                          (ib, ih * stride, iw * stride, ih, iw)).reshape(batch * c, out_h, out_w, -1)
+        out[:batch * c * out_h * out_w] = np.take_along_axis(win, arg[..., None], 3).reshape(-1)
+        indexes[:batch * c * out_h * out_w] = np.take_along_axis(iwin, arg[..., None], 3).reshape(-1)
+
+    def maxpool_backward(self, delta_out, indexes, n_out, delta_in):
+        """delta_in[indexes[i]] += delta_out[i] for i < n_out."""
+        np.add.at(delta_in, indexes[:n_out], delta_out[:n_out])
+
+    def avgpool_forward(self, x, batch, c, spatial, out):
+        out[:batch * c] = x[:batch * c * spatial].reshape(batch * c, spatial).mean(axis=1)
+
+    def avgpool_backward(self, delta_out, batch, c, spatial, delta_in):
+        d = delta_in[:batch * c * spatial].reshape(batch * c, spatial)
+        d += (delta_out[:batch * c] / spatial).reshape(-1, 1)
+
+    # ---- softmax -------------------------------------------------------------
+    def softmax(self, x, n, batch, batch_offset, groups, group_offset, stride, temp, out):
+        """Darknet's softmax_cpu: batch*groups softmaxes of n elements spaced `stride` apart."""
+        b = np.arange(batch).reshape(-1, 1, 1) * batch_offset
+        g = np.arange(groups).reshape(1, -1, 1) * group_offset
+        i = np.arange(n).reshape(1, 1, -1) * stride
+        flat = (b + g + i).reshape(-1)
+        v = x[flat].reshape(batch * groups, n) / temp
+        e = np.exp(v - v.max(axis=1, keepdims=True))
+        out[flat] = (e / e.sum(axis=1, keepdims=True)).reshape(-1)
+
+    def softmax_x_ent(self, pred, truth, delta, error):
+        """Cross-entropy: error = -t*log(p) where t != 0; delta = t - p."""
+        t = truth[:pred.size]
+        with np.errstate(divide="ignore"):
+            error[...] = np.where(t != 0, -t * np.log(pred), 0)
+        delta[...] = t - pred
+
+    def l2(self, pred, truth, delta, error):
+        """Sum-squared error: delta = t - p, error = (t - p)^2."""
+        delta[...] = truth[:pred.size] - pred
+        error[...] = delta * delta
+
+    # ---- shape ops -------------------------------------------------------------
+    def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
+        """forward: out (w*stride x h*stride) = scale * nearest(x).
+        backward (forward=False): x += scale * sum of out over each stride x stride cell."""
+        big = out.reshape(batch * c, h * stride, w * stride)
+        small = x.reshape(batch * c, h, w)
+        if forward:
+            big[...] = scale * np.repeat(np.repeat(small, stride, 1), stride, 2)
+        else:
+            small += scale * big.reshape(batch * c, h, stride, w, stride).sum(axis=(2, 4))
+
+    def reorg(self, x, w, h, c, batch, stride, forward, out):
+        """Darknet's reorg_cpu index mapping (its 'forward' flag is reversed in the layer)."""
+        out_c = c // (stride * stride)
+        b, k, j, i = np.meshgrid(np.arange(batch), np.arange(c), np.arange(h), np.arange(w),
+                                 indexing="ij")
+        in_index = i + w * (j + h * (k + c * b))
+        c2 = k % out_c
+        offset = k // out_c
+        w2 = i * stride + offset % stride
+        h2 = j * stride + offset // stride
+        out_index = w2 + w * stride * (h2 + h * stride * (c2 + out_c * b))
+        if forward:
+            out[out_index.reshape(-1)] = x[in_index.reshape(-1)]
+        else:
+            out[in_index.reshape(-1)] = x[out_index.reshape(-1)]
+
+    def shortcut(self, batch, w1, h1, c1, add, w2, h2, c2, s1, s2, out):
+        """Darknet's shortcut_cpu: out = s1*out + s2*add, over the common shape, with
+        sampling strides when the two shapes differ."""
+        stride = max(1, w1 // w2)
+        sample = max(1, w2 // w1)
+        minw, minh, minc = min(w1, w2), min(h1, h2), min(c1, c2)
+        src = add[:batch * c1 * h1 * w1].reshape(batch, c1, h1, w1)
+        dst = out[:batch * c2 * h2 * w2].reshape(batch, c2, h2, w2)
+        a = src[:, :minc, 0:minh * stride:stride, 0:minw * stride:stride]
+        d = dst[:, :minc, 0:minh * sample:sample, 0:minw * sample:sample]
+        d[...] = s1 * d + s2 * a
+
+    # ---- random ----------------------------------------------------------------
+    def dropout(self, x, prob, scale, rand, seed):
+        """Training dropout. rand[i] = uniform_hash(seed, i) (the same counter-based draw
+        the CUDA kernel makes); x[rand < prob] = 0, the rest *= scale."""
+        rand[...] = uniform_hash(seed, rand.size).astype(self.dtype)
+        x[...] = np.where(rand < prob, 0, x * scale)
+
+    def dropout_backward(self, rand, prob, scale, delta):
+        delta[...] = np.where(rand < prob, 0, delta * scale)
+
+
+def uniform_hash(seed, n):
+    """n uniform floats in [0, 1) from a 32-bit integer hash of (seed, index).
+
+    Counter-based, so the GPU draws the same numbers without any RNG state
+    (kernels/dropout.cu implements the same function)."""
+    v = np.arange(n, dtype=np.uint32) + np.uint32((int(seed) * 0x9E3779B9) & 0xFFFFFFFF)
+    v ^= v >> np.uint32(16)
+    v *= np.uint32(0x7FEB352D)
+    v ^= v >> np.uint32(15)
+    v *= np.uint32(0x846CA68B)
+    v ^= v >> np.uint32(16)
+    return (v >> np.uint32(8)).astype(np.float64) / 16777216.0
+
+
+def conv_out_size(height, width, ksize, stride, pad, dilation=1):
+    span = dilation * (ksize - 1) + 1
+    return (height + 2 * pad - span) // stride + 1, (width + 2 * pad - span) // stride + 1
+
+
+def _matrix(flat, offset, rows, cols, ld):
+    """A (rows x cols) strided view of a flat array, row stride `ld` elements."""
+    if rows == 0 or cols == 0:
+        return flat[offset:offset].reshape(rows, cols)
+    need = offset + (rows - 1) * ld + cols
+    if need > flat.size:
+        raise ValueError(f"matrix view {rows}x{cols} (ld {ld}) at {offset} exceeds array of {flat.size}")
+    base = flat[offset:]
+    return as_strided(base, (rows, cols), (ld * flat.itemsize, flat.itemsize))

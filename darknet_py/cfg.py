@@ -1,0 +1,206 @@
+"""Darknet .cfg parser.
+
+A cfg is a list of ``[section]`` headers, each followed by ``key=value`` lines.
+Comments start with ``#`` or ``;``; spaces anywhere in a line are ignored (as
+Darknet strips them). Values are read lazily and typed by the layer that asks
+for them, so every error can name the file, line and key. Options a layer never
+reads are reported as warnings with their line, since they are usually typos.
+"""
+import os
+import warnings
+
+# Darknet's section names and their aliases -> canonical type.
+SECTION_ALIASES = {
+    "net": "net", "network": "net",
+    "conv": "convolutional", "convolutional": "convolutional",
+    "conn": "connected", "connected": "connected",
+    "max": "maxpool", "maxpool": "maxpool",
+    "avg": "avgpool", "avgpool": "avgpool",
+    "soft": "softmax", "softmax": "softmax",
+    "dropout": "dropout", "cost": "cost", "route": "route", "shortcut": "shortcut",
+    "upsample": "upsample", "reorg": "reorg", "crop": "crop", "local": "local",
+    "batchnorm": "batchnorm", "yolo": "yolo", "region": "region", "detection": "detection",
+}
+# Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
+UNSUPPORTED_SECTIONS = {
+    "deconv", "deconvolutional", "activation", "logistic", "l2norm", "crnn", "gru",
+    "lstm", "rnn", "lrn", "normalization", "reorg_old",
+}
+
+
+class CfgError(Exception):
+    """A problem in a cfg file; str() reads 'file:line: key: message'."""
+
+    def __init__(self, message, path=None, line=None, key=None):
+        self.path, self.line, self.key, self.message = path, line, key, message
+        where = os.fspath(path) if path else "<cfg>"
+        if line is not None:
+            where += f":{line}"
+        super().__init__(f"{where}: {key + ': ' if key else ''}{message}")
+
+
+class CfgWarning(UserWarning):
+    pass
+
+
+class Option:
+    __slots__ = ("key", "value", "line", "used")
+
+    def __init__(self, key, value, line):
+        self.key, self.value, self.line, self.used = key, value, line, False
+
+
+class Section:
+    """One ``[type]`` block: typed getters with Darknet defaults, and error context."""
+
+    def __init__(self, type_, header, path, line):
+        self.type = type_          # canonical type, e.g. "convolutional"
+        self.header = header       # as written, e.g. "conv"
+        self.path = path
+        self.line = line
+        self.options = {}          # key -> Option
+
+    def __repr__(self):
+        return f"Section([{self.header}] at {self.path}:{self.line})"
+
+    def error(self, message, key=None):
+        opt = self.options.get(key) if key else None
+        return CfgError(message, self.path, opt.line if opt else self.line, key)
+
+    def has(self, key):
+        return key in self.options
+
+    def _raw(self, key):
+        opt = self.options.get(key)
+        if opt is None:
+            return None
+        opt.used = True
+        return opt.value
+
+    def get_str(self, key, default=None):
+        v = self._raw(key)
+        return default if v is None else v
+
+    def get_int(self, key, default=None):
+        v = self._raw(key)
+        if v is None:
+            if default is None:
+                raise self.error(f"required option missing in [{self.header}]", key)
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            # Darknet reads ints with atoi, which accepts "1.0"; accept whole floats only.
+            try:
+                f = float(v)
+            except ValueError:
+                f = None
+            if f is not None and f == int(f):
+                return int(f)
+            raise self.error(f"expected an integer, got '{v}'", key) from None
+
+    def get_float(self, key, default=None):
+        v = self._raw(key)
+        if v is None:
+            if default is None:
+                raise self.error(f"required option missing in [{self.header}]", key)
+            return float(default)
+        try:
+            return float(v)
+        except ValueError:
+            raise self.error(f"expected a number, got '{v}'", key) from None
+
+    def get_list(self, key, cast, default=None):
+        v = self._raw(key)
+        if v is None:
+            return default
+        items = [s for s in v.split(",") if s != ""]
+        try:
+            return [cast(s) for s in items]
+        except ValueError:
+            kind = "integers" if cast is int else "numbers"
+            raise self.error(f"expected a comma-separated list of {kind}, got '{v}'", key) from None
+
+    def get_int_list(self, key, default=None):
+        return self.get_list(key, int, default)
+
+    def get_float_list(self, key, default=None):
+        return self.get_list(key, float, default)
+
+    def unused(self):
+        return [o for o in self.options.values() if not o.used]
+
+    def warn_unused(self):
+        for o in self.unused():
+            warnings.warn(CfgWarning(
+                f"{self.path}:{o.line}: {o.key}: option not used by [{self.header}] "
+                f"(a typo?)"), stacklevel=2)
+
+
+def parse_cfg_text(text, path="<cfg>"):
+    """Parse cfg text into a list of Sections (the first is normally [net])."""
+    sections = []
+    current = None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = "".join(raw.split())  # Darknet strips all whitespace
+        if not line or line[0] in "#;":
+            continue
+        if line[0] == "[":
+            if not line.endswith("]") or len(line) < 3:
+                raise CfgError(f"malformed section header '{raw.strip()}'", path, lineno)
+            header = line[1:-1]
+            name = header.lower()
+            if name in UNSUPPORTED_SECTIONS:
+                raise CfgError(f"section [{header}] is a Darknet layer darknet-py does not "
+                               f"support", path, lineno)
+            if name not in SECTION_ALIASES:
+                raise CfgError(f"unknown section [{header}]", path, lineno)
+            current = Section(SECTION_ALIASES[name], header, path, lineno)
+            sections.append(current)
+            continue
+        if "=" not in line:
+            raise CfgError(f"malformed line '{raw.strip()}' (expected key=value)", path, lineno)
+        key, value = line.split("=", 1)
+        if not key:
+            raise CfgError(f"malformed line '{raw.strip()}' (empty key)", path, lineno)
+        if current is None:
+            raise CfgError("option before the first [section]", path, lineno, key)
+        if key in current.options:
+            warnings.warn(CfgWarning(f"{path}:{lineno}: {key}: repeated; this value replaces "
+                                     f"line {current.options[key].line}"))
+        current.options[key] = Option(key, value, lineno)
+    if not sections:
+        raise CfgError("no sections found", path)
+    return sections
+
+
+def parse_cfg(path):
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise CfgError("file not found", path) from None
+    except OSError as e:
+        raise CfgError(f"cannot read: {e.strerror}", path) from None
+    return parse_cfg_text(text, path)
+
+
+def read_data_file(path):
+    """Read a Darknet .data / options file (key=value lines) into a dict of str."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise CfgError("file not found", path) from None
+    options = {}
+    for lineno, raw in enumerate(lines, start=1):
+        line = "".join(raw.split())
+        if not line or line[0] in "#;":
+            continue
+        if "=" not in line:
+            raise CfgError(f"malformed line '{raw.strip()}' (expected key=value)", path, lineno)
+        key, value = line.split("=", 1)
+        options[key] = value
+    return options
