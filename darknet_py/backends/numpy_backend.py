@@ -29,6 +29,10 @@ class NumpyBackend:
     def empty(self, n):
         return np.empty(int(n), dtype=self.dtype)
 
+    def int_zeros(self, n):
+        """An integer array (maxpool argmax indexes); int32 on the GPU."""
+        return np.zeros(int(n), dtype=np.int64)
+
     def from_host(self, host):
         """A new backend array holding a copy of `host` (flattened)."""
         return np.array(host, dtype=self.dtype).reshape(-1)
@@ -174,6 +178,12 @@ class NumpyBackend:
     def activate(self, x, activation):
         if activation != "linear":
             x[...] = activations.activate(x, activation)
+
+    def activate_strided(self, x, rows, row_stride, offset, width, activation):
+        """Activate x[offset + r*row_stride : +width] for each r < rows (one launch on
+        the GPU; YOLO and region layers use it for their logistic channels)."""
+        v = _matrix(x, offset, rows, width, row_stride)
+        v[...] = activations.activate(v, activation)
 
     def gradient(self, y, activation, delta):
         """delta *= activation'(.) computed from the output y."""
