@@ -1,0 +1,30 @@
+"""One module per Darknet layer type; LAYER_TYPES maps a section type to its class."""
+import importlib
+
+# section type -> (module, class). Imported on first use.
+_LAYER_CLASSES = {
+    "convolutional": ("convolutional", "ConvolutionalLayer"),
+    "connected": ("connected", "ConnectedLayer"),
+    "maxpool": ("maxpool", "MaxpoolLayer"),
+    "avgpool": ("avgpool", "AvgpoolLayer"),
+    "dropout": ("dropout", "DropoutLayer"),
+    "softmax": ("softmax", "SoftmaxLayer"),
+    "cost": ("cost", "CostLayer"),
+    "route": ("route", "RouteLayer"),
+    "shortcut": ("shortcut", "ShortcutLayer"),
+    "upsample": ("upsample", "UpsampleLayer"),
+    "reorg": ("reorg", "ReorgLayer"),
+    "crop": ("crop", "CropLayer"),
+    "local": ("local", "LocalLayer"),
+    "batchnorm": ("batchnorm", "BatchnormLayer"),
+    "yolo": ("yolo", "YoloLayer"),
+    "region": ("region", "RegionLayer"),
+    "detection": ("detection", "DetectionLayer"),
+}
+
+LAYER_TYPES = tuple(_LAYER_CLASSES)
+
+
+def layer_class(type_):
+    module, cls = _LAYER_CLASSES[type_]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)

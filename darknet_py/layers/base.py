@@ -1,0 +1,137 @@
+"""What every layer is: cfg section -> options -> output shape -> forward/backward.
+
+A layer is built in two steps, like Darknet's make_*_layer split from its
+buffers: ``__init__`` reads the options and works out shapes and BFLOPs (enough
+for ``darknet-py info``), ``allocate`` creates its arrays on a backend. Forward
+and backward receive the network, which carries Darknet's network state:
+``net.input`` (the previous layer's output), ``net.delta`` (the previous layer's
+delta, or None), ``net.truth``, ``net.train``, ``net.workspace`` and ``net.be``.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class UpdateArgs:
+    """Darknet's update_args: what update() needs from the network."""
+    learning_rate: float
+    momentum: float
+    decay: float
+    batch: int  # images per update: batch * subdivisions
+
+
+@dataclass
+class BuildContext:
+    """What a layer may look at while it is being built."""
+    layers: list        # the layers built so far (route/shortcut refer to them)
+    net: object         # NetOptions of the [net] section
+    batch: int
+
+
+class Layer:
+    type = ""             # Darknet's section name, e.g. "convolutional"
+    image_shaped = True   # False where Darknet reports a 0x0x0 shape (softmax, cost, ...)
+
+    def __init__(self, index, section, c, h, w, inputs, ctx):
+        self.index = index
+        self.section = section
+        self.c, self.h, self.w = c, h, w
+        self.inputs = inputs
+        self.out_c, self.out_h, self.out_w = c, h, w
+        self.outputs = inputs
+        self.batch = ctx.batch
+        self.workspace_size = 0   # floats of the shared workspace this layer needs
+        self.cost = None          # set by layers that compute a loss
+        self.stopbackward = False
+        self.be = None
+        self.output = None
+        self.delta = None
+        self.parse(section, ctx)
+
+    # ---- description ----------------------------------------------------------
+    def parse(self, section, ctx):
+        """Read options from the cfg section and set out_c/out_h/out_w/outputs."""
+        raise NotImplementedError
+
+    @property
+    def bflops(self):
+        return 0.0
+
+    def describe(self):
+        """The middle of Darknet's layer-table row (after the index and type)."""
+        return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+
+    def output_shape(self, batch):
+        if self.image_shaped and self.out_c * self.out_h * self.out_w == self.outputs:
+            return (batch, self.out_c, self.out_h, self.out_w)
+        return (batch, self.outputs)
+
+    # ---- buffers ------------------------------------------------------------
+    def allocate(self, be, batch, train):
+        """Create output (and delta, when training) for `batch` images. Parameters
+        are created once by init_params and survive re-allocation."""
+        self.be = be
+        self.batch = batch
+        self.output = be.zeros(batch * self.outputs)
+        self.delta = be.zeros(batch * self.outputs) if train else None
+
+    def init_params(self, be, rng):
+        """Create parameter arrays with Darknet's random initialisation (once per
+        network; they survive re-allocation). Layers without parameters do nothing."""
+
+    def init_updates(self, be):
+        """Create the buffers training needs besides output/delta (accumulated
+        updates, batch statistics). Called once, on the first training step."""
+
+    def params(self):
+        """[(name, array)] in the order Darknet's .weights file stores them."""
+        return []
+
+    # ---- computation ----------------------------------------------------------
+    def forward(self, net):
+        raise NotImplementedError
+
+    def backward(self, net):
+        raise NotImplementedError(f"backward of [{self.type}] is not implemented")
+
+    def update(self, args):
+        pass
+
+
+def host_param(rng, n, scale=0.0, kind="zeros"):
+    """Host-side initial values for a parameter, as float64 for exact casting later."""
+    if kind == "normal":
+        return scale * rng.standard_normal(n)
+    if kind == "uniform":
+        return scale * rng.uniform(-1.0, 1.0, n)
+    if kind == "ones":
+        return np.ones(n)
+    return np.zeros(n)
+
+
+def momentum_update(be, args, param, update, n_is_decayed=False):
+    """Darknet's SGD step for one parameter array and its accumulated update:
+    (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum."""
+    if n_is_decayed:
+        be.axpy(-args.decay * args.batch, param, update)
+    be.axpy(args.learning_rate / args.batch, update, param)
+    be.scal(args.momentum, update)
+
+
+def parse_activation(section, default, key="activation"):
+    """Read an activation name; an unknown one is an error (Darknet silently used relu)."""
+    from ..activations import ACTIVATIONS
+    name = section.get_str(key, default)
+    if name not in ACTIVATIONS:
+        raise section.error(f"unknown activation '{name}' (known: {', '.join(ACTIVATIONS)})",
+                            key)
+    return name
+
+
+def refuse_options(section, *keys):
+    """Darknet options darknet-py does not implement: an error when set to non-zero."""
+    for key in keys:
+        if section.has(key) and section.get_str(key) not in ("0", "0.0"):
+            raise section.error(f"option is not supported by darknet-py", key)

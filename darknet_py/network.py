@@ -1,0 +1,364 @@
+"""A Darknet network: the [net] options, the layers, and the forward/backward/update loop.
+
+Mirrors Darknet's network.c: the state a layer sees during forward/backward
+(``input``, ``delta``, ``truth``, ``train``, ``workspace``) lives on the Network,
+and the loop sets it before each layer, exactly as forward_network/backward_network do.
+"""
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import optimizer
+from .backends import get_backend
+from .cfg import CfgError, parse_cfg
+from .layers import LAYER_TYPES, layer_class
+from .layers.base import BuildContext, UpdateArgs
+
+
+@dataclass
+class NetOptions:
+    """Everything Darknet's parse_net_options reads from [net]."""
+    batch: int = 1            # images per forward pass (Darknet: batch / subdivisions)
+    subdivisions: int = 1
+    width: int = 0
+    height: int = 0
+    channels: int = 0
+    inputs: int = 0
+    learning_rate: float = 0.001
+    momentum: float = 0.9
+    decay: float = 0.0001
+    max_batches: int = 0
+    policy: dict = field(default_factory=lambda: {"policy": "constant", "burn_in": 0, "power": 4.0})
+    # Augmentation, read here so a typo in them is reported; used by the data loader.
+    max_crop: int = 0
+    min_crop: int = 0
+    max_ratio: float = 0.0
+    min_ratio: float = 0.0
+    center: int = 0
+    clip: float = 0.0
+    angle: float = 0.0
+    aspect: float = 1.0
+    saturation: float = 1.0
+    exposure: float = 1.0
+    hue: float = 0.0
+    random: int = 0
+    time_steps: int = 1
+    notruth: int = 0
+    adam: int = 0
+
+
+def parse_net_options(s):
+    o = NetOptions()
+    batch = s.get_int("batch", 1)
+    o.learning_rate = s.get_float("learning_rate", 0.001)
+    o.momentum = s.get_float("momentum", 0.9)
+    o.decay = s.get_float("decay", 0.0001)
+    o.subdivisions = s.get_int("subdivisions", 1)
+    o.time_steps = s.get_int("time_steps", 1)
+    o.notruth = s.get_int("notruth", 0)
+    if o.subdivisions < 1:
+        raise s.error("must be at least 1", "subdivisions")
+    if batch < o.subdivisions:
+        raise s.error(f"batch={batch} is smaller than subdivisions={o.subdivisions}", "batch")
+    o.batch = batch // o.subdivisions * o.time_steps
+    o.random = s.get_int("random", 0)
+    o.adam = s.get_int("adam", 0)
+    if o.adam:
+        raise s.error("the adam optimiser is not supported by darknet-py (use SGD)", "adam")
+    o.height = s.get_int("height", 0)
+    o.width = s.get_int("width", 0)
+    o.channels = s.get_int("channels", 0)
+    o.inputs = s.get_int("inputs", o.height * o.width * o.channels)
+    o.max_crop = s.get_int("max_crop", o.width * 2)
+    o.min_crop = s.get_int("min_crop", o.width)
+    o.max_ratio = s.get_float("max_ratio", o.max_crop / o.width if o.width else 0.0)
+    o.min_ratio = s.get_float("min_ratio", o.min_crop / o.width if o.width else 0.0)
+    o.center = s.get_int("center", 0)
+    o.clip = s.get_float("clip", 0.0)
+    o.angle = s.get_float("angle", 0.0)
+    o.aspect = s.get_float("aspect", 1.0)
+    o.saturation = s.get_float("saturation", 1.0)
+    o.exposure = s.get_float("exposure", 1.0)
+    o.hue = s.get_float("hue", 0.0)
+    if not o.inputs and not (o.height and o.width and o.channels):
+        raise s.error("no input size: give width, height and channels (or inputs)", "width")
+    o.policy = optimizer.read_policy(s)
+    o.max_batches = s.get_int("max_batches", 0)
+    return o
+
+
+class NetworkError(Exception):
+    pass
+
+
+class Network:
+    """Build with load_network(); see the README for the Python API."""
+
+    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True):
+        if sections[0].type != "net":
+            raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
+                           path, sections[0].line)
+        self.path = os.fspath(path)
+        self.options = parse_net_options(sections[0])
+        sections[0].warn_unused()
+        if batch is not None:
+            self.options.batch = int(batch)
+        self.batch = self.options.batch
+        self.subdivisions = self.options.subdivisions
+        self.be = backend if backend is not None else get_backend("cpu")
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.seen = 0
+        self.names = None         # class names, when a .data/.names file gave them
+        self.weights_header = (0, 2, 0)
+        self.layers = self._build(sections[1:])
+        if not self.layers:
+            raise CfgError("the cfg has a [net] section but no layers", path)
+        # Darknet's network state seen by the layer being run.
+        self.input = None
+        self.truth = None
+        self.delta = None
+        self.train = False
+        self.cost = None
+        self._training_ready = False
+        if allocate:  # info only needs shapes
+            self._allocate(self.batch, train=False)
+            for layer in self.layers:
+                layer.init_params(self.be, self.rng)
+
+    # ---- building ---------------------------------------------------------------
+    def _build(self, sections):
+        o = self.options
+        c, h, w = o.channels, o.height, o.width
+        inputs = o.inputs
+        layers = []
+        ctx = BuildContext(layers=layers, net=o, batch=self.batch)
+        for index, section in enumerate(sections):
+            if section.type == "net":
+                raise CfgError("[net] may only be the first section", self.path, section.line)
+            if section.type not in LAYER_TYPES:
+                raise CfgError(f"unknown layer type [{section.header}]", self.path, section.line)
+            layer = layer_class(section.type)(index, section, c, h, w, inputs, ctx)
+            layer.stopbackward = section.get_int("stopbackward", 0)
+            section.get_int("dontload", 0)            # read by the weights loader
+            section.get_int("dontloadscales", 0)
+            section.warn_unused()
+            layers.append(layer)
+            c, h, w, inputs = layer.out_c, layer.out_h, layer.out_w, layer.outputs
+        return layers
+
+    def _allocate(self, batch, train):
+        be = self.be
+        try:
+            self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
+            for layer in self.layers:
+                layer.allocate(be, batch, train)
+        except Exception as e:
+            if type(e).__name__ != "DeviceOutOfMemory":
+                raise
+            need = self.memory_bytes(batch, train)
+            raise NetworkError(
+                f"out of GPU memory: this network needs about {need / 2**20:.0f} MiB at batch "
+                f"{batch}{' for training' if train else ''}; raise subdivisions in [net] "
+                f"(or lower batch) to fit") from None
+        self.batch = batch
+        self.train_buffers = train
+        self._input_buf = None
+        self._truth_buf = None
+
+    def memory_bytes(self, batch, train):
+        """A close estimate of the device memory the network's arrays take."""
+        per_image = sum(l.outputs for l in self.layers) * (3 if train else 1)
+        try:
+            params = sum(a.size for l in self.layers for _, a in l.params())
+        except AttributeError:  # parameters not created yet
+            params = 0
+        ws = max([1] + [l.workspace_size for l in self.layers])
+        return 4 * (batch * per_image + params * (2 if train else 1) + ws)
+
+    # ---- shape facts --------------------------------------------------------------
+    @property
+    def input_shape(self):
+        o = self.options
+        if o.height and o.width and o.channels:
+            return (o.channels, o.height, o.width)
+        return (o.inputs,)
+
+    @property
+    def inputs(self):
+        return int(np.prod(self.input_shape))
+
+    @property
+    def outputs(self):
+        return self.layers[-1].outputs
+
+    @property
+    def current_batch(self):
+        """Darknet's get_current_batch: updates done so far, counted from `seen`."""
+        return self.seen // (self.batch * self.subdivisions)
+
+    @property
+    def learning_rate(self):
+        return optimizer.current_rate(self.options.learning_rate, self.options.policy,
+                                      self.current_batch, self.options.max_batches, self.rng)
+
+    @property
+    def bflops(self):
+        return sum(l.bflops for l in self.layers)
+
+    def summary(self):
+        """Darknet's layer table, as text lines, with the total BFLOPs last."""
+        lines = ["layer     filters    size              input                output"]
+        for layer in self.layers:
+            lines.append(f"{layer.index:5d} {getattr(layer, 'short', layer.type):<6s}"
+                         f"{layer.describe()}")
+        lines.append(f"Total BFLOPs: {self.bflops:.3f}")
+        return lines
+
+    # ---- running --------------------------------------------------------------
+    def set_batch(self, batch):
+        """Re-allocate activations for a new batch size; weights are kept."""
+        if batch != self.batch:
+            self._allocate(int(batch), self.train_buffers)
+
+    def _upload(self, x, name, buf_attr, per_image):
+        x = np.asarray(x, dtype=np.float32)
+        n = x.shape[0] if x.ndim > 1 else 1
+        if x.size != n * per_image:
+            raise ValueError(f"{name} has shape {x.shape}; the network needs "
+                             f"(N, {', '.join(map(str, self.input_shape))})"
+                             if name == "input" else
+                             f"{name} has shape {x.shape}; expected (N, {per_image})")
+        buf = getattr(self, buf_attr)
+        if buf is None or buf.size != x.size:
+            buf = self.be.zeros(x.size)
+            setattr(self, buf_attr, buf)
+        self.be.write(buf, x)
+        return n, buf
+
+    def forward(self, x, truth=None, train=False):
+        """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
+        layer_output). With train=True, batch statistics are used and deltas zeroed."""
+        n = np.asarray(x).shape[0]
+        if train and not self._training_ready:
+            self._prepare_training()
+        if n != self.batch or (train and not self.train_buffers):
+            self._allocate(n, train or self.train_buffers)
+        _, net_input = self._upload(x, "input", "_input_buf", self.inputs)
+        self.truth = None
+        if truth is not None:
+            per_image = int(np.asarray(truth).size // n)
+            _, self.truth = self._upload(np.asarray(truth).reshape(n, -1), "truth", "_truth_buf",
+                                         per_image)
+        self._forward_layers(net_input, train)
+
+    def _forward_layers(self, net_input, train):
+        self.train = train
+        self.input = net_input
+        self.delta = None
+        for layer in self.layers:
+            if train and layer.delta is not None:
+                self.be.fill(layer.delta, 0.0)
+            layer.forward(self)
+            self.input = layer.output
+        costs = [l.cost for l in self.layers if l.cost is not None]
+        self.cost = float(sum(costs) / len(costs)) if costs and train else None
+        self._net_input = net_input
+
+    def backward(self):
+        """Darknet's backward_network: each layer gets the previous layer's output and delta."""
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            if layer.stopbackward:
+                break
+            if i == 0:
+                self.input, self.delta = self._net_input, None
+            else:
+                prev = self.layers[i - 1]
+                self.input, self.delta = prev.output, prev.delta
+            layer.backward(self)
+
+    def update(self):
+        args = UpdateArgs(learning_rate=self.learning_rate, momentum=self.options.momentum,
+                          decay=self.options.decay, batch=self.batch * self.subdivisions)
+        for layer in self.layers:
+            layer.update(args)
+        return args.learning_rate
+
+    def _prepare_training(self):
+        for layer in self.layers:
+            layer.init_updates(self.be)
+        self._training_ready = True
+
+    def predict(self, x):
+        """Inference on x float32 (N, C, H, W) in [0, 1]; returns the last layer's output."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim == len(self.input_shape):
+            x = x[None]
+        self.forward(x, train=False)
+        return self.layer_output(len(self.layers) - 1)
+
+    def train_batch(self, x, truth):
+        """One Darknet iteration (train_network_datum): seen += batch, training forward,
+        backward, and an update when a full batch of subdivisions has been seen.
+        Returns Darknet's cost for this step (the sum over the batch of the loss)."""
+        x = np.asarray(x, dtype=np.float32)
+        n = x.shape[0]
+        if n != self.batch:
+            self.set_batch(n)
+        self.seen += self.batch
+        self.forward(x, truth, train=True)
+        self.backward()
+        self.last_rate = None
+        if (self.seen // self.batch) % self.subdivisions == 0:
+            self.last_rate = self.update()
+        return self.cost
+
+    def layer_output(self, i):
+        """Layer i's output from the last forward, as a host array (N, C, H, W) or (N, n)."""
+        layer = self.layers[i]
+        return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
+
+    def layer_delta(self, i):
+        layer = self.layers[i]
+        if layer.delta is None:
+            raise NetworkError(f"layer {i} has no delta: the network has not been trained")
+        return self.be.to_host(layer.delta).reshape(layer.output_shape(self.batch))
+
+    # ---- applications ---------------------------------------------------------------
+    def detect(self, image, thresh=0.5, hier=0.5, nms=0.45):
+        """Detections on one image (a path, a Darknet (3, H, W) float image, or an OpenCV
+        BGR uint8 array), boxes relative to the original image; see detection.py."""
+        from .detection import detect
+        return detect(self, image, thresh=thresh, hier=hier, nms=nms)
+
+    def classify(self, image, top=5):
+        """[(class_id, prob, name), ...] for the `top` most probable classes."""
+        from .detection import classify
+        return classify(self, image, top=top)
+
+    # ---- weights ------------------------------------------------------------------
+    def load_weights(self, path, cutoff=None):
+        from .weights import load_weights
+        load_weights(self, path, cutoff)
+
+    def save_weights(self, path, cutoff=None):
+        from .weights import save_weights
+        save_weights(self, path, cutoff)
+
+
+def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None):
+    """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
+    and load `weights` if given. `batch` overrides the cfg's batch/subdivisions."""
+    sections = parse_cfg(cfg)
+    backend = get_backend(device)
+    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed)
+    if weights is not None:
+        net.load_weights(weights, cutoff)
+    return net
+
+
+def build_network(cfg, batch=None):
+    """Parse and work out every layer's shape, allocating nothing: for `info` and checks."""
+    return Network(parse_cfg(cfg), cfg, batch=batch if batch is not None else 1, allocate=False)
