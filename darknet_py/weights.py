@@ -122,6 +122,10 @@ def save_weights(net, path, cutoff=None):
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
+        # mkstemp makes the file 0600; give it the mode a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

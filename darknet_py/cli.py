@@ -1,0 +1,306 @@
+"""The darknet-py command line: Darknet's classifier, detector, info and partial commands.
+
+Every command runs inside DarknetGroup.invoke, which turns the errors a user can fix
+(a missing file, a cfg error, weights of the wrong size, an unreadable image, a bad
+device) into one line on stderr and exit code 2, and prints cfg warnings one line each.
+Any other exception is a bug in darknet-py and keeps its traceback.
+
+Commands that run a network take the shared options from `device_options` and
+`names_options`; new commands (training: train, valid, anchors) go in the marked
+section near the end and get the same error handling by being added to `cli`.
+"""
+import errno
+import functools
+import json
+import os
+import sys
+import time
+import warnings
+
+import click
+
+from . import __version__
+from .backends import BackendError
+from .cfg import CfgError, CfgWarning, read_data_file
+from .image import ImageError
+from .network import NetworkError, build_network, load_network
+from .weights import WeightsError, floats_needed
+
+PROG = "darknet-py"
+
+# Exceptions that describe a problem with the user's files or machine, not a bug.
+# OSError covers files we open directly (names, image lists, outputs we write).
+USER_ERRORS = (CfgError, WeightsError, ImageError, BackendError, NetworkError, OSError)
+
+# IMAGE arguments ending like this are lists of image paths, one a line.
+LIST_SUFFIXES = (".txt", ".list")
+
+
+class UserError(click.ClickException):
+    """An error the user can fix: one line on stderr, exit code 2."""
+    exit_code = 2
+
+    def show(self, file=None):
+        click.echo(f"{PROG}: error: {self.format_message()}", err=True)
+
+
+def describe_error(exc):
+    """One line for a USER_ERRORS exception."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())  # a message must stay on one line
+
+
+def warn(message):
+    click.echo(f"{PROG}: warning: {message}", err=True)
+
+
+class DarknetGroup(click.Group):
+    def invoke(self, ctx):
+        with warnings.catch_warnings():
+            # "always": the same cfg read twice in one process must warn twice.
+            warnings.simplefilter("always", CfgWarning)
+            python_showwarning = warnings.showwarning
+
+            def show_warning(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, CfgWarning):
+                    warn(message)
+                else:
+                    python_showwarning(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show_warning  # catch_warnings restores it
+            try:
+                return super().invoke(ctx)
+            except USER_ERRORS as e:
+                # A closed pipe (`darknet-py info x.cfg | head`) is click's to handle.
+                if isinstance(e, OSError) and e.errno == errno.EPIPE:
+                    raise
+                raise UserError(describe_error(e)) from None
+
+
+@click.group(cls=DarknetGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name=PROG, message="%(prog)s %(version)s")
+def cli():
+    """Darknet's cfg-driven neural networks in Python.
+
+    Runs Darknet .cfg/.weights files: classify (test) and detect on images, print a
+    network's layer table (info), and cut a weights file down to its first layers
+    (partial).
+    """
+
+
+# ---- shared options and helpers ---------------------------------------------------------
+def resolve_device(gpu, device):
+    """The device string for get_backend from --gpu N and --device."""
+    if gpu is not None:
+        if device is not None:
+            raise click.UsageError("give --gpu or --device, not both")
+        return f"cuda:{gpu}"
+    return device if device is not None else "auto"
+
+
+def device_options(command):
+    """Add --gpu N and --device to a command, which receives `device` (a get_backend string)."""
+    @functools.wraps(command)
+    def with_device(*args, gpu, device, **kwargs):
+        return command(*args, device=resolve_device(gpu, device), **kwargs)
+
+    with_device = click.option(
+        "--device", metavar="auto|cpu|cuda|cuda:N", default=None,
+        help="Where to run: auto (CUDA when available, else the CPU), cpu, cuda or cuda:N. "
+             "[default: auto]")(with_device)
+    with_device = click.option(
+        "--gpu", type=click.IntRange(min=0), metavar="N", default=None,
+        help="Run on CUDA GPU N (the same as --device cuda:N).")(with_device)
+    return with_device
+
+
+def read_names_file(path):
+    """Class names, one a line (Darknet's get_labels); trailing blank lines are dropped."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        names = f.read().splitlines()
+    while names and not names[-1].strip():
+        names.pop()
+    if not names:
+        raise UserError(f"{path}: the names file is empty")
+    return names
+
+
+def load_names(names_file=None, data_file=None, data=None):
+    """Class names from a names file, or from the names= (else labels=) key of a .data
+    file, whose paths are relative to the current directory as in Darknet. None when
+    neither is given, or the .data file has neither key (classes are then numbered).
+    `data`, when given, is data_file already read with read_data_file."""
+    if names_file is not None:
+        return read_names_file(names_file)
+    if data_file is not None:
+        if data is None:
+            data = read_data_file(data_file)
+        path = data.get("names") or data.get("labels")
+        if path:
+            return read_names_file(path)
+        warn(f"{data_file}: no names= or labels= key; classes are shown as numbers")
+    return None
+
+
+def names_options(command):
+    """Add --data and --names to a command, which receives `names` (a list, or None) and
+    `data` (the .data file's options as a dict; empty without --data)."""
+    @functools.wraps(command)
+    def with_names(*args, data_file, names_file, **kwargs):
+        if data_file is not None and names_file is not None:
+            raise click.UsageError("give --data or --names, not both")
+        data = read_data_file(data_file) if data_file is not None else {}
+        names = load_names(names_file, data_file, data)
+        return command(*args, names=names, data=data, **kwargs)
+
+    with_names = click.option(
+        "--names", "names_file", metavar="FILE", default=None,
+        help="Class names, one a line (e.g. data/coco.names).")(with_names)
+    with_names = click.option(
+        "--data", "data_file", metavar="DATA", default=None,
+        help="A Darknet .data file; class names come from its names= (or labels=) file, "
+             "a path relative to the current directory. Without --data or --names, "
+             "classes are shown as numbers.")(with_names)
+    return with_names
+
+
+def read_path_list(stream):
+    return [line.strip() for line in stream.read().splitlines() if line.strip()]
+
+
+def expand_images(args):
+    """Image paths from IMAGE arguments: paths, list files (.txt/.list, one path a line)
+    and `-` (paths on stdin)."""
+    paths = []
+    for arg in args:
+        if arg == "-":
+            paths.extend(read_path_list(click.get_text_stream("stdin")))
+        elif arg.lower().endswith(LIST_SUFFIXES):
+            with open(arg, encoding="utf-8", errors="replace") as f:
+                paths.extend(read_path_list(f))
+        else:
+            paths.append(arg)
+    if not paths:
+        raise UserError("no image paths given (the image list is empty)")
+    return paths
+
+
+def class_name(names, class_id):
+    if names is not None and 0 <= class_id < len(names):
+        return names[class_id]
+    return str(class_id)
+
+
+def run_on_images(paths, run_one):
+    """Call run_one(path) for each image. An unreadable image is reported and skipped,
+    so one bad file does not lose the others' results; the exit code is then 2."""
+    failed = 0
+    for path in paths:
+        try:
+            run_one(path)
+        except ImageError as e:
+            click.echo(f"{PROG}: error: {describe_error(e)}", err=True)
+            failed += 1
+    return failed
+
+
+def same_file(a, b):
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+IMAGE_ARGUMENT_HELP = ("IMAGE is an image file, a list file (.txt or .list, one image path a "
+                       "line), or - to read image paths from stdin; give as many as you like.")
+
+
+# ---- test: classify -----------------------------------------------------------------------
+@cli.command("test", help=f"""Classify images with a classifier network.
+
+Prints, per image, the time taken and the --top most probable classes as
+"percent%: name", most probable first (Darknet's `classifier predict`).
+
+{IMAGE_ARGUMENT_HELP}""")
+@click.argument("cfg")
+@click.argument("weights")
+@click.argument("images", metavar="IMAGE...", nargs=-1, required=True)
+@click.option("--top", type=click.IntRange(min=1), default=None, metavar="K",
+              help="How many classes to print per image [default: the .data file's top=, "
+                   "else 5].")
+@names_options
+@device_options
+def classify_command(cfg, weights, images, top, names, data, device):
+    if top is None:
+        top = int(data.get("top", 5) or 5)
+    paths = expand_images(images)
+    net = load_network(cfg, weights, batch=1, device=device)
+    net.names = names
+
+    def classify_one(path):
+        start = time.perf_counter()
+        predictions = net.classify(path, top=top)
+        seconds = time.perf_counter() - start
+        click.echo(f"{path}: Predicted in {seconds:f} seconds.")
+        for class_id, prob, name in predictions:
+            click.echo(f"{100 * prob:5.2f}%: {name if name is not None else class_name(names, class_id)}")
+
+    if run_on_images(paths, classify_one):
+        sys.exit(UserError.exit_code)
+
+
+# ---- info -----------------------------------------------------------------------------------
+@cli.command("info")
+@click.argument("cfg")
+@click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Images per forward pass [default: 1].")
+def info_command(cfg, batch):
+    """Print a network's layer table and its total BFLOPs.
+
+    Works out every layer's shape from CFG without allocating or loading weights, so it
+    is quick even for large networks.
+    """
+    net = build_network(cfg, batch=batch)
+    for line in net.summary():
+        click.echo(line)
+
+
+# ---- partial --------------------------------------------------------------------------------
+@cli.command("partial", short_help="Copy the first N layers' weights into a new file.")
+@click.argument("cfg")
+@click.argument("weights")
+@click.argument("out")
+@click.argument("layers", metavar="N", type=click.IntRange(min=0))
+@click.option("--force", is_flag=True, help="Allow OUT to be the WEIGHTS file itself.")
+def partial_command(cfg, weights, out, layers, force):
+    """Copy the weights of the first N layers of WEIGHTS into OUT (Darknet's partial).
+
+    Used to make a pretrained backbone, e.g. darknet53.conv.74 from darknet53.weights.
+    WEIGHTS must hold at least the floats of those N layers; OUT gets the same header
+    with `seen` reset to 0, as Darknet does. N larger than the number of layers means all
+    of them.
+    """
+    if same_file(out, weights) and not force:
+        raise UserError(f"{out}: OUT is the WEIGHTS file; refusing to overwrite it "
+                        f"(use --force to allow)")
+    # Darknet runs partial on the CPU: it is file work, not inference.
+    net = load_network(cfg, None, batch=1, device="cpu")
+    net.load_weights(weights, cutoff=layers)
+    net.seen = 0
+    net.save_weights(out, cutoff=layers)
+    kept = min(layers, len(net.layers))
+    click.echo(f"{out}: wrote the weights of layers 0-{kept - 1} of {len(net.layers)} "
+               f"({floats_needed(net, layers)} floats, {os.path.getsize(out)} bytes)"
+               if kept else f"{out}: wrote a header and no layers")
+
+
+# ---- training commands (darknet_py/train.py): train, valid, anchors go here -----------------
+
+
+def main(argv=None):
+    """Console entry point (`darknet-py`)."""
+    return cli.main(args=argv, prog_name=PROG)
+
+
+if __name__ == "__main__":
+    main()
