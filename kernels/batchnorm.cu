@@ -1,0 +1,143 @@
+// Per-channel ops over arrays laid out batch x filters x spatial: bias and scale,
+// batch-norm statistics, normalisation and their backward passes (Darknet's CPU
+// formulas, quirks included: see NumpyBackend).
+//
+// Channel reductions run in two launches so that few channels still fill the
+// GPU: channel_sums splits each channel's batch*spatial terms over `parts`
+// blocks (grid parts x filters) and writes double partial sums; channel_finalize
+// adds each channel's partials in a fixed order (deterministic) and applies the
+// op's formula.
+
+// Row-wise kernels: grid.y walks the batch*filters rows, grid.x a row's spatial.
+// out[row, s] += biases[row % n]
+extern "C" __global__ void add_bias(float* __restrict__ out, const float* __restrict__ biases,
+                                   int rows, int n, int size)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= size) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y)
+        out[(long long)r * size + s] += biases[r % n];
+}
+
+// out[row, s] *= scales[row % n]
+extern "C" __global__ void scale_bias(float* __restrict__ out, const float* __restrict__ scales,
+                                     int rows, int n, int size)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= size) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y)
+        out[(long long)r * size + s] *= scales[r % n];
+}
+
+__device__ __forceinline__ double block_sum(double v)
+{
+    __shared__ double warp_sums[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    v = 0.0;
+    if (warp == 0) {
+        if (lane < (int)(blockDim.x >> 5)) v = warp_sums[lane];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+// What channel_sums adds up, for channel f over its batch*spatial elements i:
+enum ChannelTerm {
+    TERM_A = 0,               // a[i]                      (mean, backward_bias, mean_delta)
+    TERM_A_MINUS_MEAN_SQ = 1, // (a[i] - mean[f])^2        (variance)
+    TERM_A_TIMES_B = 2,       // a[i] * b[i]               (backward_scale)
+    TERM_A_TIMES_B_MINUS_MEAN = 3 // a[i] * (b[i] - mean[f]) (variance_delta)
+};
+
+extern "C" __global__ void channel_sums(const float* __restrict__ a, const float* __restrict__ b,
+                                       const float* __restrict__ mean, int term,
+                                       int batch, int filters, int spatial, int parts,
+                                       double* __restrict__ partial)
+{
+    const int f = blockIdx.y;
+    const int p = blockIdx.x;
+    const long long count = (long long)batch * spatial;
+    const long long chunk = (count + parts - 1) / parts;
+    const long long begin = p * chunk;
+    const long long end = min(count, begin + chunk);
+    const float m = (term == TERM_A_MINUS_MEAN_SQ || term == TERM_A_TIMES_B_MINUS_MEAN) ? mean[f] : 0.0f;
+    double s = 0.0;
+    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const long long bi = i / spatial;
+        const long long idx = (bi * filters + f) * spatial + (i - bi * spatial);
+        float t;
+        switch (term) {
+        case TERM_A: t = a[idx]; break;
+        case TERM_A_MINUS_MEAN_SQ: { const float d = a[idx] - m; t = d * d; break; }
+        case TERM_A_TIMES_B: t = a[idx] * b[idx]; break;
+        default: t = a[idx] * (b[idx] - m); break;
+        }
+        s += (double)t;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[(long long)f * parts + p] = s;
+}
+
+// What channel_finalize does with a channel's sum S (count = batch*spatial):
+enum ChannelFinal {
+    FINAL_MEAN = 0,           // out[f] = S / count
+    FINAL_VARIANCE = 1,       // out[f] = S / (count - 1)
+    FINAL_ACCUMULATE = 2,     // out[f] += S
+    FINAL_MEAN_DELTA = 3,     // out[f] = S * -1 / sqrt(var[f] + 1e-5)
+    FINAL_VARIANCE_DELTA = 4  // out[f] = S * -0.5 * (var[f] + 1e-5)^-1.5
+};
+
+extern "C" __global__ void channel_finalize(const double* __restrict__ partial, int parts, int filters,
+                                           int final_op, long long count,
+                                           const float* __restrict__ variance, float* __restrict__ out)
+{
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= filters) return;
+    double s = 0.0;
+    for (int p = 0; p < parts; ++p) s += partial[(long long)f * parts + p];
+    switch (final_op) {
+    case FINAL_MEAN: out[f] = (float)(s / (double)count); break;
+    case FINAL_VARIANCE: out[f] = (float)(s / (double)(count - 1)); break;
+    case FINAL_ACCUMULATE: out[f] = (float)((double)out[f] + s); break;
+    case FINAL_MEAN_DELTA: out[f] = (float)(s * (-1.0 / sqrt((double)variance[f] + 1e-5))); break;
+    default: out[f] = (float)(s * -0.5 * pow((double)variance[f] + 1e-5, -1.5)); break;
+    }
+}
+
+// x = (x - mean[f]) / (sqrt(variance[f]) + 1e-6), per row as add_bias.
+extern "C" __global__ void normalize_kernel(float* __restrict__ x, const float* __restrict__ mean,
+                                           const float* __restrict__ variance,
+                                           int rows, int filters, int spatial)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= spatial) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const int f = r % filters;
+        float* p = x + (long long)r * spatial + s;
+        *p = (*p - mean[f]) / (sqrtf(variance[f]) + 1e-6f);
+    }
+}
+
+// delta = delta / sqrt(var + 1e-5) + variance_delta * 2 * (x - mean) / n + mean_delta / n,
+// n = batch * spatial.
+extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, const float* __restrict__ mean,
+                                                 const float* __restrict__ variance,
+                                                 const float* __restrict__ mean_delta,
+                                                 const float* __restrict__ variance_delta,
+                                                 int rows, int filters, int spatial, float n,
+                                                 float* __restrict__ delta)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= spatial) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const int f = r % filters;
+        const long long i = (long long)r * spatial + s;
+        const float xc = x[i] - mean[f];
+        delta[i] = delta[i] / sqrtf(variance[f] + 1e-5f)
+                 + variance_delta[f] * 2.0f * xc / n
+                 + mean_delta[f] / n;
+    }
+}

@@ -1,0 +1,241 @@
+// SGEMM, row-major, as Darknet's gemm(): C = alpha * op(A) * op(B) + beta * C.
+// op(A) is M x K (stored K x M when TA), op(B) is K x N (stored N x K when TB).
+//
+// One block computes a BM x BN tile of C, stepping through K in slices of BK.
+// Each slice of op(A) and op(B) is staged in shared memory k-major (As[k][m],
+// Bs[k][n]) so that every thread reads its fragments as 16-byte vectors; each
+// thread then accumulates a TM x TN block of C in registers (register blocking).
+// The next slice is fetched from global memory into registers while the current
+// one is multiplied, and written to the other shared buffer (double buffering).
+// Loads are scalar and predicated: leading dimensions, offsets and sizes are
+// arbitrary, and the warp's loads still coalesce along the contiguous dimension.
+//
+// Split-K: gridDim.z > 1 splits K into chunks of k_chunk; each z-slice writes its
+// raw partial product to C + z * partial_stride (a workspace, ld = N) and
+// splitk_reduce folds the partials into C with alpha and beta. Deterministic.
+//
+// Full fp32 FFMA throughout: no tensor cores, no TF32.
+
+// Row groups for the block-order swizzle: consecutive blocks cover GROUP_M tile
+// rows before moving right, so the A and B panels they share stay in L2.
+constexpr int GROUP_M = 8;
+
+template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB>
+__device__ __forceinline__ void sgemm_tile(
+    int M, int N, int K, float alpha,
+    const float* __restrict__ A, int lda,
+    const float* __restrict__ B, int ldb,
+    float beta, float* __restrict__ C, int ldc,
+    int k_chunk, int c_vec4, long long partial_stride)
+{
+    constexpr int TX = BN / TN;                 // threads along n
+    constexpr int TY = BM / TM;                 // threads along m
+    constexpr int THREADS = TX * TY;
+    constexpr int A_LOADS = BM * BK / THREADS;
+    constexpr int B_LOADS = BN * BK / THREADS;
+    // Fragment layout: a thread's TM rows are TM/4 runs of 4, the runs BM/(TM/4) apart,
+    // so a warp's 16-byte reads hit consecutive addresses (no bank conflicts).
+    constexpr int A_RUN = BM / (TM / 4);
+    constexpr int B_RUN = BN / (TN / 4);
+    static_assert(TM % 4 == 0 && TN % 4 == 0, "fragments are read as float4");
+    static_assert(A_LOADS * THREADS == BM * BK && B_LOADS * THREADS == BN * BK, "tile/threads mismatch");
+    static_assert(THREADS % BM == 0 && THREADS % BN == 0 && THREADS % BK == 0, "load mapping");
+
+    // +4 floats per row: keeps rows 16-byte aligned and spreads the transposed
+    // stores of the k-contiguous operands over all 32 banks.
+    __shared__ __align__(16) float As[2][BK][BM + 4];
+    __shared__ __align__(16) float Bs[2][BK][BN + 4];
+
+    const int tid = threadIdx.x;
+    const int tx = tid % TX;
+    const int ty = tid / TX;
+
+    // Swizzled block coordinates (see GROUP_M).
+    const int tiles_m = gridDim.y, tiles_n = gridDim.x;
+    const int pid = blockIdx.y * tiles_n + blockIdx.x;
+    const int group = pid / (GROUP_M * tiles_n);
+    const int first_m = group * GROUP_M;
+    const int group_rows = min(tiles_m - first_m, GROUP_M);
+    const int in_group = pid - group * GROUP_M * tiles_n;
+    const int tile_m = first_m + in_group % group_rows;
+    const int tile_n = in_group / group_rows;
+    const int m0 = tile_m * BM;
+    const int n0 = tile_n * BN;
+
+    const int k_begin = blockIdx.z * k_chunk;
+    const int k_end = min(K, k_begin + k_chunk);
+
+    // Load mapping. The fastest-varying thread index runs along the operand's
+    // contiguous dimension so each warp's loads coalesce.
+    //   A stored M x K (!TA): contiguous in k;  A stored K x M (TA): contiguous in m.
+    //   B stored K x N (!TB): contiguous in n;  B stored N x K (TB): contiguous in k.
+    constexpr int A_STEP = TA ? THREADS / BM : THREADS / BK;   // per-load step (k if TA, else m)
+    constexpr int B_STEP = TB ? THREADS / BK : THREADS / BN;   // per-load step (n if TB, else k)
+    const int a_m = TA ? tid % BM : tid / BK;
+    const int a_k = TA ? tid / BM : tid % BK;
+    const int b_n = TB ? tid / BK : tid % BN;
+    const int b_k = TB ? tid % BK : tid / BN;
+
+    // Per-thread base pointers at k = k_begin; load l adds l * step along its
+    // dimension. Row/column validity is fixed for the block, k validity per slice.
+    const float* a_ptr = TA ? A + (size_t)(k_begin + a_k) * lda + (m0 + a_m)
+                            : A + (size_t)(m0 + a_m) * lda + (k_begin + a_k);
+    const float* b_ptr = TB ? B + (size_t)(n0 + b_n) * ldb + (k_begin + b_k)
+                            : B + (size_t)(k_begin + b_k) * ldb + (n0 + b_n);
+    const size_t a_load_step = (size_t)A_STEP * lda;   // along k if TA, along m if not: both are rows of A
+    const size_t b_load_step = (size_t)B_STEP * ldb;
+    const size_t a_slice_step = TA ? (size_t)BK * lda : (size_t)BK;
+    const size_t b_slice_step = TB ? (size_t)BK : (size_t)BK * ldb;
+
+    float ra[A_LOADS], rb[B_LOADS];
+
+    // Loads slice k0 (relative to k_begin).
+    auto load_global = [&](int k0) {
+        const float* pa = a_ptr + (size_t)(k0 / BK) * a_slice_step;
+        const float* pb = b_ptr + (size_t)(k0 / BK) * b_slice_step;
+#pragma unroll
+        for (int l = 0; l < A_LOADS; ++l) {
+            const int m = m0 + a_m + (TA ? 0 : l * A_STEP);
+            const int k = k_begin + k0 + a_k + (TA ? l * A_STEP : 0);
+            ra[l] = (m < M && k < k_end) ? __ldg(pa + l * a_load_step) : 0.0f;
+        }
+#pragma unroll
+        for (int l = 0; l < B_LOADS; ++l) {
+            const int n = n0 + b_n + (TB ? l * B_STEP : 0);
+            const int k = k_begin + k0 + b_k + (TB ? 0 : l * B_STEP);
+            rb[l] = (n < N && k < k_end) ? __ldg(pb + l * b_load_step) : 0.0f;
+        }
+    };
+    auto store_shared = [&](int buf) {
+#pragma unroll
+        for (int l = 0; l < A_LOADS; ++l) {
+            if (TA) As[buf][a_k + l * A_STEP][a_m] = ra[l];
+            else    As[buf][a_k][a_m + l * A_STEP] = ra[l];
+        }
+#pragma unroll
+        for (int l = 0; l < B_LOADS; ++l) {
+            if (TB) Bs[buf][b_k][b_n + l * B_STEP] = rb[l];
+            else    Bs[buf][b_k + l * B_STEP][b_n] = rb[l];
+        }
+    };
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+
+    const int tiles_k = (k_end - k_begin + BK - 1) / BK;
+    load_global(0);
+    store_shared(0);
+    __syncthreads();
+
+    for (int t = 0; t < tiles_k; ++t) {
+        const int cur = t & 1;
+        const bool more = t + 1 < tiles_k;
+        if (more) load_global((t + 1) * BK);
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float a[TM], b[TN];
+#pragma unroll
+            for (int r = 0; r < TM / 4; ++r) {
+                const float4 v = *reinterpret_cast<const float4*>(&As[cur][kk][r * A_RUN + ty * 4]);
+                a[r * 4 + 0] = v.x; a[r * 4 + 1] = v.y; a[r * 4 + 2] = v.z; a[r * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int r = 0; r < TN / 4; ++r) {
+                const float4 v = *reinterpret_cast<const float4*>(&Bs[cur][kk][r * B_RUN + tx * 4]);
+                b[r * 4 + 0] = v.x; b[r * 4 + 1] = v.y; b[r * 4 + 2] = v.z; b[r * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        if (more) store_shared(cur ^ 1);
+        __syncthreads();
+    }
+
+    // Epilogue. In split-K mode C is this z-slice's partial (alpha 1, beta 0).
+    float* __restrict__ out = C + blockIdx.z * partial_stride;
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int m = m0 + (i / 4) * A_RUN + ty * 4 + (i % 4);
+        if (m >= M) continue;
+        float* row = out + (size_t)m * ldc;
+#pragma unroll
+        for (int r = 0; r < TN / 4; ++r) {
+            const int n = n0 + r * B_RUN + tx * 4;
+            if (c_vec4 && n + 3 < N) {
+                float4* p = reinterpret_cast<float4*>(row + n);
+                float4 v;
+                v.x = alpha * acc[i][r * 4 + 0];
+                v.y = alpha * acc[i][r * 4 + 1];
+                v.z = alpha * acc[i][r * 4 + 2];
+                v.w = alpha * acc[i][r * 4 + 3];
+                if (beta != 0.0f) {   // C is not read when beta == 0 (it may hold NaN)
+                    const float4 c = *p;
+                    v.x = fmaf(beta, c.x, v.x); v.y = fmaf(beta, c.y, v.y);
+                    v.z = fmaf(beta, c.z, v.z); v.w = fmaf(beta, c.w, v.w);
+                }
+                *p = v;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (n + j < N) {
+                        float v = alpha * acc[i][r * 4 + j];
+                        if (beta != 0.0f) v = fmaf(beta, row[n + j], v);
+                        row[n + j] = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Entry points: tile shape x transpose case. The large tile (128x128, 8x8 per
+// thread) is the workhorse; the small one (64x64, 4x4 per thread) gives more
+// blocks when M or N is small. Both run 256 threads; 2 large blocks fit an SM.
+#define SGEMM_ENTRY(NAME, BM, BN, BK, TM, TN, TA, TB, MINB)                              \
+    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) NAME(       \
+        int M, int N, int K, float alpha, const float* __restrict__ A, int lda,            \
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,  \
+        int k_chunk, int c_vec4, long long partial_stride)                                 \
+    {                                                                                      \
+        sgemm_tile<BM, BN, BK, TM, TN, TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C,    \
+                                               ldc, k_chunk, c_vec4, partial_stride);      \
+    }
+
+SGEMM_ENTRY(sgemm_128x128x8_nn, 128, 128, 8, 8, 8, false, false, 2)
+SGEMM_ENTRY(sgemm_128x128x8_nt, 128, 128, 8, 8, 8, false, true, 2)
+SGEMM_ENTRY(sgemm_128x128x8_tn, 128, 128, 8, 8, 8, true, false, 2)
+SGEMM_ENTRY(sgemm_128x128x8_tt, 128, 128, 8, 8, 8, true, true, 2)
+
+SGEMM_ENTRY(sgemm_128x128x16_nn, 128, 128, 16, 8, 8, false, false, 2)
+SGEMM_ENTRY(sgemm_128x128x16_nt, 128, 128, 16, 8, 8, false, true, 2)
+SGEMM_ENTRY(sgemm_128x128x16_tn, 128, 128, 16, 8, 8, true, false, 2)
+SGEMM_ENTRY(sgemm_128x128x16_tt, 128, 128, 16, 8, 8, true, true, 2)
+
+SGEMM_ENTRY(sgemm_64x64x16_nn, 64, 64, 16, 4, 4, false, false, 3)
+SGEMM_ENTRY(sgemm_64x64x16_nt, 64, 64, 16, 4, 4, false, true, 3)
+SGEMM_ENTRY(sgemm_64x64x16_tn, 64, 64, 16, 4, 4, true, false, 3)
+SGEMM_ENTRY(sgemm_64x64x16_tt, 64, 64, 16, 4, 4, true, true, 3)
+
+// C[m, n] = alpha * sum_z partial[z][m, n] + beta * C[m, n]; partials are M x N, ld N.
+extern "C" __global__ void splitk_reduce(int M, int N, int splits, const float* __restrict__ partial,
+                                         float alpha, float beta, float* __restrict__ C, int ldc)
+{
+    const long long total = (long long)M * N;
+    const long long plane = total;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int z = 0; z < splits; ++z) s += partial[z * plane + i];
+        const int m = (int)(i / N);
+        const int n = (int)(i - (long long)m * N);
+        float* c = C + (size_t)m * ldc + n;
+        float v = alpha * s;
+        if (beta != 0.0f) v = fmaf(beta, *c, v);
+        *c = v;
+    }
+}

@@ -1,0 +1,77 @@
+// Max and average pooling (Darknet's maxpool and avgpool layers).
+
+// One thread per output element of (batch*c) x out_h x out_w. Windows start at
+// -(padding / 2); cells outside the image never win. indexes gets the flat
+// index into x of the first maximum in row-major window order (strict '>', as
+// Darknet), or -1 when the window holds no image cell.
+extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, int planes, int h, int w,
+                                                 int size, int stride, int padding, int out_h, int out_w,
+                                                 float* __restrict__ out, int* __restrict__ indexes)
+{
+    const long long total = (long long)planes * out_h * out_w;
+    const int off = padding / 2;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int ow = (int)(i % out_w);
+        const long long t = i / out_w;
+        const int oh = (int)(t % out_h);
+        const long long plane = t / out_h;
+        const int h0 = oh * stride - off;
+        const int w0 = ow * stride - off;
+        float best = -INFINITY;
+        int best_i = -1;
+        for (int dy = 0; dy < size; ++dy) {
+            const int y = h0 + dy;
+            if (y < 0 || y >= h) continue;
+            for (int dx = 0; dx < size; ++dx) {
+                const int xx = w0 + dx;
+                if (xx < 0 || xx >= w) continue;
+                const int idx = (int)((plane * h + y) * w + xx);
+                const float v = x[idx];
+                if (best_i < 0 || v > best) {
+                    best = v;
+                    best_i = idx;
+                }
+            }
+        }
+        out[i] = best;
+        indexes[i] = best_i;
+    }
+}
+
+// delta_in[indexes[i]] += delta_out[i]. Overlapping windows (stride < size) can
+// route several outputs to one input, hence the atomics; -1 routes nowhere.
+extern "C" __global__ void maxpool_backward_kernel(const float* __restrict__ delta_out,
+                                                  const int* __restrict__ indexes, int n_out,
+                                                  float* __restrict__ delta_in)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += gridDim.x * blockDim.x) {
+        const int j = indexes[i];
+        if (j >= 0) atomicAdd(delta_in + j, delta_out[i]);
+    }
+}
+
+// out[r] = mean of x[r*spatial .. +spatial) for r < rows; one warp per row.
+extern "C" __global__ void avgpool_forward_kernel(const float* __restrict__ x, int rows, int spatial,
+                                                 float* __restrict__ out)
+{
+    const int lane = threadIdx.x & 31;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    for (int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
+        const float* p = x + (long long)r * spatial;
+        float s = 0.0f;
+        for (int k = lane; k < spatial; k += 32) s += p[k];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0) out[r] = s / (float)spatial;
+    }
+}
+
+// delta_in[r*spatial + k] += delta_out[r] / spatial
+extern "C" __global__ void avgpool_backward_kernel(const float* __restrict__ delta_out, int rows, int spatial,
+                                                  float* __restrict__ delta_in)
+{
+    const long long total = (long long)rows * spatial;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        delta_in[i] += delta_out[i / spatial] / (float)spatial;
+}

@@ -1,0 +1,102 @@
+// Data movement between layer layouts: route copies, upsample, reorg, shortcut.
+// All arrays are batch x channels x height x width, row-major.
+
+// dst[r*dst_stride + c] (+)= src[r*src_stride + c] for r < rows, c < width
+// (pointers already offset). Route layers concatenate per-image blocks with it.
+extern "C" __global__ void copy_blocks_kernel(const float* __restrict__ src, int src_stride,
+                                             float* __restrict__ dst, int dst_stride,
+                                             int width, int rows, int accumulate)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float v = src[(long long)r * src_stride + c];
+        float* d = dst + (long long)r * dst_stride + c;
+        *d = accumulate ? *d + v : v;
+    }
+}
+
+// Nearest-neighbour upsample of planes (batch*c) of h x w by `stride`:
+// out[p, y, x] = scale * in[p, y/stride, x/stride]. One thread per output element.
+extern "C" __global__ void upsample_forward_kernel(const float* __restrict__ in, int planes, int h, int w,
+                                                  int stride, float scale, float* __restrict__ out)
+{
+    const int ow = w * stride, oh = h * stride;
+    const long long total = (long long)planes * oh * ow;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int x = (int)(i % ow);
+        const long long t = i / ow;
+        const int y = (int)(t % oh);
+        const long long p = t / oh;
+        out[i] = scale * in[(p * h + y / stride) * w + x / stride];
+    }
+}
+
+// Its adjoint: in[p, y, x] += scale * sum of out over the stride x stride cell
+// of (y, x). One thread per small element gathers its cell (no atomics).
+extern "C" __global__ void upsample_backward_kernel(float* __restrict__ in, int planes, int h, int w,
+                                                   int stride, float scale, const float* __restrict__ out)
+{
+    const int ow = w * stride;
+    const long long total = (long long)planes * h * w;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int x = (int)(i % w);
+        const long long t = i / w;
+        const int y = (int)(t % h);
+        const long long p = t / h;
+        const float* cell = out + ((p * h + y) * stride * (long long)ow) + (long long)x * stride;
+        float s = 0.0f;
+        for (int dy = 0; dy < stride; ++dy)
+            for (int dx = 0; dx < stride; ++dx) s += cell[(long long)dy * ow + dx];
+        in[i] += scale * s;
+    }
+}
+
+// Darknet's reorg_cpu index mapping, one thread per element of the (batch, c, h, w)
+// input space. forward: out[out_index] = x[in_index]; else out[in_index] = x[out_index].
+extern "C" __global__ void reorg_kernel(const float* __restrict__ x, int w, int h, int c, int batch,
+                                       int stride, int forward, float* __restrict__ out)
+{
+    const int out_c = c / (stride * stride);
+    const long long total = (long long)batch * c * h * w;
+    for (long long in_index = blockIdx.x * (long long)blockDim.x + threadIdx.x; in_index < total;
+         in_index += (long long)gridDim.x * blockDim.x) {
+        const int i = (int)(in_index % w);
+        long long t = in_index / w;
+        const int j = (int)(t % h);
+        t /= h;
+        const int k = (int)(t % c);
+        const long long b = t / c;
+        const int c2 = k % out_c;
+        const int offset = k / out_c;
+        const long long w2 = (long long)i * stride + offset % stride;
+        const long long h2 = (long long)j * stride + offset / stride;
+        const long long out_index = w2 + (long long)w * stride * (h2 + (long long)h * stride * (c2 + out_c * b));
+        if (forward) out[out_index] = x[in_index];
+        else out[in_index] = x[out_index];
+    }
+}
+
+// Darknet's shortcut_cpu: out = s1*out + s2*add over the common shape
+// (batch, minc, minh, minw), sampling add every `stride` and out every `sample`.
+extern "C" __global__ void shortcut_kernel(int batch, int minw, int minh, int minc, int stride, int sample,
+                                          const float* __restrict__ add, int w1, int h1, int c1,
+                                          float* __restrict__ out, int w2, int h2, int c2,
+                                          float s1, float s2)
+{
+    const long long total = (long long)batch * minc * minh * minw;
+    for (long long n = blockIdx.x * (long long)blockDim.x + threadIdx.x; n < total;
+         n += (long long)gridDim.x * blockDim.x) {
+        const int i = (int)(n % minw);
+        long long t = n / minw;
+        const int j = (int)(t % minh);
+        t /= minh;
+        const int k = (int)(t % minc);
+        const long long b = t / minc;
+        const long long out_index = ((b * c2 + k) * h2 + (long long)j * sample) * w2 + (long long)i * sample;
+        const long long add_index = ((b * c1 + k) * h1 + (long long)j * stride) * w1 + (long long)i * stride;
+        out[out_index] = s1 * out[out_index] + s2 * add[add_index];
+    }
+}

@@ -1,0 +1,51 @@
+// Softmax (Darknet's softmax_cpu layout) and the per-element losses next to it.
+
+// batch*groups softmaxes of n elements each; instance (b, g) reads
+// x[b*batch_offset + g*group_offset + i*stride] for i < n. One warp per instance:
+// a max pass, a sum pass, a write pass, each over the lanes.
+extern "C" __global__ void softmax_kernel(const float* x, int n, int batch, int batch_offset,
+                                         int groups, int group_offset, int stride, float temp,
+                                         float* out)  // may alias x (in place)
+{
+    const int lane = threadIdx.x & 31;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    const int instances = batch * groups;
+    for (int inst = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; inst < instances; inst += warps) {
+        const int b = inst / groups;
+        const int g = inst - b * groups;
+        const long long base = (long long)b * batch_offset + (long long)g * group_offset;
+        float largest = -INFINITY;
+        for (int i = lane; i < n; i += 32) largest = fmaxf(largest, x[base + (long long)i * stride] / temp);
+        for (int o = 16; o > 0; o >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
+        float sum = 0.0f;
+        for (int i = lane; i < n; i += 32) sum += expf(x[base + (long long)i * stride] / temp - largest);
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        for (int i = lane; i < n; i += 32) {
+            const long long j = base + (long long)i * stride;
+            out[j] = expf(x[j] / temp - largest) / sum;
+        }
+    }
+}
+
+// Cross-entropy after a softmax: error = -t*log(p) where t != 0 (else 0); delta = t - p.
+extern "C" __global__ void softmax_x_ent_kernel(int n, const float* __restrict__ pred,
+                                               const float* __restrict__ truth,
+                                               float* __restrict__ delta, float* __restrict__ error)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float t = truth[i], p = pred[i];
+        error[i] = (t != 0.0f) ? -t * logf(p) : 0.0f;
+        delta[i] = t - p;
+    }
+}
+
+// Sum-squared error: delta = t - p, error = delta^2.
+extern "C" __global__ void l2_kernel(int n, const float* __restrict__ pred, const float* __restrict__ truth,
+                                    float* __restrict__ delta, float* __restrict__ error)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float d = truth[i] - pred[i];
+        delta[i] = d;
+        error[i] = d * d;
+    }
+}
