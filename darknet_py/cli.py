@@ -177,7 +177,7 @@ def expand_images(args):
     paths = []
     for arg in args:
         if arg == "-":
-            paths.extend(read_path_list(click.get_text_stream("stdin")))
+            paths.extend(read_path_list(sys.stdin))
         elif arg.lower().endswith(LIST_SUFFIXES):
             with open(arg, encoding="utf-8", errors="replace") as f:
                 paths.extend(read_path_list(f))
@@ -195,12 +195,13 @@ def class_name(names, class_id):
 
 
 def run_on_images(paths, run_one):
-    """Call run_one(path) for each image. An unreadable image is reported and skipped,
-    so one bad file does not lose the others' results; the exit code is then 2."""
+    """Call run_one(index, path) for each image. An unreadable image is reported and
+    skipped, so one bad file does not lose the others' results; returns how many failed
+    (the command then exits with 2)."""
     failed = 0
-    for path in paths:
+    for index, path in enumerate(paths):
         try:
-            run_one(path)
+            run_one(index, path)
         except ImageError as e:
             click.echo(f"{PROG}: error: {describe_error(e)}", err=True)
             failed += 1
@@ -237,7 +238,7 @@ def classify_command(cfg, weights, images, top, names, data, device):
     net = load_network(cfg, weights, batch=1, device=device)
     net.names = names
 
-    def classify_one(path):
+    def classify_one(index, path):
         start = time.perf_counter()
         predictions = net.classify(path, top=top)
         seconds = time.perf_counter() - start
@@ -249,20 +250,136 @@ def classify_command(cfg, weights, images, top, names, data, device):
         sys.exit(UserError.exit_code)
 
 
+# ---- detect ---------------------------------------------------------------------------------
+def output_paths(out, images):
+    """Where detect writes each image's drawing: see the --out help."""
+    if os.path.isdir(out) or out.endswith(("/", os.sep)):
+        paths, taken = [], set()
+        for index, image in enumerate(images, start=1):
+            stem = os.path.splitext(os.path.basename(image))[0]
+            path = os.path.join(out, f"{stem}.jpg")
+            if path in taken:  # the same file name from two folders
+                path = os.path.join(out, f"{stem}_{index}.jpg")
+            taken.add(path)
+            paths.append(path)
+    else:
+        stem, ext = os.path.splitext(out)
+        ext = ext or ".jpg"  # Darknet's save_image adds .jpg
+        if len(images) == 1:
+            paths = [stem + ext]
+        else:
+            paths = [f"{stem}_{index}{ext}" for index in range(1, len(images) + 1)]
+    for path, image in zip(paths, images):
+        if same_file(path, image):
+            raise UserError(f"{path}: --out would overwrite the input image; choose another --out")
+    bad = sorted({os.path.splitext(p)[1] for p in paths if not cv2().haveImageWriter(p)})
+    if bad:
+        raise UserError(f"--out {out}: OpenCV cannot write {', '.join(bad)} images "
+                        f"(use .jpg or .png)")
+    return paths
+
+
+def cv2():
+    import cv2 as opencv  # imported on use: `darknet-py info` and --help stay quick
+    return opencv
+
+
+@cli.command("detect", short_help="Find objects in images with a YOLO network.", help=f"""\
+Find objects in images with a detector network (YOLO).
+
+Prints, per image, the time taken and one line per detected class:
+"name: percent%  left=L top=T width=W height=H", the box in pixels of the
+original image. Writes the image with labelled boxes to --out, and, with
+--json, every detection of every image to one JSON file.
+
+{IMAGE_ARGUMENT_HELP}""")
+@click.argument("cfg")
+@click.argument("weights")
+@click.argument("images", metavar="IMAGE...", nargs=-1, required=True)
+@click.option("--thresh", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Report a class when its probability is above this.")
+@click.option("--hier", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Threshold for walking a class tree (yolo9000-style cfgs).")
+@click.option("--nms", type=click.FloatRange(0, 1), default=0.45, show_default=True,
+              help="Drop a box overlapping a likelier one of its class by more than this "
+                   "IoU; 0 turns NMS off.")
+@click.option("--out", metavar="PATH", default="predictions.jpg", show_default=True,
+              help="Image with the labelled boxes. For several images, each image's number "
+                   "goes before the extension: predictions_1.jpg, predictions_2.jpg, ... If "
+                   "PATH is a directory (or ends with /), each image is written into it under "
+                   "its own name with .jpg (dog.png -> PATH/dog.jpg). A PATH without an "
+                   "extension gets .jpg.")
+@click.option("--json", "json_file", metavar="FILE", default=None,
+              help="Write the detections of all images to FILE as JSON.")
+@names_options
+@device_options
+def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, names, data, device):
+    from .detection import detections_to_json, detector_layers, draw_detections, pixel_box
+    from .image import load_image, to_bgr
+
+    paths = expand_images(images)
+    outputs = output_paths(out, paths)
+    net = load_network(cfg, weights, batch=1, device=device)
+    if not detector_layers(net):
+        raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
+                        f"classify with `{PROG} test`")
+    net.names = names
+    results = []
+
+    def detect_one(index, path):
+        output = outputs[index]
+        image = load_image(path)
+        start = time.perf_counter()
+        dets = net.detect(image, thresh=thresh, hier=hier, nms=nms)
+        seconds = time.perf_counter() - start
+        click.echo(f"{path}: Predicted in {seconds:f} seconds.")
+        height, width = image.shape[1:]
+        for det in dets:
+            left, top, right, bottom = pixel_box(det.box, width, height)
+            # Like Darknet's draw_detections: a line for every class above thresh.
+            for class_id, prob in enumerate(det.probs):
+                if prob > thresh:
+                    click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
+                               f"left={left} top={top} width={right - left} "
+                               f"height={bottom - top}")
+        if os.path.dirname(output):
+            os.makedirs(os.path.dirname(output), exist_ok=True)
+        drawn = draw_detections(to_bgr(image), dets, names)
+        if not cv2().imwrite(output, drawn):
+            raise UserError(f"{output}: cannot write the image")
+        results.append({"image": path, "output": output, "width": width, "height": height,
+                        "detections": detections_to_json(dets, width, height, names)})
+
+    failed = run_on_images(paths, detect_one)
+    if json_file is not None:
+        with open(json_file, "w", encoding="utf-8") as f:
+            json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "hier": hier,
+                       "nms": nms, "images": results}, f, indent=1)
+            f.write("\n")
+    if failed:
+        sys.exit(UserError.exit_code)
+
+
 # ---- info -----------------------------------------------------------------------------------
 @cli.command("info")
 @click.argument("cfg")
 @click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Images per forward pass [default: 1].")
+              help="Images per forward pass, for the memory estimate [default: 1].")
 def info_command(cfg, batch):
     """Print a network's layer table and its total BFLOPs.
 
-    Works out every layer's shape from CFG without allocating or loading weights, so it
-    is quick even for large networks.
+    Works out every layer's shape from CFG without allocating anything or loading
+    weights, so it is quick even for large networks. The last line estimates the memory
+    the activations need at --batch images.
     """
     net = build_network(cfg, batch=batch)
     for line in net.summary():
         click.echo(line)
+    batch = net.batch
+    click.echo(f"Activations and workspace at batch {batch}: "
+               f"{net.memory_bytes(batch, train=False) / 2**20:.1f} MiB for inference, "
+               f"{net.memory_bytes(batch, train=True) / 2**20:.1f} MiB for training "
+               f"(weights not counted)")
 
 
 # ---- partial --------------------------------------------------------------------------------
