@@ -90,7 +90,8 @@ def resize_image(img, w, h):
 
 def letterbox_size(iw, ih, w, h):
     """(new_w, new_h) of an iw x ih image letterboxed into w x h, Darknet's integer rule."""
-    if w / iw < h / ih:
+    # Darknet compares the two ratios as floats; in double a near-tie can go the other way.
+    if np.float32(w) / np.float32(iw) < np.float32(h) / np.float32(ih):
         return w, (ih * w) // iw
     return (iw * h) // ih, h
 
