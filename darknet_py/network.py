@@ -292,12 +292,17 @@ class Network:
         self._training_ready = True
 
     def predict(self, x):
-        """Inference on x float32 (N, C, H, W) in [0, 1]; returns the last layer's output."""
+        """Inference on x float32 (N, C, H, W) in [0, 1]; returns the network's output: the
+        last layer that is not a [cost] layer (Darknet's get_network_output_layer; a cost
+        layer's output is its per-element error)."""
         x = np.asarray(x, dtype=np.float32)
         if x.ndim == len(self.input_shape):
             x = x[None]
         self.forward(x, train=False)
-        return self.layer_output(len(self.layers) - 1)
+        last = len(self.layers) - 1
+        while last > 0 and self.layers[last].type == "cost":
+            last -= 1
+        return self.layer_output(last)
 
     def train_batch(self, x, truth):
         """One Darknet iteration (train_network_datum): seen += batch, training forward,
