@@ -9,6 +9,7 @@ Commands that run a network take the shared options from `device_options` and
 `names_options`; new commands (training: train, valid, anchors) go in the marked
 section near the end and get the same error handling by being added to `cli`.
 """
+import contextlib
 import errno
 import functools
 import json
@@ -233,7 +234,10 @@ Prints, per image, the time taken and the --top most probable classes as
 @device_options
 def classify_command(cfg, weights, images, top, names, data, device):
     if top is None:
-        top = int(data.get("top", 5) or 5)
+        try:
+            top = int(data.get("top", 5))
+        except ValueError:
+            raise UserError(f"top={data['top']} in the --data file is not a whole number") from None
     paths = expand_images(images)
     net = load_network(cfg, weights, batch=1, device=device)
     net.names = names
@@ -350,12 +354,14 @@ def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, name
         results.append({"image": path, "output": output, "width": width, "height": height,
                         "detections": detections_to_json(dets, width, height, names)})
 
-    failed = run_on_images(paths, detect_one)
-    if json_file is not None:
-        with open(json_file, "w", encoding="utf-8") as f:
+    # Opened before the run, so an unwritable --json fails before the work, not after.
+    with (open(json_file, "w", encoding="utf-8") if json_file is not None
+          else contextlib.nullcontext()) as json_out:
+        failed = run_on_images(paths, detect_one)
+        if json_out is not None:
             json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "hier": hier,
-                       "nms": nms, "images": results}, f, indent=1)
-            f.write("\n")
+                       "nms": nms, "images": results}, json_out, indent=1)
+            json_out.write("\n")
     if failed:
         sys.exit(UserError.exit_code)
 

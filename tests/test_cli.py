@@ -47,7 +47,7 @@ def detection_module():
 PREDICTION_LINE = re.compile(r"^ ?\d{1,3}\.\d\d%: (.+)$")
 TIME_LINE = re.compile(r"^(.+): Predicted in \d+\.\d{6} seconds\.$")
 DETECTION_LINE = re.compile(
-    r"^(.+): (\d+)%  left=(\d+) top=(\d+) width=(\d+) height=(\d+)$")
+    r"^(.+): (\d+)%  left=(\d+) top=(\d+) width=(-?\d+) height=(-?\d+)$")
 
 
 class Run:
@@ -494,3 +494,126 @@ def test_output_paths(tmp_path):
         output_paths(a, [a])
     with pytest.raises(cli_module.UserError, match="cannot write .xyz"):
         output_paths("pred.xyz", [a])
+
+
+# ---- detect ---------------------------------------------------------------------------------
+# p2 has seeded random weights, so its boxes mean nothing; this threshold keeps a few.
+P2_THRESH = "0.3"
+
+
+def detections_printed(lines):
+    """[(image, [(name, percent, (left, top, width, height)), ...]), ...] from detect."""
+    images = []
+    for line in lines:
+        if m := TIME_LINE.match(line):
+            images.append((m.group(1), []))
+        else:
+            m = DETECTION_LINE.match(line)
+            assert m and images, f"unexpected line {line!r}"
+            images[-1][1].append((m.group(1), int(m.group(2)),
+                                  tuple(int(m.group(k)) for k in range(3, 7))))
+    return images
+
+
+def p2_api_detections(image, thresh):
+    detection = detection_module()
+    net = load_network(P2_CFG, P2_WEIGHTS, batch=1, device="cpu")
+    dets = net.detect(str(image), thresh=thresh, hier=0.5, nms=0.45)
+    return detection, dets
+
+
+@needs_shared
+def test_detect_prints_boxes_writes_labelled_image_and_json(run, tmp_path):
+    import cv2
+    detection, dets = p2_api_detections(DOG, float(P2_THRESH))
+    assert dets, "p2 finds nothing on dog.jpg at this threshold: lower P2_THRESH"
+    out, report = tmp_path / "pred.png", tmp_path / "dets.json"
+    r = run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--thresh", P2_THRESH,
+             "--out", out, "--json", report])
+    assert r.code == 0 and "Traceback" not in r.err, r
+    # Printed: one line per class above thresh of each detection, boxes in pixels.
+    original = cv2.imread(str(DOG))
+    height, width = original.shape[:2]
+    [(image, printed)] = detections_printed(r.lines)
+    assert image == str(DOG)
+    expected = []
+    for d in dets:
+        left, top, right, bottom = detection.pixel_box(d.box, width, height)
+        for class_id in np.nonzero(d.probs > float(P2_THRESH))[0]:
+            expected.append((str(class_id), round(100 * float(d.probs[class_id])),
+                             (left, top, right - left, bottom - top)))
+    assert [(n, b) for n, _, b in printed] == [(n, b) for n, _, b in expected]
+    assert all(abs(p - q) <= 1 for (_, p, _), (_, q, _) in zip(printed, expected))
+    # The drawing: the original image (not the 96x96 letterboxed input) with boxes on it.
+    drawn = cv2.imread(str(out))
+    assert drawn is not None and drawn.shape == original.shape
+    changed = np.any(drawn != original, axis=2)
+    assert changed.any()
+    # The left edge of every box that lies inside the image is drawn.
+    inside = [b for _, _, b in expected if b[2] > 0 and b[3] > 0]
+    assert inside
+    for left, top, _, box_h in inside:
+        assert changed[top + box_h // 2, left], (left, top, box_h)
+    # Everything else is untouched: png is lossless, so with no detection it is the input.
+    plain = tmp_path / "plain.png"
+    r = run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--thresh", "1",
+             "--out", plain])
+    assert r.code == 0 and r.lines[1:] == [], r
+    assert np.array_equal(cv2.imread(str(plain)), original)
+    # JSON: every detection of every image.
+    content = json.loads(report.read_text())
+    assert content["thresh"] == float(P2_THRESH) and content["nms"] == 0.45
+    [entry] = content["images"]
+    assert entry["image"] == str(DOG) and entry["output"] == str(out)
+    assert (entry["width"], entry["height"]) == (width, height)
+    assert entry["detections"] == json.loads(json.dumps(
+        detection.detections_to_json(dets, width, height, None)))
+    assert [d["name"] for d in entry["detections"]] == [str(d.class_id) for d in dets]
+
+
+@needs_shared
+def test_detect_several_images_numbered_or_into_a_directory(tmp_path):
+    import cv2
+    detection_module()
+    images = [DOG, IMAGES / "horses.jpg"]
+    base = ["detect", P2_CFG, P2_WEIGHTS, *images, "--device", "cpu", "--thresh", P2_THRESH]
+    r = run_in_process(base + ["--out", tmp_path / "pred.jpg", "--json", tmp_path / "all.json"])
+    assert r.code == 0, r
+    assert [image for image, _ in detections_printed(r.lines)] == [str(i) for i in images]
+    for index, image in enumerate(images, start=1):
+        drawn = cv2.imread(str(tmp_path / f"pred_{index}.jpg"))
+        assert drawn is not None and drawn.shape == cv2.imread(str(image)).shape
+    assert not (tmp_path / "pred.jpg").exists()
+    entries = json.loads((tmp_path / "all.json").read_text())["images"]
+    assert [e["image"] for e in entries] == [str(i) for i in images]
+    assert [e["output"] for e in entries] == [str(tmp_path / f"pred_{i}.jpg") for i in (1, 2)]
+    # A directory: each image under its own name.
+    r = run_in_process(base + ["--out", f"{tmp_path / 'drawn'}/"])
+    assert r.code == 0, r
+    assert sorted(p.name for p in (tmp_path / "drawn").iterdir()) == ["dog.jpg", "horses.jpg"]
+
+
+@needs_shared
+def test_detect_errors(run, tmp_path):
+    detection_module()
+    # A classifier is not a detector.
+    assert_user_error(run(["detect", P1_CFG, P1_WEIGHTS, DOG, "--device", "cpu"]),
+                      P1_CFG, "no [yolo]", "darknet-py test")
+    # An unreadable image.
+    garbage = tmp_path / "garbage.jpg"
+    garbage.write_bytes(b"\xff\xd8\xff garbage " * 50)
+    r = run(["detect", P2_CFG, P2_WEIGHTS, garbage, "--device", "cpu",
+             "--out", tmp_path / "o.jpg"])
+    assert_user_error(r, garbage, "cannot read image")
+    assert not (tmp_path / "o.jpg").exists()
+    # Outputs that cannot be written are refused before any work.
+    assert_user_error(run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--out", tmp_path / "o.xyz"]),
+                      ".xyz")
+    copy = tmp_path / "dog.jpg"
+    shutil.copyfile(DOG, copy)
+    assert_user_error(run(["detect", P2_CFG, P2_WEIGHTS, copy, "--out", copy]),
+                      "overwrite the input image")
+    assert copy.read_bytes() == DOG.read_bytes()
+    assert_user_error(run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--out",
+                           tmp_path / "o.jpg", "--json", tmp_path / "no" / "dir.json"]),
+                      "dir.json")
