@@ -352,6 +352,33 @@ def _rand_int(rng, lo, hi):
     return int(rng.integers(lo, hi + 1))
 
 
+def _cv2():
+    import cv2  # imported lazily, as in image.py
+    return cv2
+
+
+# The augmentation runs on (H, W, C) arrays with OpenCV, which is several times faster
+# than NumPy here and releases the GIL, so the loader's threads really run in parallel.
+# The public functions take and return Darknet's (C, H, W).
+
+def _to_hwc(img):
+    return np.ascontiguousarray(img.transpose(1, 2, 0), dtype=np.float32)
+
+
+def _from_hwc(a):
+    return np.ascontiguousarray((a[:, :, None] if a.ndim == 2 else a).transpose(2, 0, 1))
+
+
+def _warp_hwc(hwc, source_of, w, h, replicate_edges):
+    """Bilinear samples of hwc at source_of @ (x, y, 1) for each output pixel (x, y)."""
+    cv2 = _cv2()
+    out = cv2.warpAffine(hwc, np.asarray(source_of, dtype=np.float64), (w, h),
+                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                         borderMode=cv2.BORDER_REPLICATE if replicate_edges
+                         else cv2.BORDER_CONSTANT, borderValue=0)
+    return out[:, :, None] if out.ndim == 2 else out
+
+
 def flip_image(img):
     """Mirror left-right (a new array)."""
     return np.ascontiguousarray(img[:, :, ::-1])
@@ -374,40 +401,46 @@ def center_crop_image(img, w, h):
     return resize_image(crop_image(img, (iw - m) // 2, (ih - m) // 2, m, m), w, h)
 
 
-def _bilinear_zero_pad(img, rx, ry):
-    """Sample img at float pixel coordinates (rx, ry) bilinearly; outside reads as 0."""
-    c, ih, iw = img.shape
-    ix = np.floor(rx).astype(np.int64)
-    iy = np.floor(ry).astype(np.int64)
-    fx = (rx - ix).astype(np.float32)
-    fy = (ry - iy).astype(np.float32)
-    out = np.zeros((c,) + rx.shape, dtype=np.float32)
-    for ox, oy, weight in ((0, 0, (1 - fy) * (1 - fx)), (0, 1, fy * (1 - fx)),
-                           (1, 0, (1 - fy) * fx), (1, 1, fy * fx)):
-        xx, yy = ix + ox, iy + oy
-        inside = (xx >= 0) & (xx < iw) & (yy >= 0) & (yy < ih)
-        vals = img[:, np.clip(yy, 0, ih - 1), np.clip(xx, 0, iw - 1)]
-        out += (weight * inside)[None] * vals
-    return out
+def _crop_resize_source(dx, dy, cw, ch, w, h):
+    """Affine map for crop_image(dx, dy, cw, ch) followed by Darknet's resize_image to
+    w x h: that resize samples source pixel x * (cw-1)/(w-1) (corners aligned), and
+    bilinear sampling with replicated edges equals sampling the edge-clamped crop."""
+    return [[(cw - 1) / (w - 1), 0, dx], [0, (ch - 1) / (h - 1), dy]]
+
+
+def _crop_resize_hwc(hwc, dx, dy, cw, ch, w, h):
+    if w < 2 or h < 2:   # Darknet's resize takes the last row/column here; rare enough
+        img = crop_image(_from_hwc(hwc), dx, dy, cw, ch)
+        return _to_hwc(resize_image(img, w, h))
+    return _warp_hwc(hwc, _crop_resize_source(dx, dy, cw, ch, w, h), w, h, True)
+
+
+def crop_resize_image(img, dx, dy, cw, ch, w, h):
+    """resize_image(crop_image(img, dx, dy, cw, ch), w, h) in one pass."""
+    return _from_hwc(_crop_resize_hwc(_to_hwc(img), dx, dy, cw, ch, w, h))
+
+
+def _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect):
+    """Darknet's rotate_crop_image samples, for output pixel (x, y),
+        u = ((x - w/2) + dx) * aspect / scale,  v = ((y - h/2) + dy) / scale,
+        source (cos*u - sin*v + iw/2,  sin*u + cos*v + ih/2):  an affine map."""
+    cos, sin = math.cos(rad), math.sin(rad)
+    ax = aspect / scale
+    u0, v0 = (dx - w / 2) * ax, (dy - h / 2) / scale
+    return [[cos * ax, -sin / scale, cos * u0 - sin * v0 + iw / 2],
+            [sin * ax, cos / scale, sin * u0 + cos * v0 + ih / 2]]
 
 
 def rotate_crop_image(img, rad, scale, w, h, dx, dy, aspect):
     """Darknet's rotate_crop_image: a w x h view of img rotated by ``rad`` about its
-    centre, scaled by ``scale`` (x also by 1/aspect), shifted by (dx, dy) output pixels."""
+    centre, scaled by ``scale`` (x also by 1/aspect), shifted by (dx, dy) output pixels;
+    bilinear, reading 0 outside the image."""
     c, ih, iw = img.shape
-    cos, sin = math.cos(rad), math.sin(rad)
-    u = ((np.arange(w, dtype=np.float32) - w / 2) / scale * aspect + dx / scale * aspect)[None, :]
-    v = ((np.arange(h, dtype=np.float32) - h / 2) / scale + dy / scale)[:, None]
-    rx = cos * u - sin * v + iw / 2
-    ry = sin * u + cos * v + ih / 2
-    return _bilinear_zero_pad(img, rx, ry)
+    source_of = _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect)
+    return _from_hwc(_warp_hwc(_to_hwc(img), source_of, w, h, False))
 
 
-def random_augment_image(img, rng, angle, aspect, low, high, w, h):
-    """Darknet's random_augment_image: random aspect (rand_scale(aspect)), rescale so the
-    shorter side is a random size in [low, high], rotate by up to +-angle degrees, then a
-    random w x h crop."""
-    c, ih, iw = img.shape
+def _random_augment_source(rng, iw, ih, angle, aspect, low, high, w, h):
     aspect = _rand_scale(rng, aspect)
     r = _rand_int(rng, low, high)
     shorter = int(min(ih, iw * aspect))
@@ -417,67 +450,69 @@ def random_augment_image(img, rng, angle, aspect, low, high, w, h):
     dy = (ih * scale - h) / 2   # Darknet subtracts w here; the same for its square crops
     dx = _rand_uniform(rng, -dx, dx)
     dy = _rand_uniform(rng, -dy, dy)
-    return rotate_crop_image(img, rad, scale, w, h, dx, dy, aspect)
+    return _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect)
+
+
+def random_augment_image(img, rng, angle, aspect, low, high, w, h):
+    """Darknet's random_augment_image: random aspect (rand_scale(aspect)), rescale so the
+    shorter side is a random size in [low, high], rotate by up to +-angle degrees, then a
+    random w x h crop."""
+    c, ih, iw = img.shape
+    source_of = _random_augment_source(rng, iw, ih, angle, aspect, low, high, w, h)
+    return _from_hwc(_warp_hwc(_to_hwc(img), source_of, w, h, False))
 
 
 def rgb_to_hsv(img):
-    """Darknet's rgb_to_hsv on a (3, H, W) image: hue, saturation, value all in [0, 1]."""
-    r, g, b = img[0], img[1], img[2]
-    mx = np.maximum(np.maximum(r, g), b)
-    mn = np.minimum(np.minimum(r, g), b)
-    delta = mx - mn
-    safe_delta = np.where(delta > 0, delta, 1)
-    hue = np.where(r == mx, (g - b) / safe_delta,
-                   np.where(g == mx, 2 + (b - r) / safe_delta, 4 + (r - g) / safe_delta))
-    hue = np.where(hue < 0, hue + 6, hue) / 6
-    # Darknet computes 0/0 = NaN hue for greys; any hue is right since saturation is 0.
-    hue = np.where(delta > 0, hue, 0)
-    sat = np.where(mx > 0, delta / np.where(mx > 0, mx, 1), 0)
-    return np.stack([hue, sat, mx]).astype(np.float32)
+    """Darknet's rgb_to_hsv on a (3, H, W) image: hue, saturation, value all in [0, 1]
+    (hue in turns: Darknet's formulas, which OpenCV computes in degrees)."""
+    hsv = _cv2().cvtColor(_to_hwc(img), _cv2().COLOR_RGB2HSV)
+    hsv[:, :, 0] *= np.float32(1 / 360)
+    return _from_hwc(hsv)
 
 
 def hsv_to_rgb(img):
-    """Darknet's hsv_to_rgb, the inverse of rgb_to_hsv."""
-    hue, sat, val = img[0] * 6, img[1], img[2]
-    index = np.floor(hue)
-    f = hue - index
-    p = val * (1 - sat)
-    q = val * (1 - sat * f)
-    t = val * (1 - sat * (1 - f))
-    cases = [index == 0, index == 1, index == 2, index == 3, index == 4]
-    r = np.select(cases, [val, q, p, p, t], val)
-    g = np.select(cases, [t, val, val, q, p], p)
-    b = np.select(cases, [p, p, t, val, val], q)
-    grey = sat == 0
-    rgb = np.stack([np.where(grey, val, r), np.where(grey, val, g), np.where(grey, val, b)])
-    return rgb.astype(np.float32)
+    """Darknet's hsv_to_rgb, the inverse of rgb_to_hsv (values are not clipped)."""
+    hsv = _to_hwc(img)
+    hsv[:, :, 0] *= np.float32(360)
+    return _from_hwc(_cv2().cvtColor(hsv, _cv2().COLOR_HSV2RGB))
+
+
+def _distort_hwc(hwc, hue, saturation, exposure):
+    if hwc.shape[2] == 1:
+        return np.clip(hwc * np.float32(exposure), 0, 1).astype(np.float32)
+    if hwc.shape[2] != 3:
+        raise ValueError(f"distort_image: expected 1 or 3 channels, got {hwc.shape[2]}")
+    cv2 = _cv2()
+    hsv = cv2.cvtColor(hwc, cv2.COLOR_RGB2HSV)
+    if hue:
+        h = hsv[:, :, 0] * np.float32(1 / 360) + np.float32(hue)
+        h = np.where(h > 1, h - 1, h)
+        hsv[:, :, 0] = np.where(h < 0, h + 1, h) * np.float32(360)
+    hsv[:, :, 1] *= np.float32(saturation)
+    hsv[:, :, 2] *= np.float32(exposure)
+    rgb = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+    return np.clip(rgb, 0, 1, out=rgb)
 
 
 def distort_image(img, hue, saturation, exposure):
     """Darknet's distort_image: shift hue (wrapping), scale saturation and value, clip.
     A one-channel image has no hue or saturation: only exposure applies."""
-    if img.shape[0] == 1:
-        return np.clip(img * np.float32(exposure), 0, 1).astype(np.float32)
-    if img.shape[0] != 3:
-        raise ValueError(f"distort_image: expected 1 or 3 channels, got {img.shape[0]}")
-    hsv = rgb_to_hsv(img)
-    hsv[1] *= saturation
-    hsv[2] *= exposure
-    h = hsv[0] + np.float32(hue)
-    h = np.where(h > 1, h - 1, h)
-    hsv[0] = np.where(h < 0, h + 1, h)
-    return np.clip(hsv_to_rgb(hsv), 0, 1)
+    return _from_hwc(_distort_hwc(_to_hwc(img), hue, saturation, exposure))
+
+
+def _random_distort_hwc(hwc, rng, hue, saturation, exposure):
+    dhue = _rand_uniform(rng, -hue, hue)
+    dsat = _rand_scale(rng, saturation)
+    dexp = _rand_scale(rng, exposure)
+    if dhue == 0 and dsat == 1 and dexp == 1:
+        return hwc
+    return _distort_hwc(hwc, dhue, dsat, dexp)
 
 
 def random_distort_image(img, rng, hue, saturation, exposure):
     """Darknet's random_distort_image: hue shift in [-hue, hue], saturation and exposure
     factors from rand_scale."""
-    dhue = _rand_uniform(rng, -hue, hue)
-    dsat = _rand_scale(rng, saturation)
-    dexp = _rand_scale(rng, exposure)
-    if dhue == 0 and dsat == 1 and dexp == 1:
-        return img
-    return distort_image(img, dhue, dsat, dexp)
+    return _from_hwc(_random_distort_hwc(_to_hwc(img), rng, hue, saturation, exposure))
 
 
 # ---------------------------------------------------------------------------------------
@@ -533,14 +568,18 @@ class DetectorAugment:
 def augment_classifier_image(img, augment, w, h, rng):
     """One training input as Darknet's load_image_augment_paths makes it."""
     if augment.center:
-        out = center_crop_image(img, w, h)
+        hwc = _to_hwc(center_crop_image(img, w, h))
     else:
-        low = int(augment.min_ratio * w)
-        high = int(augment.max_ratio * w)
-        out = random_augment_image(img, rng, augment.angle, augment.aspect, low, high, w, h)
+        c, ih, iw = img.shape
+        low, high = int(augment.min_ratio * w), int(augment.max_ratio * w)
+        source_of = _random_augment_source(rng, iw, ih, augment.angle, augment.aspect,
+                                           low, high, w, h)
+        hwc = _warp_hwc(_to_hwc(img), source_of, w, h, False)
     if augment.flip and rng.integers(2):
-        out = flip_image(out)
-    return random_distort_image(out, rng, augment.hue, augment.saturation, augment.exposure)
+        hwc = hwc[:, ::-1]
+    hwc = _random_distort_hwc(np.ascontiguousarray(hwc), rng, augment.hue,
+                              augment.saturation, augment.exposure)
+    return _from_hwc(hwc)
 
 
 def augment_detection_sample(img, boxes, augment, w, h, rng, max_boxes=MAX_BOXES):
@@ -560,13 +599,13 @@ def augment_detection_sample(img, boxes, augment, w, h, rng, max_boxes=MAX_BOXES
     sheight = max(1, oh - ptop - pbot)
     sx, sy = swidth / ow, sheight / oh
     flip = bool(augment.flip and rng.integers(2))
-    sized = resize_image(crop_image(img, pleft, ptop, swidth, sheight), w, h)
+    hwc = _crop_resize_hwc(_to_hwc(img), pleft, ptop, swidth, sheight, w, h)
     if flip:
-        sized = flip_image(sized)
-    sized = random_distort_image(sized, rng, augment.hue, augment.saturation, augment.exposure)
+        hwc = np.ascontiguousarray(hwc[:, ::-1])
+    hwc = _random_distort_hwc(hwc, rng, augment.hue, augment.saturation, augment.exposure)
     dx, dy = (pleft / ow) / sx, (ptop / oh) / sy
     truth = detection_truth(boxes, max_boxes, dx, dy, 1 / sx, 1 / sy, flip, rng)
-    return sized, truth
+    return _from_hwc(hwc), truth
 
 
 def prepare_detector_eval_image(img, w, h, letterbox_input=True):
@@ -595,10 +634,6 @@ class Batch(tuple):
     @property
     def truth(self):
         return self[1]
-
-
-class _SampleFailed(Exception):
-    pass
 
 
 _SAMPLE_ATTEMPTS = 100    # replacement draws for one batch slot before giving up

@@ -1,0 +1,426 @@
+"""Training data pipeline: .data files, lists, labels, augmentation, loader, anchors, demo sets."""
+import os
+
+import cv2
+import numpy as np
+import pytest
+
+from darknet_py import data as D
+from darknet_py import demo_data
+from darknet_py.image import load_image
+
+
+def write(path, text, newline="\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline=newline) as f:
+        f.write(text)
+    return str(path)
+
+
+def write_png(path, rgb_chw):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bgr = (np.clip(rgb_chw, 0, 1)[::-1].transpose(1, 2, 0) * 255 + 0.5).astype(np.uint8)
+    assert cv2.imwrite(str(path), bgr)
+    return str(path)
+
+
+# --- .data files and lists --------------------------------------------------------------
+
+def test_data_config_parses_keys_and_defaults(tmp_path):
+    names = write(tmp_path / "x.names", "cat\ndog\n\nbird  \n")
+    data = write(tmp_path / "x.data", f"classes = 3\ntrain={tmp_path}/t.list\n"
+                                      f"names={names}\n# comment\n")
+    cfg = D.load_data_config(data)
+    assert cfg.classes == 3 and cfg.names == ["cat", "dog", "bird"]
+    assert cfg.labels == cfg.names and cfg.labels_path == names
+    assert cfg.valid == cfg.train == f"{tmp_path}/t.list"    # valid defaults to train
+    assert cfg.backup == "/backup/" and cfg.top == 1
+
+
+def test_data_config_labels_key_and_classes_default(tmp_path):
+    labels = write(tmp_path / "l.list", "n01\nn02\n")
+    cfg = D.load_data_config(write(tmp_path / "x.data", f"labels={labels}\ntop=5\n"))
+    assert cfg.classes == 2 and cfg.names == ["n01", "n02"] and cfg.top == 5
+
+
+def test_data_config_relative_paths_resolve_against_cwd(tmp_path, monkeypatch):
+    write(tmp_path / "d" / "x.names", "a\nb\n")
+    write(tmp_path / "x.data", "classes=2\nnames=d/x.names\n")
+    monkeypatch.chdir(tmp_path)
+    assert D.load_data_config("x.data").names == ["a", "b"]
+
+
+def test_data_config_missing_files_name_the_path(tmp_path):
+    with pytest.raises(D.DataError, match="nothere.data"):
+        D.load_data_config(tmp_path / "nothere.data")
+    data = write(tmp_path / "x.data", f"classes=2\nnames={tmp_path}/gone.names\n"
+                                      f"train={tmp_path}/gone-train.list\n")
+    with pytest.raises(D.DataError, match="gone.names"):
+        D.load_data_config(data)
+    write(tmp_path / "gone.names", "a\nb\n")
+    with pytest.raises(D.DataError, match="gone-train.list"):
+        D.load_data_config(data, require=("train",))
+    with pytest.raises(D.DataError, match="gone-train.list"):
+        D.load_data_config(data).train_paths()
+
+
+def test_data_config_too_few_names(tmp_path):
+    names = write(tmp_path / "x.names", "a\nb\n")
+    with pytest.raises(D.DataError, match="2 names for classes=3"):
+        D.load_data_config(write(tmp_path / "x.data", f"classes=3\nnames={names}\n"))
+
+
+def test_read_list_tolerates_crlf_blank_lines_and_trailing_spaces(tmp_path):
+    p = write(tmp_path / "a.list", "img/1.jpg  \r\n\r\n  \r\nimg/2.jpg\r\nimg/3.jpg\t", newline="")
+    assert D.read_list(p) == ["img/1.jpg", "img/2.jpg", "img/3.jpg"]
+
+
+# --- classifier labels -------------------------------------------------------------------
+
+def test_classifier_truth_one_hot():
+    t = D.classifier_truth("data/train/00012_dog.png", ["cat", "dog", "bird"])
+    assert t.dtype == np.float32 and t.tolist() == [0, 1, 0]
+
+
+def test_classifier_label_ambiguous_and_missing():
+    with pytest.raises(D.DataError, match=r"2 class names.*'cat'.*'catfish'"):
+        D.classifier_label_index("x/123_catfish.png", ["cat", "catfish"])
+    with pytest.raises(D.DataError, match="no class name"):
+        D.classifier_label_index("x/123_horse.png", ["cat", "dog"])
+    assert D.check_classifier_labels(["a_dog.png", "b_cat_dog.png"], ["cat", "dog"])[0][0] \
+        == "b_cat_dog.png"
+
+
+# --- detector labels ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("image, label", [
+    ("data/images/a.jpg", "data/labels/a.txt"),
+    ("VOC/JPEGImages/a.JPEG", "VOC/labels/a.txt"),
+    ("set/raw/a.png", "set/labels/a.txt"),
+    ("set/images/b.JPG", "set/labels/b.txt"),
+    ("set/images/c.jpeg", "set/labels/c.txt"),
+    # Darknet replaces the first occurrence only, wherever it is.
+    ("images/x/images/d.jpg", "labels/x/images/d.txt"),
+])
+def test_label_path_follows_darknet(image, label):
+    assert D.label_path(image) == label
+
+
+def test_label_path_unknown_extension():
+    with pytest.raises(D.DataError, match="a.gif"):
+        D.label_path("images/a.gif")
+
+
+def test_read_labels_and_malformed_line(tmp_path):
+    good = write(tmp_path / "g.txt", "1 0.5 0.5 0.2 0.4\r\n\n0 0.1 0.2 0.05 0.05\n", newline="")
+    b = D.read_labels(good)
+    assert b.dtype == np.float32 and b.shape == (2, 5)
+    assert b[0].tolist() == pytest.approx([0.5, 0.5, 0.2, 0.4, 1])
+    bad = write(tmp_path / "bad.txt", "1 0.5 0.5 0.2 0.4\n2 0.5 oops 0.1 0.1\n")
+    with pytest.raises(D.DataError, match=r"bad\.txt:2:"):
+        D.read_labels(bad)
+    short = write(tmp_path / "short.txt", "\n\n3 0.5 0.5 0.1\n")
+    with pytest.raises(D.DataError, match=r"short\.txt:3: expected 'class x y w h'"):
+        D.read_labels(short)
+    with pytest.raises(D.DataError, match=r"g\.txt:1: class id 1 out of range \(0\.\.0\)"):
+        D.read_labels(good, classes=1)
+    with pytest.raises(D.MissingLabelFile, match="none.txt"):
+        D.read_labels(tmp_path / "none.txt")
+
+
+def test_truth_buffer_layout():
+    boxes = np.array([[0.5, 0.4, 0.2, 0.3, 7], [0.25, 0.75, 0.1, 0.1, 2]], np.float32)
+    t = D.detection_truth(boxes)
+    assert t.dtype == np.float32 and t.shape == (90 * 5,)
+    assert t[:10].tolist() == pytest.approx([0.5, 0.4, 0.2, 0.3, 7, 0.25, 0.75, 0.1, 0.1, 2])
+    assert not t[10:].any()
+    np.testing.assert_allclose(D.truth_boxes(t), boxes, atol=1e-6)
+
+
+def test_truth_drops_tiny_boxes_and_truncates():
+    boxes = np.array([[0.5, 0.5, 0.0005, 0.3, 1], [0.3, 0.3, 0.2, 0.2, 2]], np.float32)
+    t = D.detection_truth(boxes)
+    assert t[:5].tolist() == pytest.approx([0.3, 0.3, 0.2, 0.2, 2]) and not t[5:].any()
+    many = np.tile([[0.5, 0.5, 0.1, 0.1, 1]], (120, 1)).astype(np.float32)
+    t = D.detection_truth(many, max_boxes=90, rng=np.random.default_rng(0)).reshape(90, 5)
+    assert (t[:, 2] > 0).all()
+
+
+# --- augmentation ------------------------------------------------------------------------
+
+def test_flip_mirrors_x():
+    boxes = np.array([[0.2, 0.3, 0.1, 0.2, 4]], np.float32)
+    c = D.correct_boxes(boxes, flip=True)
+    assert c[0].tolist() == pytest.approx([0.8, 0.3, 0.1, 0.2, 4])
+
+
+def test_correct_boxes_clips_into_unit_square():
+    boxes = np.array([[0.05, 0.95, 0.3, 0.3, 0]], np.float32)
+    c = D.correct_boxes(boxes, dx=0.1, dy=-0.1, sx=1.2, sy=1.2)
+    left, right = c[0, 0] - c[0, 2] / 2, c[0, 0] + c[0, 2] / 2
+    top, bottom = c[0, 1] - c[0, 3] / 2, c[0, 1] + c[0, 3] / 2
+    assert 0 <= left <= right <= 1 and 0 <= top <= bottom <= 1
+
+
+def bright_box_image(w=120, h=80, box=(30, 20, 70, 50)):
+    img = np.zeros((3, h, w), np.float32)
+    l, t, r, b = box
+    img[:, t:b, l:r] = 1.0
+    label = [(l + r) / 2 / w, (t + b) / 2 / h, (r - l) / w, (b - t) / h, 3]
+    return img, np.array([label], np.float32)
+
+
+def test_detection_augmentation_moves_boxes_with_pixels():
+    img, boxes = bright_box_image()
+    aug = D.DetectorAugment(jitter=0.3)
+    for seed in range(12):
+        x, t = D.augment_detection_sample(img, boxes, aug, 64, 64, np.random.default_rng(seed))
+        assert x.shape == (3, 64, 64)
+        kept = D.truth_boxes(t)
+        assert len(kept) == 1 and kept[0, 4] == 3
+        bx, by, bw, bh = kept[0, :4]
+        assert 0 <= bx - bw / 2 and bx + bw / 2 <= 1 and 0 <= by - bh / 2 and by + bh / 2 <= 1
+        l, r = int(np.ceil((bx - bw / 2) * 64)) + 1, int((bx + bw / 2) * 64) - 1
+        tp, bt = int(np.ceil((by - bh / 2) * 64)) + 1, int((by + bh / 2) * 64) - 1
+        assert x[0, tp:bt, l:r].min() > 0.9          # inside the box: the bright square
+        outside = x[0].copy()
+        outside[max(tp - 2, 0):bt + 2, max(l - 2, 0):r + 2] = 0
+        assert outside.max() < 0.1                   # elsewhere: dark
+
+
+def test_hsv_follows_darknet_formulas():
+    rgb = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0.5, 0.25, 0.5], [0.3, 0.3, 0.3]],
+                   np.float32).T.reshape(3, 1, 5)
+    hsv = D.rgb_to_hsv(rgb)[:, 0, :].T
+    np.testing.assert_allclose(hsv, [[0, 1, 1], [1 / 3, 1, 1], [2 / 3, 1, 1],
+                                     [5 / 6, 0.5, 0.5], [0, 0, 0.3]], atol=1e-5)
+    img = np.random.default_rng(0).random((3, 9, 11)).astype(np.float32)
+    np.testing.assert_allclose(D.hsv_to_rgb(D.rgb_to_hsv(img)), img, atol=1e-5)
+    np.testing.assert_allclose(D.distort_image(img, 0, 1, 1), img, atol=1e-5)
+    red = np.array([1, 0, 0], np.float32).reshape(3, 1, 1)
+    np.testing.assert_allclose(D.distort_image(red, 1 / 3, 1, 1).ravel(), [0, 1, 0], atol=1e-5)
+    np.testing.assert_allclose(D.distort_image(red, -1 / 3, 1, 0.5).ravel(), [0, 0, 0.5],
+                               atol=1e-5)
+    out = D.distort_image(img, 0.3, 2.0, 1.5)
+    assert out.shape == img.shape and out.min() >= 0 and out.max() <= 1
+    grey = np.full((1, 4, 4), 0.6, np.float32)
+    np.testing.assert_allclose(D.distort_image(grey, 0.2, 2, 1.5), 0.9, atol=1e-6)
+
+
+def darknet_rotate_crop_reference(img, rad, s, w, h, dx, dy, aspect):
+    """Darknet's rotate_crop_image, pixel by pixel (bilinear, zero outside)."""
+    c, ih, iw = img.shape
+    out = np.zeros((c, h, w), np.float32)
+
+    def pixel(x, y):
+        inside = 0 <= x < iw and 0 <= y < ih
+        return img[:, y, x] if inside else 0
+
+    for y in range(h):
+        for x in range(w):
+            rx = (np.cos(rad) * ((x - w / 2) / s * aspect + dx / s * aspect)
+                  - np.sin(rad) * ((y - h / 2) / s + dy / s) + iw / 2)
+            ry = (np.sin(rad) * ((x - w / 2) / s * aspect + dx / s * aspect)
+                  + np.cos(rad) * ((y - h / 2) / s + dy / s) + ih / 2)
+            ix, iy = int(np.floor(rx)), int(np.floor(ry))
+            fx, fy = rx - ix, ry - iy
+            out[:, y, x] = ((1 - fy) * (1 - fx) * pixel(ix, iy) + fy * (1 - fx) * pixel(ix, iy + 1)
+                            + (1 - fy) * fx * pixel(ix + 1, iy) + fy * fx * pixel(ix + 1, iy + 1))
+    return out
+
+
+@pytest.mark.parametrize("args", [(0.3, 1.3, 12, 10, 3.2, -2.1, 1.2), (0.0, 1.0, 15, 9, 0, 0, 1),
+                                  (-0.5, 0.7, 14, 12, 6, 5, 0.8)])
+def test_rotate_crop_matches_darknet(args):
+    img = np.random.default_rng(1).random((3, 9, 15)).astype(np.float32)
+    np.testing.assert_allclose(D.rotate_crop_image(img, *args),
+                               darknet_rotate_crop_reference(img, *args), atol=1e-4)
+
+
+def test_classifier_augment_shapes_and_center_crop():
+    img = np.random.default_rng(0).random((3, 40, 60)).astype(np.float32)
+    aug = D.ClassifierAugment(angle=15, aspect=1.2, hue=0.1, saturation=1.5, exposure=1.5)
+    out = D.augment_classifier_image(img, aug, 32, 32, np.random.default_rng(1))
+    assert out.shape == (3, 32, 32) and out.dtype == np.float32
+    center = D.ClassifierAugment(center=True, flip=False)
+    np.testing.assert_allclose(
+        D.augment_classifier_image(img, center, 32, 32, np.random.default_rng(1)),
+        D.resize_image(img[:, :, 10:50], 32, 32), atol=1e-6)
+
+
+# --- loader ------------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_detection_set(tmp_path):
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(6):
+        w, h = 40 + 4 * i, 36
+        img, boxes = bright_box_image(w, h, (5, 6, 5 + 10 + 3 * i, 20))
+        img += rng.random(img.shape, dtype=np.float32) * 0.05
+        p = write_png(tmp_path / "images" / f"{i}.png", img)
+        write(tmp_path / "labels" / f"{i}.txt",
+              "".join(f"{int(b[4])} {b[0]} {b[1]} {b[2]} {b[3]}\n" for b in boxes))
+        paths.append(p)
+    return paths
+
+
+def test_loader_is_reproducible_with_a_seed(tiny_detection_set):
+    def batches(seed, workers):
+        with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=4,
+                          classes=5, seed=seed, workers=workers,
+                          augment=D.DetectorAugment(jitter=0.2, hue=0.1, saturation=1.5,
+                                                    exposure=1.5)) as loader:
+            return [loader.next_batch() for _ in range(3)]
+    a, b, c = batches(7, 3), batches(7, 1), batches(8, 2)
+    for (xa, ta), (xb, tb) in zip(a, b):
+        assert xa.shape == (4, 3, 32, 32) and ta.shape == (4, 450)
+        assert xa.dtype == np.float32 and ta.dtype == np.float32
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ta, tb)
+    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, c))
+
+
+def test_loader_set_size_changes_next_batch(tiny_detection_set):
+    with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=2,
+                      classes=5, seed=0, workers=2) as loader:
+        assert loader.next_batch().x.shape == (2, 3, 32, 32)
+        loader.set_size(48, 40)
+        for _ in range(3):
+            assert loader.next_batch().x.shape == (2, 3, 40, 48)
+    with D.DataLoader(tiny_detection_set, task="detector", width=48, height=40, batch=2,
+                      classes=5, seed=0, workers=2) as fresh:
+        fresh.next_batch()
+        expected = fresh.next_batch()
+    with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=2,
+                      classes=5, seed=0, workers=2) as loader:
+        loader.next_batch()
+        loader.set_size(48, 40)
+        np.testing.assert_array_equal(loader.next_batch().x, expected.x)
+
+
+def test_loader_skips_and_reports_unreadable_image(tiny_detection_set, tmp_path):
+    broken = write(tmp_path / "images" / "broken.png", "not a png")
+    no_label = write_png(tmp_path / "images" / "nolabel.png", np.zeros((3, 20, 20)))
+    paths = [broken, no_label] + tiny_detection_set
+    reports = []
+    with D.DataLoader(paths, task="detector", width=32, height=32, batch=8, classes=5,
+                      seed=1, workers=2, on_error=lambda p, m: reports.append((p, m))) as loader:
+        for _ in range(6):
+            x, truth = loader.next_batch()
+            assert x.shape == (8, 3, 32, 32)
+        assert all(p != broken for p in loader.next_batch().paths)
+    assert [p for p, _ in reports].count(broken) == 1
+    assert [p for p, _ in reports].count(no_label) == 1
+    assert any("label file not found" in m for p, m in reports if p == no_label)
+    assert broken in loader.bad_paths and no_label in loader.missing_labels
+
+
+def test_loader_validation_pass_in_order(tiny_detection_set):
+    with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=4,
+                      classes=5, train=False, workers=2) as loader:
+        batches = list(loader)
+        assert [len(b.paths) for b in batches] == [4, 2]
+        assert sum((b.paths for b in batches), []) == tiny_detection_set
+        assert batches[1].image_sizes[0] == (56, 36)
+        first = D.truth_boxes(batches[0].truth[0])
+        np.testing.assert_allclose(first, D.read_image_labels(tiny_detection_set[0]), atol=1e-6)
+        assert len(list(loader)) == 2    # a validation loader can be iterated again
+
+
+def test_classifier_loader(tmp_path):
+    paths = [write_png(tmp_path / f"{i}_{name}.png", np.full((3, 10, 12), v, np.float32))
+             for i, (name, v) in enumerate([("cat", 0.2), ("dog", 0.8), ("cat", 0.3)])]
+    with D.DataLoader(paths, task="classifier", width=8, height=8, batch=3, classes=2,
+                      labels=["cat", "dog"], train=False, workers=1) as loader:
+        x, truth = loader.next_batch()
+        assert truth.tolist() == [[1, 0], [0, 1], [1, 0]]
+        np.testing.assert_allclose(x[1], 0.8, atol=0.01)
+    with D.DataLoader(paths, task="classifier", width=8, height=8, batch=5, classes=2,
+                      labels=["cat", "dog"], seed=3, workers=2,
+                      augment=D.ClassifierAugment(max_ratio=1.5)) as loader:
+        x, truth = loader.next_batch()
+        assert x.shape == (5, 3, 8, 8) and truth.shape == (5, 2)
+        assert (truth.sum(axis=1) == 1).all()
+
+
+# --- anchors -----------------------------------------------------------------------------
+
+def test_kmeans_anchors_deterministic_and_sensible():
+    rng = np.random.default_rng(0)
+    centres = np.array([[12, 16], [40, 30], [90, 120]], float)
+    boxes = np.concatenate([c * rng.uniform(0.9, 1.1, (200, 2)) for c in centres])
+    a = D.kmeans_anchors(boxes, 3, seed=5)
+    np.testing.assert_array_equal(a, D.kmeans_anchors(boxes, 3, seed=5))
+    np.testing.assert_allclose(a, centres, rtol=0.05)
+    assert (np.diff(a[:, 0] * a[:, 1]) > 0).all()
+    assert D.anchor_mean_iou(boxes, a) > 0.85
+    assert D.format_anchors([(10.4, 13), (16, 29.6)]) == "anchors = 10,13, 16,30"
+    with pytest.raises(D.DataError, match="3 anchors from 2 distinct"):
+        D.kmeans_anchors([[1, 2], [3, 4], [1, 2]], 3)
+
+
+def test_compute_anchors_from_data_file(tiny_detection_set, tmp_path):
+    names = write(tmp_path / "n.names", "a\nb\nc\nd\ne\n")
+    train = write(tmp_path / "train.list", "\n".join(tiny_detection_set) + "\n")
+    data = write(tmp_path / "x.data", f"classes=5\ntrain={train}\nnames={names}\n")
+    boxes = D.gather_label_boxes(data, 100, 200)
+    assert boxes.shape == (6, 2)
+    widths = [(10 + 3 * i) / (40 + 4 * i) * 100 for i in range(6)]
+    np.testing.assert_allclose(sorted(boxes[:, 0]), sorted(widths), rtol=1e-5)
+    np.testing.assert_allclose(boxes[:, 1], 14 / 36 * 200, rtol=1e-5)
+    anchors = D.compute_anchors(data, 2, 100, 200, seed=0)
+    assert len(anchors) == 2 and anchors == D.compute_anchors(data, 2, 100, 200, seed=0)
+
+
+# --- demo sets ---------------------------------------------------------------------------
+
+def test_bundled_digits():
+    images, labels = demo_data.load_digits()
+    assert images.shape == (1797, 8, 8) and images.dtype == np.uint8
+    assert set(labels.tolist()) == set(range(10)) and images.max() == 255
+    assert os.path.getsize(demo_data.DIGITS_NPZ) < 200_000
+    assert not any(a in b for a in demo_data.CLASS_NAMES for b in demo_data.CLASS_NAMES
+                   if a != b)
+
+
+def test_build_classification_set(tmp_path):
+    data = demo_data.build_classification_set(tmp_path / "cls", seed=0)
+    cfg = D.load_data_config(data, require=("train", "valid"))
+    assert cfg.classes == 10 and cfg.top == 2 and cfg.names == list(demo_data.CLASS_NAMES)
+    train, valid = cfg.train_paths(), cfg.valid_paths()
+    assert len(train) + len(valid) == 1797 and not set(train) & set(valid)
+    assert D.check_classifier_labels(train + valid, cfg.labels) == []
+    assert load_image(train[0]).shape == (3, 32, 32)
+    # The split (and so every file name) is a function of the seed.
+    a, b = demo_data.split_digits(demo_data.load_digits()[1], seed=0)
+    assert [os.path.basename(p)[:4] for p in train] == [f"{i:04d}" for i in a]
+    assert [os.path.basename(p)[:4] for p in valid] == [f"{i:04d}" for i in b]
+    again = demo_data.split_digits(demo_data.load_digits()[1], seed=0)
+    assert all(np.array_equal(x, y) for x, y in zip((a, b), again))
+
+
+def test_build_detection_set(tmp_path):
+    data = demo_data.build_detection_set(tmp_path / "det", n_train=8, n_valid=3, seed=4)
+    cfg = D.load_data_config(data)
+    train, valid = cfg.train_paths(), cfg.valid_paths()
+    assert len(train) == 8 and len(valid) == 3 and cfg.classes == 10
+    for p in train + valid:
+        assert load_image(p).shape == (3, 128, 128)
+        boxes = D.read_image_labels(p, cfg.classes)
+        assert 1 <= len(boxes) <= 4
+        left, right = boxes[:, 0] - boxes[:, 2] / 2, boxes[:, 0] + boxes[:, 2] / 2
+        assert (left >= 0).all() and (right <= 1).all()
+    again = demo_data.build_detection_set(tmp_path / "det2", n_train=8, n_valid=3, seed=4)
+    other = D.load_data_config(again).train_paths()
+    for a, b in zip(train, other):
+        assert open(D.label_path(a)).read() == open(D.label_path(b)).read()
+        np.testing.assert_array_equal(load_image(a), load_image(b))
+
+
+@pytest.mark.parametrize("crop", [(0, 0, 15, 9), (-3, 2, 20, 6), (4, -2, 8, 14)])
+def test_crop_resize_equals_darknet_crop_then_resize(crop):
+    img = np.random.default_rng(2).random((3, 9, 15)).astype(np.float32)
+    for w, h in ((15, 9), (31, 17), (7, 5)):
+        np.testing.assert_allclose(D.crop_resize_image(img, *crop, w, h),
+                                   D.resize_image(D.crop_image(img, *crop), w, h), atol=1e-5)
