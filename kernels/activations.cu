@@ -88,13 +88,13 @@ extern "C" __global__ void activate_array(float* __restrict__ x, int n, int act)
 }
 
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
-// blockIdx.x spans the width; rows are strided over gridDim.y.
+// x (blocks and threads) spans the width, y the rows.
 extern "C" __global__ void activate_strided(float* __restrict__ x, int rows, int row_stride,
                                            int width, int act)
 {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         float* p = x + (long long)r * row_stride + c;
         *p = activate(*p, act);
     }

@@ -8,14 +8,15 @@
 // adds each channel's partials in a fixed order (deterministic) and applies the
 // op's formula.
 
-// Row-wise kernels: grid.y walks the batch*filters rows, grid.x a row's spatial.
+// Row-wise kernels: x (blocks and threads) spans a row's spatial elements, y the
+// batch*filters rows; a 1-wide row (connected layers) still fills whole warps.
 // out[row, s] += biases[row % n]
 extern "C" __global__ void add_bias(float* __restrict__ out, const float* __restrict__ biases,
                                    int rows, int n, int size)
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= size) return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y)
         out[(long long)r * size + s] += biases[r % n];
 }
 
@@ -25,7 +26,7 @@ extern "C" __global__ void scale_bias(float* __restrict__ out, const float* __re
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= size) return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y)
         out[(long long)r * size + s] *= scales[r % n];
 }
 
@@ -114,7 +115,7 @@ extern "C" __global__ void normalize_kernel(float* __restrict__ x, const float* 
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= spatial) return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const int f = r % filters;
         float* p = x + (long long)r * spatial + s;
         *p = (*p - mean[f]) / (sqrtf(variance[f]) + 1e-6f);
@@ -132,7 +133,7 @@ extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, c
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= spatial) return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const int f = r % filters;
         const long long i = (long long)r * spatial + s;
         const float xc = x[i] - mean[f];

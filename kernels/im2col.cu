@@ -6,7 +6,8 @@
 
 // One thread per (channel, output position): it writes that position's ksize^2
 // column entries; consecutive threads write consecutive addresses of each col
-// row and read neighbouring pixels. grid.y walks the channels.
+// row and read neighbouring pixels. The y dimension (blocks and threads) walks
+// the channels, so small feature maps still fill whole warps.
 extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
                                         int ksize, int stride, int pad, int dilation,
                                         int out_h, int out_w, float* __restrict__ col)
@@ -18,7 +19,7 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
     const int ow = pos - oh * out_w;
     const int h0 = oh * stride - pad;
     const int w0 = ow * stride - pad;
-    for (int c = blockIdx.y; c < channels; c += gridDim.y) {
+    for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
         const float* img = im + (long long)c * height * width;
         float* out = col + (long long)c * ksize * ksize * out_hw + pos;
         for (int ki = 0; ki < ksize; ++ki) {
@@ -34,7 +35,7 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
 }
 
 // The adjoint: im[c, h, w] += sum of every col entry that im2col read from (c, h, w).
-// One thread per image pixel gathers its entries (no atomics, deterministic).
+// One thread per (channel, pixel) gathers its entries (no atomics, deterministic).
 extern "C" __global__ void col2im_kernel(const float* __restrict__ col, int channels, int height, int width,
                                         int ksize, int stride, int pad, int dilation,
                                         int out_h, int out_w, float* __restrict__ im)
@@ -45,7 +46,7 @@ extern "C" __global__ void col2im_kernel(const float* __restrict__ col, int chan
     if (pix >= hw) return;
     const int h = pix / width;
     const int w = pix - h * width;
-    for (int c = blockIdx.y; c < channels; c += gridDim.y) {
+    for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
         const float* cols = col + (long long)c * ksize * ksize * out_hw;
         float sum = 0.0f;
         for (int ki = 0; ki < ksize; ++ki) {

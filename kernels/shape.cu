@@ -9,7 +9,7 @@ extern "C" __global__ void copy_blocks_kernel(const float* __restrict__ src, int
 {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const float v = src[(long long)r * src_stride + c];
         float* d = dst + (long long)r * dst_stride + c;
         *d = accumulate ? *d + v : v;

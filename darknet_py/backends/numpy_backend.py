@@ -38,8 +38,8 @@ class NumpyBackend:
         return np.array(host, dtype=self.dtype).reshape(-1)
 
     def to_host(self, arr):
-        """A NumPy copy of `arr`."""
-        return np.array(arr, dtype=self.dtype)
+        """A NumPy copy of `arr` (an integer array stays integer: int64)."""
+        return np.array(arr, dtype=self.dtype if arr.dtype.kind == "f" else np.int64)
 
     def write(self, arr, host):
         """Copy host data (any shape, arr.size elements) into an existing array."""
@@ -216,8 +216,11 @@ class NumpyBackend:
         indexes[:batch * c * out_h * out_w] = np.take_along_axis(iwin, arg[..., None], 3).reshape(-1)
 
     def maxpool_backward(self, delta_out, indexes, n_out, delta_in):
-        """delta_in[indexes[i]] += delta_out[i] for i < n_out."""
-        np.add.at(delta_in, indexes[:n_out], delta_out[:n_out])
+        """delta_in[indexes[i]] += delta_out[i] for i < n_out; index -1 (a window wholly
+        in the padding) routes nowhere."""
+        idx = indexes[:n_out]
+        hit = idx >= 0
+        np.add.at(delta_in, idx[hit], delta_out[:n_out][hit])
 
     def avgpool_forward(self, x, batch, c, spatial, out):
         out[:batch * c] = x[:batch * c * spatial].reshape(batch * c, spatial).mean(axis=1)

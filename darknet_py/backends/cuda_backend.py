@@ -1,0 +1,732 @@
+"""The CUDA backend: NumpyBackend's ops as hand-written kernels (kernels/*.cu) via PyCUDA.
+
+Arrays are 1-D float32 ``pycuda.gpuarray.GPUArray``s (int32 for maxpool indexes);
+a flat slice ``a[i:j]`` is a view, and kernels get raw pointers, so views work
+everywhere. Every op is asynchronous on the backend's one stream except those
+that hand data to the host (to_host, sum, synchronize).
+
+Design:
+  * The device's primary context is retained and pushed at start, popped at exit.
+  * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
+  * Each kernels/*.cu file is compiled once per process and device (PyCUDA keeps
+    the cubins in its disk cache); kernels are launched with prepared_async_call.
+  * A failed launch raises CudaError naming the kernel and its grid/block. Errors
+    that surface later (a kernel's illegal access shows at the next sync) name the
+    recent launches; DARKNET_CUDA_SYNC=1 synchronizes after every launch to pin
+    them to one kernel.
+  * Running out of device memory raises DeviceOutOfMemory.
+
+This module imports PyCUDA at the top on purpose: backends.get_backend imports it
+only when a CUDA device is asked for and turns the ImportError into a clear message.
+"""
+import atexit
+import collections
+import os
+
+import numpy as np
+import pycuda.driver as drv
+from pycuda import gpuarray
+from pycuda.compiler import SourceModule
+from pycuda.tools import DeviceMemoryPool
+
+from .. import activations
+from .numpy_backend import conv_out_size
+
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
+
+# Kernel file -> {entry point: argument format}. Formats are struct codes:
+# P device pointer, i int32, I uint32, q int64, f float32.
+_GEMM_ARGS = "iiifPiPifPiiiq"
+_GEMM_TILES = {  # name -> (BM, BN, BK)
+    "128x128x8": (128, 128, 8),
+    "128x128x16": (128, 128, 16),
+    "64x64x16": (64, 64, 16),
+}
+_KERNELS = {
+    "blas.cu": {
+        "axpy_kernel": "ifPP",
+        "scal_kernel": "ifP",
+        "mul_kernel": "iPP",
+        "sum_partial": "iPP",
+        "sum_final": "iPP",
+    },
+    "gemm.cu": dict(
+        {f"sgemm_{tile}_{case}": _GEMM_ARGS for tile in _GEMM_TILES for case in ("nn", "nt", "tn", "tt")},
+        splitk_reduce="iiiPffPi",
+    ),
+    "im2col.cu": {
+        "im2col_kernel": "PiiiiiiiiiP",
+        "col2im_kernel": "PiiiiiiiiiP",
+    },
+    "batchnorm.cu": {
+        "add_bias": "PPiii",
+        "scale_bias": "PPiii",
+        "channel_sums": "PPPiiiiiP",
+        "channel_finalize": "PiiiqPP",
+        "normalize_kernel": "PPPiii",
+        "normalize_delta_kernel": "PPPPPiiifP",
+    },
+    "activations.cu": {
+        "activate_array": "Pii",
+        "activate_strided": "Piiii",
+        "gradient_array": "PiiP",
+    },
+    "pooling.cu": {
+        "maxpool_forward_kernel": "PiiiiiiiiPP",
+        "maxpool_backward_kernel": "PPiP",
+        "avgpool_forward_kernel": "PiiP",
+        "avgpool_backward_kernel": "PiiP",
+    },
+    "softmax.cu": {
+        "softmax_kernel": "PiiiiiifP",
+        "softmax_x_ent_kernel": "iPPPP",
+        "l2_kernel": "iPPPP",
+    },
+    "shape.cu": {
+        "copy_blocks_kernel": "PiPiiii",
+        "upsample_forward_kernel": "PiiiifP",
+        "upsample_backward_kernel": "PiiiifP",
+        "reorg_kernel": "PiiiiiiP",
+        "shortcut_kernel": "iiiiiiPiiiPiiiff",
+    },
+    "dropout.cu": {
+        "dropout_forward_kernel": "PiffIP",
+        "dropout_backward_kernel": "PiffP",
+    },
+}
+
+# channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
+_TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
+_FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIANCE_DELTA = range(5)
+
+_BLOCK = 256
+_MAX_GRID_Y = 65535
+
+
+class CudaError(RuntimeError):
+    """A CUDA error, with the kernel launch (name, grid, block) it is attributed to."""
+
+
+class DeviceOutOfMemory(Exception):
+    """The GPU could not provide an allocation of requested_bytes while this
+    backend held allocated_bytes in live arrays."""
+
+    def __init__(self, requested_bytes, allocated_bytes, free_bytes=None, total_bytes=None):
+        self.requested_bytes = int(requested_bytes)
+        self.allocated_bytes = int(allocated_bytes)
+        self.free_bytes = free_bytes
+        self.total_bytes = total_bytes
+        msg = (f"out of GPU memory: could not allocate {_mib(self.requested_bytes)} "
+               f"with {_mib(self.allocated_bytes)} already allocated by darknet-py")
+        if free_bytes is not None and total_bytes is not None:
+            msg += f" (device: {_mib(free_bytes)} free of {_mib(total_bytes)})"
+        super().__init__(msg)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _mib(n):
+    return f"{n / 2**20:.1f} MiB"
+
+
+class _Device:
+    """Per-process state of one GPU: primary context, stream, pool, compiled kernels.
+
+    Shared by every CudaBackend on that device, so kernels compile once per process."""
+
+    _by_index = {}
+
+    @classmethod
+    def get(cls, index):
+        dev = cls._by_index.get(index)
+        if dev is None:
+            dev = cls._by_index[index] = cls(index)
+        return dev
+
+    def __init__(self, index):
+        drv.init()
+        count = drv.Device.count()
+        if not 0 <= index < count:
+            raise CudaError(f"no CUDA device {index}: {count} device(s) present")
+        self.index = index
+        self.device = drv.Device(index)
+        self.context = self.device.retain_primary_context()
+        self.context.push()
+        self.closed = False
+        atexit.register(self.close)
+        self.stream = drv.Stream()
+        self.pool = DeviceMemoryPool()
+        self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self.peak_allocated_bytes = 0
+        self.functions = {}
+        self.modules = []
+        for filename, entries in _KERNELS.items():
+            path = os.path.join(KERNEL_DIR, filename)
+            with open(path) as f:
+                source = f.read()
+            # no_extern_c: the files declare their own extern "C" entry points, so
+            # they compile unchanged here and under `make kernels-check`.
+            module = SourceModule(source, options=[], no_extern_c=True)
+            self.modules.append(module)
+            for name, fmt in entries.items():
+                fn = module.get_function(name)
+                fn.prepare(fmt)
+                self.functions[name] = fn
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.stream.synchronize()
+            self.pool.stop_holding()
+        except drv.Error:
+            pass
+        self.context.pop()
+        from pycuda.tools import clear_context_caches
+        clear_context_caches()
+
+
+class CudaBackend:
+    """NumpyBackend's op contract on one CUDA device (float32)."""
+
+    name = "cuda"
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, device_index=0, seed=0):
+        self._dev = _Device.get(int(device_index))
+        self.device_index = int(device_index)
+        self.device_name = self._dev.device.name()
+        self.stream = self._dev.stream
+        self.pool = self._dev.pool
+        self.sm_count = self._dev.sm_count
+        self.rng = np.random.default_rng(seed)  # host RNG for weight init, as NumpyBackend
+        self.sync_each_launch = os.environ.get("DARKNET_CUDA_SYNC", "") not in ("", "0")
+        self._fn = self._dev.functions
+        self._recent = collections.deque(maxlen=8)
+        self._scratch = {}
+        self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
+        # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
+        self.gemm_override = None
+
+    # ---- infrastructure ------------------------------------------------------
+    @property
+    def allocated_bytes(self):
+        """Bytes held by live arrays (the pool's active bytes)."""
+        return int(self.pool.active_bytes)
+
+    @property
+    def reserved_bytes(self):
+        """Bytes the pool holds from the driver (live arrays plus cached free blocks)."""
+        return int(self.pool.managed_bytes)
+
+    @property
+    def peak_allocated_bytes(self):
+        return self._dev.peak_allocated_bytes
+
+    def _allocate(self, nbytes):
+        try:
+            block = self.pool.allocate(nbytes)
+        except drv.MemoryError:
+            # Cached free blocks of other sizes may be what is missing.
+            self.pool.free_held()
+            try:
+                block = self.pool.allocate(nbytes)
+            except drv.MemoryError:
+                try:
+                    free, total = drv.mem_get_info()
+                except drv.Error:
+                    free = total = None
+                raise DeviceOutOfMemory(nbytes, self.allocated_bytes, free, total) from None
+        active = self.allocated_bytes
+        if active > self._dev.peak_allocated_bytes:
+            self._dev.peak_allocated_bytes = active
+        return block
+
+    def _new(self, n, dtype=np.float32):
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"negative array size {n}")
+        return gpuarray.GPUArray((n,), dtype, allocator=self._allocate)
+
+    def _scratch_buffer(self, key, nbytes):
+        """A reusable device buffer of at least nbytes (grows, never shrinks)."""
+        buf = self._scratch.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self._scratch[key] = self._new(max(1, (nbytes + 7) // 8), np.float64)
+        return buf
+
+    @staticmethod
+    def _ptr(a):
+        if a.gpudata is None:  # empty array
+            return 0
+        if a.ndim != 1 or (a.size > 1 and a.strides[0] != a.itemsize):
+            raise ValueError("backend arrays are 1-D and contiguous")
+        return int(a.gpudata)
+
+    def _launch(self, name, grid, block, *args):
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        if min(grid) <= 0:
+            return  # nothing to do (an empty array)
+        try:
+            self._fn[name].prepared_async_call(grid, block, self.stream, *args)
+        except drv.Error as e:
+            raise CudaError(f"CUDA error launching kernel {name} with grid={grid} block={block}: {e}"
+                            + self._recent_launches()) from e
+        self._recent.append(f"{name} grid={grid} block={block}")
+        if self.sync_each_launch:
+            try:
+                self.stream.synchronize()
+            except drv.Error as e:
+                raise CudaError(f"CUDA error in kernel {name} with grid={grid} block={block}: {e}") from e
+
+    def _recent_launches(self):
+        if not self._recent:
+            return ""
+        return "; launches before it, oldest first: " + ", ".join(self._recent)
+
+    def _sync(self, where):
+        try:
+            self.stream.synchronize()
+        except drv.Error as e:
+            raise CudaError(f"CUDA error surfaced at {where}: {e}; it comes from one of the most recent "
+                            f"kernels (set DARKNET_CUDA_SYNC=1 to pin it down)" + self._recent_launches()) from e
+
+    def _grid1d(self, n, block=_BLOCK):
+        """Blocks for a grid-stride kernel over n elements."""
+        return (max(0, min((int(n) + block - 1) // block, self._max_blocks)),)
+
+    def _launch_rows(self, name, rows, width, *args):
+        """Launch a row-wise kernel: x (blocks and threads) spans `width`, y spans `rows`.
+        Narrow rows get several rows per block so warps stay full."""
+        rows, width = int(rows), int(width)
+        if rows <= 0 or width <= 0:
+            return
+        bx = min(_BLOCK, 1 << (width - 1).bit_length())
+        by = _BLOCK // bx
+        grid = ((width + bx - 1) // bx, min((rows + by - 1) // by, _MAX_GRID_Y))
+        self._launch(name, grid, (bx, by), *args)
+
+    @staticmethod
+    def _check_matrix(what, arr, offset, rows, cols, ld):
+        if rows > 0 and cols > 0:
+            need = offset + (rows - 1) * ld + cols
+            if offset < 0 or need > arr.size:
+                raise ValueError(f"{what}: matrix view {rows}x{cols} (ld {ld}) at {offset} "
+                                 f"exceeds array of {arr.size}")
+
+    @staticmethod
+    def _check_size(what, arr, need):
+        if arr.size < need:
+            raise ValueError(f"{what}: array of {arr.size} elements, needs {need}")
+
+    def _sizes_match(self, what, x, y):
+        if x.size != y.size:
+            raise ValueError(f"{what}: arrays of {x.size} and {y.size} elements")
+
+    # ---- memory -------------------------------------------------------------
+    def zeros(self, n):
+        a = self._new(n)
+        if a.size:
+            drv.memset_d32_async(self._ptr(a), 0, a.size, self.stream)
+        return a
+
+    def empty(self, n):
+        return self._new(n)
+
+    def int_zeros(self, n):
+        """An int32 array (maxpool argmax indexes), zeroed."""
+        a = self._new(n, np.int32)
+        if a.size:
+            drv.memset_d32_async(self._ptr(a), 0, a.size, self.stream)
+        return a
+
+    def from_host(self, host):
+        h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
+        a = self._new(h.size)
+        if h.size:
+            # Pageable source: the driver stages it before returning, so h may go.
+            drv.memcpy_htod_async(self._ptr(a), h, self.stream)
+        return a
+
+    def to_host(self, arr):
+        """A NumPy copy of `arr` (float32; int64 for an integer array)."""
+        out = np.empty(arr.size, dtype=arr.dtype)
+        if arr.size:
+            drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
+        self._sync("to_host")
+        return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
+
+    def write(self, arr, host):
+        h = np.ascontiguousarray(np.asarray(host, dtype=arr.dtype).reshape(-1))
+        if h.size != arr.size:
+            raise ValueError(f"write: {h.size} values for an array of {arr.size}")
+        if h.size:
+            drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
+
+    def synchronize(self):
+        self._sync("synchronize")
+
+    def fill(self, arr, value):
+        if arr.size:
+            bits = np.array([value], dtype=arr.dtype).view(np.uint32)[0]
+            drv.memset_d32_async(self._ptr(arr), int(bits), arr.size, self.stream)
+
+    def copy(self, src, dst):
+        self._sizes_match("copy", src, dst)
+        if src.size:
+            drv.memcpy_dtod_async(self._ptr(dst), self._ptr(src), src.nbytes, self.stream)
+
+    def copy_blocks(self, src, src_offset, src_stride, dst, dst_offset, dst_stride,
+                    width, rows, accumulate=False):
+        """For r in rows: dst[dst_offset + r*dst_stride : +width] (+)= src[src_offset + r*src_stride : +width]."""
+        self._check_matrix("copy_blocks src", src, src_offset, rows, width, src_stride)
+        self._check_matrix("copy_blocks dst", dst, dst_offset, rows, width, dst_stride)
+        if rows <= 0 or width <= 0:
+            return
+        self._launch_rows("copy_blocks_kernel", rows, width,
+                          self._ptr(src) + 4 * int(src_offset), int(src_stride),
+                          self._ptr(dst) + 4 * int(dst_offset), int(dst_stride),
+                          int(width), int(rows), int(bool(accumulate)))
+
+    # ---- BLAS-like ----------------------------------------------------------
+    def axpy(self, alpha, x, y):
+        """y += alpha * x"""
+        self._sizes_match("axpy", x, y)
+        self._launch("axpy_kernel", self._grid1d(y.size), (_BLOCK,),
+                     y.size, float(alpha), self._ptr(x), self._ptr(y))
+
+    def scal(self, alpha, x):
+        """x *= alpha"""
+        self._launch("scal_kernel", self._grid1d(x.size), (_BLOCK,), x.size, float(alpha), self._ptr(x))
+
+    def mul(self, x, y):
+        """y *= x (element-wise)"""
+        self._sizes_match("mul", x, y)
+        self._launch("mul_kernel", self._grid1d(y.size), (_BLOCK,), y.size, self._ptr(x), self._ptr(y))
+
+    def sum(self, x):
+        """Sum of all elements as a Python float (accumulated in double; a host sync)."""
+        if x.size == 0:
+            return 0.0
+        blocks = self._grid1d(x.size)[0]
+        scratch = self._scratch_buffer("sum", 8 * (blocks + 1))
+        partial = self._ptr(scratch)
+        self._launch("sum_partial", (blocks,), (_BLOCK,), x.size, self._ptr(x), partial)
+        self._launch("sum_final", (1,), (_BLOCK,), blocks, partial, partial + 8 * blocks)
+        out = np.empty(1, dtype=np.float64)
+        drv.memcpy_dtoh_async(out, partial + 8 * blocks, self.stream)
+        self._sync("sum")
+        return float(out[0])
+
+    def gemm_plan(self, m, n, k):
+        """(tile, splits) the gemm heuristic picks for an m x n x k product.
+
+        The 128x128 tile does the most work per byte of shared memory read, but it
+        needs enough tiles to fill the SMs; otherwise 64x64 tiles, and when even
+        those leave SMs idle and K is long, split K across blocks."""
+        if self.gemm_override is not None:
+            return self.gemm_override
+        sms = self.sm_count
+        big_tiles = _ceil_div(m, 128) * _ceil_div(n, 128)
+        if m > 64 and n > 64 and big_tiles >= sms:
+            return "128x128x8", 1
+        tiles = _ceil_div(m, 64) * _ceil_div(n, 64)
+        splits = 1
+        if tiles < sms and k >= 512:
+            splits = max(1, min(_ceil_div(2 * sms, tiles), k // 256, 32))
+        return "64x64x16", splits
+
+    def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        """C = alpha * op(A) @ op(B) + beta * C, row-major, as Darknet's gemm()."""
+        m, n, k, lda, ldb, ldc = (int(v) for v in (m, n, k, lda, ldb, ldc))
+        if ta:
+            self._check_matrix("gemm A", a, 0, k, m, lda)
+        else:
+            self._check_matrix("gemm A", a, 0, m, k, lda)
+        if tb:
+            self._check_matrix("gemm B", b, 0, n, k, ldb)
+        else:
+            self._check_matrix("gemm B", b, 0, k, n, ldb)
+        self._check_matrix("gemm C", c, 0, m, n, ldc)
+        if m <= 0 or n <= 0:
+            return
+        tile, splits = self.gemm_plan(m, n, k)
+        bm, bn, bk = _GEMM_TILES[tile]
+        kernel = f"sgemm_{tile}_{'t' if ta else 'n'}{'t' if tb else 'n'}"
+        grid_mn = (_ceil_div(n, bn), _ceil_div(m, bm))
+        if splits > 1 and k > 0:
+            # Chunks are whole BK slices; recount splits so none is empty.
+            chunk = _ceil_div(_ceil_div(k, splits), bk) * bk
+            splits = _ceil_div(k, chunk)
+        else:
+            splits, chunk = 1, max(k, 1)
+        pa, pb, pc = self._ptr(a), self._ptr(b), self._ptr(c)
+        alpha, beta = float(alpha), float(beta)
+        if splits == 1:
+            vec4 = int(pc % 16 == 0 and ldc % 4 == 0)
+            self._launch(kernel, grid_mn + (1,), (256,), m, n, k, alpha, pa, lda, pb, ldb,
+                         beta, pc, ldc, chunk, vec4, 0)
+            return
+        ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
+        self._launch(kernel, grid_mn + (splits,), (256,), m, n, k, 1.0, pa, lda, pb, ldb,
+                     0.0, ws, n, chunk, int(n % 4 == 0), m * n)
+        self._launch("splitk_reduce", self._grid1d(m * n), (_BLOCK,), m, n, splits, ws,
+                     alpha, beta, pc, ldc)
+
+    # ---- convolution helpers -----------------------------------------------
+    def _conv_launch(self, name, src, channels, height, width, ksize, stride, pad, dilation, dst, span):
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        if out_h <= 0 or out_w <= 0 or channels <= 0:
+            return out_h, out_w
+        self._launch_rows(name, channels, span(out_h, out_w),
+                          self._ptr(src), int(channels), int(height), int(width), int(ksize),
+                          int(stride), int(pad), int(dilation), out_h, out_w, self._ptr(dst))
+        return out_h, out_w
+
+    def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col):
+        """Unfold one image (channels x height x width) into col (channels*k*k x out_h*out_w)."""
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        self._check_size("im2col im", im, channels * height * width)
+        self._check_size("im2col col", col, channels * ksize * ksize * max(out_h, 0) * max(out_w, 0))
+        self._conv_launch("im2col_kernel", im, channels, height, width, ksize, stride, pad, dilation,
+                          col, lambda oh, ow: oh * ow)
+
+    def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im):
+        """Fold col back, *adding* into im (the adjoint of im2col)."""
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        self._check_size("col2im im", im, channels * height * width)
+        self._check_size("col2im col", col, channels * ksize * ksize * max(out_h, 0) * max(out_w, 0))
+        self._conv_launch("col2im_kernel", col, channels, height, width, ksize, stride, pad, dilation,
+                          im, lambda oh, ow: height * width)
+
+    # ---- bias / scale (per-channel, layout batch x n x size) ----------------
+    def add_bias(self, output, biases, batch, n, size):
+        self._check_size("add_bias output", output, batch * n * size)
+        self._check_size("add_bias biases", biases, n)
+        self._launch_rows("add_bias", batch * n, size, self._ptr(output), self._ptr(biases),
+                          int(batch * n), int(n), int(size))
+
+    def scale_bias(self, output, scales, batch, n, size):
+        self._check_size("scale_bias output", output, batch * n * size)
+        self._check_size("scale_bias scales", scales, n)
+        self._launch_rows("scale_bias", batch * n, size, self._ptr(output), self._ptr(scales),
+                          int(batch * n), int(n), int(size))
+
+    def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, variance, out):
+        """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f)."""
+        batch, filters, spatial = int(batch), int(filters), int(spatial)
+        if filters <= 0:
+            return
+        count = batch * spatial
+        self._check_size("channel reduction input", a, batch * filters * spatial)
+        if b is not None:
+            self._check_size("channel reduction input", b, batch * filters * spatial)
+        self._check_size("channel reduction output", out, filters)
+        if filters > _MAX_GRID_Y:
+            raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
+        # Enough blocks in all to fill the GPU a few times, each with >= 4096 terms.
+        parts = max(1, min(_ceil_div(4 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
+        partial = self._ptr(self._scratch_buffer("channels", 8 * filters * parts))
+        null = 0
+        self._launch("channel_sums", (parts, filters), (_BLOCK,),
+                     self._ptr(a), self._ptr(b) if b is not None else null,
+                     self._ptr(mean) if mean is not None else null, term,
+                     batch, filters, spatial, parts, partial)
+        self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
+                     partial, parts, filters, final_op, count,
+                     self._ptr(variance) if variance is not None else null, self._ptr(out))
+
+    def backward_bias(self, bias_updates, delta, batch, n, size):
+        """bias_updates += sum of delta over batch and space."""
+        self._channel_reduce(_TERM_A, delta, None, None, batch, n, size, _FINAL_ACCUMULATE,
+                             None, bias_updates)
+
+    def backward_scale(self, x_norm, delta, batch, n, size, scale_updates):
+        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size, _FINAL_ACCUMULATE,
+                             None, scale_updates)
+
+    # ---- batch normalisation ------------------------------------------------
+    def mean(self, x, batch, filters, spatial, mean):
+        self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, None, mean)
+
+    def variance(self, x, mean, batch, filters, spatial, variance):
+        self._check_size("variance mean", mean, filters)
+        self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
+                             _FINAL_VARIANCE, None, variance)
+
+    def normalize(self, x, mean, variance, batch, filters, spatial):
+        self._check_size("normalize x", x, batch * filters * spatial)
+        self._check_size("normalize mean", mean, filters)
+        self._check_size("normalize variance", variance, filters)
+        self._launch_rows("normalize_kernel", batch * filters, spatial, self._ptr(x), self._ptr(mean),
+                          self._ptr(variance), int(batch * filters), int(filters), int(spatial))
+
+    def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
+        self._check_size("mean_delta variance", variance, filters)
+        self._channel_reduce(_TERM_A, delta, None, None, batch, filters, spatial, _FINAL_MEAN_DELTA,
+                             variance, mean_delta)
+
+    def variance_delta(self, x, delta, mean, variance, batch, filters, spatial, variance_delta):
+        self._check_size("variance_delta mean", mean, filters)
+        self._check_size("variance_delta variance", variance, filters)
+        self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
+                             _FINAL_VARIANCE_DELTA, variance, variance_delta)
+
+    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
+                        batch, filters, spatial, delta):
+        for what, arr, need in (("x", x, batch * filters * spatial), ("delta", delta, batch * filters * spatial),
+                                ("mean", mean, filters), ("variance", variance, filters),
+                                ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
+            self._check_size(f"normalize_delta {what}", arr, need)
+        self._launch_rows("normalize_delta_kernel", batch * filters, spatial,
+                          self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
+                          self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
+                          float(batch * spatial), self._ptr(delta))
+
+    # ---- activations ---------------------------------------------------------
+    @staticmethod
+    def _activation_id(activation):
+        try:
+            return activations.ACTIVATION_IDS[activation]
+        except KeyError:
+            raise ValueError(f"unknown activation '{activation}'") from None
+
+    def activate(self, x, activation):
+        act = self._activation_id(activation)
+        if activation != "linear":
+            self._launch("activate_array", self._grid1d(x.size), (_BLOCK,), self._ptr(x), x.size, act)
+
+    def activate_strided(self, x, rows, row_stride, offset, width, activation):
+        """Activate x[offset + r*row_stride : +width] for each r < rows, in one launch."""
+        act = self._activation_id(activation)
+        self._check_matrix("activate_strided", x, offset, rows, width, row_stride)
+        if activation == "linear" or rows <= 0 or width <= 0:
+            return
+        self._launch_rows("activate_strided", rows, width, self._ptr(x) + 4 * int(offset),
+                          int(rows), int(row_stride), int(width), act)
+
+    def gradient(self, y, activation, delta):
+        """delta *= activation'(.) computed from the output y."""
+        act = self._activation_id(activation)
+        self._sizes_match("gradient", y, delta)
+        if activation != "linear":
+            self._launch("gradient_array", self._grid1d(y.size), (_BLOCK,),
+                         self._ptr(y), y.size, act, self._ptr(delta))
+
+    # ---- pooling -------------------------------------------------------------
+    def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
+        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward."""
+        out_h = (h + padding - size) // stride + 1
+        out_w = (w + padding - size) // stride + 1
+        n_out = batch * c * out_h * out_w
+        if indexes.dtype != np.int32:
+            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
+        self._check_size("maxpool_forward x", x, batch * c * h * w)
+        self._check_size("maxpool_forward out", out, n_out)
+        self._check_size("maxpool_forward indexes", indexes, n_out)
+        self._launch("maxpool_forward_kernel", self._grid1d(n_out), (_BLOCK,),
+                     self._ptr(x), int(batch * c), int(h), int(w), int(size), int(stride), int(padding),
+                     int(out_h), int(out_w), self._ptr(out), self._ptr(indexes))
+
+    def maxpool_backward(self, delta_out, indexes, n_out, delta_in):
+        """delta_in[indexes[i]] += delta_out[i] for i < n_out."""
+        if indexes.dtype != np.int32:
+            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
+        self._check_size("maxpool_backward delta_out", delta_out, n_out)
+        self._check_size("maxpool_backward indexes", indexes, n_out)
+        self._launch("maxpool_backward_kernel", self._grid1d(n_out), (_BLOCK,),
+                     self._ptr(delta_out), self._ptr(indexes), int(n_out), self._ptr(delta_in))
+
+    def avgpool_forward(self, x, batch, c, spatial, out):
+        rows = batch * c
+        self._check_size("avgpool_forward x", x, rows * spatial)
+        self._check_size("avgpool_forward out", out, rows)
+        self._launch("avgpool_forward_kernel", self._grid1d(32 * rows), (_BLOCK,),
+                     self._ptr(x), int(rows), int(spatial), self._ptr(out))
+
+    def avgpool_backward(self, delta_out, batch, c, spatial, delta_in):
+        rows = batch * c
+        self._check_size("avgpool_backward delta_out", delta_out, rows)
+        self._check_size("avgpool_backward delta_in", delta_in, rows * spatial)
+        self._launch("avgpool_backward_kernel", self._grid1d(rows * spatial), (_BLOCK,),
+                     self._ptr(delta_out), int(rows), int(spatial), self._ptr(delta_in))
+
+    # ---- softmax -------------------------------------------------------------
+    def softmax(self, x, n, batch, batch_offset, groups, group_offset, stride, temp, out):
+        """Darknet's softmax: batch*groups softmaxes of n elements spaced `stride` apart."""
+        if n <= 0 or batch <= 0 or groups <= 0:
+            return
+        last = (batch - 1) * batch_offset + (groups - 1) * group_offset + (n - 1) * stride + 1
+        self._check_size("softmax x", x, last)
+        self._check_size("softmax out", out, last)
+        self._launch("softmax_kernel", self._grid1d(32 * batch * groups), (_BLOCK,),
+                     self._ptr(x), int(n), int(batch), int(batch_offset), int(groups),
+                     int(group_offset), int(stride), float(temp), self._ptr(out))
+
+    def softmax_x_ent(self, pred, truth, delta, error):
+        """Cross-entropy: error = -t*log(p) where t != 0; delta = t - p."""
+        n = pred.size
+        for what, arr in (("truth", truth), ("delta", delta), ("error", error)):
+            self._check_size(f"softmax_x_ent {what}", arr, n)
+        self._launch("softmax_x_ent_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
+                     self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    def l2(self, pred, truth, delta, error):
+        """Sum-squared error: delta = t - p, error = (t - p)^2."""
+        n = pred.size
+        for what, arr in (("truth", truth), ("delta", delta), ("error", error)):
+            self._check_size(f"l2 {what}", arr, n)
+        self._launch("l2_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
+                     self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    # ---- shape ops -------------------------------------------------------------
+    def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
+        """forward: out = scale * nearest(x); backward: x += scale * cell sums of out."""
+        planes = batch * c
+        self._check_size("upsample x", x, planes * h * w)
+        self._check_size("upsample out", out, planes * h * w * stride * stride)
+        if forward:
+            self._launch("upsample_forward_kernel", self._grid1d(planes * h * w * stride * stride),
+                         (_BLOCK,), self._ptr(x), int(planes), int(h), int(w), int(stride),
+                         float(scale), self._ptr(out))
+        else:
+            self._launch("upsample_backward_kernel", self._grid1d(planes * h * w), (_BLOCK,),
+                         self._ptr(x), int(planes), int(h), int(w), int(stride), float(scale),
+                         self._ptr(out))
+
+    def reorg(self, x, w, h, c, batch, stride, forward, out):
+        """Darknet's reorg_cpu index mapping (its 'forward' flag is reversed in the layer)."""
+        total = batch * c * h * w
+        self._check_size("reorg x", x, total)
+        self._check_size("reorg out", out, total)
+        self._launch("reorg_kernel", self._grid1d(total), (_BLOCK,), self._ptr(x), int(w), int(h),
+                     int(c), int(batch), int(stride), int(bool(forward)), self._ptr(out))
+
+    def shortcut(self, batch, w1, h1, c1, add, w2, h2, c2, s1, s2, out):
+        """Darknet's shortcut: out = s1*out + s2*add over the common shape."""
+        stride = max(1, w1 // w2)
+        sample = max(1, w2 // w1)
+        minw, minh, minc = min(w1, w2), min(h1, h2), min(c1, c2)
+        self._check_size("shortcut add", add, batch * c1 * h1 * w1)
+        self._check_size("shortcut out", out, batch * c2 * h2 * w2)
+        self._launch("shortcut_kernel", self._grid1d(batch * minc * minh * minw), (_BLOCK,),
+                     int(batch), int(minw), int(minh), int(minc), int(stride), int(sample),
+                     self._ptr(add), int(w1), int(h1), int(c1), self._ptr(out), int(w2), int(h2),
+                     int(c2), float(s1), float(s2))
+
+    # ---- random ----------------------------------------------------------------
+    def dropout(self, x, prob, scale, rand, seed):
+        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw."""
+        self._sizes_match("dropout", x, rand)
+        offset = (int(seed) * 0x9E3779B9) & 0xFFFFFFFF
+        self._launch("dropout_forward_kernel", self._grid1d(rand.size), (_BLOCK,),
+                     self._ptr(x), rand.size, float(prob), float(scale), offset, self._ptr(rand))
+
+    def dropout_backward(self, rand, prob, scale, delta):
+        self._sizes_match("dropout_backward", rand, delta)
+        self._launch("dropout_backward_kernel", self._grid1d(rand.size), (_BLOCK,),
+                     self._ptr(rand), rand.size, float(prob), float(scale), self._ptr(delta))
