@@ -138,8 +138,8 @@ def region_detections(layer, output, img_w, img_h, netw, neth, thresh, relative=
                      axis=1)
     scale = e[:, layer.coords]
     objectness = np.where(scale > F32(thresh), scale, F32(0)).astype(F32)
+    # Where scale <= thresh every scale * p (p <= 1) is too, so those rows are all 0.
     probs = _thresholded(scale[:, None] * e[:, layer.coords + 1:], thresh)
-    probs[objectness == 0] = 0
     boxes = correct_region_boxes(boxes, img_w, img_h, netw, neth, relative, letter)
     return _make_detections(boxes, objectness, probs, layer.index)
 
