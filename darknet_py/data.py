@@ -398,7 +398,7 @@ def center_crop_image(img, w, h):
     validation input)."""
     c, ih, iw = img.shape
     m = min(iw, ih)
-    return resize_image(crop_image(img, (iw - m) // 2, (ih - m) // 2, m, m), w, h)
+    return crop_resize_image(img, (iw - m) // 2, (ih - m) // 2, m, m, w, h)
 
 
 def _crop_resize_source(dx, dy, cw, ch, w, h):
@@ -462,6 +462,22 @@ def random_augment_image(img, rng, angle, aspect, low, high, w, h):
     return _from_hwc(_warp_hwc(_to_hwc(img), source_of, w, h, False))
 
 
+def _read_hwc(path, channels=3):
+    """load_image's result as (H, W, C): what the augmentation works on, without the
+    two transposes a round trip through (C, H, W) would cost."""
+    cv2 = _cv2()
+    path = os.fspath(path)
+    a = cv2.imread(path, cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
+    if a is None:
+        load_image(path, channels)     # raises the ImageError that says why
+        raise ImageError(f"{path}: cannot read image")
+    if a.ndim == 2:
+        a = a[:, :, None]
+    elif channels == 3:
+        a = cv2.cvtColor(a, cv2.COLOR_BGR2RGB)
+    return np.divide(a, np.float32(255), dtype=np.float32)
+
+
 def rgb_to_hsv(img):
     """Darknet's rgb_to_hsv on a (3, H, W) image: hue, saturation, value all in [0, 1]
     (hue in turns: Darknet's formulas, which OpenCV computes in degrees)."""
@@ -483,15 +499,16 @@ def _distort_hwc(hwc, hue, saturation, exposure):
     if hwc.shape[2] != 3:
         raise ValueError(f"distort_image: expected 1 or 3 channels, got {hwc.shape[2]}")
     cv2 = _cv2()
-    hsv = cv2.cvtColor(hwc, cv2.COLOR_RGB2HSV)
-    if hue:
-        h = hsv[:, :, 0] * np.float32(1 / 360) + np.float32(hue)
-        h = np.where(h > 1, h - 1, h)
-        hsv[:, :, 0] = np.where(h < 0, h + 1, h) * np.float32(360)
-    hsv[:, :, 1] *= np.float32(saturation)
-    hsv[:, :, 2] *= np.float32(exposure)
+    hsv = cv2.cvtColor(hwc, cv2.COLOR_RGB2HSV)    # hue in degrees
+    # Darknet wraps the shifted hue once into [0, 1]; OpenCV's HSV->RGB wraps hues of
+    # 360 and more itself, so only a negative shift needs a turn added. (OpenCV's
+    # per-channel scalar ops: NumPy's take twice as long and hold the GIL.)
+    cv2.add(hsv, ((hue + (hue < 0)) * 360, 0, 0, 0), dst=hsv)
+    cv2.multiply(hsv, (1, saturation, exposure, 1), dst=hsv)
     rgb = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
-    return np.clip(rgb, 0, 1, out=rgb)
+    cv2.max(rgb, (0, 0, 0, 0), dst=rgb)
+    cv2.min(rgb, (1, 1, 1, 1), dst=rgb)
+    return rgb
 
 
 def distort_image(img, hue, saturation, exposure):
@@ -565,29 +582,29 @@ class DetectorAugment:
                    exposure=net.get_float("exposure", 1), flip=bool(net.get_int("flip", 1)))
 
 
-def augment_classifier_image(img, augment, w, h, rng):
-    """One training input as Darknet's load_image_augment_paths makes it."""
+def _augment_classifier_hwc(hwc, augment, w, h, rng):
+    ih, iw = hwc.shape[:2]
     if augment.center:
-        hwc = _to_hwc(center_crop_image(img, w, h))
+        m = min(iw, ih)
+        out = _crop_resize_hwc(hwc, (iw - m) // 2, (ih - m) // 2, m, m, w, h)
     else:
-        c, ih, iw = img.shape
         low, high = int(augment.min_ratio * w), int(augment.max_ratio * w)
         source_of = _random_augment_source(rng, iw, ih, augment.angle, augment.aspect,
                                            low, high, w, h)
-        hwc = _warp_hwc(_to_hwc(img), source_of, w, h, False)
+        out = _warp_hwc(hwc, source_of, w, h, False)
     if augment.flip and rng.integers(2):
-        hwc = hwc[:, ::-1]
-    hwc = _random_distort_hwc(np.ascontiguousarray(hwc), rng, augment.hue,
-                              augment.saturation, augment.exposure)
-    return _from_hwc(hwc)
+        out = np.ascontiguousarray(out[:, ::-1])
+    return _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
 
 
-def augment_detection_sample(img, boxes, augment, w, h, rng, max_boxes=MAX_BOXES):
-    """One training (input, truth) as Darknet's load_data_detection makes it: crop the
-    image with each side moved by a random amount in [-jitter, jitter] of its size (out
-    of bounds repeats the edge), resize to w x h, maybe mirror, distort HSV, and move the
-    boxes the same way (corrected, clipped, tiny ones dropped)."""
-    c, oh, ow = img.shape
+def augment_classifier_image(img, augment, w, h, rng):
+    """One training input as Darknet's load_image_augment_paths makes it: centre crop or
+    random_augment_image, a random flip, random_distort_image."""
+    return _from_hwc(_augment_classifier_hwc(_to_hwc(img), augment, w, h, rng))
+
+
+def _augment_detection_hwc(hwc, boxes, augment, w, h, rng, max_boxes):
+    oh, ow = hwc.shape[:2]
     dw, dh = int(ow * augment.jitter), int(oh * augment.jitter)
     # int() truncates toward zero, as Darknet's float-to-int assignment does.
     pleft = int(_rand_uniform(rng, -dw, dw))
@@ -599,13 +616,21 @@ def augment_detection_sample(img, boxes, augment, w, h, rng, max_boxes=MAX_BOXES
     sheight = max(1, oh - ptop - pbot)
     sx, sy = swidth / ow, sheight / oh
     flip = bool(augment.flip and rng.integers(2))
-    hwc = _crop_resize_hwc(_to_hwc(img), pleft, ptop, swidth, sheight, w, h)
+    out = _crop_resize_hwc(hwc, pleft, ptop, swidth, sheight, w, h)
     if flip:
-        hwc = np.ascontiguousarray(hwc[:, ::-1])
-    hwc = _random_distort_hwc(hwc, rng, augment.hue, augment.saturation, augment.exposure)
+        out = np.ascontiguousarray(out[:, ::-1])
+    out = _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
     dx, dy = (pleft / ow) / sx, (ptop / oh) / sy
-    truth = detection_truth(boxes, max_boxes, dx, dy, 1 / sx, 1 / sy, flip, rng)
-    return _from_hwc(hwc), truth
+    return out, detection_truth(boxes, max_boxes, dx, dy, 1 / sx, 1 / sy, flip, rng)
+
+
+def augment_detection_sample(img, boxes, augment, w, h, rng, max_boxes=MAX_BOXES):
+    """One training (input, truth) as Darknet's load_data_detection makes it: crop the
+    image with each side moved by a random amount in [-jitter, jitter] of its size (out
+    of bounds repeats the edge), resize to w x h, maybe mirror, distort HSV, and move the
+    boxes the same way (corrected, clipped, tiny ones dropped)."""
+    out, truth = _augment_detection_hwc(_to_hwc(img), boxes, augment, w, h, rng, max_boxes)
+    return _from_hwc(out), truth
 
 
 def prepare_detector_eval_image(img, w, h, letterbox_input=True):
@@ -872,13 +897,15 @@ class DataLoader:
         when the image is unusable."""
         path = self.paths[index]
         try:
-            img = load_image(path, self.channels)
+            hwc = _read_hwc(path, self.channels)
             if self.task == "classifier":
                 truth_out[:] = classifier_truth(path, self.labels, self.classes)
                 if rng is None:
-                    x_out[:] = center_crop_image(img, w, h)
+                    ih, iw = hwc.shape[:2]
+                    m = min(iw, ih)    # Darknet's center_crop_image
+                    out = _crop_resize_hwc(hwc, (iw - m) // 2, (ih - m) // 2, m, m, w, h)
                 else:
-                    x_out[:] = augment_classifier_image(img, self.augment, w, h, rng)
+                    out = _augment_classifier_hwc(hwc, self.augment, w, h, rng)
             else:
                 try:
                     boxes = read_image_labels(path, self.classes)
@@ -886,15 +913,16 @@ class DataLoader:
                     self._report(path, f"{e}; using the image with no boxes", missing_label=True)
                     boxes = np.zeros((0, TRUTH_FIELDS), dtype=np.float32)
                 if rng is None:
-                    x_out[:] = prepare_detector_eval_image(img, w, h, self.letterbox)
+                    out = _to_hwc(prepare_detector_eval_image(_from_hwc(hwc), w, h,
+                                                              self.letterbox))
                     kept = boxes[:self.max_boxes]
                     truth_out[:] = 0
                     truth_out[:kept.size] = kept.reshape(-1)
                 else:
-                    sized, t = augment_detection_sample(img, boxes, self.augment, w, h, rng,
-                                                        self.max_boxes)
-                    x_out[:], truth_out[:] = sized, t
-            return img.shape[2], img.shape[1]
+                    out, truth_out[:] = _augment_detection_hwc(hwc, boxes, self.augment, w, h,
+                                                               rng, self.max_boxes)
+            x_out[:] = out.transpose(2, 0, 1)
+            return hwc.shape[1], hwc.shape[0]
         except (ImageError, DataError) as e:
             message = str(e)
             self._report(path, f"{message}; skipping it" if path in message
