@@ -64,12 +64,20 @@ class Run:
         return f"Run(code={self.code}, out={self.out[-2000:]!r}, err={self.err[-2000:]!r})"
 
 
+def cli_runner():
+    """A CliRunner keeping stderr apart from stdout (click < 8.2 mixes them by default)."""
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:  # click >= 8.2 always keeps them apart
+        return CliRunner()
+
+
 def run_in_process(args, input=None, cwd=None):
     old = os.getcwd()
     try:
         if cwd is not None:
             os.chdir(cwd)
-        result = CliRunner().invoke(cli, [str(a) for a in args], input=input)
+        result = cli_runner().invoke(cli, [str(a) for a in args], input=input)
     finally:
         os.chdir(old)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -435,6 +443,9 @@ def test_an_unreadable_image_among_good_ones_is_reported_and_skipped(tmp_path):
 @pytest.mark.parametrize("args, fragments", [
     (["--device", "tpu"], ["unknown device 'tpu'"]),
     (["--device", "cuda:x"], ["bad device 'cuda:x'"]),
+    # Without PyCUDA: "needs PyCUDA"; with it: "no CUDA device 99". Either way one line.
+    (["--device", "cuda:99"], ["99"]),
+    (["--gpu", "99"], ["99"]),
 ])
 def test_bad_device(run, args, fragments):
     assert_user_error(run(["test", P1_CFG, P1_WEIGHTS, DOG, *args]), *fragments)
@@ -474,7 +485,7 @@ def test_unexpected_exceptions_keep_their_traceback(monkeypatch, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
     monkeypatch.setattr(cli_module, "build_network", broken)
-    result = CliRunner().invoke(cli, ["info", str(write_cfg(tmp_path / "a.cfg", SMALL_CFG))])
+    result = cli_runner().invoke(cli, ["info", str(write_cfg(tmp_path / "a.cfg", SMALL_CFG))])
     assert isinstance(result.exception, RuntimeError)
     assert result.exit_code == 1
 

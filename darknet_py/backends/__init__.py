@@ -24,6 +24,16 @@ def cuda_available():
         return False
 
 
+def cuda_device_count():
+    """How many CUDA devices the driver sees; 0 when PyCUDA or the driver is missing."""
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        return drv.Device.count()
+    except Exception:
+        return 0
+
+
 def get_backend(device="auto", notice=True):
     """Return a backend for `device`: "cpu", "cuda", "cuda:N", an int N, or "auto"
     (CUDA when PyCUDA and a GPU are present, else NumPy with a one-line notice)."""
@@ -52,5 +62,9 @@ def get_backend(device="auto", notice=True):
         except ImportError as e:
             raise BackendError(f"device '{device}' needs PyCUDA "
                                f"(pip install 'darknet-cfg-runner[cuda]'): {e}") from None
+        # A device that is not there is the user's mistake, not a CUDA failure.
+        count = cuda_device_count()
+        if not 0 <= index < count:
+            raise BackendError(f"no CUDA device {index}: {count} device(s) present")
         return CudaBackend(index)
     raise BackendError(f"unknown device '{device}': use cpu, cuda, cuda:N or auto")
