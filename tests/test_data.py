@@ -424,3 +424,37 @@ def test_crop_resize_equals_darknet_crop_then_resize(crop):
     for w, h in ((15, 9), (31, 17), (7, 5)):
         np.testing.assert_allclose(D.crop_resize_image(img, *crop, w, h),
                                    D.resize_image(D.crop_image(img, *crop), w, h), atol=1e-5)
+
+
+def test_augment_settings_from_cfg_sections():
+    from darknet_py.cfg import parse_cfg_text
+    net, yolo = parse_cfg_text("[net]\nwidth=32\nheight=32\nmax_crop=40\nangle=7\nhue=.1\n"
+                               "saturation=1.5\nexposure=1.4\nflip=0\n[yolo]\njitter=.3\n")
+    aug = D.ClassifierAugment.from_net_section(net)
+    assert (aug.min_ratio, aug.max_ratio, aug.angle, aug.aspect) == (1.0, 1.25, 7.0, 1.0)
+    assert (aug.hue, aug.saturation, aug.exposure, aug.flip, aug.center) == \
+        (0.1, 1.5, 1.4, False, False)
+    det = D.DetectorAugment.from_sections(net, yolo)
+    assert (det.jitter, det.hue, det.saturation, det.exposure, det.flip) == \
+        (0.3, 0.1, 1.5, 1.4, False)
+    assert D.ClassifierAugment.from_net_section(parse_cfg_text("[net]\nwidth=10\n")[0]) == \
+        D.ClassifierAugment()
+
+
+def test_loader_with_no_usable_image_raises(tmp_path):
+    paths = [write(tmp_path / "images" / f"{i}.png", "junk") for i in range(3)]
+    reports = []
+    with D.DataLoader(paths, task="detector", width=16, height=16, batch=2, classes=1,
+                      workers=1, on_error=lambda p, m: reports.append(p)) as loader:
+        with pytest.raises(D.DataError, match="no usable image"):
+            loader.next_batch()
+    assert sorted(reports) == sorted(paths)
+
+
+def test_detector_validation_input_is_letterboxed(tiny_detection_set):
+    from darknet_py.image import letterbox, resize_image
+    img = load_image(tiny_detection_set[3])
+    for boxed, expected in ((True, letterbox(img, 32, 32)), (False, resize_image(img, 32, 32))):
+        with D.DataLoader(tiny_detection_set[3:4], task="detector", width=32, height=32,
+                          batch=1, classes=5, train=False, letterbox=boxed, workers=1) as loader:
+            np.testing.assert_allclose(loader.next_batch().x[0], expected, atol=1e-6)
