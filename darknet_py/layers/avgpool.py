@@ -11,7 +11,8 @@ class AvgpoolLayer(Layer):
         self.outputs = self.out_c
 
     def describe(self):
-        return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  {self.out_c:4d}")
+        # Darknet's row: "avg                     %4d x%4d x%4d   ->  %4d"
+        return (f"{'':18s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  {self.out_c:4d}")
 
     def forward(self, net):
         net.be.avgpool_forward(net.input, self.batch, self.c, self.h * self.w, self.output)

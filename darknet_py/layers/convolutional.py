@@ -53,8 +53,10 @@ class ConvolutionalLayer(Layer):
                 * self.out_h * self.out_w) / 1e9
 
     def describe(self):
-        groups = f"{self.groups:d}" if self.groups > 1 else ""
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}{groups:>4s}"
+        # Darknet's row ("conv  %5d %2d x%2d /%2d  %4d x..."); groups, which it does not
+        # print, are shown only when there are some.
+        groups = f" g{self.groups}" if self.groups > 1 else "  "
+        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}{groups}"
                 f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  {self.bflops:5.3f} BFLOPs")
 

@@ -21,7 +21,8 @@ class MaxpoolLayer(Layer):
         self.outputs = self.out_c * self.out_h * self.out_w
 
     def describe(self):
-        return (f"{'':10s}{self.size:2d} x{self.size:2d} /{self.stride:2d}    "
+        # Darknet's row: "max          %d x %d / %d  %4d x%4d x%4d   ->  ..."
+        return (f"{'':7s}{self.size:d} x {self.size:d} / {self.stride:d}  "
                 f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
 

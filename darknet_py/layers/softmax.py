@@ -20,7 +20,7 @@ class SoftmaxLayer(Layer):
         self.outputs = self.inputs
 
     def describe(self):
-        return f"{'':24s}{self.inputs:4d}"
+        return f"{'':40s}{self.inputs:4d}"  # Darknet: "softmax" then 40 spaces and %4d
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)

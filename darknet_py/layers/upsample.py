@@ -11,6 +11,7 @@ class UpsampleLayer(Layer):
         if stride == 0:
             raise s.error("must not be 0", "stride")
         self.reverse = stride < 0
+        self.short = "downsample" if self.reverse else "upsample"  # as Darknet's table
         self.stride = abs(stride)
         self.out_c = self.c
         if self.reverse:
@@ -20,7 +21,9 @@ class UpsampleLayer(Layer):
         self.outputs = self.out_c * self.out_w * self.out_h
 
     def describe(self):
-        return (f"{'':10s}{self.stride:2d}x{'':11s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+        # Darknet's row: "upsample           %2dx  %4d x..." (reverse: "downsample         ")
+        pad = 9 if self.reverse else 11
+        return (f"{'':{pad}s}{self.stride:2d}x  {self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
 
     def forward(self, net):
