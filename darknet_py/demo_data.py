@@ -113,11 +113,11 @@ def build_classification_set(out_dir, seed=0, size=32, valid_fraction=0.2):
         glyphs = resize_image(images[indices].astype(np.float32) / 255.0, size, size)
         paths = [os.path.join(split_dir, f"{i:04d}_{CLASS_NAMES[labels[i]]}.png")
                  for i in indices]
-        _write_pngs((p, glyph[None]) for p, glyph in zip(paths, glyphs))
         problems = check_classifier_labels(paths, CLASS_NAMES)
         if problems:
-            raise DataError(f"{out_dir}: Darknet's class-name-in-path rule fails for the "
-                            f"written images; choose another directory. {problems[0][1]}")
+            raise DataError(f"{out_dir}: Darknet's class-name-in-path rule would mislabel "
+                            f"the images; choose another directory. {problems[0][1]}")
+        _write_pngs((p, glyph[None]) for p, glyph in zip(paths, glyphs))
         lists[split] = os.path.join(out_dir, f"{split}.list")
         _write_lines(lists[split], paths)
     names = os.path.join(out_dir, "digits.names")

@@ -458,3 +458,10 @@ def test_detector_validation_input_is_letterboxed(tiny_detection_set):
         with D.DataLoader(tiny_detection_set[3:4], task="detector", width=32, height=32,
                           batch=1, classes=5, train=False, letterbox=boxed, workers=1) as loader:
             np.testing.assert_allclose(loader.next_batch().x[0], expected, atol=1e-6)
+
+
+def test_demo_builders_refuse_directories_that_break_darknet_path_rules(tmp_path):
+    with pytest.raises(D.DataError, match="'digit3'"):
+        demo_data.build_classification_set(tmp_path / "digit3_runs")
+    with pytest.raises(D.DataError, match="raw"):
+        demo_data.build_detection_set(tmp_path / "drawings", n_train=1, n_valid=0)
