@@ -189,6 +189,14 @@ def expand_images(args):
     return paths
 
 
+def check_names(names, classes):
+    """Warn when the names do not match the network's class count (Darknet would read
+    past the end of its list); classes without a name are shown as numbers."""
+    if names is not None and len(names) != classes:
+        warn(f"{len(names)} class names given, but the network has {classes} classes"
+             + ("; the others are shown as numbers" if len(names) < classes else ""))
+
+
 def class_name(names, class_id):
     if names is not None and 0 <= class_id < len(names):
         return names[class_id]
@@ -238,8 +246,11 @@ def classify_command(cfg, weights, images, top, names, data, device):
             top = int(data.get("top", 5))
         except ValueError:
             raise UserError(f"top={data['top']} in the --data file is not a whole number") from None
+    from .detection import output_layer
+
     paths = expand_images(images)
     net = load_network(cfg, weights, batch=1, device=device)
+    check_names(names, output_layer(net).outputs)
     net.names = names
 
     def classify_one(index, path):
@@ -248,7 +259,7 @@ def classify_command(cfg, weights, images, top, names, data, device):
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
         for class_id, prob, name in predictions:
-            click.echo(f"{100 * prob:5.2f}%: {name if name is not None else class_name(names, class_id)}")
+            click.echo(f"{100 * prob:5.2f}%: {class_name(names, class_id)}")
 
     if run_on_images(paths, classify_one):
         sys.exit(UserError.exit_code)
@@ -327,6 +338,8 @@ def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, name
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
+    classes = detector_layers(net)[-1].classes
+    check_names(names, classes)
     net.names = names
     results = []
 
@@ -348,7 +361,7 @@ def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, name
                                f"height={bottom - top}")
         if os.path.dirname(output):
             os.makedirs(os.path.dirname(output), exist_ok=True)
-        drawn = draw_detections(to_bgr(image), dets, names)
+        drawn = draw_detections(to_bgr(image), dets, names, classes=classes)
         if not cv2().imwrite(output, drawn):
             raise UserError(f"{output}: cannot write the image")
         results.append({"image": path, "output": output, "width": width, "height": height,

@@ -281,6 +281,16 @@ def test_classify_names_from_names_file_data_file_and_top(tmp_path):
     assert by_data.code == 0, by_data
     [(_, top2)] = predictions(by_data.lines)
     assert top2 == top[:2]  # top=2 from the .data file
+    assert "warning" not in by_names.err + by_data.err
+    # Too few names: a warning, and the classes without one are numbered.
+    (tmp_path / "two.names").write_text("first\nsecond\n")
+    few = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG, "--device", "cpu",
+                          "--names", tmp_path / "two.names", "--top", "10"])
+    assert few.code == 0, few
+    assert few.err.splitlines() == ["darknet-py: warning: 2 class names given, but the network "
+                                    "has 10 classes; the others are shown as numbers"]
+    [(_, all10)] = predictions(few.lines)
+    assert sorted(name for _, name in all10) == sorted(["first", "second"] + list("23456789"))
 
 
 @needs_shared
@@ -588,15 +598,22 @@ def test_detect_several_images_numbered_or_into_a_directory(tmp_path):
     detection_module()
     images = [DOG, IMAGES / "horses.jpg"]
     base = ["detect", P2_CFG, P2_WEIGHTS, *images, "--device", "cpu", "--thresh", P2_THRESH]
-    r = run_in_process(base + ["--out", tmp_path / "pred.jpg", "--json", tmp_path / "all.json"])
-    assert r.code == 0, r
-    assert [image for image, _ in detections_printed(r.lines)] == [str(i) for i in images]
+    (tmp_path / "p2.names").write_text("cat\ndog\nbike\n")
+    r = run_in_process(base + ["--out", tmp_path / "pred.jpg", "--json", tmp_path / "all.json",
+                               "--names", tmp_path / "p2.names"])
+    assert r.code == 0 and "warning" not in r.err, r
+    printed = detections_printed(r.lines)
+    assert [image for image, _ in printed] == [str(i) for i in images]
+    assert {name for _, dets in printed for name, _, _ in dets} <= {"cat", "dog", "bike"}
     for index, image in enumerate(images, start=1):
         drawn = cv2.imread(str(tmp_path / f"pred_{index}.jpg"))
         assert drawn is not None and drawn.shape == cv2.imread(str(image)).shape
     assert not (tmp_path / "pred.jpg").exists()
     entries = json.loads((tmp_path / "all.json").read_text())["images"]
     assert [e["image"] for e in entries] == [str(i) for i in images]
+    assert all(d["name"] == ("cat", "dog", "bike")[d["class_id"]]
+               for e in entries for d in e["detections"])
+    assert sum(len(e["detections"]) for e in entries) > 0
     assert [e["output"] for e in entries] == [str(tmp_path / f"pred_{i}.jpg") for i in (1, 2)]
     # A directory: each image under its own name.
     r = run_in_process(base + ["--out", f"{tmp_path / 'drawn'}/"])
