@@ -36,6 +36,7 @@ class NetOptions:
     max_ratio: float = 0.0
     min_ratio: float = 0.0
     center: int = 0
+    flip: int = 1             # 0: no random mirroring (AlexeyAB's option; digits, text)
     clip: float = 0.0
     angle: float = 0.0
     aspect: float = 1.0
@@ -75,6 +76,7 @@ def parse_net_options(s):
     o.max_ratio = s.get_float("max_ratio", o.max_crop / o.width if o.width else 0.0)
     o.min_ratio = s.get_float("min_ratio", o.min_crop / o.width if o.width else 0.0)
     o.center = s.get_int("center", 0)
+    o.flip = s.get_int("flip", 1)
     o.clip = s.get_float("clip", 0.0)
     o.angle = s.get_float("angle", 0.0)
     o.aspect = s.get_float("aspect", 1.0)
