@@ -882,3 +882,40 @@ def test_detect_refuses_a_classifier():
     net = build("[net]\nwidth=4\nheight=4\nchannels=3\n[avgpool]\n")
     with pytest.raises(ValueError, match="classify"):
         detect(net, np.zeros((3, 4, 4), dtype=F32))
+
+
+# ---- the same on CUDA ---------------------------------------------------------------------------
+def _cuda_ready():
+    from darknet_py.backends import cuda_available
+    return cuda_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_ready(), reason="needs PyCUDA and a CUDA GPU")
+@pytest.mark.parametrize("head", ["yolo", "region", "detection"])
+def test_heads_train_the_same_on_cuda(head):
+    from darknet_py.backends import get_backend
+    rng = np.random.default_rng(21)
+    if head == "yolo":
+        text, shape, truth = YOLO_TRAIN, (2, 3, 32, 64), np.zeros((2, 90, 5), dtype=F32)
+        truth[0, :2] = [[.3, .25, .6, .7, 0], [.55, .6, .31, .37, 1]]
+        truth[1, :1] = [[.4, .4, .6, .75, 2]]
+    elif head == "region":
+        text, shape, truth = REGION_TRAIN.format(softmax=1), (2, 3, 8, 8), region_truth()
+    else:
+        text = DETECTION_TRAIN.format(inputs=9 * 13, softmax=1)
+        shape, truth = (2, 2, 4, 4), np.zeros((2, 90, 5), dtype=F32)
+        truth[0, :2] = [[.5, .5, .3, .4, 1], [.1, .2, .2, .1, 0]]
+        truth[1, :1] = [[.4, .6, .6, .7, 2]]
+    x = rng.random(shape, dtype=F32)
+    nets = [Network(parse_cfg_text(text, "t.cfg"), "t.cfg", batch=2, seed=3,
+                    backend=get_backend(device)) for device in ("cpu", "cuda")]
+    for net in nets:
+        net.seen = 2
+        net.forward(x, truth.reshape(2, -1), train=True)
+        net.backward()
+    cpu, gpu = nets
+    last = len(cpu.layers) - 1
+    assert gpu.cost == pytest.approx(cpu.cost, rel=1e-4)
+    for i in (last, last - 1):
+        np.testing.assert_allclose(gpu.layer_delta(i), cpu.layer_delta(i), rtol=1e-4, atol=1e-5)
