@@ -214,7 +214,8 @@ def test_nms_keeps_boxes_below_the_overlap_threshold_and_skips_suppressed_ones()
     c = det((2.5, 0, 2, 1), .7, [.7])  # IoU(b, c) = 1/3, a and c do not meet
     do_nms_sort([a, b, c], 1, 0.3)
     assert [float(x.probs[0]) for x in (a, b, c)] == pytest.approx([.9, .8, .0])
-    a2, b2, c2 = det((0.0, 0, 2, 1), .9, [.9]), det((1.0, 0, 2, 1), .8, [.8]), det((2.0, 0, 2, 1), .7, [.7])
+    a2, b2 = det((0.0, 0, 2, 1), .9, [.9]), det((1.0, 0, 2, 1), .8, [.8])
+    c2 = det((2.0, 0, 2, 1), .7, [.7])
     do_nms_sort([c2, b2, a2], 1, 0.3)   # b2 falls to a2; c2 survives since b2 no longer counts
     assert [float(x.probs[0]) for x in (a2, b2, c2)] == pytest.approx([.9, 0, .7])
 

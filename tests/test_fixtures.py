@@ -62,7 +62,8 @@ def test_p2_yolo_heads_are_image_shaped():
     heads = [l for l in net.layers if l.type == "yolo"]
     assert [l.index for l in heads] == [16, 23]
     for layer in heads:
-        assert layer.output_shape(1) == (1, 24, layer.h, layer.w) == ref[f"layer_{layer.index}"].shape
+        shape = ref[f"layer_{layer.index}"].shape
+        assert layer.output_shape(1) == (1, 24, layer.h, layer.w) == shape
 
 
 def test_p3_one_training_step_matches_darknet(tmp_path):

@@ -142,7 +142,7 @@ class DetectionLayer(Layer):
                 avg_allcat += float(o[cls_lo:cls_lo + C].sum(dtype=np.float64))
                 tbox = t[1 + C:1 + C + 4].copy()
                 tbox[:2] /= F32(side)
-                boxes = o[box_base + cell * n * 4:box_base + (cell + 1) * n * 4].reshape(n, 4).copy()
+                boxes = o[box_base + cell * n * 4:][:n * 4].reshape(n, 4).copy()
                 boxes[:, :2] /= F32(side)
                 if self.sqrt:
                     boxes[:, 2:] = boxes[:, 2:] * boxes[:, 2:]
@@ -174,10 +174,11 @@ class DetectionLayer(Layer):
                 targets = t[1 + C:1 + C + 4].copy()
                 if self.sqrt:
                     targets[2:] = np.sqrt(targets[2:])
-                d[box_index:box_index + 4] = F32(self.coord_scale) * (targets - o[box_index:box_index + 4])
+                d[box_index:box_index + 4] = F32(self.coord_scale) * (
+                    targets - o[box_index:box_index + 4])
                 avg_iou += iou
                 count += 1
-        cost = float(np.sum(np.square(delta, dtype=np.float64)))
+        cost = float(np.sum(np.square(delta), dtype=np.float64))
         stats = {"avg_iou": ratio(avg_iou, count), "pos_cat": ratio(avg_cat, count),
                  "all_cat": ratio(avg_allcat, count * C), "pos_obj": ratio(avg_obj, count),
                  "any_obj": avg_anyobj / (B * loc * n), "count": count}

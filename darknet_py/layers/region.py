@@ -10,7 +10,7 @@ commented out and passes nothing back; the GPU build is the one that trains.)
 """
 import numpy as np
 
-from ..detection import box_iou
+from ..detection import box_iou, box_iou_matrix
 from .base import Layer, refuse_options
 from .yolo import check_classes, parse_anchors, ratio, report, truth_boxes
 
@@ -159,7 +159,7 @@ class RegionLayer(Layer):
             avg_anyobj += float(obj.sum(dtype=np.float64))
             d[:, obj_entry] = F32(self.noobject_scale) * (F32(0) - obj)
             if len(truth):
-                iou = box_iou(pred[:, :, :, None, :], truth[None, None, None, :, :4])
+                iou = box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]).reshape(n, h, w, -1)
                 iou[np.isnan(iou)] = 0
                 best_iou = np.max(iou, axis=-1)
                 d[:, obj_entry][best_iou > self.thresh] = 0
@@ -196,7 +196,7 @@ class RegionLayer(Layer):
                 d[a, obj_entry, j, i] = F32(self.object_scale) * (target - p)
                 avg_cat += self.class_delta(o, d, a, j, i, int(t[4]))
                 count += 1
-        cost = float(np.sum(np.square(delta, dtype=np.float64)))
+        cost = float(np.sum(np.square(delta), dtype=np.float64))
         stats = {"avg_iou": ratio(avg_iou, count), "class": ratio(avg_cat, count),
                  "obj": ratio(avg_obj, count), "no_obj": avg_anyobj / (w * h * n * B),
                  "recall": ratio(recall, count), "count": count}

@@ -8,7 +8,7 @@ written back to the device; backward adds that delta to the previous layer's.
 """
 import numpy as np
 
-from ..detection import box_iou
+from ..detection import box_iou, box_iou_matrix
 from .base import Layer, refuse_options
 
 F32 = np.float32
@@ -171,6 +171,10 @@ class YoloLayer(Layer):
             B, n, 5 + C, h, w)
         delta = np.zeros_like(out)
         anchors_all = self.biases.reshape(-1, 2)
+        # Every anchor as a box at the origin, for matching truths by shape alone.
+        anchor_shapes = np.zeros((self.total, 4), dtype=F32)
+        anchor_shapes[:, 2] = anchors_all[:, 0] / F32(netw)
+        anchor_shapes[:, 3] = anchors_all[:, 1] / F32(neth)
         mask = np.asarray(self.mask)
         avg_iou = recall = recall75 = avg_cat = avg_obj = avg_anyobj = 0.0
         count = 0
@@ -182,7 +186,7 @@ class YoloLayer(Layer):
             avg_anyobj += float(obj.sum(dtype=np.float64))
             d[:, 4] = F32(0) - obj
             if len(truth):
-                iou = box_iou(pred[:, :, :, None, :], truth[None, None, None, :, :4])
+                iou = box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]).reshape(n, h, w, -1)
                 iou[np.isnan(iou)] = 0  # a NaN IoU never passes Darknet's `iou > best_iou`
                 # Darknet keeps the first best (strict >, from 0): argmax where max > 0.
                 best_iou = np.max(iou, axis=-1, initial=F32(0))
@@ -196,11 +200,7 @@ class YoloLayer(Layer):
             for t in truth:
                 i = min(int(t[0] * F32(w)), w - 1)  # Darknet truncates; x = 1 would overrun
                 j = min(int(t[1] * F32(h)), h - 1)
-                shape_iou = box_iou(np.stack([np.zeros_like(anchors_all[:, 0]),
-                                              np.zeros_like(anchors_all[:, 0]),
-                                              anchors_all[:, 0] / F32(netw),
-                                              anchors_all[:, 1] / F32(neth)], axis=1),
-                                    np.array([0, 0, t[2], t[3]], dtype=F32))
+                shape_iou = box_iou(anchor_shapes, np.array([0, 0, t[2], t[3]], dtype=F32))
                 shape_iou[np.isnan(shape_iou)] = 0
                 best_n = int(np.argmax(shape_iou))
                 if best_n not in self.mask:
@@ -214,7 +214,7 @@ class YoloLayer(Layer):
                 recall += iou > .5
                 recall75 += iou > .75
                 avg_iou += iou
-        cost = float(np.sum(np.square(delta, dtype=np.float64)))
+        cost = float(np.sum(np.square(delta), dtype=np.float64))
         stats = {"avg_iou": ratio(avg_iou, count), "class": ratio(avg_cat, count),
                  "obj": ratio(avg_obj, count), "no_obj": avg_anyobj / (w * h * n * B),
                  "recall": ratio(recall, count), "recall75": ratio(recall75, count),
