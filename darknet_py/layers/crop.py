@@ -38,7 +38,8 @@ class CropLayer(Layer):
         self.scale, self.trans = (1.0, 0.0) if self.noadjust else (2.0, -1.0)
 
     def describe(self):
-        return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+        # Darknet prints a free-form "Crop Layer: ..." line; this is the table's layout.
+        return (f"{'':18s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
 
     def allocate(self, be, batch, train):

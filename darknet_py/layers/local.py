@@ -57,7 +57,8 @@ class LocalLayer(Layer):
         return 0.0
 
     def describe(self):
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}    "
+        # Darknet prints a free-form "Local Layer: ..." line; this is the conv row's layout.
+        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}  "
                 f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
 
