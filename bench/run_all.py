@@ -47,7 +47,8 @@ GEMM_CASES = [
     ("square 4096 nt", 0, 1, 4096, 4096, 4096),
     ("square 4096 tn", 1, 0, 4096, 4096, 4096),
 ]
-GEMM_VARIANTS = [("128x128x8", 1), ("128x128x16", 1), ("64x64x16", 1), ("64x64x16", 4), ("128x128x8", 4)]
+GEMM_VARIANTS = [("128x128x8", 1), ("128x128x16", 1), ("64x64x16", 1), ("128x128x8s4", 1), ("128x64x8s4", 1),
+                 ("64x64x16s4", 1), ("64x64x8s4r8", 1), ("64x64x16", 4), ("128x128x8s4", 4), ("64x64x8s4r8", 4)]
 
 # (label, channels, height, width, ksize, stride, pad, dilation)
 IM2COL_CASES = [
@@ -146,7 +147,7 @@ def bench_gemm(be, timer, peak_flops, bandwidth, l2_bytes, variants, rng):
                 row["variants"][f"{v[0]}/{v[1]}"] = vms
             be.gemm_override = None
         rows.append(row)
-        del sets
+        sets = None  # free this case's buffers before the next
     return rows
 
 
@@ -175,7 +176,7 @@ def bench_im2col(be, timer, bandwidth, l2_bytes, rng):
             ms, _ = timer.median_ms(run)
             rows.append(dict(op=op, label=label, shape=f"c{c} {h}x{w} k{ks} s{s}",
                              ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9, byte_floor_ms=nbytes / bandwidth * 1e3))
-        del sets
+        sets = None  # free this case's buffers before the next
     return rows
 
 

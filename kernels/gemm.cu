@@ -5,10 +5,14 @@
 // Each slice of op(A) and op(B) is staged in shared memory k-major (As[k][m],
 // Bs[k][n]) so that every thread reads its fragments as 16-byte vectors; each
 // thread then accumulates a TM x TN block of C in registers (register blocking).
-// The next slice is fetched from global memory into registers while the current
-// one is multiplied, and written to the other shared buffer (double buffering).
-// Loads are scalar and predicated: leading dimensions, offsets and sizes are
-// arbitrary, and the warp's loads still coalesce along the contiguous dimension.
+// Global loads are element-wise and predicated: leading dimensions, offsets and
+// sizes are arbitrary, and a warp's loads still coalesce along the contiguous
+// dimension. Two ways of overlapping the loads of later slices with the math:
+//   STAGES == 2: the next slice is fetched into registers while the current one
+//                is multiplied, then stored to the other shared buffer;
+//   STAGES >= 3: cp.async copies global memory straight into shared memory,
+//                STAGES - 1 slices ahead (no registers held for the loads,
+//                out-of-range elements zero-filled by the copy itself).
 //
 // Split-K: gridDim.z > 1 splits K into chunks of k_chunk; each z-slice writes its
 // raw partial product to C + z * partial_stride (a workspace, ld = N) and
@@ -16,11 +20,29 @@
 //
 // Full fp32 FFMA throughout: no tensor cores, no TF32.
 
+__device__ __forceinline__ void cp_async_f32(float* smem, const float* gmem, bool valid)
+{
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    // src-size 0 reads nothing and writes a zero.
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
 // Row groups for the block-order swizzle: consecutive blocks cover GROUP_M tile
 // rows before moving right, so the A and B panels they share stay in L2.
 constexpr int GROUP_M = 8;
 
-template <int BM, int BN, int BK, int TM, int TN, bool TA, bool TB>
+template <int BM, int BN, int BK, int TM, int TN, int STAGES, bool TA, bool TB>
 __device__ __forceinline__ void sgemm_tile(
     int M, int N, int K, float alpha,
     const float* __restrict__ A, int lda,
@@ -40,11 +62,12 @@ __device__ __forceinline__ void sgemm_tile(
     static_assert(TM % 4 == 0 && TN % 4 == 0, "fragments are read as float4");
     static_assert(A_LOADS * THREADS == BM * BK && B_LOADS * THREADS == BN * BK, "tile/threads mismatch");
     static_assert(THREADS % BM == 0 && THREADS % BN == 0 && THREADS % BK == 0, "load mapping");
+    static_assert(STAGES >= 2, "at least double buffering");
 
     // +4 floats per row: keeps rows 16-byte aligned and spreads the transposed
     // stores of the k-contiguous operands over all 32 banks.
-    __shared__ __align__(16) float As[2][BK][BM + 4];
-    __shared__ __align__(16) float Bs[2][BK][BN + 4];
+    __shared__ __align__(16) float As[STAGES][BK][BM + 4];
+    __shared__ __align__(16) float Bs[STAGES][BK][BN + 4];
 
     const int tid = threadIdx.x;
     const int tx = tid % TX;
@@ -87,64 +110,25 @@ __device__ __forceinline__ void sgemm_tile(
     const size_t a_slice_step = TA ? (size_t)BK * lda : (size_t)BK;
     const size_t b_slice_step = TB ? (size_t)BK : (size_t)BK * ldb;
 
-    float ra[A_LOADS], rb[B_LOADS];
-
-    // Loads slice k0 (relative to k_begin).
-    auto load_global = [&](int k0) {
-        const float* pa = a_ptr + (size_t)(k0 / BK) * a_slice_step;
-        const float* pb = b_ptr + (size_t)(k0 / BK) * b_slice_step;
-#pragma unroll
-        for (int l = 0; l < A_LOADS; ++l) {
-            const int m = m0 + a_m + (TA ? 0 : l * A_STEP);
-            const int k = k_begin + k0 + a_k + (TA ? l * A_STEP : 0);
-            ra[l] = (m < M && k < k_end) ? __ldg(pa + l * a_load_step) : 0.0f;
-        }
-#pragma unroll
-        for (int l = 0; l < B_LOADS; ++l) {
-            const int n = n0 + b_n + (TB ? l * B_STEP : 0);
-            const int k = k_begin + k0 + b_k + (TB ? 0 : l * B_STEP);
-            rb[l] = (n < N && k < k_end) ? __ldg(pb + l * b_load_step) : 0.0f;
-        }
-    };
-    auto store_shared = [&](int buf) {
-#pragma unroll
-        for (int l = 0; l < A_LOADS; ++l) {
-            if (TA) As[buf][a_k + l * A_STEP][a_m] = ra[l];
-            else    As[buf][a_k][a_m + l * A_STEP] = ra[l];
-        }
-#pragma unroll
-        for (int l = 0; l < B_LOADS; ++l) {
-            if (TB) Bs[buf][b_k][b_n + l * B_STEP] = rb[l];
-            else    Bs[buf][b_k + l * B_STEP][b_n] = rb[l];
-        }
-    };
-
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
-    const int tiles_k = (k_end - k_begin + BK - 1) / BK;
-    load_global(0);
-    store_shared(0);
-    __syncthreads();
-
-    for (int t = 0; t < tiles_k; ++t) {
-        const int cur = t & 1;
-        const bool more = t + 1 < tiles_k;
-        if (more) load_global((t + 1) * BK);
+    // acc += the product of the slice held in shared buffer `buf`.
+    auto multiply = [&](int buf) {
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
 #pragma unroll
             for (int r = 0; r < TM / 4; ++r) {
-                const float4 v = *reinterpret_cast<const float4*>(&As[cur][kk][r * A_RUN + ty * 4]);
+                const float4 v = *reinterpret_cast<const float4*>(&As[buf][kk][r * A_RUN + ty * 4]);
                 a[r * 4 + 0] = v.x; a[r * 4 + 1] = v.y; a[r * 4 + 2] = v.z; a[r * 4 + 3] = v.w;
             }
 #pragma unroll
             for (int r = 0; r < TN / 4; ++r) {
-                const float4 v = *reinterpret_cast<const float4*>(&Bs[cur][kk][r * B_RUN + tx * 4]);
+                const float4 v = *reinterpret_cast<const float4*>(&Bs[buf][kk][r * B_RUN + tx * 4]);
                 b[r * 4 + 0] = v.x; b[r * 4 + 1] = v.y; b[r * 4 + 2] = v.z; b[r * 4 + 3] = v.w;
             }
 #pragma unroll
@@ -152,8 +136,86 @@ __device__ __forceinline__ void sgemm_tile(
 #pragma unroll
                 for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
-        if (more) store_shared(cur ^ 1);
+    };
+
+    // Shared-memory destinations of load l (A: row-major k x m, B: k x n).
+    auto a_dst = [&](int buf, int l) -> float* {
+        return TA ? &As[buf][a_k + l * A_STEP][a_m] : &As[buf][a_k][a_m + l * A_STEP];
+    };
+    auto b_dst = [&](int buf, int l) -> float* {
+        return TB ? &Bs[buf][b_k][b_n + l * B_STEP] : &Bs[buf][b_k + l * B_STEP][b_n];
+    };
+    auto a_ok = [&](int k0, int l) {
+        const int m = m0 + a_m + (TA ? 0 : l * A_STEP);
+        const int k = k_begin + k0 + a_k + (TA ? l * A_STEP : 0);
+        return m < M && k < k_end;
+    };
+    auto b_ok = [&](int k0, int l) {
+        const int n = n0 + b_n + (TB ? l * B_STEP : 0);
+        const int k = k_begin + k0 + b_k + (TB ? 0 : l * B_STEP);
+        return n < N && k < k_end;
+    };
+
+    const int tiles_k = (k_end - k_begin + BK - 1) / BK;
+
+    if constexpr (STAGES == 2) {
+        float ra[A_LOADS], rb[B_LOADS];
+        auto load_global = [&](int k0) {   // slice at k0 (relative to k_begin) -> registers
+            const float* pa = a_ptr + (size_t)(k0 / BK) * a_slice_step;
+            const float* pb = b_ptr + (size_t)(k0 / BK) * b_slice_step;
+#pragma unroll
+            for (int l = 0; l < A_LOADS; ++l) ra[l] = a_ok(k0, l) ? __ldg(pa + l * a_load_step) : 0.0f;
+#pragma unroll
+            for (int l = 0; l < B_LOADS; ++l) rb[l] = b_ok(k0, l) ? __ldg(pb + l * b_load_step) : 0.0f;
+        };
+        auto store_shared = [&](int buf) {
+#pragma unroll
+            for (int l = 0; l < A_LOADS; ++l) *a_dst(buf, l) = ra[l];
+#pragma unroll
+            for (int l = 0; l < B_LOADS; ++l) *b_dst(buf, l) = rb[l];
+        };
+        load_global(0);
+        store_shared(0);
         __syncthreads();
+        for (int t = 0; t < tiles_k; ++t) {
+            const int cur = t & 1;
+            const bool more = t + 1 < tiles_k;
+            if (more) load_global((t + 1) * BK);
+            multiply(cur);
+            if (more) store_shared(cur ^ 1);
+            __syncthreads();
+        }
+    } else {
+        auto load_async = [&](int buf, int k0) {   // slice at k0 -> shared buffer buf
+            const float* pa = a_ptr + (size_t)(k0 / BK) * a_slice_step;
+            const float* pb = b_ptr + (size_t)(k0 / BK) * b_slice_step;
+#pragma unroll
+            for (int l = 0; l < A_LOADS; ++l) {
+                const bool ok = a_ok(k0, l);
+                cp_async_f32(a_dst(buf, l), ok ? pa + l * a_load_step : A, ok);
+            }
+#pragma unroll
+            for (int l = 0; l < B_LOADS; ++l) {
+                const bool ok = b_ok(k0, l);
+                cp_async_f32(b_dst(buf, l), ok ? pb + l * b_load_step : B, ok);
+            }
+        };
+        // One commit group per slice (empty past the end, so the count stays uniform):
+        // at iteration t, slices 0..t are complete once at most STAGES-2 groups pend.
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < tiles_k) load_async(s, s * BK);
+            cp_async_commit();
+        }
+        for (int t = 0; t < tiles_k; ++t) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();   // slice t visible to all; everyone is done with slice t-1
+            const int next = t + STAGES - 1;
+            if (next < tiles_k) load_async(next % STAGES, next * BK);   // refills slice t-1's buffer
+            cp_async_commit();
+            multiply(t % STAGES);
+        }
+        cp_async_wait<0>();
     }
 
     // Epilogue. In split-K mode C is this z-slice's partial (alpha 1, beta 0).
@@ -193,33 +255,54 @@ __device__ __forceinline__ void sgemm_tile(
     }
 }
 
-// Entry points: tile shape x transpose case. The large tile (128x128, 8x8 per
-// thread) is the workhorse; the small one (64x64, 4x4 per thread) gives more
-// blocks when M or N is small. Both run 256 threads; 2 large blocks fit an SM.
-#define SGEMM_ENTRY(NAME, BM, BN, BK, TM, TN, TA, TB, MINB)                              \
-    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) NAME(       \
-        int M, int N, int K, float alpha, const float* __restrict__ A, int lda,            \
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,  \
-        int k_chunk, int c_vec4, long long partial_stride)                                 \
-    {                                                                                      \
-        sgemm_tile<BM, BN, BK, TM, TN, TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C,    \
-                                               ldc, k_chunk, c_vec4, partial_stride);      \
+// Entry points: variant x transpose case. A variant is the tile BM x BN x BK,
+// TM x TN outputs per thread and the pipeline depth (2: register prefetch;
+// s4: 4-stage cp.async). 128x128 tiles do the most work per byte of shared
+// memory; 64x64 tiles give 4x the blocks when M or N is small.
+#define SGEMM_ENTRY(NAME, BM, BN, BK, TM, TN, STAGES, TA, TB, MINB)                              \
+    extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) NAME(               \
+        int M, int N, int K, float alpha, const float* __restrict__ A, int lda,                    \
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,          \
+        int k_chunk, int c_vec4, long long partial_stride)                                         \
+    {                                                                                              \
+        sgemm_tile<BM, BN, BK, TM, TN, STAGES, TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C,    \
+                                                       ldc, k_chunk, c_vec4, partial_stride);      \
     }
 
-SGEMM_ENTRY(sgemm_128x128x8_nn, 128, 128, 8, 8, 8, false, false, 2)
-SGEMM_ENTRY(sgemm_128x128x8_nt, 128, 128, 8, 8, 8, false, true, 2)
-SGEMM_ENTRY(sgemm_128x128x8_tn, 128, 128, 8, 8, 8, true, false, 2)
-SGEMM_ENTRY(sgemm_128x128x8_tt, 128, 128, 8, 8, 8, true, true, 2)
+SGEMM_ENTRY(sgemm_128x128x8_nn, 128, 128, 8, 8, 8, 2, false, false, 2)
+SGEMM_ENTRY(sgemm_128x128x8_nt, 128, 128, 8, 8, 8, 2, false, true, 2)
+SGEMM_ENTRY(sgemm_128x128x8_tn, 128, 128, 8, 8, 8, 2, true, false, 2)
+SGEMM_ENTRY(sgemm_128x128x8_tt, 128, 128, 8, 8, 8, 2, true, true, 2)
 
-SGEMM_ENTRY(sgemm_128x128x16_nn, 128, 128, 16, 8, 8, false, false, 2)
-SGEMM_ENTRY(sgemm_128x128x16_nt, 128, 128, 16, 8, 8, false, true, 2)
-SGEMM_ENTRY(sgemm_128x128x16_tn, 128, 128, 16, 8, 8, true, false, 2)
-SGEMM_ENTRY(sgemm_128x128x16_tt, 128, 128, 16, 8, 8, true, true, 2)
+SGEMM_ENTRY(sgemm_128x128x16_nn, 128, 128, 16, 8, 8, 2, false, false, 2)
+SGEMM_ENTRY(sgemm_128x128x16_nt, 128, 128, 16, 8, 8, 2, false, true, 2)
+SGEMM_ENTRY(sgemm_128x128x16_tn, 128, 128, 16, 8, 8, 2, true, false, 2)
+SGEMM_ENTRY(sgemm_128x128x16_tt, 128, 128, 16, 8, 8, 2, true, true, 2)
 
-SGEMM_ENTRY(sgemm_64x64x16_nn, 64, 64, 16, 4, 4, false, false, 3)
-SGEMM_ENTRY(sgemm_64x64x16_nt, 64, 64, 16, 4, 4, false, true, 3)
-SGEMM_ENTRY(sgemm_64x64x16_tn, 64, 64, 16, 4, 4, true, false, 3)
-SGEMM_ENTRY(sgemm_64x64x16_tt, 64, 64, 16, 4, 4, true, true, 3)
+SGEMM_ENTRY(sgemm_64x64x16_nn, 64, 64, 16, 4, 4, 2, false, false, 3)
+SGEMM_ENTRY(sgemm_64x64x16_nt, 64, 64, 16, 4, 4, 2, false, true, 3)
+SGEMM_ENTRY(sgemm_64x64x16_tn, 64, 64, 16, 4, 4, 2, true, false, 3)
+SGEMM_ENTRY(sgemm_64x64x16_tt, 64, 64, 16, 4, 4, 2, true, true, 3)
+
+SGEMM_ENTRY(sgemm_128x128x8s4_nn, 128, 128, 8, 8, 8, 4, false, false, 2)
+SGEMM_ENTRY(sgemm_128x128x8s4_nt, 128, 128, 8, 8, 8, 4, false, true, 2)
+SGEMM_ENTRY(sgemm_128x128x8s4_tn, 128, 128, 8, 8, 8, 4, true, false, 2)
+SGEMM_ENTRY(sgemm_128x128x8s4_tt, 128, 128, 8, 8, 8, 4, true, true, 2)
+
+SGEMM_ENTRY(sgemm_128x64x8s4_nn, 128, 64, 8, 8, 8, 4, false, false, 4)
+SGEMM_ENTRY(sgemm_128x64x8s4_nt, 128, 64, 8, 8, 8, 4, false, true, 4)
+SGEMM_ENTRY(sgemm_128x64x8s4_tn, 128, 64, 8, 8, 8, 4, true, false, 4)
+SGEMM_ENTRY(sgemm_128x64x8s4_tt, 128, 64, 8, 8, 8, 4, true, true, 4)
+
+SGEMM_ENTRY(sgemm_64x64x16s4_nn, 64, 64, 16, 4, 4, 4, false, false, 3)
+SGEMM_ENTRY(sgemm_64x64x16s4_nt, 64, 64, 16, 4, 4, 4, false, true, 3)
+SGEMM_ENTRY(sgemm_64x64x16s4_tn, 64, 64, 16, 4, 4, 4, true, false, 3)
+SGEMM_ENTRY(sgemm_64x64x16s4_tt, 64, 64, 16, 4, 4, 4, true, true, 3)
+
+SGEMM_ENTRY(sgemm_64x64x8s4r8_nn, 64, 64, 8, 8, 8, 4, false, false, 8)
+SGEMM_ENTRY(sgemm_64x64x8s4r8_nt, 64, 64, 8, 8, 8, 4, false, true, 8)
+SGEMM_ENTRY(sgemm_64x64x8s4r8_tn, 64, 64, 8, 8, 8, 4, true, false, 8)
+SGEMM_ENTRY(sgemm_64x64x8s4r8_tt, 64, 64, 8, 8, 8, 4, true, true, 8)
 
 // C[m, n] = alpha * sum_z partial[z][m, n] + beta * C[m, n]; partials are M x N, ld N.
 extern "C" __global__ void splitk_reduce(int M, int N, int splits, const float* __restrict__ partial,

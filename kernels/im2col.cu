@@ -4,10 +4,10 @@
 // ow*stride - pad + kj*dilation] for every output position (oh, ow).
 // Groups are the caller's business (it offsets im and col).
 
-// One thread per (channel, output position): it writes that position's ksize^2
-// column entries; consecutive threads write consecutive addresses of each col
-// row and read neighbouring pixels. The y dimension (blocks and threads) walks
-// the channels, so small feature maps still fill whole warps.
+// One thread per col element: x (blocks and threads) spans the output positions,
+// y the col rows. Each thread does one load and one store, so the whole grid's
+// loads are in flight at once; a warp writes 32 consecutive floats of a row and
+// reads neighbouring pixels.
 extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
                                         int ksize, int stride, int pad, int dilation,
                                         int out_h, int out_w, float* __restrict__ col)
@@ -19,48 +19,61 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
     const int ow = pos - oh * out_w;
     const int h0 = oh * stride - pad;
     const int w0 = ow * stride - pad;
-    for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
-        const float* img = im + (long long)c * height * width;
-        float* out = col + (long long)c * ksize * ksize * out_hw + pos;
-        for (int ki = 0; ki < ksize; ++ki) {
-            const int h = h0 + ki * dilation;
-            const bool h_in = h >= 0 && h < height;
-            for (int kj = 0; kj < ksize; ++kj) {
-                const int w = w0 + kj * dilation;
-                *out = (h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f;
-                out += out_hw;
-            }
-        }
+    const int rows = channels * ksize * ksize;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        const int kj = r % ksize;
+        const int t = r / ksize;
+        const int ki = t % ksize;
+        const int c = t / ksize;
+        const int h = h0 + ki * dilation;
+        const int w = w0 + kj * dilation;
+        col[(long long)r * out_hw + pos] =
+            (h >= 0 && h < height && w >= 0 && w < width) ? im[((long long)c * height + h) * width + w] : 0.0f;
     }
 }
 
+// Sum of the col entries that im2col read from pixel (h, w) of one channel.
+// KS > 0 fixes ksize at compile time, so the loops unroll and the loads issue
+// together; KS == 0 takes ksize at run time.
+template <int KS>
+__device__ __forceinline__ float col2im_pixel(const float* __restrict__ cols, int ksize_rt, int h, int w,
+                                              int stride, int pad, int dilation, int out_h, int out_w)
+{
+    const int ksize = KS > 0 ? KS : ksize_rt;
+    const int out_hw = out_h * out_w;
+    float sum = 0.0f;
+    for (int ki = 0; ki < ksize; ++ki) {
+        const int hs = h + pad - ki * dilation;     // = oh * stride when row (ki) read this pixel
+        if (hs < 0 || hs % stride != 0 || hs / stride >= out_h) continue;
+        const int oh = hs / stride;
+        for (int kj = 0; kj < ksize; ++kj) {
+            const int ws = w + pad - kj * dilation;
+            if (ws < 0 || ws % stride != 0 || ws / stride >= out_w) continue;
+            sum += cols[(long long)(ki * ksize + kj) * out_hw + oh * out_w + ws / stride];
+        }
+    }
+    return sum;
+}
+
 // The adjoint: im[c, h, w] += sum of every col entry that im2col read from (c, h, w).
-// One thread per (channel, pixel) gathers its entries (no atomics, deterministic).
+// One thread per (channel, pixel) gathers its entries (no atomics, deterministic);
+// x spans the pixels, y the channels.
 extern "C" __global__ void col2im_kernel(const float* __restrict__ col, int channels, int height, int width,
                                         int ksize, int stride, int pad, int dilation,
                                         int out_h, int out_w, float* __restrict__ im)
 {
     const int hw = height * width;
-    const int out_hw = out_h * out_w;
     const int pix = blockIdx.x * blockDim.x + threadIdx.x;
     if (pix >= hw) return;
     const int h = pix / width;
     const int w = pix - h * width;
     for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
-        const float* cols = col + (long long)c * ksize * ksize * out_hw;
-        float sum = 0.0f;
-        for (int ki = 0; ki < ksize; ++ki) {
-            const int hs = h + pad - ki * dilation;     // = oh * stride when (c, ki) reads this row
-            if (hs < 0 || hs % stride != 0) continue;
-            const int oh = hs / stride;
-            if (oh >= out_h) continue;
-            for (int kj = 0; kj < ksize; ++kj) {
-                const int ws = w + pad - kj * dilation;
-                if (ws < 0 || ws % stride != 0) continue;
-                const int ow = ws / stride;
-                if (ow >= out_w) continue;
-                sum += cols[(long long)(ki * ksize + kj) * out_hw + oh * out_w + ow];
-            }
+        const float* cols = col + (long long)c * ksize * ksize * out_h * out_w;
+        float sum;
+        switch (ksize) {
+        case 1: sum = col2im_pixel<1>(cols, 1, h, w, stride, pad, dilation, out_h, out_w); break;
+        case 3: sum = col2im_pixel<3>(cols, 3, h, w, stride, pad, dilation, out_h, out_w); break;
+        default: sum = col2im_pixel<0>(cols, ksize, h, w, stride, pad, dilation, out_h, out_w); break;
         }
         im[(long long)c * hw + pix] += sum;
     }

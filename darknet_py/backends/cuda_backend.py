@@ -37,10 +37,14 @@ KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 # Kernel file -> {entry point: argument format}. Formats are struct codes:
 # P device pointer, i int32, I uint32, q int64, f float32.
 _GEMM_ARGS = "iiifPiPifPiiiq"
-_GEMM_TILES = {  # name -> (BM, BN, BK)
-    "128x128x8": (128, 128, 8),
-    "128x128x16": (128, 128, 16),
-    "64x64x16": (64, 64, 16),
+_GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per block)
+    "128x128x8": (128, 128, 8, 256),
+    "128x128x16": (128, 128, 16, 256),
+    "64x64x16": (64, 64, 16, 256),
+    "128x128x8s4": (128, 128, 8, 256),
+    "128x64x8s4": (128, 64, 8, 128),
+    "64x64x16s4": (64, 64, 16, 256),
+    "64x64x8s4r8": (64, 64, 8, 64),
 }
 _KERNELS = {
     "blas.cu": {
@@ -455,7 +459,7 @@ class CudaBackend:
         if m <= 0 or n <= 0:
             return
         tile, splits = self.gemm_plan(m, n, k)
-        bm, bn, bk = _GEMM_TILES[tile]
+        bm, bn, bk, threads = _GEMM_TILES[tile]
         kernel = f"sgemm_{tile}_{'t' if ta else 'n'}{'t' if tb else 'n'}"
         grid_mn = (_ceil_div(n, bn), _ceil_div(m, bm))
         if splits > 1 and k > 0:
@@ -468,40 +472,40 @@ class CudaBackend:
         alpha, beta = float(alpha), float(beta)
         if splits == 1:
             vec4 = int(pc % 16 == 0 and ldc % 4 == 0)
-            self._launch(kernel, grid_mn + (1,), (256,), m, n, k, alpha, pa, lda, pb, ldb,
+            self._launch(kernel, grid_mn + (1,), (threads,), m, n, k, alpha, pa, lda, pb, ldb,
                          beta, pc, ldc, chunk, vec4, 0)
             return
         ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
-        self._launch(kernel, grid_mn + (splits,), (256,), m, n, k, 1.0, pa, lda, pb, ldb,
+        self._launch(kernel, grid_mn + (splits,), (threads,), m, n, k, 1.0, pa, lda, pb, ldb,
                      0.0, ws, n, chunk, int(n % 4 == 0), m * n)
         self._launch("splitk_reduce", self._grid1d(m * n), (_BLOCK,), m, n, splits, ws,
                      alpha, beta, pc, ldc)
 
     # ---- convolution helpers -----------------------------------------------
-    def _conv_launch(self, name, src, channels, height, width, ksize, stride, pad, dilation, dst, span):
+    def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        if out_h <= 0 or out_w <= 0 or channels <= 0:
-            return out_h, out_w
-        self._launch_rows(name, channels, span(out_h, out_w),
-                          self._ptr(src), int(channels), int(height), int(width), int(ksize),
-                          int(stride), int(pad), int(dilation), out_h, out_w, self._ptr(dst))
-        return out_h, out_w
+        return (self._ptr(src), int(channels), int(height), int(width), int(ksize), int(stride),
+                int(pad), int(dilation), int(out_h), int(out_w), self._ptr(dst))
 
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col):
         """Unfold one image (channels x height x width) into col (channels*k*k x out_h*out_w)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         self._check_size("im2col im", im, channels * height * width)
         self._check_size("im2col col", col, channels * ksize * ksize * max(out_h, 0) * max(out_w, 0))
-        self._conv_launch("im2col_kernel", im, channels, height, width, ksize, stride, pad, dilation,
-                          col, lambda oh, ow: oh * ow)
+        if out_h > 0 and out_w > 0:
+            # one thread per col element: rows (channel, ki, kj) x output positions
+            self._launch_rows("im2col_kernel", channels * ksize * ksize, out_h * out_w,
+                              *self._conv_args(im, channels, height, width, ksize, stride, pad, dilation, col))
 
     def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im):
         """Fold col back, *adding* into im (the adjoint of im2col)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         self._check_size("col2im im", im, channels * height * width)
         self._check_size("col2im col", col, channels * ksize * ksize * max(out_h, 0) * max(out_w, 0))
-        self._conv_launch("col2im_kernel", col, channels, height, width, ksize, stride, pad, dilation,
-                          im, lambda oh, ow: height * width)
+        if out_h > 0 and out_w > 0:
+            # one thread per image element: channels x pixels
+            self._launch_rows("col2im_kernel", channels, height * width,
+                              *self._conv_args(col, channels, height, width, ksize, stride, pad, dilation, im))
 
     # ---- bias / scale (per-channel, layout batch x n x size) ----------------
     def add_bias(self, output, biases, batch, n, size):
