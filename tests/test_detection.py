@@ -617,8 +617,8 @@ def test_region_loss_matches_darknet_transcription(softmax, seen):
 
 # ---- [detection] training loss --------------------------------------------------------------
 def c_forward_detection_loss(out, truth, batch, side, n, classes, *, sqrt, rescore,
-                             coord_scale, object_scale, noobject_scale, class_scale):
-    """pjreddie's forward_detection_layer training part (forced=0, random=0), scalar by scalar."""
+                             coord_scale, object_scale, noobject_scale, class_scale, forced=0):
+    """pjreddie's forward_detection_layer training part (random=0), scalar by scalar."""
     coords, locations = 4, side * side
     inputs = locations * ((1 + coords) * n + classes)
     delta = np.zeros(batch * inputs, dtype=F32)
@@ -658,6 +658,8 @@ def c_forward_detection_loss(out, truth, batch, side, n, classes, *, sqrt, resco
                 elif rmse < best_rmse:
                     best_rmse, best_index = rmse, j
                     ran["by_rmse"] += 1
+            if forced:
+                best_index = 1 if float(tb[2] * tb[3]) < .1 else 0
             box_index = index + locations * (classes + n) + (i * n + best_index) * coords
             tbox_index = truth_index + 1 + classes
             ob = out[box_index:box_index + 4].copy()
@@ -760,6 +762,22 @@ def test_detection_loss_falls_back_to_rmse_when_no_box_overlaps():
     np.testing.assert_allclose(delta, want_delta, rtol=1e-6, atol=1e-7)
     assert cost == pytest.approx(want_cost, rel=1e-6)
     assert stats["count"] == 1
+
+
+def test_detection_loss_forced_picks_box_by_truth_area():
+    inputs = 9 * (5 * 2 + 3)
+    text = DETECTION_TRAIN.format(inputs=inputs, softmax=0).replace("sqrt=1", "sqrt=1\nforced=1")
+    layer = build(text, batch=1).layers[1]
+    out = np.random.default_rng(4).uniform(0.1, 0.9, inputs).astype(F32)
+    # A small box (area < .1: box 1) and a large one (box 0), whatever the IoUs say.
+    grid = grid_truth_from_boxes([[.15, .15, .2, .3, 0], [.8, .8, .5, .6, 2]], 3, 3)
+    kw = dict(sqrt=1, rescore=1, coord_scale=5, object_scale=1, noobject_scale=.5, class_scale=1)
+    want, want_cost, _, _ = c_forward_detection_loss(out, grid, 1, 3, 2, 3, forced=1, **kw)
+    unforced, _, _, _ = c_forward_detection_loss(out, grid, 1, 3, 2, 3, **kw)
+    assert not np.array_equal(want, unforced)
+    delta, cost, _ = layer.loss(out, grid[None], seen=0)
+    np.testing.assert_allclose(delta, want, rtol=1e-6, atol=1e-7)
+    assert cost == pytest.approx(want_cost, rel=1e-6)
 
 
 # ---- layer definitions ---------------------------------------------------------------------

@@ -156,7 +156,7 @@ class DetectionLayer(Layer):
                     elif rmses[k] < best_rmse:
                         best, best_rmse = k, rmses[k]
                 if self.forced:
-                    best = 1 if tbox[2] * tbox[3] < .1 else 0
+                    best = 1 if float(tbox[2] * tbox[3]) < .1 else 0  # C compares in double
                 if self.random and seen < RANDOM_SEEN:
                     best = int((rng or np.random.default_rng()).integers(n))
                 # best stays -1 when every IoU is 0 and every RMSE >= 20; Darknet then uses
