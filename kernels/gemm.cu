@@ -7,12 +7,10 @@
 // thread then accumulates a TM x TN block of C in registers (register blocking).
 // Global loads are element-wise and predicated: leading dimensions, offsets and
 // sizes are arbitrary, and a warp's loads still coalesce along the contiguous
-// dimension. Two ways of overlapping the loads of later slices with the math:
-//   STAGES == 2: the next slice is fetched into registers while the current one
-//                is multiplied, then stored to the other shared buffer;
-//   STAGES >= 3: cp.async copies global memory straight into shared memory,
-//                STAGES - 1 slices ahead (no registers held for the loads,
-//                out-of-range elements zero-filled by the copy itself).
+// dimension. cp.async copies them straight into shared memory, STAGES - 1 slices
+// ahead of the multiply (no registers held for the loads; out-of-range elements
+// are zero-filled by the copy itself), so several slices' loads are in flight
+// while one is multiplied.
 //
 // Split-K: gridDim.z > 1 splits K into chunks of k_chunk; each z-slice writes its
 // raw partial product to C + z * partial_stride (a workspace, ld = N) and
@@ -62,7 +60,7 @@ __device__ __forceinline__ void sgemm_tile(
     static_assert(TM % 4 == 0 && TN % 4 == 0, "fragments are read as float4");
     static_assert(A_LOADS * THREADS == BM * BK && B_LOADS * THREADS == BN * BK, "tile/threads mismatch");
     static_assert(THREADS % BM == 0 && THREADS % BN == 0 && THREADS % BK == 0, "load mapping");
-    static_assert(STAGES >= 2, "at least double buffering");
+    static_assert(STAGES >= 3, "cp.async pipeline: at least 3 stages");
 
     // +4 floats per row: keeps rows 16-byte aligned and spreads the transposed
     // stores of the k-contiguous operands over all 32 banks.
@@ -158,65 +156,36 @@ __device__ __forceinline__ void sgemm_tile(
 
     const int tiles_k = (k_end - k_begin + BK - 1) / BK;
 
-    if constexpr (STAGES == 2) {
-        float ra[A_LOADS], rb[B_LOADS];
-        auto load_global = [&](int k0) {   // slice at k0 (relative to k_begin) -> registers
-            const float* pa = a_ptr + (size_t)(k0 / BK) * a_slice_step;
-            const float* pb = b_ptr + (size_t)(k0 / BK) * b_slice_step;
+    auto load_async = [&](int buf, int k0) {   // slice at k0 -> shared buffer buf
+        const float* pa = a_ptr + (size_t)(k0 / BK) * a_slice_step;
+        const float* pb = b_ptr + (size_t)(k0 / BK) * b_slice_step;
 #pragma unroll
-            for (int l = 0; l < A_LOADS; ++l) ra[l] = a_ok(k0, l) ? __ldg(pa + l * a_load_step) : 0.0f;
-#pragma unroll
-            for (int l = 0; l < B_LOADS; ++l) rb[l] = b_ok(k0, l) ? __ldg(pb + l * b_load_step) : 0.0f;
-        };
-        auto store_shared = [&](int buf) {
-#pragma unroll
-            for (int l = 0; l < A_LOADS; ++l) *a_dst(buf, l) = ra[l];
-#pragma unroll
-            for (int l = 0; l < B_LOADS; ++l) *b_dst(buf, l) = rb[l];
-        };
-        load_global(0);
-        store_shared(0);
-        __syncthreads();
-        for (int t = 0; t < tiles_k; ++t) {
-            const int cur = t & 1;
-            const bool more = t + 1 < tiles_k;
-            if (more) load_global((t + 1) * BK);
-            multiply(cur);
-            if (more) store_shared(cur ^ 1);
-            __syncthreads();
+        for (int l = 0; l < A_LOADS; ++l) {
+            const bool ok = a_ok(k0, l);
+            cp_async_f32(a_dst(buf, l), ok ? pa + l * a_load_step : A, ok);
         }
-    } else {
-        auto load_async = [&](int buf, int k0) {   // slice at k0 -> shared buffer buf
-            const float* pa = a_ptr + (size_t)(k0 / BK) * a_slice_step;
-            const float* pb = b_ptr + (size_t)(k0 / BK) * b_slice_step;
 #pragma unroll
-            for (int l = 0; l < A_LOADS; ++l) {
-                const bool ok = a_ok(k0, l);
-                cp_async_f32(a_dst(buf, l), ok ? pa + l * a_load_step : A, ok);
-            }
-#pragma unroll
-            for (int l = 0; l < B_LOADS; ++l) {
-                const bool ok = b_ok(k0, l);
-                cp_async_f32(b_dst(buf, l), ok ? pb + l * b_load_step : B, ok);
-            }
-        };
-        // One commit group per slice (empty past the end, so the count stays uniform):
-        // at iteration t, slices 0..t are complete once at most STAGES-2 groups pend.
-#pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < tiles_k) load_async(s, s * BK);
-            cp_async_commit();
+        for (int l = 0; l < B_LOADS; ++l) {
+            const bool ok = b_ok(k0, l);
+            cp_async_f32(b_dst(buf, l), ok ? pb + l * b_load_step : B, ok);
         }
-        for (int t = 0; t < tiles_k; ++t) {
-            cp_async_wait<STAGES - 2>();
-            __syncthreads();   // slice t visible to all; everyone is done with slice t-1
-            const int next = t + STAGES - 1;
-            if (next < tiles_k) load_async(next % STAGES, next * BK);   // refills slice t-1's buffer
-            cp_async_commit();
-            multiply(t % STAGES);
-        }
-        cp_async_wait<0>();
+    };
+    // One commit group per slice (empty past the end, so the count stays uniform):
+    // at iteration t, slices 0..t are complete once at most STAGES-2 groups pend.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles_k) load_async(s, s * BK);
+        cp_async_commit();
     }
+    for (int t = 0; t < tiles_k; ++t) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();   // slice t visible to all; everyone is done with slice t-1
+        const int next = t + STAGES - 1;
+        if (next < tiles_k) load_async(next % STAGES, next * BK);   // refills slice t-1's buffer
+        cp_async_commit();
+        multiply(t % STAGES);
+    }
+    cp_async_wait<0>();
 
     // Epilogue. In split-K mode C is this z-slice's partial (alpha 1, beta 0).
     float* __restrict__ out = C + blockIdx.z * partial_stride;
@@ -255,10 +224,11 @@ __device__ __forceinline__ void sgemm_tile(
     }
 }
 
-// Entry points: variant x transpose case. A variant is the tile BM x BN x BK,
-// TM x TN outputs per thread and the pipeline depth (2: register prefetch;
-// s4: 4-stage cp.async). 128x128 tiles do the most work per byte of shared
-// memory; 64x64 tiles give 4x the blocks when M or N is small.
+// Entry points: variant x transpose case. Both variants give each thread 8x8
+// outputs and pipeline 4 slices (s4). 128x128x8s4 (256 threads, 2 blocks per SM)
+// is for products with enough tiles to fill the SMs; 64x64x8s4r8 (64 threads,
+// up to 8 blocks per SM) gives 4x the blocks for the rest, with split-K on top.
+// bench/NOTES.md has the measurements behind the choice.
 #define SGEMM_ENTRY(NAME, BM, BN, BK, TM, TN, STAGES, TA, TB, MINB)                              \
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) NAME(               \
         int M, int N, int K, float alpha, const float* __restrict__ A, int lda,                    \
@@ -269,35 +239,10 @@ __device__ __forceinline__ void sgemm_tile(
                                                        ldc, k_chunk, c_vec4, partial_stride);      \
     }
 
-SGEMM_ENTRY(sgemm_128x128x8_nn, 128, 128, 8, 8, 8, 2, false, false, 2)
-SGEMM_ENTRY(sgemm_128x128x8_nt, 128, 128, 8, 8, 8, 2, false, true, 2)
-SGEMM_ENTRY(sgemm_128x128x8_tn, 128, 128, 8, 8, 8, 2, true, false, 2)
-SGEMM_ENTRY(sgemm_128x128x8_tt, 128, 128, 8, 8, 8, 2, true, true, 2)
-
-SGEMM_ENTRY(sgemm_128x128x16_nn, 128, 128, 16, 8, 8, 2, false, false, 2)
-SGEMM_ENTRY(sgemm_128x128x16_nt, 128, 128, 16, 8, 8, 2, false, true, 2)
-SGEMM_ENTRY(sgemm_128x128x16_tn, 128, 128, 16, 8, 8, 2, true, false, 2)
-SGEMM_ENTRY(sgemm_128x128x16_tt, 128, 128, 16, 8, 8, 2, true, true, 2)
-
-SGEMM_ENTRY(sgemm_64x64x16_nn, 64, 64, 16, 4, 4, 2, false, false, 3)
-SGEMM_ENTRY(sgemm_64x64x16_nt, 64, 64, 16, 4, 4, 2, false, true, 3)
-SGEMM_ENTRY(sgemm_64x64x16_tn, 64, 64, 16, 4, 4, 2, true, false, 3)
-SGEMM_ENTRY(sgemm_64x64x16_tt, 64, 64, 16, 4, 4, 2, true, true, 3)
-
 SGEMM_ENTRY(sgemm_128x128x8s4_nn, 128, 128, 8, 8, 8, 4, false, false, 2)
 SGEMM_ENTRY(sgemm_128x128x8s4_nt, 128, 128, 8, 8, 8, 4, false, true, 2)
 SGEMM_ENTRY(sgemm_128x128x8s4_tn, 128, 128, 8, 8, 8, 4, true, false, 2)
 SGEMM_ENTRY(sgemm_128x128x8s4_tt, 128, 128, 8, 8, 8, 4, true, true, 2)
-
-SGEMM_ENTRY(sgemm_128x64x8s4_nn, 128, 64, 8, 8, 8, 4, false, false, 4)
-SGEMM_ENTRY(sgemm_128x64x8s4_nt, 128, 64, 8, 8, 8, 4, false, true, 4)
-SGEMM_ENTRY(sgemm_128x64x8s4_tn, 128, 64, 8, 8, 8, 4, true, false, 4)
-SGEMM_ENTRY(sgemm_128x64x8s4_tt, 128, 64, 8, 8, 8, 4, true, true, 4)
-
-SGEMM_ENTRY(sgemm_64x64x16s4_nn, 64, 64, 16, 4, 4, 4, false, false, 3)
-SGEMM_ENTRY(sgemm_64x64x16s4_nt, 64, 64, 16, 4, 4, 4, false, true, 3)
-SGEMM_ENTRY(sgemm_64x64x16s4_tn, 64, 64, 16, 4, 4, 4, true, false, 3)
-SGEMM_ENTRY(sgemm_64x64x16s4_tt, 64, 64, 16, 4, 4, 4, true, true, 3)
 
 SGEMM_ENTRY(sgemm_64x64x8s4r8_nn, 64, 64, 8, 8, 8, 4, false, false, 8)
 SGEMM_ENTRY(sgemm_64x64x8s4r8_nt, 64, 64, 8, 8, 8, 4, false, true, 8)

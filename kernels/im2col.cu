@@ -4,10 +4,29 @@
 // ow*stride - pad + kj*dilation] for every output position (oh, ow).
 // Groups are the caller's business (it offsets im and col).
 
-// One thread per col element: x (blocks and threads) spans the output positions,
-// y the col rows. Each thread does one load and one store, so the whole grid's
-// loads are in flight at once; a warp writes 32 consecutive floats of a row and
-// reads neighbouring pixels.
+// Writes the ksize^2 col entries of one (channel, output position). KS > 0 fixes
+// ksize at compile time, so the loops unroll and all the loads issue before the
+// stores (KS == 0: ksize at run time).
+template <int KS>
+__device__ __forceinline__ void im2col_position(const float* __restrict__ img, int ksize_rt, int height,
+                                                int width, int dilation, int h0, int w0,
+                                                float* __restrict__ out, int out_hw)
+{
+    const int ksize = KS > 0 ? KS : ksize_rt;
+    for (int ki = 0; ki < ksize; ++ki) {
+        const int h = h0 + ki * dilation;
+        const bool h_in = h >= 0 && h < height;
+        for (int kj = 0; kj < ksize; ++kj) {
+            const int w = w0 + kj * dilation;
+            out[(long long)(ki * ksize + kj) * out_hw] = (h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f;
+        }
+    }
+}
+
+// One thread per (channel, output position): x (blocks and threads) spans the
+// positions, y the channels. Consecutive threads write consecutive addresses of
+// each col row and read neighbouring pixels; the index arithmetic is paid once
+// per ksize^2 elements.
 extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
                                         int ksize, int stride, int pad, int dilation,
                                         int out_h, int out_w, float* __restrict__ col)
@@ -19,16 +38,14 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
     const int ow = pos - oh * out_w;
     const int h0 = oh * stride - pad;
     const int w0 = ow * stride - pad;
-    const int rows = channels * ksize * ksize;
-    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
-        const int kj = r % ksize;
-        const int t = r / ksize;
-        const int ki = t % ksize;
-        const int c = t / ksize;
-        const int h = h0 + ki * dilation;
-        const int w = w0 + kj * dilation;
-        col[(long long)r * out_hw + pos] =
-            (h >= 0 && h < height && w >= 0 && w < width) ? im[((long long)c * height + h) * width + w] : 0.0f;
+    for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
+        const float* img = im + (long long)c * height * width;
+        float* out = col + (long long)c * ksize * ksize * out_hw + pos;
+        switch (ksize) {
+        case 1: im2col_position<1>(img, 1, height, width, dilation, h0, w0, out, out_hw); break;
+        case 3: im2col_position<3>(img, 3, height, width, dilation, h0, w0, out, out_hw); break;
+        default: im2col_position<0>(img, ksize, height, width, dilation, h0, w0, out, out_hw); break;
+        }
     }
 }
 

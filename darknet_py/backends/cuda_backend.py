@@ -38,12 +38,7 @@ KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 # P device pointer, i int32, I uint32, q int64, f float32.
 _GEMM_ARGS = "iiifPiPifPiiiq"
 _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per block)
-    "128x128x8": (128, 128, 8, 256),
-    "128x128x16": (128, 128, 16, 256),
-    "64x64x16": (64, 64, 16, 256),
     "128x128x8s4": (128, 128, 8, 256),
-    "128x64x8s4": (128, 64, 8, 128),
-    "64x64x16s4": (64, 64, 16, 256),
     "64x64x8s4r8": (64, 64, 8, 64),
 }
 _KERNELS = {
@@ -427,22 +422,20 @@ class CudaBackend:
         return float(out[0])
 
     def gemm_plan(self, m, n, k):
-        """(tile, splits) the gemm heuristic picks for an m x n x k product.
+        """(variant, splits) the gemm heuristic picks for an m x n x k product.
 
-        The 128x128 tile does the most work per byte of shared memory read, but it
-        needs enough tiles to fill the SMs; otherwise 64x64 tiles, and when even
-        those leave SMs idle and K is long, split K across blocks."""
+        The 128x128 tile does the most work per byte it loads, but needs at least
+        a tile per SM; otherwise 64x64 tiles (4x the blocks), and K is split
+        across blocks until there are about 4 blocks per SM (each split keeping
+        at least 256 of K). From the measurements in bench/NOTES.md."""
         if self.gemm_override is not None:
             return self.gemm_override
         sms = self.sm_count
-        big_tiles = _ceil_div(m, 128) * _ceil_div(n, 128)
-        if m > 64 and n > 64 and big_tiles >= sms:
-            return "128x128x8", 1
+        if m > 64 and n > 64 and _ceil_div(m, 128) * _ceil_div(n, 128) >= sms:
+            return "128x128x8s4", 1
         tiles = _ceil_div(m, 64) * _ceil_div(n, 64)
-        splits = 1
-        if tiles < sms and k >= 512:
-            splits = max(1, min(_ceil_div(2 * sms, tiles), k // 256, 32))
-        return "64x64x16", splits
+        splits = max(1, min(_ceil_div(4 * sms, tiles), k // 256, 16))
+        return "64x64x8s4r8", splits
 
     def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         """C = alpha * op(A) @ op(B) + beta * C, row-major, as Darknet's gemm()."""
@@ -493,8 +486,8 @@ class CudaBackend:
         self._check_size("im2col im", im, channels * height * width)
         self._check_size("im2col col", col, channels * ksize * ksize * max(out_h, 0) * max(out_w, 0))
         if out_h > 0 and out_w > 0:
-            # one thread per col element: rows (channel, ki, kj) x output positions
-            self._launch_rows("im2col_kernel", channels * ksize * ksize, out_h * out_w,
+            # one thread per (channel, output position)
+            self._launch_rows("im2col_kernel", channels, out_h * out_w,
                               *self._conv_args(im, channels, height, width, ksize, stride, pad, dilation, col))
 
     def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im):
