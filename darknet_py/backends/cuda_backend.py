@@ -158,6 +158,7 @@ class _Device:
         self.stream = drv.Stream()
         self.pool = DeviceMemoryPool()
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self.total_bytes = self.device.total_memory()
         self.peak_allocated_bytes = 0
         self.functions = {}
         self.modules = []
@@ -225,7 +226,17 @@ class CudaBackend:
     def peak_allocated_bytes(self):
         return self._dev.peak_allocated_bytes
 
+    def _out_of_memory(self, nbytes):
+        try:
+            free, total = drv.mem_get_info()
+        except drv.Error:
+            free, total = None, self._dev.total_bytes
+        return DeviceOutOfMemory(nbytes, self.allocated_bytes, free, total)
+
     def _allocate(self, nbytes):
+        if nbytes > self._dev.total_bytes:
+            # Fail at once: the pool and driver take seconds to refuse the impossible.
+            raise self._out_of_memory(nbytes)
         try:
             block = self.pool.allocate(nbytes)
         except drv.MemoryError:
@@ -234,11 +245,7 @@ class CudaBackend:
             try:
                 block = self.pool.allocate(nbytes)
             except drv.MemoryError:
-                try:
-                    free, total = drv.mem_get_info()
-                except drv.Error:
-                    free = total = None
-                raise DeviceOutOfMemory(nbytes, self.allocated_bytes, free, total) from None
+                raise self._out_of_memory(nbytes) from None
         active = self.allocated_bytes
         if active > self._dev.peak_allocated_bytes:
             self._dev.peak_allocated_bytes = active
