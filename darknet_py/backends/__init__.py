@@ -14,16 +14,6 @@ class BackendError(Exception):
     pass
 
 
-def cuda_available():
-    """True when PyCUDA imports and at least one CUDA device is present."""
-    try:
-        import pycuda.driver as drv
-        drv.init()
-        return drv.Device.count() > 0
-    except Exception:
-        return False
-
-
 def cuda_device_count():
     """How many CUDA devices the driver sees; 0 when PyCUDA or the driver is missing."""
     try:
@@ -32,6 +22,11 @@ def cuda_device_count():
         return drv.Device.count()
     except Exception:
         return 0
+
+
+def cuda_available():
+    """True when PyCUDA imports and at least one CUDA device is present."""
+    return cuda_device_count() > 0
 
 
 def get_backend(device="auto", notice=True):
