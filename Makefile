@@ -40,6 +40,7 @@ gpu-test:
 
 bench:
 	$(GPU_PYTHON) bench/run_all.py
+	$(GPU_PYTHON) bench/network_bench.py --cpu
 
 clean:
 	rm -rf .installed build *.egg-info demo-run .pytest_cache
