@@ -431,6 +431,118 @@ def partial_command(cfg, weights, out, layers, force):
 
 
 # ---- training commands (darknet_py/train.py): train, valid, anchors go here -----------------
+def training_errors(command):
+    """Report the training modules' user errors (bad datasets, nothing to train) like the
+    others: one line, exit code 2."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        from .data import DataError
+        from .train import TrainError
+        from .validate import ValidationError
+        try:
+            return command(*args, **kwargs)
+        except (DataError, TrainError, ValidationError) as e:
+            raise UserError(describe_error(e)) from None
+    return run
+
+
+@cli.command("train", short_help="Train a classifier or a YOLO detector.")
+@click.argument("cfg")
+@click.argument("data")
+@click.option("--weights", metavar="WEIGHTS", default=None,
+              help="Start from these weights: a backup (resumes at its iteration), a "
+                   "finished run's weights, or a pretrained partial file such as "
+                   "darknet53.conv.74 (the layers it covers).")
+@click.option("--clear", is_flag=True,
+              help="Start counting iterations at 0 (Darknet's -clear), e.g. to fine-tune "
+                   "weights that have already reached max_batches.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds the initial weights, image sampling and augmentation.")
+@click.option("--map", "map_eval", is_flag=True,
+              help="Evaluate on the valid list (mAP@0.5; top-1 for a classifier) every "
+                   "--map-every iterations and at the end; keep <cfg>_best.weights and "
+                   "<cfg>_last.weights.")
+@click.option("--map-every", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Iterations between --map evaluations [default: about 4 passes over the "
+                   "training list, at least 100].")
+@click.option("--max-batches", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Train to N iterations instead of the cfg's max_batches.")
+@click.option("--overwrite", is_flag=True,
+              help="Let a run that starts at iteration 0 replace the <cfg>.backup and "
+                   "<cfg>_final.weights of an earlier run.")
+@click.option("--quiet", is_flag=True,
+              help="Leave out the [yolo]/[region] layers' per-step statistics.")
+@device_options
+@training_errors
+def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
+                  overwrite, quiet, device):
+    """Train CFG on the dataset described by the .data file DATA.
+
+    A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
+    trained as Darknet's `classifier train` / `detector train` do: one line per
+    iteration ("iteration: loss, average loss, rate, seconds, images"), weights saved
+    in the .data file's backup directory: <cfg>.backup every 100 iterations,
+    numbered weights at Darknet's intervals, <cfg>_final.weights at the end, and
+    chart.png. Ctrl-C saves <cfg>.backup; --weights <backup>/<cfg>.backup resumes at
+    the same iteration and learning rate. Resuming weights that already reached
+    max_batches is an error (exit code 2) that points to --clear.
+    """
+    from .train import train
+    try:
+        train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
+              map_eval=map_eval, map_every=map_every, max_batches=max_batches,
+              overwrite=overwrite, verbose=not quiet,
+              log=lambda line: click.echo(line))
+    except KeyboardInterrupt:
+        sys.exit(130)   # the weights are saved and the resume command printed
+
+
+@cli.command("valid", short_help="Score weights on a dataset's valid list.")
+@click.argument("cfg")
+@click.argument("data")
+@click.argument("weights")
+@device_options
+@training_errors
+def valid_command(cfg, data, weights, device):
+    """Score CFG with WEIGHTS on the valid list of the .data file DATA.
+
+    A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
+    images centre-cropped as Darknet's validation does); a detector its mAP@0.5 with
+    PASCAL VOC's all-point interpolation, per class and overall (detections above .005,
+    NMS .45). The last line is for scripts: "top-1: 0.9533 top-5: 0.9990" or
+    "mAP@0.5: 0.7120".
+    """
+    from .validate import validate
+    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line))
+
+
+@cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
+@click.argument("data")
+@click.option("--num", type=click.IntRange(min=1), default=9, show_default=True,
+              help="How many anchors (9 for YOLOv3, 6 for yolov3-tiny).")
+@click.option("--width", type=click.IntRange(min=1), default=416, show_default=True,
+              help="The network's input width.")
+@click.option("--height", type=click.IntRange(min=1), default=416, show_default=True,
+              help="The network's input height.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds the k-means initialisation.")
+@training_errors
+def anchors_command(data, num, width, height, seed):
+    """Cluster the box sizes of DATA's training labels into --num anchors.
+
+    k-means on (width, height) with 1 - IoU as the distance, at the network's input
+    size. Prints the cfg line ("anchors = 10,13, 16,30, ...", smallest first) on
+    stdout, and on stderr how well the anchors fit the boxes.
+    """
+    from .data import DataError, anchor_mean_iou, gather_label_boxes, kmeans_anchors
+    from .data import format_anchors
+    boxes = gather_label_boxes(data, width, height)
+    if len(boxes) == 0:
+        raise DataError(f"{data}: no labelled boxes in the training list")
+    anchors = kmeans_anchors(boxes, num, seed)
+    click.echo(format_anchors(anchors))
+    click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
+               f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
 
 
 def main(argv=None):

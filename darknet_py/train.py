@@ -1,0 +1,530 @@
+"""Training: Darknet's train_classifier and train_detector loops.
+
+One iteration is what Darknet calls a batch: ``batch`` images from the data loader,
+run through the network as ``subdivisions`` forward/backward passes of
+``batch/subdivisions`` images each, the weights updated after the last one. The loss
+printed is Darknet's: the sum of the passes' costs over the images of the iteration,
+and the running average ``avg = .9*avg + .1*loss``, started at the first loss.
+
+The iteration count lives in the weights file: ``seen`` (images trained on) divided by
+the images per iteration. Resuming from ``<backup>/<cfg>.backup`` therefore continues at
+the same iteration and learning rate; the data loader's batch k depends only on (seed, k,
+input size), so a resumed run sees the batches the uninterrupted run would have seen.
+(Momentum is not in a weights file, as in Darknet: the first update after a resume starts
+its momentum from zero.)
+
+Files in the .data file's backup directory, named after the cfg (``cfg/yolov3.cfg`` ->
+``yolov3``), as Darknet writes them:
+
+* ``yolov3.backup`` every 100 iterations, and when training is interrupted (Ctrl-C);
+* detector: ``yolov3_<iteration>.weights`` every 100 iterations up to 1000, then every
+  10000 (train_detector); classifier: ``<cfg>_<epoch>.weights`` after each pass over the
+  training list (train_classifier numbers these by epoch);
+* ``yolov3_final.weights`` at max_batches;
+* with map evaluation: ``yolov3_last.weights`` after every evaluation and
+  ``yolov3_best.weights`` whenever the score (mAP@0.5, or top-1 for a classifier) is the
+  best so far;
+* ``chart.png``: loss (and the evaluation score) over the iterations.
+
+Every weights file is written atomically (a temporary file renamed into place).
+"""
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .data import (ClassifierAugment, DataLoader, DetectorAugment, check_classifier_labels,
+                   load_data_config)
+from .detection import detector_layers
+from .network import load_network
+from .validate import evaluate_classifier, evaluate_detector, network_task
+from .weights import load_weights
+
+BACKUP_EVERY = 100          # iterations between <cfg>.backup saves (Darknet's detector)
+MULTISCALE_EVERY = 10       # iterations between input sizes with random=1 (train_detector)
+CLASSIFIER_MULTISCALE_EVERY = 40   # train_classifier's interval for [net] random=1
+FINAL_SIZE_ITERATIONS = 200        # the last 200 iterations run at the largest size
+PARAMETER_SHAPED_BY_INPUT = ("connected", "local")
+
+
+class TrainError(Exception):
+    """A problem that stops training before (or instead of) it starts."""
+
+
+def cfg_base(path):
+    """Darknet's basecfg: the file name without directories and extension."""
+    name = os.path.basename(os.fspath(path))
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+# ---- Darknet's schedules ----------------------------------------------------------------
+def detector_snapshot_due(iteration):
+    """train_detector's numbered weights: every 100 iterations below 1000, then every 10000."""
+    return iteration % 10000 == 0 or (iteration < 1000 and iteration % 100 == 0)
+
+
+def default_map_interval(train_images, images_per_iteration):
+    """Iterations between evaluations with --map: about 4 passes over the training list,
+    at least 100 (the rule of AlexeyAB's darknet, which introduced -map)."""
+    return max(100, 4 * train_images // max(1, images_per_iteration))
+
+
+def multiscale_size(width, height, stride, iteration, max_batches, seed, classifier=False):
+    """The input size Darknet's random=1 picks for the block of iterations holding
+    `iteration`. train_detector draws (rand() % 10 + 10) * 32: a grid of 10..19 cells
+    where a 416 network has 13; here the grid is scaled the same way from the cfg's own
+    size, so small networks get small sizes. The last 200 iterations use the largest size,
+    as Darknet's `dim = 608` does. (Classifiers: (rand() % 11 + 4) * 32, 4..14 cells of a
+    224 network's 7, every 40 iterations.) The draw depends only on (seed, block), so a
+    resumed run picks the sizes the uninterrupted run would have."""
+    every = CLASSIFIER_MULTISCALE_EVERY if classifier else MULTISCALE_EVERY
+    low, high, base = (4, 14, 7) if classifier else (10, 19, 13)
+    block = iteration // every
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 7, block]))
+    cells = int(rng.integers(low, high + 1))
+    if not classifier and iteration + FINAL_SIZE_ITERATIONS > max_batches:
+        cells = high
+    grid_w = max(1, round(width / stride * cells / base))
+    grid_h = max(1, round(height / stride * cells / base))
+    return grid_w * stride, grid_h * stride
+
+
+def network_stride(net):
+    """The coarsest downsampling from the input to a detection layer (32 for YOLOv3), or
+    to the last image-shaped layer of a classifier."""
+    width = net.options.width
+    grids = [l.w for l in detector_layers(net)]
+    if not grids:
+        grids = [l.out_w for l in net.layers if l.out_w > 0]
+    smallest = max(1, min(grids))
+    return max(1, width // smallest)
+
+
+def resize_network(net, width, height):
+    """Darknet's resize_network: rebuild every layer for a width x height input, keeping
+    the parameters, their accumulated updates and the batch-norm statistics (everything a
+    layer creates outside its cfg parsing and buffer allocation)."""
+    o = net.options
+    if (width, height) == (o.width, o.height):
+        return
+    old_size = (o.width, o.height, o.inputs)
+    o.width, o.height, o.inputs = width, height, width * height * o.channels
+    old = net.layers
+    try:
+        layers = net._build([layer.section for layer in old])
+    except Exception:
+        o.width, o.height, o.inputs = old_size
+        raise
+    for new, prev in zip(layers, old):
+        if prev.type in PARAMETER_SHAPED_BY_INPUT and (new.inputs, new.outputs) != (
+                prev.inputs, prev.outputs):
+            o.width, o.height, o.inputs = old_size
+            raise TrainError(f"random=1 cannot resize this network: layer {prev.index} "
+                             f"[{prev.type}] has weights sized by its input")
+    net.layers = layers
+    net._allocate(net.batch, net.train_buffers)
+    for new, prev in zip(layers, old):
+        own = set(vars(new))  # made by parsing and allocation: belongs to the new size
+        for name, value in vars(prev).items():
+            if name not in own:
+                setattr(new, name, value)
+
+
+# ---- the chart ---------------------------------------------------------------------------
+def _nice_ceiling(value):
+    """A round number >= value (1, 2, 2.5, 5 times a power of ten) for an axis end."""
+    if not value > 0 or not math.isfinite(value):
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        if step * power >= value * 0.9999:
+            return step * power
+    return 10 * power
+
+
+def _tick_label(value):
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:.0f}"
+    return f"{value:.4g}"
+
+
+def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.5",
+               title="", max_batches=None):
+    """Write a PNG chart: loss (grey) and average loss (blue) against the iteration on the
+    left axis, the evaluation score (red, 0..1) on the right axis. Atomic write."""
+    import cv2
+
+    width, height = 1000, 600
+    left, right, top, bottom = 80, 90 if scores else 30, 50, 70
+    img = np.full((height, width, 3), 255, dtype=np.uint8)
+    pw, ph = width - left - right, height - top - bottom
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    ink, grid = (0, 0, 0), (225, 225, 225)
+    x_end = max([max_batches or 0] + list(iterations) + [1])
+    finite = [v for v in losses if math.isfinite(v)]
+    # Early losses are large: scale to the bulk of the run so its progress stays visible.
+    y_end = _nice_ceiling(float(np.quantile(finite, 0.98)) * 1.05) if finite else 1.0
+
+    def px(it):
+        return int(round(left + pw * it / x_end))
+
+    def py(v, end):
+        return int(round(top + ph * (1 - min(max(v, 0.0), end) / end)))
+
+    for k in range(6):   # grid and axis ticks
+        y = top + ph * k // 5
+        cv2.line(img, (left, y), (left + pw, y), grid, 1)
+        label = _tick_label(y_end * (5 - k) / 5)
+        (tw, th), _ = cv2.getTextSize(label, font, 0.45, 1)
+        cv2.putText(img, label, (left - tw - 8, y + th // 2), font, 0.45, ink, 1, cv2.LINE_AA)
+        if scores:
+            cv2.putText(img, f"{(5 - k) / 5:.1f}", (left + pw + 8, y + th // 2), font, 0.45,
+                        (0, 0, 200), 1, cv2.LINE_AA)
+        x = left + pw * k // 5
+        cv2.line(img, (x, top), (x, top + ph), grid, 1)
+        label = _tick_label(round(x_end * k / 5))
+        (tw, th), _ = cv2.getTextSize(label, font, 0.45, 1)
+        cv2.putText(img, label, (x - tw // 2, top + ph + th + 8), font, 0.45, ink, 1,
+                    cv2.LINE_AA)
+    cv2.rectangle(img, (left, top), (left + pw, top + ph), ink, 1)
+
+    def polyline(values, end, colour, thickness):
+        pts = [(px(i), py(v, end)) for i, v in zip(iterations, values) if math.isfinite(v)]
+        if len(pts) > 1:
+            cv2.polylines(img, [np.array(pts, dtype=np.int32)], False, colour, thickness,
+                          cv2.LINE_AA)
+
+    polyline(losses, y_end, (190, 190, 190), 1)
+    polyline(averages, y_end, (200, 80, 0), 2)
+    if scores:
+        pts = [(px(i), py(v, 1.0)) for i, v in scores]
+        if len(pts) > 1:
+            cv2.polylines(img, [np.array(pts, dtype=np.int32)], False, (0, 0, 200), 2,
+                          cv2.LINE_AA)
+        for (i, v), p in zip(scores, pts):
+            cv2.circle(img, p, 4, (0, 0, 200), -1, cv2.LINE_AA)
+        best = max(scores, key=lambda s: s[1])
+        cv2.putText(img, f"best {score_name} {best[1]:.4f} at {best[0]}",
+                    (left + pw - 330, top + 22), font, 0.5, (0, 0, 200), 1, cv2.LINE_AA)
+    cv2.putText(img, title, (left, 32), font, 0.65, ink, 1, cv2.LINE_AA)
+    cv2.putText(img, "iteration", (left + pw // 2 - 35, height - 18), font, 0.55, ink, 1,
+                cv2.LINE_AA)
+    legend = "loss (grey), average loss (blue)"
+    if scores:
+        legend += f", {score_name} (red, right axis)"
+    (tw, _), _ = cv2.getTextSize(legend, font, 0.45, 1)
+    cv2.putText(img, legend, (width - right - tw, 32), font, 0.45, ink, 1, cv2.LINE_AA)
+    vertical = np.full((20, 100, 3), 255, dtype=np.uint8)   # the y-axis title, rotated
+    cv2.putText(vertical, "loss", (30, 15), font, 0.55, ink, 1, cv2.LINE_AA)
+    vertical = cv2.rotate(vertical, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    y0 = top + ph // 2 - 50
+    img[y0:y0 + 100, 8:28] = vertical
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".chart-", suffix=".png", dir=directory)
+    os.close(fd)
+    try:
+        if not cv2.imwrite(tmp, img):
+            raise OSError(f"{path}: cannot write the chart")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---- training ------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    backup_dir: str
+    final_weights: str = None       # None when interrupted
+    iterations: int = 0             # Darknet's current batch at the end
+    seen: int = 0
+    avg_loss: float = float("nan")
+    losses: list = field(default_factory=list)      # (iteration, loss, avg_loss)
+    scores: list = field(default_factory=list)      # (iteration, mAP or top-1)
+    best_score: float = None
+    best_weights: str = None
+    interrupted: bool = False
+
+
+def _format_duration(seconds):
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:d}:{m:02d}:{s:02d}"
+
+
+def _writable_dir(path):
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise TrainError(f"{path}: cannot create the backup directory ({e.strerror}); set "
+                         f"backup= in the .data file") from None
+    if not os.access(path, os.W_OK):
+        raise TrainError(f"{path}: the backup directory is not writable; set backup= in "
+                         f"the .data file")
+
+
+def _param_layers_loaded(net, layers_loaded):
+    """Index of the last layer with parameters among the first layers_loaded."""
+    last = -1
+    for layer in net.layers[:layers_loaded]:
+        if layer.params():
+            last = layer.index
+    return last
+
+
+def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
+          map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
+          verbose=True, workers=4, on_iteration=None):
+    """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
+
+    weights: start from this file: a backup or numbered weights (resumes at the iteration
+      its `seen` gives), full weights to fine-tune, or a pretrained partial file ending on a
+      layer boundary (darknet53.conv.74: the layers it covers are loaded, seen starts at 0).
+    clear: start the iteration count at 0 (Darknet's -clear).
+    map_eval / map_every: evaluate on the valid list every map_every iterations (default:
+      about 4 epochs, at least 100) and at the end; keep _best and _last weights.
+    max_batches: overrides the cfg's max_batches (and so the poly policy's horizon).
+    overwrite: a run starting at iteration 0 may replace the <cfg>.backup and
+      <cfg>_final.weights an earlier run left in the backup directory (otherwise an error).
+    log: prints a line; log_every: print every n-th iteration's line (and the last).
+    verbose: let [yolo]/[region] layers print their per-pass statistics, as Darknet does.
+    on_iteration(result): called after each iteration (a hook for tests and callers).
+
+    Raises TrainError (or DataError/CfgError/WeightsError) before training for problems a
+    user fixes, including a run already at max_batches (pass clear=True to restart the
+    count). On KeyboardInterrupt the weights are saved to <cfg>.backup, then the
+    KeyboardInterrupt is re-raised. Returns a TrainResult.
+    """
+    config = load_data_config(data, require=("train",) + (("valid",) if map_eval else ()))
+    paths = config.train_paths()
+    if not paths:
+        raise TrainError(f"{config.train}: the training list is empty")
+    valid_paths = config.valid_paths() if map_eval else []
+    if map_eval and not valid_paths:
+        raise TrainError(f"{config.valid}: the valid list is empty (needed by --map)")
+
+    net = load_network(cfg, None, device=device, seed=seed)
+    net.names = config.names
+    task = network_task(net)
+    base = cfg_base(cfg)
+    o = net.options
+
+    # -- the starting point --
+    if weights is not None:
+        loaded = load_weights(net, weights, allow_partial=True)
+        if loaded < len(net.layers):
+            last = _param_layers_loaded(net, loaded)
+            log(f"{weights}: pretrained weights for layers 0-{last} of {len(net.layers)} "
+                f"(a partial file); the other layers start from random values")
+            net.seen = 0   # a backbone's image count says nothing about this network
+    if clear:
+        net.seen = 0
+    if max_batches is not None:
+        o.max_batches = int(max_batches)
+    if o.max_batches <= 0:
+        raise TrainError(f"{cfg}: max_batches is not set in [net]; set it there or give "
+                         f"--max-batches N")
+    imgs = net.batch * net.subdivisions
+    if net.current_batch >= o.max_batches:
+        raise TrainError(
+            f"{weights}: already trained for {net.current_batch} iterations ({net.seen} "
+            f"images), and max_batches is {o.max_batches}: nothing to do. To train these "
+            f"weights again from iteration 0 add --clear; to train longer raise max_batches "
+            f"(or give --max-batches N)")
+
+    backup_dir = config.backup
+    _writable_dir(backup_dir)
+    backup_path = os.path.join(backup_dir, f"{base}.backup")
+    final_path = os.path.join(backup_dir, f"{base}_final.weights")
+    chart_path = os.path.join(backup_dir, "chart.png")
+    earlier = [p for p in (backup_path, final_path) if os.path.exists(p)]
+    if net.current_batch == 0 and earlier:
+        if not (overwrite or clear):
+            raise TrainError(
+                f"{' and '.join(earlier)}: left by an earlier run, which this run (starting "
+                f"at iteration 0) would replace. Continue from it with --weights "
+                f"{earlier[0]} (add --clear to count from iteration 0 again), or pass "
+                f"--overwrite to start a new run")
+        log(f"darknet-py: note: this run starts at iteration 0 and will replace "
+            f"{' and '.join(earlier)} from an earlier run")
+
+    # -- data --
+    if task == "classifier":
+        problems = check_classifier_labels(paths, config.labels)
+        if len(problems) == len(paths):
+            raise TrainError(f"no training image can be labelled: {problems[0][1]}")
+        if problems:
+            log(f"darknet-py: warning: {len(problems)} of {len(paths)} training images "
+                f"cannot be labelled and will be skipped (first: {problems[0][1]})")
+        classes = config.classes
+        augment = ClassifierAugment(min_ratio=o.min_ratio, max_ratio=o.max_ratio,
+                                    angle=o.angle, aspect=o.aspect, hue=o.hue,
+                                    saturation=o.saturation, exposure=o.exposure,
+                                    center=bool(o.center), flip=bool(o.flip))
+        loader_args = dict(task="classifier", labels=config.labels, classes=classes)
+        multiscale = bool(o.random)
+    else:
+        head = detector_layers(net)[-1]
+        if head.type == "detection":
+            raise TrainError(f"{cfg}: training YOLOv1 [detection] networks is not supported "
+                             f"(train a [yolo] or [region] network)")
+        classes = head.classes
+        if classes != config.classes:
+            log(f"darknet-py: warning: {data} has classes={config.classes} but the "
+                f"network's [{head.type}] layer has classes={classes}; labels must use "
+                f"0..{classes - 1}")
+        augment = DetectorAugment(jitter=head.jitter, hue=o.hue, saturation=o.saturation,
+                                  exposure=o.exposure, flip=bool(o.flip))
+        loader_args = dict(task="detector", classes=classes,
+                           max_boxes=getattr(head, "max_boxes", 90))
+        multiscale = bool(getattr(head, "random", 0))
+    cfg_size = (o.width, o.height)
+    stride = network_stride(net)
+    loader = DataLoader(paths, width=o.width, height=o.height, batch=imgs,
+                        channels=o.channels, augment=augment, seed=seed, workers=workers,
+                        **loader_args)
+    # Batch k of the loader depends only on (seed, k, size): starting it at the current
+    # iteration makes a resumed run see what the uninterrupted run would have seen.
+    loader._next = net.current_batch
+    if map_eval and map_every is None:
+        map_every = default_map_interval(len(paths), imgs)
+
+    result = TrainResult(backup_dir=backup_dir)
+    net.verbose = verbose
+    metric_name = "mAP@0.5" if task == "detector" else "top-1"
+
+    log(base)
+    log(f"Learning Rate: {o.learning_rate:g}, Momentum: {o.momentum:g}, Decay: {o.decay:g}")
+    start_iteration = net.current_batch
+    if start_iteration:
+        log(f"Resuming at iteration {start_iteration} ({net.seen} images seen) from "
+            f"{weights}; max_batches {o.max_batches}")
+    log(f"Training a {task} on {len(paths)} images, {imgs} per iteration"
+        f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
+        f"{'the CPU' if net.be.name == 'cpu' else net.be.name}; saving to {backup_dir}")
+
+    def save(path):
+        net.save_weights(path)
+
+    def chart():
+        its = [h[0] for h in result.losses]
+        draw_chart(chart_path, [h[1] for h in result.losses], [h[2] for h in result.losses],
+                   its, result.scores, metric_name,
+                   f"{base}: {task} training, iteration {net.current_batch} of {o.max_batches}",
+                   o.max_batches)
+
+    def evaluate(iteration):
+        train_size = (o.width, o.height)
+        resize_network(net, *cfg_size)
+        started = time.perf_counter()
+        if task == "detector":
+            score = evaluate_detector(net, valid_paths, classes, config.names).map
+        else:
+            score = evaluate_classifier(net, valid_paths, config.labels, classes,
+                                        k=1, channels=o.channels).top1
+        resize_network(net, *train_size)
+        # Evaluation runs at batch 1; the iteration count (seen / batch) needs it back.
+        net.set_batch(sub)
+        result.scores.append((iteration, score))
+        save(os.path.join(backup_dir, f"{base}_last.weights"))
+        improved = result.best_score is None or score > result.best_score
+        if improved:
+            result.best_score = score
+            result.best_weights = os.path.join(backup_dir, f"{base}_best.weights")
+            save(result.best_weights)
+        log(f"{metric_name} = {score:.4f} on {len(valid_paths)} valid images "
+            f"({time.perf_counter() - started:.1f} s); best = {result.best_score:.4f}"
+            f"{' (new best, saved ' + result.best_weights + ')' if improved else ''}")
+
+    avg_loss = -1.0
+    epoch = net.seen // len(paths)
+    completed_seen = net.seen
+    rate_per_iteration = None
+    sub = net.batch
+    try:
+        while net.current_batch < o.max_batches:
+            iteration = net.current_batch
+            every = CLASSIFIER_MULTISCALE_EVERY if task == "classifier" else MULTISCALE_EVERY
+            if multiscale and (iteration % every == 0 or iteration == start_iteration):
+                w, h = multiscale_size(cfg_size[0], cfg_size[1], stride, iteration,
+                                       o.max_batches, seed, classifier=task == "classifier")
+                if (w, h) != (o.width, o.height):
+                    log(f"Resizing: {w} x {h}")
+                    resize_network(net, w, h)
+                    loader.set_size(w, h)
+            wall_start = time.perf_counter()
+            x, truth = loader.next_batch()
+            train_start = time.perf_counter()
+            total = 0.0
+            for s in range(net.subdivisions):
+                cost = net.train_batch(x[s * sub:(s + 1) * sub], truth[s * sub:(s + 1) * sub])
+                total += cost if cost is not None else 0.0
+            loss = total / (net.subdivisions * sub)
+            completed_seen = net.seen
+            now = time.perf_counter()
+            seconds = now - train_start
+            wall = now - wall_start
+            if avg_loss < 0:
+                avg_loss = loss
+            avg_loss = avg_loss * .9 + loss * .1
+            i = net.current_batch
+            result.losses.append((i, loss, avg_loss))
+            result.iterations, result.seen, result.avg_loss = i, net.seen, avg_loss
+            rate_per_iteration = wall if rate_per_iteration is None else (
+                0.9 * rate_per_iteration + 0.1 * wall)
+            if i % log_every == 0 or i == o.max_batches or i == start_iteration + 1:
+                eta = _format_duration(rate_per_iteration * (o.max_batches - i))
+                if task == "detector":
+                    line = (f"{i}: {loss:f}, {avg_loss:f} avg, {net.learning_rate:f} rate, "
+                            f"{seconds:f} seconds, {i * imgs} images")
+                else:
+                    line = (f"{i}, {net.seen / len(paths):.3f}: {loss:f}, {avg_loss:f} avg, "
+                            f"{net.learning_rate:f} rate, {seconds:f} seconds, "
+                            f"{net.seen} images")
+                log(f"{line} | {imgs / wall:.1f} images/s, ETA {eta}")
+            if i % BACKUP_EVERY == 0:
+                save(backup_path)
+            if task == "detector":
+                if detector_snapshot_due(i):
+                    save(os.path.join(backup_dir, f"{base}_{i}.weights"))
+            elif net.seen // len(paths) > epoch:
+                epoch = net.seen // len(paths)
+                save(os.path.join(backup_dir, f"{base}_{epoch}.weights"))
+            if map_eval and (i % map_every == 0 or i == o.max_batches):
+                evaluate(i)
+            if i % BACKUP_EVERY == 0 or (map_eval and i % map_every == 0):
+                chart()
+            if on_iteration is not None:
+                on_iteration(result)
+    except KeyboardInterrupt:
+        # A half-done iteration is dropped: the resumed run repeats it whole.
+        net.seen = completed_seen
+        save(backup_path)
+        result.interrupted = True
+        result.iterations, result.seen = net.current_batch, net.seen
+        if result.losses:
+            chart()
+        log(f"Interrupted at iteration {net.current_batch}: saved {backup_path} (resume "
+            f"with --weights {backup_path})")
+        raise
+    finally:
+        loader.close()
+    save(final_path)
+    result.final_weights = final_path
+    result.iterations, result.seen = net.current_batch, net.seen
+    if result.losses:
+        chart()
+    log(f"Saved {final_path} after {net.current_batch} iterations ({net.seen} images)")
+    return result
+
+
+__all__ = ["TrainError", "TrainResult", "cfg_base", "default_map_interval",
+           "detector_snapshot_due", "draw_chart", "multiscale_size", "resize_network",
+           "train"]
