@@ -71,6 +71,12 @@ def bench_cfg(cfg, device, batches, train_batch, repeats, rng):
     row = {"cfg": cfg.name, "device": device}
     net = dn.Network(dn.cfg.parse_cfg_text(cfg.read_text(), str(cfg)), str(cfg), batch=1,
                      backend=be, seed=1)
+    # Fresh networks have zero rolling variance, which inference divides by: without real
+    # statistics the activations overflow and the CPU times NaN arithmetic.
+    stats_rng = np.random.default_rng(2)
+    for layer in net.layers:
+        if getattr(layer, "batch_normalize", 0):
+            be.write(layer.rolling_variance, stats_rng.uniform(0.5, 2.0, layer.out_c))
     c, h, w = net.input_shape
     for batch in batches:
         x = rng.random((batch, c, h, w), dtype=np.float32)
