@@ -526,3 +526,47 @@ def test_train_errors_are_one_line(tmp_path):
 def test_cfg_base_is_darknets_basecfg():
     assert cfg_base("cfg/yolov3-tiny.cfg") == "yolov3-tiny"
     assert cfg_base("/x/y/net") == "net"
+
+
+# ---- the NumPy maxpool's fast path (non-overlapping windows), added for training speed -----
+def darknet_maxpool(x, size, stride, padding):
+    """forward_maxpool_layer's loops: windows from -padding/2, strict '>' keeps the first max."""
+    b, c, h, w = x.shape
+    oh, ow = (h + padding - size) // stride + 1, (w + padding - size) // stride + 1
+    out = np.zeros((b, c, oh, ow), np.float32)
+    idx = np.zeros((b, c, oh, ow), np.int64)
+    flat = x.reshape(-1)
+    for k in range(b):
+        for ch in range(c):
+            for i in range(oh):
+                for j in range(ow):
+                    best, best_i = -np.inf, -1
+                    for n in range(size):
+                        for m in range(size):
+                            y, xx = -(padding // 2) + i * stride + n, -(padding // 2) + j * stride + m
+                            index = ((k * c + ch) * h + y) * w + xx
+                            val = flat[index] if 0 <= y < h and 0 <= xx < w else -np.inf
+                            if val > best:
+                                best, best_i = val, index
+                    out[k, ch, i, j], idx[k, ch, i, j] = best, best_i
+    return out, idx
+
+
+@pytest.mark.parametrize("shape,size,stride,padding", [
+    ((2, 3, 6, 8), 2, 2, 1),    # the usual: fast path
+    ((1, 2, 7, 5), 2, 2, 0),    # odd sizes, last row/column dropped: fast path
+    ((1, 2, 6, 6), 3, 3, 2),    # 3x3/3 starting at -1: general path
+    ((1, 2, 5, 5), 2, 1, 1),    # overlapping (yolov3-tiny's 2x2/1): general path
+])
+def test_numpy_maxpool_matches_darknets_loops(shape, size, stride, padding):
+    from darknet_py.backends import NumpyBackend
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 4, shape).astype(np.float32)       # small integers: many ties
+    want, want_idx = darknet_maxpool(x, size, stride, padding)
+    be = NumpyBackend()
+    out = be.zeros(want.size)
+    idx = be.int_zeros(want.size)
+    be.maxpool_forward(x.reshape(-1), shape[0], shape[1], shape[2], shape[3], size, stride,
+                       padding, out, idx)
+    np.testing.assert_array_equal(out, want.reshape(-1))
+    np.testing.assert_array_equal(idx, want_idx.reshape(-1))
