@@ -38,7 +38,7 @@ import numpy as np
 
 from .data import (ClassifierAugment, DataLoader, DetectorAugment, check_classifier_labels,
                    load_data_config)
-from .detection import detector_layers
+from .detection import detector_layers, output_layer
 from .network import load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task
 from .weights import load_weights
@@ -166,9 +166,11 @@ def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.
     font = cv2.FONT_HERSHEY_SIMPLEX
     ink, grid = (0, 0, 0), (225, 225, 225)
     x_end = max([max_batches or 0] + list(iterations) + [1])
-    finite = [v for v in losses if math.isfinite(v)]
-    # Early losses are large: scale to the bulk of the run so its progress stays visible.
-    y_end = _nice_ceiling(float(np.quantile(finite, 0.98)) * 1.05) if finite else 1.0
+    # The first iterations' losses are far larger than the rest: scale the axis to the
+    # average loss after the first tenth of the run, so later progress stays visible
+    # (the start of the grey raw-loss line is clipped at the top).
+    settled = [v for v in averages[len(averages) // 10:] if math.isfinite(v)]
+    y_end = _nice_ceiling(max(settled) * 1.1) if settled else 1.0
 
     def px(it):
         return int(round(left + pw * it / x_end))
@@ -364,6 +366,11 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             log(f"darknet-py: warning: {len(problems)} of {len(paths)} training images "
                 f"cannot be labelled and will be skipped (first: {problems[0][1]})")
         classes = config.classes
+        outputs = output_layer(net).outputs
+        if outputs != classes:
+            raise TrainError(f"{cfg}: the network gives {outputs} outputs per image but "
+                             f"{data} has classes={classes}; set the last layer's filters (or "
+                             f"outputs) to {classes}")
         augment = ClassifierAugment(min_ratio=o.min_ratio, max_ratio=o.max_ratio,
                                     angle=o.angle, aspect=o.aspect, hue=o.hue,
                                     saturation=o.saturation, exposure=o.exposure,
