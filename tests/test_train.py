@@ -296,9 +296,13 @@ def test_classifier_checkpoints_backup_epochs_final_and_chart(bars, tmp_path):
     cfg = write_cfg(tmp_path, batch=8, subdivisions=1, max_batches=105, momentum=0.9)
     backup = tmp_path / "backup"
     result = train(cfg, data_file(bars, backup), seed=0, device="cpu", log=Lines(),
-                   log_every=50, workers=2)
+                   log_every=50, workers=2, map_eval=True, map_every=50)
     files = set(os.listdir(backup))
-    assert {"tiny.backup", "tiny_final.weights", "chart.png"} <= files
+    assert {"tiny.backup", "tiny_final.weights", "chart.png", "tiny_best.weights",
+            "tiny_last.weights"} <= files
+    # a classifier's --map score is its top-1; evaluated every 50 and at the end
+    assert [i for i, _ in result.scores] == [50, 100, 105]
+    assert result.best_score == max(score for _, score in result.scores)
     assert {f"tiny_{epoch}.weights" for epoch in range(1, 22)} <= files   # Darknet: per epoch
     assert "tiny_22.weights" not in files
     assert weights_floats(backup / "tiny.backup")[0] == 100 * 8           # saved at 100
@@ -401,11 +405,19 @@ def test_detector_checkpoints_and_multiscale(canvases, tmp_path):
     cfg = tmp_path / "det.cfg"
     cfg.write_text(DETECTOR_CFG.format(random=1))
     lines = Lines()
-    result = train(str(cfg), canvases, device="cpu", log=lines, log_every=100, verbose=False,
-                   max_batches=100, overwrite=True, workers=2)
+    with np.errstate(over="ignore", invalid="ignore"):   # an untrained head's exp() overflows
+        result = train(str(cfg), canvases, device="cpu", log=lines, log_every=100,
+                       verbose=False, max_batches=100, overwrite=True, workers=2,
+                       map_eval=True, map_every=50)
     backup = os.path.dirname(result.final_weights)
     files = set(os.listdir(backup))
-    assert {"det.backup", "det_100.weights", "det_final.weights", "chart.png"} <= files
+    assert {"det.backup", "det_100.weights", "det_final.weights", "chart.png",
+            "det_best.weights", "det_last.weights"} <= files
+    # --map: evaluated at the cfg size between multi-scale iterations, at 50 and 100
+    assert [i for i, _ in result.scores] == [50, 100]
+    assert all(0 <= score <= 1 for _, score in result.scores)
+    assert sum(line.startswith("mAP@0.5 = ") for line in lines) == 2
+    assert weights_floats(os.path.join(backup, "det_last.weights"))[0] == 100 * 4
     assert weights_floats(os.path.join(backup, "det_100.weights"))[0] == 100 * 4
     assert any(re.fullmatch(r"100: \d+\.\d{6}, \d+\.\d{6} avg, 0\.001000 rate, \d+\.\d{6} "
                             r"seconds, 400 images \| .*", line) for line in lines)
