@@ -170,7 +170,10 @@ def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.
     # average loss after the first tenth of the run, so later progress stays visible
     # (the start of the grey raw-loss line is clipped at the top).
     settled = [v for v in averages[len(averages) // 10:] if math.isfinite(v)]
+    everything = [v for v in list(averages) + list(losses) if math.isfinite(v)]
     y_end = _nice_ceiling(max(settled) * 1.1) if settled else 1.0
+    if everything and max(everything) <= 1.5 * y_end:   # nothing far above: show it all
+        y_end = _nice_ceiling(max(everything) * 1.05)
 
     def px(it):
         return int(round(left + pw * it / x_end))
