@@ -153,9 +153,10 @@ class Network:
     def _allocate(self, batch, train):
         be = self.be
         try:
-            self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
+            self.workspace = None  # free the old one before sizing the new
             for layer in self.layers:
-                layer.allocate(be, batch, train)
+                layer.allocate(be, batch, train)  # may size its workspace for this batch
+            self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
         except Exception as e:
             if type(e).__name__ != "DeviceOutOfMemory":
                 raise

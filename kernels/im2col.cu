@@ -1,8 +1,9 @@
-// im2col / col2im for one image (channels x height x width), with stride, zero
-// padding and dilation. col is (channels * ksize * ksize) x (out_h * out_w),
-// row-major; row (c, ki, kj) holds im[c, oh*stride - pad + ki*dilation,
-// ow*stride - pad + kj*dilation] for every output position (oh, ow).
-// Groups are the caller's business (it offsets im and col).
+// im2col / col2im for a batch of images (channels x height x width each, im_stride
+// floats apart), with stride, zero padding and dilation. col is
+// (channels * ksize * ksize) x batch x (out_h * out_w), row-major: row (c, ki, kj),
+// image b holds im[b, c, oh*stride - pad + ki*dilation, ow*stride - pad + kj*dilation]
+// for every output position (oh, ow), so one GEMM covers the whole batch. With
+// batch 1 this is Darknet's im2col. Groups are the caller's business (it offsets im).
 
 // Writes the ksize^2 col entries of one (channel, output position). KS > 0 fixes
 // ksize at compile time, so the loops unroll and all the loads issue before the
@@ -10,7 +11,7 @@
 template <int KS>
 __device__ __forceinline__ void im2col_position(const float* __restrict__ img, int ksize_rt, int height,
                                                 int width, int dilation, int h0, int w0,
-                                                float* __restrict__ out, int out_hw)
+                                                float* __restrict__ out, long long row_stride)
 {
     const int ksize = KS > 0 ? KS : ksize_rt;
     for (int ki = 0; ki < ksize; ++ki) {
@@ -18,18 +19,19 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
         const bool h_in = h >= 0 && h < height;
         for (int kj = 0; kj < ksize; ++kj) {
             const int w = w0 + kj * dilation;
-            out[(long long)(ki * ksize + kj) * out_hw] = (h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f;
+            out[(ki * ksize + kj) * row_stride] = (h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f;
         }
     }
 }
 
-// One thread per (channel, output position): x (blocks and threads) spans the
-// positions, y the channels. Consecutive threads write consecutive addresses of
-// each col row and read neighbouring pixels; the index arithmetic is paid once
-// per ksize^2 elements.
+// One thread per (channel, image, output position): x (blocks and threads) spans
+// the positions, y the (channel, image) pairs. Consecutive threads write
+// consecutive addresses of each col row and read neighbouring pixels; the index
+// arithmetic is paid once per ksize^2 elements.
 extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
                                         int ksize, int stride, int pad, int dilation,
-                                        int out_h, int out_w, float* __restrict__ col)
+                                        int out_h, int out_w, float* __restrict__ col,
+                                        int batch, long long im_stride)
 {
     const int out_hw = out_h * out_w;
     const int pos = blockIdx.x * blockDim.x + threadIdx.x;
@@ -38,13 +40,16 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
     const int ow = pos - oh * out_w;
     const int h0 = oh * stride - pad;
     const int w0 = ow * stride - pad;
-    for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
-        const float* img = im + (long long)c * height * width;
-        float* out = col + (long long)c * ksize * ksize * out_hw + pos;
+    const long long row_stride = (long long)batch * out_hw;
+    for (int cb = blockIdx.y * blockDim.y + threadIdx.y; cb < channels * batch; cb += gridDim.y * blockDim.y) {
+        const int c = cb / batch;
+        const int b = cb - c * batch;
+        const float* img = im + b * im_stride + (long long)c * height * width;
+        float* out = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_hw + pos;
         switch (ksize) {
-        case 1: im2col_position<1>(img, 1, height, width, dilation, h0, w0, out, out_hw); break;
-        case 3: im2col_position<3>(img, 3, height, width, dilation, h0, w0, out, out_hw); break;
-        default: im2col_position<0>(img, ksize, height, width, dilation, h0, w0, out, out_hw); break;
+        case 1: im2col_position<1>(img, 1, height, width, dilation, h0, w0, out, row_stride); break;
+        case 3: im2col_position<3>(img, 3, height, width, dilation, h0, w0, out, row_stride); break;
+        default: im2col_position<0>(img, ksize, height, width, dilation, h0, w0, out, row_stride); break;
         }
     }
 }
@@ -54,10 +59,10 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
 // together; KS == 0 takes ksize at run time.
 template <int KS>
 __device__ __forceinline__ float col2im_pixel(const float* __restrict__ cols, int ksize_rt, int h, int w,
-                                              int stride, int pad, int dilation, int out_h, int out_w)
+                                              int stride, int pad, int dilation, int out_h, int out_w,
+                                              long long row_stride)
 {
     const int ksize = KS > 0 ? KS : ksize_rt;
-    const int out_hw = out_h * out_w;
     float sum = 0.0f;
     for (int ki = 0; ki < ksize; ++ki) {
         const int hs = h + pad - ki * dilation;     // = oh * stride when row (ki) read this pixel
@@ -66,32 +71,36 @@ __device__ __forceinline__ float col2im_pixel(const float* __restrict__ cols, in
         for (int kj = 0; kj < ksize; ++kj) {
             const int ws = w + pad - kj * dilation;
             if (ws < 0 || ws % stride != 0 || ws / stride >= out_w) continue;
-            sum += cols[(long long)(ki * ksize + kj) * out_hw + oh * out_w + ws / stride];
+            sum += cols[(ki * ksize + kj) * row_stride + oh * out_w + ws / stride];
         }
     }
     return sum;
 }
 
-// The adjoint: im[c, h, w] += sum of every col entry that im2col read from (c, h, w).
-// One thread per (channel, pixel) gathers its entries (no atomics, deterministic);
-// x spans the pixels, y the channels.
+// The adjoint: im[b, c, h, w] += sum of every col entry that im2col read from it.
+// One thread per (channel, image, pixel) gathers its entries (no atomics,
+// deterministic); x spans the pixels, y the (channel, image) pairs.
 extern "C" __global__ void col2im_kernel(const float* __restrict__ col, int channels, int height, int width,
                                         int ksize, int stride, int pad, int dilation,
-                                        int out_h, int out_w, float* __restrict__ im)
+                                        int out_h, int out_w, float* __restrict__ im,
+                                        int batch, long long im_stride)
 {
     const int hw = height * width;
     const int pix = blockIdx.x * blockDim.x + threadIdx.x;
     if (pix >= hw) return;
     const int h = pix / width;
     const int w = pix - h * width;
-    for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
-        const float* cols = col + (long long)c * ksize * ksize * out_h * out_w;
+    const long long row_stride = (long long)batch * out_h * out_w;
+    for (int cb = blockIdx.y * blockDim.y + threadIdx.y; cb < channels * batch; cb += gridDim.y * blockDim.y) {
+        const int c = cb / batch;
+        const int b = cb - c * batch;
+        const float* cols = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_h * out_w;
         float sum;
         switch (ksize) {
-        case 1: sum = col2im_pixel<1>(cols, 1, h, w, stride, pad, dilation, out_h, out_w); break;
-        case 3: sum = col2im_pixel<3>(cols, 3, h, w, stride, pad, dilation, out_h, out_w); break;
-        default: sum = col2im_pixel<0>(cols, ksize, h, w, stride, pad, dilation, out_h, out_w); break;
+        case 1: sum = col2im_pixel<1>(cols, 1, h, w, stride, pad, dilation, out_h, out_w, row_stride); break;
+        case 3: sum = col2im_pixel<3>(cols, 3, h, w, stride, pad, dilation, out_h, out_w, row_stride); break;
+        default: sum = col2im_pixel<0>(cols, ksize, h, w, stride, pad, dilation, out_h, out_w, row_stride); break;
         }
-        im[(long long)c * hw + pix] += sum;
+        im[b * im_stride + (long long)c * hw + pix] += sum;
     }
 }

@@ -1,17 +1,24 @@
 // Data movement between layer layouts: route copies, upsample, reorg, shortcut.
 // All arrays are batch x channels x height x width, row-major.
 
-// dst[r*dst_stride + c] (+)= src[r*src_stride + c] for r < rows, c < width
-// (pointers already offset). Route layers concatenate per-image blocks with it.
+// dst[p*dst_plane_stride + r*dst_stride + c] (+)= src[p*src_plane_stride + r*src_stride + c]
+// for p < planes, r < rows, c < width: route concatenation (one plane) and the
+// (filters, batch, positions) <-> (batch, filters, positions) moves of a convolution.
+// x spans c, y spans the (plane, row) pairs.
 extern "C" __global__ void copy_blocks_kernel(const float* __restrict__ src, int src_stride,
+                                             long long src_plane_stride,
                                              float* __restrict__ dst, int dst_stride,
-                                             int width, int rows, int accumulate)
+                                             long long dst_plane_stride,
+                                             int width, int rows, int planes, int accumulate)
 {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
-    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
-        const float v = src[(long long)r * src_stride + c];
-        float* d = dst + (long long)r * dst_stride + c;
+    for (long long pr = blockIdx.y * blockDim.y + threadIdx.y; pr < (long long)rows * planes;
+         pr += gridDim.y * blockDim.y) {
+        const long long p = pr / rows;
+        const long long r = pr - p * rows;
+        const float v = src[p * src_plane_stride + r * src_stride + c];
+        float* d = dst + p * dst_plane_stride + r * dst_stride + c;
         *d = accumulate ? *d + v : v;
     }
 }

@@ -322,6 +322,10 @@ def test_copy_blocks(cuda, accumulate):
     # Narrow rows (width 1) and many of them.
     src, dst = rand(rng, 1000), rand(rng, 2000)
     check(cuda, "copy_blocks", src, 1, 3, dst, 0, 6, 1, 333, accumulate)
+    # Planes: the (filters, batch, n) -> (batch, filters, n) move of a convolution.
+    m, b, n, filters = 7, 5, 13, 11
+    src, dst = rand(rng, m * b * n), rand(rng, b * filters * n + 9)
+    check(cuda, "copy_blocks", src, 0, b * n, dst, 3 * n, n, n, m, accumulate, b, n, filters * n)
 
 
 # ---- BLAS-like ---------------------------------------------------------------
@@ -416,6 +420,11 @@ def test_im2col_col2im(cuda, c, h, w, k, s, p, d):
     im = rand(rng, c * h * w + 3)
     check(cuda, "im2col", im, c, h, w, k, s, p, d, nan(cols + 11))
     check(cuda, "col2im", rand(rng, cols + 2), c, h, w, k, s, p, d, im)
+    # A batch of 3 images with a gap between them (a group of a larger image).
+    stride = c * h * w + 7
+    ims = rand(rng, 3 * stride)
+    check(cuda, "im2col", ims, c, h, w, k, s, p, d, nan(3 * cols + 5), 3, stride)
+    check(cuda, "col2im", rand(rng, 3 * cols), c, h, w, k, s, p, d, ims, 3, stride)
 
 
 # ---- bias, scale, batch norm -------------------------------------------------

@@ -54,8 +54,8 @@ _KERNELS = {
         splitk_reduce="iiiPffPi",
     ),
     "im2col.cu": {
-        "im2col_kernel": "PiiiiiiiiiP",
-        "col2im_kernel": "PiiiiiiiiiP",
+        "im2col_kernel": "PiiiiiiiiiPiq",
+        "col2im_kernel": "PiiiiiiiiiPiq",
     },
     "batchnorm.cu": {
         "add_bias": "PPiii",
@@ -82,7 +82,7 @@ _KERNELS = {
         "l2_kernel": "iPPPP",
     },
     "shape.cu": {
-        "copy_blocks_kernel": "PiPiiii",
+        "copy_blocks_kernel": "PiqPiqiiii",
         "upsample_forward_kernel": "PiiiifP",
         "upsample_backward_kernel": "PiiiifP",
         "reorg_kernel": "PiiiiiiP",
@@ -387,16 +387,23 @@ class CudaBackend:
             drv.memcpy_dtod_async(self._ptr(dst), self._ptr(src), src.nbytes, self.stream)
 
     def copy_blocks(self, src, src_offset, src_stride, dst, dst_offset, dst_stride,
-                    width, rows, accumulate=False):
-        """For r in rows: dst[dst_offset + r*dst_stride : +width] (+)= src[src_offset + r*src_stride : +width]."""
-        self._check_matrix("copy_blocks src", src, src_offset, rows, width, src_stride)
-        self._check_matrix("copy_blocks dst", dst, dst_offset, rows, width, dst_stride)
-        if rows <= 0 or width <= 0:
+                    width, rows, accumulate=False, planes=1, src_plane_stride=0,
+                    dst_plane_stride=0):
+        """For p in planes, r in rows: dst[dst_offset + p*dst_plane_stride + r*dst_stride : +width]
+        (+)= src[src_offset + p*src_plane_stride + r*src_stride : +width]."""
+        planes = int(planes)
+        for what, arr, off, stride, pstride in (("src", src, src_offset, src_stride, src_plane_stride),
+                                                ("dst", dst, dst_offset, dst_stride, dst_plane_stride)):
+            self._check_matrix(f"copy_blocks {what}", arr, off, rows, width, stride)
+            if planes > 1:
+                self._check_matrix(f"copy_blocks {what} last plane", arr,
+                                   off + (planes - 1) * pstride, rows, width, stride)
+        if rows <= 0 or width <= 0 or planes <= 0:
             return
-        self._launch_rows("copy_blocks_kernel", rows, width,
-                          self._ptr(src) + 4 * int(src_offset), int(src_stride),
-                          self._ptr(dst) + 4 * int(dst_offset), int(dst_stride),
-                          int(width), int(rows), int(bool(accumulate)))
+        self._launch_rows("copy_blocks_kernel", rows * planes, width,
+                          self._ptr(src) + 4 * int(src_offset), int(src_stride), int(src_plane_stride),
+                          self._ptr(dst) + 4 * int(dst_offset), int(dst_stride), int(dst_plane_stride),
+                          int(width), int(rows), planes, int(bool(accumulate)))
 
     # ---- BLAS-like ----------------------------------------------------------
     def axpy(self, alpha, x, y):
@@ -487,25 +494,34 @@ class CudaBackend:
         return (self._ptr(src), int(channels), int(height), int(width), int(ksize), int(stride),
                 int(pad), int(dilation), int(out_h), int(out_w), self._ptr(dst))
 
-    def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col):
-        """Unfold one image (channels x height x width) into col (channels*k*k x out_h*out_w)."""
+    def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
+               batch=1, im_stride=0):
+        """Unfold images (`im_stride` apart; 0: packed) into col, laid out
+        (channels*k*k) x batch x (out_h*out_w)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        self._check_size("im2col im", im, channels * height * width)
-        self._check_size("im2col col", col, channels * ksize * ksize * max(out_h, 0) * max(out_w, 0))
+        batch, im_stride = int(batch), int(im_stride) or channels * height * width
+        self._check_size("im2col im", im, (batch - 1) * im_stride + channels * height * width)
+        self._check_size("im2col col", col,
+                         channels * ksize * ksize * batch * max(out_h, 0) * max(out_w, 0))
         if out_h > 0 and out_w > 0:
-            # one thread per (channel, output position)
-            self._launch_rows("im2col_kernel", channels, out_h * out_w,
-                              *self._conv_args(im, channels, height, width, ksize, stride, pad, dilation, col))
+            # one thread per (channel, image, output position)
+            self._launch_rows("im2col_kernel", channels * batch, out_h * out_w,
+                              *self._conv_args(im, channels, height, width, ksize, stride, pad,
+                                               dilation, col), batch, im_stride)
 
-    def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im):
-        """Fold col back, *adding* into im (the adjoint of im2col)."""
+    def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im,
+               batch=1, im_stride=0):
+        """Fold col back, *adding* into the images (the adjoint of im2col)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        self._check_size("col2im im", im, channels * height * width)
-        self._check_size("col2im col", col, channels * ksize * ksize * max(out_h, 0) * max(out_w, 0))
+        batch, im_stride = int(batch), int(im_stride) or channels * height * width
+        self._check_size("col2im im", im, (batch - 1) * im_stride + channels * height * width)
+        self._check_size("col2im col", col,
+                         channels * ksize * ksize * batch * max(out_h, 0) * max(out_w, 0))
         if out_h > 0 and out_w > 0:
-            # one thread per image element: channels x pixels
-            self._launch_rows("col2im_kernel", channels, height * width,
-                              *self._conv_args(col, channels, height, width, ksize, stride, pad, dilation, im))
+            # one thread per image element: (channel, image) x pixels
+            self._launch_rows("col2im_kernel", channels * batch, height * width,
+                              *self._conv_args(col, channels, height, width, ksize, stride, pad,
+                                               dilation, im), batch, im_stride)
 
     # ---- bias / scale (per-channel, layout batch x n x size) ----------------
     def add_bias(self, output, biases, batch, n, size):

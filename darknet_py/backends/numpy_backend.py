@@ -55,13 +55,17 @@ class NumpyBackend:
         dst[...] = src
 
     def copy_blocks(self, src, src_offset, src_stride, dst, dst_offset, dst_stride,
-                    width, rows, accumulate=False):
-        """For r in rows: dst[dst_offset + r*dst_stride : +width] (+)= src[src_offset + r*src_stride : +width].
+                    width, rows, accumulate=False, planes=1, src_plane_stride=0,
+                    dst_plane_stride=0):
+        """For p in planes, r in rows: dst[dst_offset + p*dst_plane_stride + r*dst_stride : +width]
+        (+)= src[src_offset + p*src_plane_stride + r*src_stride : +width].
 
-        Route layers use it to concatenate per-image blocks (and to route deltas back).
+        Route layers use it to concatenate per-image blocks (and to route deltas back);
+        convolutions use the planes to move between (filters, batch, positions) and
+        (batch, filters, positions) layouts.
         """
-        s = _matrix(src, src_offset, rows, width, src_stride)
-        d = _matrix(dst, dst_offset, rows, width, dst_stride)
+        s = _blocks(src, src_offset, planes, rows, width, src_plane_stride, src_stride)
+        d = _blocks(dst, dst_offset, planes, rows, width, dst_plane_stride, dst_stride)
         if accumulate:
             d += s
         else:
@@ -101,29 +105,35 @@ class NumpyBackend:
             C += self.dtype.type(alpha) * prod
 
     # ---- convolution helpers -----------------------------------------------
-    def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col):
-        """Unfold one image (channels x height x width) into col (channels*k*k x out_h*out_w)."""
+    def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
+               batch=1, im_stride=0):
+        """Unfold images (channels x height x width each, `im_stride` apart; 0: packed)
+        into col, laid out (channels*k*k) x batch x (out_h*out_w): one GEMM then covers
+        the whole batch. With batch=1 that is Darknet's im2col of one image."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        padded = np.zeros((channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
-        padded[:, pad:pad + height, pad:pad + width] = im[:channels * height * width].reshape(
-            channels, height, width)
-        sc, sh, sw = padded.strides
-        windows = as_strided(padded, (channels, ksize, ksize, out_h, out_w),
-                             (sc, sh * dilation, sw * dilation, sh * stride, sw * stride))
-        col[:channels * ksize * ksize * out_h * out_w] = windows.reshape(-1)
+        images = _images(im, batch, im_stride, channels, height, width)
+        padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
+        padded[:, :, pad:pad + height, pad:pad + width] = images
+        sb, sc, sh, sw = padded.strides
+        windows = as_strided(padded, (channels, ksize, ksize, batch, out_h, out_w),
+                             (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
+        col[:channels * ksize * ksize * batch * out_h * out_w] = windows.reshape(-1)
 
-    def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im):
-        """Fold col back, *adding* into im (the adjoint of im2col)."""
+    def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im,
+               batch=1, im_stride=0):
+        """Fold col (laid out as im2col writes it) back, *adding* into the images
+        (the adjoint of im2col)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        cols = col[:channels * ksize * ksize * out_h * out_w].reshape(
-            channels, ksize, ksize, out_h, out_w)
-        padded = np.zeros((channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
+        cols = col[:channels * ksize * ksize * batch * out_h * out_w].reshape(
+            channels, ksize, ksize, batch, out_h, out_w)
+        padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
         for ki in range(ksize):
             for kj in range(ksize):
                 r0, c0 = ki * dilation, kj * dilation
-                padded[:, r0:r0 + stride * (out_h - 1) + 1:stride,
-                       c0:c0 + stride * (out_w - 1) + 1:stride] += cols[:, ki, kj]
-        im[:channels * height * width] += padded[:, pad:pad + height, pad:pad + width].reshape(-1)
+                padded[:, :, r0:r0 + stride * (out_h - 1) + 1:stride,
+                       c0:c0 + stride * (out_w - 1) + 1:stride] += cols[:, ki, kj].transpose(1, 0, 2, 3)
+        images = _images(im, batch, im_stride, channels, height, width)
+        images += padded[:, :, pad:pad + height, pad:pad + width]
 
     # ---- bias / scale (per-channel, layout batch x n x size) ----------------
     def add_bias(self, output, biases, batch, n, size):
@@ -341,6 +351,28 @@ def uniform_hash(seed, n):
 def conv_out_size(height, width, ksize, stride, pad, dilation=1):
     span = dilation * (ksize - 1) + 1
     return (height + 2 * pad - span) // stride + 1, (width + 2 * pad - span) // stride + 1
+
+
+def _images(flat, batch, im_stride, channels, height, width):
+    """A writable (batch, channels, height, width) view of images `im_stride` apart."""
+    size = channels * height * width
+    im_stride = im_stride or size
+    if flat.size < (batch - 1) * im_stride + size:
+        raise ValueError(f"{batch} images of {size} elements, {im_stride} apart, exceed an "
+                         f"array of {flat.size}")
+    isz = flat.itemsize
+    return as_strided(flat, (batch, channels, height, width),
+                      (im_stride * isz, height * width * isz, width * isz, isz))
+
+
+def _blocks(flat, offset, planes, rows, cols, plane_stride, ld):
+    """A (planes x rows x cols) strided view of a flat array."""
+    if planes <= 1:
+        return _matrix(flat, offset, rows, cols, ld)[None]
+    if rows and cols and offset + (planes - 1) * plane_stride + (rows - 1) * ld + cols > flat.size:
+        raise ValueError(f"{planes}x{rows}x{cols} blocks at {offset} exceed array of {flat.size}")
+    isz = flat.itemsize
+    return as_strided(flat[offset:], (planes, rows, cols), (plane_stride * isz, ld * isz, isz))
 
 
 def _matrix(flat, offset, rows, cols, ld):

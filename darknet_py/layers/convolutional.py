@@ -7,6 +7,11 @@ from .batchnorm import (bn_allocate, bn_backward, bn_forward, bn_init_params, bn
                         bn_params)
 
 
+# The most floats of shared workspace a convolution takes for a chunk of images
+# (128 MiB); a single image may need more, and then gets what it needs.
+WORKSPACE_CAP_FLOATS = 1 << 25
+
+
 class ConvolutionalLayer(Layer):
     type = "convolutional"
     short = "conv"
@@ -39,13 +44,8 @@ class ConvolutionalLayer(Layer):
         self.out_c = self.filters
         self.outputs = self.out_c * self.out_h * self.out_w
         self.nweights = self.c // self.groups * self.filters * self.size * self.size
-        if not self._col_is_input():
-            self.workspace_size = (self.c // self.groups * self.size * self.size
-                                   * self.out_h * self.out_w)
-
-    def _col_is_input(self):
-        # A 1x1, stride-1, unpadded convolution needs no im2col: the image is its own column matrix.
-        return self.size == 1 and self.stride == 1 and self.padding == 0 and self.dilation == 1
+        m, k, n = self._gemm_dims()
+        self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
 
     @property
     def bflops(self):
@@ -74,11 +74,6 @@ class ConvolutionalLayer(Layer):
         if self.batch_normalize:
             bn_init_updates(self, be, self.filters)
 
-    def allocate(self, be, batch, train):
-        super().allocate(be, batch, train)
-        if self.batch_normalize:
-            bn_allocate(self, be, batch, train)
-
     def params(self):
         p = [("biases", self.biases)]
         if self.batch_normalize:
@@ -86,32 +81,61 @@ class ConvolutionalLayer(Layer):
         return p + [("weights", self.weights)]
 
     # ---- computation --------------------------------------------------------------
+    # Images go through in chunks: im2col lays a chunk out as (k, chunk, positions), so
+    # one GEMM per group covers the chunk instead of one per image (Darknet loops per
+    # image; on a GPU that is thousands of small launches per batch). The chunk is as
+    # large as the workspace cap allows.
     def _gemm_dims(self):
         m = self.filters // self.groups                   # filters per group
         k = self.size * self.size * self.c // self.groups  # weights per filter
         n = self.out_h * self.out_w                       # output positions
         return m, k, n
 
-    def _columns(self, be, image, workspace):
-        """The column matrix of one image group: the image itself for plain 1x1 convs."""
-        if self._col_is_input():
-            return image
-        be.im2col(image, self.c // self.groups, self.h, self.w, self.size, self.stride,
-                  self.padding, self.dilation, workspace)
-        return workspace
+    def _chunk(self, batch):
+        m, k, n = self._gemm_dims()
+        return max(1, min(batch, WORKSPACE_CAP_FLOATS // ((k + m) * n)))
+
+    def allocate(self, be, batch, train):
+        super().allocate(be, batch, train)
+        if self.batch_normalize:
+            bn_allocate(self, be, batch, train)
+        m, k, n = self._gemm_dims()
+        self.workspace_size = (k + m) * n * self._chunk(batch)
+
+    def _chunks(self, be, net):
+        """(first image, images, col buffer, product buffer) per chunk of the batch."""
+        m, k, n = self._gemm_dims()
+        step = self._chunk(self.batch)
+        for b0 in range(0, self.batch, step):
+            count = min(step, self.batch - b0)
+            yield b0, count, net.workspace[:k * count * n], net.workspace[k * count * n:][:m * count * n]
+
+    def _im2col(self, be, images, b0, count, group, col):
+        cg = self.c // self.groups
+        offset = b0 * self.c * self.h * self.w + group * cg * self.h * self.w
+        be.im2col(images[offset:], cg, self.h, self.w, self.size, self.stride, self.padding,
+                  self.dilation, col, count, self.c * self.h * self.w)
+
+    def _move(self, be, grouped, batched, b0, count, group, to_batched):
+        """Copy a (m, count, n) product to/from the (batch, filters, n) layout."""
+        m, _, n = self._gemm_dims()
+        offset = b0 * self.filters * n + group * m * n
+        if to_batched:
+            be.copy_blocks(grouped, 0, count * n, batched, offset, n, n, m,
+                           planes=count, src_plane_stride=n, dst_plane_stride=self.filters * n)
+        else:
+            be.copy_blocks(batched, offset, n, grouped, 0, count * n, n, m,
+                           planes=count, src_plane_stride=self.filters * n, dst_plane_stride=n)
 
     def forward(self, net):
         be = net.be
         m, k, n = self._gemm_dims()
-        in_group = self.c // self.groups * self.h * self.w
-        be.fill(self.output, 0.0)
-        for b in range(self.batch):
+        for b0, count, col, product in self._chunks(be, net):
             for g in range(self.groups):
-                image = net.input[(b * self.groups + g) * in_group:][:in_group]
-                cols = self._columns(be, image, net.workspace)
-                out = self.output[(b * self.groups + g) * m * n:]
-                be.gemm(False, False, m, n, k, 1.0, self.weights[g * m * k:], k,
-                        cols, n, 1.0, out, n)
+                self._im2col(be, net.input, b0, count, g, col)
+                be.gemm(False, False, m, count * n, k, 1.0, self.weights[g * m * k:], k,
+                        col, count * n, 0.0, product, count * n)
+                self._move(be, product, self.output, b0, count, g, to_batched=True)
         spatial = self.out_h * self.out_w
         if self.batch_normalize:
             bn_forward(self, net, self.out_c, spatial)
@@ -128,28 +152,22 @@ class ConvolutionalLayer(Layer):
             bn_backward(self, net, self.out_c, spatial)
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
-        in_group = self.c // self.groups * self.h * self.w
-        for b in range(self.batch):
+        for b0, count, col, delta_out in self._chunks(be, net):
             for g in range(self.groups):
-                offset = (b * self.groups + g) * in_group
-                image = net.input[offset:][:in_group]
-                delta_out = self.delta[(b * self.groups + g) * m * n:]
-                cols = self._columns(be, image, net.workspace)
-                # weight_updates += delta (m x n) @ cols^T (n x k)
-                be.gemm(False, True, m, k, n, 1.0, delta_out, n, cols, n, 1.0,
-                        self.weight_updates[g * m * k:], k)
+                self._move(be, delta_out, self.delta, b0, count, g, to_batched=False)
+                self._im2col(be, net.input, b0, count, g, col)
+                # weight_updates += delta (m x count*n) @ col^T (count*n x k)
+                be.gemm(False, True, m, k, count * n, 1.0, delta_out, count * n, col, count * n,
+                        1.0, self.weight_updates[g * m * k:], k)
                 if net.delta is not None:
-                    delta_in = net.delta[offset:][:in_group]
-                    if self._col_is_input():
-                        # delta_in += weights^T (k x m) @ delta (m x n), accumulated
-                        # (Darknet overwrites here, losing shortcut deltas).
-                        be.gemm(True, False, k, n, m, 1.0, self.weights[g * m * k:], k,
-                                delta_out, n, 1.0, delta_in, n)
-                    else:
-                        be.gemm(True, False, k, n, m, 1.0, self.weights[g * m * k:], k,
-                                delta_out, n, 0.0, net.workspace, n)
-                        be.col2im(net.workspace, self.c // self.groups, self.h, self.w,
-                                  self.size, self.stride, self.padding, self.dilation, delta_in)
+                    # d(col) = weights^T (k x m) @ delta (m x count*n), folded back and
+                    # added (Darknet's 1x1 path overwrites here, losing shortcut deltas).
+                    be.gemm(True, False, k, count * n, m, 1.0, self.weights[g * m * k:], k,
+                            delta_out, count * n, 0.0, col, count * n)
+                    cg = self.c // self.groups
+                    offset = b0 * self.c * self.h * self.w + g * cg * self.h * self.w
+                    be.col2im(col, cg, self.h, self.w, self.size, self.stride, self.padding,
+                              self.dilation, net.delta[offset:], count, self.c * self.h * self.w)
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)
