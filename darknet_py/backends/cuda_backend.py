@@ -282,7 +282,7 @@ class CudaBackend:
         except drv.Error as e:
             raise CudaError(f"CUDA error launching kernel {name} with grid={grid} block={block}: {e}"
                             + self._recent_launches()) from e
-        self._recent.append(f"{name} grid={grid} block={block}")
+        self._recent.append((name, grid, block))  # formatted only if an error is reported
         if self.sync_each_launch:
             try:
                 self.stream.synchronize()
@@ -292,7 +292,8 @@ class CudaBackend:
     def _recent_launches(self):
         if not self._recent:
             return ""
-        return "; launches before it, oldest first: " + ", ".join(self._recent)
+        return "; launches before it, oldest first: " + ", ".join(
+            f"{name} grid={grid} block={block}" for name, grid, block in self._recent)
 
     def _sync(self, where):
         try:
