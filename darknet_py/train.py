@@ -337,6 +337,12 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         raise TrainError(f"{cfg}: max_batches is not set in [net]; set it there or give "
                          f"--max-batches N")
     imgs = net.batch * net.subdivisions
+    if net.seen % imgs:
+        # Saved by a run with another batch size: start at the beginning of the iteration
+        # `seen` falls in, so every update again comes after a whole batch.
+        log(f"darknet-py: note: {weights} has seen {net.seen} images, not a multiple of "
+            f"this cfg's {imgs} per iteration; counting from {net.current_batch * imgs}")
+        net.seen = net.current_batch * imgs
     if net.current_batch >= o.max_batches:
         raise TrainError(
             f"{weights}: already trained for {net.current_batch} iterations ({net.seen} "
