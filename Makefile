@@ -17,7 +17,6 @@ NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
 	python3 -m venv .venv
 
 .installed: pyproject.toml | $(PYTHON)
-	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -e '.[dev]'
 	@touch .installed
 

@@ -61,7 +61,9 @@ _GRADIENT = {  # y is the activation's output
 
 def activate(x, name):
     """Return activation `name` applied to array x (same dtype)."""
-    return _FORWARD[name](x).astype(x.dtype, copy=False)
+    # exp() overflows to inf for large negative inputs; 1/(1+inf) is the right limit (0).
+    with np.errstate(over="ignore"):
+        return _FORWARD[name](x).astype(x.dtype, copy=False)
 
 
 def gradient(y, name):

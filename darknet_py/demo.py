@@ -136,10 +136,6 @@ def main(argv=None):
     def log(line):
         print(f"   {line}", flush=True)
 
-    # Warnings about float overflow in exp() are expected while a detector's first
-    # iterations produce large values; they are not errors.
-    np.seterr(over="ignore")
-
     _step("2/5 Training the classifier")
     _command(f"darknet-py train {_relative(CLASSIFIER_CFG)} {_relative(cls_data)}")
     cls = train(CLASSIFIER_CFG, cls_data, seed=args.seed, device=device, log=log,

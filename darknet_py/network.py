@@ -5,6 +5,7 @@ Mirrors Darknet's network.c: the state a layer sees during forward/backward
 and the loop sets it before each layer, exactly as forward_network/backward_network do.
 """
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,6 +108,10 @@ class Network:
         if batch is not None:
             self.options.batch = int(batch)
         self.batch = self.options.batch
+        # Images per train_batch() call: Darknet's net->batch. Kept apart from self.batch,
+        # which follows whatever batch the last forward ran (detect() runs batch 1), so that
+        # current_batch and the update's batch do not change under inference.
+        self.train_batch_size = self.batch
         self.subdivisions = self.options.subdivisions
         self.be = backend if backend is not None else get_backend("cpu")
         self.seed = seed
@@ -199,7 +204,7 @@ class Network:
     @property
     def current_batch(self):
         """Darknet's get_current_batch: updates done so far, counted from `seen`."""
-        return self.seen // (self.batch * self.subdivisions)
+        return self.seen // (self.train_batch_size * self.subdivisions)
 
     @property
     def learning_rate(self):
@@ -224,6 +229,36 @@ class Network:
         """Re-allocate activations for a new batch size; weights are kept."""
         if batch != self.batch:
             self._allocate(int(batch), self.train_buffers)
+
+    def resize(self, width, height):
+        """Darknet's resize_network: rebuild every layer for a width x height input (YOLO's
+        random=1 multi-scale training), keeping parameters, accumulated updates and batch-norm
+        statistics. Layers whose weights are sized by their input (connected, local) cannot."""
+        o = self.options
+        if (width, height) == (o.width, o.height):
+            return
+        old_size = (o.width, o.height, o.inputs)
+        o.width, o.height, o.inputs = width, height, width * height * o.channels
+        old = self.layers
+        try:
+            with warnings.catch_warnings():  # the cfg's warnings were shown at load time
+                warnings.simplefilter("ignore")
+                layers = self._build([layer.section for layer in old])
+            for new, prev in zip(layers, old):
+                if (prev.type in ("connected", "local")
+                        and (new.inputs, new.outputs) != (prev.inputs, prev.outputs)):
+                    raise NetworkError(f"cannot resize this network to {width}x{height}: layer "
+                                       f"{prev.index} [{prev.type}] has weights sized by its input")
+        except Exception:
+            o.width, o.height, o.inputs = old_size
+            raise
+        self.layers = layers
+        self._allocate(self.batch, self.train_buffers)
+        for new, prev in zip(layers, old):
+            own = set(vars(new))  # made by parsing and allocation: belongs to the new size
+            for name, value in vars(prev).items():
+                if name not in own:
+                    setattr(new, name, value)
 
     def _upload(self, x, name, buf_attr, per_image):
         x = np.asarray(x, dtype=np.float32)
@@ -284,7 +319,8 @@ class Network:
 
     def update(self):
         args = UpdateArgs(learning_rate=self.learning_rate, momentum=self.options.momentum,
-                          decay=self.options.decay, batch=self.batch * self.subdivisions)
+                          decay=self.options.decay,
+                          batch=self.train_batch_size * self.subdivisions)
         for layer in self.layers:
             layer.update(args)
         return args.learning_rate
@@ -315,11 +351,12 @@ class Network:
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
-        self.seen += self.batch
+        self.train_batch_size = n
+        self.seen += n
         self.forward(x, truth, train=True)
         self.backward()
         self.last_rate = None
-        if (self.seen // self.batch) % self.subdivisions == 0:
+        if (self.seen // n) % self.subdivisions == 0:
             self.last_rate = self.update()
         return self.cost
 

@@ -39,7 +39,7 @@ import numpy as np
 from .data import (ClassifierAugment, DataLoader, DetectorAugment, check_classifier_labels,
                    load_data_config)
 from .detection import detector_layers, output_layer
-from .network import load_network
+from .network import NetworkError, load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task
 from .weights import load_weights
 
@@ -47,7 +47,6 @@ BACKUP_EVERY = 100          # iterations between <cfg>.backup saves (Darknet's d
 MULTISCALE_EVERY = 10       # iterations between input sizes with random=1 (train_detector)
 CLASSIFIER_MULTISCALE_EVERY = 40   # train_classifier's interval for [net] random=1
 FINAL_SIZE_ITERATIONS = 200        # the last 200 iterations run at the largest size
-PARAMETER_SHAPED_BY_INPUT = ("connected", "local")
 
 
 class TrainError(Exception):
@@ -104,33 +103,11 @@ def network_stride(net):
 
 
 def resize_network(net, width, height):
-    """Darknet's resize_network: rebuild every layer for a width x height input, keeping
-    the parameters, their accumulated updates and the batch-norm statistics (everything a
-    layer creates outside its cfg parsing and buffer allocation)."""
-    o = net.options
-    if (width, height) == (o.width, o.height):
-        return
-    old_size = (o.width, o.height, o.inputs)
-    o.width, o.height, o.inputs = width, height, width * height * o.channels
-    old = net.layers
+    """Resize for multi-scale training; a network that cannot be resized stops training."""
     try:
-        layers = net._build([layer.section for layer in old])
-    except Exception:
-        o.width, o.height, o.inputs = old_size
-        raise
-    for new, prev in zip(layers, old):
-        if prev.type in PARAMETER_SHAPED_BY_INPUT and (new.inputs, new.outputs) != (
-                prev.inputs, prev.outputs):
-            o.width, o.height, o.inputs = old_size
-            raise TrainError(f"random=1 cannot resize this network: layer {prev.index} "
-                             f"[{prev.type}] has weights sized by its input")
-    net.layers = layers
-    net._allocate(net.batch, net.train_buffers)
-    for new, prev in zip(layers, old):
-        own = set(vars(new))  # made by parsing and allocation: belongs to the new size
-        for name, value in vars(prev).items():
-            if name not in own:
-                setattr(new, name, value)
+        net.resize(width, height)
+    except NetworkError as e:
+        raise TrainError(f"random=1: {e}") from None
 
 
 # ---- the chart ---------------------------------------------------------------------------
