@@ -12,7 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from .image import ImageError, from_bgr, letterbox, letterbox_size, load_image, resize_image
+from .image import (ImageError, from_bgr, letterbox, letterbox_size, load_image, match_channels,
+                    resize_image)
 
 DETECTOR_TYPES = ("yolo", "region", "detection")
 F32 = np.float32
@@ -288,7 +289,7 @@ def as_image(image, channels=3):
     if a.dtype == np.uint8:
         return from_bgr(a, channels)
     if a.ndim == 3 and a.shape[0] in (1, 3):
-        return np.ascontiguousarray(a, dtype=np.float32)
+        return match_channels(np.ascontiguousarray(a, dtype=np.float32), channels)
     raise ImageError(f"expected an image path, a Darknet (C, H, W) float image or an OpenCV "
                      f"(H, W, 3) uint8 BGR array; got {a.dtype} array of shape {a.shape}")
 

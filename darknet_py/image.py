@@ -43,11 +43,25 @@ def from_bgr(array, channels=3):
         a = a[:, :, ::-1]  # BGR -> RGB
     scale = 255.0 if a.dtype == np.uint8 else 1.0
     img = np.ascontiguousarray(a.transpose(2, 0, 1), dtype=np.float32) / np.float32(scale)
-    if channels == 1 and img.shape[0] == 3:
-        img = img.mean(axis=0, keepdims=True)
-    elif channels == 3 and img.shape[0] == 1:
-        img = np.repeat(img, 3, axis=0)
-    return img
+    return match_channels(img, channels)
+
+
+# OpenCV's (and ITU-R BT.601's) luma weights, so a colour image converted here equals the
+# same file read with IMREAD_GRAYSCALE.
+LUMA_RGB = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+def match_channels(img, channels):
+    """A (C, H, W) RGB image with `channels` channels: colour -> grey by luma, grey -> colour
+    by repetition; unchanged when it already has them."""
+    c = img.shape[0]
+    if c == channels:
+        return img
+    if channels == 1 and c == 3:
+        return np.tensordot(LUMA_RGB, img, axes=1)[None].astype(np.float32)
+    if channels == 3 and c == 1:
+        return np.repeat(img, 3, axis=0)
+    raise ImageError(f"cannot convert a {c}-channel image to the network's {channels} channels")
 
 
 def to_bgr(img):

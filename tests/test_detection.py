@@ -938,3 +938,33 @@ def test_heads_train_the_same_on_cuda(head):
     assert gpu.cost == pytest.approx(cpu.cost, rel=1e-4)
     for i in (last, last - 1):
         np.testing.assert_allclose(gpu.layer_delta(i), cpu.layer_delta(i), rtol=1e-4, atol=1e-5)
+
+
+def test_detect_converts_images_to_the_networks_channels(tmp_path):
+    """A greyscale detector (channels=1) takes colour input in every form detect() accepts;
+    colour becomes grey by OpenCV's luma weights, as IMREAD_GRAYSCALE reads the file."""
+    import cv2
+
+    from darknet_py import load_network
+    from darknet_py.image import load_image, match_channels
+    cfg = Path(__file__).resolve().parents[1] / "cfg" / "digits-yolo.cfg"
+    net = load_network(cfg, batch=1, device="cpu", seed=3)
+    assert net.input_shape[0] == 1
+    rng = np.random.default_rng(5)
+    bgr = (rng.random((40, 56, 3)) * 255).astype(np.uint8)
+    path = tmp_path / "colour.png"
+    cv2.imwrite(str(path), bgr)
+    colour = load_image(path)                    # (3, H, W), as the CLI loads it for drawing
+    grey = match_channels(colour, 1)
+    assert grey.shape == (1, 40, 56)
+    ref = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE).astype(np.float32) / 255
+    assert np.abs(grey[0] - ref).max() <= 1.5 / 255  # OpenCV rounds to uint8 in fixed point
+    from_path, from_bgr, from_float = (net.detect(image, thresh=0.01)
+                                       for image in (str(path), bgr, colour))
+    assert from_path, "random weights at thresh .01 should give some boxes"
+    # The BGR array and the float image take the same conversion: identical results.
+    assert [(d.class_id, d.prob) for d in from_bgr] == [(d.class_id, d.prob) for d in from_float]
+    # The file is read as grey by OpenCV (rounded to uint8): the same boxes, within rounding.
+    assert len(from_path) == len(from_bgr)
+    for a, b in zip(from_path, from_bgr):
+        assert a.class_id == b.class_id and a.prob == pytest.approx(b.prob, abs=0.02)
