@@ -1,8 +1,8 @@
 """The CUDA backend: NumpyBackend's ops as hand-written kernels (kernels/*.cu) via PyCUDA.
 
-Arrays are 1-D float32 ``pycuda.gpuarray.GPUArray``s (int32 for maxpool indexes);
-a flat slice ``a[i:j]`` is a view, and kernels get raw pointers, so views work
-everywhere. Every op is asynchronous on the backend's one stream except those
+Arrays are 1-D float32 ``DeviceArray``s (int32 for maxpool indexes): a pointer
+into a pool allocation and a length. A flat slice ``a[i:j]`` is a view, and kernels
+get raw pointers, so views work everywhere. Every op is asynchronous on the backend's one stream except those
 that hand data to the host (to_host, sum, synchronize).
 
 Design:
@@ -25,7 +25,6 @@ import os
 
 import numpy as np
 import pycuda.driver as drv
-from pycuda import gpuarray
 from pycuda.compiler import SourceModule
 from pycuda.tools import DeviceMemoryPool
 
@@ -189,6 +188,46 @@ class _Device:
         clear_context_caches()
 
 
+class DeviceArray:
+    """A 1-D run of device memory: a pointer, a length and a dtype, holding the pool
+    allocation it lies in (freed when its last view goes). Slicing ``a[i:j]`` makes a
+    view in one small object; PyCUDA's general GPUArray indexing cost about 20 us a
+    slice, paid for every view of every layer on each forward."""
+    __slots__ = ("ptr", "size", "dtype", "base")
+    ndim = 1
+
+    def __init__(self, ptr, size, dtype, base):
+        self.ptr, self.size, self.dtype, self.base = ptr, size, dtype, base
+
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self):
+        return self.size * self.dtype.itemsize
+
+    @property
+    def shape(self):
+        return (self.size,)
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice):
+            raise TypeError("CUDA backend arrays take only flat slices a[i:j]")
+        start, stop, step = key.indices(self.size)
+        if step != 1:
+            raise ValueError("CUDA backend array slices must be contiguous (step 1)")
+        n = max(0, stop - start)
+        return DeviceArray(self.ptr + start * self.dtype.itemsize if n else 0, n, self.dtype,
+                           self.base)
+
+    def __repr__(self):
+        return f"DeviceArray({self.size} x {self.dtype}, at 0x{self.ptr:x})"
+
+
 class CudaBackend:
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
@@ -255,7 +294,11 @@ class CudaBackend:
         n = int(n)
         if n < 0:
             raise ValueError(f"negative array size {n}")
-        return gpuarray.GPUArray((n,), dtype, allocator=self._allocate)
+        dtype = np.dtype(dtype)
+        if n == 0:
+            return DeviceArray(0, 0, dtype, None)
+        block = self._allocate(n * dtype.itemsize)
+        return DeviceArray(int(block), n, dtype, block)
 
     def _scratch_buffer(self, key, nbytes):
         """A reusable device buffer of at least nbytes (grows, never shrinks)."""
@@ -266,15 +309,13 @@ class CudaBackend:
 
     @staticmethod
     def _ptr(a):
-        if a.gpudata is None:  # empty array
-            return 0
-        if a.ndim != 1 or (a.size > 1 and a.strides[0] != a.itemsize):
-            raise ValueError("backend arrays are 1-D and contiguous")
-        return int(a.gpudata)
+        if not isinstance(a, DeviceArray):
+            raise TypeError(f"expected a CUDA backend array, got {type(a).__name__}")
+        return a.ptr
 
     def _launch(self, name, grid, block, *args):
-        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        grid = (*map(int, grid), 1, 1)[:3]     # sizes may arrive as NumPy integers
+        block = (*map(int, block), 1, 1)[:3]
         if min(grid) <= 0:
             return  # nothing to do (an empty array)
         try:
