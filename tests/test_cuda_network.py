@@ -2,6 +2,7 @@
 
 Run with `make gpu-test` on a machine with a GPU and PyCUDA; skipped elsewhere.
 """
+import re
 from pathlib import Path
 
 import numpy as np
@@ -173,3 +174,36 @@ def test_yolov3_tiny_forward_matches_numpy(tmp_path):
         out = cpu.layer_output(i)
         assert np.all(np.isfinite(out)), f"layer {i} not finite on the CPU"
         assert rel_err(gpu.layer_output(i), out) < 1e-4, f"layer {i} {layer.type}"
+
+
+def test_out_of_memory_says_what_the_network_needs():
+    cfg = SHARED / "darknet-cfg" / "yolov3.cfg"
+    if not cfg.exists():
+        pytest.skip(f"{cfg} not found")
+    # Layer 0 alone at batch 2000 is 94 GB, more than the device has.
+    with pytest.raises(dn.network.NetworkError) as info:
+        dn.load_network(cfg, batch=2000, device="cuda")
+    msg = str(info.value)
+    assert "out of GPU memory" in msg and "MiB at batch 2000" in msg and "subdivisions" in msg
+
+
+@needs_fixtures
+def test_cli_detect_gpu_prints_what_the_cpu_prints(tmp_path):
+    from click.testing import CliRunner
+
+    from darknet_py.cli import cli
+    cfg, weights, _ = fixture("p2_tinyyolo")
+    image = SHARED / "images" / "dog.jpg"
+    outputs = {}
+    for device in ("--gpu=0", "--device=cpu"):
+        result = CliRunner().invoke(cli, ["detect", str(cfg), str(weights), str(image),
+                                          "--thresh", "0.3", device,
+                                          "--out", str(tmp_path / f"{device[2:5]}.png")])
+        assert result.exit_code == 0, result.output
+        # "name: P%  left=L top=T width=W height=H" lines, as numbers
+        outputs[device] = [[int(v) for v in re.findall(r"-?\d+", line)]
+                           for line in result.output.splitlines() if "left=" in line]
+    gpu, cpu = outputs["--gpu=0"], outputs["--device=cpu"]
+    assert gpu and len(gpu) == len(cpu)
+    # equal up to rounding of values that differ by float32 noise (one unit at most)
+    assert np.abs(np.array(gpu) - np.array(cpu)).max() <= 1
