@@ -150,8 +150,15 @@ def test_detect_on_gpu_equals_cpu():
         np.testing.assert_allclose(g.box, c.box, rtol=1e-4, atol=1e-6)
 
 
-def test_yolov3_tiny_forward_matches_numpy(tmp_path):
-    cfg = SHARED / "darknet-cfg" / "yolov3-tiny.cfg"
+# Real cfgs covering every layer type: shortcut (resnet18), reorg + region (yolov2),
+# local + detection (yolov1), crop (strided), dropout + connected (alexnet, cifar),
+# upsample + route + yolo (yolov3-tiny), softmax everywhere.
+STOCK_CFGS = ["yolov3-tiny", "yolov2", "yolov1", "resnet18", "strided", "alexnet", "cifar"]
+
+
+@pytest.mark.parametrize("name", STOCK_CFGS)
+def test_stock_cfg_forward_matches_numpy(tmp_path, name):
+    cfg = SHARED / "darknet-cfg" / f"{name}.cfg"
     if not cfg.exists():
         pytest.skip(f"{cfg} not found")
     cpu = dn.load_network(cfg, batch=1, device="cpu", seed=5)
@@ -164,16 +171,55 @@ def test_yolov3_tiny_forward_matches_numpy(tmp_path):
             cpu.be.write(layer.rolling_mean, rng.normal(0, 0.1, n))
             cpu.be.write(layer.rolling_variance, rng.uniform(0.5, 2.0, n))
             cpu.be.write(layer.scales, rng.uniform(0.5, 1.5, n))
-    weights = tmp_path / "yolov3-tiny-random.weights"
+    weights = tmp_path / f"{name}-random.weights"
     cpu.save_weights(weights)
     gpu = dn.load_network(cfg, weights, batch=1, device="cuda")
-    x = np.random.default_rng(0).random((1, 3, 416, 416), dtype=np.float32)
+    x = np.random.default_rng(0).random((1,) + cpu.input_shape, dtype=np.float32)
     gpu.predict(x)
     cpu.predict(x)
     for i, layer in enumerate(cpu.layers):
         out = cpu.layer_output(i)
         assert np.all(np.isfinite(out)), f"layer {i} not finite on the CPU"
         assert rel_err(gpu.layer_output(i), out) < 1e-4, f"layer {i} {layer.type}"
+
+
+# (cfg, input size to shrink to or None): each loss and most layers train on both backends.
+TRAIN_CFGS = [("yolov3-tiny", 160), ("yolov2-tiny", 160), ("yolov1-tiny", None),
+              ("resnet18", 64), ("cifar", None)]
+
+
+@pytest.mark.parametrize("name,size", TRAIN_CFGS)
+def test_stock_cfg_training_step_matches_numpy(name, size):
+    cfg = SHARED / "darknet-cfg" / f"{name}.cfg"
+    if not cfg.exists():
+        pytest.skip(f"{cfg} not found")
+    rng = np.random.default_rng(3)
+    nets = []
+    for device in ("cpu", "cuda"):
+        net = dn.load_network(cfg, batch=2, device=device, seed=11)
+        if size:
+            net.resize(size, size)
+        for layer in net.layers:
+            layer.verbose = False
+        nets.append(net)
+    cpu, gpu = nets
+    x = rng.random((2,) + cpu.input_shape, dtype=np.float32)
+    last = cpu.layers[-1]
+    if last.type in ("yolo", "region", "detection"):
+        truth = np.zeros((2, 90 * 5), dtype=np.float32)
+        truth[:, :10] = [0.4, 0.5, 0.3, 0.4, 1, 0.7, 0.3, 0.2, 0.2, 2]
+    else:
+        truth = np.eye(last.outputs, dtype=np.float32)[rng.integers(0, last.outputs, 2)]
+    before = [cpu.be.to_host(a) for l in cpu.layers for _, a in l.params()]
+    losses = [net.train_batch(x, truth) for net in nets]
+    if cpu.subdivisions > 1:  # make sure an update happened on both
+        for _ in range(cpu.subdivisions - 1):
+            losses = [net.train_batch(x, truth) for net in nets]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-3)
+    after = [[n.be.to_host(a) for l in n.layers for _, a in l.params()] for n in nets]
+    for i, (b, c, g) in enumerate(zip(before, *after)):
+        step = np.max(np.abs(c - b))
+        assert np.max(np.abs(g - c)) <= 1e-3 * step + 1e-7, f"parameter array {i}"
 
 
 def test_out_of_memory_says_what_the_network_needs():
