@@ -374,12 +374,14 @@ def class_color(class_id, classes):
 
 def pixel_box(box, img_w, img_h):
     """(left, top, right, bottom) integer pixels of a relative box, clamped to the image
-    as Darknet's draw_detections does."""
+    as Darknet's draw_detections does. A box wholly outside the image (possible: the
+    network may place a centre past the border) collapses to a line on the border rather
+    than getting a negative width or height."""
     x, y, w, h = box
-    left = max(0, int((x - w / 2) * img_w))
-    right = min(img_w - 1, int((x + w / 2) * img_w))
-    top = max(0, int((y - h / 2) * img_h))
-    bottom = min(img_h - 1, int((y + h / 2) * img_h))
+    left = min(img_w - 1, max(0, int((x - w / 2) * img_w)))
+    right = max(left, min(img_w - 1, int((x + w / 2) * img_w)))
+    top = min(img_h - 1, max(0, int((y - h / 2) * img_h)))
+    bottom = max(top, min(img_h - 1, int((y + h / 2) * img_h)))
     return left, top, right, bottom
 
 

@@ -970,3 +970,12 @@ def test_detect_converts_images_to_the_networks_channels(tmp_path):
     # The file is read as grey by OpenCV (rounded to uint8, checked above), so near-tied
     # random-weight boxes may reorder: compare the strongest box only.
     assert from_path[0].prob == pytest.approx(from_bgr[0].prob, abs=0.02)
+
+
+def test_pixel_box_clamps_and_never_goes_negative():
+    from darknet_py.detection import pixel_box
+    assert pixel_box((0.5, 0.5, 0.5, 0.5), 100, 80) == (25, 20, 75, 60)
+    assert pixel_box((0.0, 0.0, 0.5, 0.5), 100, 80) == (0, 0, 25, 20)
+    # centre below and right of the image: a zero-size box on the border
+    left, top, right, bottom = pixel_box((1.4, 1.3, 0.2, 0.2), 100, 80)
+    assert (left, top) == (99, 79) and right - left == 0 and bottom - top == 0
