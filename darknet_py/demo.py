@@ -19,7 +19,9 @@ import shutil
 import sys
 import time
 
-REPO_CFG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cfg")
+# The repository's cfg/ folder, reached through the package (darknet_py/cfgs links to it in
+# a checkout and is package data in a wheel), so the demo runs from a pip install too.
+REPO_CFG = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cfgs"))
 CLASSIFIER_CFG = os.path.join(REPO_CFG, "digits-classifier.cfg")
 DETECTOR_CFG = os.path.join(REPO_CFG, "digits-yolo.cfg")
 BACKBONE_LAYERS = 5          # conv, max, conv, max, conv: shared by both cfgs
