@@ -124,7 +124,8 @@ class Network:
             raise CfgError("the cfg has a [net] section but no layers", path)
         # Darknet's network state seen by the layer being run.
         self.input = None
-        self.truth = None
+        self.truth = None         # the truth buffer on the backend (softmax, cost)
+        self.truth_host = None    # the same values as float32 (N, T), for host-side losses
         self.delta = None
         self.train = False
         self.cost = None
@@ -284,11 +285,12 @@ class Network:
         if n != self.batch or (train and not self.train_buffers):
             self._allocate(n, train or self.train_buffers)
         _, net_input = self._upload(x, "input", "_input_buf", self.inputs)
-        self.truth = None
+        self.truth = self.truth_host = None
         if truth is not None:
-            per_image = int(np.asarray(truth).size // n)
-            _, self.truth = self._upload(np.asarray(truth).reshape(n, -1), "truth", "_truth_buf",
-                                         per_image)
+            # The YOLO/region/detection losses read the host copy: no round trip from the GPU.
+            self.truth_host = np.asarray(truth, dtype=np.float32).reshape(n, -1)
+            _, self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
+                                         self.truth_host.shape[1])
         self._forward_layers(net_input, train)
 
     def _forward_layers(self, net_input, train):

@@ -5,7 +5,8 @@ buffers: ``__init__`` reads the options and works out shapes and BFLOPs (enough
 for ``darknet-py info``), ``allocate`` creates its arrays on a backend. Forward
 and backward receive the network, which carries Darknet's network state:
 ``net.input`` (the previous layer's output), ``net.delta`` (the previous layer's
-delta, or None), ``net.truth``, ``net.train``, ``net.workspace`` and ``net.be``.
+delta, or None), ``net.truth`` (and its host copy ``net.truth_host``), ``net.train``,
+``net.workspace`` and ``net.be``.
 """
 from dataclasses import dataclass
 

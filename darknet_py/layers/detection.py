@@ -106,7 +106,7 @@ class DetectionLayer(Layer):
     def grid_truth(self, net):
         """The truth as (batch, truths) grid rows: as given when it has that size, else
         converted from (x, y, w, h, class) box rows (the detector data loader's form)."""
-        truth = net.be.to_host(net.truth).astype(F32).reshape(self.batch, -1)
+        truth = net.truth_host.reshape(self.batch, -1)
         if truth.shape[1] == self.truths:
             return truth
         if truth.shape[1] % TRUTH_FIELDS:

@@ -31,7 +31,7 @@ def truth_boxes(net, batch, max_boxes):
     """Per image, the truth boxes Darknet's loss loops see: float32 (n, 5) rows of
     (x, y, w, h, class), at most max_boxes, stopping at the first with x == 0 as
     Darknet's `if(!truth.x) break` does."""
-    truth = net.be.to_host(net.truth).astype(F32).reshape(batch, -1)
+    truth = net.truth_host.reshape(batch, -1)
     per_image = truth.shape[1] // TRUTH_FIELDS
     rows = truth[:, :per_image * TRUTH_FIELDS].reshape(batch, per_image, TRUTH_FIELDS)
     rows = rows[:, :max_boxes]
