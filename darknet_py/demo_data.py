@@ -98,6 +98,19 @@ def _write_pngs(items):
             done.result()
 
 
+def _write_names_and_data(out_dir, lists, classifier):
+    """Write digits.names and digits.data for the train/valid lists; returns the .data path."""
+    names = os.path.join(out_dir, "digits.names")
+    _write_lines(names, CLASS_NAMES)
+    options = {"classes": len(CLASS_NAMES), "train": lists["train"], "valid": lists["valid"],
+               "names": names, "backup": os.path.join(out_dir, "backup") + os.sep}
+    if classifier:
+        options.update(labels=names, top=2)
+    data_path = os.path.join(out_dir, "digits.data")
+    _write_data_file(data_path, options)
+    return data_path
+
+
 def build_classification_set(out_dir, seed=0, size=32, valid_fraction=0.2):
     """Write the digits as size x size grey PNGs, train/NNNN_digitK.png and
     valid/NNNN_digitK.png (NNNN: index in digits.npz), a stratified split. Returns the
@@ -120,15 +133,8 @@ def build_classification_set(out_dir, seed=0, size=32, valid_fraction=0.2):
         _write_pngs((p, glyph[None]) for p, glyph in zip(paths, glyphs))
         lists[split] = os.path.join(out_dir, f"{split}.list")
         _write_lines(lists[split], paths)
-    names = os.path.join(out_dir, "digits.names")
-    _write_lines(names, CLASS_NAMES)
-    data_path = os.path.join(out_dir, "digits.data")
-    _write_data_file(data_path, {
-        "classes": len(CLASS_NAMES), "train": lists["train"], "valid": lists["valid"],
-        # Darknet's classifier matches paths against labels= and displays names=.
-        "labels": names, "names": names,
-        "backup": os.path.join(out_dir, "backup") + os.sep, "top": 2})
-    return data_path
+    # Darknet's classifier matches paths against labels= and displays names=.
+    return _write_names_and_data(out_dir, lists, classifier=True)
 
 
 def _random_colour(rng):
@@ -218,10 +224,4 @@ def build_detection_set(out_dir, n_train, n_valid, seed=0, canvas_size=128, max_
         _write_pngs(pngs)
         lists[split] = os.path.join(out_dir, f"{split}.list")
         _write_lines(lists[split], paths)
-    names = os.path.join(out_dir, "digits.names")
-    _write_lines(names, CLASS_NAMES)
-    data_path = os.path.join(out_dir, "digits.data")
-    _write_data_file(data_path, {
-        "classes": len(CLASS_NAMES), "train": lists["train"], "valid": lists["valid"],
-        "names": names, "backup": os.path.join(out_dir, "backup") + os.sep})
-    return data_path
+    return _write_names_and_data(out_dir, lists, classifier=False)
