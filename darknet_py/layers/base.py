@@ -112,10 +112,10 @@ def host_param(rng, n, scale=0.0, kind="zeros"):
     return np.zeros(n)
 
 
-def momentum_update(be, args, param, update, n_is_decayed=False):
+def momentum_update(be, args, param, update, weight_decay=False):
     """Darknet's SGD step for one parameter array and its accumulated update:
     (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum."""
-    if n_is_decayed:
+    if weight_decay:
         be.axpy(-args.decay * args.batch, param, update)
     be.axpy(args.learning_rate / args.batch, update, param)
     be.scal(args.momentum, update)

@@ -92,4 +92,4 @@ class ConnectedLayer(Layer):
         momentum_update(self.be, args, self.biases, self.bias_updates)
         if self.batch_normalize:
             momentum_update(self.be, args, self.scales, self.scale_updates)
-        momentum_update(self.be, args, self.weights, self.weight_updates, n_is_decayed=True)
+        momentum_update(self.be, args, self.weights, self.weight_updates, weight_decay=True)

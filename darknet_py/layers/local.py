@@ -119,4 +119,4 @@ class LocalLayer(Layer):
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)
-        momentum_update(self.be, args, self.weights, self.weight_updates, n_is_decayed=True)
+        momentum_update(self.be, args, self.weights, self.weight_updates, weight_decay=True)
