@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import optimizer
-from .backends import get_backend
+from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
@@ -163,9 +163,7 @@ class Network:
             for layer in self.layers:
                 layer.allocate(be, batch, train)  # may size its workspace for this batch
             self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
-        except Exception as e:
-            if type(e).__name__ != "DeviceOutOfMemory":
-                raise
+        except DeviceOutOfMemory:
             need = self.memory_bytes(batch, train)
             raise NetworkError(
                 f"out of GPU memory: this network needs about {need / 2**20:.0f} MiB at batch "

@@ -288,7 +288,7 @@ def test_memory_is_tracked(cuda):
 
 @gpu
 def test_out_of_memory_raises_device_out_of_memory(cuda):
-    from darknet_py.backends.cuda_backend import DeviceOutOfMemory
+    from darknet_py.backends import DeviceOutOfMemory
     keep = cuda.empty(1000)
     with pytest.raises(DeviceOutOfMemory) as info:
         cuda.empty(1 << 42)  # 16 TiB

@@ -28,6 +28,8 @@ import pycuda.driver as drv
 from pycuda.compiler import SourceModule
 from pycuda.tools import DeviceMemoryPool
 
+from . import DeviceOutOfMemory
+
 from .. import activations
 from .numpy_backend import conv_out_size
 
@@ -105,28 +107,8 @@ class CudaError(RuntimeError):
     """A CUDA error, with the kernel launch (name, grid, block) it is attributed to."""
 
 
-class DeviceOutOfMemory(Exception):
-    """The GPU could not provide an allocation of requested_bytes while this
-    backend held allocated_bytes in live arrays."""
-
-    def __init__(self, requested_bytes, allocated_bytes, free_bytes=None, total_bytes=None):
-        self.requested_bytes = int(requested_bytes)
-        self.allocated_bytes = int(allocated_bytes)
-        self.free_bytes = free_bytes
-        self.total_bytes = total_bytes
-        msg = (f"out of GPU memory: could not allocate {_mib(self.requested_bytes)} "
-               f"with {_mib(self.allocated_bytes)} already allocated by darknet-py")
-        if free_bytes is not None and total_bytes is not None:
-            msg += f" (device: {_mib(free_bytes)} free of {_mib(total_bytes)})"
-        super().__init__(msg)
-
-
 def _ceil_div(a, b):
     return -(-a // b)
-
-
-def _mib(n):
-    return f"{n / 2**20:.1f} MiB"
 
 
 class _Device:
