@@ -671,7 +671,8 @@ class DataLoader:
     Training (``train=True``): an endless stream; each image is drawn at random with
     replacement (``sampling="random"``, as Darknet's get_random_paths) or from a fresh
     permutation each epoch (``sampling="shuffle"``), then augmented. Batch ``k`` depends
-    only on (seed, k, input size), never on thread timing, so a seed reproduces the run.
+    only on (seed, k, input size), never on thread timing, so a seed reproduces the run,
+    and ``start=k`` (a resumed run's iteration) yields what an uninterrupted run would.
     An image that cannot be read (or whose labels are malformed or ambiguous) is reported
     once through ``on_error(path, message)`` (default: a line on stderr) and its slot is
     refilled with another image. A detector image without a label file is used with no
@@ -688,7 +689,7 @@ class DataLoader:
     def __init__(self, paths, *, task, width, height, batch, classes, labels=None,
                  channels=3, augment=None, train=True, letterbox=True,
                  max_boxes=MAX_BOXES, sampling="random", seed=0, workers=4, prefetch=None,
-                 on_error=None):
+                 on_error=None, start=0):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if sampling not in ("random", "shuffle"):
@@ -723,7 +724,7 @@ class DataLoader:
         self._prefetch = max(1, int(prefetch if prefetch is not None else 2 * self._workers))
         self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="darknet-data")
         self._pending = {}            # batch index -> (future, size)
-        self._next = 0
+        self._next = int(start)
         self._lock = threading.Lock()
         self._closed = False
 

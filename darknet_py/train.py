@@ -382,10 +382,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     stride = network_stride(net)
     loader = DataLoader(paths, width=o.width, height=o.height, batch=imgs,
                         channels=o.channels, augment=augment, seed=seed, workers=workers,
-                        **loader_args)
-    # Batch k of the loader depends only on (seed, k, size): starting it at the current
-    # iteration makes a resumed run see what the uninterrupted run would have seen.
-    loader._next = net.current_batch
+                        start=net.current_batch, **loader_args)
     if map_eval and map_every is None:
         map_every = default_map_interval(len(paths), imgs)
 
