@@ -165,6 +165,12 @@ class NumpyBackend:
         v -= mean[:filters].reshape(1, filters, 1)
         v /= (np.sqrt(variance[:filters]) + self.dtype.type(1e-6)).reshape(1, filters, 1)
 
+    def normalize_sqrt_eps(self, x, mean, variance, batch, filters, spatial, eps):
+        """x = (x - mean) / sqrt(variance + eps) per channel (the AlexeyAB fork's forward)."""
+        v = x.reshape(batch, filters, spatial)
+        v -= mean[:filters].reshape(1, filters, 1)
+        v /= np.sqrt(variance[:filters] + self.dtype.type(eps)).reshape(1, filters, 1)
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
         mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))
@@ -199,6 +205,21 @@ class NumpyBackend:
         """delta *= activation'(.) computed from the output y."""
         if activation != "linear":
             delta *= activations.gradient(y, activation)
+
+    def gradient_from_input(self, x, activation, delta):
+        """delta *= activation'(x) from the input x (gelu, swish, mish, hard_mish)."""
+        delta *= activations.gradient_from_input(x, activation)
+
+    def normalize_channels(self, x, batch, channels, spatial, activation):
+        """The fork's normalize_channels family in place on x (batch, channels, spatial)."""
+        v = x[:batch * channels * spatial].reshape(batch, channels, spatial)
+        v[...] = activations.normalize_channels(v, activation)
+
+    def normalize_channels_gradient(self, x, batch, channels, spatial, activation, delta):
+        """delta <- its gradient through normalize_channels, from the input x."""
+        d = delta[:batch * channels * spatial].reshape(batch, channels, spatial)
+        d[...] = activations.normalize_channels_gradient(
+            x[:batch * channels * spatial].reshape(batch, channels, spatial), activation, d)
 
     # ---- pooling -------------------------------------------------------------
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):

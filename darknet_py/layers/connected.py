@@ -71,11 +71,11 @@ class ConnectedLayer(Layer):
             bn_forward(self, net, self.outputs, 1)
         else:
             be.add_bias(self.output, self.biases, self.batch, self.outputs, 1)
-        be.activate(self.output, self.activation)
+        self.activate_output(be)
 
     def backward(self, net):
         be = net.be
-        be.gradient(self.output, self.activation, self.delta)
+        self.activation_gradient(be)
         if self.batch_normalize:
             bn_backward(self, net, self.outputs, 1)
         else:
