@@ -20,11 +20,16 @@ SECTION_ALIASES = {
     "dropout": "dropout", "cost": "cost", "route": "route", "shortcut": "shortcut",
     "upsample": "upsample", "reorg": "reorg", "crop": "crop", "local": "local",
     "batchnorm": "batchnorm", "yolo": "yolo", "region": "region", "detection": "detection",
+    # the AlexeyAB fork's ([reorg3d] is its new reorg; its [reorg] is the original's)
+    "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
+    "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
     "deconv", "deconvolutional", "activation", "logistic", "l2norm", "crnn", "gru",
     "lstm", "rnn", "lrn", "normalization", "reorg_old",
+    # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
+    "conv_lstm", "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
 }
 
 

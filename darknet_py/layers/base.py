@@ -173,6 +173,17 @@ def parse_activation(section, default, key="activation", channels=False):
     return name
 
 
+def source_layer(layer, section, ctx, key):
+    """The earlier layer an option names (negative: relative to this one), checked."""
+    ref = section.get_int(key)
+    index = ref if ref >= 0 else layer.index + ref
+    if not 0 <= index < layer.index:
+        raise section.error(f"layer {ref} is out of range: [{section.header}] at layer "
+                            f"{layer.index} can use layers 0..{layer.index - 1} or "
+                            f"-1..-{layer.index}", key)
+    return ctx.layers[index]
+
+
 def refuse_options(section, *keys):
     """Darknet options darknet-py does not implement: an error when set to non-zero."""
     for key in keys:
