@@ -304,7 +304,11 @@ class Network:
         """Total BFLOPs as this network's Darknet counts them (the fork also counts maxpool,
         shortcut and pooling layers)."""
         if self.darknet == "alexeyab":
-            return sum(l.fork_bflops for l in self.layers)
+            # The fork keeps each layer's count, and the total, in a float32.
+            total = np.float32(0)
+            for layer in self.layers:
+                total += np.float32(layer.fork_bflops)
+            return float(total)
         return sum(l.bflops for l in self.layers)
 
     def summary(self):

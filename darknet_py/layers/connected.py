@@ -31,6 +31,10 @@ class ConnectedLayer(Layer):
     def bflops(self):
         return 2.0 * self.inputs * self.outputs / 1e9
 
+    @property
+    def fork_bflops(self):
+        return 0.0   # the fork's make_connected_layer sets no bflops
+
     def describe(self):
         return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}"
 
