@@ -24,7 +24,7 @@ from . import __version__
 from .backends import BackendError
 from .cfg import CfgError, CfgWarning, read_data_file
 from .image import ImageError
-from .network import NetworkError, build_network, load_network
+from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
 from .weights import WeightsError, floats_needed
 
 PROG = "darknet-py"
@@ -116,6 +116,15 @@ def device_options(command):
         "--gpu", type=click.IntRange(min=0), metavar="N", default=None,
         help="Run on CUDA GPU N (the same as --device cuda:N).")(with_device)
     return with_device
+
+
+def darknet_option(command):
+    """Add --darknet original|alexeyab: which Darknet's arithmetic the network follows."""
+    return click.option(
+        "--darknet", type=click.Choice(DARKNET_FLAVOURS), default=None,
+        help="Follow the original Darknet (pjreddie) or the AlexeyAB fork (batch-norm "
+             "epsilon and momentum, BFLOPs, weights header, truth layout). [default: the "
+             "fork's when the weights header or the cfg is the fork's]")(command)
 
 
 def read_names_file(path):
@@ -240,7 +249,8 @@ Prints, per image, the time taken and the --top most probable classes as
                    "else 5].")
 @names_options
 @device_options
-def classify_command(cfg, weights, images, top, names, data, device):
+@darknet_option
+def classify_command(cfg, weights, images, top, names, data, device, darknet):
     if top is None:
         try:
             top = int(data.get("top", 5))
@@ -249,7 +259,7 @@ def classify_command(cfg, weights, images, top, names, data, device):
     from .detection import output_layer
 
     paths = expand_images(images)
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     check_names(names, output_layer(net).outputs)
     net.names = names
 
@@ -328,13 +338,15 @@ original image. Writes the image with labelled boxes to --out, and, with
               help="Write the detections of all images to FILE as JSON.")
 @names_options
 @device_options
-def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, names, data, device):
+@darknet_option
+def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, names, data, device,
+                   darknet):
     from .detection import detections_to_json, detector_layers, draw_detections, pixel_box
     from .image import load_image, to_bgr
 
     paths = expand_images(images)
     outputs = output_paths(out, paths)
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
@@ -384,14 +396,18 @@ def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, name
 @click.argument("cfg")
 @click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
               help="Images per forward pass, for the memory estimate [default: 1].")
-def info_command(cfg, batch):
+@darknet_option
+def info_command(cfg, batch, darknet):
     """Print a network's layer table and its total BFLOPs.
 
     Works out every layer's shape from CFG without allocating anything or loading
     weights, so it is quick even for large networks. The last line estimates the memory
     the activations need at --batch images.
     """
-    net = build_network(cfg, batch=batch)
+    net = build_network(cfg, batch=batch, darknet=darknet)
+    click.echo(f"Darknet: {net.darknet} ({'chosen with --darknet' if darknet else 'from the cfg'}"
+               f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
+               f"'s Darknet counts them)")
     for line in net.summary():
         click.echo(line)
     batch = net.batch
@@ -408,7 +424,8 @@ def info_command(cfg, batch):
 @click.argument("out")
 @click.argument("layers", metavar="N", type=click.IntRange(min=0))
 @click.option("--force", is_flag=True, help="Allow OUT to be the WEIGHTS file itself.")
-def partial_command(cfg, weights, out, layers, force):
+@darknet_option
+def partial_command(cfg, weights, out, layers, force, darknet):
     """Copy the weights of the first N layers of WEIGHTS into OUT (Darknet's partial).
 
     Used to make a pretrained backbone, e.g. darknet53.conv.74 from darknet53.weights.
@@ -420,7 +437,7 @@ def partial_command(cfg, weights, out, layers, force):
         raise UserError(f"{out}: OUT is the WEIGHTS file; refusing to overwrite it "
                         f"(use --force to allow)")
     # Darknet runs partial on the CPU: it is file work, not inference.
-    net = load_network(cfg, None, batch=1, device="cpu")
+    net = load_network(cfg, None, batch=1, device="cpu", darknet=darknet)
     net.load_weights(weights, cutoff=layers)
     net.seen = 0
     net.save_weights(out, cutoff=layers)
@@ -474,8 +491,9 @@ def training_errors(command):
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
 @device_options
 @training_errors
+@darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, device):
+                  overwrite, quiet, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -491,7 +509,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet,
+              overwrite=overwrite, verbose=not quiet, darknet=darknet,
               log=lambda line: click.echo(line))
     except KeyboardInterrupt:
         sys.exit(130)   # the weights are saved and the resume command printed
@@ -503,7 +521,8 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
 @click.argument("weights")
 @device_options
 @training_errors
-def valid_command(cfg, data, weights, device):
+@darknet_option
+def valid_command(cfg, data, weights, device, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
     A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
@@ -513,7 +532,8 @@ def valid_command(cfg, data, weights, device):
     "mAP@0.5: 0.7120".
     """
     from .validate import validate
-    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line))
+    validate(cfg, data, weights, device=device, darknet=darknet,
+             log=lambda line: click.echo(line))
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

@@ -247,7 +247,7 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
 
 
 # ---- the `valid` command ---------------------------------------------------------------
-def validate(cfg, data, weights, device="auto", top=None, log=print):
+def validate(cfg, data, weights, device="auto", top=None, log=print, darknet=None):
     """Load CFG with WEIGHTS and score it on the valid list of the .data file DATA. Prints
     per-class results, then the summary line; returns the result."""
     from .network import load_network
@@ -256,7 +256,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print):
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     net.names = config.names
     task = network_task(net)
     if task == "classifier":
