@@ -48,7 +48,8 @@ class MaxpoolLayer(Layer):
         # Darknet's row: "max          %d x %d / %d  %4d x%4d x%4d   ->  ..."
         stride = (f"{self.stride_x:d}" if self.stride_x == self.stride_y
                   else f"{self.stride_x:d}x{self.stride_y:d}")
-        return (f"{'':7s}{self.size:d} x {self.size:d} / {stride}  "
+        window = "depth    " if self.depth else f"{self.size:d} x {self.size:d} / {stride}"
+        return (f"{'':7s}{window}  "
                 f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
 
