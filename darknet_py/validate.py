@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data import DataLoader, MissingLabelFile, load_data_config, read_image_labels
-from .detection import box_iou, detector_layers, output_layer
+from .boxes import box_iou
+from .detection import detector_layers, output_layer
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
 VALID_NMS = 0.45
