@@ -7,7 +7,9 @@ import pytest
 
 from darknet_py import data as D
 from darknet_py import demo_data
-from darknet_py.image import load_image
+from darknet_py.boxes import truth_boxes
+from darknet_py.data import augment as A
+from darknet_py.image import load_image, resize_image
 
 
 def write(path, text, newline="\n"):
@@ -134,7 +136,7 @@ def test_truth_buffer_layout():
     assert t.dtype == np.float32 and t.shape == (90 * 5,)
     assert t[:10].tolist() == pytest.approx([0.5, 0.4, 0.2, 0.3, 7, 0.25, 0.75, 0.1, 0.1, 2])
     assert not t[10:].any()
-    np.testing.assert_allclose(D.truth_boxes(t), boxes, atol=1e-6)
+    np.testing.assert_allclose(truth_boxes(t), boxes, atol=1e-6)
 
 
 def test_truth_drops_tiny_boxes_and_truncates():
@@ -174,9 +176,11 @@ def test_detection_augmentation_moves_boxes_with_pixels():
     img, boxes = bright_box_image()
     aug = D.DetectorAugment(jitter=0.3)
     for seed in range(12):
-        x, t = D.augment_detection_sample(img, boxes, aug, 64, 64, np.random.default_rng(seed))
+        x, t = A.augment_detection_hwc(A.to_hwc(img), boxes, aug, 64, 64,
+                                       np.random.default_rng(seed))
+        x = A.from_hwc(x)
         assert x.shape == (3, 64, 64)
-        kept = D.truth_boxes(t)
+        kept = truth_boxes(t)
         assert len(kept) == 1 and kept[0, 4] == 3
         bx, by, bw, bh = kept[0, :4]
         assert 0 <= bx - bw / 2 and bx + bw / 2 <= 1 and 0 <= by - bh / 2 and by + bh / 2 <= 1
@@ -191,20 +195,20 @@ def test_detection_augmentation_moves_boxes_with_pixels():
 def test_hsv_follows_darknet_formulas():
     rgb = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0.5, 0.25, 0.5], [0.3, 0.3, 0.3]],
                    np.float32).T.reshape(3, 1, 5)
-    hsv = D.rgb_to_hsv(rgb)[:, 0, :].T
+    hsv = A.rgb_to_hsv(rgb)[:, 0, :].T
     np.testing.assert_allclose(hsv, [[0, 1, 1], [1 / 3, 1, 1], [2 / 3, 1, 1],
                                      [5 / 6, 0.5, 0.5], [0, 0, 0.3]], atol=1e-5)
     img = np.random.default_rng(0).random((3, 9, 11)).astype(np.float32)
-    np.testing.assert_allclose(D.hsv_to_rgb(D.rgb_to_hsv(img)), img, atol=1e-5)
-    np.testing.assert_allclose(D.distort_image(img, 0, 1, 1), img, atol=1e-5)
+    np.testing.assert_allclose(A.hsv_to_rgb(A.rgb_to_hsv(img)), img, atol=1e-5)
+    np.testing.assert_allclose(A.distort_image(img, 0, 1, 1), img, atol=1e-5)
     red = np.array([1, 0, 0], np.float32).reshape(3, 1, 1)
-    np.testing.assert_allclose(D.distort_image(red, 1 / 3, 1, 1).ravel(), [0, 1, 0], atol=1e-5)
-    np.testing.assert_allclose(D.distort_image(red, -1 / 3, 1, 0.5).ravel(), [0, 0, 0.5],
+    np.testing.assert_allclose(A.distort_image(red, 1 / 3, 1, 1).ravel(), [0, 1, 0], atol=1e-5)
+    np.testing.assert_allclose(A.distort_image(red, -1 / 3, 1, 0.5).ravel(), [0, 0, 0.5],
                                atol=1e-5)
-    out = D.distort_image(img, 0.3, 2.0, 1.5)
+    out = A.distort_image(img, 0.3, 2.0, 1.5)
     assert out.shape == img.shape and out.min() >= 0 and out.max() <= 1
     grey = np.full((1, 4, 4), 0.6, np.float32)
-    np.testing.assert_allclose(D.distort_image(grey, 0.2, 2, 1.5), 0.9, atol=1e-6)
+    np.testing.assert_allclose(A.distort_image(grey, 0.2, 2, 1.5), 0.9, atol=1e-6)
 
 
 def darknet_rotate_crop_reference(img, rad, s, w, h, dx, dy, aspect):
@@ -233,19 +237,19 @@ def darknet_rotate_crop_reference(img, rad, s, w, h, dx, dy, aspect):
                                   (-0.5, 0.7, 14, 12, 6, 5, 0.8)])
 def test_rotate_crop_matches_darknet(args):
     img = np.random.default_rng(1).random((3, 9, 15)).astype(np.float32)
-    np.testing.assert_allclose(D.rotate_crop_image(img, *args),
+    np.testing.assert_allclose(A.rotate_crop_image(img, *args),
                                darknet_rotate_crop_reference(img, *args), atol=1e-4)
 
 
 def test_classifier_augment_shapes_and_center_crop():
     img = np.random.default_rng(0).random((3, 40, 60)).astype(np.float32)
     aug = D.ClassifierAugment(angle=15, aspect=1.2, hue=0.1, saturation=1.5, exposure=1.5)
-    out = D.augment_classifier_image(img, aug, 32, 32, np.random.default_rng(1))
-    assert out.shape == (3, 32, 32) and out.dtype == np.float32
+    out = A.augment_classifier_hwc(A.to_hwc(img), aug, 32, 32, np.random.default_rng(1))
+    assert out.shape == (32, 32, 3) and out.dtype == np.float32
     center = D.ClassifierAugment(center=True, flip=False)
     np.testing.assert_allclose(
-        D.augment_classifier_image(img, center, 32, 32, np.random.default_rng(1)),
-        D.resize_image(img[:, :, 10:50], 32, 32), atol=1e-5)
+        A.augment_classifier_hwc(A.to_hwc(img), center, 32, 32, np.random.default_rng(1)),
+        A.to_hwc(resize_image(img[:, :, 10:50], 32, 32)), atol=1e-5)
 
 
 # --- loader ------------------------------------------------------------------------------
@@ -323,7 +327,7 @@ def test_loader_validation_pass_in_order(tiny_detection_set):
         assert [len(b.paths) for b in batches] == [4, 2]
         assert sum((b.paths for b in batches), []) == tiny_detection_set
         assert batches[1].image_sizes[0] == (56, 36)
-        first = D.truth_boxes(batches[0].truth[0])
+        first = truth_boxes(batches[0].truth[0])
         np.testing.assert_allclose(first, D.read_image_labels(tiny_detection_set[0]), atol=1e-6)
         assert len(list(loader)) == 2    # a validation loader can be iterated again
 
@@ -369,8 +373,9 @@ def test_compute_anchors_from_data_file(tiny_detection_set, tmp_path):
     widths = [(10 + 3 * i) / (40 + 4 * i) * 100 for i in range(6)]
     np.testing.assert_allclose(sorted(boxes[:, 0]), sorted(widths), rtol=1e-5)
     np.testing.assert_allclose(boxes[:, 1], 14 / 36 * 200, rtol=1e-5)
-    anchors = D.compute_anchors(data, 2, 100, 200, seed=0)
-    assert len(anchors) == 2 and anchors == D.compute_anchors(data, 2, 100, 200, seed=0)
+    anchors, clustered = D.compute_anchors(data, 2, 100, 200, seed=0)
+    np.testing.assert_array_equal(clustered, boxes)
+    assert len(anchors) == 2 and anchors == D.compute_anchors(data, 2, 100, 200, seed=0)[0]
 
 
 # --- demo sets ---------------------------------------------------------------------------
@@ -422,8 +427,8 @@ def test_build_detection_set(tmp_path):
 def test_crop_resize_equals_darknet_crop_then_resize(crop):
     img = np.random.default_rng(2).random((3, 9, 15)).astype(np.float32)
     for w, h in ((15, 9), (31, 17), (7, 5)):
-        np.testing.assert_allclose(D.crop_resize_image(img, *crop, w, h),
-                                   D.resize_image(D.crop_image(img, *crop), w, h), atol=1e-5)
+        np.testing.assert_allclose(A.crop_resize_image(img, *crop, w, h),
+                                   resize_image(A.crop_image(img, *crop), w, h), atol=1e-5)
 
 
 def test_augment_settings_from_cfg_sections():
@@ -452,7 +457,7 @@ def test_loader_with_no_usable_image_raises(tmp_path):
 
 
 def test_detector_validation_input_is_letterboxed(tiny_detection_set):
-    from darknet_py.image import letterbox, resize_image
+    from darknet_py.image import letterbox
     img = load_image(tiny_detection_set[3])
     for boxed, expected in ((True, letterbox(img, 32, 32)), (False, resize_image(img, 32, 32))):
         with D.DataLoader(tiny_detection_set[3:4], task="detector", width=32, height=32,

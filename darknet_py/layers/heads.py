@@ -2,8 +2,10 @@
 buffer's layout, the per-step statistics line and the class-id check."""
 import numpy as np
 
+from ..boxes import TRUTH_FIELDS
+from ..boxes import truth_boxes as image_truth_boxes
+
 F32 = np.float32
-TRUTH_FIELDS = 5  # x, y, w, h, class
 
 
 def parse_anchors(s, count):
@@ -24,13 +26,7 @@ def truth_boxes(net, batch, max_boxes):
     Darknet's `if(!truth.x) break` does."""
     truth = net.truth_host.reshape(batch, -1)
     per_image = truth.shape[1] // TRUTH_FIELDS
-    rows = truth[:, :per_image * TRUTH_FIELDS].reshape(batch, per_image, TRUTH_FIELDS)
-    rows = rows[:, :max_boxes]
-    out = []
-    for b in range(batch):
-        zero = np.nonzero(rows[b, :, 0] == 0)[0]
-        out.append(rows[b, :zero[0] if zero.size else rows.shape[1]])
-    return out
+    return [image_truth_boxes(row[:per_image * TRUTH_FIELDS])[:max_boxes] for row in truth]
 
 
 def report(net, layer, line):
