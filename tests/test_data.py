@@ -130,6 +130,119 @@ def test_read_labels_and_malformed_line(tmp_path):
         D.read_labels(tmp_path / "none.txt")
 
 
+def reference_parse_labels(text):
+    """The line-by-line label parser that parse_labels replaced, for valid text."""
+    rows = []
+    for raw in text.splitlines():
+        fields = raw.split()
+        if fields:
+            x, y, w, h = (float(v) for v in fields[1:])
+            rows.append((x, y, w, h, int(fields[0])))
+    return np.array(rows, dtype=np.float32).reshape(-1, 5)
+
+
+def random_label_text(rng, n):
+    """n label lines written the ways label files are: fixed, %g and exponent formats,
+    integers, extra spaces and tabs, CRLF, blank lines."""
+    lines = []
+    for _ in range(n):
+        cls = str(rng.integers(0, 80))
+        values = rng.uniform(-0.2, 1.2, 4) * rng.choice([1, 1, 1e-3])
+        values[2:] = np.abs(values[2:])
+        style = rng.integers(4)
+        fmt = ("{:.6f}", "{:g}", "{:.17e}", "{:.0f}")[style]
+        sep = rng.choice([" ", "  ", "\t", " \t "])
+        lines.append(sep.join([cls] + [fmt.format(v) for v in values]) + rng.choice(["", " "]))
+        if rng.random() < 0.2:
+            lines.append(rng.choice(["", "   "]))
+    return rng.choice(["\n", "\r\n"]).join(lines) + rng.choice(["", "\n"])
+
+
+def test_parse_labels_equals_line_by_line_parser_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for n in list(range(6)) + [90, 300]:
+        text = random_label_text(rng, n)
+        got = D.parse_labels(text, classes=80)
+        want = reference_parse_labels(text)
+        assert got.dtype == np.float32 and got.shape == (n, 5)
+        np.testing.assert_array_equal(got, want)
+    # Class ids past float32's exact integers are still parsed as before.
+    np.testing.assert_array_equal(D.parse_labels("16777217 0.5 0.5 0.1 0.1"),
+                                  reference_parse_labels("16777217 0.5 0.5 0.1 0.1"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0 0.5 0.5 0.1 0.1\n1 0.5 0.5 0.1\n", r"x\.txt:2: expected 'class x y w h'"),
+    ("\n0 0.5 0.5 0.1 0.1\n1.0 0.5 0.5 0.1 0.1\n", r"x\.txt:3: class id must be an integer"),
+    ("0 0.5 nan 0.1 0.1\n", r"x\.txt:1: x y w h must be finite"),
+    ("0 0.5 0.5 0.1 0.1\n7 0.5 0.5 0.1 0.1\n", r"x\.txt:2: class id 7 out of range \(0\.\.4\)"),
+    ("-1 0.5 0.5 0.1 0.1\n", r"x\.txt:1: class id -1 out of range"),
+    ("0 0.5 0.5 -0.1 0.1\n", r"x\.txt:1: negative box size"),
+])
+def test_parse_labels_names_the_bad_line(text, message):
+    with pytest.raises(D.DataError, match=message):
+        D.parse_labels(text, "x.txt", classes=5)
+
+
+def reference_correct_box(box, dx, dy, sx, sy, flip):
+    """Darknet's correct_boxes for one box, in float32 as the vectorised version
+    computes (a (0, 0) centre is the 'no box' marker: its size becomes 0)."""
+    f32 = np.float32
+    x, y, w, h, cls = (f32(v) for v in box)
+    dx, dy, sx, sy = f32(dx), f32(dy), f32(sx), f32(sy)
+    left, right = (x - w / f32(2)) * sx - dx, (x + w / f32(2)) * sx - dx
+    top, bottom = (y - h / f32(2)) * sy - dy, (y + h / f32(2)) * sy - dy
+    if flip:
+        left, right = f32(1) - right, f32(1) - left
+    left, right, top, bottom = (min(max(v, f32(0)), f32(1)) for v in (left, right, top, bottom))
+    marker = x == 0 and y == 0
+    return [(left + right) / f32(2), (top + bottom) / f32(2),
+            f32(0) if marker else min(max(right - left, f32(0)), f32(1)),
+            f32(0) if marker else min(max(bottom - top, f32(0)), f32(1)), cls]
+
+
+def reference_detection_truth(boxes, max_boxes, dx, dy, sx, sy, flip, rng):
+    """Darknet's fill_truth_detection, box by box."""
+    order = rng.permutation(len(boxes)) if len(boxes) > 1 else range(len(boxes))
+    truth = np.zeros((max_boxes, 5), np.float32)
+    kept = 0
+    for i in list(order)[:max_boxes]:
+        box = reference_correct_box(boxes[i], dx, dy, sx, sy, flip)
+        if box[2] < np.float32(0.001) or box[3] < np.float32(0.001):
+            continue
+        truth[kept] = box
+        kept += 1
+    return truth.reshape(-1)
+
+
+def random_boxes(rng, n):
+    boxes = np.empty((n, 5), np.float32)
+    boxes[:, :2] = rng.uniform(-0.2, 1.2, (n, 2))
+    boxes[:, 2:4] = rng.uniform(0, 0.8, (n, 2)) * rng.choice([1, 1e-3], (n, 1))
+    boxes[:, 4] = rng.integers(0, 80, n)
+    boxes[rng.random(n) < 0.1, :2] = 0          # Darknet's 'no box' marker
+    return boxes
+
+
+def test_correct_boxes_and_detection_truth_equal_box_by_box_versions():
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        boxes = random_boxes(rng, int(rng.integers(0, 120)))
+        # Python floats, as the augmentation passes them (a NumPy float64 would make
+        # the vectorised version compute in double).
+        dx, dy = map(float, rng.uniform(-0.3, 0.3, 2))
+        sx, sy = map(float, rng.uniform(0.6, 1.6, 2))
+        flip = bool(trial % 2)
+        want = [reference_correct_box(b, dx, dy, sx, sy, flip) for b in boxes]
+        np.testing.assert_array_equal(D.correct_boxes(boxes, dx, dy, sx, sy, flip),
+                                      np.array(want, np.float32).reshape(-1, 5))
+        max_boxes = int(rng.choice([30, 90]))
+        got = D.detection_truth(boxes, max_boxes, dx, dy, sx, sy, flip,
+                                np.random.default_rng(trial))
+        np.testing.assert_array_equal(got, reference_detection_truth(
+            boxes, max_boxes, dx, dy, sx, sy, flip, np.random.default_rng(trial)))
+
+
 def test_truth_buffer_layout():
     boxes = np.array([[0.5, 0.4, 0.2, 0.3, 7], [0.25, 0.75, 0.1, 0.1, 2]], np.float32)
     t = D.detection_truth(boxes)

@@ -17,6 +17,7 @@ from .config import DataError, _read_text, _where
 
 MAX_BOXES = 90            # Darknet's default for [yolo]/[region] max=
 MIN_BOX_SIZE = 0.001      # fill_truth_detection drops boxes narrower or shorter than this
+_EXACT_FLOAT32_INT = 2 ** 24   # class ids below this are exact in a float32 truth row
 
 
 class MissingLabelFile(DataError):
@@ -94,7 +95,33 @@ def label_path(image_path):
 
 
 def parse_labels(text, source="<labels>", classes=None):
-    """Parse label text into float32 (n, 5) rows of (x, y, w, h, class)."""
+    """Parse label text into float32 (n, 5) rows of (x, y, w, h, class). A malformed line
+    raises DataError naming ``source`` and the line number."""
+    # All boxes at once: the per-token work runs in C (map over builtins, one array
+    # conversion). Anything unusual (a malformed line, a value out of range, a class id
+    # beyond float32's exact integers) goes to the line-by-line parser, which reports it.
+    if set(map(len, map(str.split, text.splitlines()))) <= {0, TRUTH_FIELDS}:
+        tokens = text.split()
+        if not tokens:
+            return np.zeros((0, TRUTH_FIELDS), dtype=np.float32)
+        try:
+            values = list(map(float, tokens))
+            ids = list(map(int, tokens[::TRUTH_FIELDS]))
+        except (ValueError, OverflowError):
+            pass
+        else:
+            top = _EXACT_FLOAT32_INT if classes is None else min(classes, _EXACT_FLOAT32_INT)
+            if (min(ids) >= 0 and max(ids) < top and all(map(math.isfinite, values))
+                    and min(values[3::TRUTH_FIELDS] + values[4::TRUTH_FIELDS]) >= 0):
+                # The class column holds float(id): id exactly, below 2**24.
+                rows = np.array(values, dtype=np.float32).reshape(-1, TRUTH_FIELDS)
+                return rows[:, [1, 2, 3, 4, 0]]
+    return _parse_labels_by_line(text, source, classes)
+
+
+def _parse_labels_by_line(text, source, classes):
+    """parse_labels one line at a time: the path for text the vectorised parser does not
+    take as it is, so that an error names its line, as here."""
     rows = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
