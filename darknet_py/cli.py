@@ -14,6 +14,7 @@ import errno
 import functools
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -487,12 +488,14 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     the same iteration and learning rate. Resuming weights that already reached
     max_batches is an error (exit code 2) that points to --clear.
     """
-    from .train import train
+    from .train import Terminated, train
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
               overwrite=overwrite, verbose=not quiet,
               log=lambda line: click.echo(line))
+    except Terminated:
+        sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
     except KeyboardInterrupt:
         sys.exit(130)   # the weights are saved and the resume command printed
 
