@@ -31,7 +31,7 @@ def check_input_file(path, what, error):
     except OSError as e:
         raise error(f"{path}: cannot read the {what} ({e.strerror})") from None
     if stat.S_ISDIR(mode):
-        raise error(f"{path}: is a directory, not a {what}")
+        raise error(f"{path}: is a directory, not the {what} file")
     if not stat.S_ISREG(mode):
         raise error(f"{path}: not a regular file (a pipe, socket or device); give the "
                     f"{what} as a file")
