@@ -7,13 +7,19 @@ Files with major or minor > 1000 store connected weights transposed.
 """
 import os
 import struct
-import tempfile
+import warnings
 
 import numpy as np
+
+from .files import atomic_output, check_input_file
 
 
 class WeightsError(Exception):
     pass
+
+
+class WeightsWarning(UserWarning):
+    """A weights file that loads but holds something suspicious (NaN or infinite values)."""
 
 
 def _header_layout(major, minor):
@@ -46,6 +52,9 @@ def read_header(f, path):
     major, minor, revision = struct.unpack("<3i", head)
     seen_is_64, transpose = _header_layout(major, minor)
     raw = f.read(8 if seen_is_64 else 4)
+    if 0 < len(raw) < (8 if seen_is_64 else 4):
+        raise WeightsError(f"{path}: not a Darknet weights file (its header ends inside the "
+                           f"{8 if seen_is_64 else 4}-byte image count)")
     seen = struct.unpack("<Q" if seen_is_64 else "<i", raw)[0] if raw else 0
     return (major, minor, revision), seen, transpose, 12 + (8 if seen_is_64 else 4)
 
@@ -58,16 +67,15 @@ def load_weights(net, path, cutoff=None, allow_partial=False):
     ends on a layer boundary (a pretrained backbone such as darknet53.conv.74)
     fills the layers it covers and returns how many layers that was."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise WeightsError(f"{path}: weights file not found")
-    size = os.path.getsize(path)
+    check_input_file(path, "weights file", WeightsError)
     with open(path, "rb") as f:
         header, seen, transpose, offset = read_header(f, path)
-        data = np.frombuffer(f.read(), dtype="<f4")
+        body = f.read()
+    if len(body) % 4:
+        raise WeightsError(f"{path}: {len(body)} bytes after the header is not a whole "
+                           f"number of floats (a truncated or damaged file?)")
+    data = np.frombuffer(body, dtype="<f4")
     have = data.size
-    if (size - offset) % 4:
-        raise WeightsError(f"{path}: {size - offset} bytes after the header is not a whole "
-                           f"number of floats")
     layers = _layers_upto(net, cutoff)
     need = floats_needed(net, cutoff)
     if have < need and allow_partial:
@@ -89,10 +97,16 @@ def load_weights(net, path, cutoff=None, allow_partial=False):
             f"({more} than needed: is this the weights file for this cfg?)")
     pos = 0
     be = net.be
+    all_finite = bool(np.isfinite(data).all())
     for layer in layers:
         for name, arr in _arrays(layer):
             values = data[pos:pos + arr.size]
             pos += arr.size
+            if not all_finite and not np.isfinite(values).all():
+                warnings.warn(WeightsWarning(
+                    f"{path}: layer {layer.index} [{layer.type}] {name}: "
+                    f"{int((~np.isfinite(values)).sum())} of {values.size} values are NaN or "
+                    f"infinite (weights saved from a diverged run?)"), stacklevel=2)
             if transpose and layer.type == "connected" and name == "weights":
                 values = values.reshape(layer.inputs, layer.outputs).T
             be.write(arr, values)
@@ -115,19 +129,6 @@ def save_weights(net, path, cutoff=None):
             if transpose and layer.type == "connected" and name == "weights":
                 values = values.reshape(layer.outputs, layer.inputs).T.reshape(-1)
             chunks.append(values.tobytes())
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".weights-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        # mkstemp makes the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path, kind="weights") as tmp, open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
