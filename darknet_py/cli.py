@@ -451,8 +451,9 @@ def training_errors(command):
 @click.argument("data")
 @click.option("--weights", metavar="WEIGHTS", default=None,
               help="Start from these weights: a backup (resumes at its iteration), a "
-                   "finished run's weights, or a pretrained partial file such as "
-                   "darknet53.conv.74 (the layers it covers).")
+                   "finished run's weights, a pretrained partial file such as "
+                   "darknet53.conv.74 (the layers it covers), or weights trained for "
+                   "another class count (the layers whose shapes match; a notice lists them).")
 @click.option("--clear", is_flag=True,
               help="Start counting iterations at 0 (Darknet's -clear), e.g. to fine-tune "
                    "weights that have already reached max_batches.")

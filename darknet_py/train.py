@@ -41,7 +41,7 @@ from .data import (ClassifierAugment, DataLoader, DetectorAugment, check_classif
 from .detection import detector_layers, output_layer
 from .network import NetworkError, load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task
-from .weights import load_weights
+from .weights import TransferReport, load_weights
 
 BACKUP_EVERY = 100          # iterations between <cfg>.backup saves (Darknet's detector)
 MULTISCALE_EVERY = 10       # iterations between input sizes with random=1 (train_detector)
@@ -267,8 +267,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
-      its `seen` gives), full weights to fine-tune, or a pretrained partial file ending on a
-      layer boundary (darknet53.conv.74: the layers it covers are loaded, seen starts at 0).
+      its `seen` gives), full weights to fine-tune, a pretrained partial file ending on a
+      layer boundary (darknet53.conv.74: the layers it covers are loaded, seen starts at 0),
+      or weights of this cfg trained for another class count (the layers whose shapes
+      match are loaded, the log says which; seen starts at 0).
     clear: start the iteration count at 0 (Darknet's -clear).
     map_eval / map_every: evaluate on the valid list every map_every iterations (default:
       about 4 epochs, at least 100) and at the end; keep _best and _last weights.
@@ -300,8 +302,11 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
 
     # -- the starting point --
     if weights is not None:
-        loaded = load_weights(net, weights, allow_partial=True)
-        if loaded < len(net.layers):
+        loaded = load_weights(net, weights, allow_partial=True, transfer=True)
+        if isinstance(loaded, TransferReport):   # trained for another class count
+            for line in loaded.lines(weights):
+                log(line)
+        elif loaded < len(net.layers):
             last = _param_layers_loaded(net, loaded)
             log(f"{weights}: pretrained weights for layers 0-{last} of {len(net.layers)} "
                 f"(a partial file); the other layers start from random values")
