@@ -502,9 +502,14 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
 @click.argument("cfg")
 @click.argument("data")
 @click.argument("weights")
+@click.option("--results-dir", metavar="DIR", default="results", show_default=True,
+              help="Detectors: where Darknet's results files go (comp4_det_test_<class>.txt "
+                   "per class, coco_results.json).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace results files an earlier run left in --results-dir.")
 @device_options
 @training_errors
-def valid_command(cfg, data, weights, device):
+def valid_command(cfg, data, weights, results_dir, overwrite, device):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
     A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
@@ -512,9 +517,14 @@ def valid_command(cfg, data, weights, device):
     PASCAL VOC's all-point interpolation, per class and overall (detections above .005,
     NMS .45). The last line is for scripts: "top-1: 0.9533 top-5: 0.9990" or
     "mAP@0.5: 0.7120".
+
+    A detector's detections are also written as Darknet's `detector valid` writes them,
+    into --results-dir: comp4_det_test_<class>.txt (image id, probability, left, top,
+    right, bottom in pixels, 1-based) and coco_results.json (COCO's detection format).
     """
     from .validate import validate
-    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line))
+    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
+             results_dir=results_dir, overwrite=overwrite)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

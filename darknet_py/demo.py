@@ -161,9 +161,11 @@ def main(argv=None):
                 overwrite=True)
 
     _step("5/5 Validating the detector and detecting on held-out canvases")
+    results = os.path.join(out, "detection", "results")
     _command(f"darknet-py valid {_relative(DETECTOR_CFG)} {_relative(det_data)} "
-             f"{_relative(det.final_weights)}")
-    found = validate(DETECTOR_CFG, det_data, det.final_weights, device=device, log=log)
+             f"{_relative(det.final_weights)} --results-dir {_relative(results)} --overwrite")
+    found = validate(DETECTOR_CFG, det_data, det.final_weights, device=device, log=log,
+                     results_dir=results, overwrite=True)
     detector = load_network(DETECTOR_CFG, det.final_weights, batch=1, device=device)
     names = list(demo_data.CLASS_NAMES)
     detector.names = names

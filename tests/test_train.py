@@ -469,7 +469,8 @@ def test_detector_valid_prints_map_line(canvases, tmp_path):
         if getattr(layer, "rolling_variance", None) is not None:
             net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
     net.save_weights(weights)
-    out = CliRunner().invoke(cli, ["valid", str(cfg), canvases, weights, "--device", "cpu"])
+    out = CliRunner().invoke(cli, ["valid", str(cfg), canvases, weights, "--device", "cpu",
+                                   "--results-dir", str(tmp_path / "results")])
     assert out.exit_code == 0, out.output
     lines = out.output.strip().splitlines()
     assert re.fullmatch(r"mAP@0\.5: \d\.\d{4}", lines[-1])
