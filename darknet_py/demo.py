@@ -182,8 +182,8 @@ def main(argv=None):
           f"(needs top-1 >= {TOP1_NEEDED:.2f})")
     print(f"   detector:   {found.summary()} on {found.images} held-out canvases")
     print(f"   labelled detections: {_relative(predictions)}; training charts: "
-          f"{_relative(os.path.join(os.path.dirname(cls_data), 'backup', 'chart.png'))}, "
-          f"{_relative(os.path.join(os.path.dirname(det_data), 'backup', 'chart.png'))}")
+          f"{_relative(os.path.join(cls.backup_dir, 'chart_digits-classifier.png'))}, "
+          f"{_relative(os.path.join(det.backup_dir, 'chart_digits-yolo.png'))}")
     print(f"   total time {int(minutes)}:{seconds:04.1f}")
     if top.top1 < TOP1_NEEDED:
         print(f"darknet-py demo: the classifier's top-1 {top.top1:.4f} is below "

@@ -24,13 +24,16 @@ Files in the .data file's backup directory, named after the cfg (``cfg/yolov3.cf
 * with map evaluation: ``yolov3_last.weights`` after every evaluation and
   ``yolov3_best.weights`` whenever the score (mAP@0.5, or top-1 for a classifier) is the
   best so far;
-* ``chart.png``: loss (and the evaluation score) over the iterations.
+* ``chart_yolov3.png``: loss (and the evaluation score) over the iterations, the whole
+  run's: ``yolov3.history.json`` keeps the history beside the backup, so a resumed run's
+  chart continues the earlier one's.
 
-Every weights file is written atomically (a temporary file renamed into place).
+Every file is written atomically (a temporary file renamed into place), with the mode
+a plain open() would give it.
 """
+import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -39,6 +42,7 @@ import numpy as np
 from .data import (ClassifierAugment, DataLoader, DetectorAugment, check_classifier_labels,
                    load_data_config)
 from .detection import detector_layers, output_layer
+from .files import atomic_path, write_text_atomically
 from .network import NetworkError, load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task
 from .weights import TransferReport, load_weights
@@ -206,17 +210,38 @@ def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.
     vertical = cv2.rotate(vertical, cv2.ROTATE_90_COUNTERCLOCKWISE)
     y0 = top + ph // 2 - 50
     img[y0:y0 + 100, 8:28] = vertical
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".chart-", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".png") as tmp:   # the suffix tells OpenCV the format
         if not cv2.imwrite(tmp, img):
             raise OSError(f"{path}: cannot write the chart")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+
+# ---- the history behind the chart --------------------------------------------------------
+def history_path(backup_dir, base):
+    return os.path.join(backup_dir, f"{base}.history.json")
+
+
+def save_history(path, losses, scores):
+    """The losses [(iteration, loss, average)] and scores [(iteration, score)] so far,
+    beside <cfg>.backup, so that a resumed run's chart shows the whole run. Written
+    atomically, whenever the backup is."""
+    write_text_atomically(path, json.dumps({"losses": losses, "scores": scores}) + "\n")
+
+
+def load_history(path, up_to, log):
+    """(losses, scores) of the iterations up to `up_to` from a history file; empty when
+    there is none or it cannot be read (the chart then starts at the resume)."""
+    if not os.path.exists(path):
+        return [], []
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        losses = [tuple(row) for row in saved["losses"] if row[0] <= up_to]
+        scores = [tuple(row) for row in saved["scores"] if row[0] <= up_to]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        log(f"darknet-py: warning: {path}: cannot read the training history ({e}); the "
+            f"chart starts at this run")
+        return [], []
+    return losses, scores
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -336,8 +361,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     _writable_dir(backup_dir)
     backup_path = os.path.join(backup_dir, f"{base}.backup")
     final_path = os.path.join(backup_dir, f"{base}_final.weights")
-    chart_path = os.path.join(backup_dir, "chart.png")
-    earlier = [p for p in (backup_path, final_path) if os.path.exists(p)]
+    chart_path = os.path.join(backup_dir, f"chart_{base}.png")
+    history = history_path(backup_dir, base)
+    earlier = [p for p in (backup_path, final_path, history, chart_path) if os.path.exists(p)]
     if net.current_batch == 0 and earlier:
         if not (overwrite or clear):
             raise TrainError(
@@ -392,6 +418,13 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         map_every = default_map_interval(len(paths), imgs)
 
     result = TrainResult(backup_dir=backup_dir)
+    # Resuming: the chart continues the earlier runs' history (result holds this run's).
+    earlier_losses, earlier_scores = (load_history(history, net.current_batch, log)
+                                      if net.current_batch else ([], []))
+    if earlier_scores:   # _best.weights is replaced only by a better score
+        result.best_score = max(score for _, score in earlier_scores)
+        best = os.path.join(backup_dir, f"{base}_best.weights")
+        result.best_weights = best if os.path.exists(best) else None
     net.verbose = verbose
     metric_name = "mAP@0.5" if task == "detector" else "top-1"
 
@@ -409,9 +442,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         net.save_weights(path)
 
     def chart():
-        its = [h[0] for h in result.losses]
-        draw_chart(chart_path, [h[1] for h in result.losses], [h[2] for h in result.losses],
-                   its, result.scores, metric_name,
+        losses, scores = earlier_losses + result.losses, earlier_scores + result.scores
+        save_history(history, losses, scores)
+        draw_chart(chart_path, [h[1] for h in losses], [h[2] for h in losses],
+                   [h[0] for h in losses], scores, metric_name,
                    f"{base}: {task} training, iteration {net.current_batch} of {o.max_batches}",
                    o.max_batches)
 
