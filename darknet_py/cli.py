@@ -307,10 +307,17 @@ Prints, per image, the time taken and one line per detected class:
 original image. Writes the image with labelled boxes to --out, and, with
 --json, every detection of every image to one JSON file.
 
-{IMAGE_ARGUMENT_HELP}""")
+{IMAGE_ARGUMENT_HELP}
+
+A video file (.mp4, .avi, .mov, ...) or --camera N runs as Darknet's `detector
+demo` does, without a window: every frame is detected and written with its boxes to
+--out (a video; default predictions.mp4; an existing file is not replaced), with a
+line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video.""")
 @click.argument("cfg")
 @click.argument("weights")
-@click.argument("images", metavar="IMAGE...", nargs=-1, required=True)
+@click.argument("images", metavar="IMAGE...", nargs=-1)
+@click.option("--camera", type=click.IntRange(min=0), metavar="N", default=None,
+              help="Detect on camera N's frames until Ctrl-C (instead of IMAGE).")
 @click.option("--thresh", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Report a class when its probability is above this.")
 @click.option("--hier", type=click.FloatRange(0, 1), default=0.5, show_default=True,
@@ -328,10 +335,18 @@ original image. Writes the image with labelled boxes to --out, and, with
               help="Write the detections of all images to FILE as JSON.")
 @names_options
 @device_options
-def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, names, data, device):
+def detect_command(cfg, weights, images, camera, thresh, hier, nms, out, json_file, names, data,
+                   device):
     from .detection import detections_to_json, detector_layers, draw_detections, pixel_box
     from .image import load_image, to_bgr
+    from .video import is_video
 
+    if camera is not None or any(is_video(image) for image in images):
+        from .video import detect_video_command
+        out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
+        return detect_video_command(cfg, weights, images, camera, out if out_given else None,
+                                    json_file, dict(thresh=thresh, hier=hier, nms=nms),
+                                    names, device)
     paths = expand_images(images)
     outputs = output_paths(out, paths)
     net = load_network(cfg, weights, batch=1, device=device)
