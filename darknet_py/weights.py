@@ -7,10 +7,11 @@ Files with major or minor > 1000 store connected weights transposed.
 """
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
+
+from .files import atomic_path
 
 
 class WeightsError(Exception):
@@ -236,19 +237,8 @@ def save_weights(net, path, cutoff=None):
             if transpose and layer.type == "connected" and name == "weights":
                 values = values.reshape(layer.outputs, layer.inputs).T.reshape(-1)
             chunks.append(values.tobytes())
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".weights-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
-        # mkstemp makes the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

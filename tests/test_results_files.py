@@ -46,19 +46,26 @@ def test_results_corners_are_darknets_one_based_clipped_pixels():
     assert results_corners((0.95, 0.95, 0.2, 0.2), 100, 50, origin=0) == (85, 42.5, 100, 50)
 
 
+def untrained_detector(directory):
+    """(cfg, weights) of a small 10-class detector with random weights and usable
+    batch-norm statistics, so that its boxes are finite."""
+    cfg = directory / "det.cfg"
+    cfg.write_text(CFG)
+    net = load_network(str(cfg), seed=4)
+    for layer in net.layers:
+        if getattr(layer, "rolling_variance", None) is not None:
+            net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
+    weights = str(directory / "det.weights")
+    net.save_weights(weights)
+    return str(cfg), weights
+
+
 @pytest.fixture()
 def detector(tmp_path):
     data = demo_data.build_detection_set(tmp_path / "set", 2, 3, seed=0, canvas_size=32,
                                          max_digits=2, min_digit=8, max_digit=16)
-    cfg = tmp_path / "det.cfg"
-    cfg.write_text(CFG)
-    net = load_network(str(cfg), seed=4)
-    for layer in net.layers:   # usable statistics, so the untrained head gives finite boxes
-        if getattr(layer, "rolling_variance", None) is not None:
-            net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
-    weights = str(tmp_path / "det.weights")
-    net.save_weights(weights)
-    return str(cfg), data, weights
+    cfg, weights = untrained_detector(tmp_path)
+    return cfg, data, weights
 
 
 def test_valid_writes_comp4_and_coco_results_and_keeps_them(detector, tmp_path):

@@ -1,5 +1,4 @@
 """Transfer loading: weights trained for another class count fill the layers that match."""
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +12,10 @@ from darknet_py.network import Network, load_network
 from darknet_py.train import train
 from darknet_py.weights import TransferReport, WeightsError, load_weights
 
+from tests.test_real_weights import SHARED, WEIGHTS, needs_real_weights
+
 REPO = Path(__file__).resolve().parents[1]
-WEIGHTS = REPO.parent / "shared" / "weights"
-STOCK_CFG = REPO.parent / "shared" / "darknet-cfg"
-needs_real_weights = pytest.mark.skipif(
-    not (WEIGHTS / "yolov3-tiny.weights").is_file() or not STOCK_CFG.is_dir(),
-    reason=f"Darknet's COCO yolov3-tiny weights and stock cfgs not found under {WEIGHTS.parent} "
-           f"(not part of the repository; CI runs without them)")
+STOCK_CFG = SHARED / "darknet-cfg"
 
 # Two heads, as yolov3-tiny: the second head's branch routes from before the first head.
 CFG = """[net]

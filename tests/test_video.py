@@ -1,6 +1,5 @@
 """`detect` on a video file or a camera: darknet_py/video.py, Darknet's `detector demo`."""
 import os
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -10,30 +9,8 @@ from click.testing import CliRunner
 from darknet_py.cli import cli
 from darknet_py.network import load_network
 from darknet_py.video import run_video
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-WEIGHTS = SHARED / "weights"
-needs_real_weights = pytest.mark.skipif(
-    not (WEIGHTS / "yolov3-tiny.weights").is_file(),
-    reason=f"Darknet's COCO yolov3-tiny weights not found under {WEIGHTS} (kept outside the "
-           f"repository; CI runs without them)")
-
-TINY_CFG = """[net]
-batch=1
-width=32
-height=32
-channels=3
-[convolutional]
-filters=45
-size=3
-pad=1
-activation=linear
-[yolo]
-mask=0,1,2
-anchors=8,8, 12,12, 16,16
-classes=10
-num=3
-"""
+from tests.test_real_weights import SHARED, WEIGHTS, needs_real_weights
+from tests.test_results_files import untrained_detector
 
 
 def write_video(path, frames, fps=5):
@@ -65,14 +42,11 @@ def dog_frames(count=4):
 
 @pytest.fixture()
 def tiny(tmp_path):
-    cfg = tmp_path / "tiny.cfg"
-    cfg.write_text(TINY_CFG)
-    weights = str(tmp_path / "tiny.weights")
-    load_network(str(cfg), seed=2).save_weights(weights)
+    cfg, weights = untrained_detector(tmp_path)
     video = tmp_path / "in.mp4"
     rng = np.random.default_rng(0)
     write_video(video, [rng.integers(0, 255, (48, 64, 3), dtype=np.uint8) for _ in range(5)])
-    return str(cfg), weights, video
+    return cfg, weights, video
 
 
 @needs_real_weights
