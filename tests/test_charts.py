@@ -4,7 +4,6 @@ import os
 import stat
 
 import cv2
-import numpy as np
 import pytest
 
 from darknet_py.train import train
