@@ -360,10 +360,17 @@ each, as in Darknet). Writes the image with labelled boxes to --out, and, with
 --json, every detection of every image to one JSON file. Existing outputs are
 not replaced without --overwrite.
 
-{IMAGE_ARGUMENT_HELP}""")
+{IMAGE_ARGUMENT_HELP}
+
+A video file (.mp4, .avi, .mov, ...) or --camera N runs as Darknet's `detector
+demo` does, without a window: every frame is detected and written with its boxes to
+--out (a video; default predictions.mp4; an existing file is not replaced), with a
+line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video.""")
 @click.argument("cfg")
 @click.argument("weights")
-@click.argument("images", metavar="IMAGE...", nargs=-1, required=True)
+@click.argument("images", metavar="IMAGE...", nargs=-1)
+@click.option("--camera", type=click.IntRange(min=0), metavar="N", default=None,
+              help="Detect on camera N's frames until Ctrl-C (instead of IMAGE).")
 @click.option("--thresh", type=Probability(), default=0.5, show_default=True,
               help="Report a class when its probability is above this.")
 @click.option("--nms", type=Probability(), default=0.45, show_default=True,
@@ -383,12 +390,21 @@ not replaced without --overwrite.
 @overwrite_option
 @names_options
 @device_options
-def detect_command(cfg, weights, images, thresh, nms, out, json_file, darknet_order,
+def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
                    overwrite, names, data, device):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
                             draw_detections, pixel_box)
     from .image import decode_image, from_bgr
+    from .video import is_video
 
+    if camera is not None or any(is_video(image) for image in images):
+        from .video import detect_video_command
+        out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
+        return detect_video_command(cfg, weights, images, camera, out if out_given else None,
+                                    json_file, dict(thresh=thresh, nms=nms), names, device,
+                                    overwrite)
+    if not images:
+        raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)
     outputs = [None] * len(paths) if out.lower() == "none" else output_paths(out, paths)
     claim_outputs([p for p in outputs if p is not None] + ([json_file] if json_file else []),
@@ -512,8 +528,9 @@ def training_errors(command):
 @click.argument("data")
 @click.option("--weights", metavar="WEIGHTS", default=None,
               help="Start from these weights: a backup (resumes at its iteration), a "
-                   "finished run's weights, or a pretrained partial file such as "
-                   "darknet53.conv.74 (the layers it covers).")
+                   "finished run's weights, a pretrained partial file such as "
+                   "darknet53.conv.74 (the layers it covers), or weights trained for "
+                   "another class count (the layers whose shapes match; a notice lists them).")
 @click.option("--clear", is_flag=True,
               help="Start counting iterations at 0 (Darknet's -clear), e.g. to fine-tune "
                    "weights that have already reached max_batches.")
@@ -545,10 +562,11 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     iteration ("iteration: loss, average loss, rate, seconds, images"), weights saved
     in the .data file's backup directory: <cfg>.backup every 100 iterations,
     numbered weights at Darknet's intervals, <cfg>_final.weights at the end, and
-    chart.png. Ctrl-C (or SIGTERM) saves <cfg>.backup; --weights <backup>/<cfg>.backup
-    resumes at the same iteration and learning rate. Resuming weights that already
-    reached max_batches is an error (exit code 2) that points to --clear. A loss that
-    turns NaN or infinite stops the run (exit code 2) without saving the diverged weights.
+    chart_<cfg>.png (the whole run's, also after a resume). Ctrl-C (or SIGTERM) saves
+    <cfg>.backup; --weights <backup>/<cfg>.backup resumes at the same iteration and learning
+    rate. Resuming weights that already reached max_batches is an error (exit code 2) that
+    points to --clear. A loss that turns NaN or infinite stops the run (exit code 2) without
+    saving the diverged weights.
     """
     from .train import Terminated, train
     try:
@@ -566,9 +584,14 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
 @click.argument("cfg")
 @click.argument("data")
 @click.argument("weights")
+@click.option("--results-dir", metavar="DIR", default="results", show_default=True,
+              help="Detectors: where Darknet's results files go (comp4_det_test_<class>.txt "
+                   "per class, coco_results.json).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace results files an earlier run left in --results-dir.")
 @device_options
 @training_errors
-def valid_command(cfg, data, weights, device):
+def valid_command(cfg, data, weights, results_dir, overwrite, device):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
     A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
@@ -576,9 +599,14 @@ def valid_command(cfg, data, weights, device):
     PASCAL VOC's all-point interpolation, per class and overall (detections above .005,
     NMS .45). The last line is for scripts: "top-1: 0.9533 top-5: 0.9990" or
     "mAP@0.5: 0.7120".
+
+    A detector's detections are also written as Darknet's `detector valid` writes them,
+    into --results-dir: comp4_det_test_<class>.txt (image id, probability, left, top,
+    right, bottom in pixels, 1-based) and coco_results.json (COCO's detection format).
     """
     from .validate import validate
-    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line))
+    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
+             results_dir=results_dir, overwrite=overwrite)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

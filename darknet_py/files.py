@@ -131,3 +131,8 @@ def atomic_output(path, kind="output"):
 def _unlink(path):
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def write_text_atomically(path, text):
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)

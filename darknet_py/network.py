@@ -405,9 +405,11 @@ class Network:
         return classify(self, image, top=top)
 
     # ---- weights ------------------------------------------------------------------
-    def load_weights(self, path, cutoff=None):
+    def load_weights(self, path, cutoff=None, transfer=False):
+        """Load a .weights file; with transfer, also one trained for another class count
+        (returns a weights.TransferReport saying which layers were loaded)."""
         from .weights import load_weights
-        load_weights(self, path, cutoff)
+        return load_weights(self, path, cutoff, transfer=transfer)
 
     def save_weights(self, path, cutoff=None):
         from .weights import save_weights
@@ -422,14 +424,21 @@ def host_memory_bytes():
         return None
 
 
-def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None):
+def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
+                 transfer=False):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
-    and load `weights` if given. `batch` overrides the cfg's batch/subdivisions."""
+    and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
+    transfer=True accepts weights trained for another class count: the layers whose
+    shapes match are loaded, the others keep their random start; net.transfer_report
+    says which (None when the file matched the cfg)."""
     sections = parse_cfg(cfg)
     backend = get_backend(device)
     net = Network(sections, cfg, batch=batch, backend=backend, seed=seed)
+    net.transfer_report = None
     if weights is not None:
-        net.load_weights(weights, cutoff)
+        loaded = net.load_weights(weights, cutoff, transfer=transfer)
+        if not isinstance(loaded, int):
+            net.transfer_report = loaded
     return net
 
 

@@ -24,10 +24,14 @@ Files in the .data file's backup directory, named after the cfg (``cfg/yolov3.cf
 * with map evaluation: ``yolov3_last.weights`` after every evaluation and
   ``yolov3_best.weights`` whenever the score (mAP@0.5, or top-1 for a classifier) is the
   best so far;
-* ``chart.png``: loss (and the evaluation score) over the iterations.
+* ``chart_yolov3.png``: loss (and the evaluation score) over the iterations, the whole
+  run's: ``yolov3.history.json`` keeps the history beside the backup, so a resumed run's
+  chart continues the earlier one's.
 
-Every weights file is written atomically (a temporary file renamed into place).
+Every file is written atomically (a temporary file renamed into place), with the mode
+a plain open() would give it.
 """
+import json
 import math
 import os
 import re
@@ -43,10 +47,11 @@ from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader
 from .detection import detector_layers, output_layer
-from .files import OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries
+from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
+                    write_text_atomically)
 from .network import NetworkError, load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task
-from .weights import WeightsError, load_weights, read_header
+from .weights import TransferReport, WeightsError, load_weights, read_header
 
 BACKUP_EVERY = 100          # iterations between <cfg>.backup saves (Darknet's detector)
 MULTISCALE_EVERY = 10       # iterations between input sizes with random=1 (train_detector)
@@ -304,6 +309,35 @@ def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.
             raise OSError(f"{path}: cannot write the chart")
 
 
+# ---- the history behind the chart --------------------------------------------------------
+def history_path(backup_dir, base):
+    return os.path.join(backup_dir, f"{base}.history.json")
+
+
+def save_history(path, losses, scores):
+    """The losses [(iteration, loss, average)] and scores [(iteration, score)] so far,
+    beside <cfg>.backup, so that a resumed run's chart shows the whole run. Written
+    atomically, whenever the backup is."""
+    write_text_atomically(path, json.dumps({"losses": losses, "scores": scores}) + "\n")
+
+
+def load_history(path, up_to, log):
+    """(losses, scores) of the iterations up to `up_to` from a history file; empty when
+    there is none or it cannot be read (the chart then starts at the resume)."""
+    if not os.path.exists(path):
+        return [], []
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        losses = [tuple(row) for row in saved["losses"] if row[0] <= up_to]
+        scores = [tuple(row) for row in saved["scores"] if row[0] <= up_to]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        log(f"darknet-py: warning: {path}: cannot read the training history ({e}); the "
+            f"chart starts at this run")
+        return [], []
+    return losses, scores
+
+
 # ---- training ------------------------------------------------------------------------------
 @dataclass
 class TrainResult:
@@ -352,8 +386,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
-      its `seen` gives), full weights to fine-tune, or a pretrained partial file ending on a
-      layer boundary (darknet53.conv.74: the layers it covers are loaded, seen starts at 0).
+      its `seen` gives), full weights to fine-tune, a pretrained partial file ending on a
+      layer boundary (darknet53.conv.74: the layers it covers are loaded, seen starts at 0),
+      or weights of this cfg trained for another class count (the layers whose shapes
+      match are loaded, the log says which; seen starts at 0).
     clear: start the iteration count at 0 (Darknet's -clear).
     map_eval / map_every: evaluate on the valid list every map_every iterations (default:
       about 4 epochs, at least 100) and at the end; keep _best and _last weights.
@@ -385,8 +421,11 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
 
     # -- the starting point --
     if weights is not None:
-        loaded = load_weights(net, weights, allow_partial=True)
-        if loaded < len(net.layers):
+        loaded = load_weights(net, weights, allow_partial=True, transfer=True)
+        if isinstance(loaded, TransferReport):   # trained for another class count
+            for line in loaded.lines(weights):
+                log(line)
+        elif loaded < len(net.layers):
             last = _param_layers_loaded(net, loaded)
             log(f"{weights}: pretrained weights for layers 0-{last} of {len(net.layers)} "
                 f"(a partial file); the other layers start from random values")
@@ -418,13 +457,14 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         log(f"darknet-py: note: removed {stale}, left by an interrupted save")
     backup_path = os.path.join(backup_dir, f"{base}.backup")
     final_path = os.path.join(backup_dir, f"{base}_final.weights")
-    chart_path = os.path.join(backup_dir, "chart.png")
+    chart_path = os.path.join(backup_dir, f"chart_{base}.png")
+    history = history_path(backup_dir, base)
     check_policy(cfg, o, log)
     # Everything this run writes must be new, unless --overwrite: the backup it continues
     # from is rewritten on purpose (as in Darknet), and a resumed run continues its own
     # chart and _last/_best files.
     resuming = net.current_batch > 0
-    continued = [chart_path] + [os.path.join(backup_dir, f"{base}_{kind}.weights")
+    continued = [chart_path, history] + [os.path.join(backup_dir, f"{base}_{kind}.weights")
                                 for kind in ("last", "best") if map_eval]
     if not (weights is not None and os.path.exists(backup_path)
             and os.path.samefile(weights, backup_path)):
@@ -488,6 +528,13 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         map_every = default_map_interval(len(paths), imgs)
 
     result = TrainResult(backup_dir=backup_dir)
+    # Resuming: the chart continues the earlier runs' history (result holds this run's).
+    earlier_losses, earlier_scores = (load_history(history, net.current_batch, log)
+                                      if net.current_batch else ([], []))
+    if earlier_scores:   # _best.weights is replaced only by a better score
+        result.best_score = max(score for _, score in earlier_scores)
+        best = os.path.join(backup_dir, f"{base}_best.weights")
+        result.best_weights = best if os.path.exists(best) else None
     net.verbose = verbose
     metric_name = "mAP@0.5" if task == "detector" else "top-1"
 
@@ -509,9 +556,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                    for layer in net.layers for _, array in layer.params())
 
     def chart():
-        its = [h[0] for h in result.losses]
-        draw_chart(chart_path, [h[1] for h in result.losses], [h[2] for h in result.losses],
-                   its, result.scores, metric_name,
+        losses, scores = earlier_losses + result.losses, earlier_scores + result.scores
+        save_history(history, losses, scores)
+        draw_chart(chart_path, [h[1] for h in losses], [h[2] for h in losses],
+                   [h[0] for h in losses], scores, metric_name,
                    f"{base}: {task} training, iteration {net.current_batch} of {o.max_batches}",
                    o.max_batches)
 

@@ -300,7 +300,7 @@ def test_classifier_checkpoints_backup_epochs_final_and_chart(bars, tmp_path):
     result = train(cfg, data_file(bars, backup), seed=0, device="cpu", log=Lines(),
                    log_every=50, workers=2, map_eval=True, map_every=50)
     files = set(os.listdir(backup))
-    assert {"tiny.backup", "tiny_final.weights", "chart.png", "tiny_best.weights",
+    assert {"tiny.backup", "tiny_final.weights", "chart_tiny.png", "tiny_best.weights",
             "tiny_last.weights"} <= files
     # a classifier's --map score is its top-1; evaluated every 50 and at the end
     assert [i for i, _ in result.scores] == [50, 100, 105]
@@ -309,7 +309,7 @@ def test_classifier_checkpoints_backup_epochs_final_and_chart(bars, tmp_path):
     assert "tiny_22.weights" not in files
     assert weights_floats(backup / "tiny.backup")[0] == 100 * 8           # saved at 100
     assert weights_floats(backup / "tiny_3.weights")[0] == 15 * 8          # after epoch 3
-    chart = cv2.imread(str(backup / "chart.png"))
+    chart = cv2.imread(str(backup / "chart_tiny.png"))
     assert chart is not None and chart.shape == (600, 1000, 3)
     assert (chart < 128).any() and (chart > 200).mean() > 0.5             # ink on white
     # and it has learnt the bars
@@ -413,7 +413,7 @@ def test_detector_checkpoints_and_multiscale(canvases, tmp_path):
                        map_eval=True, map_every=50)
     backup = os.path.dirname(result.final_weights)
     files = set(os.listdir(backup))
-    assert {"det.backup", "det_100.weights", "det_final.weights", "chart.png",
+    assert {"det.backup", "det_100.weights", "det_final.weights", "chart_det.png",
             "det_best.weights", "det_last.weights"} <= files
     # --map: evaluated at the cfg size between multi-scale iterations, at 50 and 100
     assert [i for i, _ in result.scores] == [50, 100]
@@ -471,7 +471,8 @@ def test_detector_valid_prints_map_line(canvases, tmp_path):
         if getattr(layer, "rolling_variance", None) is not None:
             net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
     net.save_weights(weights)
-    out = CliRunner().invoke(cli, ["valid", str(cfg), canvases, weights, "--device", "cpu"])
+    out = CliRunner().invoke(cli, ["valid", str(cfg), canvases, weights, "--device", "cpu",
+                                   "--results-dir", str(tmp_path / "results")])
     assert out.exit_code == 0, out.output
     lines = out.output.strip().splitlines()
     assert re.fullmatch(r"mAP@0\.5: \d\.\d{4}", lines[-1])
