@@ -84,6 +84,9 @@ def parse_net_options(s):
     o.saturation = s.get_float("saturation", 1.0)
     o.exposure = s.get_float("exposure", 1.0)
     o.hue = s.get_float("hue", 0.0)
+    for key in ("width", "height", "channels", "inputs"):
+        if s.has(key) and getattr(o, key) < 1:
+            raise s.error(f"must be at least 1, got {getattr(o, key)}", key)
     if not o.inputs and not (o.height and o.width and o.channels):
         raise s.error("no input size: give width, height and channels (or inputs)", "width")
     o.policy = optimizer.read_policy(s)
@@ -188,10 +191,12 @@ class Network:
         self.train = False
         self.cost = None
         self._training_ready = False
+        self._params_ready = False
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
             for layer in self.layers:
                 layer.init_params(self.be, self.rng)
+            self._params_ready = True
 
     # ---- building ---------------------------------------------------------------
     def _build(self, sections):
@@ -216,6 +221,8 @@ class Network:
 
     def _allocate(self, batch, train):
         be = self.be
+        if be.name == "cpu":
+            self._check_host_memory(batch, train)
         try:
             self.workspace = None  # free the old one before sizing the new
             for layer in self.layers:
@@ -241,6 +248,20 @@ class Network:
             params = 0
         ws = max([1] + [l.workspace_size for l in self.layers])
         return 4 * (batch * per_image + params * (2 if train else 1) + ws)
+
+    def _check_host_memory(self, batch, train):
+        """Refuse, before allocating, a network whose arrays cannot fit in this machine's
+        RAM (NumPy would fail half-way with a bare MemoryError, or the kernel kill us)."""
+        need = self.memory_bytes(batch, train)
+        if not self._params_ready:
+            # Parameters are created after the first allocation: estimate them from sizes.
+            need += 4 * sum(getattr(l, "nweights", 0) for l in self.layers) * (2 if train else 1)
+        have = host_memory_bytes()
+        if have and need > have:
+            raise NetworkError(
+                f"{self.path}: this network needs about {need / 2**30:.1f} GiB of memory at "
+                f"batch {batch}{' for training' if train else ''}, more than this machine's "
+                f"{have / 2**30:.1f} GiB; lower batch (raise subdivisions) or the layer sizes")
 
     # ---- shape facts --------------------------------------------------------------
     @property
@@ -481,18 +502,32 @@ class Network:
         return classify(self, image, top=top)
 
     # ---- weights ------------------------------------------------------------------
-    def load_weights(self, path, cutoff=None):
+    def load_weights(self, path, cutoff=None, transfer=False):
+        """Load a .weights file; with transfer, also one trained for another class count
+        (returns a weights.TransferReport saying which layers were loaded)."""
         from .weights import load_weights
-        load_weights(self, path, cutoff)
+        return load_weights(self, path, cutoff, transfer=transfer)
 
     def save_weights(self, path, cutoff=None):
         from .weights import save_weights
         save_weights(self, path, cutoff)
 
 
-def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None, darknet=None):
+def host_memory_bytes():
+    """This machine's physical RAM in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
+                 transfer=False, darknet=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
+    transfer=True accepts weights trained for another class count: the layers whose
+    shapes match are loaded, the others keep their random start; net.transfer_report
+    says which (None when the file matched the cfg).
     `darknet` ("original" or "alexeyab") picks which Darknet's arithmetic to follow;
     None: the fork's when the weights header is the fork's or the cfg uses fork-only
     sections, options or activations, else the original's."""
@@ -502,8 +537,11 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
         darknet = weights_flavour(weights)
     backend = get_backend(device)
     net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet)
+    net.transfer_report = None
     if weights is not None:
-        net.load_weights(weights, cutoff)
+        loaded = net.load_weights(weights, cutoff, transfer=transfer)
+        if not isinstance(loaded, int):
+            net.transfer_report = loaded
     return net
 
 

@@ -8,57 +8,11 @@ written back to the device; backward adds that delta to the previous layer's.
 """
 import numpy as np
 
-from ..detection import box_iou, box_iou_matrix
+from ..boxes import box_iou, box_iou_matrix, correct_yolo_boxes, make_detections, thresholded
 from .base import Layer, refuse_options
+from .heads import check_classes, parse_anchors, ratio, report, truth_boxes
 
 F32 = np.float32
-TRUTH_FIELDS = 5  # x, y, w, h, class
-
-
-def parse_anchors(s, count):
-    """Darknet's anchors= list into `count` floats; entries not given stay 0.5 as in Darknet."""
-    biases = np.full(count, 0.5, dtype=F32)
-    anchors = s.get_float_list("anchors", None)
-    if anchors:
-        if len(anchors) > count:
-            raise s.error(f"{len(anchors)} values given but num={count // 2} anchors take "
-                          f"{count} (a width and a height each)", "anchors")
-        biases[:len(anchors)] = anchors
-    return biases
-
-
-def truth_boxes(net, batch, max_boxes):
-    """Per image, the truth boxes Darknet's loss loops see: float32 (n, 5) rows of
-    (x, y, w, h, class), at most max_boxes, stopping at the first with x == 0 as
-    Darknet's `if(!truth.x) break` does."""
-    truth = net.truth_host.reshape(batch, -1)
-    per_image = truth.shape[1] // TRUTH_FIELDS
-    rows = truth[:, :per_image * TRUTH_FIELDS].reshape(batch, per_image, TRUTH_FIELDS)
-    rows = rows[:, :max_boxes]
-    out = []
-    for b in range(batch):
-        zero = np.nonzero(rows[b, :, 0] == 0)[0]
-        out.append(rows[b, :zero[0] if zero.size else rows.shape[1]])
-    return out
-
-
-def report(net, layer, line):
-    """Keep a layer's training statistics line; print it only when the network is verbose
-    (the trainer's switch), as Darknet prints it every step."""
-    layer.stats_line = line
-    if getattr(net, "verbose", False):
-        print(line, flush=True)
-
-
-def check_classes(truth, classes, layer):
-    bad = truth[(truth[:, 4] < 0) | (truth[:, 4] >= classes), 4] if len(truth) else []
-    if len(bad):
-        raise ValueError(f"a truth box has class {int(bad[0])} but [{layer.type}] layer "
-                         f"{layer.index} has classes={classes} (ids 0..{classes - 1})")
-
-
-def ratio(num, den):
-    return num / den if den else float("nan")
 
 
 class YoloLayer(Layer):
@@ -220,3 +174,25 @@ class YoloLayer(Layer):
                  "recall": ratio(recall, count), "recall75": ratio(recall75, count),
                  "count": count}
         return delta.reshape(-1), cost, stats
+
+    def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
+        """Darknet's get_yolo_detections for image 0 of a [yolo] layer's (host) output: one
+        detection per anchor and cell whose objectness is above thresh, cells in row-major
+        order, anchors inner."""
+        wh = self.w * self.h
+        out = np.asarray(output, dtype=F32).reshape(-1)[:self.outputs]
+        out = out.reshape(self.n, 5 + self.classes, wh).transpose(2, 0, 1)  # (cell, anchor, entry)
+        obj = out[:, :, 4]
+        cell, anchor = np.nonzero(obj > F32(thresh))
+        col = (cell % self.w).astype(F32)
+        row = (cell // self.w).astype(F32)
+        e = out[cell, anchor]
+        biases = self.biases.reshape(-1, 2)[np.asarray(self.mask, dtype=np.int64)[anchor]]
+        boxes = np.stack([(col + e[:, 0]) / F32(self.w), (row + e[:, 1]) / F32(self.h),
+                          (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / netw).astype(F32),
+                          (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / neth).astype(F32)],
+                         axis=1).reshape(-1, 4)
+        objectness = e[:, 4]
+        probs = thresholded(objectness[:, None] * e[:, 5:], thresh)
+        boxes = correct_yolo_boxes(boxes, img_w, img_h, netw, neth, relative, letter)
+        return make_detections(boxes, objectness, probs, self.index)
