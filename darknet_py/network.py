@@ -130,6 +130,9 @@ class Network:
         self.train = False
         self.cost = None
         self._training_ready = False
+        # Inference folds batch norm into the convolution weights (made once, remade after
+        # the parameters change); False runs Darknet's unfolded normalisation.
+        self.fold_batchnorm = True
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
             for layer in self.layers:
@@ -323,7 +326,13 @@ class Network:
                           batch=self.train_batch_size * self.subdivisions)
         for layer in self.layers:
             layer.update(args)
+        self.params_changed()
         return args.learning_rate
+
+    def params_changed(self):
+        """Call after writing parameters by hand: drops what was derived from them."""
+        for layer in self.layers:
+            layer.params_changed()
 
     def _prepare_training(self):
         for layer in self.layers:

@@ -96,6 +96,7 @@ def load_weights(net, path, cutoff=None, allow_partial=False):
             if transpose and layer.type == "connected" and name == "weights":
                 values = values.reshape(layer.inputs, layer.outputs).T
             be.write(arr, values)
+    net.params_changed()
     net.seen = int(seen)
     net.weights_header = header
     return len(layers)

@@ -68,6 +68,7 @@ _KERNELS = {
     },
     "activations.cu": {
         "activate_array": "Pii",
+        "bias_activate": "PPiiii",
         "activate_strided": "Piiii",
         "gradient_array": "PiiP",
     },
@@ -644,6 +645,13 @@ class CudaBackend:
         if activation != "linear":
             self._launch("activate_array", self._grid1d(x.size), (_BLOCK,), self._ptr(x), x.size, act)
 
+    def bias_activate(self, output, biases, batch, n, size, activation):
+        """output = activation(output + biases per channel), in place, in one launch."""
+        self._check_size("bias_activate output", output, batch * n * size)
+        self._check_size("bias_activate biases", biases, n)
+        self._launch_rows("bias_activate", batch * n, size, self._ptr(output), self._ptr(biases),
+                          int(batch * n), int(n), int(size), self._activation_id(activation))
+
     def activate_strided(self, x, rows, row_stride, offset, width, activation):
         """Activate x[offset + r*row_stride : +width] for each r < rows, in one launch."""
         act = self._activation_id(activation)
@@ -663,18 +671,21 @@ class CudaBackend:
 
     # ---- pooling -------------------------------------------------------------
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
-        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward."""
+        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward, or are
+        None in inference (the kernel then gets a null pointer and writes none)."""
         out_h = (h + padding - size) // stride + 1
         out_w = (w + padding - size) // stride + 1
         n_out = batch * c * out_h * out_w
-        if indexes.dtype != np.int32:
-            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
         self._check_size("maxpool_forward x", x, batch * c * h * w)
         self._check_size("maxpool_forward out", out, n_out)
-        self._check_size("maxpool_forward indexes", indexes, n_out)
+        if indexes is not None:
+            if indexes.dtype != np.int32:
+                raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
+            self._check_size("maxpool_forward indexes", indexes, n_out)
         self._launch("maxpool_forward_kernel", self._grid1d(n_out), (_BLOCK,),
                      self._ptr(x), int(batch * c), int(h), int(w), int(size), int(stride), int(padding),
-                     int(out_h), int(out_w), self._ptr(out), self._ptr(indexes))
+                     int(out_h), int(out_w), self._ptr(out),
+                     0 if indexes is None else self._ptr(indexes))
 
     def maxpool_backward(self, delta_out, indexes, n_out, delta_in):
         """delta_in[indexes[i]] += delta_out[i] for i < n_out."""

@@ -100,6 +100,10 @@ class Layer:
     def update(self, args):
         pass
 
+    def params_changed(self):
+        """The parameters were rewritten (loaded or updated): drop anything derived from
+        them (a convolution's folded batch norm)."""
+
 
 def host_param(rng, n, scale=0.0, kind="zeros"):
     """Host-side initial values for a parameter, as float64 for exact casting later."""

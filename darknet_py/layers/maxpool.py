@@ -31,8 +31,10 @@ class MaxpoolLayer(Layer):
         self.indexes = be.int_zeros(batch * self.outputs)
 
     def forward(self, net):
+        # Only backward reads the argmax indexes: inference does not keep them.
         net.be.maxpool_forward(net.input, self.batch, self.c, self.h, self.w, self.size,
-                               self.stride, self.padding, self.output, self.indexes)
+                               self.stride, self.padding, self.output,
+                               self.indexes if net.train else None)
 
     def backward(self, net):
         if net.delta is not None:
