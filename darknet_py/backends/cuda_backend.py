@@ -104,6 +104,23 @@ _BLOCK = 256
 _MAX_GRID_Y = 65535
 
 
+class _EventTimer:
+    """start() and stop() record events on the stream; stop() waits for the second and
+    returns the GPU time between them in seconds."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._start, self._stop = drv.Event(), drv.Event()
+
+    def start(self):
+        self._start.record(self.stream)
+
+    def stop(self):
+        self._stop.record(self.stream)
+        self._stop.synchronize()
+        return self._stop.time_since(self._start) / 1e3
+
+
 class CudaError(RuntimeError):
     """A CUDA error, with the kernel launch (name, grid, block) it is attributed to."""
 
@@ -397,6 +414,10 @@ class CudaBackend:
             raise ValueError(f"write: {h.size} values for an array of {arr.size}")
         if h.size:
             drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
+
+    def timer(self):
+        """A stopwatch for benchmarks: CUDA events recorded on this backend's stream."""
+        return _EventTimer(self.stream)
 
     def synchronize(self):
         self._sync("synchronize")

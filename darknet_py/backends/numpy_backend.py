@@ -7,7 +7,15 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     unless documented otherwise. Names and arguments follow Darknet's
     blas.h / im2col.h / gemm.h so a Darknet reader finds their way.
   * ``delta`` arrays hold Darknet's delta: minus the gradient of the loss.
+  * On the CPU, GEMMs use every BLAS thread; the element-wise and copy work of inference
+    (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
+    releases the GIL inside its loops).
 """
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -47,6 +55,16 @@ class NumpyBackend:
 
     def synchronize(self):
         pass
+
+    def timer(self):
+        """A stopwatch for benchmarks: start(), then stop() returns the seconds between,
+        all queued work included (the wall clock here; CUDA events on the GPU)."""
+        return _WallTimer()
+
+    @property
+    def peak_allocated_bytes(self):
+        """Peak bytes of device memory; None: the NumPy backend has no device memory."""
+        return None
 
     def fill(self, arr, value):
         arr.fill(value)
@@ -115,17 +133,22 @@ class NumpyBackend:
         the whole batch. With batch=1 that is Darknet's im2col of one image."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         images = _images(im, batch, im_stride, channels, height, width)
-        if pad:
-            padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad),
-                              dtype=im.dtype)
-            padded[:, :, pad:pad + height, pad:pad + width] = images
-        else:
-            padded = images
-        sb, sc, sh, sw = padded.strides
-        windows = as_strided(padded, (channels, ksize, ksize, batch, out_h, out_w),
-                             (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
-        # Assign through a shaped view of col: reshape(-1) of the windows would copy twice.
-        col[:windows.size].reshape(windows.shape)[...] = windows
+        rows = ksize * ksize * batch * out_h * out_w   # col floats per channel
+
+        def unfold(c0, c1):  # channels [c0, c1) fill col rows [c0*k*k, c1*k*k)
+            part = images[:, c0:c1]
+            if pad:
+                padded = np.zeros((batch, c1 - c0, height + 2 * pad, width + 2 * pad),
+                                  dtype=im.dtype)
+                padded[:, :, pad:pad + height, pad:pad + width] = part
+                part = padded
+            sb, sc, sh, sw = part.strides
+            windows = as_strided(part, (c1 - c0, ksize, ksize, batch, out_h, out_w),
+                                 (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
+            # Assign through a shaped view of col: reshape(-1) of the windows copies twice.
+            col[c0 * rows:c1 * rows].reshape(windows.shape)[...] = windows
+
+        _parallel(channels, unfold, max(1, _GRAIN_FLOATS // rows))
 
     def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im,
                batch=1, im_stride=0):
@@ -157,18 +180,15 @@ class NumpyBackend:
         rows = output[:batch * n * size].reshape(batch * n, size)
         bias = np.tile(biases[:n], batch).reshape(-1, 1)  # one per row
         step = max(1, _BLOCK_FLOATS // size)
-        scratch = self._scratch(min(rows.shape[0], step) * size)
-        for r0 in range(0, rows.shape[0], step):
-            block = rows[r0:r0 + step]
-            block += bias[r0:r0 + step]
-            _activate_inplace(block, activation, scratch[:block.size].reshape(block.shape))
 
-    def _scratch(self, n):
-        """A reusable float buffer of at least n elements (grows, never shrinks)."""
-        buf = getattr(self, "_scratch_buf", None)
-        if buf is None or buf.size < n:
-            buf = self._scratch_buf = np.empty(n, dtype=self.dtype)
-        return buf
+        def run(r_start, r_stop):
+            for r0 in range(r_start, r_stop, step):
+                block = rows[r0:min(r0 + step, r_stop)]
+                block += bias[r0:r0 + block.shape[0]]
+                _activate_inplace(block, activation, _scratch(block.size, rows.dtype)
+                                  .reshape(block.shape))
+
+        _parallel(batch * n, run, max(1, _GRAIN_FLOATS // size))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
@@ -219,10 +239,13 @@ class NumpyBackend:
         if activation not in _IN_PLACE:
             x[...] = activations.activate(x, activation)
             return
-        scratch = self._scratch(min(x.size, _BLOCK_FLOATS))
-        for i in range(0, x.size, _BLOCK_FLOATS):
-            block = x[i:i + _BLOCK_FLOATS]
-            _activate_inplace(block, activation, scratch[:block.size])
+        def run(b_start, b_stop):
+            for i in range(b_start * _BLOCK_FLOATS, min(b_stop * _BLOCK_FLOATS, x.size),
+                           _BLOCK_FLOATS):
+                block = x[i:i + _BLOCK_FLOATS]
+                _activate_inplace(block, activation, _scratch(block.size, x.dtype))
+
+        _parallel(-(-x.size // _BLOCK_FLOATS), run, _GRAIN_FLOATS // _BLOCK_FLOATS)
 
     def activate_strided(self, x, rows, row_stride, offset, width, activation):
         """Activate x[offset + r*row_stride : +width] for each r < rows (one launch on
@@ -245,8 +268,11 @@ class NumpyBackend:
         off = padding // 2
         n = batch * c * out_h * out_w
         if indexes is None:
-            _maxpool_values(x[:batch * c * h * w].reshape(batch * c, h, w), size, stride, off,
-                            out[:n].reshape(batch * c, out_h, out_w))
+            src = x[:batch * c * h * w].reshape(batch * c, h, w)
+            dst = out[:n].reshape(batch * c, out_h, out_w)
+            _parallel(batch * c, lambda p0, p1: _maxpool_values(src[p0:p1], size, stride, off,
+                                                                dst[p0:p1]),
+                      max(1, _GRAIN_FLOATS // (h * w)))
             return
         if size == stride and off == 0 and out_h * size <= h and out_w * size <= w:
             # Non-overlapping windows inside the image (the usual 2x2/2): compare the
@@ -380,6 +406,45 @@ class NumpyBackend:
 
 # Floats per block of activate/bias_activate: the passes over a block stay in L2 cache.
 _BLOCK_FLOATS = 1 << 16
+# The least work (in floats) worth handing to another thread: below it, the hand-over
+# (tens of microseconds) costs more than it saves.
+_GRAIN_FLOATS = 1 << 17
+_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+_pool = None
+_local = threading.local()
+
+
+class _WallTimer:
+    def start(self):
+        self._t0 = time.perf_counter()
+
+    def stop(self):
+        return time.perf_counter() - self._t0
+
+
+def _parallel(count, work, grain):
+    """work(start, stop) over [0, count) in up to _THREADS contiguous parts of at least
+    `grain` items: the first part on the calling thread, the others on a pool."""
+    global _pool
+    parts = min(_THREADS or 1, count // max(1, grain))
+    if parts <= 1:
+        work(0, count)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
+    bounds = [count * i // parts for i in range(parts + 1)]
+    futures = [_pool.submit(work, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    work(bounds[0], bounds[1])
+    for f in futures:
+        f.result()
+
+
+def _scratch(n, dtype):
+    """This thread's reusable buffer of n elements (grows, never shrinks)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < n or buf.dtype != dtype:
+        buf = _local.buf = np.empty(max(n, _BLOCK_FLOATS), dtype=dtype)
+    return buf[:n]
 _IN_PLACE = ("linear", "leaky", "relu", "logistic")
 
 
