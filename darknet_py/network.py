@@ -98,7 +98,8 @@ class NetworkError(Exception):
 class Network:
     """Build with load_network(); see the README for the Python API."""
 
-    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True):
+    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
+                 random_init=True):
         if sections[0].type != "net":
             raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
                            path, sections[0].line)
@@ -135,8 +136,9 @@ class Network:
         self.fold_batchnorm = True
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
+            # random_init=False: the caller loads every parameter next (no draws to waste).
             for layer in self.layers:
-                layer.init_params(self.be, self.rng)
+                layer.init_params(self.be, self.rng if random_init else None)
 
     # ---- building ---------------------------------------------------------------
     def _build(self, sections):
@@ -407,7 +409,8 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions."""
     sections = parse_cfg(cfg)
     backend = get_backend(device)
-    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed)
+    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed,
+                  random_init=weights is None or cutoff is not None)
     if weights is not None:
         net.load_weights(weights, cutoff)
     return net

@@ -106,7 +106,10 @@ class Layer:
 
 
 def host_param(rng, n, scale=0.0, kind="zeros"):
-    """Host-side initial values for a parameter, as float64 for exact casting later."""
+    """Host-side initial values for a parameter, as float64 for exact casting later.
+    rng None: no random draw (zeros), for parameters a weights file is about to fill."""
+    if rng is None and kind in ("normal", "uniform"):
+        return np.zeros(n)
     if kind == "normal":
         return scale * rng.standard_normal(n)
     if kind == "uniform":

@@ -140,12 +140,15 @@ class ConvolutionalLayer(Layer):
     def _fold_batchnorm(self, be):
         """Weights and biases that give in one GEMM + bias what conv + Darknet's inference
         batch norm gives: w * s and bias - mean * s, s = scale / (sqrt(var) + 1e-6).
-        Computed on the host in float64 so folding adds only the final rounding."""
-        host = {name: be.to_host(a).astype(np.float64) for name, a in self.params()}
+        The per-filter factors are worked out on the host in float64; the weights are
+        scaled where they live (one multiply each, so folding adds one rounding)."""
+        host = {name: be.to_host(getattr(self, name)).astype(np.float64)
+                for name in ("scales", "rolling_variance", "rolling_mean", "biases")}
         factor = host["scales"] / (np.sqrt(host["rolling_variance"]) + 1e-6)
-        weights = host["weights"].reshape(self.filters, -1) * factor[:, None]
-        biases = host["biases"] - host["rolling_mean"] * factor
-        return be.from_host(weights), be.from_host(biases)
+        weights = be.empty(self.nweights)
+        be.copy(self.weights, weights)
+        be.scale_bias(weights, be.from_host(factor), 1, self.filters, self.nweights // self.filters)
+        return weights, be.from_host(host["biases"] - host["rolling_mean"] * factor)
 
     def _forward_params(self, net):
         """(weights, biases) for this forward; biases None: batch norm runs unfolded."""
