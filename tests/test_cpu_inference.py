@@ -9,6 +9,7 @@ import pytest
 import darknet_py
 from darknet_py import activations
 from darknet_py.backends.numpy_backend import NumpyBackend
+from test_cuda_ops import MAXPOOL_CASES  # the last has windows wholly in the padding
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = SHARED / "fixtures"
@@ -53,12 +54,6 @@ def test_activate_in_place_equals_the_formula(activation):
     got = x.copy()
     NumpyBackend().activate(got, activation)
     np.testing.assert_array_equal(got, activations.activate(x, activation))
-
-
-MAXPOOL_CASES = [  # batch, c, h, w, size, stride, padding
-    (2, 3, 13, 13, 2, 2, 1), (1, 4, 13, 13, 2, 1, 1), (2, 3, 9, 11, 3, 2, 2), (1, 2, 7, 7, 3, 3, 0),
-    (2, 5, 8, 6, 5, 2, 4), (3, 7, 26, 26, 2, 2, 0), (1, 1, 5, 5, 4, 1, 6),
-    (1, 2, 3, 3, 2, 1, 8)]  # the last has windows wholly in the padding: -inf
 
 
 @pytest.mark.parametrize("batch,c,h,w,size,stride,padding", MAXPOOL_CASES)
