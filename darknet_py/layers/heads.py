@@ -18,13 +18,20 @@ def parse_anchors(s, count):
     return biases
 
 
+def is_fork_flavour(options):
+    """Whether a network (or its [net] options) follows the AlexeyAB fork."""
+    return getattr(options, "flavour", "original") == "alexeyab"
+
+
 def truth_boxes(net, batch, max_boxes):
-    """Per image, the truth boxes Darknet's loss loops see: float32 (n, 5) rows of
-    (x, y, w, h, class), at most max_boxes, stopping at the first with x == 0 as
-    Darknet's `if(!truth.x) break` does."""
+    """Per image, the truth boxes Darknet's loss loops see: float32 (n, F) rows of
+    (x, y, w, h, class), F = 5, or the fork's F = 6 with a track id last (net.truth_size),
+    at most max_boxes, stopping at the first with x == 0 as Darknet's `if(!truth.x) break`
+    does."""
+    fields = getattr(net, "truth_size", TRUTH_FIELDS)
     truth = net.truth_host.reshape(batch, -1)
-    per_image = truth.shape[1] // TRUTH_FIELDS
-    rows = truth[:, :per_image * TRUTH_FIELDS].reshape(batch, per_image, TRUTH_FIELDS)
+    per_image = truth.shape[1] // fields
+    rows = truth[:, :per_image * fields].reshape(batch, per_image, fields)
     rows = rows[:, :max_boxes]
     out = []
     for b in range(batch):
