@@ -12,7 +12,7 @@ from darknet_py.boxes import (Detection, box_ciou, box_diou, box_diounms, box_gi
                               dx_box_iou, fork_iou)
 from darknet_py.cfg import CfgError, parse_cfg, parse_cfg_text
 from darknet_py.layers.base import BuildContext
-from darknet_py.layers.yolo import YoloLayer
+from darknet_py.layers.yolo import FLT_MAX, YoloLayer
 from darknet_py.network import NetOptions, Network
 
 F32 = np.float32
@@ -304,3 +304,286 @@ def test_dx_box_iou_matches_the_forks_branches(kind):
     step = pred[:10] + F32(1e-3) * got[:10] / np.abs(got[:10]).max(axis=1, keepdims=True)
     fn = {"iou": fork_iou, "giou": box_giou, "diou": box_diou, "ciou": box_ciou}[kind]
     assert (fn(step, truth[:10]) > fn(pred[:10], truth[:10])).all()
+
+
+# ---- the loss: a scalar transcription of the fork's process_batch and forward_yolo_layer ---
+def c_fork_yolo_loss(out, truth, batch, lw, lh, n, total, mask, classes, biases, netw, neth, o):
+    """The fork's training part of forward_yolo_layer, cell by cell and truth by truth.
+    `o` holds the layer's options. Returns (delta, cost, count, tot_iou)."""
+    outputs = lw * lh * n * (4 + 1 + classes)
+    stride = lw * lh
+    delta = np.zeros(batch * outputs, dtype=F32)
+    max_boxes, fields = len(truth) // batch // 6, 6
+    truths = max_boxes * fields
+    mult = o["multipliers"]
+
+    def entry_index(b, location, entry):
+        nn, loc = location // (lw * lh), location % (lw * lh)
+        return b * outputs + nn * lw * lh * (4 + classes + 1) + entry * lw * lh + loc
+
+    def get_box(x, nn, index, i, j):
+        if o["new_coords"]:
+            return (F32((i + x[index]) / F32(lw)), F32((j + x[index + stride]) / F32(lh)),
+                    F32(x[index + 2 * stride] * x[index + 2 * stride] * F32(4) * biases[2 * nn]
+                        / F32(netw)),
+                    F32(x[index + 3 * stride] * x[index + 3 * stride] * F32(4) * biases[2 * nn + 1]
+                        / F32(neth)))
+        return (F32((i + x[index]) / F32(lw)), F32((j + x[index + stride]) / F32(lh)),
+                F32(math.exp(float(x[index + 2 * stride])) * float(biases[2 * nn]) / netw),
+                F32(math.exp(float(x[index + 3 * stride])) * float(biases[2 * nn + 1]) / neth))
+
+    def delta_box(tr, x, nn, index, i, j, scale, iou_normalizer):
+        pred = list(get_box(x, nn, index, i, j))
+        iou, giou = c_iou(pred, tr), c_giou(pred, tr)
+        if pred[2] == 0:
+            pred[2] = F32(1)
+        if pred[3] == 0:
+            pred[3] = F32(1)
+        if o["iou_loss"] == "mse":
+            tx = F32(tr[0] * F32(lw) - F32(i))
+            ty = F32(tr[1] * F32(lh) - F32(j))
+            if o["new_coords"]:
+                tw = F32(math.sqrt(float(tr[2] * F32(netw) / (F32(4) * biases[2 * nn]))))
+                th = F32(math.sqrt(float(tr[3] * F32(neth) / (F32(4) * biases[2 * nn + 1]))))
+            else:
+                tw = F32(math.log(float(tr[2] * F32(netw) / biases[2 * nn])))
+                th = F32(math.log(float(tr[3] * F32(neth) / biases[2 * nn + 1])))
+            for k, t in enumerate((tx, ty, tw, th)):
+                delta[index + k * stride] += scale * (t - x[index + k * stride]) * iou_normalizer
+            return iou, giou
+        d = c_dx_box_iou(pred, tr, o["iou_loss"])
+        if not o["new_coords"]:
+            d[2] *= F32(math.exp(float(x[index + 2 * stride])))
+            d[3] *= F32(math.exp(float(x[index + 3 * stride])))
+        for k in range(4):
+            v = F32(d[k] * iou_normalizer)
+            if math.isnan(v) or math.isinf(v):
+                v = F32(0)
+            if o["max_delta"] is not None:
+                v = min(max(v, -F32(o["max_delta"])), F32(o["max_delta"]))
+            delta[index + k * stride] += v
+        return iou, giou
+
+    def smooth(y):
+        eps = o["label_smooth_eps"]
+        return F32(y * (1 - eps) + 0.5 * eps) if eps else F32(y)
+
+    def delta_class(output, index, cls, stats):
+        if delta[index + stride * cls]:
+            delta[index + stride * cls] = smooth(1) - output[index + stride * cls]
+            if mult is not None:
+                delta[index + stride * cls] *= mult[cls]
+            if stats is not None:
+                stats["cat"] += output[index + stride * cls]
+            return
+        for k in range(classes):
+            delta[index + stride * k] = smooth(1 if k == cls else 0) - output[index + stride * k]
+            if mult is not None and k == cls:
+                delta[index + stride * cls] *= mult[cls] * F32(o["cls_normalizer"])
+            if k == cls and stats is not None:
+                stats["cat"] += output[index + stride * k]
+
+    obj_norm = F32(o["obj_normalizer"])
+    stats = dict(cat=0.0, count=0, tot_iou=0.0, tot_iou_loss=0.0, tot_giou_loss=0.0)
+    for b in range(batch):
+        for j in range(lh):
+            for i in range(lw):
+                for a in range(n):
+                    class_index = entry_index(b, a * lw * lh + j * lw + i, 5)
+                    obj_index = entry_index(b, a * lw * lh + j * lw + i, 4)
+                    box_index = entry_index(b, a * lw * lh + j * lw + i, 0)
+                    pred = get_box(out, mask[a], box_index, i, j)
+                    best_match_iou, best_iou, best_t = F32(0), F32(0), 0
+                    for t in range(max_boxes):
+                        tr = truth[t * fields + b * truths:][:4]
+                        if not tr[0]:
+                            break
+                        class_id_match = any(out[class_index + stride * k] > F32(.25)
+                                             for k in range(classes))
+                        iou = c_iou(pred, tr)
+                        if iou > best_match_iou and class_id_match:
+                            best_match_iou = iou
+                        if iou > best_iou:
+                            best_iou, best_t = iou, t
+                    delta[obj_index] = obj_norm * (F32(0) - out[obj_index])
+                    if best_match_iou > o["ignore_thresh"]:
+                        if o["objectness_smooth"]:
+                            d = obj_norm * (best_match_iou - out[obj_index])
+                            if d > delta[obj_index]:
+                                delta[obj_index] = d
+                        else:
+                            delta[obj_index] = 0
+                    if best_iou > o["truth_thresh"]:
+                        mul2 = best_iou * best_iou
+                        if o["objectness_smooth"]:
+                            delta[obj_index] = obj_norm * (mul2 - out[obj_index])
+                        else:
+                            delta[obj_index] = obj_norm * (F32(1) - out[obj_index])
+                        cls = int(truth[best_t * fields + b * truths + 4])
+                        delta_class(out, class_index, cls, None)
+                        cm = F32(1) if mult is None else mult[cls]
+                        if o["objectness_smooth"]:
+                            delta[class_index + stride * cls] = cm * (
+                                mul2 - out[class_index + stride * cls])
+                        tr = truth[best_t * fields + b * truths:][:4]
+                        delta_box(tr, out, mask[a], box_index, i, j, F32(2) - tr[2] * tr[3],
+                                  F32(o["iou_normalizer"]) * cm)
+        for t in range(max_boxes):
+            tr = truth[t * fields + b * truths:][:4]
+            if not tr[0]:
+                break
+            cls = int(truth[t * fields + b * truths + 4])
+            best_iou, best_n = F32(0), 0
+            i, j = int(tr[0] * F32(lw)), int(tr[1] * F32(lh))
+            shift = (F32(0), F32(0), tr[2], tr[3])
+            for k in range(total):
+                iou = c_iou((0, 0, biases[2 * k] / F32(netw), biases[2 * k + 1] / F32(neth)), shift)
+                if iou > best_iou:
+                    best_iou, best_n = iou, k
+            candidates = [best_n] if best_n in mask else []
+            for k in range(total):
+                if k in mask and k != best_n and o["iou_thresh"] < 1:
+                    anchor = (0, 0, biases[2 * k] / F32(netw), biases[2 * k + 1] / F32(neth))
+                    kind = {"iou": c_iou, "giou": c_giou, "ciou": c_ciou,
+                            "diou": lambda p, q: c_diounms(p, q, .6)}[o["iou_thresh_kind"]]
+                    if kind(anchor, shift) > o["iou_thresh"]:
+                        candidates.append(k)
+            for k in candidates:
+                mask_n = mask.index(k)
+                box_index = entry_index(b, mask_n * lw * lh + j * lw + i, 0)
+                cm = F32(1) if mult is None else mult[cls]
+                iou, giou = delta_box(tr, out, k, box_index, i, j, F32(2) - tr[2] * tr[3],
+                                      F32(o["iou_normalizer"]) * cm)
+                stats["tot_iou"] += iou
+                stats["tot_iou_loss"] += 1 - iou
+                stats["tot_giou_loss"] += 1 - giou
+                obj_index = entry_index(b, mask_n * lw * lh + j * lw + i, 4)
+                d = cm * obj_norm * (F32(1) - out[obj_index])
+                if o["objectness_smooth"]:
+                    if delta[obj_index] == 0:
+                        delta[obj_index] = d
+                else:
+                    delta[obj_index] = d
+                class_index = entry_index(b, mask_n * lw * lh + j * lw + i, 5)
+                delta_class(out, class_index, cls, stats)
+                stats["count"] += 1
+        if o["iou_thresh"] < 1:
+            for j in range(lh):
+                for i in range(lw):
+                    for a in range(n):
+                        obj_index = entry_index(b, a * lw * lh + j * lw + i, 4)
+                        box_index = entry_index(b, a * lw * lh + j * lw + i, 0)
+                        class_index = entry_index(b, a * lw * lh + j * lw + i, 5)
+                        if delta[obj_index] != 0:
+                            told = sum(1 for k in range(classes)
+                                       if delta[class_index + stride * k] > 0)
+                            if told > 0:
+                                for k in range(4):
+                                    delta[box_index + k * stride] /= told
+    count = max(stats["count"], 1)
+    no_box = delta.copy()
+    for b in range(batch):
+        for a in range(n):
+            for k in range(4 * lw * lh):
+                no_box[entry_index(b, a * lw * lh, 0) + k] = 0
+    class_loss = float(obj_norm) * sum(float(v) * float(v) for v in no_box)
+    loss = sum(float(v) * float(v) for v in delta)
+    if o["iou_loss"] == "mse":
+        cost = loss
+    else:
+        lost = stats["tot_giou_loss"] if o["iou_loss"] == "giou" else stats["tot_iou_loss"]
+        cost = o["iou_normalizer"] * lost / count + class_loss
+    return delta, cost, stats["count"], stats["tot_iou"]
+
+
+FORK_OPTION_CASES = {
+    "mse": "iou_loss=mse\n",
+    "mse-new-coords": "iou_loss=mse\nnew_coords=1\nscale_x_y=2.0\n",
+    "giou": "iou_loss=giou\niou_normalizer=0.5\nobj_normalizer=2\n",
+    "diou": "iou_loss=diou\nlabel_smooth_eps=0.1\nignore_thresh=.3\n",
+    "ciou-thresh": "iou_loss=ciou\niou_normalizer=0.07\niou_thresh=0.2\nmax_delta=0.01\n",
+    "ciou-new-coords": "iou_loss=ciou\nnew_coords=1\niou_thresh=0.3\niou_thresh_kind=giou\n",
+    "iou-classes": "iou_loss=iou\ncounters_per_class=10,50,25\ncls_normalizer=0.5\n"
+                   "objectness_smooth=1\nignore_thresh=.3\ntruth_thresh=.75\n",
+    "diou-smooth": "iou_loss=diou\nobjectness_smooth=1\nignore_thresh=.2\nscale_x_y=1.1\n",
+}
+
+
+def fork_case(layer, rng):
+    """An activated output and 6-field truths reaching every branch of the fork's loss."""
+    B, n, C, h, w = layer.batch, layer.n, layer.classes, layer.h, layer.w
+    out = np.empty((B, n, 5 + C, h, w), dtype=F32)
+    out[:, :, [0, 1, 4]] = rng.random((B, n, 3, h, w))
+    out[:, :, 5:] = rng.random((B, n, C, h, w)) * F32(.5)
+    out[:, :, 2:4] = rng.random((B, n, 2, h, w)) * F32(.8) + F32(.1) if layer.new_coords else \
+        rng.normal(0, .3, (B, n, 2, h, w))
+    truth = np.zeros((B, 200, 6), dtype=F32)
+    # Image 0: three boxes in one cell (classes 0, 2, 0: the third rewrites only its class),
+    # a small box whose best anchor is not masked, and one elsewhere.
+    truth[0, :5] = [[.30, .25, .60, .70, 0, 7], [.33, .30, .62, .74, 2, 8], [.31, .28, .61, .72, 0, 9],
+                    [.80, .70, .09, .15, 1, 0], [.55, .60, .31, .37, 1, 0]]
+    out[0, :, 5 + 1] = F32(.6)  # class 1 named everywhere in image 0: ignore_thresh applies
+    # Image 1: a box the prediction of slot 0 fits closely (truth_thresh), and a loose one.
+    truth[1, :2] = [[.40, .40, .60, .75, 1, 0], [.85, .30, .30, .40, 2, 0]]
+    out[1, :, 5 + 2] = F32(.3)
+    for tx, ty, tw, th, a in ((.40, .40, .60, .75, 0), (.85, .30, .33, .40, 0)):
+        i, j = int(tx * w), int(ty * h)
+        s = F32(layer.scale_x_y)
+        out[1, a, 0, j, i] = tx * w - i
+        out[1, a, 1, j, i] = ty * h - j
+        anchor = layer.biases.reshape(-1, 2)[layer.mask[a]]
+        if layer.new_coords:
+            out[1, a, 2, j, i] = math.sqrt(tw * 64 / anchor[0] / 4)
+            out[1, a, 3, j, i] = math.sqrt(th * 32 / anchor[1] / 4)
+        else:
+            out[1, a, 2, j, i] = math.log(tw * 64 / anchor[0])
+            out[1, a, 3, j, i] = math.log(th * 32 / anchor[1])
+        del s
+    return out.reshape(-1), truth.reshape(-1)
+
+
+@pytest.mark.parametrize("case", sorted(FORK_OPTION_CASES))
+def test_fork_loss_matches_the_forks_transcription(case):
+    options = dict(line.split("=") for line in FORK_OPTION_CASES[case].split())
+    options = {"ignore_thresh": ".5", "truth_thresh": ".9", **options}
+    body = ("mask=1,2\nanchors=6,5, 20,12, 40,24\nclasses=3\nnum=3\n"
+            + "".join(f"{k}={v}\n" for k, v in options.items()))
+    section = yolo_section(body)
+    layer = yolo_layer(section, 16, 2, 4, batch=2)
+    assert layer.fork and not section.unused()
+    out, truth = fork_case(layer, np.random.default_rng(len(case)))
+    options = dict(iou_loss=layer.iou_loss, new_coords=layer.new_coords,
+                   multipliers=layer.class_multipliers, label_smooth_eps=F32(layer.label_smooth_eps),
+                   cls_normalizer=layer.cls_normalizer, obj_normalizer=layer.obj_normalizer,
+                   iou_normalizer=layer.iou_normalizer, ignore_thresh=F32(layer.ignore_thresh),
+                   truth_thresh=F32(layer.truth_thresh), objectness_smooth=layer.objectness_smooth,
+                   iou_thresh=F32(layer.iou_thresh), iou_thresh_kind=layer.iou_thresh_kind,
+                   max_delta=None if "max_delta" not in body else layer.max_delta)
+    want_delta, want_cost, want_count, want_iou = c_fork_yolo_loss(
+        out, truth, 2, 4, 2, 2, 3, [1, 2], 3, layer.biases, 64, 32, options)
+    rows = truth.reshape(2, 200, 6)
+    delta, cost, stats = layer.fork_loss(out, [rows[0, :5], rows[1, :2]], 64, 32)
+    np.testing.assert_allclose(delta, want_delta, rtol=2e-5, atol=2e-6)
+    assert cost == pytest.approx(want_cost, rel=1e-5)
+    assert stats["count"] == want_count and stats["count"] >= 6
+    assert stats["avg_iou"] == pytest.approx(float(want_iou) / want_count, rel=1e-5)
+    if "max_delta" in body:  # the cap changed something
+        layer.max_delta = FLT_MAX
+        assert np.abs(layer.fork_loss(out, [rows[0, :5], rows[1, :2]], 64, 32)[0] - delta).max() > .1
+
+
+def test_fork_report_line_is_the_forks():
+    layer = yolo_layer(yolo_section("mask=1,2\nanchors=6,5, 20,12, 40,24\nclasses=3\nnum=3\n"
+                                    "iou_loss=ciou\niou_normalizer=0.07\n"), 16, 2, 4, batch=2,
+                       index=30)
+    out, truth = fork_case(layer, np.random.default_rng(1))
+    rows = truth.reshape(2, 200, 6)
+    _, cost, layer.stats = layer.fork_loss(out, [rows[0, :5], rows[1, :2]], 64, 32)
+    line = layer.stats_report()
+    assert line.startswith("v3 (iou loss, Normalizer: (iou: 0.07, obj: 1.00, cls: 1.00) Region 30 "
+                           "Avg (IOU: ")
+    st = layer.stats
+    assert f"count: {st['count']}, class_loss = {st['class_loss']:f}, " in line
+    assert st["total_loss"] == pytest.approx(st["class_loss"] + st["iou_loss"])
+    # The cost is not the reported total: iou_normalizer * mean(1 - IoU) + the class part.
+    assert cost == pytest.approx(0.07 * (1 - st["avg_iou"]) + 2 * st["class_loss"], rel=1e-5)
