@@ -34,6 +34,13 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     return dets
 
 
+def nms_kind(net):
+    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork, its last [yolo]
+    layer's nms_kind and beta_nms; Darknet's default NMS without one."""
+    yolo = [l for l in net.layers if l.type == "yolo"]
+    return (yolo[-1].nms_kind, yolo[-1].beta_nms) if yolo else ("default", 0.6)
+
+
 # ---- applications -----------------------------------------------------------------------------
 def as_image(image, channels=3):
     """A Darknet (C, H, W) float32 image from a path, a Darknet image, or an OpenCV BGR
@@ -58,9 +65,9 @@ def _class_name(names, class_id):
 def detect(net, image, thresh=0.5, hier=0.5, nms=0.45):
     """Detect objects in one image as Darknet's `detector test` does: letterbox to the
     network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does),
-    run with batch 1, decode, NMS per class. Returns the detections whose best class is
-    above thresh, sorted by that probability, highest first; boxes relative to the
-    original image."""
+    run with batch 1, decode, NMS per class (of the kind nms_kind gives). Returns the
+    detections whose best class is above thresh, sorted by that probability, highest
+    first; boxes relative to the original image."""
     layers = detector_layers(net)
     if not layers:
         raise ValueError(f"{net.path}: the network has no [yolo], [region] or [detection] "
@@ -75,7 +82,8 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45):
     dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True, letter=letter)
     classes = layers[-1].classes
     if nms:
-        do_nms_sort(dets, classes, nms)
+        kind, beta = nms_kind(net)
+        do_nms_sort(dets, classes, nms, kind, beta)
     found = []
     for d in dets:
         if d.probs.size == 0:

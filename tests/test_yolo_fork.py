@@ -587,3 +587,66 @@ def test_fork_report_line_is_the_forks():
     assert st["total_loss"] == pytest.approx(st["class_loss"] + st["iou_loss"])
     # The cost is not the reported total: iou_normalizer * mean(1 - IoU) + the class part.
     assert cost == pytest.approx(0.07 * (1 - st["avg_iou"]) + 2 * st["class_loss"], rel=1e-5)
+
+
+# ---- NMS kinds -----------------------------------------------------------------------------
+def c_diounms_sort(boxes, probs, thresh, kind, beta):
+    """The fork's diounms_sort (objectness all non-zero): per class a descending sort,
+    then suppression by the kind's overlap."""
+    total, classes = probs.shape
+    probs = probs.copy()
+    for k in range(classes):
+        order = sorted(range(total), key=lambda i: -probs[i, k])
+        for x in range(total):
+            if probs[order[x], k] == 0:
+                continue
+            a = boxes[order[x]]
+            for y in range(x + 1, total):
+                b = boxes[order[y]]
+                if kind == "cornersnms" and c_iou(a, b) > thresh:
+                    probs[order[y], k] = 0
+                elif kind == "greedynms" and c_diounms(a, b, .6) > thresh:
+                    probs[order[y], k] = 0
+                elif kind == "diounms" and c_diounms(a, b, beta) > thresh:
+                    probs[order[y], k] = 0
+    return probs
+
+
+@pytest.mark.parametrize("kind", ["greedynms", "diounms", "cornersnms"])
+def test_nms_kinds_match_the_forks_diounms_sort(kind):
+    rng = np.random.default_rng(4)
+    boxes = np.concatenate([rng.random((40, 2)) * .5 + .25, rng.random((40, 2)) * .3 + .05],
+                           axis=1).astype(F32)
+    probs = (rng.random((40, 3)) * (rng.random((40, 3)) > .3)).astype(F32)
+    dets = [Detection(box=tuple(map(float, b)), objectness=1.0, probs=p.copy())
+            for b, p in zip(boxes, probs)]
+    for d, i in zip(dets, range(40)):
+        d.layer = i
+    do_nms_sort(dets, 3, .45, kind, beta=.8)
+    got = np.array([d.probs for d in sorted(dets, key=lambda d: d.layer)])
+    want = c_diounms_sort(boxes, probs, F32(.45), kind, .8)
+    np.testing.assert_array_equal(got, want)
+    assert (got == 0).sum() > (probs == 0).sum()  # something was suppressed
+
+
+def test_greedynms_keeps_boxes_whose_centres_are_apart():
+    # IoU .5 (suppressed by default NMS at .45) but DIoU about .33 (kept by greedynms).
+    a, b = (.5, .5, .4, .2), (.5 + .4 / 3, .5, .4, .2)
+    for kind, kept in (("default", 1), ("greedynms", 2)):
+        dets = [Detection(box=a, objectness=1.0, probs=np.array([.9], F32)),
+                Detection(box=b, objectness=1.0, probs=np.array([.8], F32))]
+        do_nms_sort(dets, 1, .45, kind)
+        assert sum(d.probs[0] > 0 for d in dets) == kept, kind
+
+
+def test_detector_takes_the_nms_kind_of_its_last_yolo_layer():
+    from darknet_py.detection import nms_kind
+    head = "[convolutional]\nfilters=6\nsize=1\nactivation=linear\n[yolo]\nmask=0\nanchors=4,5\n" \
+           "num=1\nclasses=1\n"
+    text = ("[net]\nwidth=8\nheight=8\nchannels=3\n" + head + "nms_kind=diounms\nbeta_nms=.7\n"
+            "[route]\nlayers=-2\n" + head + "nms_kind=greedynms\n")
+    net = Network(parse_cfg_text(text), backend=NumpyBackend())
+    assert nms_kind(net) == ("greedynms", pytest.approx(.6))
+    plain = Network(parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\n" + head),
+                    backend=NumpyBackend())
+    assert nms_kind(plain) == ("default", .6)
