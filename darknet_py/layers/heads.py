@@ -18,9 +18,10 @@ def parse_anchors(s, count):
     return biases
 
 
-def is_fork_flavour(options):
-    """Whether a network (or its [net] options) follows the AlexeyAB fork."""
-    return getattr(options, "flavour", "original") == "alexeyab"
+def is_fork_flavour(obj):
+    """Whether a network (or a layer's BuildContext) follows the AlexeyAB fork: its
+    `darknet` is "alexeyab"."""
+    return getattr(obj, "darknet", "original") == "alexeyab"
 
 
 def truth_boxes(net, batch, max_boxes):

@@ -40,7 +40,7 @@ class YoloLayer(Layer):
         mask = s.get_int_list("mask", None)
         self.mask = list(mask) if mask else list(range(self.total))
         self.n = len(self.mask)
-        self.fork = is_fork_flavour(ctx.net) or any(s.has(k) for k in FORK_OPTIONS)
+        self.fork = is_fork_flavour(ctx) or any(s.has(k) for k in FORK_OPTIONS)
         self.max_boxes = s.get_int("max", 200 if self.fork else 90)
         self.jitter = s.get_float("jitter", 0.2)
         self.ignore_thresh = s.get_float("ignore_thresh", 0.5)
