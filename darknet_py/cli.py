@@ -326,10 +326,16 @@ original image. Writes the image with labelled boxes to --out, and, with
                    "extension gets .jpg.")
 @click.option("--json", "json_file", metavar="FILE", default=None,
               help="Write the detections of all images to FILE as JSON.")
+@click.option("--ext-output", is_flag=True,
+              help="Print detections as the AlexeyAB fork's -ext_output does, leftmost "
+                   "first: \"name: 87%  (left_x: L   top_y: T   width: W   height: H)\", "
+                   "in pixels.")
 @names_options
 @device_options
-def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, names, data, device):
-    from .detection import detections_to_json, detector_layers, draw_detections, pixel_box
+def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, ext_output, names,
+                   data, device):
+    from .detection import (detections_to_json, detector_layers, draw_detections,
+                            ext_output_lines, pixel_box)
     from .image import load_image, to_bgr
 
     paths = expand_images(images)
@@ -351,14 +357,18 @@ def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, name
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
         height, width = image.shape[1:]
-        for det in dets:
-            left, top, right, bottom = pixel_box(det.box, width, height)
-            # Like Darknet's draw_detections: a line for every class above thresh.
-            for class_id, prob in enumerate(det.probs):
-                if prob > thresh:
-                    click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
-                               f"left={left} top={top} width={right - left} "
-                               f"height={bottom - top}")
+        if ext_output:
+            for line in ext_output_lines(dets, width, height, names, thresh):
+                click.echo(line)
+        else:
+            for det in dets:
+                left, top, right, bottom = pixel_box(det.box, width, height)
+                # Like Darknet's draw_detections: a line for every class above thresh.
+                for class_id, prob in enumerate(det.probs):
+                    if prob > thresh:
+                        click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
+                                   f"left={left} top={top} width={right - left} "
+                                   f"height={bottom - top}")
         if os.path.dirname(output):
             os.makedirs(os.path.dirname(output), exist_ok=True)
         drawn = draw_detections(to_bgr(image), dets, names, classes=classes)
@@ -514,6 +524,33 @@ def valid_command(cfg, data, weights, device):
     """
     from .validate import validate
     validate(cfg, data, weights, device=device, log=lambda line: click.echo(line))
+
+
+@cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
+@click.argument("cfg")
+@click.argument("data")
+@click.argument("weights")
+@click.option("--iou-thresh", type=click.FloatRange(0, 1, min_open=True), default=0.5,
+              show_default=True, help="IoU with a truth box that makes a true positive.")
+@click.option("--points", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Recall points of the AP: 11 (PASCAL VOC 2007), 101 (MS COCO), or 0 for "
+                   "the area under the curve at every recall (VOC 2010-2012).")
+@click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
+              help="Confidence at which precision, recall, F1 and the average IoU are taken.")
+@device_options
+@training_errors
+def map_command(cfg, data, weights, iou_thresh, points, thresh, device):
+    """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
+
+    Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
+    totals and "mean average precision (mAP@0.50) = ...". Every class of the network
+    counts in the mean, also those without ground truth (as in the fork).
+    """
+    if points == 1:
+        raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
+    from .validate import detector_map
+    detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
+                 thresh=thresh, log=lambda line: click.echo(line))
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

@@ -190,6 +190,31 @@ def draw_detections(bgr_image, detections, names=None, classes=None):
     return img
 
 
+def c_round(v):
+    """C's round(): halves away from zero."""
+    return math.floor(v + 0.5) if v >= 0 else -math.floor(-v + 0.5)
+
+
+def ext_output_lines(detections, img_w, img_h, names=None, thresh=0.5):
+    """The AlexeyAB fork's -ext_output text for detect()'s results: detections from the
+    leftmost, each as "name: 87%\t(left_x: ... top_y: ... width: ... height: ...)" (its
+    unclamped box in pixels, rounded), then a "name: 40%" line for each other class above
+    thresh."""
+    lines = []
+    for d in sorted(detections, key=lambda d: d.box[0] - d.box[2] / 2):
+        x, y, w, h = d.box
+        name = d.name if d.name is not None else _class_name(names, d.class_id)
+        lines.append(f"{name if name is not None else d.class_id}: {100 * d.prob:.0f}%\t"
+                     f"(left_x: {c_round((x - w / 2) * img_w):4.0f}   top_y: "
+                     f"{c_round((y - h / 2) * img_h):4.0f}   width: {c_round(w * img_w):4.0f}   "
+                     f"height: {c_round(h * img_h):4.0f})")
+        for c, p in enumerate(d.probs):
+            if p > thresh and c != d.class_id:
+                other = _class_name(names, c)
+                lines.append(f"{other if other is not None else c}: {100 * p:.0f}%")
+    return lines
+
+
 def detections_to_json(detections, img_w, img_h, names=None):
     """JSON-ready dicts for detect()'s results on an img_w x img_h image: name, class_id,
     prob, objectness, the box in pixels (left, top, width, height, clamped as Darknet draws

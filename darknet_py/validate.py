@@ -374,6 +374,43 @@ def curve_ap(recall, precision, points=0):
     return float(ap + last_recall * last_precision)
 
 
+def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
+                 thresh=MAP_CONF_THRESH, log=print):
+    """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
+    .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
+    and print fork_map's report. Returns the ForkMapResult."""
+    from .image import ImageError, load_image
+    from .network import load_network
+
+    config = load_data_config(data, require=("valid",))
+    paths = config.valid_paths()
+    if not paths:
+        raise ValidationError(f"{config.valid}: the valid list is empty")
+    net = load_network(cfg, weights, batch=1, device=device)
+    if network_task(net) != "detector":
+        raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
+                              f"(use `darknet-py valid`)")
+    classes = detector_layers(net)[-1].classes
+    images = []
+    for path in paths:
+        try:
+            image = load_image(path, net.options.channels)
+        except ImageError as e:
+            print(f"darknet-py: {e}; skipping it", file=sys.stderr)
+            continue
+        try:
+            truth = read_image_labels(path, classes)
+        except MissingLabelFile:
+            truth = np.zeros((0, 5), dtype=np.float32)
+        images.append((image_detections(net, image), truth))
+    if not images:
+        raise ValidationError("no image of the valid list could be read")
+    result = fork_map(images, classes, iou_thresh, points, thresh, config.names)
+    for line in result.lines():
+        log(line)
+    return result
+
+
 # ---- the `valid` command ---------------------------------------------------------------
 def validate(cfg, data, weights, device="auto", top=None, log=print):
     """Load CFG with WEIGHTS and score it on the valid list of the .data file DATA. Prints
@@ -407,6 +444,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print):
     return result
 
 
-__all__ = ["ClassifierResult", "DetectorResult", "ValidationError", "class_average_precision",
+__all__ = ["ClassifierResult", "DetectorResult", "ForkMapResult", "ValidationError",
+           "class_average_precision", "detector_map", "fork_map",
            "evaluate_classifier", "evaluate_detector", "mean_average_precision",
            "network_task", "top_k_hits", "top_k_indexes", "validate", "voc_ap"]

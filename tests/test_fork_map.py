@@ -1,5 +1,7 @@
 """`darknet-py map`: the AlexeyAB fork's validate_detector_map against a loop-by-loop
 transcription of its C code, and its report."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -142,3 +144,108 @@ def test_fork_map_report_lines():
     assert " for conf_thresh = 0.25, TP = 1, FP = 1, FN = 1, average IoU = 50.00 % " in lines
     assert lines[-2] == " IoU threshold = 50 %, used Area-Under-Curve for each unique Recall "
     assert lines[-1] == " mean average precision (mAP@0.50) = 1.000000, or 100.00 % "
+
+
+# ---- the commands: `map` and `detect --ext-output` -----------------------------------------
+TINY_DETECTOR = """[net]
+width=32
+height=32
+channels=3
+[convolutional]
+batch_normalize=0
+filters=8
+size=3
+stride=2
+pad=1
+activation=leaky
+[maxpool]
+size=2
+stride=2
+[convolutional]
+filters=45
+size=1
+activation=linear
+[yolo]
+mask=0,1,2
+anchors=8,8, 12,12, 16,16
+classes=10
+num=3
+nms_kind=greedynms
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory):
+    from darknet_py import demo_data
+    from darknet_py.network import Network
+    from darknet_py.cfg import parse_cfg_text
+    root = tmp_path_factory.mktemp("forkmap")
+    data = demo_data.build_detection_set(root / "set", 1, 6, seed=0, canvas_size=32,
+                                         max_digits=2, min_digit=8, max_digit=16)
+    cfg = root / "tiny.cfg"
+    cfg.write_text(TINY_DETECTOR)
+    net = Network(parse_cfg_text(TINY_DETECTOR), str(cfg), seed=3)
+    weights = str(root / "tiny.weights")
+    net.save_weights(weights)
+    return str(cfg), data, weights
+
+
+def invoke(args):
+    from click.testing import CliRunner
+    from darknet_py.cli import cli
+    return CliRunner().invoke(cli, args)
+
+
+def test_map_command_prints_the_forks_report(tiny_set):
+    from darknet_py.validate import detector_map
+    cfg, data, weights = tiny_set
+    r = invoke(["map", cfg, data, weights, "--device", "cpu", "--points", "11", "--thresh", ".005"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[-2] == " IoU threshold = 50 %, used 11 Recall-points "
+    classes = [line for line in lines if line.startswith("class_id = ")]
+    assert len(classes) == 10 and classes[3].startswith("class_id = 3, name = digit3, ap = ")
+    result = detector_map(cfg, data, weights, device="cpu", points=11, thresh=.005,
+                          log=lambda line: None)
+    assert result.detections > 0 and sum(result.truths) > 0
+    assert lines[-1] == (f" mean average precision (mAP@0.50) = {result.map:f}, or "
+                         f"{result.map * 100:2.2f} % ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--points", "1"], "needs 0 or at least 2 recall points"),
+    (["--iou-thresh", "0"], "--iou-thresh"),
+])
+def test_map_command_bad_options(tiny_set, args, message):
+    cfg, data, weights = tiny_set
+    r = invoke(["map", cfg, data, weights, "--device", "cpu", *args])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_ext_output_lines_leftmost_first_rounded_pixels_and_other_classes():
+    from darknet_py.boxes import Detection
+    from darknet_py.detection import ext_output_lines
+    right = Detection(box=(.75, .5, .2, .25), objectness=.9, probs=np.array([.8, .6], np.float32),
+                      class_id=0, prob=.8)
+    left = Detection(box=(.25, .5, .1, .5), objectness=.9, probs=np.array([0, .7], np.float32),
+                     class_id=1, prob=.7)
+    lines = ext_output_lines([right, left], 100, 50, names=["cat", "dog"], thresh=.5)
+    assert lines == ["dog: 70%\t(left_x:   20   top_y:   13   width:   10   height:   25)",
+                     "cat: 80%\t(left_x:   65   top_y:   19   width:   20   height:   13)",
+                     "dog: 60%"]
+
+
+def test_detect_ext_output_prints_the_api_detections(tiny_set, tmp_path):
+    import darknet_py
+    from darknet_py.detection import ext_output_lines
+    from darknet_py.image import load_image
+    cfg, data, weights = tiny_set
+    image = str(next((Path(data).parent / "images" / "valid").iterdir()))
+    r = invoke(["detect", cfg, weights, image, "--device", "cpu", "--thresh", ".01",
+                "--out", str(tmp_path / "p.jpg"), "--ext-output"])
+    assert r.exit_code == 0, r.output
+    net = darknet_py.load_network(cfg, weights, batch=1, device="cpu")
+    dets = net.detect(image, thresh=.01)
+    _, h, w = load_image(image).shape
+    want = ext_output_lines(dets, w, h, None, .01)
+    assert want and r.output.splitlines()[1:] == want
