@@ -13,6 +13,7 @@ import numpy as np
 from .image import letterbox_size
 
 F32 = np.float32
+TRUTH_FIELDS = 5  # a truth box as the data loader writes it: x, y, w, h, class
 
 
 def _overlap(x1, w1, x2, w2):
@@ -51,6 +52,14 @@ def box_iou_matrix(a, b):
     union = np.add.outer(aa, ba) - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         return (inter / union).astype(F32)
+
+
+def truth_boxes(truth_row):
+    """The boxes in one image's truth row: float32 (n, 5) (x, y, w, h, class), ending
+    before the first box whose x is 0 (Darknet's `if(!truth.x) break`)."""
+    b = np.asarray(truth_row, dtype=F32).reshape(-1, TRUTH_FIELDS)
+    zero = np.nonzero(b[:, 0] == 0)[0]
+    return b[:zero[0] if zero.size else len(b)]
 
 
 def box_rmse(a, b):

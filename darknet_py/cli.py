@@ -446,7 +446,7 @@ def training_errors(command):
     others: one line, exit code 2."""
     @functools.wraps(command)
     def run(*args, **kwargs):
-        from .data import DataError
+        from .data.config import DataError
         from .train import TrainError
         from .validate import ValidationError
         try:
@@ -571,12 +571,8 @@ def anchors_command(data, num, width, height, seed):
     size. Prints the cfg line ("anchors = 10,13, 16,30, ...", smallest first) on
     stdout, and on stderr how well the anchors fit the boxes.
     """
-    from .data import DataError, anchor_mean_iou, gather_label_boxes, kmeans_anchors
-    from .data import format_anchors
-    boxes = gather_label_boxes(data, width, height)
-    if len(boxes) == 0:
-        raise DataError(f"{data}: no labelled boxes in the training list")
-    anchors = kmeans_anchors(boxes, num, seed)
+    from .data.anchors import anchor_mean_iou, compute_anchors, format_anchors
+    anchors, boxes = compute_anchors(data, num, width, height, seed)
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)

@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .data import DataError, check_classifier_labels, label_path
+from .data.config import DataError
+from .data.labels import check_classifier_labels, label_path
 from .image import resize_image, to_bgr
 
 DIGITS_NPZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "digits.npz")
@@ -139,7 +140,7 @@ def build_classification_set(out_dir, seed=0, size=32, valid_fraction=0.2):
 
 def _random_colour(rng):
     """A bright, saturated RGB colour (so hue/saturation augmentation has work to do)."""
-    from .data import hsv_to_rgb
+    from .data.augment import hsv_to_rgb
     hsv = np.array([rng.uniform(0, 1), rng.uniform(0.5, 1), rng.uniform(0.75, 1)],
                    dtype=np.float32).reshape(3, 1, 1)
     return hsv_to_rgb(hsv).reshape(3, 1, 1)

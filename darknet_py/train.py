@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data import (ClassifierAugment, DataLoader, DetectorAugment, check_classifier_labels,
-                   load_data_config)
+from .data.augment import ClassifierAugment, DetectorAugment
+from .data.config import load_data_config
+from .data.labels import check_classifier_labels
+from .data.loader import DataLoader
 from .detection import detector_layers, output_layer
 from .network import NetworkError, load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task

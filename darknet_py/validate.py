@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data import DataLoader, MissingLabelFile, load_data_config, read_image_labels
+from .data.config import load_data_config
+from .data.labels import MissingLabelFile, read_image_labels
+from .data.loader import DataLoader
 from .boxes import box_iou, fork_iou
 from .detection import detector_layers, output_layer
 

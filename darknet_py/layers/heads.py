@@ -2,8 +2,10 @@
 buffer's layout, the per-step statistics line and the class-id check."""
 import numpy as np
 
+from ..boxes import TRUTH_FIELDS
+from ..boxes import truth_boxes as image_truth_boxes
+
 F32 = np.float32
-TRUTH_FIELDS = 5  # x, y, w, h, class
 
 
 def parse_anchors(s, count):
@@ -31,6 +33,7 @@ def truth_boxes(net, batch, max_boxes):
     does."""
     fields = getattr(net, "truth_size", TRUTH_FIELDS)
     truth = net.truth_host.reshape(batch, -1)
+<<<<<<< HEAD
     per_image = truth.shape[1] // fields
     rows = truth[:, :per_image * fields].reshape(batch, per_image, fields)
     rows = rows[:, :max_boxes]
@@ -39,6 +42,10 @@ def truth_boxes(net, batch, max_boxes):
         zero = np.nonzero(rows[b, :, 0] == 0)[0]
         out.append(rows[b, :zero[0] if zero.size else rows.shape[1]])
     return out
+=======
+    per_image = truth.shape[1] // TRUTH_FIELDS
+    return [image_truth_boxes(row[:per_image * TRUTH_FIELDS])[:max_boxes] for row in truth]
+>>>>>>> main
 
 
 def report(net, layer, line):
