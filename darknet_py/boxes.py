@@ -54,10 +54,11 @@ def box_iou_matrix(a, b):
         return (inter / union).astype(F32)
 
 
-def truth_boxes(truth_row):
-    """The boxes in one image's truth row: float32 (n, 5) (x, y, w, h, class), ending
-    before the first box whose x is 0 (Darknet's `if(!truth.x) break`)."""
-    b = np.asarray(truth_row, dtype=F32).reshape(-1, TRUTH_FIELDS)
+def truth_boxes(truth_row, fields=TRUTH_FIELDS):
+    """The boxes in one image's truth row: float32 (n, fields) (x, y, w, h, class, and the
+    fork's track id with fields=6), ending before the first box whose x is 0 (Darknet's
+    `if(!truth.x) break`)."""
+    b = np.asarray(truth_row, dtype=F32).reshape(-1, fields)
     zero = np.nonzero(b[:, 0] == 0)[0]
     return b[:zero[0] if zero.size else len(b)]
 

@@ -33,19 +33,8 @@ def truth_boxes(net, batch, max_boxes):
     does."""
     fields = getattr(net, "truth_size", TRUTH_FIELDS)
     truth = net.truth_host.reshape(batch, -1)
-<<<<<<< HEAD
     per_image = truth.shape[1] // fields
-    rows = truth[:, :per_image * fields].reshape(batch, per_image, fields)
-    rows = rows[:, :max_boxes]
-    out = []
-    for b in range(batch):
-        zero = np.nonzero(rows[b, :, 0] == 0)[0]
-        out.append(rows[b, :zero[0] if zero.size else rows.shape[1]])
-    return out
-=======
-    per_image = truth.shape[1] // TRUTH_FIELDS
-    return [image_truth_boxes(row[:per_image * TRUTH_FIELDS])[:max_boxes] for row in truth]
->>>>>>> main
+    return [image_truth_boxes(row[:per_image * fields], fields)[:max_boxes] for row in truth]
 
 
 def report(net, layer, line):
