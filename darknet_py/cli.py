@@ -387,13 +387,17 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @click.option("--darknet-order", is_flag=True,
               help="Print detections as the C Darknet does (\"name: percent%\" lines, in its "
                    "order: after NMS, not by probability), so logs diff against it.")
+@click.option("--ext-output", is_flag=True,
+              help="Print detections as the AlexeyAB fork's -ext_output does, leftmost "
+                   "first: \"name: 87%  (left_x: L   top_y: T   width: W   height: H)\", "
+                   "in pixels.")
 @overwrite_option
 @names_options
 @device_options
 def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
-                   overwrite, names, data, device):
+                   ext_output, overwrite, names, data, device):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
-                            draw_detections, pixel_box)
+                            draw_detections, ext_output_lines, pixel_box)
     from .image import decode_image, from_bgr
     from .video import is_video
 
@@ -426,7 +430,10 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
         dets = detect(net, from_bgr(bgr), thresh=thresh, nms=nms, darknet_order=darknet_order)
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
-        for det in dets:
+        if ext_output:
+            for line in ext_output_lines(dets, width, height, names, thresh):
+                click.echo(line)
+        for det in [] if ext_output else dets:
             left, top, right, bottom = pixel_box(det.box, width, height)
             # Like Darknet's draw_detections: a line for every class above thresh.
             for class_id, prob in detection_classes(det):
@@ -607,6 +614,33 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device):
     from .validate import validate
     validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
              results_dir=results_dir, overwrite=overwrite)
+
+
+@cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
+@click.argument("cfg")
+@click.argument("data")
+@click.argument("weights")
+@click.option("--iou-thresh", type=click.FloatRange(0, 1, min_open=True), default=0.5,
+              show_default=True, help="IoU with a truth box that makes a true positive.")
+@click.option("--points", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Recall points of the AP: 11 (PASCAL VOC 2007), 101 (MS COCO), or 0 for "
+                   "the area under the curve at every recall (VOC 2010-2012).")
+@click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
+              help="Confidence at which precision, recall, F1 and the average IoU are taken.")
+@device_options
+@training_errors
+def map_command(cfg, data, weights, iou_thresh, points, thresh, device):
+    """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
+
+    Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
+    totals and "mean average precision (mAP@0.50) = ...". Every class of the network
+    counts in the mean, also those without ground truth (as in the fork).
+    """
+    if points == 1:
+        raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
+    from .validate import detector_map
+    detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
+                 thresh=thresh, log=lambda line: click.echo(line))
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

@@ -480,6 +480,15 @@ def test_activate_and_gradient(cuda, activation):
     check(cuda, "activate_strided", x, 5000, 3, 0, 1, activation)
 
 
+@gpu
+@pytest.mark.parametrize("rows,row_stride,offset,width", [(7, 23, 3, 11), (5000, 3, 0, 1),
+                                                          (6, 200, 0, 128)])
+def test_scale_add_strided(cuda, rows, row_stride, offset, width):
+    rng = np.random.default_rng(rows * width)
+    x = rand(rng, offset + (rows - 1) * row_stride + width + 4)
+    check(cuda, "scale_add_strided", x, rows, row_stride, offset, width, 1.05, -0.025)
+
+
 # ---- pooling -----------------------------------------------------------------
 
 MAXPOOL_CASES = [  # batch, c, h, w, size, stride, padding

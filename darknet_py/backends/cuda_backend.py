@@ -47,6 +47,7 @@ _KERNELS = {
         "axpy_kernel": "ifPP",
         "scal_kernel": "ifP",
         "mul_kernel": "iPP",
+        "scale_add_strided": "Piiiff",
         "sum_partial": "iPP",
         "sum_final": "iPP",
     },
@@ -652,6 +653,12 @@ class CudaBackend:
             return
         self._launch_rows("activate_strided", rows, width, self._ptr(x) + 4 * int(offset),
                           int(rows), int(row_stride), int(width), act)
+
+    def scale_add_strided(self, x, rows, row_stride, offset, width, scale, add):
+        """x = x*scale + add over x[offset + r*row_stride : +width] for each r < rows."""
+        self._check_matrix("scale_add_strided", x, offset, rows, width, row_stride)
+        self._launch_rows("scale_add_strided", rows, width, self._ptr(x) + 4 * int(offset),
+                          int(rows), int(row_stride), int(width), float(scale), float(add))
 
     def gradient(self, y, activation, delta):
         """delta *= activation'(.) computed from the output y."""

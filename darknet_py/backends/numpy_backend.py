@@ -195,6 +195,12 @@ class NumpyBackend:
         v = _matrix(x, offset, rows, width, row_stride)
         v[...] = activations.activate(v, activation)
 
+    def scale_add_strided(self, x, rows, row_stride, offset, width, scale, add):
+        """x = x*scale + add over x[offset + r*row_stride : +width] for each r < rows (the
+        AlexeyAB fork's scal_add; its [yolo] scale_x_y moves x and y by it)."""
+        v = _matrix(x, offset, rows, width, row_stride)
+        v[...] = v * self.dtype.type(scale) + self.dtype.type(add)
+
     def gradient(self, y, activation, delta):
         """delta *= activation'(.) computed from the output y."""
         if activation != "linear":

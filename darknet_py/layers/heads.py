@@ -20,13 +20,21 @@ def parse_anchors(s, count):
     return biases
 
 
+def is_fork_flavour(obj):
+    """Whether a network (or a layer's BuildContext) follows the AlexeyAB fork: its
+    `darknet` is "alexeyab"."""
+    return getattr(obj, "darknet", "original") == "alexeyab"
+
+
 def truth_boxes(net, batch, max_boxes):
-    """Per image, the truth boxes Darknet's loss loops see: float32 (n, 5) rows of
-    (x, y, w, h, class), at most max_boxes, stopping at the first with x == 0 as
-    Darknet's `if(!truth.x) break` does."""
+    """Per image, the truth boxes Darknet's loss loops see: float32 (n, F) rows of
+    (x, y, w, h, class), F = 5, or the fork's F = 6 with a track id last (net.truth_size),
+    at most max_boxes, stopping at the first with x == 0 as Darknet's `if(!truth.x) break`
+    does."""
+    fields = getattr(net, "truth_size", TRUTH_FIELDS)
     truth = net.truth_host.reshape(batch, -1)
-    per_image = truth.shape[1] // TRUTH_FIELDS
-    return [image_truth_boxes(row[:per_image * TRUTH_FIELDS])[:max_boxes] for row in truth]
+    per_image = truth.shape[1] // fields
+    return [image_truth_boxes(row[:per_image * fields], fields)[:max_boxes] for row in truth]
 
 
 def report(net, layer, line):
