@@ -22,11 +22,16 @@ SECTION_ALIASES = {
     "dropout": "dropout", "cost": "cost", "route": "route", "shortcut": "shortcut",
     "upsample": "upsample", "reorg": "reorg", "crop": "crop", "local": "local",
     "batchnorm": "batchnorm", "yolo": "yolo", "region": "region", "detection": "detection",
+    # the AlexeyAB fork's ([reorg3d] is its new reorg; its [reorg] is the original's)
+    "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
+    "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
     "deconv", "deconvolutional", "activation", "logistic", "l2norm", "crnn", "gru",
     "lstm", "rnn", "lrn", "normalization", "reorg_old",
+    # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
+    "conv_lstm", "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
 }
 
 # What C's atof reads at the start of a value (atoi reads a prefix of it): a decimal number
@@ -75,6 +80,12 @@ class Section:
     def error(self, message, key=None):
         opt = self.options.get(key) if key else None
         return CfgError(message, self.path, opt.line if opt else self.line, key)
+
+    def warn(self, message, key=None):
+        """A CfgWarning naming the file and the line of `key` (or of the section)."""
+        opt = self.options.get(key) if key else None
+        where = f"{self.path}:{opt.line if opt else self.line}: " + (f"{key}: " if key else "")
+        warnings.warn(CfgWarning(where + message), stacklevel=3)
 
     def has(self, key):
         return key in self.options

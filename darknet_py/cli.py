@@ -26,7 +26,7 @@ from .cfg import CfgError, CfgWarning, read_data_file
 from .files import (OverwriteError, atomic_output, refuse_overwrite,
                     remove_stale_temporaries)
 from .image import ImageError, ImageWarning
-from .network import NetworkError, build_network, load_network
+from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
 from .weights import WeightsError, WeightsWarning, floats_needed
 
 PROG = "darknet-py"
@@ -163,6 +163,13 @@ class Probability(click.ParamType):
         if not 0 <= number <= 1:
             self.fail(f"{value} is not in the range 0 to 1", param, ctx)
         return number
+def darknet_option(command):
+    """Add --darknet original|alexeyab: which Darknet's arithmetic the network follows."""
+    return click.option(
+        "--darknet", type=click.Choice(DARKNET_FLAVOURS), default=None,
+        help="Follow the original Darknet (pjreddie) or the AlexeyAB fork (batch-norm "
+             "epsilon and momentum, BFLOPs, weights header, truth layout). [default: the "
+             "fork's when the weights header or the cfg is the fork's]")(command)
 
 
 def read_names_file(path):
@@ -287,7 +294,8 @@ Prints, per image, the time taken and the --top most probable classes as
                    "else 5].")
 @names_options
 @device_options
-def classify_command(cfg, weights, images, top, names, data, device):
+@darknet_option
+def classify_command(cfg, weights, images, top, names, data, device, darknet):
     if top is None:
         try:
             top = int(data.get("top", 5))
@@ -297,7 +305,7 @@ def classify_command(cfg, weights, images, top, names, data, device):
 
     from .detection import detector_layers
     paths = expand_images(images)
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if detector_layers(net):
         raise UserError(f"{cfg}: the network is a detector (it has a "
                         f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`")
@@ -394,8 +402,9 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @overwrite_option
 @names_options
 @device_options
+@darknet_option
 def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
-                   ext_output, overwrite, names, data, device):
+                   ext_output, overwrite, names, data, device, darknet):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
                             draw_detections, ext_output_lines, pixel_box)
     from .image import decode_image, from_bgr
@@ -413,7 +422,7 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
     outputs = [None] * len(paths) if out.lower() == "none" else output_paths(out, paths)
     claim_outputs([p for p in outputs if p is not None] + ([json_file] if json_file else []),
                   overwrite)
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
@@ -470,14 +479,18 @@ def write_image(path, image):
 @click.argument("cfg")
 @click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
               help="Images per forward pass, for the memory estimate [default: 1].")
-def info_command(cfg, batch):
+@darknet_option
+def info_command(cfg, batch, darknet):
     """Print a network's layer table and its total BFLOPs.
 
     Works out every layer's shape from CFG without allocating anything or loading
     weights, so it is quick even for large networks. The last line estimates the memory
     the activations need at --batch images.
     """
-    net = build_network(cfg, batch=batch)
+    net = build_network(cfg, batch=batch, darknet=darknet)
+    click.echo(f"Darknet: {net.darknet} ({'chosen with --darknet' if darknet else 'from the cfg'}"
+               f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
+               f"'s Darknet counts them)")
     for line in net.summary():
         click.echo(line)
     batch = net.batch
@@ -494,7 +507,8 @@ def info_command(cfg, batch):
 @click.argument("out")
 @click.argument("layers", metavar="N", type=click.IntRange(min=0))
 @overwrite_option
-def partial_command(cfg, weights, out, layers, overwrite):
+@darknet_option
+def partial_command(cfg, weights, out, layers, overwrite, darknet):
     """Copy the weights of the first N layers of WEIGHTS into OUT (Darknet's partial).
 
     Used to make a pretrained backbone, e.g. darknet53.conv.74 from darknet53.weights.
@@ -504,7 +518,7 @@ def partial_command(cfg, weights, out, layers, overwrite):
     """
     claim_outputs([out], overwrite)
     # Darknet runs partial on the CPU: it is file work, not inference.
-    net = load_network(cfg, None, batch=1, device="cpu")
+    net = load_network(cfg, None, batch=1, device="cpu", darknet=darknet)
     net.load_weights(weights, cutoff=layers)
     net.seen = 0
     net.save_weights(out, cutoff=layers)
@@ -560,8 +574,9 @@ def training_errors(command):
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
 @device_options
 @training_errors
+@darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, device):
+                  overwrite, quiet, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -579,7 +594,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet,
+              overwrite=overwrite, verbose=not quiet, darknet=darknet,
               log=lambda line: click.echo(line))
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
@@ -598,7 +613,8 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
               help="Replace results files an earlier run left in --results-dir.")
 @device_options
 @training_errors
-def valid_command(cfg, data, weights, results_dir, overwrite, device):
+@darknet_option
+def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
     A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
@@ -613,7 +629,7 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device):
     """
     from .validate import validate
     validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
-             results_dir=results_dir, overwrite=overwrite)
+             results_dir=results_dir, overwrite=overwrite, darknet=darknet)
 
 
 @cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
@@ -628,8 +644,9 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device):
 @click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Confidence at which precision, recall, F1 and the average IoU are taken.")
 @device_options
+@darknet_option
 @training_errors
-def map_command(cfg, data, weights, iou_thresh, points, thresh, device):
+def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
@@ -640,7 +657,7 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, device):
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
     from .validate import detector_map
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, log=lambda line: click.echo(line))
+                 thresh=thresh, darknet=darknet, log=lambda line: click.echo(line))
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

@@ -382,7 +382,7 @@ def _param_layers_loaded(net, layers_loaded):
 
 def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
           map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
-          verbose=True, workers=4, on_iteration=None):
+          verbose=True, workers=4, on_iteration=None, darknet=None):
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
@@ -413,7 +413,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     if map_eval and not valid_paths:
         raise TrainError(f"{config.valid}: the valid list is empty (needed by --map)")
 
-    net = load_network(cfg, None, device=device, seed=seed)
+    net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
     net.names = config.names
     task = network_task(net)
     base = cfg_base(cfg)

@@ -452,7 +452,7 @@ def curve_ap(recall, precision, points=0):
 
 
 def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
-                 thresh=MAP_CONF_THRESH, log=print):
+                 thresh=MAP_CONF_THRESH, log=print, darknet=None):
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
     and print fork_map's report. Returns the ForkMapResult."""
@@ -463,7 +463,7 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if network_task(net) != "detector":
         raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
                               f"(use `darknet-py valid`)")
@@ -490,7 +490,7 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
 
 # ---- the `valid` command ---------------------------------------------------------------
 def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir=None,
-             overwrite=False):
+             overwrite=False, darknet=None):
     """Load CFG with WEIGHTS and score it on the valid list of the .data file DATA. Prints
     per-class results, then the summary line; returns the result. For a detector with
     results_dir, also writes Darknet's results files there (DetectionResultsWriter),
@@ -501,7 +501,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     net.names = config.names
     task = network_task(net)
     if task == "classifier":

@@ -73,6 +73,16 @@ def _read_floats(path):
     return header, seen, transpose, np.frombuffer(body, dtype="<f4")
 
 
+def peek_header(path):
+    """(major, minor, revision) of a weights file, or None when it is missing or short."""
+    try:
+        with open(os.fspath(path), "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return None
+    return struct.unpack("<3i", head) if len(head) == 12 else None
+
+
 def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
     """Load parameters into the network's layers [0, cutoff).
 
@@ -241,9 +251,16 @@ def save_weights(net, path, cutoff=None):
     with (so an unchanged network saves the same bytes it loaded)."""
     path = os.fspath(path)
     major, minor, revision = getattr(net, "weights_header", (0, 2, 0))
+    seen = int(net.seen)
+    if getattr(net, "darknet", "original") == "alexeyab":
+        # The fork writes its own version and `seen` as whole iterations (its save_weights
+        # sets seen = cur_iteration * batch * subdivisions).
+        from .network import FORK_WEIGHTS_HEADER
+        major, minor, revision = FORK_WEIGHTS_HEADER
+        seen = net.current_batch * net.train_batch_size * net.subdivisions
     seen_is_64, transpose = _header_layout(major, minor)
     chunks = [struct.pack("<3i", major, minor, revision),
-              struct.pack("<Q" if seen_is_64 else "<i", int(net.seen))]
+              struct.pack("<Q" if seen_is_64 else "<i", seen)]
     for layer in _layers_upto(net, cutoff):
         for name, arr in _arrays(layer):
             values = net.be.to_host(arr).astype("<f4")

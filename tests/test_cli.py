@@ -188,7 +188,9 @@ def test_info_prints_the_layer_table_and_total(run, tmp_path):
     cfg = write_cfg(tmp_path / "small.cfg", SMALL_CFG)
     r = run(["info", cfg])
     assert r.code == 0 and "Traceback" not in r.err, r
-    assert r.lines[:-1] == build_network(cfg).summary()
+    assert r.lines[0] == ("Darknet: original (from the cfg; BFLOPs as pjreddie's Darknet "
+                          "counts them)")
+    assert r.lines[1:-1] == build_network(cfg).summary()
     rows = table_rows(r.lines)
     assert [row.split()[:2] for row in rows] == [["0", "conv"], ["1", "max"], ["2", "avg"],
                                                 ["3", "softmax"]]
@@ -201,7 +203,7 @@ def test_info_fixture_and_batch_memory_estimate():
     one = run_in_process(["info", P1_CFG])
     four = run_in_process(["info", P1_CFG, "--batch", "4"])
     assert one.code == four.code == 0, (one, four)
-    assert one.lines[:-1] == four.lines[:-1] == build_network(P1_CFG).summary()
+    assert one.lines[1:-1] == four.lines[1:-1] == build_network(P1_CFG).summary()
     memory = re.compile(r"^Activations and workspace at batch (\d+): ([\d.]+) MiB for inference, "
                         r"([\d.]+) MiB for training")
     m1, m4 = memory.match(one.lines[-1]), memory.match(four.lines[-1])
@@ -224,9 +226,20 @@ def test_info_fixture_and_batch_memory_estimate():
 def test_info_on_stock_darknet_cfgs(run, name, layers, bflops):
     r = run(["info", STOCK_CFG / name])
     assert r.code == 0 and "Traceback" not in r.err, r
-    assert r.lines[0].split()[:5] == ["layer", "filters", "size", "input", "output"]
+    assert r.lines[1].split()[:5] == ["layer", "filters", "size", "input", "output"]
     rows = table_rows(r.lines)
     assert [int(row.split()[0]) for row in rows] == list(range(layers))
+    assert f"Total BFLOPs: {bflops}" in r.lines, r.out
+
+
+@needs_shared
+@pytest.mark.parametrize("flavour, first, bflops", [
+    (None, "Darknet: original (from the cfg;", "5.565"),
+    ("alexeyab", "Darknet: alexeyab (chosen with --darknet;", "5.571"),
+])
+def test_info_prints_the_flavour_and_its_bflops(run, flavour, first, bflops):
+    r = run(["info", STOCK_CFG / "yolov3-tiny.cfg"] + (["--darknet", flavour] if flavour else []))
+    assert r.code == 0 and r.lines[0].startswith(first), r
     assert f"Total BFLOPs: {bflops}" in r.lines, r.out
 
 

@@ -26,7 +26,7 @@ class ConvolutionalLayer(Layer):
         self.padding = s.get_int("padding", 0)
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
-        self.activation = parse_activation(s, "logistic")
+        self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
         refuse_options(s, "binary", "xnor")
         for key, v in (("filters", self.filters), ("size", self.size), ("stride", self.stride),
@@ -141,15 +141,16 @@ class ConvolutionalLayer(Layer):
             bn_forward(self, net, self.out_c, spatial)
         else:
             be.add_bias(self.output, self.biases, self.batch, self.out_c, spatial)
-        be.activate(self.output, self.activation)
+        self.activate_output(be)
 
     def backward(self, net):
         be = net.be
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
-        be.gradient(self.output, self.activation, self.delta)
+        self.activation_gradient(be)
         if self.batch_normalize:
-            bn_backward(self, net, self.out_c, spatial)
+            # The fork's CPU backward leaves a convolution's BN beta untrained.
+            bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
         for b0, count, col, delta_out in self._chunks(be, net):

@@ -9,13 +9,16 @@ F32 = np.float32
 
 
 def parse_anchors(s, count):
-    """Darknet's anchors= list into `count` floats; entries not given stay 0.5 as in Darknet."""
+    """Darknet's anchors= list into `count` floats; entries not given stay 0.5 as in Darknet.
+    Values beyond num anchors are ignored, as Darknet reads only the first 2*num (the fork's
+    stock cspx-p7 cfgs list more), with a warning."""
     biases = np.full(count, 0.5, dtype=F32)
     anchors = s.get_float_list("anchors", None)
     if anchors:
         if len(anchors) > count:
-            raise s.error(f"{len(anchors)} values given but num={count // 2} anchors take "
-                          f"{count} (a width and a height each)", "anchors")
+            s.warn(f"{len(anchors)} values given but num={count // 2} anchors take {count}; "
+                   f"the rest are ignored, as Darknet does", "anchors")
+            anchors = anchors[:count]
         biases[:len(anchors)] = anchors
     return biases
 
