@@ -685,6 +685,46 @@ def anchors_command(data, num, width, height, seed):
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
 
 
+@cli.command("bench", short_help="Time a network: forward, training step, per layer.")
+@click.argument("cfg")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Images per forward.")
+@click.option("--train", is_flag=True,
+              help="Also time a training step (forward, backward, update) on random truth.")
+@click.option("--layers", is_flag=True,
+              help="Also time every layer on its own: forward (and backward with --train), "
+                   "in ms and as a share of the total.")
+@click.option("--json", "json_file", metavar="FILE", default=None,
+              help="Write the figures to FILE as JSON.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed runs; the median is reported.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Untimed runs before the timed ones.")
+@overwrite_option
+@device_options
+@darknet_option
+def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
+                  darknet):
+    """Time CFG with random weights and a random input batch.
+
+    Prints the median forward time (inference, as `detect` and `test` run it) and
+    images/s, with --train also a training step's, and the peak device memory where the
+    backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
+    wall clock on the CPU.
+    """
+    from .bench import format_report, run_bench
+    if json_file is not None:
+        claim_outputs([json_file], overwrite)   # before the work, not after
+    net = load_network(cfg, None, batch=batch, device=device, darknet=darknet)
+    result = run_bench(net, train=train, layers=layers, warmup=warmup, repeats=repeats)
+    for line in format_report(result):
+        click.echo(line)
+    if json_file is not None:
+        with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
+            json.dump(result, json_out, indent=1)
+            json_out.write("\n")
+
+
 def main(argv=None):
     """Console entry point (`darknet-py`)."""
     return cli.main(args=argv, prog_name=PROG)

@@ -157,7 +157,7 @@ class Network:
     """Build with load_network(); see the README for the Python API."""
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
-                 darknet=None):
+                 darknet=None, random_init=True):
         if sections[0].type != "net":
             raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
                            path, sections[0].line)
@@ -192,10 +192,14 @@ class Network:
         self.cost = None
         self._training_ready = False
         self._params_ready = False
+        # Inference folds batch norm into the convolution weights (made once, remade after
+        # the parameters change); False runs Darknet's unfolded normalisation.
+        self.fold_batchnorm = True
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
+            # random_init=False: the caller loads every parameter next (no draws to waste).
             for layer in self.layers:
-                layer.init_params(self.be, self.rng)
+                layer.init_params(self.be, self.rng if random_init else None)
             self._params_ready = True
 
     # ---- building ---------------------------------------------------------------
@@ -441,7 +445,13 @@ class Network:
                           batch=self.train_batch_size * self.subdivisions)
         for layer in self.layers:
             layer.update(args)
+        self.params_changed()
         return args.learning_rate
+
+    def params_changed(self):
+        """Call after writing parameters by hand: drops what was derived from them."""
+        for layer in self.layers:
+            layer.params_changed()
 
     def _prepare_training(self):
         for layer in self.layers:
@@ -536,7 +546,8 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     if darknet is None and weights is not None:
         darknet = weights_flavour(weights)
     backend = get_backend(device)
-    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet)
+    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
+                  random_init=weights is None or cutoff is not None or transfer)
     net.transfer_report = None
     if weights is not None:
         loaded = net.load_weights(weights, cutoff, transfer=transfer)

@@ -126,6 +126,7 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
     all_finite = bool(np.isfinite(data).all())
     for layer in layers:
         pos = _write_layer(net, layer, data, pos, transpose, None if all_finite else path)
+    net.params_changed()
     net.seen = int(seen)
     net.weights_header = header
     return len(layers)
