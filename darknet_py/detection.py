@@ -1,193 +1,19 @@
 """Detections and classifications from a network's output, as Darknet's test paths make them.
 
-Follows pjreddie's src/box.c (box_iou, do_nms_sort), src/network.c (get_network_boxes),
-src/yolo_layer.c / region_layer.c / detection_layer.c (decoding each layer's output) and
-src/image.c (draw_detections). Boxes are Darknet's ``box``: (x, y, w, h), centre-based.
-Arithmetic is float32 where Darknet computes in float, so scores and boxes agree with it.
+The application side: src/network.c's get_network_boxes (each head decodes its own output
+with its ``detections`` method), detect/classify, and src/image.c's draw_detections. Box
+arithmetic and NMS live below the layers in boxes.py.
 """
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
-from .image import (ImageError, from_bgr, letterbox, letterbox_size, load_image, match_channels,
-                    resize_image)
+from .boxes import Detection, do_nms_sort
+from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 
 DETECTOR_TYPES = ("yolo", "region", "detection")
 F32 = np.float32
-
-
-# ---- box arithmetic (box.c) --------------------------------------------------------------
-def _overlap(x1, w1, x2, w2):
-    left = np.maximum(x1 - w1 / 2, x2 - w2 / 2)
-    right = np.minimum(x1 + w1 / 2, x2 + w2 / 2)
-    return right - left
-
-
-def box_iou(a, b):
-    """Darknet's box_iou for arrays of (x, y, w, h) in the last axis (broadcasting).
-    A zero union gives NaN, as in Darknet, and NaN compares False in every test."""
-    a = np.asarray(a, dtype=F32)
-    b = np.asarray(b, dtype=F32)
-    w = _overlap(a[..., 0], a[..., 2], b[..., 0], b[..., 2])
-    h = _overlap(a[..., 1], a[..., 3], b[..., 1], b[..., 3])
-    inter = np.where((w < 0) | (h < 0), F32(0), w * h)
-    union = a[..., 2] * a[..., 3] + b[..., 2] * b[..., 3] - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (inter / union).astype(F32)
-
-
-def box_iou_matrix(a, b):
-    """box_iou of every box of a (P, 4) with every box of b (T, 4): (P, T) float32, the
-    same arithmetic as box_iou with each box's edges worked out once."""
-    a = np.asarray(a, dtype=F32).reshape(-1, 4)
-    b = np.asarray(b, dtype=F32).reshape(-1, 4)
-    edges = []
-    for box in (a, b):
-        half_w, half_h = box[:, 2] / 2, box[:, 3] / 2
-        edges.append((box[:, 0] - half_w, box[:, 0] + half_w, box[:, 1] - half_h,
-                      box[:, 1] + half_h, box[:, 2] * box[:, 3]))
-    (al, ar, at, ab, aa), (bl, br, bt, bb, ba) = edges
-    w = np.minimum.outer(ar, br) - np.maximum.outer(al, bl)
-    h = np.minimum.outer(ab, bb) - np.maximum.outer(at, bt)
-    inter = np.where((w < 0) | (h < 0), F32(0), w * h)
-    union = np.add.outer(aa, ba) - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (inter / union).astype(F32)
-
-
-def box_rmse(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    return np.sqrt(((a - b) ** 2).sum(axis=-1))
-
-
-# ---- detections ------------------------------------------------------------------------------
-@dataclass
-class Detection:
-    """One candidate box. ``box`` is (x, y, w, h), centre-based, relative to the original
-    image (or in its pixels when built with relative=False); ``probs[c]`` is
-    objectness * P(class c), or 0 where that is not above the threshold (or NMS removed it).
-    ``class_id``/``prob``/``name`` are the best class, set by detect() (-1 when none)."""
-    box: tuple
-    objectness: float
-    probs: np.ndarray
-    class_id: int = -1
-    prob: float = 0.0
-    name: Optional[str] = None
-    layer: int = field(default=-1, repr=False)  # index of the layer that produced it
-
-
-def correct_yolo_boxes(boxes, img_w, img_h, netw, neth, relative=True, letter=True):
-    """Darknet's correct_yolo_boxes (correct_region_boxes is the same): map (N, 4) boxes
-    relative to the network input back onto the original img_w x img_h image, undoing
-    the letterbox (letter=True) or a plain resize (letter=False). Returns float32 (N, 4)."""
-    b = np.array(boxes, dtype=F32).reshape(-1, 4)
-    if letter:
-        new_w, new_h = letterbox_size(img_w, img_h, netw, neth)
-    else:
-        new_w, new_h = netw, neth
-    # Darknet does the shift and the division in double, then stores floats.
-    x = ((b[:, 0].astype(np.float64) - (netw - new_w) / 2.0 / netw)
-         / np.float64(F32(new_w) / F32(netw)))
-    y = ((b[:, 1].astype(np.float64) - (neth - new_h) / 2.0 / neth)
-         / np.float64(F32(new_h) / F32(neth)))
-    out = np.empty_like(b)
-    out[:, 0] = x.astype(F32)
-    out[:, 1] = y.astype(F32)
-    out[:, 2] = b[:, 2] * (F32(netw) / F32(new_w))
-    out[:, 3] = b[:, 3] * (F32(neth) / F32(new_h))
-    if not relative:
-        out[:, 0::2] *= F32(img_w)
-        out[:, 1::2] *= F32(img_h)
-    return out
-
-
-correct_region_boxes = correct_yolo_boxes
-
-
-def _thresholded(p, thresh):
-    return np.where(p > F32(thresh), p, F32(0)).astype(F32)
-
-
-def _make_detections(boxes, objectness, probs, layer_index):
-    return [Detection(box=tuple(float(v) for v in boxes[k]), objectness=float(objectness[k]),
-                      probs=probs[k].copy(), layer=layer_index)
-            for k in range(len(objectness))]
-
-
-def yolo_detections(layer, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
-    """Darknet's get_yolo_detections for image 0 of a [yolo] layer's (host) output: one
-    detection per anchor and cell whose objectness is above thresh, cells in row-major
-    order, anchors inner."""
-    wh = layer.w * layer.h
-    out = np.asarray(output, dtype=F32).reshape(-1)[:layer.outputs]
-    out = out.reshape(layer.n, 5 + layer.classes, wh).transpose(2, 0, 1)  # (cell, anchor, entry)
-    obj = out[:, :, 4]
-    cell, anchor = np.nonzero(obj > F32(thresh))
-    col = (cell % layer.w).astype(F32)
-    row = (cell // layer.w).astype(F32)
-    e = out[cell, anchor]
-    biases = layer.biases.reshape(-1, 2)[np.asarray(layer.mask, dtype=np.int64)[anchor]]
-    boxes = np.stack([(col + e[:, 0]) / F32(layer.w), (row + e[:, 1]) / F32(layer.h),
-                      (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / netw).astype(F32),
-                      (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / neth).astype(F32)],
-                     axis=1).reshape(-1, 4)
-    objectness = e[:, 4]
-    probs = _thresholded(objectness[:, None] * e[:, 5:], thresh)
-    boxes = correct_yolo_boxes(boxes, img_w, img_h, netw, neth, relative, letter)
-    return _make_detections(boxes, objectness, probs, layer.index)
-
-
-def region_detections(layer, output, img_w, img_h, netw, neth, thresh, relative=True,
-                      letter=True):
-    """Darknet's get_region_detections for image 0 of a [region] layer: one detection per
-    anchor and cell (anchor-major, as Darknet indexes them), objectness 0 where it is not
-    above thresh."""
-    wh = layer.w * layer.h
-    size = layer.coords + layer.classes + 1
-    out = np.asarray(output, dtype=F32).reshape(-1)[:layer.outputs].reshape(layer.n, size, wh)
-    cells = np.arange(wh)
-    col = np.tile((cells % layer.w).astype(F32), layer.n)
-    row = np.tile((cells // layer.w).astype(F32), layer.n)
-    e = out.transpose(0, 2, 1).reshape(layer.n * wh, size)  # (anchor*cell, entry)
-    biases = np.repeat(layer.biases.reshape(layer.n, 2), wh, axis=0)
-    boxes = np.stack([(col + e[:, 0]) / F32(layer.w), (row + e[:, 1]) / F32(layer.h),
-                      (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / layer.w).astype(F32),
-                      (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / layer.h).astype(F32)],
-                     axis=1)
-    scale = e[:, layer.coords]
-    objectness = np.where(scale > F32(thresh), scale, F32(0)).astype(F32)
-    # Where scale <= thresh every scale * p (p <= 1) is too, so those rows are all 0.
-    probs = _thresholded(scale[:, None] * e[:, layer.coords + 1:], thresh)
-    boxes = correct_region_boxes(boxes, img_w, img_h, netw, neth, relative, letter)
-    return _make_detections(boxes, objectness, probs, layer.index)
-
-
-def detection_detections(layer, output, img_w, img_h, thresh, relative=True):
-    """Darknet's get_detection_detections for image 0 of a YOLOv1 [detection] layer: one
-    detection per box predictor and cell. Boxes are relative (Darknet's yolo.c calls it with
-    w = h = 1), or in img_w x img_h pixels with relative=False."""
-    side, n, classes = layer.side, layer.n, layer.classes
-    loc = side * side
-    out = np.asarray(output, dtype=F32).reshape(-1)[:layer.outputs]
-    cls = out[:loc * classes].reshape(loc, classes)
-    scale = out[loc * classes:loc * (classes + n)].reshape(loc * n)
-    coords = out[loc * (classes + n):].reshape(loc * n, layer.coords)
-    cell = np.repeat(np.arange(loc), n)
-    col = (cell % side).astype(F32)
-    row = (cell // side).astype(F32)
-    power = 2 if layer.sqrt else 1
-    sx, sy = (1, 1) if relative else (img_w, img_h)
-    boxes = np.stack([(coords[:, 0] + col) / F32(side) * F32(sx),
-                      (coords[:, 1] + row) / F32(side) * F32(sy),
-                      (np.power(coords[:, 2].astype(np.float64), power) * sx).astype(F32),
-                      (np.power(coords[:, 3].astype(np.float64), power) * sy).astype(F32)],
-                     axis=1)
-    probs = _thresholded(scale[:, None] * cls[cell], thresh)
-    return _make_detections(boxes, scale, probs, layer.index)
 
 
 def detector_layers(net):
@@ -204,79 +30,15 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     dets = []
     for layer in detector_layers(net):
         output = net.be.to_host(layer.output)[:layer.outputs]
-        if layer.type == "yolo":
-            dets += yolo_detections(layer, output, img_w, img_h, netw, neth, thresh, relative,
-                                    letter)
-        elif layer.type == "region":
-            dets += region_detections(layer, output, img_w, img_h, netw, neth, thresh, relative,
-                                      letter)
-        else:
-            dets += detection_detections(layer, output, img_w, img_h, thresh, relative)
+        dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter)
     return dets
 
 
-# ---- non-maximum suppression (box.c) ------------------------------------------------------------
-def _zero_objectness_last(dets):
-    """Darknet's first step of do_nms_*: swap detections with objectness 0 to the end.
-    Returns how many remain in front."""
-    k = len(dets) - 1
-    i = 0
-    while i <= k:
-        if dets[i].objectness == 0:
-            dets[i], dets[k] = dets[k], dets[i]
-            k -= 1
-        else:
-            i += 1
-    return k + 1
-
-
-def do_nms_sort(dets, classes, nms):
-    """Darknet's do_nms_sort, in place: for each class, sort by that class's probability
-    (descending; Python's stable sort where Darknet's qsort leaves ties unordered) and
-    zero the class probability of every later box overlapping a kept one by IoU > nms.
-    Detections with objectness 0 take no part. Returns dets."""
-    total = _zero_objectness_last(dets)
-    if total == 0:
-        return dets
-    front = dets[:total]
-    boxes = np.array([d.box for d in front], dtype=F32)
-    probs = np.zeros((total, classes), dtype=F32)
-    for i, d in enumerate(front):
-        m = min(classes, d.probs.size)
-        probs[i, :m] = d.probs[:m]
-    order = np.arange(total)
-    for k in range(classes):
-        order = order[np.argsort(-probs[order, k], kind="stable")]
-        for pos in range(total):
-            a = order[pos]
-            if probs[a, k] == 0:  # read now: an earlier box may have suppressed it
-                continue
-            later = order[pos + 1:]
-            probs[later[box_iou(boxes[a], boxes[later]) > nms], k] = 0
-    for i, d in enumerate(front):
-        m = min(classes, d.probs.size)
-        d.probs[:m] = probs[i, :m]
-    dets[:total] = [front[i] for i in order]
-    return dets
-
-
-def do_nms_obj(dets, classes, nms):
-    """Darknet's do_nms_obj: NMS on objectness alone; a suppressed box loses its
-    objectness and every class probability. Returns dets (sorted in front)."""
-    total = _zero_objectness_last(dets)
-    front = sorted(dets[:total], key=lambda d: -d.objectness)
-    boxes = np.array([d.box for d in front], dtype=F32).reshape(-1, 4)
-    alive = np.array([d.objectness != 0 for d in front], dtype=bool)
-    for a in range(total):
-        if not alive[a]:
-            continue
-        hit = np.nonzero(alive[a + 1:] & (box_iou(boxes[a], boxes[a + 1:]) > nms))[0] + a + 1
-        alive[hit] = False
-        for b in hit:
-            front[b].objectness = 0.0
-            front[b].probs[:] = 0
-    dets[:total] = front
-    return dets
+def nms_kind(net):
+    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork, its last [yolo]
+    layer's nms_kind and beta_nms; Darknet's default NMS without one."""
+    yolo = [l for l in net.layers if l.type == "yolo"]
+    return (yolo[-1].nms_kind, yolo[-1].beta_nms) if yolo else ("default", 0.6)
 
 
 # ---- applications -----------------------------------------------------------------------------
@@ -286,6 +48,8 @@ def as_image(image, channels=3):
     if isinstance(image, (str, os.PathLike)):
         return load_image(image, channels)
     a = np.asarray(image)
+    if a.size == 0:
+        raise ImageError(f"the image array is empty (shape {a.shape})")
     if a.dtype == np.uint8:
         return from_bgr(a, channels)
     if a.ndim == 3 and a.shape[0] in (1, 3):
@@ -300,12 +64,16 @@ def _class_name(names, class_id):
     return None
 
 
-def detect(net, image, thresh=0.5, hier=0.5, nms=0.45):
+def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     """Detect objects in one image as Darknet's `detector test` does: letterbox to the
     network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does),
-    run with batch 1, decode, NMS per class. Returns the detections whose best class is
-    above thresh, sorted by that probability, highest first; boxes relative to the
-    original image."""
+    run with batch 1, decode, NMS per class (of the kind the last [yolo] layer's nms_kind
+    gives). Returns the detections whose best class is above thresh, sorted by that
+    probability, highest first (with darknet_order, in the order Darknet prints them: NMS's
+    order); boxes relative to the original image. A detection may have more classes above
+    thresh: see detection_classes."""
+    if not 0 <= thresh <= 1 or not 0 <= nms <= 1:   # also refuses NaN
+        raise ValueError(f"thresh ({thresh}) and nms ({nms}) must be in [0, 1]")
     layers = detector_layers(net)
     if not layers:
         raise ValueError(f"{net.path}: the network has no [yolo], [region] or [detection] "
@@ -320,7 +88,8 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45):
     dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True, letter=letter)
     classes = layers[-1].classes
     if nms:
-        do_nms_sort(dets, classes, nms)
+        kind, beta = nms_kind(net)
+        do_nms_sort(dets, classes, nms, kind, beta)
     found = []
     for d in dets:
         if d.probs.size == 0:
@@ -330,8 +99,16 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45):
             d.class_id, d.prob = best, float(d.probs[best])
             d.name = _class_name(net.names, best)
             found.append(d)
-    found.sort(key=lambda d: -d.prob)
+    if not darknet_order:
+        found.sort(key=lambda d: -d.prob)
     return found
+
+
+def detection_classes(d):
+    """[(class_id, prob)] of every class of a detection above the threshold it was found
+    with (the heads zero the others), in class order: Darknet prints a line for each and
+    labels the box with all of them."""
+    return [(int(c), float(d.probs[c])) for c in np.flatnonzero(d.probs > 0)]
 
 
 def output_layer(net):
@@ -385,9 +162,16 @@ def pixel_box(box, img_w, img_h):
     return left, top, right, bottom
 
 
+def _display_name(names, class_id):
+    name = _class_name(names, class_id)
+    return name if name is not None else str(class_id)
+
+
 def _label(d, names):
-    name = d.name if d.name is not None else _class_name(names, d.class_id)
-    return f"{name if name is not None else d.class_id} {100 * d.prob:.0f}%"
+    """"truck, car 56%": every class above the threshold, as Darknet joins them, and the
+    best class's probability."""
+    ids = [c for c, _ in detection_classes(d)] or [d.class_id]
+    return f"{', '.join(_display_name(names, c) for c in ids)} {100 * d.prob:.0f}%"
 
 
 def draw_detections(bgr_image, detections, names=None, classes=None):
@@ -427,18 +211,46 @@ def draw_detections(bgr_image, detections, names=None, classes=None):
     return img
 
 
+def c_round(v):
+    """C's round(): halves away from zero."""
+    return math.floor(v + 0.5) if v >= 0 else -math.floor(-v + 0.5)
+
+
+def ext_output_lines(detections, img_w, img_h, names=None, thresh=0.5):
+    """The AlexeyAB fork's -ext_output text for detect()'s results: detections from the
+    leftmost, each as "name: 87%\t(left_x: ... top_y: ... width: ... height: ...)" (its
+    unclamped box in pixels, rounded), then a "name: 40%" line for each other class above
+    thresh."""
+    lines = []
+    for d in sorted(detections, key=lambda d: d.box[0] - d.box[2] / 2):
+        x, y, w, h = d.box
+        name = d.name if d.name is not None else _class_name(names, d.class_id)
+        lines.append(f"{name if name is not None else d.class_id}: {100 * d.prob:.0f}%\t"
+                     f"(left_x: {c_round((x - w / 2) * img_w):4.0f}   top_y: "
+                     f"{c_round((y - h / 2) * img_h):4.0f}   width: {c_round(w * img_w):4.0f}   "
+                     f"height: {c_round(h * img_h):4.0f})")
+        for c, p in enumerate(d.probs):
+            if p > thresh and c != d.class_id:
+                other = _class_name(names, c)
+                lines.append(f"{other if other is not None else c}: {100 * p:.0f}%")
+    return lines
+
+
 def detections_to_json(detections, img_w, img_h, names=None):
     """JSON-ready dicts for detect()'s results on an img_w x img_h image: name, class_id,
-    prob, objectness, the box in pixels (left, top, width, height, clamped as Darknet draws
-    it) and the relative box (centre x, y, width, height)."""
+    prob (the best class), classes (every class above the threshold: name, class_id,
+    prob), objectness, the box in pixels (left, top, width, height, clamped as Darknet
+    draws it) and the relative box (centre x, y, width, height)."""
     rows = []
     for d in detections:
         left, top, right, bottom = pixel_box(d.box, img_w, img_h)
-        name = d.name if d.name is not None else _class_name(names, d.class_id)
+        name = d.name if d.name is not None else _display_name(names, d.class_id)
         rows.append({
-            "name": name if name is not None else str(d.class_id),
+            "name": name,
             "class_id": int(d.class_id),
             "prob": round(float(d.prob), 6),
+            "classes": [{"name": _display_name(names, c), "class_id": c, "prob": round(p, 6)}
+                        for c, p in detection_classes(d)],
             "objectness": round(float(d.objectness), 6),
             "box": {"left": left, "top": top, "width": right - left, "height": bottom - top},
             "relative_box": {k: round(float(v), 6) for k, v in zip(("x", "y", "w", "h"), d.box)},

@@ -48,8 +48,8 @@ def test_bench_json_refuses_to_overwrite_without_overwrite(tmp_path):
     out.write_text("keep me")
     r = run_in_process(["bench", CFG, "--device", "cpu", "--repeats", "1", "--json", out])
     assert r.code == 2
-    assert r.err.strip() == (f"darknet-py: error: {out}: already exists; refusing to "
-                                f"overwrite it (use --overwrite)")
+    assert r.err.strip() == (f"darknet-py: error: {out}: already exists; not replacing it "
+                             f"(pass --overwrite to replace, or choose another output)")
     assert out.read_text() == "keep me"
     r = run_in_process(["bench", CFG, "--device", "cpu", "--repeats", "1", "--json", out,
                         "--overwrite"])

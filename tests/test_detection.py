@@ -11,10 +11,8 @@ import pytest
 
 import darknet_py
 from darknet_py.cfg import CfgError, parse_cfg_text
-from darknet_py.detection import (Detection, box_iou, classify, correct_yolo_boxes, detect,
-                                  detection_detections, detections_to_json, do_nms_obj,
-                                  do_nms_sort, draw_detections, region_detections,
-                                  yolo_detections)
+from darknet_py.boxes import Detection, box_iou, correct_yolo_boxes, do_nms_obj, do_nms_sort
+from darknet_py.detection import classify, detect, detections_to_json, draw_detections
 from darknet_py.image import letterbox, load_image, to_bgr
 from darknet_py.layers.detection import grid_truth_from_boxes
 from darknet_py.network import Network
@@ -77,7 +75,7 @@ def test_yolo_box_decoding_by_hand():
     assert (layer.out_c, layer.out_h, layer.out_w, layer.n) == (14, 2, 3, 2)
     out = np.full((2, 7, 2, 3), 0.1, dtype=F32)  # (anchor slot, entry, row, col), activated
     out[1, :, 1, 2] = [0.25, 0.75, math.log(2), 0.0, 0.9, 0.5, 0.8]
-    dets = yolo_detections(layer, out.reshape(-1), 320, 200, 96, 64, thresh=0.5, letter=False)
+    dets = layer.detections(out.reshape(-1), 320, 200, 96, 64, thresh=0.5, letter=False)
     assert len(dets) == 1
     d = dets[0]
     # x = (col + x)/lw, y = (row + y)/lh, w = e^tw * anchor_w / netw (slot 1 is anchor 2)
@@ -92,7 +90,7 @@ def test_yolo_detections_order_cells_then_anchors():
     out = np.zeros((2, 7, 2, 3), dtype=F32)
     out[:, 4] = 0.2
     out[1, 4, 0, 0] = out[0, 4, 0, 1] = out[1, 4, 0, 1] = 0.9
-    dets = yolo_detections(layer, out.reshape(-1), 3, 2, 3, 2, thresh=0.5)
+    dets = layer.detections(out.reshape(-1), 3, 2, 3, 2, thresh=0.5)
     # Darknet loops cells in row-major order with the anchors inside.
     centres = [(round(d.box[0] * 3 - 0.5), round(d.box[1] * 2 - 0.5)) for d in dets]
     assert centres == [(0, 0), (1, 0), (1, 0)]
@@ -147,7 +145,7 @@ def test_region_box_decoding_by_hand():
     out = np.zeros((2, 8, 2, 2), dtype=F32)
     out[:, 4] = 0.05
     out[1, :, 0, 1] = [0.5, 0.5, 0.0, math.log(0.5), 0.8, 0.1, 0.2, 0.7]
-    dets = region_detections(layer, out.reshape(-1), 2, 2, 2, 2, thresh=0.1, letter=False)
+    dets = layer.detections(out.reshape(-1), 2, 2, 2, 2, thresh=0.1, letter=False)
     assert len(dets) == 8  # one per anchor and cell, kept even when below thresh
     d = dets[1 * 4 + 1]   # Darknet's index: anchor * w*h + cell
     # w and h are e^t * anchor / layer size (Darknet's DOABS)
@@ -179,12 +177,12 @@ def test_detection_box_decoding_by_hand():
     out[3 * 2:3 * 2 + 2] = [0.25, 0.75]      # classes of cell 3 (row 1, col 1)
     out[8 + 3 * 2 + 1] = 0.8                 # objectness of box 1 of cell 3
     out[16 + (3 * 2 + 1) * 4:][:4] = [0.5, 0.25, 0.6, 0.4]
-    dets = detection_detections(layer, out, 640, 480, thresh=0.2)
+    dets = layer.detections(out, 640, 480, 448, 448, thresh=0.2)
     assert len(dets) == 8
     d = dets[3 * 2 + 1]
     np.testing.assert_allclose(d.box, [(0.5 + 1) / 2, (0.25 + 1) / 2, 0.36, 0.16], rtol=1e-6)
     np.testing.assert_allclose(d.probs, [0.0, 0.6], rtol=1e-6)  # 0.8*0.25 = 0.2 is not > 0.2
-    pixels = detection_detections(layer, out, 640, 480, thresh=0.2, relative=False)[7]
+    pixels = layer.detections(out, 640, 480, 448, 448, thresh=0.2, relative=False)[7]
     np.testing.assert_allclose(pixels.box, np.multiply(d.box, [640, 480, 640, 480]), rtol=1e-6)
 
 

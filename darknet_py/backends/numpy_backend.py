@@ -102,6 +102,10 @@ class NumpyBackend:
         """y *= x (element-wise)"""
         y *= x
 
+    def mul_add(self, a, b, y):
+        """y += a * b (element-wise): the product rule of [sam]'s backward."""
+        y += a * b
+
     def sum(self, x):
         """Sum of all elements as a Python float (a host sync on the GPU)."""
         return float(np.sum(x, dtype=np.float64))
@@ -213,6 +217,12 @@ class NumpyBackend:
         v -= mean[:filters].reshape(1, filters, 1)
         v /= (np.sqrt(variance[:filters]) + self.dtype.type(1e-6)).reshape(1, filters, 1)
 
+    def normalize_sqrt_eps(self, x, mean, variance, batch, filters, spatial, eps):
+        """x = (x - mean) / sqrt(variance + eps) per channel (the AlexeyAB fork's forward)."""
+        v = x.reshape(batch, filters, spatial)
+        v -= mean[:filters].reshape(1, filters, 1)
+        v /= np.sqrt(variance[:filters] + self.dtype.type(eps)).reshape(1, filters, 1)
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
         mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))
@@ -253,10 +263,31 @@ class NumpyBackend:
         v = _matrix(x, offset, rows, width, row_stride)
         v[...] = activations.activate(v, activation)
 
+    def scale_add_strided(self, x, rows, row_stride, offset, width, scale, add):
+        """x = x*scale + add over x[offset + r*row_stride : +width] for each r < rows (the
+        AlexeyAB fork's scal_add; its [yolo] scale_x_y moves x and y by it)."""
+        v = _matrix(x, offset, rows, width, row_stride)
+        v[...] = v * self.dtype.type(scale) + self.dtype.type(add)
+
     def gradient(self, y, activation, delta):
         """delta *= activation'(.) computed from the output y."""
         if activation != "linear":
             delta *= activations.gradient(y, activation)
+
+    def gradient_from_input(self, x, activation, delta):
+        """delta *= activation'(x) from the input x (gelu, swish, mish, hard_mish)."""
+        delta *= activations.gradient_from_input(x, activation)
+
+    def normalize_channels(self, x, batch, channels, spatial, activation):
+        """The fork's normalize_channels family in place on x (batch, channels, spatial)."""
+        v = x[:batch * channels * spatial].reshape(batch, channels, spatial)
+        v[...] = activations.normalize_channels(v, activation)
+
+    def normalize_channels_gradient(self, x, batch, channels, spatial, activation, delta):
+        """delta <- its gradient through normalize_channels, from the input x."""
+        d = delta[:batch * channels * spatial].reshape(batch, channels, spatial)
+        d[...] = activations.normalize_channels_gradient(
+            x[:batch * channels * spatial].reshape(batch, channels, spatial), activation, d)
 
     # ---- pooling -------------------------------------------------------------
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
@@ -295,9 +326,17 @@ class NumpyBackend:
             left = np.arange(out_w).reshape(1, 1, -1) * size
             indexes[:n] = (plane + top + left + dy * w + dx).reshape(-1)
             return
+        self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out, indexes)
+
+    def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
+                           indexes):
+        """maxpool_forward with the AlexeyAB fork's separate strides across and down."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
+        off = padding // 2
         # Pad so every window is in range; padded cells never win (-inf).
-        ph = max(0, (out_h - 1) * stride + size - off - h)
-        pw = max(0, (out_w - 1) * stride + size - off - w)
+        ph = max(0, (out_h - 1) * stride_y + size - off - h)
+        pw = max(0, (out_w - 1) * stride_x + size - off - w)
         src = x[:batch * c * h * w].reshape(batch * c, h, w)
         padded = np.full((batch * c, off + h + ph, off + w + pw), -np.inf, dtype=x.dtype)
         padded[:, off:off + h, off:off + w] = src
@@ -305,11 +344,11 @@ class NumpyBackend:
         idx[:, off:off + h, off:off + w] = np.arange(batch * c * h * w).reshape(batch * c, h, w)
         sb, sh, sw = padded.strides
         win = as_strided(padded, (batch * c, out_h, out_w, size, size),
-                         (sb, sh * stride, sw * stride, sh, sw)).reshape(batch * c, out_h, out_w, -1)
+                         (sb, sh * stride_y, sw * stride_x, sh, sw)).reshape(batch * c, out_h, out_w, -1)
         arg = win.argmax(axis=3)  # first max in row-major window order, as Darknet's strict '>'
         ib, ih, iw = idx.strides
         iwin = as_strided(idx, (batch * c, out_h, out_w, size, size),
-                          (ib, ih * stride, iw * stride, ih, iw)).reshape(batch * c, out_h, out_w, -1)
+                          (ib, ih * stride_y, iw * stride_x, ih, iw)).reshape(batch * c, out_h, out_w, -1)
         out[:batch * c * out_h * out_w] = np.take_along_axis(win, arg[..., None], 3).reshape(-1)
         indexes[:batch * c * out_h * out_w] = np.take_along_axis(iwin, arg[..., None], 3).reshape(-1)
 
@@ -319,6 +358,108 @@ class NumpyBackend:
         idx = indexes[:n_out]
         hit = idx >= 0
         np.add.at(delta_in, idx[hit], delta_out[:n_out][hit])
+
+    def maxpool_depth_forward(self, x, batch, c, spatial, out_c, out, indexes):
+        """The fork's maxpool_depth: out[b, g, p] = max over channels g, g+out_c, g+2*out_c, ...
+        of x[b, :, p]; indexes get the flat argmax (the first maximum)."""
+        planes = x[:batch * c * spatial].reshape(batch, c, spatial)
+        best = np.full((batch, out_c, spatial), -np.inf, dtype=x.dtype)
+        where = np.zeros((batch, out_c, spatial), dtype=np.int64)
+        base = (np.arange(batch) * c * spatial).reshape(-1, 1, 1) + np.arange(spatial)
+        for k in range(c):
+            g = k % out_c
+            better = planes[:, k] > best[:, g]
+            best[:, g] = np.where(better, planes[:, k], best[:, g])
+            where[:, g] = np.where(better, base[:, 0] + k * spatial, where[:, g])
+        out[:batch * out_c * spatial] = best.reshape(-1)
+        indexes[:batch * out_c * spatial] = where.reshape(-1)
+
+    def local_avgpool(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
+                      forward=True):
+        """The fork's [local_avgpool]: the mean of each size x size window over its cells
+        inside the image (windows start at -padding/2). forward=False: the adjoint, adding
+        each out value / its cell count into those cells of x."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
+        off = padding // 2
+        img = x[:batch * c * h * w].reshape(batch * c, h, w)
+        res = out[:batch * c * out_h * out_w].reshape(batch * c, out_h, out_w)
+        rows = np.arange(out_h) * stride_y - off
+        cols = np.arange(out_w) * stride_x - off
+        # cells of each window inside the image, per output row / column
+        row_count = np.array([len(range(max(r, 0), min(r + size, h))) for r in rows])
+        col_count = np.array([len(range(max(q, 0), min(q + size, w))) for q in cols])
+        count = (row_count[:, None] * col_count[None, :]).astype(x.dtype)
+        if forward:
+            res[...] = 0
+        else:
+            share = res / count
+        for n in range(size):
+            for m in range(size):
+                ys, xs = rows + n, cols + m
+                vy, vx = (ys >= 0) & (ys < h), (xs >= 0) & (xs < w)
+                yi, xi = np.nonzero(vy)[0], np.nonzero(vx)[0]
+                if not len(yi) or not len(xi):
+                    continue
+                sel = np.ix_(ys[yi], xs[xi])
+                if forward:
+                    res[:, yi[:, None], xi[None, :]] += img[:, sel[0], sel[1]]
+                else:
+                    np.add.at(img, (slice(None), sel[0], sel[1]), share[:, yi[:, None], xi[None, :]])
+        if forward:
+            res /= count
+
+    def scale_channels(self, scale, src, batch, channels, spatial, scale_wh, out):
+        """The fork's [scale_channels]: out[b, c, p] = scale[b, c] * src[b, c, p]; scale_wh:
+        out[b, c, p] = scale[b, p] * src[b, c, p]."""
+        out[:batch * channels * spatial] = (self._broadcast_scale(scale, batch, channels, spatial,
+                                                                  scale_wh)
+                                            * src[:batch * channels * spatial].reshape(
+                                                batch, channels, spatial)).reshape(-1)
+
+    def scale_channels_backward(self, scale, src, delta, batch, channels, spatial, scale_wh,
+                                scale_delta, src_delta):
+        """The adjoint of scale_channels, added into scale_delta and src_delta (either may be
+        None)."""
+        d = delta[:batch * channels * spatial].reshape(batch, channels, spatial)
+        if src_delta is not None:
+            src_delta[:batch * channels * spatial] += (self._broadcast_scale(
+                scale, batch, channels, spatial, scale_wh) * d).reshape(-1)
+        if scale_delta is not None:
+            prod = d * src[:batch * channels * spatial].reshape(batch, channels, spatial)
+            n = spatial if scale_wh else channels
+            scale_delta[:batch * n] += prod.sum(axis=1 if scale_wh else 2).reshape(-1)
+
+    @staticmethod
+    def _broadcast_scale(scale, batch, channels, spatial, scale_wh):
+        if scale_wh:
+            return scale[:batch * spatial].reshape(batch, 1, spatial)
+        return scale[:batch * channels].reshape(batch, channels, 1)
+
+    def shortcut_weights(self, weights, inputs, channels, normalization, out):
+        """The fork's weighted-shortcut weights, (inputs x channels), normalised over the
+        inputs per channel: none, relu (relu(w) / (1e-4 + sum relu)) or softmax
+        (exp(w - max) / (1e-4 + sum exp(w - max)))."""
+        w = weights[:inputs * channels].reshape(inputs, channels)
+        if normalization == "relu":
+            r = np.maximum(w, 0)
+            w = r / (self.dtype.type(1e-4) + r.sum(axis=0))
+        elif normalization == "softmax":
+            e = np.exp(w - w.max(axis=0))
+            w = e / (self.dtype.type(1e-4) + e.sum(axis=0))
+        out[:inputs * channels] = w.reshape(-1)
+
+    def channel_weighted_add(self, src, src_stride, weights, step, width, batch, out,
+                             out_stride):
+        """out[b*out_stride + j] += weights[j // step] * src[b*src_stride + j], j < width."""
+        s = _matrix(src, 0, batch, width, src_stride)
+        d = _matrix(out, 0, batch, width, out_stride)
+        d += np.repeat(weights[:-(-width // step)], step)[:width] * s
+
+    def channel_weighted_dot(self, a, a_stride, b, b_stride, step, width, batch, out):
+        """out[c] += sum over images and j < width with j // step == c of a[.. j] * b[.. j]."""
+        prod = (_matrix(a, 0, batch, width, a_stride) * _matrix(b, 0, batch, width, b_stride)).sum(0)
+        np.add.at(out, np.arange(width) // step, prod)
 
     def avgpool_forward(self, x, batch, c, spatial, out):
         out[:batch * c] = x[:batch * c * spatial].reshape(batch * c, spatial).mean(axis=1)

@@ -7,10 +7,11 @@ import math
 
 import numpy as np
 
+from ..activations import CHANNEL_ACTIVATIONS
 from ..backends.numpy_backend import conv_out_size
 from .base import Layer, host_param, momentum_update, parse_activation, refuse_options
-from .batchnorm import (bn_allocate, bn_backward, bn_forward, bn_init_params, bn_init_updates,
-                        bn_params)
+from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,
+                        bn_init_updates, bn_params)
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
@@ -32,7 +33,7 @@ class ConvolutionalLayer(Layer):
         self.padding = s.get_int("padding", 0)
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
-        self.activation = parse_activation(s, "logistic")
+        self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
         refuse_options(s, "binary", "xnor")
         for key, v in (("filters", self.filters), ("size", self.size), ("stride", self.stride),
@@ -139,12 +140,16 @@ class ConvolutionalLayer(Layer):
 
     def _fold_batchnorm(self, be):
         """Weights and biases that give in one GEMM + bias what conv + Darknet's inference
-        batch norm gives: w * s and bias - mean * s, s = scale / (sqrt(var) + 1e-6).
+        batch norm gives: w * s and bias - mean * s, s = scale / (sqrt(var) + 1e-6), or the
+        fork's scale / sqrt(var + 1e-5).
         The per-filter factors are worked out on the host in float64; the weights are
         scaled where they live (one multiply each, so folding adds one rounding)."""
         host = {name: be.to_host(getattr(self, name)).astype(np.float64)
                 for name in ("scales", "rolling_variance", "rolling_mean", "biases")}
-        factor = host["scales"] / (np.sqrt(host["rolling_variance"]) + 1e-6)
+        if self.darknet == "alexeyab":
+            factor = host["scales"] / np.sqrt(host["rolling_variance"] + FORK_BN_EPS)
+        else:
+            factor = host["scales"] / (np.sqrt(host["rolling_variance"]) + 1e-6)
         weights = be.empty(self.nweights)
         be.copy(self.weights, weights)
         be.scale_bias(weights, be.from_host(factor), 1, self.filters, self.nweights // self.filters)
@@ -188,7 +193,10 @@ class ConvolutionalLayer(Layer):
         spatial = self.out_h * self.out_w
         if biases is None:
             bn_forward(self, net, self.out_c, spatial)
-            be.activate(self.output, self.activation)
+            self.activate_output(be)
+        elif self.activation_input is not None or self.activation in CHANNEL_ACTIVATIONS:
+            be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
+            self.activate_output(be)
         else:
             be.bias_activate(self.output, biases, self.batch, self.out_c, spatial,
                              self.activation)
@@ -197,9 +205,10 @@ class ConvolutionalLayer(Layer):
         be = net.be
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
-        be.gradient(self.output, self.activation, self.delta)
+        self.activation_gradient(be)
         if self.batch_normalize:
-            bn_backward(self, net, self.out_c, spatial)
+            # The fork's CPU backward leaves a convolution's BN beta untrained.
+            bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
         for b0, count, col, delta_out in self._chunks(be, net):

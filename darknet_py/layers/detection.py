@@ -9,9 +9,9 @@ x, y relative to the cell), built here from box rows when the data loader gives 
 """
 import numpy as np
 
-from ..detection import box_iou, box_rmse
+from ..boxes import TRUTH_FIELDS, box_iou, box_rmse, make_detections, thresholded
 from .base import Layer
-from .yolo import TRUTH_FIELDS, ratio, report
+from .heads import ratio, report
 
 F32 = np.float32
 RANDOM_SEEN = 64000   # with random=1, images seen before which the responsible box is random
@@ -183,3 +183,27 @@ class DetectionLayer(Layer):
                  "all_cat": ratio(avg_allcat, count * C), "pos_obj": ratio(avg_obj, count),
                  "any_obj": avg_anyobj / (B * loc * n), "count": count}
         return delta.reshape(-1), cost, stats
+
+    def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
+        """Darknet's get_detection_detections for image 0 of a YOLOv1 [detection] layer: one
+        detection per box predictor and cell. Boxes are relative (Darknet's yolo.c calls it with
+        w = h = 1), or in img_w x img_h pixels with relative=False. The net size and `letter`
+        do not apply: YOLOv1 input is plainly resized and its boxes are relative to the grid."""
+        side, n, classes = self.side, self.n, self.classes
+        loc = side * side
+        out = np.asarray(output, dtype=F32).reshape(-1)[:self.outputs]
+        cls = out[:loc * classes].reshape(loc, classes)
+        scale = out[loc * classes:loc * (classes + n)].reshape(loc * n)
+        coords = out[loc * (classes + n):].reshape(loc * n, self.coords)
+        cell = np.repeat(np.arange(loc), n)
+        col = (cell % side).astype(F32)
+        row = (cell // side).astype(F32)
+        power = 2 if self.sqrt else 1
+        sx, sy = (1, 1) if relative else (img_w, img_h)
+        boxes = np.stack([(coords[:, 0] + col) / F32(side) * F32(sx),
+                          (coords[:, 1] + row) / F32(side) * F32(sy),
+                          (np.power(coords[:, 2].astype(np.float64), power) * sx).astype(F32),
+                          (np.power(coords[:, 3].astype(np.float64), power) * sy).astype(F32)],
+                         axis=1)
+        probs = thresholded(scale[:, None] * cls[cell], thresh)
+        return make_detections(boxes, scale, probs, self.index)

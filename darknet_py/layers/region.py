@@ -10,9 +10,9 @@ commented out and passes nothing back; the GPU build is the one that trains.)
 """
 import numpy as np
 
-from ..detection import box_iou, box_iou_matrix
+from ..boxes import box_iou, box_iou_matrix, correct_region_boxes, make_detections, thresholded
 from .base import Layer, refuse_options
-from .yolo import check_classes, parse_anchors, ratio, report, truth_boxes
+from .heads import check_classes, parse_anchors, ratio, report, truth_boxes
 
 F32 = np.float32
 REGION_TRUTHS = 30        # forward_region_layer reads at most 30 boxes per image
@@ -201,3 +201,26 @@ class RegionLayer(Layer):
                  "obj": ratio(avg_obj, count), "no_obj": avg_anyobj / (w * h * n * B),
                  "recall": ratio(recall, count), "count": count}
         return delta.reshape(-1), cost, stats
+
+    def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
+        """Darknet's get_region_detections for image 0 of a [region] layer: one detection per
+        anchor and cell (anchor-major, as Darknet indexes them), objectness 0 where it is not
+        above thresh."""
+        wh = self.w * self.h
+        size = self.coords + self.classes + 1
+        out = np.asarray(output, dtype=F32).reshape(-1)[:self.outputs].reshape(self.n, size, wh)
+        cells = np.arange(wh)
+        col = np.tile((cells % self.w).astype(F32), self.n)
+        row = np.tile((cells // self.w).astype(F32), self.n)
+        e = out.transpose(0, 2, 1).reshape(self.n * wh, size)  # (anchor*cell, entry)
+        biases = np.repeat(self.biases.reshape(self.n, 2), wh, axis=0)
+        boxes = np.stack([(col + e[:, 0]) / F32(self.w), (row + e[:, 1]) / F32(self.h),
+                          (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / self.w).astype(F32),
+                          (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / self.h).astype(F32)],
+                         axis=1)
+        scale = e[:, self.coords]
+        objectness = np.where(scale > F32(thresh), scale, F32(0)).astype(F32)
+        # Where scale <= thresh every scale * p (p <= 1) is too, so those rows are all 0.
+        probs = thresholded(scale[:, None] * e[:, self.coords + 1:], thresh)
+        boxes = correct_region_boxes(boxes, img_w, img_h, netw, neth, relative, letter)
+        return make_detections(boxes, objectness, probs, self.index)

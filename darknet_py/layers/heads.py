@@ -1,0 +1,59 @@
+"""What the detection heads ([yolo], [region], [detection]) share: anchors, the truth
+buffer's layout, the per-step statistics line and the class-id check."""
+import numpy as np
+
+from ..boxes import TRUTH_FIELDS
+from ..boxes import truth_boxes as image_truth_boxes
+
+F32 = np.float32
+
+
+def parse_anchors(s, count):
+    """Darknet's anchors= list into `count` floats; entries not given stay 0.5 as in Darknet.
+    Values beyond num anchors are ignored, as Darknet reads only the first 2*num (the fork's
+    stock cspx-p7 cfgs list more), with a warning."""
+    biases = np.full(count, 0.5, dtype=F32)
+    anchors = s.get_float_list("anchors", None)
+    if anchors:
+        if len(anchors) > count:
+            s.warn(f"{len(anchors)} values given but num={count // 2} anchors take {count}; "
+                   f"the rest are ignored, as Darknet does", "anchors")
+            anchors = anchors[:count]
+        biases[:len(anchors)] = anchors
+    return biases
+
+
+def is_fork_flavour(obj):
+    """Whether a network (or a layer's BuildContext) follows the AlexeyAB fork: its
+    `darknet` is "alexeyab"."""
+    return getattr(obj, "darknet", "original") == "alexeyab"
+
+
+def truth_boxes(net, batch, max_boxes):
+    """Per image, the truth boxes Darknet's loss loops see: float32 (n, F) rows of
+    (x, y, w, h, class), F = 5, or the fork's F = 6 with a track id last (net.truth_size),
+    at most max_boxes, stopping at the first with x == 0 as Darknet's `if(!truth.x) break`
+    does."""
+    fields = getattr(net, "truth_size", TRUTH_FIELDS)
+    truth = net.truth_host.reshape(batch, -1)
+    per_image = truth.shape[1] // fields
+    return [image_truth_boxes(row[:per_image * fields], fields)[:max_boxes] for row in truth]
+
+
+def report(net, layer, line):
+    """Keep a layer's training statistics line; print it only when the network is verbose
+    (the trainer's switch), as Darknet prints it every step."""
+    layer.stats_line = line
+    if getattr(net, "verbose", False):
+        print(line, flush=True)
+
+
+def check_classes(truth, classes, layer):
+    bad = truth[(truth[:, 4] < 0) | (truth[:, 4] >= classes), 4] if len(truth) else []
+    if len(bad):
+        raise ValueError(f"a truth box has class {int(bad[0])} but [{layer.type}] layer "
+                         f"{layer.index} has classes={classes} (ids 0..{classes - 1})")
+
+
+def ratio(num, den):
+    return num / den if den else float("nan")
