@@ -118,7 +118,7 @@ def compare(name, cfg, weights, worker, tmp, repeats, warmup):
 def detect_process_seconds(repeats, tmp):
     cfg, weights = CASES[0][1], CASES[0][2]
     cmd = [sys.executable, "-m", "darknet_py", "detect", str(cfg), str(weights), str(PHOTO),
-           "--device", "cpu", "--out", str(tmp / "predictions.jpg")]
+           "--device", "cpu", "--out", str(tmp / "predictions.jpg"), "--overwrite"]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

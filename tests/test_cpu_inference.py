@@ -139,3 +139,30 @@ def test_folding_keeps_real_yolov3_tiny_outputs_and_detections():
                            for c, p in enumerate(d.probs) if p > 0.25)
             assert [n for n, _ in found] == [n for n, _ in darknet]
             assert all(abs(p - q) < 1.0 for (_, p), (_, q) in zip(found, darknet)), found
+
+
+# ---- process start ----------------------------------------------------------------
+
+def test_import_and_a_cpu_detect_never_import_pycuda(tmp_path):
+    # A stand-in pycuda first on the path leaves a mark if anything imports it.
+    import subprocess
+    import sys
+    fake = tmp_path / "site" / "pycuda"
+    fake.mkdir(parents=True)
+    mark = tmp_path / "pycuda-imported"
+    (fake / "__init__.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{repo}", "PATH": "/usr/bin:/bin"}
+    fixture = FIXTURES / "p2_tinyyolo"
+    probe = subprocess.run([sys.executable, "-c", "import pycuda"], env=env)
+    assert probe.returncode == 0 and mark.exists()  # the stand-in works
+    mark.unlink()
+    run = subprocess.run([sys.executable, "-c", "import darknet_py"], env=env)
+    assert run.returncode == 0 and not mark.exists()
+    if fixture.is_dir():
+        run = subprocess.run([sys.executable, "-m", "darknet_py", "detect",
+                              fixture / "p2_tinyyolo.cfg", fixture / "p2_tinyyolo.weights",
+                              SHARED / "images" / "dog.jpg", "--device", "cpu",
+                              "--out", tmp_path / "out.jpg"], env=env, capture_output=True)
+        assert run.returncode == 0, run.stderr
+        assert not mark.exists()
