@@ -8,6 +8,7 @@ import pytest
 
 import darknet_py
 from darknet_py import activations
+from darknet_py.backends import numpy_backend
 from darknet_py.backends.numpy_backend import NumpyBackend
 from test_cuda_ops import MAXPOOL_CASES  # the last has windows wholly in the padding
 
@@ -54,6 +55,29 @@ def test_activate_in_place_equals_the_formula(activation):
     got = x.copy()
     NumpyBackend().activate(got, activation)
     np.testing.assert_array_equal(got, activations.activate(x, activation))
+
+
+def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch):
+    monkeypatch.setattr(numpy_backend, "_THREADS", 2)
+    seen = np.zeros(1000, dtype=np.int64)
+    parts = []
+
+    def work(start, stop):
+        parts.append((start, stop))
+        seen[start:stop] += 1
+
+    numpy_backend._parallel(1000, work, 10)
+    assert (seen == 1).all() and len(parts) == 8  # 4 parts per thread
+    parts.clear()
+    numpy_backend._parallel(1000, work, 600)      # too little work to split
+    assert parts == [(0, 1000)]
+
+    def fail(start, stop):
+        if start > 0:
+            raise ValueError(f"part at {start}")
+
+    with pytest.raises(ValueError, match="part at"):
+        numpy_backend._parallel(1000, fail, 10)
 
 
 @pytest.mark.parametrize("batch,c,h,w,size,stride,padding", MAXPOOL_CASES)
