@@ -139,6 +139,27 @@ real_weights = pytest.mark.skipif(not TINY_WEIGHTS.is_file(),
                                   reason=f"real weights not found at {TINY_WEIGHTS}")
 
 
+# cap 1: one image per GEMM, straight into the output; 1 << 25: all five in one GEMM.
+@pytest.mark.parametrize("cap", [1, 1 << 25])
+def test_folded_inference_with_groups_and_chunks(monkeypatch, cap):
+    from darknet_py.cfg import parse_cfg_text
+    from darknet_py.layers import convolutional
+    from test_conv_chunks import CFG  # BN conv with groups=2, a 1x1 conv, a dilated conv
+    monkeypatch.setattr(convolutional, "WORKSPACE_CAP_FLOATS", cap)
+    net = darknet_py.Network(parse_cfg_text(CFG, "chunks.cfg"), "chunks.cfg", seed=4)
+    rng = np.random.default_rng(5)
+    conv = net.layers[0]
+    for name, low, high in (("rolling_mean", -0.5, 0.5), ("rolling_variance", 0.5, 2.0),
+                            ("scales", 0.5, 1.5), ("biases", -0.5, 0.5)):
+        net.be.write(getattr(conv, name), rng.uniform(low, high, conv.out_c))
+    x = rng.random((5, 4, 9, 11), dtype=np.float32)
+    folded = all_outputs(net, x, fold=True)
+    unfolded = all_outputs(net, x, fold=False)
+    assert conv._chunk(5) == (1 if cap == 1 else 5)
+    for i in range(3):
+        assert rel_error(folded[i], unfolded[i]) < 1e-5, i
+
+
 @real_weights
 def test_folding_keeps_real_yolov3_tiny_outputs_and_detections():
     net = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, batch=1, device="cpu")
