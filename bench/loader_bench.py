@@ -1,13 +1,13 @@
 """Data loader throughput on its own (no network): detector training batches, images/s.
 
     python3 bench/loader_bench.py [--images 256] [--sizes 96 416] [--workers 1 4 16]
-                                  [--batch 64] [--batches 4] [--out results.json]
+                                  [--batch 32] [--batches 4] [--out results.json]
 
 Generates a synthetic detection set into a temporary directory first: 640x480 JPEGs
 (COCO's typical size) of smooth colour fields with 1-4 boxes each, one label file per
 image. Each (size, workers) case builds one warm-up batch (worker start-up, first
-reads), then times --batches batches of --batch images with the default detector
-augmentation (jitter, flip, HSV), as `darknet-py train` would ask for them.
+reads), then times --batches batches (at least one per worker) of --batch images with
+detector augmentation (jitter, flip, HSV), as `darknet-py train` asks for them.
 Prints a Markdown table, headed with the date and machine.
 """
 import argparse
@@ -61,6 +61,9 @@ def make_dataset(root, count, seed=0):
 
 
 def images_per_second(paths, size, workers, batch, batches):
+    """Images/s from the end of the first batch (start-up excluded) over the next
+    `batches` batches, at least one per worker so that all of them take part."""
+    batches = max(batches, workers)
     augment = DetectorAugment(jitter=0.3, hue=0.1, saturation=1.5, exposure=1.5)
     with DataLoader(paths, task="detector", width=size, height=size, batch=batch,
                     classes=CLASSES, augment=augment, seed=0, workers=workers) as loader:
@@ -88,8 +91,9 @@ def main():
     parser.add_argument("--images", type=int, default=256, help="dataset size")
     parser.add_argument("--sizes", type=int, nargs="+", default=[96, 416])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--batches", type=int, default=4, help="timed batches per case")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=4,
+                        help="timed batches per case (at least one per worker)")
     parser.add_argument("--out", help="also write the results as JSON here")
     args = parser.parse_args()
 
