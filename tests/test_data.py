@@ -382,20 +382,44 @@ def tiny_detection_set(tmp_path):
     return paths
 
 
-def test_loader_is_reproducible_with_a_seed(tiny_detection_set):
-    def batches(seed, workers):
-        with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=4,
-                          classes=5, seed=seed, workers=workers,
-                          augment=D.DetectorAugment(jitter=0.2, hue=0.1, saturation=1.5,
-                                                    exposure=1.5)) as loader:
-            return [loader.next_batch() for _ in range(3)]
-    a, b, c = batches(7, 3), batches(7, 1), batches(8, 2)
-    for (xa, ta), (xb, tb) in zip(a, b):
-        assert xa.shape == (4, 3, 32, 32) and ta.shape == (4, 450)
-        assert xa.dtype == np.float32 and ta.dtype == np.float32
-        np.testing.assert_array_equal(xa, xb)
-        np.testing.assert_array_equal(ta, tb)
-    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, c))
+def loader_batches(paths, count, **options):
+    with D.DataLoader(paths, **options) as loader:
+        return [loader.next_batch() for _ in range(count)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for p, q in zip(a, b):
+        np.testing.assert_array_equal(p.x, q.x)
+        np.testing.assert_array_equal(p.truth, q.truth)
+        assert p.paths == q.paths and p.image_sizes == q.image_sizes
+
+
+def test_loader_is_reproducible_with_a_seed_on_any_worker_count(tiny_detection_set):
+    options = dict(task="detector", width=32, height=32, batch=4, classes=5,
+                   augment=D.DetectorAugment(jitter=0.2, hue=0.1, saturation=1.5,
+                                             exposure=1.5))
+    a = loader_batches(tiny_detection_set, 3, seed=7, workers=0, **options)
+    for x, truth in a:
+        assert x.shape == (4, 3, 32, 32) and truth.shape == (4, 450)
+        assert x.dtype == np.float32 and truth.dtype == np.float32
+    for workers in (1, 3):
+        assert_same_batches(a, loader_batches(tiny_detection_set, 3, seed=7, workers=workers,
+                                              **options))
+    other = loader_batches(tiny_detection_set, 3, seed=8, workers=0, **options)
+    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, other))
+
+
+def test_shuffled_classifier_batches_are_the_same_on_any_worker_count(tmp_path):
+    paths = [write_png(tmp_path / f"{i}_{name}.png",
+                       np.random.default_rng(i).random((3, 12, 14)).astype(np.float32))
+             for i, name in enumerate(["cat", "dog", "cat", "dog", "cat"])]
+    options = dict(task="classifier", width=8, height=8, batch=3, classes=2,
+                   labels=["cat", "dog"], seed=2, sampling="shuffle",
+                   augment=D.ClassifierAugment(angle=10, hue=0.1, exposure=1.3))
+    a = loader_batches(paths, 4, workers=0, **options)
+    assert sorted(sum((b.paths for b in a[:5 // 3 + 1]), [])[:5]) == sorted(paths)
+    assert_same_batches(a, loader_batches(paths, 4, workers=2, **options))
 
 
 def test_loader_set_size_changes_next_batch(tiny_detection_set):
@@ -420,17 +444,32 @@ def test_loader_skips_and_reports_unreadable_image(tiny_detection_set, tmp_path)
     broken = write(tmp_path / "images" / "broken.png", "not a png")
     no_label = write_png(tmp_path / "images" / "nolabel.png", np.zeros((3, 20, 20)))
     paths = [broken, no_label] + tiny_detection_set
-    reports = []
+    warnings = []
     with D.DataLoader(paths, task="detector", width=32, height=32, batch=8, classes=5,
-                      seed=1, workers=2, on_error=lambda p, m: reports.append((p, m))) as loader:
+                      seed=1, workers=2, on_warning=warnings.append) as loader:
         for _ in range(6):
             x, truth = loader.next_batch()
             assert x.shape == (8, 3, 32, 32)
         assert all(p != broken for p in loader.next_batch().paths)
-    assert [p for p, _ in reports].count(broken) == 1
-    assert [p for p, _ in reports].count(no_label) == 1
-    assert any("label file not found" in m for p, m in reports if p == no_label)
-    assert broken in loader.bad_paths and no_label in loader.missing_labels
+    assert broken in loader.bad_paths and loader.missing_labels == [no_label]
+    about_broken = [m for m in warnings if broken in m]
+    assert len(about_broken) == 1 and about_broken[0].endswith("; skipping it")
+    # Every batch here ends an epoch: the missing label file is summed up at the first
+    # and not again, as no other image lacks one.
+    assert [m for m in warnings if m not in about_broken] == [
+        f"1 image without a label file so far, used with no boxes (as Darknet does): "
+        f"{no_label}"]
+
+
+def test_missing_labels_summary_counts_and_names_the_first_few(tmp_path):
+    paths = [write_png(tmp_path / "images" / f"{i}.png", np.zeros((3, 8, 8)))
+             for i in range(5)]
+    warnings = []
+    with D.DataLoader(paths, task="detector", width=8, height=8, batch=5, classes=1,
+                      train=False, workers=0, on_warning=warnings.append) as loader:
+        list(loader)
+    assert warnings == [f"5 images without a label file so far, used with no boxes (as "
+                        f"Darknet does): {paths[0]}, {paths[1]}, {paths[2]}, ..."]
 
 
 def test_loader_validation_pass_in_order(tiny_detection_set):
@@ -561,12 +600,12 @@ def test_augment_settings_from_cfg_sections():
 
 def test_loader_with_no_usable_image_raises(tmp_path):
     paths = [write(tmp_path / "images" / f"{i}.png", "junk") for i in range(3)]
-    reports = []
+    warnings = []
     with D.DataLoader(paths, task="detector", width=16, height=16, batch=2, classes=1,
-                      workers=1, on_error=lambda p, m: reports.append(p)) as loader:
+                      workers=1, on_warning=warnings.append) as loader:
         with pytest.raises(D.DataError, match="no usable image"):
             loader.next_batch()
-    assert sorted(reports) == sorted(paths)
+    assert sorted(m.split(":")[0] for m in warnings) == sorted(paths)
 
 
 def test_detector_validation_input_is_letterboxed(tiny_detection_set):
