@@ -472,10 +472,13 @@ def training_errors(command):
                    "<cfg>_final.weights of an earlier run.")
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
+@click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Processes loading and augmenting images (0: in the training process) "
+                   "[default: one per available CPU less one, at most 16].")
 @device_options
 @training_errors
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, device):
+                  overwrite, quiet, workers, device):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -491,7 +494,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet,
+              overwrite=overwrite, verbose=not quiet, workers=workers,
               log=lambda line: click.echo(line))
     except KeyboardInterrupt:
         sys.exit(130)   # the weights are saved and the resume command printed

@@ -1,5 +1,11 @@
 """Training data pipeline: .data files, lists, labels, augmentation, loader, anchors, demo sets."""
 import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import cv2
 import numpy as np
@@ -622,3 +628,115 @@ def test_demo_builders_refuse_directories_that_break_darknet_path_rules(tmp_path
         demo_data.build_classification_set(tmp_path / "digit3_runs")
     with pytest.raises(D.DataError, match="raw"):
         demo_data.build_detection_set(tmp_path / "drawings", n_train=1, n_valid=0)
+
+
+# --- worker processes --------------------------------------------------------------------
+
+def shm_segments():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def process_gone(pid):
+    """True once pid has exited (a zombie waiting for a reaper counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(condition, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_close_stops_workers_and_frees_shared_memory(tiny_detection_set):
+    before = shm_segments()
+    with pytest.raises(KeyError):   # an exception in the consumer closes the loader too
+        with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32,
+                          batch=4, classes=5, workers=2) as loader:
+            x, truth = loader.next_batch()
+            kept = x.copy()
+            pids = loader.workers
+            assert len(pids) == 2 and shm_segments() - before
+            raise KeyError
+    assert loader.workers == [] and all(process_gone(p) for p in pids)
+    # The queues' semaphores go when their feeder thread has finished: wait a little.
+    assert wait_until(lambda: not shm_segments() - before)
+    np.testing.assert_array_equal(x, kept)   # a batch outlives its loader intact
+
+
+CTRL_C_SCRIPT = """
+import sys
+from darknet_py.data.loader import DataLoader
+if __name__ == "__main__":
+    loader = DataLoader(sys.argv[1:], task="detector", width=32, height=32, batch=4,
+                        classes=5, workers=2)
+    while not loader.bad_paths:   # until the broken image has been drawn
+        loader.next_batch()
+    print(*loader.workers, flush=True)
+    while True:
+        x, truth = loader.next_batch()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs POSIX process groups")
+@pytest.mark.parametrize("how", ["ctrl-c", "kill -9"])
+def test_interrupted_or_killed_loader_leaves_no_worker_or_shared_memory(
+        tiny_detection_set, tmp_path, how):
+    broken = write(tmp_path / "images" / "broken.png", "not a png")
+    script = write(tmp_path / "loop.py", CTRL_C_SCRIPT)
+    before = shm_segments()
+    proc = subprocess.Popen([sys.executable, script, broken] + tiny_detection_set,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)   # what Ctrl-C in a terminal does
+        else:
+            proc.kill()                          # no clean-up code runs in the loader
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert wait_until(lambda: all(process_gone(p) for p in pids))
+    assert wait_until(lambda: not shm_segments() - before)
+    if how == "ctrl-c":
+        assert "KeyboardInterrupt" in stderr
+        # Warnings come from the parent, one line each: no OpenCV chatter from the
+        # workers, no resource_tracker complaint about leaked segments.
+        lines = stderr.splitlines()
+        assert [line for line in lines if "darknet-py:" in line] == [
+            f"darknet-py: warning: {broken}: cannot read image (not an image, or a format "
+            f"OpenCV cannot decode); skipping it"]
+        assert "WARN" not in stderr and "leaked" not in stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_worker_that_dies_is_reported_with_the_image_it_was_on(tmp_path):
+    # Reading a named pipe blocks until a writer opens it: when the writer's open()
+    # returns, the worker is inside that image, and is killed there.
+    stuck = tmp_path / "images" / "stuck.png"
+    stuck.parent.mkdir()
+    os.mkfifo(stuck)
+    loader = D.DataLoader([str(stuck)], task="detector", width=16, height=16, batch=1,
+                          classes=1, train=False, workers=1)
+    pid = loader.workers[0]
+
+    def kill_the_reader():
+        with open(stuck, "wb"):
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_reader, daemon=True)
+    killer.start()
+    with pytest.raises(D.DataError, match=rf"worker \(pid {pid}\) died \(killed by SIGKILL\) "
+                                          rf"while loading {re.escape(str(stuck))}$"):
+        loader.next_batch()
+    killer.join(5)
+    assert loader.workers == [] and process_gone(pid)

@@ -137,6 +137,8 @@ class DataLoader:
         if workers > 0:
             ahead = prefetch if prefetch is not None else max(2, math.ceil(2 * workers / batch))
             self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train)
+            # Runs at close(), when the loader is collected, or at interpreter exit.
+            self._stop_workers = weakref.finalize(self, self._pool.close)
 
     # -- public --------------------------------------------------------------------------
 
@@ -210,7 +212,7 @@ class DataLoader:
             return
         self._closed = True
         if self._pool is not None:
-            self._pool.close()
+            self._stop_workers()
         self._sum_up_missing_labels()
 
     def __enter__(self):
@@ -218,12 +220,6 @@ class DataLoader:
 
     def __exit__(self, *exc):
         self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # -- internals -----------------------------------------------------------------------
 
@@ -442,6 +438,10 @@ class _WorkerPool:
         self.jobs = context.Queue()
         self.results = context.Queue()
         self.stopping = context.RawValue("b", 0)
+        # Only this process holds the writing end: workers read EOF once it is gone, even
+        # when killed (the forkserver outlives it, so their parent process id does not
+        # change).
+        alive, self.alive = context.Pipe(duplex=False)
         self.slots = []
         self.queued = {}      # batch index -> _Queued (current size)
         self.by_ident = {}    # ident -> _Queued, dropped ones included until done
@@ -452,7 +452,7 @@ class _WorkerPool:
                 current = context.RawValue("q", -1)
                 process = context.Process(
                     target=_work, daemon=True, name="darknet-data",
-                    args=(maker, self.jobs, self.results, current, self.stopping))
+                    args=(maker, self.jobs, self.results, current, self.stopping, alive))
                 process.start()
                 self.processes.append((process, current))
         except BaseException:
@@ -553,7 +553,9 @@ class _WorkerPool:
             q.close()
         for slot in self.slots:
             _close_segment(slot.segment)
-        self.processes, self.slots = [], []
+        self.alive.close()
+        # Dropping the queues unlinks their named semaphores (in /dev/shm) now.
+        self.processes, self.slots, self.jobs, self.results = [], [], None, None
 
 
 class _Segment(shared_memory.SharedMemory):
@@ -581,12 +583,11 @@ def _close_segment(segment):
             pass   # a batch handed out from it is still referenced
 
 
-def _work(maker, jobs, results, current, stopping):
+def _work(maker, jobs, results, current, stopping, alive):
     """A worker process: build rows from `jobs` into shared memory until told to stop
-    (None), or until its parent is gone."""
+    (None), or until the loader's process is gone (EOF on `alive`)."""
     # Ctrl-C reaches the whole process group: the parent decides, and stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
     import cv2
     cv2.setNumThreads(1)   # the parallelism is the workers
     # Failures are reported by the parent in one line each; OpenCV's own warnings from
@@ -599,7 +600,7 @@ def _work(maker, jobs, results, current, stopping):
         try:
             job = jobs.get(timeout=1.0)
         except queue.Empty:
-            if os.getppid() != parent:
+            if alive.poll():   # readable: EOF, as nothing is ever sent
                 break
             continue
         if job is None:
