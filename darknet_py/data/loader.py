@@ -57,6 +57,7 @@ TASKS = ("classifier", "detector")
 MISSING_LABELS_LISTED = 3  # paths named in the summary of images without a label file
 _POLL_SECONDS = 0.5        # how often a waiting loader checks that its workers live
 _STOP_SECONDS = 5.0        # how long close() waits for a worker before terminating it
+WORKER_NICENESS = 10       # added to the workers' nice value (lower CPU priority)
 
 
 def default_workers():
@@ -588,6 +589,9 @@ def _work(maker, jobs, results, current, stopping, alive):
     (None), or until the loader's process is gone (EOF on `alive`)."""
     # Ctrl-C reaches the whole process group: the parent decides, and stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Below the training loop's priority: it feeds the GPU and must not wait for a CPU
+    # behind the workers, which take every cycle it leaves.
+    os.nice(WORKER_NICENESS)
     import cv2
     cv2.setNumThreads(1)   # the parallelism is the workers
     # Failures are reported by the parent in one line each; OpenCV's own warnings from
