@@ -572,11 +572,14 @@ def training_errors(command):
     "at iteration 0) <cfg>.backup. Without it they are an error, even with --clear."))
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
+@click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Processes loading and augmenting images (0: in the training process) "
+                   "[default: one per available CPU less one, at most 16].")
 @device_options
 @training_errors
 @darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, device, darknet):
+                  overwrite, quiet, workers, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -594,7 +597,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet, darknet=darknet,
+              overwrite=overwrite, verbose=not quiet, workers=workers, darknet=darknet,
               log=lambda line: click.echo(line))
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM

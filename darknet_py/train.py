@@ -45,7 +45,7 @@ import numpy as np
 from .data.augment import ClassifierAugment, DetectorAugment
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
-from .data.loader import DataLoader
+from .data.loader import DataLoader, default_workers
 from .detection import detector_layers, output_layer
 from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
                     write_text_atomically)
@@ -382,7 +382,7 @@ def _param_layers_loaded(net, layers_loaded):
 
 def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
           map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
-          verbose=True, workers=4, on_iteration=None, darknet=None):
+          verbose=True, workers=None, on_iteration=None, darknet=None):
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
@@ -398,6 +398,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
       <cfg>_final.weights an earlier run left in the backup directory (otherwise an error).
     log: prints a line; log_every: print every n-th iteration's line (and the last).
     verbose: let [yolo]/[region] layers print their per-pass statistics, as Darknet does.
+    workers: data loader processes (0: load in this process; default: default_workers(),
+      one per available CPU less one, at most 16).
     on_iteration(result): called after each iteration (a hook for tests and callers).
 
     Raises TrainError (or DataError/CfgError/WeightsError) before training for problems a
@@ -522,7 +524,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     cfg_size = (o.width, o.height)
     stride = network_stride(net)
     loader = DataLoader(paths, width=o.width, height=o.height, batch=imgs,
-                        channels=o.channels, augment=augment, seed=seed, workers=workers,
+                        channels=o.channels, augment=augment, seed=seed,
+                        workers=default_workers() if workers is None else workers,
                         start=net.current_batch, **loader_args)
     if map_eval and map_every is None:
         map_every = default_map_interval(len(paths), imgs)
