@@ -7,14 +7,23 @@ TRUTH_FIELDS = 5  # x, y, w, h, class
 
 
 def parse_anchors(s, count):
-    """Darknet's anchors= list into `count` floats; entries not given stay 0.5 as in Darknet."""
+    """Darknet's anchors= list into `count` floats (width, height pairs). Without anchors=
+    every value is 0.5, as in Darknet; a list that is given must be whole: an odd count, a
+    missing pair or a value not above 0 is an error (Darknet read garbage or 0.5 there)."""
     biases = np.full(count, 0.5, dtype=F32)
     anchors = s.get_float_list("anchors", None)
-    if anchors:
-        if len(anchors) > count:
-            raise s.error(f"{len(anchors)} values given but num={count // 2} anchors take "
-                          f"{count} (a width and a height each)", "anchors")
-        biases[:len(anchors)] = anchors
+    if anchors is None:
+        return biases
+    if len(anchors) % 2:
+        raise s.error(f"{len(anchors)} values: anchors are width,height pairs, so their "
+                      f"number must be even", "anchors")
+    if len(anchors) != count:
+        raise s.error(f"{len(anchors)} values given but num={count // 2} anchors take "
+                      f"{count} (a width and a height each)", "anchors")
+    bad = [a for a in anchors if not a > 0]
+    if bad:
+        raise s.error(f"anchor sizes must be above 0, got {bad[0]:g}", "anchors")
+    biases[:] = anchors
     return biases
 
 
