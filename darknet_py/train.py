@@ -418,6 +418,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
     net.names = config.names
     task = network_task(net)
+    if task == "detector":   # before anything is written
+        check_detector_labels(paths, detector_layers(net)[-1].classes)
     base = cfg_base(cfg)
     o = net.options
 
@@ -511,7 +513,6 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             raise TrainError(f"{cfg}: training YOLOv1 [detection] networks is not supported "
                              f"(train a [yolo] or [region] network)")
         classes = head.classes
-        check_detector_labels(paths, classes)
         if classes != config.classes:
             log(f"darknet-py: warning: {data} has classes={config.classes} but the "
                 f"network's [{head.type}] layer has classes={classes}; labels must use "
