@@ -499,8 +499,8 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     iteration ("iteration: loss, average loss, rate, seconds, images"), weights saved
     in the .data file's backup directory: <cfg>.backup every 100 iterations,
     numbered weights at Darknet's intervals, <cfg>_final.weights at the end, and
-    chart_<cfg>.png (the whole run's, also after a resume). Ctrl-C saves <cfg>.backup; --weights <backup>/<cfg>.backup resumes at
-    the same iteration and learning rate. Resuming weights that already reached
+    chart_<cfg>.png (the whole run's, also after a resume). Ctrl-C saves <cfg>.backup;
+    --weights <backup>/<cfg>.backup resumes at the same iteration and learning rate. Resuming weights that already reached
     max_batches is an error (exit code 2) that points to --clear.
     """
     from .train import train
