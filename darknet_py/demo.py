@@ -70,7 +70,7 @@ def _draw_predictions(net, paths, names, out_path):
     import cv2
     import numpy as np
 
-    from .data import read_image_labels
+    from .data.labels import read_image_labels
     from .detection import draw_detections
 
     tiles = []

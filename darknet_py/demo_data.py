@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .data import DataError, check_classifier_labels, label_path
+from .data.config import DataError
+from .data.labels import check_classifier_labels, label_path
 from .image import resize_image, to_bgr
 
 DIGITS_NPZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "digits.npz")
@@ -142,7 +143,7 @@ def _random_colour(rng, background, tries=20):
     """A bright, saturated RGB colour (so hue/saturation augmentation has work to do) whose
     grey value (the detector sees grey) is at least INK_CONTRAST above the background's:
     pure blue on dark brown is a clear digit in colour and next to invisible in grey."""
-    from .data import hsv_to_rgb
+    from .data.augment import hsv_to_rgb
     from .image import LUMA_RGB
     floor = float(LUMA_RGB @ background.reshape(3)) + INK_CONTRAST
     for _ in range(tries):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import click
 
-from .files import atomic_path
+from .files import OverwriteError, atomic_output, refuse_overwrite
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".webm", ".wmv")
 # VideoWriter codecs by container; mp4v plays everywhere OpenCV's wheels can write.
@@ -46,9 +46,10 @@ def is_video(path):
 
 def check_output(out, overwrite=False):
     """Refuse an output that exists (unless overwrite) or that OpenCV cannot write."""
-    if os.path.exists(out) and not overwrite:
-        raise VideoError(f"{out}: exists; choose another --out or pass --overwrite to "
-                         f"replace it")
+    try:
+        refuse_overwrite([out], overwrite)
+    except OverwriteError as e:
+        raise VideoError(str(e)) from None
     if not is_video(out):
         raise VideoError(f"--out {out}: a video output needs a video extension "
                          f"({', '.join(VIDEO_SUFFIXES[:3])}, ...)")
@@ -115,7 +116,7 @@ def run_video(net, source, out=None, thresh=0.5, hier=0.5, nms=0.45, names=None,
         else:
             suffix = os.path.splitext(out)[1].lower()
             os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-            with atomic_path(out, suffix=suffix) as tmp:
+            with atomic_output(out) as tmp:
                 writer = cv2.VideoWriter(
                     tmp, cv2.VideoWriter_fourcc(*FOURCC.get(suffix, DEFAULT_FOURCC)),
                     capture.get(cv2.CAP_PROP_FPS) or CAMERA_FPS, frame.shape[1::-1])

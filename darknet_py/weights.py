@@ -7,15 +7,20 @@ Files with major or minor > 1000 store connected weights transposed.
 """
 import os
 import struct
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from .files import atomic_path
+from .files import atomic_output, check_input_file
 
 
 class WeightsError(Exception):
     pass
+
+
+class WeightsWarning(UserWarning):
+    """A weights file that loads but holds something suspicious (NaN or infinite values)."""
 
 
 def _header_layout(major, minor):
@@ -48,6 +53,9 @@ def read_header(f, path):
     major, minor, revision = struct.unpack("<3i", head)
     seen_is_64, transpose = _header_layout(major, minor)
     raw = f.read(8 if seen_is_64 else 4)
+    if 0 < len(raw) < (8 if seen_is_64 else 4):
+        raise WeightsError(f"{path}: not a Darknet weights file (its header ends inside the "
+                           f"{8 if seen_is_64 else 4}-byte image count)")
     seen = struct.unpack("<Q" if seen_is_64 else "<i", raw)[0] if raw else 0
     return (major, minor, revision), seen, transpose, 12 + (8 if seen_is_64 else 4)
 
@@ -55,16 +63,24 @@ def read_header(f, path):
 def _read_floats(path):
     """(header, seen, transpose, float32 data) of a weights file."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise WeightsError(f"{path}: weights file not found")
-    size = os.path.getsize(path)
+    check_input_file(path, "weights file", WeightsError)
     with open(path, "rb") as f:
         header, seen, transpose, offset = read_header(f, path)
-        data = np.frombuffer(f.read(), dtype="<f4")
-    if (size - offset) % 4:
-        raise WeightsError(f"{path}: {size - offset} bytes after the header is not a whole "
-                           f"number of floats")
-    return header, seen, transpose, data
+        body = f.read()
+    if len(body) % 4:
+        raise WeightsError(f"{path}: {len(body)} bytes after the header is not a whole "
+                           f"number of floats (a truncated or damaged file?)")
+    return header, seen, transpose, np.frombuffer(body, dtype="<f4")
+
+
+def peek_header(path):
+    """(major, minor, revision) of a weights file, or None when it is missing or short."""
+    try:
+        with open(os.fspath(path), "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return None
+    return struct.unpack("<3i", head) if len(head) == 12 else None
 
 
 def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
@@ -107,18 +123,26 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
             f"first layers of another network's weights, cut them with `darknet-py partial "
             f"THAT.cfg {path} OUT N`)")
     pos = 0
+    all_finite = bool(np.isfinite(data).all())
     for layer in layers:
-        pos = _write_layer(net, layer, data, pos, transpose)
+        pos = _write_layer(net, layer, data, pos, transpose, None if all_finite else path)
+    net.params_changed()
     net.seen = int(seen)
     net.weights_header = header
     return len(layers)
 
 
-def _write_layer(net, layer, data, pos, transpose):
-    """Write one layer's arrays from data[pos:]; returns the position after them."""
+def _write_layer(net, layer, data, pos, transpose, check_finite_in=None):
+    """Write one layer's arrays from data[pos:]; returns the position after them. With
+    check_finite_in (the file's path), NaN/Inf values are warned about per array."""
     for name, arr in _arrays(layer):
         values = data[pos:pos + arr.size]
         pos += arr.size
+        if check_finite_in and not np.isfinite(values).all():
+            warnings.warn(WeightsWarning(
+                f"{check_finite_in}: layer {layer.index} [{layer.type}] {name}: "
+                f"{int((~np.isfinite(values)).sum())} of {values.size} values are NaN or "
+                f"infinite (weights saved from a diverged run?)"), stacklevel=3)
         if transpose and layer.type == "connected" and name == "weights":
             values = values.reshape(layer.inputs, layer.outputs).T
         net.be.write(arr, values)
@@ -228,17 +252,22 @@ def save_weights(net, path, cutoff=None):
     with (so an unchanged network saves the same bytes it loaded)."""
     path = os.fspath(path)
     major, minor, revision = getattr(net, "weights_header", (0, 2, 0))
+    seen = int(net.seen)
+    if getattr(net, "darknet", "original") == "alexeyab":
+        # The fork writes its own version and `seen` as whole iterations (its save_weights
+        # sets seen = cur_iteration * batch * subdivisions).
+        from .network import FORK_WEIGHTS_HEADER
+        major, minor, revision = FORK_WEIGHTS_HEADER
+        seen = net.current_batch * net.train_batch_size * net.subdivisions
     seen_is_64, transpose = _header_layout(major, minor)
     chunks = [struct.pack("<3i", major, minor, revision),
-              struct.pack("<Q" if seen_is_64 else "<i", int(net.seen))]
+              struct.pack("<Q" if seen_is_64 else "<i", seen)]
     for layer in _layers_upto(net, cutoff):
         for name, arr in _arrays(layer):
             values = net.be.to_host(arr).astype("<f4")
             if transpose and layer.type == "connected" and name == "weights":
                 values = values.reshape(layer.outputs, layer.inputs).T.reshape(-1)
             chunks.append(values.tobytes())
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+    with atomic_output(path, kind="weights") as tmp, open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)

@@ -1,5 +1,11 @@
 """Training data pipeline: .data files, lists, labels, augmentation, loader, anchors, demo sets."""
 import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import cv2
 import numpy as np
@@ -7,7 +13,9 @@ import pytest
 
 from darknet_py import data as D
 from darknet_py import demo_data
-from darknet_py.image import load_image
+from darknet_py.boxes import truth_boxes
+from darknet_py.data import augment as A
+from darknet_py.image import load_image, resize_image
 
 
 def write(path, text, newline="\n"):
@@ -128,13 +136,126 @@ def test_read_labels_and_malformed_line(tmp_path):
         D.read_labels(tmp_path / "none.txt")
 
 
+def reference_parse_labels(text):
+    """The line-by-line label parser that parse_labels replaced, for valid text."""
+    rows = []
+    for raw in text.splitlines():
+        fields = raw.split()
+        if fields:
+            x, y, w, h = (float(v) for v in fields[1:])
+            rows.append((x, y, w, h, int(fields[0])))
+    return np.array(rows, dtype=np.float32).reshape(-1, 5)
+
+
+def random_label_text(rng, n):
+    """n label lines written the ways label files are: fixed, %g and exponent formats,
+    integers, extra spaces and tabs, CRLF, blank lines."""
+    lines = []
+    for _ in range(n):
+        cls = str(rng.integers(0, 80))
+        values = rng.uniform(-0.2, 1.2, 4) * rng.choice([1, 1, 1e-3])
+        values[2:] = np.abs(values[2:])
+        style = rng.integers(4)
+        fmt = ("{:.6f}", "{:g}", "{:.17e}", "{:.0f}")[style]
+        sep = rng.choice([" ", "  ", "\t", " \t "])
+        lines.append(sep.join([cls] + [fmt.format(v) for v in values]) + rng.choice(["", " "]))
+        if rng.random() < 0.2:
+            lines.append(rng.choice(["", "   "]))
+    return rng.choice(["\n", "\r\n"]).join(lines) + rng.choice(["", "\n"])
+
+
+def test_parse_labels_equals_line_by_line_parser_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for n in list(range(6)) + [90, 300]:
+        text = random_label_text(rng, n)
+        got = D.parse_labels(text, classes=80)
+        want = reference_parse_labels(text)
+        assert got.dtype == np.float32 and got.shape == (n, 5)
+        np.testing.assert_array_equal(got, want)
+    # Class ids past float32's exact integers are still parsed as before.
+    np.testing.assert_array_equal(D.parse_labels("16777217 0.5 0.5 0.1 0.1"),
+                                  reference_parse_labels("16777217 0.5 0.5 0.1 0.1"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0 0.5 0.5 0.1 0.1\n1 0.5 0.5 0.1\n", r"x\.txt:2: expected 'class x y w h'"),
+    ("\n0 0.5 0.5 0.1 0.1\n1.0 0.5 0.5 0.1 0.1\n", r"x\.txt:3: class id must be an integer"),
+    ("0 0.5 nan 0.1 0.1\n", r"x\.txt:1: x y w h must be finite"),
+    ("0 0.5 0.5 0.1 0.1\n7 0.5 0.5 0.1 0.1\n", r"x\.txt:2: class id 7 out of range \(0\.\.4\)"),
+    ("-1 0.5 0.5 0.1 0.1\n", r"x\.txt:1: class id -1 out of range"),
+    ("0 0.5 0.5 -0.1 0.1\n", r"x\.txt:1: negative box size"),
+])
+def test_parse_labels_names_the_bad_line(text, message):
+    with pytest.raises(D.DataError, match=message):
+        D.parse_labels(text, "x.txt", classes=5)
+
+
+def reference_correct_box(box, dx, dy, sx, sy, flip):
+    """Darknet's correct_boxes for one box, in float32 as the vectorised version
+    computes (a (0, 0) centre is the 'no box' marker: its size becomes 0)."""
+    f32 = np.float32
+    x, y, w, h, cls = (f32(v) for v in box)
+    dx, dy, sx, sy = f32(dx), f32(dy), f32(sx), f32(sy)
+    left, right = (x - w / f32(2)) * sx - dx, (x + w / f32(2)) * sx - dx
+    top, bottom = (y - h / f32(2)) * sy - dy, (y + h / f32(2)) * sy - dy
+    if flip:
+        left, right = f32(1) - right, f32(1) - left
+    left, right, top, bottom = (min(max(v, f32(0)), f32(1)) for v in (left, right, top, bottom))
+    marker = x == 0 and y == 0
+    return [(left + right) / f32(2), (top + bottom) / f32(2),
+            f32(0) if marker else min(max(right - left, f32(0)), f32(1)),
+            f32(0) if marker else min(max(bottom - top, f32(0)), f32(1)), cls]
+
+
+def reference_detection_truth(boxes, max_boxes, dx, dy, sx, sy, flip, rng):
+    """Darknet's fill_truth_detection, box by box."""
+    order = rng.permutation(len(boxes)) if len(boxes) > 1 else range(len(boxes))
+    truth = np.zeros((max_boxes, 5), np.float32)
+    kept = 0
+    for i in list(order)[:max_boxes]:
+        box = reference_correct_box(boxes[i], dx, dy, sx, sy, flip)
+        if box[2] < np.float32(0.001) or box[3] < np.float32(0.001):
+            continue
+        truth[kept] = box
+        kept += 1
+    return truth.reshape(-1)
+
+
+def random_boxes(rng, n):
+    boxes = np.empty((n, 5), np.float32)
+    boxes[:, :2] = rng.uniform(-0.2, 1.2, (n, 2))
+    boxes[:, 2:4] = rng.uniform(0, 0.8, (n, 2)) * rng.choice([1, 1e-3], (n, 1))
+    boxes[:, 4] = rng.integers(0, 80, n)
+    boxes[rng.random(n) < 0.1, :2] = 0          # Darknet's 'no box' marker
+    return boxes
+
+
+def test_correct_boxes_and_detection_truth_equal_box_by_box_versions():
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        boxes = random_boxes(rng, int(rng.integers(0, 120)))
+        # Python floats, as the augmentation passes them (a NumPy float64 would make
+        # the vectorised version compute in double).
+        dx, dy = map(float, rng.uniform(-0.3, 0.3, 2))
+        sx, sy = map(float, rng.uniform(0.6, 1.6, 2))
+        flip = bool(trial % 2)
+        want = [reference_correct_box(b, dx, dy, sx, sy, flip) for b in boxes]
+        np.testing.assert_array_equal(D.correct_boxes(boxes, dx, dy, sx, sy, flip),
+                                      np.array(want, np.float32).reshape(-1, 5))
+        max_boxes = int(rng.choice([30, 90]))
+        got = D.detection_truth(boxes, max_boxes, dx, dy, sx, sy, flip,
+                                np.random.default_rng(trial))
+        np.testing.assert_array_equal(got, reference_detection_truth(
+            boxes, max_boxes, dx, dy, sx, sy, flip, np.random.default_rng(trial)))
+
+
 def test_truth_buffer_layout():
     boxes = np.array([[0.5, 0.4, 0.2, 0.3, 7], [0.25, 0.75, 0.1, 0.1, 2]], np.float32)
     t = D.detection_truth(boxes)
     assert t.dtype == np.float32 and t.shape == (90 * 5,)
     assert t[:10].tolist() == pytest.approx([0.5, 0.4, 0.2, 0.3, 7, 0.25, 0.75, 0.1, 0.1, 2])
     assert not t[10:].any()
-    np.testing.assert_allclose(D.truth_boxes(t), boxes, atol=1e-6)
+    np.testing.assert_allclose(truth_boxes(t), boxes, atol=1e-6)
 
 
 def test_truth_drops_tiny_boxes_and_truncates():
@@ -174,9 +295,11 @@ def test_detection_augmentation_moves_boxes_with_pixels():
     img, boxes = bright_box_image()
     aug = D.DetectorAugment(jitter=0.3)
     for seed in range(12):
-        x, t = D.augment_detection_sample(img, boxes, aug, 64, 64, np.random.default_rng(seed))
+        x, t = A.augment_detection_hwc(A.to_hwc(img), boxes, aug, 64, 64,
+                                       np.random.default_rng(seed))
+        x = A.from_hwc(x)
         assert x.shape == (3, 64, 64)
-        kept = D.truth_boxes(t)
+        kept = truth_boxes(t)
         assert len(kept) == 1 and kept[0, 4] == 3
         bx, by, bw, bh = kept[0, :4]
         assert 0 <= bx - bw / 2 and bx + bw / 2 <= 1 and 0 <= by - bh / 2 and by + bh / 2 <= 1
@@ -191,20 +314,20 @@ def test_detection_augmentation_moves_boxes_with_pixels():
 def test_hsv_follows_darknet_formulas():
     rgb = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0.5, 0.25, 0.5], [0.3, 0.3, 0.3]],
                    np.float32).T.reshape(3, 1, 5)
-    hsv = D.rgb_to_hsv(rgb)[:, 0, :].T
+    hsv = A.rgb_to_hsv(rgb)[:, 0, :].T
     np.testing.assert_allclose(hsv, [[0, 1, 1], [1 / 3, 1, 1], [2 / 3, 1, 1],
                                      [5 / 6, 0.5, 0.5], [0, 0, 0.3]], atol=1e-5)
     img = np.random.default_rng(0).random((3, 9, 11)).astype(np.float32)
-    np.testing.assert_allclose(D.hsv_to_rgb(D.rgb_to_hsv(img)), img, atol=1e-5)
-    np.testing.assert_allclose(D.distort_image(img, 0, 1, 1), img, atol=1e-5)
+    np.testing.assert_allclose(A.hsv_to_rgb(A.rgb_to_hsv(img)), img, atol=1e-5)
+    np.testing.assert_allclose(A.distort_image(img, 0, 1, 1), img, atol=1e-5)
     red = np.array([1, 0, 0], np.float32).reshape(3, 1, 1)
-    np.testing.assert_allclose(D.distort_image(red, 1 / 3, 1, 1).ravel(), [0, 1, 0], atol=1e-5)
-    np.testing.assert_allclose(D.distort_image(red, -1 / 3, 1, 0.5).ravel(), [0, 0, 0.5],
+    np.testing.assert_allclose(A.distort_image(red, 1 / 3, 1, 1).ravel(), [0, 1, 0], atol=1e-5)
+    np.testing.assert_allclose(A.distort_image(red, -1 / 3, 1, 0.5).ravel(), [0, 0, 0.5],
                                atol=1e-5)
-    out = D.distort_image(img, 0.3, 2.0, 1.5)
+    out = A.distort_image(img, 0.3, 2.0, 1.5)
     assert out.shape == img.shape and out.min() >= 0 and out.max() <= 1
     grey = np.full((1, 4, 4), 0.6, np.float32)
-    np.testing.assert_allclose(D.distort_image(grey, 0.2, 2, 1.5), 0.9, atol=1e-6)
+    np.testing.assert_allclose(A.distort_image(grey, 0.2, 2, 1.5), 0.9, atol=1e-6)
 
 
 def darknet_rotate_crop_reference(img, rad, s, w, h, dx, dy, aspect):
@@ -233,19 +356,19 @@ def darknet_rotate_crop_reference(img, rad, s, w, h, dx, dy, aspect):
                                   (-0.5, 0.7, 14, 12, 6, 5, 0.8)])
 def test_rotate_crop_matches_darknet(args):
     img = np.random.default_rng(1).random((3, 9, 15)).astype(np.float32)
-    np.testing.assert_allclose(D.rotate_crop_image(img, *args),
+    np.testing.assert_allclose(A.rotate_crop_image(img, *args),
                                darknet_rotate_crop_reference(img, *args), atol=1e-4)
 
 
 def test_classifier_augment_shapes_and_center_crop():
     img = np.random.default_rng(0).random((3, 40, 60)).astype(np.float32)
     aug = D.ClassifierAugment(angle=15, aspect=1.2, hue=0.1, saturation=1.5, exposure=1.5)
-    out = D.augment_classifier_image(img, aug, 32, 32, np.random.default_rng(1))
-    assert out.shape == (3, 32, 32) and out.dtype == np.float32
+    out = A.augment_classifier_hwc(A.to_hwc(img), aug, 32, 32, np.random.default_rng(1))
+    assert out.shape == (32, 32, 3) and out.dtype == np.float32
     center = D.ClassifierAugment(center=True, flip=False)
     np.testing.assert_allclose(
-        D.augment_classifier_image(img, center, 32, 32, np.random.default_rng(1)),
-        D.resize_image(img[:, :, 10:50], 32, 32), atol=1e-5)
+        A.augment_classifier_hwc(A.to_hwc(img), center, 32, 32, np.random.default_rng(1)),
+        A.to_hwc(resize_image(img[:, :, 10:50], 32, 32)), atol=1e-5)
 
 
 # --- loader ------------------------------------------------------------------------------
@@ -265,20 +388,44 @@ def tiny_detection_set(tmp_path):
     return paths
 
 
-def test_loader_is_reproducible_with_a_seed(tiny_detection_set):
-    def batches(seed, workers):
-        with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=4,
-                          classes=5, seed=seed, workers=workers,
-                          augment=D.DetectorAugment(jitter=0.2, hue=0.1, saturation=1.5,
-                                                    exposure=1.5)) as loader:
-            return [loader.next_batch() for _ in range(3)]
-    a, b, c = batches(7, 3), batches(7, 1), batches(8, 2)
-    for (xa, ta), (xb, tb) in zip(a, b):
-        assert xa.shape == (4, 3, 32, 32) and ta.shape == (4, 450)
-        assert xa.dtype == np.float32 and ta.dtype == np.float32
-        np.testing.assert_array_equal(xa, xb)
-        np.testing.assert_array_equal(ta, tb)
-    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, c))
+def loader_batches(paths, count, **options):
+    with D.DataLoader(paths, **options) as loader:
+        return [loader.next_batch() for _ in range(count)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for p, q in zip(a, b):
+        np.testing.assert_array_equal(p.x, q.x)
+        np.testing.assert_array_equal(p.truth, q.truth)
+        assert p.paths == q.paths and p.image_sizes == q.image_sizes
+
+
+def test_loader_is_reproducible_with_a_seed_on_any_worker_count(tiny_detection_set):
+    options = dict(task="detector", width=32, height=32, batch=4, classes=5,
+                   augment=D.DetectorAugment(jitter=0.2, hue=0.1, saturation=1.5,
+                                             exposure=1.5))
+    a = loader_batches(tiny_detection_set, 3, seed=7, workers=0, **options)
+    for x, truth in a:
+        assert x.shape == (4, 3, 32, 32) and truth.shape == (4, 450)
+        assert x.dtype == np.float32 and truth.dtype == np.float32
+    for workers in (1, 3):
+        assert_same_batches(a, loader_batches(tiny_detection_set, 3, seed=7, workers=workers,
+                                              **options))
+    other = loader_batches(tiny_detection_set, 3, seed=8, workers=0, **options)
+    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, other))
+
+
+def test_shuffled_classifier_batches_are_the_same_on_any_worker_count(tmp_path):
+    paths = [write_png(tmp_path / f"{i}_{name}.png",
+                       np.random.default_rng(i).random((3, 12, 14)).astype(np.float32))
+             for i, name in enumerate(["cat", "dog", "cat", "dog", "cat"])]
+    options = dict(task="classifier", width=8, height=8, batch=3, classes=2,
+                   labels=["cat", "dog"], seed=2, sampling="shuffle",
+                   augment=D.ClassifierAugment(angle=10, hue=0.1, exposure=1.3))
+    a = loader_batches(paths, 4, workers=0, **options)
+    assert sorted(sum((b.paths for b in a[:5 // 3 + 1]), [])[:5]) == sorted(paths)
+    assert_same_batches(a, loader_batches(paths, 4, workers=2, **options))
 
 
 def test_loader_set_size_changes_next_batch(tiny_detection_set):
@@ -303,17 +450,32 @@ def test_loader_skips_and_reports_unreadable_image(tiny_detection_set, tmp_path)
     broken = write(tmp_path / "images" / "broken.png", "not a png")
     no_label = write_png(tmp_path / "images" / "nolabel.png", np.zeros((3, 20, 20)))
     paths = [broken, no_label] + tiny_detection_set
-    reports = []
+    warnings = []
     with D.DataLoader(paths, task="detector", width=32, height=32, batch=8, classes=5,
-                      seed=1, workers=2, on_error=lambda p, m: reports.append((p, m))) as loader:
+                      seed=1, workers=2, on_warning=warnings.append) as loader:
         for _ in range(6):
             x, truth = loader.next_batch()
             assert x.shape == (8, 3, 32, 32)
         assert all(p != broken for p in loader.next_batch().paths)
-    assert [p for p, _ in reports].count(broken) == 1
-    assert [p for p, _ in reports].count(no_label) == 1
-    assert any("label file not found" in m for p, m in reports if p == no_label)
-    assert broken in loader.bad_paths and no_label in loader.missing_labels
+    assert broken in loader.bad_paths and loader.missing_labels == [no_label]
+    about_broken = [m for m in warnings if broken in m]
+    assert len(about_broken) == 1 and about_broken[0].endswith("; skipping it")
+    # Every batch here ends an epoch: the missing label file is summed up at the first
+    # and not again, as no other image lacks one.
+    assert [m for m in warnings if m not in about_broken] == [
+        f"1 image without a label file so far, used with no boxes (as Darknet does): "
+        f"{no_label}"]
+
+
+def test_missing_labels_summary_counts_and_names_the_first_few(tmp_path):
+    paths = [write_png(tmp_path / "images" / f"{i}.png", np.zeros((3, 8, 8)))
+             for i in range(5)]
+    warnings = []
+    with D.DataLoader(paths, task="detector", width=8, height=8, batch=5, classes=1,
+                      train=False, workers=0, on_warning=warnings.append) as loader:
+        list(loader)
+    assert warnings == [f"5 images without a label file so far, used with no boxes (as "
+                        f"Darknet does): {paths[0]}, {paths[1]}, {paths[2]}, ..."]
 
 
 def test_loader_validation_pass_in_order(tiny_detection_set):
@@ -323,7 +485,7 @@ def test_loader_validation_pass_in_order(tiny_detection_set):
         assert [len(b.paths) for b in batches] == [4, 2]
         assert sum((b.paths for b in batches), []) == tiny_detection_set
         assert batches[1].image_sizes[0] == (56, 36)
-        first = D.truth_boxes(batches[0].truth[0])
+        first = truth_boxes(batches[0].truth[0])
         np.testing.assert_allclose(first, D.read_image_labels(tiny_detection_set[0]), atol=1e-6)
         assert len(list(loader)) == 2    # a validation loader can be iterated again
 
@@ -369,8 +531,9 @@ def test_compute_anchors_from_data_file(tiny_detection_set, tmp_path):
     widths = [(10 + 3 * i) / (40 + 4 * i) * 100 for i in range(6)]
     np.testing.assert_allclose(sorted(boxes[:, 0]), sorted(widths), rtol=1e-5)
     np.testing.assert_allclose(boxes[:, 1], 14 / 36 * 200, rtol=1e-5)
-    anchors = D.compute_anchors(data, 2, 100, 200, seed=0)
-    assert len(anchors) == 2 and anchors == D.compute_anchors(data, 2, 100, 200, seed=0)
+    anchors, clustered = D.compute_anchors(data, 2, 100, 200, seed=0)
+    np.testing.assert_array_equal(clustered, boxes)
+    assert len(anchors) == 2 and anchors == D.compute_anchors(data, 2, 100, 200, seed=0)[0]
 
 
 # --- demo sets ---------------------------------------------------------------------------
@@ -422,8 +585,8 @@ def test_build_detection_set(tmp_path):
 def test_crop_resize_equals_darknet_crop_then_resize(crop):
     img = np.random.default_rng(2).random((3, 9, 15)).astype(np.float32)
     for w, h in ((15, 9), (31, 17), (7, 5)):
-        np.testing.assert_allclose(D.crop_resize_image(img, *crop, w, h),
-                                   D.resize_image(D.crop_image(img, *crop), w, h), atol=1e-5)
+        np.testing.assert_allclose(A.crop_resize_image(img, *crop, w, h),
+                                   resize_image(A.crop_image(img, *crop), w, h), atol=1e-5)
 
 
 def test_augment_settings_from_cfg_sections():
@@ -443,16 +606,16 @@ def test_augment_settings_from_cfg_sections():
 
 def test_loader_with_no_usable_image_raises(tmp_path):
     paths = [write(tmp_path / "images" / f"{i}.png", "junk") for i in range(3)]
-    reports = []
+    warnings = []
     with D.DataLoader(paths, task="detector", width=16, height=16, batch=2, classes=1,
-                      workers=1, on_error=lambda p, m: reports.append(p)) as loader:
+                      workers=1, on_warning=warnings.append) as loader:
         with pytest.raises(D.DataError, match="no usable image"):
             loader.next_batch()
-    assert sorted(reports) == sorted(paths)
+    assert sorted(m.split(":")[0] for m in warnings) == sorted(paths)
 
 
 def test_detector_validation_input_is_letterboxed(tiny_detection_set):
-    from darknet_py.image import letterbox, resize_image
+    from darknet_py.image import letterbox
     img = load_image(tiny_detection_set[3])
     for boxed, expected in ((True, letterbox(img, 32, 32)), (False, resize_image(img, 32, 32))):
         with D.DataLoader(tiny_detection_set[3:4], task="detector", width=32, height=32,
@@ -465,3 +628,115 @@ def test_demo_builders_refuse_directories_that_break_darknet_path_rules(tmp_path
         demo_data.build_classification_set(tmp_path / "digit3_runs")
     with pytest.raises(D.DataError, match="raw"):
         demo_data.build_detection_set(tmp_path / "drawings", n_train=1, n_valid=0)
+
+
+# --- worker processes --------------------------------------------------------------------
+
+def shm_segments():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def process_gone(pid):
+    """True once pid has exited (a zombie waiting for a reaper counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(condition, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_close_stops_workers_and_frees_shared_memory(tiny_detection_set):
+    before = shm_segments()
+    with pytest.raises(KeyError):   # an exception in the consumer closes the loader too
+        with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32,
+                          batch=4, classes=5, workers=2) as loader:
+            x, truth = loader.next_batch()
+            kept = x.copy()
+            pids = loader.workers
+            assert len(pids) == 2 and shm_segments() - before
+            raise KeyError
+    assert loader.workers == [] and all(process_gone(p) for p in pids)
+    # The queues' semaphores go when their feeder thread has finished: wait a little.
+    assert wait_until(lambda: not shm_segments() - before)
+    np.testing.assert_array_equal(x, kept)   # a batch outlives its loader intact
+
+
+CTRL_C_SCRIPT = """
+import sys
+from darknet_py.data.loader import DataLoader
+if __name__ == "__main__":
+    loader = DataLoader(sys.argv[1:], task="detector", width=32, height=32, batch=4,
+                        classes=5, workers=2)
+    while not loader.bad_paths:   # until the broken image has been drawn
+        loader.next_batch()
+    print(*loader.workers, flush=True)
+    while True:
+        x, truth = loader.next_batch()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs POSIX process groups")
+@pytest.mark.parametrize("how", ["ctrl-c", "kill -9"])
+def test_interrupted_or_killed_loader_leaves_no_worker_or_shared_memory(
+        tiny_detection_set, tmp_path, how):
+    broken = write(tmp_path / "images" / "broken.png", "not a png")
+    script = write(tmp_path / "loop.py", CTRL_C_SCRIPT)
+    before = shm_segments()
+    proc = subprocess.Popen([sys.executable, script, broken] + tiny_detection_set,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)   # what Ctrl-C in a terminal does
+        else:
+            proc.kill()                          # no clean-up code runs in the loader
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert wait_until(lambda: all(process_gone(p) for p in pids))
+    assert wait_until(lambda: not shm_segments() - before)
+    if how == "ctrl-c":
+        assert "KeyboardInterrupt" in stderr
+        # Warnings come from the parent, one line each: no OpenCV chatter from the
+        # workers, no resource_tracker complaint about leaked segments.
+        lines = stderr.splitlines()
+        assert [line for line in lines if "darknet-py:" in line] == [
+            f"darknet-py: warning: {broken}: cannot read image (not an image, or a format "
+            f"OpenCV cannot decode); skipping it"]
+        assert "WARN" not in stderr and "leaked" not in stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_worker_that_dies_is_reported_with_the_image_it_was_on(tmp_path):
+    # Reading a named pipe blocks until a writer opens it: when the writer's open()
+    # returns, the worker is inside that image, and is killed there.
+    stuck = tmp_path / "images" / "stuck.png"
+    stuck.parent.mkdir()
+    os.mkfifo(stuck)
+    loader = D.DataLoader([str(stuck)], task="detector", width=16, height=16, batch=1,
+                          classes=1, train=False, workers=1)
+    pid = loader.workers[0]
+
+    def kill_the_reader():
+        with open(stuck, "wb"):
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_reader, daemon=True)
+    killer.start()
+    with pytest.raises(D.DataError, match=rf"worker \(pid {pid}\) died \(killed by SIGKILL\) "
+                                          rf"while loading {re.escape(str(stuck))}$"):
+        loader.next_batch()
+    killer.join(5)
+    assert loader.workers == [] and process_gone(pid)

@@ -80,8 +80,8 @@ def test_an_existing_out_is_kept(tiny, tmp_path):
     result = CliRunner().invoke(cli, ["detect", cfg, weights, str(video), "--out", str(out),
                                       "--device", "cpu"])
     assert result.exit_code == 2
-    assert result.output == (f"darknet-py: error: {out}: exists; choose another --out or "
-                             f"pass --overwrite to replace it\n")
+    assert result.output == (f"darknet-py: error: {out}: already exists; not replacing it "
+                             f"(pass --overwrite to replace, or choose another output)\n")
     assert out.read_bytes() == b"an earlier result"
 
 

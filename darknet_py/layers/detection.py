@@ -9,9 +9,9 @@ x, y relative to the cell), built here from box rows when the data loader gives 
 """
 import numpy as np
 
-from ..boxes import box_iou, box_rmse, make_detections, thresholded
+from ..boxes import TRUTH_FIELDS, box_iou, box_rmse, make_detections, thresholded
 from .base import Layer
-from .heads import TRUTH_FIELDS, ratio, report
+from .heads import ratio, report
 
 F32 = np.float32
 RANDOM_SEEN = 64000   # with random=1, images seen before which the responsible box is random

@@ -1,0 +1,98 @@
+"""YOLO anchors from a dataset's box sizes: k-means with 1 - IoU as the distance."""
+import sys
+
+import numpy as np
+
+from .config import DataError, load_data_config
+from .labels import MissingLabelFile, label_path, read_image_labels
+
+
+def _wh_iou(boxes, centroids):
+    """IoU of (n, 2) widths/heights against (k, 2), boxes aligned at a common centre."""
+    inter = (np.minimum(boxes[:, None, 0], centroids[None, :, 0]) *
+             np.minimum(boxes[:, None, 1], centroids[None, :, 1]))
+    union = (boxes[:, 0] * boxes[:, 1])[:, None] + (centroids[:, 0] * centroids[:, 1])[None] - inter
+    return inter / union
+
+
+def kmeans_anchors(boxes_wh, k, seed=0, max_iter=300):
+    """k-means on widths/heights with distance 1 - IoU (YOLOv2's anchor recipe).
+    k-means++ seeding from ``seed``, so the result is deterministic. Returns float64
+    (k, 2) anchors sorted by area, smallest first."""
+    boxes = np.asarray(boxes_wh, dtype=np.float64).reshape(-1, 2)
+    boxes = boxes[(boxes[:, 0] > 0) & (boxes[:, 1] > 0)]
+    if k < 1:
+        raise ValueError(f"k must be positive, got {k}")
+    distinct = len(np.unique(boxes, axis=0))
+    if distinct < k:
+        raise DataError(f"cannot make {k} anchors from {distinct} distinct box sizes")
+    rng = np.random.default_rng(seed)
+    centroids = np.empty((k, 2))
+    centroids[0] = boxes[rng.integers(len(boxes))]
+    nearest = 1 - _wh_iou(boxes, centroids[:1])[:, 0]
+    for j in range(1, k):
+        weights = nearest ** 2
+        total = weights.sum()
+        pick = rng.choice(len(boxes), p=weights / total) if total > 0 else rng.integers(len(boxes))
+        centroids[j] = boxes[pick]
+        nearest = np.minimum(nearest, 1 - _wh_iou(boxes, centroids[j:j + 1])[:, 0])
+    assign = None
+    for _ in range(max_iter):
+        iou = _wh_iou(boxes, centroids)
+        new_assign = iou.argmax(axis=1)
+        if assign is not None and np.array_equal(new_assign, assign):
+            break
+        assign = new_assign
+        for j in range(k):
+            members = boxes[assign == j]
+            if len(members):
+                centroids[j] = members.mean(axis=0)
+            else:
+                # An empty cluster takes the box its centroid fits worst.
+                centroids[j] = boxes[iou.max(axis=1).argmin()]
+    return centroids[np.argsort(centroids[:, 0] * centroids[:, 1], kind="stable")]
+
+
+def anchor_mean_iou(boxes_wh, anchors):
+    """Mean over boxes of the best IoU with any anchor (how well anchors fit the data)."""
+    boxes = np.asarray(boxes_wh, dtype=np.float64).reshape(-1, 2)
+    return float(_wh_iou(boxes, np.asarray(anchors, dtype=np.float64).reshape(-1, 2))
+                 .max(axis=1).mean())
+
+
+def gather_label_boxes(data_path, width, height):
+    """Widths and heights, in network-input pixels, of every box in the training list of
+    a .data file: float64 (n, 2). Images without a label file are counted and summed up
+    in one line on stderr."""
+    config = load_data_config(data_path, require=("train",))
+    paths = config.train_paths()
+    missing = []
+    sizes = []
+    for p in paths:
+        try:
+            b = read_image_labels(p, config.classes)
+        except MissingLabelFile:
+            missing.append(p)
+            continue
+        sizes.append(b[:, 2:4])
+    if missing:
+        print(f"darknet-py: {len(missing)} of {len(paths)} training images have no label "
+              f"file (first: {label_path(missing[0])})", file=sys.stderr)
+    boxes = np.concatenate(sizes) if sizes else np.zeros((0, 2), dtype=np.float32)
+    return boxes.astype(np.float64) * np.array([width, height], dtype=np.float64)
+
+
+def compute_anchors(data_path, num, width, height, seed=0):
+    """Anchors for a .data file's training boxes at a width x height network input.
+    Returns (anchors, boxes): [(w, h), ...] sorted by area, and the boxes' (n, 2) sizes
+    they were clustered from (gather_label_boxes)."""
+    boxes = gather_label_boxes(data_path, width, height)
+    if len(boxes) == 0:
+        raise DataError(f"{data_path}: no labelled boxes in the training list")
+    return [(float(w), float(h)) for w, h in kmeans_anchors(boxes, num, seed)], boxes
+
+
+def format_anchors(anchors):
+    """The cfg line: 'anchors = 10,13, 16,30, ...' (whole pixels, at least 1)."""
+    return "anchors = " + ", ".join(f"{max(1, round(w))},{max(1, round(h))}"
+                                    for w, h in anchors)

@@ -1,0 +1,284 @@
+"""Darknet's training-time image augmentation (src/image.c, src/data.c), one sample at a
+time: each per-sample function takes the decoded image, the settings and a NumPy
+generator, and draws all its randomness from that generator, so a seed reproduces it.
+Images are float32 RGB in [0, 1]."""
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..image import ImageError, letterbox, load_image, resize_image
+from .labels import MAX_BOXES, detection_truth
+
+
+def _rand_uniform(rng, lo, hi):
+    if hi < lo:
+        lo, hi = hi, lo
+    return float(rng.uniform(lo, hi)) if hi > lo else float(lo)
+
+
+def _rand_scale(rng, s):
+    """Darknet's rand_scale: a factor in [1, s], inverted half of the time."""
+    scale = _rand_uniform(rng, 1.0, s)
+    return scale if rng.integers(2) else 1.0 / scale
+
+
+def _rand_int(rng, lo, hi):
+    if hi < lo:
+        lo, hi = hi, lo
+    return int(rng.integers(lo, hi + 1))
+
+
+def _cv2():
+    import cv2  # imported lazily, as in image.py
+    return cv2
+
+
+# The augmentation runs on (H, W, C) arrays with OpenCV, which is several times faster
+# than NumPy here. The *_hwc functions work on (H, W, C); the others take and return
+# Darknet's (C, H, W).
+
+def to_hwc(img):
+    return np.ascontiguousarray(img.transpose(1, 2, 0), dtype=np.float32)
+
+
+def from_hwc(a):
+    return np.ascontiguousarray((a[:, :, None] if a.ndim == 2 else a).transpose(2, 0, 1))
+
+
+def _warp_hwc(hwc, source_of, w, h, replicate_edges):
+    """Bilinear samples of hwc at source_of @ (x, y, 1) for each output pixel (x, y)."""
+    cv2 = _cv2()
+    out = cv2.warpAffine(hwc, np.asarray(source_of, dtype=np.float64), (w, h),
+                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                         borderMode=cv2.BORDER_REPLICATE if replicate_edges
+                         else cv2.BORDER_CONSTANT, borderValue=0)
+    return out[:, :, None] if out.ndim == 2 else out
+
+
+def crop_image(img, dx, dy, w, h):
+    """Darknet's crop_image: the w x h window at (dx, dy); pixels outside the image take
+    the nearest edge pixel."""
+    c, ih, iw = img.shape
+    rows = np.clip(np.arange(h) + dy, 0, ih - 1)
+    cols = np.clip(np.arange(w) + dx, 0, iw - 1)
+    return np.ascontiguousarray(img[:, rows][:, :, cols], dtype=np.float32)
+
+
+def _crop_resize_source(dx, dy, cw, ch, w, h):
+    """Affine map for crop_image(dx, dy, cw, ch) followed by Darknet's resize_image to
+    w x h: that resize samples source pixel x * (cw-1)/(w-1) (corners aligned), and
+    bilinear sampling with replicated edges equals sampling the edge-clamped crop."""
+    return [[(cw - 1) / (w - 1), 0, dx], [0, (ch - 1) / (h - 1), dy]]
+
+
+def _crop_resize_hwc(hwc, dx, dy, cw, ch, w, h):
+    if w < 2 or h < 2:   # Darknet's resize takes the last row/column here; rare enough
+        img = crop_image(from_hwc(hwc), dx, dy, cw, ch)
+        return to_hwc(resize_image(img, w, h))
+    return _warp_hwc(hwc, _crop_resize_source(dx, dy, cw, ch, w, h), w, h, True)
+
+
+def center_crop_hwc(hwc, w, h):
+    """Darknet's center_crop_image: the central square, resized to w x h (the classifier's
+    validation input)."""
+    ih, iw = hwc.shape[:2]
+    m = min(iw, ih)
+    return _crop_resize_hwc(hwc, (iw - m) // 2, (ih - m) // 2, m, m, w, h)
+
+
+def crop_resize_image(img, dx, dy, cw, ch, w, h):
+    """resize_image(crop_image(img, dx, dy, cw, ch), w, h) in one pass."""
+    return from_hwc(_crop_resize_hwc(to_hwc(img), dx, dy, cw, ch, w, h))
+
+
+def _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect):
+    """Darknet's rotate_crop_image samples, for output pixel (x, y),
+        u = ((x - w/2) + dx) * aspect / scale,  v = ((y - h/2) + dy) / scale,
+        source (cos*u - sin*v + iw/2,  sin*u + cos*v + ih/2):  an affine map."""
+    cos, sin = math.cos(rad), math.sin(rad)
+    ax = aspect / scale
+    u0, v0 = (dx - w / 2) * ax, (dy - h / 2) / scale
+    return [[cos * ax, -sin / scale, cos * u0 - sin * v0 + iw / 2],
+            [sin * ax, cos / scale, sin * u0 + cos * v0 + ih / 2]]
+
+
+def rotate_crop_image(img, rad, scale, w, h, dx, dy, aspect):
+    """Darknet's rotate_crop_image: a w x h view of img rotated by ``rad`` about its
+    centre, scaled by ``scale`` (x also by 1/aspect), shifted by (dx, dy) output pixels;
+    bilinear, reading 0 outside the image."""
+    c, ih, iw = img.shape
+    source_of = _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect)
+    return from_hwc(_warp_hwc(to_hwc(img), source_of, w, h, False))
+
+
+def _random_augment_source(rng, iw, ih, angle, aspect, low, high, w, h):
+    aspect = _rand_scale(rng, aspect)
+    r = _rand_int(rng, low, high)
+    shorter = int(min(ih, iw * aspect))
+    scale = r / max(shorter, 1)
+    rad = _rand_uniform(rng, -angle, angle) * 2 * math.pi / 360
+    dx = (iw * scale / aspect - w) / 2
+    dy = (ih * scale - h) / 2   # Darknet subtracts w here; the same for its square crops
+    dx = _rand_uniform(rng, -dx, dx)
+    dy = _rand_uniform(rng, -dy, dy)
+    return _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect)
+
+
+def read_hwc(path, channels=3):
+    """load_image's result as (H, W, C): what the augmentation works on, without the
+    two transposes a round trip through (C, H, W) would cost."""
+    cv2 = _cv2()
+    path = os.fspath(path)
+    a = cv2.imread(path, cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
+    if a is None:
+        load_image(path, channels)     # raises the ImageError that says why
+        raise ImageError(f"{path}: cannot read image")
+    if a.ndim == 2:
+        a = a[:, :, None]
+    elif channels == 3:
+        a = cv2.cvtColor(a, cv2.COLOR_BGR2RGB)
+    return np.divide(a, np.float32(255), dtype=np.float32)
+
+
+def rgb_to_hsv(img):
+    """Darknet's rgb_to_hsv on a (3, H, W) image: hue, saturation, value all in [0, 1]
+    (hue in turns: Darknet's formulas, which OpenCV computes in degrees)."""
+    hsv = _cv2().cvtColor(to_hwc(img), _cv2().COLOR_RGB2HSV)
+    hsv[:, :, 0] *= np.float32(1 / 360)
+    return from_hwc(hsv)
+
+
+def hsv_to_rgb(img):
+    """Darknet's hsv_to_rgb, the inverse of rgb_to_hsv (values are not clipped)."""
+    hsv = to_hwc(img)
+    hsv[:, :, 0] *= np.float32(360)
+    return from_hwc(_cv2().cvtColor(hsv, _cv2().COLOR_HSV2RGB))
+
+
+def _distort_hwc(hwc, hue, saturation, exposure):
+    if hwc.shape[2] == 1:
+        return np.clip(hwc * np.float32(exposure), 0, 1).astype(np.float32)
+    if hwc.shape[2] != 3:
+        raise ValueError(f"distort_image: expected 1 or 3 channels, got {hwc.shape[2]}")
+    cv2 = _cv2()
+    hsv = cv2.cvtColor(hwc, cv2.COLOR_RGB2HSV)    # hue in degrees
+    # Darknet wraps the shifted hue once into [0, 1]; OpenCV's HSV->RGB wraps hues of
+    # 360 and more itself, so only a negative shift needs a turn added. (OpenCV's
+    # per-channel scalar ops: NumPy's take twice as long and hold the GIL.)
+    cv2.add(hsv, ((hue + (hue < 0)) * 360, 0, 0, 0), dst=hsv)
+    cv2.multiply(hsv, (1, saturation, exposure, 1), dst=hsv)
+    rgb = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+    cv2.max(rgb, (0, 0, 0, 0), dst=rgb)
+    cv2.min(rgb, (1, 1, 1, 1), dst=rgb)
+    return rgb
+
+
+def distort_image(img, hue, saturation, exposure):
+    """Darknet's distort_image: shift hue (wrapping), scale saturation and value, clip.
+    A one-channel image has no hue or saturation: only exposure applies."""
+    return from_hwc(_distort_hwc(to_hwc(img), hue, saturation, exposure))
+
+
+def _random_distort_hwc(hwc, rng, hue, saturation, exposure):
+    dhue = _rand_uniform(rng, -hue, hue)
+    dsat = _rand_scale(rng, saturation)
+    dexp = _rand_scale(rng, exposure)
+    if dhue == 0 and dsat == 1 and dexp == 1:
+        return hwc
+    return _distort_hwc(hwc, dhue, dsat, dexp)
+
+
+@dataclass
+class ClassifierAugment:
+    """Darknet's classifier augmentation (load_data_augment). Crop sizes are ratios of the
+    network width, as Darknet recomputes min/max from them when the width changes."""
+    min_ratio: float = 1.0      # [net] min_crop / width (Darknet default min_crop = width)
+    max_ratio: float = 2.0      # [net] max_crop / width (Darknet default max_crop = 2*width)
+    angle: float = 0.0
+    aspect: float = 1.0
+    hue: float = 0.0
+    saturation: float = 1.0
+    exposure: float = 1.0
+    center: bool = False        # centre crop instead of random crop/scale/rotate
+    flip: bool = True           # Darknet always flips at random; flip=0 as in AlexeyAB's fork
+
+    @classmethod
+    def from_net_section(cls, net):
+        """Read the [net] options (a cfg.Section) with Darknet's defaults."""
+        width = net.get_int("width", 0) or 1
+        max_crop = net.get_int("max_crop", 2 * width)
+        min_crop = net.get_int("min_crop", width)
+        return cls(min_ratio=net.get_float("min_ratio", min_crop / width),
+                   max_ratio=net.get_float("max_ratio", max_crop / width),
+                   angle=net.get_float("angle", 0), aspect=net.get_float("aspect", 1),
+                   hue=net.get_float("hue", 0), saturation=net.get_float("saturation", 1),
+                   exposure=net.get_float("exposure", 1),
+                   center=bool(net.get_int("center", 0)), flip=bool(net.get_int("flip", 1)))
+
+
+@dataclass
+class DetectorAugment:
+    """Darknet's detector augmentation (load_data_detection): random crop jitter, flip and
+    HSV distortion. ``jitter`` comes from the last [yolo]/[region] layer."""
+    jitter: float = 0.2
+    hue: float = 0.0
+    saturation: float = 1.0
+    exposure: float = 1.0
+    flip: bool = True
+
+    @classmethod
+    def from_sections(cls, net, detection_layer=None):
+        """Read [net] hue/saturation/exposure (and flip) and the layer's jitter."""
+        jitter = detection_layer.get_float("jitter", 0.2) if detection_layer is not None else 0.2
+        return cls(jitter=jitter, hue=net.get_float("hue", 0),
+                   saturation=net.get_float("saturation", 1),
+                   exposure=net.get_float("exposure", 1), flip=bool(net.get_int("flip", 1)))
+
+
+def augment_classifier_hwc(hwc, augment, w, h, rng):
+    """One classifier training input as Darknet's load_image_augment_paths makes it:
+    centre crop or random_augment_image, a random flip, random_distort_image."""
+    ih, iw = hwc.shape[:2]
+    if augment.center:
+        out = center_crop_hwc(hwc, w, h)
+    else:
+        low, high = int(augment.min_ratio * w), int(augment.max_ratio * w)
+        source_of = _random_augment_source(rng, iw, ih, augment.angle, augment.aspect,
+                                           low, high, w, h)
+        out = _warp_hwc(hwc, source_of, w, h, False)
+    if augment.flip and rng.integers(2):
+        out = np.ascontiguousarray(out[:, ::-1])
+    return _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
+
+
+def augment_detection_hwc(hwc, boxes, augment, w, h, rng, max_boxes=MAX_BOXES):
+    """One detector training (input, truth row) as Darknet's load_data_detection makes
+    it: crop the image with each side moved by a random amount in [-jitter, jitter] of its
+    size (out of bounds repeats the edge), resize to w x h, maybe mirror, distort HSV, and
+    move the boxes the same way (corrected, clipped, tiny ones dropped)."""
+    oh, ow = hwc.shape[:2]
+    dw, dh = int(ow * augment.jitter), int(oh * augment.jitter)
+    # int() truncates toward zero, as Darknet's float-to-int assignment does.
+    pleft = int(_rand_uniform(rng, -dw, dw))
+    pright = int(_rand_uniform(rng, -dw, dw))
+    ptop = int(_rand_uniform(rng, -dh, dh))
+    pbot = int(_rand_uniform(rng, -dh, dh))
+    # jitter >= 0.5 could leave nothing to crop; Darknet would crash there.
+    swidth = max(1, ow - pleft - pright)
+    sheight = max(1, oh - ptop - pbot)
+    sx, sy = swidth / ow, sheight / oh
+    flip = bool(augment.flip and rng.integers(2))
+    out = _crop_resize_hwc(hwc, pleft, ptop, swidth, sheight, w, h)
+    if flip:
+        out = np.ascontiguousarray(out[:, ::-1])
+    out = _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
+    dx, dy = (pleft / ow) / sx, (ptop / oh) / sy
+    return out, detection_truth(boxes, max_boxes, dx, dy, 1 / sx, 1 / sy, flip, rng)
+
+
+def prepare_detector_eval_image(img, w, h, letterbox_input=True):
+    """A detector's test input: letterboxed as Darknet's validate_detector and
+    test_detector do, or plainly resized (validate_detector_recall, older YOLO)."""
+    return letterbox(img, w, h) if letterbox_input else resize_image(img, w, h)
