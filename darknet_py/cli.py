@@ -568,8 +568,9 @@ def training_errors(command):
               help="Train to N iterations instead of the cfg's max_batches.")
 @functools.partial(overwrite_option, help=(
     "Let this run replace files an earlier run left in the backup directory: "
-    "<cfg>_final.weights, numbered weights, chart.png, _last/_best and (for a run starting "
-    "at iteration 0) <cfg>.backup. Without it they are an error, even with --clear."))
+    "<cfg>_final.weights, numbered weights, chart_<cfg>.png and its history, _last/_best and "
+    "(for a run starting at iteration 0) <cfg>.backup. Without it they are an error, even "
+    "with --clear."))
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
 @click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",

@@ -176,7 +176,7 @@ def main(argv=None):
              f"{_relative(held_out[0])} --data {_relative(det_data)} --thresh {SHOW_THRESH}")
     _draw_predictions(detector, held_out, names, predictions)
 
-    minutes, seconds = divmod(time.perf_counter() - started, 60)
+    minutes, seconds = divmod(round(time.perf_counter() - started, 1), 60)
     _step("Summary")
     print(f"   classifier: {top.summary()} on {top.images} held-out digits "
           f"(needs top-1 >= {TOP1_NEEDED:.2f})")
