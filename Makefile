@@ -11,7 +11,7 @@ GPU_PYTHON ?= python3
 NVCC ?= nvcc
 NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
 
-.PHONY: install test demo gpu-test bench kernels-check clean
+.PHONY: install test demo gpu-test bench bench-cpu kernels-check clean
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -40,6 +40,18 @@ gpu-test:
 bench:
 	$(GPU_PYTHON) bench/run_all.py
 	$(GPU_PYTHON) bench/network_bench.py --cpu
+
+# CPU inference against OpenCV 4's DNN module (OpenCV 5 dropped the Darknet importer), in
+# a virtualenv of its own; writes its section of bench/RESULTS.md.
+OPENCV4_VENV := bench/.venv-opencv4
+
+$(OPENCV4_VENV)/.installed:
+	python3 -m venv $(OPENCV4_VENV)
+	$(OPENCV4_VENV)/bin/pip install -q 'opencv-python-headless<5' numpy
+	@touch $@
+
+bench-cpu: install $(OPENCV4_VENV)/.installed
+	$(PYTHON) bench/cpu_vs_opencv.py --results bench/RESULTS.md
 
 clean:
 	rm -rf .installed build *.egg-info demo-run .pytest_cache

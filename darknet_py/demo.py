@@ -161,9 +161,11 @@ def main(argv=None):
                 overwrite=True)
 
     _step("5/5 Validating the detector and detecting on held-out canvases")
+    results = os.path.join(out, "detection", "results")
     _command(f"darknet-py valid {_relative(DETECTOR_CFG)} {_relative(det_data)} "
-             f"{_relative(det.final_weights)}")
-    found = validate(DETECTOR_CFG, det_data, det.final_weights, device=device, log=log)
+             f"{_relative(det.final_weights)} --results-dir {_relative(results)} --overwrite")
+    found = validate(DETECTOR_CFG, det_data, det.final_weights, device=device, log=log,
+                     results_dir=results, overwrite=True)
     detector = load_network(DETECTOR_CFG, det.final_weights, batch=1, device=device)
     names = list(demo_data.CLASS_NAMES)
     detector.names = names
@@ -180,8 +182,8 @@ def main(argv=None):
           f"(needs top-1 >= {TOP1_NEEDED:.2f})")
     print(f"   detector:   {found.summary()} on {found.images} held-out canvases")
     print(f"   labelled detections: {_relative(predictions)}; training charts: "
-          f"{_relative(os.path.join(os.path.dirname(cls_data), 'backup', 'chart.png'))}, "
-          f"{_relative(os.path.join(os.path.dirname(det_data), 'backup', 'chart.png'))}")
+          f"{_relative(os.path.join(cls.backup_dir, 'chart_digits-classifier.png'))}, "
+          f"{_relative(os.path.join(det.backup_dir, 'chart_digits-yolo.png'))}")
     print(f"   total time {int(minutes)}:{seconds:04.1f}")
     if top.top1 < TOP1_NEEDED:
         print(f"darknet-py demo: the classifier's top-1 {top.top1:.4f} is below "

@@ -84,6 +84,9 @@ def parse_net_options(s):
     o.saturation = s.get_float("saturation", 1.0)
     o.exposure = s.get_float("exposure", 1.0)
     o.hue = s.get_float("hue", 0.0)
+    for key in ("width", "height", "channels", "inputs"):
+        if s.has(key) and getattr(o, key) < 1:
+            raise s.error(f"must be at least 1, got {getattr(o, key)}", key)
     if not o.inputs and not (o.height and o.width and o.channels):
         raise s.error("no input size: give width, height and channels (or inputs)", "width")
     o.policy = optimizer.read_policy(s)
@@ -95,14 +98,72 @@ class NetworkError(Exception):
     pass
 
 
+# ---- which Darknet's arithmetic ------------------------------------------------------------
+# "original": pjreddie/darknet. "alexeyab": the AlexeyAB fork (hank-ai/darknet), which
+# differs in batch-norm epsilon and momentum, trains no BN beta on the CPU, counts BFLOPs
+# its own way, writes weights headers 0.2.5 and keeps 6 x 200 truth values per image.
+DARKNET_FLAVOURS = ("original", "alexeyab")
+FORK_WEIGHTS_HEADER = (0, 2, 5)
+
+# What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
+_FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty"}
+_FORK_KEYS = {
+    "net": {"mosaic", "cutmix", "mixup", "letter_box", "ema_alpha", "blur", "label_smooth_eps",
+            "sgdr_cycle", "sgdr_mult", "max_epochs", "contrastive", "gaussian_noise",
+            "mosaic_bound", "track", "adversarial_lr", "dynamic_minibatch", "optimized_memory"},
+    "route": {"groups", "group_id"},
+    "shortcut": {"weights_type", "weights_normalization"},
+    "maxpool": {"stride_x", "stride_y", "maxpool_depth", "out_channels"},
+    "convolutional": {"stride_x", "stride_y", "share_index", "antialiasing"},
+    "yolo": {"scale_x_y", "iou_loss", "iou_normalizer", "cls_normalizer", "obj_normalizer",
+             "nms_kind", "beta_nms", "new_coords", "max_delta", "objectness_smooth",
+             "iou_thresh", "resize", "counters_per_class", "label_smooth_eps"},
+}
+_FORK_ACTIVATIONS = {"relu6", "revleaky", "gelu", "swish", "mish", "hard_mish",
+                     "normalize_channels", "normalize_channels_softmax",
+                     "normalize_channels_softmax_maxval"}
+
+
+def cfg_flavour(sections):
+    """"alexeyab" when the cfg uses a section, option or activation only the fork has."""
+    for s in sections:
+        if s.type in _FORK_SECTIONS:
+            return "alexeyab"
+        keys = set(s.options)
+        if keys & _FORK_KEYS.get(s.type, set()):
+            return "alexeyab"
+        if s.type == "shortcut" and "," in (s.options["from"].value if "from" in keys else ""):
+            return "alexeyab"
+        if "activation" in keys and s.options["activation"].value in _FORK_ACTIVATIONS:
+            return "alexeyab"
+    return "original"
+
+
+def weights_flavour(path):
+    """"alexeyab" for a weights file whose header is the fork's 0.2.5; None otherwise
+    (the original's 0.2.0 is also what converters write, so it decides nothing)."""
+    from .weights import peek_header
+    return "alexeyab" if peek_header(path) == FORK_WEIGHTS_HEADER else None
+
+
+def check_flavour(darknet):
+    if darknet not in (None,) + DARKNET_FLAVOURS:
+        raise NetworkError(f"unknown Darknet flavour '{darknet}' (known: "
+                           f"{', '.join(DARKNET_FLAVOURS)})")
+    return darknet
+
+
 class Network:
     """Build with load_network(); see the README for the Python API."""
 
-    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True):
+    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
+                 darknet=None, random_init=True):
         if sections[0].type != "net":
             raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
                            path, sections[0].line)
         self.path = os.fspath(path)
+        # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
+        self.darknet = check_flavour(darknet) or cfg_flavour(sections)
         self.options = parse_net_options(sections[0])
         sections[0].warn_unused()
         if batch is not None:
@@ -118,7 +179,7 @@ class Network:
         self.rng = np.random.default_rng(seed)
         self.seen = 0
         self.names = None         # class names, when a .data/.names file gave them
-        self.weights_header = (0, 2, 0)
+        self.weights_header = FORK_WEIGHTS_HEADER if self.darknet == "alexeyab" else (0, 2, 0)
         self.layers = self._build(sections[1:])
         if not self.layers:
             raise CfgError("the cfg has a [net] section but no layers", path)
@@ -130,10 +191,16 @@ class Network:
         self.train = False
         self.cost = None
         self._training_ready = False
+        self._params_ready = False
+        # Inference folds batch norm into the convolution weights (made once, remade after
+        # the parameters change); False runs Darknet's unfolded normalisation.
+        self.fold_batchnorm = True
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
+            # random_init=False: the caller loads every parameter next (no draws to waste).
             for layer in self.layers:
-                layer.init_params(self.be, self.rng)
+                layer.init_params(self.be, self.rng if random_init else None)
+            self._params_ready = True
 
     # ---- building ---------------------------------------------------------------
     def _build(self, sections):
@@ -141,7 +208,7 @@ class Network:
         c, h, w = o.channels, o.height, o.width
         inputs = o.inputs
         layers = []
-        ctx = BuildContext(layers=layers, net=o, batch=self.batch)
+        ctx = BuildContext(layers=layers, net=o, batch=self.batch, darknet=self.darknet)
         for index, section in enumerate(sections):
             if section.type == "net":
                 raise CfgError("[net] may only be the first section", self.path, section.line)
@@ -158,6 +225,8 @@ class Network:
 
     def _allocate(self, batch, train):
         be = self.be
+        if be.name == "cpu":
+            self._check_host_memory(batch, train)
         try:
             self.workspace = None  # free the old one before sizing the new
             for layer in self.layers:
@@ -183,6 +252,20 @@ class Network:
             params = 0
         ws = max([1] + [l.workspace_size for l in self.layers])
         return 4 * (batch * per_image + params * (2 if train else 1) + ws)
+
+    def _check_host_memory(self, batch, train):
+        """Refuse, before allocating, a network whose arrays cannot fit in this machine's
+        RAM (NumPy would fail half-way with a bare MemoryError, or the kernel kill us)."""
+        need = self.memory_bytes(batch, train)
+        if not self._params_ready:
+            # Parameters are created after the first allocation: estimate them from sizes.
+            need += 4 * sum(getattr(l, "nweights", 0) for l in self.layers) * (2 if train else 1)
+        have = host_memory_bytes()
+        if have and need > have:
+            raise NetworkError(
+                f"{self.path}: this network needs about {need / 2**30:.1f} GiB of memory at "
+                f"batch {batch}{' for training' if train else ''}, more than this machine's "
+                f"{have / 2**30:.1f} GiB; lower batch (raise subdivisions) or the layer sizes")
 
     # ---- shape facts --------------------------------------------------------------
     @property
@@ -211,7 +294,46 @@ class Network:
                                       self.current_batch, self.options.max_batches, self.rng)
 
     @property
+    def truth_size(self):
+        """Floats per box in a detector's truth buffer: x, y, w, h, class (the fork adds a
+        track id)."""
+        return 6 if self.darknet == "alexeyab" else 5
+
+    @property
+    def max_boxes(self):
+        """Boxes per image in a detector's truth buffer (zero padded)."""
+        return 200 if self.darknet == "alexeyab" else 90
+
+    def _is_detector(self):
+        return any(l.type in ("yolo", "region", "detection") for l in self.layers)
+
+    def truth_for_network(self, truth):
+        """A detector truth buffer in this network's layout (max_boxes x truth_size per
+        image) from either Darknet's layout (90 x 5 or 200 x 6); others pass unchanged."""
+        truth = np.asarray(truth, dtype=np.float32)
+        width = truth.shape[-1] if truth.ndim > 1 else truth.size
+        layouts = {90 * 5: (90, 5), 200 * 6: (200, 6)}
+        own = (self.max_boxes, self.truth_size)
+        if (not self._is_detector() or width not in layouts or layouts[width] == own
+                or truth.ndim != 2):
+            return truth
+        boxes, fields = layouts[width]
+        rows = truth.reshape(truth.shape[0], boxes, fields)
+        out = np.zeros((truth.shape[0],) + own, dtype=np.float32)
+        keep, common = min(boxes, own[0]), min(fields, own[1])
+        out[:, :keep, :common] = rows[:, :keep, :common]
+        return out.reshape(truth.shape[0], -1)
+
+    @property
     def bflops(self):
+        """Total BFLOPs as this network's Darknet counts them (the fork also counts maxpool,
+        shortcut and pooling layers)."""
+        if self.darknet == "alexeyab":
+            # The fork keeps each layer's count, and the total, in a float32.
+            total = np.float32(0)
+            for layer in self.layers:
+                total += np.float32(layer.fork_bflops)
+            return float(total)
         return sum(l.bflops for l in self.layers)
 
     def summary(self):
@@ -323,7 +445,13 @@ class Network:
                           batch=self.train_batch_size * self.subdivisions)
         for layer in self.layers:
             layer.update(args)
+        self.params_changed()
         return args.learning_rate
+
+    def params_changed(self):
+        """Call after writing parameters by hand: drops what was derived from them."""
+        for layer in self.layers:
+            layer.params_changed()
 
     def _prepare_training(self):
         for layer in self.layers:
@@ -353,7 +481,7 @@ class Network:
             self.set_batch(n)
         self.train_batch_size = n
         self.seen += n
-        self.forward(x, truth, train=True)
+        self.forward(x, self.truth_for_network(truth), train=True)
         self.backward()
         self.last_rate = None
         if (self.seen // n) % self.subdivisions == 0:
@@ -384,26 +512,51 @@ class Network:
         return classify(self, image, top=top)
 
     # ---- weights ------------------------------------------------------------------
-    def load_weights(self, path, cutoff=None):
+    def load_weights(self, path, cutoff=None, transfer=False):
+        """Load a .weights file; with transfer, also one trained for another class count
+        (returns a weights.TransferReport saying which layers were loaded)."""
         from .weights import load_weights
-        load_weights(self, path, cutoff)
+        return load_weights(self, path, cutoff, transfer=transfer)
 
     def save_weights(self, path, cutoff=None):
         from .weights import save_weights
         save_weights(self, path, cutoff)
 
 
-def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None):
+def host_memory_bytes():
+    """This machine's physical RAM in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
+                 transfer=False, darknet=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
-    and load `weights` if given. `batch` overrides the cfg's batch/subdivisions."""
+    and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
+    transfer=True accepts weights trained for another class count: the layers whose
+    shapes match are loaded, the others keep their random start; net.transfer_report
+    says which (None when the file matched the cfg). `darknet` ("original" or
+    "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
+    weights header is the fork's or the cfg uses fork-only sections, options or
+    activations, else the original's."""
     sections = parse_cfg(cfg)
+    check_flavour(darknet)
+    if darknet is None and weights is not None:
+        darknet = weights_flavour(weights)
     backend = get_backend(device)
-    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed)
+    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
+                  random_init=weights is None or cutoff is not None or transfer)
+    net.transfer_report = None
     if weights is not None:
-        net.load_weights(weights, cutoff)
+        loaded = net.load_weights(weights, cutoff, transfer=transfer)
+        if not isinstance(loaded, int):
+            net.transfer_report = loaded
     return net
 
 
-def build_network(cfg, batch=None):
+def build_network(cfg, batch=None, darknet=None):
     """Parse and work out every layer's shape, allocating nothing: for `info` and checks."""
-    return Network(parse_cfg(cfg), cfg, batch=batch if batch is not None else 1, allocate=False)
+    return Network(parse_cfg(cfg), cfg, batch=batch if batch is not None else 1, allocate=False,
+                   darknet=check_flavour(darknet))

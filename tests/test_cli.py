@@ -146,10 +146,10 @@ def test_version(run):
 
 @pytest.mark.parametrize("command, mentions", [
     ("test", ["--top", "--data", "--names", "--gpu", "--device", "stdin"]),
-    ("detect", ["--thresh", "--hier", "--nms", "--out", "--json", "--gpu", "--device",
-                "predictions_1.jpg"]),
+    ("detect", ["--thresh", "--nms", "--out", "--json", "--gpu", "--device",
+                "predictions_1.jpg", "--overwrite", "--darknet-order", "--out none"]),
     ("info", ["--batch"]),
-    ("partial", ["--force", "N"]),
+    ("partial", ["--overwrite", "N"]),
 ])
 def test_every_command_has_help(command, mentions):
     r = run_in_process([command, "--help"])
@@ -188,7 +188,9 @@ def test_info_prints_the_layer_table_and_total(run, tmp_path):
     cfg = write_cfg(tmp_path / "small.cfg", SMALL_CFG)
     r = run(["info", cfg])
     assert r.code == 0 and "Traceback" not in r.err, r
-    assert r.lines[:-1] == build_network(cfg).summary()
+    assert r.lines[0] == ("Darknet: original (from the cfg; BFLOPs as pjreddie's Darknet "
+                          "counts them)")
+    assert r.lines[1:-1] == build_network(cfg).summary()
     rows = table_rows(r.lines)
     assert [row.split()[:2] for row in rows] == [["0", "conv"], ["1", "max"], ["2", "avg"],
                                                 ["3", "softmax"]]
@@ -201,7 +203,7 @@ def test_info_fixture_and_batch_memory_estimate():
     one = run_in_process(["info", P1_CFG])
     four = run_in_process(["info", P1_CFG, "--batch", "4"])
     assert one.code == four.code == 0, (one, four)
-    assert one.lines[:-1] == four.lines[:-1] == build_network(P1_CFG).summary()
+    assert one.lines[1:-1] == four.lines[1:-1] == build_network(P1_CFG).summary()
     memory = re.compile(r"^Activations and workspace at batch (\d+): ([\d.]+) MiB for inference, "
                         r"([\d.]+) MiB for training")
     m1, m4 = memory.match(one.lines[-1]), memory.match(four.lines[-1])
@@ -224,9 +226,20 @@ def test_info_fixture_and_batch_memory_estimate():
 def test_info_on_stock_darknet_cfgs(run, name, layers, bflops):
     r = run(["info", STOCK_CFG / name])
     assert r.code == 0 and "Traceback" not in r.err, r
-    assert r.lines[0].split()[:5] == ["layer", "filters", "size", "input", "output"]
+    assert r.lines[1].split()[:5] == ["layer", "filters", "size", "input", "output"]
     rows = table_rows(r.lines)
     assert [int(row.split()[0]) for row in rows] == list(range(layers))
+    assert f"Total BFLOPs: {bflops}" in r.lines, r.out
+
+
+@needs_shared
+@pytest.mark.parametrize("flavour, first, bflops", [
+    (None, "Darknet: original (from the cfg;", "5.565"),
+    ("alexeyab", "Darknet: alexeyab (chosen with --darknet;", "5.571"),
+])
+def test_info_prints_the_flavour_and_its_bflops(run, flavour, first, bflops):
+    r = run(["info", STOCK_CFG / "yolov3-tiny.cfg"] + (["--darknet", flavour] if flavour else []))
+    assert r.code == 0 and r.lines[0].startswith(first), r
     assert f"Total BFLOPs: {bflops}" in r.lines, r.out
 
 
@@ -308,15 +321,18 @@ def test_classify_several_images_from_args_list_file_and_stdin(tmp_path):
 
 
 @needs_shared
-def test_default_device_is_auto_with_a_notice_without_cuda():
+def test_default_device_is_auto_with_a_notice_once_per_process(monkeypatch):
     detection_module()
-    from darknet_py.backends import cuda_available
-    if cuda_available():
+    from darknet_py import backends
+    if backends.cuda_available():
         pytest.skip("CUDA is available here, so auto picks it without a notice")
+    monkeypatch.setattr(backends, "_cpu_notice_given", False)
     r = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG])
     assert r.code == 0, r
     notices = [l for l in r.err.splitlines() if "running on the CPU" in l]
     assert len(notices) == 1, r
+    again = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG])   # same process: no repeat
+    assert again.code == 0 and "running on the CPU" not in again.err, again
 
 
 # ---- partial --------------------------------------------------------------------------------
@@ -340,17 +356,17 @@ def test_partial_writes_header_and_first_n_layers(run, tmp_path, n):
 
 
 @needs_shared
-def test_partial_refuses_to_overwrite_its_input_without_force(run, tmp_path):
+def test_partial_refuses_to_overwrite_its_input_without_overwrite(run, tmp_path):
     weights = tmp_path / "p1.weights"
     shutil.copyfile(P1_WEIGHTS, weights)
     before = weights.read_bytes()
     r = run(["partial", P1_CFG, weights, weights, 2])
-    assert_user_error(r, weights, "--force")
+    assert_user_error(r, weights, "--overwrite")
     assert weights.read_bytes() == before
     # The same file by another spelling is refused too.
     r = run(["partial", P1_CFG, weights, tmp_path / "." / "p1.weights", 2], cwd=tmp_path)
-    assert_user_error(r, "--force")
-    forced = run(["partial", P1_CFG, weights, weights, 2, "--force"])
+    assert_user_error(r, "--overwrite")
+    forced = run(["partial", P1_CFG, weights, weights, 2, "--overwrite"])
     assert forced.code == 0, forced
     net = load_network(P1_CFG, batch=1, device="cpu")
     assert weights.stat().st_size == 20 + 4 * floats_needed(net, 2)
@@ -643,5 +659,6 @@ def test_detect_errors(run, tmp_path):
                       "overwrite the input image")
     assert copy.read_bytes() == DOG.read_bytes()
     assert_user_error(run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--out",
-                           tmp_path / "o.jpg", "--json", tmp_path / "no" / "dir.json"]),
-                      "dir.json")
+                           tmp_path / "o.jpg", "--json", copy / "dir.json"]),
+                      str(copy), "not a directory")
+    assert not (tmp_path / "o.jpg").exists()
