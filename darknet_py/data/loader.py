@@ -89,6 +89,8 @@ class DataLoader:
     ``letterbox=False``; truth boxes are the label file's, relative to the original image).
     The last batch may be short; unreadable images are reported and left out.
 
+    ``batch``: images per next_batch(); for training, the images of one iteration (the
+    cfg's batch=, all its subdivisions: Network.train_iteration splits them into passes).
     ``workers``: processes building batches (0: build them in the calling thread).
     ``prefetch``: batches queued ahead (default: enough to keep every worker busy).
     ``set_size(w, h)`` changes the input size from the next batch on (YOLO random=1).
