@@ -418,3 +418,31 @@ def test_a_classifier_truth_is_left_alone():
     truth = np.eye(450, dtype=np.float32)[:2]
     assert net.truth_for_network(truth) is not None
     np.testing.assert_array_equal(net.truth_for_network(truth), truth)
+
+
+# ---- [convolutional] in the fork -----------------------------------------------------------------
+def test_conv_stride_x_and_y_override_stride():
+    net = build("[convolutional]\nfilters=2\nsize=3\nstride=1\nstride_x=2\nstride_y=2\npad=1\n"
+                "activation=linear\n", 8, 6, 1, darknet="alexeyab")
+    assert (net.layers[0].out_w, net.layers[0].out_h, net.layers[0].stride) == (4, 3, 2)
+    with pytest.raises(CfgError, match="stride_x: stride_x=2 differs from stride_y=1"):
+        build("[convolutional]\nfilters=2\nsize=3\nstride_x=2\npad=1\n", 8, 6, 1,
+              darknet="alexeyab")
+
+
+def test_conv_dilation_keeps_the_size_and_pads_by_padding_times_dilation():
+    net = build("[convolutional]\nfilters=2\nsize=3\nstride=1\npadding=1\ndilation=2\n"
+                "activation=linear\n", 9, 7, 1, darknet="alexeyab")
+    conv = net.layers[0]
+    assert (conv.out_w, conv.out_h, conv.padding) == (9, 7, 2)
+    x = run(net)
+    img = np.pad(x[:, 0], ((0, 0), (2, 2), (2, 2)))
+    w = conv.weights.reshape(2, 3, 3)
+    want = np.zeros((2, 2, 7, 9))
+    for f in range(2):
+        for i in range(7):
+            for j in range(9):
+                want[:, f, i, j] = (img[:, i:i + 5:2, j:j + 5:2] * w[f]).sum(axis=(1, 2))
+    np.testing.assert_allclose(out(net, 0), want, rtol=1e-12)
+    with pytest.raises(CfgError, match="dilation: dilation=2 with padding=0"):
+        build("[convolutional]\nfilters=2\nsize=3\ndilation=2\n", 9, 7, 1, darknet="alexeyab")

@@ -11,6 +11,7 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
     releases the GIL inside its loops).
 """
+import itertools
 import os
 import threading
 import time
@@ -550,6 +551,7 @@ _BLOCK_FLOATS = 1 << 16
 # The least work (in floats) worth handing to another thread: below it, the hand-over
 # (tens of microseconds) costs more than it saves.
 _GRAIN_FLOATS = 1 << 17
+_PARTS_PER_THREAD = 4
 _THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 _pool = None
 _local = threading.local()
@@ -564,20 +566,39 @@ class _WallTimer:
 
 
 def _parallel(count, work, grain):
-    """work(start, stop) over [0, count) in up to _THREADS contiguous parts of at least
-    `grain` items: the first part on the calling thread, the others on a pool."""
+    """work(start, stop) over [0, count) in contiguous parts of at least `grain` items,
+    a few per core. The calling thread and the pool's threads claim parts until none is
+    left, and the caller returns once every part is done: a pool thread the OS has not
+    scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
     global _pool
-    parts = min(_THREADS or 1, count // max(1, grain))
-    if parts <= 1:
+    parts = min(_PARTS_PER_THREAD * (_THREADS or 1), count // max(1, grain))
+    if parts <= 1 or (_THREADS or 1) <= 1:
         work(0, count)
         return
     if _pool is None:
         _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
     bounds = [count * i // parts for i in range(parts + 1)]
-    futures = [_pool.submit(work, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-    work(bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+    claims = itertools.count()    # next() on it is atomic under the GIL
+    finished, errors = [], []
+    all_done = threading.Event()
+
+    def drain():
+        try:
+            while (i := next(claims)) < parts:
+                work(bounds[i], bounds[i + 1])
+                finished.append(i)
+                if len(finished) == parts:
+                    all_done.set()
+        except BaseException as e:  # re-raised on the calling thread
+            errors.append(e)
+            all_done.set()
+
+    for _ in range(min(_THREADS - 1, parts - 1)):
+        _pool.submit(drain)
+    drain()
+    all_done.wait()
+    if errors:
+        raise errors[0]
 
 
 def _scratch(n, dtype):

@@ -33,6 +33,8 @@ class ConvolutionalLayer(Layer):
         self.padding = s.get_int("padding", 0)
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
+        if self.darknet == "alexeyab":
+            self._fork_stride_and_dilation(s, pad)
         self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
         refuse_options(s, "binary", "xnor")
@@ -54,6 +56,30 @@ class ConvolutionalLayer(Layer):
         m, k, n = self._gemm_dims()
         self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
         self._folded = None  # (weights, biases) with batch norm folded in; see forward()
+
+    def _fork_stride_and_dilation(self, s, pad):
+        """The fork's rules: stride_x/stride_y override stride; a 1x1 kernel has no
+        dilation; the output size ignores dilation while its im2col pads by
+        padding*dilation (so only sizes where both agree are well defined)."""
+        stride_x, stride_y = s.get_int("stride_x", -1), s.get_int("stride_y", -1)
+        stride_x = stride_x if stride_x >= 1 else self.stride
+        stride_y = stride_y if stride_y >= 1 else self.stride
+        if stride_x != stride_y:
+            raise s.error(f"stride_x={stride_x} differs from stride_y={stride_y}: separate "
+                          f"strides are not supported by darknet-py for [convolutional]",
+                          "stride_x" if s.has("stride_x") else "stride_y")
+        self.stride = stride_x
+        if self.size == 1:
+            self.dilation = 1
+        if self.dilation > 1:
+            padding = self.size // 2 if pad else s.get_int("padding", 0)
+            self.padding = padding * self.dilation
+            fork_h = (self.h + 2 * padding - self.size) // self.stride + 1
+            if fork_h != conv_out_size(self.h, self.w, self.size, self.stride, self.padding,
+                                       self.dilation)[0]:
+                raise s.error(f"dilation={self.dilation} with padding={padding}: the fork's "
+                              f"output size and its im2col disagree (use pad=1 and an odd "
+                              f"size)", "dilation")
 
     @property
     def bflops(self):
