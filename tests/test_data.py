@@ -742,3 +742,14 @@ def test_a_worker_that_dies_is_reported_with_the_image_it_was_on(tmp_path):
         loader.next_batch()
     killer.join(5)
     assert loader.workers == [] and process_gone(pid)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_a_batch_larger_than_dev_shm_is_a_clear_error(tiny_detection_set):
+    loader = D.DataLoader(tiny_detection_set, task="detector", width=100_000,
+                          height=100_000, batch=64, classes=5, workers=1)
+    pid = loader.workers[0]
+    with pytest.raises(D.DataError, match=r"/dev/shm has \d+ MiB free but the data loader "
+                                          r"needs \d+ MiB more for a batch"):
+        loader.next_batch()
+    assert loader.workers == [] and wait_until(lambda: process_gone(pid))

@@ -141,7 +141,12 @@ class DataLoader:
         workers = default_workers() if workers is None else int(workers)
         if workers > 0:
             ahead = prefetch if prefetch is not None else max(2, math.ceil(2 * workers / batch))
-            self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train)
+            try:
+                self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train)
+            except OSError as e:   # no /dev/shm or no POSIX semaphores, say
+                raise DataError(f"cannot start the data loader's worker processes "
+                                f"({e.strerror or e}); --workers 0 loads in this process") \
+                    from None
             # Runs at close(), when the loader is collected, or at interpreter exit.
             self._stop_workers = weakref.finalize(self, self._pool.close)
 
@@ -400,7 +405,12 @@ class _Slot:
     def __init__(self, index, nbytes):
         _check_shm_space(nbytes)
         self.index = index
-        self.segment = _Segment(create=True, size=nbytes)
+        try:
+            self.segment = _Segment(create=True, size=nbytes)
+        except OSError as e:
+            raise DataError(f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
+                            f"the data loader ({e.strerror or e}); --workers 0 loads in this "
+                            f"process") from None
         self.nbytes = nbytes
         self.free = True
 
@@ -418,7 +428,7 @@ def _check_shm_space(nbytes):
     if nbytes > free:
         raise DataError(f"/dev/shm has {free / 2**20:.0f} MiB free but the data loader "
                         f"needs {nbytes / 2**20:.0f} MiB more for a batch: enlarge /dev/shm "
-                        f"(docker run --shm-size=...), or use fewer workers, or 0")
+                        f"(docker run --shm-size=...), or --workers 0 loads in this process")
 
 
 class _Queued:
