@@ -434,8 +434,8 @@ def _check_shm_space(nbytes):
 class _Queued:
     """A batch queued with the workers: its slot, size and the rows done so far."""
 
-    def __init__(self, ident, k, size, slot, rows):
-        self.ident, self.k, self.size, self.slot = ident, k, size, slot
+    def __init__(self, ident, size, slot, rows):
+        self.ident, self.size, self.slot = ident, size, slot
         self.outcomes = [None] * len(rows)
         self.waiting = len(rows)
         self.error = None
@@ -483,7 +483,7 @@ class _WorkerPool:
         nbytes = 4 * sum(self.maker.floats(len(rows), size))
         slot = self._free_slot(nbytes)
         slot.free = False
-        job = _Queued(self.next_ident, k, size, slot, rows)
+        job = _Queued(self.next_ident, size, slot, rows)
         self.next_ident += 1
         self.queued[k] = self.by_ident[job.ident] = job
         for row, first in rows:
