@@ -262,7 +262,7 @@ def save_weights(net, path, cutoff=None):
         # sets seen = cur_iteration * batch * subdivisions).
         from .network import FORK_WEIGHTS_HEADER
         major, minor, revision = FORK_WEIGHTS_HEADER
-        seen = net.current_batch * net.train_batch_size * net.subdivisions
+        seen = net.iteration * net.images_per_iteration
     seen_is_64, transpose = _header_layout(major, minor)
     chunks = [struct.pack("<3i", major, minor, revision),
               struct.pack("<Q" if seen_is_64 else "<i", seen)]
