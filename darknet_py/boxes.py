@@ -54,10 +54,11 @@ def box_iou_matrix(a, b):
         return (inter / union).astype(F32)
 
 
-def truth_boxes(truth_row):
-    """The boxes in one image's truth row: float32 (n, 5) (x, y, w, h, class), ending
-    before the first box whose x is 0 (Darknet's `if(!truth.x) break`)."""
-    b = np.asarray(truth_row, dtype=F32).reshape(-1, TRUTH_FIELDS)
+def truth_boxes(truth_row, fields=TRUTH_FIELDS):
+    """The boxes in one image's truth row: float32 (n, fields) (x, y, w, h, class, and the
+    fork's track id with fields=6), ending before the first box whose x is 0 (Darknet's
+    `if(!truth.x) break`)."""
+    b = np.asarray(truth_row, dtype=F32).reshape(-1, fields)
     zero = np.nonzero(b[:, 0] == 0)[0]
     return b[:zero[0] if zero.size else len(b)]
 
@@ -66,6 +67,156 @@ def box_rmse(a, b):
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return np.sqrt(((a - b) ** 2).sum(axis=-1))
+
+
+# ---- the AlexeyAB fork's IoU family (its src/box.c) ------------------------------------------
+IOU_KINDS = ("iou", "giou", "diou", "ciou")
+
+
+def fork_iou(a, b):
+    """The fork's box_iou: 0 (not NaN) when the union is empty."""
+    return np.nan_to_num(box_iou(a, b), nan=0.0).astype(F32)
+
+
+def _enclosing(a, b):
+    """Width and height of the smallest box holding both a and b (the fork's box_c)."""
+    half = F32(2)
+    left = np.minimum(a[..., 0] - a[..., 2] / half, b[..., 0] - b[..., 2] / half)
+    right = np.maximum(a[..., 0] + a[..., 2] / half, b[..., 0] + b[..., 2] / half)
+    top = np.minimum(a[..., 1] - a[..., 3] / half, b[..., 1] - b[..., 3] / half)
+    bottom = np.maximum(a[..., 1] + a[..., 3] / half, b[..., 1] + b[..., 3] / half)
+    return right - left, bottom - top
+
+
+def _centre_distance2(a, b):
+    return (a[..., 0] - b[..., 0]) * (a[..., 0] - b[..., 0]) + \
+        (a[..., 1] - b[..., 1]) * (a[..., 1] - b[..., 1])
+
+
+def box_giou(a, b):
+    """Generalised IoU: IoU - (C - U)/C with C the enclosing box's area (IoU when C = 0)."""
+    a, b = np.asarray(a, dtype=F32), np.asarray(b, dtype=F32)
+    iou = fork_iou(a, b)
+    cw, ch = _enclosing(a, b)
+    c = cw * ch
+    w = _overlap(a[..., 0], a[..., 2], b[..., 0], b[..., 2])
+    h = _overlap(a[..., 1], a[..., 3], b[..., 1], b[..., 3])
+    union = a[..., 2] * a[..., 3] + b[..., 2] * b[..., 3] - np.where((w < 0) | (h < 0), 0, w * h)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(c == 0, iou, iou - (c - union) / c).astype(F32)
+
+
+def box_diounms(a, b, beta):
+    """IoU - (d²/c²)^beta, d the centres' distance, c the enclosing box's diagonal
+    (IoU when c = 0). beta = 0.6 is the fork's box_diou."""
+    a, b = np.asarray(a, dtype=F32), np.asarray(b, dtype=F32)
+    iou = fork_iou(a, b)
+    cw, ch = _enclosing(a, b)
+    c = cw * cw + ch * ch
+    with np.errstate(divide="ignore", invalid="ignore"):
+        term = np.power((_centre_distance2(a, b) / c).astype(np.float64), beta)
+        return np.where(c == 0, iou, iou - term.astype(F32)).astype(F32)
+
+
+def box_diou(a, b):
+    return box_diounms(a, b, 0.6)
+
+
+def _aspect_term(pred, truth):
+    """CIoU's v = 4/pi² (atan(w_t/h_t) - atan(w_p/h_p))², in double as the fork does."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gap = (np.arctan((truth[..., 2] / truth[..., 3]).astype(np.float64))
+               - np.arctan((pred[..., 2] / pred[..., 3]).astype(np.float64)))
+    return gap, 4 / (np.pi * np.pi) * gap * gap
+
+
+def box_ciou(a, b):
+    """Complete IoU: IoU - d²/c² - alpha*v, alpha = v/(1 - IoU + v + 1e-6); a is the
+    prediction, b the truth (IoU when c = 0)."""
+    a, b = np.asarray(a, dtype=F32), np.asarray(b, dtype=F32)
+    iou = fork_iou(a, b)
+    cw, ch = _enclosing(a, b)
+    c = cw * cw + ch * ch
+    _, v = _aspect_term(a, b)
+    v = v.astype(F32)
+    alpha = (v / (1.0 - iou.astype(np.float64) + v + 0.000001)).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(c == 0, iou, iou - (_centre_distance2(a, b) / c + alpha * v)).astype(F32)
+
+
+def box_iou_kind(a, b, kind):
+    return {"iou": fork_iou, "giou": box_giou, "diou": box_diou, "ciou": box_ciou}[kind](a, b)
+
+
+def dx_box_iou(pred, truth, kind):
+    """The fork's dx_box_iou: the (x, y, w, h) gradient that increases the IoU of kind
+    ``kind`` (iou, giou, diou or ciou) of pred with truth, as its yolo layer uses it
+    (w and h steps are not halved; outside an overlap GIoU/DIoU/CIoU use their extra term
+    alone). Arrays of boxes in the last axis; float32 (N..., 4)."""
+    p = np.asarray(pred, dtype=F32)
+    t = np.asarray(truth, dtype=F32)
+    two = F32(2)
+    pt0, pb0 = p[..., 1] - p[..., 3] / two, p[..., 1] + p[..., 3] / two
+    pl0, pr0 = p[..., 0] - p[..., 2] / two, p[..., 0] + p[..., 2] / two
+    pt, pb = np.minimum(pt0, pb0), np.maximum(pt0, pb0)
+    pl, pr = np.minimum(pl0, pr0), np.maximum(pl0, pr0)
+    tt, tb = t[..., 1] - t[..., 3] / two, t[..., 1] + t[..., 3] / two
+    tl, tr = t[..., 0] - t[..., 2] / two, t[..., 0] + t[..., 2] / two
+    X = (pb - pt) * (pr - pl)
+    Xhat = (tb - tt) * (tr - tl)
+    Ih = np.minimum(pb, tb) - np.maximum(pt, tt)
+    Iw = np.minimum(pr, tr) - np.maximum(pl, tl)
+    I = Iw * Ih
+    U = X + Xhat - I
+    S = _centre_distance2(p, t)
+    gCw = np.maximum(pr, tr) - np.minimum(pl, tl)
+    gCh = np.maximum(pb, tb) - np.minimum(pt, tt)
+    gC = gCw * gCh
+    zero = np.zeros_like(X)
+    dX = {"t": -(pr - pl), "b": pr - pl, "l": -(pb - pt), "r": pb - pt}
+    dI = {"t": np.where(pt > tt, -Iw, zero), "b": np.where(pb < tb, Iw, zero),
+          "l": np.where(pl > tl, -Ih, zero), "r": np.where(pr < tr, Ih, zero)}
+    dU = {k: dX[k] - dI[k] for k in dX}
+    dC = {"t": np.where(pt < tt, -gCw, zero), "b": np.where(pb > tb, gCw, zero),
+          "l": np.where(pl < tl, -gCh, zero), "r": np.where(pr > tr, gCh, zero)}
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        g = {k: np.where(U > 0, (U * dI[k] - I * dU[k]) / (U * U), zero) for k in dX}
+        # Where the prediction's edges are not in order the fork gives both edges the
+        # bottom (right) edge's gradient: its two assignments run one after the other.
+        g["t"] = np.where(pt0 < pb0, g["t"], g["b"])
+        g["l"] = np.where(pl0 < pr0, g["l"], g["r"])
+        apart = (Iw <= 0) | (Ih <= 0)
+        if kind == "giou":
+            c_term = {k: (gC * dU[k] - U * dC[k]) / (gC * gC) for k in dX}
+            for k in dX:
+                g[k] = np.where(apart, c_term[k], np.where(gC > 0, g[k] + c_term[k], g[k]))
+        dx, dy = g["l"] + g["r"], g["t"] + g["b"]
+        dw, dh = g["r"] - g["l"], g["b"] - g["t"]
+        if kind in ("diou", "ciou"):
+            Cw, Ch = _enclosing(p, t)
+            C = Cw * Cw + Ch * Ch
+            one, half = F32(1), F32(.5)
+            dCw_dx = np.where(pr > tr, one, 0) - np.where(pl < tl, one, 0)
+            dCw_dw = np.where(pr > tr, half, 0) - np.where(pl < tl, -half, 0)
+            dCh_dy = np.where(pb > tb, one, 0) - np.where(pt < tt, one, 0)
+            dCh_dh = np.where(pb > tb, half, 0) - np.where(pt < tt, -half, 0)
+            C2 = C * C
+            ex = (two * (t[..., 0] - p[..., 0]) * C - (two * Cw * dCw_dx) * S) / C2
+            ey = (two * (t[..., 1] - p[..., 1]) * C - (two * Ch * dCh_dy) * S) / C2
+            ew = (two * Cw * dCw_dw) * S / C2
+            eh = (two * Ch * dCh_dh) * S / C2
+            if kind == "ciou":
+                gap, v = _aspect_term(p, t)
+                alpha = (v / (1 - (I / U).astype(np.float64) + v + 0.000001)).astype(F32)
+                ar_dw = (8 / (np.pi * np.pi) * gap * p[..., 3]).astype(F32)
+                ar_dh = (-8 / (np.pi * np.pi) * gap * p[..., 2]).astype(F32)
+                ew, eh = ew + alpha * ar_dw, eh + alpha * ar_dh
+            near = C > 0
+            dx = np.where(apart, ex, np.where(near, dx + ex, dx))
+            dy = np.where(apart, ey, np.where(near, dy + ey, dy))
+            dw = np.where(apart, ew, np.where(near, dw + ew, dw))
+            dh = np.where(apart, eh, np.where(near, dh + eh, dh))
+    return np.stack([dx, dy, dw, dh], axis=-1).astype(F32)
 
 
 # ---- detections ------------------------------------------------------------------------------
@@ -137,11 +288,29 @@ def _zero_objectness_last(dets):
     return k + 1
 
 
-def do_nms_sort(dets, classes, nms):
-    """Darknet's do_nms_sort, in place: for each class, sort by that class's probability
-    (descending; Python's stable sort where Darknet's qsort leaves ties unordered) and
-    zero the class probability of every later box overlapping a kept one by IoU > nms.
-    Detections with objectness 0 take no part. Returns dets."""
+NMS_KINDS = ("default", "greedynms", "diounms", "cornersnms")
+
+
+def nms_overlap(kind, beta=0.6):
+    """The overlap measure a kind of NMS compares with its threshold: IoU for Darknet's
+    default and the fork's cornersnms, DIoU for greedynms, DIoU with exponent beta
+    (beta_nms) for diounms."""
+    if kind in ("default", "cornersnms"):
+        return box_iou
+    if kind == "greedynms":
+        return box_diou
+    if kind == "diounms":
+        return lambda a, b: box_diounms(a, b, beta)
+    raise ValueError(f"unknown NMS kind '{kind}' (known: {', '.join(NMS_KINDS)})")
+
+
+def do_nms_sort(dets, classes, nms, kind="default", beta=0.6):
+    """Darknet's do_nms_sort (kind "default") and the fork's diounms_sort (the other
+    NMS_KINDS), in place: for each class, sort by that class's probability (descending;
+    Python's stable sort where Darknet's qsort leaves ties unordered) and zero the class
+    probability of every later box overlapping a kept one by more than nms (see
+    nms_overlap). Detections with objectness 0 take no part. Returns dets."""
+    overlap = nms_overlap(kind, beta)
     total = _zero_objectness_last(dets)
     if total == 0:
         return dets
@@ -159,7 +328,7 @@ def do_nms_sort(dets, classes, nms):
             if probs[a, k] == 0:  # read now: an earlier box may have suppressed it
                 continue
             later = order[pos + 1:]
-            probs[later[box_iou(boxes[a], boxes[later]) > nms], k] = 0
+            probs[later[overlap(boxes[a], boxes[later]) > nms], k] = 0
     for i, d in enumerate(front):
         m = min(classes, d.probs.size)
         d.probs[:m] = probs[i, :m]

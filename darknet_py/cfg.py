@@ -81,6 +81,12 @@ class Section:
         opt = self.options.get(key) if key else None
         return CfgError(message, self.path, opt.line if opt else self.line, key)
 
+    def warn(self, message, key=None):
+        """A CfgWarning naming the file and the line of `key` (or of the section)."""
+        opt = self.options.get(key) if key else None
+        where = f"{self.path}:{opt.line if opt else self.line}: " + (f"{key}: " if key else "")
+        warnings.warn(CfgWarning(where + message), stacklevel=3)
+
     def has(self, key):
         return key in self.options
 

@@ -163,8 +163,6 @@ class Probability(click.ParamType):
         if not 0 <= number <= 1:
             self.fail(f"{value} is not in the range 0 to 1", param, ctx)
         return number
-
-
 def darknet_option(command):
     """Add --darknet original|alexeyab: which Darknet's arithmetic the network follows."""
     return click.option(
@@ -397,14 +395,18 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @click.option("--darknet-order", is_flag=True,
               help="Print detections as the C Darknet does (\"name: percent%\" lines, in its "
                    "order: after NMS, not by probability), so logs diff against it.")
+@click.option("--ext-output", is_flag=True,
+              help="Print detections as the AlexeyAB fork's -ext_output does, leftmost "
+                   "first: \"name: 87%  (left_x: L   top_y: T   width: W   height: H)\", "
+                   "in pixels.")
 @overwrite_option
 @names_options
 @device_options
 @darknet_option
 def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
-                   overwrite, names, data, device, darknet):
+                   ext_output, overwrite, names, data, device, darknet):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
-                            draw_detections, pixel_box)
+                            draw_detections, ext_output_lines, pixel_box)
     from .image import decode_image, from_bgr
     from .video import is_video
 
@@ -437,7 +439,10 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
         dets = detect(net, from_bgr(bgr), thresh=thresh, nms=nms, darknet_order=darknet_order)
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
-        for det in dets:
+        if ext_output:
+            for line in ext_output_lines(dets, width, height, names, thresh):
+                click.echo(line)
+        for det in [] if ext_output else dets:
             left, top, right, bottom = pixel_box(det.box, width, height)
             # Like Darknet's draw_detections: a line for every class above thresh.
             for class_id, prob in detection_classes(det):
@@ -563,15 +568,19 @@ def training_errors(command):
               help="Train to N iterations instead of the cfg's max_batches.")
 @functools.partial(overwrite_option, help=(
     "Let this run replace files an earlier run left in the backup directory: "
-    "<cfg>_final.weights, numbered weights, chart.png, _last/_best and (for a run starting "
-    "at iteration 0) <cfg>.backup. Without it they are an error, even with --clear."))
+    "<cfg>_final.weights, numbered weights, chart_<cfg>.png and its history, _last/_best and "
+    "(for a run starting at iteration 0) <cfg>.backup. Without it they are an error, even "
+    "with --clear."))
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
+@click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Processes loading and augmenting images (0: in the training process) "
+                   "[default: one per available CPU less one, at most 16].")
 @device_options
 @training_errors
 @darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, device, darknet):
+                  overwrite, quiet, workers, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -589,7 +598,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet, darknet=darknet,
+              overwrite=overwrite, verbose=not quiet, workers=workers, darknet=darknet,
               log=lambda line: click.echo(line))
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
@@ -627,6 +636,34 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
              results_dir=results_dir, overwrite=overwrite, darknet=darknet)
 
 
+@cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
+@click.argument("cfg")
+@click.argument("data")
+@click.argument("weights")
+@click.option("--iou-thresh", type=click.FloatRange(0, 1, min_open=True), default=0.5,
+              show_default=True, help="IoU with a truth box that makes a true positive.")
+@click.option("--points", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Recall points of the AP: 11 (PASCAL VOC 2007), 101 (MS COCO), or 0 for "
+                   "the area under the curve at every recall (VOC 2010-2012).")
+@click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
+              help="Confidence at which precision, recall, F1 and the average IoU are taken.")
+@device_options
+@darknet_option
+@training_errors
+def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet):
+    """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
+
+    Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
+    totals and "mean average precision (mAP@0.50) = ...". Every class of the network
+    counts in the mean, also those without ground truth (as in the fork).
+    """
+    if points == 1:
+        raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
+    from .validate import detector_map
+    detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
+                 thresh=thresh, darknet=darknet, log=lambda line: click.echo(line))
+
+
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
 @click.argument("data")
 @click.option("--num", type=click.IntRange(min=1), default=9, show_default=True,
@@ -650,6 +687,46 @@ def anchors_command(data, num, width, height, seed):
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+
+
+@cli.command("bench", short_help="Time a network: forward, training step, per layer.")
+@click.argument("cfg")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Images per forward.")
+@click.option("--train", is_flag=True,
+              help="Also time a training step (forward, backward, update) on random truth.")
+@click.option("--layers", is_flag=True,
+              help="Also time every layer on its own: forward (and backward with --train), "
+                   "in ms and as a share of the total.")
+@click.option("--json", "json_file", metavar="FILE", default=None,
+              help="Write the figures to FILE as JSON.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed runs; the median is reported.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Untimed runs before the timed ones.")
+@overwrite_option
+@device_options
+@darknet_option
+def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
+                  darknet):
+    """Time CFG with random weights and a random input batch.
+
+    Prints the median forward time (inference, as `detect` and `test` run it) and
+    images/s, with --train also a training step's, and the peak device memory where the
+    backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
+    wall clock on the CPU.
+    """
+    from .bench import format_report, run_bench
+    if json_file is not None:
+        claim_outputs([json_file], overwrite)   # before the work, not after
+    net = load_network(cfg, None, batch=batch, device=device, darknet=darknet)
+    result = run_bench(net, train=train, layers=layers, warmup=warmup, repeats=repeats)
+    for line in format_report(result):
+        click.echo(line)
+    if json_file is not None:
+        with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
+            json.dump(result, json_out, indent=1)
+            json_out.write("\n")
 
 
 def main(argv=None):

@@ -35,7 +35,7 @@ SHOW_CANVASES = 6
 def _single_threaded_blas():
     """Re-run this process with one BLAS thread unless the user chose a number. The
     demo's matrices are small: a second OpenBLAS thread costs more in hand-offs than it
-    gains, and the data loader's threads use the other core."""
+    gains, and the data loader's worker process uses the other core."""
     if "OPENBLAS_NUM_THREADS" in os.environ or os.environ.get("DARKNET_PY_DEMO_CHILD"):
         return
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", DARKNET_PY_DEMO_CHILD="1")
@@ -176,7 +176,7 @@ def main(argv=None):
              f"{_relative(held_out[0])} --data {_relative(det_data)} --thresh {SHOW_THRESH}")
     _draw_predictions(detector, held_out, names, predictions)
 
-    minutes, seconds = divmod(time.perf_counter() - started, 60)
+    minutes, seconds = divmod(round(time.perf_counter() - started, 1), 60)
     _step("Summary")
     print(f"   classifier: {top.summary()} on {top.images} held-out digits "
           f"(needs top-1 >= {TOP1_NEEDED:.2f})")

@@ -34,6 +34,13 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     return dets
 
 
+def nms_kind(net):
+    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork, its last [yolo]
+    layer's nms_kind and beta_nms; Darknet's default NMS without one."""
+    yolo = [l for l in net.layers if l.type == "yolo"]
+    return (yolo[-1].nms_kind, yolo[-1].beta_nms) if yolo else ("default", 0.6)
+
+
 # ---- applications -----------------------------------------------------------------------------
 def as_image(image, channels=3):
     """A Darknet (C, H, W) float32 image from a path, a Darknet image, or an OpenCV BGR
@@ -60,10 +67,11 @@ def _class_name(names, class_id):
 def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     """Detect objects in one image as Darknet's `detector test` does: letterbox to the
     network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does),
-    run with batch 1, decode, NMS per class. Returns the detections whose best class is
-    above thresh, sorted by that probability, highest first (with darknet_order, in the
-    order Darknet prints them: NMS's order); boxes relative to the original image. A
-    detection may have more classes above thresh: see detection_classes."""
+    run with batch 1, decode, NMS per class (of the kind the last [yolo] layer's nms_kind
+    gives). Returns the detections whose best class is above thresh, sorted by that
+    probability, highest first (with darknet_order, in the order Darknet prints them: NMS's
+    order); boxes relative to the original image. A detection may have more classes above
+    thresh: see detection_classes."""
     if not 0 <= thresh <= 1 or not 0 <= nms <= 1:   # also refuses NaN
         raise ValueError(f"thresh ({thresh}) and nms ({nms}) must be in [0, 1]")
     layers = detector_layers(net)
@@ -80,7 +88,8 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True, letter=letter)
     classes = layers[-1].classes
     if nms:
-        do_nms_sort(dets, classes, nms)
+        kind, beta = nms_kind(net)
+        do_nms_sort(dets, classes, nms, kind, beta)
     found = []
     for d in dets:
         if d.probs.size == 0:
@@ -200,6 +209,31 @@ def draw_detections(bgr_image, detections, names=None, classes=None):
         cv2.putText(img, text, (x0 + 1, y0 + th + 1), font, font_scale, ink, thickness,
                     cv2.LINE_AA)
     return img
+
+
+def c_round(v):
+    """C's round(): halves away from zero."""
+    return math.floor(v + 0.5) if v >= 0 else -math.floor(-v + 0.5)
+
+
+def ext_output_lines(detections, img_w, img_h, names=None, thresh=0.5):
+    """The AlexeyAB fork's -ext_output text for detect()'s results: detections from the
+    leftmost, each as "name: 87%\t(left_x: ... top_y: ... width: ... height: ...)" (its
+    unclamped box in pixels, rounded), then a "name: 40%" line for each other class above
+    thresh."""
+    lines = []
+    for d in sorted(detections, key=lambda d: d.box[0] - d.box[2] / 2):
+        x, y, w, h = d.box
+        name = d.name if d.name is not None else _class_name(names, d.class_id)
+        lines.append(f"{name if name is not None else d.class_id}: {100 * d.prob:.0f}%\t"
+                     f"(left_x: {c_round((x - w / 2) * img_w):4.0f}   top_y: "
+                     f"{c_round((y - h / 2) * img_h):4.0f}   width: {c_round(w * img_w):4.0f}   "
+                     f"height: {c_round(h * img_h):4.0f})")
+        for c, p in enumerate(d.probs):
+            if p > thresh and c != d.class_id:
+                other = _class_name(names, c)
+                lines.append(f"{other if other is not None else c}: {100 * p:.0f}%")
+    return lines
 
 
 def detections_to_json(detections, img_w, img_h, names=None):

@@ -157,7 +157,7 @@ class Network:
     """Build with load_network(); see the README for the Python API."""
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
-                 darknet=None):
+                 darknet=None, random_init=True):
         if sections[0].type != "net":
             raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
                            path, sections[0].line)
@@ -169,10 +169,15 @@ class Network:
         if batch is not None:
             self.options.batch = int(batch)
         self.batch = self.options.batch
-        # Images per train_batch() call: Darknet's net->batch. Kept apart from self.batch,
-        # which follows whatever batch the last forward ran (detect() runs batch 1), so that
-        # current_batch and the update's batch do not change under inference.
-        self.train_batch_size = self.batch
+        # Darknet says "batch" for three things; here each has its own word:
+        #   iteration - one weight update (Darknet's max_batches and get_current_batch);
+        #   images per iteration - the cfg's batch=, what the data loader hands over;
+        #   pass - one forward and backward over images_per_pass = batch / subdivisions
+        #     images (Darknet's net->batch).
+        # images_per_pass is kept apart from self.batch, which follows whatever the last
+        # forward ran (detect() runs 1 image), so that the iteration count and the update
+        # do not change under inference.
+        self.images_per_pass = self.batch
         self.subdivisions = self.options.subdivisions
         self.be = backend if backend is not None else get_backend("cpu")
         self.seed = seed
@@ -192,10 +197,14 @@ class Network:
         self.cost = None
         self._training_ready = False
         self._params_ready = False
+        # Inference folds batch norm into the convolution weights (made once, remade after
+        # the parameters change); False runs Darknet's unfolded normalisation.
+        self.fold_batchnorm = True
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
+            # random_init=False: the caller loads every parameter next (no draws to waste).
             for layer in self.layers:
-                layer.init_params(self.be, self.rng)
+                layer.init_params(self.be, self.rng if random_init else None)
             self._params_ready = True
 
     # ---- building ---------------------------------------------------------------
@@ -280,14 +289,19 @@ class Network:
         return self.layers[-1].outputs
 
     @property
-    def current_batch(self):
+    def images_per_iteration(self):
+        """Images per weight update: the cfg's batch= (subdivisions passes)."""
+        return self.images_per_pass * self.subdivisions
+
+    @property
+    def iteration(self):
         """Darknet's get_current_batch: updates done so far, counted from `seen`."""
-        return self.seen // (self.train_batch_size * self.subdivisions)
+        return self.seen // self.images_per_iteration
 
     @property
     def learning_rate(self):
         return optimizer.current_rate(self.options.learning_rate, self.options.policy,
-                                      self.current_batch, self.options.max_batches, self.rng)
+                                      self.iteration, self.options.max_batches, self.rng)
 
     @property
     def truth_size(self):
@@ -438,10 +452,16 @@ class Network:
     def update(self):
         args = UpdateArgs(learning_rate=self.learning_rate, momentum=self.options.momentum,
                           decay=self.options.decay,
-                          batch=self.train_batch_size * self.subdivisions)
+                          batch=self.images_per_iteration)
         for layer in self.layers:
             layer.update(args)
+        self.params_changed()
         return args.learning_rate
+
+    def params_changed(self):
+        """Call after writing parameters by hand: drops what was derived from them."""
+        for layer in self.layers:
+            layer.params_changed()
 
     def _prepare_training(self):
         for layer in self.layers:
@@ -461,15 +481,32 @@ class Network:
             last -= 1
         return self.layer_output(last)
 
-    def train_batch(self, x, truth):
-        """One Darknet iteration (train_network_datum): seen += batch, training forward,
-        backward, and an update when a full batch of subdivisions has been seen.
-        Returns Darknet's cost for this step (the sum over the batch of the loss)."""
+    def train_iteration(self, x, truth):
+        """One Darknet iteration (train_network): the images of one update, x (N, C, H, W)
+        and their truth rows, run as `subdivisions` passes of N / subdivisions images
+        (gradients accumulate), then the weight update. Returns the loss per image (the
+        passes' costs summed, over N), as Darknet's train_network does."""
+        x = np.asarray(x, dtype=np.float32)
+        truth = np.asarray(truth)
+        if len(x) % self.subdivisions or not len(x):
+            raise ValueError(f"{len(x)} images do not split into subdivisions="
+                             f"{self.subdivisions} passes")
+        n = len(x) // self.subdivisions
+        total = 0.0
+        for start in range(0, len(x), n):
+            cost = self.train_pass(x[start:start + n], truth[start:start + n])
+            total += cost if cost is not None else 0.0
+        return total / len(x)
+
+    def train_pass(self, x, truth):
+        """One pass (train_network_datum): seen += N, training forward and backward of
+        x (N, C, H, W), and the weight update when it is the last pass of an iteration.
+        Returns Darknet's cost for the pass (the loss summed over its images)."""
         x = np.asarray(x, dtype=np.float32)
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
-        self.train_batch_size = n
+        self.images_per_pass = n
         self.seen += n
         self.forward(x, self.truth_for_network(truth), train=True)
         self.backward()
@@ -527,16 +564,17 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
     shapes match are loaded, the others keep their random start; net.transfer_report
-    says which (None when the file matched the cfg).
-    `darknet` ("original" or "alexeyab") picks which Darknet's arithmetic to follow;
-    None: the fork's when the weights header is the fork's or the cfg uses fork-only
-    sections, options or activations, else the original's."""
+    says which (None when the file matched the cfg). `darknet` ("original" or
+    "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
+    weights header is the fork's or the cfg uses fork-only sections, options or
+    activations, else the original's."""
     sections = parse_cfg(cfg)
     check_flavour(darknet)
     if darknet is None and weights is not None:
         darknet = weights_flavour(weights)
     backend = get_backend(device)
-    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet)
+    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
+                  random_init=weights is None or cutoff is not None or transfer)
     net.transfer_report = None
     if weights is not None:
         loaded = net.load_weights(weights, cutoff, transfer=transfer)

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .boxes import box_iou, results_corners
+from .boxes import box_iou, fork_iou, results_corners
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
-from .files import write_text_atomically
 from .detection import detector_layers, output_layer
+from .files import write_text_atomically
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
 VALID_NMS = 0.45
@@ -97,7 +97,7 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     loader = DataLoader(paths, task="classifier", width=o.width, height=o.height,
                         batch=batch, classes=classes, labels=labels, channels=channels,
                         train=False, workers=workers,
-                        on_error=lambda path, message: skipped.append(message))
+                        on_warning=skipped.append)
     try:
         for x, truth in loader:
             if len(x) == 0:
@@ -324,6 +324,168 @@ class DetectionResultsWriter:
             write_text_atomically(path, "".join(lines))
         write_text_atomically(paths[-1], json.dumps(self.coco, indent=0) + "\n")
         return paths
+# ---- the AlexeyAB fork's `detector map` -------------------------------------------------
+MAP_CONF_THRESH = 0.25   # the fork's thresh_calc_avg_iou: precision/recall/F1 are taken here
+
+
+@dataclass
+class ForkMapResult:
+    map: float
+    aps: list              # per class
+    tp: list               # per class, detections above the confidence threshold
+    fp: list
+    truths: list           # ground-truth boxes per class
+    detections: int        # scored (detection, class) pairs
+    avg_iou: float         # over the detections above the confidence threshold
+    iou_thresh: float
+    points: int
+    thresh: float
+    names: list = field(default_factory=list)
+
+    def lines(self):
+        """The fork's report, with each class's precision, recall and F1 at the
+        confidence threshold added to its line."""
+        out = [f" detections_count = {self.detections}, unique_truth_count = "
+               f"{sum(self.truths)}  "]
+        for c, ap in enumerate(self.aps):
+            name = self.names[c] if c < len(self.names) else str(c)
+            p, r, f1 = precision_recall_f1(self.tp[c], self.fp[c], self.truths[c])
+            out.append(f"class_id = {c}, name = {name}, ap = {ap * 100:2.2f}%   \t (TP = "
+                       f"{self.tp[c]}, FP = {self.fp[c]}) precision = {p:1.2f}, recall = "
+                       f"{r:1.2f}, F1-score = {f1:1.2f} ")
+        tp, fp, truths = sum(self.tp), sum(self.fp), sum(self.truths)
+        p, r, f1 = precision_recall_f1(tp, fp, truths)
+        out += ["", f" for conf_thresh = {self.thresh:1.2f}, precision = {p:1.2f}, recall = "
+                    f"{r:1.2f}, F1-score = {f1:1.2f} ",
+                f" for conf_thresh = {self.thresh:0.2f}, TP = {tp}, FP = {fp}, FN = "
+                f"{truths - tp}, average IoU = {self.avg_iou * 100:2.2f} % ", ""]
+        how = (f"used {self.points} Recall-points " if self.points
+               else "used Area-Under-Curve for each unique Recall ")
+        out += [f" IoU threshold = {self.iou_thresh * 100:2.0f} %, {how}",
+                f" mean average precision (mAP@{self.iou_thresh:0.2f}) = {self.map:f}, or "
+                f"{self.map * 100:2.2f} % "]
+        return out
+
+
+def precision_recall_f1(tp, fp, truths):
+    """Precision, recall and F1 as the fork divides them (NaN where it divides by 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.float64(tp) / np.float64(tp + fp)
+        r = np.float64(tp) / np.float64(truths)
+        return float(p), float(r), float(2 * p * r / (p + r))
+
+
+def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRESH, names=None):
+    """The fork's validate_detector_map on scored images: `images` is a list of
+    (detections [(class_id, score, (x, y, w, h))], truth rows (n, 5) of x, y, w, h, class).
+    A detection is a true positive when its IoU with a not yet found truth box of its
+    class is above iou_thresh (its best such box); all detections, every class together,
+    are ranked by score. AP per class: the area under the precision/recall curve made
+    monotonic, for every recall reached (points=0, VOC 2010-2012), or the mean over
+    `points` equally spaced recalls of the best precision at that recall or more (11:
+    VOC 2007, 101: MS COCO). mAP is the mean over all classes, those without ground
+    truth included, as the fork divides."""
+    scored = []            # (score, class, unique truth index or -1)
+    truth_count = np.zeros(classes, dtype=np.int64)
+    tp_at = np.zeros(classes, dtype=np.int64)
+    fp_at = np.zeros(classes, dtype=np.int64)
+    iou_sum = 0.0
+    unique = 0
+    for dets, truth in images:
+        truth = np.asarray(truth, dtype=np.float32).reshape(-1, 5)
+        labels = truth[:, 4].astype(np.int64)
+        np.add.at(truth_count, labels[(labels >= 0) & (labels < classes)], 1)
+        claimed = set()    # truth indexes taken above the confidence threshold in this image
+        for c, score, box in dets:
+            same = np.nonzero(labels == c)[0]
+            ious = fork_iou(np.asarray(box, dtype=np.float32), truth[same, :4])
+            ok = ious > np.float32(iou_thresh)
+            index, best = -1, 0.0
+            if ok.any():
+                k = int(np.argmax(np.where(ok, ious, -1)))
+                index, best = unique + int(same[k]), float(ious[k])
+            scored.append((score, c, index))
+            if score > thresh:
+                if index > -1 and index not in claimed:
+                    iou_sum += best
+                    tp_at[c] += 1
+                else:
+                    fp_at[c] += 1
+            claimed.add(index)
+        unique += len(truth)
+    above = int(tp_at.sum() + fp_at.sum())
+    order = sorted(range(len(scored)), key=lambda i: -scored[i][0])
+    tp = np.zeros((classes, len(order)), dtype=np.int64)
+    fp = np.zeros((classes, len(order)), dtype=np.int64)
+    found = set()
+    for rank, i in enumerate(order):
+        _, c, index = scored[i]
+        if index > -1 and index not in found:
+            found.add(index)
+            tp[c, rank] = 1
+        else:
+            fp[c, rank] = 1
+    tp, fp = np.cumsum(tp, axis=1), np.cumsum(fp, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
+        recall = np.where(truth_count[:, None] > 0, tp / truth_count[:, None], 0.0)
+    aps = [curve_ap(recall[c], precision[c], points) for c in range(classes)]
+    return ForkMapResult(float(np.sum(aps) / classes), aps, tp_at.tolist(), fp_at.tolist(),
+                         truth_count.tolist(), len(scored), iou_sum / above if above else 0.0,
+                         iou_thresh, points, thresh, list(names or []))
+
+
+def curve_ap(recall, precision, points=0):
+    """One class's AP from its precision/recall at every rank (see fork_map)."""
+    if len(recall) == 0:
+        return 0.0
+    if points:
+        targets = np.arange(points) / (points - 1)
+        best = [precision[recall >= r].max(initial=0.0) for r in targets]
+        return float(np.sum(best) / points)
+    ap, last_recall, last_precision = 0.0, recall[-1], precision[-1]
+    for rank in range(len(recall) - 2, -1, -1):
+        ap += (last_recall - recall[rank]) * max(last_precision, precision[rank])
+        last_recall = recall[rank]
+        last_precision = max(last_precision, precision[rank])
+    return float(ap + last_recall * last_precision)
+
+
+def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
+                 thresh=MAP_CONF_THRESH, log=print, darknet=None):
+    """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
+    .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
+    and print fork_map's report. Returns the ForkMapResult."""
+    from .image import ImageError, load_image
+    from .network import load_network
+
+    config = load_data_config(data, require=("valid",))
+    paths = config.valid_paths()
+    if not paths:
+        raise ValidationError(f"{config.valid}: the valid list is empty")
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    if network_task(net) != "detector":
+        raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
+                              f"(use `darknet-py valid`)")
+    classes = detector_layers(net)[-1].classes
+    images = []
+    for path in paths:
+        try:
+            image = load_image(path, net.options.channels)
+        except ImageError as e:
+            print(f"darknet-py: {e}; skipping it", file=sys.stderr)
+            continue
+        try:
+            truth = read_image_labels(path, classes)
+        except MissingLabelFile:
+            truth = np.zeros((0, 5), dtype=np.float32)
+        images.append((image_detections(net, image), truth))
+    if not images:
+        raise ValidationError("no image of the valid list could be read")
+    result = fork_map(images, classes, iou_thresh, points, thresh, config.names)
+    for line in result.lines():
+        log(line)
+    return result
 
 
 # ---- the `valid` command ---------------------------------------------------------------
@@ -369,6 +531,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
     return result
 
 
-__all__ = ["ClassifierResult", "DetectionResultsWriter", "DetectorResult", "ValidationError",
-           "class_average_precision", "evaluate_classifier", "evaluate_detector", "mean_average_precision",
+__all__ = ["ClassifierResult", "DetectionResultsWriter", "DetectorResult", "ForkMapResult",
+           "ValidationError", "class_average_precision", "detector_map", "fork_map",
+           "evaluate_classifier", "evaluate_detector", "mean_average_precision",
            "network_task", "top_k_hits", "top_k_indexes", "validate", "voc_ap"]

@@ -6,6 +6,7 @@ network order, each layer's arrays in the order its params() lists them.
 Files with major or minor > 1000 store connected weights transposed.
 """
 import os
+import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -60,16 +61,6 @@ def read_header(f, path):
     return (major, minor, revision), seen, transpose, 12 + (8 if seen_is_64 else 4)
 
 
-def peek_header(path):
-    """(major, minor, revision) of a weights file, or None when it is missing or short."""
-    try:
-        with open(os.fspath(path), "rb") as f:
-            head = f.read(12)
-    except OSError:
-        return None
-    return struct.unpack("<3i", head) if len(head) == 12 else None
-
-
 def _read_floats(path):
     """(header, seen, transpose, float32 data) of a weights file."""
     path = os.fspath(path)
@@ -81,6 +72,19 @@ def _read_floats(path):
         raise WeightsError(f"{path}: {len(body)} bytes after the header is not a whole "
                            f"number of floats (a truncated or damaged file?)")
     return header, seen, transpose, np.frombuffer(body, dtype="<f4")
+
+
+def peek_header(path):
+    """(major, minor, revision) of a weights file, or None when it is missing, short or not
+    a regular file (opening a named pipe would wait for a writer; loading reports it)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(os.fspath(path), "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return None
+    return struct.unpack("<3i", head) if len(head) == 12 else None
 
 
 def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
@@ -126,6 +130,7 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
     all_finite = bool(np.isfinite(data).all())
     for layer in layers:
         pos = _write_layer(net, layer, data, pos, transpose, None if all_finite else path)
+    net.params_changed()
     net.seen = int(seen)
     net.weights_header = header
     return len(layers)
@@ -257,7 +262,7 @@ def save_weights(net, path, cutoff=None):
         # sets seen = cur_iteration * batch * subdivisions).
         from .network import FORK_WEIGHTS_HEADER
         major, minor, revision = FORK_WEIGHTS_HEADER
-        seen = net.current_batch * net.train_batch_size * net.subdivisions
+        seen = net.iteration * net.images_per_iteration
     seen_is_64, transpose = _header_layout(major, minor)
     chunks = [struct.pack("<3i", major, minor, revision),
               struct.pack("<Q" if seen_is_64 else "<i", seen)]

@@ -151,6 +151,20 @@ extern "C" __global__ void activate_array(float* __restrict__ x, int n, int act)
         x[i] = activate(x[i], act);
 }
 
+// out[row, s] = act(out[row, s] + biases[row % n]) over rows = batch * n rows of `size`:
+// a convolution's inference tail (bias, or folded batch norm, then activation) in one pass.
+// x (blocks and threads) spans the row, y the rows.
+extern "C" __global__ void bias_activate(float* __restrict__ out, const float* __restrict__ biases,
+                                        int rows, int n, int size, int act)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= size) return;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        float* p = out + (long long)r * size + s;
+        *p = activate(*p + biases[r % n], act);
+    }
+}
+
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
 // x (blocks and threads) spans the width, y the rows.
 extern "C" __global__ void activate_strided(float* __restrict__ x, int rows, int row_stride,

@@ -23,6 +23,20 @@ extern "C" __global__ void mul_kernel(int n, const float* __restrict__ x, float*
         y[i] *= x[i];
 }
 
+// x[r * row_stride + c] = x * scale + add for r < rows, c < width (x already offset):
+// the AlexeyAB fork's scal_add on strided rows ([yolo] scale_x_y).
+// x (blocks and threads) spans the width, y the rows.
+extern "C" __global__ void scale_add_strided(float* __restrict__ x, int rows, int row_stride,
+                                            int width, float scale, float add)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        float* p = x + (long long)r * row_stride + c;
+        *p = __fadd_rn(__fmul_rn(*p, scale), add);  // no FMA: the same rounding as the CPU
+    }
+}
+
 // y += a * b (element-wise)
 extern "C" __global__ void mul_add_kernel(int n, const float* __restrict__ a, const float* __restrict__ b,
                                          float* __restrict__ y)

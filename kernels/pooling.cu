@@ -44,7 +44,7 @@ extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, i
             }
         }
         out[i] = best;
-        indexes[i] = best_i;
+        if (indexes) indexes[i] = best_i;  // null in inference: no argmax kept
     }
 }
 

@@ -439,6 +439,9 @@ def test_bias_and_scale(cuda, batch, n, size):
     total, terms = batch * n * size, batch * size
     check(cuda, "add_bias", rand(rng, total), rand(rng, n), batch, n, size)
     check(cuda, "scale_bias", rand(rng, total), rand(rng, n), batch, n, size)
+    for activation in ("leaky", "logistic", "linear", "relu", "tanh"):
+        check(cuda, "bias_activate", rand(rng, total, -3.0, 3.0), rand(rng, n), batch, n, size,
+              activation)
     check(cuda, "backward_bias", rand(rng, n), rand(rng, total), batch, n, size, tol=reduction_tol(terms))
     check(cuda, "backward_scale", rand(rng, total), rand(rng, total), batch, n, size, rand(rng, n),
           tol=reduction_tol(terms))
@@ -479,6 +482,15 @@ def test_activate_and_gradient(cuda, activation):
     check(cuda, "activate_strided", x, rows, row_stride, offset, width, activation)
     x = rand(rng, 5000 * 3, -6.0, 6.0)
     check(cuda, "activate_strided", x, 5000, 3, 0, 1, activation)
+
+
+@gpu
+@pytest.mark.parametrize("rows,row_stride,offset,width", [(7, 23, 3, 11), (5000, 3, 0, 1),
+                                                          (6, 200, 0, 128)])
+def test_scale_add_strided(cuda, rows, row_stride, offset, width):
+    rng = np.random.default_rng(rows * width)
+    x = rand(rng, offset + (rows - 1) * row_stride + width + 4)
+    check(cuda, "scale_add_strided", x, rows, row_stride, offset, width, 1.05, -0.025)
 
 
 @gpu
@@ -539,6 +551,10 @@ def test_maxpool(cuda, batch, c, h, w, size, stride, padding):
                  poisoned_indexes)
     assert_close(got[1], want[1], 1e-5, "maxpool out", exact=True)
     assert_close(got[2], want[2], 0, "maxpool indexes", exact=True)
+    # Inference: no indexes (a null pointer), the same maxima.
+    _, got = run(cuda, "maxpool_forward", x, batch, c, h, w, size, stride, padding, nan(n_out + 3),
+                 None)
+    assert_close(got[1], want[1], 1e-5, "maxpool out without indexes", exact=True)
     # Backward with the reference's indexes (overlapping windows route twice).
     indexes = want[2][:n_out].astype(np.int64)
     check(cuda, "maxpool_backward", rand(rng, n_out), indexes, n_out, rand(rng, x.size))

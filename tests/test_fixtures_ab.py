@@ -59,9 +59,7 @@ def test_flavour_and_structure(run):
         assert layer.outputs == ref["layer_outputs"][i], i
 
 
-@pytest.mark.parametrize("index", [
-    pytest.param(i, marks=pytest.mark.xfail(strict=True, reason="needs [yolo] scale_x_y"))
-    if i in NEEDS_SCALE_X_Y else i for i in range(38)])
+@pytest.mark.parametrize("index", range(38))
 def test_layer_matches_the_fork(run, index):
     net, ref = run
     err = rel_error(net.layer_output(index), ref[f"layer_{index}"])

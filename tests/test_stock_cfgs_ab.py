@@ -42,8 +42,6 @@ UNSUPPORTED = {
 # Build once the other half of issue 12 is merged (expected to fail until then).
 NEEDS_OTHER_PART = {
     "Gaussian_yolov3_BDD.cfg": "the [Gaussian_yolo] layer",
-    # 40 anchor values for num=16: the fork reads the first num*2 and ignores the rest
-    "cspx-p7-mish.cfg": "[yolo] to ignore anchors beyond num",
 }
 # Options the other half reads: [net] augmentation and the [yolo] heads' options.
 OTHER_PART_SECTIONS = ("[net]", "[yolo]", "[Gaussian_yolo]")

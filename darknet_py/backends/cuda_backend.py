@@ -47,6 +47,7 @@ _KERNELS = {
         "axpy_kernel": "ifPP",
         "scal_kernel": "ifP",
         "mul_kernel": "iPP",
+        "scale_add_strided": "Piiiff",
         "mul_add_kernel": "iPPP",
         "sum_partial": "iPP",
         "sum_final": "iPP",
@@ -70,6 +71,7 @@ _KERNELS = {
     },
     "activations.cu": {
         "activate_array": "Pii",
+        "bias_activate": "PPiiii",
         "activate_strided": "Piiii",
         "gradient_array": "PiiP",
         "gradient_from_input_array": "PiiP",
@@ -115,6 +117,23 @@ _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIA
 
 _BLOCK = 256
 _MAX_GRID_Y = 65535
+
+
+class _EventTimer:
+    """start() and stop() record events on the stream; stop() waits for the second and
+    returns the GPU time between them in seconds."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._start, self._stop = drv.Event(), drv.Event()
+
+    def start(self):
+        self._start.record(self.stream)
+
+    def stop(self):
+        self._stop.record(self.stream)
+        self._stop.synchronize()
+        return self._stop.time_since(self._start) / 1e3
 
 
 class CudaError(RuntimeError):
@@ -411,6 +430,10 @@ class CudaBackend:
         if h.size:
             drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
 
+    def timer(self):
+        """A stopwatch for benchmarks: CUDA events recorded on this backend's stream."""
+        return _EventTimer(self.stream)
+
     def synchronize(self):
         self._sync("synchronize")
 
@@ -674,6 +697,13 @@ class CudaBackend:
         if activation != "linear":
             self._launch("activate_array", self._grid1d(x.size), (_BLOCK,), self._ptr(x), x.size, act)
 
+    def bias_activate(self, output, biases, batch, n, size, activation):
+        """output = activation(output + biases per channel), in place, in one launch."""
+        self._check_size("bias_activate output", output, batch * n * size)
+        self._check_size("bias_activate biases", biases, n)
+        self._launch_rows("bias_activate", batch * n, size, self._ptr(output), self._ptr(biases),
+                          int(batch * n), int(n), int(size), self._activation_id(activation))
+
     def activate_strided(self, x, rows, row_stride, offset, width, activation):
         """Activate x[offset + r*row_stride : +width] for each r < rows, in one launch."""
         act = self._activation_id(activation)
@@ -682,6 +712,12 @@ class CudaBackend:
             return
         self._launch_rows("activate_strided", rows, width, self._ptr(x) + 4 * int(offset),
                           int(rows), int(row_stride), int(width), act)
+
+    def scale_add_strided(self, x, rows, row_stride, offset, width, scale, add):
+        """x = x*scale + add over x[offset + r*row_stride : +width] for each r < rows."""
+        self._check_matrix("scale_add_strided", x, offset, rows, width, row_stride)
+        self._launch_rows("scale_add_strided", rows, width, self._ptr(x) + 4 * int(offset),
+                          int(rows), int(row_stride), int(width), float(scale), float(add))
 
     def gradient(self, y, activation, delta):
         """delta *= activation'(.) computed from the output y."""
@@ -723,7 +759,8 @@ class CudaBackend:
 
     # ---- pooling -------------------------------------------------------------
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
-        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward."""
+        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward, or are
+        None in inference (the kernel then gets a null pointer and writes none)."""
         self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out, indexes)
 
     def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
@@ -732,15 +769,16 @@ class CudaBackend:
         out_h = (h + padding - size) // stride_y + 1
         out_w = (w + padding - size) // stride_x + 1
         n_out = batch * c * out_h * out_w
-        if indexes.dtype != np.int32:
-            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
         self._check_size("maxpool_forward x", x, batch * c * h * w)
         self._check_size("maxpool_forward out", out, n_out)
-        self._check_size("maxpool_forward indexes", indexes, n_out)
+        if indexes is not None:
+            if indexes.dtype != np.int32:
+                raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
+            self._check_size("maxpool_forward indexes", indexes, n_out)
         self._launch("maxpool_forward_kernel", self._grid1d(n_out), (_BLOCK,),
                      self._ptr(x), int(batch * c), int(h), int(w), int(size), int(stride_x),
                      int(stride_y), int(padding), int(out_h), int(out_w), self._ptr(out),
-                     self._ptr(indexes))
+                     0 if indexes is None else self._ptr(indexes))
 
     def maxpool_backward(self, delta_out, indexes, n_out, delta_in):
         """delta_in[indexes[i]] += delta_out[i] for i < n_out."""

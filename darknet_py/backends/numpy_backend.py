@@ -7,7 +7,16 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     unless documented otherwise. Names and arguments follow Darknet's
     blas.h / im2col.h / gemm.h so a Darknet reader finds their way.
   * ``delta`` arrays hold Darknet's delta: minus the gradient of the loss.
+  * On the CPU, GEMMs use every BLAS thread; the element-wise and copy work of inference
+    (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
+    releases the GIL inside its loops).
 """
+import itertools
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -47,6 +56,16 @@ class NumpyBackend:
 
     def synchronize(self):
         pass
+
+    def timer(self):
+        """A stopwatch for benchmarks: start(), then stop() returns the seconds between,
+        all queued work included (the wall clock here; CUDA events on the GPU)."""
+        return _WallTimer()
+
+    @property
+    def peak_allocated_bytes(self):
+        """Peak bytes of device memory; None: the NumPy backend has no device memory."""
+        return None
 
     def fill(self, arr, value):
         arr.fill(value)
@@ -100,6 +119,9 @@ class NumpyBackend:
         A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
         B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
         C = _matrix(c, 0, m, n, ldc)
+        if beta == 0 and alpha == 1:
+            np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
+            return
         prod = A @ B
         if beta == 0:
             C[...] = self.dtype.type(alpha) * prod
@@ -116,12 +138,22 @@ class NumpyBackend:
         the whole batch. With batch=1 that is Darknet's im2col of one image."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         images = _images(im, batch, im_stride, channels, height, width)
-        padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
-        padded[:, :, pad:pad + height, pad:pad + width] = images
-        sb, sc, sh, sw = padded.strides
-        windows = as_strided(padded, (channels, ksize, ksize, batch, out_h, out_w),
-                             (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
-        col[:channels * ksize * ksize * batch * out_h * out_w] = windows.reshape(-1)
+        rows = ksize * ksize * batch * out_h * out_w   # col floats per channel
+
+        def unfold(c0, c1):  # channels [c0, c1) fill col rows [c0*k*k, c1*k*k)
+            part = images[:, c0:c1]
+            if pad:
+                padded = np.zeros((batch, c1 - c0, height + 2 * pad, width + 2 * pad),
+                                  dtype=im.dtype)
+                padded[:, :, pad:pad + height, pad:pad + width] = part
+                part = padded
+            sb, sc, sh, sw = part.strides
+            windows = as_strided(part, (c1 - c0, ksize, ksize, batch, out_h, out_w),
+                                 (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
+            # Assign through a shaped view of col: reshape(-1) of the windows copies twice.
+            col[c0 * rows:c1 * rows].reshape(windows.shape)[...] = windows
+
+        _parallel(channels, unfold, max(1, _GRAIN_FLOATS // rows))
 
     def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im,
                batch=1, im_stride=0):
@@ -145,6 +177,23 @@ class NumpyBackend:
 
     def scale_bias(self, output, scales, batch, n, size):
         output.reshape(batch, n, size)[...] *= scales[:n].reshape(1, n, 1)
+
+    def bias_activate(self, output, biases, batch, n, size, activation):
+        """output = activation(output + biases per channel), in place: the inference tail of
+        a convolution. Done in blocks of about _BLOCK_FLOATS so the second pass over each
+        block hits the cache instead of memory."""
+        rows = output[:batch * n * size].reshape(batch * n, size)
+        bias = np.tile(biases[:n], batch).reshape(-1, 1)  # one per row
+        step = max(1, _BLOCK_FLOATS // size)
+
+        def run(r_start, r_stop):
+            for r0 in range(r_start, r_stop, step):
+                block = rows[r0:min(r0 + step, r_stop)]
+                block += bias[r0:r0 + block.shape[0]]
+                _activate_inplace(block, activation, _scratch(block.size, rows.dtype)
+                                  .reshape(block.shape))
+
+        _parallel(batch * n, run, max(1, _GRAIN_FLOATS // size))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
@@ -196,14 +245,30 @@ class NumpyBackend:
 
     # ---- activations ---------------------------------------------------------
     def activate(self, x, activation):
-        if activation != "linear":
+        if activation == "linear":
+            return
+        if activation not in _IN_PLACE:
             x[...] = activations.activate(x, activation)
+            return
+        def run(b_start, b_stop):
+            for i in range(b_start * _BLOCK_FLOATS, min(b_stop * _BLOCK_FLOATS, x.size),
+                           _BLOCK_FLOATS):
+                block = x[i:i + _BLOCK_FLOATS]
+                _activate_inplace(block, activation, _scratch(block.size, x.dtype))
+
+        _parallel(-(-x.size // _BLOCK_FLOATS), run, _GRAIN_FLOATS // _BLOCK_FLOATS)
 
     def activate_strided(self, x, rows, row_stride, offset, width, activation):
         """Activate x[offset + r*row_stride : +width] for each r < rows (one launch on
         the GPU; YOLO and region layers use it for their logistic channels)."""
         v = _matrix(x, offset, rows, width, row_stride)
         v[...] = activations.activate(v, activation)
+
+    def scale_add_strided(self, x, rows, row_stride, offset, width, scale, add):
+        """x = x*scale + add over x[offset + r*row_stride : +width] for each r < rows (the
+        AlexeyAB fork's scal_add; its [yolo] scale_x_y moves x and y by it)."""
+        v = _matrix(x, offset, rows, width, row_stride)
+        v[...] = v * self.dtype.type(scale) + self.dtype.type(add)
 
     def gradient(self, y, activation, delta):
         """delta *= activation'(.) computed from the output y."""
@@ -228,11 +293,19 @@ class NumpyBackend:
     # ---- pooling -------------------------------------------------------------
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
         """Darknet maxpool: windows start at -padding//2; indexes get the flat argmax
-        (into x, over the whole batch) for backward. out_h = (h + padding - size)//stride + 1."""
+        (into x, over the whole batch) for backward, or are None in inference (no argmax
+        kept). out_h = (h + padding - size)//stride + 1."""
         out_h = (h + padding - size) // stride + 1
         out_w = (w + padding - size) // stride + 1
         off = padding // 2
         n = batch * c * out_h * out_w
+        if indexes is None:
+            src = x[:batch * c * h * w].reshape(batch * c, h, w)
+            dst = out[:n].reshape(batch * c, out_h, out_w)
+            _parallel(batch * c, lambda p0, p1: _maxpool_values(src[p0:p1], size, stride, off,
+                                                                dst[p0:p1]),
+                      max(1, _GRAIN_FLOATS // (h * w)))
+            return
         if size == stride and off == 0 and out_h * size <= h and out_w * size <= w:
             # Non-overlapping windows inside the image (the usual 2x2/2): compare the
             # size*size strided views in window order, keeping the first maximum (Darknet's
@@ -426,7 +499,11 @@ class NumpyBackend:
         big = out.reshape(batch * c, h * stride, w * stride)
         small = x.reshape(batch * c, h, w)
         if forward:
-            big[...] = scale * np.repeat(np.repeat(small, stride, 1), stride, 2)
+            # Each input cell broadcast over its stride x stride block: one pass, no copies.
+            cells = big.reshape(batch * c, h, stride, w, stride)
+            cells[...] = small[:, :, None, :, None]
+            if scale != 1:
+                big *= self.dtype.type(scale)
         else:
             small += scale * big.reshape(batch * c, h, stride, w, stride).sum(axis=(2, 4))
 
@@ -467,6 +544,113 @@ class NumpyBackend:
 
     def dropout_backward(self, rand, prob, scale, delta):
         delta[...] = np.where(rand < prob, 0, delta * scale)
+
+
+# Floats per block of activate/bias_activate: the passes over a block stay in L2 cache.
+_BLOCK_FLOATS = 1 << 16
+# The least work (in floats) worth handing to another thread: below it, the hand-over
+# (tens of microseconds) costs more than it saves.
+_GRAIN_FLOATS = 1 << 17
+_PARTS_PER_THREAD = 4
+_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+_pool = None
+_local = threading.local()
+
+
+class _WallTimer:
+    def start(self):
+        self._t0 = time.perf_counter()
+
+    def stop(self):
+        return time.perf_counter() - self._t0
+
+
+def _parallel(count, work, grain):
+    """work(start, stop) over [0, count) in contiguous parts of at least `grain` items,
+    a few per core. The calling thread and the pool's threads claim parts until none is
+    left, and the caller returns once every part is done: a pool thread the OS has not
+    scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
+    global _pool
+    parts = min(_PARTS_PER_THREAD * (_THREADS or 1), count // max(1, grain))
+    if parts <= 1 or (_THREADS or 1) <= 1:
+        work(0, count)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
+    bounds = [count * i // parts for i in range(parts + 1)]
+    claims = itertools.count()    # next() on it is atomic under the GIL
+    finished, errors = [], []
+    all_done = threading.Event()
+
+    def drain():
+        try:
+            while (i := next(claims)) < parts:
+                work(bounds[i], bounds[i + 1])
+                finished.append(i)
+                if len(finished) == parts:
+                    all_done.set()
+        except BaseException as e:  # re-raised on the calling thread
+            errors.append(e)
+            all_done.set()
+
+    for _ in range(min(_THREADS - 1, parts - 1)):
+        _pool.submit(drain)
+    drain()
+    all_done.wait()
+    if errors:
+        raise errors[0]
+
+
+def _scratch(n, dtype):
+    """This thread's reusable buffer of n elements (grows, never shrinks)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < n or buf.dtype != dtype:
+        buf = _local.buf = np.empty(max(n, _BLOCK_FLOATS), dtype=dtype)
+    return buf[:n]
+_IN_PLACE = ("linear", "leaky", "relu", "logistic")
+
+
+def _activate_inplace(x, activation, scratch):
+    """x = activation(x) without temporaries for the activations inference nets use
+    (the same float32 values as activations.activate); the rest go through it.
+    `scratch` is a buffer shaped like x."""
+    if activation == "linear":
+        return
+    if activation == "leaky":      # max(x, .1x) is x for x > 0 and .1x otherwise
+        np.multiply(x, x.dtype.type(0.1), out=scratch)
+        np.maximum(x, scratch, out=x)
+    elif activation == "relu":
+        np.maximum(x, 0, out=x)
+    elif activation == "logistic":
+        with np.errstate(over="ignore"):  # exp overflows to inf: 1/(1+inf) = 0 is right
+            np.negative(x, out=x)
+            np.exp(x, out=x)
+        x += 1
+        np.reciprocal(x, out=x)
+    else:
+        x[...] = activations.activate(x, activation)
+
+
+def _maxpool_values(src, size, stride, off, out):
+    """out (planes, out_h, out_w) = the maximum of each window, taken as a running
+    np.maximum over the size*size strided views: no argmax, no index arrays. Cells
+    outside the image (padding) are -inf, so a window wholly in the padding gives -inf."""
+    planes, h, w = src.shape
+    _, out_h, out_w = out.shape
+    ph = max(0, (out_h - 1) * stride + size - off - h)
+    pw = max(0, (out_w - 1) * stride + size - off - w)
+    if off or ph or pw:
+        padded = np.full((planes, off + h + ph, off + w + pw), -np.inf, dtype=src.dtype)
+        padded[:, off:off + h, off:off + w] = src
+        src = padded
+    rows, cols = stride * (out_h - 1) + 1, stride * (out_w - 1) + 1
+    for k in range(size * size):
+        dy, dx = divmod(k, size)
+        view = src[:, dy:dy + rows:stride, dx:dx + cols:stride]
+        if k == 0:
+            out[...] = view
+        else:
+            np.maximum(out, view, out=out)
 
 
 def uniform_hash(seed, n):

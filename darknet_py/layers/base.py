@@ -110,6 +110,10 @@ class Layer:
     def update(self, args):
         pass
 
+    def params_changed(self):
+        """The parameters were rewritten (loaded or updated): drop anything derived from
+        them (a convolution's folded batch norm)."""
+
     # ---- activation -------------------------------------------------------------
     def _channels_spatial(self):
         return self.out_c, self.outputs // self.out_c
@@ -143,7 +147,10 @@ def keeps_activation_input(layer):
 
 
 def host_param(rng, n, scale=0.0, kind="zeros"):
-    """Host-side initial values for a parameter, as float64 for exact casting later."""
+    """Host-side initial values for a parameter, as float64 for exact casting later.
+    rng None: no random draw (zeros), for parameters a weights file is about to fill."""
+    if rng is None and kind in ("normal", "uniform"):
+        return np.zeros(n)
     if kind == "normal":
         return scale * rng.standard_normal(n)
     if kind == "uniform":

@@ -1,10 +1,17 @@
-"""[convolutional]: im2col + GEMM per image and group, as Darknet does it."""
+"""[convolutional]: im2col + GEMM per image and group, as Darknet does it.
+
+Inference (not training) with batch normalisation runs on weights and biases with the
+normalisation folded in, made once from the parameters (Network.fold_batchnorm switches
+it off); training keeps Darknet's exact unfolded path."""
 import math
 
+import numpy as np
+
+from ..activations import CHANNEL_ACTIVATIONS
 from ..backends.numpy_backend import conv_out_size
 from .base import Layer, host_param, momentum_update, parse_activation, refuse_options
-from .batchnorm import (bn_allocate, bn_backward, bn_forward, bn_init_params, bn_init_updates,
-                        bn_params)
+from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,
+                        bn_init_updates, bn_params)
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
@@ -48,6 +55,7 @@ class ConvolutionalLayer(Layer):
         self.nweights = self.c // self.groups * self.filters * self.size * self.size
         m, k, n = self._gemm_dims()
         self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
+        self._folded = None  # (weights, biases) with batch norm folded in; see forward()
 
     def _fork_stride_and_dilation(self, s, pad):
         """The fork's rules: stride_x/stride_y override stride; a 1x1 kernel has no
@@ -153,21 +161,71 @@ class ConvolutionalLayer(Layer):
             be.copy_blocks(batched, offset, n, grouped, 0, count * n, n, m,
                            planes=count, src_plane_stride=self.filters * n, dst_plane_stride=n)
 
+    def params_changed(self):
+        self._folded = None
+
+    def _fold_batchnorm(self, be):
+        """Weights and biases that give in one GEMM + bias what conv + Darknet's inference
+        batch norm gives: w * s and bias - mean * s, s = scale / (sqrt(var) + 1e-6), or the
+        fork's scale / sqrt(var + 1e-5).
+        The per-filter factors are worked out on the host in float64; the weights are
+        scaled where they live (one multiply each, so folding adds one rounding)."""
+        host = {name: be.to_host(getattr(self, name)).astype(np.float64)
+                for name in ("scales", "rolling_variance", "rolling_mean", "biases")}
+        if self.darknet == "alexeyab":
+            factor = host["scales"] / np.sqrt(host["rolling_variance"] + FORK_BN_EPS)
+        else:
+            factor = host["scales"] / (np.sqrt(host["rolling_variance"]) + 1e-6)
+        weights = be.empty(self.nweights)
+        be.copy(self.weights, weights)
+        be.scale_bias(weights, be.from_host(factor), 1, self.filters, self.nweights // self.filters)
+        return weights, be.from_host(host["biases"] - host["rolling_mean"] * factor)
+
+    def _forward_params(self, net):
+        """(weights, biases) for this forward; biases None: batch norm runs unfolded."""
+        if not self.batch_normalize:
+            return self.weights, self.biases
+        if net.train or not net.fold_batchnorm:
+            self._folded = None  # training moves the rolling statistics
+            return self.weights, None
+        if self._folded is None:
+            self._folded = self._fold_batchnorm(net.be)
+        return self._folded
+
+    def _image_col(self, be, images, b, group, col):
+        """The (k, n) matrix of one image and group: the input itself for a 1x1, stride-1
+        convolution without padding (nothing to unfold), else im2col into col."""
+        if self.size == 1 and self.stride == 1 and self.padding == 0:
+            cg = self.c // self.groups
+            return images[b * self.c * self.h * self.w + group * cg * self.h * self.w:]
+        self._im2col(be, images, b, 1, group, col)
+        return col
+
     def forward(self, net):
         be = net.be
         m, k, n = self._gemm_dims()
+        weights, biases = self._forward_params(net)
         for b0, count, col, product in self._chunks(be, net):
             for g in range(self.groups):
+                if count == 1:  # one image: the GEMM writes straight into the output
+                    be.gemm(False, False, m, n, k, 1.0, weights[g * m * k:], k,
+                            self._image_col(be, net.input, b0, g, col), n, 0.0,
+                            self.output[b0 * self.outputs + g * m * n:], n)
+                    continue
                 self._im2col(be, net.input, b0, count, g, col)
-                be.gemm(False, False, m, count * n, k, 1.0, self.weights[g * m * k:], k,
+                be.gemm(False, False, m, count * n, k, 1.0, weights[g * m * k:], k,
                         col, count * n, 0.0, product, count * n)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
         spatial = self.out_h * self.out_w
-        if self.batch_normalize:
+        if biases is None:
             bn_forward(self, net, self.out_c, spatial)
+            self.activate_output(be)
+        elif self.activation_input is not None or self.activation in CHANNEL_ACTIVATIONS:
+            be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
+            self.activate_output(be)
         else:
-            be.add_bias(self.output, self.biases, self.batch, self.out_c, spatial)
-        self.activate_output(be)
+            be.bias_activate(self.output, biases, self.batch, self.out_c, spatial,
+                             self.activation)
 
     def backward(self, net):
         be = net.be

@@ -64,7 +64,8 @@ class MaxpoolLayer(Layer):
                                      self.output, self.indexes)
         elif self.stride_x == self.stride_y:
             be.maxpool_forward(net.input, self.batch, self.c, self.h, self.w, self.size,
-                               self.stride_x, self.padding, self.output, self.indexes)
+                               self.stride_x, self.padding, self.output,
+                               self.indexes if net.train else None)
         else:
             be.maxpool_forward_xy(net.input, self.batch, self.c, self.h, self.w, self.size,
                                   self.stride_x, self.stride_y, self.padding, self.output,
