@@ -318,20 +318,21 @@ class Network:
         return any(l.type in ("yolo", "region", "detection") for l in self.layers)
 
     def truth_for_network(self, truth):
-        """A detector truth buffer in this network's layout (max_boxes x truth_size per
-        image) from either Darknet's layout (90 x 5 or 200 x 6); others pass unchanged."""
+        """A detector truth buffer with this network's fields per box (truth_size) from either
+        Darknet's: 200 x 6 floats is the fork's layout, any other multiple of 5 is rows of
+        (x, y, w, h, class) as the original and the data loader write them. The box count
+        is kept (each head reads at most its own max); other truths pass unchanged."""
         truth = np.asarray(truth, dtype=np.float32)
-        width = truth.shape[-1] if truth.ndim > 1 else truth.size
-        layouts = {90 * 5: (90, 5), 200 * 6: (200, 6)}
-        own = (self.max_boxes, self.truth_size)
-        if (not self._is_detector() or width not in layouts or layouts[width] == own
-                or truth.ndim != 2):
+        if truth.ndim != 2 or not self._is_detector():
             return truth
-        boxes, fields = layouts[width]
-        rows = truth.reshape(truth.shape[0], boxes, fields)
-        out = np.zeros((truth.shape[0],) + own, dtype=np.float32)
-        keep, common = min(boxes, own[0]), min(fields, own[1])
-        out[:, :keep, :common] = rows[:, :keep, :common]
+        width = truth.shape[1]
+        fields = 6 if width == 200 * 6 else 5 if width % 5 == 0 else None
+        if fields is None or fields == self.truth_size:
+            return truth
+        rows = truth.reshape(truth.shape[0], width // fields, fields)
+        out = np.zeros(rows.shape[:2] + (self.truth_size,), dtype=np.float32)
+        common = min(fields, self.truth_size)
+        out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
         return out.reshape(truth.shape[0], -1)
 
     @property

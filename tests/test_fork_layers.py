@@ -402,14 +402,24 @@ YOLO = ("[convolutional]\nfilters=18\nsize=1\nstride=1\nactivation=linear\n\n"
 def test_truth_layout_by_flavour(darknet, size, boxes):
     net = build(YOLO, 4, 4, 1, darknet=darknet)
     assert (net.truth_size, net.max_boxes) == (size, boxes)
-    five = np.zeros((2, 90, 5), np.float32)
-    five[:, 0] = [0.5, 0.5, 0.2, 0.3, 0]
-    six = np.zeros((2, 200, 6), np.float32)
-    six[:, 0] = [0.5, 0.5, 0.2, 0.3, 0, 7]
-    for given in (five, six):
-        got = net.truth_for_network(given.reshape(2, -1)).reshape(2, boxes, size)
-        np.testing.assert_array_equal(got[:, 0, :5], five[:, 0])
-        assert not got[:, 1:].any()
+    box = [0.5, 0.5, 0.2, 0.3, 0]
+    for count, fields in ((90, 5), (200, 5), (200, 6)):   # original, loader (max=200), fork
+        given = np.zeros((2, count, fields), np.float32)
+        given[:, 0, :5] = given[:, 1, :5] = box
+        got = net.truth_for_network(given.reshape(2, -1)).reshape(2, count, size)
+        np.testing.assert_array_equal(got[:, :2, :5], given[:, :2, :5])
+        assert not got[:, 2:].any() and not got[:, :, 5:].any()
+
+
+def test_a_fork_detector_trains_the_same_from_either_truth_layout():
+    losses = []
+    for fields in (5, 6):
+        net = build(YOLO, 4, 4, 1, batch=2, darknet="alexeyab", seed=1)
+        truth = np.zeros((2, 200, fields), np.float32)
+        truth[:, 0, :5] = [0.4, 0.6, 0.3, 0.2, 0]
+        x = np.random.default_rng(0).random((2, 1, 4, 4))
+        losses.append(net.train_pass(x, truth.reshape(2, -1)))
+    assert losses[0] == losses[1] and losses[0] > 0
 
 
 def test_a_classifier_truth_is_left_alone():
