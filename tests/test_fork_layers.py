@@ -435,9 +435,28 @@ def test_conv_stride_x_and_y_override_stride():
     net = build("[convolutional]\nfilters=2\nsize=3\nstride=1\nstride_x=2\nstride_y=2\npad=1\n"
                 "activation=linear\n", 8, 6, 1, darknet="alexeyab")
     assert (net.layers[0].out_w, net.layers[0].out_h, net.layers[0].stride) == (4, 3, 2)
-    with pytest.raises(CfgError, match="stride_x: stride_x=2 differs from stride_y=1"):
-        build("[convolutional]\nfilters=2\nsize=3\nstride_x=2\npad=1\n", 8, 6, 1,
-              darknet="alexeyab")
+
+
+def test_conv_separate_strides_against_a_loop():
+    net = build("[convolutional]\nfilters=2\nsize=3\nstride_x=2\npad=1\nactivation=linear\n",
+                9, 5, 2, darknet="alexeyab")
+    conv = net.layers[0]
+    assert (conv.out_w, conv.out_h) == (5, 5)     # stride_x 2, stride_y from stride (1)
+    assert "/2x1" in conv.describe()
+    x = run(net)
+    img = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    w = conv.weights.reshape(2, 2, 3, 3)
+    want = np.zeros((2, 2, 5, 5))
+    for i in range(5):
+        for j in range(5):
+            want[:, :, i, j] = np.einsum("bcyx,fcyx->bf", img[:, :, i:i + 3, 2 * j:2 * j + 3], w)
+    np.testing.assert_allclose(out(net, 0), want, rtol=1e-12)
+
+
+def test_conv_separate_strides_gradient():
+    body = ("[convolutional]\nfilters=3\nsize=3\nstride_x=1\nstride_y=2\npad=1\nactivation=mish\n\n"
+            + CONV.format(f=2, k=1, a="linear"))
+    GradCheck(net_text(5, 6, 2, body)).check(expect=["input", "0.weights", "1.weights"])
 
 
 def test_conv_dilation_keeps_the_size_and_pads_by_padding_times_dilation():

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..activations import CHANNEL_ACTIVATIONS
-from ..backends.numpy_backend import conv_out_size
+from ..backends.numpy_backend import conv_out_size, conv_strides
 from .base import Layer, host_param, momentum_update, parse_activation, refuse_options
 from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,
                         bn_init_updates, bn_params)
@@ -38,7 +38,8 @@ class ConvolutionalLayer(Layer):
         self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
         refuse_options(s, "binary", "xnor")
-        for key, v in (("filters", self.filters), ("size", self.size), ("stride", self.stride),
+        for key, v in (("filters", self.filters), ("size", self.size),
+                       ("stride", min(conv_strides(self.stride))),
                        ("groups", self.groups), ("dilation", self.dilation)):
             if v < 1:
                 raise s.error(f"must be at least 1, got {v}", key)
@@ -58,23 +59,20 @@ class ConvolutionalLayer(Layer):
         self._folded = None  # (weights, biases) with batch norm folded in; see forward()
 
     def _fork_stride_and_dilation(self, s, pad):
-        """The fork's rules: stride_x/stride_y override stride; a 1x1 kernel has no
+        """The fork's rules: stride_x/stride_y override stride (self.stride becomes the pair
+        (stride_y, stride_x) when they differ, as im2col takes it); a 1x1 kernel has no
         dilation; the output size ignores dilation while its im2col pads by
         padding*dilation (so only sizes where both agree are well defined)."""
         stride_x, stride_y = s.get_int("stride_x", -1), s.get_int("stride_y", -1)
         stride_x = stride_x if stride_x >= 1 else self.stride
         stride_y = stride_y if stride_y >= 1 else self.stride
-        if stride_x != stride_y:
-            raise s.error(f"stride_x={stride_x} differs from stride_y={stride_y}: separate "
-                          f"strides are not supported by darknet-py for [convolutional]",
-                          "stride_x" if s.has("stride_x") else "stride_y")
-        self.stride = stride_x
+        self.stride = stride_x if stride_x == stride_y else (stride_y, stride_x)
         if self.size == 1:
             self.dilation = 1
         if self.dilation > 1:
             padding = self.size // 2 if pad else s.get_int("padding", 0)
             self.padding = padding * self.dilation
-            fork_h = (self.h + 2 * padding - self.size) // self.stride + 1
+            fork_h = (self.h + 2 * padding - self.size) // stride_y + 1
             if fork_h != conv_out_size(self.h, self.w, self.size, self.stride, self.padding,
                                        self.dilation)[0]:
                 raise s.error(f"dilation={self.dilation} with padding={padding}: the fork's "
@@ -90,7 +88,9 @@ class ConvolutionalLayer(Layer):
         # Darknet's row ("conv  %5d %2d x%2d /%2d  %4d x..."); groups, which it does not
         # print, are shown only when there are some.
         groups = f" g{self.groups}" if self.groups > 1 else "  "
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}{groups}"
+        sy, sx = conv_strides(self.stride)
+        stride = f"{sx:2d}" if sx == sy else f"{sx}x{sy}"
+        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{stride}{groups}"
                 f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  {self.bflops:5.3f} BFLOPs")
 
