@@ -475,3 +475,28 @@ def test_conv_dilation_keeps_the_size_and_pads_by_padding_times_dilation():
     np.testing.assert_allclose(out(net, 0), want, rtol=1e-12)
     with pytest.raises(CfgError, match="dilation: dilation=2 with padding=0"):
         build("[convolutional]\nfilters=2\nsize=3\ndilation=2\n", 9, 7, 1, darknet="alexeyab")
+
+
+SHARED_NET = (CONV.format(f=3, k=3, a="leaky") + CONV.format(f=3, k=3, a="leaky")
+              + "[convolutional]\nfilters=3\nsize=3\nstride=1\npad=1\nactivation=leaky\n"
+              "share_index=-1\n")
+
+
+def test_conv_share_index_uses_and_trains_the_owners_parameters(tmp_path):
+    net = build(SHARED_NET, 4, 4, 3, darknet="alexeyab")
+    owner, sharer = net.layers[1], net.layers[2]
+    assert sharer.weights is owner.weights and sharer.params() == []
+    run(net)
+    want = build(CONV.format(f=3, k=3, a="leaky"), 4, 4, 3)
+    want.layers[0].weights[...] = owner.weights
+    want.forward(out(net, 1))
+    np.testing.assert_allclose(out(net, 2), out(want, 0), rtol=1e-5, atol=1e-7)  # via float32
+    GradCheck(net_text(4, 4, 3, SHARED_NET)).check(expect=["input", "0.weights", "1.weights"])
+
+
+def test_conv_share_index_must_match():
+    with pytest.raises(CfgError, match="share_index: layer 0 must be a .convolutional. with the "
+                                       "same filters"):
+        build(CONV.format(f=3, k=3, a="leaky") + CONV.format(f=2, k=3, a="leaky")
+              + "[convolutional]\nfilters=2\nsize=3\npad=1\nshare_index=0\n", 4, 4, 3,
+              darknet="alexeyab")

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..activations import CHANNEL_ACTIVATIONS
 from ..backends.numpy_backend import conv_out_size, conv_strides
-from .base import Layer, host_param, momentum_update, parse_activation, refuse_options
+from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
+                   source_layer)
 from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,
                         bn_init_updates, bn_params)
 
@@ -33,8 +34,11 @@ class ConvolutionalLayer(Layer):
         self.padding = s.get_int("padding", 0)
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
+        self.share = None   # the fork's share_index: the layer whose parameters this one uses
         if self.darknet == "alexeyab":
             self._fork_stride_and_dilation(s, pad)
+            if s.has("share_index"):
+                self.share = source_layer(self, s, ctx, "share_index")
         self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
         refuse_options(s, "binary", "xnor")
@@ -54,6 +58,12 @@ class ConvolutionalLayer(Layer):
         self.out_c = self.filters
         self.outputs = self.out_c * self.out_h * self.out_w
         self.nweights = self.c // self.groups * self.filters * self.size * self.size
+        share = self.share
+        if share is not None and (share.type != "convolutional" or
+                                  (share.nweights, share.filters, share.batch_normalize)
+                                  != (self.nweights, self.filters, self.batch_normalize)):
+            raise s.error(f"layer {share.index} must be a [convolutional] with the same "
+                          f"filters, weights and batch_normalize", "share_index")
         m, k, n = self._gemm_dims()
         self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
         self._folded = None  # (weights, biases) with batch norm folded in; see forward()
@@ -95,7 +105,14 @@ class ConvolutionalLayer(Layer):
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  {self.bflops:5.3f} BFLOPs")
 
     # ---- buffers ----------------------------------------------------------------
+    _SHARED = ("weights", "biases", "scales", "rolling_mean", "rolling_variance")
+    _SHARED_UPDATES = ("weight_updates", "bias_updates", "scale_updates")
+
     def init_params(self, be, rng):
+        if self.share is not None:   # the same arrays: one set of parameters, trained once
+            for name in self._SHARED[:5 if self.batch_normalize else 2]:
+                setattr(self, name, getattr(self.share, name))
+            return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
         self.weights = be.from_host(host_param(rng, self.nweights, scale, "normal"))
         self.biases = be.zeros(self.filters)
@@ -107,8 +124,13 @@ class ConvolutionalLayer(Layer):
         self.bias_updates = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_updates(self, be, self.filters)
+        if self.share is not None:   # gradients accumulate into the owner's updates
+            for name in self._SHARED_UPDATES[:3 if self.batch_normalize else 2]:
+                setattr(self, name, getattr(self.share, name))
 
     def params(self):
+        if self.share is not None:
+            return []   # the fork stores shared parameters once, with their owner
         p = [("biases", self.biases)]
         if self.batch_normalize:
             p += bn_params(self)
@@ -255,6 +277,8 @@ class ConvolutionalLayer(Layer):
                               self.dilation, net.delta[offset:], count, self.c * self.h * self.w)
 
     def update(self, args):
+        if self.share is not None:
+            return   # the owner applies the accumulated update
         momentum_update(self.be, args, self.biases, self.bias_updates)
         if self.batch_normalize:
             momentum_update(self.be, args, self.scales, self.scale_updates)
