@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cfg import CfgError, read_data_file
-from .image import ImageError, letterbox, load_image, resize_image
+from .image import ImageError, decode_image, letterbox, resize_image
 
 MAX_BOXES = 90            # Darknet's default for [yolo]/[region] max=
 TRUTH_FIELDS = 5          # x, y, w, h, class
@@ -466,11 +466,9 @@ def _read_hwc(path, channels=3):
     """load_image's result as (H, W, C): what the augmentation works on, without the
     two transposes a round trip through (C, H, W) would cost."""
     cv2 = _cv2()
-    path = os.fspath(path)
-    a = cv2.imread(path, cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
-    if a is None:
-        load_image(path, channels)     # raises the ImageError that says why
-        raise ImageError(f"{path}: cannot read image")
+    # The loader's threads decode at once: the decoder's messages are not captured (that
+    # takes a process-wide lock), the other checks of load_image apply.
+    a, _ = decode_image(path, channels, quiet_decoder=False)
     if a.ndim == 2:
         a = a[:, :, None]
     elif channels == 3:
