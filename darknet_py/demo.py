@@ -31,7 +31,7 @@ TOP1_NEEDED = 0.95
 # 0.78 (same cfg and training).
 DETECTION_SET = dict(n_train=2000, n_valid=200, canvas_size=64, max_digits=4, min_digit=16,
                      max_digit=28)
-SHOW_THRESH = 0.25           # detections drawn in predictions.png
+SHOW_THRESH = 0.4            # detections drawn in predictions.png (Darknet: .5 for detect)
 SHOW_CANVASES = 6
 
 
