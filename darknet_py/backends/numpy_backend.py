@@ -633,9 +633,11 @@ def _activate_inplace(x, activation, scratch):
 
 
 def _maxpool_values(src, size, stride_y, stride_x, off, out):
-    """out (planes, out_h, out_w) = the maximum of each window, taken as a running
-    np.maximum over the size*size strided views: no argmax, no index arrays. Cells
-    outside the image (padding) are -inf, so a window wholly in the padding gives -inf."""
+    """out (planes, out_h, out_w) = the maximum of each window, without argmax or index
+    arrays, taken in two running np.maximum passes: down the window's rows over whole
+    image rows (contiguous, vectorised), then across its columns on that smaller result.
+    Cells outside the image (padding) are -inf, so a window wholly in the padding gives
+    -inf."""
     planes, h, w = src.shape
     _, out_h, out_w = out.shape
     ph = max(0, (out_h - 1) * stride_y + size - off - h)
@@ -645,13 +647,14 @@ def _maxpool_values(src, size, stride_y, stride_x, off, out):
         padded[:, off:off + h, off:off + w] = src
         src = padded
     rows, cols = stride_y * (out_h - 1) + 1, stride_x * (out_w - 1) + 1
-    for k in range(size * size):
-        dy, dx = divmod(k, size)
-        view = src[:, dy:dy + rows:stride_y, dx:dx + cols:stride_x]
-        if k == 0:
-            out[...] = view
-        else:
-            np.maximum(out, view, out=out)
+    width = src.shape[2]
+    down = _scratch(planes * out_h * width, src.dtype).reshape(planes, out_h, width)
+    down[...] = src[:, 0:rows:stride_y]
+    for dy in range(1, size):
+        np.maximum(down, src[:, dy:dy + rows:stride_y], out=down)
+    out[...] = down[:, :, 0:cols:stride_x]
+    for dx in range(1, size):
+        np.maximum(out, down[:, :, dx:dx + cols:stride_x], out=out)
 
 
 def uniform_hash(seed, n):
