@@ -119,10 +119,11 @@ class NumpyBackend:
         A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
         B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
         C = _matrix(c, 0, m, n, ldc)
-        if beta == 0 and alpha == 1:
-            np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
-            return
-        prod = A @ B
+        with _blas_threads(_threads_now()):
+            if beta == 0 and alpha == 1:
+                np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
+                return
+            prod = A @ B
         if beta == 0:
             C[...] = self.dtype.type(alpha) * prod
         else:
@@ -572,8 +573,9 @@ def _parallel(count, work, grain):
     left, and the caller returns once every part is done: a pool thread the OS has not
     scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
     global _pool
-    parts = min(_PARTS_PER_THREAD * (_THREADS or 1), count // max(1, grain))
-    if parts <= 1 or (_THREADS or 1) <= 1:
+    threads = _threads_now()
+    parts = min(_PARTS_PER_THREAD * threads, count // max(1, grain))
+    if parts <= 1 or threads <= 1:
         work(0, count)
         return
     if _pool is None:
@@ -594,12 +596,81 @@ def _parallel(count, work, grain):
             errors.append(e)
             all_done.set()
 
-    for _ in range(min(_THREADS - 1, parts - 1)):
+    for _ in range(min(threads - 1, parts - 1)):
         _pool.submit(drain)
     drain()
     all_done.wait()
     if errors:
         raise errors[0]
+
+
+def _threads_now():
+    """How many threads to use now: every core, less those other processes keep busy at
+    this moment (runnable tasks in /proc/loadavg, not counting this process's own). On an
+    oversubscribed machine every multi-threaded BLAS call and pool hand-over waits for a
+    thread the OS has descheduled: yolov3-tiny at load 10 on 2 cores took 425-575 ms with
+    2 threads against 122-126 ms with one. Re-read at most every _RECHECK_S;
+    DARKNET_CPU_THREADS fixes the count."""
+    global _threads_checked, _threads_cached
+    if _FIXED_THREADS:
+        return _FIXED_THREADS
+    now = time.monotonic()
+    if now - _threads_checked < _RECHECK_S:
+        return _threads_cached
+    _threads_checked = now
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/stat") as f:
+                own += f.read().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, ValueError, IndexError):  # not Linux: use every core
+        running, own = 0, 0
+    _threads_cached = max(1, min(_THREADS, _THREADS - max(0, running - own)))
+    return _threads_cached
+
+
+def _openblas_local_threads():
+    """NumPy's bundled OpenBLAS's per-thread thread-count setter, or None (another BLAS,
+    or an OpenBLAS without it: then it keeps its own count)."""
+    import ctypes
+    import glob
+    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs",
+                                  "libscipy_openblas*"))
+    try:
+        setter = ctypes.CDLL(libs[0]).openblas_set_num_threads_local
+    except (IndexError, OSError, AttributeError):
+        return None
+    setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+    return setter
+
+
+class _blas_threads:
+    """Runs the block with BLAS on this thread limited to n threads (never raised above
+    what it had), and leaves it as it was."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.previous = None
+        if _SET_BLAS_THREADS:
+            previous = _SET_BLAS_THREADS(self.n)
+            if previous <= self.n:
+                _SET_BLAS_THREADS(previous)
+            else:
+                self.previous = previous
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            _SET_BLAS_THREADS(self.previous)
+
+
+_RECHECK_S = 0.05
+_FIXED_THREADS = int(os.environ.get("DARKNET_CPU_THREADS", "0") or 0)
+_threads_checked, _threads_cached = float("-inf"), _THREADS
+_SET_BLAS_THREADS = _openblas_local_threads()
 
 
 def _scratch(n, dtype):
