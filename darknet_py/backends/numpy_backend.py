@@ -611,7 +611,7 @@ def _threads_now():
     thread the OS has descheduled: yolov3-tiny at load 10 on 2 cores took 425-575 ms with
     2 threads against 122-126 ms with one. Re-read at most every _RECHECK_S;
     DARKNET_CPU_THREADS fixes the count."""
-    global _threads_checked, _threads_cached
+    global _threads_checked, _threads_cached, _others_before
     if _FIXED_THREADS:
         return _FIXED_THREADS
     now = time.monotonic()
@@ -627,7 +627,10 @@ def _threads_now():
                 own += f.read().rsplit(")", 1)[1].split()[0] == "R"
     except (OSError, ValueError, IndexError):  # not Linux: use every core
         running, own = 0, 0
-    _threads_cached = max(1, min(_THREADS, _THREADS - max(0, running - own)))
+    others = max(0, running - own)
+    # The smaller of the last two readings: a task that runs for a moment is not load.
+    _threads_cached = max(1, min(_THREADS, _THREADS - min(others, _others_before)))
+    _others_before = others
     return _threads_cached
 
 
@@ -670,6 +673,7 @@ class _blas_threads:
 _RECHECK_S = 0.05
 _FIXED_THREADS = int(os.environ.get("DARKNET_CPU_THREADS", "0") or 0)
 _threads_checked, _threads_cached = float("-inf"), _THREADS
+_others_before = 0
 _SET_BLAS_THREADS = _openblas_local_threads()
 
 
