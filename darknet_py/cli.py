@@ -92,8 +92,8 @@ class DarknetGroup(click.Group):
 def cli():
     """Darknet's cfg-driven neural networks in Python.
 
-    Runs Darknet .cfg/.weights files: classify (test) and detect on images, print a
-    network's layer table (info), cut a weights file down to its first layers
+    Runs Darknet .cfg/.weights files: classify images (test), find objects in them
+    (detect), print a network's layer table (info), cut a weights file down to its first layers
     (partial), train a classifier or detector (train), score weights on a dataset
     (valid) and compute YOLO anchors (anchors).
 
@@ -568,15 +568,19 @@ def training_errors(command):
               help="Train to N iterations instead of the cfg's max_batches.")
 @functools.partial(overwrite_option, help=(
     "Let this run replace files an earlier run left in the backup directory: "
-    "<cfg>_final.weights, numbered weights, chart.png, _last/_best and (for a run starting "
-    "at iteration 0) <cfg>.backup. Without it they are an error, even with --clear."))
+    "<cfg>_final.weights, numbered weights, chart_<cfg>.png and its history, _last/_best and "
+    "(for a run starting at iteration 0) <cfg>.backup. Without it they are an error, even "
+    "with --clear."))
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
+@click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Processes loading and augmenting images (0: in the training process) "
+                   "[default: one per available CPU less one, at most 16].")
 @device_options
 @training_errors
 @darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, device, darknet):
+                  overwrite, quiet, workers, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -594,7 +598,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet, darknet=darknet,
+              overwrite=overwrite, verbose=not quiet, workers=workers, darknet=darknet,
               log=lambda line: click.echo(line))
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM

@@ -163,7 +163,7 @@ def test_the_fold_is_remade_after_training_and_after_loading():
                                   d / "p3_train_classifier.weights", device="cpu")
     x = ref["input"]
     before = all_outputs(net, x, fold=True)[-2]
-    net.train_batch(x, ref["truth"])   # moves weights, biases, scales and rolling stats
+    net.train_pass(x, ref["truth"])   # moves weights, biases, scales and rolling stats
     after_update = all_outputs(net, x, fold=True)[-2]
     assert rel_error(after_update, all_outputs(net, x, fold=False)[-2]) < TOLERANCE
     assert rel_error(after_update, before) > 10 * TOLERANCE  # the step did change the output

@@ -136,8 +136,10 @@ class NumpyBackend:
                batch=1, im_stride=0):
         """Unfold images (channels x height x width each, `im_stride` apart; 0: packed)
         into col, laid out (channels*k*k) x batch x (out_h*out_w): one GEMM then covers
-        the whole batch. With batch=1 that is Darknet's im2col of one image."""
+        the whole batch. With batch=1 that is Darknet's im2col of one image. stride: an
+        int, or (stride_y, stride_x)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        sy, sx = conv_strides(stride)
         images = _images(im, batch, im_stride, channels, height, width)
         rows = ksize * ksize * batch * out_h * out_w   # col floats per channel
 
@@ -150,7 +152,7 @@ class NumpyBackend:
                 part = padded
             sb, sc, sh, sw = part.strides
             windows = as_strided(part, (c1 - c0, ksize, ksize, batch, out_h, out_w),
-                                 (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
+                                 (sc, sh * dilation, sw * dilation, sb, sh * sy, sw * sx))
             # Assign through a shaped view of col: reshape(-1) of the windows copies twice.
             col[c0 * rows:c1 * rows].reshape(windows.shape)[...] = windows
 
@@ -161,14 +163,15 @@ class NumpyBackend:
         """Fold col (laid out as im2col writes it) back, *adding* into the images
         (the adjoint of im2col)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        sy, sx = conv_strides(stride)
         cols = col[:channels * ksize * ksize * batch * out_h * out_w].reshape(
             channels, ksize, ksize, batch, out_h, out_w)
         padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
         for ki in range(ksize):
             for kj in range(ksize):
                 r0, c0 = ki * dilation, kj * dilation
-                padded[:, :, r0:r0 + stride * (out_h - 1) + 1:stride,
-                       c0:c0 + stride * (out_w - 1) + 1:stride] += cols[:, ki, kj].transpose(1, 0, 2, 3)
+                padded[:, :, r0:r0 + sy * (out_h - 1) + 1:sy,
+                       c0:c0 + sx * (out_w - 1) + 1:sx] += cols[:, ki, kj].transpose(1, 0, 2, 3)
         images = _images(im, batch, im_stride, channels, height, width)
         images += padded[:, :, pad:pad + height, pad:pad + width]
 
@@ -746,9 +749,17 @@ def uniform_hash(seed, n):
     return (v >> np.uint32(8)).astype(np.float64) / 16777216.0
 
 
+def conv_strides(stride):
+    """(down, across) of a convolution's stride: an int, or the AlexeyAB fork's
+    (stride_y, stride_x) pair."""
+    return (stride, stride) if isinstance(stride, int) else tuple(stride)
+
+
 def conv_out_size(height, width, ksize, stride, pad, dilation=1):
+    """Output (height, width); stride is an int or a (stride_y, stride_x) pair."""
+    sy, sx = conv_strides(stride)
     span = dilation * (ksize - 1) + 1
-    return (height + 2 * pad - span) // stride + 1, (width + 2 * pad - span) // stride + 1
+    return (height + 2 * pad - span) // sy + 1, (width + 2 * pad - span) // sx + 1
 
 
 def _images(flat, batch, im_stride, channels, height, width):
