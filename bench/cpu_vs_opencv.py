@@ -131,7 +131,11 @@ def detect_process_seconds(repeats, tmp):
     return statistics.median(times)
 
 
-def machine():
+def load_average():
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def machine(load_before):
     cpu = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
@@ -140,16 +144,16 @@ def machine():
                 break
     except OSError:
         pass
-    load = ", load average %.2f" % os.getloadavg()[0] if hasattr(os, "getloadavg") else ""
-    return f"{os.cpu_count()} CPU cores ({cpu}){load}"
+    return (f"{os.cpu_count()} CPU cores ({cpu}), load average {load_before:.2f} before the "
+            f"run and {load_average():.2f} after (other processes slow both engines, unevenly)")
 
 
-def report(rows, detect_s, repeats):
+def report(rows, detect_s, repeats, load_before):
     import numpy as np
     lines = [BEGIN,
-             f"## CPU: darknet-py (NumPy) vs OpenCV DNN, batch 1 (`make bench-cpu`)",
+             f"# CPU inference: darknet-py (NumPy) vs OpenCV DNN, batch 1 (`make bench-cpu`)",
              "",
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine()}; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine(load_before)}; "
              f"NumPy {np.__version__}, {rows[0]['opencv']}. Medians of {repeats} forwards per "
              f"engine, interleaved; input: ../shared/images/dog.jpg letterboxed.",
              "",
@@ -191,6 +195,7 @@ def main():
     if not OPENCV_PYTHON.is_file():
         raise SystemExit(f"{OPENCV_PYTHON}: no OpenCV-4 virtualenv; `make bench-cpu` builds it")
     sys.path.insert(0, str(ROOT))
+    load_before = load_average()
     worker = Worker()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,7 +211,7 @@ def main():
         worker.close()
         detect_s = detect_process_seconds(args.detect_repeats, tmp)
     print(f"darknet-py detect, whole process: {detect_s:.2f} s (goal <= {DETECT_GOAL_S} s)")
-    text = report(rows, detect_s, args.repeats)
+    text = report(rows, detect_s, args.repeats, load_before)
     if args.results:
         write_results(args.results, text)
         print(f"wrote {args.results}")

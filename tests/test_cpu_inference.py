@@ -59,6 +59,7 @@ def test_activate_in_place_equals_the_formula(activation):
 
 def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch):
     monkeypatch.setattr(numpy_backend, "_THREADS", 2)
+    monkeypatch.setattr(numpy_backend, "_FIXED_THREADS", 2)  # whatever the machine's load
     seen = np.zeros(1000, dtype=np.int64)
     parts = []
 
@@ -78,6 +79,26 @@ def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch)
 
     with pytest.raises(ValueError, match="part at"):
         numpy_backend._parallel(1000, fail, 10)
+
+
+def test_threads_now_leaves_the_cores_other_processes_use(monkeypatch):
+    monkeypatch.setattr(numpy_backend, "_THREADS", 4)
+    monkeypatch.setattr(numpy_backend, "_threads_checked", float("-inf"))
+    assert 1 <= numpy_backend._threads_now() <= 4
+    monkeypatch.setattr(numpy_backend, "_FIXED_THREADS", 3)
+    assert numpy_backend._threads_now() == 3
+    # The count the GEMM asks BLAS for is never above what BLAS was given.
+    if numpy_backend._SET_BLAS_THREADS:
+        before = numpy_backend._SET_BLAS_THREADS(1)
+        numpy_backend._SET_BLAS_THREADS(before)
+        with numpy_backend._blas_threads(before + 5):
+            inside = numpy_backend._SET_BLAS_THREADS(before)
+        assert inside == before
+        with numpy_backend._blas_threads(1):
+            inside = numpy_backend._SET_BLAS_THREADS(1)
+        assert inside == 1
+        after = numpy_backend._SET_BLAS_THREADS(before)
+        assert after == before
 
 
 @pytest.mark.parametrize("batch,c,h,w,size,stride,padding", MAXPOOL_CASES)

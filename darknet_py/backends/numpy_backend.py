@@ -119,10 +119,11 @@ class NumpyBackend:
         A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
         B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
         C = _matrix(c, 0, m, n, ldc)
-        if beta == 0 and alpha == 1:
-            np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
-            return
-        prod = A @ B
+        with _blas_threads(_threads_now()):
+            if beta == 0 and alpha == 1:
+                np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
+                return
+            prod = A @ B
         if beta == 0:
             C[...] = self.dtype.type(alpha) * prod
         else:
@@ -575,8 +576,9 @@ def _parallel(count, work, grain):
     left, and the caller returns once every part is done: a pool thread the OS has not
     scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
     global _pool
-    parts = min(_PARTS_PER_THREAD * (_THREADS or 1), count // max(1, grain))
-    if parts <= 1 or (_THREADS or 1) <= 1:
+    threads = _threads_now()
+    parts = min(_PARTS_PER_THREAD * threads, count // max(1, grain))
+    if parts <= 1 or threads <= 1:
         work(0, count)
         return
     if _pool is None:
@@ -597,12 +599,85 @@ def _parallel(count, work, grain):
             errors.append(e)
             all_done.set()
 
-    for _ in range(min(_THREADS - 1, parts - 1)):
+    for _ in range(min(threads - 1, parts - 1)):
         _pool.submit(drain)
     drain()
     all_done.wait()
     if errors:
         raise errors[0]
+
+
+def _threads_now():
+    """How many threads to use now: every core, less those other processes keep busy at
+    this moment (runnable tasks in /proc/loadavg, not counting this process's own). On an
+    oversubscribed machine every multi-threaded BLAS call and pool hand-over waits for a
+    thread the OS has descheduled: yolov3-tiny at load 10 on 2 cores took 425-575 ms with
+    2 threads against 122-126 ms with one. Re-read at most every _RECHECK_S;
+    DARKNET_CPU_THREADS fixes the count."""
+    global _threads_checked, _threads_cached, _others_before
+    if _FIXED_THREADS:
+        return _FIXED_THREADS
+    now = time.monotonic()
+    if now - _threads_checked < _RECHECK_S:
+        return _threads_cached
+    _threads_checked = now
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/stat") as f:
+                own += f.read().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, ValueError, IndexError):  # not Linux: use every core
+        running, own = 0, 0
+    others = max(0, running - own)
+    # The smaller of the last two readings: a task that runs for a moment is not load.
+    _threads_cached = max(1, min(_THREADS, _THREADS - min(others, _others_before)))
+    _others_before = others
+    return _threads_cached
+
+
+def _openblas_local_threads():
+    """NumPy's bundled OpenBLAS's per-thread thread-count setter, or None (another BLAS,
+    or an OpenBLAS without it: then it keeps its own count)."""
+    import ctypes
+    import glob
+    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs",
+                                  "libscipy_openblas*"))
+    try:
+        setter = ctypes.CDLL(libs[0]).openblas_set_num_threads_local
+    except (IndexError, OSError, AttributeError):
+        return None
+    setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+    return setter
+
+
+class _blas_threads:
+    """Runs the block with BLAS on this thread limited to n threads (never raised above
+    what it had), and leaves it as it was."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.previous = None
+        if _SET_BLAS_THREADS:
+            previous = _SET_BLAS_THREADS(self.n)
+            if previous <= self.n:
+                _SET_BLAS_THREADS(previous)
+            else:
+                self.previous = previous
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            _SET_BLAS_THREADS(self.previous)
+
+
+_RECHECK_S = 0.05
+_FIXED_THREADS = int(os.environ.get("DARKNET_CPU_THREADS", "0") or 0)
+_threads_checked, _threads_cached = float("-inf"), _THREADS
+_others_before = 0
+_SET_BLAS_THREADS = _openblas_local_threads()
 
 
 def _scratch(n, dtype):
@@ -636,9 +711,11 @@ def _activate_inplace(x, activation, scratch):
 
 
 def _maxpool_values(src, size, stride_y, stride_x, off, out):
-    """out (planes, out_h, out_w) = the maximum of each window, taken as a running
-    np.maximum over the size*size strided views: no argmax, no index arrays. Cells
-    outside the image (padding) are -inf, so a window wholly in the padding gives -inf."""
+    """out (planes, out_h, out_w) = the maximum of each window, without argmax or index
+    arrays, taken in two running np.maximum passes: down the window's rows over whole
+    image rows (contiguous, vectorised), then across its columns on that smaller result.
+    Cells outside the image (padding) are -inf, so a window wholly in the padding gives
+    -inf."""
     planes, h, w = src.shape
     _, out_h, out_w = out.shape
     ph = max(0, (out_h - 1) * stride_y + size - off - h)
@@ -648,13 +725,14 @@ def _maxpool_values(src, size, stride_y, stride_x, off, out):
         padded[:, off:off + h, off:off + w] = src
         src = padded
     rows, cols = stride_y * (out_h - 1) + 1, stride_x * (out_w - 1) + 1
-    for k in range(size * size):
-        dy, dx = divmod(k, size)
-        view = src[:, dy:dy + rows:stride_y, dx:dx + cols:stride_x]
-        if k == 0:
-            out[...] = view
-        else:
-            np.maximum(out, view, out=out)
+    width = src.shape[2]
+    down = _scratch(planes * out_h * width, src.dtype).reshape(planes, out_h, width)
+    down[...] = src[:, 0:rows:stride_y]
+    for dy in range(1, size):
+        np.maximum(down, src[:, dy:dy + rows:stride_y], out=down)
+    out[...] = down[:, :, 0:cols:stride_x]
+    for dx in range(1, size):
+        np.maximum(out, down[:, :, dx:dx + cols:stride_x], out=out)
 
 
 def uniform_hash(seed, n):
