@@ -12,6 +12,7 @@ from ..image import ImageError
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
                       augment_detection_hwc, center_crop_hwc, from_hwc,
                       prepare_detector_eval_image, read_hwc, to_hwc)
+from .augment_fork import ForkAugment, fork_detection_sample
 from .config import DataError
 from .labels import MAX_BOXES, MissingLabelFile, classifier_truth, read_image_labels
 
@@ -291,6 +292,10 @@ class DataLoader:
                     kept = boxes[:self.max_boxes]
                     truth_out[:] = 0
                     truth_out[:kept.size] = kept.reshape(-1)
+                elif isinstance(self.augment, ForkAugment):
+                    out, truth_out[:] = fork_detection_sample(
+                        hwc, boxes, lambda: self._random_labelled_image(rng), self.augment,
+                        w, h, rng, self.max_boxes)
                 else:
                     out, truth_out[:] = augment_detection_hwc(hwc, boxes, self.augment, w, h,
                                                                rng, self.max_boxes)
@@ -301,6 +306,19 @@ class DataLoader:
             self._report(path, f"{message}; skipping it" if path in message
                          else f"{path}: {message}; skipping it")
             return None
+
+
+    def _random_labelled_image(self, rng):
+        """Another training image (image, boxes), drawn with rng: the other images of a
+        mosaic or a mixup. An unreadable one fails the whole sample (its slot is refilled);
+        a missing label file means no boxes, as for the sample's own image."""
+        path = self.paths[int(rng.integers(len(self.paths)))]
+        hwc = read_hwc(path, self.channels)
+        try:
+            return hwc, read_image_labels(path, self.classes)
+        except MissingLabelFile as e:
+            self._report(path, f"{e}; using the image with no boxes", missing_label=True)
+            return hwc, np.zeros((0, TRUTH_FIELDS), dtype=np.float32)
 
 
 def _report_to_stderr(path, message):
