@@ -11,7 +11,7 @@ GPU_PYTHON ?= python3
 NVCC ?= nvcc
 NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
 
-.PHONY: install test demo gpu-test bench kernels-check clean
+.PHONY: install test demo gpu-test bench bench-cpu kernels-check dist clean
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -34,6 +34,18 @@ test: install kernels-check
 demo: install
 	$(PYTHON) -m darknet_py.demo
 
+# A wheel in dist/ (pip install dist/darknet_cfg_runner-*.whl), checked to carry every
+# CUDA kernel and bundled cfg: the CUDA backend and the demo read them at run time.
+dist: install
+	rm -rf dist build
+	$(PYTHON) -m pip wheel -q --no-deps -w dist .
+	$(PYTHON) -c 'import glob, os, sys, zipfile; \
+	  names = set(zipfile.ZipFile(glob.glob("dist/*.whl")[0]).namelist()); \
+	  want = {f"darknet_py/{folder}/{os.path.basename(p)}" for folder, pattern in \
+	          (("kernels", "kernels/*.cu"), ("cfgs", "cfg/*.cfg")) for p in glob.glob(pattern)}; \
+	  sys.exit(f"the wheel lacks {sorted(want - names)}" if want - names else 0)'
+	@ls dist/*.whl
+
 gpu-test:
 	$(GPU_PYTHON) -m pytest -q -m gpu
 
@@ -41,5 +53,17 @@ bench:
 	$(GPU_PYTHON) bench/run_all.py
 	$(GPU_PYTHON) bench/network_bench.py --cpu
 
+# CPU inference against OpenCV 4's DNN module (OpenCV 5 dropped the Darknet importer), in
+# a virtualenv of its own; writes its section of bench/RESULTS.md.
+OPENCV4_VENV := bench/.venv-opencv4
+
+$(OPENCV4_VENV)/.installed:
+	python3 -m venv $(OPENCV4_VENV)
+	$(OPENCV4_VENV)/bin/pip install -q 'opencv-python-headless<5' numpy
+	@touch $@
+
+bench-cpu: install $(OPENCV4_VENV)/.installed
+	$(PYTHON) bench/cpu_vs_opencv.py --results bench/RESULTS.md
+
 clean:
-	rm -rf .installed build *.egg-info demo-run .pytest_cache
+	rm -rf .installed build dist *.egg-info demo-run .pytest_cache

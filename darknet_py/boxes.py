@@ -353,3 +353,16 @@ def do_nms_obj(dets, classes, nms):
             front[b].probs[:] = 0
     dets[:total] = front
     return dets
+
+
+def results_corners(box, img_w, img_h, origin):
+    """(left, top, right, bottom) float pixels of a relative box as Darknet's results
+    files give them: origin 1 for the VOC comp4 files (print_detector_detections adds 1
+    and clips to [1, size]), origin 0 for COCO's JSON (print_cocos clips to [0, size])."""
+    x, y, w, h = (float(v) for v in box)
+    x, y, w, h = x * img_w, y * img_h, w * img_w, h * img_h
+    left = max(origin, x - w / 2 + origin)
+    top = max(origin, y - h / 2 + origin)
+    right = min(img_w, x + w / 2 + origin)
+    bottom = min(img_h, y + h / 2 + origin)
+    return left, top, right, bottom

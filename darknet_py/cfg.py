@@ -6,7 +6,9 @@ Darknet strips them). Values are read lazily and typed by the layer that asks
 for them, so every error can name the file, line and key. Options a layer never
 reads are reported as warnings with their line, since they are usually typos.
 """
+import math
 import os
+import re
 import warnings
 
 # Darknet's section names and their aliases -> canonical type.
@@ -20,12 +22,24 @@ SECTION_ALIASES = {
     "dropout": "dropout", "cost": "cost", "route": "route", "shortcut": "shortcut",
     "upsample": "upsample", "reorg": "reorg", "crop": "crop", "local": "local",
     "batchnorm": "batchnorm", "yolo": "yolo", "region": "region", "detection": "detection",
+    # the AlexeyAB fork's ([reorg3d] is its new reorg; its [reorg] is the original's)
+    "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
+    "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
     "deconv", "deconvolutional", "activation", "logistic", "l2norm", "crnn", "gru",
     "lstm", "rnn", "lrn", "normalization", "reorg_old",
+    # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
+    "conv_lstm", "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
 }
+
+# What C's atof reads at the start of a value (atoi reads a prefix of it): a decimal number
+# with an optional exponent, or inf/nan, which are refused once read.
+FLOAT_TEXT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)",
+                        re.IGNORECASE)
+INT_MIN, INT_MAX = -2**31, 2**31 - 1
+BOM = "\ufeff"
 
 
 class CfgError(Exception):
@@ -67,6 +81,12 @@ class Section:
         opt = self.options.get(key) if key else None
         return CfgError(message, self.path, opt.line if opt else self.line, key)
 
+    def warn(self, message, key=None):
+        """A CfgWarning naming the file and the line of `key` (or of the section)."""
+        opt = self.options.get(key) if key else None
+        where = f"{self.path}:{opt.line if opt else self.line}: " + (f"{key}: " if key else "")
+        warnings.warn(CfgWarning(where + message), stacklevel=3)
+
     def has(self, key):
         return key in self.options
 
@@ -81,45 +101,63 @@ class Section:
         v = self._raw(key)
         return default if v is None else v
 
-    def get_int(self, key, default=None):
+    def _number(self, key, text, cast, item=None):
+        """Darknet's atoi/atof reading of one value: the leading number counts and the rest is
+        ignored (with a warning: `filters=40#32` is 40, as stock AlexeyAB cfgs rely on).
+        Infinities, NaN and ints outside C's int range are errors, as nothing sensible
+        follows from them. `item` is the full list value, for messages about list items."""
+        kind = "an integer" if cast is int else "a number"
+        shown = text if item is None else item
+        whole = FLOAT_TEXT.fullmatch(text)
+        lead = whole or FLOAT_TEXT.match(text)
+        if lead is None:
+            what = kind if item is None else f"a comma-separated list of {kind.split()[-1]}s"
+            raise self.error(f"expected {what}, got '{shown}'", key)
+        number = lead.group(0)
+        value = float(number)
+        if not math.isfinite(value):
+            raise self.error(f"expected a finite number, got '{shown}'", key)
+        if cast is int:
+            if value != int(value):
+                raise self.error(f"expected an integer, got '{shown}'", key)
+            value = int(value)
+            if not INT_MIN <= value <= INT_MAX:
+                raise self.error(f"{value} is out of range (Darknet reads a C int: at most "
+                                 f"{INT_MAX})", key)
+        if not whole:
+            self._warn_ignored(key, shown, number)
+        return value
+
+    def _warn_ignored(self, key, shown, number):
+        opt = self.options.get(key)
+        line = opt.line if opt else self.line
+        warnings.warn(CfgWarning(
+            f"{self.path}:{line}: {key}: '{shown}' read as {number} (the text after the "
+            f"number is ignored, as Darknet does)"), stacklevel=3)
+
+    def _get_number(self, key, default, cast):
         v = self._raw(key)
         if v is None:
             if default is None:
                 raise self.error(f"required option missing in [{self.header}]", key)
-            return default
-        try:
-            return int(v)
-        except ValueError:
-            # Darknet reads ints with atoi, which accepts "1.0"; accept whole floats only.
-            try:
-                f = float(v)
-            except ValueError:
-                f = None
-            if f is not None and f == int(f):
-                return int(f)
-            raise self.error(f"expected an integer, got '{v}'", key) from None
+            return cast(default)
+        return self._number(key, v, cast)
+
+    def get_int(self, key, default=None):
+        return self._get_number(key, default, int)
 
     def get_float(self, key, default=None):
-        v = self._raw(key)
-        if v is None:
-            if default is None:
-                raise self.error(f"required option missing in [{self.header}]", key)
-            return float(default)
-        try:
-            return float(v)
-        except ValueError:
-            raise self.error(f"expected a number, got '{v}'", key) from None
+        return self._get_number(key, default, float)
 
     def get_list(self, key, cast, default=None):
+        """A comma-separated list of numbers; each item is read as get_int/get_float read a
+        value (Darknet's route layers= and anchors= read item by item with atoi/atof), so
+        `layers=-1,180###P6` is [-1, 180] with a warning."""
         v = self._raw(key)
         if v is None:
             return default
         items = [s for s in v.split(",") if s != ""]
-        try:
-            return [cast(s) for s in items]
-        except ValueError:
-            kind = "integers" if cast is int else "numbers"
-            raise self.error(f"expected a comma-separated list of {kind}, got '{v}'", key) from None
+        return [self._number(key, s, cast, item=v) for s in items]
 
     def get_int_list(self, key, default=None):
         return self.get_list(key, int, default)
@@ -141,7 +179,8 @@ def parse_cfg_text(text, path="<cfg>"):
     """Parse cfg text into a list of Sections (the first is normally [net])."""
     sections = []
     current = None
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    # A UTF-8 byte-order mark (left by Windows editors) is not part of the first line.
+    for lineno, raw in enumerate(text.removeprefix(BOM).splitlines(), start=1):
         line = "".join(raw.split())  # Darknet strips all whitespace
         if not line or line[0] in "#;":
             continue
@@ -195,6 +234,8 @@ def read_data_file(path):
     except FileNotFoundError:
         raise CfgError("file not found", path) from None
     options = {}
+    if lines:
+        lines[0] = lines[0].removeprefix(BOM)
     for lineno, raw in enumerate(lines, start=1):
         line = "".join(raw.split())
         if not line or line[0] in "#;":

@@ -9,11 +9,11 @@ Commands that run a network take the shared options from `device_options` and
 `names_options`; new commands (training: train, valid, anchors) go in the marked
 section near the end and get the same error handling by being added to `cli`.
 """
-import contextlib
 import errno
 import functools
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -23,15 +23,20 @@ import click
 from . import __version__
 from .backends import BackendError
 from .cfg import CfgError, CfgWarning, read_data_file
-from .image import ImageError
-from .network import NetworkError, build_network, load_network
-from .weights import WeightsError, floats_needed
+from .files import (OverwriteError, atomic_output, refuse_overwrite,
+                    remove_stale_temporaries)
+from .image import ImageError, ImageWarning
+from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
+from .weights import WeightsError, WeightsWarning, floats_needed
 
 PROG = "darknet-py"
 
 # Exceptions that describe a problem with the user's files or machine, not a bug.
 # OSError covers files we open directly (names, image lists, outputs we write).
-USER_ERRORS = (CfgError, WeightsError, ImageError, BackendError, NetworkError, OSError)
+USER_ERRORS = (CfgError, WeightsError, ImageError, BackendError, NetworkError, OverwriteError,
+               OSError)
+# Warnings about the user's files: one `darknet-py: warning:` line each.
+USER_WARNINGS = (CfgWarning, WeightsWarning, ImageWarning)
 
 # IMAGE arguments ending like this are lists of image paths, one a line.
 LIST_SUFFIXES = (".txt", ".list")
@@ -62,11 +67,12 @@ class DarknetGroup(click.Group):
     def invoke(self, ctx):
         with warnings.catch_warnings():
             # "always": the same cfg read twice in one process must warn twice.
-            warnings.simplefilter("always", CfgWarning)
+            for category in USER_WARNINGS:
+                warnings.simplefilter("always", category)
             python_showwarning = warnings.showwarning
 
             def show_warning(message, category, filename, lineno, file=None, line=None):
-                if issubclass(category, CfgWarning):
+                if issubclass(category, USER_WARNINGS):
                     warn(message)
                 else:
                     python_showwarning(message, category, filename, lineno, file, line)
@@ -87,8 +93,11 @@ def cli():
     """Darknet's cfg-driven neural networks in Python.
 
     Runs Darknet .cfg/.weights files: classify (test) and detect on images, print a
-    network's layer table (info), and cut a weights file down to its first layers
-    (partial).
+    network's layer table (info), cut a weights file down to its first layers
+    (partial), train a classifier or detector (train), score weights on a dataset
+    (valid) and compute YOLO anchors (anchors).
+
+    Commands that write files never replace an existing one unless given --overwrite.
     """
 
 
@@ -116,6 +125,51 @@ def device_options(command):
         "--gpu", type=click.IntRange(min=0), metavar="N", default=None,
         help="Run on CUDA GPU N (the same as --device cuda:N).")(with_device)
     return with_device
+
+
+def overwrite_option(command, help="Replace output files that already exist (without it, "
+                                    "an existing output is an error and is left as it is)."):
+    """Add --overwrite, the one switch every command that writes files takes."""
+    return click.option("--overwrite", is_flag=True, help=help)(command)
+
+
+def claim_outputs(paths, overwrite):
+    """The rule for a command's outputs, checked before any work: an existing file is
+    refused without --overwrite; temporaries that interrupted writes left in the outputs'
+    directories are removed."""
+    refuse_overwrite(paths, overwrite)
+    for directory in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
+        existing = directory   # missing directories are made; where would they go?
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise OSError(errno.ENOTDIR, "not a directory, so no output can go under it",
+                          existing)
+        if not os.access(existing, os.W_OK):
+            raise OSError(errno.EACCES, "cannot write into this directory", existing)
+        for stale in remove_stale_temporaries(directory):
+            warn(f"removed {stale}, left by an interrupted write")
+
+
+class Probability(click.ParamType):
+    """A float in [0, 1]; click's FloatRange lets NaN through (every comparison is False)."""
+    name = "probability"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"'{value}' is not a number", param, ctx)
+        if not 0 <= number <= 1:
+            self.fail(f"{value} is not in the range 0 to 1", param, ctx)
+        return number
+def darknet_option(command):
+    """Add --darknet original|alexeyab: which Darknet's arithmetic the network follows."""
+    return click.option(
+        "--darknet", type=click.Choice(DARKNET_FLAVOURS), default=None,
+        help="Follow the original Darknet (pjreddie) or the AlexeyAB fork (batch-norm "
+             "epsilon and momentum, BFLOPs, weights header, truth layout). [default: the "
+             "fork's when the weights header or the cfg is the fork's]")(command)
 
 
 def read_names_file(path):
@@ -240,7 +294,8 @@ Prints, per image, the time taken and the --top most probable classes as
                    "else 5].")
 @names_options
 @device_options
-def classify_command(cfg, weights, images, top, names, data, device):
+@darknet_option
+def classify_command(cfg, weights, images, top, names, data, device, darknet):
     if top is None:
         try:
             top = int(data.get("top", 5))
@@ -248,8 +303,12 @@ def classify_command(cfg, weights, images, top, names, data, device):
             raise UserError(f"top={data['top']} in the --data file is not a whole number") from None
     from .detection import output_layer
 
+    from .detection import detector_layers
     paths = expand_images(images)
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    if detector_layers(net):
+        raise UserError(f"{cfg}: the network is a detector (it has a "
+                        f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`")
     check_names(names, output_layer(net).outputs)
     net.names = names
 
@@ -304,18 +363,25 @@ Find objects in images with a detector network (YOLO).
 
 Prints, per image, the time taken and one line per detected class:
 "name: percent%  left=L top=T width=W height=H", the box in pixels of the
-original image. Writes the image with labelled boxes to --out, and, with
---json, every detection of every image to one JSON file.
+original image (a box with several classes above --thresh gets a line for
+each, as in Darknet). Writes the image with labelled boxes to --out, and, with
+--json, every detection of every image to one JSON file. Existing outputs are
+not replaced without --overwrite.
 
-{IMAGE_ARGUMENT_HELP}""")
+{IMAGE_ARGUMENT_HELP}
+
+A video file (.mp4, .avi, .mov, ...) or --camera N runs as Darknet's `detector
+demo` does, without a window: every frame is detected and written with its boxes to
+--out (a video; default predictions.mp4; an existing file is not replaced), with a
+line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video.""")
 @click.argument("cfg")
 @click.argument("weights")
-@click.argument("images", metavar="IMAGE...", nargs=-1, required=True)
-@click.option("--thresh", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+@click.argument("images", metavar="IMAGE...", nargs=-1)
+@click.option("--camera", type=click.IntRange(min=0), metavar="N", default=None,
+              help="Detect on camera N's frames until Ctrl-C (instead of IMAGE).")
+@click.option("--thresh", type=Probability(), default=0.5, show_default=True,
               help="Report a class when its probability is above this.")
-@click.option("--hier", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Threshold for walking a class tree (yolo9000-style cfgs).")
-@click.option("--nms", type=click.FloatRange(0, 1), default=0.45, show_default=True,
+@click.option("--nms", type=Probability(), default=0.45, show_default=True,
               help="Drop a box overlapping a likelier one of its class by more than this "
                    "IoU; 0 turns NMS off.")
 @click.option("--out", metavar="PATH", default="predictions.jpg", show_default=True,
@@ -323,24 +389,40 @@ original image. Writes the image with labelled boxes to --out, and, with
                    "goes before the extension: predictions_1.jpg, predictions_2.jpg, ... If "
                    "PATH is a directory (or ends with /), each image is written into it under "
                    "its own name with .jpg (dog.png -> PATH/dog.jpg). A PATH without an "
-                   "extension gets .jpg.")
+                   "extension gets .jpg. `--out none` writes no image.")
 @click.option("--json", "json_file", metavar="FILE", default=None,
               help="Write the detections of all images to FILE as JSON.")
+@click.option("--darknet-order", is_flag=True,
+              help="Print detections as the C Darknet does (\"name: percent%\" lines, in its "
+                   "order: after NMS, not by probability), so logs diff against it.")
 @click.option("--ext-output", is_flag=True,
               help="Print detections as the AlexeyAB fork's -ext_output does, leftmost "
                    "first: \"name: 87%  (left_x: L   top_y: T   width: W   height: H)\", "
                    "in pixels.")
+@overwrite_option
 @names_options
 @device_options
-def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, ext_output, names,
-                   data, device):
-    from .detection import (detections_to_json, detector_layers, draw_detections,
-                            ext_output_lines, pixel_box)
-    from .image import load_image, to_bgr
+@darknet_option
+def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
+                   ext_output, overwrite, names, data, device, darknet):
+    from .detection import (detect, detection_classes, detections_to_json, detector_layers,
+                            draw_detections, ext_output_lines, pixel_box)
+    from .image import decode_image, from_bgr
+    from .video import is_video
 
+    if camera is not None or any(is_video(image) for image in images):
+        from .video import detect_video_command
+        out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
+        return detect_video_command(cfg, weights, images, camera, out if out_given else None,
+                                    json_file, dict(thresh=thresh, nms=nms), names, device,
+                                    overwrite)
+    if not images:
+        raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)
-    outputs = output_paths(out, paths)
-    net = load_network(cfg, weights, batch=1, device=device)
+    outputs = [None] * len(paths) if out.lower() == "none" else output_paths(out, paths)
+    claim_outputs([p for p in outputs if p is not None] + ([json_file] if json_file else []),
+                  overwrite)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
@@ -351,42 +433,45 @@ def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, ext_
 
     def detect_one(index, path):
         output = outputs[index]
-        image = load_image(path)
+        # Pixel boxes are in the file's own size, even when a huge image is decoded reduced.
+        bgr, (width, height) = decode_image(path)
         start = time.perf_counter()
-        dets = net.detect(image, thresh=thresh, hier=hier, nms=nms)
+        dets = detect(net, from_bgr(bgr), thresh=thresh, nms=nms, darknet_order=darknet_order)
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
-        height, width = image.shape[1:]
         if ext_output:
             for line in ext_output_lines(dets, width, height, names, thresh):
                 click.echo(line)
-        else:
-            for det in dets:
-                left, top, right, bottom = pixel_box(det.box, width, height)
-                # Like Darknet's draw_detections: a line for every class above thresh.
-                for class_id, prob in enumerate(det.probs):
-                    if prob > thresh:
-                        click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
-                                   f"left={left} top={top} width={right - left} "
-                                   f"height={bottom - top}")
-        if os.path.dirname(output):
-            os.makedirs(os.path.dirname(output), exist_ok=True)
-        drawn = draw_detections(to_bgr(image), dets, names, classes=classes)
-        if not cv2().imwrite(output, drawn):
-            raise UserError(f"{output}: cannot write the image")
+        for det in [] if ext_output else dets:
+            left, top, right, bottom = pixel_box(det.box, width, height)
+            # Like Darknet's draw_detections: a line for every class above thresh.
+            for class_id, prob in detection_classes(det):
+                if darknet_order:
+                    click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%")
+                else:
+                    click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
+                               f"left={left} top={top} width={right - left} "
+                               f"height={bottom - top}")
+        if output is not None:
+            write_image(output, draw_detections(bgr, dets, names, classes=classes))
         results.append({"image": path, "output": output, "width": width, "height": height,
                         "detections": detections_to_json(dets, width, height, names)})
 
-    # Opened before the run, so an unwritable --json fails before the work, not after.
-    with (open(json_file, "w", encoding="utf-8") if json_file is not None
-          else contextlib.nullcontext()) as json_out:
-        failed = run_on_images(paths, detect_one)
-        if json_out is not None:
-            json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "hier": hier,
-                       "nms": nms, "images": results}, json_out, indent=1)
+    failed = run_on_images(paths, detect_one)
+    if json_file is not None:
+        with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
+            json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms,
+                       "images": results}, json_out, indent=1)
             json_out.write("\n")
     if failed:
         sys.exit(UserError.exit_code)
+
+
+def write_image(path, image):
+    """Write an OpenCV image atomically (a failed write leaves no half image behind)."""
+    with atomic_output(path) as tmp:
+        if not cv2().imwrite(tmp, image):
+            raise UserError(f"{path}: cannot write the image")
 
 
 # ---- info -----------------------------------------------------------------------------------
@@ -394,14 +479,18 @@ def detect_command(cfg, weights, images, thresh, hier, nms, out, json_file, ext_
 @click.argument("cfg")
 @click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
               help="Images per forward pass, for the memory estimate [default: 1].")
-def info_command(cfg, batch):
+@darknet_option
+def info_command(cfg, batch, darknet):
     """Print a network's layer table and its total BFLOPs.
 
     Works out every layer's shape from CFG without allocating anything or loading
     weights, so it is quick even for large networks. The last line estimates the memory
     the activations need at --batch images.
     """
-    net = build_network(cfg, batch=batch)
+    net = build_network(cfg, batch=batch, darknet=darknet)
+    click.echo(f"Darknet: {net.darknet} ({'chosen with --darknet' if darknet else 'from the cfg'}"
+               f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
+               f"'s Darknet counts them)")
     for line in net.summary():
         click.echo(line)
     batch = net.batch
@@ -417,20 +506,19 @@ def info_command(cfg, batch):
 @click.argument("weights")
 @click.argument("out")
 @click.argument("layers", metavar="N", type=click.IntRange(min=0))
-@click.option("--force", is_flag=True, help="Allow OUT to be the WEIGHTS file itself.")
-def partial_command(cfg, weights, out, layers, force):
+@overwrite_option
+@darknet_option
+def partial_command(cfg, weights, out, layers, overwrite, darknet):
     """Copy the weights of the first N layers of WEIGHTS into OUT (Darknet's partial).
 
     Used to make a pretrained backbone, e.g. darknet53.conv.74 from darknet53.weights.
     WEIGHTS must hold at least the floats of those N layers; OUT gets the same header
     with `seen` reset to 0, as Darknet does. N larger than the number of layers means all
-    of them.
+    of them. An existing OUT (WEIGHTS itself included) is replaced only with --overwrite.
     """
-    if same_file(out, weights) and not force:
-        raise UserError(f"{out}: OUT is the WEIGHTS file; refusing to overwrite it "
-                        f"(use --force to allow)")
+    claim_outputs([out], overwrite)
     # Darknet runs partial on the CPU: it is file work, not inference.
-    net = load_network(cfg, None, batch=1, device="cpu")
+    net = load_network(cfg, None, batch=1, device="cpu", darknet=darknet)
     net.load_weights(weights, cutoff=layers)
     net.seen = 0
     net.save_weights(out, cutoff=layers)
@@ -461,8 +549,9 @@ def training_errors(command):
 @click.argument("data")
 @click.option("--weights", metavar="WEIGHTS", default=None,
               help="Start from these weights: a backup (resumes at its iteration), a "
-                   "finished run's weights, or a pretrained partial file such as "
-                   "darknet53.conv.74 (the layers it covers).")
+                   "finished run's weights, a pretrained partial file such as "
+                   "darknet53.conv.74 (the layers it covers), or weights trained for "
+                   "another class count (the layers whose shapes match; a notice lists them).")
 @click.option("--clear", is_flag=True,
               help="Start counting iterations at 0 (Darknet's -clear), e.g. to fine-tune "
                    "weights that have already reached max_batches.")
@@ -477,15 +566,21 @@ def training_errors(command):
                    "training list, at least 100].")
 @click.option("--max-batches", type=click.IntRange(min=1), default=None, metavar="N",
               help="Train to N iterations instead of the cfg's max_batches.")
-@click.option("--overwrite", is_flag=True,
-              help="Let a run that starts at iteration 0 replace the <cfg>.backup and "
-                   "<cfg>_final.weights of an earlier run.")
+@functools.partial(overwrite_option, help=(
+    "Let this run replace files an earlier run left in the backup directory: "
+    "<cfg>_final.weights, numbered weights, chart_<cfg>.png and its history, _last/_best and "
+    "(for a run starting at iteration 0) <cfg>.backup. Without it they are an error, even "
+    "with --clear."))
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
+@click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Processes loading and augmenting images (0: in the training process) "
+                   "[default: one per available CPU less one, at most 16].")
 @device_options
 @training_errors
+@darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, device):
+                  overwrite, quiet, workers, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -493,16 +588,20 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     iteration ("iteration: loss, average loss, rate, seconds, images"), weights saved
     in the .data file's backup directory: <cfg>.backup every 100 iterations,
     numbered weights at Darknet's intervals, <cfg>_final.weights at the end, and
-    chart.png. Ctrl-C saves <cfg>.backup; --weights <backup>/<cfg>.backup resumes at
-    the same iteration and learning rate. Resuming weights that already reached
-    max_batches is an error (exit code 2) that points to --clear.
+    chart_<cfg>.png (the whole run's, also after a resume). Ctrl-C (or SIGTERM) saves
+    <cfg>.backup; --weights <backup>/<cfg>.backup resumes at the same iteration and learning
+    rate. Resuming weights that already reached max_batches is an error (exit code 2) that
+    points to --clear. A loss that turns NaN or infinite stops the run (exit code 2) without
+    saving the diverged weights.
     """
-    from .train import train
+    from .train import Terminated, train
     try:
         train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
               map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet,
+              overwrite=overwrite, verbose=not quiet, workers=workers, darknet=darknet,
               log=lambda line: click.echo(line))
+    except Terminated:
+        sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
     except KeyboardInterrupt:
         sys.exit(130)   # the weights are saved and the resume command printed
 
@@ -511,9 +610,15 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
 @click.argument("cfg")
 @click.argument("data")
 @click.argument("weights")
+@click.option("--results-dir", metavar="DIR", default="results", show_default=True,
+              help="Detectors: where Darknet's results files go (comp4_det_test_<class>.txt "
+                   "per class, coco_results.json).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace results files an earlier run left in --results-dir.")
 @device_options
 @training_errors
-def valid_command(cfg, data, weights, device):
+@darknet_option
+def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
     A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
@@ -521,9 +626,14 @@ def valid_command(cfg, data, weights, device):
     PASCAL VOC's all-point interpolation, per class and overall (detections above .005,
     NMS .45). The last line is for scripts: "top-1: 0.9533 top-5: 0.9990" or
     "mAP@0.5: 0.7120".
+
+    A detector's detections are also written as Darknet's `detector valid` writes them,
+    into --results-dir: comp4_det_test_<class>.txt (image id, probability, left, top,
+    right, bottom in pixels, 1-based) and coco_results.json (COCO's detection format).
     """
     from .validate import validate
-    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line))
+    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
+             results_dir=results_dir, overwrite=overwrite, darknet=darknet)
 
 
 @cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
@@ -538,8 +648,9 @@ def valid_command(cfg, data, weights, device):
 @click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Confidence at which precision, recall, F1 and the average IoU are taken.")
 @device_options
+@darknet_option
 @training_errors
-def map_command(cfg, data, weights, iou_thresh, points, thresh, device):
+def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
@@ -550,7 +661,7 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, device):
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
     from .validate import detector_map
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, log=lambda line: click.echo(line))
+                 thresh=thresh, darknet=darknet, log=lambda line: click.echo(line))
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
@@ -576,6 +687,46 @@ def anchors_command(data, num, width, height, seed):
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+
+
+@cli.command("bench", short_help="Time a network: forward, training step, per layer.")
+@click.argument("cfg")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Images per forward.")
+@click.option("--train", is_flag=True,
+              help="Also time a training step (forward, backward, update) on random truth.")
+@click.option("--layers", is_flag=True,
+              help="Also time every layer on its own: forward (and backward with --train), "
+                   "in ms and as a share of the total.")
+@click.option("--json", "json_file", metavar="FILE", default=None,
+              help="Write the figures to FILE as JSON.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed runs; the median is reported.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Untimed runs before the timed ones.")
+@overwrite_option
+@device_options
+@darknet_option
+def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
+                  darknet):
+    """Time CFG with random weights and a random input batch.
+
+    Prints the median forward time (inference, as `detect` and `test` run it) and
+    images/s, with --train also a training step's, and the peak device memory where the
+    backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
+    wall clock on the CPU.
+    """
+    from .bench import format_report, run_bench
+    if json_file is not None:
+        claim_outputs([json_file], overwrite)   # before the work, not after
+    net = load_network(cfg, None, batch=batch, device=device, darknet=darknet)
+    result = run_bench(net, train=train, layers=layers, warmup=warmup, repeats=repeats)
+    for line in format_report(result):
+        click.echo(line)
+    if json_file is not None:
+        with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
+            json.dump(result, json_out, indent=1)
+            json_out.write("\n")
 
 
 def main(argv=None):

@@ -35,7 +35,7 @@ SHOW_CANVASES = 6
 def _single_threaded_blas():
     """Re-run this process with one BLAS thread unless the user chose a number. The
     demo's matrices are small: a second OpenBLAS thread costs more in hand-offs than it
-    gains, and the data loader's threads use the other core."""
+    gains, and the data loader's worker process uses the other core."""
     if "OPENBLAS_NUM_THREADS" in os.environ or os.environ.get("DARKNET_PY_DEMO_CHILD"):
         return
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", DARKNET_PY_DEMO_CHILD="1")
@@ -161,9 +161,11 @@ def main(argv=None):
                 overwrite=True)
 
     _step("5/5 Validating the detector and detecting on held-out canvases")
+    results = os.path.join(out, "detection", "results")
     _command(f"darknet-py valid {_relative(DETECTOR_CFG)} {_relative(det_data)} "
-             f"{_relative(det.final_weights)}")
-    found = validate(DETECTOR_CFG, det_data, det.final_weights, device=device, log=log)
+             f"{_relative(det.final_weights)} --results-dir {_relative(results)} --overwrite")
+    found = validate(DETECTOR_CFG, det_data, det.final_weights, device=device, log=log,
+                     results_dir=results, overwrite=True)
     detector = load_network(DETECTOR_CFG, det.final_weights, batch=1, device=device)
     names = list(demo_data.CLASS_NAMES)
     detector.names = names
@@ -174,14 +176,14 @@ def main(argv=None):
              f"{_relative(held_out[0])} --data {_relative(det_data)} --thresh {SHOW_THRESH}")
     _draw_predictions(detector, held_out, names, predictions)
 
-    minutes, seconds = divmod(time.perf_counter() - started, 60)
+    minutes, seconds = divmod(round(time.perf_counter() - started, 1), 60)
     _step("Summary")
     print(f"   classifier: {top.summary()} on {top.images} held-out digits "
           f"(needs top-1 >= {TOP1_NEEDED:.2f})")
     print(f"   detector:   {found.summary()} on {found.images} held-out canvases")
     print(f"   labelled detections: {_relative(predictions)}; training charts: "
-          f"{_relative(os.path.join(os.path.dirname(cls_data), 'backup', 'chart.png'))}, "
-          f"{_relative(os.path.join(os.path.dirname(det_data), 'backup', 'chart.png'))}")
+          f"{_relative(os.path.join(cls.backup_dir, 'chart_digits-classifier.png'))}, "
+          f"{_relative(os.path.join(det.backup_dir, 'chart_digits-yolo.png'))}")
     print(f"   total time {int(minutes)}:{seconds:04.1f}")
     if top.top1 < TOP1_NEEDED:
         print(f"darknet-py demo: the classifier's top-1 {top.top1:.4f} is below "

@@ -29,6 +29,7 @@ from .image import resize_image, to_bgr
 DIGITS_NPZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "digits.npz")
 CLASS_NAMES = tuple(f"digit{i}" for i in range(10))
 INK_THRESHOLD = 0.2   # glyph intensity that counts as ink when measuring a digit's box
+INK_CONTRAST = 0.3    # least grey-value step from a canvas's background to its digits
 
 
 def load_digits(path=DIGITS_NPZ):
@@ -138,12 +139,22 @@ def build_classification_set(out_dir, seed=0, size=32, valid_fraction=0.2):
     return _write_names_and_data(out_dir, lists, classifier=True)
 
 
-def _random_colour(rng):
-    """A bright, saturated RGB colour (so hue/saturation augmentation has work to do)."""
+def _random_colour(rng, background, tries=20):
+    """A bright, saturated RGB colour (so hue/saturation augmentation has work to do) whose
+    grey value (the detector sees grey) is at least INK_CONTRAST above the background's:
+    pure blue on dark brown is a clear digit in colour and next to invisible in grey."""
     from .data.augment import hsv_to_rgb
-    hsv = np.array([rng.uniform(0, 1), rng.uniform(0.5, 1), rng.uniform(0.75, 1)],
-                   dtype=np.float32).reshape(3, 1, 1)
-    return hsv_to_rgb(hsv).reshape(3, 1, 1)
+    from .image import LUMA_RGB
+    floor = float(LUMA_RGB @ background.reshape(3)) + INK_CONTRAST
+    for _ in range(tries):
+        hsv = np.array([rng.uniform(0, 1), rng.uniform(0.5, 1), rng.uniform(0.75, 1)],
+                       dtype=np.float32).reshape(3, 1, 1)
+        colour = hsv_to_rgb(hsv).reshape(3)
+        if LUMA_RGB @ colour >= floor:
+            break
+    else:
+        colour = np.ones(3, dtype=np.float32)   # white: grey value 1
+    return colour.astype(np.float32).reshape(3, 1, 1)
 
 
 def render_canvas(rng, images, labels, pool, canvas_size=128, max_digits=4, min_digit=16,
@@ -167,7 +178,7 @@ def render_canvas(rng, images, labels, pool, canvas_size=128, max_digits=4, min_
         ink_cols = np.flatnonzero((glyph > INK_THRESHOLD).any(axis=0))
         if len(ink_rows) == 0:
             continue
-        colour = _random_colour(rng)
+        colour = _random_colour(rng, background)
         for _ in range(tries):
             ox, oy = int(rng.integers(0, s - gw + 1)), int(rng.integers(0, s - gh + 1))
             box = (ox + ink_cols[0], oy + ink_rows[0], ox + ink_cols[-1] + 1, oy + ink_rows[-1] + 1)

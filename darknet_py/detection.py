@@ -49,6 +49,8 @@ def as_image(image, channels=3):
     if isinstance(image, (str, os.PathLike)):
         return load_image(image, channels)
     a = np.asarray(image)
+    if a.size == 0:
+        raise ImageError(f"the image array is empty (shape {a.shape})")
     if a.dtype == np.uint8:
         return from_bgr(a, channels)
     if a.ndim == 3 and a.shape[0] in (1, 3):
@@ -63,13 +65,17 @@ def _class_name(names, class_id):
     return None
 
 
-def detect(net, image, thresh=0.5, hier=0.5, nms=0.45):
+def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     """Detect objects in one image as Darknet's `detector test` does: letterbox to the
     network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does,
     and so is a net of the AlexeyAB fork's flavour without [net] letter_box=1),
-    run with batch 1, decode, NMS per class (of the kind nms_kind gives). Returns the
-    detections whose best class is above thresh, sorted by that probability, highest
-    first; boxes relative to the original image."""
+    run with batch 1, decode, NMS per class (of the kind the last [yolo] layer's nms_kind
+    gives). Returns the detections whose best class is above thresh, sorted by that
+    probability, highest first (with darknet_order, in the order Darknet prints them: NMS's
+    order); boxes relative to the original image. A detection may have more classes above
+    thresh: see detection_classes."""
+    if not 0 <= thresh <= 1 or not 0 <= nms <= 1:   # also refuses NaN
+        raise ValueError(f"thresh ({thresh}) and nms ({nms}) must be in [0, 1]")
     layers = detector_layers(net)
     if not layers:
         raise ValueError(f"{net.path}: the network has no [yolo], [region] or [detection] "
@@ -101,8 +107,16 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45):
             d.class_id, d.prob = best, float(d.probs[best])
             d.name = _class_name(net.names, best)
             found.append(d)
-    found.sort(key=lambda d: -d.prob)
+    if not darknet_order:
+        found.sort(key=lambda d: -d.prob)
     return found
+
+
+def detection_classes(d):
+    """[(class_id, prob)] of every class of a detection above the threshold it was found
+    with (the heads zero the others), in class order: Darknet prints a line for each and
+    labels the box with all of them."""
+    return [(int(c), float(d.probs[c])) for c in np.flatnonzero(d.probs > 0)]
 
 
 def output_layer(net):
@@ -156,9 +170,16 @@ def pixel_box(box, img_w, img_h):
     return left, top, right, bottom
 
 
+def _display_name(names, class_id):
+    name = _class_name(names, class_id)
+    return name if name is not None else str(class_id)
+
+
 def _label(d, names):
-    name = d.name if d.name is not None else _class_name(names, d.class_id)
-    return f"{name if name is not None else d.class_id} {100 * d.prob:.0f}%"
+    """"truck, car 56%": every class above the threshold, as Darknet joins them, and the
+    best class's probability."""
+    ids = [c for c, _ in detection_classes(d)] or [d.class_id]
+    return f"{', '.join(_display_name(names, c) for c in ids)} {100 * d.prob:.0f}%"
 
 
 def draw_detections(bgr_image, detections, names=None, classes=None):
@@ -225,16 +246,19 @@ def ext_output_lines(detections, img_w, img_h, names=None, thresh=0.5):
 
 def detections_to_json(detections, img_w, img_h, names=None):
     """JSON-ready dicts for detect()'s results on an img_w x img_h image: name, class_id,
-    prob, objectness, the box in pixels (left, top, width, height, clamped as Darknet draws
-    it) and the relative box (centre x, y, width, height)."""
+    prob (the best class), classes (every class above the threshold: name, class_id,
+    prob), objectness, the box in pixels (left, top, width, height, clamped as Darknet
+    draws it) and the relative box (centre x, y, width, height)."""
     rows = []
     for d in detections:
         left, top, right, bottom = pixel_box(d.box, img_w, img_h)
-        name = d.name if d.name is not None else _class_name(names, d.class_id)
+        name = d.name if d.name is not None else _display_name(names, d.class_id)
         rows.append({
-            "name": name if name is not None else str(d.class_id),
+            "name": name,
             "class_id": int(d.class_id),
             "prob": round(float(d.prob), 6),
+            "classes": [{"name": _display_name(names, c), "class_id": c, "prob": round(p, 6)}
+                        for c, p in detection_classes(d)],
             "objectness": round(float(d.objectness), 6),
             "box": {"left": left, "top": top, "width": right - left, "height": bottom - top},
             "relative_box": {k: round(float(v), 6) for k, v in zip(("x", "y", "w", "h"), d.box)},

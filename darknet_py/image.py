@@ -3,13 +3,33 @@
 OpenCV decodes files; resizing is Darknet's own two-pass bilinear resize (not
 OpenCV's), so letterboxed inputs match what the C Darknet feeds its network.
 """
+import contextlib
 import os
+import sys
+import tempfile
+import threading
+import warnings
 
 import numpy as np
+
+from .files import check_input_file
 
 
 class ImageError(Exception):
     pass
+
+
+class ImageWarning(UserWarning):
+    """A decoder's complaint about an image it could still decode (corrupt JPEG data)."""
+
+
+# OpenCV refuses images above this many pixels (its CV_IO_MAX_IMAGE_PIXELS default).
+MAX_IMAGE_PIXELS = 1 << 30
+# Images above this many pixels are decoded at 1/2, 1/4 or 1/8 scale (libjpeg does it
+# while decoding), so a 20000 x 20000 photo takes ~100 MB instead of ~5 GB as floats; a
+# network input is at most a few thousand pixels wide, so detections do not change.
+DECODE_PIXELS = 1 << 25
+REDUCTIONS = (2, 4, 8)
 
 
 def _cv2():
@@ -17,17 +37,127 @@ def _cv2():
     return cv2
 
 
-def load_image(path, channels=3):
-    """Read an image file into float32 (C, H, W) RGB in [0, 1]."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ImageError(f"{path}: image file not found")
+def _be16(data, at):
+    return int.from_bytes(data[at:at + 2], "big")
+
+
+def image_size(data):
+    """(width, height) from a PNG, JPEG, GIF or BMP header, without decoding; None when the
+    format is another or the header is cut short."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+    if data[:2] == b"BM" and len(data) >= 26:
+        return (abs(int.from_bytes(data[18:22], "little", signed=True)),
+                abs(int.from_bytes(data[22:26], "little", signed=True)))
+    if data[:2] == b"\xff\xd8":
+        at = 2
+        while at + 9 < len(data):
+            if data[at] != 0xFF:
+                return None
+            marker = data[at + 1]
+            if marker == 0xFF:           # fill byte
+                at += 1
+                continue
+            if 0xD0 <= marker <= 0xD9 or marker == 0x01:   # markers without a length
+                at += 2
+                continue
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):   # a frame
+                return _be16(data, at + 7), _be16(data, at + 5)
+            at += 2 + _be16(data, at + 2)
+    return None
+
+
+def _truncated_jpeg(data):
+    """True when a JPEG stops inside its image data: after the last start-of-scan marker
+    there must be an end-of-image marker (the coded data cannot contain one). Bytes after
+    the end marker, which some cameras append, are fine; a file without image data is
+    left to the decoder to refuse."""
+    scan = data.rfind(b"\xff\xda")
+    return scan >= 0 and data.find(b"\xff\xd9", scan) < 0
+
+
+_FD2_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _decoder_messages():
+    """Collect what C libraries (libjpeg, libpng) print on file descriptor 2 meanwhile, so
+    it reaches the user as one darknet-py warning instead of raw. Yields the list the
+    lines are added to on exit."""
+    lines = []
+    with _FD2_LOCK, tempfile.TemporaryFile() as sink:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):   # no usable fd 2: nothing to keep clean
+            yield lines
+            return
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines += [l.strip() for l in sink.read().decode("utf-8", "replace").splitlines()
+                      if l.strip()]
+
+
+def decode_image(path, channels=3, quiet_decoder=True):
+    """Read an image file into OpenCV's uint8 array ((H, W, 3) BGR, or (H, W) grey when
+    channels == 1), refusing what would hang, crash or silently give garbage: a path that
+    is not a regular file, an empty or truncated file, a header claiming more pixels than
+    OpenCV decodes. Returns (array, (width, height) of the file's full image); a very large
+    image is decoded at a reduced scale (DECODE_PIXELS). With quiet_decoder, the decoder's
+    own messages become one ImageWarning (callers decoding in several threads pass False:
+    the capture holds a process-wide lock)."""
+    path = check_input_file(path, "image", ImageError)
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data:
+        raise ImageError(f"{path}: the image file is empty")
+    size = image_size(data)
+    if size is not None:
+        w, h = size
+        if w < 1 or h < 1 or w * h > MAX_IMAGE_PIXELS:
+            raise ImageError(f"{path}: the image header claims {w} x {h} pixels; images of "
+                             f"1 to {MAX_IMAGE_PIXELS // 2**20} million pixels are read")
+    if data[:2] == b"\xff\xd8" and _truncated_jpeg(data):
+        raise ImageError(f"{path}: truncated JPEG (the file ends inside the image data)")
     cv2 = _cv2()
-    flag = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
-    bgr = cv2.imread(path, flag)
-    if bgr is None:
-        raise ImageError(f"{path}: cannot read image (not an image, or a format OpenCV cannot decode)")
-    return from_bgr(bgr, channels)
+    reduce = 1
+    if size is not None and size[0] * size[1] > DECODE_PIXELS:
+        reduce = next((r for r in REDUCTIONS if size[0] * size[1] <= DECODE_PIXELS * r * r),
+                      REDUCTIONS[-1])
+    flag = {1: cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR,
+            2: cv2.IMREAD_REDUCED_GRAYSCALE_2 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_2,
+            4: cv2.IMREAD_REDUCED_GRAYSCALE_4 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_4,
+            8: cv2.IMREAD_REDUCED_GRAYSCALE_8 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_8,
+            }[reduce]
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    with (_decoder_messages() if quiet_decoder else contextlib.nullcontext([])) as messages:
+        try:
+            image = cv2.imdecode(buffer, flag)
+        except cv2.error as e:
+            image, messages = None, [str(e).strip().splitlines()[-1]]
+    if image is None or image.size == 0:
+        why = f": {' '.join(messages)}" if messages else ""
+        raise ImageError(f"{path}: cannot read image (not an image, or a format OpenCV "
+                         f"cannot decode){why}")
+    if messages:
+        warnings.warn(ImageWarning(f"{path}: the decoder says: {' '.join(messages)}"),
+                      stacklevel=2)
+    if size is None:
+        size = (image.shape[1] * reduce, image.shape[0] * reduce)
+    return image, size
+
+
+def load_image(path, channels=3):
+    """Read an image file into float32 (C, H, W) RGB in [0, 1] (see decode_image for what
+    is refused, and for very large images, which come back reduced)."""
+    return from_bgr(decode_image(path, channels)[0], channels)
 
 
 def from_bgr(array, channels=3):

@@ -96,9 +96,9 @@ def parse_net_options(s):
     for key in ("letter_box", "mosaic", "mosaic_bound", "mixup", "cutmix", "blur",
                 "gaussian_noise"):
         setattr(o, key, s.get_int(key, 0))
-    if o.mosaic and o.letter_box:
-        raise s.error("mosaic=1 with letter_box=1 is not supported (as in the AlexeyAB fork): "
-                      "use one of them", "mosaic")
+    for key in ("width", "height", "channels", "inputs"):
+        if s.has(key) and getattr(o, key) < 1:
+            raise s.error(f"must be at least 1, got {getattr(o, key)}", key)
     if not o.inputs and not (o.height and o.width and o.channels):
         raise s.error("no input size: give width, height and channels (or inputs)", "width")
     o.policy = optimizer.read_policy(s)
@@ -110,30 +110,93 @@ class NetworkError(Exception):
     pass
 
 
+# ---- which Darknet's arithmetic ------------------------------------------------------------
+# "original": pjreddie/darknet. "alexeyab": the AlexeyAB fork (hank-ai/darknet), which
+# differs in batch-norm epsilon and momentum, trains no BN beta on the CPU, counts BFLOPs
+# its own way, writes weights headers 0.2.5 and keeps 6 x 200 truth values per image.
+DARKNET_FLAVOURS = ("original", "alexeyab")
+FORK_WEIGHTS_HEADER = (0, 2, 5)
+
+# What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
+_FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty"}
+_FORK_KEYS = {
+    "net": {"mosaic", "cutmix", "mixup", "letter_box", "ema_alpha", "blur", "label_smooth_eps",
+            "sgdr_cycle", "sgdr_mult", "max_epochs", "contrastive", "gaussian_noise",
+            "mosaic_bound", "track", "adversarial_lr", "dynamic_minibatch", "optimized_memory"},
+    "route": {"groups", "group_id"},
+    "shortcut": {"weights_type", "weights_normalization"},
+    "maxpool": {"stride_x", "stride_y", "maxpool_depth", "out_channels"},
+    "convolutional": {"stride_x", "stride_y", "share_index", "antialiasing"},
+    "yolo": {"scale_x_y", "iou_loss", "iou_normalizer", "cls_normalizer", "obj_normalizer",
+             "nms_kind", "beta_nms", "new_coords", "max_delta", "objectness_smooth",
+             "iou_thresh", "resize", "counters_per_class", "label_smooth_eps"},
+}
+_FORK_ACTIVATIONS = {"relu6", "revleaky", "gelu", "swish", "mish", "hard_mish",
+                     "normalize_channels", "normalize_channels_softmax",
+                     "normalize_channels_softmax_maxval"}
+
+
+def cfg_flavour(sections):
+    """"alexeyab" when the cfg uses a section, option or activation only the fork has."""
+    for s in sections:
+        if s.type in _FORK_SECTIONS:
+            return "alexeyab"
+        keys = set(s.options)
+        if keys & _FORK_KEYS.get(s.type, set()):
+            return "alexeyab"
+        if s.type == "shortcut" and "," in (s.options["from"].value if "from" in keys else ""):
+            return "alexeyab"
+        if "activation" in keys and s.options["activation"].value in _FORK_ACTIVATIONS:
+            return "alexeyab"
+    return "original"
+
+
+def weights_flavour(path):
+    """"alexeyab" for a weights file whose header is the fork's 0.2.5; None otherwise
+    (the original's 0.2.0 is also what converters write, so it decides nothing)."""
+    from .weights import peek_header
+    return "alexeyab" if peek_header(path) == FORK_WEIGHTS_HEADER else None
+
+
+def check_flavour(darknet):
+    if darknet not in (None,) + DARKNET_FLAVOURS:
+        raise NetworkError(f"unknown Darknet flavour '{darknet}' (known: "
+                           f"{', '.join(DARKNET_FLAVOURS)})")
+    return darknet
+
+
 class Network:
     """Build with load_network(); see the README for the Python API."""
 
-    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True):
+    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
+                 darknet=None, random_init=True):
         if sections[0].type != "net":
             raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
                            path, sections[0].line)
         self.path = os.fspath(path)
+        # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
+        self.darknet = check_flavour(darknet) or cfg_flavour(sections)
         self.options = parse_net_options(sections[0])
         sections[0].warn_unused()
         if batch is not None:
             self.options.batch = int(batch)
         self.batch = self.options.batch
-        # Images per train_batch() call: Darknet's net->batch. Kept apart from self.batch,
-        # which follows whatever batch the last forward ran (detect() runs batch 1), so that
-        # current_batch and the update's batch do not change under inference.
-        self.train_batch_size = self.batch
+        # Darknet says "batch" for three things; here each has its own word:
+        #   iteration - one weight update (Darknet's max_batches and get_current_batch);
+        #   images per iteration - the cfg's batch=, what the data loader hands over;
+        #   pass - one forward and backward over images_per_pass = batch / subdivisions
+        #     images (Darknet's net->batch).
+        # images_per_pass is kept apart from self.batch, which follows whatever the last
+        # forward ran (detect() runs 1 image), so that the iteration count and the update
+        # do not change under inference.
+        self.images_per_pass = self.batch
         self.subdivisions = self.options.subdivisions
         self.be = backend if backend is not None else get_backend("cpu")
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.seen = 0
         self.names = None         # class names, when a .data/.names file gave them
-        self.weights_header = (0, 2, 0)
+        self.weights_header = FORK_WEIGHTS_HEADER if self.darknet == "alexeyab" else (0, 2, 0)
         self.layers = self._build(sections[1:])
         if not self.layers:
             raise CfgError("the cfg has a [net] section but no layers", path)
@@ -145,10 +208,16 @@ class Network:
         self.train = False
         self.cost = None
         self._training_ready = False
+        self._params_ready = False
+        # Inference folds batch norm into the convolution weights (made once, remade after
+        # the parameters change); False runs Darknet's unfolded normalisation.
+        self.fold_batchnorm = True
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
+            # random_init=False: the caller loads every parameter next (no draws to waste).
             for layer in self.layers:
-                layer.init_params(self.be, self.rng)
+                layer.init_params(self.be, self.rng if random_init else None)
+            self._params_ready = True
 
     # ---- building ---------------------------------------------------------------
     def _build(self, sections):
@@ -156,7 +225,7 @@ class Network:
         c, h, w = o.channels, o.height, o.width
         inputs = o.inputs
         layers = []
-        ctx = BuildContext(layers=layers, net=o, batch=self.batch)
+        ctx = BuildContext(layers=layers, net=o, batch=self.batch, darknet=self.darknet)
         for index, section in enumerate(sections):
             if section.type == "net":
                 raise CfgError("[net] may only be the first section", self.path, section.line)
@@ -173,6 +242,8 @@ class Network:
 
     def _allocate(self, batch, train):
         be = self.be
+        if be.name == "cpu":
+            self._check_host_memory(batch, train)
         try:
             self.workspace = None  # free the old one before sizing the new
             for layer in self.layers:
@@ -199,6 +270,20 @@ class Network:
         ws = max([1] + [l.workspace_size for l in self.layers])
         return 4 * (batch * per_image + params * (2 if train else 1) + ws)
 
+    def _check_host_memory(self, batch, train):
+        """Refuse, before allocating, a network whose arrays cannot fit in this machine's
+        RAM (NumPy would fail half-way with a bare MemoryError, or the kernel kill us)."""
+        need = self.memory_bytes(batch, train)
+        if not self._params_ready:
+            # Parameters are created after the first allocation: estimate them from sizes.
+            need += 4 * sum(getattr(l, "nweights", 0) for l in self.layers) * (2 if train else 1)
+        have = host_memory_bytes()
+        if have and need > have:
+            raise NetworkError(
+                f"{self.path}: this network needs about {need / 2**30:.1f} GiB of memory at "
+                f"batch {batch}{' for training' if train else ''}, more than this machine's "
+                f"{have / 2**30:.1f} GiB; lower batch (raise subdivisions) or the layer sizes")
+
     # ---- shape facts --------------------------------------------------------------
     @property
     def input_shape(self):
@@ -216,17 +301,62 @@ class Network:
         return self.layers[-1].outputs
 
     @property
-    def current_batch(self):
+    def images_per_iteration(self):
+        """Images per weight update: the cfg's batch= (subdivisions passes)."""
+        return self.images_per_pass * self.subdivisions
+
+    @property
+    def iteration(self):
         """Darknet's get_current_batch: updates done so far, counted from `seen`."""
-        return self.seen // (self.train_batch_size * self.subdivisions)
+        return self.seen // self.images_per_iteration
 
     @property
     def learning_rate(self):
         return optimizer.current_rate(self.options.learning_rate, self.options.policy,
-                                      self.current_batch, self.options.max_batches, self.rng)
+                                      self.iteration, self.options.max_batches, self.rng)
+
+    @property
+    def truth_size(self):
+        """Floats per box in a detector's truth buffer: x, y, w, h, class (the fork adds a
+        track id)."""
+        return 6 if self.darknet == "alexeyab" else 5
+
+    @property
+    def max_boxes(self):
+        """Boxes per image in a detector's truth buffer (zero padded)."""
+        return 200 if self.darknet == "alexeyab" else 90
+
+    def _is_detector(self):
+        return any(l.type in ("yolo", "region", "detection") for l in self.layers)
+
+    def truth_for_network(self, truth):
+        """A detector truth buffer with this network's fields per box (truth_size) from either
+        Darknet's: 200 x 6 floats is the fork's layout, any other multiple of 5 is rows of
+        (x, y, w, h, class) as the original and the data loader write them. The box count
+        is kept (each head reads at most its own max); other truths pass unchanged."""
+        truth = np.asarray(truth, dtype=np.float32)
+        if truth.ndim != 2 or not self._is_detector():
+            return truth
+        width = truth.shape[1]
+        fields = 6 if width == 200 * 6 else 5 if width % 5 == 0 else None
+        if fields is None or fields == self.truth_size:
+            return truth
+        rows = truth.reshape(truth.shape[0], width // fields, fields)
+        out = np.zeros(rows.shape[:2] + (self.truth_size,), dtype=np.float32)
+        common = min(fields, self.truth_size)
+        out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
+        return out.reshape(truth.shape[0], -1)
 
     @property
     def bflops(self):
+        """Total BFLOPs as this network's Darknet counts them (the fork also counts maxpool,
+        shortcut and pooling layers)."""
+        if self.darknet == "alexeyab":
+            # The fork keeps each layer's count, and the total, in a float32.
+            total = np.float32(0)
+            for layer in self.layers:
+                total += np.float32(layer.fork_bflops)
+            return float(total)
         return sum(l.bflops for l in self.layers)
 
     def summary(self):
@@ -335,10 +465,16 @@ class Network:
     def update(self):
         args = UpdateArgs(learning_rate=self.learning_rate, momentum=self.options.momentum,
                           decay=self.options.decay,
-                          batch=self.train_batch_size * self.subdivisions)
+                          batch=self.images_per_iteration)
         for layer in self.layers:
             layer.update(args)
+        self.params_changed()
         return args.learning_rate
+
+    def params_changed(self):
+        """Call after writing parameters by hand: drops what was derived from them."""
+        for layer in self.layers:
+            layer.params_changed()
 
     def _prepare_training(self):
         for layer in self.layers:
@@ -358,17 +494,34 @@ class Network:
             last -= 1
         return self.layer_output(last)
 
-    def train_batch(self, x, truth):
-        """One Darknet iteration (train_network_datum): seen += batch, training forward,
-        backward, and an update when a full batch of subdivisions has been seen.
-        Returns Darknet's cost for this step (the sum over the batch of the loss)."""
+    def train_iteration(self, x, truth):
+        """One Darknet iteration (train_network): the images of one update, x (N, C, H, W)
+        and their truth rows, run as `subdivisions` passes of N / subdivisions images
+        (gradients accumulate), then the weight update. Returns the loss per image (the
+        passes' costs summed, over N), as Darknet's train_network does."""
+        x = np.asarray(x, dtype=np.float32)
+        truth = np.asarray(truth)
+        if len(x) % self.subdivisions or not len(x):
+            raise ValueError(f"{len(x)} images do not split into subdivisions="
+                             f"{self.subdivisions} passes")
+        n = len(x) // self.subdivisions
+        total = 0.0
+        for start in range(0, len(x), n):
+            cost = self.train_pass(x[start:start + n], truth[start:start + n])
+            total += cost if cost is not None else 0.0
+        return total / len(x)
+
+    def train_pass(self, x, truth):
+        """One pass (train_network_datum): seen += N, training forward and backward of
+        x (N, C, H, W), and the weight update when it is the last pass of an iteration.
+        Returns Darknet's cost for the pass (the loss summed over its images)."""
         x = np.asarray(x, dtype=np.float32)
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
-        self.train_batch_size = n
+        self.images_per_pass = n
         self.seen += n
-        self.forward(x, truth, train=True)
+        self.forward(x, self.truth_for_network(truth), train=True)
         self.backward()
         self.last_rate = None
         if (self.seen // n) % self.subdivisions == 0:
@@ -399,26 +552,51 @@ class Network:
         return classify(self, image, top=top)
 
     # ---- weights ------------------------------------------------------------------
-    def load_weights(self, path, cutoff=None):
+    def load_weights(self, path, cutoff=None, transfer=False):
+        """Load a .weights file; with transfer, also one trained for another class count
+        (returns a weights.TransferReport saying which layers were loaded)."""
         from .weights import load_weights
-        load_weights(self, path, cutoff)
+        return load_weights(self, path, cutoff, transfer=transfer)
 
     def save_weights(self, path, cutoff=None):
         from .weights import save_weights
         save_weights(self, path, cutoff)
 
 
-def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None):
+def host_memory_bytes():
+    """This machine's physical RAM in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
+                 transfer=False, darknet=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
-    and load `weights` if given. `batch` overrides the cfg's batch/subdivisions."""
+    and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
+    transfer=True accepts weights trained for another class count: the layers whose
+    shapes match are loaded, the others keep their random start; net.transfer_report
+    says which (None when the file matched the cfg). `darknet` ("original" or
+    "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
+    weights header is the fork's or the cfg uses fork-only sections, options or
+    activations, else the original's."""
     sections = parse_cfg(cfg)
+    check_flavour(darknet)
+    if darknet is None and weights is not None:
+        darknet = weights_flavour(weights)
     backend = get_backend(device)
-    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed)
+    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
+                  random_init=weights is None or cutoff is not None or transfer)
+    net.transfer_report = None
     if weights is not None:
-        net.load_weights(weights, cutoff)
+        loaded = net.load_weights(weights, cutoff, transfer=transfer)
+        if not isinstance(loaded, int):
+            net.transfer_report = loaded
     return net
 
 
-def build_network(cfg, batch=None):
+def build_network(cfg, batch=None, darknet=None):
     """Parse and work out every layer's shape, allocating nothing: for `info` and checks."""
-    return Network(parse_cfg(cfg), cfg, batch=batch if batch is not None else 1, allocate=False)
+    return Network(parse_cfg(cfg), cfg, batch=batch if batch is not None else 1, allocate=False,
+                   darknet=check_flavour(darknet))

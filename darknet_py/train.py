@@ -24,13 +24,19 @@ Files in the .data file's backup directory, named after the cfg (``cfg/yolov3.cf
 * with map evaluation: ``yolov3_last.weights`` after every evaluation and
   ``yolov3_best.weights`` whenever the score (mAP@0.5, or top-1 for a classifier) is the
   best so far;
-* ``chart.png``: loss (and the evaluation score) over the iterations.
+* ``chart_yolov3.png``: loss (and the evaluation score) over the iterations, the whole
+  run's: ``yolov3.history.json`` keeps the history beside the backup, so a resumed run's
+  chart continues the earlier one's.
 
-Every weights file is written atomically (a temporary file renamed into place).
+Every file is written atomically (a temporary file renamed into place), with the mode
+a plain open() would give it.
 """
+import json
 import math
 import os
-import tempfile
+import re
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -39,13 +45,15 @@ import numpy as np
 from .data.augment import ClassifierAugment
 from .data.augment_fork import detector_augment
 from .data.config import load_data_config
-from .data.labels import check_classifier_labels
-from .data.loader import DataLoader
+from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
+from .data.loader import DataLoader, default_workers
 from .detection import detector_layers, output_layer
+from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
+                    write_text_atomically)
 from .layers.heads import is_fork_flavour
 from .network import NetworkError, load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task
-from .weights import load_weights
+from .weights import TransferReport, WeightsError, load_weights, read_header
 
 BACKUP_EVERY = 100          # iterations between <cfg>.backup saves (Darknet's detector)
 MULTISCALE_EVERY = 10       # iterations between input sizes with random=1 (train_detector)
@@ -54,7 +62,44 @@ FINAL_SIZE_ITERATIONS = 200        # the last 200 iterations run at the largest 
 
 
 class TrainError(Exception):
-    """A problem that stops training before (or instead of) it starts."""
+    """A problem that stops training before (or instead of) it starts, or that training
+    cannot go on from (divergence)."""
+
+
+class Diverged(Exception):
+    """The loss (or the weights) became NaN or infinite."""
+
+    def __init__(self, loss):
+        super().__init__(loss)
+        self.loss = loss
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, which job schedulers send before killing a job: handled as Ctrl-C is."""
+
+
+def sigterm_as_interrupt():
+    """Turn SIGTERM into Terminated (a KeyboardInterrupt) while training, so a scheduler's
+    stop saves the backup as Ctrl-C does; returns the function that restores the old
+    handler. Signal handlers can only be set from the main thread: elsewhere, nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def last_saved_backup(path, net):
+    """The iteration a backup file holds, read from its header's `seen`."""
+    try:
+        with open(path, "rb") as f:
+            _, seen, _, _ = read_header(f, path)
+    except (OSError, WeightsError):
+        return "unknown"
+    return seen // net.images_per_iteration
 
 
 def cfg_base(path):
@@ -104,6 +149,57 @@ def network_stride(net):
         grids = [l.out_w for l in net.layers if l.out_w > 0]
     smallest = max(1, min(grids))
     return max(1, width // smallest)
+
+
+def numbered_weights(backup_dir, base, task, start, max_batches, images_per_iteration,
+                     train_images):
+    """The numbered weights files in backup_dir that a run from iteration `start` to
+    max_batches would write: detector iterations (detector_snapshot_due), classifier
+    epochs."""
+    pattern = re.compile(re.escape(base) + r"_(\d+)\.weights$")
+    try:
+        names = os.listdir(backup_dir)
+    except OSError:
+        return []
+    if task == "detector":
+        def written(n):
+            return start < n <= max_batches and detector_snapshot_due(n)
+    else:
+        first = start * images_per_iteration // train_images
+        last = max_batches * images_per_iteration // train_images
+
+        def written(n):
+            return first < n <= last
+    return [os.path.join(backup_dir, name) for name in sorted(names)
+            if (m := pattern.match(name)) and written(int(m.group(1)))]
+
+
+def check_policy(cfg, options, log):
+    """Warn about learning-rate schedules that cannot do what their numbers say: a burn-in
+    that never ends (the rate stays near 0 the whole run) and steps never reached."""
+    policy, max_batches = options.policy, options.max_batches
+    if policy["burn_in"] >= max_batches:
+        log(f"darknet-py: warning: {cfg}: burn_in={policy['burn_in']} is not below "
+            f"max_batches={max_batches}: the learning rate ramps up from 0 for the whole "
+            f"run and never reaches learning_rate={options.learning_rate:g}")
+    late = [step for step in policy.get("steps", ()) if step >= max_batches]
+    if late:
+        log(f"darknet-py: warning: {cfg}: steps={','.join(map(str, late))} at or beyond "
+            f"max_batches={max_batches}: the rate never changes there")
+
+
+def check_detector_labels(paths, classes):
+    """Refuse a detector training list in which no image has a single labelled box:
+    training would only teach the network that nothing is ever there."""
+    for path in paths:
+        try:
+            if len(read_image_labels(path, classes)):
+                return
+        except MissingLabelFile:
+            continue
+    raise TrainError(f"none of the {len(paths)} training images has a labelled box (label "
+                     f"files missing or empty; the first is looked for at "
+                     f"{label_path(paths[0])})")
 
 
 def resize_network(net, width, height):
@@ -210,17 +306,38 @@ def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.
     vertical = cv2.rotate(vertical, cv2.ROTATE_90_COUNTERCLOCKWISE)
     y0 = top + ph // 2 - 50
     img[y0:y0 + 100, 8:28] = vertical
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".chart-", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
+    with atomic_output(path, kind="chart") as tmp:
         if not cv2.imwrite(tmp, img):
             raise OSError(f"{path}: cannot write the chart")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+
+# ---- the history behind the chart --------------------------------------------------------
+def history_path(backup_dir, base):
+    return os.path.join(backup_dir, f"{base}.history.json")
+
+
+def save_history(path, losses, scores):
+    """The losses [(iteration, loss, average)] and scores [(iteration, score)] so far,
+    beside <cfg>.backup, so that a resumed run's chart shows the whole run. Written
+    atomically, whenever the backup is."""
+    write_text_atomically(path, json.dumps({"losses": losses, "scores": scores}) + "\n")
+
+
+def load_history(path, up_to, log):
+    """(losses, scores) of the iterations up to `up_to` from a history file; empty when
+    there is none or it cannot be read (the chart then starts at the resume)."""
+    if not os.path.exists(path):
+        return [], []
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        losses = [tuple(row) for row in saved["losses"] if row[0] <= up_to]
+        scores = [tuple(row) for row in saved["scores"] if row[0] <= up_to]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        log(f"darknet-py: warning: {path}: cannot read the training history ({e}); the "
+            f"chart starts at this run")
+        return [], []
+    return losses, scores
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -267,12 +384,14 @@ def _param_layers_loaded(net, layers_loaded):
 
 def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
           map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
-          verbose=True, workers=4, on_iteration=None):
+          verbose=True, workers=None, on_iteration=None, darknet=None):
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
-      its `seen` gives), full weights to fine-tune, or a pretrained partial file ending on a
-      layer boundary (darknet53.conv.74: the layers it covers are loaded, seen starts at 0).
+      its `seen` gives), full weights to fine-tune, a pretrained partial file ending on a
+      layer boundary (darknet53.conv.74: the layers it covers are loaded, seen starts at 0),
+      or weights of this cfg trained for another class count (the layers whose shapes
+      match are loaded, the log says which; seen starts at 0).
     clear: start the iteration count at 0 (Darknet's -clear).
     map_eval / map_every: evaluate on the valid list every map_every iterations (default:
       about 4 epochs, at least 100) and at the end; keep _best and _last weights.
@@ -281,6 +400,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
       <cfg>_final.weights an earlier run left in the backup directory (otherwise an error).
     log: prints a line; log_every: print every n-th iteration's line (and the last).
     verbose: let [yolo]/[region] layers print their per-pass statistics, as Darknet does.
+    workers: data loader processes (0: load in this process; default: default_workers(),
+      one per available CPU less one, at most 16).
     on_iteration(result): called after each iteration (a hook for tests and callers).
 
     Raises TrainError (or DataError/CfgError/WeightsError) before training for problems a
@@ -296,16 +417,21 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     if map_eval and not valid_paths:
         raise TrainError(f"{config.valid}: the valid list is empty (needed by --map)")
 
-    net = load_network(cfg, None, device=device, seed=seed)
+    net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
     net.names = config.names
     task = network_task(net)
+    if task == "detector":   # before anything is written
+        check_detector_labels(paths, detector_layers(net)[-1].classes)
     base = cfg_base(cfg)
     o = net.options
 
     # -- the starting point --
     if weights is not None:
-        loaded = load_weights(net, weights, allow_partial=True)
-        if loaded < len(net.layers):
+        loaded = load_weights(net, weights, allow_partial=True, transfer=True)
+        if isinstance(loaded, TransferReport):   # trained for another class count
+            for line in loaded.lines(weights):
+                log(line)
+        elif loaded < len(net.layers):
             last = _param_layers_loaded(net, loaded)
             log(f"{weights}: pretrained weights for layers 0-{last} of {len(net.layers)} "
                 f"(a partial file); the other layers start from random values")
@@ -317,35 +443,52 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     if o.max_batches <= 0:
         raise TrainError(f"{cfg}: max_batches is not set in [net]; set it there or give "
                          f"--max-batches N")
-    imgs = net.batch * net.subdivisions
-    if net.seen % imgs:
+    images_per_iteration = net.images_per_iteration
+    if net.seen % images_per_iteration:
         # Saved by a run with another batch size: start at the beginning of the iteration
         # `seen` falls in, so every update again comes after a whole batch.
         log(f"darknet-py: note: {weights} has seen {net.seen} images, not a multiple of "
-            f"this cfg's {imgs} per iteration; counting from {net.current_batch * imgs}")
-        net.seen = net.current_batch * imgs
-    if net.current_batch >= o.max_batches:
+            f"this cfg's {images_per_iteration} per iteration; counting from "
+            f"{net.iteration * images_per_iteration}")
+        net.seen = net.iteration * images_per_iteration
+    if net.iteration >= o.max_batches:
         raise TrainError(
-            f"{weights}: already trained for {net.current_batch} iterations ({net.seen} "
+            f"{weights}: already trained for {net.iteration} iterations ({net.seen} "
             f"images), and max_batches is {o.max_batches}: nothing to do. To train these "
             f"weights again from iteration 0 add --clear; to train longer raise max_batches "
             f"(or give --max-batches N)")
 
     backup_dir = config.backup
     _writable_dir(backup_dir)
+    for stale in remove_stale_temporaries(backup_dir):
+        log(f"darknet-py: note: removed {stale}, left by an interrupted save")
     backup_path = os.path.join(backup_dir, f"{base}.backup")
     final_path = os.path.join(backup_dir, f"{base}_final.weights")
-    chart_path = os.path.join(backup_dir, "chart.png")
-    earlier = [p for p in (backup_path, final_path) if os.path.exists(p)]
-    if net.current_batch == 0 and earlier:
-        if not (overwrite or clear):
-            raise TrainError(
-                f"{' and '.join(earlier)}: left by an earlier run, which this run (starting "
-                f"at iteration 0) would replace. Continue from it with --weights "
-                f"{earlier[0]} (add --clear to count from iteration 0 again), or pass "
-                f"--overwrite to start a new run")
-        log(f"darknet-py: note: this run starts at iteration 0 and will replace "
-            f"{' and '.join(earlier)} from an earlier run")
+    chart_path = os.path.join(backup_dir, f"chart_{base}.png")
+    history = history_path(backup_dir, base)
+    check_policy(cfg, o, log)
+    # Everything this run writes must be new, unless --overwrite: the backup it continues
+    # from is rewritten on purpose (as in Darknet), and a resumed run continues its own
+    # chart and _last/_best files.
+    resuming = net.iteration > 0
+    continued = [chart_path, history] + [os.path.join(backup_dir, f"{base}_{kind}.weights")
+                                for kind in ("last", "best") if map_eval]
+    if not (weights is not None and os.path.exists(backup_path)
+            and os.path.samefile(weights, backup_path)):
+        continued.append(backup_path)
+    targets = [final_path] + numbered_weights(backup_dir, base, task, net.iteration,
+                                              o.max_batches, images_per_iteration, len(paths))
+    if not resuming:
+        targets += continued
+    try:
+        refuse_overwrite(targets, overwrite)
+    except OverwriteError as e:
+        hint = (f" To continue the earlier run, give --weights {backup_path}."
+                if os.path.exists(backup_path) and not resuming else "")
+        raise TrainError(f"{e}.{hint}") from None
+    earlier = [p for p in targets if os.path.exists(p)]
+    if earlier:
+        log(f"darknet-py: note: --overwrite: this run will replace {', '.join(earlier)}")
 
     # -- data --
     if task == "classifier":
@@ -384,34 +527,47 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         multiscale = bool(getattr(head, "random", 0))
     cfg_size = (o.width, o.height)
     stride = network_stride(net)
-    loader = DataLoader(paths, width=o.width, height=o.height, batch=imgs,
-                        channels=o.channels, augment=augment, seed=seed, workers=workers,
-                        start=net.current_batch, **loader_args)
+    loader = DataLoader(paths, width=o.width, height=o.height, batch=images_per_iteration,
+                        channels=o.channels, augment=augment, seed=seed,
+                        workers=default_workers() if workers is None else workers,
+                        start=net.iteration, **loader_args)
     if map_eval and map_every is None:
-        map_every = default_map_interval(len(paths), imgs)
+        map_every = default_map_interval(len(paths), images_per_iteration)
 
     result = TrainResult(backup_dir=backup_dir)
+    # Resuming: the chart continues the earlier runs' history (result holds this run's).
+    earlier_losses, earlier_scores = (load_history(history, net.iteration, log)
+                                      if net.iteration else ([], []))
+    if earlier_scores:   # _best.weights is replaced only by a better score
+        result.best_score = max(score for _, score in earlier_scores)
+        best = os.path.join(backup_dir, f"{base}_best.weights")
+        result.best_weights = best if os.path.exists(best) else None
     net.verbose = verbose
     metric_name = "mAP@0.5" if task == "detector" else "top-1"
 
     log(base)
     log(f"Learning Rate: {o.learning_rate:g}, Momentum: {o.momentum:g}, Decay: {o.decay:g}")
-    start_iteration = net.current_batch
+    start_iteration = net.iteration
     if start_iteration:
         log(f"Resuming at iteration {start_iteration} ({net.seen} images seen) from "
             f"{weights}; max_batches {o.max_batches}")
-    log(f"Training a {task} on {len(paths)} images, {imgs} per iteration"
+    log(f"Training a {task} on {len(paths)} images, {images_per_iteration} per iteration"
         f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
         f"{'the CPU' if net.be.name == 'cpu' else net.be.name}; saving to {backup_dir}")
 
     def save(path):
         net.save_weights(path)
 
+    def finite_weights():
+        return all(np.isfinite(net.be.to_host(array)).all()
+                   for layer in net.layers for _, array in layer.params())
+
     def chart():
-        its = [h[0] for h in result.losses]
-        draw_chart(chart_path, [h[1] for h in result.losses], [h[2] for h in result.losses],
-                   its, result.scores, metric_name,
-                   f"{base}: {task} training, iteration {net.current_batch} of {o.max_batches}",
+        losses, scores = earlier_losses + result.losses, earlier_scores + result.scores
+        save_history(history, losses, scores)
+        draw_chart(chart_path, [h[1] for h in losses], [h[2] for h in losses],
+                   [h[0] for h in losses], scores, metric_name,
+                   f"{base}: {task} training, iteration {net.iteration} of {o.max_batches}",
                    o.max_batches)
 
     def evaluate(iteration):
@@ -424,8 +580,6 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             score = evaluate_classifier(net, valid_paths, config.labels, classes,
                                         k=1, channels=o.channels).top1
         resize_network(net, *train_size)
-        # Evaluation runs at batch 1; the iteration count (seen / batch) needs it back.
-        net.set_batch(sub)
         result.scores.append((iteration, score))
         save(os.path.join(backup_dir, f"{base}_last.weights"))
         improved = result.best_score is None or score > result.best_score
@@ -437,14 +591,17 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             f"({time.perf_counter() - started:.1f} s); best = {result.best_score:.4f}"
             f"{' (new best, saved ' + result.best_weights + ')' if improved else ''}")
 
+    restore_sigterm = sigterm_as_interrupt()
+    # Overflow in the arithmetic shows up as a non-finite loss, reported below as a
+    # divergence; NumPy's own warnings about it would only be noise.
+    float_errors = np.seterr(all="ignore")
     avg_loss = -1.0
     epoch = net.seen // len(paths)
     completed_seen = net.seen
     rate_per_iteration = None
-    sub = net.batch
     try:
-        while net.current_batch < o.max_batches:
-            iteration = net.current_batch
+        while net.iteration < o.max_batches:
+            iteration = net.iteration
             every = CLASSIFIER_MULTISCALE_EVERY if task == "classifier" else MULTISCALE_EVERY
             if multiscale and (iteration % every == 0 or iteration == start_iteration):
                 w, h = multiscale_size(cfg_size[0], cfg_size[1], stride, iteration,
@@ -456,11 +613,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             wall_start = time.perf_counter()
             x, truth = loader.next_batch()
             train_start = time.perf_counter()
-            total = 0.0
-            for s in range(net.subdivisions):
-                cost = net.train_batch(x[s * sub:(s + 1) * sub], truth[s * sub:(s + 1) * sub])
-                total += cost if cost is not None else 0.0
-            loss = total / (net.subdivisions * sub)
+            loss = net.train_iteration(x, truth)
+            if not math.isfinite(loss):
+                raise Diverged(loss)
             completed_seen = net.seen
             now = time.perf_counter()
             seconds = now - train_start
@@ -468,7 +623,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             if avg_loss < 0:
                 avg_loss = loss
             avg_loss = avg_loss * .9 + loss * .1
-            i = net.current_batch
+            i = net.iteration
             result.losses.append((i, loss, avg_loss))
             result.iterations, result.seen, result.avg_loss = i, net.seen, avg_loss
             rate_per_iteration = wall if rate_per_iteration is None else (
@@ -477,13 +632,15 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                 eta = _format_duration(rate_per_iteration * (o.max_batches - i))
                 if task == "detector":
                     line = (f"{i}: {loss:f}, {avg_loss:f} avg, {net.learning_rate:f} rate, "
-                            f"{seconds:f} seconds, {i * imgs} images")
+                            f"{seconds:f} seconds, {i * images_per_iteration} images")
                 else:
                     line = (f"{i}, {net.seen / len(paths):.3f}: {loss:f}, {avg_loss:f} avg, "
                             f"{net.learning_rate:f} rate, {seconds:f} seconds, "
                             f"{net.seen} images")
-                log(f"{line} | {imgs / wall:.1f} images/s, ETA {eta}")
+                log(f"{line} | {images_per_iteration / wall:.1f} images/s, ETA {eta}")
             if i % BACKUP_EVERY == 0:
+                if not finite_weights():   # a finite loss from weights already gone bad
+                    raise Diverged(loss)
                 save(backup_path)
             if task == "detector":
                 if detector_snapshot_due(i):
@@ -497,25 +654,43 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                 chart()
             if on_iteration is not None:
                 on_iteration(result)
-    except KeyboardInterrupt:
-        # A half-done iteration is dropped: the resumed run repeats it whole.
-        net.seen = completed_seen
-        save(backup_path)
-        result.interrupted = True
-        result.iterations, result.seen = net.current_batch, net.seen
+    except Diverged as e:
         if result.losses:
             chart()
-        log(f"Interrupted at iteration {net.current_batch}: saved {backup_path} (resume "
+        last_good = [h[0] for h in result.losses if math.isfinite(h[1])]
+        kept = (f"{backup_path} (iteration {last_saved_backup(backup_path, net)}) is kept"
+                if os.path.exists(backup_path) else "no weights were saved")
+        raise TrainError(
+            f"training diverged at iteration {net.iteration}: the loss is {e.loss} "
+            f"(last finite loss at iteration {last_good[-1] if last_good else 'none'}); "
+            f"stopped without saving the diverged weights, {kept}. Lower learning_rate "
+            f"(now {o.learning_rate:g}) or raise burn_in (now {o.policy['burn_in']})") from None
+    except KeyboardInterrupt as e:
+        # A half-done iteration is dropped: the resumed run repeats it whole.
+        net.seen = completed_seen
+        result.interrupted = True
+        result.iterations, result.seen = net.iteration, net.seen
+        why = "Terminated (SIGTERM)" if isinstance(e, Terminated) else "Interrupted"
+        if not finite_weights():
+            log(f"{why} at iteration {net.iteration}: the weights hold NaN or infinite "
+                f"values, so {backup_path} was not replaced")
+            raise
+        save(backup_path)
+        if result.losses:
+            chart()
+        log(f"{why} at iteration {net.iteration}: saved {backup_path} (resume "
             f"with --weights {backup_path})")
         raise
     finally:
         loader.close()
+        restore_sigterm()
+        np.seterr(**float_errors)
     save(final_path)
     result.final_weights = final_path
-    result.iterations, result.seen = net.current_batch, net.seen
+    result.iterations, result.seen = net.iteration, net.seen
     if result.losses:
         chart()
-    log(f"Saved {final_path} after {net.current_batch} iterations ({net.seen} images)")
+    log(f"Saved {final_path} after {net.iteration} iterations ({net.seen} images)")
     return result
 
 

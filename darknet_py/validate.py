@@ -18,17 +18,20 @@ valid set (a class without any cannot be scored).
 Both print one last plain line a script can read: ``top-1: 0.9533 top-5: 0.9990`` or
 ``mAP@0.5: 0.7120``.
 """
+import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .boxes import box_iou, fork_iou, results_corners
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
-from .boxes import box_iou, fork_iou
 from .detection import detector_layers, output_layer
+from .files import write_text_atomically
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
 VALID_NMS = 0.45
@@ -94,7 +97,7 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     loader = DataLoader(paths, task="classifier", width=o.width, height=o.height,
                         batch=batch, classes=classes, labels=labels, channels=channels,
                         train=False, workers=workers,
-                        on_error=lambda path, message: skipped.append(message))
+                        on_warning=skipped.append)
     try:
         for x, truth in loader:
             if len(x) == 0:
@@ -210,9 +213,10 @@ def image_detections(net, image, thresh=VALID_THRESH, nms=VALID_NMS):
 
 
 def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=VALID_NMS,
-                      iou_thresh=MAP_IOU, log=None):
+                      iou_thresh=MAP_IOU, log=None, on_image=None):
     """mAP@iou_thresh of a detector network over image `paths` (labels by Darknet's
-    label-path rule; an image without a label file has no objects)."""
+    label-path rule; an image without a label file has no objects). on_image(path, width,
+    height, [(class_id, score, box)]) is called with each image's scored detections."""
     from .image import ImageError, load_image
 
     channels = net.options.channels
@@ -231,8 +235,11 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
         except MissingLabelFile:
             missing += 1
             truths[index] = np.zeros((0, 5), dtype=np.float32)
-        for c, score, box in image_detections(net, image, thresh, nms):
+        found = image_detections(net, image, thresh, nms)
+        for c, score, box in found:
             detections.append((index, c, score, box))
+        if on_image is not None:
+            on_image(path, image.shape[2], image.shape[1], found)
         if log is not None and (index + 1) % 100 == 0:
             log(f"{index + 1} of {len(paths)} images, {time.perf_counter() - start:.1f} s")
     for message in skipped[:3]:
@@ -249,6 +256,74 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
     return DetectorResult(mean_ap, aps, counts, len(truths), list(names or []), len(skipped))
 
 
+# ---- Darknet's results files ----------------------------------------------------------
+# COCO's category ids of the 80 classes in coco.names order (COCO numbers 1..90 with gaps).
+COCO_CATEGORY_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+                     23, 24, 25, 27, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
+                     46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64,
+                     65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88,
+                     89, 90)
+COMP4_PREFIX = "comp4_det_test_"
+COCO_RESULTS = "coco_results.json"
+
+
+class DetectionResultsWriter:
+    """Collects a detector's scored detections per image and writes Darknet's results
+    files into one directory:
+
+    * ``comp4_det_test_<class name>.txt`` per class (validate_detector's VOC files): one
+      line per detection, ``<image id> <prob> <left> <top> <right> <bottom>``, the image id
+      being the file name without directory and extension, corners in pixels of the
+      original image, 1-based and clipped to [1, size];
+    * ``coco_results.json`` (validate_detector with eval=coco): a list of
+      ``{"image_id", "category_id", "bbox": [left, top, width, height], "score"}``, pixels,
+      0-based. image_id is the number after the last '_' of the file name, as Darknet's
+      get_coco_image_id reads COCO's names (the name itself where that is no number);
+      category_id is COCO's id for an 80-class network, else the class index.
+
+    Existing files are an error unless overwrite; every file is written atomically."""
+
+    def __init__(self, directory, classes, names=None, overwrite=False):
+        self.directory = os.fspath(directory)
+        self.classes = classes
+        self.names = [names[c] if names and c < len(names) else str(c) for c in range(classes)]
+        self.comp4 = [[] for _ in range(classes)]
+        self.coco = []
+        existing = [p for p in self.paths() if os.path.exists(p)]
+        if existing and not overwrite:
+            more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
+            raise ValidationError(f"{existing[0]}{more}: results of an earlier run; pass "
+                                  f"--overwrite to replace them, or choose another "
+                                  f"--results-dir")
+
+    def paths(self):
+        return [os.path.join(self.directory, f"{COMP4_PREFIX}{name}.txt") for name in self.names
+                ] + [os.path.join(self.directory, COCO_RESULTS)]
+
+    def add(self, path, width, height, detections):
+        """One image's [(class_id, score, relative box)], as evaluate_detector's on_image."""
+        image_id = os.path.splitext(os.path.basename(path))[0]
+        number = image_id.rsplit("_", 1)[-1]
+        coco_id = int(number) if number.isdigit() else image_id
+        for c, score, box in detections:
+            left, top, right, bottom = results_corners(box, width, height, origin=1)
+            self.comp4[c].append(f"{image_id} {score:f} {left:f} {top:f} {right:f} "
+                                 f"{bottom:f}\n")
+            left, top, right, bottom = results_corners(box, width, height, origin=0)
+            self.coco.append({
+                "image_id": coco_id,
+                "category_id": COCO_CATEGORY_IDS[c] if self.classes == 80 else c,
+                "bbox": [round(v, 6) for v in (left, top, right - left, bottom - top)],
+                "score": round(score, 6)})
+
+    def write(self):
+        """Write every file; returns their paths."""
+        os.makedirs(self.directory, exist_ok=True)
+        paths = self.paths()
+        for path, lines in zip(paths, self.comp4):
+            write_text_atomically(path, "".join(lines))
+        write_text_atomically(paths[-1], json.dumps(self.coco, indent=0) + "\n")
+        return paths
 # ---- the AlexeyAB fork's `detector map` -------------------------------------------------
 MAP_CONF_THRESH = 0.25   # the fork's thresh_calc_avg_iou: precision/recall/F1 are taken here
 
@@ -377,7 +452,7 @@ def curve_ap(recall, precision, points=0):
 
 
 def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
-                 thresh=MAP_CONF_THRESH, log=print):
+                 thresh=MAP_CONF_THRESH, log=print, darknet=None):
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
     and print fork_map's report. Returns the ForkMapResult."""
@@ -388,7 +463,7 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if network_task(net) != "detector":
         raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
                               f"(use `darknet-py valid`)")
@@ -414,16 +489,19 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
 
 
 # ---- the `valid` command ---------------------------------------------------------------
-def validate(cfg, data, weights, device="auto", top=None, log=print):
+def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir=None,
+             overwrite=False, darknet=None):
     """Load CFG with WEIGHTS and score it on the valid list of the .data file DATA. Prints
-    per-class results, then the summary line; returns the result."""
+    per-class results, then the summary line; returns the result. For a detector with
+    results_dir, also writes Darknet's results files there (DetectionResultsWriter),
+    refusing to replace earlier ones unless overwrite."""
     from .network import load_network
 
     config = load_data_config(data, require=("valid",))
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
-    net = load_network(cfg, weights, batch=1, device=device)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     net.names = config.names
     task = network_task(net)
     if task == "classifier":
@@ -438,15 +516,22 @@ def validate(cfg, data, weights, device="auto", top=None, log=print):
             print(f"darknet-py: warning: {data} has classes={config.classes} but the "
                   f"network's detection layer has classes={classes}; using {classes}",
                   file=sys.stderr)
-        result = evaluate_detector(net, paths, classes, config.names, log=log)
+        writer = (DetectionResultsWriter(results_dir, classes, config.names, overwrite)
+                  if results_dir is not None else None)
+        result = evaluate_detector(net, paths, classes, config.names, log=log,
+                                   on_image=writer.add if writer is not None else None)
         for line in result.per_class_lines():
             log(line)
         log(f"{result.images} images")
+        if writer is not None:
+            written = writer.write()
+            log(f"Results: {len(written) - 1} {COMP4_PREFIX}<class>.txt files and "
+                f"{COCO_RESULTS} in {results_dir}")
     log(result.summary())
     return result
 
 
-__all__ = ["ClassifierResult", "DetectorResult", "ForkMapResult", "ValidationError",
-           "class_average_precision", "detector_map", "fork_map",
+__all__ = ["ClassifierResult", "DetectionResultsWriter", "DetectorResult", "ForkMapResult",
+           "ValidationError", "class_average_precision", "detector_map", "fork_map",
            "evaluate_classifier", "evaluate_detector", "mean_average_precision",
            "network_task", "top_k_hits", "top_k_indexes", "validate", "voc_ap"]

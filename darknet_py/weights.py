@@ -6,14 +6,22 @@ network order, each layer's arrays in the order its params() lists them.
 Files with major or minor > 1000 store connected weights transposed.
 """
 import os
+import stat
 import struct
-import tempfile
+import warnings
+from dataclasses import dataclass
 
 import numpy as np
+
+from .files import atomic_output, check_input_file
 
 
 class WeightsError(Exception):
     pass
+
+
+class WeightsWarning(UserWarning):
+    """A weights file that loads but holds something suspicious (NaN or infinite values)."""
 
 
 def _header_layout(major, minor):
@@ -46,30 +54,59 @@ def read_header(f, path):
     major, minor, revision = struct.unpack("<3i", head)
     seen_is_64, transpose = _header_layout(major, minor)
     raw = f.read(8 if seen_is_64 else 4)
+    if 0 < len(raw) < (8 if seen_is_64 else 4):
+        raise WeightsError(f"{path}: not a Darknet weights file (its header ends inside the "
+                           f"{8 if seen_is_64 else 4}-byte image count)")
     seen = struct.unpack("<Q" if seen_is_64 else "<i", raw)[0] if raw else 0
     return (major, minor, revision), seen, transpose, 12 + (8 if seen_is_64 else 4)
 
 
-def load_weights(net, path, cutoff=None, allow_partial=False):
+def _read_floats(path):
+    """(header, seen, transpose, float32 data) of a weights file."""
+    path = os.fspath(path)
+    check_input_file(path, "weights file", WeightsError)
+    with open(path, "rb") as f:
+        header, seen, transpose, offset = read_header(f, path)
+        body = f.read()
+    if len(body) % 4:
+        raise WeightsError(f"{path}: {len(body)} bytes after the header is not a whole "
+                           f"number of floats (a truncated or damaged file?)")
+    return header, seen, transpose, np.frombuffer(body, dtype="<f4")
+
+
+def peek_header(path):
+    """(major, minor, revision) of a weights file, or None when it is missing, short or not
+    a regular file (opening a named pipe would wait for a writer; loading reports it)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(os.fspath(path), "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return None
+    return struct.unpack("<3i", head) if len(head) == 12 else None
+
+
+def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
     """Load parameters into the network's layers [0, cutoff).
 
     The file must hold exactly the floats those layers need (more is fine when a
     cutoff is given, as with Darknet's `partial`). With allow_partial, a file that
     ends on a layer boundary (a pretrained backbone such as darknet53.conv.74)
-    fills the layers it covers and returns how many layers that was."""
+    fills the layers it covers and returns how many layers that was. With transfer,
+    a file trained for another class count (see transfer_weights) loads the layers
+    whose shapes match and returns a TransferReport instead."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise WeightsError(f"{path}: weights file not found")
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        header, seen, transpose, offset = read_header(f, path)
-        data = np.frombuffer(f.read(), dtype="<f4")
+    header, seen, transpose, data = _read_floats(path)
     have = data.size
-    if (size - offset) % 4:
-        raise WeightsError(f"{path}: {size - offset} bytes after the header is not a whole "
-                           f"number of floats")
     layers = _layers_upto(net, cutoff)
     need = floats_needed(net, cutoff)
+    if have != need and cutoff is None:
+        layout = class_count_layout(net, have)
+        if layout is not None and transfer:
+            return _load_transfer(net, path, layout, header, transpose, data)
+        if layout is not None and not (allow_partial and have < need):
+            raise WeightsError(f"{path}: {layout.describe(net)}. {layout.remedy(net, path)}")
     if have < need and allow_partial:
         boundary, covered = 0, 0
         for layer in layers:
@@ -86,19 +123,132 @@ def load_weights(net, path, cutoff=None, allow_partial=False):
         raise WeightsError(
             f"{path}: has {have} floats after its header but the network "
             f"{'up to layer ' + str(cutoff) + ' ' if cutoff is not None else ''}needs {need} "
-            f"({more} than needed: is this the weights file for this cfg?)")
+            f"({more} than needed: is this the weights file for this cfg? To start from the "
+            f"first layers of another network's weights, cut them with `darknet-py partial "
+            f"THAT.cfg {path} OUT N`)")
     pos = 0
-    be = net.be
+    all_finite = bool(np.isfinite(data).all())
     for layer in layers:
-        for name, arr in _arrays(layer):
-            values = data[pos:pos + arr.size]
-            pos += arr.size
-            if transpose and layer.type == "connected" and name == "weights":
-                values = values.reshape(layer.inputs, layer.outputs).T
-            be.write(arr, values)
+        pos = _write_layer(net, layer, data, pos, transpose, None if all_finite else path)
+    net.params_changed()
     net.seen = int(seen)
     net.weights_header = header
     return len(layers)
+
+
+def _write_layer(net, layer, data, pos, transpose, check_finite_in=None):
+    """Write one layer's arrays from data[pos:]; returns the position after them. With
+    check_finite_in (the file's path), NaN/Inf values are warned about per array."""
+    for name, arr in _arrays(layer):
+        values = data[pos:pos + arr.size]
+        pos += arr.size
+        if check_finite_in and not np.isfinite(values).all():
+            warnings.warn(WeightsWarning(
+                f"{check_finite_in}: layer {layer.index} [{layer.type}] {name}: "
+                f"{int((~np.isfinite(values)).sum())} of {values.size} values are NaN or "
+                f"infinite (weights saved from a diverged run?)"), stacklevel=3)
+        if transpose and layer.type == "connected" and name == "weights":
+            values = values.reshape(layer.inputs, layer.outputs).T
+        net.be.write(arr, values)
+    return pos
+
+
+# ---- transfer: weights trained for another class count --------------------------------------
+@dataclass
+class ClassCountLayout:
+    """A weights file that holds this cfg's layers trained for `classes` classes: only the
+    convolutions feeding the detection heads (`head_convs`: layer -> floats in the file)
+    differ from this network."""
+    classes: int
+    head_convs: dict
+
+    def describe(self, net):
+        heads = [net.layers[i + 1] for i in self.head_convs]
+        return (f"holds this cfg's layers trained for {self.classes} classes, but the "
+                f"cfg's [{heads[0].type}] layers have classes={heads[0].classes}: layer"
+                f"{'s' if len(heads) > 1 else ''} {_index_list(self.head_convs)} "
+                f"(the convolution{'s' if len(heads) > 1 else ''} before "
+                f"{'them' if len(heads) > 1 else 'it'}) differ")
+
+    def remedy(self, net, path):
+        first = min(self.head_convs)
+        return (f"To fine-tune from it, train with --weights {path} (the layers that match "
+                f"are loaded; Python: load_network(..., transfer=True)), or cut the "
+                f"{first} layers before the first difference: `darknet-py partial "
+                f"{net.path} {path} OUT {first}`")
+
+
+@dataclass
+class TransferReport:
+    """What transfer loading did: layer indices loaded and left at their random start."""
+    classes: int                # the class count the file was trained for
+    loaded: list
+    not_loaded: list
+
+    def lines(self, path):
+        return [f"{path}: weights trained for {self.classes} classes; loaded the "
+                f"{len(self.loaded)} layers whose shapes match ({_index_list(self.loaded)})",
+                f"layers {_index_list(self.not_loaded)} differ in shape and start from "
+                f"random values (Darknet's initialisation)"]
+
+
+def _index_list(indices):
+    """'0-14, 17, 19-21' for sorted layer indices."""
+    runs, indices = [], sorted(indices)
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def class_count_layout(net, have):
+    """The ClassCountLayout under which a file of `have` floats is this network trained for
+    another class count, or None. Each [yolo]/[region] head has n anchors and reads a
+    convolution with n * (classes + extra) filters, so the file's size is this network's
+    plus (classes - this network's classes) * the head convolutions' floats per class."""
+    from .layers.convolutional import ConvolutionalLayer
+
+    heads = [l for l in net.layers if l.type in ("yolo", "region")]
+    if not heads or len({h.classes for h in heads}) != 1:
+        return None
+    per_class = {}   # head convolution -> (its floats here, its floats per class)
+    for head in heads:
+        conv = net.layers[head.index - 1] if head.index else None
+        if not isinstance(conv, ConvolutionalLayer) or conv.filters != head.out_c:
+            return None
+        if any(conv in getattr(l, "sources", ()) or getattr(l, "source", None) is conv
+               for l in net.layers):   # another consumer would change shape too
+            return None
+        if conv.section.get_int("dontload", 0) or conv.section.get_int("dontloadscales", 0):
+            return None
+        floats = sum(a.size for _, a in _arrays(conv))
+        per_class[conv.index] = (floats, floats // conv.filters * head.n)
+    extra = have - floats_needed(net)
+    step = sum(p for _, p in per_class.values())
+    more_classes = extra // step
+    if extra == 0 or extra % step or heads[0].classes + more_classes < 1:
+        return None
+    return ClassCountLayout(heads[0].classes + more_classes,
+                            {i: floats + more_classes * p for i, (floats, p) in per_class.items()})
+
+
+def _load_transfer(net, path, layout, header, transpose, data):
+    loaded, not_loaded, pos = [], [], 0
+    for layer in _layers_upto(net, None):
+        if not _arrays(layer):
+            continue
+        if layer.index in layout.head_convs:
+            pos += layout.head_convs[layer.index]   # keeps its random initialisation
+            not_loaded.append(layer.index)
+        else:
+            pos = _write_layer(net, layer, data, pos, transpose)
+            loaded.append(layer.index)
+    assert pos == data.size, "class_count_layout accounted for every float"
+    net.seen = 0   # the file's image count belongs to the other task
+    net.weights_header = header
+    return TransferReport(layout.classes, loaded, not_loaded)
 
 
 def save_weights(net, path, cutoff=None):
@@ -106,28 +256,22 @@ def save_weights(net, path, cutoff=None):
     with (so an unchanged network saves the same bytes it loaded)."""
     path = os.fspath(path)
     major, minor, revision = getattr(net, "weights_header", (0, 2, 0))
+    seen = int(net.seen)
+    if getattr(net, "darknet", "original") == "alexeyab":
+        # The fork writes its own version and `seen` as whole iterations (its save_weights
+        # sets seen = cur_iteration * batch * subdivisions).
+        from .network import FORK_WEIGHTS_HEADER
+        major, minor, revision = FORK_WEIGHTS_HEADER
+        seen = net.iteration * net.images_per_iteration
     seen_is_64, transpose = _header_layout(major, minor)
     chunks = [struct.pack("<3i", major, minor, revision),
-              struct.pack("<Q" if seen_is_64 else "<i", int(net.seen))]
+              struct.pack("<Q" if seen_is_64 else "<i", seen)]
     for layer in _layers_upto(net, cutoff):
         for name, arr in _arrays(layer):
             values = net.be.to_host(arr).astype("<f4")
             if transpose and layer.type == "connected" and name == "weights":
                 values = values.reshape(layer.outputs, layer.inputs).T.reshape(-1)
             chunks.append(values.tobytes())
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".weights-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        # mkstemp makes the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path, kind="weights") as tmp, open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)

@@ -16,11 +16,39 @@ enum Activation {
     STAIR = 10,
     HARDTAN = 11,
     LHTAN = 12,
-    SELU = 13
+    SELU = 13,
+    // the AlexeyAB fork's
+    RELU6 = 14,
+    REVLEAKY = 15,
+    GELU = 16,
+    SWISH = 17,
+    MISH = 18,
+    HARD_MISH = 19
+};
+
+// The fork's normalize_channels family (CHANNEL_ACTIVATIONS' order in activations.py).
+enum ChannelActivation {
+    NORM_CHAN = 0,
+    NORM_CHAN_SOFTMAX = 1,
+    NORM_CHAN_SOFTMAX_MAXVAL = 2
 };
 
 constexpr float SELU_LAMBDA = 1.0507f;
 constexpr float SELU_ALPHA = 1.6732f;
+constexpr float MISH_THRESHOLD = 20.0f;
+constexpr float GELU_A = 0.797885f;
+constexpr float GELU_B = 0.035677f;
+constexpr float CHANNEL_EPS = 1e-4f;
+
+// The fork's softplus: x above the threshold, exp(x) below minus it, else log(exp(x) + 1).
+__device__ __forceinline__ float softplus(float x)
+{
+    if (x > MISH_THRESHOLD) return x;
+    if (x < -MISH_THRESHOLD) return expf(x);
+    return log1pf(expf(x));
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float stair_activate(float x)
 {
@@ -52,6 +80,15 @@ __device__ __forceinline__ float activate(float x, int act)
         if (x > 1.0f) return 0.001f * (x - 1.0f) + 1.0f;
         return x;
     case SELU:     return x >= 0.0f ? SELU_LAMBDA * x : (SELU_LAMBDA * SELU_ALPHA) * expm1f(x);
+    case RELU6:    return fminf(fmaxf(x, 0.0f), 6.0f);
+    case REVLEAKY: return x > 0.0f ? x : 0.1f * x;
+    case GELU:     return 0.5f * x * (1.0f + tanhf(GELU_A * x + GELU_B * x * x * x));
+    case SWISH:    return x * sigmoid(x);
+    case MISH:     return x * tanhf(softplus(x));
+    case HARD_MISH:
+        if (x > 0.0f) return x;
+        if (x > -2.0f) return 0.5f * x * x + x;
+        return 0.0f;
     default:       return x;
     }
 }
@@ -76,6 +113,33 @@ __device__ __forceinline__ float gradient(float y, int act)
     case HARDTAN:  return (y > -1.0f && y < 1.0f) ? 1.0f : 0.0f;
     case LHTAN:    return (y > 0.0f && y < 1.0f) ? 1.0f : 0.001f;
     case SELU:     return y >= 0.0f ? SELU_LAMBDA : y + SELU_LAMBDA * SELU_ALPHA;
+    case RELU6:    return (y > 0.0f && y < 6.0f) ? 1.0f : 0.0f;
+    case REVLEAKY: return y > 0.0f ? 1.0f : 0.1f;
+    default:       return 1.0f;
+    }
+}
+
+// The derivative from the input x, for the activations that need it (INPUT_GRADIENT).
+__device__ __forceinline__ float gradient_from_input(float x, int act)
+{
+    switch (act) {
+    case GELU: {
+        const float t = tanhf(GELU_A * x + GELU_B * x * x * x);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * (GELU_A + 3.0f * GELU_B * x * x);
+    }
+    case SWISH: {
+        const float s = sigmoid(x);
+        return s * (1.0f + x * (1.0f - s));
+    }
+    case MISH: {
+        const float sp = softplus(x);
+        const float t = tanhf(sp);
+        return t + x * (1.0f - t * t) * (1.0f - expf(-sp));
+    }
+    case HARD_MISH:
+        if (x > 0.0f) return 1.0f;
+        if (x > -2.0f) return x + 1.0f;
+        return 0.0f;
     default:       return 1.0f;
     }
 }
@@ -85,6 +149,20 @@ extern "C" __global__ void activate_array(float* __restrict__ x, int n, int act)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         x[i] = activate(x[i], act);
+}
+
+// out[row, s] = act(out[row, s] + biases[row % n]) over rows = batch * n rows of `size`:
+// a convolution's inference tail (bias, or folded batch norm, then activation) in one pass.
+// x (blocks and threads) spans the row, y the rows.
+extern "C" __global__ void bias_activate(float* __restrict__ out, const float* __restrict__ biases,
+                                        int rows, int n, int size, int act)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= size) return;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        float* p = out + (long long)r * size + s;
+        *p = activate(*p + biases[r % n], act);
+    }
 }
 
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
@@ -106,4 +184,85 @@ extern "C" __global__ void gradient_array(const float* __restrict__ y, int n, in
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         delta[i] *= gradient(y[i], act);
+}
+
+// delta[i] *= act'(x[i]) from the activation's input x
+extern "C" __global__ void gradient_from_input_array(const float* __restrict__ x, int n, int act,
+                                                    float* __restrict__ delta)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        delta[i] *= gradient_from_input(x[i], act);
+}
+
+// The fork's normalize_channels family in place on x (batch, channels, spatial): one thread
+// per (image, position) normalises over the channels (kind: ChannelActivation).
+extern "C" __global__ void normalize_channels_kernel(float* __restrict__ x, int batch, int channels,
+                                                    int spatial, int kind)
+{
+    const long long total = (long long)batch * spatial;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long b = i / spatial;
+        float* p = x + b * channels * spatial + (i - b * spatial);
+        float top = 0.0f;
+        if (kind == NORM_CHAN_SOFTMAX_MAXVAL) {
+            top = p[0];
+            for (int k = 1; k < channels; ++k) top = fmaxf(top, p[(long long)k * spatial]);
+        }
+        float sum = CHANNEL_EPS;
+        for (int k = 0; k < channels; ++k) {
+            const float v = p[(long long)k * spatial];
+            sum += kind == NORM_CHAN ? fmaxf(v, 0.0f) : expf(v - top);
+        }
+        for (int k = 0; k < channels; ++k) {
+            float* v = p + (long long)k * spatial;
+            *v = kind == NORM_CHAN ? fmaxf(*v, 0.0f) / sum : expf(*v - top) / sum;
+        }
+    }
+}
+
+// The exact gradient of normalize_channels_kernel from its input x: delta (dL/dy) becomes
+// dL/dx. For *_maxval the maximum's own term through the eps (first maximum) is included.
+extern "C" __global__ void normalize_channels_gradient_kernel(const float* __restrict__ x, int batch,
+                                                             int channels, int spatial, int kind,
+                                                             float* __restrict__ delta)
+{
+    const long long total = (long long)batch * spatial;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long b = i / spatial;
+        const long long base = b * channels * spatial + (i - b * spatial);
+        const float* p = x + base;
+        float* d = delta + base;
+        float top = 0.0f;
+        int first = 0;
+        if (kind == NORM_CHAN_SOFTMAX_MAXVAL) {
+            top = p[0];
+            for (int k = 1; k < channels; ++k) {
+                const float v = p[(long long)k * spatial];
+                if (v > top) { top = v; first = k; }
+            }
+        }
+        float sum = CHANNEL_EPS;
+        for (int k = 0; k < channels; ++k) {
+            const float v = p[(long long)k * spatial];
+            sum += kind == NORM_CHAN ? fmaxf(v, 0.0f) : expf(v - top);
+        }
+        float gy = 0.0f;   // sum over channels of dL/dy * y
+        for (int k = 0; k < channels; ++k) {
+            const float v = p[(long long)k * spatial];
+            const float y = kind == NORM_CHAN ? fmaxf(v, 0.0f) / sum : expf(v - top) / sum;
+            gy += d[(long long)k * spatial] * y;
+        }
+        for (int k = 0; k < channels; ++k) {
+            const float v = p[(long long)k * spatial];
+            float* dk = d + (long long)k * spatial;
+            if (kind == NORM_CHAN) {
+                *dk = v > 0.0f ? (*dk - gy) / sum : 0.0f;
+            } else {
+                *dk = expf(v - top) / sum * (*dk - gy);
+                if (kind == NORM_CHAN_SOFTMAX_MAXVAL && k == first) *dk -= CHANNEL_EPS / sum * gy;
+            }
+        }
+    }
 }

@@ -122,6 +122,20 @@ extern "C" __global__ void normalize_kernel(float* __restrict__ x, const float* 
     }
 }
 
+// x = (x - mean[f]) / sqrt(variance[f] + eps): the AlexeyAB fork's forward.
+extern "C" __global__ void normalize_sqrt_eps_kernel(float* __restrict__ x, const float* __restrict__ mean,
+                                                    const float* __restrict__ variance,
+                                                    int rows, int filters, int spatial, float eps)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= spatial) return;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        const int f = r % filters;
+        float* p = x + (long long)r * spatial + s;
+        *p = (*p - mean[f]) / sqrtf(variance[f] + eps);
+    }
+}
+
 // delta = delta / sqrt(var + 1e-5) + variance_delta * 2 * (x - mean) / n + mean_delta / n,
 // n = batch * spatial.
 extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, const float* __restrict__ mean,

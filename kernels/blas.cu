@@ -37,6 +37,14 @@ extern "C" __global__ void scale_add_strided(float* __restrict__ x, int rows, in
     }
 }
 
+// y += a * b (element-wise)
+extern "C" __global__ void mul_add_kernel(int n, const float* __restrict__ a, const float* __restrict__ b,
+                                         float* __restrict__ y)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        y[i] += a[i] * b[i];
+}
+
 // Block-wide sum of one double per thread; the result is valid in thread 0.
 // Needs blockDim.x a multiple of 32, at most 1024.
 __device__ __forceinline__ double block_sum(double v)

@@ -1,23 +1,32 @@
 // Max and average pooling (Darknet's maxpool and avgpool layers).
 
+// Output element i of (planes) x out_h x out_w: its column, row and plane.
+__device__ __forceinline__ long long pool_position(long long i, int out_w, int out_h, int* ow, int* oh)
+{
+    *ow = (int)(i % out_w);
+    const long long t = i / out_w;
+    *oh = (int)(t % out_h);
+    return t / out_h;
+}
+
 // One thread per output element of (batch*c) x out_h x out_w. Windows start at
-// -(padding / 2); cells outside the image never win. indexes gets the flat
-// index into x of the first maximum in row-major window order (strict '>', as
-// Darknet), or -1 when the window holds no image cell.
+// -(padding / 2) and move by stride_x across, stride_y down (the same for the original
+// Darknet); cells outside the image never win. indexes gets the flat index into x of the
+// first maximum in row-major window order (strict '>', as Darknet), or -1 when the window
+// holds no image cell.
 extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, int planes, int h, int w,
-                                                 int size, int stride, int padding, int out_h, int out_w,
+                                                 int size, int stride_x, int stride_y, int padding,
+                                                 int out_h, int out_w,
                                                  float* __restrict__ out, int* __restrict__ indexes)
 {
     const long long total = (long long)planes * out_h * out_w;
     const int off = padding / 2;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int ow = (int)(i % out_w);
-        const long long t = i / out_w;
-        const int oh = (int)(t % out_h);
-        const long long plane = t / out_h;
-        const int h0 = oh * stride - off;
-        const int w0 = ow * stride - off;
+        int ow, oh;
+        const long long plane = pool_position(i, out_w, out_h, &ow, &oh);
+        const int h0 = oh * stride_y - off;
+        const int w0 = ow * stride_x - off;
         float best = -INFINITY;
         int best_i = -1;
         for (int dy = 0; dy < size; ++dy) {
@@ -35,7 +44,7 @@ extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, i
             }
         }
         out[i] = best;
-        indexes[i] = best_i;
+        if (indexes) indexes[i] = best_i;  // null in inference: no argmax kept
     }
 }
 
@@ -74,4 +83,83 @@ extern "C" __global__ void avgpool_backward_kernel(const float* __restrict__ del
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x)
         delta_in[i] += delta_out[i / spatial] / (float)spatial;
+}
+
+// The fork's maxpool_depth: out[b, g, p] = max over channels g, g+out_c, g+2*out_c, ... of
+// x[b, :, p]; indexes get the flat index of the first maximum. One thread per output.
+extern "C" __global__ void maxpool_depth_kernel(const float* __restrict__ x, int batch, int c, int spatial,
+                                               int out_c, float* __restrict__ out,
+                                               int* __restrict__ indexes)
+{
+    const long long total = (long long)batch * out_c * spatial;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        int p, g;   // position, output channel, image
+        const long long b = pool_position(i, spatial, out_c, &p, &g);
+        float best = -INFINITY;
+        int best_i = -1;
+        for (int k = g; k < c; k += out_c) {
+            const int idx = (int)((b * c + k) * spatial + p);
+            const float v = x[idx];
+            if (best_i < 0 || v > best) {
+                best = v;
+                best_i = idx;
+            }
+        }
+        out[i] = best;
+        indexes[i] = best_i;
+    }
+}
+
+// The image cells of window (oh, ow): rows [y0, y1), columns [x0, x1).
+__device__ __forceinline__ void window_cells(int oh, int ow, int h, int w, int size, int stride_x,
+                                             int stride_y, int off, int* y0, int* y1, int* x0,
+                                             int* x1)
+{
+    const int top = oh * stride_y - off, left = ow * stride_x - off;
+    *y0 = max(top, 0);
+    *y1 = min(top + size, h);
+    *x0 = max(left, 0);
+    *x1 = min(left + size, w);
+}
+
+// The fork's [local_avgpool]: out = the mean of each window's cells inside the image.
+// One thread per output element of (batch*c) x out_h x out_w.
+extern "C" __global__ void local_avgpool_forward_kernel(const float* __restrict__ x, int planes, int h,
+                                                       int w, int size, int stride_x, int stride_y,
+                                                       int padding, int out_h, int out_w,
+                                                       float* __restrict__ out)
+{
+    const long long total = (long long)planes * out_h * out_w;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        int ow, oh;
+        const long long plane = pool_position(i, out_w, out_h, &ow, &oh);
+        int y0, y1, x0, x1;
+        window_cells(oh, ow, h, w, size, stride_x, stride_y, padding / 2, &y0, &y1, &x0, &x1);
+        float s = 0.0f;
+        for (int y = y0; y < y1; ++y)
+            for (int xx = x0; xx < x1; ++xx) s += x[(plane * h + y) * w + xx];
+        out[i] = s / (float)((y1 - y0) * (x1 - x0));
+    }
+}
+
+// Its adjoint: each output's delta / its cell count is added to those cells (atomics:
+// overlapping windows share cells).
+extern "C" __global__ void local_avgpool_backward_kernel(float* __restrict__ delta_in, int planes, int h,
+                                                        int w, int size, int stride_x, int stride_y,
+                                                        int padding, int out_h, int out_w,
+                                                        const float* __restrict__ delta_out)
+{
+    const long long total = (long long)planes * out_h * out_w;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        int ow, oh;
+        const long long plane = pool_position(i, out_w, out_h, &ow, &oh);
+        int y0, y1, x0, x1;
+        window_cells(oh, ow, h, w, size, stride_x, stride_y, padding / 2, &y0, &y1, &x0, &x1);
+        const float share = delta_out[i] / (float)((y1 - y0) * (x1 - x0));
+        for (int y = y0; y < y1; ++y)
+            for (int xx = x0; xx < x1; ++xx) atomicAdd(delta_in + (plane * h + y) * w + xx, share);
+    }
 }

@@ -1,4 +1,5 @@
-// Data movement between layer layouts: route copies, upsample, reorg, shortcut.
+// Data movement between layer layouts: route copies, upsample, reorg, shortcut, and the
+// AlexeyAB fork's weighted shortcut and scale_channels.
 // All arrays are batch x channels x height x width, row-major.
 
 // dst[p*dst_plane_stride + r*dst_stride + c] (+)= src[p*src_plane_stride + r*src_stride + c]
@@ -105,5 +106,127 @@ extern "C" __global__ void shortcut_kernel(int batch, int minw, int minh, int mi
         const long long out_index = ((b * c2 + k) * h2 + (long long)j * sample) * w2 + (long long)i * sample;
         const long long add_index = ((b * c1 + k) * h1 + (long long)j * stride) * w1 + (long long)i * stride;
         out[out_index] = s1 * out[out_index] + s2 * add[add_index];
+    }
+}
+
+// The fork's [scale_channels]: out[b, c, p] = scale[b, c] * src[b, c, p], or with scale_wh
+// scale[b, p] * src[b, c, p]. One thread per output element.
+__device__ __forceinline__ long long scale_index(long long i, int channels, int spatial, int scale_wh)
+{
+    const long long b = i / ((long long)channels * spatial);
+    return scale_wh ? b * spatial + i % spatial : i / spatial;
+}
+
+extern "C" __global__ void scale_channels_kernel(const float* __restrict__ scale,
+                                                const float* __restrict__ src, int batch, int channels,
+                                                int spatial, int scale_wh, float* __restrict__ out)
+{
+    const long long total = (long long)batch * channels * spatial;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = scale[scale_index(i, channels, spatial, scale_wh)] * src[i];
+}
+
+// Its adjoint: src_delta += scale * delta (one thread per element, when src_delta is set)
+// and scale_delta[j] += sum of delta * src over the elements j scales (one warp per j).
+extern "C" __global__ void scale_channels_src_delta_kernel(const float* __restrict__ scale,
+                                                          const float* __restrict__ delta, int batch,
+                                                          int channels, int spatial, int scale_wh,
+                                                          float* __restrict__ src_delta)
+{
+    const long long total = (long long)batch * channels * spatial;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        src_delta[i] += scale[scale_index(i, channels, spatial, scale_wh)] * delta[i];
+}
+
+extern "C" __global__ void scale_channels_scale_delta_kernel(const float* __restrict__ src,
+                                                            const float* __restrict__ delta, int batch,
+                                                            int channels, int spatial, int scale_wh,
+                                                            float* __restrict__ scale_delta)
+{
+    const int lane = threadIdx.x & 31;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    const long long n = scale_wh ? (long long)batch * spatial : (long long)batch * channels;
+    const int terms = scale_wh ? channels : spatial;       // elements each scale value touches
+    for (long long j = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; j < n; j += warps) {
+        float s = 0.0f;
+        for (int k = lane; k < terms; k += 32) {
+            long long e;
+            if (scale_wh) {
+                const long long b = j / spatial;
+                e = (b * channels + k) * spatial + (j - b * spatial);
+            } else {
+                e = j * spatial + k;
+            }
+            s += delta[e] * src[e];
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0) scale_delta[j] += s;
+    }
+}
+
+// The fork's weighted-shortcut weights (inputs x channels), normalised over the inputs per
+// channel: 0 none, 1 relu(w) / (1e-4 + sum relu), 2 exp(w - max) / (1e-4 + sum exp(w - max)).
+// One thread per channel.
+extern "C" __global__ void shortcut_weights_kernel(const float* __restrict__ weights, int inputs,
+                                                  int channels, int normalization,
+                                                  float* __restrict__ out)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
+        float top = -INFINITY;
+        for (int i = 0; i < inputs; ++i) top = fmaxf(top, weights[i * channels + c]);
+        float sum = 1e-4f;
+        for (int i = 0; i < inputs; ++i) {
+            const float w = weights[i * channels + c];
+            sum += normalization == 1 ? fmaxf(w, 0.0f) : expf(w - top);
+        }
+        for (int i = 0; i < inputs; ++i) {
+            const float w = weights[i * channels + c];
+            out[i * channels + c] = normalization == 0 ? w
+                : normalization == 1 ? fmaxf(w, 0.0f) / sum : expf(w - top) / sum;
+        }
+    }
+}
+
+// out[b*out_stride + j] += weights[j / step] * src[b*src_stride + j] for b < batch, j < width.
+// x (blocks and threads) spans j, y the images.
+extern "C" __global__ void channel_weighted_add_kernel(const float* __restrict__ src, int src_stride,
+                                                      const float* __restrict__ weights, int step,
+                                                      int width, int batch, float* __restrict__ out,
+                                                      int out_stride)
+{
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width) return;
+    const float w = weights[j / step];
+    for (int b = blockIdx.y * blockDim.y + threadIdx.y; b < batch; b += gridDim.y * blockDim.y)
+        out[(long long)b * out_stride + j] += w * src[(long long)b * src_stride + j];
+}
+
+// out[c] += sum over b < batch and j < width with j / step == c of a[b*a_stride + j] *
+// b[b*b_stride + j]: one block per channel c, a block-wide reduction.
+extern "C" __global__ void channel_weighted_dot_kernel(const float* __restrict__ a, int a_stride,
+                                                      const float* __restrict__ bv, int b_stride,
+                                                      int step, int width, int batch,
+                                                      float* __restrict__ out)
+{
+    __shared__ float partial[32];
+    const int c = blockIdx.x;
+    const int j0 = c * step;
+    const int j1 = min(j0 + step, width);
+    const int span = max(j1 - j0, 0);
+    float s = 0.0f;
+    for (long long e = threadIdx.x; e < (long long)span * batch; e += blockDim.x) {
+        const long long b = e / span;
+        const int j = j0 + (int)(e - b * span);
+        s += a[b * a_stride + j] * bv[b * b_stride + j];
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        s = threadIdx.x < (blockDim.x >> 5) ? partial[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (threadIdx.x == 0) out[c] += s;
     }
 }

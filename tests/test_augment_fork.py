@@ -1,13 +1,18 @@
 """The AlexeyAB fork's detector augmentation (darknet_py/data/augment_fork.py): mosaic,
 mixup, letter_box, blur, gaussian_noise, each checked on images whose content says where
 every pixel came from."""
+import types
+
 import numpy as np
 import pytest
 
-from darknet_py.cfg import CfgError, parse_cfg_text
+from darknet_py.cfg import parse_cfg_text
+from darknet_py.data.augment import DetectorAugment
 from darknet_py.data.augment_fork import (ForkAugment, PieceDraws, crop_borders,
-                                          fork_detection_sample, fork_fill_truth,
-                                          image_data_augmentation, mosaic_truth)
+                                          detector_augment, fork_detection_sample,
+                                          fork_fill_truth, image_data_augmentation,
+                                          mosaic_truth)
+from darknet_py.data.config import DataError
 from darknet_py.network import parse_net_options
 
 F32 = np.float32
@@ -193,15 +198,26 @@ def test_same_seed_same_sample():
     assert not np.array_equal(sample(6)[0], a)
 
 
-def test_net_options_and_the_mosaic_letter_box_conflict():
+def test_net_options_and_the_augmentation_they_choose():
     (net,) = parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\nmosaic=1\nblur=2\n"
                             "gaussian_noise=5\nmixup=1\n")
     o = parse_net_options(net)
     assert (o.mosaic, o.blur, o.gaussian_noise, o.mixup, o.letter_box) == (1, 2, 5, 1, 0)
     assert not net.unused()
-    (bad,) = parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\nmosaic=1\nletter_box=1\n")
-    with pytest.raises(CfgError, match=r":5: mosaic: mosaic=1 with letter_box=1"):
-        parse_net_options(bad)
+    (both,) = parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\nmosaic=1\nletter_box=1\n"
+                             "cutmix=1\n")
+    o = parse_net_options(both)   # the fork's stock cfgs set both: they build
+    head = types.SimpleNamespace(jitter=.3, resize=1.5)
+    with pytest.raises(DataError, match="mosaic=1 with letter_box=1 cannot train"):
+        detector_augment(o, head)
+    o.letter_box = 0
+    warned = []
+    aug = detector_augment(o, head, warn=warned.append)
+    assert isinstance(aug, ForkAugment) and aug.mosaic and aug.resize == 1.5
+    assert "cutmix=1 is a classifier augmentation" in warned[0]
+    o.mosaic = o.cutmix = 0
+    assert isinstance(detector_augment(o, head), DetectorAugment)
+    assert isinstance(detector_augment(o, head, fork=True), ForkAugment)
 
 
 def test_loader_builds_fork_batches_reproducibly(tmp_path):

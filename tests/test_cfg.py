@@ -79,8 +79,8 @@ def test_wrong_type_names_key_and_line():
 
 
 def test_unknown_activation_is_an_error_not_relu():
-    e = error_of(NET + "[conv]\nactivation=swish\n")
-    assert e.key == "activation" and "unknown activation 'swish'" in str(e)
+    e = error_of(NET + "[conv]\nactivation=swishy\n")
+    assert e.key == "activation" and "unknown activation 'swishy'" in str(e)
 
 
 def test_route_and_shortcut_index_out_of_range():

@@ -146,10 +146,10 @@ def test_version(run):
 
 @pytest.mark.parametrize("command, mentions", [
     ("test", ["--top", "--data", "--names", "--gpu", "--device", "stdin"]),
-    ("detect", ["--thresh", "--hier", "--nms", "--out", "--json", "--gpu", "--device",
-                "predictions_1.jpg"]),
+    ("detect", ["--thresh", "--nms", "--out", "--json", "--gpu", "--device",
+                "predictions_1.jpg", "--overwrite", "--darknet-order", "--out none"]),
     ("info", ["--batch"]),
-    ("partial", ["--force", "N"]),
+    ("partial", ["--overwrite", "N"]),
 ])
 def test_every_command_has_help(command, mentions):
     r = run_in_process([command, "--help"])
@@ -188,7 +188,9 @@ def test_info_prints_the_layer_table_and_total(run, tmp_path):
     cfg = write_cfg(tmp_path / "small.cfg", SMALL_CFG)
     r = run(["info", cfg])
     assert r.code == 0 and "Traceback" not in r.err, r
-    assert r.lines[:-1] == build_network(cfg).summary()
+    assert r.lines[0] == ("Darknet: original (from the cfg; BFLOPs as pjreddie's Darknet "
+                          "counts them)")
+    assert r.lines[1:-1] == build_network(cfg).summary()
     rows = table_rows(r.lines)
     assert [row.split()[:2] for row in rows] == [["0", "conv"], ["1", "max"], ["2", "avg"],
                                                 ["3", "softmax"]]
@@ -201,7 +203,7 @@ def test_info_fixture_and_batch_memory_estimate():
     one = run_in_process(["info", P1_CFG])
     four = run_in_process(["info", P1_CFG, "--batch", "4"])
     assert one.code == four.code == 0, (one, four)
-    assert one.lines[:-1] == four.lines[:-1] == build_network(P1_CFG).summary()
+    assert one.lines[1:-1] == four.lines[1:-1] == build_network(P1_CFG).summary()
     memory = re.compile(r"^Activations and workspace at batch (\d+): ([\d.]+) MiB for inference, "
                         r"([\d.]+) MiB for training")
     m1, m4 = memory.match(one.lines[-1]), memory.match(four.lines[-1])
@@ -224,9 +226,20 @@ def test_info_fixture_and_batch_memory_estimate():
 def test_info_on_stock_darknet_cfgs(run, name, layers, bflops):
     r = run(["info", STOCK_CFG / name])
     assert r.code == 0 and "Traceback" not in r.err, r
-    assert r.lines[0].split()[:5] == ["layer", "filters", "size", "input", "output"]
+    assert r.lines[1].split()[:5] == ["layer", "filters", "size", "input", "output"]
     rows = table_rows(r.lines)
     assert [int(row.split()[0]) for row in rows] == list(range(layers))
+    assert f"Total BFLOPs: {bflops}" in r.lines, r.out
+
+
+@needs_shared
+@pytest.mark.parametrize("flavour, first, bflops", [
+    (None, "Darknet: original (from the cfg;", "5.565"),
+    ("alexeyab", "Darknet: alexeyab (chosen with --darknet;", "5.571"),
+])
+def test_info_prints_the_flavour_and_its_bflops(run, flavour, first, bflops):
+    r = run(["info", STOCK_CFG / "yolov3-tiny.cfg"] + (["--darknet", flavour] if flavour else []))
+    assert r.code == 0 and r.lines[0].startswith(first), r
     assert f"Total BFLOPs: {bflops}" in r.lines, r.out
 
 
@@ -308,15 +321,18 @@ def test_classify_several_images_from_args_list_file_and_stdin(tmp_path):
 
 
 @needs_shared
-def test_default_device_is_auto_with_a_notice_without_cuda():
+def test_default_device_is_auto_with_a_notice_once_per_process(monkeypatch):
     detection_module()
-    from darknet_py.backends import cuda_available
-    if cuda_available():
+    from darknet_py import backends
+    if backends.cuda_available():
         pytest.skip("CUDA is available here, so auto picks it without a notice")
+    monkeypatch.setattr(backends, "_cpu_notice_given", False)
     r = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG])
     assert r.code == 0, r
     notices = [l for l in r.err.splitlines() if "running on the CPU" in l]
     assert len(notices) == 1, r
+    again = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG])   # same process: no repeat
+    assert again.code == 0 and "running on the CPU" not in again.err, again
 
 
 # ---- partial --------------------------------------------------------------------------------
@@ -340,17 +356,17 @@ def test_partial_writes_header_and_first_n_layers(run, tmp_path, n):
 
 
 @needs_shared
-def test_partial_refuses_to_overwrite_its_input_without_force(run, tmp_path):
+def test_partial_refuses_to_overwrite_its_input_without_overwrite(run, tmp_path):
     weights = tmp_path / "p1.weights"
     shutil.copyfile(P1_WEIGHTS, weights)
     before = weights.read_bytes()
     r = run(["partial", P1_CFG, weights, weights, 2])
-    assert_user_error(r, weights, "--force")
+    assert_user_error(r, weights, "--overwrite")
     assert weights.read_bytes() == before
     # The same file by another spelling is refused too.
     r = run(["partial", P1_CFG, weights, tmp_path / "." / "p1.weights", 2], cwd=tmp_path)
-    assert_user_error(r, "--force")
-    forced = run(["partial", P1_CFG, weights, weights, 2, "--force"])
+    assert_user_error(r, "--overwrite")
+    forced = run(["partial", P1_CFG, weights, weights, 2, "--overwrite"])
     assert forced.code == 0, forced
     net = load_network(P1_CFG, batch=1, device="cpu")
     assert weights.stat().st_size == 20 + 4 * floats_needed(net, 2)
@@ -643,5 +659,82 @@ def test_detect_errors(run, tmp_path):
                       "overwrite the input image")
     assert copy.read_bytes() == DOG.read_bytes()
     assert_user_error(run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--out",
-                           tmp_path / "o.jpg", "--json", tmp_path / "no" / "dir.json"]),
-                      "dir.json")
+                           tmp_path / "o.jpg", "--json", copy / "dir.json"]),
+                      str(copy), "not a directory")
+    assert not (tmp_path / "o.jpg").exists()
+
+
+# ---- detect's outputs: every class everywhere, Darknet's order, the overwrite rule ------------
+YOLOV3_TINY_CFG = STOCK_CFG / "yolov3-tiny.cfg"
+YOLOV3_TINY_WEIGHTS = SHARED / "weights" / "yolov3-tiny.weights"
+COCO_NAMES = SHARED / "weights" / "coco.names"
+needs_real_weights = pytest.mark.skipif(not YOLOV3_TINY_WEIGHTS.is_file(),
+                                        reason=f"{YOLOV3_TINY_WEIGHTS} not found")
+
+
+@needs_shared
+@needs_real_weights
+def test_detect_darknet_order_json_and_labels_carry_every_class(tmp_path):
+    base = ["detect", YOLOV3_TINY_CFG, YOLOV3_TINY_WEIGHTS, DOG, "--names", COCO_NAMES,
+            "--thresh", ".25", "--device", "cpu"]
+    ordered = run_in_process(base + ["--darknet-order", "--out", "none"], cwd=tmp_path)
+    assert ordered.code == 0, ordered
+    assert list(tmp_path.iterdir()) == []          # --out none: no picture
+    # What the C Darknet prints for this cfg, weights and image (../shared/weights/README.md),
+    # percentages within a point of its rounding.
+    c_darknet = [("dog", 57), ("car", 52), ("truck", 56), ("car", 62), ("truck", 43),
+                 ("bicycle", 59)]
+    printed = [line.rsplit(": ", 1) for line in ordered.lines[1:]]
+    assert [name for name, _ in printed] == [name for name, _ in c_darknet], ordered
+    assert all(abs(int(p.rstrip("%")) - q) <= 1 for (_, p), (_, q) in zip(printed, c_darknet))
+    # Default order and format, with --json: each printed line is a class in the JSON and
+    # a box with two classes above thresh carries both.
+    report = tmp_path / "dets.json"
+    r = run_in_process(base + ["--out", tmp_path / "drawn.jpg", "--json", report], cwd=tmp_path)
+    assert r.code == 0, r
+    [(_, lines)] = detections_printed(r.lines)
+    detections = json.loads(report.read_text())["images"][0]["detections"]
+    in_json = [(c["name"], round(100 * c["prob"]), (d["box"]["left"], d["box"]["top"],
+                                                     d["box"]["width"], d["box"]["height"]))
+               for d in detections for c in d["classes"]]
+    assert sorted(lines) == sorted(in_json)
+    assert sorted(name for name, _, _ in lines) == sorted(name for name, _ in c_darknet)
+    two = [d for d in detections if len(d["classes"]) == 2]
+    assert {c["name"] for d in two for c in d["classes"]} == {"car", "truck"}
+    assert all(d["name"] == max(d["classes"], key=lambda c: c["prob"])["name"] for d in two)
+
+
+def test_box_label_names_every_class_above_thresh():
+    from darknet_py.boxes import Detection
+    from darknet_py.detection import _label
+    det = Detection(box=(.5, .5, .2, .2), objectness=.9,
+                    probs=np.array([0, .62, 0, .41], dtype=np.float32), class_id=1, prob=.62)
+    assert _label(det, ["a", "car", "c", "truck"]) == "car, truck 62%"
+    assert _label(det, None) == "1, 3 62%"
+
+
+@needs_shared
+def test_detect_replaces_its_outputs_only_with_overwrite(tmp_path):
+    out, report = tmp_path / "pred.jpg", tmp_path / "dets.json"
+    out.write_bytes(b"an earlier picture")
+    report.write_text("{}")
+    stale = tmp_path / ".output-999999999-x.jpg"   # a write interrupted in a dead process
+    stale.write_bytes(b"half")
+    args = ["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--out", out,
+            "--json", report]
+    refused = run_in_process(args)
+    assert refused.code == 2 and "--overwrite" in refused.err, refused
+    assert out.read_bytes() == b"an earlier picture" and report.read_text() == "{}"
+    r = run_in_process(args + ["--overwrite"])
+    assert r.code == 0, r
+    assert out.read_bytes()[:2] == b"\xff\xd8" and json.loads(report.read_text())["images"]
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dets.json", "pred.jpg"]
+
+
+@needs_shared
+def test_detect_on_an_empty_array_is_an_image_error():
+    from darknet_py.image import ImageError
+    net = load_network(P2_CFG, None, batch=1, device="cpu")
+    with pytest.raises(ImageError, match="empty"):
+        net.detect(np.zeros((0, 0, 3), dtype=np.uint8))

@@ -408,7 +408,8 @@ def test_gemm_every_kernel_variant(cuda, plan, ta, tb, layout):
 CONV_CASES = [  # channels, height, width, ksize, stride, pad, dilation
     (3, 13, 17, 3, 1, 1, 1), (5, 8, 9, 3, 2, 1, 1), (4, 11, 7, 1, 1, 0, 1), (2, 15, 16, 3, 1, 2, 2),
     (7, 9, 9, 5, 3, 2, 1), (16, 26, 26, 3, 1, 1, 1), (1, 6, 5, 7, 1, 3, 1), (3, 20, 21, 2, 2, 0, 1),
-    (33, 7, 7, 3, 1, 1, 1), (2, 30, 31, 3, 2, 1, 3)]
+    (33, 7, 7, 3, 1, 1, 1), (2, 30, 31, 3, 2, 1, 3),
+    (4, 12, 13, 3, (2, 1), 1, 1), (3, 9, 14, 3, (1, 3), 1, 2)]  # the fork's (stride_y, stride_x)
 
 
 @gpu
@@ -439,6 +440,9 @@ def test_bias_and_scale(cuda, batch, n, size):
     total, terms = batch * n * size, batch * size
     check(cuda, "add_bias", rand(rng, total), rand(rng, n), batch, n, size)
     check(cuda, "scale_bias", rand(rng, total), rand(rng, n), batch, n, size)
+    for activation in ("leaky", "logistic", "linear", "relu", "tanh"):
+        check(cuda, "bias_activate", rand(rng, total, -3.0, 3.0), rand(rng, n), batch, n, size,
+              activation)
     check(cuda, "backward_bias", rand(rng, n), rand(rng, total), batch, n, size, tol=reduction_tol(terms))
     check(cuda, "backward_scale", rand(rng, total), rand(rng, total), batch, n, size, rand(rng, n),
           tol=reduction_tol(terms))
@@ -471,7 +475,8 @@ def test_activate_and_gradient(cuda, activation):
     rng = np.random.default_rng(activations.ACTIVATION_IDS[activation])
     n = 4099
     check(cuda, "activate", rand(rng, n, -6.0, 6.0), activation)
-    check(cuda, "gradient", rand(rng, n, -1.5, 1.5), activation, rand(rng, n))
+    if activation not in activations.INPUT_GRADIENT:   # those: test_gradient_from_input
+        check(cuda, "gradient", rand(rng, n, -1.5, 1.5), activation, rand(rng, n))
     # Strided: rows of `width` at `offset`, `row_stride` apart; the rest is untouched.
     rows, row_stride, offset, width = 7, 23, 3, 11
     x = rand(rng, offset + (rows - 1) * row_stride + width + 4, -6.0, 6.0)
@@ -487,6 +492,41 @@ def test_scale_add_strided(cuda, rows, row_stride, offset, width):
     rng = np.random.default_rng(rows * width)
     x = rand(rng, offset + (rows - 1) * row_stride + width + 4)
     check(cuda, "scale_add_strided", x, rows, row_stride, offset, width, 1.05, -0.025)
+
+
+@gpu
+@pytest.mark.parametrize("activation", activations.INPUT_GRADIENT)
+def test_gradient_from_input(cuda, activation):
+    rng = np.random.default_rng(len(activation))
+    n = 4099
+    check(cuda, "gradient_from_input", rand(rng, n, -25.0, 25.0), activation, rand(rng, n))
+    check(cuda, "gradient_from_input", rand(rng, n, -3.0, 3.0), activation, rand(rng, n))
+
+
+@gpu
+@pytest.mark.parametrize("activation", activations.CHANNEL_ACTIVATIONS)
+@pytest.mark.parametrize("batch,channels,spatial", [(2, 5, 169), (1, 255, 4), (3, 2, 7)])
+def test_normalize_channels(cuda, activation, batch, channels, spatial):
+    rng = np.random.default_rng(batch * channels * spatial)
+    n = batch * channels * spatial
+    check(cuda, "normalize_channels", rand(rng, n, -4.0, 4.0), batch, channels, spatial,
+          activation, tol=reduction_tol(channels))
+    check(cuda, "normalize_channels_gradient", rand(rng, n, -4.0, 4.0), batch, channels, spatial,
+          activation, rand(rng, n), tol=reduction_tol(channels))
+
+
+@gpu
+@pytest.mark.parametrize("batch,filters,spatial", [(2, 16, 169), (1, 3, 1)])
+def test_normalize_sqrt_eps(cuda, batch, filters, spatial):
+    rng = np.random.default_rng(filters)
+    check(cuda, "normalize_sqrt_eps", rand(rng, batch * filters * spatial), rand(rng, filters),
+          rand(rng, filters, 1e-4, 2.0), batch, filters, spatial, 1e-5)
+
+
+@gpu
+def test_mul_add(cuda):
+    rng = np.random.default_rng(3)
+    check(cuda, "mul_add", rand(rng, 10007), rand(rng, 10007), rand(rng, 10007))
 
 
 # ---- pooling -----------------------------------------------------------------
@@ -512,9 +552,45 @@ def test_maxpool(cuda, batch, c, h, w, size, stride, padding):
                  poisoned_indexes)
     assert_close(got[1], want[1], 1e-5, "maxpool out", exact=True)
     assert_close(got[2], want[2], 0, "maxpool indexes", exact=True)
+    # Inference: no indexes (a null pointer), the same maxima.
+    _, got = run(cuda, "maxpool_forward", x, batch, c, h, w, size, stride, padding, nan(n_out + 3),
+                 None)
+    assert_close(got[1], want[1], 1e-5, "maxpool out without indexes", exact=True)
     # Backward with the reference's indexes (overlapping windows route twice).
     indexes = want[2][:n_out].astype(np.int64)
     check(cuda, "maxpool_backward", rand(rng, n_out), indexes, n_out, rand(rng, x.size))
+
+
+@gpu
+@pytest.mark.parametrize("batch,c,h,w,size,stride_x,stride_y,padding", [
+    (2, 3, 13, 11, 2, 2, 1, 1), (1, 4, 9, 9, 3, 1, 2, 2), (2, 2, 8, 6, 3, 3, 1, 0)])
+def test_maxpool_xy_and_local_avgpool(cuda, batch, c, h, w, size, stride_x, stride_y, padding):
+    rng = np.random.default_rng(h * w + stride_x)
+    out_h = (h + padding - size) // stride_y + 1
+    out_w = (w + padding - size) // stride_x + 1
+    n_out = batch * c * out_h * out_w
+    x = rand(rng, batch * c * h * w)
+    args = (batch, c, h, w, size, stride_x, stride_y, padding)
+    _, want = run(REF, "maxpool_forward_xy", x, *args, nan(n_out), np.full(n_out, -7, np.int64))
+    _, got = run(cuda, "maxpool_forward_xy", x, *args, nan(n_out), np.full(n_out, -7, np.int64))
+    assert_close(got[1], want[1], 0, "maxpool_xy out", exact=True)
+    assert_close(got[2], want[2], 0, "maxpool_xy indexes", exact=True)
+    check(cuda, "local_avgpool", x, *args, nan(n_out), True)
+    check(cuda, "local_avgpool", rand(rng, x.size), *args, rand(rng, n_out), False)
+
+
+@gpu
+@pytest.mark.parametrize("batch,c,spatial,out_c", [(2, 6, 25, 2), (1, 7, 13, 3), (2, 4, 9, 4)])
+def test_maxpool_depth(cuda, batch, c, spatial, out_c):
+    rng = np.random.default_rng(c * spatial)
+    n_out = batch * out_c * spatial
+    x = rand(rng, batch * c * spatial)
+    _, want = run(REF, "maxpool_depth_forward", x, batch, c, spatial, out_c, nan(n_out),
+                  np.full(n_out, -7, np.int64))
+    _, got = run(cuda, "maxpool_depth_forward", x, batch, c, spatial, out_c, nan(n_out),
+                 np.full(n_out, -7, np.int64))
+    assert_close(got[1], want[1], 0, "maxpool_depth out", exact=True)
+    assert_close(got[2], want[2], 0, "maxpool_depth indexes", exact=True)
 
 
 @gpu
@@ -596,6 +672,43 @@ def test_shortcut(cuda, w1, h1, c1, w2, h2, c2):
     batch = 2
     check(cuda, "shortcut", batch, w1, h1, c1, rand(rng, batch * c1 * h1 * w1), w2, h2, c2,
           0.75, -1.25, rand(rng, batch * c2 * h2 * w2))
+
+
+@gpu
+@pytest.mark.parametrize("batch,channels,spatial,scale_wh", [(2, 16, 169, 0), (1, 3, 7, 1),
+                                                             (2, 64, 40, 1), (3, 40, 1, 0)])
+def test_scale_channels(cuda, batch, channels, spatial, scale_wh):
+    rng = np.random.default_rng(channels * spatial + scale_wh)
+    n = batch * channels * spatial
+    m = batch * (spatial if scale_wh else channels)
+    shape = (batch, channels, spatial, scale_wh)
+    check(cuda, "scale_channels", rand(rng, m), rand(rng, n), *shape, nan(n))
+    terms = channels if scale_wh else spatial
+    check(cuda, "scale_channels_backward", rand(rng, m), rand(rng, n), rand(rng, n), *shape,
+          rand(rng, m), rand(rng, n), tol=reduction_tol(terms))
+
+
+@gpu
+@pytest.mark.parametrize("normalization", ["none", "relu", "softmax"])
+@pytest.mark.parametrize("inputs,channels", [(3, 1), (2, 64)])
+def test_shortcut_weights(cuda, normalization, inputs, channels):
+    rng = np.random.default_rng(inputs * channels)
+    check(cuda, "shortcut_weights", rand(rng, inputs * channels, -1.0, 2.0), inputs, channels,
+          normalization, nan(inputs * channels))
+
+
+@gpu
+@pytest.mark.parametrize("outputs,width,channels,src_stride", [
+    (16 * 169, 16 * 169, 16, 16 * 169), (8 * 25, 4 * 25, 8, 4 * 25), (7 * 9, 7 * 9, 1, 9 * 9)])
+def test_channel_weighted_add_and_dot(cuda, outputs, width, channels, src_stride):
+    rng = np.random.default_rng(outputs + width)
+    batch, step = 3, outputs // channels
+    src = rand(rng, batch * src_stride)
+    w = rand(rng, channels)
+    check(cuda, "channel_weighted_add", src, src_stride, w, step, width, batch,
+          rand(rng, batch * outputs), outputs)
+    check(cuda, "channel_weighted_dot", rand(rng, batch * outputs), outputs, src, src_stride, step,
+          width, batch, rand(rng, channels), tol=reduction_tol(batch * step))
 
 
 # ---- dropout -------------------------------------------------------------------

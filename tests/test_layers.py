@@ -418,7 +418,7 @@ ERRORS = [
     ("[local]\nfilters=2\nsize=5\npad=1\n", "pad", "disagree"),
     ("[local]\nfilters=2\nsize=9\n", "size", "does not fit"),
     ("[connected]\noutput=0\n", "output", "at least 1"),
-    ("[connected]\noutput=2\nactivation=swish\n", "activation", "unknown activation"),
+    ("[connected]\noutput=2\nactivation=swishy\n", "activation", "unknown activation"),
     ("[dropout]\nprobability=1\n", "probability", "[0, 1)"),
     ("[cost]\ntype=l2\n", "type", "unknown cost type"),
     ("[cost]\nthresh=0.5\n", "thresh", "not supported"),

@@ -73,7 +73,7 @@ def test_network_rate_follows_seen_batch_and_subdivisions():
     net = Network(parse_cfg_text(CLASSIFIER_CFG.format(batch=8, subdivisions=2, momentum=0.9,
                                                        max_batches=20)), "t.cfg")
     net.seen = 8 * 15                       # 15 updates of 8 images (2 passes of 4)
-    assert net.current_batch == 15
+    assert net.iteration == 15
     assert net.learning_rate == pytest.approx(0.05 * (1 - 15 / 20) ** 2)
 
 
@@ -183,14 +183,14 @@ def test_subdivisions_accumulate_gradients_into_one_update(tmp_path):
     truth = np.eye(2, dtype=np.float32)[rng.integers(0, 2, 8)]
     before = whole.be.to_host(whole.layers[0].weights)
     for step in range(3):
-        halves.train_batch(x[:4], truth[:4])
+        halves.train_pass(x[:4], truth[:4])
         if step == 0:   # no update until the last pass of the iteration
             np.testing.assert_array_equal(halves.be.to_host(halves.layers[0].weights), before)
             assert halves.last_rate is None
-        halves.train_batch(x[4:], truth[4:])
-        whole.train_batch(x, truth)
+        halves.train_pass(x[4:], truth[4:])
+        whole.train_pass(x, truth)
         assert halves.seen == whole.seen == 8 * (step + 1)
-        assert halves.current_batch == whole.current_batch == step + 1
+        assert halves.iteration == whole.iteration == step + 1
     for a, b in zip(halves.layers, whole.layers):
         for (name, pa), (_, pb) in zip(a.params(), b.params()):
             np.testing.assert_allclose(halves.be.to_host(pa), whole.be.to_host(pb),
@@ -272,8 +272,10 @@ def test_resuming_at_max_batches_points_to_clear(bars, tmp_path):
     assert "--clear" in out.output and out.output.count("\n") == 1
     # --clear trains the same weights again from iteration 0, saying what it replaces
     lines = Lines()
+    with pytest.raises(TrainError, match=r"tiny_final.weights.*--overwrite"):
+        train(cfg, data, weights=done.final_weights, clear=True, device="cpu", log=lines)
     again = train(cfg, data, weights=done.final_weights, clear=True, device="cpu", log=lines,
-                  workers=2)
+                  workers=2, overwrite=True)
     assert again.losses[0][0] == 1 and again.iterations == 2
     assert any("replac" in line for line in lines)
 
@@ -284,7 +286,7 @@ def test_a_fresh_run_does_not_silently_replace_an_earlier_one(bars, tmp_path):
     train(cfg, data, device="cpu", log=Lines(), workers=2)
     final = tmp_path / "backup" / "tiny_final.weights"
     stamp = final.stat().st_mtime_ns
-    with pytest.raises(TrainError, match=r"tiny_final.weights.*--clear.*--overwrite"):
+    with pytest.raises(TrainError, match=r"tiny_final.weights.*--overwrite"):
         train(cfg, data, device="cpu", log=Lines())
     assert final.stat().st_mtime_ns == stamp
     train(cfg, data, device="cpu", log=Lines(), overwrite=True, workers=2)
@@ -298,7 +300,7 @@ def test_classifier_checkpoints_backup_epochs_final_and_chart(bars, tmp_path):
     result = train(cfg, data_file(bars, backup), seed=0, device="cpu", log=Lines(),
                    log_every=50, workers=2, map_eval=True, map_every=50)
     files = set(os.listdir(backup))
-    assert {"tiny.backup", "tiny_final.weights", "chart.png", "tiny_best.weights",
+    assert {"tiny.backup", "tiny_final.weights", "chart_tiny.png", "tiny_best.weights",
             "tiny_last.weights"} <= files
     # a classifier's --map score is its top-1; evaluated every 50 and at the end
     assert [i for i, _ in result.scores] == [50, 100, 105]
@@ -307,7 +309,7 @@ def test_classifier_checkpoints_backup_epochs_final_and_chart(bars, tmp_path):
     assert "tiny_22.weights" not in files
     assert weights_floats(backup / "tiny.backup")[0] == 100 * 8           # saved at 100
     assert weights_floats(backup / "tiny_3.weights")[0] == 15 * 8          # after epoch 3
-    chart = cv2.imread(str(backup / "chart.png"))
+    chart = cv2.imread(str(backup / "chart_tiny.png"))
     assert chart is not None and chart.shape == (600, 1000, 3)
     assert (chart < 128).any() and (chart > 200).mean() > 0.5             # ink on white
     # and it has learnt the bars
@@ -411,7 +413,7 @@ def test_detector_checkpoints_and_multiscale(canvases, tmp_path):
                        map_eval=True, map_every=50)
     backup = os.path.dirname(result.final_weights)
     files = set(os.listdir(backup))
-    assert {"det.backup", "det_100.weights", "det_final.weights", "chart.png",
+    assert {"det.backup", "det_100.weights", "det_final.weights", "chart_det.png",
             "det_best.weights", "det_last.weights"} <= files
     # --map: evaluated at the cfg size between multi-scale iterations, at 50 and 100
     assert [i for i, _ in result.scores] == [50, 100]
@@ -431,7 +433,7 @@ def test_resize_network_keeps_parameters_and_updates(tmp_path):
     x = np.random.default_rng(0).random((2, 3, 32, 32)).astype(np.float32)
     truth = np.zeros((2, 450), np.float32)
     truth[:, :5] = [0.5, 0.5, 0.3, 0.3, 1]
-    net.train_batch(x, truth)
+    net.train_pass(x, truth)
     before = {(l.index, n): net.be.to_host(a).copy() for l in net.layers for n, a in l.params()}
     updates = net.be.to_host(net.layers[0].weight_updates).copy()
     resize_network(net, 48, 48)
@@ -441,7 +443,7 @@ def test_resize_network_keeps_parameters_and_updates(tmp_path):
             np.testing.assert_array_equal(net.be.to_host(arr), before[(layer.index, name)])
     np.testing.assert_array_equal(net.be.to_host(net.layers[0].weight_updates), updates)
     big = np.random.default_rng(1).random((2, 3, 48, 48)).astype(np.float32)
-    assert math.isfinite(net.train_batch(big, truth))
+    assert math.isfinite(net.train_pass(big, truth))
 
 
 def test_partial_weights_load_with_a_notice_and_start_at_zero(canvases, tmp_path):
@@ -469,7 +471,8 @@ def test_detector_valid_prints_map_line(canvases, tmp_path):
         if getattr(layer, "rolling_variance", None) is not None:
             net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
     net.save_weights(weights)
-    out = CliRunner().invoke(cli, ["valid", str(cfg), canvases, weights, "--device", "cpu"])
+    out = CliRunner().invoke(cli, ["valid", str(cfg), canvases, weights, "--device", "cpu",
+                                   "--results-dir", str(tmp_path / "results")])
     assert out.exit_code == 0, out.output
     lines = out.output.strip().splitlines()
     assert re.fullmatch(r"mAP@0\.5: \d\.\d{4}", lines[-1])
@@ -582,3 +585,71 @@ def test_numpy_maxpool_matches_darknets_loops(shape, size, stride, padding):
                        padding, out, idx)
     np.testing.assert_array_equal(out, want.reshape(-1))
     np.testing.assert_array_equal(idx, want_idx.reshape(-1))
+
+
+# ---- runs that must stop, and files a run must not replace ---------------------------------
+def test_a_diverging_run_stops_keeps_the_good_backup_and_writes_no_final(bars, tmp_path):
+    backup_dir = tmp_path / "backup"
+    data = data_file(bars, backup_dir)
+    cfg = write_cfg(tmp_path, max_batches=2)
+    train(cfg, data, device="cpu", log=Lines(), workers=2)
+    good = backup_dir / "tiny.backup"
+    os.replace(backup_dir / "tiny_final.weights", good)   # a good backup at iteration 2
+    stamp = good.stat().st_mtime_ns
+    wild = write_cfg(tmp_path, max_batches=50,
+                     text=CLASSIFIER_CFG.replace("learning_rate=0.05", "learning_rate=1e30"))
+    with pytest.raises(TrainError) as caught:
+        train(wild, data, weights=str(good), device="cpu", log=Lines(), workers=2)
+    message = str(caught.value)
+    assert "diverged at iteration" in message and "learning_rate" in message
+    assert "burn_in" in message and "iteration 2) is kept" in message
+    assert good.stat().st_mtime_ns == stamp
+    assert not (backup_dir / "tiny_final.weights").exists()
+    # through the CLI: exit code 2, one line
+    out = CliRunner().invoke(cli, ["train", wild, data, "--weights", str(good), "--device",
+                                   "cpu", "--quiet"])
+    assert out.exit_code == 2 and "diverged" in out.output and "Traceback" not in out.output
+
+
+def test_sigterm_saves_the_backup_as_ctrl_c_does(bars, tmp_path):
+    import signal
+
+    def term_at_3(result):
+        if result.iterations == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    lines = Lines()
+    data = data_file(bars, tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        train(write_cfg(tmp_path), data, device="cpu", log=lines, workers=2,
+              on_iteration=term_at_3)
+    assert any(line.startswith("Terminated (SIGTERM) at iteration 3: saved") for line in lines)
+    assert weights_floats(str(tmp_path / "backup" / "tiny.backup"))[0] == 3 * 8
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # restored after training
+
+
+def test_numbered_weights_of_an_earlier_run_are_not_replaced(bars, tmp_path):
+    backup_dir = tmp_path / "backup"
+    backup_dir.mkdir()
+    epoch_1 = backup_dir / "tiny_1.weights"        # 40 images, 8 per iteration: epoch 1 at 5
+    epoch_1.write_bytes(b"earlier")
+    stale = backup_dir / ".weights-999999999-abcd"   # no such process: an interrupted save
+    stale.write_bytes(b"x")
+    data = data_file(bars, backup_dir)
+    with pytest.raises(TrainError, match=r"tiny_1.weights: already exists.*--overwrite"):
+        train(write_cfg(tmp_path, max_batches=6), data, device="cpu", log=Lines())
+    assert epoch_1.read_bytes() == b"earlier"
+    assert not stale.exists()
+    result = train(write_cfg(tmp_path, max_batches=6), data, device="cpu", log=Lines(),
+                   overwrite=True, workers=2)
+    assert weights_floats(str(epoch_1))[0] > 0 and result.final_weights
+
+
+def test_burn_in_beyond_max_batches_and_late_steps_warn(bars, tmp_path):
+    text = CLASSIFIER_CFG.replace("policy=poly\n", "policy=steps\nsteps=3,100\nscales=.1,.1\n"
+                                  "burn_in=10\n")
+    lines = Lines()
+    train(write_cfg(tmp_path, max_batches=2, text=text), data_file(bars, tmp_path / "b"),
+          device="cpu", log=lines, workers=2)
+    assert any("burn_in=10 is not below max_batches=2" in line for line in lines)
+    assert any("steps=3,100 at or beyond max_batches=2" in line for line in lines)

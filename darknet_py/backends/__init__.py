@@ -49,6 +49,9 @@ def cuda_available():
     return cuda_device_count() > 0
 
 
+_cpu_notice_given = False
+
+
 def get_backend(device="auto", notice=True):
     """Return a backend for `device`: "cpu", "cuda", "cuda:N", an int N, or "auto"
     (CUDA when PyCUDA and a GPU are present, else NumPy with a one-line notice)."""
@@ -62,9 +65,11 @@ def get_backend(device="auto", notice=True):
     if device == "auto":
         if cuda_available():
             return get_backend("cuda:0")
-        if notice:
+        global _cpu_notice_given
+        if notice and not _cpu_notice_given:   # once per process, not per network
             print("darknet-py: no CUDA GPU (or PyCUDA) found; running on the CPU (NumPy)",
                   file=sys.stderr)
+            _cpu_notice_given = True
         return NumpyBackend()
     if device == "cuda" or device.startswith("cuda:"):
         index = 0 if device == "cuda" else device.split(":", 1)[1]

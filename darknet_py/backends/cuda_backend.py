@@ -31,7 +31,7 @@ from pycuda.tools import DeviceMemoryPool
 from . import DeviceOutOfMemory
 
 from .. import activations
-from .numpy_backend import conv_out_size
+from .numpy_backend import conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 
@@ -48,6 +48,7 @@ _KERNELS = {
         "scal_kernel": "ifP",
         "mul_kernel": "iPP",
         "scale_add_strided": "Piiiff",
+        "mul_add_kernel": "iPPP",
         "sum_partial": "iPP",
         "sum_final": "iPP",
     },
@@ -56,8 +57,8 @@ _KERNELS = {
         splitk_reduce="iiiPffPi",
     ),
     "im2col.cu": {
-        "im2col_kernel": "PiiiiiiiiiPiq",
-        "col2im_kernel": "PiiiiiiiiiPiq",
+        "im2col_kernel": "PiiiiiiiiiiPiq",
+        "col2im_kernel": "PiiiiiiiiiiPiq",
     },
     "batchnorm.cu": {
         "add_bias": "PPiii",
@@ -65,15 +66,23 @@ _KERNELS = {
         "channel_sums": "PPPiiiiiP",
         "channel_finalize": "PiiiqPP",
         "normalize_kernel": "PPPiii",
+        "normalize_sqrt_eps_kernel": "PPPiiif",
         "normalize_delta_kernel": "PPPPPiiifP",
     },
     "activations.cu": {
         "activate_array": "Pii",
+        "bias_activate": "PPiiii",
         "activate_strided": "Piiii",
         "gradient_array": "PiiP",
+        "gradient_from_input_array": "PiiP",
+        "normalize_channels_kernel": "Piiii",
+        "normalize_channels_gradient_kernel": "PiiiiP",
     },
     "pooling.cu": {
-        "maxpool_forward_kernel": "PiiiiiiiiPP",
+        "maxpool_forward_kernel": "PiiiiiiiiiPP",
+        "maxpool_depth_kernel": "PiiiiPP",
+        "local_avgpool_forward_kernel": "PiiiiiiiiiP",
+        "local_avgpool_backward_kernel": "PiiiiiiiiiP",
         "maxpool_backward_kernel": "PPiP",
         "avgpool_forward_kernel": "PiiP",
         "avgpool_backward_kernel": "PiiP",
@@ -89,6 +98,12 @@ _KERNELS = {
         "upsample_backward_kernel": "PiiiifP",
         "reorg_kernel": "PiiiiiiP",
         "shortcut_kernel": "iiiiiiPiiiPiiiff",
+        "scale_channels_kernel": "PPiiiiP",
+        "scale_channels_src_delta_kernel": "PPiiiiP",
+        "scale_channels_scale_delta_kernel": "PPiiiiP",
+        "shortcut_weights_kernel": "PiiiP",
+        "channel_weighted_add_kernel": "PiPiiiPi",
+        "channel_weighted_dot_kernel": "PiPiiiiP",
     },
     "dropout.cu": {
         "dropout_forward_kernel": "PiffIP",
@@ -102,6 +117,23 @@ _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIA
 
 _BLOCK = 256
 _MAX_GRID_Y = 65535
+
+
+class _EventTimer:
+    """start() and stop() record events on the stream; stop() waits for the second and
+    returns the GPU time between them in seconds."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._start, self._stop = drv.Event(), drv.Event()
+
+    def start(self):
+        self._start.record(self.stream)
+
+    def stop(self):
+        self._stop.record(self.stream)
+        self._stop.synchronize()
+        return self._stop.time_since(self._start) / 1e3
 
 
 class CudaError(RuntimeError):
@@ -398,6 +430,10 @@ class CudaBackend:
         if h.size:
             drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
 
+    def timer(self):
+        """A stopwatch for benchmarks: CUDA events recorded on this backend's stream."""
+        return _EventTimer(self.stream)
+
     def synchronize(self):
         self._sync("synchronize")
 
@@ -445,6 +481,13 @@ class CudaBackend:
         """y *= x (element-wise)"""
         self._sizes_match("mul", x, y)
         self._launch("mul_kernel", self._grid1d(y.size), (_BLOCK,), y.size, self._ptr(x), self._ptr(y))
+
+    def mul_add(self, a, b, y):
+        """y += a * b (element-wise)"""
+        self._sizes_match("mul_add", a, y)
+        self._sizes_match("mul_add", b, y)
+        self._launch("mul_add_kernel", self._grid1d(y.size), (_BLOCK,), y.size, self._ptr(a),
+                     self._ptr(b), self._ptr(y))
 
     def sum(self, x):
         """Sum of all elements as a Python float (accumulated in double; a host sync)."""
@@ -516,8 +559,9 @@ class CudaBackend:
     # ---- convolution helpers -----------------------------------------------
     def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        return (self._ptr(src), int(channels), int(height), int(width), int(ksize), int(stride),
-                int(pad), int(dilation), int(out_h), int(out_w), self._ptr(dst))
+        stride_y, stride_x = conv_strides(stride)
+        return (self._ptr(src), int(channels), int(height), int(width), int(ksize), int(stride_y),
+                int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), self._ptr(dst))
 
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
                batch=1, im_stride=0):
@@ -610,6 +654,15 @@ class CudaBackend:
         self._launch_rows("normalize_kernel", batch * filters, spatial, self._ptr(x), self._ptr(mean),
                           self._ptr(variance), int(batch * filters), int(filters), int(spatial))
 
+    def normalize_sqrt_eps(self, x, mean, variance, batch, filters, spatial, eps):
+        """x = (x - mean) / sqrt(variance + eps) per channel (the AlexeyAB fork's forward)."""
+        self._check_size("normalize_sqrt_eps x", x, batch * filters * spatial)
+        self._check_size("normalize_sqrt_eps mean", mean, filters)
+        self._check_size("normalize_sqrt_eps variance", variance, filters)
+        self._launch_rows("normalize_sqrt_eps_kernel", batch * filters, spatial, self._ptr(x),
+                          self._ptr(mean), self._ptr(variance), int(batch * filters), int(filters),
+                          int(spatial), float(eps))
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)
         self._channel_reduce(_TERM_A, delta, None, None, batch, filters, spatial, _FINAL_MEAN_DELTA,
@@ -645,6 +698,13 @@ class CudaBackend:
         if activation != "linear":
             self._launch("activate_array", self._grid1d(x.size), (_BLOCK,), self._ptr(x), x.size, act)
 
+    def bias_activate(self, output, biases, batch, n, size, activation):
+        """output = activation(output + biases per channel), in place, in one launch."""
+        self._check_size("bias_activate output", output, batch * n * size)
+        self._check_size("bias_activate biases", biases, n)
+        self._launch_rows("bias_activate", batch * n, size, self._ptr(output), self._ptr(biases),
+                          int(batch * n), int(n), int(size), self._activation_id(activation))
+
     def activate_strided(self, x, rows, row_stride, offset, width, activation):
         """Activate x[offset + r*row_stride : +width] for each r < rows, in one launch."""
         act = self._activation_id(activation)
@@ -663,25 +723,63 @@ class CudaBackend:
     def gradient(self, y, activation, delta):
         """delta *= activation'(.) computed from the output y."""
         act = self._activation_id(activation)
+        if activation in activations.INPUT_GRADIENT:
+            raise ValueError(f"the gradient of {activation} needs its input: gradient_from_input")
         self._sizes_match("gradient", y, delta)
         if activation != "linear":
             self._launch("gradient_array", self._grid1d(y.size), (_BLOCK,),
                          self._ptr(y), y.size, act, self._ptr(delta))
 
+    def gradient_from_input(self, x, activation, delta):
+        """delta *= activation'(x) from the input x (gelu, swish, mish, hard_mish)."""
+        act = self._activation_id(activation)
+        self._sizes_match("gradient_from_input", x, delta)
+        self._launch("gradient_from_input_array", self._grid1d(x.size), (_BLOCK,),
+                     self._ptr(x), x.size, act, self._ptr(delta))
+
+    def _channel_kind(self, activation):
+        try:
+            return activations.CHANNEL_ACTIVATIONS.index(activation)
+        except ValueError:
+            raise ValueError(f"not a normalize_channels activation: '{activation}'") from None
+
+    def normalize_channels(self, x, batch, channels, spatial, activation):
+        """The fork's normalize_channels family in place on x (batch, channels, spatial)."""
+        self._check_size("normalize_channels x", x, batch * channels * spatial)
+        self._launch("normalize_channels_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(channels), int(spatial),
+                     self._channel_kind(activation))
+
+    def normalize_channels_gradient(self, x, batch, channels, spatial, activation, delta):
+        """delta <- its gradient through normalize_channels, from the input x."""
+        for what, arr in (("x", x), ("delta", delta)):
+            self._check_size(f"normalize_channels_gradient {what}", arr, batch * channels * spatial)
+        self._launch("normalize_channels_gradient_kernel", self._grid1d(batch * spatial),
+                     (_BLOCK,), self._ptr(x), int(batch), int(channels), int(spatial),
+                     self._channel_kind(activation), self._ptr(delta))
+
     # ---- pooling -------------------------------------------------------------
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
-        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward."""
-        out_h = (h + padding - size) // stride + 1
-        out_w = (w + padding - size) // stride + 1
+        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward, or are
+        None in inference (the kernel then gets a null pointer and writes none)."""
+        self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out, indexes)
+
+    def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
+                           indexes):
+        """maxpool_forward with the AlexeyAB fork's separate strides across and down."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
         n_out = batch * c * out_h * out_w
-        if indexes.dtype != np.int32:
-            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
         self._check_size("maxpool_forward x", x, batch * c * h * w)
         self._check_size("maxpool_forward out", out, n_out)
-        self._check_size("maxpool_forward indexes", indexes, n_out)
+        if indexes is not None:
+            if indexes.dtype != np.int32:
+                raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
+            self._check_size("maxpool_forward indexes", indexes, n_out)
         self._launch("maxpool_forward_kernel", self._grid1d(n_out), (_BLOCK,),
-                     self._ptr(x), int(batch * c), int(h), int(w), int(size), int(stride), int(padding),
-                     int(out_h), int(out_w), self._ptr(out), self._ptr(indexes))
+                     self._ptr(x), int(batch * c), int(h), int(w), int(size), int(stride_x),
+                     int(stride_y), int(padding), int(out_h), int(out_w), self._ptr(out),
+                     0 if indexes is None else self._ptr(indexes))
 
     def maxpool_backward(self, delta_out, indexes, n_out, delta_in):
         """delta_in[indexes[i]] += delta_out[i] for i < n_out."""
@@ -691,6 +789,31 @@ class CudaBackend:
         self._check_size("maxpool_backward indexes", indexes, n_out)
         self._launch("maxpool_backward_kernel", self._grid1d(n_out), (_BLOCK,),
                      self._ptr(delta_out), self._ptr(indexes), int(n_out), self._ptr(delta_in))
+
+    def maxpool_depth_forward(self, x, batch, c, spatial, out_c, out, indexes):
+        """The fork's maxpool_depth: the maximum over channels g, g+out_c, ... per position."""
+        n_out = batch * out_c * spatial
+        if indexes.dtype != np.int32:
+            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
+        self._check_size("maxpool_depth x", x, batch * c * spatial)
+        self._check_size("maxpool_depth out", out, n_out)
+        self._check_size("maxpool_depth indexes", indexes, n_out)
+        self._launch("maxpool_depth_kernel", self._grid1d(n_out), (_BLOCK,), self._ptr(x),
+                     int(batch), int(c), int(spatial), int(out_c), self._ptr(out),
+                     self._ptr(indexes))
+
+    def local_avgpool(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
+                      forward=True):
+        """The fork's [local_avgpool] (forward=False: its adjoint, added into x)."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
+        n_out = batch * c * out_h * out_w
+        self._check_size("local_avgpool x", x, batch * c * h * w)
+        self._check_size("local_avgpool out", out, n_out)
+        self._launch("local_avgpool_forward_kernel" if forward else "local_avgpool_backward_kernel",
+                     self._grid1d(n_out), (_BLOCK,), self._ptr(x), int(batch * c), int(h), int(w),
+                     int(size), int(stride_x), int(stride_y), int(padding), int(out_h), int(out_w),
+                     self._ptr(out))
 
     def avgpool_forward(self, x, batch, c, spatial, out):
         rows = batch * c
@@ -768,6 +891,62 @@ class CudaBackend:
                      int(batch), int(minw), int(minh), int(minc), int(stride), int(sample),
                      self._ptr(add), int(w1), int(h1), int(c1), self._ptr(out), int(w2), int(h2),
                      int(c2), float(s1), float(s2))
+
+    def scale_channels(self, scale, src, batch, channels, spatial, scale_wh, out):
+        """The fork's [scale_channels]: out = scale (per channel, or per position) * src."""
+        n = batch * channels * spatial
+        self._check_size("scale_channels scale", scale, batch * (spatial if scale_wh else channels))
+        self._check_size("scale_channels src", src, n)
+        self._check_size("scale_channels out", out, n)
+        self._launch("scale_channels_kernel", self._grid1d(n), (_BLOCK,), self._ptr(scale),
+                     self._ptr(src), int(batch), int(channels), int(spatial), int(bool(scale_wh)),
+                     self._ptr(out))
+
+    def scale_channels_backward(self, scale, src, delta, batch, channels, spatial, scale_wh,
+                                scale_delta, src_delta):
+        """The adjoint of scale_channels, added into scale_delta and src_delta (either may be
+        None)."""
+        n = batch * channels * spatial
+        shape = (int(batch), int(channels), int(spatial), int(bool(scale_wh)))
+        if src_delta is not None:
+            self._check_size("scale_channels_backward src_delta", src_delta, n)
+            self._launch("scale_channels_src_delta_kernel", self._grid1d(n), (_BLOCK,),
+                         self._ptr(scale), self._ptr(delta), *shape, self._ptr(src_delta))
+        if scale_delta is not None:
+            m = batch * (spatial if scale_wh else channels)
+            self._check_size("scale_channels_backward scale_delta", scale_delta, m)
+            self._launch("scale_channels_scale_delta_kernel", self._grid1d(32 * m), (_BLOCK,),
+                         self._ptr(src), self._ptr(delta), *shape, self._ptr(scale_delta))
+
+    _NORMALIZATIONS = ("none", "relu", "softmax")
+
+    def shortcut_weights(self, weights, inputs, channels, normalization, out):
+        """The fork's weighted-shortcut weights normalised over the inputs per channel."""
+        self._check_size("shortcut_weights weights", weights, inputs * channels)
+        self._check_size("shortcut_weights out", out, inputs * channels)
+        self._launch("shortcut_weights_kernel", self._grid1d(channels), (_BLOCK,),
+                     self._ptr(weights), int(inputs), int(channels),
+                     self._NORMALIZATIONS.index(normalization), self._ptr(out))
+
+    def channel_weighted_add(self, src, src_stride, weights, step, width, batch, out,
+                             out_stride):
+        """out[b*out_stride + j] += weights[j // step] * src[b*src_stride + j], j < width."""
+        self._check_matrix("channel_weighted_add src", src, 0, batch, width, src_stride)
+        self._check_matrix("channel_weighted_add out", out, 0, batch, width, out_stride)
+        self._check_size("channel_weighted_add weights", weights, _ceil_div(width, step))
+        self._launch_rows("channel_weighted_add_kernel", batch, width, self._ptr(src),
+                          int(src_stride), self._ptr(weights), int(step), int(width), int(batch),
+                          self._ptr(out), int(out_stride))
+
+    def channel_weighted_dot(self, a, a_stride, b, b_stride, step, width, batch, out):
+        """out[c] += sum over images and j < width with j // step == c of a[.. j] * b[.. j]."""
+        self._check_matrix("channel_weighted_dot a", a, 0, batch, width, a_stride)
+        self._check_matrix("channel_weighted_dot b", b, 0, batch, width, b_stride)
+        channels = _ceil_div(width, step)
+        self._check_size("channel_weighted_dot out", out, channels)
+        self._launch("channel_weighted_dot_kernel", (channels,), (_BLOCK,), self._ptr(a),
+                     int(a_stride), self._ptr(b), int(b_stride), int(step), int(width), int(batch),
+                     self._ptr(out))
 
     # ---- random ----------------------------------------------------------------
     def dropout(self, x, prob, scale, rand, seed):

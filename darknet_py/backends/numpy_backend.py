@@ -7,7 +7,16 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     unless documented otherwise. Names and arguments follow Darknet's
     blas.h / im2col.h / gemm.h so a Darknet reader finds their way.
   * ``delta`` arrays hold Darknet's delta: minus the gradient of the loss.
+  * On the CPU, GEMMs use every BLAS thread; the element-wise and copy work of inference
+    (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
+    releases the GIL inside its loops).
 """
+import itertools
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -48,6 +57,16 @@ class NumpyBackend:
     def synchronize(self):
         pass
 
+    def timer(self):
+        """A stopwatch for benchmarks: start(), then stop() returns the seconds between,
+        all queued work included (the wall clock here; CUDA events on the GPU)."""
+        return _WallTimer()
+
+    @property
+    def peak_allocated_bytes(self):
+        """Peak bytes of device memory; None: the NumPy backend has no device memory."""
+        return None
+
     def fill(self, arr, value):
         arr.fill(value)
 
@@ -84,6 +103,10 @@ class NumpyBackend:
         """y *= x (element-wise)"""
         y *= x
 
+    def mul_add(self, a, b, y):
+        """y += a * b (element-wise): the product rule of [sam]'s backward."""
+        y += a * b
+
     def sum(self, x):
         """Sum of all elements as a Python float (a host sync on the GPU)."""
         return float(np.sum(x, dtype=np.float64))
@@ -96,6 +119,9 @@ class NumpyBackend:
         A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
         B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
         C = _matrix(c, 0, m, n, ldc)
+        if beta == 0 and alpha == 1:
+            np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
+            return
         prod = A @ B
         if beta == 0:
             C[...] = self.dtype.type(alpha) * prod
@@ -109,29 +135,42 @@ class NumpyBackend:
                batch=1, im_stride=0):
         """Unfold images (channels x height x width each, `im_stride` apart; 0: packed)
         into col, laid out (channels*k*k) x batch x (out_h*out_w): one GEMM then covers
-        the whole batch. With batch=1 that is Darknet's im2col of one image."""
+        the whole batch. With batch=1 that is Darknet's im2col of one image. stride: an
+        int, or (stride_y, stride_x)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        sy, sx = conv_strides(stride)
         images = _images(im, batch, im_stride, channels, height, width)
-        padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
-        padded[:, :, pad:pad + height, pad:pad + width] = images
-        sb, sc, sh, sw = padded.strides
-        windows = as_strided(padded, (channels, ksize, ksize, batch, out_h, out_w),
-                             (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
-        col[:channels * ksize * ksize * batch * out_h * out_w] = windows.reshape(-1)
+        rows = ksize * ksize * batch * out_h * out_w   # col floats per channel
+
+        def unfold(c0, c1):  # channels [c0, c1) fill col rows [c0*k*k, c1*k*k)
+            part = images[:, c0:c1]
+            if pad:
+                padded = np.zeros((batch, c1 - c0, height + 2 * pad, width + 2 * pad),
+                                  dtype=im.dtype)
+                padded[:, :, pad:pad + height, pad:pad + width] = part
+                part = padded
+            sb, sc, sh, sw = part.strides
+            windows = as_strided(part, (c1 - c0, ksize, ksize, batch, out_h, out_w),
+                                 (sc, sh * dilation, sw * dilation, sb, sh * sy, sw * sx))
+            # Assign through a shaped view of col: reshape(-1) of the windows copies twice.
+            col[c0 * rows:c1 * rows].reshape(windows.shape)[...] = windows
+
+        _parallel(channels, unfold, max(1, _GRAIN_FLOATS // rows))
 
     def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im,
                batch=1, im_stride=0):
         """Fold col (laid out as im2col writes it) back, *adding* into the images
         (the adjoint of im2col)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        sy, sx = conv_strides(stride)
         cols = col[:channels * ksize * ksize * batch * out_h * out_w].reshape(
             channels, ksize, ksize, batch, out_h, out_w)
         padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
         for ki in range(ksize):
             for kj in range(ksize):
                 r0, c0 = ki * dilation, kj * dilation
-                padded[:, :, r0:r0 + stride * (out_h - 1) + 1:stride,
-                       c0:c0 + stride * (out_w - 1) + 1:stride] += cols[:, ki, kj].transpose(1, 0, 2, 3)
+                padded[:, :, r0:r0 + sy * (out_h - 1) + 1:sy,
+                       c0:c0 + sx * (out_w - 1) + 1:sx] += cols[:, ki, kj].transpose(1, 0, 2, 3)
         images = _images(im, batch, im_stride, channels, height, width)
         images += padded[:, :, pad:pad + height, pad:pad + width]
 
@@ -141,6 +180,23 @@ class NumpyBackend:
 
     def scale_bias(self, output, scales, batch, n, size):
         output.reshape(batch, n, size)[...] *= scales[:n].reshape(1, n, 1)
+
+    def bias_activate(self, output, biases, batch, n, size, activation):
+        """output = activation(output + biases per channel), in place: the inference tail of
+        a convolution. Done in blocks of about _BLOCK_FLOATS so the second pass over each
+        block hits the cache instead of memory."""
+        rows = output[:batch * n * size].reshape(batch * n, size)
+        bias = np.tile(biases[:n], batch).reshape(-1, 1)  # one per row
+        step = max(1, _BLOCK_FLOATS // size)
+
+        def run(r_start, r_stop):
+            for r0 in range(r_start, r_stop, step):
+                block = rows[r0:min(r0 + step, r_stop)]
+                block += bias[r0:r0 + block.shape[0]]
+                _activate_inplace(block, activation, _scratch(block.size, rows.dtype)
+                                  .reshape(block.shape))
+
+        _parallel(batch * n, run, max(1, _GRAIN_FLOATS // size))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
@@ -165,6 +221,12 @@ class NumpyBackend:
         v -= mean[:filters].reshape(1, filters, 1)
         v /= (np.sqrt(variance[:filters]) + self.dtype.type(1e-6)).reshape(1, filters, 1)
 
+    def normalize_sqrt_eps(self, x, mean, variance, batch, filters, spatial, eps):
+        """x = (x - mean) / sqrt(variance + eps) per channel (the AlexeyAB fork's forward)."""
+        v = x.reshape(batch, filters, spatial)
+        v -= mean[:filters].reshape(1, filters, 1)
+        v /= np.sqrt(variance[:filters] + self.dtype.type(eps)).reshape(1, filters, 1)
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
         mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))
@@ -186,8 +248,18 @@ class NumpyBackend:
 
     # ---- activations ---------------------------------------------------------
     def activate(self, x, activation):
-        if activation != "linear":
+        if activation == "linear":
+            return
+        if activation not in _IN_PLACE:
             x[...] = activations.activate(x, activation)
+            return
+        def run(b_start, b_stop):
+            for i in range(b_start * _BLOCK_FLOATS, min(b_stop * _BLOCK_FLOATS, x.size),
+                           _BLOCK_FLOATS):
+                block = x[i:i + _BLOCK_FLOATS]
+                _activate_inplace(block, activation, _scratch(block.size, x.dtype))
+
+        _parallel(-(-x.size // _BLOCK_FLOATS), run, _GRAIN_FLOATS // _BLOCK_FLOATS)
 
     def activate_strided(self, x, rows, row_stride, offset, width, activation):
         """Activate x[offset + r*row_stride : +width] for each r < rows (one launch on
@@ -206,14 +278,37 @@ class NumpyBackend:
         if activation != "linear":
             delta *= activations.gradient(y, activation)
 
+    def gradient_from_input(self, x, activation, delta):
+        """delta *= activation'(x) from the input x (gelu, swish, mish, hard_mish)."""
+        delta *= activations.gradient_from_input(x, activation)
+
+    def normalize_channels(self, x, batch, channels, spatial, activation):
+        """The fork's normalize_channels family in place on x (batch, channels, spatial)."""
+        v = x[:batch * channels * spatial].reshape(batch, channels, spatial)
+        v[...] = activations.normalize_channels(v, activation)
+
+    def normalize_channels_gradient(self, x, batch, channels, spatial, activation, delta):
+        """delta <- its gradient through normalize_channels, from the input x."""
+        d = delta[:batch * channels * spatial].reshape(batch, channels, spatial)
+        d[...] = activations.normalize_channels_gradient(
+            x[:batch * channels * spatial].reshape(batch, channels, spatial), activation, d)
+
     # ---- pooling -------------------------------------------------------------
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
         """Darknet maxpool: windows start at -padding//2; indexes get the flat argmax
-        (into x, over the whole batch) for backward. out_h = (h + padding - size)//stride + 1."""
+        (into x, over the whole batch) for backward, or are None in inference (no argmax
+        kept). out_h = (h + padding - size)//stride + 1."""
         out_h = (h + padding - size) // stride + 1
         out_w = (w + padding - size) // stride + 1
         off = padding // 2
         n = batch * c * out_h * out_w
+        if indexes is None:
+            src = x[:batch * c * h * w].reshape(batch * c, h, w)
+            dst = out[:n].reshape(batch * c, out_h, out_w)
+            _parallel(batch * c, lambda p0, p1: _maxpool_values(src[p0:p1], size, stride, off,
+                                                                dst[p0:p1]),
+                      max(1, _GRAIN_FLOATS // (h * w)))
+            return
         if size == stride and off == 0 and out_h * size <= h and out_w * size <= w:
             # Non-overlapping windows inside the image (the usual 2x2/2): compare the
             # size*size strided views in window order, keeping the first maximum (Darknet's
@@ -235,9 +330,17 @@ class NumpyBackend:
             left = np.arange(out_w).reshape(1, 1, -1) * size
             indexes[:n] = (plane + top + left + dy * w + dx).reshape(-1)
             return
+        self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out, indexes)
+
+    def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
+                           indexes):
+        """maxpool_forward with the AlexeyAB fork's separate strides across and down."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
+        off = padding // 2
         # Pad so every window is in range; padded cells never win (-inf).
-        ph = max(0, (out_h - 1) * stride + size - off - h)
-        pw = max(0, (out_w - 1) * stride + size - off - w)
+        ph = max(0, (out_h - 1) * stride_y + size - off - h)
+        pw = max(0, (out_w - 1) * stride_x + size - off - w)
         src = x[:batch * c * h * w].reshape(batch * c, h, w)
         padded = np.full((batch * c, off + h + ph, off + w + pw), -np.inf, dtype=x.dtype)
         padded[:, off:off + h, off:off + w] = src
@@ -245,11 +348,11 @@ class NumpyBackend:
         idx[:, off:off + h, off:off + w] = np.arange(batch * c * h * w).reshape(batch * c, h, w)
         sb, sh, sw = padded.strides
         win = as_strided(padded, (batch * c, out_h, out_w, size, size),
-                         (sb, sh * stride, sw * stride, sh, sw)).reshape(batch * c, out_h, out_w, -1)
+                         (sb, sh * stride_y, sw * stride_x, sh, sw)).reshape(batch * c, out_h, out_w, -1)
         arg = win.argmax(axis=3)  # first max in row-major window order, as Darknet's strict '>'
         ib, ih, iw = idx.strides
         iwin = as_strided(idx, (batch * c, out_h, out_w, size, size),
-                          (ib, ih * stride, iw * stride, ih, iw)).reshape(batch * c, out_h, out_w, -1)
+                          (ib, ih * stride_y, iw * stride_x, ih, iw)).reshape(batch * c, out_h, out_w, -1)
         out[:batch * c * out_h * out_w] = np.take_along_axis(win, arg[..., None], 3).reshape(-1)
         indexes[:batch * c * out_h * out_w] = np.take_along_axis(iwin, arg[..., None], 3).reshape(-1)
 
@@ -259,6 +362,108 @@ class NumpyBackend:
         idx = indexes[:n_out]
         hit = idx >= 0
         np.add.at(delta_in, idx[hit], delta_out[:n_out][hit])
+
+    def maxpool_depth_forward(self, x, batch, c, spatial, out_c, out, indexes):
+        """The fork's maxpool_depth: out[b, g, p] = max over channels g, g+out_c, g+2*out_c, ...
+        of x[b, :, p]; indexes get the flat argmax (the first maximum)."""
+        planes = x[:batch * c * spatial].reshape(batch, c, spatial)
+        best = np.full((batch, out_c, spatial), -np.inf, dtype=x.dtype)
+        where = np.zeros((batch, out_c, spatial), dtype=np.int64)
+        base = (np.arange(batch) * c * spatial).reshape(-1, 1, 1) + np.arange(spatial)
+        for k in range(c):
+            g = k % out_c
+            better = planes[:, k] > best[:, g]
+            best[:, g] = np.where(better, planes[:, k], best[:, g])
+            where[:, g] = np.where(better, base[:, 0] + k * spatial, where[:, g])
+        out[:batch * out_c * spatial] = best.reshape(-1)
+        indexes[:batch * out_c * spatial] = where.reshape(-1)
+
+    def local_avgpool(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
+                      forward=True):
+        """The fork's [local_avgpool]: the mean of each size x size window over its cells
+        inside the image (windows start at -padding/2). forward=False: the adjoint, adding
+        each out value / its cell count into those cells of x."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
+        off = padding // 2
+        img = x[:batch * c * h * w].reshape(batch * c, h, w)
+        res = out[:batch * c * out_h * out_w].reshape(batch * c, out_h, out_w)
+        rows = np.arange(out_h) * stride_y - off
+        cols = np.arange(out_w) * stride_x - off
+        # cells of each window inside the image, per output row / column
+        row_count = np.array([len(range(max(r, 0), min(r + size, h))) for r in rows])
+        col_count = np.array([len(range(max(q, 0), min(q + size, w))) for q in cols])
+        count = (row_count[:, None] * col_count[None, :]).astype(x.dtype)
+        if forward:
+            res[...] = 0
+        else:
+            share = res / count
+        for n in range(size):
+            for m in range(size):
+                ys, xs = rows + n, cols + m
+                vy, vx = (ys >= 0) & (ys < h), (xs >= 0) & (xs < w)
+                yi, xi = np.nonzero(vy)[0], np.nonzero(vx)[0]
+                if not len(yi) or not len(xi):
+                    continue
+                sel = np.ix_(ys[yi], xs[xi])
+                if forward:
+                    res[:, yi[:, None], xi[None, :]] += img[:, sel[0], sel[1]]
+                else:
+                    np.add.at(img, (slice(None), sel[0], sel[1]), share[:, yi[:, None], xi[None, :]])
+        if forward:
+            res /= count
+
+    def scale_channels(self, scale, src, batch, channels, spatial, scale_wh, out):
+        """The fork's [scale_channels]: out[b, c, p] = scale[b, c] * src[b, c, p]; scale_wh:
+        out[b, c, p] = scale[b, p] * src[b, c, p]."""
+        out[:batch * channels * spatial] = (self._broadcast_scale(scale, batch, channels, spatial,
+                                                                  scale_wh)
+                                            * src[:batch * channels * spatial].reshape(
+                                                batch, channels, spatial)).reshape(-1)
+
+    def scale_channels_backward(self, scale, src, delta, batch, channels, spatial, scale_wh,
+                                scale_delta, src_delta):
+        """The adjoint of scale_channels, added into scale_delta and src_delta (either may be
+        None)."""
+        d = delta[:batch * channels * spatial].reshape(batch, channels, spatial)
+        if src_delta is not None:
+            src_delta[:batch * channels * spatial] += (self._broadcast_scale(
+                scale, batch, channels, spatial, scale_wh) * d).reshape(-1)
+        if scale_delta is not None:
+            prod = d * src[:batch * channels * spatial].reshape(batch, channels, spatial)
+            n = spatial if scale_wh else channels
+            scale_delta[:batch * n] += prod.sum(axis=1 if scale_wh else 2).reshape(-1)
+
+    @staticmethod
+    def _broadcast_scale(scale, batch, channels, spatial, scale_wh):
+        if scale_wh:
+            return scale[:batch * spatial].reshape(batch, 1, spatial)
+        return scale[:batch * channels].reshape(batch, channels, 1)
+
+    def shortcut_weights(self, weights, inputs, channels, normalization, out):
+        """The fork's weighted-shortcut weights, (inputs x channels), normalised over the
+        inputs per channel: none, relu (relu(w) / (1e-4 + sum relu)) or softmax
+        (exp(w - max) / (1e-4 + sum exp(w - max)))."""
+        w = weights[:inputs * channels].reshape(inputs, channels)
+        if normalization == "relu":
+            r = np.maximum(w, 0)
+            w = r / (self.dtype.type(1e-4) + r.sum(axis=0))
+        elif normalization == "softmax":
+            e = np.exp(w - w.max(axis=0))
+            w = e / (self.dtype.type(1e-4) + e.sum(axis=0))
+        out[:inputs * channels] = w.reshape(-1)
+
+    def channel_weighted_add(self, src, src_stride, weights, step, width, batch, out,
+                             out_stride):
+        """out[b*out_stride + j] += weights[j // step] * src[b*src_stride + j], j < width."""
+        s = _matrix(src, 0, batch, width, src_stride)
+        d = _matrix(out, 0, batch, width, out_stride)
+        d += np.repeat(weights[:-(-width // step)], step)[:width] * s
+
+    def channel_weighted_dot(self, a, a_stride, b, b_stride, step, width, batch, out):
+        """out[c] += sum over images and j < width with j // step == c of a[.. j] * b[.. j]."""
+        prod = (_matrix(a, 0, batch, width, a_stride) * _matrix(b, 0, batch, width, b_stride)).sum(0)
+        np.add.at(out, np.arange(width) // step, prod)
 
     def avgpool_forward(self, x, batch, c, spatial, out):
         out[:batch * c] = x[:batch * c * spatial].reshape(batch * c, spatial).mean(axis=1)
@@ -297,7 +502,11 @@ class NumpyBackend:
         big = out.reshape(batch * c, h * stride, w * stride)
         small = x.reshape(batch * c, h, w)
         if forward:
-            big[...] = scale * np.repeat(np.repeat(small, stride, 1), stride, 2)
+            # Each input cell broadcast over its stride x stride block: one pass, no copies.
+            cells = big.reshape(batch * c, h, stride, w, stride)
+            cells[...] = small[:, :, None, :, None]
+            if scale != 1:
+                big *= self.dtype.type(scale)
         else:
             small += scale * big.reshape(batch * c, h, stride, w, stride).sum(axis=(2, 4))
 
@@ -340,6 +549,113 @@ class NumpyBackend:
         delta[...] = np.where(rand < prob, 0, delta * scale)
 
 
+# Floats per block of activate/bias_activate: the passes over a block stay in L2 cache.
+_BLOCK_FLOATS = 1 << 16
+# The least work (in floats) worth handing to another thread: below it, the hand-over
+# (tens of microseconds) costs more than it saves.
+_GRAIN_FLOATS = 1 << 17
+_PARTS_PER_THREAD = 4
+_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+_pool = None
+_local = threading.local()
+
+
+class _WallTimer:
+    def start(self):
+        self._t0 = time.perf_counter()
+
+    def stop(self):
+        return time.perf_counter() - self._t0
+
+
+def _parallel(count, work, grain):
+    """work(start, stop) over [0, count) in contiguous parts of at least `grain` items,
+    a few per core. The calling thread and the pool's threads claim parts until none is
+    left, and the caller returns once every part is done: a pool thread the OS has not
+    scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
+    global _pool
+    parts = min(_PARTS_PER_THREAD * (_THREADS or 1), count // max(1, grain))
+    if parts <= 1 or (_THREADS or 1) <= 1:
+        work(0, count)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
+    bounds = [count * i // parts for i in range(parts + 1)]
+    claims = itertools.count()    # next() on it is atomic under the GIL
+    finished, errors = [], []
+    all_done = threading.Event()
+
+    def drain():
+        try:
+            while (i := next(claims)) < parts:
+                work(bounds[i], bounds[i + 1])
+                finished.append(i)
+                if len(finished) == parts:
+                    all_done.set()
+        except BaseException as e:  # re-raised on the calling thread
+            errors.append(e)
+            all_done.set()
+
+    for _ in range(min(_THREADS - 1, parts - 1)):
+        _pool.submit(drain)
+    drain()
+    all_done.wait()
+    if errors:
+        raise errors[0]
+
+
+def _scratch(n, dtype):
+    """This thread's reusable buffer of n elements (grows, never shrinks)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < n or buf.dtype != dtype:
+        buf = _local.buf = np.empty(max(n, _BLOCK_FLOATS), dtype=dtype)
+    return buf[:n]
+_IN_PLACE = ("linear", "leaky", "relu", "logistic")
+
+
+def _activate_inplace(x, activation, scratch):
+    """x = activation(x) without temporaries for the activations inference nets use
+    (the same float32 values as activations.activate); the rest go through it.
+    `scratch` is a buffer shaped like x."""
+    if activation == "linear":
+        return
+    if activation == "leaky":      # max(x, .1x) is x for x > 0 and .1x otherwise
+        np.multiply(x, x.dtype.type(0.1), out=scratch)
+        np.maximum(x, scratch, out=x)
+    elif activation == "relu":
+        np.maximum(x, 0, out=x)
+    elif activation == "logistic":
+        with np.errstate(over="ignore"):  # exp overflows to inf: 1/(1+inf) = 0 is right
+            np.negative(x, out=x)
+            np.exp(x, out=x)
+        x += 1
+        np.reciprocal(x, out=x)
+    else:
+        x[...] = activations.activate(x, activation)
+
+
+def _maxpool_values(src, size, stride, off, out):
+    """out (planes, out_h, out_w) = the maximum of each window, taken as a running
+    np.maximum over the size*size strided views: no argmax, no index arrays. Cells
+    outside the image (padding) are -inf, so a window wholly in the padding gives -inf."""
+    planes, h, w = src.shape
+    _, out_h, out_w = out.shape
+    ph = max(0, (out_h - 1) * stride + size - off - h)
+    pw = max(0, (out_w - 1) * stride + size - off - w)
+    if off or ph or pw:
+        padded = np.full((planes, off + h + ph, off + w + pw), -np.inf, dtype=src.dtype)
+        padded[:, off:off + h, off:off + w] = src
+        src = padded
+    rows, cols = stride * (out_h - 1) + 1, stride * (out_w - 1) + 1
+    for k in range(size * size):
+        dy, dx = divmod(k, size)
+        view = src[:, dy:dy + rows:stride, dx:dx + cols:stride]
+        if k == 0:
+            out[...] = view
+        else:
+            np.maximum(out, view, out=out)
+
+
 def uniform_hash(seed, n):
     """n uniform floats in [0, 1) from a 32-bit integer hash of (seed, index).
 
@@ -354,9 +670,17 @@ def uniform_hash(seed, n):
     return (v >> np.uint32(8)).astype(np.float64) / 16777216.0
 
 
+def conv_strides(stride):
+    """(down, across) of a convolution's stride: an int, or the AlexeyAB fork's
+    (stride_y, stride_x) pair."""
+    return (stride, stride) if isinstance(stride, int) else tuple(stride)
+
+
 def conv_out_size(height, width, ksize, stride, pad, dilation=1):
+    """Output (height, width); stride is an int or a (stride_y, stride_x) pair."""
+    sy, sx = conv_strides(stride)
     span = dilation * (ksize - 1) + 1
-    return (height + 2 * pad - span) // stride + 1, (width + 2 * pad - span) // stride + 1
+    return (height + 2 * pad - span) // sy + 1, (width + 2 * pad - span) // sx + 1
 
 
 def _images(flat, batch, im_stride, channels, height, width):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .augment import _cv2, _rand_scale, _rand_uniform
+from .config import DataError
 from .labels import MAX_BOXES, correct_boxes
 
 TRUTH_FIELDS = 5
@@ -302,13 +303,18 @@ def detector_augment(options, head, fork=False, warn=None):
     """The augmentation a detector trains with: the fork's (ForkAugment) for a network of
     the fork's flavour or one that sets any of its [net] augmentation options, else the
     original's DetectorAugment. `options` is the NetOptions, `head` the last [yolo]/
-    [region] layer; `warn(message)` is told that cutmix does nothing for a detector."""
+    [region] layer; `warn(message)` is told that cutmix does nothing for a detector.
+    mosaic with letter_box is a DataError."""
     from .augment import DetectorAugment
     o = options
     switches = ("letter_box", "mosaic", "mixup", "cutmix", "blur", "gaussian_noise")
     if not fork and not any(getattr(o, k, 0) for k in switches):
         return DetectorAugment(jitter=head.jitter, hue=o.hue, saturation=o.saturation,
                                exposure=o.exposure, flip=bool(o.flip))
+    if o.mosaic and o.letter_box:
+        # The fork's stock cfgs set both; its training stops on them, as here.
+        raise DataError("[net] mosaic=1 with letter_box=1 cannot train (as in the AlexeyAB "
+                        "fork): set one of them to 0")
     if o.cutmix and warn is not None:
         warn("cutmix=1 is a classifier augmentation: a detector trains without it (as in "
              "the AlexeyAB fork)" + ("; mosaic=1 is used" if o.mosaic else ""))

@@ -20,6 +20,12 @@ _LAYER_CLASSES = {
     "yolo": ("yolo", "YoloLayer"),
     "region": ("region", "RegionLayer"),
     "detection": ("detection", "DetectionLayer"),
+    # the AlexeyAB fork's
+    "sam": ("sam", "SamLayer"),
+    "scale_channels": ("scale_channels", "ScaleChannelsLayer"),
+    "local_avgpool": ("local_avgpool", "LocalAvgpoolLayer"),
+    "reorg3d": ("reorg3d", "Reorg3dLayer"),
+    "empty": ("empty", "EmptyLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

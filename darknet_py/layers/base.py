@@ -28,6 +28,7 @@ class BuildContext:
     layers: list        # the layers built so far (route/shortcut refer to them)
     net: object         # NetOptions of the [net] section
     batch: int
+    darknet: str = "original"   # which Darknet's arithmetic (network.DARKNET_FLAVOURS)
 
 
 class Layer:
@@ -42,6 +43,7 @@ class Layer:
         self.out_c, self.out_h, self.out_w = c, h, w
         self.outputs = inputs
         self.batch = ctx.batch
+        self.darknet = ctx.darknet
         self.workspace_size = 0   # floats of the shared workspace this layer needs
         self.cost = None          # set by layers that compute a loss
         self.stopbackward = False
@@ -58,6 +60,11 @@ class Layer:
     @property
     def bflops(self):
         return 0.0
+
+    @property
+    def fork_bflops(self):
+        """BFLOPs as the AlexeyAB fork counts them; the same as bflops unless a layer says."""
+        return self.bflops
 
     def describe(self):
         """The middle of Darknet's layer-table row (after the index and type)."""
@@ -77,6 +84,9 @@ class Layer:
         self.batch = batch
         self.output = be.zeros(batch * self.outputs)
         self.delta = be.zeros(batch * self.outputs) if train else None
+        # The input of an activation whose gradient needs it (see activations.py).
+        self.activation_input = (be.zeros(batch * self.outputs)
+                                 if train and keeps_activation_input(self) else None)
 
     def init_params(self, be, rng):
         """Create parameter arrays with Darknet's random initialisation (once per
@@ -100,9 +110,47 @@ class Layer:
     def update(self, args):
         pass
 
+    def params_changed(self):
+        """The parameters were rewritten (loaded or updated): drop anything derived from
+        them (a convolution's folded batch norm)."""
+
+    # ---- activation -------------------------------------------------------------
+    def _channels_spatial(self):
+        return self.out_c, self.outputs // self.out_c
+
+    def activate_output(self, be):
+        """Apply self.activation to self.output (keeping its input when backward needs it)."""
+        from ..activations import CHANNEL_ACTIVATIONS
+        if self.activation_input is not None:
+            be.copy(self.output, self.activation_input)
+        if self.activation in CHANNEL_ACTIVATIONS:
+            be.normalize_channels(self.output, self.batch, *self._channels_spatial(),
+                                  self.activation)
+        else:
+            be.activate(self.output, self.activation)
+
+    def activation_gradient(self, be):
+        """self.delta *= the activation's derivative (through the kept input where needed)."""
+        from ..activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
+        if self.activation in CHANNEL_ACTIVATIONS:
+            be.normalize_channels_gradient(self.activation_input, self.batch,
+                                           *self._channels_spatial(), self.activation, self.delta)
+        elif self.activation in INPUT_GRADIENT:
+            be.gradient_from_input(self.activation_input, self.activation, self.delta)
+        else:
+            be.gradient(self.output, self.activation, self.delta)
+
+
+def keeps_activation_input(layer):
+    from ..activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
+    return getattr(layer, "activation", "linear") in INPUT_GRADIENT + CHANNEL_ACTIVATIONS
+
 
 def host_param(rng, n, scale=0.0, kind="zeros"):
-    """Host-side initial values for a parameter, as float64 for exact casting later."""
+    """Host-side initial values for a parameter, as float64 for exact casting later.
+    rng None: no random draw (zeros), for parameters a weights file is about to fill."""
+    if rng is None and kind in ("normal", "uniform"):
+        return np.zeros(n)
     if kind == "normal":
         return scale * rng.standard_normal(n)
     if kind == "uniform":
@@ -121,14 +169,37 @@ def momentum_update(be, args, param, update, weight_decay=False):
     be.scal(args.momentum, update)
 
 
-def parse_activation(section, default, key="activation"):
-    """Read an activation name; an unknown one is an error (Darknet silently used relu)."""
-    from ..activations import ACTIVATIONS
+def parse_activation(section, default, key="activation", channels=False):
+    """Read an activation name; an unknown one is an error (Darknet silently used relu).
+    channels: the layer also takes the normalize_channels family."""
+    from ..activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
+    known = ACTIVATIONS + (CHANNEL_ACTIVATIONS if channels else ())
     name = section.get_str(key, default)
-    if name not in ACTIVATIONS:
-        raise section.error(f"unknown activation '{name}' (known: {', '.join(ACTIVATIONS)})",
-                            key)
+    if name not in known:
+        raise section.error(f"unknown activation '{name}' (known: {', '.join(known)})", key)
     return name
+
+
+def _earlier_layer(layer, section, ctx, key, ref):
+    index = ref if ref >= 0 else layer.index + ref
+    if not 0 <= index < layer.index:
+        raise section.error(f"layer {ref} is out of range: [{section.header}] at layer "
+                            f"{layer.index} can use layers 0..{layer.index - 1} or "
+                            f"-1..-{layer.index}", key)
+    return ctx.layers[index]
+
+
+def source_layer(layer, section, ctx, key):
+    """The earlier layer an option names (negative: relative to this one), checked."""
+    return _earlier_layer(layer, section, ctx, key, section.get_int(key))
+
+
+def source_layers(layer, section, ctx, key):
+    """The earlier layers a list option names (at least one), checked."""
+    refs = section.get_int_list(key)
+    if not refs:
+        raise section.error(f"needs {key}=<index>[,<index>...]", key)
+    return [_earlier_layer(layer, section, ctx, key, ref) for ref in refs]
 
 
 def refuse_options(section, *keys):

@@ -1,12 +1,19 @@
 """[batchnorm], and the batch normalisation every conv/connected layer can use.
 
 Darknet's batchnorm math (CPU formulas, quirks included: forward divides by
-sqrt(var)+1e-6, backward uses sqrt(var+1e-5); variance is unbiased). The
+sqrt(var)+1e-6, backward uses sqrt(var+1e-5); variance is unbiased; rolling
+statistics move by 0.01). The AlexeyAB fork divides by sqrt(var+1e-5) in the
+forward too, moves its rolling statistics by 0.1, and its CPU backward gives a
+convolution's BN beta no gradient (layer.darknet picks which). The
 functions here work on any layer carrying the BN arrays (scales, rolling stats,
 x, x_norm, mean, variance and their deltas), so convolutional and connected
 layers share them.
 """
 from .base import Layer, host_param, momentum_update
+
+ROLLING_KEEP = 0.99        # rolling statistics: keep * old + (1 - keep) * batch
+FORK_ROLLING_KEEP = 0.9
+FORK_BN_EPS = 1e-5         # the fork's forward: (x - mean) / sqrt(var + eps)
 
 
 def bn_init_params(layer, be, rng, n):
@@ -33,28 +40,37 @@ def bn_allocate(layer, be, batch, train):
 def bn_forward(layer, net, out_c, spatial):
     """Normalise layer.output in place, then scale and add biases."""
     be, out, batch = net.be, layer.output, layer.batch
+    fork = layer.darknet == "alexeyab"
     if net.train:
         be.copy(out, layer.x)
         be.mean(out, batch, out_c, spatial, layer.mean)
         be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
-        be.scal(0.99, layer.rolling_mean)
-        be.axpy(0.01, layer.mean, layer.rolling_mean)
-        be.scal(0.99, layer.rolling_variance)
-        be.axpy(0.01, layer.variance, layer.rolling_variance)
-        be.normalize(out, layer.mean, layer.variance, batch, out_c, spatial)
-        be.copy(out, layer.x_norm)
+        keep = FORK_ROLLING_KEEP if fork else ROLLING_KEEP
+        be.scal(keep, layer.rolling_mean)
+        be.axpy(1.0 - keep, layer.mean, layer.rolling_mean)
+        be.scal(keep, layer.rolling_variance)
+        be.axpy(1.0 - keep, layer.variance, layer.rolling_variance)
+        mean, variance = layer.mean, layer.variance
     else:
-        be.normalize(out, layer.rolling_mean, layer.rolling_variance, batch, out_c, spatial)
+        mean, variance = layer.rolling_mean, layer.rolling_variance
+    if fork:
+        be.normalize_sqrt_eps(out, mean, variance, batch, out_c, spatial, FORK_BN_EPS)
+    else:
+        be.normalize(out, mean, variance, batch, out_c, spatial)
+    if net.train:
+        be.copy(out, layer.x_norm)
     be.scale_bias(out, layer.scales, batch, out_c, spatial)
     be.add_bias(out, layer.biases, batch, out_c, spatial)
 
 
-def bn_backward(layer, net, out_c, spatial):
-    """Turn layer.delta (w.r.t. the BN output) into the delta w.r.t. the BN input."""
+def bn_backward(layer, net, out_c, spatial, train_beta=True):
+    """Turn layer.delta (w.r.t. the BN output) into the delta w.r.t. the BN input.
+    train_beta=False: the biases (BN beta) get no gradient."""
     be, delta, batch = net.be, layer.delta, layer.batch
     mean = layer.mean if net.train else layer.rolling_mean
     variance = layer.variance if net.train else layer.rolling_variance
-    be.backward_bias(layer.bias_updates, delta, batch, out_c, spatial)
+    if train_beta:
+        be.backward_bias(layer.bias_updates, delta, batch, out_c, spatial)
     be.backward_scale(layer.x_norm, delta, batch, out_c, spatial, layer.scale_updates)
     be.scale_bias(delta, layer.scales, batch, out_c, spatial)
     be.mean_delta(delta, variance, batch, out_c, spatial, layer.mean_delta)
@@ -92,7 +108,8 @@ class BatchnormLayer(Layer):
         bn_allocate(self, be, batch, train)
 
     def params(self):
-        return bn_params(self)
+        # The fork's .weights also stores a [batchnorm] layer's biases, first.
+        return ([("biases", self.biases)] if self.darknet == "alexeyab" else []) + bn_params(self)
 
     def forward(self, net):
         net.be.copy(net.input[:self.batch * self.inputs], self.output)

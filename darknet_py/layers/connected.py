@@ -31,6 +31,10 @@ class ConnectedLayer(Layer):
     def bflops(self):
         return 2.0 * self.inputs * self.outputs / 1e9
 
+    @property
+    def fork_bflops(self):
+        return 0.0   # the fork's make_connected_layer sets no bflops
+
     def describe(self):
         return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}"
 
@@ -71,11 +75,11 @@ class ConnectedLayer(Layer):
             bn_forward(self, net, self.outputs, 1)
         else:
             be.add_bias(self.output, self.biases, self.batch, self.outputs, 1)
-        be.activate(self.output, self.activation)
+        self.activate_output(be)
 
     def backward(self, net):
         be = net.be
-        be.gradient(self.output, self.activation, self.delta)
+        self.activation_gradient(be)
         if self.batch_normalize:
             bn_backward(self, net, self.outputs, 1)
         else:

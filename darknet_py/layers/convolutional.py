@@ -1,10 +1,18 @@
-"""[convolutional]: im2col + GEMM per image and group, as Darknet does it."""
+"""[convolutional]: im2col + GEMM per image and group, as Darknet does it.
+
+Inference (not training) with batch normalisation runs on weights and biases with the
+normalisation folded in, made once from the parameters (Network.fold_batchnorm switches
+it off); training keeps Darknet's exact unfolded path."""
 import math
 
-from ..backends.numpy_backend import conv_out_size
-from .base import Layer, host_param, momentum_update, parse_activation, refuse_options
-from .batchnorm import (bn_allocate, bn_backward, bn_forward, bn_init_params, bn_init_updates,
-                        bn_params)
+import numpy as np
+
+from ..activations import CHANNEL_ACTIVATIONS
+from ..backends.numpy_backend import conv_out_size, conv_strides
+from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
+                   source_layer)
+from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,
+                        bn_init_updates, bn_params)
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
@@ -26,10 +34,16 @@ class ConvolutionalLayer(Layer):
         self.padding = s.get_int("padding", 0)
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
-        self.activation = parse_activation(s, "logistic")
+        self.share = None   # the fork's share_index: the layer whose parameters this one uses
+        if self.darknet == "alexeyab":
+            self._fork_stride_and_dilation(s, pad)
+            if s.has("share_index"):
+                self.share = source_layer(self, s, ctx, "share_index")
+        self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
         refuse_options(s, "binary", "xnor")
-        for key, v in (("filters", self.filters), ("size", self.size), ("stride", self.stride),
+        for key, v in (("filters", self.filters), ("size", self.size),
+                       ("stride", min(conv_strides(self.stride))),
                        ("groups", self.groups), ("dilation", self.dilation)):
             if v < 1:
                 raise s.error(f"must be at least 1, got {v}", key)
@@ -44,8 +58,36 @@ class ConvolutionalLayer(Layer):
         self.out_c = self.filters
         self.outputs = self.out_c * self.out_h * self.out_w
         self.nweights = self.c // self.groups * self.filters * self.size * self.size
+        share = self.share
+        if share is not None and (share.type != "convolutional" or
+                                  (share.nweights, share.filters, share.batch_normalize)
+                                  != (self.nweights, self.filters, self.batch_normalize)):
+            raise s.error(f"layer {share.index} must be a [convolutional] with the same "
+                          f"filters, weights and batch_normalize", "share_index")
         m, k, n = self._gemm_dims()
         self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
+        self._folded = None  # (weights, biases) with batch norm folded in; see forward()
+
+    def _fork_stride_and_dilation(self, s, pad):
+        """The fork's rules: stride_x/stride_y override stride (self.stride becomes the pair
+        (stride_y, stride_x) when they differ, as im2col takes it); a 1x1 kernel has no
+        dilation; the output size ignores dilation while its im2col pads by
+        padding*dilation (so only sizes where both agree are well defined)."""
+        stride_x, stride_y = s.get_int("stride_x", -1), s.get_int("stride_y", -1)
+        stride_x = stride_x if stride_x >= 1 else self.stride
+        stride_y = stride_y if stride_y >= 1 else self.stride
+        self.stride = stride_x if stride_x == stride_y else (stride_y, stride_x)
+        if self.size == 1:
+            self.dilation = 1
+        if self.dilation > 1:
+            padding = self.size // 2 if pad else s.get_int("padding", 0)
+            self.padding = padding * self.dilation
+            fork_h = (self.h + 2 * padding - self.size) // stride_y + 1
+            if fork_h != conv_out_size(self.h, self.w, self.size, self.stride, self.padding,
+                                       self.dilation)[0]:
+                raise s.error(f"dilation={self.dilation} with padding={padding}: the fork's "
+                              f"output size and its im2col disagree (use pad=1 and an odd "
+                              f"size)", "dilation")
 
     @property
     def bflops(self):
@@ -56,12 +98,21 @@ class ConvolutionalLayer(Layer):
         # Darknet's row ("conv  %5d %2d x%2d /%2d  %4d x..."); groups, which it does not
         # print, are shown only when there are some.
         groups = f" g{self.groups}" if self.groups > 1 else "  "
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}{groups}"
+        sy, sx = conv_strides(self.stride)
+        stride = f"{sx:2d}" if sx == sy else f"{sx}x{sy}"
+        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{stride}{groups}"
                 f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  {self.bflops:5.3f} BFLOPs")
 
     # ---- buffers ----------------------------------------------------------------
+    _SHARED = ("weights", "biases", "scales", "rolling_mean", "rolling_variance")
+    _SHARED_UPDATES = ("weight_updates", "bias_updates", "scale_updates")
+
     def init_params(self, be, rng):
+        if self.share is not None:   # the same arrays: one set of parameters, trained once
+            for name in self._SHARED[:5 if self.batch_normalize else 2]:
+                setattr(self, name, getattr(self.share, name))
+            return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
         self.weights = be.from_host(host_param(rng, self.nweights, scale, "normal"))
         self.biases = be.zeros(self.filters)
@@ -73,8 +124,13 @@ class ConvolutionalLayer(Layer):
         self.bias_updates = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_updates(self, be, self.filters)
+        if self.share is not None:   # gradients accumulate into the owner's updates
+            for name in self._SHARED_UPDATES[:3 if self.batch_normalize else 2]:
+                setattr(self, name, getattr(self.share, name))
 
     def params(self):
+        if self.share is not None:
+            return []   # the fork stores shared parameters once, with their owner
         p = [("biases", self.biases)]
         if self.batch_normalize:
             p += bn_params(self)
@@ -127,29 +183,80 @@ class ConvolutionalLayer(Layer):
             be.copy_blocks(batched, offset, n, grouped, 0, count * n, n, m,
                            planes=count, src_plane_stride=self.filters * n, dst_plane_stride=n)
 
+    def params_changed(self):
+        self._folded = None
+
+    def _fold_batchnorm(self, be):
+        """Weights and biases that give in one GEMM + bias what conv + Darknet's inference
+        batch norm gives: w * s and bias - mean * s, s = scale / (sqrt(var) + 1e-6), or the
+        fork's scale / sqrt(var + 1e-5).
+        The per-filter factors are worked out on the host in float64; the weights are
+        scaled where they live (one multiply each, so folding adds one rounding)."""
+        host = {name: be.to_host(getattr(self, name)).astype(np.float64)
+                for name in ("scales", "rolling_variance", "rolling_mean", "biases")}
+        if self.darknet == "alexeyab":
+            factor = host["scales"] / np.sqrt(host["rolling_variance"] + FORK_BN_EPS)
+        else:
+            factor = host["scales"] / (np.sqrt(host["rolling_variance"]) + 1e-6)
+        weights = be.empty(self.nweights)
+        be.copy(self.weights, weights)
+        be.scale_bias(weights, be.from_host(factor), 1, self.filters, self.nweights // self.filters)
+        return weights, be.from_host(host["biases"] - host["rolling_mean"] * factor)
+
+    def _forward_params(self, net):
+        """(weights, biases) for this forward; biases None: batch norm runs unfolded."""
+        if not self.batch_normalize:
+            return self.weights, self.biases
+        if net.train or not net.fold_batchnorm:
+            self._folded = None  # training moves the rolling statistics
+            return self.weights, None
+        if self._folded is None:
+            self._folded = self._fold_batchnorm(net.be)
+        return self._folded
+
+    def _image_col(self, be, images, b, group, col):
+        """The (k, n) matrix of one image and group: the input itself for a 1x1, stride-1
+        convolution without padding (nothing to unfold), else im2col into col."""
+        if self.size == 1 and self.stride == 1 and self.padding == 0:
+            cg = self.c // self.groups
+            return images[b * self.c * self.h * self.w + group * cg * self.h * self.w:]
+        self._im2col(be, images, b, 1, group, col)
+        return col
+
     def forward(self, net):
         be = net.be
         m, k, n = self._gemm_dims()
+        weights, biases = self._forward_params(net)
         for b0, count, col, product in self._chunks(be, net):
             for g in range(self.groups):
+                if count == 1:  # one image: the GEMM writes straight into the output
+                    be.gemm(False, False, m, n, k, 1.0, weights[g * m * k:], k,
+                            self._image_col(be, net.input, b0, g, col), n, 0.0,
+                            self.output[b0 * self.outputs + g * m * n:], n)
+                    continue
                 self._im2col(be, net.input, b0, count, g, col)
-                be.gemm(False, False, m, count * n, k, 1.0, self.weights[g * m * k:], k,
+                be.gemm(False, False, m, count * n, k, 1.0, weights[g * m * k:], k,
                         col, count * n, 0.0, product, count * n)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
         spatial = self.out_h * self.out_w
-        if self.batch_normalize:
+        if biases is None:
             bn_forward(self, net, self.out_c, spatial)
+            self.activate_output(be)
+        elif self.activation_input is not None or self.activation in CHANNEL_ACTIVATIONS:
+            be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
+            self.activate_output(be)
         else:
-            be.add_bias(self.output, self.biases, self.batch, self.out_c, spatial)
-        be.activate(self.output, self.activation)
+            be.bias_activate(self.output, biases, self.batch, self.out_c, spatial,
+                             self.activation)
 
     def backward(self, net):
         be = net.be
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
-        be.gradient(self.output, self.activation, self.delta)
+        self.activation_gradient(be)
         if self.batch_normalize:
-            bn_backward(self, net, self.out_c, spatial)
+            # The fork's CPU backward leaves a convolution's BN beta untrained.
+            bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
         for b0, count, col, delta_out in self._chunks(be, net):
@@ -170,6 +277,8 @@ class ConvolutionalLayer(Layer):
                               self.dilation, net.delta[offset:], count, self.c * self.h * self.w)
 
     def update(self, args):
+        if self.share is not None:
+            return   # the owner applies the accumulated update
         momentum_update(self.be, args, self.biases, self.bias_updates)
         if self.batch_normalize:
             momentum_update(self.be, args, self.scales, self.scale_updates)

@@ -95,12 +95,12 @@ class LocalLayer(Layer):
                 # out[:, j] (filters x 1) += W_j (filters x k) @ col[:, j] (k x 1)
                 be.gemm(False, False, f, 1, k, 1.0, self.weights[j * k * f:], k,
                         net.workspace[j:], L, 1.0, out[j:], L)
-        be.activate(self.output, self.activation)
+        self.activate_output(be)
 
     def backward(self, net):
         be = net.be
         f, k, L = self.filters, self.ksize, self.locations
-        be.gradient(self.output, self.activation, self.delta)
+        self.activation_gradient(be)
         be.backward_bias(self.bias_updates, self.delta, self.batch, self.outputs, 1)
         for b in range(self.batch):
             self._im2col(be, net, b)

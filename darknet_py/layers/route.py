@@ -1,21 +1,15 @@
-"""[route]: concatenate the outputs of earlier layers along channels, per image."""
-from .base import Layer
+"""[route]: concatenate the outputs of earlier layers along channels, per image.
+
+The AlexeyAB fork's groups=G, group_id=k take from each input only the k-th of G
+contiguous slices of its per-image output (channels k*C/G .. (k+1)*C/G - 1)."""
+from .base import Layer, source_layers
 
 
 class RouteLayer(Layer):
     type = "route"
 
     def parse(self, s, ctx):
-        refs = s.get_int_list("layers")
-        if not refs:
-            raise s.error("needs layers=<index>[,<index>...]", "layers")
-        self.sources = []
-        for ref in refs:
-            index = ref if ref >= 0 else self.index + ref
-            if not 0 <= index < self.index:
-                raise s.error(f"layer {ref} is out of range: route at layer {self.index} can "
-                              f"use layers 0..{self.index - 1} or -1..-{self.index}", "layers")
-            self.sources.append(ctx.layers[index])
+        self.sources = source_layers(self, s, ctx, "layers")
         first = self.sources[0]
         self.out_w, self.out_h = first.out_w, first.out_h
         self.out_c = 0
@@ -25,23 +19,39 @@ class RouteLayer(Layer):
                               f"{first.index} is {self.out_w}x{self.out_h}: routed layers must "
                               f"have the same width and height", "layers")
             self.out_c += src.out_c
-        self.outputs = sum(src.outputs for src in self.sources)
+        self.groups = s.get_int("groups", 1)
+        self.group_id = s.get_int("group_id", 0)
+        if self.groups < 1:
+            raise s.error(f"must be at least 1, got {self.groups}", "groups")
+        if not 0 <= self.group_id < self.groups:
+            raise s.error(f"must be in 0..{self.groups - 1} for groups={self.groups}", "group_id")
+        for src in self.sources:
+            if src.out_c % self.groups:
+                raise s.error(f"groups={self.groups} does not divide the {src.out_c} channels of "
+                              f"layer {src.index}", "groups")
+        self.out_c //= self.groups
+        self.outputs = sum(src.outputs for src in self.sources) // self.groups
         self.inputs = self.outputs
 
     def describe(self):
-        return " " + " ".join(f"{src.index:d}" for src in self.sources)
+        group = f"  {self.group_id}/{self.groups}" if self.groups > 1 else ""
+        return " " + " ".join(f"{src.index:d}" for src in self.sources) + group
+
+    def _parts(self):
+        """(source, offset of its slice in its image, slice length, offset in ours)."""
+        offset = 0
+        for src in self.sources:
+            part = src.outputs // self.groups
+            yield src, self.group_id * part, part, offset
+            offset += part
 
     def forward(self, net):
-        offset = 0
-        for src in self.sources:
-            net.be.copy_blocks(src.output, 0, src.outputs, self.output, offset, self.outputs,
-                               src.outputs, self.batch)
-            offset += src.outputs
+        for src, start, part, offset in self._parts():
+            net.be.copy_blocks(src.output, start, src.outputs, self.output, offset, self.outputs,
+                               part, self.batch)
 
     def backward(self, net):
-        offset = 0
-        for src in self.sources:
+        for src, start, part, offset in self._parts():
             if src.delta is not None:
-                net.be.copy_blocks(self.delta, offset, self.outputs, src.delta, 0, src.outputs,
-                                   src.outputs, self.batch, accumulate=True)
-            offset += src.outputs
+                net.be.copy_blocks(self.delta, offset, self.outputs, src.delta, start, src.outputs,
+                                   part, self.batch, accumulate=True)

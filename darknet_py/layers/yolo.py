@@ -52,6 +52,13 @@ class YoloLayer(Layer):
             raise s.error("must be at least 1", "classes")
         if self.total < 1:
             raise s.error("must be at least 1", "num")
+        listed = len(s.get_float_list("anchors", None) or ()) // 2
+        if self.mask and self.total <= max(self.mask) < listed:
+            # The fork's stock cspx-p7 cfgs mask anchors past num that anchors= does list;
+            # the C code then reads past its array. Use the listed anchors instead.
+            s.warn(f"mask uses anchor {max(self.mask)} but num={self.total}; taking "
+                   f"num={listed}, the anchors listed", "num")
+            self.total = listed
         for m in self.mask:
             if not 0 <= m < self.total:
                 raise s.error(f"anchor {m} does not exist: num={self.total} anchors are "

@@ -1,0 +1,149 @@
+"""`darknet-py bench`: how fast a cfg runs on a device.
+
+Random weights (timings do not depend on the values, but batch norm gets plausible
+statistics so nothing overflows), a random input batch, warm-up runs, then the median of
+timed runs through the backend's timer (CUDA events on the GPU, the wall clock on the
+CPU): a forward (inference, as predict() runs it), and with train=True a training step.
+With layers=True every layer is also timed on its own (forward, and backward when
+training), each layer's run fed with the outputs of the full pass before it.
+"""
+import statistics
+
+import numpy as np
+
+from .detection import DETECTOR_TYPES
+
+MAX_BOXES = 90  # Darknet's truth buffer: 90 boxes of (x, y, w, h, class) per image
+
+
+def random_truth(net, rng):
+    """A training target for the network's last layer: a few boxes per image for a
+    detector, a one-hot class per image otherwise."""
+    last = net.layers[-1]
+    while last.type == "cost" and last.index > 0:
+        last = net.layers[last.index - 1]
+    if last.type in DETECTOR_TYPES:
+        classes = getattr(last, "classes", 1)
+        truth = np.zeros((net.batch, MAX_BOXES * 5), dtype=np.float32)
+        for b in range(net.batch):
+            for j in range(3):
+                w, h = rng.uniform(0.05, 0.4, 2)
+                x, y = rng.uniform(w / 2, 1 - w / 2), rng.uniform(h / 2, 1 - h / 2)
+                truth[b, 5 * j:5 * j + 5] = (x, y, w, h, rng.integers(0, classes))
+        return truth
+    return np.eye(last.outputs, dtype=np.float32)[rng.integers(0, last.outputs, net.batch)]
+
+
+def prepare(net, seed=0):
+    """Give batch-norm layers usable rolling statistics (fresh ones have zero variance,
+    which inference divides by) and silence per-step training statistics."""
+    rng = np.random.default_rng(seed)
+    for layer in net.layers:
+        layer.verbose = False
+        if getattr(layer, "batch_normalize", 0):
+            net.be.write(layer.rolling_mean, rng.normal(0.0, 0.1, layer.out_c))
+            net.be.write(layer.rolling_variance, rng.uniform(0.5, 2.0, layer.out_c))
+    net.params_changed()
+
+
+def median_seconds(be, run, warmup, repeats):
+    for _ in range(warmup):
+        run()
+    timer = be.timer()
+    times = []
+    for _ in range(repeats):
+        timer.start()
+        run()
+        times.append(timer.stop())
+    return statistics.median(times)
+
+
+def layer_seconds(net, train, warmup, repeats):
+    """[(forward s, backward s or None)] per layer, each the median of its own timed runs
+    on the state the last full pass left (the same input, delta and truth buffers)."""
+    be = net.be
+    rows = []
+    for i, layer in enumerate(net.layers):
+        prev = net.layers[i - 1] if i else None
+        net.train = train
+
+        def forward():
+            net.input = prev.output if prev else net._net_input
+            net.delta = prev.delta if prev else None
+            layer.forward(net)
+
+        fwd = median_seconds(be, forward, warmup, repeats)
+        bwd = None
+        if train:
+            def backward():
+                net.input = prev.output if prev else net._net_input
+                net.delta = prev.delta if prev else None
+                layer.backward(net)
+            bwd = median_seconds(be, backward, warmup, repeats)
+        rows.append((fwd, bwd))
+    return rows
+
+
+def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
+    """The figures of one benchmark as a dict (see `darknet-py bench --help`)."""
+    rng = np.random.default_rng(seed)
+    prepare(net, seed)
+    be = net.be
+    x = rng.random((net.batch,) + net.input_shape, dtype=np.float32)
+    result = {"cfg": net.path, "device": be.name, "batch": net.batch, "bflops": net.bflops,
+              "warmup": warmup, "repeats": repeats}
+    forward_s = median_seconds(be, lambda: net.predict(x), warmup, repeats)
+    result["forward_ms"] = 1e3 * forward_s
+    result["forward_images_per_s"] = net.batch / forward_s
+    truth = None
+    if train:
+        truth = random_truth(net, rng)
+        step_s = median_seconds(be, lambda: net.train_pass(x, truth), warmup, repeats)
+        result["train_step_ms"] = 1e3 * step_s
+        result["train_images_per_s"] = net.batch / step_s
+    if layers:
+        net.forward(x, truth, train=train)   # the state each layer's timed runs start from
+        if train:
+            net.backward()
+        per_layer = layer_seconds(net, train, warmup, repeats)
+        fwd_total = sum(f for f, _ in per_layer) or 1.0
+        bwd_total = sum(b for _, b in per_layer if b is not None) or 1.0
+        result["layers"] = [
+            {"index": layer.index, "type": layer.type, "forward_ms": 1e3 * f,
+             "forward_share": f / fwd_total,
+             **({"backward_ms": 1e3 * b, "backward_share": b / bwd_total} if train else {})}
+            for layer, (f, b) in zip(net.layers, per_layer)]
+    peak = be.peak_allocated_bytes
+    result["peak_device_memory_bytes"] = None if peak is None else int(peak)
+    return result
+
+
+def format_report(r):
+    """The benchmark as text lines."""
+    lines = [f"{r['cfg']}: batch {r['batch']}, {r['device']}, {r['bflops']:.3f} BFLOPs per "
+             f"image; medians of {r['repeats']} runs after {r['warmup']} warm-up",
+             f"forward:       {r['forward_ms']:10.2f} ms  {r['forward_images_per_s']:9.1f} "
+             f"images/s"]
+    if "train_step_ms" in r:
+        lines.append(f"training step: {r['train_step_ms']:10.2f} ms  "
+                     f"{r['train_images_per_s']:9.1f} images/s")
+    peak = r["peak_device_memory_bytes"]
+    lines.append("peak device memory: " + ("not known (CPU)" if peak is None
+                                           else f"{peak / 2**20:.1f} MiB"))
+    if "layers" in r:
+        train = "train_step_ms" in r
+        lines.append("")
+        lines.append("layer type            forward ms  share" +
+                     ("   backward ms  share" if train else ""))
+        for row in r["layers"]:
+            line = (f"{row['index']:5d} {row['type']:<14s} {row['forward_ms']:11.3f} "
+                    f"{100 * row['forward_share']:5.1f}%")
+            if train:
+                line += f" {row['backward_ms']:13.3f} {100 * row['backward_share']:5.1f}%"
+            lines.append(line)
+        fwd = sum(row["forward_ms"] for row in r["layers"])
+        total = f"{'total':20s} {fwd:11.3f} 100.0%"
+        if train:
+            total += f" {sum(row['backward_ms'] for row in r['layers']):13.3f} 100.0%"
+        lines.append(total)
+    return lines

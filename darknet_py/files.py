@@ -1,0 +1,138 @@
+"""The rules every command follows for the files it reads and writes.
+
+Reading: a path must be a regular file; a directory, a named pipe or a device is refused
+up front (opening a pipe blocks until someone writes to it).
+
+Writing: nothing that already exists is replaced unless the user says so (``--overwrite``),
+every file is written atomically (a temporary file beside it, renamed into place), errors
+name the file the user asked for, never the temporary, and temporaries an interrupted run
+left behind are removed when the next run writes into the same directory.
+"""
+import contextlib
+import os
+import re
+import stat
+import tempfile
+import time
+
+
+class OverwriteError(Exception):
+    """An output file exists and --overwrite was not given."""
+
+
+def check_input_file(path, what, error):
+    """Raise error("PATH: ...") unless path is a regular file that can be read; `what`
+    names the file for the message ("weights file", "image")."""
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what} ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise error(f"{path}: is a directory, not the {what} file")
+    if not stat.S_ISREG(mode):
+        raise error(f"{path}: not a regular file (a pipe, socket or device); give the "
+                    f"{what} as a file")
+    if not os.access(path, os.R_OK):
+        raise error(f"{path}: cannot read the {what} (permission denied)")
+    return path
+
+
+def refuse_overwrite(paths, overwrite, flag="--overwrite"):
+    """Raise OverwriteError naming the outputs in `paths` that exist, unless overwrite."""
+    if overwrite:
+        return
+    existing = [os.fspath(p) for p in paths if os.path.lexists(p)]
+    if existing:
+        shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more"
+                                            if len(existing) > 3 else "")
+        raise OverwriteError(f"{shown}: already exist{'s' if len(existing) == 1 else ''}; "
+                             f"not replacing {'it' if len(existing) == 1 else 'them'} "
+                             f"(pass {flag} to replace, or choose another output)")
+
+
+# Temporaries are named .<kind>-<pid>-<random>: a later run can tell whether the process
+# that made one is still writing it.
+TEMPORARY = re.compile(r"^\.(weights|chart|output)-(\d+)-")
+# A temporary without a live owner is stale; one whose owner id was reused is removed
+# once this old.
+STALE_SECONDS = 3600
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # it exists but belongs to someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory):
+    """Delete the temporaries that interrupted atomic writes left in directory; returns
+    their paths. Those of a process still running (another run writing there) stay."""
+    removed = []
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        match = TEMPORARY.match(name)
+        if not match:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            old = now - os.lstat(path).st_mtime > STALE_SECONDS
+            if (int(match.group(2)) != os.getpid() and not _process_alive(int(match.group(2)))) \
+                    or old:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_output(path, kind="output"):
+    """Yield a temporary path beside `path` to write to; on success it replaces `path` in
+    one rename, on failure it is removed and `path` is untouched. An OSError names `path`
+    (a full disk reads "PATH: No space left on device"), not the temporary."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    suffix = os.path.splitext(path)[1]   # OpenCV picks the image format from it
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{kind}-{os.getpid()}-", suffix=suffix,
+                                   dir=directory)
+        os.close(fd)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
+    try:
+        yield tmp
+        # mkstemp makes the file 0600; give it the mode a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as e:
+        _unlink(tmp)
+        if e.strerror is None:   # a message of our own, already naming the file
+            raise
+        raise OSError(e.errno, e.strerror, path) from None
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path):
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def write_text_atomically(path, text):
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)

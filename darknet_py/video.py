@@ -1,0 +1,199 @@
+"""Detection on a video file or a camera, as Darknet's `detector demo`, without a window.
+
+Frames come from OpenCV's VideoCapture (a file, or camera N), go through the network as
+`detect` runs it, and are written with their labelled boxes by OpenCV's VideoWriter at the
+source's frame rate. Each frame prints one line: frame number (of how many, for a file),
+the frames per second so far and what was found. Ctrl-C stops after the current frame and
+finishes the output file, so it is a valid video of the frames done; the output appears
+under its name only when it is complete (written to a temporary file, then renamed).
+"""
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import click
+
+from .files import OverwriteError, atomic_output, refuse_overwrite
+
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".webm", ".wmv")
+# VideoWriter codecs by container; mp4v plays everywhere OpenCV's wheels can write.
+FOURCC = {".avi": "MJPG", ".mkv": "MJPG"}
+DEFAULT_FOURCC = "mp4v"
+CAMERA_FPS = 25.0           # a camera that does not report its rate
+
+
+class VideoError(Exception):
+    """A video or camera that cannot be read, or an output that cannot be written."""
+
+
+@dataclass
+class VideoResult:
+    frames: int = 0             # frames read, detected and written
+    seconds: float = 0.0
+    interrupted: bool = False
+    out: str = None             # the finished output file, if any
+
+    @property
+    def fps(self):
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+
+def is_video(path):
+    return os.fspath(path).lower().endswith(VIDEO_SUFFIXES)
+
+
+def check_output(out, overwrite=False):
+    """Refuse an output that exists (unless overwrite) or that OpenCV cannot write."""
+    try:
+        refuse_overwrite([out], overwrite)
+    except OverwriteError as e:
+        raise VideoError(str(e)) from None
+    if not is_video(out):
+        raise VideoError(f"--out {out}: a video output needs a video extension "
+                         f"({', '.join(VIDEO_SUFFIXES[:3])}, ...)")
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence what FFmpeg prints straight to file descriptor 2 while a source is opened:
+    a bad file is reported in one line of ours instead."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:   # no real stderr (embedded): nothing to silence
+        yield
+        return
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def open_source(source):
+    """A cv2.VideoCapture for a video path or a camera index, checked to deliver frames."""
+    import cv2
+    if isinstance(source, int):
+        what = f"camera {source}"
+    else:
+        what = os.fspath(source)
+        if not os.path.isfile(what):
+            raise VideoError(f"{what}: video file not found")
+    with _quiet_stderr():
+        capture = cv2.VideoCapture(source)
+    if not capture.isOpened():
+        raise VideoError(f"{what}: cannot open it as a video (not a video, or a format "
+                         f"OpenCV cannot decode)" if not isinstance(source, int) else
+                         f"{what}: cannot open the camera (no such device, or it is busy)")
+    return capture, what
+
+
+def run_video(net, source, out=None, thresh=0.5, hier=0.5, nms=0.45, names=None, classes=None,
+              overwrite=False, max_frames=None, log=print, on_frame=None):
+    """Detect on every frame of `source` (a video path, or an int: a camera index) and write
+    the frames with labelled boxes to `out` (None: print only). Stops at the end of the
+    file, after max_frames, or on Ctrl-C (KeyboardInterrupt, here or from on_frame(index,
+    detections)): the output is finished either way. Returns a VideoResult."""
+    import cv2
+
+    if out is not None:
+        check_output(out, overwrite)
+    capture, what = open_source(source)
+    result = VideoResult()
+    loop = dict(thresh=thresh, hier=hier, nms=nms, names=names, classes=classes,
+                max_frames=max_frames, log=log, on_frame=on_frame)
+    try:
+        ok, frame = capture.read()
+        if not ok:
+            raise VideoError(f"{what}: no frame could be read")
+        total = 0 if isinstance(source, int) else int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        if out is None:
+            _detect_frames(net, capture, frame, None, total, result, **loop)
+        else:
+            suffix = os.path.splitext(out)[1].lower()
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+            with atomic_output(out) as tmp:
+                writer = cv2.VideoWriter(
+                    tmp, cv2.VideoWriter_fourcc(*FOURCC.get(suffix, DEFAULT_FOURCC)),
+                    capture.get(cv2.CAP_PROP_FPS) or CAMERA_FPS, frame.shape[1::-1])
+                if not writer.isOpened():
+                    raise VideoError(f"{out}: OpenCV cannot write this video format (use "
+                                     f".mp4 or .avi)")
+                try:
+                    _detect_frames(net, capture, frame, writer, total, result, **loop)
+                finally:
+                    writer.release()   # writes the container's index: a playable file
+            result.out = out
+    finally:
+        capture.release()
+    log(f"{result.frames} frames in {result.seconds:.1f} s ({result.fps:.1f} FPS)"
+        f"{'; interrupted' if result.interrupted else ''}"
+        f"{f'; wrote {out}' if result.out else ''}")
+    return result
+
+
+def _detect_frames(net, capture, frame, writer, total, result, thresh, hier, nms, names,
+                   classes, max_frames, log, on_frame):
+    """The loop: detect, draw, write and report each frame until the source ends, the frame
+    limit, or Ctrl-C (which is recorded in result, not raised)."""
+    from .detection import _label, draw_detections
+
+    started = time.perf_counter()
+    try:
+        while frame is not None:
+            dets = net.detect(frame, thresh=thresh, hier=hier, nms=nms)
+            if writer is not None:
+                writer.write(draw_detections(frame, dets, names, classes=classes))
+            result.frames += 1
+            result.seconds = time.perf_counter() - started
+            of = f"/{total} ({100 * result.frames / total:.0f}%)" if total > 0 else ""
+            found = ", ".join(_label(d, names) for d in dets)
+            log(f"frame {result.frames}{of}: {result.fps:.1f} FPS, {len(dets)} objects"
+                f"{': ' + found if found else ''}")
+            if on_frame is not None:
+                on_frame(result.frames, dets)
+            if max_frames is not None and result.frames >= max_frames:
+                break
+            ok, frame = capture.read()
+            frame = frame if ok else None
+    except KeyboardInterrupt:
+        result.interrupted = True
+        result.seconds = time.perf_counter() - started
+
+
+DEFAULT_OUT = "predictions.mp4"
+
+
+def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings, names, device,
+                         overwrite=False):
+    """`darknet-py detect` on one video file or a camera (dispatched from cli.py)."""
+    from .cli import UserError, check_names
+    from .detection import detector_layers
+    from .network import load_network
+
+    if camera is not None and inputs:
+        raise UserError("give a video file or --camera N, not both")
+    if camera is None and len(inputs) != 1:
+        raise UserError("give one video file at a time (without images)")
+    if json_file is not None:
+        raise UserError("--json is for images; a video's detections are printed per frame")
+    out = out if out is not None else DEFAULT_OUT
+    source = camera if camera is not None else inputs[0]
+    try:
+        check_output(out, overwrite)   # before the network loads: fail fast
+        if camera is None:
+            open_source(source)[0].release()
+        net = load_network(cfg, weights, batch=1, device=device)
+        heads = detector_layers(net)
+        if not heads:
+            raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
+        check_names(names, heads[-1].classes)
+        net.names = names
+        run_video(net, source, out, names=names, classes=heads[-1].classes,
+                  overwrite=overwrite, log=click.echo, **settings)
+    except VideoError as e:
+        raise UserError(str(e)) from None
