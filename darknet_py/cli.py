@@ -442,16 +442,17 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
         if ext_output:
             for line in ext_output_lines(dets, width, height, names, thresh):
                 click.echo(line)
-        for det in [] if ext_output else dets:
-            left, top, right, bottom = pixel_box(det.box, width, height)
-            # Like Darknet's draw_detections: a line for every class above thresh.
-            for class_id, prob in detection_classes(det):
-                if darknet_order:
-                    click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%")
-                else:
-                    click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
-                               f"left={left} top={top} width={right - left} "
-                               f"height={bottom - top}")
+        else:
+            for det in dets:
+                left, top, right, bottom = pixel_box(det.box, width, height)
+                # Like Darknet's draw_detections: a line for every class above thresh.
+                for class_id, prob in detection_classes(det):
+                    if darknet_order:
+                        click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%")
+                    else:
+                        click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
+                                   f"left={left} top={top} width={right - left} "
+                                   f"height={bottom - top}")
         if output is not None:
             write_image(output, draw_detections(bgr, dets, names, classes=classes))
         results.append({"image": path, "output": output, "width": width, "height": height,

@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from .boxes import Detection, do_nms_sort
+from .layers.heads import is_fork_flavour
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 
 DETECTOR_TYPES = ("yolo", "region", "detection")
@@ -66,7 +67,8 @@ def _class_name(names, class_id):
 
 def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     """Detect objects in one image as Darknet's `detector test` does: letterbox to the
-    network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does),
+    network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does,
+    and so is a net of the AlexeyAB fork's flavour without [net] letter_box=1),
     run with batch 1, decode, NMS per class (of the kind the last [yolo] layer's nms_kind
     gives). Returns the detections whose best class is above thresh, sorted by that
     probability, highest first (with darknet_order, in the order Darknet prints them: NMS's
@@ -81,7 +83,13 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     channels, neth, netw = net.input_shape
     img = as_image(image, channels)
     img_h, img_w = img.shape[1], img.shape[2]
-    letter = layers[-1].type != "detection"
+    # The fork letterboxes only with [net] letter_box=1; YOLOv1 never does.
+    if layers[-1].type == "detection":
+        letter = False
+    elif is_fork_flavour(net):
+        letter = bool(getattr(net.options, "letter_box", 0))
+    else:
+        letter = True
     sized = letterbox(img, netw, neth) if letter else resize_image(img, netw, neth)
     net.set_batch(1)
     net.predict(sized[None])

@@ -48,6 +48,15 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
+    # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
+    # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
+    letter_box: int = 0
+    mosaic: int = 0
+    mosaic_bound: int = 0
+    mixup: int = 0
+    cutmix: int = 0
+    blur: int = 0
+    gaussian_noise: int = 0
 
 
 def parse_net_options(s):
@@ -84,6 +93,9 @@ def parse_net_options(s):
     o.saturation = s.get_float("saturation", 1.0)
     o.exposure = s.get_float("exposure", 1.0)
     o.hue = s.get_float("hue", 0.0)
+    for key in ("letter_box", "mosaic", "mosaic_bound", "mixup", "cutmix", "blur",
+                "gaussian_noise"):
+        setattr(o, key, s.get_int(key, 0))
     for key in ("width", "height", "channels", "inputs"):
         if s.has(key) and getattr(o, key) < 1:
             raise s.error(f"must be at least 1, got {getattr(o, key)}", key)

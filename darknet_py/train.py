@@ -42,13 +42,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data.augment import ClassifierAugment, DetectorAugment
+from .data.augment import ClassifierAugment
+from .data.augment_fork import detector_augment
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader, default_workers
 from .detection import detector_layers, output_layer
 from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
                     write_text_atomically)
+from .layers.heads import is_fork_flavour
 from .network import NetworkError, load_network
 from .validate import evaluate_classifier, evaluate_detector, network_task
 from .weights import TransferReport, WeightsError, load_weights, read_header
@@ -518,8 +520,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             log(f"darknet-py: warning: {data} has classes={config.classes} but the "
                 f"network's [{head.type}] layer has classes={classes}; labels must use "
                 f"0..{classes - 1}")
-        augment = DetectorAugment(jitter=head.jitter, hue=o.hue, saturation=o.saturation,
-                                  exposure=o.exposure, flip=bool(o.flip))
+        augment = detector_augment(o, head, fork=is_fork_flavour(net),
+                                   warn=lambda m: log(f"darknet-py: warning: {m}"))
         loader_args = dict(task="detector", classes=classes,
                            max_boxes=getattr(head, "max_boxes", 90))
         multiscale = bool(getattr(head, "random", 0))

@@ -249,3 +249,13 @@ def test_detect_ext_output_prints_the_api_detections(tiny_set, tmp_path):
     _, h, w = load_image(image).shape
     want = ext_output_lines(dets, w, h, None, .01)
     assert want and r.output.splitlines()[1:] == want
+
+
+def test_map_refuses_a_classifier(tiny_set, tmp_path):
+    from darknet_py.network import load_network
+    _, data, _ = tiny_set
+    cfg = Path(__file__).resolve().parents[1] / "cfg" / "digits-classifier.cfg"
+    weights = str(tmp_path / "c.weights")
+    load_network(cfg, None, device="cpu").save_weights(weights)
+    r = invoke(["map", str(cfg), data, weights, "--device", "cpu"])
+    assert r.exit_code == 2 and "map scores detectors" in r.output, r.output

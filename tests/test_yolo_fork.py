@@ -650,3 +650,20 @@ def test_detector_takes_the_nms_kind_of_its_last_yolo_layer():
     plain = Network(parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\n" + head),
                     backend=NumpyBackend())
     assert nms_kind(plain) == ("default", .6)
+
+
+@pytest.mark.parametrize("letter_box", [0, 1])
+def test_fork_detector_resizes_its_input_plainly_unless_letter_box(letter_box):
+    from darknet_py.detection import detect
+    from darknet_py.image import letterbox, resize_image
+    text = ("[net]\nwidth=16\nheight=16\nchannels=3\n"
+            f"letter_box={letter_box}\n[convolutional]\nfilters=6\nsize=1\nactivation=linear\n"
+            "[yolo]\nmask=0\nanchors=4,5\nnum=1\nclasses=1\nscale_x_y=1.05\n")
+    net = Network(parse_cfg_text(text), backend=NumpyBackend())
+    assert net.darknet == "alexeyab"
+    image = np.random.default_rng(0).random((3, 10, 24), dtype=F32)
+    detect(net, image, thresh=.01)
+    got = net.layer_output(0).copy()
+    sized = letterbox(image, 16, 16) if letter_box else resize_image(image, 16, 16)
+    net.predict(sized[None])
+    np.testing.assert_array_equal(got, net.layer_output(0))

@@ -29,6 +29,7 @@ from ..image import ImageError
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
                       augment_detection_hwc, center_crop_hwc, from_hwc,
                       prepare_detector_eval_image, read_hwc, to_hwc)
+from .augment_fork import ForkAugment, fork_detection_sample
 from .config import DataError
 from .labels import MAX_BOXES, MissingLabelFile, classifier_truth, read_image_labels
 
@@ -385,6 +386,10 @@ class _SampleMaker:
                     kept = boxes[:self.max_boxes]
                     truth_out[:] = 0
                     truth_out[:kept.size] = kept.reshape(-1)
+                elif isinstance(self.augment, ForkAugment):
+                    out, truth_out[:] = fork_detection_sample(
+                        hwc, boxes, lambda: self._random_labelled_image(rng, reports),
+                        self.augment, w, h, rng, self.max_boxes)
                 else:
                     out, truth_out[:] = augment_detection_hwc(hwc, boxes, self.augment, w, h,
                                                               rng, self.max_boxes)
@@ -394,6 +399,28 @@ class _SampleMaker:
             self.bad_paths.add(path)
             reports.append(("bad", path, str(e)))
             return None
+
+
+    def _random_labelled_image(self, rng, reports):
+        """Another training image (hwc, boxes), drawn with rng: the other images of a
+        mosaic or a mixup. Unreadable ones are reported and others drawn; a missing label
+        file means no boxes, as for the sample's own image."""
+        for _ in range(_SAMPLE_ATTEMPTS):
+            path = self.paths[int(rng.integers(len(self.paths)))]
+            if path in self.bad_paths:
+                continue
+            try:
+                hwc = read_hwc(path, self.channels)
+                try:
+                    return hwc, read_image_labels(path, self.classes)
+                except MissingLabelFile as e:
+                    reports.append(("missing", path, str(e)))
+                    return hwc, np.zeros((0, TRUTH_FIELDS), dtype=np.float32)
+            except (ImageError, DataError) as e:
+                self.bad_paths.add(path)
+                reports.append(("bad", path, str(e)))
+        raise DataError(f"no usable image for a mosaic or mixup after {_SAMPLE_ATTEMPTS} "
+                        f"draws")
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,8 +15,7 @@ the fork's flavour or the section sets any option only the fork knows.
 import numpy as np
 
 from ..boxes import (IOU_KINDS, NMS_KINDS, box_giou, box_iou, box_iou_kind, box_iou_matrix,
-                     correct_yolo_boxes, dx_box_iou, fork_iou, make_detections, thresholded,
-                     box_ciou, box_diou)
+                     correct_yolo_boxes, dx_box_iou, fork_iou, make_detections, thresholded)
 from .base import Layer, refuse_options
 from .heads import check_classes, is_fork_flavour, parse_anchors, ratio, report, truth_boxes
 
@@ -205,19 +204,24 @@ class YoloLayer(Layer):
             delta[a, c0:c0 + classes, j, i] = onehot - out[a, c0:c0 + classes, j, i]
         return float(out[a, c0 + class_id, j, i])
 
+    def _loss_arrays(self, output, netw, neth):
+        """What both losses start from: the output as (batch, n, 5 + classes, h, w), a
+        zero delta shaped like it, and every anchor as a box at the origin (total, 4) for
+        matching truths by shape alone."""
+        out = np.asarray(output, dtype=F32).reshape(-1)[:self.batch * self.outputs].reshape(
+            self.batch, self.n, 5 + self.classes, self.h, self.w)
+        anchors = self.biases.reshape(-1, 2)
+        anchor_shapes = np.zeros((self.total, 4), dtype=F32)
+        anchor_shapes[:, 2] = anchors[:, 0] / F32(netw)
+        anchor_shapes[:, 3] = anchors[:, 1] / F32(neth)
+        return out, np.zeros_like(out), anchor_shapes
+
     def loss(self, output, truths, netw, neth):
         """Darknet's forward_yolo_layer training part on host arrays: output (batch * outputs)
         after activation, truths a list (per image) of (n, 5) boxes. Returns (delta, cost,
         stats) with delta shaped like output."""
         B, n, C, h, w = self.batch, self.n, self.classes, self.h, self.w
-        out = np.asarray(output, dtype=F32).reshape(-1)[:B * self.outputs].reshape(
-            B, n, 5 + C, h, w)
-        delta = np.zeros_like(out)
-        anchors_all = self.biases.reshape(-1, 2)
-        # Every anchor as a box at the origin, for matching truths by shape alone.
-        anchor_shapes = np.zeros((self.total, 4), dtype=F32)
-        anchor_shapes[:, 2] = anchors_all[:, 0] / F32(netw)
-        anchor_shapes[:, 3] = anchors_all[:, 1] / F32(neth)
+        out, delta, anchor_shapes = self._loss_arrays(output, netw, neth)
         mask = np.asarray(self.mask)
         avg_iou = recall = recall75 = avg_cat = avg_obj = avg_anyobj = 0.0
         count = 0
@@ -333,13 +337,7 @@ class YoloLayer(Layer):
         iou_normalizer * mean(1 - IoU) (GIoU for giou) + obj_normalizer * Σ delta² over
         every entry but the box's, else Σ delta²."""
         B, n, C, h, w = self.batch, self.n, self.classes, self.h, self.w
-        out = np.asarray(output, dtype=F32).reshape(-1)[:B * self.outputs].reshape(
-            B, n, 5 + C, h, w)
-        delta = np.zeros_like(out)
-        anchors_all = self.biases.reshape(-1, 2)
-        anchor_shapes = np.zeros((self.total, 4), dtype=F32)
-        anchor_shapes[:, 2] = anchors_all[:, 0] / F32(netw)
-        anchor_shapes[:, 3] = anchors_all[:, 1] / F32(neth)
+        out, delta, anchor_shapes = self._loss_arrays(output, netw, neth)
         obj_norm = F32(self.obj_normalizer)
         tot = dict(iou=0.0, iou_loss=0.0, giou_loss=0.0, cat=0.0, obj=0.0, anyobj=0.0,
                    recall=0, recall75=0, count=0)

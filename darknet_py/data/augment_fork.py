@@ -1,0 +1,325 @@
+"""The AlexeyAB fork's detector training augmentation: its data.c load_data_detection and
+image_opencv.cpp image_data_augmentation, switched on by [net] options.
+
+Each sample is cropped with jitter (and the fork's `resize` range), kept at the network's
+aspect ratio with letter_box=1, resized with OpenCV, mirrored, HSV-distorted, blurred
+(blur=1: the background only, boxes stay sharp; blur=N>1: everything, a Gaussian of N
+pixels, less when a box is small) and given positive Gaussian noise (gaussian_noise=N,
+N grey levels). With mosaic=1 four such images fill the four corners around a random
+centre (20-80% of each side), boxes moved and clipped; with mixup=1 two are blended
+half and half, both images' boxes kept. As in the fork, half the samples get no mosaic
+or mixup, and cutmix is a classifier augmentation (a detector ignores it).
+
+Images are float32 RGB (H, W, C) in [0, 1]; the fork works on 8-bit images, so its
+pixel quantities (noise, blur sizes) are in grey levels / pixels of those.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .augment import _cv2, _rand_scale, _rand_uniform
+from .config import DataError
+from .labels import MAX_BOXES, correct_boxes
+
+TRUTH_FIELDS = 5
+MOSAIC_MIN_OFFSET = 0.2     # the mosaic's centre stays 20% away from every border
+
+
+@dataclass
+class ForkAugment:
+    """The fork's detector augmentation settings: [net] options and the last
+    [yolo] layer's jitter and resize."""
+    jitter: float = 0.2
+    resize: float = 1.0
+    hue: float = 0.0
+    saturation: float = 1.0
+    exposure: float = 1.0
+    flip: bool = True
+    letter_box: bool = False
+    mosaic: bool = False
+    mixup: bool = False
+    mosaic_bound: bool = False
+    blur: int = 0
+    gaussian_noise: int = 0
+
+    @property
+    def pieces(self):
+        """Images one sample is made of when it is a mosaic (4) or a mixup (2)."""
+        return 4 if self.mosaic else 2 if self.mixup else 1
+
+
+def _precalc(lo, hi, r):
+    """The fork's rand_precalc_random, truncated to int as its callers store it."""
+    if hi < lo:
+        lo, hi = hi, lo
+    return int(r * (hi - lo) + lo)
+
+
+@dataclass
+class PieceDraws:
+    """The random numbers of one image of a sample, drawn in the fork's order."""
+    resize_r1: float
+    resize_r2: float
+    r: tuple
+    flip: bool
+    hue: float
+    sat: float
+    exp: float
+    blur: int
+    noise: int
+    corner: bool    # mosaic: push this image into its corner
+
+    @classmethod
+    def draw(cls, rng, aug):
+        resize_r1, resize_r2 = rng.random(), rng.random()
+        r = tuple(rng.random(4))
+        flip = bool(aug.flip and rng.integers(2))
+        dhue = _rand_uniform(rng, -aug.hue, aug.hue)
+        dsat = _rand_scale(rng, aug.saturation)
+        dexp = _rand_scale(rng, aug.exposure)
+        blur = 0
+        if aug.blur:
+            choice = int(rng.integers(0, 3))   # 0: none, 1: background, 2: whole image
+            blur = 0 if choice == 0 else 1 if choice == 1 else aug.blur
+        noise = aug.gaussian_noise if aug.gaussian_noise and rng.integers(2) else 0
+        corner = bool(rng.integers(2) == 0)
+        return cls(resize_r1, resize_r2, r, flip, dhue, dsat, dexp, blur, noise, corner)
+
+
+def crop_borders(ow, oh, w, h, aug, d, piece=None):
+    """(pleft, pright, ptop, pbot): how far each side of the crop moves inwards (negative:
+    outwards) for an ow x oh image, as the fork's load_data_detection works them out.
+    `piece` is the image's mosaic corner (0..3), or None outside a mosaic."""
+    dw, dh = int(ow * aug.jitter), int(oh * aug.jitter)
+    pleft, pright = _precalc(-dw, dw, d.r[0]), _precalc(-dw, dw, d.r[1])
+    ptop, pbot = _precalc(-dh, dh, d.r[2]), _precalc(-dh, dh, d.r[3])
+    down = 1 / aug.resize if aug.resize > 1 else aug.resize
+    up = 1 / aug.resize if aug.resize < 1 else aug.resize
+    min_rdw, min_rdh = int(ow * (1 - 1 / down) / 2), int(oh * (1 - 1 / down) / 2)
+    max_rdw, max_rdh = int(ow * (1 - 1 / up) / 2), int(oh * (1 - 1 / up) / 2)
+    if aug.resize < 1:
+        max_rdw = max_rdh = 0   # downsize only
+    pleft += _precalc(min_rdw, max_rdw, d.resize_r1)
+    pright += _precalc(min_rdw, max_rdw, d.resize_r2)
+    ptop += _precalc(min_rdh, max_rdh, d.resize_r1)
+    pbot += _precalc(min_rdh, max_rdh, d.resize_r2)
+    if aug.letter_box:
+        # Grow the crop to the network's aspect ratio: the image keeps its own.
+        net_ar = w / h
+        if (ow / oh) / net_ar > 1:
+            delta = (ow / net_ar - oh) / 2
+            ptop, pbot = int(ptop - delta), int(pbot - delta)
+        else:
+            delta = (oh * net_ar - ow) / 2
+            pleft, pright = int(pleft - delta), int(pright - delta)
+    if piece is not None and d.corner:
+        # Push the image towards the mosaic's outer corner so most of it stays visible.
+        to_left = (piece in (0, 2)) != d.flip   # the side the crop's slack moves to
+        if to_left:
+            pright, pleft = pright + pleft, 0
+        else:
+            pleft, pright = pleft + pright, 0
+        if piece in (0, 1):
+            pbot, ptop = pbot + ptop, 0
+        else:
+            ptop, pbot = ptop + pbot, 0
+    if ow - pleft - pright <= 0 or oh - ptop - pbot <= 0 or ow - pleft <= 0 or oh - ptop <= 0:
+        return 0, 0, 0, 0   # the fork resets an impossible crop to the whole image
+    return pleft, pright, ptop, pbot
+
+
+def fork_fill_truth(boxes, dx, dy, sx, sy, flip, w, h, rng, max_boxes=MAX_BOXES):
+    """The fork's fill_truth_detection on read boxes: shuffle, correct_boxes, keep the
+    first max_boxes; drop boxes under one network pixel and those whose centre left the
+    image; sizes capped at 1. Returns ((n, 5) boxes, the smallest side in network pixels
+    or 0 when there is none)."""
+    b = np.array(boxes, dtype=np.float32).reshape(-1, TRUTH_FIELDS)
+    if len(b) > 1:
+        b = b[rng.permutation(len(b))]
+    b = correct_boxes(b, dx, dy, sx, sy, flip)[:max_boxes]
+    x, y, bw, bh = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+    keep = (bw >= np.float32(1 / w)) & (bh >= np.float32(1 / h)) & (x > 0) & (x <= 1) & \
+        (y > 0) & (y <= 1)
+    b = b[keep]
+    b[:, 2:4] = np.minimum(b[:, 2:4], 1)
+    min_side = float(min((b[:, 2] * w).min(), (b[:, 3] * h).min())) if len(b) else 0.0
+    return b, min_side
+
+
+def image_data_augmentation(hwc, w, h, pleft, ptop, swidth, sheight, flip, dhue, dsat, dexp,
+                            noise, blur, truth, rng):
+    """The fork's image_data_augmentation: crop (outside the image: its mean colour),
+    resize to w x h (OpenCV, bilinear), mirror, HSV, blur, positive noise."""
+    cv2 = _cv2()
+    oh, ow = hwc.shape[:2]
+    if (pleft, ptop, swidth, sheight) == (0, 0, ow, oh):
+        cropped = hwc
+    else:
+        cropped = np.empty((sheight, swidth, hwc.shape[2]), dtype=np.float32)
+        cropped[:] = hwc.reshape(-1, hwc.shape[2]).mean(axis=0)
+        x0, y0 = max(0, pleft), max(0, ptop)
+        x1, y1 = min(ow, pleft + swidth), min(oh, ptop + sheight)
+        if x1 > x0 and y1 > y0:
+            cropped[y0 - ptop:y1 - ptop, x0 - pleft:x1 - pleft] = hwc[y0:y1, x0:x1]
+    sized = cv2.resize(cropped, (w, h), interpolation=cv2.INTER_LINEAR)
+    sized = sized[:, :, None] if sized.ndim == 2 else sized
+    if flip:
+        sized = sized[:, ::-1]
+    sized = np.ascontiguousarray(sized, dtype=np.float32)
+    if dsat != 1 or dexp != 1 or dhue != 0:
+        if sized.shape[2] >= 3:
+            hsv = cv2.cvtColor(sized, cv2.COLOR_RGB2HSV)   # hue in degrees
+            # 8-bit OpenCV hue has 180 steps: the fork adds 179*dhue of them.
+            hsv[:, :, 0] = np.mod(hsv[:, :, 0] + np.float32(2 * 179 * dhue), 360)
+            hsv[:, :, 1] *= np.float32(dsat)
+            hsv[:, :, 2] *= np.float32(dexp)
+            sized = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+        else:
+            sized = sized * np.float32(dexp)
+        sized = np.clip(sized, 0, 1).astype(np.float32)   # the fork's 8-bit image saturates
+    if blur:
+        size = 17 if blur == 1 else (blur // 2) * 2 + 1
+        blurred = cv2.GaussianBlur(sized, (size, size), 0)
+        blurred = blurred[:, :, None] if blurred.ndim == 2 else blurred
+        if blur == 1:   # only the background: the boxes keep their sharp pixels
+            for x, y, bw, bh in truth[:, :4]:
+                left, top = int((x - bw / 2) * w), int((y - bh / 2) * h)
+                right, bottom = left + int(bw * w), top + int(bh * h)
+                left, top = max(left, 0), max(top, 0)
+                right, bottom = min(right, w), min(bottom, h)
+                if right > left and bottom > top:
+                    blurred[top:bottom, left:right] = sized[top:bottom, left:right]
+        sized = blurred
+    if noise:
+        # cv::randn into an 8-bit image: negative draws become 0, then a saturating add.
+        sigma = min(max(noise, 0), 127)
+        levels = np.rint(np.maximum(rng.normal(0, sigma, sized.shape), 0))
+        sized = np.clip(sized + (levels / 255).astype(np.float32), 0, 1)
+    return np.ascontiguousarray(sized, dtype=np.float32)
+
+
+def augment_piece(hwc, boxes, aug, w, h, rng, max_boxes, piece=None):
+    """One image of a sample: returns (image (h, w, C), truth (n, 5), borders, flip)."""
+    oh, ow = hwc.shape[:2]
+    d = PieceDraws.draw(rng, aug)
+    pleft, pright, ptop, pbot = crop_borders(ow, oh, w, h, aug, d, piece)
+    swidth, sheight = ow - pleft - pright, oh - ptop - pbot
+    sx, sy = swidth / ow, sheight / oh
+    dx, dy = (pleft / ow) / sx, (ptop / oh) / sy
+    truth, min_side = fork_fill_truth(boxes, dx, dy, 1 / sx, 1 / sy, d.flip, w, h, rng,
+                                      max_boxes)
+    blur = d.blur
+    if blur > 1 and min_side / 8 < blur:
+        blur = int(min_side / 8)   # a small object would vanish under a wide blur
+    out = image_data_augmentation(hwc, w, h, pleft, ptop, swidth, sheight, d.flip, d.hue,
+                                  d.sat, d.exp, d.noise, blur, truth, rng)
+    return out, truth, (pleft, pright, ptop, pbot), d.flip
+
+
+def mosaic_truth(truth, piece, cut_x, cut_y, shifts, w, h, bound=False):
+    """The fork's blend_truth_mosaic for one corner's boxes: moved with its image, clipped
+    at the mosaic's border (with bound, at the corner's own border) and kept only when
+    still inside, wider and higher than a network pixel."""
+    left_shift, right_shift, top_shift, bot_shift = shifts
+    kept = []
+    for row in truth:
+        xb, yb, wb, hb = (float(v) for v in row[:4])
+        xb += (cut_x - left_shift) / w if piece in (1, 3) else -(w - cut_x - right_shift) / w
+        yb += (cut_y - top_shift) / h if piece in (2, 3) else -(h - cut_y - bot_shift) / h
+        left, right = int((xb - wb / 2) * w), int((xb + wb / 2) * w)
+        top, bot = int((yb - hb / 2) * h), int((yb + hb / 2) * h)
+        if bound:
+            lo_x, hi_x = (0, cut_x) if piece in (0, 2) else (cut_x, w)
+            lo_y, hi_y = (0, cut_y) if piece in (0, 1) else (cut_y, h)
+            left, right = max(left, lo_x), min(right, hi_x)
+            top, bot = max(top, lo_y), min(bot, hi_y)
+            xb, wb = (left + right) / 2 / w, (right - left) / w
+            yb, hb = (top + bot) / 2 / h, (bot - top) / h
+        if left < 0:
+            xb, wb = xb - left / w / 2, wb + left / w
+        if right > w:
+            xb, wb = xb - (right - w) / w / 2, wb - (right - w) / w
+        if top < 0:
+            yb, hb = yb - top / h / 2, hb + top / h
+        if bot > h:
+            yb, hb = yb - (bot - h) / h / 2, hb - (bot - h) / h
+        left, right = int((xb - wb / 2) * w), int((xb + wb / 2) * w)
+        top, bot = int((yb - hb / 2) * h), int((yb + hb / 2) * h)
+        if (left >= 0 and right <= w and top >= 0 and bot <= h and 1 / w < wb < 1
+                and 1 / h < hb < 1 and 0 < xb < 1 and 0 < yb < 1):
+            kept.append([xb, yb, wb, hb, row[4]])
+    return np.array(kept, dtype=np.float32).reshape(-1, TRUTH_FIELDS)
+
+
+def fork_detection_sample(hwc, boxes, draw_image, aug, w, h, rng, max_boxes=MAX_BOXES):
+    """One detector training (input (h, w, C), truth row (max_boxes * 5,)) as the fork's
+    load_data_detection makes it. `draw_image()` returns another random (image, boxes)
+    of the training list for a mosaic's or a mixup's other images."""
+    kind = "mosaic" if aug.mosaic else "mixup" if aug.mixup else None
+    if kind and rng.integers(2) == 0:
+        kind = None   # the fork leaves half of its loads plain
+    if kind is None:
+        out, truth, _, _ = augment_piece(hwc, boxes, aug, w, h, rng, max_boxes)
+    elif kind == "mixup":
+        first, truth, _, _ = augment_piece(hwc, boxes, aug, w, h, rng, max_boxes)
+        second, more, _, _ = augment_piece(*draw_image(), aug, w, h, rng, max_boxes)
+        out = np.float32(0.5) * second + np.float32(0.5) * first
+        truth = np.concatenate([truth, more])
+    else:
+        cut_x = int(rng.integers(int(w * MOSAIC_MIN_OFFSET), int(w * (1 - MOSAIC_MIN_OFFSET)) + 1))
+        cut_y = int(rng.integers(int(h * MOSAIC_MIN_OFFSET), int(h * (1 - MOSAIC_MIN_OFFSET)) + 1))
+        out = np.zeros((h, w, hwc.shape[2]), dtype=np.float32)
+        parts = []
+        for piece in range(4):
+            image, piece_boxes = (hwc, boxes) if piece == 0 else draw_image()
+            oh, ow = image.shape[:2]
+            ai, truth, (pleft, pright, ptop, pbot), flip = augment_piece(
+                image, piece_boxes, aug, w, h, rng, max_boxes, piece)
+            if flip:
+                pleft, pright = pright, pleft
+            # How much of the piece is padding on each side, in network pixels: the
+            # window moves past it so that image content fills the corner.
+            shifts = (min(cut_x, max(0, math.trunc(-pleft * w / ow))),
+                      min(w - cut_x, max(0, math.trunc(-pright * w / ow))),
+                      min(cut_y, max(0, math.trunc(-ptop * h / oh))),
+                      min(h - cut_y, max(0, math.trunc(-pbot * h / oh))))
+            left_shift, right_shift, top_shift, bot_shift = shifts
+            sx = w - cut_x - right_shift if piece in (0, 2) else left_shift
+            sy = h - cut_y - bot_shift if piece in (0, 1) else top_shift
+            dx, dwid = (0, cut_x) if piece in (0, 2) else (cut_x, w - cut_x)
+            dy, dhei = (0, cut_y) if piece in (0, 1) else (cut_y, h - cut_y)
+            out[dy:dy + dhei, dx:dx + dwid] = ai[sy:sy + dhei, sx:sx + dwid]
+            parts.append(mosaic_truth(truth, piece, cut_x, cut_y, shifts, w, h,
+                                      aug.mosaic_bound))
+        truth = np.concatenate(parts)
+    row = np.zeros((max_boxes, TRUTH_FIELDS), dtype=np.float32)
+    truth = truth[:max_boxes]
+    row[:len(truth)] = truth
+    return out, row.reshape(-1)
+
+
+def detector_augment(options, head, fork=False, warn=None):
+    """The augmentation a detector trains with: the fork's (ForkAugment) for a network of
+    the fork's flavour or one that sets any of its [net] augmentation options, else the
+    original's DetectorAugment. `options` is the NetOptions, `head` the last [yolo]/
+    [region] layer; `warn(message)` is told that cutmix does nothing for a detector.
+    mosaic with letter_box is a DataError."""
+    from .augment import DetectorAugment
+    o = options
+    switches = ("letter_box", "mosaic", "mixup", "cutmix", "blur", "gaussian_noise")
+    if not fork and not any(getattr(o, k, 0) for k in switches):
+        return DetectorAugment(jitter=head.jitter, hue=o.hue, saturation=o.saturation,
+                               exposure=o.exposure, flip=bool(o.flip))
+    if o.mosaic and o.letter_box:
+        # The fork's stock cfgs set both; its training stops on them, as here.
+        raise DataError("[net] mosaic=1 with letter_box=1 cannot train (as in the AlexeyAB "
+                        "fork): set one of them to 0")
+    if o.cutmix and warn is not None:
+        warn("cutmix=1 is a classifier augmentation: a detector trains without it (as in "
+             "the AlexeyAB fork)" + ("; mosaic=1 is used" if o.mosaic else ""))
+    return ForkAugment(jitter=head.jitter, resize=getattr(head, "resize", 1.0), hue=o.hue,
+                       saturation=o.saturation, exposure=o.exposure, flip=bool(o.flip),
+                       letter_box=bool(o.letter_box), mosaic=bool(o.mosaic),
+                       mixup=bool(o.mixup) and not o.mosaic, mosaic_bound=bool(o.mosaic_bound),
+                       blur=o.blur, gaussian_noise=o.gaussian_noise)
