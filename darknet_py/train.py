@@ -47,6 +47,7 @@ from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader
 from .detection import detector_layers, output_layer
+from .distributed import Ranks
 from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
                     write_text_atomically)
 from .network import NetworkError, load_network
@@ -382,7 +383,7 @@ def _param_layers_loaded(net, layers_loaded):
 
 def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
           map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
-          verbose=True, workers=4, on_iteration=None, darknet=None):
+          verbose=True, workers=4, on_iteration=None, darknet=None, comm=None):
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
@@ -399,6 +400,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     log: prints a line; log_every: print every n-th iteration's line (and the last).
     verbose: let [yolo]/[region] layers print their per-pass statistics, as Darknet does.
     on_iteration(result): called after each iteration (a hook for tests and callers).
+    comm: a distributed.Communicator when this process is one rank of a data-parallel run
+      (distributed.py): the rank trains on its shard of the list with its own seed
+      stream, the ranks' gradients are summed before every update, and only rank 0
+      writes files.
 
     Raises TrainError (or DataError/CfgError/WeightsError) before training for problems a
     user fixes, including a run already at max_batches (pass clear=True to restart the
@@ -409,10 +414,14 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     paths = config.train_paths()
     if not paths:
         raise TrainError(f"{config.train}: the training list is empty")
+    if comm is not None and len(paths) < comm.world_size:
+        raise TrainError(f"{config.train}: {len(paths)} training images for "
+                         f"{comm.world_size} ranks; each rank needs at least one")
     valid_paths = config.valid_paths() if map_eval else []
     if map_eval and not valid_paths:
         raise TrainError(f"{config.valid}: the valid list is empty (needed by --map)")
 
+    ranks = Ranks(comm)
     net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
     net.names = config.names
     task = network_task(net)
@@ -432,12 +441,13 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             net.seen = 0   # a backbone's image count says nothing about this network
     if clear:
         net.seen = 0
+    ranks.attach(net)
     if max_batches is not None:
         o.max_batches = int(max_batches)
     if o.max_batches <= 0:
         raise TrainError(f"{cfg}: max_batches is not set in [net]; set it there or give "
                          f"--max-batches N")
-    imgs = net.batch * net.subdivisions
+    imgs = net.batch * net.subdivisions * net.replicas
     if net.seen % imgs:
         # Saved by a run with another batch size: start at the beginning of the iteration
         # `seen` falls in, so every update again comes after a whole batch.
@@ -452,9 +462,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             f"(or give --max-batches N)")
 
     backup_dir = config.backup
-    _writable_dir(backup_dir)
-    for stale in remove_stale_temporaries(backup_dir):
-        log(f"darknet-py: note: removed {stale}, left by an interrupted save")
+    if ranks.writer:
+        _writable_dir(backup_dir)
+        for stale in remove_stale_temporaries(backup_dir):
+            log(f"darknet-py: note: removed {stale}, left by an interrupted save")
     backup_path = os.path.join(backup_dir, f"{base}.backup")
     final_path = os.path.join(backup_dir, f"{base}_final.weights")
     chart_path = os.path.join(backup_dir, f"chart_{base}.png")
@@ -521,8 +532,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         multiscale = bool(getattr(head, "random", 0))
     cfg_size = (o.width, o.height)
     stride = network_stride(net)
-    loader = DataLoader(paths, width=o.width, height=o.height, batch=imgs,
-                        channels=o.channels, augment=augment, seed=seed, workers=workers,
+    loader = DataLoader(ranks.shard(paths), width=o.width, height=o.height,
+                        batch=net.batch * net.subdivisions, channels=o.channels,
+                        augment=augment, seed=ranks.seed(seed), workers=workers,
                         start=net.current_batch, **loader_args)
     if map_eval and map_every is None:
         map_every = default_map_interval(len(paths), imgs)
@@ -546,16 +558,20 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             f"{weights}; max_batches {o.max_batches}")
     log(f"Training a {task} on {len(paths)} images, {imgs} per iteration"
         f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
-        f"{'the CPU' if net.be.name == 'cpu' else net.be.name}; saving to {backup_dir}")
+        f"{'the CPU' if net.be.name == 'cpu' else net.be.name}"
+        f"{f' x {net.replicas} ranks' if net.replicas > 1 else ''}; saving to {backup_dir}")
 
     def save(path):
-        net.save_weights(path)
+        if ranks.writer:
+            net.save_weights(path)
 
     def finite_weights():
         return all(np.isfinite(net.be.to_host(array)).all()
                    for layer in net.layers for _, array in layer.params())
 
     def chart():
+        if not ranks.writer:
+            return
         losses, scores = earlier_losses + result.losses, earlier_scores + result.scores
         save_history(history, losses, scores)
         draw_chart(chart_path, [h[1] for h in losses], [h[2] for h in losses],
@@ -613,7 +629,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             for s in range(net.subdivisions):
                 cost = net.train_batch(x[s * sub:(s + 1) * sub], truth[s * sub:(s + 1) * sub])
                 total += cost if cost is not None else 0.0
-            loss = total / (net.subdivisions * sub)
+            loss = ranks.sum(net, total) / (net.subdivisions * sub * net.replicas)
             if not math.isfinite(loss):
                 raise Diverged(loss)
             completed_seen = net.seen
@@ -649,7 +665,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                 epoch = net.seen // len(paths)
                 save(os.path.join(backup_dir, f"{base}_{epoch}.weights"))
             if map_eval and (i % map_every == 0 or i == o.max_batches):
-                evaluate(i)
+                if ranks.writer:
+                    evaluate(i)
+                ranks.wait_for_writer()
             if i % BACKUP_EVERY == 0 or (map_eval and i % map_every == 0):
                 chart()
             if on_iteration is not None:

@@ -1,0 +1,191 @@
+"""Data-parallel training on the CPU (distributed.py): the TCP communicator, the update
+hook, the launcher's fault handling, resume, and two "nodes" meeting over 127.0.0.1."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from darknet_py.cfg import parse_cfg_text
+from darknet_py.distributed import (CommError, DataParallel, TcpCommunicator, free_port,
+                                    parse_gpus, parse_master, rank_seed, shard)
+from darknet_py.network import Network
+from darknet_py.optimizer import current_rate
+from darknet_py.weights import read_header
+
+from test_train import CLASSIFIER_CFG, bars, data_file  # noqa: F401 (bars is a fixture)
+
+
+def run_ranks(world_size, body, timeout=60.0):
+    """Run body(comm) for each rank in its own thread over 127.0.0.1; their results."""
+    master = ("127.0.0.1", free_port())
+    results, errors = [None] * world_size, []
+
+    def rank_main(rank):
+        try:
+            comm = TcpCommunicator(rank, world_size, master, timeout=timeout)
+            try:
+                results[rank] = body(comm)
+            finally:
+                comm.close()
+        except BaseException as e:   # reported by the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 10)
+    if errors:
+        raise errors[0]
+    return results
+
+
+# ---- the communicator ------------------------------------------------------------------------
+def test_all_reduce_broadcast_and_barrier_over_tcp():
+    from darknet_py.backends.numpy_backend import NumpyBackend
+    be = NumpyBackend()
+
+    def body(comm):
+        a = be.from_host(np.arange(5, dtype=np.float32) * (comm.rank + 1))
+        b = be.from_host([comm.rank + 0.5])
+        comm.all_reduce_sum(be, [a, b])
+        c = be.from_host(np.full(3, 10.0 * comm.rank + 1))
+        comm.broadcast(be, [c])
+        comm.barrier(timeout=5)
+        return a.copy(), b.copy(), c.copy(), comm.sum_value(be, comm.rank)
+
+    results = run_ranks(3, body)
+    for a, b, c, total in results:
+        np.testing.assert_array_equal(a, np.arange(5) * 6)
+        np.testing.assert_array_equal(b, [0.5 + 1.5 + 2.5])
+        np.testing.assert_array_equal(c, [1, 1, 1])   # rank 0's values everywhere
+        assert total == 3
+
+
+def test_a_rank_that_ends_is_named_at_once():
+    from darknet_py.backends.numpy_backend import NumpyBackend
+    be = NumpyBackend()
+
+    def body(comm):
+        if comm.rank == 2:
+            comm.close()   # as a process killed mid-run: its sockets close
+            return None
+        started = time.monotonic()
+        with pytest.raises(CommError) as e:
+            comm.all_reduce_sum(be, [be.zeros(4)])
+        return str(e.value), time.monotonic() - started
+
+    results = run_ranks(3, body, timeout=30)
+    assert "rank 2 ended" in results[0][0]
+    assert results[0][1] < 5   # not the 30 s timeout
+    assert "rank 0 ended" in results[1][0]   # rank 0 gave up and closed its side
+
+
+def test_a_silent_rank_times_out_with_its_number():
+    from darknet_py.backends.numpy_backend import NumpyBackend
+    be = NumpyBackend()
+    release = threading.Event()
+
+    def body(comm):
+        if comm.rank == 1:
+            release.wait(10)   # alive but never joins the sum
+            return None
+        try:
+            with pytest.raises(CommError, match=r"rank 1 did not answer rank 0 within 1 s"):
+                comm.all_reduce_sum(be, [be.zeros(4)])
+        finally:
+            release.set()
+
+    run_ranks(2, body, timeout=1)
+
+
+def test_options_are_checked():
+    assert parse_master("10.0.0.1:29500") == ("10.0.0.1", 29500)
+    for bad in ("10.0.0.1", ":80", "host:0", "host:http"):
+        with pytest.raises(ValueError, match="expected HOST:PORT"):
+            parse_master(bad)
+    assert parse_gpus("0,1", 2) == ["cuda:0", "cuda:1"]
+    assert parse_gpus("all", 3) == ["cuda:0", "cuda:1", "cuda:2"]
+    with pytest.raises(ValueError, match=r"GPU 7 \(local rank 1\) does not exist; this "
+                                         r"machine has 2 GPUs \(0-1\)"):
+        parse_gpus("0,7", 2)
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        parse_gpus("all", 0)
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_gpus("1,1", 2)
+    assert shard(list(range(7)), 1, 3) == [1, 4]
+    assert rank_seed(5, 0, 1) == 5   # one rank: the plain seed
+    assert len({rank_seed(5, r, 2) for r in range(2)}) == 2
+
+
+# ---- the update hook: 2 ranks == 1 rank with twice the batch -------------------------------
+NO_BN_CFG = CLASSIFIER_CFG.replace("batch_normalize=1\n", "")
+
+
+def test_two_ranks_train_like_one_with_twice_the_batch():
+    rng = np.random.default_rng(3)
+    steps = 3
+    x = rng.random((steps, 8, 1, 12, 12)).astype(np.float32)
+    truth = np.eye(2, dtype=np.float32)[rng.integers(0, 2, (steps, 8))]
+    # One process: batch 8 in 4 passes of 2.
+    whole = Network(parse_cfg_text(NO_BN_CFG.format(batch=8, subdivisions=4, momentum=0.9,
+                                                    max_batches=10)), "one.cfg", seed=7)
+    for step in range(steps):
+        for p in range(4):
+            whole.train_batch(x[step, 2 * p:2 * p + 2], truth[step, 2 * p:2 * p + 2])
+
+    def body(comm):
+        # Each rank: batch 4 in 2 passes of 2; rank r gets images 4r..4r+3. The ranks start
+        # from different random weights: attach() gives them rank 0's.
+        net = Network(parse_cfg_text(NO_BN_CFG.format(batch=4, subdivisions=2, momentum=0.9,
+                                                      max_batches=10)), "r.cfg",
+                      seed=7 if comm.rank == 0 else 99)
+        DataParallel(comm).attach(net)
+        rates = []
+        for step in range(steps):
+            for p in range(2):
+                k = 4 * comm.rank + 2 * p
+                net.train_batch(x[step, k:k + 2], truth[step, k:k + 2])
+            rates.append(net.last_rate)
+        return net, rates
+
+    (r0, rates0), (r1, rates1) = run_ranks(2, body)
+    assert r0.seen == r1.seen == whole.seen == 24
+    assert r0.current_batch == whole.current_batch == steps
+    # Darknet's rate for an update counts the iteration it ends (seen already added).
+    assert rates0 == rates1 == [current_rate(0.05, whole.options.policy, i + 1, 10)
+                                for i in range(steps)]
+    for a, b, c in zip(r0.layers, r1.layers, whole.layers):
+        for (name, pa), (_, pb), (_, pc) in zip(a.params(), b.params(), c.params()):
+            np.testing.assert_array_equal(pa, pb, err_msg=name)   # replicas: bitwise equal
+            # The sums run in another order than one process's: float32 rounding only.
+            np.testing.assert_allclose(pa, pc, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert not np.allclose(r0.layers[0].weights, Network(
+        parse_cfg_text(NO_BN_CFG.format(batch=8, subdivisions=4, momentum=0.9,
+                                        max_batches=10)), "fresh.cfg", seed=7).layers[0].weights)
+
+
+def test_batch_norm_replicas_stay_identical():
+    rng = np.random.default_rng(4)
+    x = rng.random((2, 4, 1, 12, 12)).astype(np.float32)
+    truth = np.eye(2, dtype=np.float32)[rng.integers(0, 2, (2, 4))]
+
+    def body(comm):
+        net = Network(parse_cfg_text(CLASSIFIER_CFG.format(batch=2, subdivisions=1,
+                                                           momentum=0.9, max_batches=10)),
+                      "bn.cfg", seed=1)
+        DataParallel(comm).attach(net)
+        for step in range(2):
+            net.train_batch(x[step, 2 * comm.rank:2 * comm.rank + 2],
+                            truth[step, 2 * comm.rank:2 * comm.rank + 2])
+        return net
+
+    r0, r1 = run_ranks(2, body)
+    for (name, pa), (_, pb) in zip(r0.layers[0].params(), r1.layers[0].params()):
+        np.testing.assert_array_equal(pa, pb, err_msg=name)
+    assert np.abs(r0.layers[0].rolling_mean).max() > 0   # the statistics did move
