@@ -454,20 +454,22 @@ def _worker(spec, errors):
             kwargs["log"] = lambda line: print(line, flush=True)
         train(device=spec.device, comm=comm, **kwargs)
     except CommError as e:
-        errors.send(("peer", str(e)))
-        code = EXIT_PEER_LOST
+        code, report = EXIT_PEER_LOST, ("peer", str(e))
     except (DataError, TrainError, ValidationError) + USER_ERRORS as e:
-        errors.send(("error", describe_error(e)))
-        code = 2
+        code, report = 2, ("error", describe_error(e))
     except KeyboardInterrupt:
-        code = 130
+        code, report = 130, None
     except BaseException as e:   # a bug: keep its traceback on stderr
         import traceback
         traceback.print_exc()
-        errors.send(("error", f"{type(e).__name__}: {e}"))
-        code = 1
+        code, report = 1, ("error", f"{type(e).__name__}: {e}")
     else:
-        code = 0
+        code, report = 0, None
+    if report is not None:
+        try:
+            errors.send(report)
+        except OSError:   # the launcher is gone: nobody to tell
+            pass
     if comm is not None and code:
         comm.abort()
     sys.stdout.flush()
@@ -544,6 +546,15 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
         raise LaunchError(failed)
 
 
+def _report(pipe, otherwise):
+    """What a finished worker said about its failure; (otherwise, "") if nothing (a
+    process killed by a signal closes its end without a word)."""
+    try:
+        return pipe.recv() if pipe.poll() else (otherwise, "")
+    except (EOFError, OSError):
+        return otherwise, ""
+
+
 def _wait(workers, grace):
     """Wait for every worker; after the first failure stop the others (SIGTERM, then
     SIGKILL after `grace` seconds) and return the line naming the rank to blame: one that
@@ -557,7 +568,7 @@ def _wait(workers, grace):
             rank, process, pipe = running.pop(sentinel)
             process.join()
             if process.exitcode != 0:
-                kind, message = pipe.recv() if pipe.poll() else ("died", "")
+                kind, message = _report(pipe, "died")
                 failures.append((rank, process.exitcode, kind, message))
         if failures and running:
             # Let the ranks that fail with it report in, then stop the rest with SIGKILL:
@@ -570,7 +581,7 @@ def _wait(workers, grace):
                     process.kill()
                     process.join()
                 if process.exitcode != 0:
-                    kind, message = pipe.recv() if pipe.poll() else ("stopped", "")
+                    kind, message = _report(pipe, "stopped")
                     failures.append((rank, process.exitcode, kind, message))
             running.clear()
     if not failures:

@@ -189,3 +189,127 @@ def test_batch_norm_replicas_stay_identical():
     for (name, pa), (_, pb) in zip(r0.layers[0].params(), r1.layers[0].params()):
         np.testing.assert_array_equal(pa, pb, err_msg=name)
     assert np.abs(r0.layers[0].rolling_mean).max() > 0   # the statistics did move
+
+
+# ---- whole runs: the command starts the ranks ---------------------------------------------
+# No batch norm (its batch statistics are per rank) and a rate that steps at iteration 3, so
+# a resume shows whether it continues at the right rate.
+RUN_CFG = NO_BN_CFG.replace("policy=poly\npower=2\n", "policy=steps\nsteps=3\nscales=.5\n")
+
+
+def write_run_cfg(tmp_path, max_batches=4):
+    path = tmp_path / "tiny.cfg"
+    path.write_text(RUN_CFG.format(batch=4, subdivisions=2, momentum=0.0,
+                                   max_batches=max_batches))
+    return str(path)
+
+
+def darknet_py(*args, **popen):
+    return subprocess.Popen([sys.executable, "-m", "darknet_py", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def finish(process, timeout=120):
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def weights_of(path):
+    with open(path, "rb") as f:
+        _, seen, _, offset = read_header(f, path)
+    return seen, np.fromfile(path, dtype="<f4", offset=offset)
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(bars, tmp_path_factory):
+    """A 2-rank run of 4 iterations, the reference for the other runs."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    cfg, data = write_run_cfg(tmp), data_file(bars, tmp / "backup")
+    code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2, "--seed", 3))
+    assert code == 0, err
+    return tmp, out
+
+
+def test_two_ranks_write_once_and_count_every_image(two_rank_run):
+    tmp, out = two_rank_run
+    seen, _ = weights_of(tmp / "backup" / "tiny_final.weights")
+    assert seen == 4 * 4 * 2   # iterations x batch x ranks
+    assert "on the CPU x 2 ranks" in out
+    iteration_lines = [l for l in out.splitlines() if l[:2] in ("1,", "2,", "3,", "4,")]
+    assert len(iteration_lines) == 4   # one log (rank 0's), not one per rank
+    assert iteration_lines[-1].split("|")[0].rstrip().endswith("32 images")
+    assert sorted(os.listdir(tmp / "backup")) == ["chart_tiny.png", "tiny.history.json",
+                                                   "tiny_final.weights"]
+
+
+def test_resume_on_two_ranks_continues_seen_and_rate(two_rank_run, bars, tmp_path):
+    reference, _ = two_rank_run
+    cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "backup")
+    code, _, err = finish(darknet_py("train", cfg, data, "--ranks", 2, "--seed", 3,
+                                     "--max-batches", 2))
+    assert code == 0, err
+    first = tmp_path / "backup" / "tiny_final.weights"
+    assert weights_of(first)[0] == 2 * 8
+    code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2, "--seed", 3,
+                                       "--weights", first, "--overwrite"))
+    assert code == 0, err
+    assert "Resuming at iteration 2 (16 images seen)" in out
+    rates = {int(l.split(",")[0]): float(l.split(" avg, ")[1].split(" rate")[0])
+             for l in out.splitlines() if l[:2] in ("3,", "4,")}
+    assert rates == {3: 0.025, 4: 0.025}   # steps=3 halves 0.05 from iteration 3 on
+    seen, resumed = weights_of(tmp_path / "backup" / "tiny_final.weights")
+    whole_seen, whole = weights_of(reference / "backup" / "tiny_final.weights")
+    assert seen == whole_seen == 32
+    # Momentum 0 and the loader's batches depend only on (seed, rank, iteration): the
+    # resumed run is the uninterrupted one.
+    np.testing.assert_array_equal(resumed, whole)
+
+
+def test_two_nodes_of_one_rank_meet_over_localhost(two_rank_run, bars, tmp_path):
+    reference, _ = two_rank_run
+    cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "backup")
+    master = f"127.0.0.1:{free_port()}"
+    nodes = [darknet_py("train", cfg, data, "--ranks", 1, "--nodes", 2, "--node-rank", r,
+                        "--master", master, "--seed", 3) for r in (1, 0)]
+    results = [finish(node) for node in nodes]
+    assert [code for code, _, _ in results] == [0, 0], results[0][2] + results[1][2]
+    assert "Saved" in results[1][1] and "Saved" not in results[0][1]   # node 0 logs
+    # The same ranks, seeds and shards as --ranks 2 on one node: the same weights.
+    np.testing.assert_array_equal(weights_of(tmp_path / "backup" / "tiny_final.weights")[1],
+                                  weights_of(reference / "backup" / "tiny_final.weights")[1])
+
+
+def child_pids(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_killing_a_rank_ends_the_run_naming_it_and_keeps_the_checkpoint(bars, tmp_path):
+    cfg, data = write_run_cfg(tmp_path, max_batches=100000), data_file(bars, tmp_path / "b")
+    backup = tmp_path / "b" / "tiny.backup"
+    backup.parent.mkdir()
+    net = Network(parse_cfg_text(RUN_CFG.format(batch=4, subdivisions=2, momentum=0.0,
+                                                max_batches=100000)), cfg, seed=2)
+    net.seen = 8 * 3   # a checkpoint at iteration 3 (of 2 ranks x 4 images)
+    net.save_weights(str(backup))
+    saved = backup.read_bytes(), os.stat(backup).st_mtime_ns
+    run = darknet_py("train", cfg, data, "--ranks", 2, "--weights", backup)
+    pids = {}
+    started = None
+    for line in run.stdout:   # wait for the ranks' pids and a first iteration
+        if line.startswith("darknet-py: rank "):
+            rank, pid = line.split()[2], line.split("pid ")[1].split(",")[0]
+            pids[int(rank)] = int(pid)
+        if line.startswith("5, ") and len(pids) == 2:
+            os.kill(pids[1], signal.SIGKILL)
+            started = time.monotonic()
+            break
+    assert started is not None, run.stderr.read()
+    code, _, err = finish(run, timeout=30)
+    assert time.monotonic() - started < 30
+    assert code == 2
+    assert err.strip().splitlines()[-1] == ("darknet-py: error: rank 1 died (killed by "
+                                            "SIGKILL); the other ranks were stopped")
+    assert not [p for p in pids.values() if os.path.exists(f"/proc/{p}")
+                and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    assert (backup.read_bytes(), os.stat(backup).st_mtime_ns) == saved
