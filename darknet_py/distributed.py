@@ -480,7 +480,9 @@ def connect(rank, world_size, device, master, timeout=DEFAULT_TIMEOUT):
     """The communicator for one rank: NCCL for CUDA devices, TCP for the CPU."""
     tcp = TcpCommunicator(rank, world_size, master, timeout=timeout)
     if str(device).startswith("cuda"):
+        from .backends import get_backend
         from .nccl import NcclCommunicator
+        get_backend(device)   # NCCL binds to the CUDA context current when it starts
         return NcclCommunicator(tcp, int(str(device).partition(":")[2] or 0))
     return tcp
 
