@@ -313,3 +313,23 @@ def test_killing_a_rank_ends_the_run_naming_it_and_keeps_the_checkpoint(bars, tm
     assert not [p for p in pids.values() if os.path.exists(f"/proc/{p}")
                 and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
     assert (backup.read_bytes(), os.stat(backup).st_mtime_ns) == saved
+
+
+def test_sigterm_saves_a_backup_from_rank_0_and_stops_every_rank(bars, tmp_path):
+    cfg, data = write_run_cfg(tmp_path, max_batches=100000), data_file(bars, tmp_path / "b")
+    run = darknet_py("train", cfg, data, "--ranks", 2)
+    pids = []
+    for line in run.stdout:
+        if line.startswith("darknet-py: rank "):
+            pids.append(int(line.split("pid ")[1].split(",")[0]))
+        if line.startswith("3, "):
+            run.send_signal(signal.SIGTERM)
+            break
+    code, out, err = finish(run, timeout=30)
+    assert code == 128 + signal.SIGTERM, err
+    backup = tmp_path / "b" / "tiny.backup"
+    assert f"saved {backup} (resume with --weights {backup})" in out
+    seen, _ = weights_of(backup)
+    assert seen > 0 and seen % 8 == 0   # whole iterations of 2 ranks x 4 images
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")
+                and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
