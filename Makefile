@@ -11,7 +11,7 @@ GPU_PYTHON ?= python3
 NVCC ?= nvcc
 NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
 
-.PHONY: install test demo gpu-test bench bench-cpu kernels-check clean
+.PHONY: install test demo gpu-test bench bench-cpu kernels-check dist clean
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -34,6 +34,18 @@ test: install kernels-check
 demo: install
 	$(PYTHON) -m darknet_py.demo
 
+# A wheel in dist/ (pip install dist/darknet_cfg_runner-*.whl), checked to carry every
+# CUDA kernel and bundled cfg: the CUDA backend and the demo read them at run time.
+dist: install
+	rm -rf dist build
+	$(PYTHON) -m pip wheel -q --no-deps -w dist .
+	$(PYTHON) -c 'import glob, os, sys, zipfile; \
+	  names = set(zipfile.ZipFile(glob.glob("dist/*.whl")[0]).namelist()); \
+	  want = {f"darknet_py/{folder}/{os.path.basename(p)}" for folder, pattern in \
+	          (("kernels", "kernels/*.cu"), ("cfgs", "cfg/*.cfg")) for p in glob.glob(pattern)}; \
+	  sys.exit(f"the wheel lacks {sorted(want - names)}" if want - names else 0)'
+	@ls dist/*.whl
+
 gpu-test:
 	$(GPU_PYTHON) -m pytest -q -m gpu
 
@@ -54,4 +66,4 @@ bench-cpu: install $(OPENCV4_VENV)/.installed
 	$(PYTHON) bench/cpu_vs_opencv.py --results bench/RESULTS.md
 
 clean:
-	rm -rf .installed build *.egg-info demo-run .pytest_cache
+	rm -rf .installed build dist *.egg-info demo-run .pytest_cache

@@ -89,7 +89,7 @@ def random_weights(net, path):
     net.save_weights(path)
 
 
-def compare(name, cfg, weights, worker, tmp, repeats, warmup):
+def compare(name, cfg, weights, worker, tmp, repeats, warmup, pause):
     import numpy as np
 
     import darknet_py as dn
@@ -106,7 +106,11 @@ def compare(name, cfg, weights, worker, tmp, repeats, warmup):
         start = time.perf_counter()
         net.predict(x)
         t = time.perf_counter() - start
+        # Both engines' idle worker threads spin for a while after a run (OpenBLAS for
+        # about 2^28 cycles): let them go to sleep before the other engine starts.
+        time.sleep(pause)
         u = float(worker.ask("time"))
+        time.sleep(pause)
         if i >= warmup:
             ours.append(t)
             theirs.append(u)
@@ -118,7 +122,7 @@ def compare(name, cfg, weights, worker, tmp, repeats, warmup):
 def detect_process_seconds(repeats, tmp):
     cfg, weights = CASES[0][1], CASES[0][2]
     cmd = [sys.executable, "-m", "darknet_py", "detect", str(cfg), str(weights), str(PHOTO),
-           "--device", "cpu", "--out", str(tmp / "predictions.jpg")]
+           "--device", "cpu", "--out", str(tmp / "predictions.jpg"), "--overwrite"]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -177,6 +181,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--detect-repeats", type=int, default=3)
+    ap.add_argument("--pause", type=float, default=0.25,
+                    help="seconds between the two engines' runs (spinning threads settle)")
     ap.add_argument("--results", type=Path, help="write the table into this Markdown file")
     ap.add_argument("--opencv-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -190,7 +196,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for name, cfg, weights, goal in CASES:
-            row = compare(name, cfg, weights, worker, tmp, args.repeats, args.warmup)
+            row = compare(name, cfg, weights, worker, tmp, args.repeats, args.warmup,
+                          args.pause)
             row["goal"] = goal
             rows.append(row)
             print(f"{name}: darknet-py {row['darknet_py_ms']:.1f} ms, OpenCV "

@@ -1,19 +1,25 @@
 """Data loader throughput on its own (no network): detector training batches, images/s.
 
     python3 bench/loader_bench.py [--images 256] [--sizes 96 416] [--workers 1 4 16]
-                                  [--batch 64] [--batches 4] [--out results.json]
+                                  [--batch 32] [--batches 4] [--out results.json]
 
 Generates a synthetic detection set into a temporary directory first: 640x480 JPEGs
 (COCO's typical size) of smooth colour fields with 1-4 boxes each, one label file per
-image. Each (size, workers) case builds one warm-up batch (worker start-up, first
-reads), then times --batches batches of --batch images with the default detector
-augmentation (jitter, flip, HSV), as `darknet-py train` would ask for them.
-Prints a Markdown table, headed with the date and machine.
+image. Each (size, workers) case first takes 2 x workers + 1 batches untimed (start-up,
+and the batches a loader builds ahead, which would otherwise come for free), then times
+--batches batches (at least one per worker) of --batch images with detector
+augmentation (jitter, flip, HSV), as `darknet-py train` asks for them.
+Prints a Markdown table, headed with the date and machine: images/s (wall clock), CPU ms
+per image (this process and its workers; on a shared machine the steadier of the two,
+as the wall clock depends on the CPU share the loader gets), and how much slower a
+pure-Python step in the consuming thread runs while the loader works than without it
+(the training loop's host code; 1.00x = not slowed at all).
 """
 import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -61,14 +67,59 @@ def make_dataset(root, count, seed=0):
 
 
 def images_per_second(paths, size, workers, batch, batches):
+    """Steady-state images/s: after 2 x workers + 1 warm-up batches (start-up, and the
+    batches built ahead meanwhile, which would come for free), over the next `batches`
+    batches, at least one per worker so that all of them take part."""
+    batches = max(batches, workers)
     augment = DetectorAugment(jitter=0.3, hue=0.1, saturation=1.5, exposure=1.5)
     with DataLoader(paths, task="detector", width=size, height=size, batch=batch,
                     classes=CLASSES, augment=augment, seed=0, workers=workers) as loader:
-        loader.next_batch()
-        start = time.perf_counter()
+        for _ in range(2 * workers + 1):
+            loader.next_batch()
+        pids = getattr(loader, "workers", [])   # the thread loader had none
+        start, cpu = time.perf_counter(), cpu_seconds(pids)
         for _ in range(batches):
             loader.next_batch()
-        return batch * batches / (time.perf_counter() - start)
+        seconds, cpu = time.perf_counter() - start, cpu_seconds(pids) - cpu
+        images = batch * batches
+        return images / seconds, 1000 * cpu / images
+
+
+def python_step(n=200_000):
+    """Seconds for a fixed piece of pure-Python work (it needs the GIL throughout), as the
+    training loop's host code does between kernel launches."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(n):
+        total += i * i
+    return time.perf_counter() - start
+
+
+def consumer_slowdown(paths, size, workers, batch, steps=12):
+    """How much slower the consumer's Python step runs while the loader builds batches
+    (median over `steps` steps, each after a next_batch) than with no loader: the
+    issue's complaint was loader threads holding the GIL against the training thread."""
+    alone = statistics.median(python_step() for _ in range(steps))
+    with DataLoader(paths, task="detector", width=size, height=size, batch=batch,
+                    classes=CLASSES, augment=DetectorAugment(jitter=0.3), seed=0,
+                    workers=workers) as loader:
+        loader.next_batch()
+        during = []
+        for _ in range(steps):
+            loader.next_batch()
+            during.append(python_step())
+    return statistics.median(during) / alone
+
+
+def cpu_seconds(pids):
+    """CPU time of this process (all its threads) and of the worker processes `pids`."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+    return total
 
 
 def machine():
@@ -88,8 +139,9 @@ def main():
     parser.add_argument("--images", type=int, default=256, help="dataset size")
     parser.add_argument("--sizes", type=int, nargs="+", default=[96, 416])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--batches", type=int, default=4, help="timed batches per case")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=4,
+                        help="timed batches per case (at least one per worker)")
     parser.add_argument("--out", help="also write the results as JSON here")
     args = parser.parse_args()
 
@@ -99,12 +151,17 @@ def main():
         print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {machine()}")
         print(f"{args.images} synthetic {IMAGE_W}x{IMAGE_H} JPEGs, 1-4 boxes each; "
               f"batch {args.batch}, {args.batches} timed batches per case\n")
-        print("| input | workers | images/s |\n|---|---|---|")
+        print("| input | workers | images/s | CPU ms/image | consumer's Python step |\n"
+              "|---|---|---|---|---|")
         for size in args.sizes:
             for workers in args.workers:
-                rate = images_per_second(paths, size, workers, args.batch, args.batches)
-                results.append({"size": size, "workers": workers, "images_per_s": rate})
-                print(f"| {size}x{size} | {workers} | {rate:.0f} |", flush=True)
+                rate, cpu_ms = images_per_second(paths, size, workers, args.batch,
+                                                 args.batches)
+                slowdown = consumer_slowdown(paths, size, workers, args.batch)
+                results.append({"size": size, "workers": workers, "images_per_s": rate,
+                                "cpu_ms_per_image": cpu_ms, "consumer_slowdown": slowdown})
+                print(f"| {size}x{size} | {workers} | {rate:.0f} | {cpu_ms:.1f} | "
+                      f"{slowdown:.2f}x |", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"machine": machine(), "results": results}, f, indent=1)

@@ -5,7 +5,7 @@ update). The goal: 2 GPUs >= 1.85x one GPU.
     python3 bench/multigpu_bench.py [--cfg CFG] [--gpus 2] [--batch 64] [--iterations 20]
                                     [--out results.json]
 
-Needs PyCUDA, >= 2 GPUs and NCCL (pip install 'darknet-cfg-runner[multigpu]'). Random
+Needs PyCUDA, >= 2 GPUs and NCCL (pip install '.[multigpu]'). Random
 weights, images and boxes (timings do not depend on values); data loading is left out,
 so the numbers are the training step's. One process per GPU, as `train --gpus` runs.
 """
@@ -50,12 +50,12 @@ def rank_main(rank, world_size, port, args, results):
     x = rng.random((args.batch,) + net.input_shape, dtype=np.float32)
     truth = random_truth(net, args.batch, rng)
     for _ in range(args.warmup):
-        net.train_batch(x, truth)
+        net.train_iteration(x, truth)
     net.be.synchronize()
     comm.barrier(timeout=300)
     start = time.perf_counter()
     for _ in range(args.iterations):
-        net.train_batch(x, truth)
+        net.train_iteration(x, truth)
     net.be.synchronize()
     comm.barrier(timeout=300)
     seconds = time.perf_counter() - start

@@ -93,7 +93,7 @@ def bench_cfg(cfg, device, batches, train_batch, repeats, rng):
             rng.integers(0, net.layers[-1].outputs, train_batch)]
     for layer in net.layers:  # the yolo statistics line would flood the table
         layer.verbose = False
-    seconds = timer(lambda: net.train_batch(x, truth), warmup=1, repeats=max(1, repeats // 2))
+    seconds = timer(lambda: net.train_pass(x, truth), warmup=1, repeats=max(1, repeats // 2))
     row[f"train_step_ms_b{train_batch}"] = 1e3 * seconds
     row["train_batch"] = train_batch
     return row

@@ -42,7 +42,7 @@ def main():
             truth[:, 5:10] = (0.3, 0.6, 0.1, 0.1, 2)
         else:
             truth = np.eye(net.outputs, dtype=np.float32)[rng.integers(0, net.outputs, args.batch)]
-        run = lambda: net.train_batch(x, truth)  # noqa: E731
+        run = lambda: net.train_pass(x, truth)  # noqa: E731
     for _ in range(3):
         run()
     be.synchronize()

@@ -98,7 +98,7 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     truth = None
     if train:
         truth = random_truth(net, rng)
-        step_s = median_seconds(be, lambda: net.train_batch(x, truth), warmup, repeats)
+        step_s = median_seconds(be, lambda: net.train_pass(x, truth), warmup, repeats)
         result["train_step_ms"] = 1e3 * step_s
         result["train_images_per_s"] = net.batch / step_s
     if layers:

@@ -92,8 +92,8 @@ class DarknetGroup(click.Group):
 def cli():
     """Darknet's cfg-driven neural networks in Python.
 
-    Runs Darknet .cfg/.weights files: classify (test) and detect on images, print a
-    network's layer table (info), cut a weights file down to its first layers
+    Runs Darknet .cfg/.weights files: classify images (test), find objects in them
+    (detect), print a network's layer table (info), cut a weights file down to its first layers
     (partial), train a classifier or detector (train), score weights on a dataset
     (valid) and compute YOLO anchors (anchors).
 
@@ -568,8 +568,9 @@ def training_errors(command):
               help="Train to N iterations instead of the cfg's max_batches.")
 @functools.partial(overwrite_option, help=(
     "Let this run replace files an earlier run left in the backup directory: "
-    "<cfg>_final.weights, numbered weights, chart.png, _last/_best and (for a run starting "
-    "at iteration 0) <cfg>.backup. Without it they are an error, even with --clear."))
+    "<cfg>_final.weights, numbered weights, chart_<cfg>.png and its history, _last/_best and "
+    "(for a run starting at iteration 0) <cfg>.backup. Without it they are an error, even "
+    "with --clear."))
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
 @click.option("--gpus", metavar="LIST|all", default=None,
@@ -589,12 +590,15 @@ def training_errors(command):
 @click.option("--comm-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               metavar="SECONDS", help="A data-parallel rank that does not answer for this "
                                       "long ends the run.")
+@click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Processes loading and augmenting images (0: in the training process) "
+                   "[default: one per available CPU less one, at most 16].")
 @device_options
 @training_errors
 @darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
                   overwrite, quiet, gpus, ranks, nodes, node_rank, master, comm_timeout,
-                  device, darknet):
+                  workers, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -615,18 +619,21 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     try:
         if gpus is not None or ranks is not None or nodes > 1:
             train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout,
-                                device)
+                                workers, device)
         else:
-            train(device=device, log=lambda line: click.echo(line), **kwargs)
+            train(device=device, workers=workers, log=lambda line: click.echo(line),
+                  **kwargs)
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
     except KeyboardInterrupt:
         sys.exit(130)   # the weights are saved and the resume command printed
 
 
-def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, device):
+def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers,
+                        device):
     """`train --gpus/--ranks [--nodes --node-rank --master]`: start this node's ranks."""
     from .backends import cuda_device_count
+    from .data.loader import default_workers
     from .distributed import LaunchError, launch, parse_gpus, parse_master
 
     if gpus is not None and ranks is not None:
@@ -646,6 +653,8 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
         address = parse_master(master) if master is not None else None
     except ValueError as e:
         raise UserError(str(e)) from None
+    # The node's CPUs load images for all its ranks: each rank gets its share of workers.
+    kwargs["workers"] = max(1, default_workers() // len(devices)) if workers is None else workers
     try:
         launch(devices, kwargs, first_rank=node_rank * len(devices),
                world_size=nodes * len(devices), master=address, timeout=comm_timeout)

@@ -392,8 +392,11 @@ class Ranks:
     def seed(self, seed):
         return rank_seed(seed, self.rank, self.world_size)
 
-    def sum(self, net, value):
-        return value if self.comm is None else self.comm.sum_value(net.be, value)
+    def mean(self, net, value):
+        """The mean over the ranks of a number (each rank's loss per image)."""
+        if self.comm is None:
+            return value
+        return self.comm.sum_value(net.be, value) / self.world_size
 
     def wait_for_writer(self):
         """The other ranks wait (as long as it takes) while rank 0 evaluates."""
@@ -512,6 +515,12 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
     from .train import Terminated
 
     world_size = world_size or len(devices)
+    # A rank killed by a signal leaves its loader's shared memory to multiprocessing's
+    # resource tracker, which frees it and would add a warning after the one error line.
+    quiet = "ignore:resource_tracker:UserWarning"
+    if quiet not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(
+            w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
     if master is None:
         master = ("127.0.0.1", free_port())
     context = multiprocessing.get_context("spawn")

@@ -1,7 +1,7 @@
 """NCCL through ctypes: the few calls data-parallel training needs, on CUDA arrays.
 
-libnccl.so.2 comes from the `nvidia-nccl-cu13` wheel when it is installed (pip install
-'darknet-cfg-runner[multigpu]'), else from the system's library path. Imported only by
+libnccl.so.2 comes from the `nvidia-nccl-cu13` wheel when it is installed (the `multigpu`
+extra: pip install '.[multigpu]'), else from the system's library path. Imported only by
 distributed.connect for a CUDA rank: machines without NCCL never load it. Every NCCL
 error becomes a CommError naming the rank, the call and NCCL's own words.
 """
@@ -42,8 +42,8 @@ def load_library(loader=ctypes.CDLL):
         except OSError as e:
             errors.append(str(e))
     raise CommError("NCCL (libnccl.so.2) not found: install it with pip install "
-                    "'darknet-cfg-runner[multigpu]' (the nvidia-nccl-cu13 wheel) or from "
-                    f"NVIDIA's packages ({errors[-1]})")
+                    "nvidia-nccl-cu13 (darknet-py's multigpu extra) or from NVIDIA's "
+                    f"packages ({errors[-1]})")
 
 
 def _declare(lib):

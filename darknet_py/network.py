@@ -174,10 +174,15 @@ class Network:
         if batch is not None:
             self.options.batch = int(batch)
         self.batch = self.options.batch
-        # Images per train_batch() call: Darknet's net->batch. Kept apart from self.batch,
-        # which follows whatever batch the last forward ran (detect() runs batch 1), so that
-        # current_batch and the update's batch do not change under inference.
-        self.train_batch_size = self.batch
+        # Darknet says "batch" for three things; here each has its own word:
+        #   iteration - one weight update (Darknet's max_batches and get_current_batch);
+        #   images per iteration - the cfg's batch=, what the data loader hands over;
+        #   pass - one forward and backward over images_per_pass = batch / subdivisions
+        #     images (Darknet's net->batch).
+        # images_per_pass is kept apart from self.batch, which follows whatever the last
+        # forward ran (detect() runs 1 image), so that the iteration count and the update
+        # do not change under inference.
+        self.images_per_pass = self.batch
         self.subdivisions = self.options.subdivisions
         self.be = backend if backend is not None else get_backend("cpu")
         self.seed = seed
@@ -292,9 +297,10 @@ class Network:
         return self.layers[-1].outputs
 
     @property
-    def current_batch(self):
-        """Darknet's get_current_batch: updates done so far, counted from `seen`."""
-        return self.seen // (self.train_batch_size * self.subdivisions * self.replicas)
+    def images_per_iteration(self):
+        """Images per weight update: the cfg's batch= (subdivisions passes), on every
+        data-parallel rank together."""
+        return self.images_per_pass * self.subdivisions * self.replicas
 
     @property
     def replicas(self):
@@ -302,9 +308,14 @@ class Network:
         return 1 if self.data_parallel is None else self.data_parallel.world_size
 
     @property
+    def iteration(self):
+        """Darknet's get_current_batch: updates done so far, counted from `seen`."""
+        return self.seen // self.images_per_iteration
+
+    @property
     def learning_rate(self):
         return optimizer.current_rate(self.options.learning_rate, self.options.policy,
-                                      self.current_batch, self.options.max_batches, self.rng)
+                                      self.iteration, self.options.max_batches, self.rng)
 
     @property
     def truth_size(self):
@@ -321,20 +332,21 @@ class Network:
         return any(l.type in ("yolo", "region", "detection") for l in self.layers)
 
     def truth_for_network(self, truth):
-        """A detector truth buffer in this network's layout (max_boxes x truth_size per
-        image) from either Darknet's layout (90 x 5 or 200 x 6); others pass unchanged."""
+        """A detector truth buffer with this network's fields per box (truth_size) from either
+        Darknet's: 200 x 6 floats is the fork's layout, any other multiple of 5 is rows of
+        (x, y, w, h, class) as the original and the data loader write them. The box count
+        is kept (each head reads at most its own max); other truths pass unchanged."""
         truth = np.asarray(truth, dtype=np.float32)
-        width = truth.shape[-1] if truth.ndim > 1 else truth.size
-        layouts = {90 * 5: (90, 5), 200 * 6: (200, 6)}
-        own = (self.max_boxes, self.truth_size)
-        if (not self._is_detector() or width not in layouts or layouts[width] == own
-                or truth.ndim != 2):
+        if truth.ndim != 2 or not self._is_detector():
             return truth
-        boxes, fields = layouts[width]
-        rows = truth.reshape(truth.shape[0], boxes, fields)
-        out = np.zeros((truth.shape[0],) + own, dtype=np.float32)
-        keep, common = min(boxes, own[0]), min(fields, own[1])
-        out[:, :keep, :common] = rows[:, :keep, :common]
+        width = truth.shape[1]
+        fields = 6 if width == 200 * 6 else 5 if width % 5 == 0 else None
+        if fields is None or fields == self.truth_size:
+            return truth
+        rows = truth.reshape(truth.shape[0], width // fields, fields)
+        out = np.zeros(rows.shape[:2] + (self.truth_size,), dtype=np.float32)
+        common = min(fields, self.truth_size)
+        out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
         return out.reshape(truth.shape[0], -1)
 
     @property
@@ -457,7 +469,7 @@ class Network:
             self.data_parallel.reduce(self)
         args = UpdateArgs(learning_rate=self.learning_rate, momentum=self.options.momentum,
                           decay=self.options.decay,
-                          batch=self.train_batch_size * self.subdivisions * self.replicas)
+                          batch=self.images_per_iteration)
         for layer in self.layers:
             layer.update(args)
         if self.data_parallel is not None:
@@ -501,15 +513,32 @@ class Network:
             last -= 1
         return self.layer_output(last)
 
-    def train_batch(self, x, truth):
-        """One Darknet iteration (train_network_datum): seen += batch, training forward,
-        backward, and an update when a full batch of subdivisions has been seen.
-        Returns Darknet's cost for this step (the sum over the batch of the loss)."""
+    def train_iteration(self, x, truth):
+        """One Darknet iteration (train_network): the images of one update, x (N, C, H, W)
+        and their truth rows, run as `subdivisions` passes of N / subdivisions images
+        (gradients accumulate), then the weight update. Returns the loss per image (the
+        passes' costs summed, over N), as Darknet's train_network does."""
+        x = np.asarray(x, dtype=np.float32)
+        truth = np.asarray(truth)
+        if len(x) % self.subdivisions or not len(x):
+            raise ValueError(f"{len(x)} images do not split into subdivisions="
+                             f"{self.subdivisions} passes")
+        n = len(x) // self.subdivisions
+        total = 0.0
+        for start in range(0, len(x), n):
+            cost = self.train_pass(x[start:start + n], truth[start:start + n])
+            total += cost if cost is not None else 0.0
+        return total / len(x)
+
+    def train_pass(self, x, truth):
+        """One pass (train_network_datum): seen += N, training forward and backward of
+        x (N, C, H, W), and the weight update when it is the last pass of an iteration.
+        Returns Darknet's cost for the pass (the loss summed over its images)."""
         x = np.asarray(x, dtype=np.float32)
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
-        self.train_batch_size = n
+        self.images_per_pass = n
         self.seen += n * self.replicas
         self.forward(x, self.truth_for_network(truth), train=True)
         self.backward()

@@ -45,7 +45,7 @@ import numpy as np
 from .data.augment import ClassifierAugment, DetectorAugment
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
-from .data.loader import DataLoader
+from .data.loader import DataLoader, default_workers
 from .detection import detector_layers, output_layer
 from .distributed import Ranks
 from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
@@ -98,7 +98,7 @@ def last_saved_backup(path, net):
             _, seen, _, _ = read_header(f, path)
     except (OSError, WeightsError):
         return "unknown"
-    return seen // (net.train_batch_size * net.subdivisions)
+    return seen // net.images_per_iteration
 
 
 def cfg_base(path):
@@ -383,7 +383,7 @@ def _param_layers_loaded(net, layers_loaded):
 
 def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
           map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
-          verbose=True, workers=4, on_iteration=None, darknet=None, comm=None):
+          verbose=True, workers=None, on_iteration=None, darknet=None, comm=None):
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
@@ -399,6 +399,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
       <cfg>_final.weights an earlier run left in the backup directory (otherwise an error).
     log: prints a line; log_every: print every n-th iteration's line (and the last).
     verbose: let [yolo]/[region] layers print their per-pass statistics, as Darknet does.
+    workers: data loader processes (0: load in this process; default: default_workers(),
+      one per available CPU less one, at most 16).
     on_iteration(result): called after each iteration (a hook for tests and callers).
     comm: a distributed.Communicator when this process is one rank of a data-parallel run
       (distributed.py): the rank trains on its shard of the list with its own seed
@@ -425,6 +427,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
     net.names = config.names
     task = network_task(net)
+    if task == "detector":   # before anything is written
+        check_detector_labels(paths, detector_layers(net)[-1].classes)
     base = cfg_base(cfg)
     o = net.options
 
@@ -447,16 +451,17 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     if o.max_batches <= 0:
         raise TrainError(f"{cfg}: max_batches is not set in [net]; set it there or give "
                          f"--max-batches N")
-    imgs = net.batch * net.subdivisions * net.replicas
-    if net.seen % imgs:
+    images_per_iteration = net.images_per_iteration   # of every rank together
+    if net.seen % images_per_iteration:
         # Saved by a run with another batch size: start at the beginning of the iteration
         # `seen` falls in, so every update again comes after a whole batch.
         log(f"darknet-py: note: {weights} has seen {net.seen} images, not a multiple of "
-            f"this cfg's {imgs} per iteration; counting from {net.current_batch * imgs}")
-        net.seen = net.current_batch * imgs
-    if net.current_batch >= o.max_batches:
+            f"this cfg's {images_per_iteration} per iteration; counting from "
+            f"{net.iteration * images_per_iteration}")
+        net.seen = net.iteration * images_per_iteration
+    if net.iteration >= o.max_batches:
         raise TrainError(
-            f"{weights}: already trained for {net.current_batch} iterations ({net.seen} "
+            f"{weights}: already trained for {net.iteration} iterations ({net.seen} "
             f"images), and max_batches is {o.max_batches}: nothing to do. To train these "
             f"weights again from iteration 0 add --clear; to train longer raise max_batches "
             f"(or give --max-batches N)")
@@ -474,14 +479,14 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     # Everything this run writes must be new, unless --overwrite: the backup it continues
     # from is rewritten on purpose (as in Darknet), and a resumed run continues its own
     # chart and _last/_best files.
-    resuming = net.current_batch > 0
+    resuming = net.iteration > 0
     continued = [chart_path, history] + [os.path.join(backup_dir, f"{base}_{kind}.weights")
                                 for kind in ("last", "best") if map_eval]
     if not (weights is not None and os.path.exists(backup_path)
             and os.path.samefile(weights, backup_path)):
         continued.append(backup_path)
-    targets = [final_path] + numbered_weights(backup_dir, base, task, net.current_batch,
-                                              o.max_batches, imgs, len(paths))
+    targets = [final_path] + numbered_weights(backup_dir, base, task, net.iteration,
+                                              o.max_batches, images_per_iteration, len(paths))
     if not resuming:
         targets += continued
     try:
@@ -520,7 +525,6 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             raise TrainError(f"{cfg}: training YOLOv1 [detection] networks is not supported "
                              f"(train a [yolo] or [region] network)")
         classes = head.classes
-        check_detector_labels(paths, classes)
         if classes != config.classes:
             log(f"darknet-py: warning: {data} has classes={config.classes} but the "
                 f"network's [{head.type}] layer has classes={classes}; labels must use "
@@ -533,16 +537,17 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     cfg_size = (o.width, o.height)
     stride = network_stride(net)
     loader = DataLoader(ranks.shard(paths), width=o.width, height=o.height,
-                        batch=net.batch * net.subdivisions, channels=o.channels,
-                        augment=augment, seed=ranks.seed(seed), workers=workers,
-                        start=net.current_batch, **loader_args)
+                        batch=images_per_iteration // net.replicas, channels=o.channels,
+                        augment=augment, seed=ranks.seed(seed),
+                        workers=default_workers() if workers is None else workers,
+                        start=net.iteration, **loader_args)
     if map_eval and map_every is None:
-        map_every = default_map_interval(len(paths), imgs)
+        map_every = default_map_interval(len(paths), images_per_iteration)
 
     result = TrainResult(backup_dir=backup_dir)
     # Resuming: the chart continues the earlier runs' history (result holds this run's).
-    earlier_losses, earlier_scores = (load_history(history, net.current_batch, log)
-                                      if net.current_batch else ([], []))
+    earlier_losses, earlier_scores = (load_history(history, net.iteration, log)
+                                      if net.iteration else ([], []))
     if earlier_scores:   # _best.weights is replaced only by a better score
         result.best_score = max(score for _, score in earlier_scores)
         best = os.path.join(backup_dir, f"{base}_best.weights")
@@ -552,11 +557,11 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
 
     log(base)
     log(f"Learning Rate: {o.learning_rate:g}, Momentum: {o.momentum:g}, Decay: {o.decay:g}")
-    start_iteration = net.current_batch
+    start_iteration = net.iteration
     if start_iteration:
         log(f"Resuming at iteration {start_iteration} ({net.seen} images seen) from "
             f"{weights}; max_batches {o.max_batches}")
-    log(f"Training a {task} on {len(paths)} images, {imgs} per iteration"
+    log(f"Training a {task} on {len(paths)} images, {images_per_iteration} per iteration"
         f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
         f"{'the CPU' if net.be.name == 'cpu' else net.be.name}"
         f"{f' x {net.replicas} ranks' if net.replicas > 1 else ''}; saving to {backup_dir}")
@@ -576,7 +581,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         save_history(history, losses, scores)
         draw_chart(chart_path, [h[1] for h in losses], [h[2] for h in losses],
                    [h[0] for h in losses], scores, metric_name,
-                   f"{base}: {task} training, iteration {net.current_batch} of {o.max_batches}",
+                   f"{base}: {task} training, iteration {net.iteration} of {o.max_batches}",
                    o.max_batches)
 
     def evaluate(iteration):
@@ -589,8 +594,6 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             score = evaluate_classifier(net, valid_paths, config.labels, classes,
                                         k=1, channels=o.channels).top1
         resize_network(net, *train_size)
-        # Evaluation runs at batch 1; the iteration count (seen / batch) needs it back.
-        net.set_batch(sub)
         result.scores.append((iteration, score))
         save(os.path.join(backup_dir, f"{base}_last.weights"))
         improved = result.best_score is None or score > result.best_score
@@ -610,10 +613,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     epoch = net.seen // len(paths)
     completed_seen = net.seen
     rate_per_iteration = None
-    sub = net.batch
     try:
-        while net.current_batch < o.max_batches:
-            iteration = net.current_batch
+        while net.iteration < o.max_batches:
+            iteration = net.iteration
             every = CLASSIFIER_MULTISCALE_EVERY if task == "classifier" else MULTISCALE_EVERY
             if multiscale and (iteration % every == 0 or iteration == start_iteration):
                 w, h = multiscale_size(cfg_size[0], cfg_size[1], stride, iteration,
@@ -625,11 +627,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             wall_start = time.perf_counter()
             x, truth = loader.next_batch()
             train_start = time.perf_counter()
-            total = 0.0
-            for s in range(net.subdivisions):
-                cost = net.train_batch(x[s * sub:(s + 1) * sub], truth[s * sub:(s + 1) * sub])
-                total += cost if cost is not None else 0.0
-            loss = ranks.sum(net, total) / (net.subdivisions * sub * net.replicas)
+            loss = ranks.mean(net, net.train_iteration(x, truth))
             if not math.isfinite(loss):
                 raise Diverged(loss)
             completed_seen = net.seen
@@ -639,7 +637,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             if avg_loss < 0:
                 avg_loss = loss
             avg_loss = avg_loss * .9 + loss * .1
-            i = net.current_batch
+            i = net.iteration
             result.losses.append((i, loss, avg_loss))
             result.iterations, result.seen, result.avg_loss = i, net.seen, avg_loss
             rate_per_iteration = wall if rate_per_iteration is None else (
@@ -648,12 +646,12 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                 eta = _format_duration(rate_per_iteration * (o.max_batches - i))
                 if task == "detector":
                     line = (f"{i}: {loss:f}, {avg_loss:f} avg, {net.learning_rate:f} rate, "
-                            f"{seconds:f} seconds, {i * imgs} images")
+                            f"{seconds:f} seconds, {i * images_per_iteration} images")
                 else:
                     line = (f"{i}, {net.seen / len(paths):.3f}: {loss:f}, {avg_loss:f} avg, "
                             f"{net.learning_rate:f} rate, {seconds:f} seconds, "
                             f"{net.seen} images")
-                log(f"{line} | {imgs / wall:.1f} images/s, ETA {eta}")
+                log(f"{line} | {images_per_iteration / wall:.1f} images/s, ETA {eta}")
             if i % BACKUP_EVERY == 0:
                 if not finite_weights():   # a finite loss from weights already gone bad
                     raise Diverged(loss)
@@ -679,7 +677,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         kept = (f"{backup_path} (iteration {last_saved_backup(backup_path, net)}) is kept"
                 if os.path.exists(backup_path) else "no weights were saved")
         raise TrainError(
-            f"training diverged at iteration {net.current_batch}: the loss is {e.loss} "
+            f"training diverged at iteration {net.iteration}: the loss is {e.loss} "
             f"(last finite loss at iteration {last_good[-1] if last_good else 'none'}); "
             f"stopped without saving the diverged weights, {kept}. Lower learning_rate "
             f"(now {o.learning_rate:g}) or raise burn_in (now {o.policy['burn_in']})") from None
@@ -687,16 +685,16 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         # A half-done iteration is dropped: the resumed run repeats it whole.
         net.seen = completed_seen
         result.interrupted = True
-        result.iterations, result.seen = net.current_batch, net.seen
+        result.iterations, result.seen = net.iteration, net.seen
         why = "Terminated (SIGTERM)" if isinstance(e, Terminated) else "Interrupted"
         if not finite_weights():
-            log(f"{why} at iteration {net.current_batch}: the weights hold NaN or infinite "
+            log(f"{why} at iteration {net.iteration}: the weights hold NaN or infinite "
                 f"values, so {backup_path} was not replaced")
             raise
         save(backup_path)
         if result.losses:
             chart()
-        log(f"{why} at iteration {net.current_batch}: saved {backup_path} (resume "
+        log(f"{why} at iteration {net.iteration}: saved {backup_path} (resume "
             f"with --weights {backup_path})")
         raise
     finally:
@@ -705,10 +703,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         np.seterr(**float_errors)
     save(final_path)
     result.final_weights = final_path
-    result.iterations, result.seen = net.current_batch, net.seen
+    result.iterations, result.seen = net.iteration, net.seen
     if result.losses:
         chart()
-    log(f"Saved {final_path} after {net.current_batch} iterations ({net.seen} images)")
+    log(f"Saved {final_path} after {net.iteration} iterations ({net.seen} images)")
     return result
 
 

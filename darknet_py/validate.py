@@ -97,7 +97,7 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     loader = DataLoader(paths, task="classifier", width=o.width, height=o.height,
                         batch=batch, classes=classes, labels=labels, channels=channels,
                         train=False, workers=workers,
-                        on_error=lambda path, message: skipped.append(message))
+                        on_warning=skipped.append)
     try:
         for x, truth in loader:
             if len(x) == 0:

@@ -6,6 +6,7 @@ network order, each layer's arrays in the order its params() lists them.
 Files with major or minor > 1000 store connected weights transposed.
 """
 import os
+import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -74,8 +75,11 @@ def _read_floats(path):
 
 
 def peek_header(path):
-    """(major, minor, revision) of a weights file, or None when it is missing or short."""
+    """(major, minor, revision) of a weights file, or None when it is missing, short or not
+    a regular file (opening a named pipe would wait for a writer; loading reports it)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
         with open(os.fspath(path), "rb") as f:
             head = f.read(12)
     except OSError:
@@ -258,7 +262,7 @@ def save_weights(net, path, cutoff=None):
         # sets seen = cur_iteration * batch * subdivisions).
         from .network import FORK_WEIGHTS_HEADER
         major, minor, revision = FORK_WEIGHTS_HEADER
-        seen = net.current_batch * net.train_batch_size * net.subdivisions
+        seen = net.iteration * net.images_per_iteration
     seen_is_64, transpose = _header_layout(major, minor)
     chunks = [struct.pack("<3i", major, minor, revision),
               struct.pack("<Q" if seen_is_64 else "<i", seen)]

@@ -1,7 +1,7 @@
 // im2col / col2im for a batch of images (channels x height x width each, im_stride
-// floats apart), with stride, zero padding and dilation. col is
+// floats apart), with strides (down, across), zero padding and dilation. col is
 // (channels * ksize * ksize) x batch x (out_h * out_w), row-major: row (c, ki, kj),
-// image b holds im[b, c, oh*stride - pad + ki*dilation, ow*stride - pad + kj*dilation]
+// image b holds im[b, c, oh*stride_y - pad + ki*dilation, ow*stride_x - pad + kj*dilation]
 // for every output position (oh, ow), so one GEMM covers the whole batch. With
 // batch 1 this is Darknet's im2col. Groups are the caller's business (it offsets im).
 
@@ -29,7 +29,7 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
 // consecutive addresses of each col row and read neighbouring pixels; the index
 // arithmetic is paid once per ksize^2 elements.
 extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
-                                        int ksize, int stride, int pad, int dilation,
+                                        int ksize, int stride_y, int stride_x, int pad, int dilation,
                                         int out_h, int out_w, float* __restrict__ col,
                                         int batch, long long im_stride)
 {
@@ -38,8 +38,8 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
     if (pos >= out_hw) return;
     const int oh = pos / out_w;
     const int ow = pos - oh * out_w;
-    const int h0 = oh * stride - pad;
-    const int w0 = ow * stride - pad;
+    const int h0 = oh * stride_y - pad;
+    const int w0 = ow * stride_x - pad;
     const long long row_stride = (long long)batch * out_hw;
     for (int cb = blockIdx.y * blockDim.y + threadIdx.y; cb < channels * batch; cb += gridDim.y * blockDim.y) {
         const int c = cb / batch;
@@ -59,19 +59,19 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
 // together; KS == 0 takes ksize at run time.
 template <int KS>
 __device__ __forceinline__ float col2im_pixel(const float* __restrict__ cols, int ksize_rt, int h, int w,
-                                              int stride, int pad, int dilation, int out_h, int out_w,
-                                              long long row_stride)
+                                              int stride_y, int stride_x, int pad, int dilation,
+                                              int out_h, int out_w, long long row_stride)
 {
     const int ksize = KS > 0 ? KS : ksize_rt;
     float sum = 0.0f;
     for (int ki = 0; ki < ksize; ++ki) {
-        const int hs = h + pad - ki * dilation;     // = oh * stride when row (ki) read this pixel
-        if (hs < 0 || hs % stride != 0 || hs / stride >= out_h) continue;
-        const int oh = hs / stride;
+        const int hs = h + pad - ki * dilation;     // = oh * stride_y when row (ki) read this pixel
+        if (hs < 0 || hs % stride_y != 0 || hs / stride_y >= out_h) continue;
+        const int oh = hs / stride_y;
         for (int kj = 0; kj < ksize; ++kj) {
             const int ws = w + pad - kj * dilation;
-            if (ws < 0 || ws % stride != 0 || ws / stride >= out_w) continue;
-            sum += cols[(ki * ksize + kj) * row_stride + oh * out_w + ws / stride];
+            if (ws < 0 || ws % stride_x != 0 || ws / stride_x >= out_w) continue;
+            sum += cols[(ki * ksize + kj) * row_stride + oh * out_w + ws / stride_x];
         }
     }
     return sum;
@@ -81,7 +81,7 @@ __device__ __forceinline__ float col2im_pixel(const float* __restrict__ cols, in
 // One thread per (channel, image, pixel) gathers its entries (no atomics,
 // deterministic); x spans the pixels, y the (channel, image) pairs.
 extern "C" __global__ void col2im_kernel(const float* __restrict__ col, int channels, int height, int width,
-                                        int ksize, int stride, int pad, int dilation,
+                                        int ksize, int stride_y, int stride_x, int pad, int dilation,
                                         int out_h, int out_w, float* __restrict__ im,
                                         int batch, long long im_stride)
 {
@@ -97,9 +97,9 @@ extern "C" __global__ void col2im_kernel(const float* __restrict__ col, int chan
         const float* cols = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_h * out_w;
         float sum;
         switch (ksize) {
-        case 1: sum = col2im_pixel<1>(cols, 1, h, w, stride, pad, dilation, out_h, out_w, row_stride); break;
-        case 3: sum = col2im_pixel<3>(cols, 3, h, w, stride, pad, dilation, out_h, out_w, row_stride); break;
-        default: sum = col2im_pixel<0>(cols, ksize, h, w, stride, pad, dilation, out_h, out_w, row_stride); break;
+        case 1: sum = col2im_pixel<1>(cols, 1, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride); break;
+        case 3: sum = col2im_pixel<3>(cols, 3, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride); break;
+        default: sum = col2im_pixel<0>(cols, ksize, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride); break;
         }
         im[b * im_stride + (long long)c * hw + pix] += sum;
     }

@@ -1,5 +1,14 @@
 // Max and average pooling (Darknet's maxpool and avgpool layers).
 
+// Output element i of (planes) x out_h x out_w: its column, row and plane.
+__device__ __forceinline__ long long pool_position(long long i, int out_w, int out_h, int* ow, int* oh)
+{
+    *ow = (int)(i % out_w);
+    const long long t = i / out_w;
+    *oh = (int)(t % out_h);
+    return t / out_h;
+}
+
 // One thread per output element of (batch*c) x out_h x out_w. Windows start at
 // -(padding / 2) and move by stride_x across, stride_y down (the same for the original
 // Darknet); cells outside the image never win. indexes gets the flat index into x of the
@@ -14,10 +23,8 @@ extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, i
     const int off = padding / 2;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int ow = (int)(i % out_w);
-        const long long t = i / out_w;
-        const int oh = (int)(t % out_h);
-        const long long plane = t / out_h;
+        int ow, oh;
+        const long long plane = pool_position(i, out_w, out_h, &ow, &oh);
         const int h0 = oh * stride_y - off;
         const int w0 = ow * stride_x - off;
         float best = -INFINITY;
@@ -87,10 +94,8 @@ extern "C" __global__ void maxpool_depth_kernel(const float* __restrict__ x, int
     const long long total = (long long)batch * out_c * spatial;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int p = (int)(i % spatial);
-        const long long t = i / spatial;
-        const int g = (int)(t % out_c);
-        const long long b = t / out_c;
+        int p, g;   // position, output channel, image
+        const long long b = pool_position(i, spatial, out_c, &p, &g);
         float best = -INFINITY;
         int best_i = -1;
         for (int k = g; k < c; k += out_c) {
@@ -128,10 +133,8 @@ extern "C" __global__ void local_avgpool_forward_kernel(const float* __restrict_
     const long long total = (long long)planes * out_h * out_w;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int ow = (int)(i % out_w);
-        const long long t = i / out_w;
-        const int oh = (int)(t % out_h);
-        const long long plane = t / out_h;
+        int ow, oh;
+        const long long plane = pool_position(i, out_w, out_h, &ow, &oh);
         int y0, y1, x0, x1;
         window_cells(oh, ow, h, w, size, stride_x, stride_y, padding / 2, &y0, &y1, &x0, &x1);
         float s = 0.0f;
@@ -151,10 +154,8 @@ extern "C" __global__ void local_avgpool_backward_kernel(float* __restrict__ del
     const long long total = (long long)planes * out_h * out_w;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int ow = (int)(i % out_w);
-        const long long t = i / out_w;
-        const int oh = (int)(t % out_h);
-        const long long plane = t / out_h;
+        int ow, oh;
+        const long long plane = pool_position(i, out_w, out_h, &ow, &oh);
         int y0, y1, x0, x1;
         window_cells(oh, ow, h, w, size, stride_x, stride_y, padding / 2, &y0, &y1, &x0, &x1);
         const float share = delta_out[i] / (float)((y1 - y0) * (x1 - x0));

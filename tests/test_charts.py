@@ -63,5 +63,6 @@ def test_a_fresh_run_keeps_an_earlier_runs_chart_and_history(bars, tmp_path):
     for name in ("tiny.backup", "tiny_final.weights"):
         (backup / name).unlink(missing_ok=True)
     from darknet_py.train import TrainError
-    with pytest.raises(TrainError, match=r"chart_tiny.png, .*tiny.history.json: already exist.*--overwrite"):
+    with pytest.raises(TrainError,
+                       match=r"chart_tiny.png, .*tiny.history.json: already exist.*--overwrite"):
         train(cfg, data, device="cpu", log=Lines())

@@ -162,8 +162,9 @@ def test_every_command_has_help(command, mentions):
 def test_group_help_lists_the_commands():
     r = run_in_process(["--help"])
     assert r.code == 0
-    for command in ("test", "detect", "info", "partial"):
+    for command in ("test", "detect", "info", "partial", "train", "valid", "anchors"):
         assert re.search(rf"^\s+{command}\s", r.out, re.M), r.out
+        assert f"({command})" in " ".join(r.out.split()), r.out   # and the prose says what
 
 
 def test_python_dash_m_darknet_py_runs_the_cli():
@@ -662,3 +663,79 @@ def test_detect_errors(run, tmp_path):
                            tmp_path / "o.jpg", "--json", copy / "dir.json"]),
                       str(copy), "not a directory")
     assert not (tmp_path / "o.jpg").exists()
+
+
+# ---- detect's outputs: every class everywhere, Darknet's order, the overwrite rule ------------
+YOLOV3_TINY_CFG = STOCK_CFG / "yolov3-tiny.cfg"
+YOLOV3_TINY_WEIGHTS = SHARED / "weights" / "yolov3-tiny.weights"
+COCO_NAMES = SHARED / "weights" / "coco.names"
+needs_real_weights = pytest.mark.skipif(not YOLOV3_TINY_WEIGHTS.is_file(),
+                                        reason=f"{YOLOV3_TINY_WEIGHTS} not found")
+
+
+@needs_shared
+@needs_real_weights
+def test_detect_darknet_order_json_and_labels_carry_every_class(tmp_path):
+    base = ["detect", YOLOV3_TINY_CFG, YOLOV3_TINY_WEIGHTS, DOG, "--names", COCO_NAMES,
+            "--thresh", ".25", "--device", "cpu"]
+    ordered = run_in_process(base + ["--darknet-order", "--out", "none"], cwd=tmp_path)
+    assert ordered.code == 0, ordered
+    assert list(tmp_path.iterdir()) == []          # --out none: no picture
+    # What the C Darknet prints for this cfg, weights and image (../shared/weights/README.md),
+    # percentages within a point of its rounding.
+    c_darknet = [("dog", 57), ("car", 52), ("truck", 56), ("car", 62), ("truck", 43),
+                 ("bicycle", 59)]
+    printed = [line.rsplit(": ", 1) for line in ordered.lines[1:]]
+    assert [name for name, _ in printed] == [name for name, _ in c_darknet], ordered
+    assert all(abs(int(p.rstrip("%")) - q) <= 1 for (_, p), (_, q) in zip(printed, c_darknet))
+    # Default order and format, with --json: each printed line is a class in the JSON and
+    # a box with two classes above thresh carries both.
+    report = tmp_path / "dets.json"
+    r = run_in_process(base + ["--out", tmp_path / "drawn.jpg", "--json", report], cwd=tmp_path)
+    assert r.code == 0, r
+    [(_, lines)] = detections_printed(r.lines)
+    detections = json.loads(report.read_text())["images"][0]["detections"]
+    in_json = [(c["name"], round(100 * c["prob"]), (d["box"]["left"], d["box"]["top"],
+                                                     d["box"]["width"], d["box"]["height"]))
+               for d in detections for c in d["classes"]]
+    assert sorted(lines) == sorted(in_json)
+    assert sorted(name for name, _, _ in lines) == sorted(name for name, _ in c_darknet)
+    two = [d for d in detections if len(d["classes"]) == 2]
+    assert {c["name"] for d in two for c in d["classes"]} == {"car", "truck"}
+    assert all(d["name"] == max(d["classes"], key=lambda c: c["prob"])["name"] for d in two)
+
+
+def test_box_label_names_every_class_above_thresh():
+    from darknet_py.boxes import Detection
+    from darknet_py.detection import _label
+    det = Detection(box=(.5, .5, .2, .2), objectness=.9,
+                    probs=np.array([0, .62, 0, .41], dtype=np.float32), class_id=1, prob=.62)
+    assert _label(det, ["a", "car", "c", "truck"]) == "car, truck 62%"
+    assert _label(det, None) == "1, 3 62%"
+
+
+@needs_shared
+def test_detect_replaces_its_outputs_only_with_overwrite(tmp_path):
+    out, report = tmp_path / "pred.jpg", tmp_path / "dets.json"
+    out.write_bytes(b"an earlier picture")
+    report.write_text("{}")
+    stale = tmp_path / ".output-999999999-x.jpg"   # a write interrupted in a dead process
+    stale.write_bytes(b"half")
+    args = ["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--out", out,
+            "--json", report]
+    refused = run_in_process(args)
+    assert refused.code == 2 and "--overwrite" in refused.err, refused
+    assert out.read_bytes() == b"an earlier picture" and report.read_text() == "{}"
+    r = run_in_process(args + ["--overwrite"])
+    assert r.code == 0, r
+    assert out.read_bytes()[:2] == b"\xff\xd8" and json.loads(report.read_text())["images"]
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dets.json", "pred.jpg"]
+
+
+@needs_shared
+def test_detect_on_an_empty_array_is_an_image_error():
+    from darknet_py.image import ImageError
+    net = load_network(P2_CFG, None, batch=1, device="cpu")
+    with pytest.raises(ImageError, match="empty"):
+        net.detect(np.zeros((0, 0, 3), dtype=np.uint8))

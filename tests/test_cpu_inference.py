@@ -8,7 +8,9 @@ import pytest
 
 import darknet_py
 from darknet_py import activations
+from darknet_py.backends import numpy_backend
 from darknet_py.backends.numpy_backend import NumpyBackend
+from test_cuda_ops import MAXPOOL_CASES  # the last has windows wholly in the padding
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = SHARED / "fixtures"
@@ -55,10 +57,27 @@ def test_activate_in_place_equals_the_formula(activation):
     np.testing.assert_array_equal(got, activations.activate(x, activation))
 
 
-MAXPOOL_CASES = [  # batch, c, h, w, size, stride, padding
-    (2, 3, 13, 13, 2, 2, 1), (1, 4, 13, 13, 2, 1, 1), (2, 3, 9, 11, 3, 2, 2), (1, 2, 7, 7, 3, 3, 0),
-    (2, 5, 8, 6, 5, 2, 4), (3, 7, 26, 26, 2, 2, 0), (1, 1, 5, 5, 4, 1, 6),
-    (1, 2, 3, 3, 2, 1, 8)]  # the last has windows wholly in the padding: -inf
+def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch):
+    monkeypatch.setattr(numpy_backend, "_THREADS", 2)
+    seen = np.zeros(1000, dtype=np.int64)
+    parts = []
+
+    def work(start, stop):
+        parts.append((start, stop))
+        seen[start:stop] += 1
+
+    numpy_backend._parallel(1000, work, 10)
+    assert (seen == 1).all() and len(parts) == 8  # 4 parts per thread
+    parts.clear()
+    numpy_backend._parallel(1000, work, 600)      # too little work to split
+    assert parts == [(0, 1000)]
+
+    def fail(start, stop):
+        if start > 0:
+            raise ValueError(f"part at {start}")
+
+    with pytest.raises(ValueError, match="part at"):
+        numpy_backend._parallel(1000, fail, 10)
 
 
 @pytest.mark.parametrize("batch,c,h,w,size,stride,padding", MAXPOOL_CASES)
@@ -74,6 +93,21 @@ def test_maxpool_without_indexes_gives_the_same_maxima(batch, c, h, w, size, str
     np.testing.assert_array_equal(got, want)
     if padding == 8:
         assert np.isneginf(got).any()
+
+
+@pytest.mark.parametrize("size,stride_x,stride_y,padding", [(2, 1, 2, 1), (3, 2, 1, 2),
+                                                             (2, 2, 1, 0), (3, 3, 2, 4)])
+def test_maxpool_xy_without_indexes_gives_the_same_maxima(size, stride_x, stride_y, padding):
+    be = NumpyBackend()
+    batch, c, h, w = 2, 3, 9, 11
+    x = np.random.default_rng(size).standard_normal(batch * c * h * w).astype(np.float32)
+    n_out = batch * c * ((h + padding - size) // stride_y + 1) * ((w + padding - size)
+                                                                  // stride_x + 1)
+    want, got = np.full(n_out, np.nan, np.float32), np.full(n_out, np.nan, np.float32)
+    args = (x, batch, c, h, w, size, stride_x, stride_y, padding)
+    be.maxpool_forward_xy(*args, want, be.int_zeros(n_out))
+    be.maxpool_forward_xy(*args, got, None)
+    np.testing.assert_array_equal(got, want)
 
 
 # ---- folded batch norm -----------------------------------------------------------
@@ -108,7 +142,7 @@ def test_the_fold_is_remade_after_training_and_after_loading():
                                   d / "p3_train_classifier.weights", device="cpu")
     x = ref["input"]
     before = all_outputs(net, x, fold=True)[-2]
-    net.train_batch(x, ref["truth"])   # moves weights, biases, scales and rolling stats
+    net.train_pass(x, ref["truth"])   # moves weights, biases, scales and rolling stats
     after_update = all_outputs(net, x, fold=True)[-2]
     assert rel_error(after_update, all_outputs(net, x, fold=False)[-2]) < TOLERANCE
     assert rel_error(after_update, before) > 10 * TOLERANCE  # the step did change the output
@@ -118,6 +152,27 @@ def test_the_fold_is_remade_after_training_and_after_loading():
 
 real_weights = pytest.mark.skipif(not TINY_WEIGHTS.is_file(),
                                   reason=f"real weights not found at {TINY_WEIGHTS}")
+
+
+# cap 1: one image per GEMM, straight into the output; 1 << 25: all five in one GEMM.
+@pytest.mark.parametrize("cap", [1, 1 << 25])
+def test_folded_inference_with_groups_and_chunks(monkeypatch, cap):
+    from darknet_py.cfg import parse_cfg_text
+    from darknet_py.layers import convolutional
+    from test_conv_chunks import CFG  # BN conv with groups=2, a 1x1 conv, a dilated conv
+    monkeypatch.setattr(convolutional, "WORKSPACE_CAP_FLOATS", cap)
+    net = darknet_py.Network(parse_cfg_text(CFG, "chunks.cfg"), "chunks.cfg", seed=4)
+    rng = np.random.default_rng(5)
+    conv = net.layers[0]
+    for name, low, high in (("rolling_mean", -0.5, 0.5), ("rolling_variance", 0.5, 2.0),
+                            ("scales", 0.5, 1.5), ("biases", -0.5, 0.5)):
+        net.be.write(getattr(conv, name), rng.uniform(low, high, conv.out_c))
+    x = rng.random((5, 4, 9, 11), dtype=np.float32)
+    folded = all_outputs(net, x, fold=True)
+    unfolded = all_outputs(net, x, fold=False)
+    assert conv._chunk(5) == (1 if cap == 1 else 5)
+    for i in range(3):
+        assert rel_error(folded[i], unfolded[i]) < 1e-5, i
 
 
 @real_weights
@@ -144,3 +199,30 @@ def test_folding_keeps_real_yolov3_tiny_outputs_and_detections():
                            for c, p in enumerate(d.probs) if p > 0.25)
             assert [n for n, _ in found] == [n for n, _ in darknet]
             assert all(abs(p - q) < 1.0 for (_, p), (_, q) in zip(found, darknet)), found
+
+
+# ---- process start ----------------------------------------------------------------
+
+def test_import_and_a_cpu_detect_never_import_pycuda(tmp_path):
+    # A stand-in pycuda first on the path leaves a mark if anything imports it.
+    import subprocess
+    import sys
+    fake = tmp_path / "site" / "pycuda"
+    fake.mkdir(parents=True)
+    mark = tmp_path / "pycuda-imported"
+    (fake / "__init__.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{repo}", "PATH": "/usr/bin:/bin"}
+    fixture = FIXTURES / "p2_tinyyolo"
+    probe = subprocess.run([sys.executable, "-c", "import pycuda"], env=env)
+    assert probe.returncode == 0 and mark.exists()  # the stand-in works
+    mark.unlink()
+    run = subprocess.run([sys.executable, "-c", "import darknet_py"], env=env)
+    assert run.returncode == 0 and not mark.exists()
+    if fixture.is_dir():
+        run = subprocess.run([sys.executable, "-m", "darknet_py", "detect",
+                              fixture / "p2_tinyyolo.cfg", fixture / "p2_tinyyolo.weights",
+                              SHARED / "images" / "dog.jpg", "--device", "cpu",
+                              "--out", tmp_path / "out.jpg"], env=env, capture_output=True)
+        assert run.returncode == 0, run.stderr
+        assert not mark.exists()

@@ -159,7 +159,7 @@ def test_fork_layers_train_the_same_on_both_backends():
     x = rng.random((4, 3, 12, 12), dtype=np.float32)
     truth = np.eye(5, dtype=np.float32)[[0, 3, 1, 4]]
     before = [nets[0].be.to_host(a) for l in nets[0].layers for _, a in l.params()]
-    losses = [net.train_batch(x, truth) for net in nets]
+    losses = [net.train_pass(x, truth) for net in nets]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)
     after = [[n.be.to_host(a) for l in n.layers for _, a in l.params()] for n in nets]
     for i, (b, c, g) in enumerate(zip(before, *after)):

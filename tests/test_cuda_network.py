@@ -47,9 +47,9 @@ def test_forward_matches_darknet_and_numpy(name):
 def test_training_step_matches_darknet():
     cfg, weights, ref = fixture("p3_train_classifier")
     net = dn.load_network(cfg, weights, batch=4, device="cuda")
-    loss = net.train_batch(ref["input"], ref["truth"])
+    loss = net.train_pass(ref["input"], ref["truth"])
     assert loss == pytest.approx(float(ref["loss"]), rel=1e-4)
-    assert net.seen == int(ref["seen_after"]) and net.current_batch == 1
+    assert net.seen == int(ref["seen_after"]) and net.iteration == 1
     assert net.last_rate == pytest.approx(float(ref["rate"]))
     for i in range(len(net.layers)):
         assert rel_err(net.layer_output(i), ref[f"train_layer_{i}"]) < 1e-4, f"layer {i}"
@@ -123,7 +123,7 @@ def run_training(device, steps=100):
         for k, label in enumerate(labels):
             x[k, label % 3] += 0.4 * (1 + label // 3)
         truth = np.eye(5, dtype=np.float32)[labels]
-        losses.append(net.train_batch(x, truth) / net.batch)
+        losses.append(net.train_pass(x, truth) / net.batch)
     per_iteration = np.asarray(losses).reshape(steps, net.subdivisions).mean(axis=1)
     return per_iteration
 
@@ -211,10 +211,10 @@ def test_stock_cfg_training_step_matches_numpy(name, size):
     else:
         truth = np.eye(last.outputs, dtype=np.float32)[rng.integers(0, last.outputs, 2)]
     before = [cpu.be.to_host(a) for l in cpu.layers for _, a in l.params()]
-    losses = [net.train_batch(x, truth) for net in nets]
+    losses = [net.train_pass(x, truth) for net in nets]
     if cpu.subdivisions > 1:  # make sure an update happened on both
         for _ in range(cpu.subdivisions - 1):
-            losses = [net.train_batch(x, truth) for net in nets]
+            losses = [net.train_pass(x, truth) for net in nets]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)
     after = [[n.be.to_host(a) for l in n.layers for _, a in l.params()] for n in nets]
     for i, (b, c, g) in enumerate(zip(before, *after)):

@@ -70,12 +70,12 @@ def test_p3_one_training_step_matches_darknet(tmp_path):
     net, ref = load("p3_train_classifier")
     check_structure(net, ref)
     assert net.batch == 4
-    loss = net.train_batch(ref["input"], ref["truth"])
+    loss = net.train_pass(ref["input"], ref["truth"])
 
     assert rel_error(loss, ref["loss"]) < TOLERANCE
     assert rel_error(net.last_rate, ref["rate"]) < TOLERANCE
     assert net.seen == int(ref["seen_after"])
-    assert net.current_batch == int(ref["current_batch_at_update"])
+    assert net.iteration == int(ref["current_batch_at_update"])
     for i, cost in zip(ref["cost_layer_indices"], ref["cost_layer_values"]):
         assert rel_error(net.layers[int(i)].cost, cost) < TOLERANCE
     for i in range(len(net.layers)):

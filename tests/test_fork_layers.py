@@ -402,14 +402,24 @@ YOLO = ("[convolutional]\nfilters=18\nsize=1\nstride=1\nactivation=linear\n\n"
 def test_truth_layout_by_flavour(darknet, size, boxes):
     net = build(YOLO, 4, 4, 1, darknet=darknet)
     assert (net.truth_size, net.max_boxes) == (size, boxes)
-    five = np.zeros((2, 90, 5), np.float32)
-    five[:, 0] = [0.5, 0.5, 0.2, 0.3, 0]
-    six = np.zeros((2, 200, 6), np.float32)
-    six[:, 0] = [0.5, 0.5, 0.2, 0.3, 0, 7]
-    for given in (five, six):
-        got = net.truth_for_network(given.reshape(2, -1)).reshape(2, boxes, size)
-        np.testing.assert_array_equal(got[:, 0, :5], five[:, 0])
-        assert not got[:, 1:].any()
+    box = [0.5, 0.5, 0.2, 0.3, 0]
+    for count, fields in ((90, 5), (200, 5), (200, 6)):   # original, loader (max=200), fork
+        given = np.zeros((2, count, fields), np.float32)
+        given[:, 0, :5] = given[:, 1, :5] = box
+        got = net.truth_for_network(given.reshape(2, -1)).reshape(2, count, size)
+        np.testing.assert_array_equal(got[:, :2, :5], given[:, :2, :5])
+        assert not got[:, 2:].any() and not got[:, :, 5:].any()
+
+
+def test_a_fork_detector_trains_the_same_from_either_truth_layout():
+    losses = []
+    for fields in (5, 6):
+        net = build(YOLO, 4, 4, 1, batch=2, darknet="alexeyab", seed=1)
+        truth = np.zeros((2, 200, fields), np.float32)
+        truth[:, 0, :5] = [0.4, 0.6, 0.3, 0.2, 0]
+        x = np.random.default_rng(0).random((2, 1, 4, 4))
+        losses.append(net.train_pass(x, truth.reshape(2, -1)))
+    assert losses[0] == losses[1] and losses[0] > 0
 
 
 def test_a_classifier_truth_is_left_alone():
@@ -418,3 +428,75 @@ def test_a_classifier_truth_is_left_alone():
     truth = np.eye(450, dtype=np.float32)[:2]
     assert net.truth_for_network(truth) is not None
     np.testing.assert_array_equal(net.truth_for_network(truth), truth)
+
+
+# ---- [convolutional] in the fork -----------------------------------------------------------------
+def test_conv_stride_x_and_y_override_stride():
+    net = build("[convolutional]\nfilters=2\nsize=3\nstride=1\nstride_x=2\nstride_y=2\npad=1\n"
+                "activation=linear\n", 8, 6, 1, darknet="alexeyab")
+    assert (net.layers[0].out_w, net.layers[0].out_h, net.layers[0].stride) == (4, 3, 2)
+
+
+def test_conv_separate_strides_against_a_loop():
+    net = build("[convolutional]\nfilters=2\nsize=3\nstride_x=2\npad=1\nactivation=linear\n",
+                9, 5, 2, darknet="alexeyab")
+    conv = net.layers[0]
+    assert (conv.out_w, conv.out_h) == (5, 5)     # stride_x 2, stride_y from stride (1)
+    assert "/2x1" in conv.describe()
+    x = run(net)
+    img = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    w = conv.weights.reshape(2, 2, 3, 3)
+    want = np.zeros((2, 2, 5, 5))
+    for i in range(5):
+        for j in range(5):
+            want[:, :, i, j] = np.einsum("bcyx,fcyx->bf", img[:, :, i:i + 3, 2 * j:2 * j + 3], w)
+    np.testing.assert_allclose(out(net, 0), want, rtol=1e-12)
+
+
+def test_conv_separate_strides_gradient():
+    body = ("[convolutional]\nfilters=3\nsize=3\nstride_x=1\nstride_y=2\npad=1\nactivation=mish\n\n"
+            + CONV.format(f=2, k=1, a="linear"))
+    GradCheck(net_text(5, 6, 2, body)).check(expect=["input", "0.weights", "1.weights"])
+
+
+def test_conv_dilation_keeps_the_size_and_pads_by_padding_times_dilation():
+    net = build("[convolutional]\nfilters=2\nsize=3\nstride=1\npadding=1\ndilation=2\n"
+                "activation=linear\n", 9, 7, 1, darknet="alexeyab")
+    conv = net.layers[0]
+    assert (conv.out_w, conv.out_h, conv.padding) == (9, 7, 2)
+    x = run(net)
+    img = np.pad(x[:, 0], ((0, 0), (2, 2), (2, 2)))
+    w = conv.weights.reshape(2, 3, 3)
+    want = np.zeros((2, 2, 7, 9))
+    for f in range(2):
+        for i in range(7):
+            for j in range(9):
+                want[:, f, i, j] = (img[:, i:i + 5:2, j:j + 5:2] * w[f]).sum(axis=(1, 2))
+    np.testing.assert_allclose(out(net, 0), want, rtol=1e-12)
+    with pytest.raises(CfgError, match="dilation: dilation=2 with padding=0"):
+        build("[convolutional]\nfilters=2\nsize=3\ndilation=2\n", 9, 7, 1, darknet="alexeyab")
+
+
+SHARED_NET = (CONV.format(f=3, k=3, a="leaky") + CONV.format(f=3, k=3, a="leaky")
+              + "[convolutional]\nfilters=3\nsize=3\nstride=1\npad=1\nactivation=leaky\n"
+              "share_index=-1\n")
+
+
+def test_conv_share_index_uses_and_trains_the_owners_parameters(tmp_path):
+    net = build(SHARED_NET, 4, 4, 3, darknet="alexeyab")
+    owner, sharer = net.layers[1], net.layers[2]
+    assert sharer.weights is owner.weights and sharer.params() == []
+    run(net)
+    want = build(CONV.format(f=3, k=3, a="leaky"), 4, 4, 3)
+    want.layers[0].weights[...] = owner.weights
+    want.forward(out(net, 1))
+    np.testing.assert_allclose(out(net, 2), out(want, 0), rtol=1e-5, atol=1e-7)  # via float32
+    GradCheck(net_text(4, 4, 3, SHARED_NET)).check(expect=["input", "0.weights", "1.weights"])
+
+
+def test_conv_share_index_must_match():
+    with pytest.raises(CfgError, match="share_index: layer 0 must be a .convolutional. with the "
+                                       "same filters"):
+        build(CONV.format(f=3, k=3, a="leaky") + CONV.format(f=2, k=3, a="leaky")
+              + "[convolutional]\nfilters=2\nsize=3\npad=1\nshare_index=0\n", 4, 4, 3,
+              darknet="alexeyab")

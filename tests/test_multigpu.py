@@ -1,5 +1,5 @@
 """Data-parallel training over NCCL on 2 GPUs (make gpu-test on a machine with >= 2 GPUs and
-NCCL: pip install 'darknet-cfg-runner[multigpu]'). Skipped elsewhere, with the reason."""
+NCCL: pip install '.[multigpu]'). Skipped elsewhere, with the reason."""
 import multiprocessing
 
 import numpy as np

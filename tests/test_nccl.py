@@ -122,6 +122,6 @@ def test_a_missing_library_says_how_to_get_it():
         raise OSError(f"{path}: cannot open shared object file")
 
     with pytest.raises(CommError, match=r"NCCL \(libnccl.so.2\) not found: install it with "
-                                        r"pip install 'darknet-cfg-runner\[multigpu\]'"):
+                                        r"pip install nvidia-nccl-cu13"):
         nccl.load_library(loader)
     assert nccl.library_candidates()[-1] == "libnccl.so.2"

@@ -45,12 +45,12 @@ def test_iteration_count_ignores_inference_batch():
     rng = np.random.default_rng(0)
     assert net.batch == 2  # batch / subdivisions per forward
     for _ in range(4):
-        net.train_batch(*batch_of(net, 2, rng))
-    assert (net.seen, net.current_batch) == (8, 2)
+        net.train_pass(*batch_of(net, 2, rng))
+    assert (net.seen, net.iteration) == (8, 2)
     assert net.learning_rate == pytest.approx(0.05)  # past step 2
     net.predict(rng.random((1,) + net.input_shape, dtype=np.float32))
     assert net.batch == 1
-    assert (net.seen, net.current_batch) == (8, 2)
+    assert (net.seen, net.iteration) == (8, 2)
     assert net.learning_rate == pytest.approx(0.05)
 
 
@@ -59,10 +59,10 @@ def test_update_only_after_all_subdivisions():
     rng = np.random.default_rng(1)
     conv = net.layers[0]
     before = net.be.to_host(conv.weights)
-    net.train_batch(*batch_of(net, 2, rng))
+    net.train_pass(*batch_of(net, 2, rng))
     assert net.last_rate is None
     np.testing.assert_array_equal(net.be.to_host(conv.weights), before)
-    net.train_batch(*batch_of(net, 2, rng))
+    net.train_pass(*batch_of(net, 2, rng))
     assert net.last_rate == pytest.approx(0.1)
     assert not np.array_equal(net.be.to_host(conv.weights), before)
 
@@ -70,7 +70,7 @@ def test_update_only_after_all_subdivisions():
 def test_resize_keeps_parameters_and_changes_shapes():
     net = make()
     rng = np.random.default_rng(2)
-    net.train_batch(*batch_of(net, 2, rng))
+    net.train_pass(*batch_of(net, 2, rng))
     weights = net.be.to_host(net.layers[0].weights)
     rolling = net.be.to_host(net.layers[0].rolling_mean)
     net.resize(24, 20)
@@ -78,7 +78,7 @@ def test_resize_keeps_parameters_and_changes_shapes():
     assert (conv.out_w, conv.out_h) == (12, 10)
     np.testing.assert_array_equal(net.be.to_host(conv.weights), weights)
     np.testing.assert_array_equal(net.be.to_host(conv.rolling_mean), rolling)
-    loss = net.train_batch(*batch_of(net, 2, rng))
+    loss = net.train_pass(*batch_of(net, 2, rng))
     assert np.isfinite(loss) and net.seen == 4
 
 
@@ -93,3 +93,19 @@ def test_predict_checks_the_input_shape():
     net = make()
     with pytest.raises(ValueError, match=r"\(N, 3, 16, 16\)"):
         net.predict(np.zeros((2, 3, 8, 8), dtype=np.float32))
+
+
+def test_train_iteration_is_its_subdivision_passes_and_one_update():
+    rng = np.random.default_rng(3)
+    x, truth = batch_of(make(), 4, rng)
+    by_passes, whole = make(), make()
+    assert (whole.images_per_pass, whole.images_per_iteration) == (2, 4)
+    costs = [by_passes.train_pass(x[:2], truth[:2]), by_passes.train_pass(x[2:], truth[2:])]
+    loss = whole.train_iteration(x, truth)
+    assert loss == pytest.approx(sum(costs) / 4, rel=1e-6)
+    assert whole.seen == 4 and whole.iteration == 1 and whole.last_rate == pytest.approx(0.1)
+    for a, b in zip(by_passes.layers, whole.layers):
+        for (name, pa), (_, pb) in zip(a.params(), b.params()):
+            np.testing.assert_array_equal(a.be.to_host(pa), b.be.to_host(pb), err_msg=name)
+    with pytest.raises(ValueError, match="3 images do not split into subdivisions=2"):
+        whole.train_iteration(x[:3], truth[:3])

@@ -73,7 +73,7 @@ def test_network_rate_follows_seen_batch_and_subdivisions():
     net = Network(parse_cfg_text(CLASSIFIER_CFG.format(batch=8, subdivisions=2, momentum=0.9,
                                                        max_batches=20)), "t.cfg")
     net.seen = 8 * 15                       # 15 updates of 8 images (2 passes of 4)
-    assert net.current_batch == 15
+    assert net.iteration == 15
     assert net.learning_rate == pytest.approx(0.05 * (1 - 15 / 20) ** 2)
 
 
@@ -183,14 +183,14 @@ def test_subdivisions_accumulate_gradients_into_one_update(tmp_path):
     truth = np.eye(2, dtype=np.float32)[rng.integers(0, 2, 8)]
     before = whole.be.to_host(whole.layers[0].weights)
     for step in range(3):
-        halves.train_batch(x[:4], truth[:4])
+        halves.train_pass(x[:4], truth[:4])
         if step == 0:   # no update until the last pass of the iteration
             np.testing.assert_array_equal(halves.be.to_host(halves.layers[0].weights), before)
             assert halves.last_rate is None
-        halves.train_batch(x[4:], truth[4:])
-        whole.train_batch(x, truth)
+        halves.train_pass(x[4:], truth[4:])
+        whole.train_pass(x, truth)
         assert halves.seen == whole.seen == 8 * (step + 1)
-        assert halves.current_batch == whole.current_batch == step + 1
+        assert halves.iteration == whole.iteration == step + 1
     for a, b in zip(halves.layers, whole.layers):
         for (name, pa), (_, pb) in zip(a.params(), b.params()):
             np.testing.assert_allclose(halves.be.to_host(pa), whole.be.to_host(pb),
@@ -433,7 +433,7 @@ def test_resize_network_keeps_parameters_and_updates(tmp_path):
     x = np.random.default_rng(0).random((2, 3, 32, 32)).astype(np.float32)
     truth = np.zeros((2, 450), np.float32)
     truth[:, :5] = [0.5, 0.5, 0.3, 0.3, 1]
-    net.train_batch(x, truth)
+    net.train_pass(x, truth)
     before = {(l.index, n): net.be.to_host(a).copy() for l in net.layers for n, a in l.params()}
     updates = net.be.to_host(net.layers[0].weight_updates).copy()
     resize_network(net, 48, 48)
@@ -443,7 +443,7 @@ def test_resize_network_keeps_parameters_and_updates(tmp_path):
             np.testing.assert_array_equal(net.be.to_host(arr), before[(layer.index, name)])
     np.testing.assert_array_equal(net.be.to_host(net.layers[0].weight_updates), updates)
     big = np.random.default_rng(1).random((2, 3, 48, 48)).astype(np.float32)
-    assert math.isfinite(net.train_batch(big, truth))
+    assert math.isfinite(net.train_pass(big, truth))
 
 
 def test_partial_weights_load_with_a_notice_and_start_at_zero(canvases, tmp_path):

@@ -171,3 +171,27 @@ def test_fixture_weights_round_trip(tmp_path, name):
     out = tmp_path / "copy.weights"
     net.save_weights(out)
     assert out.read_bytes() == src.read_bytes()
+
+
+def test_nan_and_inf_weights_load_with_a_warning_naming_the_layer(tmp_path):
+    from darknet_py.weights import WeightsWarning
+    values = np.ones(NEEDED, dtype=np.float32)
+    values[66 + 3] = np.nan          # layer 1: its 2 biases, then its weights
+    values[66 + 8 + 10] = np.inf     # the connected layer
+    path = tmp_path / "bad.weights"
+    write_file(path, values)
+    with pytest.warns(WeightsWarning) as caught:
+        load_weights(make_net(), path)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2
+    assert "layer 1 [convolutional] weights: 1 of 6 values are NaN or infinite" in messages[0]
+    assert "layer 2 [connected]" in messages[1] and str(path) in messages[1]
+
+
+@pytest.mark.parametrize("body, words", [(13 - 12, "header"), (19 - 12, "header"),
+                                         (4 * NEEDED + 2, "not a whole number of floats")])
+def test_header_and_body_sizes_are_checked_before_reading(tmp_path, body, words):
+    path = tmp_path / "cut.weights"
+    path.write_bytes(struct.pack("<3i", 0, 2, 0) + bytes(body))
+    with pytest.raises(WeightsError, match=words):
+        load_weights(make_net(), path)

@@ -31,7 +31,7 @@ from pycuda.tools import DeviceMemoryPool
 from . import DeviceOutOfMemory
 
 from .. import activations
-from .numpy_backend import conv_out_size
+from .numpy_backend import conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 
@@ -57,8 +57,8 @@ _KERNELS = {
         splitk_reduce="iiiPffPi",
     ),
     "im2col.cu": {
-        "im2col_kernel": "PiiiiiiiiiPiq",
-        "col2im_kernel": "PiiiiiiiiiPiq",
+        "im2col_kernel": "PiiiiiiiiiiPiq",
+        "col2im_kernel": "PiiiiiiiiiiPiq",
     },
     "batchnorm.cu": {
         "add_bias": "PPiii",
@@ -559,8 +559,9 @@ class CudaBackend:
     # ---- convolution helpers -----------------------------------------------
     def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        return (self._ptr(src), int(channels), int(height), int(width), int(ksize), int(stride),
-                int(pad), int(dilation), int(out_h), int(out_w), self._ptr(dst))
+        stride_y, stride_x = conv_strides(stride)
+        return (self._ptr(src), int(channels), int(height), int(width), int(ksize), int(stride_y),
+                int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), self._ptr(dst))
 
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
                batch=1, im_stride=0):

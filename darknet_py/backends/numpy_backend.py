@@ -11,6 +11,7 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
     releases the GIL inside its loops).
 """
+import itertools
 import os
 import threading
 import time
@@ -134,8 +135,10 @@ class NumpyBackend:
                batch=1, im_stride=0):
         """Unfold images (channels x height x width each, `im_stride` apart; 0: packed)
         into col, laid out (channels*k*k) x batch x (out_h*out_w): one GEMM then covers
-        the whole batch. With batch=1 that is Darknet's im2col of one image."""
+        the whole batch. With batch=1 that is Darknet's im2col of one image. stride: an
+        int, or (stride_y, stride_x)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        sy, sx = conv_strides(stride)
         images = _images(im, batch, im_stride, channels, height, width)
         rows = ksize * ksize * batch * out_h * out_w   # col floats per channel
 
@@ -148,7 +151,7 @@ class NumpyBackend:
                 part = padded
             sb, sc, sh, sw = part.strides
             windows = as_strided(part, (c1 - c0, ksize, ksize, batch, out_h, out_w),
-                                 (sc, sh * dilation, sw * dilation, sb, sh * stride, sw * stride))
+                                 (sc, sh * dilation, sw * dilation, sb, sh * sy, sw * sx))
             # Assign through a shaped view of col: reshape(-1) of the windows copies twice.
             col[c0 * rows:c1 * rows].reshape(windows.shape)[...] = windows
 
@@ -159,14 +162,15 @@ class NumpyBackend:
         """Fold col (laid out as im2col writes it) back, *adding* into the images
         (the adjoint of im2col)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        sy, sx = conv_strides(stride)
         cols = col[:channels * ksize * ksize * batch * out_h * out_w].reshape(
             channels, ksize, ksize, batch, out_h, out_w)
         padded = np.zeros((batch, channels, height + 2 * pad, width + 2 * pad), dtype=im.dtype)
         for ki in range(ksize):
             for kj in range(ksize):
                 r0, c0 = ki * dilation, kj * dilation
-                padded[:, :, r0:r0 + stride * (out_h - 1) + 1:stride,
-                       c0:c0 + stride * (out_w - 1) + 1:stride] += cols[:, ki, kj].transpose(1, 0, 2, 3)
+                padded[:, :, r0:r0 + sy * (out_h - 1) + 1:sy,
+                       c0:c0 + sx * (out_w - 1) + 1:sx] += cols[:, ki, kj].transpose(1, 0, 2, 3)
         images = _images(im, batch, im_stride, channels, height, width)
         images += padded[:, :, pad:pad + height, pad:pad + width]
 
@@ -298,35 +302,29 @@ class NumpyBackend:
         out_w = (w + padding - size) // stride + 1
         off = padding // 2
         n = batch * c * out_h * out_w
-        if indexes is None:
-            src = x[:batch * c * h * w].reshape(batch * c, h, w)
-            dst = out[:n].reshape(batch * c, out_h, out_w)
-            _parallel(batch * c, lambda p0, p1: _maxpool_values(src[p0:p1], size, stride, off,
-                                                                dst[p0:p1]),
-                      max(1, _GRAIN_FLOATS // (h * w)))
+        if indexes is None or size != stride or off or out_h * size > h or out_w * size > w:
+            self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out,
+                                    indexes)
             return
-        if size == stride and off == 0 and out_h * size <= h and out_w * size <= w:
-            # Non-overlapping windows inside the image (the usual 2x2/2): compare the
-            # size*size strided views in window order, keeping the first maximum (Darknet's
-            # strict '>'); no padded or index copies (several times faster).
-            src = x[:batch * c * h * w].reshape(batch * c, h, w)
-            rows, cols = out_h * size, out_w * size
-            best = src[:, 0:rows:size, 0:cols:size].copy()
-            which = np.zeros(best.shape, dtype=np.int64)
-            for k in range(1, size * size):
-                dy, dx = divmod(k, size)
-                cand = src[:, dy:rows:size, dx:cols:size]
-                better = cand > best
-                np.copyto(best, cand, where=better)
-                which[better] = k
-            out[:n] = best.reshape(-1)
-            dy, dx = np.divmod(which, size)
-            plane = (np.arange(batch * c) * (h * w)).reshape(-1, 1, 1)
-            top = np.arange(out_h).reshape(1, -1, 1) * (size * w)
-            left = np.arange(out_w).reshape(1, 1, -1) * size
-            indexes[:n] = (plane + top + left + dy * w + dx).reshape(-1)
-            return
-        self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out, indexes)
+        # Training with non-overlapping windows inside the image (the usual 2x2/2): compare
+        # the size*size strided views in window order, keeping the first maximum (Darknet's
+        # strict '>'); no padded or index copies (several times faster).
+        src = x[:batch * c * h * w].reshape(batch * c, h, w)
+        rows, cols = out_h * size, out_w * size
+        best = src[:, 0:rows:size, 0:cols:size].copy()
+        which = np.zeros(best.shape, dtype=np.int64)
+        for k in range(1, size * size):
+            dy, dx = divmod(k, size)
+            cand = src[:, dy:rows:size, dx:cols:size]
+            better = cand > best
+            np.copyto(best, cand, where=better)
+            which[better] = k
+        out[:n] = best.reshape(-1)
+        dy, dx = np.divmod(which, size)
+        plane = (np.arange(batch * c) * (h * w)).reshape(-1, 1, 1)
+        top = np.arange(out_h).reshape(1, -1, 1) * (size * w)
+        left = np.arange(out_w).reshape(1, 1, -1) * size
+        indexes[:n] = (plane + top + left + dy * w + dx).reshape(-1)
 
     def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
                            indexes):
@@ -334,6 +332,13 @@ class NumpyBackend:
         out_h = (h + padding - size) // stride_y + 1
         out_w = (w + padding - size) // stride_x + 1
         off = padding // 2
+        if indexes is None:
+            src = x[:batch * c * h * w].reshape(batch * c, h, w)
+            dst = out[:batch * c * out_h * out_w].reshape(batch * c, out_h, out_w)
+            _parallel(batch * c, lambda p0, p1: _maxpool_values(
+                src[p0:p1], size, stride_y, stride_x, off, dst[p0:p1]),
+                max(1, _GRAIN_FLOATS // (h * w)))
+            return
         # Pad so every window is in range; padded cells never win (-inf).
         ph = max(0, (out_h - 1) * stride_y + size - off - h)
         pw = max(0, (out_w - 1) * stride_x + size - off - w)
@@ -550,6 +555,7 @@ _BLOCK_FLOATS = 1 << 16
 # The least work (in floats) worth handing to another thread: below it, the hand-over
 # (tens of microseconds) costs more than it saves.
 _GRAIN_FLOATS = 1 << 17
+_PARTS_PER_THREAD = 4
 _THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 _pool = None
 _local = threading.local()
@@ -564,20 +570,39 @@ class _WallTimer:
 
 
 def _parallel(count, work, grain):
-    """work(start, stop) over [0, count) in up to _THREADS contiguous parts of at least
-    `grain` items: the first part on the calling thread, the others on a pool."""
+    """work(start, stop) over [0, count) in contiguous parts of at least `grain` items,
+    a few per core. The calling thread and the pool's threads claim parts until none is
+    left, and the caller returns once every part is done: a pool thread the OS has not
+    scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
     global _pool
-    parts = min(_THREADS or 1, count // max(1, grain))
-    if parts <= 1:
+    parts = min(_PARTS_PER_THREAD * (_THREADS or 1), count // max(1, grain))
+    if parts <= 1 or (_THREADS or 1) <= 1:
         work(0, count)
         return
     if _pool is None:
         _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
     bounds = [count * i // parts for i in range(parts + 1)]
-    futures = [_pool.submit(work, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-    work(bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+    claims = itertools.count()    # next() on it is atomic under the GIL
+    finished, errors = [], []
+    all_done = threading.Event()
+
+    def drain():
+        try:
+            while (i := next(claims)) < parts:
+                work(bounds[i], bounds[i + 1])
+                finished.append(i)
+                if len(finished) == parts:
+                    all_done.set()
+        except BaseException as e:  # re-raised on the calling thread
+            errors.append(e)
+            all_done.set()
+
+    for _ in range(min(_THREADS - 1, parts - 1)):
+        _pool.submit(drain)
+    drain()
+    all_done.wait()
+    if errors:
+        raise errors[0]
 
 
 def _scratch(n, dtype):
@@ -610,22 +635,22 @@ def _activate_inplace(x, activation, scratch):
         x[...] = activations.activate(x, activation)
 
 
-def _maxpool_values(src, size, stride, off, out):
+def _maxpool_values(src, size, stride_y, stride_x, off, out):
     """out (planes, out_h, out_w) = the maximum of each window, taken as a running
     np.maximum over the size*size strided views: no argmax, no index arrays. Cells
     outside the image (padding) are -inf, so a window wholly in the padding gives -inf."""
     planes, h, w = src.shape
     _, out_h, out_w = out.shape
-    ph = max(0, (out_h - 1) * stride + size - off - h)
-    pw = max(0, (out_w - 1) * stride + size - off - w)
+    ph = max(0, (out_h - 1) * stride_y + size - off - h)
+    pw = max(0, (out_w - 1) * stride_x + size - off - w)
     if off or ph or pw:
         padded = np.full((planes, off + h + ph, off + w + pw), -np.inf, dtype=src.dtype)
         padded[:, off:off + h, off:off + w] = src
         src = padded
-    rows, cols = stride * (out_h - 1) + 1, stride * (out_w - 1) + 1
+    rows, cols = stride_y * (out_h - 1) + 1, stride_x * (out_w - 1) + 1
     for k in range(size * size):
         dy, dx = divmod(k, size)
-        view = src[:, dy:dy + rows:stride, dx:dx + cols:stride]
+        view = src[:, dy:dy + rows:stride_y, dx:dx + cols:stride_x]
         if k == 0:
             out[...] = view
         else:
@@ -646,9 +671,17 @@ def uniform_hash(seed, n):
     return (v >> np.uint32(8)).astype(np.float64) / 16777216.0
 
 
+def conv_strides(stride):
+    """(down, across) of a convolution's stride: an int, or the AlexeyAB fork's
+    (stride_y, stride_x) pair."""
+    return (stride, stride) if isinstance(stride, int) else tuple(stride)
+
+
 def conv_out_size(height, width, ksize, stride, pad, dilation=1):
+    """Output (height, width); stride is an int or a (stride_y, stride_x) pair."""
+    sy, sx = conv_strides(stride)
     span = dilation * (ksize - 1) + 1
-    return (height + 2 * pad - span) // stride + 1, (width + 2 * pad - span) // stride + 1
+    return (height + 2 * pad - span) // sy + 1, (width + 2 * pad - span) // sx + 1
 
 
 def _images(flat, batch, im_stride, channels, height, width):

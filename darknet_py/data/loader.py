@@ -1,9 +1,26 @@
-"""Batches of training or validation data, built ahead of the trainer."""
+"""Batches of training or validation data, built ahead of the trainer by worker processes.
+
+A batch is assembled in a slot of shared memory (multiprocessing.shared_memory): the
+loader queues one job per image, a worker decodes and augments the image and writes it
+and its truth row straight into the slot, and next_batch() returns arrays that are views
+of the slot, so batches are neither pickled nor copied. A slot is reused once every array
+handed out from it is garbage; the ring of slots grows while the caller keeps batches.
+
+Workers are started with forkserver (spawn where there is none), never fork: a parent
+that has initialised CUDA cannot fork safely. Each image's randomness comes from
+(seed, batch index, row, attempt), never from which worker made it, so a seed gives the
+same batches with any number of workers, or none (workers=0 builds them in-process).
+"""
 import math
+import multiprocessing
 import os
+import queue
+import shutil
+import signal
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import traceback
+import weakref
+from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -35,45 +52,68 @@ class Batch(tuple):
         return self[1]
 
 
-_SAMPLE_ATTEMPTS = 100    # replacement draws for one batch slot before giving up
+_SAMPLE_ATTEMPTS = 100    # replacement draws for one batch row before giving up
 TASKS = ("classifier", "detector")
+MISSING_LABELS_LISTED = 3  # paths named in the summary of images without a label file
+_POLL_SECONDS = 0.5        # how often a waiting loader checks that its workers live
+_STOP_SECONDS = 5.0        # how long close() waits for a worker before terminating it
+WORKER_NICENESS = 10       # added to the workers' nice value (lower CPU priority)
+
+
+def default_workers():
+    """Worker processes for a training run: one per CPU this process may use, less one
+    for the training loop, at most 16 (at ~10 ms of CPU per 416x416 image, 16 workers
+    make over 1,000 images/s, more than one GPU trains on with these networks)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(16, cpus - 1))
 
 
 class DataLoader:
-    """Batches of Darknet training (or validation) data, built ahead in worker threads.
+    """Batches of Darknet training (or validation) data, built ahead by worker processes.
 
     Training (``train=True``): an endless stream; each image is drawn at random with
     replacement (``sampling="random"``, as Darknet's get_random_paths) or from a fresh
     permutation each epoch (``sampling="shuffle"``), then augmented. Batch ``k`` depends
-    only on (seed, k, input size), never on thread timing, so a seed reproduces the run,
+    only on (seed, k, input size), never on the workers, so a seed reproduces the run,
     and ``start=k`` (a resumed run's iteration) yields what an uninterrupted run would.
     An image that cannot be read (or whose labels are malformed or ambiguous) is reported
-    once through ``on_error(path, message)`` (default: a line on stderr) and its slot is
+    once through ``on_warning(message)`` (default: one line on stderr) and its row is
     refilled with another image. A detector image without a label file is used with no
-    boxes, as in Darknet, and reported once too.
+    boxes, as in Darknet; such images are counted and summed up in one warning (count and
+    first paths) at each epoch's end and when the loader closes.
 
     Validation (``train=False``): each path once, in list order, without augmentation
     (classifier: centre crop; detector: letterbox, or plain resize with
     ``letterbox=False``; truth boxes are the label file's, relative to the original image).
     The last batch may be short; unreadable images are reported and left out.
 
+    ``batch``: images per next_batch(); for training, the images of one iteration (the
+    cfg's batch=, all its subdivisions: Network.train_iteration splits them into passes).
+    ``workers``: processes building batches (0: build them in the calling thread;
+    default: default_workers()).
+    ``prefetch``: batches queued ahead (default: enough to keep every worker busy).
     ``set_size(w, h)`` changes the input size from the next batch on (YOLO random=1).
+    The arrays of a batch are views of shared memory, valid for as long as they are
+    referenced. One thread consumes a loader; close it (or use ``with``) to stop the
+    workers and free the shared memory.
     """
 
     def __init__(self, paths, *, task, width, height, batch, classes, labels=None,
                  channels=3, augment=None, train=True, letterbox=True,
-                 max_boxes=MAX_BOXES, sampling="random", seed=0, workers=4, prefetch=None,
-                 on_error=None, start=0):
+                 max_boxes=MAX_BOXES, sampling="random", seed=0, workers=None, prefetch=None,
+                 on_warning=None, start=0):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if sampling not in ("random", "shuffle"):
             raise ValueError(f"sampling must be 'random' or 'shuffle', got {sampling!r}")
         if batch < 1 or width < 1 or height < 1:
             raise ValueError("batch, width and height must be positive")
-        self.paths = [os.fspath(p) for p in paths]
-        if not self.paths:
+        paths = [os.fspath(p) for p in paths]
+        if not paths:
             raise DataError("no images to load: the image list is empty")
-        self._distinct_paths = len(set(self.paths))
         if task == "classifier":
             if labels is None:
                 raise ValueError("a classifier loader needs labels (the class names)")
@@ -81,26 +121,34 @@ class DataLoader:
                 raise ValueError(f"{len(labels)} labels for {classes} classes")
         if augment is None and train:
             augment = ClassifierAugment() if task == "classifier" else DetectorAugment()
-        self.task, self.batch, self.classes = task, batch, classes
-        self.labels = list(labels)[:classes] if labels is not None else None
-        self.channels, self.augment, self.train = channels, augment, train
-        self.letterbox, self.max_boxes, self.sampling = letterbox, max_boxes, sampling
-        self.truth_size = classes if task == "classifier" else max_boxes * TRUTH_FIELDS
+        self.paths, self.task, self.batch, self.train = paths, task, batch, train
         self.seed = int(np.random.SeedSequence().entropy) if seed is None else int(seed)
+        self._maker = _SampleMaker(
+            paths=paths, task=task, classes=classes, channels=channels, augment=augment,
+            labels=list(labels)[:classes] if labels is not None else None,
+            letterbox=letterbox, max_boxes=max_boxes, seed=self.seed)
+        self.sampling = sampling
         self.bad_paths = {}           # path -> message: unusable images, reported once
-        self.missing_labels = set()   # detector images trained on with no label file
-        self._on_error = on_error or _report_to_stderr
-        self._report_lock = threading.Lock()
-        self._perm_lock = threading.Lock()
+        self.missing_labels = []      # detector images used with no label file, in order
+        self._missing_seen = set()
+        self._missing_summed = 0      # how many the last summary counted
+        self._on_warning = on_warning or _warn_on_stderr
         self._perms = {}              # epoch -> permutation (sampling="shuffle")
         self._size = (int(width), int(height))
-        self._workers = max(1, int(workers))
-        self._prefetch = max(1, int(prefetch if prefetch is not None else 2 * self._workers))
-        self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="darknet-data")
-        self._pending = {}            # batch index -> (future, size)
         self._next = int(start)
-        self._lock = threading.Lock()
         self._closed = False
+        self._pool = None
+        workers = default_workers() if workers is None else int(workers)
+        if workers > 0:
+            ahead = prefetch if prefetch is not None else max(2, math.ceil(2 * workers / batch))
+            try:
+                self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train)
+            except OSError as e:   # no /dev/shm or no POSIX semaphores, say
+                raise DataError(f"cannot start the data loader's worker processes "
+                                f"({e.strerror or e}); --workers 0 loads in this process") \
+                    from None
+            # Runs at close(), when the loader is collected, or at interpreter exit.
+            self._stop_workers = weakref.finalize(self, self._pool.close)
 
     # -- public --------------------------------------------------------------------------
 
@@ -110,16 +158,18 @@ class DataLoader:
         return self._size
 
     def set_size(self, width, height):
-        """Use a new input size from the next batch on; batches prefetched at the old size
-        are rebuilt (Darknet likewise drops its in-flight load when it resizes)."""
-        with self._lock:
-            size = (int(width), int(height))
-            if size == self._size:
-                return
+        """Use a new input size from the next batch on; batches queued at the old size
+        are dropped and rebuilt (Darknet likewise drops its in-flight load)."""
+        size = (int(width), int(height))
+        if size != self._size:
             self._size = size
-            for k, (future, old) in list(self._pending.items()):
-                if future.cancel():
-                    self._pending[k] = (self._executor.submit(self._build, k, size), size)
+            if self._pool is not None:
+                self._pool.drop_queued()
+
+    @property
+    def workers(self):
+        """The worker processes' ids (empty with workers=0 or once closed)."""
+        return [] if self._pool is None else self._pool.pids()
 
     @property
     def batches_per_epoch(self):
@@ -131,30 +181,34 @@ class DataLoader:
 
     def next_batch(self):
         """The next Batch; in validation mode raises StopIteration after the last."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("DataLoader is closed")
-            k = self._next
-            if not self.train and k >= self.batches_per_epoch:
-                raise StopIteration
-            self._fill()
-            future, size = self._pending.pop(k)
-            self._next = k + 1
-            self._fill()
-            want = self._size
-        if size != want:
-            future.cancel()
-            return self._build(k, want)
-        return future.result()
+        if self._closed:
+            raise RuntimeError("DataLoader is closed")
+        k = self._next
+        if not self.train and k >= self.batches_per_epoch:
+            raise StopIteration
+        try:
+            if self._pool is None:
+                batch = self._build_here(k)
+            else:
+                for ahead in range(self._pool.ahead):
+                    if self.train or k + ahead < self.batches_per_epoch:
+                        self._pool.queue_batch(k + ahead, self._size, self._rows(k + ahead))
+                batch = self._finish(*self._pool.collect(k, self._report))
+        except BaseException:
+            self.close()   # a worker died, a bug, Ctrl-C: stop the workers now
+            raise
+        self._next = k + 1
+        if self.train and (k + 1) * self.batch // len(self.paths) > k * self.batch // len(
+                self.paths):
+            self._sum_up_missing_labels()
+        return batch
 
     def __iter__(self):
         """Training: continue the endless stream. Validation: one pass from the start."""
         if not self.train:
-            with self._lock:
-                for future, _ in self._pending.values():
-                    future.cancel()
-                self._pending.clear()
-                self._next = 0
+            if self._pool is not None:
+                self._pool.drop_queued()
+            self._next = 0
         while True:
             try:
                 batch = self.next_batch()
@@ -163,14 +217,13 @@ class DataLoader:
             yield batch
 
     def close(self):
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            for future, _ in self._pending.values():
-                future.cancel()
-            self._pending.clear()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the workers, free the shared memory, sum up missing label files."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._stop_workers()
+        self._sum_up_missing_labels()
 
     def __enter__(self):
         return self
@@ -178,99 +231,140 @@ class DataLoader:
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     # -- internals -----------------------------------------------------------------------
 
-    def _fill(self):
-        end = self._next + self._prefetch
+    def _rows(self, k):
+        """[(row, first image index)] of batch k: the training draws (later draws, for
+        unusable images, come from the row's own generator) or the validation slice."""
+        n = len(self.paths)
         if not self.train:
-            end = min(end, self.batches_per_epoch)
-        for k in range(self._next, end):
-            if k not in self._pending:
-                self._pending[k] = (self._executor.submit(self._build, k, self._size), self._size)
+            first = k * self.batch
+            return [(i, first + i) for i in range(min(self.batch, n - first))]
+        if self.sampling == "random":
+            picks = self._maker.rng(0, k).integers(0, n, self.batch)
+            return [(i, int(p)) for i, p in enumerate(picks)]
+        rows = []
+        for i in range(self.batch):
+            epoch, offset = divmod(k * self.batch + i, n)
+            if epoch not in self._perms:
+                self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+                self._perms[epoch] = self._maker.rng(1, epoch).permutation(n)
+            rows.append((i, int(self._perms[epoch][offset])))
+        return rows
 
-    def _rng(self, *key):
+    def _build_here(self, k):
+        rows = self._rows(k)
+        x, truth = self._maker.empty_batch(len(rows), self._size)
+        outcomes = []
+        for row, first in rows:
+            reports = []
+            try:
+                outcomes.append(self._maker.make(k, row, first, self._size, self.train,
+                                                 x[row], truth[row], reports))
+            finally:
+                self._report(reports)
+        return self._finish(x, truth, outcomes)
+
+    def _finish(self, x, truth, outcomes):
+        """The Batch of rows whose image was usable (validation leaves the others out,
+        moving the later rows up)."""
+        kept = [(row, o) for row, o in enumerate(outcomes) if o is not None]
+        for to, (row, _) in enumerate(kept):
+            if to != row:
+                x[to], truth[to] = x[row], truth[row]
+        return Batch(x[:len(kept)], truth[:len(kept)], [self.paths[o[0]] for _, o in kept],
+                     [o[1] for _, o in kept])
+
+    def _report(self, reports):
+        for kind, path, message in reports:
+            if kind == "missing":
+                if path not in self._missing_seen:
+                    self._missing_seen.add(path)
+                    self.missing_labels.append(path)
+            elif path not in self.bad_paths:
+                self.bad_paths[path] = message
+                self._on_warning(f"{message}; skipping it" if path in message
+                                 else f"{path}: {message}; skipping it")
+
+    def _sum_up_missing_labels(self):
+        count = len(self.missing_labels)
+        if count > self._missing_summed:
+            self._missing_summed = count
+            first = ", ".join(self.missing_labels[:MISSING_LABELS_LISTED])
+            more = ", ..." if count > MISSING_LABELS_LISTED else ""
+            self._on_warning(f"{count} image{'s' if count > 1 else ''} without a label "
+                             f"file so far, used with no boxes (as Darknet does): "
+                             f"{first}{more}")
+
+
+def _warn_on_stderr(message):
+    # One write per line, so that lines from several sources never interleave.
+    sys.stderr.write(f"darknet-py: warning: {message}\n")
+    sys.stderr.flush()
+
+
+class _SampleMaker:
+    """Makes one row of a batch: reads, augments (training) or prepares (validation) an
+    image into the row's arrays. Picklable: each worker process holds a copy."""
+
+    def __init__(self, *, paths, task, classes, channels, augment, labels, letterbox,
+                 max_boxes, seed):
+        self.paths, self.task, self.classes, self.channels = paths, task, classes, channels
+        self.augment, self.labels, self.letterbox = augment, labels, letterbox
+        self.max_boxes, self.seed = max_boxes, seed
+        self.truth_size = classes if task == "classifier" else max_boxes * TRUTH_FIELDS
+        self.distinct_paths = len(set(paths))
+        self.bad_paths = set()      # this process's: skipped without reading again
+        self.current = None         # where this process says which image it is on
+
+    def rng(self, *key):
         return np.random.default_rng(np.random.SeedSequence([self.seed, *key]))
 
-    def _report(self, path, message, missing_label=False):
-        with self._report_lock:
-            if missing_label:
-                if path in self.missing_labels:
-                    return
-                self.missing_labels.add(path)
-            else:
-                if path in self.bad_paths:
-                    return
-                self.bad_paths[path] = message
-        self._on_error(path, message)
-
-    def _slot_index(self, k, i, picks):
-        """Index into paths for slot i of batch k, first choice."""
-        if self.sampling == "random":
-            return int(picks[i])
-        position = k * self.batch + i
-        epoch, offset = divmod(position, len(self.paths))
-        with self._perm_lock:
-            perm = self._perms.get(epoch)
-            if perm is None:
-                perm = self._rng(1, epoch).permutation(len(self.paths))
-                self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
-                self._perms[epoch] = perm
-        return int(perm[offset])
-
-    def _build(self, k, size):
+    def floats(self, count, size):
+        """(image floats, truth floats) of a batch of `count` rows at `size`."""
         w, h = size
-        if self.train:
-            picks = self._rng(0, k).integers(0, len(self.paths), self.batch)
-            count = self.batch
-        else:
-            first = k * self.batch
-            count = min(self.batch, len(self.paths) - first)
-        x = np.zeros((count, self.channels, h, w), dtype=np.float32)
-        truth = np.zeros((count, self.truth_size), dtype=np.float32)
-        paths, sizes = [], []
-        row = 0
-        for i in range(count):
-            if self.train:
-                index, image_size = self._train_slot(k, i, picks, w, h, x[row], truth[row])
-            else:
-                index = first + i
-                image_size = self._load_into(index, None, w, h, x[row], truth[row])
-                if image_size is None:
-                    continue
-            paths.append(self.paths[index])
-            sizes.append(image_size)
-            row += 1
-        return Batch(x[:row], truth[:row], paths, sizes)
+        return count * self.channels * h * w, count * self.truth_size
 
-    def _train_slot(self, k, i, picks, w, h, x_out, truth_out):
+    def views(self, block, count, size):
+        """The x and truth arrays of a batch laid out in the float32 array `block`."""
+        w, h = size
+        nx, nt = self.floats(count, size)
+        return (block[:nx].reshape(count, self.channels, h, w),
+                block[nx:nx + nt].reshape(count, self.truth_size))
+
+    def empty_batch(self, count, size):
+        return self.views(np.empty(sum(self.floats(count, size)), np.float32), count, size)
+
+    def make(self, k, row, first, size, train, x_out, truth_out, reports):
+        """Fill one row. Returns (image index, (width, height) of the source image), or
+        None when a validation image is unusable. Appends ("bad" or "missing", path,
+        message) to `reports`. Raises DataError when no usable training image is found."""
+        if not train:
+            image_size = self._load_into(first, None, size, x_out, truth_out, reports)
+            return None if image_size is None else (first, image_size)
         for attempt in range(_SAMPLE_ATTEMPTS):
-            if attempt == 0:
-                index = self._slot_index(k, i, picks)
-            else:
-                index = int(self._rng(3, k, i, attempt).integers(len(self.paths)))
+            index = first if attempt == 0 else int(
+                self.rng(3, k, row, attempt).integers(len(self.paths)))
             if self.paths[index] in self.bad_paths:
                 continue   # as if read and failed again: the same draws follow either way
-            image_size = self._load_into(index, self._rng(2, k, i, attempt), w, h, x_out,
-                                         truth_out)
+            image_size = self._load_into(index, self.rng(2, k, row, attempt), size, x_out,
+                                         truth_out, reports)
             if image_size is not None:
                 return index, image_size
-            if len(self.bad_paths) >= self._distinct_paths:
+            if len(self.bad_paths) >= self.distinct_paths:
                 break
         raise DataError(f"no usable image after {_SAMPLE_ATTEMPTS} draws "
                         f"({len(self.bad_paths)} of {len(self.paths)} images are unusable; "
-                        f"first: {next(iter(self.bad_paths.items()), ('', ''))[1]})")
+                        f"the last: {self.paths[index]})")
 
-    def _load_into(self, index, rng, w, h, x_out, truth_out):
+    def _load_into(self, index, rng, size, x_out, truth_out, reports):
         """Load, augment (rng given) or prepare (rng None) image `index` into the output
         rows. Returns the source image's (width, height), or None (after reporting it)
         when the image is unusable."""
         path = self.paths[index]
+        w, h = size
+        if self.current is not None:
+            self.current.value = index
         try:
             hwc = read_hwc(path, self.channels)
             if self.task == "classifier":
@@ -283,25 +377,273 @@ class DataLoader:
                 try:
                     boxes = read_image_labels(path, self.classes)
                 except MissingLabelFile as e:
-                    self._report(path, f"{e}; using the image with no boxes", missing_label=True)
+                    reports.append(("missing", path, str(e)))
                     boxes = np.zeros((0, TRUTH_FIELDS), dtype=np.float32)
                 if rng is None:
                     out = to_hwc(prepare_detector_eval_image(from_hwc(hwc), w, h,
-                                                              self.letterbox))
+                                                             self.letterbox))
                     kept = boxes[:self.max_boxes]
                     truth_out[:] = 0
                     truth_out[:kept.size] = kept.reshape(-1)
                 else:
                     out, truth_out[:] = augment_detection_hwc(hwc, boxes, self.augment, w, h,
-                                                               rng, self.max_boxes)
+                                                              rng, self.max_boxes)
             x_out[:] = out.transpose(2, 0, 1)
             return hwc.shape[1], hwc.shape[0]
         except (ImageError, DataError) as e:
-            message = str(e)
-            self._report(path, f"{message}; skipping it" if path in message
-                         else f"{path}: {message}; skipping it")
+            self.bad_paths.add(path)
+            reports.append(("bad", path, str(e)))
             return None
 
 
-def _report_to_stderr(path, message):
-    print(f"darknet-py: {message}", file=sys.stderr, flush=True)
+# ---------------------------------------------------------------------------------------
+# Worker processes and shared-memory slots
+
+class _Slot:
+    """A shared-memory segment one batch at a time is built in."""
+
+    def __init__(self, index, nbytes):
+        _check_shm_space(nbytes)
+        self.index = index
+        try:
+            self.segment = _Segment(create=True, size=nbytes)
+        except OSError as e:
+            raise DataError(f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
+                            f"the data loader ({e.strerror or e}); --workers 0 loads in this "
+                            f"process") from None
+        self.nbytes = nbytes
+        self.free = True
+
+    def release(self):
+        self.free = True
+
+
+def _check_shm_space(nbytes):
+    """Refuse a segment /dev/shm has no room for: writing past its end would kill a
+    worker with SIGBUS instead of saying why."""
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return   # no /dev/shm (not Linux): shared_memory says what is wrong, if anything
+    if nbytes > free:
+        raise DataError(f"/dev/shm has {free / 2**20:.0f} MiB free but the data loader "
+                        f"needs {nbytes / 2**20:.0f} MiB more for a batch: enlarge /dev/shm "
+                        f"(docker run --shm-size=...), or --workers 0 loads in this process")
+
+
+class _Queued:
+    """A batch queued with the workers: its slot, size and the rows done so far."""
+
+    def __init__(self, ident, size, slot, rows):
+        self.ident, self.size, self.slot = ident, size, slot
+        self.outcomes = [None] * len(rows)
+        self.waiting = len(rows)
+        self.error = None
+        self.dropped = False
+
+
+class _WorkerPool:
+    """The worker processes, their job and result queues, and the slots."""
+
+    def __init__(self, maker, workers, ahead, train):
+        self.maker, self.ahead, self.train = maker, ahead, train
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("forkserver" if "forkserver" in methods
+                                              else "spawn")
+        self.jobs = context.Queue()
+        self.results = context.Queue()
+        self.stopping = context.RawValue("b", 0)
+        # Only this process holds the writing end: workers read EOF once it is gone, even
+        # when killed (the forkserver outlives it, so their parent process id does not
+        # change).
+        alive, self.alive = context.Pipe(duplex=False)
+        self.slots = []
+        self.queued = {}      # batch index -> _Queued (current size)
+        self.by_ident = {}    # ident -> _Queued, dropped ones included until done
+        self.next_ident = 0
+        self.processes = []
+        try:
+            for _ in range(workers):
+                current = context.RawValue("q", -1)
+                process = context.Process(
+                    target=_work, daemon=True, name="darknet-data",
+                    args=(maker, self.jobs, self.results, current, self.stopping, alive))
+                process.start()
+                self.processes.append((process, current))
+        except BaseException:
+            self.close()
+            raise
+
+    def pids(self):
+        return [p.pid for p, _ in self.processes]
+
+    def queue_batch(self, k, size, rows):
+        if k in self.queued:
+            return
+        nbytes = 4 * sum(self.maker.floats(len(rows), size))
+        slot = self._free_slot(nbytes)
+        slot.free = False
+        job = _Queued(self.next_ident, size, slot, rows)
+        self.next_ident += 1
+        self.queued[k] = self.by_ident[job.ident] = job
+        for row, first in rows:
+            self.jobs.put((job.ident, slot.index, slot.segment.name, len(rows), size,
+                           self.train, k, row, first))
+
+    def _free_slot(self, nbytes):
+        free = [s for s in self.slots if s.free]
+        fits = [s for s in free if s.nbytes >= nbytes]
+        if fits:
+            return fits[0]
+        if free:   # too small for the new size: replace its segment
+            slot = free[0]
+            _close_segment(slot.segment)
+            self.slots[slot.index] = _Slot(slot.index, nbytes)
+            return self.slots[slot.index]
+        self.slots.append(_Slot(len(self.slots), nbytes))
+        return self.slots[-1]
+
+    def drop_queued(self):
+        """Forget the queued batches: their rows still arrive, and free the slot after."""
+        for job in self.queued.values():
+            job.dropped = True
+        self.queued.clear()
+
+    def collect(self, k, report):
+        """Wait for batch k; returns (x, truth, outcomes) with x and truth views of its
+        slot, which is freed when both are garbage."""
+        job = self.queued[k]
+        while job.waiting:
+            self._receive(report)
+        del self.queued[k], self.by_ident[job.ident]
+        if job.error is not None:
+            job.slot.free = True
+            kind, text = job.error
+            raise kind(text)
+        count = len(job.outcomes)
+        block = np.frombuffer(job.slot.segment.buf, np.float32,
+                              sum(self.maker.floats(count, job.size)))
+        weakref.finalize(block, job.slot.release)
+        x, truth = self.maker.views(block, count, job.size)
+        return x, truth, job.outcomes
+
+    def _receive(self, report):
+        try:
+            message = self.results.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            self._check_alive()
+            return
+        ident, row, outcome, reports, error = message
+        report(reports)
+        job = self.by_ident[ident]
+        job.waiting -= 1
+        job.outcomes[row] = outcome
+        if error is not None:
+            job.error = job.error or error
+        if job.dropped and not job.waiting:
+            del self.by_ident[ident]
+            job.slot.free = True
+
+    def _check_alive(self):
+        for process, current in self.processes:
+            if process.exitcode is not None:
+                code = process.exitcode
+                how = (f"killed by {signal.Signals(-code).name}" if code < 0
+                       else f"exit code {code}")
+                on = (f"while loading {self.maker.paths[current.value]}"
+                      if current.value >= 0 else "between images")
+                raise DataError(f"a data loader worker (pid {process.pid}) died ({how}) {on}")
+
+    def close(self):
+        self.stopping.value = 1   # workers skip the jobs still queued
+        for _ in self.processes:
+            self.jobs.put(None)
+        for process, _ in self.processes:
+            process.join(_STOP_SECONDS)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        for q in (self.jobs, self.results):
+            q.cancel_join_thread()   # nobody reads them any more: do not wait to flush
+            q.close()
+        for slot in self.slots:
+            _close_segment(slot.segment)
+        self.alive.close()
+        # Dropping the queues unlinks their named semaphores (in /dev/shm) now.
+        self.processes, self.slots, self.jobs, self.results = [], [], None, None
+
+
+class _Segment(shared_memory.SharedMemory):
+    """A segment whose batches may outlive it: its arrays keep the mapping alive."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except BufferError:
+            pass   # at interpreter exit, with batch arrays still referenced
+
+
+# Segments that batch arrays still use: unlinked already, unmapped once those are gone.
+_still_mapped = []
+
+
+def _close_segment(segment):
+    segment.unlink()
+    _still_mapped.append(segment)
+    for s in list(_still_mapped):
+        try:
+            s.close()
+            _still_mapped.remove(s)
+        except BufferError:
+            pass   # a batch handed out from it is still referenced
+
+
+def _work(maker, jobs, results, current, stopping, alive):
+    """A worker process: build rows from `jobs` into shared memory until told to stop
+    (None), or until the loader's process is gone (EOF on `alive`)."""
+    # Ctrl-C reaches the whole process group: the parent decides, and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Below the training loop's priority: it feeds the GPU and must not wait for a CPU
+    # behind the workers, which take every cycle it leaves.
+    os.nice(WORKER_NICENESS)
+    import cv2
+    cv2.setNumThreads(1)   # the parallelism is the workers
+    # Failures are reported by the parent in one line each; OpenCV's own warnings from
+    # several processes would interleave.
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    results.cancel_join_thread()
+    maker.current = current
+    segments = {}   # slot index -> SharedMemory
+    while True:
+        try:
+            job = jobs.get(timeout=1.0)
+        except queue.Empty:
+            if alive.poll():   # readable: EOF, as nothing is ever sent
+                break
+            continue
+        if job is None:
+            break
+        if stopping.value:
+            continue
+        ident, slot, name, count, size, train, k, row, first = job
+        segment = segments.get(slot)
+        if segment is None or segment.name != name:
+            if segment is not None:
+                segment.close()
+            segment = segments[slot] = shared_memory.SharedMemory(name=name)
+        block = np.frombuffer(segment.buf, np.float32, sum(maker.floats(count, size)))
+        x, truth = maker.views(block, count, size)
+        reports, outcome, error = [], None, None
+        try:
+            outcome = maker.make(k, row, first, size, train, x[row], truth[row], reports)
+        except DataError as e:
+            error = (DataError, str(e))
+        except Exception:
+            error = (RuntimeError, f"the data loader failed on "
+                                   f"{maker.paths[max(current.value, 0)]}:\n"
+                                   f"{traceback.format_exc()}")
+        del block, x, truth
+        current.value = -1
+        results.put((ident, row, outcome, reports, error))
+    for segment in segments.values():
+        segment.close()

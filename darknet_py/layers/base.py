@@ -180,15 +180,26 @@ def parse_activation(section, default, key="activation", channels=False):
     return name
 
 
-def source_layer(layer, section, ctx, key):
-    """The earlier layer an option names (negative: relative to this one), checked."""
-    ref = section.get_int(key)
+def _earlier_layer(layer, section, ctx, key, ref):
     index = ref if ref >= 0 else layer.index + ref
     if not 0 <= index < layer.index:
         raise section.error(f"layer {ref} is out of range: [{section.header}] at layer "
                             f"{layer.index} can use layers 0..{layer.index - 1} or "
                             f"-1..-{layer.index}", key)
     return ctx.layers[index]
+
+
+def source_layer(layer, section, ctx, key):
+    """The earlier layer an option names (negative: relative to this one), checked."""
+    return _earlier_layer(layer, section, ctx, key, section.get_int(key))
+
+
+def source_layers(layer, section, ctx, key):
+    """The earlier layers a list option names (at least one), checked."""
+    refs = section.get_int_list(key)
+    if not refs:
+        raise section.error(f"needs {key}=<index>[,<index>...]", key)
+    return [_earlier_layer(layer, section, ctx, key, ref) for ref in refs]
 
 
 def refuse_options(section, *keys):

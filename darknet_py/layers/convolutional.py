@@ -8,8 +8,9 @@ import math
 import numpy as np
 
 from ..activations import CHANNEL_ACTIVATIONS
-from ..backends.numpy_backend import conv_out_size
-from .base import Layer, host_param, momentum_update, parse_activation, refuse_options
+from ..backends.numpy_backend import conv_out_size, conv_strides
+from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
+                   source_layer)
 from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,
                         bn_init_updates, bn_params)
 
@@ -33,10 +34,16 @@ class ConvolutionalLayer(Layer):
         self.padding = s.get_int("padding", 0)
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
+        self.share = None   # the fork's share_index: the layer whose parameters this one uses
+        if self.darknet == "alexeyab":
+            self._fork_stride_and_dilation(s, pad)
+            if s.has("share_index"):
+                self.share = source_layer(self, s, ctx, "share_index")
         self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
         refuse_options(s, "binary", "xnor")
-        for key, v in (("filters", self.filters), ("size", self.size), ("stride", self.stride),
+        for key, v in (("filters", self.filters), ("size", self.size),
+                       ("stride", min(conv_strides(self.stride))),
                        ("groups", self.groups), ("dilation", self.dilation)):
             if v < 1:
                 raise s.error(f"must be at least 1, got {v}", key)
@@ -51,9 +58,36 @@ class ConvolutionalLayer(Layer):
         self.out_c = self.filters
         self.outputs = self.out_c * self.out_h * self.out_w
         self.nweights = self.c // self.groups * self.filters * self.size * self.size
+        share = self.share
+        if share is not None and (share.type != "convolutional" or
+                                  (share.nweights, share.filters, share.batch_normalize)
+                                  != (self.nweights, self.filters, self.batch_normalize)):
+            raise s.error(f"layer {share.index} must be a [convolutional] with the same "
+                          f"filters, weights and batch_normalize", "share_index")
         m, k, n = self._gemm_dims()
         self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
         self._folded = None  # (weights, biases) with batch norm folded in; see forward()
+
+    def _fork_stride_and_dilation(self, s, pad):
+        """The fork's rules: stride_x/stride_y override stride (self.stride becomes the pair
+        (stride_y, stride_x) when they differ, as im2col takes it); a 1x1 kernel has no
+        dilation; the output size ignores dilation while its im2col pads by
+        padding*dilation (so only sizes where both agree are well defined)."""
+        stride_x, stride_y = s.get_int("stride_x", -1), s.get_int("stride_y", -1)
+        stride_x = stride_x if stride_x >= 1 else self.stride
+        stride_y = stride_y if stride_y >= 1 else self.stride
+        self.stride = stride_x if stride_x == stride_y else (stride_y, stride_x)
+        if self.size == 1:
+            self.dilation = 1
+        if self.dilation > 1:
+            padding = self.size // 2 if pad else s.get_int("padding", 0)
+            self.padding = padding * self.dilation
+            fork_h = (self.h + 2 * padding - self.size) // stride_y + 1
+            if fork_h != conv_out_size(self.h, self.w, self.size, self.stride, self.padding,
+                                       self.dilation)[0]:
+                raise s.error(f"dilation={self.dilation} with padding={padding}: the fork's "
+                              f"output size and its im2col disagree (use pad=1 and an odd "
+                              f"size)", "dilation")
 
     @property
     def bflops(self):
@@ -64,12 +98,21 @@ class ConvolutionalLayer(Layer):
         # Darknet's row ("conv  %5d %2d x%2d /%2d  %4d x..."); groups, which it does not
         # print, are shown only when there are some.
         groups = f" g{self.groups}" if self.groups > 1 else "  "
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}{groups}"
+        sy, sx = conv_strides(self.stride)
+        stride = f"{sx:2d}" if sx == sy else f"{sx}x{sy}"
+        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{stride}{groups}"
                 f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  {self.bflops:5.3f} BFLOPs")
 
     # ---- buffers ----------------------------------------------------------------
+    _SHARED = ("weights", "biases", "scales", "rolling_mean", "rolling_variance")
+    _SHARED_UPDATES = ("weight_updates", "bias_updates", "scale_updates")
+
     def init_params(self, be, rng):
+        if self.share is not None:   # the same arrays: one set of parameters, trained once
+            for name in self._SHARED[:5 if self.batch_normalize else 2]:
+                setattr(self, name, getattr(self.share, name))
+            return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
         self.weights = be.from_host(host_param(rng, self.nweights, scale, "normal"))
         self.biases = be.zeros(self.filters)
@@ -81,8 +124,13 @@ class ConvolutionalLayer(Layer):
         self.bias_updates = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_updates(self, be, self.filters)
+        if self.share is not None:   # gradients accumulate into the owner's updates
+            for name in self._SHARED_UPDATES[:3 if self.batch_normalize else 2]:
+                setattr(self, name, getattr(self.share, name))
 
     def params(self):
+        if self.share is not None:
+            return []   # the fork stores shared parameters once, with their owner
         p = [("biases", self.biases)]
         if self.batch_normalize:
             p += bn_params(self)
@@ -229,6 +277,8 @@ class ConvolutionalLayer(Layer):
                               self.dilation, net.delta[offset:], count, self.c * self.h * self.w)
 
     def update(self, args):
+        if self.share is not None:
+            return   # the owner applies the accumulated update
         momentum_update(self.be, args, self.biases, self.bias_updates)
         if self.batch_normalize:
             momentum_update(self.be, args, self.scales, self.scale_updates)

@@ -9,17 +9,29 @@ F32 = np.float32
 
 
 def parse_anchors(s, count):
-    """Darknet's anchors= list into `count` floats; entries not given stay 0.5 as in Darknet.
-    Values beyond num anchors are ignored, as Darknet reads only the first 2*num (the fork's
-    stock cspx-p7 cfgs list more), with a warning."""
+    """Darknet's anchors= list into `count` floats (width, height pairs). Without anchors=
+    every value is 0.5, as in Darknet. A list that does not cover num anchors is warned
+    about (the missing values stay 0.5, as in Darknet); values beyond 2*num are ignored with
+    a warning, as Darknet reads only the first 2*num (the fork's stock cspx-p7 cfgs do both);
+    a value not above 0 is an error."""
     biases = np.full(count, 0.5, dtype=F32)
     anchors = s.get_float_list("anchors", None)
-    if anchors:
-        if len(anchors) > count:
-            s.warn(f"{len(anchors)} values given but num={count // 2} anchors take {count}; "
-                   f"the rest are ignored, as Darknet does", "anchors")
-            anchors = anchors[:count]
-        biases[:len(anchors)] = anchors
+    if anchors is None:
+        return biases
+    if len(anchors) < count:
+        # A warning, not an error: the fork's stock cspx-p7-mish_hp.cfg lacks a comma and so
+        # a value, and the fork builds it.
+        odd = "; anchors are width,height pairs" if len(anchors) % 2 else ""
+        s.warn(f"{len(anchors)} values given but num={count // 2} anchors take {count}{odd}; "
+               f"the missing values are 0.5, as in Darknet (a missing comma?)", "anchors")
+    if len(anchors) > count:
+        s.warn(f"{len(anchors)} values given but num={count // 2} anchors take {count}; "
+               f"the rest are ignored, as Darknet does", "anchors")
+        anchors = anchors[:count]
+    bad = [a for a in anchors if not a > 0]
+    if bad:
+        raise s.error(f"anchor sizes must be above 0, got {bad[0]:g}", "anchors")
+    biases[:len(anchors)] = anchors
     return biases
 
 

@@ -2,23 +2,14 @@
 
 The AlexeyAB fork's groups=G, group_id=k take from each input only the k-th of G
 contiguous slices of its per-image output (channels k*C/G .. (k+1)*C/G - 1)."""
-from .base import Layer
+from .base import Layer, source_layers
 
 
 class RouteLayer(Layer):
     type = "route"
 
     def parse(self, s, ctx):
-        refs = s.get_int_list("layers")
-        if not refs:
-            raise s.error("needs layers=<index>[,<index>...]", "layers")
-        self.sources = []
-        for ref in refs:
-            index = ref if ref >= 0 else self.index + ref
-            if not 0 <= index < self.index:
-                raise s.error(f"layer {ref} is out of range: route at layer {self.index} can "
-                              f"use layers 0..{self.index - 1} or -1..-{self.index}", "layers")
-            self.sources.append(ctx.layers[index])
+        self.sources = source_layers(self, s, ctx, "layers")
         first = self.sources[0]
         self.out_w, self.out_h = first.out_w, first.out_h
         self.out_c = 0

@@ -14,7 +14,7 @@ the weights normalised over the inputs by weights_normalization=relu or softmax 
 stored in the .weights file at the layer's place. Their gradient is the fork's: the
 product of delta and input, as if the normalisation were not there.
 """
-from .base import Layer, momentum_update, parse_activation, source_layer
+from .base import Layer, momentum_update, parse_activation, source_layer, source_layers
 
 WEIGHTS_TYPES = ("none", "per_feature", "per_channel")
 WEIGHTS_NORMALIZATIONS = ("none", "relu", "softmax")
@@ -54,21 +54,12 @@ class ShortcutLayer(Layer):
                           f"by the same factor", "from")
 
     def _parse_fork(self, s, ctx):
-        refs = s.get_int_list("from")
-        if not refs:
-            raise s.error("needs from=<index>[,<index>...]", "from")
-        self.sources = []
-        for ref in refs:
-            index = ref if ref >= 0 else self.index + ref
-            if not 0 <= index < self.index:
-                raise s.error(f"layer {ref} is out of range: shortcut at layer {self.index} "
-                              f"can use layers 0..{self.index - 1} or -1..-{self.index}", "from")
-            src = ctx.layers[index]
+        self.sources = source_layers(self, s, ctx, "from")
+        for src in self.sources:
             if (src.out_w, src.out_h) != (self.w, self.h):
                 raise s.error(f"layer {src.index} is {src.out_w}x{src.out_h} but the previous "
                               f"layer is {self.w}x{self.h}: the AlexeyAB fork's shortcut needs "
                               f"the same width and height", "from")
-            self.sources.append(src)
         self.source = self.sources[0]
         self.weights_type = s.get_str("weights_type", "none")
         if self.weights_type == "per_layer":     # the fork's other name for it
