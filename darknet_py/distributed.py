@@ -188,23 +188,29 @@ class TcpCommunicator(Communicator):
         self.peers[0] = conn
 
     # -- messages --
+    def _recv_some(self, conn, n, peer):
+        """Up to n bytes from peer; its end or silence is a CommError naming it (a
+        non-blocking socket with nothing yet raises BlockingIOError)."""
+        try:
+            chunk = conn.recv(min(n, 1 << 20))
+        except socket.timeout:
+            raise CommError(f"rank {peer} did not answer rank {self.rank} within "
+                            f"{self.timeout:.0f} s (communication timeout)") from None
+        except (ConnectionResetError, BrokenPipeError):
+            chunk = b""
+        except BlockingIOError:
+            raise
+        except OSError as e:
+            raise CommError(f"rank {peer}: connection lost ({e.strerror})") from None
+        if not chunk:
+            raise CommError(f"rank {peer} ended (its connection to rank {self.rank} closed)")
+        return chunk
+
     def _recv_exact(self, conn, n, peer):
         chunks, got = [], 0
         while got < n:
-            try:
-                chunk = conn.recv(min(n - got, 1 << 20))
-            except socket.timeout:
-                raise CommError(f"rank {peer} did not answer rank {self.rank} within "
-                                f"{self.timeout:.0f} s (communication timeout)") from None
-            except (ConnectionResetError, BrokenPipeError):
-                chunk = b""
-            except OSError as e:
-                raise CommError(f"rank {peer}: connection lost ({e.strerror})") from None
-            if not chunk:
-                raise CommError(f"rank {peer} ended (its connection to rank {self.rank} "
-                                f"closed)")
-            chunks.append(chunk)
-            got += len(chunk)
+            chunks.append(self._recv_some(conn, n - got, peer))
+            got += len(chunks[-1])
         return b"".join(chunks)
 
     def _send(self, peer, kind, payload=b""):
@@ -245,17 +251,10 @@ class TcpCommunicator(Communicator):
                 for key, _ in selector.select(left):
                     rank = key.data
                     try:
-                        chunk = key.fileobj.recv(need - len(pending[rank]))
+                        pending[rank] += self._recv_some(key.fileobj,
+                                                         need - len(pending[rank]), rank)
                     except BlockingIOError:
                         continue
-                    except (ConnectionResetError, BrokenPipeError):
-                        chunk = b""
-                    except OSError as e:
-                        raise CommError(f"rank {rank}: connection lost ({e.strerror})") from None
-                    if not chunk:
-                        raise CommError(f"rank {rank} ended (its connection to rank 0 "
-                                        f"closed)")
-                    pending[rank] += chunk
                     if len(pending[rank]) == need:
                         selector.unregister(key.fileobj)
                     if len(pending[rank]) >= _HEADER.size:
