@@ -333,3 +333,32 @@ def test_sigterm_saves_a_backup_from_rank_0_and_stops_every_rank(bars, tmp_path)
     assert seen > 0 and seen % 8 == 0   # whole iterations of 2 ranks x 4 images
     assert not [p for p in pids if os.path.exists(f"/proc/{p}")
                 and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+
+
+def test_map_evaluates_on_rank_0_while_the_others_wait(bars, tmp_path):
+    cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "backup")
+    code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2, "--map",
+                                       "--map-every", 2))
+    assert code == 0, err
+    scores = [l for l in out.splitlines() if l.startswith("top-1 = ")]
+    assert len(scores) == 2 and all("on 10 valid images" in l for l in scores)
+    assert {"tiny_best.weights", "tiny_last.weights"} <= set(os.listdir(tmp_path / "backup"))
+
+
+def test_bad_data_parallel_options_are_one_line(bars, tmp_path):
+    from click.testing import CliRunner
+
+    from darknet_py.cli import cli
+    cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "backup")
+    runner = CliRunner()
+    for args, message in (
+            (["--gpus", "99"], "--gpus 99: GPU 99 (local rank 0) does not exist; this "
+                               "machine has"),
+            (["--ranks", "2", "--nodes", "2"], "--nodes > 1 needs --master HOST:PORT"),
+            (["--ranks", "1", "--nodes", "2", "--node-rank", "1", "--master", "h"],
+             "expected HOST:PORT"),
+            (["--ranks", "2", "--device", "cpu"], "leave out --gpu/--device")):
+        result = runner.invoke(cli, ["train", cfg, data] + args)
+        assert result.exit_code == 2, args
+        assert message in result.output, result.output
+    assert not os.path.exists(tmp_path / "backup")   # refused before anything started
