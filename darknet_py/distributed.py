@@ -443,7 +443,7 @@ def _worker(spec, errors):
     from .validate import ValidationError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the launcher decides what Ctrl-C does
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (see README)
     comm = None
     try:
         print(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
