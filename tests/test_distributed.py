@@ -362,3 +362,23 @@ def test_bad_data_parallel_options_are_one_line(bars, tmp_path):
         assert result.exit_code == 2, args
         assert message in result.output, result.output
     assert not os.path.exists(tmp_path / "backup")   # refused before anything started
+
+
+def test_a_rank_that_stops_answering_ends_the_run_at_the_timeout(bars, tmp_path):
+    cfg, data = write_run_cfg(tmp_path, max_batches=100000), data_file(bars, tmp_path / "b")
+    run = darknet_py("train", cfg, data, "--ranks", 2, "--comm-timeout", 5)
+    pids = {}
+    for line in run.stdout:
+        if line.startswith("darknet-py: rank "):
+            pids[int(line.split()[2])] = int(line.split("pid ")[1].split(",")[0])
+        if line.startswith("3, ") and len(pids) == 2:
+            os.kill(pids[1], signal.SIGSTOP)   # alive, but silent
+            started = time.monotonic()
+            break
+    code, _, err = finish(run, timeout=60)
+    assert 4 <= time.monotonic() - started < 20   # rank 0 may have begun waiting first
+    assert code == 2
+    assert err.strip() == ("darknet-py: error: rank 0: rank 1 did not answer rank 0 within "
+                           "5 s (communication timeout); the other ranks were stopped")
+    assert not os.path.exists(f"/proc/{pids[1]}") or \
+        open(f"/proc/{pids[1]}/stat").read().split()[2] == "Z"
