@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT = 600.0        # seconds a collective waits for a peer before gi
 CONNECT_TIMEOUT = 120.0        # seconds the ranks have to find rank 0 at start
 _HEADER = struct.Struct("!cQ")  # message kind, payload bytes
 EXIT_PEER_LOST = 3             # a rank that stopped because another one failed
+REPORT_WAIT = 0.5              # seconds a rank gets to report its own failure
 
 
 class CommError(Exception):
@@ -502,7 +503,7 @@ def _describe_exit(code):
 
 
 def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
-           timeout=DEFAULT_TIMEOUT, grace=10.0):
+           timeout=DEFAULT_TIMEOUT):
     """Run the ranks first_rank .. first_rank+len(devices)-1 of a world_size-rank run, one
     process per device, and wait for them. When one fails, the others are stopped within
     seconds and LaunchError names the first that failed; SIGINT/SIGTERM go to rank 0
@@ -544,7 +545,7 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
             process.start()
             send.close()
             workers.append((rank, process, receive))
-        failed = _wait(workers, grace)
+        failed = _wait(workers)
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
@@ -565,10 +566,10 @@ def _report(pipe, otherwise):
         return otherwise, ""
 
 
-def _wait(workers, grace):
-    """Wait for every worker; after the first failure stop the others (SIGTERM, then
-    SIGKILL after `grace` seconds) and return the line naming the rank to blame: one that
-    failed by itself rather than one that only lost its peers."""
+def _wait(workers):
+    """Wait for every worker; after the first failure give the others REPORT_WAIT seconds
+    each to fail with it, then SIGKILL them, and return the line naming the rank to
+    blame: one that failed by itself rather than one that only lost its peers."""
     from multiprocessing.connection import wait
 
     running = {process.sentinel: (rank, process, pipe) for rank, process, pipe in workers}
@@ -584,9 +585,8 @@ def _wait(workers, grace):
             # Let the ranks that fail with it report in, then stop the rest with SIGKILL:
             # SIGTERM would make rank 0 save a backup, and the checkpoint must stay as
             # the last good iteration left it.
-            deadline = time.monotonic() + grace
             for sentinel, (rank, process, pipe) in list(running.items()):
-                process.join(max(0.0, min(0.5, deadline - time.monotonic())))
+                process.join(REPORT_WAIT)
                 if process.is_alive():
                     process.kill()
                     process.join()
