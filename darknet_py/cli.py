@@ -574,6 +574,23 @@ def training_errors(command):
     "with --clear."))
 @click.option("--quiet", is_flag=True,
               help="Leave out the [yolo]/[region] layers' per-step statistics.")
+@click.option("--gpus", metavar="LIST|all", default=None,
+              help="Data-parallel training on these GPUs (0,1 or all), one process each, "
+                   "gradients summed over NCCL: the result of one GPU with batch x GPUs "
+                   "images per iteration (batch keeps its meaning per GPU).")
+@click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Data-parallel training on the CPU in N processes (--gpus's CPU twin, "
+                   "over TCP).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N", help="Machines in a data-parallel run (each runs this command "
+                                "with its --node-rank and the same --master).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="R", help="This machine's index among --nodes (0 hosts rank 0).")
+@click.option("--master", metavar="HOST:PORT", default=None,
+              help="Where node 0's rank 0 listens for the others (needed with --nodes > 1).")
+@click.option("--comm-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
+              metavar="SECONDS", help="A data-parallel rank that does not answer for this "
+                                      "long ends the run.")
 @click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
               help="Processes loading and augmenting images (0: in the training process) "
                    "[default: one per available CPU less one, at most 16].")
@@ -581,7 +598,8 @@ def training_errors(command):
 @training_errors
 @darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, workers, device, darknet):
+                  overwrite, quiet, gpus, ranks, nodes, node_rank, master, comm_timeout,
+                  workers, device, darknet):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -596,15 +614,53 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     saving the diverged weights.
     """
     from .train import Terminated, train
+    kwargs = dict(cfg=cfg, data=data, weights=weights, clear=clear, seed=seed,
+                  map_eval=map_eval, map_every=map_every, max_batches=max_batches,
+                  overwrite=overwrite, verbose=not quiet, darknet=darknet)
     try:
-        train(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
-              map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-              overwrite=overwrite, verbose=not quiet, workers=workers, darknet=darknet,
-              log=lambda line: click.echo(line))
+        if gpus is not None or ranks is not None or nodes > 1:
+            train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout,
+                                workers, device)
+        else:
+            train(device=device, workers=workers, log=lambda line: click.echo(line),
+                  **kwargs)
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
     except KeyboardInterrupt:
         sys.exit(130)   # the weights are saved and the resume command printed
+
+
+def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers,
+                        device):
+    """`train --gpus/--ranks [--nodes --node-rank --master]`: start this node's ranks."""
+    from .backends import cuda_device_count
+    from .data.loader import default_workers
+    from .distributed import LaunchError, launch, parse_gpus, parse_master
+
+    if gpus is not None and ranks is not None:
+        raise click.UsageError("give --gpus (GPUs) or --ranks (CPU processes), not both")
+    if device != "auto":
+        raise click.UsageError("--gpus/--ranks choose the devices; leave out --gpu/--device")
+    if gpus is None and ranks is None:
+        raise click.UsageError("--nodes needs --gpus or --ranks: the ranks on each node")
+    if node_rank >= nodes:
+        raise click.UsageError(f"--node-rank {node_rank} with --nodes {nodes}: expected "
+                               f"0..{nodes - 1}")
+    if nodes > 1 and master is None:
+        raise click.UsageError("--nodes > 1 needs --master HOST:PORT (node 0's address)")
+    try:
+        devices = parse_gpus(gpus, cuda_device_count()) if gpus is not None else \
+            ["cpu"] * ranks
+        address = parse_master(master) if master is not None else None
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    # The node's CPUs load images for all its ranks: each rank gets its share of workers.
+    kwargs["workers"] = max(1, default_workers() // len(devices)) if workers is None else workers
+    try:
+        launch(devices, kwargs, first_rank=node_rank * len(devices),
+               world_size=nodes * len(devices), master=address, timeout=comm_timeout)
+    except LaunchError as e:
+        raise UserError(str(e)) from None
 
 
 @cli.command("valid", short_help="Score weights on a dataset's valid list.")

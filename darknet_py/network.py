@@ -106,6 +106,11 @@ def parse_net_options(s):
     return o
 
 
+# The buffer each parameter's gradient accumulates in (Darknet's names).
+_UPDATE_BUFFER = {"biases": "bias_updates", "scales": "scale_updates",
+                  "weights": "weight_updates"}
+
+
 class NetworkError(Exception):
     pass
 
@@ -195,6 +200,9 @@ class Network:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.seen = 0
+        # Data-parallel training (distributed.py): the replicas' gradients are summed before
+        # each update; None for one process. `seen` counts every replica's images.
+        self.data_parallel = None
         self.names = None         # class names, when a .data/.names file gave them
         self.weights_header = FORK_WEIGHTS_HEADER if self.darknet == "alexeyab" else (0, 2, 0)
         self.layers = self._build(sections[1:])
@@ -302,8 +310,14 @@ class Network:
 
     @property
     def images_per_iteration(self):
-        """Images per weight update: the cfg's batch= (subdivisions passes)."""
-        return self.images_per_pass * self.subdivisions
+        """Images per weight update: the cfg's batch= (subdivisions passes), on every
+        data-parallel rank together."""
+        return self.images_per_pass * self.subdivisions * self.replicas
+
+    @property
+    def replicas(self):
+        """Processes training this network together, each on its own images."""
+        return 1 if self.data_parallel is None else self.data_parallel.world_size
 
     @property
     def iteration(self):
@@ -463,13 +477,30 @@ class Network:
             layer.backward(self)
 
     def update(self):
+        if self.data_parallel is not None:
+            self.data_parallel.reduce(self)
         args = UpdateArgs(learning_rate=self.learning_rate, momentum=self.options.momentum,
                           decay=self.options.decay,
                           batch=self.images_per_iteration)
         for layer in self.layers:
             layer.update(args)
+        if self.data_parallel is not None:
+            self.data_parallel.updated(self)
         self.params_changed()
         return args.learning_rate
+
+    def update_buffers(self):
+        """(accumulated updates, batch-norm rolling statistics): the backend arrays that
+        data-parallel replicas combine before an update, in a fixed order. Parameters
+        without an update buffer (the fork's untrained BN beta) are not among them."""
+        updates, statistics = [], []
+        for layer in self.layers:
+            for name, _ in layer.params():
+                if name.startswith("rolling_"):
+                    statistics.append(getattr(layer, name))
+                elif (buffer := getattr(layer, _UPDATE_BUFFER[name], None)) is not None:
+                    updates.append(buffer)
+        return updates, statistics
 
     def params_changed(self):
         """Call after writing parameters by hand: drops what was derived from them."""
@@ -520,11 +551,11 @@ class Network:
         if n != self.batch:
             self.set_batch(n)
         self.images_per_pass = n
-        self.seen += n
+        self.seen += n * self.replicas
         self.forward(x, self.truth_for_network(truth), train=True)
         self.backward()
         self.last_rate = None
-        if (self.seen // n) % self.subdivisions == 0:
+        if (self.seen // (n * self.replicas)) % self.subdivisions == 0:
             self.last_rate = self.update()
         return self.cost
 

@@ -48,6 +48,7 @@ from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader, default_workers
 from .detection import detector_layers, output_layer
+from .distributed import Ranks
 from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
                     write_text_atomically)
 from .layers.heads import is_fork_flavour
@@ -384,7 +385,7 @@ def _param_layers_loaded(net, layers_loaded):
 
 def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
           map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
-          verbose=True, workers=None, on_iteration=None, darknet=None):
+          verbose=True, workers=None, on_iteration=None, darknet=None, comm=None):
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
@@ -403,6 +404,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     workers: data loader processes (0: load in this process; default: default_workers(),
       one per available CPU less one, at most 16).
     on_iteration(result): called after each iteration (a hook for tests and callers).
+    comm: a distributed.Communicator when this process is one rank of a data-parallel run
+      (distributed.py): the rank trains on its shard of the list with its own seed
+      stream, the ranks' gradients are summed before every update, and only rank 0
+      writes files.
 
     Raises TrainError (or DataError/CfgError/WeightsError) before training for problems a
     user fixes, including a run already at max_batches (pass clear=True to restart the
@@ -413,10 +418,14 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     paths = config.train_paths()
     if not paths:
         raise TrainError(f"{config.train}: the training list is empty")
+    if comm is not None and len(paths) < comm.world_size:
+        raise TrainError(f"{config.train}: {len(paths)} training images for "
+                         f"{comm.world_size} ranks; each rank needs at least one")
     valid_paths = config.valid_paths() if map_eval else []
     if map_eval and not valid_paths:
         raise TrainError(f"{config.valid}: the valid list is empty (needed by --map)")
 
+    ranks = Ranks(comm)
     net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
     net.names = config.names
     task = network_task(net)
@@ -438,12 +447,13 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             net.seen = 0   # a backbone's image count says nothing about this network
     if clear:
         net.seen = 0
+    ranks.attach(net)
     if max_batches is not None:
         o.max_batches = int(max_batches)
     if o.max_batches <= 0:
         raise TrainError(f"{cfg}: max_batches is not set in [net]; set it there or give "
                          f"--max-batches N")
-    images_per_iteration = net.images_per_iteration
+    images_per_iteration = net.images_per_iteration   # of every rank together
     if net.seen % images_per_iteration:
         # Saved by a run with another batch size: start at the beginning of the iteration
         # `seen` falls in, so every update again comes after a whole batch.
@@ -459,9 +469,10 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             f"(or give --max-batches N)")
 
     backup_dir = config.backup
-    _writable_dir(backup_dir)
-    for stale in remove_stale_temporaries(backup_dir):
-        log(f"darknet-py: note: removed {stale}, left by an interrupted save")
+    if ranks.writer:
+        _writable_dir(backup_dir)
+        for stale in remove_stale_temporaries(backup_dir):
+            log(f"darknet-py: note: removed {stale}, left by an interrupted save")
     backup_path = os.path.join(backup_dir, f"{base}.backup")
     final_path = os.path.join(backup_dir, f"{base}_final.weights")
     chart_path = os.path.join(backup_dir, f"chart_{base}.png")
@@ -527,8 +538,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         multiscale = bool(getattr(head, "random", 0))
     cfg_size = (o.width, o.height)
     stride = network_stride(net)
-    loader = DataLoader(paths, width=o.width, height=o.height, batch=images_per_iteration,
-                        channels=o.channels, augment=augment, seed=seed,
+    loader = DataLoader(ranks.shard(paths), width=o.width, height=o.height,
+                        batch=images_per_iteration // net.replicas, channels=o.channels,
+                        augment=augment, seed=ranks.seed(seed),
                         workers=default_workers() if workers is None else workers,
                         start=net.iteration, **loader_args)
     if map_eval and map_every is None:
@@ -553,16 +565,20 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             f"{weights}; max_batches {o.max_batches}")
     log(f"Training a {task} on {len(paths)} images, {images_per_iteration} per iteration"
         f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
-        f"{'the CPU' if net.be.name == 'cpu' else net.be.name}; saving to {backup_dir}")
+        f"{'the CPU' if net.be.name == 'cpu' else net.be.name}"
+        f"{f' x {net.replicas} ranks' if net.replicas > 1 else ''}; saving to {backup_dir}")
 
     def save(path):
-        net.save_weights(path)
+        if ranks.writer:
+            net.save_weights(path)
 
     def finite_weights():
         return all(np.isfinite(net.be.to_host(array)).all()
                    for layer in net.layers for _, array in layer.params())
 
     def chart():
+        if not ranks.writer:
+            return
         losses, scores = earlier_losses + result.losses, earlier_scores + result.scores
         save_history(history, losses, scores)
         draw_chart(chart_path, [h[1] for h in losses], [h[2] for h in losses],
@@ -613,7 +629,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             wall_start = time.perf_counter()
             x, truth = loader.next_batch()
             train_start = time.perf_counter()
-            loss = net.train_iteration(x, truth)
+            loss = ranks.mean(net, net.train_iteration(x, truth))
             if not math.isfinite(loss):
                 raise Diverged(loss)
             completed_seen = net.seen
@@ -649,7 +665,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                 epoch = net.seen // len(paths)
                 save(os.path.join(backup_dir, f"{base}_{epoch}.weights"))
             if map_eval and (i % map_every == 0 or i == o.max_batches):
-                evaluate(i)
+                if ranks.writer:
+                    evaluate(i)
+                ranks.wait_for_writer()
             if i % BACKUP_EVERY == 0 or (map_eval and i % map_every == 0):
                 chart()
             if on_iteration is not None:

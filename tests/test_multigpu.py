@@ -1,0 +1,71 @@
+"""Data-parallel training over NCCL on 2 GPUs (make gpu-test on a machine with >= 2 GPUs and
+NCCL: pip install '.[multigpu]'). Skipped elsewhere, with the reason."""
+import multiprocessing
+
+import numpy as np
+import pytest
+
+from darknet_py.backends import cuda_device_count
+from darknet_py.distributed import free_port
+
+from test_distributed import darknet_py, finish, weights_of, write_run_cfg
+from test_train import bars, data_file  # noqa: F401 (bars is a fixture)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
+              pytest.mark.skipif(cuda_device_count() < 2,
+                                 reason="needs 2 CUDA GPUs (and PyCUDA, NCCL)")]
+
+
+def _nccl_rank(rank, port, results):
+    from darknet_py.distributed import connect
+    from darknet_py.backends import get_backend
+    comm = connect(rank, 2, f"cuda:{rank}", ("127.0.0.1", port), timeout=60)
+    be = get_backend(f"cuda:{rank}")
+    summed = be.from_host(np.arange(1000, dtype=np.float32) * (rank + 1))
+    empty = be.zeros(0)
+    shared = be.from_host(np.full(7, 10.0 * rank + 3, dtype=np.float32))
+    comm.all_reduce_sum(be, [summed, empty])
+    comm.broadcast(be, [shared])
+    comm.barrier(timeout=30)
+    results.put((rank, be.to_host(summed), be.to_host(shared), comm.sum_value(be, rank + 1)))
+    comm.close()
+
+
+def test_nccl_sums_and_broadcasts_device_arrays():
+    context = multiprocessing.get_context("spawn")
+    results, port = context.Queue(), free_port()
+    ranks = [context.Process(target=_nccl_rank, args=(r, port, results)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    got = sorted(results.get(timeout=120) for _ in ranks)
+    for p in ranks:
+        p.join(30)
+        assert p.exitcode == 0
+    for rank, summed, shared, total in got:
+        np.testing.assert_array_equal(summed, np.arange(1000) * 3)
+        np.testing.assert_array_equal(shared, np.full(7, 3.0))   # rank 0's
+        assert total == 3
+
+
+def test_two_gpus_train_like_two_cpu_ranks(bars, tmp_path):
+    cfg = write_run_cfg(tmp_path)
+    gpu = finish(darknet_py("train", cfg, data_file(bars, tmp_path / "gpu"), "--gpus", "0,1",
+                            "--seed", 3))
+    cpu = finish(darknet_py("train", cfg, data_file(bars, tmp_path / "cpu"), "--ranks", 2,
+                            "--seed", 3))
+    assert gpu[0] == 0, gpu[2]
+    assert cpu[0] == 0, cpu[2]
+    seen_gpu, w_gpu = weights_of(tmp_path / "gpu" / "tiny_final.weights")
+    seen_cpu, w_cpu = weights_of(tmp_path / "cpu" / "tiny_final.weights")
+    assert seen_gpu == seen_cpu == 32
+    np.testing.assert_allclose(w_gpu, w_cpu, rtol=1e-4, atol=1e-5)
+
+
+def test_a_gpu_that_does_not_exist_is_one_line(bars, tmp_path):
+    cfg = write_run_cfg(tmp_path)
+    code, _, err = finish(darknet_py("train", cfg, data_file(bars, tmp_path / "b"), "--gpus",
+                                     f"0,{cuda_device_count()}"))
+    assert code == 2
+    assert err.strip().splitlines()[-1].endswith(
+        f"GPU {cuda_device_count()} (local rank 1) does not exist; this machine has "
+        f"{cuda_device_count()} GPUs (0-{cuda_device_count() - 1})")
