@@ -37,7 +37,6 @@ UNSUPPORTED = {
     "yolov4-tiny_contrastive.cfg": ":447: section [contrastive] is a Darknet layer darknet-py "
                                    "does not support",
     "yolo9000.cfg": ":217: tree: option is not supported by darknet-py",
-    "resnet152_trident.cfg": ":23: policy: unknown learning-rate policy 'sgdr'",
 }
 # Build once the other half of issue 12 is merged (expected to fail until then).
 NEEDS_OTHER_PART = {
