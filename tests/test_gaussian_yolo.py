@@ -393,3 +393,16 @@ def test_heads_that_do_not_fit_their_input_are_refused(head, key, message):
 def test_options_the_fork_reads_and_ignores_are_warned_about():
     with pytest.warns(UserWarning, match="obj_normalizer: has no effect in \\[Gaussian_yolo\\]"):
         build("obj_normalizer=2\n", batch=1)
+
+
+def test_the_network_decodes_the_gaussian_head_with_its_nms_kind():
+    from darknet_py.detection import get_network_boxes, nms_kind
+    net = build("nms_kind=diounms\nbeta_nms=0.7\n", batch=1)
+    assert nms_kind(net) == ("diounms", 0.7)
+    net.forward(np.random.default_rng(6).normal(0, 2, (1, len(MASK) * ENTRIES, H, W)))
+    out = net.layer_output(0).reshape(-1)
+    dets = get_network_boxes(net, W, H, thresh=0.05, letter=False)
+    want = c_detections(out, 0.05, "center")
+    assert len(dets) == len(want) > 3
+    np.testing.assert_allclose([d.probs for d in dets], [p for _, _, p in want], rtol=1e-5,
+                               atol=1e-7)
