@@ -92,8 +92,8 @@ class DarknetGroup(click.Group):
 def cli():
     """Darknet's cfg-driven neural networks in Python.
 
-    Runs Darknet .cfg/.weights files: classify (test) and detect on images, print a
-    network's layer table (info), cut a weights file down to its first layers
+    Runs Darknet .cfg/.weights files: classify images (test), find objects in them
+    (detect), print a network's layer table (info), cut a weights file down to its first layers
     (partial), train a classifier or detector (train), score weights on a dataset
     (valid) and compute YOLO anchors (anchors).
 

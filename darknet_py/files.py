@@ -56,6 +56,9 @@ def refuse_overwrite(paths, overwrite, flag="--overwrite"):
 # Temporaries are named .<kind>-<pid>-<random>: a later run can tell whether the process
 # that made one is still writing it.
 TEMPORARY = re.compile(r"^\.(weights|chart|output)-(\d+)-")
+# Earlier versions named them .weights-<8 random> and .chart-<8 random>.png, without the
+# process id; only an interrupted write of theirs leaves one, so they are always stale.
+OLD_TEMPORARY = re.compile(r"^\.(weights-[a-z0-9_]{8}|chart-[a-z0-9_]{8}\.png)$")
 # A temporary without a live owner is stale; one whose owner id was reused is removed
 # once this old.
 STALE_SECONDS = 3600
@@ -82,15 +85,16 @@ def remove_stale_temporaries(directory):
     now = time.time()
     for name in names:
         match = TEMPORARY.match(name)
-        if not match:
+        if not (match or OLD_TEMPORARY.match(name)):
             continue
         path = os.path.join(directory, name)
         try:
-            old = now - os.lstat(path).st_mtime > STALE_SECONDS
-            if (int(match.group(2)) != os.getpid() and not _process_alive(int(match.group(2)))) \
-                    or old:
-                os.unlink(path)
-                removed.append(path)
+            if match and now - os.lstat(path).st_mtime <= STALE_SECONDS:
+                owner = int(match.group(2))
+                if owner == os.getpid() or _process_alive(owner):
+                    continue
+            os.unlink(path)
+            removed.append(path)
         except OSError:
             continue
     return removed

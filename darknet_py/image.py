@@ -3,6 +3,7 @@
 OpenCV decodes files; resizing is Darknet's own two-pass bilinear resize (not
 OpenCV's), so letterboxed inputs match what the C Darknet feeds its network.
 """
+import atexit
 import contextlib
 import os
 import sys
@@ -79,6 +80,7 @@ def _truncated_jpeg(data):
 
 
 _FD2_LOCK = threading.Lock()
+_fd2_sink = None   # one temporary file per process, emptied before each use
 
 
 @contextlib.contextmanager
@@ -86,8 +88,15 @@ def _decoder_messages():
     """Collect what C libraries (libjpeg, libpng) print on file descriptor 2 meanwhile, so
     it reaches the user as one darknet-py warning instead of raw. Yields the list the
     lines are added to on exit."""
+    global _fd2_sink
     lines = []
-    with _FD2_LOCK, tempfile.TemporaryFile() as sink:
+    with _FD2_LOCK:
+        if _fd2_sink is None:
+            _fd2_sink = tempfile.TemporaryFile()
+            atexit.register(_fd2_sink.close)
+        sink = _fd2_sink
+        sink.seek(0)
+        sink.truncate()
         try:
             sys.stderr.flush()
             saved = os.dup(2)

@@ -135,3 +135,34 @@ def test_build_network_allocates_nothing(tmp_path):
     assert (layer.out_c, layer.out_h, layer.out_w) == (4, 8, 8)
     # 2 * filters * size^2 * c * out_h * out_w
     assert layer.bflops == pytest.approx(2 * 4 * 9 * 3 * 8 * 8 / 1e9)
+
+
+def test_numbers_are_read_as_atoi_and_atof_read_them_with_a_warning():
+    text = NET + ("[conv]\nfilters=40#32\nsize=3\npad=1\n[conv]\nfilters=8\n"
+                  "[route]\nlayers=-1,0###P6\n[soft]\ntemperature=1.5x\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net = build(text)
+    assert net.layers[0].filters == 40
+    assert net.layers[2].out_c == 40 + 8   # route of layers -1 and 0
+    messages = [str(w.message) for w in caught if issubclass(w.category, CfgWarning)]
+    assert "t.cfg:8: filters: '40#32' read as 40" in messages[0]
+    assert "t.cfg:14: layers: '-1,0###P6' read as 0" in messages[1]
+    assert "t.cfg:16: temperature: '1.5x' read as 1.5" in messages[2]
+
+
+@pytest.mark.parametrize("value, words", [
+    ("inf", "finite"), ("-inf", "finite"), ("nan", "finite"), ("1e400", "finite"),
+    ("2147483648", "out of range"), ("4.5", "expected an integer"), ("abc", "expected an integer"),
+])
+def test_numbers_that_mean_nothing_are_errors_naming_the_line(value, words):
+    e = error_of(NET + f"[conv]\nfilters={value}\n")
+    assert (e.line, e.key) == (8, "filters") and words in str(e)
+
+
+def test_a_utf8_byte_order_mark_is_accepted_and_sizes_below_1_name_their_line(tmp_path):
+    path = tmp_path / "bom.cfg"
+    path.write_bytes(("\ufeff" + NET + "[conv]\nfilters=2\n").encode("utf-8"))
+    assert build_network(path).layers[0].filters == 2
+    e = error_of(NET.replace("channels=3", "channels=0") + "[conv]\n")
+    assert (e.line, e.key) == (6, "channels") and "at least 1" in str(e)

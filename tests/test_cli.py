@@ -162,8 +162,9 @@ def test_every_command_has_help(command, mentions):
 def test_group_help_lists_the_commands():
     r = run_in_process(["--help"])
     assert r.code == 0
-    for command in ("test", "detect", "info", "partial"):
+    for command in ("test", "detect", "info", "partial", "train", "valid", "anchors"):
         assert re.search(rf"^\s+{command}\s", r.out, re.M), r.out
+        assert f"({command})" in " ".join(r.out.split()), r.out   # and the prose says what
 
 
 def test_python_dash_m_darknet_py_runs_the_cli():

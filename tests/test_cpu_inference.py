@@ -95,6 +95,21 @@ def test_maxpool_without_indexes_gives_the_same_maxima(batch, c, h, w, size, str
         assert np.isneginf(got).any()
 
 
+@pytest.mark.parametrize("size,stride_x,stride_y,padding", [(2, 1, 2, 1), (3, 2, 1, 2),
+                                                             (2, 2, 1, 0), (3, 3, 2, 4)])
+def test_maxpool_xy_without_indexes_gives_the_same_maxima(size, stride_x, stride_y, padding):
+    be = NumpyBackend()
+    batch, c, h, w = 2, 3, 9, 11
+    x = np.random.default_rng(size).standard_normal(batch * c * h * w).astype(np.float32)
+    n_out = batch * c * ((h + padding - size) // stride_y + 1) * ((w + padding - size)
+                                                                  // stride_x + 1)
+    want, got = np.full(n_out, np.nan, np.float32), np.full(n_out, np.nan, np.float32)
+    args = (x, batch, c, h, w, size, stride_x, stride_y, padding)
+    be.maxpool_forward_xy(*args, want, be.int_zeros(n_out))
+    be.maxpool_forward_xy(*args, got, None)
+    np.testing.assert_array_equal(got, want)
+
+
 # ---- folded batch norm -----------------------------------------------------------
 
 fixtures = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(),

@@ -720,27 +720,31 @@ def test_interrupted_or_killed_loader_leaves_no_worker_or_shared_memory(
         assert "WARN" not in stderr and "leaked" not in stderr
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 def test_a_worker_that_dies_is_reported_with_the_image_it_was_on(tmp_path):
-    # Reading a named pipe blocks until a writer opens it: when the writer's open()
-    # returns, the worker is inside that image, and is killed there.
-    stuck = tmp_path / "images" / "stuck.png"
-    stuck.parent.mkdir()
-    os.mkfifo(stuck)
-    loader = D.DataLoader([str(stuck)], task="detector", width=16, height=16, batch=1,
-                          classes=1, train=False, workers=1)
-    pid = loader.workers[0]
-
-    def kill_the_reader():
-        with open(stuck, "wb"):
+    # Catch the worker inside the image: stop it, look at which image it says it is on,
+    # and kill it there; otherwise let it go on and consume a batch to keep it working.
+    # (A named pipe no longer blocks a worker: images must be regular files.)
+    big = tmp_path / "images" / "big.jpg"
+    big.parent.mkdir()
+    noise = np.random.default_rng(0).integers(0, 256, (1500, 1500, 3), dtype=np.uint8)
+    assert cv2.imwrite(str(big), noise)
+    loader = D.DataLoader([str(big)], task="detector", width=16, height=16, batch=1,
+                          classes=1, train=True, workers=1)
+    (process, on_image), = loader._pool.processes   # the shared "which image" value
+    pid = process.pid
+    for _ in range(500):
+        os.kill(pid, signal.SIGSTOP)
+        if on_image.value >= 0:
             os.kill(pid, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_the_reader, daemon=True)
-    killer.start()
-    with pytest.raises(D.DataError, match=rf"worker \(pid {pid}\) died \(killed by SIGKILL\) "
-                                          rf"while loading {re.escape(str(stuck))}$"):
+            break
+        os.kill(pid, signal.SIGCONT)
         loader.next_batch()
-    killer.join(5)
+    else:
+        pytest.fail("never caught the worker inside an image")
+    with pytest.raises(D.DataError, match=rf"worker \(pid {pid}\) died \(killed by SIGKILL\) "
+                                          rf"while loading {re.escape(str(big))}$"):
+        for _ in range(10):   # batches already built may come first
+            loader.next_batch()
     assert loader.workers == [] and process_gone(pid)
 
 

@@ -58,12 +58,14 @@ def test_stale_temporaries_go_live_ones_and_other_files_stay(tmp_path):
     dead = tmp_path / ".weights-999999999-abc"     # no such process
     live = tmp_path / f".weights-{os.getppid()}-abc"   # a running process is writing it
     old = tmp_path / f".chart-{os.getppid()}-abc.png"  # ... but not for an hour and more
+    earlier_version = tmp_path / ".weights-k2x_9qzd"   # mkstemp's name, no process id
     other = tmp_path / ".weights-notes"
-    for path in (dead, live, old, other):
+    for path in (dead, live, old, earlier_version, other):
         path.write_bytes(b"x")
     hours_ago = time.time() - 2 * 3600
     os.utime(old, (hours_ago, hours_ago))
-    assert sorted(remove_stale_temporaries(tmp_path)) == sorted([str(dead), str(old)])
+    assert sorted(remove_stale_temporaries(tmp_path)) == sorted(
+        [str(dead), str(old), str(earlier_version)])
     assert live.exists() and other.exists()
 
 

@@ -147,6 +147,12 @@ def test_train_fine_tunes_from_another_class_count_with_a_notice(ten_class_weigh
     assert f"{path}: weights trained for 10 classes; loaded the 3 layers whose shapes " \
            f"match (0, 2, 6)" in lines
     assert result.iterations == 2          # counted from 0, not from the file's 4000 images
+    # The command prints the same notice (a second run into the same backup: --overwrite).
+    out = CliRunner().invoke(cli, ["train", cfg, data, "--weights", path, "--device", "cpu",
+                                   "--quiet", "--overwrite", "--workers", "0"])
+    assert out.exit_code == 0, out.output
+    assert "loaded the 3 layers whose shapes match (0, 2, 6)" in out.output
+    assert "layers 3, 7 differ in shape and start from random values" in out.output
 
 
 @needs_real_weights

@@ -1,5 +1,9 @@
 """`detect` on a video file or a camera: darknet_py/video.py, Darknet's `detector demo`."""
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -135,6 +139,25 @@ def test_ctrl_c_finishes_a_valid_video_of_the_frames_done(tiny, tmp_path):
     assert result.interrupted and result.frames == 2 and result.out == str(out)
     assert len(read_video(out)) == 2                 # a playable file with both frames
     assert lines[-1].startswith("2 frames in ") and "interrupted" in lines[-1]
+
+
+def test_sigint_to_the_command_leaves_a_playable_video(tiny, tmp_path):
+    cfg, weights, _ = tiny
+    long_video, out = tmp_path / "long.mp4", tmp_path / "stopped.mp4"
+    frame = np.random.default_rng(1).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    write_video(long_video, [frame] * 400)
+    command = [sys.executable, "-m", "darknet_py", "detect", cfg, weights, str(long_video),
+               "--out", str(out), "--device", "cpu"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=Path(__file__).resolve().parents[1]) as proc:
+        assert proc.stdout.readline().startswith("frame 1/400 (0%): ")
+        proc.send_signal(signal.SIGINT)          # what Ctrl-C sends
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    last = stdout.strip().splitlines()[-1]
+    assert "interrupted" in last and last.endswith(f"wrote {out}")
+    frames = int(last.split()[0])
+    assert 1 <= frames < 400 and len(read_video(out)) == frames
 
 
 def test_video_options_that_do_not_fit(tiny, tmp_path):

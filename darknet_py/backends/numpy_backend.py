@@ -302,35 +302,29 @@ class NumpyBackend:
         out_w = (w + padding - size) // stride + 1
         off = padding // 2
         n = batch * c * out_h * out_w
-        if indexes is None:
-            src = x[:batch * c * h * w].reshape(batch * c, h, w)
-            dst = out[:n].reshape(batch * c, out_h, out_w)
-            _parallel(batch * c, lambda p0, p1: _maxpool_values(src[p0:p1], size, stride, off,
-                                                                dst[p0:p1]),
-                      max(1, _GRAIN_FLOATS // (h * w)))
+        if indexes is None or size != stride or off or out_h * size > h or out_w * size > w:
+            self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out,
+                                    indexes)
             return
-        if size == stride and off == 0 and out_h * size <= h and out_w * size <= w:
-            # Non-overlapping windows inside the image (the usual 2x2/2): compare the
-            # size*size strided views in window order, keeping the first maximum (Darknet's
-            # strict '>'); no padded or index copies (several times faster).
-            src = x[:batch * c * h * w].reshape(batch * c, h, w)
-            rows, cols = out_h * size, out_w * size
-            best = src[:, 0:rows:size, 0:cols:size].copy()
-            which = np.zeros(best.shape, dtype=np.int64)
-            for k in range(1, size * size):
-                dy, dx = divmod(k, size)
-                cand = src[:, dy:rows:size, dx:cols:size]
-                better = cand > best
-                np.copyto(best, cand, where=better)
-                which[better] = k
-            out[:n] = best.reshape(-1)
-            dy, dx = np.divmod(which, size)
-            plane = (np.arange(batch * c) * (h * w)).reshape(-1, 1, 1)
-            top = np.arange(out_h).reshape(1, -1, 1) * (size * w)
-            left = np.arange(out_w).reshape(1, 1, -1) * size
-            indexes[:n] = (plane + top + left + dy * w + dx).reshape(-1)
-            return
-        self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out, indexes)
+        # Training with non-overlapping windows inside the image (the usual 2x2/2): compare
+        # the size*size strided views in window order, keeping the first maximum (Darknet's
+        # strict '>'); no padded or index copies (several times faster).
+        src = x[:batch * c * h * w].reshape(batch * c, h, w)
+        rows, cols = out_h * size, out_w * size
+        best = src[:, 0:rows:size, 0:cols:size].copy()
+        which = np.zeros(best.shape, dtype=np.int64)
+        for k in range(1, size * size):
+            dy, dx = divmod(k, size)
+            cand = src[:, dy:rows:size, dx:cols:size]
+            better = cand > best
+            np.copyto(best, cand, where=better)
+            which[better] = k
+        out[:n] = best.reshape(-1)
+        dy, dx = np.divmod(which, size)
+        plane = (np.arange(batch * c) * (h * w)).reshape(-1, 1, 1)
+        top = np.arange(out_h).reshape(1, -1, 1) * (size * w)
+        left = np.arange(out_w).reshape(1, 1, -1) * size
+        indexes[:n] = (plane + top + left + dy * w + dx).reshape(-1)
 
     def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
                            indexes):
@@ -338,6 +332,13 @@ class NumpyBackend:
         out_h = (h + padding - size) // stride_y + 1
         out_w = (w + padding - size) // stride_x + 1
         off = padding // 2
+        if indexes is None:
+            src = x[:batch * c * h * w].reshape(batch * c, h, w)
+            dst = out[:batch * c * out_h * out_w].reshape(batch * c, out_h, out_w)
+            _parallel(batch * c, lambda p0, p1: _maxpool_values(
+                src[p0:p1], size, stride_y, stride_x, off, dst[p0:p1]),
+                max(1, _GRAIN_FLOATS // (h * w)))
+            return
         # Pad so every window is in range; padded cells never win (-inf).
         ph = max(0, (out_h - 1) * stride_y + size - off - h)
         pw = max(0, (out_w - 1) * stride_x + size - off - w)
@@ -634,22 +635,22 @@ def _activate_inplace(x, activation, scratch):
         x[...] = activations.activate(x, activation)
 
 
-def _maxpool_values(src, size, stride, off, out):
+def _maxpool_values(src, size, stride_y, stride_x, off, out):
     """out (planes, out_h, out_w) = the maximum of each window, taken as a running
     np.maximum over the size*size strided views: no argmax, no index arrays. Cells
     outside the image (padding) are -inf, so a window wholly in the padding gives -inf."""
     planes, h, w = src.shape
     _, out_h, out_w = out.shape
-    ph = max(0, (out_h - 1) * stride + size - off - h)
-    pw = max(0, (out_w - 1) * stride + size - off - w)
+    ph = max(0, (out_h - 1) * stride_y + size - off - h)
+    pw = max(0, (out_w - 1) * stride_x + size - off - w)
     if off or ph or pw:
         padded = np.full((planes, off + h + ph, off + w + pw), -np.inf, dtype=src.dtype)
         padded[:, off:off + h, off:off + w] = src
         src = padded
-    rows, cols = stride * (out_h - 1) + 1, stride * (out_w - 1) + 1
+    rows, cols = stride_y * (out_h - 1) + 1, stride_x * (out_w - 1) + 1
     for k in range(size * size):
         dy, dx = divmod(k, size)
-        view = src[:, dy:dy + rows:stride, dx:dx + cols:stride]
+        view = src[:, dy:dy + rows:stride_y, dx:dx + cols:stride_x]
         if k == 0:
             out[...] = view
         else:

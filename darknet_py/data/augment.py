@@ -3,12 +3,11 @@ time: each per-sample function takes the decoded image, the settings and a NumPy
 generator, and draws all its randomness from that generator, so a seed reproduces it.
 Images are float32 RGB in [0, 1]."""
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..image import ImageError, letterbox, load_image, resize_image
+from ..image import decode_image, letterbox, resize_image
 from .labels import MAX_BOXES, detection_truth
 
 
@@ -130,11 +129,9 @@ def read_hwc(path, channels=3):
     """load_image's result as (H, W, C): what the augmentation works on, without the
     two transposes a round trip through (C, H, W) would cost."""
     cv2 = _cv2()
-    path = os.fspath(path)
-    a = cv2.imread(path, cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
-    if a is None:
-        load_image(path, channels)     # raises the ImageError that says why
-        raise ImageError(f"{path}: cannot read image")
+    # load_image's checks (a pipe, a truncated file, a huge header), without its capture of
+    # the decoder's messages: loader workers silence those themselves.
+    a, _ = decode_image(path, channels, quiet_decoder=False)
     if a.ndim == 2:
         a = a[:, :, None]
     elif channels == 3:

@@ -69,7 +69,7 @@ class MaxpoolLayer(Layer):
         else:
             be.maxpool_forward_xy(net.input, self.batch, self.c, self.h, self.w, self.size,
                                   self.stride_x, self.stride_y, self.padding, self.output,
-                                  self.indexes)
+                                  self.indexes if net.train else None)
 
     def backward(self, net):
         if net.delta is not None:
