@@ -142,13 +142,13 @@ class GaussianYoloLayer(YoloLayer):
 
     def truth_cell(self, t):
         """The cell (j, i) responsible for truth t: the one holding its point."""
-        dx, dy = self.point_shift(t[2], t[3])
         if self.yolo_point == "center":
             # Darknet truncates; x = 1 would overrun the grid.
             return min(int(t[1] * F32(self.h)), self.h - 1), min(int(t[0] * F32(self.w)),
                                                                   self.w - 1)
+        dx, dy = self.point_shift(t[2], t[3])
         x, y = (t[0] - dx) * F32(self.w), (t[1] - dy) * F32(self.h)
-        return (int(min(self.h - 1, max(0, y))), int(min(self.w - 1, max(0, x))))
+        return int(min(self.h - 1, max(0, y))), int(min(self.w - 1, max(0, x)))
 
     # ---- the loss (forward_gaussian_yolo_layer) ---------------------------------------
     def gaussian_box_delta(self, truth, o, d, anchor, a, j, i, netw, neth, iou_normalizer):
