@@ -25,6 +25,7 @@ SECTION_ALIASES = {
     # the AlexeyAB fork's ([reorg3d] is its new reorg; its [reorg] is the original's)
     "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
     "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
+    "gaussian_yolo": "gaussian_yolo",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {

@@ -415,7 +415,7 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
         out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
         return detect_video_command(cfg, weights, images, camera, out if out_given else None,
                                     json_file, dict(thresh=thresh, nms=nms), names, device,
-                                    overwrite)
+                                    overwrite, darknet)
     if not images:
         raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)

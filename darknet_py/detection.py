@@ -13,7 +13,7 @@ from .boxes import Detection, do_nms_sort
 from .layers.heads import is_fork_flavour
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 
-DETECTOR_TYPES = ("yolo", "region", "detection")
+DETECTOR_TYPES = ("yolo", "region", "detection", "gaussian_yolo")
 F32 = np.float32
 
 
@@ -36,9 +36,9 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
 
 
 def nms_kind(net):
-    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork, its last [yolo]
-    layer's nms_kind and beta_nms; Darknet's default NMS without one."""
-    yolo = [l for l in net.layers if l.type == "yolo"]
+    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork, its last [yolo] (or
+    [Gaussian_yolo]) layer's nms_kind and beta_nms; Darknet's default NMS without one."""
+    yolo = [l for l in net.layers if l.type in ("yolo", "gaussian_yolo")]
     return (yolo[-1].nms_kind, yolo[-1].beta_nms) if yolo else ("default", 0.6)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from . import optimizer
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
+from .detection import DETECTOR_TYPES
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
 
@@ -123,7 +124,7 @@ DARKNET_FLAVOURS = ("original", "alexeyab")
 FORK_WEIGHTS_HEADER = (0, 2, 5)
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
-_FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty"}
+_FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo"}
 _FORK_KEYS = {
     "net": {"mosaic", "cutmix", "mixup", "letter_box", "ema_alpha", "blur", "label_smooth_eps",
             "sgdr_cycle", "sgdr_mult", "max_epochs", "contrastive", "gaussian_noise",
@@ -341,7 +342,7 @@ class Network:
         return 200 if self.darknet == "alexeyab" else 90
 
     def _is_detector(self):
-        return any(l.type in ("yolo", "region", "detection") for l in self.layers)
+        return any(l.type in DETECTOR_TYPES for l in self.layers)
 
     def truth_for_network(self, truth):
         """A detector truth buffer with this network's fields per box (truth_size) from either

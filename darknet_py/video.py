@@ -169,7 +169,7 @@ DEFAULT_OUT = "predictions.mp4"
 
 
 def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings, names, device,
-                         overwrite=False):
+                         overwrite=False, darknet=None):
     """`darknet-py detect` on one video file or a camera (dispatched from cli.py)."""
     from .cli import UserError, check_names
     from .detection import detector_layers
@@ -187,7 +187,7 @@ def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings,
         check_output(out, overwrite)   # before the network loads: fail fast
         if camera is None:
             open_source(source)[0].release()
-        net = load_network(cfg, weights, batch=1, device=device)
+        net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
         heads = detector_layers(net)
         if not heads:
             raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")

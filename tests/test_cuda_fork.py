@@ -165,3 +165,43 @@ def test_fork_layers_train_the_same_on_both_backends():
     for i, (b, c, g) in enumerate(zip(before, *after)):
         step = np.max(np.abs(c - b))
         assert np.max(np.abs(g - c)) <= 1e-3 * step + 1e-7, f"parameter array {i}"
+
+
+GAUSSIAN_CFG = """[net]
+width=16
+height=16
+channels=3
+[convolutional]
+filters=26
+size=3
+stride=4
+pad=1
+activation=linear
+[Gaussian_yolo]
+mask=0,1
+anchors=3,4, 6,5, 9,9
+classes=4
+num=3
+scale_x_y=1.05
+iou_loss=giou
+iou_thresh=0.2
+"""
+
+
+def test_gaussian_yolo_forward_and_delta_match_numpy():
+    """[Gaussian_yolo]'s forward runs through activate_strided/scale_add_strided on the
+    device; its loss reads the device output back: both must equal NumPy's."""
+    nets = [Network(parse_cfg_text(GAUSSIAN_CFG), backend=dn.network.get_backend(dev), seed=3,
+                    batch=2) for dev in ("cpu", "cuda")]
+    rng = np.random.default_rng(4)
+    x = rng.random((2, 3, 16, 16), dtype=np.float32)
+    truth = np.zeros((2, 200, 6), dtype=np.float32)
+    truth[0, :2] = [[.3, .4, .2, .3, 1, 0], [.7, .6, .5, .45, 3, 0]]
+    truth[1, :1] = [[.55, .5, .1, .12, 0, 0]]
+    for net in nets:
+        net.forward(x, truth.reshape(2, -1), train=True)
+    cpu, gpu = nets
+    assert rel_err(gpu.layer_output(1), cpu.layer_output(1)) < 1e-5
+    assert rel_err(gpu.layer_delta(1), cpu.layer_delta(1)) < 1e-4
+    assert gpu.layers[1].cost == pytest.approx(cpu.layers[1].cost, rel=1e-4)
+    assert cpu.layers[1].stats["count"] > 0

@@ -744,6 +744,33 @@ def test_detection_loss_matches_darknet_transcription(softmax):
     np.testing.assert_allclose(net.layer_delta(1).reshape(-1), want_delta, rtol=1e-6, atol=1e-7)
 
 
+def test_detection_reads_the_forks_six_field_truth_rows():
+    """A fork-flavoured network's truth has a track id after each box's class: the
+    [detection] layer must step by net.truth_size, not read it as rows of 5."""
+    inputs = 9 * (5 * 2 + 3)
+    text = DETECTION_TRAIN.format(inputs=inputs, softmax=0)
+    net = Network(parse_cfg_text(text, "t.cfg"), "t.cfg", batch=1, seed=2, darknet="alexeyab")
+    assert net.truth_size == 6
+    rng = np.random.default_rng(4)
+    net.layers[0].weights[:] = rng.normal(0, .3, net.layers[0].weights.size)
+    net.layers[0].biases[:] = rng.uniform(0.1, 0.6, inputs)
+    x = rng.random((1, 2, 4, 4), dtype=F32)
+    boxes = np.zeros((1, 4, 6), dtype=F32)
+    boxes[0, :3] = [[.5, .5, .3, .4, 1, 7], [.1, .2, .2, .1, 0, 8], [.9, .85, .15, .2, 2, 9]]
+    net.forward(x, boxes.reshape(1, -1), train=True)
+    out = net.layer_output(1).reshape(-1)
+    grid = grid_truth_from_boxes(boxes[0, :3, :5], 3, 3)
+    want_delta, want_cost, _, count = c_forward_detection_loss(
+        out, grid, 1, 3, 2, 3, sqrt=1, rescore=1, coord_scale=5, object_scale=1,
+        noobject_scale=.5, class_scale=1)
+    assert count == 3
+    np.testing.assert_allclose(net.layer_delta(1).reshape(-1), want_delta, rtol=1e-6, atol=1e-7)
+    assert net.layers[1].cost == pytest.approx(want_cost, rel=1e-6)
+    # The loader's rows of 5, made the fork's by truth_for_network, give the same loss.
+    net.forward(x, net.truth_for_network(boxes[:, :, :5].reshape(1, -1)), train=True)
+    np.testing.assert_allclose(net.layer_delta(1).reshape(-1), want_delta, rtol=1e-6, atol=1e-7)
+
+
 def test_detection_loss_falls_back_to_rmse_when_no_box_overlaps():
     inputs = 9 * (5 * 2 + 3)
     net = build(DETECTION_TRAIN.format(inputs=inputs, softmax=0), batch=1)

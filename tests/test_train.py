@@ -69,6 +69,45 @@ def test_burn_in_ramps_with_power_before_any_policy():
     assert rate("policy=constant\nburn_in=10\npower=1", 5) == pytest.approx(0.05)
 
 
+def fork_sgdr_rate(base, rate_min, cycle, mult, batch_num):
+    """The fork's get_current_rate SGDR case, statement by statement."""
+    last_iteration_start, cycle_size = 0, cycle
+    while last_iteration_start + cycle_size < batch_num:
+        last_iteration_start += cycle_size
+        cycle_size *= mult
+    return rate_min + 0.5 * (base - rate_min) * (
+        1 + math.cos((batch_num - last_iteration_start) * 3.14159265 / cycle_size))
+
+
+def test_sgdr_policy_follows_the_forks_cosine_with_restarts():
+    p = "policy=sgdr\nsgdr_cycle=10\nsgdr_mult=3\nlearning_rate_min=.001"
+    for n in range(0, 200):
+        assert rate(p, n) == pytest.approx(fork_sgdr_rate(0.1, 0.001, 10, 3, n), rel=1e-6), n
+    assert rate(p, 0) == pytest.approx(0.1)
+    assert rate(p, 10) == pytest.approx(0.001)      # a cycle's end is still in that cycle
+    assert rate(p, 11) == pytest.approx(fork_sgdr_rate(0.1, 0.001, 30, 3, 1))  # restart
+    assert rate(p, 40) == pytest.approx(0.001)      # the second cycle is 3x longer
+
+
+def test_sgdr_defaults_to_one_cycle_over_max_batches_and_ramps_in_burn_in():
+    assert rate("policy=sgdr", 500, max_batches=1000) == pytest.approx(
+        0.00001 + 0.5 * (0.1 - 0.00001))
+    p = "policy=sgdr\nsgdr_cycle=100\nburn_in=50\npower=1"
+    assert rate(p, 25) == pytest.approx(0.05)
+    assert rate(p, 60) == pytest.approx(fork_sgdr_rate(0.1, 0.00001, 100, 2, 60))
+
+
+def test_sgdr_refuses_cycles_that_never_end_and_warns_about_steps():
+    from darknet_py.cfg import CfgError
+    for lines, key in (("sgdr_cycle=0", "sgdr_cycle"), ("sgdr_mult=0", "sgdr_mult")):
+        with pytest.raises(CfgError) as e:
+            rate("policy=sgdr\n" + lines, 5)
+        assert e.value.key == key and "must be at least 1" in str(e.value)
+    with pytest.warns(UserWarning, match="steps: does not change the rate with policy=sgdr"):
+        assert rate("policy=sgdr\nsgdr_cycle=10\nsteps=4", 5) == pytest.approx(
+            fork_sgdr_rate(0.1, 0.00001, 10, 2, 5))
+
+
 def test_network_rate_follows_seen_batch_and_subdivisions():
     net = Network(parse_cfg_text(CLASSIFIER_CFG.format(batch=8, subdivisions=2, momentum=0.9,
                                                        max_batches=20)), "t.cfg")

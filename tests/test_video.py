@@ -89,6 +89,26 @@ def test_an_existing_out_is_kept(tiny, tmp_path):
     assert out.read_bytes() == b"an earlier result"
 
 
+@pytest.mark.parametrize("flavour", ["alexeyab", "original"])
+def test_video_follows_the_darknet_option(tiny, tmp_path, monkeypatch, flavour):
+    import darknet_py.network
+    loaded = []
+
+    def recording_load_network(*args, **kwargs):
+        net = load_network(*args, **kwargs)
+        loaded.append(net.darknet)
+        return net
+
+    monkeypatch.setattr(darknet_py.network, "load_network", recording_load_network)
+    cfg, weights, video = tiny
+    out = tmp_path / "out.mp4"
+    result = CliRunner().invoke(cli, ["detect", cfg, weights, str(video), "--out", str(out),
+                                      "--device", "cpu", "--darknet", flavour])
+    assert result.exit_code == 0, result.output
+    assert loaded == [flavour]
+    assert len(read_video(out)) == 5
+
+
 @pytest.mark.parametrize("content,message", [(None, "video file not found"),
                                              (b"not a video at all", "cannot open it as a video")])
 def test_an_unreadable_video_is_one_line_naming_it(tiny, tmp_path, content, message):

@@ -26,6 +26,7 @@ _LAYER_CLASSES = {
     "local_avgpool": ("local_avgpool", "LocalAvgpoolLayer"),
     "reorg3d": ("reorg3d", "Reorg3dLayer"),
     "empty": ("empty", "EmptyLayer"),
+    "gaussian_yolo": ("gaussian_yolo", "GaussianYoloLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..boxes import TRUTH_FIELDS, box_iou, box_rmse, make_detections, thresholded
 from .base import Layer
-from .heads import ratio, report
+from .heads import ratio, report, truth_boxes
 
 F32 = np.float32
 RANDOM_SEEN = 64000   # with random=1, images seen before which the responsible box is random
@@ -105,15 +105,18 @@ class DetectionLayer(Layer):
 
     def grid_truth(self, net):
         """The truth as (batch, truths) grid rows: as given when it has that size, else
-        converted from (x, y, w, h, class) box rows (the detector data loader's form)."""
+        converted from box rows of net.truth_size fields (x, y, w, h, class, and the fork's
+        track id), the detector data loader's form."""
         truth = net.truth_host.reshape(self.batch, -1)
         if truth.shape[1] == self.truths:
             return truth
-        if truth.shape[1] % TRUTH_FIELDS:
+        fields = net.truth_size
+        if truth.shape[1] % fields:
             raise ValueError(f"[detection] layer {self.index} needs a truth of {self.truths} "
-                             f"floats per image (or box rows of 5), got {truth.shape[1]}")
-        return np.stack([grid_truth_from_boxes(row.reshape(-1, TRUTH_FIELDS)[:self.max_boxes],
-                                               self.side, self.classes) for row in truth])
+                             f"floats per image (or box rows of {fields}), got "
+                             f"{truth.shape[1]}")
+        return np.stack([grid_truth_from_boxes(boxes[:, :TRUTH_FIELDS], self.side, self.classes)
+                         for boxes in truth_boxes(net, self.batch, self.max_boxes)])
 
     # ---- the loss (forward_detection_layer) ---------------------------------------------
     def loss(self, output, truth, seen, rng=None):
