@@ -151,7 +151,7 @@ def machine(load_before):
 def report(rows, detect_s, repeats, load_before):
     import numpy as np
     lines = [BEGIN,
-             f"# CPU inference: darknet-py (NumPy) vs OpenCV DNN, batch 1 (`make bench-cpu`)",
+             "# CPU inference: darknet-py (NumPy) vs OpenCV DNN, batch 1 (`make bench-cpu`)",
              "",
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine(load_before)}; "
              f"NumPy {np.__version__}, {rows[0]['opencv']}. Medians of {repeats} forwards per "

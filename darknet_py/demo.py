@@ -107,8 +107,6 @@ def main(argv=None):
     if argv is None:
         _single_threaded_blas()
 
-    import numpy as np
-
     from . import demo_data
     from .backends import cuda_available
     from .network import load_network

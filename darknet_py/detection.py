@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from .boxes import Detection, do_nms_sort
+from .boxes import do_nms_sort
 from .layers.heads import is_fork_flavour
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 

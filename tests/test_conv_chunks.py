@@ -1,7 +1,6 @@
 """Convolutions run a batch in chunks sized by the workspace cap: any chunking must give
 the same outputs, deltas and weight gradients as the whole batch at once."""
 import numpy as np
-import pytest
 
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text

@@ -4,7 +4,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import cv2

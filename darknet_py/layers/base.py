@@ -206,4 +206,4 @@ def refuse_options(section, *keys):
     """Darknet options darknet-py does not implement: an error when set to non-zero."""
     for key in keys:
         if section.has(key) and section.get_str(key) not in ("0", "0.0"):
-            raise section.error(f"option is not supported by darknet-py", key)
+            raise section.error("option is not supported by darknet-py", key)
