@@ -7,7 +7,7 @@ import cv2
 import pytest
 
 from darknet_py.train import train
-from tests.test_train import Lines, bars, data_file, write_cfg  # noqa: F401 (bars: fixture)
+from helpers import Lines, data_file, write_classifier_cfg
 
 
 def mode(path):
@@ -17,7 +17,7 @@ def mode(path):
 def test_resumed_chart_shows_the_whole_run_and_each_cfg_has_its_own(bars, tmp_path):
     backup = tmp_path / "backup"
     data = data_file(bars, backup)
-    cfg = write_cfg(tmp_path, max_batches=6)
+    cfg = write_classifier_cfg(tmp_path, max_batches=6)
 
     def stop_at_3(result):
         if result.iterations == 3:
@@ -41,7 +41,7 @@ def test_resumed_chart_shows_the_whole_run_and_each_cfg_has_its_own(bars, tmp_pa
     assert chart.shape == part_chart.shape and (chart != part_chart).any()
 
     # Another cfg training into the same backup directory gets its own chart.
-    other = write_cfg(tmp_path, name="other.cfg", max_batches=2)
+    other = write_classifier_cfg(tmp_path, name="other.cfg", max_batches=2)
     train(other, data, seed=0, device="cpu", log=Lines(), workers=2)
     files = sorted(os.listdir(backup))
     assert {"chart_tiny.png", "chart_other.png", "other.history.json"} <= set(files)
@@ -58,7 +58,7 @@ def test_resumed_chart_shows_the_whole_run_and_each_cfg_has_its_own(bars, tmp_pa
 def test_a_fresh_run_keeps_an_earlier_runs_chart_and_history(bars, tmp_path):
     backup = tmp_path / "backup"
     data = data_file(bars, backup)
-    cfg = write_cfg(tmp_path, max_batches=1)
+    cfg = write_classifier_cfg(tmp_path, max_batches=1)
     train(cfg, data, device="cpu", log=Lines(), workers=2)
     for name in ("tiny.backup", "tiny_final.weights"):
         (backup / name).unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from darknet_py.network import Network
 from darknet_py.optimizer import current_rate
 from darknet_py.weights import read_header
 
-from test_train import CLASSIFIER_CFG, bars, data_file  # noqa: F401 (bars is a fixture)
+from helpers import CLASSIFIER_CFG, data_file
 
 
 def run_ranks(world_size, body, timeout=60.0):

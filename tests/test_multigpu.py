@@ -9,7 +9,7 @@ from darknet_py.backends import cuda_device_count
 from darknet_py.distributed import free_port
 
 from test_distributed import darknet_py, finish, weights_of, write_run_cfg
-from test_train import bars, data_file  # noqa: F401 (bars is a fixture)
+from helpers import data_file
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
               pytest.mark.skipif(cuda_device_count() < 2,

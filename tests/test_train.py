@@ -18,6 +18,8 @@ from darknet_py.validate import (class_average_precision, mean_average_precision
                                  top_k_hits, top_k_indexes, voc_ap)
 from darknet_py.weights import load_weights, read_header
 
+from helpers import CLASSIFIER_CFG, Lines, data_file, write_classifier_cfg
+
 # ---- learning-rate policies (Darknet's get_current_rate) ----------------------------------
 
 
@@ -116,97 +118,11 @@ def test_network_rate_follows_seen_batch_and_subdivisions():
     assert net.learning_rate == pytest.approx(0.05 * (1 - 15 / 20) ** 2)
 
 
-# ---- a tiny classifier and its dataset ----------------------------------------------------
-CLASSIFIER_CFG = """
-[net]
-batch={batch}
-subdivisions={subdivisions}
-width=12
-height=12
-channels=1
-learning_rate=0.05
-momentum={momentum}
-decay=0.0005
-max_batches={max_batches}
-policy=poly
-power=2
-min_crop=12
-max_crop=14
-flip=0
-
-[convolutional]
-batch_normalize=1
-filters=4
-size=3
-stride=1
-pad=1
-activation=leaky
-
-[maxpool]
-size=2
-stride=2
-
-[convolutional]
-filters=2
-size=1
-stride=1
-pad=1
-activation=linear
-
-[avgpool]
-
-[softmax]
-"""
-
-
-def write_cfg(tmp_path, name="tiny.cfg", batch=8, subdivisions=2, momentum=0.0, max_batches=6,
-              text=CLASSIFIER_CFG):
-    path = tmp_path / name
-    path.write_text(text.format(batch=batch, subdivisions=subdivisions, momentum=momentum,
-                                max_batches=max_batches))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def bars(tmp_path_factory):
-    """40 images of two classes: horizontal and vertical bars; valid list of 10 more."""
-    root = tmp_path_factory.mktemp("bars")
-    rng = np.random.default_rng(0)
-    lists = {"train": [], "valid": []}
-    for split, count in (("train", 40), ("valid", 10)):
-        (root / split).mkdir()
-        for i in range(count):
-            name = ("horiz", "vert")[i % 2]
-            img = rng.uniform(0, 60, (12, 12))
-            k = rng.integers(2, 10)
-            if name == "horiz":
-                img[k - 1:k + 2, :] = 230
-            else:
-                img[:, k - 1:k + 2] = 230
-            p = root / split / f"{i:03d}_{name}.png"
-            cv2.imwrite(str(p), img.astype(np.uint8))
-            lists[split].append(str(p))
-        (root / f"{split}.list").write_text("\n".join(lists[split]) + "\n")
-    (root / "bars.names").write_text("horiz\nvert\n")
-    return root
-
-
-def data_file(root, backup):
-    path = backup.parent / f"{backup.name}.data"
-    path.write_text(f"classes=2\ntrain={root}/train.list\nvalid={root}/valid.list\n"
-                    f"names={root}/bars.names\nbackup={backup}/\n")
-    return str(path)
-
-
+# ---- training the bars classifier (helpers.py; its data: the bars fixture) ------------------
 def weights_floats(path):
     with open(path, "rb") as f:
         _, seen, _, offset = read_header(f, path)
     return seen, np.fromfile(path, dtype="<f4", offset=offset)
-
-
-class Lines(list):
-    def __call__(self, line):
-        self.append(line)
 
 
 # ---- subdivisions ---------------------------------------------------------------------------
@@ -239,7 +155,7 @@ def test_subdivisions_accumulate_gradients_into_one_update(tmp_path):
 
 # ---- training runs ------------------------------------------------------------------------
 def test_training_counts_seen_saves_it_and_prints_darknet_lines(bars, tmp_path):
-    cfg = write_cfg(tmp_path)
+    cfg = write_classifier_cfg(tmp_path)
     lines = Lines()
     result = train(cfg, data_file(bars, tmp_path / "backup"), seed=1, device="cpu", log=lines,
                    workers=2)
@@ -265,7 +181,7 @@ def test_training_counts_seen_saves_it_and_prints_darknet_lines(bars, tmp_path):
 
 
 def test_stopped_and_resumed_run_matches_an_uninterrupted_one(bars, tmp_path):
-    cfg = write_cfg(tmp_path, max_batches=6)
+    cfg = write_classifier_cfg(tmp_path, max_batches=6)
     whole = train(cfg, data_file(bars, tmp_path / "whole"), seed=3, device="cpu", log=Lines(),
                   workers=2)
 
@@ -299,7 +215,7 @@ def test_stopped_and_resumed_run_matches_an_uninterrupted_one(bars, tmp_path):
 
 
 def test_resuming_at_max_batches_points_to_clear(bars, tmp_path):
-    cfg = write_cfg(tmp_path, max_batches=2)
+    cfg = write_classifier_cfg(tmp_path, max_batches=2)
     data = data_file(bars, tmp_path / "backup")
     done = train(cfg, data, seed=0, device="cpu", log=Lines(), workers=2)
     with pytest.raises(TrainError, match=r"already trained for 2 iterations.*--clear"):
@@ -320,7 +236,7 @@ def test_resuming_at_max_batches_points_to_clear(bars, tmp_path):
 
 
 def test_a_fresh_run_does_not_silently_replace_an_earlier_one(bars, tmp_path):
-    cfg = write_cfg(tmp_path, max_batches=1)
+    cfg = write_classifier_cfg(tmp_path, max_batches=1)
     data = data_file(bars, tmp_path / "backup")
     train(cfg, data, device="cpu", log=Lines(), workers=2)
     final = tmp_path / "backup" / "tiny_final.weights"
@@ -334,7 +250,7 @@ def test_a_fresh_run_does_not_silently_replace_an_earlier_one(bars, tmp_path):
 
 def test_classifier_checkpoints_backup_epochs_final_and_chart(bars, tmp_path):
     # 40 images, 8 per iteration: an epoch every 5 iterations; a backup every 100.
-    cfg = write_cfg(tmp_path, batch=8, subdivisions=1, max_batches=105, momentum=0.9)
+    cfg = write_classifier_cfg(tmp_path, batch=8, subdivisions=1, max_batches=105, momentum=0.9)
     backup = tmp_path / "backup"
     result = train(cfg, data_file(bars, backup), seed=0, device="cpu", log=Lines(),
                    log_every=50, workers=2, map_eval=True, map_every=50)
@@ -571,7 +487,7 @@ def test_anchors_command_prints_the_cfg_line(canvases):
 
 
 def test_train_errors_are_one_line(tmp_path):
-    cfg = write_cfg(tmp_path)
+    cfg = write_classifier_cfg(tmp_path)
     out = CliRunner().invoke(cli, ["train", cfg, str(tmp_path / "missing.data")])
     assert out.exit_code == 2
     assert out.output.startswith("darknet-py: error: ") and out.output.count("\n") == 1
@@ -630,12 +546,12 @@ def test_numpy_maxpool_matches_darknets_loops(shape, size, stride, padding):
 def test_a_diverging_run_stops_keeps_the_good_backup_and_writes_no_final(bars, tmp_path):
     backup_dir = tmp_path / "backup"
     data = data_file(bars, backup_dir)
-    cfg = write_cfg(tmp_path, max_batches=2)
+    cfg = write_classifier_cfg(tmp_path, max_batches=2)
     train(cfg, data, device="cpu", log=Lines(), workers=2)
     good = backup_dir / "tiny.backup"
     os.replace(backup_dir / "tiny_final.weights", good)   # a good backup at iteration 2
     stamp = good.stat().st_mtime_ns
-    wild = write_cfg(tmp_path, max_batches=50,
+    wild = write_classifier_cfg(tmp_path, max_batches=50,
                      text=CLASSIFIER_CFG.replace("learning_rate=0.05", "learning_rate=1e30"))
     with pytest.raises(TrainError) as caught:
         train(wild, data, weights=str(good), device="cpu", log=Lines(), workers=2)
@@ -660,7 +576,7 @@ def test_sigterm_saves_the_backup_as_ctrl_c_does(bars, tmp_path):
     lines = Lines()
     data = data_file(bars, tmp_path / "backup")
     with pytest.raises(KeyboardInterrupt):
-        train(write_cfg(tmp_path), data, device="cpu", log=lines, workers=2,
+        train(write_classifier_cfg(tmp_path), data, device="cpu", log=lines, workers=2,
               on_iteration=term_at_3)
     assert any(line.startswith("Terminated (SIGTERM) at iteration 3: saved") for line in lines)
     assert weights_floats(str(tmp_path / "backup" / "tiny.backup"))[0] == 3 * 8
@@ -676,10 +592,10 @@ def test_numbered_weights_of_an_earlier_run_are_not_replaced(bars, tmp_path):
     stale.write_bytes(b"x")
     data = data_file(bars, backup_dir)
     with pytest.raises(TrainError, match=r"tiny_1.weights: already exists.*--overwrite"):
-        train(write_cfg(tmp_path, max_batches=6), data, device="cpu", log=Lines())
+        train(write_classifier_cfg(tmp_path, max_batches=6), data, device="cpu", log=Lines())
     assert epoch_1.read_bytes() == b"earlier"
     assert not stale.exists()
-    result = train(write_cfg(tmp_path, max_batches=6), data, device="cpu", log=Lines(),
+    result = train(write_classifier_cfg(tmp_path, max_batches=6), data, device="cpu", log=Lines(),
                    overwrite=True, workers=2)
     assert weights_floats(str(epoch_1))[0] > 0 and result.final_weights
 
@@ -688,7 +604,7 @@ def test_burn_in_beyond_max_batches_and_late_steps_warn(bars, tmp_path):
     text = CLASSIFIER_CFG.replace("policy=poly\n", "policy=steps\nsteps=3,100\nscales=.1,.1\n"
                                   "burn_in=10\n")
     lines = Lines()
-    train(write_cfg(tmp_path, max_batches=2, text=text), data_file(bars, tmp_path / "b"),
+    train(write_classifier_cfg(tmp_path, max_batches=2, text=text), data_file(bars, tmp_path / "b"),
           device="cpu", log=lines, workers=2)
     assert any("burn_in=10 is not below max_batches=2" in line for line in lines)
     assert any("steps=3,100 at or beyond max_batches=2" in line for line in lines)

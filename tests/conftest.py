@@ -1,0 +1,28 @@
+"""Fixtures shared by several test modules."""
+import cv2
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bars(tmp_path_factory):
+    """40 images of two classes: horizontal and vertical bars; valid list of 10 more."""
+    root = tmp_path_factory.mktemp("bars")
+    rng = np.random.default_rng(0)
+    lists = {"train": [], "valid": []}
+    for split, count in (("train", 40), ("valid", 10)):
+        (root / split).mkdir()
+        for i in range(count):
+            name = ("horiz", "vert")[i % 2]
+            img = rng.uniform(0, 60, (12, 12))
+            k = rng.integers(2, 10)
+            if name == "horiz":
+                img[k - 1:k + 2, :] = 230
+            else:
+                img[:, k - 1:k + 2] = 230
+            p = root / split / f"{i:03d}_{name}.png"
+            cv2.imwrite(str(p), img.astype(np.uint8))
+            lists[split].append(str(p))
+        (root / f"{split}.list").write_text("\n".join(lists[split]) + "\n")
+    (root / "bars.names").write_text("horiz\nvert\n")
+    return root
