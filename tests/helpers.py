@@ -1,4 +1,7 @@
 """What several test modules share: small cfgs, dataset writers and network helpers."""
+import numpy as np
+
+from darknet_py import demo_data
 
 
 # ---- the tiny two-class "bars" classifier (its dataset: the `bars` fixture in conftest.py) ----
@@ -62,3 +65,42 @@ def data_file(root, backup):
 class Lines(list):
     def __call__(self, line):
         self.append(line)
+
+
+# ---- tiny digit detectors -------------------------------------------------------------------
+def yolo_head(classes=10):
+    """A 1x1 convolution and the [yolo] head it feeds: three anchors of 8 to 16 pixels."""
+    return (f"[convolutional]\nfilters={3 * (classes + 5)}\nsize=1\nactivation=linear\n"
+            f"[yolo]\nmask=0,1,2\nanchors=8,8, 12,12, 16,16\nclasses={classes}\nnum=3\n")
+
+
+def digit_set(root, n_train, n_valid, max_digits=2):
+    """demo_data's detection set on 32x32 canvases, digits of 8 to 16 pixels: its .data path."""
+    return demo_data.build_detection_set(root, n_train, n_valid, seed=0, canvas_size=32,
+                                         max_digits=max_digits, min_digit=8, max_digit=16)
+
+
+# ---- networks -------------------------------------------------------------------------------
+def host_params(net):
+    """Every parameter array on the host, by (layer index, name)."""
+    return {(l.index, name): net.be.to_host(a).copy() for l in net.layers for name, a in l.params()}
+
+
+def unit_rolling_variance(net):
+    """Rolling variance 1 in every batch-norm layer: a fresh network's 0 would blow the
+    outputs of an inference pass up."""
+    for layer in net.layers:
+        if getattr(layer, "rolling_variance", None) is not None:
+            net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
+
+
+def random_batch_norm(net, rng, scales=False):
+    """Plausible random batch-norm statistics (and scales), so that every layer of a fresh
+    network carries real values: its rolling variance 0 is divided by in inference."""
+    for layer in net.layers:
+        if getattr(layer, "batch_normalize", 0):
+            n = layer.out_c
+            net.be.write(layer.rolling_mean, rng.normal(0, 0.1, n))
+            net.be.write(layer.rolling_variance, rng.uniform(0.5, 2.0, n))
+            if scales:
+                net.be.write(layer.scales, rng.uniform(0.5, 1.5, n))

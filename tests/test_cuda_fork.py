@@ -11,6 +11,8 @@ from darknet_py.backends import cuda_available
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
 
+from helpers import random_batch_norm
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")]
 
@@ -53,12 +55,7 @@ def test_fork_stock_cfg_forward_matches_numpy(tmp_path, name, size):
         pytest.skip(f"{cfg} not found")
     cpu = dn.load_network(cfg, batch=1, device="cpu", seed=5)
     cpu.resize(size, size)
-    rng = np.random.default_rng(1)
-    for layer in cpu.layers:
-        if getattr(layer, "batch_normalize", 0):
-            n = layer.out_c
-            cpu.be.write(layer.rolling_mean, rng.normal(0, 0.1, n))
-            cpu.be.write(layer.rolling_variance, rng.uniform(0.5, 2.0, n))
+    random_batch_norm(cpu, np.random.default_rng(1))
     weights = tmp_path / "random.weights"
     cpu.save_weights(weights)
     gpu = dn.load_network(cfg, weights, batch=1, device="cuda")

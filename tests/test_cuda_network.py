@@ -11,6 +11,8 @@ import pytest
 import darknet_py as dn
 from darknet_py.backends import cuda_available
 
+from helpers import random_batch_norm
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")]
 
@@ -164,13 +166,7 @@ def test_stock_cfg_forward_matches_numpy(tmp_path, name):
     cpu = dn.load_network(cfg, batch=1, device="cpu", seed=5)
     # Fresh networks have zero rolling variance (as in Darknet), which inference divides by:
     # give batch norm plausible statistics so every layer carries real values.
-    rng = np.random.default_rng(1)
-    for layer in cpu.layers:
-        if getattr(layer, "batch_normalize", 0):
-            n = layer.out_c
-            cpu.be.write(layer.rolling_mean, rng.normal(0, 0.1, n))
-            cpu.be.write(layer.rolling_variance, rng.uniform(0.5, 2.0, n))
-            cpu.be.write(layer.scales, rng.uniform(0.5, 1.5, n))
+    random_batch_norm(cpu, np.random.default_rng(1), scales=True)
     weights = tmp_path / f"{name}-random.weights"
     cpu.save_weights(weights)
     gpu = dn.load_network(cfg, weights, batch=1, device="cuda")

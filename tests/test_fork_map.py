@@ -7,6 +7,8 @@ import pytest
 
 from darknet_py.validate import curve_ap, fork_map
 
+from helpers import digit_set, yolo_head
+
 
 def c_validate_detector_map(images, classes, iou_thresh, map_points, thresh_calc_avg_iou):
     """The fork's validate_detector_map from the detections on: returns (mAP, aps, tp, fp)."""
@@ -161,27 +163,15 @@ activation=leaky
 [maxpool]
 size=2
 stride=2
-[convolutional]
-filters=45
-size=1
-activation=linear
-[yolo]
-mask=0,1,2
-anchors=8,8, 12,12, 16,16
-classes=10
-num=3
-nms_kind=greedynms
-"""
+""" + yolo_head(10) + "nms_kind=greedynms\n"
 
 
 @pytest.fixture(scope="module")
 def tiny_set(tmp_path_factory):
-    from darknet_py import demo_data
     from darknet_py.network import Network
     from darknet_py.cfg import parse_cfg_text
     root = tmp_path_factory.mktemp("forkmap")
-    data = demo_data.build_detection_set(root / "set", 1, 6, seed=0, canvas_size=32,
-                                         max_digits=2, min_digit=8, max_digit=16)
+    data = digit_set(root / "set", 1, 6)
     cfg = root / "tiny.cfg"
     cfg.write_text(TINY_DETECTOR)
     net = Network(parse_cfg_text(TINY_DETECTOR), str(cfg), seed=3)

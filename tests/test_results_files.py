@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from darknet_py import demo_data
 from darknet_py.boxes import results_corners
 from darknet_py.cli import cli
 from darknet_py.network import load_network
 from darknet_py.validate import COCO_CATEGORY_IDS
+
+from helpers import digit_set, unit_rolling_variance, yolo_head
 
 CFG = """[net]
 batch=1
@@ -26,16 +27,7 @@ activation=leaky
 [maxpool]
 size=2
 stride=2
-[convolutional]
-filters=45
-size=1
-activation=linear
-[yolo]
-mask=0,1,2
-anchors=8,8, 12,12, 16,16
-classes=10
-num=3
-"""
+""" + yolo_head(10)
 
 
 def test_results_corners_are_darknets_one_based_clipped_pixels():
@@ -52,9 +44,7 @@ def untrained_detector(directory):
     cfg = directory / "det.cfg"
     cfg.write_text(CFG)
     net = load_network(str(cfg), seed=4)
-    for layer in net.layers:
-        if getattr(layer, "rolling_variance", None) is not None:
-            net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
+    unit_rolling_variance(net)
     weights = str(directory / "det.weights")
     net.save_weights(weights)
     return str(cfg), weights
@@ -62,8 +52,7 @@ def untrained_detector(directory):
 
 @pytest.fixture()
 def detector(tmp_path):
-    data = demo_data.build_detection_set(tmp_path / "set", 2, 3, seed=0, canvas_size=32,
-                                         max_digits=2, min_digit=8, max_digit=16)
+    data = digit_set(tmp_path / "set", 2, 3)
     cfg, weights = untrained_detector(tmp_path)
     return cfg, data, weights
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from darknet_py import demo_data, optimizer
+from darknet_py import optimizer
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.cli import cli
 from darknet_py.network import Network
@@ -18,7 +18,8 @@ from darknet_py.validate import (class_average_precision, mean_average_precision
                                  top_k_hits, top_k_indexes, voc_ap)
 from darknet_py.weights import load_weights, read_header
 
-from helpers import CLASSIFIER_CFG, Lines, data_file, write_classifier_cfg
+from helpers import (CLASSIFIER_CFG, Lines, data_file, digit_set, host_params, unit_rolling_variance,
+                     write_classifier_cfg)
 
 # ---- learning-rate policies (Darknet's get_current_rate) ----------------------------------
 
@@ -354,8 +355,7 @@ random={random}
 @pytest.fixture(scope="module")
 def canvases(tmp_path_factory):
     root = tmp_path_factory.mktemp("canvases")
-    return demo_data.build_detection_set(root / "set", 8, 4, seed=0, canvas_size=32,
-                                         max_digits=2, min_digit=8, max_digit=16)
+    return digit_set(root / "set", 8, 4)
 
 
 def test_detector_checkpoints_and_multiscale(canvases, tmp_path):
@@ -389,7 +389,7 @@ def test_resize_network_keeps_parameters_and_updates(tmp_path):
     truth = np.zeros((2, 450), np.float32)
     truth[:, :5] = [0.5, 0.5, 0.3, 0.3, 1]
     net.train_pass(x, truth)
-    before = {(l.index, n): net.be.to_host(a).copy() for l in net.layers for n, a in l.params()}
+    before = host_params(net)
     updates = net.be.to_host(net.layers[0].weight_updates).copy()
     resize_network(net, 48, 48)
     assert net.input_shape == (3, 48, 48) and net.layers[-1].w == 12
@@ -422,9 +422,7 @@ def test_detector_valid_prints_map_line(canvases, tmp_path):
     cfg.write_text(DETECTOR_CFG.format(random=0))
     weights = str(tmp_path / "det.weights")
     net = Network(parse_cfg_text(DETECTOR_CFG.format(random=0)), str(cfg))
-    for layer in net.layers:   # untrained statistics (variance 0) would blow the outputs up
-        if getattr(layer, "rolling_variance", None) is not None:
-            net.be.write(layer.rolling_variance, np.ones(layer.rolling_variance.size))
+    unit_rolling_variance(net)
     net.save_weights(weights)
     out = CliRunner().invoke(cli, ["valid", str(cfg), canvases, weights, "--device", "cpu",
                                    "--results-dir", str(tmp_path / "results")])

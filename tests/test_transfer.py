@@ -5,20 +5,27 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from darknet_py import demo_data
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.cli import cli
 from darknet_py.network import Network, load_network
 from darknet_py.train import train
 from darknet_py.weights import TransferReport, WeightsError, load_weights
 
+from helpers import digit_set, host_params, yolo_head
 from tests.test_real_weights import SHARED, WEIGHTS, needs_real_weights
 
 REPO = Path(__file__).resolve().parents[1]
 STOCK_CFG = SHARED / "darknet-cfg"
 
 # Two heads, as yolov3-tiny: the second head's branch routes from before the first head.
-CFG = """[net]
+LEAKY_CONV = """[convolutional]
+batch_normalize=1
+filters={filters}
+size=3
+pad=1
+activation=leaky
+"""
+TRUNK = """[net]
 batch=2
 width=32
 height=32
@@ -26,57 +33,16 @@ channels=3
 max_batches=2
 learning_rate=0.001
 flip=0
-[convolutional]
-batch_normalize=1
-filters=4
-size=3
-pad=1
-activation=leaky
-[maxpool]
+""" + LEAKY_CONV.format(filters=4) + """[maxpool]
 size=2
 stride=2
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-pad=1
-activation=leaky
-[convolutional]
-filters={filters}
-size=1
-activation=linear
-[yolo]
-mask=0,1,2
-anchors=8,8, 12,12, 16,16
-classes={classes}
-num=3
-[route]
-layers=-3
-[convolutional]
-batch_normalize=1
-filters=8
-size=3
-pad=1
-activation=leaky
-[convolutional]
-filters={filters}
-size=1
-activation=linear
-[yolo]
-mask=0,1,2
-anchors=8,8, 12,12, 16,16
-classes={classes}
-num=3
-"""
+""" + LEAKY_CONV.format(filters=8)
 
 
 def write_cfg(path, classes):
-    path.write_text(CFG.format(classes=classes, filters=3 * (classes + 5)))
+    head = yolo_head(classes)
+    path.write_text(TRUNK + head + "[route]\nlayers=-3\n" + LEAKY_CONV.format(filters=8) + head)
     return str(path)
-
-
-def host_params(net):
-    return {(l.index, name): net.be.to_host(a).copy() for l in net.layers for name, a in l.params()}
 
 
 @pytest.fixture()
@@ -137,8 +103,7 @@ def test_a_file_of_no_class_count_keeps_the_size_error(tmp_path):
 
 def test_train_fine_tunes_from_another_class_count_with_a_notice(ten_class_weights, tmp_path):
     path, _ = ten_class_weights
-    data = demo_data.build_detection_set(tmp_path / "set", 4, 1, seed=0, canvas_size=32,
-                                         max_digits=1, min_digit=8, max_digit=16)
+    data = digit_set(tmp_path / "set", 4, 1, max_digits=1)
     cfg = write_cfg(tmp_path / "three.cfg", 3)
     lines = []
     with np.errstate(over="ignore", invalid="ignore"):
