@@ -104,3 +104,16 @@ def random_batch_norm(net, rng, scales=False):
             net.be.write(layer.rolling_variance, rng.uniform(0.5, 2.0, n))
             if scales:
                 net.be.write(layer.scales, rng.uniform(0.5, 1.5, n))
+
+
+def param_arrays(net):
+    """Every parameter array on the host, in layer order."""
+    return [net.be.to_host(a) for l in net.layers for _, a in l.params()]
+
+
+def assert_same_update(before, cpu, gpu):
+    """The GPU network's parameters moved from `before` as the CPU network's did, to 1e-3 of
+    each array's largest step."""
+    for i, (b, c, g) in enumerate(zip(before, param_arrays(cpu), param_arrays(gpu))):
+        step = np.max(np.abs(c - b))
+        assert np.max(np.abs(g - c)) <= 1e-3 * step + 1e-7, f"parameter array {i}"

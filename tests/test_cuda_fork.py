@@ -11,7 +11,7 @@ from darknet_py.backends import cuda_available
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
 
-from helpers import random_batch_norm
+from helpers import assert_same_update, param_arrays, random_batch_norm
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")]
@@ -155,13 +155,10 @@ def test_fork_layers_train_the_same_on_both_backends():
     assert nets[0].darknet == "alexeyab"
     x = rng.random((4, 3, 12, 12), dtype=np.float32)
     truth = np.eye(5, dtype=np.float32)[[0, 3, 1, 4]]
-    before = [nets[0].be.to_host(a) for l in nets[0].layers for _, a in l.params()]
+    before = param_arrays(nets[0])
     losses = [net.train_pass(x, truth) for net in nets]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)
-    after = [[n.be.to_host(a) for l in n.layers for _, a in l.params()] for n in nets]
-    for i, (b, c, g) in enumerate(zip(before, *after)):
-        step = np.max(np.abs(c - b))
-        assert np.max(np.abs(g - c)) <= 1e-3 * step + 1e-7, f"parameter array {i}"
+    assert_same_update(before, *nets)
 
 
 GAUSSIAN_CFG = """[net]

@@ -11,7 +11,7 @@ import pytest
 import darknet_py as dn
 from darknet_py.backends import cuda_available
 
-from helpers import random_batch_norm
+from helpers import assert_same_update, param_arrays, random_batch_norm
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")]
@@ -56,7 +56,7 @@ def test_training_step_matches_darknet():
     for i in range(len(net.layers)):
         assert rel_err(net.layer_output(i), ref[f"train_layer_{i}"]) < 1e-4, f"layer {i}"
     assert rel_err(net.layer_delta(5), ref["delta_5"]) < 1e-4
-    updated = np.concatenate([net.be.to_host(a) for l in net.layers for _, a in l.params()])
+    updated = np.concatenate(param_arrays(net))
     change = np.max(np.abs(ref["updated_weights_flat"] - ref["initial_weights_flat"]))
     assert np.max(np.abs(updated - ref["updated_weights_flat"])) < 1e-4 * change
 
@@ -206,16 +206,13 @@ def test_stock_cfg_training_step_matches_numpy(name, size):
         truth[:, :10] = [0.4, 0.5, 0.3, 0.4, 1, 0.7, 0.3, 0.2, 0.2, 2]
     else:
         truth = np.eye(last.outputs, dtype=np.float32)[rng.integers(0, last.outputs, 2)]
-    before = [cpu.be.to_host(a) for l in cpu.layers for _, a in l.params()]
+    before = param_arrays(cpu)
     losses = [net.train_pass(x, truth) for net in nets]
     if cpu.subdivisions > 1:  # make sure an update happened on both
         for _ in range(cpu.subdivisions - 1):
             losses = [net.train_pass(x, truth) for net in nets]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)
-    after = [[n.be.to_host(a) for l in n.layers for _, a in l.params()] for n in nets]
-    for i, (b, c, g) in enumerate(zip(before, *after)):
-        step = np.max(np.abs(c - b))
-        assert np.max(np.abs(g - c)) <= 1e-3 * step + 1e-7, f"parameter array {i}"
+    assert_same_update(before, cpu, gpu)
 
 
 def test_out_of_memory_says_what_the_network_needs():
