@@ -80,6 +80,17 @@ def digit_set(root, n_train, n_valid, max_digits=2):
                                          max_digits=max_digits, min_digit=8, max_digit=16)
 
 
+# ---- transcriptions of Darknet's C ---------------------------------------------------------
+def c_iou(a, b):
+    """Darknet's box_iou (both forks), in Python floats: 0 when there is no overlap."""
+    def overlap(x1, w1, x2, w2):
+        return min(x1 + w1 / 2, x2 + w2 / 2) - max(x1 - w1 / 2, x2 - w2 / 2)
+    w, h = overlap(a[0], a[2], b[0], b[2]), overlap(a[1], a[3], b[1], b[3])
+    inter = 0 if w < 0 or h < 0 else w * h
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return 0.0 if inter == 0 or union == 0 else inter / union
+
+
 # ---- networks -------------------------------------------------------------------------------
 def host_params(net):
     """Every parameter array on the host, by (layer index, name)."""

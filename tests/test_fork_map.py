@@ -7,19 +7,11 @@ import pytest
 
 from darknet_py.validate import curve_ap, fork_map
 
-from helpers import digit_set, yolo_head
+from helpers import c_iou, digit_set, yolo_head
 
 
 def c_validate_detector_map(images, classes, iou_thresh, map_points, thresh_calc_avg_iou):
     """The fork's validate_detector_map from the detections on: returns (mAP, aps, tp, fp)."""
-    def iou(a, b):
-        def overlap(x1, w1, x2, w2):
-            return min(x1 + w1 / 2, x2 + w2 / 2) - max(x1 - w1 / 2, x2 - w2 / 2)
-        w, h = overlap(a[0], a[2], b[0], b[2]), overlap(a[1], a[3], b[1], b[3])
-        inter = 0 if w < 0 or h < 0 else w * h
-        union = a[2] * a[3] + b[2] * b[3] - inter
-        return 0 if inter == 0 or union == 0 else inter / union
-
     detections = []
     unique_truth_count = 0
     truth_classes_count = [0] * classes
@@ -32,7 +24,7 @@ def c_validate_detector_map(images, classes, iou_thresh, map_points, thresh_calc
         for class_id, prob, box in dets:
             truth_index, max_iou = -1, 0
             for j, t in enumerate(truth):
-                current = iou(box, t[:4])
+                current = c_iou(box, t[:4])
                 if current > iou_thresh and class_id == int(t[4]) and current > max_iou:
                     max_iou, truth_index = current, unique_truth_count + j
             detections.append(dict(p=prob, class_id=class_id, truth_flag=truth_index > -1,

@@ -10,6 +10,8 @@ from darknet_py.boxes import box_giou, box_iou_kind, dx_box_iou
 from darknet_py.cfg import CfgError, parse_cfg_text
 from darknet_py.network import Network
 
+from helpers import c_iou
+
 F32 = np.float32
 W, H, CLASSES, TOTAL = 4, 3, 3, 4
 MASK = [1, 3]
@@ -61,16 +63,6 @@ def c_box(x, n, index, i, j, netw, neth, stride, point):
     elif point == "right_bottom":
         bx, by = bx - bw / 2, by - bh / 2
     return np.array([bx, by, bw, bh], dtype=F32)
-
-
-def c_iou(a, b):
-    """The fork's box_iou: 0 when there is no overlap."""
-    def overlap(x1, w1, x2, w2):
-        return min(x1 + w1 / 2, x2 + w2 / 2) - max(x1 - w1 / 2, x2 - w2 / 2)
-    w, h = overlap(a[0], a[2], b[0], b[2]), overlap(a[1], a[3], b[1], b[3])
-    inter = 0 if w < 0 or h < 0 else w * h
-    union = a[2] * a[3] + b[2] * b[3] - inter
-    return 0.0 if inter == 0 or union == 0 else inter / union
 
 
 def c_delta_box(truth, x, n, index, i, j, delta, scale, stride, o):
