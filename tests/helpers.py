@@ -2,6 +2,7 @@
 import numpy as np
 
 from darknet_py import demo_data
+from darknet_py.network import load_network
 
 
 # ---- the tiny two-class "bars" classifier (its dataset: the `bars` fixture in conftest.py) ----
@@ -78,6 +79,36 @@ def digit_set(root, n_train, n_valid, max_digits=2):
     """demo_data's detection set on 32x32 canvases, digits of 8 to 16 pixels: its .data path."""
     return demo_data.build_detection_set(root, n_train, n_valid, seed=0, canvas_size=32,
                                          max_digits=max_digits, min_digit=8, max_digit=16)
+
+
+# A small 10-class detector (untrained_detector writes it with its weights).
+DETECTOR_CFG = """[net]
+batch=1
+width=32
+height=32
+channels=3
+[convolutional]
+batch_normalize=1
+filters=4
+size=3
+pad=1
+activation=leaky
+[maxpool]
+size=2
+stride=2
+""" + yolo_head(10)
+
+
+def untrained_detector(directory):
+    """(cfg, weights) of a small 10-class detector with random weights and usable
+    batch-norm statistics, so that its boxes are finite."""
+    cfg = directory / "det.cfg"
+    cfg.write_text(DETECTOR_CFG)
+    net = load_network(str(cfg), seed=4)
+    unit_rolling_variance(net)
+    weights = str(directory / "det.weights")
+    net.save_weights(weights)
+    return str(cfg), weights
 
 
 # ---- transcriptions of Darknet's C ---------------------------------------------------------

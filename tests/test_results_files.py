@@ -11,23 +11,7 @@ from darknet_py.cli import cli
 from darknet_py.network import load_network
 from darknet_py.validate import COCO_CATEGORY_IDS
 
-from helpers import digit_set, unit_rolling_variance, yolo_head
-
-CFG = """[net]
-batch=1
-width=32
-height=32
-channels=3
-[convolutional]
-batch_normalize=1
-filters=4
-size=3
-pad=1
-activation=leaky
-[maxpool]
-size=2
-stride=2
-""" + yolo_head(10)
+from helpers import digit_set, untrained_detector
 
 
 def test_results_corners_are_darknets_one_based_clipped_pixels():
@@ -36,18 +20,6 @@ def test_results_corners_are_darknets_one_based_clipped_pixels():
     assert results_corners((0.5, 0.5, 0.2, 0.4), 100, 50, origin=0) == (40, 15, 60, 35)
     assert results_corners((0.05, 0.5, 0.2, 0.2), 100, 50, origin=1) == (1, 21, 16, 31)
     assert results_corners((0.95, 0.95, 0.2, 0.2), 100, 50, origin=0) == (85, 42.5, 100, 50)
-
-
-def untrained_detector(directory):
-    """(cfg, weights) of a small 10-class detector with random weights and usable
-    batch-norm statistics, so that its boxes are finite."""
-    cfg = directory / "det.cfg"
-    cfg.write_text(CFG)
-    net = load_network(str(cfg), seed=4)
-    unit_rolling_variance(net)
-    weights = str(directory / "det.weights")
-    net.save_weights(weights)
-    return str(cfg), weights
 
 
 @pytest.fixture()

@@ -18,8 +18,8 @@ from darknet_py.validate import (class_average_precision, mean_average_precision
                                  top_k_hits, top_k_indexes, voc_ap)
 from darknet_py.weights import load_weights, read_header
 
-from helpers import (CLASSIFIER_CFG, Lines, data_file, digit_set, host_params, unit_rolling_variance,
-                     write_classifier_cfg)
+from helpers import (CLASSIFIER_CFG, Lines, data_file, digit_set, host_params,
+                     unit_rolling_variance, write_classifier_cfg)
 
 # ---- learning-rate policies (Darknet's get_current_rate) ----------------------------------
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from darknet_py.cli import cli
 from darknet_py.network import load_network
 from darknet_py.video import run_video
+from helpers import untrained_detector
 from tests.test_real_weights import SHARED, WEIGHTS, needs_real_weights
-from tests.test_results_files import untrained_detector
 
 
 def write_video(path, frames, fps=5):
