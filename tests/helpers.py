@@ -1,8 +1,12 @@
 """What several test modules share: small cfgs, dataset writers and network helpers."""
+import subprocess
+import sys
+
 import numpy as np
 
 from darknet_py import demo_data
 from darknet_py.network import load_network
+from darknet_py.weights import read_header
 
 
 # ---- the tiny two-class "bars" classifier (its dataset: the `bars` fixture in conftest.py) ----
@@ -66,6 +70,37 @@ def data_file(root, backup):
 class Lines(list):
     def __call__(self, line):
         self.append(line)
+
+
+# ---- data-parallel runs of the bars classifier, as `darknet-py train` subprocesses ------------
+# No batch norm: its statistics are per pass and per rank, so split batches would differ.
+NO_BN_CFG = CLASSIFIER_CFG.replace("batch_normalize=1\n", "")
+# A rate that steps at iteration 3, so that a resume shows whether it continues at the right rate.
+RUN_CFG = NO_BN_CFG.replace("policy=poly\npower=2\n", "policy=steps\nsteps=3\nscales=.5\n")
+
+
+def write_run_cfg(tmp_path, max_batches=4):
+    path = tmp_path / "tiny.cfg"
+    path.write_text(RUN_CFG.format(batch=4, subdivisions=2, momentum=0.0,
+                                   max_batches=max_batches))
+    return str(path)
+
+
+def darknet_py(*args, **popen):
+    return subprocess.Popen([sys.executable, "-m", "darknet_py", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def finish(process, timeout=120):
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def weights_floats(path):
+    """(seen, every float after the header) of a .weights file."""
+    with open(path, "rb") as f:
+        _, seen, _, offset = read_header(f, path)
+    return seen, np.fromfile(path, dtype="<f4", offset=offset)
 
 
 # ---- tiny digit detectors -------------------------------------------------------------------

@@ -2,8 +2,6 @@
 hook, the launcher's fault handling, resume, and two "nodes" meeting over 127.0.0.1."""
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -15,9 +13,9 @@ from darknet_py.distributed import (CommError, DataParallel, TcpCommunicator, fr
                                     parse_gpus, parse_master, rank_seed, shard)
 from darknet_py.network import Network
 from darknet_py.optimizer import current_rate
-from darknet_py.weights import read_header
 
-from helpers import CLASSIFIER_CFG, data_file
+from helpers import (CLASSIFIER_CFG, NO_BN_CFG, RUN_CFG, darknet_py, data_file, finish,
+                     weights_floats, write_run_cfg)
 
 
 def run_ranks(world_size, body, timeout=60.0):
@@ -124,9 +122,6 @@ def test_options_are_checked():
 
 
 # ---- the update hook: 2 ranks == 1 rank with twice the batch -------------------------------
-NO_BN_CFG = CLASSIFIER_CFG.replace("batch_normalize=1\n", "")
-
-
 def test_two_ranks_train_like_one_with_twice_the_batch():
     rng = np.random.default_rng(3)
     steps = 3
@@ -192,34 +187,6 @@ def test_batch_norm_replicas_stay_identical():
 
 
 # ---- whole runs: the command starts the ranks ---------------------------------------------
-# No batch norm (its batch statistics are per rank) and a rate that steps at iteration 3, so
-# a resume shows whether it continues at the right rate.
-RUN_CFG = NO_BN_CFG.replace("policy=poly\npower=2\n", "policy=steps\nsteps=3\nscales=.5\n")
-
-
-def write_run_cfg(tmp_path, max_batches=4):
-    path = tmp_path / "tiny.cfg"
-    path.write_text(RUN_CFG.format(batch=4, subdivisions=2, momentum=0.0,
-                                   max_batches=max_batches))
-    return str(path)
-
-
-def darknet_py(*args, **popen):
-    return subprocess.Popen([sys.executable, "-m", "darknet_py", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-
-
-def finish(process, timeout=120):
-    out, err = process.communicate(timeout=timeout)
-    return process.returncode, out, err
-
-
-def weights_of(path):
-    with open(path, "rb") as f:
-        _, seen, _, offset = read_header(f, path)
-    return seen, np.fromfile(path, dtype="<f4", offset=offset)
-
-
 @pytest.fixture(scope="module")
 def two_rank_run(bars, tmp_path_factory):
     """A 2-rank run of 4 iterations, the reference for the other runs."""
@@ -232,7 +199,7 @@ def two_rank_run(bars, tmp_path_factory):
 
 def test_two_ranks_write_once_and_count_every_image(two_rank_run):
     tmp, out = two_rank_run
-    seen, _ = weights_of(tmp / "backup" / "tiny_final.weights")
+    seen, _ = weights_floats(tmp / "backup" / "tiny_final.weights")
     assert seen == 4 * 4 * 2   # iterations x batch x ranks
     assert "on the CPU x 2 ranks" in out
     iteration_lines = [l for l in out.splitlines() if l[:2] in ("1,", "2,", "3,", "4,")]
@@ -249,7 +216,7 @@ def test_resume_on_two_ranks_continues_seen_and_rate(two_rank_run, bars, tmp_pat
                                      "--max-batches", 2))
     assert code == 0, err
     first = tmp_path / "backup" / "tiny_final.weights"
-    assert weights_of(first)[0] == 2 * 8
+    assert weights_floats(first)[0] == 2 * 8
     code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2, "--seed", 3,
                                        "--weights", first, "--overwrite"))
     assert code == 0, err
@@ -257,8 +224,8 @@ def test_resume_on_two_ranks_continues_seen_and_rate(two_rank_run, bars, tmp_pat
     rates = {int(l.split(",")[0]): float(l.split(" avg, ")[1].split(" rate")[0])
              for l in out.splitlines() if l[:2] in ("3,", "4,")}
     assert rates == {3: 0.025, 4: 0.025}   # steps=3 halves 0.05 from iteration 3 on
-    seen, resumed = weights_of(tmp_path / "backup" / "tiny_final.weights")
-    whole_seen, whole = weights_of(reference / "backup" / "tiny_final.weights")
+    seen, resumed = weights_floats(tmp_path / "backup" / "tiny_final.weights")
+    whole_seen, whole = weights_floats(reference / "backup" / "tiny_final.weights")
     assert seen == whole_seen == 32
     # Momentum 0 and the loader's batches depend only on (seed, rank, iteration): the
     # resumed run is the uninterrupted one.
@@ -275,8 +242,8 @@ def test_two_nodes_of_one_rank_meet_over_localhost(two_rank_run, bars, tmp_path)
     assert [code for code, _, _ in results] == [0, 0], results[0][2] + results[1][2]
     assert "Saved" in results[1][1] and "Saved" not in results[0][1]   # node 0 logs
     # The same ranks, seeds and shards as --ranks 2 on one node: the same weights.
-    np.testing.assert_array_equal(weights_of(tmp_path / "backup" / "tiny_final.weights")[1],
-                                  weights_of(reference / "backup" / "tiny_final.weights")[1])
+    np.testing.assert_array_equal(weights_floats(tmp_path / "backup" / "tiny_final.weights")[1],
+                                  weights_floats(reference / "backup" / "tiny_final.weights")[1])
 
 
 def child_pids(pid):
@@ -329,7 +296,7 @@ def test_sigterm_saves_a_backup_from_rank_0_and_stops_every_rank(bars, tmp_path)
     assert code == 128 + signal.SIGTERM, err
     backup = tmp_path / "b" / "tiny.backup"
     assert f"saved {backup} (resume with --weights {backup})" in out
-    seen, _ = weights_of(backup)
+    seen, _ = weights_floats(backup)
     assert seen > 0 and seen % 8 == 0   # whole iterations of 2 ranks x 4 images
     assert not [p for p in pids if os.path.exists(f"/proc/{p}")
                 and open(f"/proc/{p}/stat").read().split()[2] != "Z"]

@@ -8,8 +8,7 @@ import pytest
 from darknet_py.backends import cuda_device_count
 from darknet_py.distributed import free_port
 
-from test_distributed import darknet_py, finish, weights_of, write_run_cfg
-from helpers import data_file
+from helpers import darknet_py, data_file, finish, weights_floats, write_run_cfg
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
               pytest.mark.skipif(cuda_device_count() < 2,
@@ -55,8 +54,8 @@ def test_two_gpus_train_like_two_cpu_ranks(bars, tmp_path):
                             "--seed", 3))
     assert gpu[0] == 0, gpu[2]
     assert cpu[0] == 0, cpu[2]
-    seen_gpu, w_gpu = weights_of(tmp_path / "gpu" / "tiny_final.weights")
-    seen_cpu, w_cpu = weights_of(tmp_path / "cpu" / "tiny_final.weights")
+    seen_gpu, w_gpu = weights_floats(tmp_path / "gpu" / "tiny_final.weights")
+    seen_cpu, w_cpu = weights_floats(tmp_path / "cpu" / "tiny_final.weights")
     assert seen_gpu == seen_cpu == 32
     np.testing.assert_allclose(w_gpu, w_cpu, rtol=1e-4, atol=1e-5)
 

@@ -16,10 +16,10 @@ from darknet_py.train import (TrainError, cfg_base, detector_snapshot_due, multi
                               resize_network, train)
 from darknet_py.validate import (class_average_precision, mean_average_precision,
                                  top_k_hits, top_k_indexes, voc_ap)
-from darknet_py.weights import load_weights, read_header
+from darknet_py.weights import load_weights
 
-from helpers import (CLASSIFIER_CFG, Lines, data_file, digit_set, host_params,
-                     unit_rolling_variance, write_classifier_cfg)
+from helpers import (CLASSIFIER_CFG, NO_BN_CFG, Lines, data_file, digit_set, host_params,
+                     unit_rolling_variance, weights_floats, write_classifier_cfg)
 
 # ---- learning-rate policies (Darknet's get_current_rate) ----------------------------------
 
@@ -119,17 +119,10 @@ def test_network_rate_follows_seen_batch_and_subdivisions():
     assert net.learning_rate == pytest.approx(0.05 * (1 - 15 / 20) ** 2)
 
 
-# ---- training the bars classifier (helpers.py; its data: the bars fixture) ------------------
-def weights_floats(path):
-    with open(path, "rb") as f:
-        _, seen, _, offset = read_header(f, path)
-    return seen, np.fromfile(path, dtype="<f4", offset=offset)
-
-
 # ---- subdivisions ---------------------------------------------------------------------------
 def test_subdivisions_accumulate_gradients_into_one_update(tmp_path):
     # No batch norm here: its statistics are per pass, so halves would differ by design.
-    text = CLASSIFIER_CFG.replace("batch_normalize=1\n", "")
+    text = NO_BN_CFG
     halves = Network(parse_cfg_text(text.format(batch=8, subdivisions=2, momentum=0.9,
                                                 max_batches=10)), "a.cfg", seed=5)
     whole = Network(parse_cfg_text(text.format(batch=8, subdivisions=1, momentum=0.9,
