@@ -12,7 +12,7 @@ from darknet_py.train import train
 from darknet_py.weights import TransferReport, WeightsError, load_weights
 
 from helpers import digit_set, host_params, yolo_head
-from tests.test_real_weights import SHARED, WEIGHTS, needs_real_weights
+from test_real_weights import SHARED, WEIGHTS, needs_real_weights
 
 REPO = Path(__file__).resolve().parents[1]
 STOCK_CFG = SHARED / "darknet-cfg"

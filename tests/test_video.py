@@ -14,7 +14,7 @@ from darknet_py.cli import cli
 from darknet_py.network import load_network
 from darknet_py.video import run_video
 from helpers import untrained_detector
-from tests.test_real_weights import SHARED, WEIGHTS, needs_real_weights
+from test_real_weights import SHARED, WEIGHTS, needs_real_weights
 
 
 def write_video(path, frames, fps=5):
