@@ -23,7 +23,7 @@ import numpy as np
 from ..boxes import (box_giou, box_iou_kind, box_iou_matrix, correct_yolo_boxes, dx_box_iou,
                      fork_iou, make_detections, thresholded)
 from .base import refuse_options
-from .heads import check_classes, parse_anchors, ratio, report, truth_boxes
+from .heads import check_classes, ratio, report, truth_boxes
 from .yolo import FLT_MAX, YoloLayer
 
 F32 = np.float32
@@ -65,23 +65,7 @@ class GaussianYoloLayer(YoloLayer):
                 s.get_str(key)
                 s.warn("has no effect in [Gaussian_yolo] (the fork reads it and does not "
                        "use it)", key)
-        if self.classes < 1:
-            raise s.error("must be at least 1", "classes")
-        if self.total < 1:
-            raise s.error("must be at least 1", "num")
-        for m in self.mask:
-            if not 0 <= m < self.total:
-                raise s.error(f"anchor {m} does not exist: num={self.total} anchors are "
-                              f"numbered 0..{self.total - 1}", "mask")
-        self.biases = parse_anchors(s, 2 * self.total)
-        self.entries = 8 + 1 + self.classes
-        self.out_c = self.n * self.entries
-        self.out_h, self.out_w = self.h, self.w
-        self.outputs = self.out_c * self.out_h * self.out_w
-        if self.outputs != self.inputs:
-            raise s.error(f"the layer before [Gaussian_yolo] gives {self.c} channels but "
-                          f"{self.n} masked anchors x (8 + 1 + {self.classes} classes) need "
-                          f"{self.out_c}: set its filters={self.out_c}", "classes")
+        self.parse_anchors_and_shape(s, 8 + 1 + self.classes)
         self.stats = {}
         self.stats_line = ""
 

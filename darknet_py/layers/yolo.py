@@ -47,6 +47,14 @@ class YoloLayer(Layer):
         self.random = s.get_int("random", 0)
         refuse_options(s, "map", "focal_loss")
         self.parse_fork_options(s)
+        self.parse_anchors_and_shape(s, 4 + 1 + self.classes)
+        self.stats = {}
+        self.stats_line = ""
+
+    def parse_anchors_and_shape(self, s, entries):
+        """classes, num, mask and anchors checked, biases read, and the output shape of
+        `entries` planes per masked anchor (4 + 1 + classes here; the Gaussian head has 8
+        box planes). Shared by [yolo] and [Gaussian_yolo]."""
         if self.classes < 1:
             raise s.error("must be at least 1", "classes")
         if self.total < 1:
@@ -63,16 +71,15 @@ class YoloLayer(Layer):
                 raise s.error(f"anchor {m} does not exist: num={self.total} anchors are "
                               f"numbered 0..{self.total - 1}", "mask")
         self.biases = parse_anchors(s, 2 * self.total)
-        per_anchor = 4 + 1 + self.classes
-        self.out_c = self.n * per_anchor
+        self.entries = entries
+        self.out_c = self.n * entries
         self.out_h, self.out_w = self.h, self.w
         self.outputs = self.out_c * self.out_h * self.out_w
         if self.outputs != self.inputs:
-            raise s.error(f"the layer before [yolo] gives {self.c} channels but {self.n} "
-                          f"masked anchors x (4 + 1 + {self.classes} classes) need "
-                          f"{self.out_c}: set its filters={self.out_c}", "classes")
-        self.stats = {}
-        self.stats_line = ""
+            box = entries - 1 - self.classes
+            raise s.error(f"the layer before [{self.short}] gives {self.c} channels but "
+                          f"{self.n} masked anchors x ({box} + 1 + {self.classes} classes) "
+                          f"need {self.out_c}: set its filters={self.out_c}", "classes")
 
     def parse_fork_options(self, s):
         """The fork's [yolo] options (parse_yolo in its parser.c), with its defaults."""
