@@ -42,16 +42,7 @@ class GaussianYoloLayer(YoloLayer):
     short = "Gaussian_yolo"
 
     def parse(self, s, ctx):
-        self.classes = s.get_int("classes", 20)
-        self.total = s.get_int("num", 1)
-        mask = s.get_int_list("mask", None)
-        self.mask = list(mask) if mask else list(range(self.total))
-        self.n = len(self.mask)
-        self.fork = True
-        self.max_boxes = s.get_int("max", 200)
-        self.jitter = s.get_float("jitter", 0.2)
-        self.ignore_thresh = s.get_float("ignore_thresh", 0.5)
-        self.truth_thresh = s.get_float("truth_thresh", 1.0)
+        self.parse_head_options(s, fork=True)   # the fork alone has this layer
         self.random = s.get_float("random", 0)
         if s.has("new_coords"):
             raise s.error("[Gaussian_yolo] has no new_coords (the fork reads it only in "

@@ -34,22 +34,27 @@ class YoloLayer(Layer):
     short = "yolo"
 
     def parse(self, s, ctx):
-        self.classes = s.get_int("classes", 20)
-        self.total = s.get_int("num", 1)
-        mask = s.get_int_list("mask", None)
-        self.mask = list(mask) if mask else list(range(self.total))
-        self.n = len(self.mask)
-        self.fork = is_fork_flavour(ctx) or any(s.has(k) for k in FORK_OPTIONS)
-        self.max_boxes = s.get_int("max", 200 if self.fork else 90)
-        self.jitter = s.get_float("jitter", 0.2)
-        self.ignore_thresh = s.get_float("ignore_thresh", 0.5)
-        self.truth_thresh = s.get_float("truth_thresh", 1.0)
+        self.parse_head_options(s, is_fork_flavour(ctx) or any(s.has(k) for k in FORK_OPTIONS))
         self.random = s.get_int("random", 0)
         refuse_options(s, "map", "focal_loss")
         self.parse_fork_options(s)
         self.parse_anchors_and_shape(s, 4 + 1 + self.classes)
         self.stats = {}
         self.stats_line = ""
+
+    def parse_head_options(self, s, fork):
+        """What [yolo] and [Gaussian_yolo] read alike: classes, num, mask, max (200 in the
+        fork, 90 in the original), jitter and the two thresholds."""
+        self.classes = s.get_int("classes", 20)
+        self.total = s.get_int("num", 1)
+        mask = s.get_int_list("mask", None)
+        self.mask = list(mask) if mask else list(range(self.total))
+        self.n = len(self.mask)
+        self.fork = fork
+        self.max_boxes = s.get_int("max", 200 if fork else 90)
+        self.jitter = s.get_float("jitter", 0.2)
+        self.ignore_thresh = s.get_float("ignore_thresh", 0.5)
+        self.truth_thresh = s.get_float("truth_thresh", 1.0)
 
     def parse_anchors_and_shape(self, s, entries):
         """classes, num, mask and anchors checked, biases read, and the output shape of
