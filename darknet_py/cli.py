@@ -92,10 +92,11 @@ class DarknetGroup(click.Group):
 def cli():
     """Darknet's cfg-driven neural networks in Python.
 
-    Runs Darknet .cfg/.weights files: classify images (test), find objects in them
-    (detect), print a network's layer table (info), cut a weights file down to its first layers
-    (partial), train a classifier or detector (train), score weights on a dataset
-    (valid) and compute YOLO anchors (anchors).
+    Runs Darknet .cfg/.weights files: classify images (test), find objects in images,
+    videos or a camera (detect), print a network's layer table (info), cut a weights file
+    down to its first layers (partial), train a classifier or detector (train), score
+    weights on a dataset (valid) or as the AlexeyAB fork's detector map does (map),
+    compute YOLO anchors (anchors) and time a network (bench).
 
     Commands that write files never replace an existing one unless given --overwrite.
     """
