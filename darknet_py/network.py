@@ -437,6 +437,11 @@ class Network:
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
         layer_output). With train=True, batch statistics are used and deltas zeroed."""
+        self._forward_layers(self._stage(x, truth, train), train)
+        self.collect_costs()
+
+    def _stage(self, x, truth, train):
+        """Buffers for x's batch, x and truth uploaded: the network input on the backend."""
         n = np.asarray(x).shape[0]
         if train and not self._training_ready:
             self._prepare_training()
@@ -449,7 +454,7 @@ class Network:
             self.truth_host = np.asarray(truth, dtype=np.float32).reshape(n, -1)
             _, self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
                                          self.truth_host.shape[1])
-        self._forward_layers(net_input, train)
+        return net_input
 
     def _forward_layers(self, net_input, train):
         self.train = train
@@ -460,9 +465,18 @@ class Network:
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
-        costs = [l.cost for l in self.layers if l.cost is not None]
-        self.cost = float(sum(costs) / len(costs)) if costs and train else None
         self._net_input = net_input
+
+    def collect_costs(self):
+        """After a training forward (and its backward and update): hand every loss layer
+        the figures it left on the backend (one read each, the step's only waits on the
+        device) and set self.cost, Darknet's mean over the layers that have a cost."""
+        for layer in self.layers:
+            if layer.pending:
+                layer.pending = False
+                layer.collect(self.be.to_host(layer.scalars))
+        costs = [l.cost for l in self.layers if l.cost is not None]
+        self.cost = float(sum(costs) / len(costs)) if costs and self.train else None
 
     def backward(self):
         """Darknet's backward_network: each layer gets the previous layer's output and delta."""
@@ -553,11 +567,12 @@ class Network:
             self.set_batch(n)
         self.images_per_pass = n
         self.seen += n * self.replicas
-        self.forward(x, self.truth_for_network(truth), train=True)
+        self._forward_layers(self._stage(x, self.truth_for_network(truth), True), True)
         self.backward()
         self.last_rate = None
         if (self.seen // (n * self.replicas)) % self.subdivisions == 0:
             self.last_rate = self.update()
+        self.collect_costs()   # after the update: the step's launches queue without a wait
         return self.cost
 
     def layer_output(self, i):

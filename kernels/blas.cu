@@ -82,3 +82,13 @@ extern "C" __global__ void sum_final(int n, const double* __restrict__ partial, 
     s = block_sum(s);
     if (threadIdx.x == 0) total[0] = s;
 }
+
+// total[0] = sum of partial[0..n) rounded to float: a loss kept on the device until the
+// host reads every layer's figures once, after the step.
+extern "C" __global__ void sum_final_f32(int n, const double* __restrict__ partial, float* __restrict__ total)
+{
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) total[0] = (float)s;
+}

@@ -349,6 +349,16 @@ def test_sum(cuda, n):
     assert abs(got - want) <= reduction_tol(n) * max(abs(want), np.abs(x).max())
 
 
+@gpu
+@pytest.mark.parametrize("n", [0, 1, 100003])
+def test_sum_into(cuda, n):
+    """The queued sum (a loss left on the device): out[0] written, out[1] untouched."""
+    x = rand(np.random.default_rng(n), n, -1.0, 1.2)
+    out = np.array([np.nan, 7.0], dtype=np.float32)
+    got = check(cuda, "sum_into", x, out, tol=reduction_tol(n))
+    assert got == (None, None)
+
+
 # ---- gemm --------------------------------------------------------------------
 
 def _gemm_case(rng, ta, tb, m, n, k, alpha, beta, layout):

@@ -80,6 +80,7 @@ class GradCheck:
                 be.fill(layer.delta, 0.0)
             layer.forward(net)
             net.input = layer.output
+        net.collect_costs()
 
     def loss(self):
         self.forward()

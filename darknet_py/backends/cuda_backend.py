@@ -51,6 +51,7 @@ _KERNELS = {
         "mul_add_kernel": "iPPP",
         "sum_partial": "iPP",
         "sum_final": "iPP",
+        "sum_final_f32": "iPP",
     },
     "gemm.cu": dict(
         {f"sgemm_{tile}_{case}": _GEMM_ARGS for tile in _GEMM_TILES for case in ("nn", "nt", "tn", "tt")},
@@ -502,6 +503,18 @@ class CudaBackend:
         drv.memcpy_dtoh_async(out, partial + 8 * blocks, self.stream)
         self._sync("sum")
         return float(out[0])
+
+    def sum_into(self, x, out):
+        """out[0] = the sum of x (accumulated in double, stored as float32), queued on the
+        stream: no host sync."""
+        if x.size == 0:
+            self.fill(out[:1], 0.0)
+            return
+        blocks = self._grid1d(x.size)[0]
+        scratch = self._scratch_buffer("sum", 8 * (blocks + 1))
+        partial = self._ptr(scratch)
+        self._launch("sum_partial", (blocks,), (_BLOCK,), x.size, self._ptr(x), partial)
+        self._launch("sum_final_f32", (1,), (_BLOCK,), blocks, partial, self._ptr(out))
 
     def gemm_plan(self, m, n, k):
         """(variant, splits) the gemm heuristic picks for an m x n x k product.

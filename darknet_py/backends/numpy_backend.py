@@ -111,6 +111,10 @@ class NumpyBackend:
         """Sum of all elements as a Python float (a host sync on the GPU)."""
         return float(np.sum(x, dtype=np.float64))
 
+    def sum_into(self, x, out):
+        """out[0] = the sum of x (accumulated in double), without a host sync on the GPU."""
+        out[0] = np.sum(x, dtype=np.float64)
+
     def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         """C = alpha * op(A) @ op(B) + beta * C, row-major, as Darknet's gemm().
 

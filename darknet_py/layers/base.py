@@ -46,6 +46,11 @@ class Layer:
         self.darknet = ctx.darknet
         self.workspace_size = 0   # floats of the shared workspace this layer needs
         self.cost = None          # set by layers that compute a loss
+        # A loss computed on the backend leaves its figures in `scalars` (a small device
+        # array, cost first) and sets `pending`; the network reads them all after the step
+        # (collect), so no forward or backward waits on the device.
+        self.scalars = None
+        self.pending = False
         self.stopbackward = False
         self.be = None
         self.output = None
@@ -87,6 +92,11 @@ class Layer:
         # The input of an activation whose gradient needs it (see activations.py).
         self.activation_input = (be.zeros(batch * self.outputs)
                                  if train and keeps_activation_input(self) else None)
+
+    def collect(self, values):
+        """Take the host copy of `scalars` after a training step: by default the cost is
+        values[0]. Loss layers with statistics override this to keep and report them."""
+        self.cost = float(values[0])
 
     def init_params(self, be, rng):
         """Create parameter arrays with Darknet's random initialisation (once per

@@ -50,6 +50,7 @@ class CostLayer(Layer):
             self.ones = be.zeros(n)
             be.fill(self.ones, 1.0)
             self.tmp = [be.zeros(n) for _ in range(3)]  # scratch for the composed formulas
+        self.scalars = be.zeros(1)
 
     def forward(self, net):
         if net.truth is None:
@@ -68,7 +69,9 @@ class CostLayer(Layer):
             be.l2(pred, truth, delta, error)  # sse, and seg (the same on Darknet's CPU)
             if self.cost_type == "masked":
                 self._mask_secret(be, truth, delta, error)
-        self.cost = be.sum(error)
+        be.sum_into(error, self.scalars)
+        self.pending = True
+        self.cost = None
 
     @staticmethod
     def _abs_inplace(be, x, tmp):

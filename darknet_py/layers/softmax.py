@@ -25,6 +25,7 @@ class SoftmaxLayer(Layer):
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
         self.loss = be.zeros(batch * self.inputs) if train else None
+        self.scalars = be.zeros(1) if train else None
 
     def forward(self, net):
         be = net.be
@@ -33,9 +34,9 @@ class SoftmaxLayer(Layer):
                    self.output)
         if net.truth is not None and net.train and not self.noloss:
             be.softmax_x_ent(self.output, net.truth, self.delta, self.loss)
-            self.cost = be.sum(self.loss)
-        else:
-            self.cost = None
+            be.sum_into(self.loss, self.scalars)
+            self.pending = True
+        self.cost = None
 
     def backward(self, net):
         if net.delta is not None:
