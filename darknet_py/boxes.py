@@ -63,6 +63,17 @@ def truth_boxes(truth_row, fields=TRUTH_FIELDS):
     return b[:zero[0] if zero.size else len(b)]
 
 
+def truth_table(truth, batch, fields, limit):
+    """A truth buffer (batch images of boxes of `fields` floats) as the loss loops read it:
+    (rows (batch, T, fields) float32, valid (batch, T) bool), T = at most `limit` boxes;
+    a box is valid up to the first whose x is 0 in its image (truth_boxes' rule)."""
+    truth = np.asarray(truth, dtype=F32).reshape(batch, -1)
+    per_image = truth.shape[1] // fields
+    rows = truth[:, :per_image * fields].reshape(batch, per_image, fields)[:, :limit]
+    valid = np.cumprod(rows[:, :, 0] != 0, axis=1, dtype=bool)
+    return rows, valid
+
+
 def box_rmse(a, b):
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)

@@ -33,3 +33,11 @@ extern "C" __global__ void dropout_backward_kernel(const float* __restrict__ ran
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         delta[i] = rand[i] < prob ? 0.0f : delta[i] * scale;
 }
+
+// rand[i] = uniform_hash(i): draws for a choice both backends make alike ([detection]
+// random=1's responsible box).
+extern "C" __global__ void uniform_kernel(float* __restrict__ rand, int n, unsigned int offset)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        rand[i] = uniform_hash((unsigned int)i, offset);
+}

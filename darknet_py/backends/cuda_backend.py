@@ -31,6 +31,8 @@ from pycuda.tools import DeviceMemoryPool
 from . import DeviceOutOfMemory
 
 from .. import activations
+from ..detection_loss import DETECTION_SCALARS
+from ..region_loss import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
 from .numpy_backend import conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
@@ -109,8 +111,22 @@ _KERNELS = {
     "dropout.cu": {
         "dropout_forward_kernel": "PiffIP",
         "dropout_backward_kernel": "PiffP",
+        "uniform_kernel": "PiI",
+    },
+    "region_loss.cu": {
+        "region_cells": "PPiiiPiiiiiffiP",
+        "region_truths": "PPiiiPiiiiiiiifffPP",
+        "detection_grid": "PiiiiiiP",
+        "detection_base": "PiiiifP",
+        "detection_objects": "PPPiiiiiiifffPP",
+        "loss_sums": "PPiiiiP",
+        "loss_final": "PiPiiP",
     },
 }
+# Per-image figures the truth kernels of region_loss.cu leave for loss_final.
+_LOSS_IMAGE_STATS = 5
+# Threads of the kernels that walk one image's truths in order (one thread an image).
+_IMAGE_THREADS = 64
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
 _TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
@@ -962,14 +978,93 @@ class CudaBackend:
                      self._ptr(out))
 
     # ---- random ----------------------------------------------------------------
+    @staticmethod
+    def _hash_offset(seed):
+        """The seed as kernels/dropout.cu's uniform_hash takes it."""
+        return (int(seed) * 0x9E3779B9) & 0xFFFFFFFF
+
     def dropout(self, x, prob, scale, rand, seed):
         """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw."""
         self._sizes_match("dropout", x, rand)
-        offset = (int(seed) * 0x9E3779B9) & 0xFFFFFFFF
         self._launch("dropout_forward_kernel", self._grid1d(rand.size), (_BLOCK,),
-                     self._ptr(x), rand.size, float(prob), float(scale), offset, self._ptr(rand))
+                     self._ptr(x), rand.size, float(prob), float(scale),
+                     self._hash_offset(seed), self._ptr(rand))
 
     def dropout_backward(self, rand, prob, scale, delta):
         self._sizes_match("dropout_backward", rand, delta)
         self._launch("dropout_backward_kernel", self._grid1d(rand.size), (_BLOCK,),
                      self._ptr(rand), rand.size, float(prob), float(scale), self._ptr(delta))
+
+    def uniform(self, rand, seed):
+        """rand[i] = numpy_backend.uniform_hash(seed, i)."""
+        self._launch("uniform_kernel", self._grid1d(rand.size), (_BLOCK,), self._ptr(rand),
+                     rand.size, self._hash_offset(seed))
+
+    # ---- detection losses ------------------------------------------------------------
+    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):
+        """[region]'s training loss (region_loss.py) for head (a RegionHead): every element
+        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS)."""
+        batch, cells = head.batch, head.batch * head.n * head.h * head.w
+        wh = head.h * head.w
+        total = cells * head.entries
+        for what, arr, need in (("output", output, total), ("delta", delta, total),
+                                ("anchors", anchors, 2 * head.n),
+                                ("scalars", scalars, len(REGION_SCALARS))):
+            self._check_size(f"region_loss {what}", arr, need)
+        truth_stride = truth.size // batch
+        boxes = (self._ptr(output), self._ptr(truth), truth_stride, int(truth_size),
+                 min(REGION_TRUTHS, truth_stride // truth_size), self._ptr(anchors), batch,
+                 head.n, head.h, head.w, head.classes)
+        self._launch("region_cells", self._grid1d(cells), (_BLOCK,), *boxes,
+                     float(head.thresh), float(head.noobject_scale), int(seen < PRIOR_SEEN),
+                     self._ptr(delta))
+        stats = self._scratch_buffer("loss_stats", 8 * _LOSS_IMAGE_STATS * batch)
+        self._launch("region_truths", (_ceil_div(batch, _IMAGE_THREADS),), (_IMAGE_THREADS,),
+                     *boxes, int(head.softmax), int(head.bias_match), int(head.rescore),
+                     float(head.coord_scale), float(head.object_scale), float(head.class_scale),
+                     self._ptr(delta), stats.ptr)
+        self._loss_figures(output, delta, total, head.entries * wh, 4 * wh, wh, stats, batch,
+                           scalars)
+
+    def detection_grid_truth(self, truth, batch, truth_size, max_boxes, side, classes, grid):
+        """[detection]'s grid truth from box rows (detection_loss.py): every element of grid."""
+        cells = batch * side * side
+        self._check_size("detection_grid_truth grid", grid, cells * (5 + classes))
+        truth_stride = truth.size // batch
+        self._launch("detection_grid", self._grid1d(cells), (_BLOCK,), self._ptr(truth),
+                     truth_stride, int(truth_size), min(int(max_boxes), truth_stride // truth_size),
+                     int(batch), int(side), int(classes), self._ptr(grid))
+
+    def detection_loss(self, head, output, grid, draws, delta, scalars):
+        """[detection]'s training loss (detection_loss.py) for head (a DetectionHead): every
+        element of delta; the cost and statistics in scalars (DETECTION_SCALARS)."""
+        batch, loc = head.batch, head.side * head.side
+        total = batch * head.outputs
+        for what, arr, need in (("output", output, total), ("delta", delta, total),
+                                ("grid", grid, batch * loc * head.cell_truth),
+                                ("draws", draws, batch * loc if draws is not None else 0),
+                                ("scalars", scalars, len(DETECTION_SCALARS))):
+            if arr is not None:
+                self._check_size(f"detection_loss {what}", arr, need)
+        p_begin, p_end = loc * head.classes, loc * (head.classes + head.n)
+        self._launch("detection_base", self._grid1d(total), (_BLOCK,), self._ptr(output), total,
+                     head.outputs, p_begin, p_end, float(head.noobject_scale), self._ptr(delta))
+        stats = self._scratch_buffer("loss_stats", 8 * _LOSS_IMAGE_STATS * batch)
+        self._launch("detection_objects", (_ceil_div(batch, _IMAGE_THREADS),), (_IMAGE_THREADS,),
+                     self._ptr(output), self._ptr(grid), 0 if draws is None else self._ptr(draws),
+                     batch, head.side, head.n, head.classes, int(head.sqrt), int(head.rescore),
+                     int(head.forced), float(head.coord_scale), float(head.object_scale),
+                     float(head.class_scale), self._ptr(delta), stats.ptr)
+        self._loss_figures(output, delta, total, head.outputs, p_begin, p_end - p_begin, stats,
+                           batch, scalars)
+
+    def _loss_figures(self, output, delta, total, period, offset, width, stats, batch, scalars):
+        """scalars = cost (sum of delta^2), the per-image stats summed, the objectness sum
+        (output[i] where i % period lies in [offset, offset + width)): fixed-order sums,
+        so repeated steps give the same bits."""
+        blocks = self._grid1d(total)[0]
+        partial = self._scratch_buffer("loss_partial", 16 * blocks)
+        self._launch("loss_sums", (blocks,), (_BLOCK,), self._ptr(delta), self._ptr(output),
+                     total, period, offset, width, partial.ptr)
+        self._launch("loss_final", (1,), (_BLOCK,), partial.ptr, blocks, stats.ptr, batch,
+                     _LOSS_IMAGE_STATS, self._ptr(scalars))

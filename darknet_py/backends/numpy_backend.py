@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .. import activations
+from .. import activations, detection_loss, region_loss
 
 
 class NumpyBackend:
@@ -553,6 +553,26 @@ class NumpyBackend:
 
     def dropout_backward(self, rand, prob, scale, delta):
         delta[...] = np.where(rand < prob, 0, delta * scale)
+
+    def uniform(self, rand, seed):
+        """rand[i] = uniform_hash(seed, i): draws in [0, 1) the CUDA kernel makes alike."""
+        rand[...] = uniform_hash(seed, rand.size).astype(self.dtype)
+
+    # ---- detection losses --------------------------------------------------------
+    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):
+        """[region]'s training loss (region_loss.py) for head (a RegionHead): every element
+        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS)."""
+        region_loss.region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars)
+
+    def detection_grid_truth(self, truth, batch, truth_size, max_boxes, side, classes, grid):
+        """[detection]'s grid truth from box rows (detection_loss.py): every element of grid."""
+        detection_loss.detection_grid_truth(truth, batch, truth_size, max_boxes, side, classes,
+                                            grid)
+
+    def detection_loss(self, head, output, grid, draws, delta, scalars):
+        """[detection]'s training loss (detection_loss.py) for head (a DetectionHead): every
+        element of delta; the cost and statistics in scalars (DETECTION_SCALARS)."""
+        detection_loss.detection_loss(head, output, grid, draws, delta, scalars)
 
 
 # Floats per block of activate/bias_activate: the passes over a block stay in L2 cache.

@@ -3,41 +3,22 @@
 Its input is flat (usually a [connected] layer): side*side class vectors, then
 side*side*num objectness scores, then side*side*num boxes (x, y, w, h). Forward
 copies it through, with a softmax over each cell's classes when softmax=1 (YOLOv1 uses
-none: the connected layer is linear). Training follows forward_detection_layer; its
-truth is Darknet's grid form (per cell: is_object, one-hot classes, x, y, w, h with
-x, y relative to the cell), built here from box rows when the data loader gives those.
+none: the connected layer is linear). Training follows forward_detection_layer through
+the backend's detection_loss op (detection_loss.py, kernels/region_loss.cu); its truth
+is Darknet's grid form (per cell: is_object, one-hot classes, x, y, w, h with x, y
+relative to the cell), built on the backend from box rows when the data loader gives
+those.
 """
 import numpy as np
 
-from ..boxes import TRUTH_FIELDS, box_iou, box_rmse, make_detections, thresholded
+from ..backends.numpy_backend import uniform_hash
+from ..boxes import make_detections, thresholded
+from ..detection_loss import DETECTION_SCALARS, RANDOM_SEEN, DetectionHead, detection_loss
+from ..detection_loss import grid_truth_from_boxes  # noqa: F401 (its old home, still imported)
 from .base import Layer
-from .heads import ratio, report, truth_boxes
+from .heads import ratio
 
 F32 = np.float32
-RANDOM_SEEN = 64000   # with random=1, images seen before which the responsible box is random
-MIN_REGION_BOX = .005  # fill_truth_region drops boxes narrower or shorter than this
-
-
-def grid_truth_from_boxes(boxes, side, classes):
-    """Darknet's fill_truth_region on (n, 5) rows of (x, y, w, h, class) relative to the
-    image: the first box whose centre falls in a cell claims it. Returns float32
-    (side*side*(5 + classes),)."""
-    per_cell = 5 + classes
-    truth = np.zeros(side * side * per_cell, dtype=F32)
-    for x, y, w, h, cls in np.asarray(boxes, dtype=F32).reshape(-1, TRUTH_FIELDS):
-        if w < MIN_REGION_BOX or h < MIN_REGION_BOX:
-            continue
-        col = min(int(x * F32(side)), side - 1)
-        row = min(int(y * F32(side)), side - 1)
-        index = (col + row * side) * per_cell
-        if truth[index]:
-            continue
-        truth[index] = 1
-        if int(cls) < classes:
-            truth[index + 1 + int(cls)] = 1
-        truth[index + 1 + classes:index + per_cell] = (x * F32(side) - F32(col),
-                                                        y * F32(side) - F32(row), w, h)
-    return truth
 
 
 class DetectionLayer(Layer):
@@ -90,102 +71,79 @@ class DetectionLayer(Layer):
                        self.classes, 1, 1.0, self.output)
         self.cost = None
         if net.train and net.truth is not None:
-            delta, self.cost, self.stats = self.loss(
-                be.to_host(self.output), self.grid_truth(net), net.seen, net.rng)
-            be.write(self.delta, delta)
-            report(net, self, f"Detection Avg IOU: {self.stats['avg_iou']:f}, "
-                              f"Pos Cat: {self.stats['pos_cat']:f}, "
-                              f"All Cat: {self.stats['all_cat']:f}, "
-                              f"Pos Obj: {self.stats['pos_obj']:f}, "
-                              f"Any Obj: {self.stats['any_obj']:f}, count: {self.stats['count']}")
+            be.detection_loss(self.loss_head(), self.output, self.grid_truth(net),
+                              self.random_draws(net), self.delta, self.scalars)
+            self.verbose = getattr(net, "verbose", False)
+            self.pending = True
+
+    def allocate(self, be, batch, train):
+        super().allocate(be, batch, train)
+        self.grid = be.zeros(batch * self.truths) if train else None
+        self.draws = be.zeros(batch * self.side * self.side) if train and self.random else None
+        self.scalars = be.zeros(len(DETECTION_SCALARS)) if train else None
+
+    def loss_head(self):
+        return DetectionHead(self.batch, self.side, self.n, self.classes, self.sqrt,
+                             self.rescore, self.forced, self.coord_scale, self.object_scale,
+                             self.noobject_scale, self.class_scale)
+
+    def collect(self, values):
+        """The detection_loss op's figures: the cost, the statistics and Darknet's line."""
+        self.cost, self.stats = float(values[0]), self.statistics(values)
+        self.stats_line = (f"Detection Avg IOU: {self.stats['avg_iou']:f}, "
+                           f"Pos Cat: {self.stats['pos_cat']:f}, "
+                           f"All Cat: {self.stats['all_cat']:f}, "
+                           f"Pos Obj: {self.stats['pos_obj']:f}, "
+                           f"Any Obj: {self.stats['any_obj']:f}, count: {self.stats['count']}")
+        if self.verbose:   # Darknet prints the line every step
+            print(self.stats_line, flush=True)
+
+    def statistics(self, values):
+        _, iou, pos_cat, all_cat, pos_obj, count, any_obj = (float(v) for v in values)
+        count = int(count)
+        return {"avg_iou": ratio(iou, count), "pos_cat": ratio(pos_cat, count),
+                "all_cat": ratio(all_cat, count * self.classes), "pos_obj": ratio(pos_obj, count),
+                "any_obj": any_obj / (self.batch * self.side * self.side * self.n),
+                "count": count}
 
     def backward(self, net):
         if net.delta is not None:
             net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
 
     def grid_truth(self, net):
-        """The truth as (batch, truths) grid rows: as given when it has that size, else
-        converted from box rows of net.truth_size fields (x, y, w, h, class, and the fork's
-        track id), the detector data loader's form."""
-        truth = net.truth_host.reshape(self.batch, -1)
-        if truth.shape[1] == self.truths:
-            return truth
-        fields = net.truth_size
-        if truth.shape[1] % fields:
+        """The truth in grid form on the backend: net.truth as it is when it has that size,
+        else built from its box rows of net.truth_size fields (the detector data loader's
+        form) into self.grid."""
+        per_image = net.truth_host.shape[1]
+        if per_image == self.truths:
+            return net.truth
+        if per_image % net.truth_size:
             raise ValueError(f"[detection] layer {self.index} needs a truth of {self.truths} "
-                             f"floats per image (or box rows of {fields}), got "
-                             f"{truth.shape[1]}")
-        return np.stack([grid_truth_from_boxes(boxes[:, :TRUTH_FIELDS], self.side, self.classes)
-                         for boxes in truth_boxes(net, self.batch, self.max_boxes)])
+                             f"floats per image (or box rows of {net.truth_size}), got "
+                             f"{per_image}")
+        net.be.detection_grid_truth(net.truth, self.batch, net.truth_size, self.max_boxes,
+                                    self.side, self.classes, self.grid)
+        return self.grid
 
-    # ---- the loss (forward_detection_layer) ---------------------------------------------
+    def random_draws(self, net):
+        """With random=1 early in training, one uniform draw per image and cell choosing its
+        responsible box (Darknet uses rand()); else None."""
+        if not (self.random and net.seen < RANDOM_SEEN):
+            return None
+        net.be.uniform(self.draws, int(net.rng.integers(1 << 31)))
+        return self.draws
+
     def loss(self, output, truth, seen, rng=None):
-        """Darknet's forward_detection_layer training part on host arrays: output (batch *
-        outputs), truth (batch, side*side*(1 + classes + coords)), seen = images seen.
-        With random=1 the responsible box is drawn from `rng` (Darknet uses rand()).
-        Returns (delta, cost, stats)."""
-        B, n, C, side = self.batch, self.n, self.classes, self.side
-        loc = side * side
-        out = np.asarray(output, dtype=F32).reshape(-1)[:B * self.outputs].reshape(B, -1)
-        truth = np.asarray(truth, dtype=F32).reshape(B, loc, 1 + C + self.coords)
-        delta = np.zeros_like(out)
-        avg_iou = avg_cat = avg_allcat = avg_obj = avg_anyobj = 0.0
-        count = 0
-        p_base, box_base = loc * C, loc * (C + n)
-        for b in range(B):
-            o, d = out[b], delta[b]
-            scores = o[p_base:box_base]
-            d[p_base:box_base] = F32(self.noobject_scale) * (F32(0) - scores)
-            avg_anyobj += float(scores.sum(dtype=np.float64))
-            for cell in np.nonzero(truth[b, :, 0].astype(np.int64))[0]:
-                t = truth[b, cell]
-                cls_lo = cell * C
-                d[cls_lo:cls_lo + C] = F32(self.class_scale) * (t[1:1 + C] - o[cls_lo:cls_lo + C])
-                avg_cat += float(o[cls_lo:cls_lo + C][t[1:1 + C] != 0].sum(dtype=np.float64))
-                avg_allcat += float(o[cls_lo:cls_lo + C].sum(dtype=np.float64))
-                tbox = t[1 + C:1 + C + 4].copy()
-                tbox[:2] /= F32(side)
-                boxes = o[box_base + cell * n * 4:][:n * 4].reshape(n, 4).copy()
-                boxes[:, :2] /= F32(side)
-                if self.sqrt:
-                    boxes[:, 2:] = boxes[:, 2:] * boxes[:, 2:]
-                ious = box_iou(boxes, tbox)
-                rmses = box_rmse(boxes, tbox)
-                best, best_iou, best_rmse = -1, F32(0), 20.0
-                for k in range(n):  # IoU decides once any is positive, else the RMSE
-                    if best_iou > 0 or ious[k] > 0:
-                        if ious[k] > best_iou:
-                            best, best_iou = k, ious[k]
-                    elif rmses[k] < best_rmse:
-                        best, best_rmse = k, rmses[k]
-                if self.forced:
-                    best = 1 if float(tbox[2] * tbox[3]) < .1 else 0  # C compares in double
-                if self.random and seen < RANDOM_SEEN:
-                    best = int((rng or np.random.default_rng()).integers(n))
-                # best stays -1 when every IoU is 0 and every RMSE >= 20; Darknet then uses
-                # the slots just before this cell's, which are still inside the image.
-                box_index = box_base + (cell * n + best) * 4
-                chosen = o[box_index:box_index + 4].copy()
-                chosen[:2] /= F32(side)
-                if self.sqrt:
-                    chosen[2:] = chosen[2:] * chosen[2:]
-                iou = float(box_iou(chosen, tbox))
-                p_index = p_base + cell * n + best
-                avg_obj += float(o[p_index])
-                target = F32(iou) if self.rescore else F32(1)
-                d[p_index] = F32(self.object_scale) * (target - o[p_index])
-                targets = t[1 + C:1 + C + 4].copy()
-                if self.sqrt:
-                    targets[2:] = np.sqrt(targets[2:])
-                d[box_index:box_index + 4] = F32(self.coord_scale) * (
-                    targets - o[box_index:box_index + 4])
-                avg_iou += iou
-                count += 1
-        cost = float(np.sum(np.square(delta), dtype=np.float64))
-        stats = {"avg_iou": ratio(avg_iou, count), "pos_cat": ratio(avg_cat, count),
-                 "all_cat": ratio(avg_allcat, count * C), "pos_obj": ratio(avg_obj, count),
-                 "any_obj": avg_anyobj / (B * loc * n), "count": count}
-        return delta.reshape(-1), cost, stats
+        """The loss on host arrays: output (batch * outputs), grid truth (batch, truths),
+        seen = images seen; random=1 draws from `rng`. Returns (delta, cost, stats)."""
+        draws = None
+        if self.random and seen < RANDOM_SEEN:
+            seed = (rng or np.random.default_rng()).integers(1 << 31)
+            draws = uniform_hash(seed, self.batch * self.side * self.side)
+        delta = np.zeros(self.batch * self.outputs, dtype=F32)
+        scalars = np.zeros(len(DETECTION_SCALARS))
+        detection_loss(self.loss_head(), output, truth, draws, delta, scalars)
+        return delta, float(scalars[0]), self.statistics(scalars)
 
     def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
         """Darknet's get_detection_detections for image 0 of a YOLOv1 [detection] layer: one

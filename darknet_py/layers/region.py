@@ -2,21 +2,21 @@
 
 Image-shaped output: per image, `n` anchor blocks of (coords + 1 + classes) planes of
 w*h. Forward applies the logistic to x, y and objectness, and a softmax over the classes
-of each anchor and cell (logistic instead with softmax=0). In training the loss is
-computed on the host as forward_region_layer does; backward is Darknet's GPU one
+of each anchor and cell (logistic instead with softmax=0). In training the backend's
+region_loss op (region_loss.py, kernels/region_loss.cu) computes forward_region_layer's
+delta, cost and statistics where the output is; backward is Darknet's GPU one
 (backward_region_layer_gpu): the delta times the logistic gradient on x, y and
 objectness, added to the previous layer's. (Darknet's CPU backward_region_layer is
 commented out and passes nothing back; the GPU build is the one that trains.)
 """
 import numpy as np
 
-from ..boxes import box_iou, box_iou_matrix, correct_region_boxes, make_detections, thresholded
+from ..boxes import correct_region_boxes, make_detections, thresholded, truth_table
+from ..region_loss import REGION_SCALARS, REGION_TRUTHS, RegionHead
 from .base import Layer, refuse_options
-from .heads import check_classes, parse_anchors, ratio, report, truth_boxes
+from .heads import check_classes, parse_anchors, ratio
 
 F32 = np.float32
-REGION_TRUTHS = 30        # forward_region_layer reads at most 30 boxes per image
-PRIOR_SEEN = 12800        # images seen before which boxes are pulled towards their anchors
 
 
 class RegionLayer(Layer):
@@ -83,14 +83,39 @@ class RegionLayer(Layer):
                                 "logistic")
         self.cost = None
         if net.train and net.truth is not None:
-            delta, self.cost, self.stats = self.loss(
-                be.to_host(self.output), truth_boxes(net, self.batch, REGION_TRUTHS), net.seen)
-            be.write(self.delta, delta)
-            report(net, self, f"Region Avg IOU: {self.stats['avg_iou']:f}, "
-                              f"Class: {self.stats['class']:f}, Obj: {self.stats['obj']:f}, "
-                              f"No Obj: {self.stats['no_obj']:f}, "
-                              f"Avg Recall: {self.stats['recall']:f},  "
-                              f"count: {self.stats['count']}")
+            boxes, valid = truth_table(net.truth_host, self.batch, net.truth_size,
+                                       REGION_TRUTHS)
+            check_classes(boxes[valid], self.classes, self)
+            be.region_loss(self.loss_head(), self.output, net.truth, net.truth_size, self.anchors,
+                           net.seen, self.delta, self.scalars)
+            self.verbose = getattr(net, "verbose", False)
+            self.pending = True
+
+    def allocate(self, be, batch, train):
+        super().allocate(be, batch, train)
+        self.anchors = be.from_host(self.biases) if train else None
+        self.scalars = be.zeros(len(REGION_SCALARS)) if train else None
+
+    def loss_head(self):
+        return RegionHead(self.batch, self.n, self.h, self.w, self.classes, self.softmax,
+                          self.bias_match, self.rescore, self.thresh, self.coord_scale,
+                          self.object_scale, self.noobject_scale, self.class_scale)
+
+    def collect(self, values):
+        """The region_loss op's figures: the cost, the statistics and Darknet's line."""
+        cost, iou, recall, cat, obj, count, any_obj = (float(v) for v in values)
+        count = int(count)
+        self.cost = cost
+        self.stats = {"avg_iou": ratio(iou, count), "class": ratio(cat, count),
+                      "obj": ratio(obj, count),
+                      "no_obj": any_obj / (self.w * self.h * self.n * self.batch),
+                      "recall": ratio(recall, count), "count": count}
+        self.stats_line = (f"Region Avg IOU: {self.stats['avg_iou']:f}, "
+                           f"Class: {self.stats['class']:f}, Obj: {self.stats['obj']:f}, "
+                           f"No Obj: {self.stats['no_obj']:f}, "
+                           f"Avg Recall: {self.stats['recall']:f},  count: {count}")
+        if self.verbose:   # Darknet prints the line every step
+            print(self.stats_line, flush=True)
 
     def backward(self, net):
         be = net.be
@@ -102,105 +127,6 @@ class RegionLayer(Layer):
                 be.gradient(self.output[lo:hi], "logistic", self.delta[lo:hi])
         if net.delta is not None:
             be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
-
-    # ---- the loss (forward_region_layer) ----------------------------------------------
-    def pred_boxes(self, out):
-        """get_region_box for every anchor and cell of one image: (n, h, w, 4) float32."""
-        j, i = np.meshgrid(np.arange(self.h, dtype=F32), np.arange(self.w, dtype=F32),
-                           indexing="ij")
-        anchors = self.biases.reshape(-1, 2)
-        bw = np.exp(out[:, 2].astype(np.float64)) * anchors[:, 0, None, None] / self.w
-        bh = np.exp(out[:, 3].astype(np.float64)) * anchors[:, 1, None, None] / self.h
-        return np.stack([(i + out[:, 0]) / F32(self.w), (j + out[:, 1]) / F32(self.h),
-                         bw.astype(F32), bh.astype(F32)], axis=-1)
-
-    def box_delta(self, truth, out, delta, a, j, i, scale):
-        """delta_region_box for a truth (x, y, w, h) at anchor a of cell (j, i); returns the
-        IoU of the predicted box with it."""
-        tx = truth[0] * F32(self.w) - F32(i)
-        ty = truth[1] * F32(self.h) - F32(j)
-        tw = F32(np.log(np.float64(truth[2] * F32(self.w) / self.biases[2 * a])))
-        th = F32(np.log(np.float64(truth[3] * F32(self.h) / self.biases[2 * a + 1])))
-        for k, t in enumerate((tx, ty, tw, th)):
-            delta[a, k, j, i] = F32(scale) * (t - out[a, k, j, i])
-
-    def class_delta(self, out, delta, a, j, i, class_id):
-        """delta_region_class without a tree. With softmax=0 (Darknet's tag), a class-0
-        delta already set by an earlier truth means only class_id's delta is set (and the
-        class statistic is not counted). Returns what Darknet adds to avg_cat."""
-        c0 = self.coords + 1
-        scale = F32(self.class_scale)
-        if delta[a, c0, j, i] and not self.softmax:
-            delta[a, c0 + class_id, j, i] = scale * (F32(1) - out[a, c0 + class_id, j, i])
-            return 0.0
-        onehot = np.zeros(self.classes, dtype=F32)
-        onehot[class_id] = 1
-        delta[a, c0:c0 + self.classes, j, i] = scale * (onehot - out[a, c0:c0 + self.classes, j, i])
-        return float(out[a, c0 + class_id, j, i])
-
-    def loss(self, output, truths, seen):
-        """Darknet's forward_region_layer training part on host arrays: output (batch *
-        outputs) after activation, truths per image as (n, 5) boxes, seen = images seen
-        (this batch included). Returns (delta, cost, stats)."""
-        B, n, h, w = self.batch, self.n, self.h, self.w
-        obj_entry = self.coords
-        out = np.asarray(output, dtype=F32).reshape(-1)[:B * self.outputs].reshape(
-            B, n, self.size, h, w)
-        delta = np.zeros_like(out)
-        anchors = self.biases.reshape(-1, 2)
-        avg_iou = recall = avg_cat = avg_obj = avg_anyobj = 0.0
-        count = 0
-        jj, ii = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-        for b in range(B):
-            o, d, truth = out[b], delta[b], truths[b]
-            check_classes(truth, self.classes, self)
-            pred = self.pred_boxes(o)
-            obj = o[:, obj_entry]
-            avg_anyobj += float(obj.sum(dtype=np.float64))
-            d[:, obj_entry] = F32(self.noobject_scale) * (F32(0) - obj)
-            if len(truth):
-                iou = box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]).reshape(n, h, w, -1)
-                iou[np.isnan(iou)] = 0
-                best_iou = np.max(iou, axis=-1)
-                d[:, obj_entry][best_iou > self.thresh] = 0
-            if seen < PRIOR_SEEN:
-                # Pull every box towards its anchor at the cell centre, with scale .01.
-                prior_x = ((ii + F32(.5)) / F32(w)).astype(F32)
-                prior_y = ((jj + F32(.5)) / F32(h)).astype(F32)
-                for a in range(n):
-                    pw, ph = anchors[a, 0] / F32(w), anchors[a, 1] / F32(h)
-                    tx = prior_x * F32(w) - ii.astype(F32)
-                    ty = prior_y * F32(h) - jj.astype(F32)
-                    tw = F32(np.log(np.float64(pw * F32(w) / anchors[a, 0])))
-                    th = F32(np.log(np.float64(ph * F32(h) / anchors[a, 1])))
-                    for k, t in enumerate((tx, ty, tw, th)):
-                        d[a, k] = F32(.01) * (t - o[a, k])
-            for t in truth:
-                i = min(int(t[0] * F32(w)), w - 1)  # Darknet truncates; x = 1 would overrun
-                j = min(int(t[1] * F32(h)), h - 1)
-                shapes = pred[:, j, i].copy()
-                if self.bias_match:
-                    shapes[:, 2] = anchors[:, 0] / F32(w)
-                    shapes[:, 3] = anchors[:, 1] / F32(h)
-                shapes[:, :2] = 0
-                shape_iou = box_iou(shapes, np.array([0, 0, t[2], t[3]], dtype=F32))
-                shape_iou[np.isnan(shape_iou)] = 0
-                a = int(np.argmax(shape_iou))
-                self.box_delta(t, o, d, a, j, i, self.coord_scale * (F32(2) - t[2] * t[3]))
-                iou = float(box_iou(pred[a, j, i], t[:4]))
-                recall += iou > .5
-                avg_iou += iou
-                p = o[a, obj_entry, j, i]
-                avg_obj += float(p)
-                target = F32(iou) if self.rescore else F32(1)
-                d[a, obj_entry, j, i] = F32(self.object_scale) * (target - p)
-                avg_cat += self.class_delta(o, d, a, j, i, int(t[4]))
-                count += 1
-        cost = float(np.sum(np.square(delta), dtype=np.float64))
-        stats = {"avg_iou": ratio(avg_iou, count), "class": ratio(avg_cat, count),
-                 "obj": ratio(avg_obj, count), "no_obj": avg_anyobj / (w * h * n * B),
-                 "recall": ratio(recall, count), "count": count}
-        return delta.reshape(-1), cost, stats
 
     def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
         """Darknet's get_region_detections for image 0 of a [region] layer: one detection per
