@@ -178,6 +178,20 @@ extern "C" __global__ void activate_strided(float* __restrict__ x, int rows, int
     }
 }
 
+// delta[r * row_stride + c] *= act'(y[r * row_stride + c]) for r < rows, c < width (y and
+// delta already offset): the logistic planes of [region] in one launch. x (blocks and
+// threads) spans the width, y the rows.
+extern "C" __global__ void gradient_strided(const float* __restrict__ y, int rows, int row_stride,
+                                           int width, int act, float* __restrict__ delta)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        const long long i = (long long)r * row_stride + c;
+        delta[i] *= gradient(y[i], act);
+    }
+}
+
 // delta[i] *= act'(y[i]) for i < n
 extern "C" __global__ void gradient_array(const float* __restrict__ y, int n, int act,
                                          float* __restrict__ delta)

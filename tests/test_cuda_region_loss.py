@@ -224,3 +224,19 @@ def test_a_training_step_reads_back_only_the_scalars(cuda, text, monkeypatch):
     assert reads == [gpu.layers[1].scalars]
     assert costs[1] == pytest.approx(costs[0], rel=1e-4)
     assert gpu.layers[1].stats["count"] == nets[0].layers[1].stats["count"] > 0
+
+
+@pytest.mark.parametrize("activation", ["logistic", "leaky"])
+def test_gradient_strided(cuda, activation):
+    """The region layer's backward: the logistic planes (x, y; objectness) of each anchor
+    block, rows of width wh every (5 + classes)*wh."""
+    rng = np.random.default_rng(8)
+    rows, stride, offset, width = 40, 9 * 169, 4 * 169, 169
+    y = rng.uniform(0.01, 0.99, rows * stride + 7).astype(F32)
+    delta = rng.uniform(-1, 1, y.size).astype(F32)
+    (want,), (got,) = both(cuda, "gradient_strided", y, rows, stride, offset, width,
+                           activation, delta)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    rows_of = np.zeros(y.size, dtype=bool)
+    rows_of[(offset + np.arange(rows)[:, None] * stride + np.arange(width)).reshape(-1)] = True
+    assert np.array_equal(want[~rows_of], delta[~rows_of]) and not np.array_equal(want, delta)

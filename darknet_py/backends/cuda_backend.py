@@ -77,6 +77,7 @@ _KERNELS = {
         "bias_activate": "PPiiii",
         "activate_strided": "Piiii",
         "gradient_array": "PiiP",
+        "gradient_strided": "PiiiiP",
         "gradient_from_input_array": "PiiP",
         "normalize_channels_kernel": "Piiii",
         "normalize_channels_gradient_kernel": "PiiiiP",
@@ -758,6 +759,20 @@ class CudaBackend:
         if activation != "linear":
             self._launch("gradient_array", self._grid1d(y.size), (_BLOCK,),
                          self._ptr(y), y.size, act, self._ptr(delta))
+
+    def gradient_strided(self, y, rows, row_stride, offset, width, activation, delta):
+        """delta *= activation'(y) over [offset + r*row_stride : +width] for each r < rows,
+        in one launch."""
+        act = self._activation_id(activation)
+        if activation in activations.INPUT_GRADIENT:
+            raise ValueError(f"the gradient of {activation} needs its input: gradient_from_input")
+        for what, arr in (("y", y), ("delta", delta)):
+            self._check_matrix(f"gradient_strided {what}", arr, offset, rows, width, row_stride)
+        if activation == "linear" or rows <= 0 or width <= 0:
+            return
+        self._launch_rows("gradient_strided", rows, width, self._ptr(y) + 4 * int(offset),
+                          int(rows), int(row_stride), int(width), act,
+                          self._ptr(delta) + 4 * int(offset))
 
     def gradient_from_input(self, x, activation, delta):
         """delta *= activation'(x) from the input x (gelu, swish, mish, hard_mish)."""

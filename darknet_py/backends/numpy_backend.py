@@ -283,6 +283,13 @@ class NumpyBackend:
         if activation != "linear":
             delta *= activations.gradient(y, activation)
 
+    def gradient_strided(self, y, rows, row_stride, offset, width, activation, delta):
+        """delta *= activation'(y) over [offset + r*row_stride : +width] for each r < rows
+        (one launch on the GPU; the region layer's backward)."""
+        if activation != "linear":
+            _matrix(delta, offset, rows, width, row_stride)[...] *= activations.gradient(
+                _matrix(y, offset, rows, width, row_stride), activation)
+
     def gradient_from_input(self, x, activation, delta):
         """delta *= activation'(x) from the input x (gelu, swish, mish, hard_mish)."""
         delta *= activations.gradient_from_input(x, activation)

@@ -120,11 +120,9 @@ class RegionLayer(Layer):
     def backward(self, net):
         be = net.be
         wh = self.w * self.h
-        for block in range(self.batch * self.n):
-            base = block * self.size * wh
-            for start, width in ((0, 2 * wh), (self.coords * wh, wh)):
-                lo, hi = base + start, base + start + width
-                be.gradient(self.output[lo:hi], "logistic", self.delta[lo:hi])
+        rows, stride = self.batch * self.n, self.size * wh
+        for start, width in ((0, 2 * wh), (self.coords * wh, wh)):   # x, y and objectness
+            be.gradient_strided(self.output, rows, stride, start, width, "logistic", self.delta)
         if net.delta is not None:
             be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
 
