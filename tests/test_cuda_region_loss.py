@@ -15,20 +15,13 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.detection_loss import DETECTION_SCALARS, DetectionHead
 from darknet_py.network import Network
 from darknet_py.region_loss import REGION_SCALARS, RegionHead
+from test_cuda_ops import cuda  # noqa: F401 (the fixture)
+from test_detection import REGION_TRAIN
+from test_head_losses import DETECTION_RANDOM
 
 pytestmark = pytest.mark.gpu
 F32 = np.float32
 REF = NumpyBackend(np.float32)
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    pytest.importorskip("pycuda.driver")
-    from darknet_py.backends import cuda_available
-    if not cuda_available():
-        pytest.skip("no CUDA GPU")
-    from darknet_py.backends.cuda_backend import CudaBackend
-    return CudaBackend(0)
 
 
 def run(backend, op, *args):
@@ -170,48 +163,13 @@ def test_detection_grid_truth_and_loss(cuda, name):
     np.testing.assert_allclose(scalars, want_scalars, rtol=1e-5)
 
 
-REGION_NET = """[net]
-width=32
-height=32
-channels=3
-[convolutional]
-filters=18
-size=3
-stride=8
-pad=1
-activation=leaky
-[region]
-anchors=0.6,0.7, 1.5,1.2
-classes=4
-coords=4
-num=2
-softmax=1
-"""
-
-DETECTION_NET = """[net]
-width=8
-height=8
-channels=3
-[connected]
-output=117
-activation=linear
-[detection]
-classes=3
-coords=4
-side=3
-num=2
-sqrt=1
-rescore=1
-random=1
-"""
-
-
-@pytest.mark.parametrize("text", [REGION_NET, DETECTION_NET], ids=["region", "detection"])
-def test_a_training_step_reads_back_only_the_scalars(cuda, text, monkeypatch):
+@pytest.mark.parametrize("text,image", [(REGION_TRAIN.format(softmax=1), (3, 8, 8)),
+                                        (DETECTION_RANDOM, (2, 4, 4))], ids=["region", "detection"])
+def test_a_training_step_reads_back_only_the_scalars(cuda, text, image, monkeypatch):
     from darknet_py.backends import get_backend
     rng = np.random.default_rng(3)
     cfg = parse_cfg_text(text, "t.cfg")
-    x = rng.random((2, 3) + ((32, 32) if "region" in text else (8, 8)), dtype=F32)
+    x = rng.random((2,) + image, dtype=F32)
     truth = truth_rows(rng, 2, 90, [3, 1], classes=3).reshape(2, -1)
     nets = [Network(cfg, "t.cfg", batch=2, seed=5, backend=get_backend(d)) for d in ("cpu", "cuda")]
     for net in nets:

@@ -12,6 +12,7 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.detection_loss import (DETECTION_SCALARS, detection_grid_truth, detection_loss,
                                        grid_truth_from_boxes, random_choices)
 from darknet_py.network import Network
+from test_detection import REGION_TRAIN
 
 F32 = np.float32
 
@@ -85,25 +86,9 @@ def test_detection_random_draws_the_responsible_box_from_the_networks_rng():
     np.testing.assert_array_equal(net.layer_delta(1).reshape(-1), expected(None))
 
 
-REGION = """[net]
-width=8
-height=8
-channels=3
-[convolutional]
-filters=18
-size=4
-stride=4
-activation=linear
-[region]
-anchors=0.6,0.7, 1.5,1.2
-classes=4
-coords=4
-num=2
-"""
-
-
 def test_region_reports_its_line_after_the_step_and_refuses_an_unknown_class(capsys):
-    net = Network(parse_cfg_text(REGION, "t.cfg"), "t.cfg", batch=1, seed=1)
+    text = REGION_TRAIN.format(softmax=1)
+    net = Network(parse_cfg_text(text, "t.cfg"), "t.cfg", batch=1, seed=1)
     x = np.random.default_rng(1).random((1, 3, 8, 8), dtype=F32)
     truth = np.zeros((1, 30 * 5), dtype=F32)
     truth[0, :10] = [.3, .3, .3, .3, 1, .7, .6, .2, .5, 3]
