@@ -198,7 +198,7 @@ def test_gradient_strided(cuda, activation):
     block, rows of width wh every (5 + classes)*wh."""
     rng = np.random.default_rng(8)
     rows, stride, offset, width = 40, 9 * 169, 4 * 169, 169
-    y = rng.uniform(0.01, 0.99, rows * stride + 7).astype(F32)
+    y = rng.uniform(-0.99, 0.99, rows * stride + 7).astype(F32)   # leaky: both slopes
     delta = rng.uniform(-1, 1, y.size).astype(F32)
     (want,), (got,) = both(cuda, "gradient_strided", y, rows, stride, offset, width,
                            activation, delta)
