@@ -384,7 +384,9 @@ def _gemm_case(rng, ta, tb, m, n, k, alpha, beta, layout):
 
 
 GEMM_SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 17), (64, 64, 64), (129, 127, 131),
-               (100, 3000, 27), (1023, 515, 257), (256, 169, 2304), (31, 1000, 1500), (5, 7, 0)]
+               (100, 3000, 27), (1023, 515, 257), (256, 169, 2304), (31, 1000, 1500), (5, 7, 0),
+               # weight-gradient shapes: a small C over a long K, hundreds of K splits
+               (16, 27, 60000), (32, 144, 20000)]
 
 
 @gpu
@@ -399,7 +401,7 @@ def test_gemm_shapes(cuda, ta, tb, m, n, k):
 
 @gpu
 @pytest.mark.parametrize("plan", [("128x128x8s4", 1), ("64x64x8s4r8", 1), ("64x64x8s4r8", 5),
-                                  ("128x128x8s4", 3)])
+                                  ("128x128x8s4", 3), ("32x32x8s4w", 1), ("32x32x8s4w", 40)])
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("layout", ["packed", "padded", "aligned"])
 def test_gemm_every_kernel_variant(cuda, plan, ta, tb, layout):
@@ -411,6 +413,24 @@ def test_gemm_every_kernel_variant(cuda, plan, ta, tb, layout):
             check(cuda, "gemm", *args)
     finally:
         cuda.gemm_override = None
+
+
+@gpu
+@pytest.mark.parametrize("splits", [20, 700])
+def test_gemm_split_k_is_deterministic_and_sums_every_split(cuda, splits):
+    """Hundreds of K splits (the reduce then sums with 8 to 32 threads per output, in a
+    fixed order): within rounding of the reference, and the same bits on every run."""
+    rng = np.random.default_rng(splits)
+    m, n, k = 16, 27, 256 * splits
+    args = _gemm_case(rng, 0, 1, m, n, k, 0.5, 0.0, "packed")
+    cuda.gemm_override = ("32x32x8s4w", splits)
+    try:
+        _, want = run(REF, "gemm", *args)
+        outputs = [run(cuda, "gemm", *args)[1][2] for _ in range(3)]
+    finally:
+        cuda.gemm_override = None
+    assert_close(outputs[0], want[2], 1e-4, "gemm C")
+    assert all(np.array_equal(o, outputs[0]) for o in outputs[1:])
 
 
 # ---- convolution helpers -----------------------------------------------------

@@ -41,6 +41,7 @@ _GEMM_ARGS = "iiifPiPifPiiiq"
 _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per block)
     "128x128x8s4": (128, 128, 8, 256),
     "64x64x8s4r8": (64, 64, 8, 64),
+    "32x32x8s4w": (32, 32, 8, 32),
 }
 _KERNELS = {
     "blas.cu": {
@@ -522,13 +523,19 @@ class CudaBackend:
         The 128x128 tile does the most work per byte it loads, but needs at least
         a tile per SM; otherwise 64x64 tiles (4x the blocks), and K is split
         across blocks until there are about 4 blocks per SM (each split keeping
-        at least 256 of K). From the measurements in bench/NOTES.md."""
+        at least 256 of K). A C that 64x64 tiles cannot spread over the SMs even so
+        (a convolution's weight gradient: filters x weights, with K = images x
+        positions) takes one-warp 32x32 tiles and K split until a wave of them
+        (16 per SM) is full. From the measurements in bench/NOTES.md."""
         if self.gemm_override is not None:
             return self.gemm_override
         sms = self.sm_count
         if m > 64 and n > 64 and _ceil_div(m, 128) * _ceil_div(n, 128) >= sms:
             return "128x128x8s4", 1
         tiles = _ceil_div(m, 64) * _ceil_div(n, 64)
+        if 16 * tiles < sms:
+            small = _ceil_div(m, 32) * _ceil_div(n, 32)
+            return "32x32x8s4w", max(1, min(_ceil_div(16 * sms, small), k // 256))
         splits = max(1, min(_ceil_div(4 * sms, tiles), k // 256, 16))
         return "64x64x8s4r8", splits
 
@@ -566,8 +573,11 @@ class CudaBackend:
         ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
         self._launch(kernel, grid_mn + (splits,), (threads,), m, n, k, 1.0, pa, lda, pb, ldb,
                      0.0, ws, n, chunk, int(n % 4 == 0), m * n)
-        self._launch("splitk_reduce", self._grid1d(m * n), (_BLOCK,), m, n, splits, ws,
-                     alpha, beta, pc, ldc)
+        # Threads per output: one per 16 splits, up to 32 (a block is 256 threads).
+        per_output = min(32, 1 << (max(1, splits // 16).bit_length() - 1))
+        width = _BLOCK // per_output
+        self._launch("splitk_reduce", (_ceil_div(m * n, width),), (width, per_output), m, n,
+                     splits, ws, alpha, beta, pc, ldc)
 
     # ---- convolution helpers -----------------------------------------------
     def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):
