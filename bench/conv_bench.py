@@ -142,7 +142,7 @@ def sweep(be, products, rng):
             if p is not None and p[1] > max(1, k // 64):
                 continue
             be.gemm_override = p
-            times["heuristic" if p is None else f"{p[0]}/{p[1]}"] = median_ms(be, run, 2, 7)
+            times["heuristic" if p is None else f"{p[0]}/{p[1]}"] = median_ms(be, run, 1, 5)
         be.gemm_override = None
         best = min((v, key) for key, v in times.items() if key != "heuristic")
         rows.append(dict(label=label, shape=f"{m}x{n}x{k} {'nt'[ta]}{'nt'[tb]}",
