@@ -520,24 +520,28 @@ class CudaBackend:
     def gemm_plan(self, m, n, k):
         """(variant, splits) the gemm heuristic picks for an m x n x k product.
 
-        The 128x128 tile does the most work per byte it loads, but needs at least
-        a tile per SM; otherwise 64x64 tiles (4x the blocks), and K is split
-        across blocks until there are about 4 blocks per SM (each split keeping
-        at least 256 of K). A C that 64x64 tiles cannot spread over the SMs even so
-        (a convolution's weight gradient: filters x weights, with K = images x
-        positions) takes one-warp 32x32 tiles and K split until a wave of them
-        (16 per SM) is full. From the measurements in bench/NOTES.md."""
+        Rules from timing every plan on the convolutions of yolov3-tiny and cifar
+        (bench/conv_bench.py --sweep; bench/NOTES.md, "G1"):
+          * m or n at most 32 (a first layer's few filters or weights): one-warp
+            32x32 tiles, K split until about 8 blocks per SM (each split >= 256 of K);
+          * at least 2.5 waves of 128x128 tiles (2 per SM): 128x128, K whole;
+          * fewer, but still 48 or more: 128x128 with K split into up to 8 slices,
+            toward ~1150 blocks, each slice >= 512 of K (a weight gradient, or a
+            forward whose tiles would leave a second wave nearly empty);
+          * else 64x64 tiles with K split toward 16 blocks per SM (each >= 512)."""
         if self.gemm_override is not None:
             return self.gemm_override
         sms = self.sm_count
-        if m > 64 and n > 64 and _ceil_div(m, 128) * _ceil_div(n, 128) >= sms:
+        if min(m, n) <= 32:
+            tiles = _ceil_div(m, 32) * _ceil_div(n, 32)
+            return "32x32x8s4w", max(1, min(_ceil_div(8 * sms, tiles), k // 256))
+        big = _ceil_div(m, 128) * _ceil_div(n, 128)
+        if m > 64 and n > 64 and 2 * big >= 5 * sms:
             return "128x128x8s4", 1
+        if m > 64 and n > 64 and big >= 48:
+            return "128x128x8s4", max(1, min(8, _ceil_div(1152, big), k // 512))
         tiles = _ceil_div(m, 64) * _ceil_div(n, 64)
-        if 16 * tiles < sms:
-            small = _ceil_div(m, 32) * _ceil_div(n, 32)
-            return "32x32x8s4w", max(1, min(_ceil_div(16 * sms, small), k // 256))
-        splits = max(1, min(_ceil_div(4 * sms, tiles), k // 256, 16))
-        return "64x64x8s4r8", splits
+        return "64x64x8s4r8", max(1, min(_ceil_div(16 * sms, tiles), k // 512))
 
     def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         """C = alpha * op(A) @ op(B) + beta * C, row-major, as Darknet's gemm()."""

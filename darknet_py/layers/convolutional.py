@@ -16,8 +16,10 @@ from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_in
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
-# (128 MiB); a single image may need more, and then gets what it needs.
-WORKSPACE_CAP_FLOATS = 1 << 25
+# (512 MiB); a single image may need more, and then gets what it needs. Larger chunks
+# mean fewer, larger GEMMs, whose tiles fill the GPU's SMs in more even waves (cifar's
+# training step 32.3 -> 31.0 ms on an H100 against 128 MiB; bench/NOTES.md, "W1").
+WORKSPACE_CAP_FLOATS = 1 << 27
 
 
 class ConvolutionalLayer(Layer):
