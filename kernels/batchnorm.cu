@@ -53,6 +53,47 @@ enum ChannelTerm {
     TERM_A_TIMES_B_MINUS_MEAN = 3 // a[i] * (b[i] - mean[f]) (variance_delta)
 };
 
+// One thread's share of channel f's terms i = first, first + blockDim.x, ... < end; term
+// i is element (i / spatial, f, i % spatial). The (image, position) pair is carried from
+// term to term (one division per thread, not per term), and UNROLL terms are loaded
+// before any is added, so that several loads are in flight: this pass is bound by memory
+// bandwidth (a 64-bit division per term and one load at a time per thread held it to
+// ~40%: bench/NOTES.md, R1). The terms are added in the order of i, as a plain loop would.
+template <int TERM>
+__device__ __forceinline__ double channel_thread_sum(const float* __restrict__ a, const float* __restrict__ b,
+                                                     float m, int filters, int spatial,
+                                                     long long first, long long end)
+{
+    constexpr int UNROLL = 4;
+    const int step = blockDim.x;
+    const int step_images = step / spatial;
+    const int step_pos = step - step_images * spatial;
+    const long long image_stride = (long long)filters * spatial;
+    long long img = first / spatial;
+    int pos = (int)(first - img * spatial);
+    double s = 0.0;
+    for (long long i = first; i < end; i += UNROLL * step) {
+        float t[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            t[u] = 0.0f;
+            if (i + (long long)u * step < end) {
+                const long long idx = img * image_stride + pos;
+                if (TERM == TERM_A) t[u] = a[idx];
+                else if (TERM == TERM_A_MINUS_MEAN_SQ) { const float d = a[idx] - m; t[u] = d * d; }
+                else if (TERM == TERM_A_TIMES_B) t[u] = a[idx] * b[idx];
+                else t[u] = a[idx] * (b[idx] - m);
+            }
+            img += step_images;
+            pos += step_pos;
+            if (pos >= spatial) { pos -= spatial; ++img; }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) s += (double)t[u];
+    }
+    return s;
+}
+
 extern "C" __global__ void channel_sums(const float* __restrict__ a, const float* __restrict__ b,
                                        const float* __restrict__ mean, int term,
                                        int batch, int filters, int spatial, int parts,
@@ -62,21 +103,17 @@ extern "C" __global__ void channel_sums(const float* __restrict__ a, const float
     const int p = blockIdx.x;
     const long long count = (long long)batch * spatial;
     const long long chunk = (count + parts - 1) / parts;
-    const long long begin = p * chunk;
-    const long long end = min(count, begin + chunk);
+    const long long begin = p * chunk + threadIdx.x;
+    const long long end = min(count, p * chunk + chunk);
     const float m = (term == TERM_A_MINUS_MEAN_SQ || term == TERM_A_TIMES_B_MINUS_MEAN) ? mean[f] : 0.0f;
-    double s = 0.0;
-    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const long long bi = i / spatial;
-        const long long idx = (bi * filters + f) * spatial + (i - bi * spatial);
-        float t;
-        switch (term) {
-        case TERM_A: t = a[idx]; break;
-        case TERM_A_MINUS_MEAN_SQ: { const float d = a[idx] - m; t = d * d; break; }
-        case TERM_A_TIMES_B: t = a[idx] * b[idx]; break;
-        default: t = a[idx] * (b[idx] - m); break;
-        }
-        s += (double)t;
+    const float* af = a + (long long)f * spatial;
+    const float* bf = b ? b + (long long)f * spatial : b;
+    double s;
+    switch (term) {
+    case TERM_A: s = channel_thread_sum<TERM_A>(af, bf, m, filters, spatial, begin, end); break;
+    case TERM_A_MINUS_MEAN_SQ: s = channel_thread_sum<TERM_A_MINUS_MEAN_SQ>(af, bf, m, filters, spatial, begin, end); break;
+    case TERM_A_TIMES_B: s = channel_thread_sum<TERM_A_TIMES_B>(af, bf, m, filters, spatial, begin, end); break;
+    default: s = channel_thread_sum<TERM_A_TIMES_B_MINUS_MEAN>(af, bf, m, filters, spatial, begin, end); break;
     }
     s = block_sum(s);
     if (threadIdx.x == 0) partial[(long long)f * parts + p] = s;

@@ -143,6 +143,12 @@ def test_activation_kernel_ids_match_activations_py():
         assert len(re.findall(rf"case {name.upper()}:", text)) == 2, f"{name}: forward and gradient"
 
 
+def test_copy_run_matches_the_kernel():
+    kernel = re.search(r"constexpr int COPY_RUN = (\d+);", (KERNEL_DIR / "shape.cu").read_text())
+    backend = re.search(r"^_COPY_RUN = (\d+)", CUDA_BACKEND_PY.read_text(), flags=re.M)
+    assert kernel and backend and kernel.group(1) == backend.group(1)
+
+
 def test_kernels_have_no_preprocessor_includes():
     # PyCUDA preprocesses (a slow nvcc run) any source with an include to key its cache.
     for path in KERNEL_DIR.glob("*.cu"):
@@ -495,6 +501,19 @@ def test_batchnorm(cuda, batch, filters, spatial):
     check(cuda, "variance_delta", x, delta, mean, var, batch, filters, spatial, nan(filters), tol=tol)
     check(cuda, "normalize_delta", x, mean, var, rand(rng, filters), rand(rng, filters),
           batch, filters, spatial, delta)
+
+
+@gpu
+@pytest.mark.parametrize("batch,filters,spatial", CHANNEL_SHAPES)
+@pytest.mark.parametrize("eps", [None, 1e-5])
+def test_batchnorm_apply(cuda, batch, filters, spatial, eps):
+    rng = np.random.default_rng(batch * filters + spatial)
+    total = batch * filters * spatial
+    for activation, x_norm in (("leaky", nan(total)), ("linear", None), ("logistic", None),
+                               ("mish", nan(total))):
+        check(cuda, "batchnorm_apply", rand(rng, total, -2.0, 3.0), rand(rng, filters),
+              rand(rng, filters, 0.2, 2.0), rand(rng, filters, 0.5, 1.5), rand(rng, filters),
+              batch, filters, spatial, eps, activation, x_norm)
 
 
 # ---- activations -------------------------------------------------------------

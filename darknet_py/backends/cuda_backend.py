@@ -74,6 +74,7 @@ _KERNELS = {
     "activations.cu": {
         "activate_array": "Pii",
         "bias_activate": "PPiiii",
+        "batchnorm_apply_kernel": "PPPPPiiifiP",
         "activate_strided": "Piiii",
         "gradient_array": "PiiP",
         "gradient_from_input_array": "PiiP",
@@ -119,6 +120,7 @@ _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIA
 
 _BLOCK = 256
 _MAX_GRID_Y = 65535
+_COPY_RUN = 4   # COPY_RUN of kernels/shape.cu
 
 
 class _EventTimer:
@@ -463,7 +465,8 @@ class CudaBackend:
                                    off + (planes - 1) * pstride, rows, width, stride)
         if rows <= 0 or width <= 0 or planes <= 0:
             return
-        self._launch_rows("copy_blocks_kernel", rows * planes, width,
+        # x spans the width in runs of _COPY_RUN elements a thread (kernels/shape.cu)
+        self._launch_rows("copy_blocks_kernel", rows * planes, _ceil_div(width, _COPY_RUN),
                           self._ptr(src) + 4 * int(src_offset), int(src_stride), int(src_plane_stride),
                           self._ptr(dst) + 4 * int(dst_offset), int(dst_stride), int(dst_plane_stride),
                           int(width), int(rows), planes, int(bool(accumulate)))
@@ -644,8 +647,9 @@ class CudaBackend:
         self._check_size("channel reduction output", out, filters)
         if filters > _MAX_GRID_Y:
             raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
-        # Enough blocks in all to fill the GPU a few times, each with >= 4096 terms.
-        parts = max(1, min(_ceil_div(4 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
+        # Enough blocks in all for 8 per SM (all 2048 threads resident: this pass is
+        # bound by memory bandwidth), each with >= 4096 terms.
+        parts = max(1, min(_ceil_div(8 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
         partial = self._ptr(self._scratch_buffer("channels", 8 * filters * parts))
         null = 0
         self._launch("channel_sums", (parts, filters), (_BLOCK,),
@@ -689,6 +693,22 @@ class CudaBackend:
         self._launch_rows("normalize_sqrt_eps_kernel", batch * filters, spatial, self._ptr(x),
                           self._ptr(mean), self._ptr(variance), int(batch * filters), int(filters),
                           int(spatial), float(eps))
+
+    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm):
+        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu)."""
+        total = batch * filters * spatial
+        self._check_size("batchnorm_apply x", x, total)
+        for what, arr in (("mean", mean), ("variance", variance), ("scales", scales),
+                          ("biases", biases)):
+            self._check_size(f"batchnorm_apply {what}", arr, filters)
+        if x_norm is not None:
+            self._check_size("batchnorm_apply x_norm", x_norm, total)
+        self._launch_rows("batchnorm_apply_kernel", batch * filters, spatial, self._ptr(x),
+                          self._ptr(mean), self._ptr(variance), self._ptr(scales),
+                          self._ptr(biases), int(batch * filters), int(filters), int(spatial),
+                          -1.0 if eps is None else float(eps), self._activation_id(activation),
+                          0 if x_norm is None else self._ptr(x_norm))
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)

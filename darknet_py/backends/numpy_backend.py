@@ -232,6 +232,21 @@ class NumpyBackend:
         v -= mean[:filters].reshape(1, filters, 1)
         v /= np.sqrt(variance[:filters] + self.dtype.type(eps)).reshape(1, filters, 1)
 
+    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm):
+        """Batch norm's forward after its statistics, in place on x: normalize (eps None:
+        Darknet's / (sqrt(var) + 1e-6); else the fork's / sqrt(var + eps)), copy the result
+        into x_norm unless it is None, scale, add biases, then the activation."""
+        if eps is None:
+            self.normalize(x, mean, variance, batch, filters, spatial)
+        else:
+            self.normalize_sqrt_eps(x, mean, variance, batch, filters, spatial, eps)
+        if x_norm is not None:
+            self.copy(x, x_norm)
+        self.scale_bias(x, scales, batch, filters, spatial)
+        self.add_bias(x, biases, batch, filters, spatial)
+        self.activate(x, activation)
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
         mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))

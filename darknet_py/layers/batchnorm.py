@@ -37,8 +37,9 @@ def bn_allocate(layer, be, batch, train):
         layer.x_norm = be.zeros(batch * layer.outputs)
 
 
-def bn_forward(layer, net, out_c, spatial):
-    """Normalise layer.output in place, then scale and add biases."""
+def bn_forward(layer, net, out_c, spatial, activation="linear"):
+    """Normalise layer.output in place, then scale, add biases and apply `activation` (one
+    pass after the statistics)."""
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
@@ -53,14 +54,9 @@ def bn_forward(layer, net, out_c, spatial):
         mean, variance = layer.mean, layer.variance
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
-    if fork:
-        be.normalize_sqrt_eps(out, mean, variance, batch, out_c, spatial, FORK_BN_EPS)
-    else:
-        be.normalize(out, mean, variance, batch, out_c, spatial)
-    if net.train:
-        be.copy(out, layer.x_norm)
-    be.scale_bias(out, layer.scales, batch, out_c, spatial)
-    be.add_bias(out, layer.biases, batch, out_c, spatial)
+    be.batchnorm_apply(out, mean, variance, layer.scales, layer.biases, batch, out_c, spatial,
+                       FORK_BN_EPS if fork else None, activation,
+                       layer.x_norm if net.train else None)
 
 
 def bn_backward(layer, net, out_c, spatial, train_beta=True):

@@ -241,15 +241,17 @@ class ConvolutionalLayer(Layer):
                         col, count * n, 0.0, product, count * n)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
         spatial = self.out_h * self.out_w
+        # The activation joins the last pass unless it needs its input kept or whole channels.
+        fused = self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
         if biases is None:
-            bn_forward(self, net, self.out_c, spatial)
-            self.activate_output(be)
-        elif self.activation_input is not None or self.activation in CHANNEL_ACTIVATIONS:
-            be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
-            self.activate_output(be)
-        else:
+            bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear")
+        elif fused:
             be.bias_activate(self.output, biases, self.batch, self.out_c, spatial,
                              self.activation)
+        else:
+            be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
+        if not fused:
+            self.activate_output(be)
 
     def backward(self, net):
         be = net.be
