@@ -65,11 +65,11 @@ _KERNELS = {
     "batchnorm.cu": {
         "add_bias": "PPiii",
         "scale_bias": "PPiii",
-        "channel_sums": "PPPiiiiiP",
-        "channel_finalize": "PiiiqPP",
+        "channel_sums": "PPPiiiiiPP",
+        "channel_finalize": "PiiiqPPP",
         "normalize_kernel": "PPPiii",
         "normalize_sqrt_eps_kernel": "PPPiiif",
-        "normalize_delta_kernel": "PPPPPiiifP",
+        "normalize_delta_kernel": "PPPPPiiifPP",
     },
     "activations.cu": {
         "activate_array": "Pii",
@@ -635,8 +635,11 @@ class CudaBackend:
         self._launch_rows("scale_bias", batch * n, size, self._ptr(output), self._ptr(scales),
                           int(batch * n), int(n), int(size))
 
-    def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, variance, out):
-        """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f)."""
+    def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, out,
+                        variance=None, scales=None, sum_a=None):
+        """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f),
+        the sum first multiplied by scales[f] when scales is given. sum_a = (final_op,
+        out): the same for the sum of a alone, from the same pass over a."""
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         if filters <= 0:
             return
@@ -644,39 +647,50 @@ class CudaBackend:
         self._check_size("channel reduction input", a, batch * filters * spatial)
         if b is not None:
             self._check_size("channel reduction input", b, batch * filters * spatial)
-        self._check_size("channel reduction output", out, filters)
+        for arr in (out, variance, scales) + ((sum_a[1],) if sum_a else ()):
+            if arr is not None:
+                self._check_size("channel reduction per-channel array", arr, filters)
         if filters > _MAX_GRID_Y:
             raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
         # Enough blocks in all for 8 per SM (all 2048 threads resident: this pass is
         # bound by memory bandwidth), each with >= 4096 terms.
         parts = max(1, min(_ceil_div(8 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
-        partial = self._ptr(self._scratch_buffer("channels", 8 * filters * parts))
-        null = 0
-        self._launch("channel_sums", (parts, filters), (_BLOCK,),
-                     self._ptr(a), self._ptr(b) if b is not None else null,
-                     self._ptr(mean) if mean is not None else null, term,
-                     batch, filters, spatial, parts, partial)
-        self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
-                     partial, parts, filters, final_op, count,
-                     self._ptr(variance) if variance is not None else null, self._ptr(out))
+        plane = 8 * filters * parts
+        partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
+        ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
+        self._launch("channel_sums", (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
+                     ptr(mean), term, batch, filters, spatial, parts, partial,
+                     partial + plane if sum_a else 0)
+        for final, destination, sums in ((final_op, out, partial),) + (
+                ((sum_a[0], sum_a[1], partial + plane),) if sum_a else ()):
+            self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
+                         sums, parts, filters, final, count, ptr(variance), ptr(scales),
+                         self._ptr(destination))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
         self._channel_reduce(_TERM_A, delta, None, None, batch, n, size, _FINAL_ACCUMULATE,
-                             None, bias_updates)
+                             bias_updates)
 
     def backward_scale(self, x_norm, delta, batch, n, size, scale_updates):
-        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size, _FINAL_ACCUMULATE,
-                             None, scale_updates)
+        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
+                             _FINAL_ACCUMULATE, scale_updates)
+
+    def bias_scale_updates(self, delta, x_norm, batch, n, size, bias_updates, scale_updates):
+        """backward_bias (unless bias_updates is None) and backward_scale in one pass."""
+        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
+                             _FINAL_ACCUMULATE, scale_updates,
+                             sum_a=None if bias_updates is None else (_FINAL_ACCUMULATE,
+                                                                      bias_updates))
 
     # ---- batch normalisation ------------------------------------------------
     def mean(self, x, batch, filters, spatial, mean):
-        self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, None, mean)
+        self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
 
     def variance(self, x, mean, batch, filters, spatial, variance):
         self._check_size("variance mean", mean, filters)
         self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
-                             _FINAL_VARIANCE, None, variance)
+                             _FINAL_VARIANCE, variance)
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         self._check_size("normalize x", x, batch * filters * spatial)
@@ -713,16 +727,16 @@ class CudaBackend:
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)
         self._channel_reduce(_TERM_A, delta, None, None, batch, filters, spatial, _FINAL_MEAN_DELTA,
-                             variance, mean_delta)
+                             mean_delta, variance=variance)
 
     def variance_delta(self, x, delta, mean, variance, batch, filters, spatial, variance_delta):
         self._check_size("variance_delta mean", mean, filters)
         self._check_size("variance_delta variance", variance, filters)
         self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
-                             _FINAL_VARIANCE_DELTA, variance, variance_delta)
+                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
 
-    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
-                        batch, filters, spatial, delta):
+    def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
+                         batch, filters, spatial, delta):
         for what, arr, need in (("x", x, batch * filters * spatial), ("delta", delta, batch * filters * spatial),
                                 ("mean", mean, filters), ("variance", variance, filters),
                                 ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
@@ -730,7 +744,25 @@ class CudaBackend:
         self._launch_rows("normalize_delta_kernel", batch * filters, spatial,
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
                           self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
-                          float(batch * spatial), self._ptr(delta))
+                          float(batch * spatial), 0 if scales is None else self._ptr(scales),
+                          self._ptr(delta))
+
+    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
+                        batch, filters, spatial, delta):
+        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, None,
+                              batch, filters, spatial, delta)
+
+    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                        variance_delta, delta):
+        """NumpyBackend.batchnorm_delta in two passes over delta instead of five: one
+        reduction gives both sums of the unscaled delta (each then times the channel's
+        scale), and normalize_delta scales delta as it reads it."""
+        self._check_size("batchnorm_delta mean", mean, filters)
+        self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
+                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance,
+                             scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta))
+        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
+                              batch, filters, spatial, delta)
 
     # ---- activations ---------------------------------------------------------
     @staticmethod

@@ -211,6 +211,13 @@ class NumpyBackend:
         scale_updates[:n] += (delta.reshape(batch, n, size)
                               * x_norm.reshape(batch, n, size)).sum(axis=(0, 2))
 
+    def bias_scale_updates(self, delta, x_norm, batch, n, size, bias_updates, scale_updates):
+        """Batch norm's parameter gradients: backward_bias (skipped when bias_updates is
+        None) and backward_scale."""
+        if bias_updates is not None:
+            self.backward_bias(bias_updates, delta, batch, n, size)
+        self.backward_scale(x_norm, delta, batch, n, size, scale_updates)
+
     # ---- batch normalisation (Darknet's CPU formulas, quirks included) ------
     def mean(self, x, batch, filters, spatial, mean):
         mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
@@ -265,6 +272,16 @@ class NumpyBackend:
         d[...] = (d / np.sqrt(variance[:filters] + 1e-5).reshape(shape)
                   + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
                   + mean_delta[:filters].reshape(shape) / n)
+
+    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                        variance_delta, delta):
+        """Batch norm's backward from its scaled output to its input, in place on delta:
+        delta *= scales, then mean_delta, variance_delta and normalize_delta."""
+        self.scale_bias(delta, scales, batch, filters, spatial)
+        self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
+        self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)
+        self.normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
+                             spatial, delta)
 
     # ---- activations ---------------------------------------------------------
     def activate(self, x, activation):

@@ -65,14 +65,10 @@ def bn_backward(layer, net, out_c, spatial, train_beta=True):
     be, delta, batch = net.be, layer.delta, layer.batch
     mean = layer.mean if net.train else layer.rolling_mean
     variance = layer.variance if net.train else layer.rolling_variance
-    if train_beta:
-        be.backward_bias(layer.bias_updates, delta, batch, out_c, spatial)
-    be.backward_scale(layer.x_norm, delta, batch, out_c, spatial, layer.scale_updates)
-    be.scale_bias(delta, layer.scales, batch, out_c, spatial)
-    be.mean_delta(delta, variance, batch, out_c, spatial, layer.mean_delta)
-    be.variance_delta(layer.x, delta, mean, variance, batch, out_c, spatial, layer.variance_delta)
-    be.normalize_delta(layer.x, mean, variance, layer.mean_delta, layer.variance_delta,
-                       batch, out_c, spatial, delta)
+    be.bias_scale_updates(delta, layer.x_norm, batch, out_c, spatial,
+                          layer.bias_updates if train_beta else None, layer.scale_updates)
+    be.batchnorm_delta(layer.x, mean, variance, layer.scales, batch, out_c, spatial,
+                       layer.mean_delta, layer.variance_delta, delta)
 
 
 def bn_params(layer):
