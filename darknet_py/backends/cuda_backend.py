@@ -28,7 +28,7 @@ import pycuda.driver as drv
 from pycuda.compiler import SourceModule
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory
+from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph
 
 from .. import activations
 from .numpy_backend import conv_out_size, conv_strides
@@ -45,6 +45,7 @@ _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per blo
 _KERNELS = {
     "blas.cu": {
         "axpy_kernel": "ifPP",
+        "axpy_array_kernel": "iPPP",
         "scal_kernel": "ifP",
         "mul_kernel": "iPP",
         "scale_add_strided": "Piiiff",
@@ -107,7 +108,7 @@ _KERNELS = {
         "channel_weighted_dot_kernel": "PiPiiiiP",
     },
     "dropout.cu": {
-        "dropout_forward_kernel": "PiffIP",
+        "dropout_forward_kernel": "PiffPIP",
         "dropout_backward_kernel": "PiffP",
     },
 }
@@ -204,6 +205,41 @@ class _Device:
         clear_context_caches()
 
 
+def _end_failed_capture(handle):
+    """Close a capture that fn broke off, dropping whatever it recorded."""
+    try:
+        cuda_graph.destroy(None, cuda_graph.end_capture(handle))
+    except cuda_graph.GraphError:
+        pass   # the capture was invalidated: ending it was all that was left to do
+
+
+class _Graph:
+    """An instantiated CUDA graph: each call replays it on the backend's stream."""
+
+    def __init__(self, backend, graph, graph_exec, keep):
+        self._backend, self._graph, self._exec, self._keep = backend, graph, graph_exec, keep
+
+    def __call__(self):
+        try:
+            cuda_graph.launch(self._exec, self._backend.stream.handle)
+        except cuda_graph.GraphError as e:
+            raise CudaError(f"replaying a captured step: {e}") from e
+
+    def close(self):
+        """Free the graph now (it is also freed when garbage-collected)."""
+        if self._exec is None or self._backend._dev.closed:
+            return
+        graph_exec, graph, self._exec, self._graph = self._exec, self._graph, None, None
+        cuda_graph.destroy(graph_exec, graph)
+        self._keep = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except cuda_graph.GraphError:
+            pass   # at interpreter exit the context may be gone: the driver frees it then
+
+
 class DeviceArray:
     """A 1-D run of device memory: a pointer, a length and a dtype, holding the pool
     allocation it lies in (freed when its last view goes). Slicing ``a[i:j]`` makes a
@@ -265,6 +301,9 @@ class CudaBackend:
         self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
+        # While a graph is being captured: every array allocated (or scratch buffer
+        # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.
+        self._capture_keep = None
 
     # ---- infrastructure ------------------------------------------------------
     @property
@@ -314,12 +353,16 @@ class CudaBackend:
         if n == 0:
             return DeviceArray(0, 0, dtype, None)
         block = self._allocate(n * dtype.itemsize)
+        if self._capture_keep is not None:
+            self._capture_keep.append(block)
         return DeviceArray(int(block), n, dtype, block)
 
     def _scratch_buffer(self, key, nbytes):
         """A reusable device buffer of at least nbytes (grows, never shrinks)."""
         buf = self._scratch.get(key)
         if buf is None or buf.nbytes < nbytes:
+            if buf is not None and self._capture_keep is not None:
+                self._capture_keep.append(buf)
             buf = self._scratch[key] = self._new(max(1, (nbytes + 7) // 8), np.float64)
         return buf
 
@@ -438,6 +481,40 @@ class CudaBackend:
     def synchronize(self):
         self._sync("synchronize")
 
+    def capture(self, fn):
+        """Record the work fn queues on the stream as a CUDA graph (fn runs once, here; its
+        kernels are recorded, not run) and return a callable that replays it. The graph
+        holds the arrays fn allocated. Raises GraphCaptureError when the work cannot be
+        recorded (fn waits on the device, or DARKNET_CUDA_SYNC is set): nothing of it has
+        run then, and the stream is back to normal."""
+        if self.sync_each_launch:
+            raise GraphCaptureError("DARKNET_CUDA_SYNC=1 synchronizes after every launch, "
+                                    "which a graph cannot record")
+        handle = self.stream.handle
+        try:
+            cuda_graph.begin_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        keep = self._capture_keep = []
+        try:
+            fn()
+        except Exception as e:
+            self._capture_keep = None
+            _end_failed_capture(handle)
+            raise GraphCaptureError(f"the step could not be recorded as a CUDA graph: {e}") from e
+        self._capture_keep = None
+        keep += self._scratch.values()   # grown later, they must outlive the graph's use
+        try:
+            graph = cuda_graph.end_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        try:
+            graph_exec = cuda_graph.instantiate(graph)
+        except cuda_graph.GraphError as e:
+            cuda_graph.destroy(None, graph)
+            raise GraphCaptureError(str(e)) from e
+        return _Graph(self, graph, graph_exec, keep)
+
     def fill(self, arr, value):
         if arr.size:
             bits = np.array([value], dtype=arr.dtype).view(np.uint32)[0]
@@ -473,6 +550,14 @@ class CudaBackend:
         self._sizes_match("axpy", x, y)
         self._launch("axpy_kernel", self._grid1d(y.size), (_BLOCK,),
                      y.size, float(alpha), self._ptr(x), self._ptr(y))
+
+    def axpy_array(self, alpha, x, y):
+        """y += alpha[0] * x, alpha a one-element array: read on the device when the kernel
+        runs, so a captured step takes the value written before each replay."""
+        self._sizes_match("axpy_array", x, y)
+        self._check_size("axpy_array alpha", alpha, 1)
+        self._launch("axpy_array_kernel", self._grid1d(y.size), (_BLOCK,),
+                     y.size, self._ptr(alpha), self._ptr(x), self._ptr(y))
 
     def scal(self, alpha, x):
         """x *= alpha"""
@@ -962,12 +1047,16 @@ class CudaBackend:
                      self._ptr(out))
 
     # ---- random ----------------------------------------------------------------
-    def dropout(self, x, prob, scale, rand, seed):
-        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw."""
+    def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
+        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw, seed =
+        step_seed[0] + layer_seed mod 2^32 (step_seed: a one-element int array, read on
+        the device)."""
         self._sizes_match("dropout", x, rand)
-        offset = (int(seed) * 0x9E3779B9) & 0xFFFFFFFF
+        if step_seed.dtype != np.int32:
+            raise TypeError("dropout step_seed must be an int32 array (backend.int_zeros)")
         self._launch("dropout_forward_kernel", self._grid1d(rand.size), (_BLOCK,),
-                     self._ptr(x), rand.size, float(prob), float(scale), offset, self._ptr(rand))
+                     self._ptr(x), rand.size, float(prob), float(scale), self._ptr(step_seed),
+                     int(layer_seed) & 0xFFFFFFFF, self._ptr(rand))
 
     def dropout_backward(self, rand, prob, scale, delta):
         self._sizes_match("dropout_backward", rand, delta)

@@ -31,6 +31,7 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 class YoloLayer(Layer):
     type = "yolo"
+    capturable = False   # its loss runs on the host (for now)
     short = "yolo"
 
     def parse(self, s, ctx):
