@@ -8,8 +8,9 @@ that hand data to the host (to_host, sum, synchronize).
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
   * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
-  * Each kernels/*.cu file is compiled once per process and device (PyCUDA keeps
-    the cubins in its disk cache); kernels are launched with prepared_async_call.
+  * The kernels/*.cu files are compiled by nvcc in parallel on a first start and their
+    cubins cached on disk (kernel_cache.py); later starts load them from there. Kernels
+    are launched with prepared_async_call.
   * A failed launch raises CudaError naming the kernel and its grid/block. Errors
     that surface later (a kernel's illegal access shows at the next sync) name the
     recent launches; DARKNET_CUDA_SYNC=1 synchronizes after every launch to pin
@@ -25,10 +26,9 @@ import os
 
 import numpy as np
 import pycuda.driver as drv
-from pycuda.compiler import SourceModule
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph
+from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
 
 from .. import activations
 from .numpy_backend import conv_out_size, conv_strides
@@ -178,13 +178,18 @@ class _Device:
         self.peak_allocated_bytes = 0
         self.functions = {}
         self.modules = []
+        sources = {}
+        for filename in _KERNELS:
+            with open(os.path.join(KERNEL_DIR, filename)) as f:
+                sources[filename] = f.read()
+        arch = "sm_%d%d" % self.device.compute_capability()
+        cubins = kernel_cache.cubins(sources, arch)
         for filename, entries in _KERNELS.items():
-            path = os.path.join(KERNEL_DIR, filename)
-            with open(path) as f:
-                source = f.read()
-            # no_extern_c: the files declare their own extern "C" entry points, so
-            # they compile unchanged here and under `make kernels-check`.
-            module = SourceModule(source, options=[], no_extern_c=True)
+            try:
+                module = drv.module_from_buffer(cubins[filename])
+            except drv.Error as e:
+                raise CudaError(f"the driver cannot load the cubin of {filename} for {arch} "
+                                f"(cached in {kernel_cache.cache_dir()}): {e}") from e
             self.modules.append(module)
             for name, fmt in entries.items():
                 fn = module.get_function(name)
