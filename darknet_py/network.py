@@ -614,23 +614,24 @@ class Network:
         update = (self.seen // (n * self.replicas)) % self.subdivisions == 0
         self._write_step_seed()
         self.last_rate = self._write_update_rate() if update else None
-        if self.data_parallel is not None:
-            # The replicas' gradients are summed between backward and update.
+        parallel = self.data_parallel
+
+        def step():
             self._forward_layers(net_input, True)
             self.backward()
-            if update:
-                self.data_parallel.reduce(self)
+            if update and parallel is None:
                 self._update_layers()
-                self.data_parallel.updated(self)
-        else:
-            def step():
-                self._forward_layers(net_input, True)
-                self.backward()
-                if update:
-                    self._update_layers()
+
+        if parallel is None:
             o = self.options
             self._run_step("train", (self.batch, update, o.momentum, o.decay,
                                      self.images_per_iteration), net_input, True, step)
+        else:
+            step()
+            if update:   # the replicas' gradients are summed between backward and update
+                parallel.reduce(self)
+                self._update_layers()
+                parallel.updated(self)
         self._params_updated()   # the update, and the forward's batch-norm rolling statistics
         self.collect_costs()   # after the update: the step's launches queue without a wait
         return self.cost
