@@ -96,9 +96,10 @@ def main():
     nvcc = nvcc_seconds(arch)
     rows = graph_rows(args.bench_repeats)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# Starts and CUDA graphs (bench/start_bench.py)", "",
-             f"{now}, {device.name()} ({arch}, driver {drv.get_driver_version()}), "
-             f"{os.cpu_count()} CPUs.", "",
+    lines = ["# Starts and CUDA graphs (bench/start_bench.py)", "",
+             "Command: `python3 bench/start_bench.py` on the device.", "",
+             f"## {now}, {device.name()} ({arch}, driver {drv.get_driver_version()}), "
+             f"{os.cpu_count()} CPUs", "",
              f"Start, `{' '.join(['python3'] + START_CMD[1:])}`, process wall time: "
              f"first (empty cubin cache) {cold:.2f} s; later {statistics.median(warm):.2f} s "
              f"(median of {len(warm)}: {', '.join(f'{w:.2f}' for w in warm)}).", "",
