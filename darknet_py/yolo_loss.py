@@ -90,6 +90,15 @@ def image_truths(spec, truth):
             for row in rows]
 
 
+def every_truth(spec, truth):
+    """image_truths of all images as one (n, truth_fields) array, without a Python loop."""
+    rows = np.asarray(truth, dtype=F32).reshape(spec.batch, -1)
+    per_image = rows.shape[1] // spec.truth_fields
+    boxes = rows[:, :per_image * spec.truth_fields].reshape(spec.batch, per_image, -1)
+    boxes = boxes[:, :spec.max_boxes]
+    return boxes[np.cumprod(boxes[:, :, 0] != 0, axis=1).astype(bool)]
+
+
 def yolo_loss(spec, output, truths):
     """The loss of spec's flavour: (delta, sums), see original_loss and fork_loss."""
     return (fork_loss if spec.fork else original_loss)(spec, output, truths)

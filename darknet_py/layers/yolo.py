@@ -16,9 +16,10 @@ import numpy as np
 
 from ..boxes import (IOU_KINDS, NMS_KINDS, TRUTH_FIELDS, correct_yolo_boxes, make_detections,
                      thresholded)
-from ..yolo_loss import FLT_MAX, IOU_LOSSES, SCALARS, YoloLossSpec, decode, loss_stats, yolo_loss
+from ..yolo_loss import (FLT_MAX, IOU_LOSSES, SCALARS, YoloLossSpec, decode, every_truth,
+                         loss_stats, yolo_loss)
 from .base import Layer, refuse_options
-from .heads import check_classes, is_fork_flavour, parse_anchors, truth_boxes
+from .heads import check_classes, is_fork_flavour, parse_anchors
 
 F32 = np.float32
 # Options only the AlexeyAB fork reads: any of them switches the layer to the fork's loss.
@@ -137,11 +138,10 @@ class YoloLayer(Layer):
                                  F32(-0.5 * (self.scale_x_y - 1)))
         self.cost = None
         if net.train and net.truth is not None:
-            # The truths' class ids are checked on the host copy: the loss runs on the backend.
-            for truth in truth_boxes(net, self.batch, self.max_boxes):
-                check_classes(truth, self.classes, self)
             self.loss_spec = self.spec(net.input_shape[2], net.input_shape[1],
                                        getattr(net, "truth_size", TRUTH_FIELDS))
+            # The class ids are checked on the truth's host copy: the loss runs on the backend.
+            check_classes(every_truth(self.loss_spec, net.truth_host), self.classes, self)
             be.yolo_loss(self.loss_spec, self.output, net.truth, self.delta, self.scalars)
             self.pending = True
             self.print_stats = getattr(net, "verbose", False)  # as heads.report
