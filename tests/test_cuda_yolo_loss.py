@@ -152,15 +152,6 @@ def test_numpy_op_loss_reaches_each_branch():
 
 
 # ---- GPU: the CUDA op against the NumPy op ---------------------------------------------------
-@pytest.fixture(scope="module")
-def cuda():
-    pytest.importorskip("pycuda.driver")
-    if not cuda_available():
-        pytest.skip("no CUDA GPU")
-    from darknet_py.backends.cuda_backend import CudaBackend
-    return CudaBackend(0)
-
-
 @gpu
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_cuda_yolo_loss_matches_numpy(cuda, name):
