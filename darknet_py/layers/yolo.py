@@ -4,13 +4,15 @@ The output keeps the input's image shape: per image, `n` anchor blocks of
 (4 + 1 + classes) planes of w*h: x, y, w, h, objectness, classes. Forward applies the
 logistic to x, y, objectness and classes (none of it with the fork's new_coords=1, whose
 convolution is expected to end in a logistic), then the fork's scale_x_y affine on x and y.
-In training the loss is computed on the host exactly as forward_yolo_layer does (as
-Darknet's GPU build also does) and the delta is written back to the device; backward
-adds that delta to the previous layer's.
+In training the loss is forward_yolo_layer's, computed by the backend op yolo_loss
+(darknet_py/yolo_loss.py is its reference, kernels/yolo_loss.cu the GPU's): it writes the
+delta and leaves the cost and statistics in `scalars`, read after the step by `collect`;
+backward adds the delta to the previous layer's.
 
-Two losses: the original Darknet's (`loss`) and the fork's (`fork_loss`: iou_loss,
-normalizers, label smoothing, iou_thresh, ...). The fork's is used when the network is
-the fork's flavour or the section sets any option only the fork knows.
+Two losses: the original Darknet's and the fork's (iou_loss, normalizers, label
+smoothing, iou_thresh, ...; `loss` and `fork_loss` run them on host arrays). The fork's
+is used when the network is the fork's flavour or the section sets any option only the
+fork knows.
 """
 import numpy as np
 
