@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 import pycuda.driver as drv  # noqa: E402
 
 from darknet_py.backends import kernel_cache  # noqa: E402
-from darknet_py.backends.cuda_backend import _KERNELS, KERNEL_DIR  # noqa: E402
+from darknet_py.backends.cuda_backend import _KERNEL_OPTIONS, _KERNELS, KERNEL_DIR  # noqa: E402
 
 START_CMD = [sys.executable, "-m", "darknet_py", "bench", "cfg/digits-classifier.cfg", "--gpu", "0"]
 SHARED = ROOT.parent / "shared"
@@ -60,7 +60,7 @@ def nvcc_seconds(arch):
     for name in _KERNELS:
         source = (Path(KERNEL_DIR) / name).read_text()
         start = time.perf_counter()
-        kernel_cache.compile_cubin(name, source, (), arch)
+        kernel_cache.compile_cubin(name, source, _KERNEL_OPTIONS.get(name, ()), arch)
         times[name] = time.perf_counter() - start
     return times
 

@@ -24,6 +24,11 @@ def test_compiled_once_then_read_without_nvcc(tmp_path):
     # a second start compiles nothing: an nvcc that does not exist is never called
     again = kernel_cache.cubins(SOURCES, ARCH, nvcc="/nonexistent/nvcc", directory=tmp_path)
     assert again == first
+    # options of one file: its own entry, compiled; the other file's is read
+    no_fma = kernel_cache.cubins(SOURCES, ARCH, {"two.cu": ["--fmad=false"]}, directory=tmp_path)
+    assert no_fma["one.cu"] == first["one.cu"] and len(os.listdir(tmp_path)) == 3
+    path = tmp_path / kernel_cache.entry_name(SOURCES["two.cu"], ("--fmad=false",), ARCH)
+    assert kernel_cache.read_entry(path) == no_fma["two.cu"]
 
 
 def test_a_damaged_entry_is_compiled_again(tmp_path):

@@ -97,18 +97,21 @@ def compile_cubin(name, source, options, arch, nvcc="nvcc"):
             return f.read()
 
 
-def cubins(sources, arch, options=(), nvcc="nvcc", directory=None):
+def cubins(sources, arch, options=None, nvcc="nvcc", directory=None):
     """{file name: cubin} for {file name: source}, from the cache where it holds them;
-    the others are compiled in parallel and stored."""
+    the others are compiled in parallel and stored. options: {file name: nvcc options}
+    for the files that have any."""
     directory = directory or cache_dir()
-    paths = {name: os.path.join(directory, entry_name(src, options, arch))
+    options = {name: tuple((options or {}).get(name, ())) for name in sources}
+    paths = {name: os.path.join(directory, entry_name(src, options[name], arch))
              for name, src in sources.items()}
     found = {name: read_entry(path) for name, path in paths.items()}
     missing = [name for name, cubin in found.items() if cubin is None]
     if missing:
         workers = min(len(missing), os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            built = pool.map(lambda n: compile_cubin(n, sources[n], options, arch, nvcc), missing)
+            built = pool.map(lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc),
+                             missing)
             for name, cubin in zip(missing, built):
                 found[name] = cubin
                 write_entry(paths[name], cubin)
