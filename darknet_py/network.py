@@ -467,6 +467,9 @@ class Network:
         if truth is not None:
             # The YOLO/region/detection losses read the host copy: no round trip from the GPU.
             self.truth_host = np.asarray(truth, dtype=np.float32).reshape(n, -1)
+            if train:
+                for layer in self.layers:
+                    layer.check_truth(self, self.truth_host)
             _, self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
                                          self.truth_host.shape[1])
         return net_input

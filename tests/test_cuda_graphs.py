@@ -259,3 +259,78 @@ def test_cuda_capture_records_without_running_and_keeps_its_arrays():
     with pytest.raises(GraphCaptureError):
         be.capture(lambda: be.sum(x))  # waits on the device
     np.testing.assert_array_equal(be.to_host(y), np.full(n, 6.0))  # the stream works on
+
+
+YOLO_CFG = """[net]
+batch=4
+subdivisions={subdivisions}
+width=32
+height=32
+channels=3
+learning_rate=0.01
+momentum=0.9
+decay=0.0005
+burn_in=3
+max_batches=100
+policy=poly
+power=2
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[convolutional]
+filters=24
+size=1
+stride=1
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=4,5, 8,10, 16,12
+classes=3
+num=3
+"""
+
+
+def yolo_batches(net, count, seed=0):
+    rng = np.random.default_rng(seed)
+    n = net.images_per_pass
+    for _ in range(count):
+        x = rng.random((n,) + net.input_shape, dtype=np.float32)
+        truth = np.zeros((n, net.truth_size * net.max_boxes), dtype=np.float32)
+        for b in range(n):
+            for j in range(1 + b % 3):
+                w, h = rng.uniform(0.1, 0.5, 2)
+                truth[b, 5 * j:5 * j + 5] = (*rng.uniform(0.25, 0.75, 2), w, h, rng.integers(3))
+        yield x, truth
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_yolo_detector_steps_replay_bit_for_bit(kind):
+    """The [yolo] loss runs on the backend, so a detector's step is captured and replayed,
+    and its cost and deltas equal an eager network's."""
+    replayed = network(make_backend(kind), cfg=YOLO_CFG)
+    eager = network(eager_backend(kind), graphs=False, cfg=YOLO_CFG)
+    for x, truth in yolo_batches(eager, 4):
+        costs = [net.train_pass(x, truth) for net in (replayed, eager)]
+        assert costs[0] == costs[1]
+        assert replayed.layers[-1].stats_line == eager.layers[-1].stats_line
+        assert_same(state(replayed), state(eager))
+    assert replayed.graphs.replayed == 3   # step 2 is captured, then replayed like 3 and 4
+
+
+def test_a_bad_class_id_is_refused_before_a_replayed_step_runs():
+    net = network(RecordingBackend(), cfg=YOLO_CFG)
+    batches = list(yolo_batches(net, 3))
+    for x, truth in batches[:2]:
+        net.train_pass(x, truth)   # eager, then captured: the next one would replay
+    x, truth = batches[2]
+    truth[1, 4] = 3   # classes=3: ids 0..2
+    with pytest.raises(ValueError, match=r"class 3 but \[yolo\] layer 2 has classes=3"):
+        net.train_pass(x, truth)
+    assert net.graphs.replayed == 1

@@ -97,6 +97,10 @@ class Layer:
         self.activation_input = (be.zeros(batch * self.outputs)
                                  if train and keeps_activation_input(self) else None)
 
+    def check_truth(self, net, truth_host):
+        """Refuse a step's truth (host array, one row per image) this layer cannot train on,
+        before anything runs; by default every truth is fine."""
+
     def collect(self, values):
         """Take the host copy of `scalars` after a training step: by default the cost is
         values[0]. Loss layers with statistics override this to keep and report them."""
