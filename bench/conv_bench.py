@@ -5,8 +5,8 @@ kernel, and which gemm plan suits each convolution's products (issue #8).
 
 For each cfg (random weights, random input and truth, as `darknet-py bench`):
   * the training step: median of CUDA-event timings around train_pass after warm-up;
-  * one more step with an event pair around every kernel launch and every layer's
-    forward and backward: GPU time per layer and phase, and per kernel (gemm kernels
+  * one more step, run eagerly (not as a CUDA graph replay), with an event pair around
+    every kernel launch and every layer's forward and backward: GPU time per layer and phase, and per kernel (gemm kernels
     also by their M x N x K). Launch gaps inside a layer count toward the layer, not
     toward any kernel, so a layer's time above its kernels' sum is host-bound time;
   * --sweep: every convolution's three products (forward W x col, weight gradient
@@ -94,6 +94,7 @@ def profile_step(net, x, truth):
         finally:
             gemm_shape.pop()
 
+    graphs, net.graphs.enabled = net.graphs.enabled, False   # eager: every launch seen
     be._launch, be.gemm = launch, gemm
     for layer in net.layers:
         for phase in ("forward", "backward"):
@@ -106,6 +107,7 @@ def profile_step(net, x, truth):
         net.train_pass(x, truth)
         return rec.totals()
     finally:
+        net.graphs.enabled = graphs
         be._launch, be.gemm = real_launch, real_gemm
         for layer in net.layers:
             for phase in ("forward", "backward"):

@@ -8,8 +8,9 @@ that hand data to the host (to_host, sum, synchronize).
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
   * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
-  * Each kernels/*.cu file is compiled once per process and device (PyCUDA keeps
-    the cubins in its disk cache); kernels are launched with prepared_async_call.
+  * The kernels/*.cu files are compiled by nvcc in parallel on a first start and their
+    cubins cached on disk (kernel_cache.py); later starts load them from there. Kernels
+    are launched with prepared_async_call.
   * A failed launch raises CudaError naming the kernel and its grid/block. Errors
     that surface later (a kernel's illegal access shows at the next sync) name the
     recent launches; DARKNET_CUDA_SYNC=1 synchronizes after every launch to pin
@@ -25,12 +26,12 @@ import os
 
 import numpy as np
 import pycuda.driver as drv
-from pycuda.compiler import SourceModule
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory
+from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
 
 from .. import activations
+from ..yolo_loss import FLT_MAX, IOU_LOSSES, SCALARS
 from .numpy_backend import conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
@@ -46,6 +47,7 @@ _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per blo
 _KERNELS = {
     "blas.cu": {
         "axpy_kernel": "ifPP",
+        "axpy_array_kernel": "iPPP",
         "scal_kernel": "ifP",
         "mul_kernel": "iPP",
         "scale_add_strided": "Piiiff",
@@ -109,10 +111,20 @@ _KERNELS = {
         "channel_weighted_dot_kernel": "PiPiiiiP",
     },
     "dropout.cu": {
-        "dropout_forward_kernel": "PiffIP",
+        "dropout_forward_kernel": "PiffPIP",
         "dropout_backward_kernel": "PiffP",
     },
+    "yolo_loss.cu": {
+        "yolo_predictions": "PPPP",
+        "yolo_truths": "PPPPP",
+        "yolo_finish": "PPPP",
+        "yolo_reduce": "PPiPP",
+    },
 }
+# nvcc options of a file beyond the default (part of its cubin's cache key). The yolo loss follows the NumPy reference's
+# float32 operation by operation (its thresholds pick branches), so nothing is fused.
+_KERNEL_OPTIONS = {"yolo_loss.cu": ["--fmad=false"]}
+_YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
 _TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
@@ -180,13 +192,18 @@ class _Device:
         self.peak_allocated_bytes = 0
         self.functions = {}
         self.modules = []
+        sources = {}
+        for filename in _KERNELS:
+            with open(os.path.join(KERNEL_DIR, filename)) as f:
+                sources[filename] = f.read()
+        arch = "sm_%d%d" % self.device.compute_capability()
+        cubins = kernel_cache.cubins(sources, arch, _KERNEL_OPTIONS)
         for filename, entries in _KERNELS.items():
-            path = os.path.join(KERNEL_DIR, filename)
-            with open(path) as f:
-                source = f.read()
-            # no_extern_c: the files declare their own extern "C" entry points, so
-            # they compile unchanged here and under `make kernels-check`.
-            module = SourceModule(source, options=[], no_extern_c=True)
+            try:
+                module = drv.module_from_buffer(cubins[filename])
+            except drv.Error as e:
+                raise CudaError(f"the driver cannot load the cubin of {filename} for {arch} "
+                                f"(cached in {kernel_cache.cache_dir()}): {e}") from e
             self.modules.append(module)
             for name, fmt in entries.items():
                 fn = module.get_function(name)
@@ -205,6 +222,41 @@ class _Device:
         self.context.pop()
         from pycuda.tools import clear_context_caches
         clear_context_caches()
+
+
+def _end_failed_capture(handle):
+    """Close a capture that fn broke off, dropping whatever it recorded."""
+    try:
+        cuda_graph.destroy(None, cuda_graph.end_capture(handle))
+    except cuda_graph.GraphError:
+        pass   # the capture was invalidated: ending it was all that was left to do
+
+
+class _Graph:
+    """An instantiated CUDA graph: each call replays it on the backend's stream."""
+
+    def __init__(self, backend, graph, graph_exec, keep):
+        self._backend, self._graph, self._exec, self._keep = backend, graph, graph_exec, keep
+
+    def __call__(self):
+        try:
+            cuda_graph.launch(self._exec, self._backend.stream.handle)
+        except cuda_graph.GraphError as e:
+            raise CudaError(f"replaying a captured step: {e}") from e
+
+    def close(self):
+        """Free the graph now (it is also freed when garbage-collected)."""
+        if self._exec is None or self._backend._dev.closed:
+            return
+        graph_exec, graph, self._exec, self._graph = self._exec, self._graph, None, None
+        cuda_graph.destroy(graph_exec, graph)
+        self._keep = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except cuda_graph.GraphError:
+            pass   # at interpreter exit the context may be gone: the driver frees it then
 
 
 class DeviceArray:
@@ -265,9 +317,13 @@ class CudaBackend:
         self._fn = self._dev.functions
         self._recent = collections.deque(maxlen=8)
         self._scratch = {}
+        self._yolo_args = {}   # packed YoloArgs bytes -> their device copy
         self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
+        # While a graph is being captured: every array allocated (or scratch buffer
+        # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.
+        self._capture_keep = None
 
     # ---- infrastructure ------------------------------------------------------
     @property
@@ -317,12 +373,16 @@ class CudaBackend:
         if n == 0:
             return DeviceArray(0, 0, dtype, None)
         block = self._allocate(n * dtype.itemsize)
+        if self._capture_keep is not None:
+            self._capture_keep.append(block)
         return DeviceArray(int(block), n, dtype, block)
 
     def _scratch_buffer(self, key, nbytes):
         """A reusable device buffer of at least nbytes (grows, never shrinks)."""
         buf = self._scratch.get(key)
         if buf is None or buf.nbytes < nbytes:
+            if buf is not None and self._capture_keep is not None:
+                self._capture_keep.append(buf)
             buf = self._scratch[key] = self._new(max(1, (nbytes + 7) // 8), np.float64)
         return buf
 
@@ -441,6 +501,40 @@ class CudaBackend:
     def synchronize(self):
         self._sync("synchronize")
 
+    def capture(self, fn):
+        """Record the work fn queues on the stream as a CUDA graph (fn runs once, here; its
+        kernels are recorded, not run) and return a callable that replays it. The graph
+        holds the arrays fn allocated. Raises GraphCaptureError when the work cannot be
+        recorded (fn waits on the device, or DARKNET_CUDA_SYNC is set): nothing of it has
+        run then, and the stream is back to normal."""
+        if self.sync_each_launch:
+            raise GraphCaptureError("DARKNET_CUDA_SYNC=1 synchronizes after every launch, "
+                                    "which a graph cannot record")
+        handle = self.stream.handle
+        try:
+            cuda_graph.begin_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        keep = self._capture_keep = []
+        try:
+            fn()
+        except Exception as e:
+            self._capture_keep = None
+            _end_failed_capture(handle)
+            raise GraphCaptureError(f"the step could not be recorded as a CUDA graph: {e}") from e
+        self._capture_keep = None
+        keep += self._scratch.values()   # grown later, they must outlive the graph's use
+        try:
+            graph = cuda_graph.end_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        try:
+            graph_exec = cuda_graph.instantiate(graph)
+        except cuda_graph.GraphError as e:
+            cuda_graph.destroy(None, graph)
+            raise GraphCaptureError(str(e)) from e
+        return _Graph(self, graph, graph_exec, keep)
+
     def fill(self, arr, value):
         if arr.size:
             bits = np.array([value], dtype=arr.dtype).view(np.uint32)[0]
@@ -477,6 +571,14 @@ class CudaBackend:
         self._sizes_match("axpy", x, y)
         self._launch("axpy_kernel", self._grid1d(y.size), (_BLOCK,),
                      y.size, float(alpha), self._ptr(x), self._ptr(y))
+
+    def axpy_array(self, alpha, x, y):
+        """y += alpha[0] * x, alpha a one-element array: read on the device when the kernel
+        runs, so a captured step takes the value written before each replay."""
+        self._sizes_match("axpy_array", x, y)
+        self._check_size("axpy_array alpha", alpha, 1)
+        self._launch("axpy_array_kernel", self._grid1d(y.size), (_BLOCK,),
+                     y.size, self._ptr(alpha), self._ptr(x), self._ptr(y))
 
     def scal(self, alpha, x):
         """x *= alpha"""
@@ -936,6 +1038,56 @@ class CudaBackend:
         self._launch("l2_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
                      self._ptr(truth), self._ptr(delta), self._ptr(error))
 
+    # ---- detection losses --------------------------------------------------------
+    def yolo_loss(self, spec, output, truth, delta, scalars):
+        """The [yolo] head's training loss (kernels/yolo_loss.cu; yolo_loss.py is the
+        reference): writes the whole delta and the yolo_loss.SCALARS into scalars, queued
+        on the stream (no host sync)."""
+        wh = spec.w * spec.h
+        size = spec.batch * spec.n * (5 + spec.classes) * wh
+        self._check_size("yolo_loss output", output, size)
+        self._check_size("yolo_loss delta", delta, size)
+        self._check_size("yolo_loss scalars", scalars, len(SCALARS))
+        if truth.size % spec.batch:
+            raise ValueError(f"yolo_loss truth: {truth.size} values for {spec.batch} images")
+        args = self._ptr(self._yolo_loss_args(spec, truth.size // spec.batch))
+        blocks = _ceil_div(spec.n * wh, _BLOCK)
+        parts = blocks * spec.batch
+        scratch = self._ptr(self._scratch_buffer("yolo_loss", 8 * (3 * parts
+                                                                   + _YOLO_STATS * spec.batch)))
+        stats = scratch + 8 * 3 * parts
+        out, tr, d = self._ptr(output), self._ptr(truth), self._ptr(delta)
+        self._launch("yolo_predictions", (blocks, spec.batch), (_BLOCK,), args, out, tr, d)
+        self._launch("yolo_truths", (spec.batch,), (32,), args, out, tr, d, stats)
+        self._launch("yolo_finish", (blocks, spec.batch), (_BLOCK,), args, out, d, scratch)
+        self._launch("yolo_reduce", (1,), (_BLOCK,), args, scratch, parts, stats,
+                     self._ptr(scalars))
+
+    def _yolo_loss_args(self, spec, truth_stride):
+        """The kernels' YoloArgs for spec on the device: uploaded once per distinct spec
+        (a new input size brings a new one), so a training step copies nothing."""
+        extra_anchors = spec.fork and spec.iou_thresh < 1
+        ints = [spec.batch, spec.n, spec.classes, spec.h, spec.w, spec.total, spec.netw,
+                spec.neth, spec.truth_fields, truth_stride, spec.max_boxes, spec.fork,
+                spec.new_coords, IOU_LOSSES.index(spec.iou_loss),
+                IOU_LOSSES.index(spec.iou_thresh_kind), spec.objectness_smooth,
+                spec.class_multipliers is not None, spec.max_delta != FLT_MAX, extra_anchors]
+        floats = [spec.ignore_thresh, spec.truth_thresh, spec.iou_normalizer,
+                  spec.obj_normalizer, spec.cls_normalizer, spec.max_delta, spec.iou_thresh,
+                  spec.smoothed(1), spec.smoothed(0)]
+        multipliers = () if spec.class_multipliers is None else spec.class_multipliers
+        words = np.concatenate([np.array(ints, dtype=np.int32).view(np.uint32),
+                                np.array(floats, dtype=np.float32).view(np.uint32),
+                                np.asarray(spec.biases, dtype=np.float32).view(np.uint32),
+                                np.array(spec.mask, dtype=np.int32).view(np.uint32),
+                                np.asarray(multipliers, dtype=np.float32).view(np.uint32)])
+        key = words.tobytes()
+        arr = self._yolo_args.get(key)
+        if arr is None:
+            arr = self._yolo_args[key] = self._new(words.size, np.uint32)
+            drv.memcpy_htod_async(self._ptr(arr), words, self.stream)
+        return arr
+
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
         """forward: out = scale * nearest(x); backward: x += scale * cell sums of out."""
@@ -1028,12 +1180,16 @@ class CudaBackend:
                      self._ptr(out))
 
     # ---- random ----------------------------------------------------------------
-    def dropout(self, x, prob, scale, rand, seed):
-        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw."""
+    def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
+        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw, seed =
+        step_seed[0] + layer_seed mod 2^32 (step_seed: a one-element int array, read on
+        the device)."""
         self._sizes_match("dropout", x, rand)
-        offset = (int(seed) * 0x9E3779B9) & 0xFFFFFFFF
+        if step_seed.dtype != np.int32:
+            raise TypeError("dropout step_seed must be an int32 array (backend.int_zeros)")
         self._launch("dropout_forward_kernel", self._grid1d(rand.size), (_BLOCK,),
-                     self._ptr(x), rand.size, float(prob), float(scale), offset, self._ptr(rand))
+                     self._ptr(x), rand.size, float(prob), float(scale), self._ptr(step_seed),
+                     int(layer_seed) & 0xFFFFFFFF, self._ptr(rand))
 
     def dropout_backward(self, rand, prob, scale, delta):
         self._sizes_match("dropout_backward", rand, delta)

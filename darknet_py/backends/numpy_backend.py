@@ -51,11 +51,19 @@ class NumpyBackend:
         return np.array(arr, dtype=self.dtype if arr.dtype.kind == "f" else np.int64)
 
     def write(self, arr, host):
-        """Copy host data (any shape, arr.size elements) into an existing array."""
-        arr[...] = np.asarray(host, dtype=self.dtype).reshape(-1)
+        """Copy host data (any shape, arr.size elements) into an existing array (cast to
+        the array's dtype: an int_zeros array stays integer)."""
+        arr[...] = np.asarray(host, dtype=arr.dtype).reshape(-1)
 
     def synchronize(self):
         pass
+
+    def capture(self, fn):
+        """A callable doing fn's work at each call. The CUDA backend records fn's kernels
+        once as a graph and replays them; here there is nothing to record, so fn runs each
+        time. Either way fn must queue the same work whenever it runs, and what it does on
+        the host (Python state) happens once on the GPU, at capture."""
+        return fn
 
     def timer(self):
         """A stopwatch for benchmarks: start(), then stop() returns the seconds between,
@@ -94,6 +102,11 @@ class NumpyBackend:
     def axpy(self, alpha, x, y):
         """y += alpha * x"""
         y += self.dtype.type(alpha) * x
+
+    def axpy_array(self, alpha, x, y):
+        """y += alpha[0] * x, alpha a one-element array (a value the GPU reads when the
+        kernel runs, so that a captured step sees the one written before each replay)."""
+        y += alpha[0] * x
 
     def scal(self, alpha, x):
         """x *= alpha"""
@@ -533,6 +546,17 @@ class NumpyBackend:
         delta[...] = truth[:pred.size] - pred
         error[...] = delta * delta
 
+    # ---- detection losses --------------------------------------------------------
+    def yolo_loss(self, spec, output, truth, delta, scalars):
+        """The [yolo] head's training loss (yolo_loss.py, of spec's flavour) of output
+        (spec.batch images, after activation) against the truth buffer (spec.batch rows of
+        truth_fields floats a box): writes the whole delta and the yolo_loss.SCALARS
+        (cost first) into scalars."""
+        from ..yolo_loss import image_truths, yolo_loss
+        d, sums = yolo_loss(spec, output, image_truths(spec, truth))
+        delta[:d.size] = d
+        scalars[:sums.size] = sums
+
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
         """forward: out (w*stride x h*stride) = scale * nearest(x).
@@ -577,9 +601,11 @@ class NumpyBackend:
         d[...] = s1 * d + s2 * a
 
     # ---- random ----------------------------------------------------------------
-    def dropout(self, x, prob, scale, rand, seed):
-        """Training dropout. rand[i] = uniform_hash(seed, i) (the same counter-based draw
-        the CUDA kernel makes); x[rand < prob] = 0, the rest *= scale."""
+    def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
+        """Training dropout. rand[i] = uniform_hash(seed, i) with seed = step_seed[0] +
+        layer_seed (step_seed: a one-element int array, written once per step), the same
+        counter-based draw the CUDA kernel makes; x[rand < prob] = 0, the rest *= scale."""
+        seed = (int(step_seed[0]) + int(layer_seed)) & 0xFFFFFFFF
         rand[...] = uniform_hash(seed, rand.size).astype(self.dtype)
         x[...] = np.where(rand < prob, 0, x * scale)
 
