@@ -96,6 +96,9 @@ class DataLoader:
     ``workers``: processes building batches (0: build them in the calling thread;
     default: default_workers()).
     ``prefetch``: batches queued ahead (default: enough to keep every worker busy).
+    ``pin``: a function that page-locks a host array and returns a function unpinning it
+    (a backend's pin): the shared-memory slots are pinned, so that a GPU network uploads
+    batches from them asynchronously, without a staging copy (workers=0: not pinned).
     ``set_size(w, h)`` changes the input size from the next batch on (YOLO random=1).
     The arrays of a batch are views of shared memory, valid for as long as they are
     referenced. One thread consumes a loader; close it (or use ``with``) to stop the
@@ -105,7 +108,7 @@ class DataLoader:
     def __init__(self, paths, *, task, width, height, batch, classes, labels=None,
                  channels=3, augment=None, train=True, letterbox=True,
                  max_boxes=MAX_BOXES, sampling="random", seed=0, workers=None, prefetch=None,
-                 on_warning=None, start=0):
+                 on_warning=None, start=0, pin=None):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if sampling not in ("random", "shuffle"):
@@ -143,7 +146,7 @@ class DataLoader:
         if workers > 0:
             ahead = prefetch if prefetch is not None else max(2, math.ceil(2 * workers / batch))
             try:
-                self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train)
+                self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train, pin)
             except OSError as e:   # no /dev/shm or no POSIX semaphores, say
                 raise DataError(f"cannot start the data loader's worker processes "
                                 f"({e.strerror or e}); --workers 0 loads in this process") \
@@ -427,9 +430,9 @@ class _SampleMaker:
 # Worker processes and shared-memory slots
 
 class _Slot:
-    """A shared-memory segment one batch at a time is built in."""
+    """A shared-memory segment one batch at a time is built in, pinned with `pin`."""
 
-    def __init__(self, index, nbytes):
+    def __init__(self, index, nbytes, pin):
         _check_shm_space(nbytes)
         self.index = index
         try:
@@ -438,11 +441,17 @@ class _Slot:
             raise DataError(f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
                             f"the data loader ({e.strerror or e}); --workers 0 loads in this "
                             f"process") from None
+        self.unpin = pin(np.frombuffer(self.segment.buf, np.uint8)) if pin else None
         self.nbytes = nbytes
         self.free = True
 
     def release(self):
         self.free = True
+
+    def close(self):
+        if self.unpin is not None:
+            self.unpin()
+        _close_segment(self.segment)
 
 
 def _check_shm_space(nbytes):
@@ -472,8 +481,8 @@ class _Queued:
 class _WorkerPool:
     """The worker processes, their job and result queues, and the slots."""
 
-    def __init__(self, maker, workers, ahead, train):
-        self.maker, self.ahead, self.train = maker, ahead, train
+    def __init__(self, maker, workers, ahead, train, pin):
+        self.maker, self.ahead, self.train, self.pin = maker, ahead, train, pin
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("forkserver" if "forkserver" in methods
                                               else "spawn")
@@ -524,10 +533,10 @@ class _WorkerPool:
             return fits[0]
         if free:   # too small for the new size: replace its segment
             slot = free[0]
-            _close_segment(slot.segment)
-            self.slots[slot.index] = _Slot(slot.index, nbytes)
+            slot.close()
+            self.slots[slot.index] = _Slot(slot.index, nbytes, self.pin)
             return self.slots[slot.index]
-        self.slots.append(_Slot(len(self.slots), nbytes))
+        self.slots.append(_Slot(len(self.slots), nbytes, self.pin))
         return self.slots[-1]
 
     def drop_queued(self):
@@ -594,7 +603,7 @@ class _WorkerPool:
             q.cancel_join_thread()   # nobody reads them any more: do not wait to flush
             q.close()
         for slot in self.slots:
-            _close_segment(slot.segment)
+            slot.close()
         self.alive.close()
         # Dropping the queues unlinks their named semaphores (in /dev/shm) now.
         self.processes, self.slots, self.jobs, self.results = [], [], None, None
