@@ -313,10 +313,12 @@ def gpu_name():
 # ---- the report --------------------------------------------------------------------------
 def report(results):
     """The Markdown block of everything measured."""
+    # Only this checkout's own history (a copy of the tree may sit inside another one).
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() or "unknown"
+                            capture_output=True, text=True).stdout.strip() \
+        if (ROOT / ".git").exists() else ""
     lines = [f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, training end to end "
-             f"(bench/train_bench.py), {gpu_name()}, commit {commit}", ""]
+             f"(bench/train_bench.py), {gpu_name()}{', commit ' + commit if commit else ''}", ""]
     if "training" in results:
         lines += ["Wall clock from process start to `<cfg>_final.weights` of `python3 -m "
                   "darknet_py train CFG DATA --overwrite --device cuda:0`, warm kernel cache, "
