@@ -218,12 +218,10 @@ def starts(device):
     command = darknet_py_command("bench", ROOT / START_CFG, "--device", device)
     with tempfile.TemporaryDirectory(prefix="cold-cache-") as empty:
         cold, error = run_until(command, env=dict(os.environ, XDG_CACHE_HOME=empty))
-        if error:
-            return None, error
     for _ in range(2):
-        warm, error = run_until(command)
         if error:
-            return cold, error
+            raise RuntimeError(error)
+        warm, error = run_until(command)
     return cold, warm
 
 
@@ -319,6 +317,10 @@ def report(results):
         if (ROOT / ".git").exists() else ""
     lines = [f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, training end to end "
              f"(bench/train_bench.py), {gpu_name()}{', commit ' + commit if commit else ''}", ""]
+    for part, value in results.items():
+        if isinstance(value, str):
+            lines += [f"{part}: {value}", ""]
+    results = {part: value for part, value in results.items() if not isinstance(value, str)}
     if "training" in results:
         lines += ["Wall clock from process start to `<cfg>_final.weights` of `python3 -m "
                   "darknet_py train CFG DATA --overwrite --device cuda:0`, warm kernel cache, "
@@ -351,11 +353,8 @@ def report(results):
                   f"pageable, {u['pinned_write']:.1f} ms pinned.", ""]
     if "start" in results:
         cold, warm = results["start"]
-        if isinstance(warm, str):
-            lines += [f"Start: {warm}", ""]
-        else:
-            lines += [f"Start of `darknet-py bench {START_CFG} --device cuda:0` (whole process): "
-                      f"cold (empty kernel cache) {cold:.1f} s, warm {warm:.1f} s.", ""]
+        lines += [f"Start of `darknet-py bench {START_CFG} --device cuda:0` (whole process): "
+                  f"cold (empty kernel cache) {cold:.1f} s, warm {warm:.1f} s.", ""]
     return lines
 
 
@@ -372,23 +371,29 @@ def main():
                         help="train N iterations instead of the cfgs' (a quick check)")
     args = parser.parse_args()
     results = {}
+
+    def measure(part, work):
+        try:
+            results[part] = work()
+        except Exception as e:   # one part failing leaves the others' figures
+            results[part] = f"failed: {type(e).__name__}: {e}"
+        print(f"{part}: {results[part]}", flush=True)
+
     root = Path(tempfile.mkdtemp(prefix="train-bench-"))
     try:
         if "start" in args.parts:   # first: it also fills the kernel cache the rest use
-            results["start"] = starts(args.device)
-            print(f"start: {results['start']}", flush=True)
+            measure("start", lambda: starts(args.device))
         if "training" in args.parts or args.profile:
             sets = {"train_cls32.cfg": classifier_set(root),
                     "train_det96.cfg": detector_set(root)}
             if "training" in args.parts:
-                results["training"] = training(sets, args.device, args.max_batches)
+                measure("training", lambda: training(sets, args.device, args.max_batches))
             if args.profile:
                 print("\n".join(profile(sets["train_det96.cfg"], args.profile, args.device)))
         if "upload" in args.parts:
-            results["upload"] = upload_overlap(args.device)
-            print(f"upload: {results['upload']}", flush=True)
+            measure("upload", lambda: upload_overlap(args.device))
         if "loader" in args.parts:
-            results["loader"] = loader_rates(root)
+            measure("loader", lambda: loader_rates(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     block = "\n".join(report(results)) + "\n"

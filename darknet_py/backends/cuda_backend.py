@@ -21,6 +21,8 @@ only when a CUDA device is asked for and turns the ImportError into a clear mess
 """
 import atexit
 import collections
+import ctypes
+import functools
 import os
 
 import numpy as np
@@ -135,6 +137,15 @@ class _EventTimer:
         self._stop.record(self.stream)
         self._stop.synchronize()
         return self._stop.time_since(self._start) / 1e3
+
+
+@functools.cache
+def _libcuda():
+    """The CUDA driver library PyCUDA runs on, for the calls PyCUDA lacks; None if absent."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 class _Upload:
@@ -452,18 +463,23 @@ class CudaBackend:
         at full speed; returns a function that unpins it (call it before the memory goes).
         Where the driver refuses (no such memory, a limit reached), uploads from `host`
         stay correct, only pageable-slow, and the function does nothing."""
-        try:
-            registered = drv.register_host_memory(host)
-        except (drv.Error, TypeError, ValueError):
+        # The driver API through ctypes: PyCUDA's register_host_memory fails on arrays
+        # that do not own their memory (NumPy 2 refuses its second 'base'), and the data
+        # loader's slots are views of shared memory.
+        host = np.asarray(host)
+        if not host.flags.c_contiguous or not host.nbytes or _libcuda() is None:
             return _unpin_nothing
-        holder = [registered]
+        pointer = ctypes.c_void_p(host.__array_interface__["data"][0])
+        if _libcuda().cuMemHostRegister_v2(pointer, ctypes.c_size_t(host.nbytes), 0):
+            return _unpin_nothing
+        holder = [host]   # the memory must stay mapped while registered
 
         def unpin():
             if holder:
-                try:
-                    holder.pop().base.unregister()
-                except drv.Error:
-                    pass   # the context is gone (at exit): so is the registration
+                # An error here means the context is gone (at exit), and the registration
+                # with it.
+                _libcuda().cuMemHostUnregister(pointer)
+                holder.clear()
         return unpin
 
     def upload_async(self, host):
