@@ -42,8 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data.augment import ClassifierAugment
-from .data.augment_fork import detector_augment
+from .data.augment_fork import classifier_augment, detector_augment
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader, default_workers
@@ -515,10 +514,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             raise TrainError(f"{cfg}: the network gives {outputs} outputs per image but "
                              f"{data} has classes={classes}; set the last layer's filters (or "
                              f"outputs) to {classes}")
-        augment = ClassifierAugment(min_ratio=o.min_ratio, max_ratio=o.max_ratio,
-                                    angle=o.angle, aspect=o.aspect, hue=o.hue,
-                                    saturation=o.saturation, exposure=o.exposure,
-                                    center=bool(o.center), flip=bool(o.flip))
+        augment = classifier_augment(o, warn=lambda m: log(f"darknet-py: warning: {m}"))
         loader_args = dict(task="classifier", labels=config.labels, classes=classes)
         multiscale = bool(o.random)
     else:

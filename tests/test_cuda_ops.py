@@ -157,16 +157,6 @@ REF = NumpyBackend(np.float64)     # reference: higher precision, same inputs
 REF32 = NumpyBackend(np.float32)   # for bit-exact comparisons (dropout)
 
 
-@pytest.fixture(scope="module")
-def cuda():
-    pytest.importorskip("pycuda.driver")
-    from darknet_py.backends import cuda_available
-    if not cuda_available():
-        pytest.skip("no CUDA GPU")
-    from darknet_py.backends.cuda_backend import CudaBackend
-    return CudaBackend(0)
-
-
 class View:
     """An op argument that is the view host[offset:] of a backend array."""
 

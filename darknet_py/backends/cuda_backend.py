@@ -33,6 +33,7 @@ from pycuda.tools import DeviceMemoryPool
 from . import DeviceOutOfMemory
 
 from .. import activations
+from ..yolo_loss import FLT_MAX, IOU_LOSSES, SCALARS
 from .numpy_backend import _unpin_nothing, conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
@@ -112,7 +113,17 @@ _KERNELS = {
         "dropout_forward_kernel": "PiffIP",
         "dropout_backward_kernel": "PiffP",
     },
+    "yolo_loss.cu": {
+        "yolo_predictions": "PPPP",
+        "yolo_truths": "PPPPP",
+        "yolo_finish": "PPPP",
+        "yolo_reduce": "PPiPP",
+    },
 }
+# nvcc options of a file beyond the default. The yolo loss follows the NumPy reference's
+# float32 operation by operation (its thresholds pick branches), so nothing is fused.
+_KERNEL_OPTIONS = {"yolo_loss.cu": ["--fmad=false"]}
+_YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
 _TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
@@ -203,7 +214,8 @@ class _Device:
                 source = f.read()
             # no_extern_c: the files declare their own extern "C" entry points, so
             # they compile unchanged here and under `make kernels-check`.
-            module = SourceModule(source, options=[], no_extern_c=True)
+            module = SourceModule(source, options=_KERNEL_OPTIONS.get(filename, []),
+                                  no_extern_c=True)
             self.modules.append(module)
             for name, fmt in entries.items():
                 fn = module.get_function(name)
@@ -282,6 +294,7 @@ class CudaBackend:
         self._fn = self._dev.functions
         self._recent = collections.deque(maxlen=8)
         self._scratch = {}
+        self._yolo_args = {}   # packed YoloArgs bytes -> their device copy
         self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
@@ -949,6 +962,56 @@ class CudaBackend:
             self._check_size(f"l2 {what}", arr, n)
         self._launch("l2_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
                      self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    # ---- detection losses --------------------------------------------------------
+    def yolo_loss(self, spec, output, truth, delta, scalars):
+        """The [yolo] head's training loss (kernels/yolo_loss.cu; yolo_loss.py is the
+        reference): writes the whole delta and the yolo_loss.SCALARS into scalars, queued
+        on the stream (no host sync)."""
+        wh = spec.w * spec.h
+        size = spec.batch * spec.n * (5 + spec.classes) * wh
+        self._check_size("yolo_loss output", output, size)
+        self._check_size("yolo_loss delta", delta, size)
+        self._check_size("yolo_loss scalars", scalars, len(SCALARS))
+        if truth.size % spec.batch:
+            raise ValueError(f"yolo_loss truth: {truth.size} values for {spec.batch} images")
+        args = self._ptr(self._yolo_loss_args(spec, truth.size // spec.batch))
+        blocks = _ceil_div(spec.n * wh, _BLOCK)
+        parts = blocks * spec.batch
+        scratch = self._ptr(self._scratch_buffer("yolo_loss", 8 * (3 * parts
+                                                                   + _YOLO_STATS * spec.batch)))
+        stats = scratch + 8 * 3 * parts
+        out, tr, d = self._ptr(output), self._ptr(truth), self._ptr(delta)
+        self._launch("yolo_predictions", (blocks, spec.batch), (_BLOCK,), args, out, tr, d)
+        self._launch("yolo_truths", (spec.batch,), (32,), args, out, tr, d, stats)
+        self._launch("yolo_finish", (blocks, spec.batch), (_BLOCK,), args, out, d, scratch)
+        self._launch("yolo_reduce", (1,), (_BLOCK,), args, scratch, parts, stats,
+                     self._ptr(scalars))
+
+    def _yolo_loss_args(self, spec, truth_stride):
+        """The kernels' YoloArgs for spec on the device: uploaded once per distinct spec
+        (a new input size brings a new one), so a training step copies nothing."""
+        extra_anchors = spec.fork and spec.iou_thresh < 1
+        ints = [spec.batch, spec.n, spec.classes, spec.h, spec.w, spec.total, spec.netw,
+                spec.neth, spec.truth_fields, truth_stride, spec.max_boxes, spec.fork,
+                spec.new_coords, IOU_LOSSES.index(spec.iou_loss),
+                IOU_LOSSES.index(spec.iou_thresh_kind), spec.objectness_smooth,
+                spec.class_multipliers is not None, spec.max_delta != FLT_MAX, extra_anchors]
+        floats = [spec.ignore_thresh, spec.truth_thresh, spec.iou_normalizer,
+                  spec.obj_normalizer, spec.cls_normalizer, spec.max_delta, spec.iou_thresh,
+                  spec.smoothed(1), spec.smoothed(0)]
+        multipliers = () if spec.class_multipliers is None else spec.class_multipliers
+        words = np.concatenate([np.array(ints, dtype=np.int32).view(np.uint32),
+                                np.array(floats, dtype=np.float32).view(np.uint32),
+                                np.asarray(spec.biases, dtype=np.float32).view(np.uint32),
+                                np.array(spec.mask, dtype=np.int32).view(np.uint32),
+                                np.asarray(multipliers, dtype=np.float32).view(np.uint32)])
+        key = words.tobytes()
+        arr = self._yolo_args.get(key)
+        if arr is None:
+            arr = self._yolo_args[key] = self._new(words.size, np.uint32)
+            drv.memcpy_htod_async(self._ptr(arr), words, self.stream)
+        return arr
 
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):

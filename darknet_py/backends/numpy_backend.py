@@ -522,6 +522,17 @@ class NumpyBackend:
         delta[...] = truth[:pred.size] - pred
         error[...] = delta * delta
 
+    # ---- detection losses --------------------------------------------------------
+    def yolo_loss(self, spec, output, truth, delta, scalars):
+        """The [yolo] head's training loss (yolo_loss.py, of spec's flavour) of output
+        (spec.batch images, after activation) against the truth buffer (spec.batch rows of
+        truth_fields floats a box): writes the whole delta and the yolo_loss.SCALARS
+        (cost first) into scalars."""
+        from ..yolo_loss import image_truths, yolo_loss
+        d, sums = yolo_loss(spec, output, image_truths(spec, truth))
+        delta[:d.size] = d
+        scalars[:sums.size] = sums
+
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
         """forward: out (w*stride x h*stride) = scale * nearest(x).

@@ -29,7 +29,8 @@ from ..image import ImageError
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
                       augment_detection_hwc, center_crop_hwc, from_hwc,
                       prepare_detector_eval_image, read_hwc, to_hwc)
-from .augment_fork import ForkAugment, fork_detection_sample
+from .augment_fork import (ForkAugment, ForkClassifierAugment, fork_classifier_sample,
+                           fork_detection_sample)
 from .config import DataError
 from .labels import MAX_BOXES, MissingLabelFile, classifier_truth, read_image_labels
 
@@ -375,6 +376,10 @@ class _SampleMaker:
                 truth_out[:] = classifier_truth(path, self.labels, self.classes)
                 if rng is None:
                     out = center_crop_hwc(hwc, w, h)
+                elif isinstance(self.augment, ForkClassifierAugment):
+                    out, truth_out[:] = fork_classifier_sample(
+                        hwc, truth_out, lambda: self._random_other_image(rng, reports),
+                        self.augment, w, h, rng)
                 else:
                     out = augment_classifier_hwc(hwc, self.augment, w, h, rng)
             else:
@@ -391,7 +396,7 @@ class _SampleMaker:
                     truth_out[:kept.size] = kept.reshape(-1)
                 elif isinstance(self.augment, ForkAugment):
                     out, truth_out[:] = fork_detection_sample(
-                        hwc, boxes, lambda: self._random_labelled_image(rng, reports),
+                        hwc, boxes, lambda: self._random_other_image(rng, reports),
                         self.augment, w, h, rng, self.max_boxes)
                 else:
                     out, truth_out[:] = augment_detection_hwc(hwc, boxes, self.augment, w, h,
@@ -404,16 +409,19 @@ class _SampleMaker:
             return None
 
 
-    def _random_labelled_image(self, rng, reports):
-        """Another training image (hwc, boxes), drawn with rng: the other images of a
-        mosaic or a mixup. Unreadable ones are reported and others drawn; a missing label
-        file means no boxes, as for the sample's own image."""
+    def _random_other_image(self, rng, reports):
+        """Another training image and its truth, drawn with rng: the other images of a
+        mosaic, a mixup or a cutmix. The truth is a detector image's boxes (a missing
+        label file means none, as for the sample's own image) or a classifier image's
+        truth row. Unusable images are reported and others drawn."""
         for _ in range(_SAMPLE_ATTEMPTS):
             path = self.paths[int(rng.integers(len(self.paths)))]
             if path in self.bad_paths:
                 continue
             try:
                 hwc = read_hwc(path, self.channels)
+                if self.task == "classifier":
+                    return hwc, classifier_truth(path, self.labels, self.classes)
                 try:
                     return hwc, read_image_labels(path, self.classes)
                 except MissingLabelFile as e:
@@ -422,8 +430,8 @@ class _SampleMaker:
             except (ImageError, DataError) as e:
                 self.bad_paths.add(path)
                 reports.append(("bad", path, str(e)))
-        raise DataError(f"no usable image for a mosaic or mixup after {_SAMPLE_ATTEMPTS} "
-                        f"draws")
+        raise DataError(f"no usable image for a mosaic, mixup or cutmix after "
+                        f"{_SAMPLE_ATTEMPTS} draws")
 
 
 # ---------------------------------------------------------------------------------------

@@ -41,7 +41,9 @@ class ConvolutionalLayer(Layer):
                 self.share = source_layer(self, s, ctx, "share_index")
         self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
-        refuse_options(s, "binary", "xnor")
+        # The fork's antialiasing adds a blur after the convolution: refused, not warned, as
+        # reading past it would give other outputs.
+        refuse_options(s, "binary", "xnor", "antialiasing")
         for key, v in (("filters", self.filters), ("size", self.size),
                        ("stride", min(conv_strides(self.stride))),
                        ("groups", self.groups), ("dilation", self.dilation)):
