@@ -105,6 +105,25 @@ def test_loader_pins_its_shared_memory_slots_and_unpins_them_at_close(bars):
     assert pinned and sorted(unpinned) == sorted(pinned)
 
 
+def test_the_training_loop_hands_every_batch_over_ahead(bars, tmp_path, monkeypatch):
+    pass_floats = 4 * 12 * 12            # batch 8 in 2 subdivisions of 12x12 grey images
+    found = []                           # per pass input: did it come from a prefetch?
+    prefetched_rows = Network._prefetched_rows
+
+    def recording(self, x):
+        rows = prefetched_rows(self, x)
+        if x.size == pass_floats:
+            found.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(Network, "_prefetched_rows", recording)
+    cfg = tmp_path / "tiny.cfg"
+    cfg.write_text(CLASSIFIER_CFG.format(batch=8, subdivisions=2, momentum=0.9, max_batches=5))
+    result = train(str(cfg), data_file(bars, tmp_path / "backup"), device="cpu", log=Lines(),
+                   workers=1)
+    assert result.iterations == 5 and found == [True] * 10
+
+
 # ---- on the GPU ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda():
