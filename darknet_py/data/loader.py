@@ -530,9 +530,12 @@ class _WorkerPool:
         job = _Queued(self.next_ident, size, slot, rows)
         self.next_ident += 1
         self.queued[k] = self.by_ident[job.ident] = job
-        for row, first in rows:
+        # A job of several rows, about one per worker: each message costs the training
+        # process tens of microseconds to send or receive.
+        per_job = math.ceil(len(rows) / len(self.processes))
+        for start in range(0, len(rows), per_job):
             self.jobs.put((job.ident, slot.index, slot.segment.name, len(rows), size,
-                           self.train, k, row, first))
+                           self.train, k, rows[start:start + per_job]))
 
     def _free_slot(self, nbytes):
         free = [s for s in self.slots if s.free]
@@ -577,13 +580,14 @@ class _WorkerPool:
         except queue.Empty:
             self._check_alive()
             return
-        ident, row, outcome, reports, error = message
-        report(reports)
+        ident, done = message
         job = self.by_ident[ident]
-        job.waiting -= 1
-        job.outcomes[row] = outcome
-        if error is not None:
-            job.error = job.error or error
+        for row, outcome, reports, error in done:
+            report(reports)
+            job.waiting -= 1
+            job.outcomes[row] = outcome
+            if error is not None:
+                job.error = job.error or error
         if job.dropped and not job.waiting:
             del self.by_ident[ident]
             job.slot.free = True
@@ -669,7 +673,7 @@ def _work(maker, jobs, results, current, stopping, alive):
             break
         if stopping.value:
             continue
-        ident, slot, name, count, size, train, k, row, first = job
+        ident, slot, name, count, size, train, k, rows = job
         segment = segments.get(slot)
         if segment is None or segment.name != name:
             if segment is not None:
@@ -677,17 +681,20 @@ def _work(maker, jobs, results, current, stopping, alive):
             segment = segments[slot] = shared_memory.SharedMemory(name=name)
         block = np.frombuffer(segment.buf, np.float32, sum(maker.floats(count, size)))
         x, truth = maker.views(block, count, size)
-        reports, outcome, error = [], None, None
-        try:
-            outcome = maker.make(k, row, first, size, train, x[row], truth[row], reports)
-        except DataError as e:
-            error = (DataError, str(e))
-        except Exception:
-            error = (RuntimeError, f"the data loader failed on "
-                                   f"{maker.paths[max(current.value, 0)]}:\n"
-                                   f"{traceback.format_exc()}")
+        done = []   # (row, outcome, reports, error) of each row of the job
+        for row, first in rows:
+            reports, outcome, error = [], None, None
+            try:
+                outcome = maker.make(k, row, first, size, train, x[row], truth[row], reports)
+            except DataError as e:
+                error = (DataError, str(e))
+            except Exception:
+                error = (RuntimeError, f"the data loader failed on "
+                                       f"{maker.paths[max(current.value, 0)]}:\n"
+                                       f"{traceback.format_exc()}")
+            current.value = -1
+            done.append((row, outcome, reports, error))
         del block, x, truth
-        current.value = -1
-        results.put((ident, row, outcome, reports, error))
+        results.put((ident, done))
     for segment in segments.values():
         segment.close()
