@@ -326,6 +326,7 @@ def test_axpy_scal_mul(cuda, n):
     rng = np.random.default_rng(n)
     x, y = rand(rng, n), rand(rng, n)
     check(cuda, "axpy", -1.75, x, y)
+    check(cuda, "axpy_array", np.array([-1.75e-3], np.float32), x, y)  # factor on the device
     check(cuda, "scal", 0.37, y)
     check(cuda, "mul", x, y)
 
@@ -714,11 +715,14 @@ def test_channel_weighted_add_and_dot(cuda, outputs, width, channels, src_stride
 # ---- dropout -------------------------------------------------------------------
 
 @gpu
-@pytest.mark.parametrize("n,prob,seed", [(1, 0.5, 0), (10007, 0.3, 12345), (1 << 20, 0.9, 2**40 + 3)])
-def test_dropout_matches_numpy_bit_for_bit(cuda, n, prob, seed):
+@pytest.mark.parametrize("n,prob,step_seed,layer_seed", [
+    (1, 0.5, 0, 0), (10007, 0.3, 12345, 7919), (1 << 20, 0.9, -3, 2**40 + 3)])
+def test_dropout_matches_numpy_bit_for_bit(cuda, n, prob, step_seed, layer_seed):
     rng = np.random.default_rng(n)
     scale = 1.0 / (1.0 - prob)
-    check(cuda, "dropout", rand(rng, n), prob, scale, nan(n), seed, exact=True, ref=REF32)
+    seed = np.array([step_seed], dtype=np.int32)   # the step's part, read on the device
+    check(cuda, "dropout", rand(rng, n), prob, scale, nan(n), seed, layer_seed, exact=True,
+          ref=REF32)
     rnd = REF32.empty(n)
-    REF32.dropout(REF32.from_host(rand(rng, n)), prob, scale, rnd, seed)
+    REF32.dropout(REF32.from_host(rand(rng, n)), prob, scale, rnd, seed, layer_seed)
     check(cuda, "dropout_backward", rnd, prob, scale, rand(rng, n), exact=True, ref=REF32)

@@ -8,8 +8,9 @@ that hand data to the host (to_host, sum, synchronize).
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
   * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
-  * Each kernels/*.cu file is compiled once per process and device (PyCUDA keeps
-    the cubins in its disk cache); kernels are launched with prepared_async_call.
+  * The kernels/*.cu files are compiled by nvcc in parallel on a first start and their
+    cubins cached on disk (kernel_cache.py); later starts load them from there. Kernels
+    are launched with prepared_async_call.
   * A failed launch raises CudaError naming the kernel and its grid/block. Errors
     that surface later (a kernel's illegal access shows at the next sync) name the
     recent launches; DARKNET_CUDA_SYNC=1 synchronizes after every launch to pin
@@ -21,16 +22,13 @@ only when a CUDA device is asked for and turns the ImportError into a clear mess
 """
 import atexit
 import collections
-import ctypes
-import functools
 import os
 
 import numpy as np
 import pycuda.driver as drv
-from pycuda.compiler import SourceModule
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory
+from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
 
 from .. import activations
 from ..yolo_loss import FLT_MAX, IOU_LOSSES, SCALARS
@@ -48,6 +46,7 @@ _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per blo
 _KERNELS = {
     "blas.cu": {
         "axpy_kernel": "ifPP",
+        "axpy_array_kernel": "iPPP",
         "scal_kernel": "ifP",
         "mul_kernel": "iPP",
         "scale_add_strided": "Piiiff",
@@ -110,7 +109,7 @@ _KERNELS = {
         "channel_weighted_dot_kernel": "PiPiiiiP",
     },
     "dropout.cu": {
-        "dropout_forward_kernel": "PiffIP",
+        "dropout_forward_kernel": "PiffPIP",
         "dropout_backward_kernel": "PiffP",
     },
     "yolo_loss.cu": {
@@ -120,7 +119,7 @@ _KERNELS = {
         "yolo_reduce": "PPiPP",
     },
 }
-# nvcc options of a file beyond the default. The yolo loss follows the NumPy reference's
+# nvcc options of a file beyond the default (part of its cubin's cache key). The yolo loss follows the NumPy reference's
 # float32 operation by operation (its thresholds pick branches), so nothing is fused.
 _KERNEL_OPTIONS = {"yolo_loss.cu": ["--fmad=false"]}
 _YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
@@ -148,15 +147,6 @@ class _EventTimer:
         self._stop.record(self.stream)
         self._stop.synchronize()
         return self._stop.time_since(self._start) / 1e3
-
-
-@functools.cache
-def _libcuda():
-    """The CUDA driver library PyCUDA runs on, for the calls PyCUDA lacks; None if absent."""
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
 
 
 class _Upload:
@@ -208,14 +198,18 @@ class _Device:
         self.peak_allocated_bytes = 0
         self.functions = {}
         self.modules = []
+        sources = {}
+        for filename in _KERNELS:
+            with open(os.path.join(KERNEL_DIR, filename)) as f:
+                sources[filename] = f.read()
+        arch = "sm_%d%d" % self.device.compute_capability()
+        cubins = kernel_cache.cubins(sources, arch, _KERNEL_OPTIONS)
         for filename, entries in _KERNELS.items():
-            path = os.path.join(KERNEL_DIR, filename)
-            with open(path) as f:
-                source = f.read()
-            # no_extern_c: the files declare their own extern "C" entry points, so
-            # they compile unchanged here and under `make kernels-check`.
-            module = SourceModule(source, options=_KERNEL_OPTIONS.get(filename, []),
-                                  no_extern_c=True)
+            try:
+                module = drv.module_from_buffer(cubins[filename])
+            except drv.Error as e:
+                raise CudaError(f"the driver cannot load the cubin of {filename} for {arch} "
+                                f"(cached in {kernel_cache.cache_dir()}): {e}") from e
             self.modules.append(module)
             for name, fmt in entries.items():
                 fn = module.get_function(name)
@@ -234,6 +228,41 @@ class _Device:
         self.context.pop()
         from pycuda.tools import clear_context_caches
         clear_context_caches()
+
+
+def _end_failed_capture(handle):
+    """Close a capture that fn broke off, dropping whatever it recorded."""
+    try:
+        cuda_graph.destroy(None, cuda_graph.end_capture(handle))
+    except cuda_graph.GraphError:
+        pass   # the capture was invalidated: ending it was all that was left to do
+
+
+class _Graph:
+    """An instantiated CUDA graph: each call replays it on the backend's stream."""
+
+    def __init__(self, backend, graph, graph_exec, keep):
+        self._backend, self._graph, self._exec, self._keep = backend, graph, graph_exec, keep
+
+    def __call__(self):
+        try:
+            cuda_graph.launch(self._exec, self._backend.stream.handle)
+        except cuda_graph.GraphError as e:
+            raise CudaError(f"replaying a captured step: {e}") from e
+
+    def close(self):
+        """Free the graph now (it is also freed when garbage-collected)."""
+        if self._exec is None or self._backend._dev.closed:
+            return
+        graph_exec, graph, self._exec, self._graph = self._exec, self._graph, None, None
+        cuda_graph.destroy(graph_exec, graph)
+        self._keep = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except cuda_graph.GraphError:
+            pass   # at interpreter exit the context may be gone: the driver frees it then
 
 
 class DeviceArray:
@@ -299,6 +328,9 @@ class CudaBackend:
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
         self._copy_stream = None   # uploads' stream, made at the first upload_async
+        # While a graph is being captured: every array allocated (or scratch buffer
+        # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.
+        self._capture_keep = None
 
     # ---- infrastructure ------------------------------------------------------
     @property
@@ -348,12 +380,16 @@ class CudaBackend:
         if n == 0:
             return DeviceArray(0, 0, dtype, None)
         block = self._allocate(n * dtype.itemsize)
+        if self._capture_keep is not None:
+            self._capture_keep.append(block)
         return DeviceArray(int(block), n, dtype, block)
 
     def _scratch_buffer(self, key, nbytes):
         """A reusable device buffer of at least nbytes (grows, never shrinks)."""
         buf = self._scratch.get(key)
         if buf is None or buf.nbytes < nbytes:
+            if buf is not None and self._capture_keep is not None:
+                self._capture_keep.append(buf)
             buf = self._scratch[key] = self._new(max(1, (nbytes + 7) // 8), np.float64)
         return buf
 
@@ -476,22 +512,22 @@ class CudaBackend:
         at full speed; returns a function that unpins it (call it before the memory goes).
         Where the driver refuses (no such memory, a limit reached), uploads from `host`
         stay correct, only pageable-slow, and the function does nothing."""
-        # The driver API through ctypes: PyCUDA's register_host_memory fails on arrays
-        # that do not own their memory (NumPy 2 refuses its second 'base'), and the data
-        # loader's slots are views of shared memory.
         host = np.asarray(host)
-        if not host.flags.c_contiguous or not host.nbytes or _libcuda() is None:
+        if not host.flags.c_contiguous or not host.nbytes:
             return _unpin_nothing
-        pointer = ctypes.c_void_p(host.__array_interface__["data"][0])
-        if _libcuda().cuMemHostRegister_v2(pointer, ctypes.c_size_t(host.nbytes), 0):
+        pointer = host.__array_interface__["data"][0]
+        try:
+            cuda_graph.register_host(pointer, host.nbytes)
+        except cuda_graph.GraphError:
             return _unpin_nothing
         holder = [host]   # the memory must stay mapped while registered
 
         def unpin():
             if holder:
-                # An error here means the context is gone (at exit), and the registration
-                # with it.
-                _libcuda().cuMemHostUnregister(pointer)
+                try:
+                    cuda_graph.unregister_host(pointer)
+                except cuda_graph.GraphError:
+                    pass   # the context is gone (at exit), and the registration with it
                 holder.clear()
         return unpin
 
@@ -531,6 +567,40 @@ class CudaBackend:
     def synchronize(self):
         self._sync("synchronize")
 
+    def capture(self, fn):
+        """Record the work fn queues on the stream as a CUDA graph (fn runs once, here; its
+        kernels are recorded, not run) and return a callable that replays it. The graph
+        holds the arrays fn allocated. Raises GraphCaptureError when the work cannot be
+        recorded (fn waits on the device, or DARKNET_CUDA_SYNC is set): nothing of it has
+        run then, and the stream is back to normal."""
+        if self.sync_each_launch:
+            raise GraphCaptureError("DARKNET_CUDA_SYNC=1 synchronizes after every launch, "
+                                    "which a graph cannot record")
+        handle = self.stream.handle
+        try:
+            cuda_graph.begin_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        keep = self._capture_keep = []
+        try:
+            fn()
+        except Exception as e:
+            self._capture_keep = None
+            _end_failed_capture(handle)
+            raise GraphCaptureError(f"the step could not be recorded as a CUDA graph: {e}") from e
+        self._capture_keep = None
+        keep += self._scratch.values()   # grown later, they must outlive the graph's use
+        try:
+            graph = cuda_graph.end_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        try:
+            graph_exec = cuda_graph.instantiate(graph)
+        except cuda_graph.GraphError as e:
+            cuda_graph.destroy(None, graph)
+            raise GraphCaptureError(str(e)) from e
+        return _Graph(self, graph, graph_exec, keep)
+
     def fill(self, arr, value):
         if arr.size:
             bits = np.array([value], dtype=arr.dtype).view(np.uint32)[0]
@@ -566,6 +636,14 @@ class CudaBackend:
         self._sizes_match("axpy", x, y)
         self._launch("axpy_kernel", self._grid1d(y.size), (_BLOCK,),
                      y.size, float(alpha), self._ptr(x), self._ptr(y))
+
+    def axpy_array(self, alpha, x, y):
+        """y += alpha[0] * x, alpha a one-element array: read on the device when the kernel
+        runs, so a captured step takes the value written before each replay."""
+        self._sizes_match("axpy_array", x, y)
+        self._check_size("axpy_array alpha", alpha, 1)
+        self._launch("axpy_array_kernel", self._grid1d(y.size), (_BLOCK,),
+                     y.size, self._ptr(alpha), self._ptr(x), self._ptr(y))
 
     def scal(self, alpha, x):
         """x *= alpha"""
@@ -1105,12 +1183,16 @@ class CudaBackend:
                      self._ptr(out))
 
     # ---- random ----------------------------------------------------------------
-    def dropout(self, x, prob, scale, rand, seed):
-        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw."""
+    def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
+        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw, seed =
+        step_seed[0] + layer_seed mod 2^32 (step_seed: a one-element int array, read on
+        the device)."""
         self._sizes_match("dropout", x, rand)
-        offset = (int(seed) * 0x9E3779B9) & 0xFFFFFFFF
+        if step_seed.dtype != np.int32:
+            raise TypeError("dropout step_seed must be an int32 array (backend.int_zeros)")
         self._launch("dropout_forward_kernel", self._grid1d(rand.size), (_BLOCK,),
-                     self._ptr(x), rand.size, float(prob), float(scale), offset, self._ptr(rand))
+                     self._ptr(x), rand.size, float(prob), float(scale), self._ptr(step_seed),
+                     int(layer_seed) & 0xFFFFFFFF, self._ptr(rand))
 
     def dropout_backward(self, rand, prob, scale, delta):
         self._sizes_match("dropout_backward", rand, delta)

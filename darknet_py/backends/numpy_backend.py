@@ -51,8 +51,9 @@ class NumpyBackend:
         return np.array(arr, dtype=self.dtype if arr.dtype.kind == "f" else np.int64)
 
     def write(self, arr, host):
-        """Copy host data (any shape, arr.size elements) into an existing array."""
-        arr[...] = np.asarray(host, dtype=self.dtype).reshape(-1)
+        """Copy host data (any shape, arr.size elements) into an existing array (cast to
+        the array's dtype: an int_zeros array stays integer)."""
+        arr[...] = np.asarray(host, dtype=arr.dtype).reshape(-1)
 
     # Asynchronous uploads: the CUDA backend copies a coming batch on a copy stream while
     # the current one computes. Here the CPU reads host memory itself: nothing to pin, and
@@ -77,6 +78,13 @@ class NumpyBackend:
 
     def synchronize(self):
         pass
+
+    def capture(self, fn):
+        """A callable doing fn's work at each call. The CUDA backend records fn's kernels
+        once as a graph and replays them; here there is nothing to record, so fn runs each
+        time. Either way fn must queue the same work whenever it runs, and what it does on
+        the host (Python state) happens once on the GPU, at capture."""
+        return fn
 
     def timer(self):
         """A stopwatch for benchmarks: start(), then stop() returns the seconds between,
@@ -115,6 +123,11 @@ class NumpyBackend:
     def axpy(self, alpha, x, y):
         """y += alpha * x"""
         y += self.dtype.type(alpha) * x
+
+    def axpy_array(self, alpha, x, y):
+        """y += alpha[0] * x, alpha a one-element array (a value the GPU reads when the
+        kernel runs, so that a captured step sees the one written before each replay)."""
+        y += alpha[0] * x
 
     def scal(self, alpha, x):
         """x *= alpha"""
@@ -577,9 +590,11 @@ class NumpyBackend:
         d[...] = s1 * d + s2 * a
 
     # ---- random ----------------------------------------------------------------
-    def dropout(self, x, prob, scale, rand, seed):
-        """Training dropout. rand[i] = uniform_hash(seed, i) (the same counter-based draw
-        the CUDA kernel makes); x[rand < prob] = 0, the rest *= scale."""
+    def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
+        """Training dropout. rand[i] = uniform_hash(seed, i) with seed = step_seed[0] +
+        layer_seed (step_seed: a one-element int array, written once per step), the same
+        counter-based draw the CUDA kernel makes; x[rand < prob] = 0, the rest *= scale."""
+        seed = (int(step_seed[0]) + int(layer_seed)) & 0xFFFFFFFF
         rand[...] = uniform_hash(seed, rand.size).astype(self.dtype)
         x[...] = np.where(rand < prob, 0, x * scale)
 

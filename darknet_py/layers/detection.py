@@ -42,6 +42,7 @@ def grid_truth_from_boxes(boxes, side, classes):
 
 class DetectionLayer(Layer):
     type = "detection"
+    capturable = False   # its loss runs on the host (for now)
     short = "Detection Layer"  # Darknet's layer table prints exactly this
     image_shaped = False
 

@@ -40,6 +40,7 @@ UNUSED_BY_THE_FORK = ("obj_normalizer", "objectness_smooth", "delta_normalizer")
 
 class GaussianYoloLayer(YoloLayer):
     type = "gaussian_yolo"
+    capturable = False   # its loss runs on the host
     short = "Gaussian_yolo"
 
     def parse(self, s, ctx):

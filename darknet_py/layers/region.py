@@ -21,6 +21,7 @@ PRIOR_SEEN = 12800        # images seen before which boxes are pulled towards th
 
 class RegionLayer(Layer):
     type = "region"
+    capturable = False   # its loss runs on the host (for now)
     short = "detection"   # what Darknet's layer table prints for [region]
 
     def parse(self, s, ctx):

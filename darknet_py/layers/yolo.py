@@ -140,13 +140,19 @@ class YoloLayer(Layer):
                                  F32(-0.5 * (self.scale_x_y - 1)))
         self.cost = None
         if net.train and net.truth is not None:
-            self.loss_spec = self.spec(net.input_shape[2], net.input_shape[1],
-                                       getattr(net, "truth_size", TRUTH_FIELDS))
-            # The class ids are checked on the truth's host copy: the loss runs on the backend.
-            check_classes(every_truth(self.loss_spec, net.truth_host), self.classes, self)
+            self.loss_spec = self._loss_spec(net)
             be.yolo_loss(self.loss_spec, self.output, net.truth, self.delta, self.scalars)
             self.pending = True
             self.print_stats = getattr(net, "verbose", False)  # as heads.report
+
+    def _loss_spec(self, net):
+        return self.spec(net.input_shape[2], net.input_shape[1],
+                         getattr(net, "truth_size", TRUTH_FIELDS))
+
+    def check_truth(self, net, truth_host):
+        # The loss runs on the backend (and may be a replayed graph): class ids are checked
+        # here, on the host copy, when the network stages a step's truth.
+        check_classes(every_truth(self._loss_spec(net), truth_host), self.classes, self)
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
