@@ -217,6 +217,7 @@ class Network:
         self.delta = None
         self.train = False
         self.cost = None
+        self._prefetched = []     # [[(host array, backend array, upload), ...]]: prefetch()
         self._training_ready = False
         self._params_ready = False
         # Values a step reads from the backend, written before it (so that a step replayed
@@ -426,7 +427,54 @@ class Network:
                 if name not in own:
                     setattr(new, name, value)
 
+    # How many prefetched batches are kept: the one a step is about to use and the next.
+    PREFETCHED_KEPT = 2
+
+    def prefetch(self, x, truth=None):
+        """Start uploading a coming batch, x (N, C, H, W) and its truth rows, while the
+        backend works on what is queued: a later forward or training pass on these arrays,
+        or on row slices of them, waits for this upload instead of copying them again.
+        The arrays must stay unchanged until then. The training loop hands batch k+1
+        over before iteration k runs, so its copy overlaps k's compute (on the GPU, from
+        the data loader's page-locked slots)."""
+        record = []
+        for host in (x, truth):
+            if host is not None:
+                host = np.asarray(host, dtype=np.float32)
+                array, upload = self.be.upload_async(host)
+                record.append((host, array, upload))
+        self._prefetched.append(record)
+        while len(self._prefetched) > self.PREFETCHED_KEPT:
+            self._forget_prefetched()
+
+    def _forget_prefetched(self):
+        for _, _, upload in self._prefetched.pop(0):
+            self.be.finish_upload(upload)   # its host memory may be reused after this
+
+    def finish_prefetch(self):
+        """Wait for every prefetched upload and forget them: call it before their host
+        memory goes away (a data loader closing unpins and unmaps its slots)."""
+        while self._prefetched:
+            self._forget_prefetched()
+
+    def _prefetched_rows(self, x):
+        """The backend array holding x's values when x is a prefetched array or a run of
+        rows of one (found by address: x must lie inside it), else None."""
+        if not x.flags.c_contiguous or not x.size:
+            return None
+        start = x.__array_interface__["data"][0]
+        for record in reversed(self._prefetched):
+            for host, array, upload in record:
+                first = host.__array_interface__["data"][0]
+                offset, misaligned = divmod(start - first, host.itemsize)
+                if not misaligned and 0 <= offset and offset + x.size <= host.size:
+                    self.be.wait_upload(upload)
+                    return array[offset:offset + x.size]
+        return None
+
     def _upload(self, x, name, buf_attr, per_image):
+        """x into the network's fixed buffer for it (copied from its prefetched upload
+        when there is one): the buffers stay put, so a captured step can replay on them."""
         x = np.asarray(x, dtype=np.float32)
         n = x.shape[0] if x.ndim > 1 else 1
         if x.size != n * per_image:
@@ -438,8 +486,12 @@ class Network:
         if buf is None or buf.size != x.size:
             buf = self.be.zeros(x.size)
             setattr(self, buf_attr, buf)
-        self.be.write(buf, x)
-        return n, buf
+        prefetched = self._prefetched_rows(x)
+        if prefetched is None:
+            self.be.write(buf, x)
+        else:
+            self.be.copy(prefetched, buf)
+        return buf
 
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
@@ -462,7 +514,7 @@ class Network:
             self._prepare_training()
         if n != self.batch or (train and not self.train_buffers):
             self._allocate(n, train or self.train_buffers)
-        _, net_input = self._upload(x, "input", "_input_buf", self.inputs)
+        net_input = self._upload(x, "input", "_input_buf", self.inputs)
         self.truth = self.truth_host = None
         if truth is not None:
             # The YOLO/region/detection losses read the host copy: no round trip from the GPU.
@@ -470,8 +522,8 @@ class Network:
             if train:
                 for layer in self.layers:
                     layer.check_truth(self, self.truth_host)
-            _, self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
-                                         self.truth_host.shape[1])
+            self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
+                                      self.truth_host.shape[1])
         return net_input
 
     def _forward_layers(self, net_input, train):

@@ -32,7 +32,7 @@ from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
 
 from .. import activations
 from ..yolo_loss import FLT_MAX, IOU_LOSSES, SCALARS
-from .numpy_backend import conv_out_size, conv_strides
+from .numpy_backend import _unpin_nothing, conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 
@@ -150,6 +150,15 @@ class _EventTimer:
         self._stop.record(self.stream)
         self._stop.synchronize()
         return self._stop.time_since(self._start) / 1e3
+
+
+class _Upload:
+    """An upload_async in flight: the event recorded after its copy, and the host array
+    it reads (kept alive until the copy is done)."""
+    __slots__ = ("landed", "host")
+
+    def __init__(self, landed, host):
+        self.landed, self.host = landed, host
 
 
 class CudaError(RuntimeError):
@@ -321,6 +330,7 @@ class CudaBackend:
         self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
+        self._copy_stream = None   # uploads' stream, made at the first upload_async
         # While a graph is being captured: every array allocated (or scratch buffer
         # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.
         self._capture_keep = None
@@ -493,6 +503,65 @@ class CudaBackend:
             raise ValueError(f"write: {h.size} values for an array of {arr.size}")
         if h.size:
             drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
+
+    # ---- asynchronous uploads ------------------------------------------------
+    # A batch uploads on a copy stream of its own while the compute stream works on the
+    # previous one; events order the two (the copy after the compute work queued before
+    # it, the compute that uses it after the copy). From page-locked memory the copy is
+    # a DMA the call does not wait for; from pageable memory the driver stages it
+    # through its own buffer, and the call may wait for the copy stream to reach it.
+    def pin(self, host):
+        """Page-lock the memory of host array `host` so uploads from it run asynchronously
+        at full speed; returns a function that unpins it (call it before the memory goes).
+        Where the driver refuses (no such memory, a limit reached), uploads from `host`
+        stay correct, only pageable-slow, and the function does nothing."""
+        host = np.asarray(host)
+        if not host.flags.c_contiguous or not host.nbytes:
+            return _unpin_nothing
+        pointer = host.__array_interface__["data"][0]
+        try:
+            cuda_graph.register_host(pointer, host.nbytes)
+        except cuda_graph.GraphError:
+            return _unpin_nothing
+        holder = [host]   # the memory must stay mapped while registered
+
+        def unpin():
+            if holder:
+                try:
+                    cuda_graph.unregister_host(pointer)
+                except cuda_graph.GraphError:
+                    pass   # the context is gone (at exit), and the registration with it
+                holder.clear()
+        return unpin
+
+    def upload_async(self, host):
+        """(array, upload): a backend array that receives host's values (flattened), and
+        the upload filling it, which starts after the work queued so far. Ops queued after
+        wait_upload(upload) see the values; `host` must stay unchanged until
+        finish_upload(upload) returns."""
+        h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
+        dst = self._new(h.size)
+        if self._copy_stream is None:
+            self._copy_stream = drv.Stream()
+        queued = drv.Event(drv.event_flags.DISABLE_TIMING)
+        queued.record(self.stream)
+        self._copy_stream.wait_for_event(queued)
+        if h.size:
+            drv.memcpy_htod_async(self._ptr(dst), h, self._copy_stream)
+        landed = drv.Event(drv.event_flags.DISABLE_TIMING)
+        landed.record(self._copy_stream)
+        return dst, _Upload(landed, h)
+
+    def wait_upload(self, upload):
+        """Ops queued from now on run after `upload` has landed (no wait on the host)."""
+        self.stream.wait_for_event(upload.landed)
+
+    def finish_upload(self, upload):
+        """Return once `upload` has read its host memory (which may then change)."""
+        try:
+            upload.landed.synchronize()
+        except drv.Error as e:
+            raise CudaError(f"CUDA error surfaced at an upload: {e}") from e
 
     def timer(self):
         """A stopwatch for benchmarks: CUDA events recorded on this backend's stream."""

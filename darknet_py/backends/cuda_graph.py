@@ -1,4 +1,6 @@
 """CUDA graphs through the driver API (libcuda) with ctypes: PyCUDA has no graph API.
+(Also the page-locking of existing host memory, which PyCUDA's register_host_memory
+refuses for arrays that do not own their memory, such as views of shared memory.)
 
 A graph is recorded by stream capture: between begin_capture(stream) and
 end_capture(stream) the kernels and copies queued on the stream are recorded, not run;
@@ -41,6 +43,8 @@ def _driver():
                          ("cuGraphLaunch", (ctypes.c_void_p, ctypes.c_void_p)),
                          ("cuGraphExecDestroy", (ctypes.c_void_p,)),
                          ("cuGraphDestroy", (ctypes.c_void_p,)),
+                         ("cuMemHostRegister_v2", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)),
+                         ("cuMemHostUnregister", (ctypes.c_void_p,)),
                          ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))),
                          ("cuGetErrorString", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
             try:
@@ -103,3 +107,12 @@ def destroy(graph_exec, graph):
         _check("cuGraphExecDestroy", lib.cuGraphExecDestroy(graph_exec))
     if graph:
         _check("cuGraphDestroy", lib.cuGraphDestroy(graph))
+
+
+def register_host(pointer, nbytes):
+    """Page-lock nbytes of host memory at pointer for the current context."""
+    _check("cuMemHostRegister", _driver().cuMemHostRegister_v2(pointer, nbytes, 0))
+
+
+def unregister_host(pointer):
+    _check("cuMemHostUnregister", _driver().cuMemHostUnregister(pointer))

@@ -55,6 +55,27 @@ class NumpyBackend:
         the array's dtype: an int_zeros array stays integer)."""
         arr[...] = np.asarray(host, dtype=arr.dtype).reshape(-1)
 
+    # Asynchronous uploads: the CUDA backend copies a coming batch on a copy stream while
+    # the current one computes. Here the CPU reads host memory itself: nothing to pin, and
+    # an "upload" is the host array, copied once where the network takes its input.
+    def pin(self, host):
+        """Page-lock the memory of host array `host` so uploads from it run asynchronously
+        at full speed; returns a function that unpins it (call it before the memory goes)."""
+        return _unpin_nothing
+
+    def upload_async(self, host):
+        """(array, upload): a backend array that receives host's values (flattened), and
+        the upload filling it, which starts after the work queued so far. Ops queued after
+        wait_upload(upload) see the values; `host` must stay unchanged until
+        finish_upload(upload) returns. Here the array is a view of `host`, not a copy."""
+        return np.asarray(host, dtype=self.dtype).reshape(-1), None
+
+    def wait_upload(self, upload):
+        """Ops queued from now on run after `upload` has landed (no wait on the host)."""
+
+    def finish_upload(self, upload):
+        """Return once `upload` has read its host memory (which may then change)."""
+
     def synchronize(self):
         pass
 
@@ -622,6 +643,10 @@ _PARTS_PER_THREAD = 4
 _THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 _pool = None
 _local = threading.local()
+
+
+def _unpin_nothing():
+    pass
 
 
 class _WallTimer:
