@@ -49,9 +49,12 @@ dist: install
 gpu-test:
 	$(GPU_PYTHON) -m pytest -q -m gpu
 
+# Kernels, whole networks, then training end to end against the C Darknet (~5 min on an
+# H100; its dated section is appended to bench/RESULTS.md).
 bench:
 	$(GPU_PYTHON) bench/run_all.py
 	$(GPU_PYTHON) bench/network_bench.py --cpu
+	$(GPU_PYTHON) bench/train_bench.py --results bench/RESULTS.md
 
 # CPU inference against OpenCV 4's DNN module (OpenCV 5 dropped the Darknet importer), in
 # a virtualenv of its own; writes its section of bench/RESULTS.md.

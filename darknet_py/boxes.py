@@ -317,9 +317,9 @@ def nms_overlap(kind, beta=0.6):
 
 def do_nms_sort(dets, classes, nms, kind="default", beta=0.6):
     """Darknet's do_nms_sort (kind "default") and the fork's diounms_sort (the other
-    NMS_KINDS), in place: for each class, sort by that class's probability (descending;
-    Python's stable sort where Darknet's qsort leaves ties unordered) and zero the class
-    probability of every later box overlapping a kept one by more than nms (see
+    NMS_KINDS), in place: for each class, sort by that class's probability (descending,
+    stable: ties keep their order, as glibc's qsort, a merge sort, keeps them) and zero
+    the class probability of every later box overlapping a kept one by more than nms (see
     nms_overlap). Detections with objectness 0 take no part. Returns dets."""
     overlap = nms_overlap(kind, beta)
     total = _zero_objectness_last(dets)

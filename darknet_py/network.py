@@ -14,6 +14,7 @@ from . import optimizer
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
 from .detection import DETECTOR_TYPES
+from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
 
@@ -216,8 +217,14 @@ class Network:
         self.delta = None
         self.train = False
         self.cost = None
+        self._prefetched = []     # [[(host array, backend array, upload), ...]]: prefetch()
         self._training_ready = False
         self._params_ready = False
+        # Values a step reads from the backend, written before it (so that a step replayed
+        # as a graph sees this step's): dropout's per-step seed and the update's rate.
+        self.step_seed = self.be.int_zeros(1)
+        self.update_rate = self.be.zeros(1)
+        self.graphs = StepGraphs(self.be)
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
         self.fold_batchnorm = True
@@ -268,6 +275,7 @@ class Network:
         self.train_buffers = train
         self._input_buf = None
         self._truth_buf = None
+        self.graphs.drop()
 
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take."""
@@ -419,7 +427,54 @@ class Network:
                 if name not in own:
                     setattr(new, name, value)
 
+    # How many prefetched batches are kept: the one a step is about to use and the next.
+    PREFETCHED_KEPT = 2
+
+    def prefetch(self, x, truth=None):
+        """Start uploading a coming batch, x (N, C, H, W) and its truth rows, while the
+        backend works on what is queued: a later forward or training pass on these arrays,
+        or on row slices of them, waits for this upload instead of copying them again.
+        The arrays must stay unchanged until then. The training loop hands batch k+1
+        over before iteration k runs, so its copy overlaps k's compute (on the GPU, from
+        the data loader's page-locked slots)."""
+        record = []
+        for host in (x, truth):
+            if host is not None:
+                host = np.asarray(host, dtype=np.float32)
+                array, upload = self.be.upload_async(host)
+                record.append((host, array, upload))
+        self._prefetched.append(record)
+        while len(self._prefetched) > self.PREFETCHED_KEPT:
+            self._forget_prefetched()
+
+    def _forget_prefetched(self):
+        for _, _, upload in self._prefetched.pop(0):
+            self.be.finish_upload(upload)   # its host memory may be reused after this
+
+    def finish_prefetch(self):
+        """Wait for every prefetched upload and forget them: call it before their host
+        memory goes away (a data loader closing unpins and unmaps its slots)."""
+        while self._prefetched:
+            self._forget_prefetched()
+
+    def _prefetched_rows(self, x):
+        """The backend array holding x's values when x is a prefetched array or a run of
+        rows of one (found by address: x must lie inside it), else None."""
+        if not x.flags.c_contiguous or not x.size:
+            return None
+        start = x.__array_interface__["data"][0]
+        for record in reversed(self._prefetched):
+            for host, array, upload in record:
+                first = host.__array_interface__["data"][0]
+                offset, misaligned = divmod(start - first, host.itemsize)
+                if not misaligned and 0 <= offset and offset + x.size <= host.size:
+                    self.be.wait_upload(upload)
+                    return array[offset:offset + x.size]
+        return None
+
     def _upload(self, x, name, buf_attr, per_image):
+        """x into the network's fixed buffer for it (copied from its prefetched upload
+        when there is one): the buffers stay put, so a captured step can replay on them."""
         x = np.asarray(x, dtype=np.float32)
         n = x.shape[0] if x.ndim > 1 else 1
         if x.size != n * per_image:
@@ -431,14 +486,26 @@ class Network:
         if buf is None or buf.size != x.size:
             buf = self.be.zeros(x.size)
             setattr(self, buf_attr, buf)
-        self.be.write(buf, x)
-        return n, buf
+        prefetched = self._prefetched_rows(x)
+        if prefetched is None:
+            self.be.write(buf, x)
+        else:
+            self.be.copy(prefetched, buf)
+        return buf
 
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
         layer_output). With train=True, batch statistics are used and deltas zeroed."""
-        self._forward_layers(self._stage(x, truth, train), train)
+        net_input = self._stage(x, truth, train)
+        if train:
+            self._write_step_seed()
+        self._forward_layers(net_input, train)
         self.collect_costs()
+
+    def _write_step_seed(self):
+        """The step's part of every dropout layer's seed (the layer adds its own)."""
+        seed = (int(self.seen) * 1000003 + int(self.seed or 0) * 104729) & 0xFFFFFFFF
+        self.be.write(self.step_seed, [seed - (1 << 32) if seed >= 1 << 31 else seed])
 
     def _stage(self, x, truth, train):
         """Buffers for x's batch, x and truth uploaded: the network input on the backend."""
@@ -447,13 +514,16 @@ class Network:
             self._prepare_training()
         if n != self.batch or (train and not self.train_buffers):
             self._allocate(n, train or self.train_buffers)
-        _, net_input = self._upload(x, "input", "_input_buf", self.inputs)
+        net_input = self._upload(x, "input", "_input_buf", self.inputs)
         self.truth = self.truth_host = None
         if truth is not None:
             # The YOLO/region/detection losses read the host copy: no round trip from the GPU.
             self.truth_host = np.asarray(truth, dtype=np.float32).reshape(n, -1)
-            _, self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
-                                         self.truth_host.shape[1])
+            if train:
+                for layer in self.layers:
+                    layer.check_truth(self, self.truth_host)
+            self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
+                                      self.truth_host.shape[1])
         return net_input
 
     def _forward_layers(self, net_input, train):
@@ -491,18 +561,19 @@ class Network:
                 self.input, self.delta = prev.output, prev.delta
             layer.backward(self)
 
-    def update(self):
-        if self.data_parallel is not None:
-            self.data_parallel.reduce(self)
-        args = UpdateArgs(learning_rate=self.learning_rate, momentum=self.options.momentum,
-                          decay=self.options.decay,
-                          batch=self.images_per_iteration)
+    def _write_update_rate(self):
+        """Write this iteration's learning rate / images per iteration for the update;
+        returns the learning rate."""
+        rate = self.learning_rate
+        self.be.write(self.update_rate, [rate / self.images_per_iteration])
+        return rate
+
+    def _update_layers(self):
+        """Every layer's SGD step (the rate written by _write_update_rate)."""
+        args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
+                          decay=self.options.decay, batch=self.images_per_iteration)
         for layer in self.layers:
             layer.update(args)
-        if self.data_parallel is not None:
-            self.data_parallel.updated(self)
-        self.params_changed()
-        return args.learning_rate
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that
@@ -519,8 +590,32 @@ class Network:
 
     def params_changed(self):
         """Call after writing parameters by hand: drops what was derived from them."""
+        self.graphs.drop()
+        self._params_updated()
+
+    def _params_updated(self):
+        """After a training pass (parameters and rolling statistics moved in place):
+        inference's folded weights are stale, and with them the recorded forward passes
+        that read them."""
+        self.graphs.drop("predict")
         for layer in self.layers:
             layer.params_changed()
+
+    @property
+    def capturable(self):
+        """Whether a step may be replayed as a graph: every layer works on the backend alone,
+        and no data-parallel exchange (NCCL, between backward and update) is in it."""
+        return (self.graphs.enabled and self.data_parallel is None
+                and all(layer.capturable for layer in self.layers))
+
+    def _run_step(self, kind, key, net_input, train, step):
+        """step(): a forward (and backward, update) on net_input; replayed as a graph when
+        the network allows it, for steps of the same kind, key and buffers."""
+        self.train, self._net_input = train, net_input   # as the step sets them eagerly
+        if self.capturable:
+            self.graphs.run(kind, key, (net_input, self.truth), step, self.layers)
+        else:
+            step()
 
     def _prepare_training(self):
         for layer in self.layers:
@@ -534,7 +629,10 @@ class Network:
         x = np.asarray(x, dtype=np.float32)
         if x.ndim == len(self.input_shape):
             x = x[None]
-        self.forward(x, train=False)
+        net_input = self._stage(x, None, False)
+        self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
+                       lambda: self._forward_layers(net_input, False))
+        self.collect_costs()
         last = len(self.layers) - 1
         while last > 0 and self.layers[last].type == "cost":
             last -= 1
@@ -567,11 +665,29 @@ class Network:
             self.set_batch(n)
         self.images_per_pass = n
         self.seen += n * self.replicas
-        self._forward_layers(self._stage(x, self.truth_for_network(truth), True), True)
-        self.backward()
-        self.last_rate = None
-        if (self.seen // (n * self.replicas)) % self.subdivisions == 0:
-            self.last_rate = self.update()
+        net_input = self._stage(x, self.truth_for_network(truth), True)
+        update = (self.seen // (n * self.replicas)) % self.subdivisions == 0
+        self._write_step_seed()
+        self.last_rate = self._write_update_rate() if update else None
+        parallel = self.data_parallel
+
+        def step():
+            self._forward_layers(net_input, True)
+            self.backward()
+            if update and parallel is None:
+                self._update_layers()
+
+        if parallel is None:
+            o = self.options
+            self._run_step("train", (self.batch, update, o.momentum, o.decay,
+                                     self.images_per_iteration), net_input, True, step)
+        else:
+            step()
+            if update:   # the replicas' gradients are summed between backward and update
+                parallel.reduce(self)
+                self._update_layers()
+                parallel.updated(self)
+        self._params_updated()   # the update, and the forward's batch-norm rolling statistics
         self.collect_costs()   # after the update: the step's launches queue without a wait
         return self.cost
 

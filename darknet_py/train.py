@@ -42,8 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data.augment import ClassifierAugment
-from .data.augment_fork import detector_augment
+from .data.augment_fork import classifier_augment, detector_augment
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader, default_workers
@@ -515,10 +514,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             raise TrainError(f"{cfg}: the network gives {outputs} outputs per image but "
                              f"{data} has classes={classes}; set the last layer's filters (or "
                              f"outputs) to {classes}")
-        augment = ClassifierAugment(min_ratio=o.min_ratio, max_ratio=o.max_ratio,
-                                    angle=o.angle, aspect=o.aspect, hue=o.hue,
-                                    saturation=o.saturation, exposure=o.exposure,
-                                    center=bool(o.center), flip=bool(o.flip))
+        augment = classifier_augment(o, warn=lambda m: log(f"darknet-py: warning: {m}"))
         loader_args = dict(task="classifier", labels=config.labels, classes=classes)
         multiscale = bool(o.random)
     else:
@@ -542,7 +538,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                         batch=images_per_iteration // net.replicas, channels=o.channels,
                         augment=augment, seed=ranks.seed(seed),
                         workers=default_workers() if workers is None else workers,
-                        start=net.iteration, **loader_args)
+                        start=net.iteration, pin=net.be.pin, **loader_args)
     if map_eval and map_every is None:
         map_every = default_map_interval(len(paths), images_per_iteration)
 
@@ -615,19 +611,36 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     epoch = net.seen // len(paths)
     completed_seen = net.seen
     rate_per_iteration = None
+    every = CLASSIFIER_MULTISCALE_EVERY if task == "classifier" else MULTISCALE_EVERY
+
+    def input_size(iteration):
+        """The input (width, height) of an iteration: with random=1, the size drawn at
+        the start of its block of `every` iterations (or of this run, if later)."""
+        if not multiscale:
+            return cfg_size
+        drawn_at = max(start_iteration, iteration - iteration % every)
+        return multiscale_size(cfg_size[0], cfg_size[1], stride, drawn_at, o.max_batches,
+                               seed, classifier=task == "classifier")
+
+    def fetch(iteration):
+        """The loader's batch for `iteration`, handed to the network to upload ahead."""
+        loader.set_size(*input_size(iteration))
+        batch = loader.next_batch()
+        net.prefetch(*batch)
+        return batch
+
+    upcoming = None   # the next iteration's batch, already uploading
     try:
         while net.iteration < o.max_batches:
             iteration = net.iteration
-            every = CLASSIFIER_MULTISCALE_EVERY if task == "classifier" else MULTISCALE_EVERY
-            if multiscale and (iteration % every == 0 or iteration == start_iteration):
-                w, h = multiscale_size(cfg_size[0], cfg_size[1], stride, iteration,
-                                       o.max_batches, seed, classifier=task == "classifier")
-                if (w, h) != (o.width, o.height):
-                    log(f"Resizing: {w} x {h}")
-                    resize_network(net, w, h)
-                    loader.set_size(w, h)
+            w, h = input_size(iteration)
+            if (w, h) != (o.width, o.height):
+                log(f"Resizing: {w} x {h}")
+                resize_network(net, w, h)
             wall_start = time.perf_counter()
-            x, truth = loader.next_batch()
+            x, truth = upcoming if upcoming is not None else fetch(iteration)
+            # Batch k+1 is handed over before iteration k runs: its upload overlaps k.
+            upcoming = fetch(iteration + 1) if iteration + 1 < o.max_batches else None
             train_start = time.perf_counter()
             loss = ranks.mean(net, net.train_iteration(x, truth))
             if not math.isfinite(loss):
@@ -700,6 +713,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
             f"with --weights {backup_path})")
         raise
     finally:
+        net.finish_prefetch()   # no upload may still read the slots the loader unmaps
         loader.close()
         restore_sigterm()
         np.seterr(**float_errors)

@@ -30,7 +30,7 @@ from .boxes import box_iou, fork_iou, results_corners
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
-from .detection import detector_layers, output_layer
+from .detection import detect, detector_layers, output_layer
 from .files import write_text_atomically
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
@@ -204,9 +204,11 @@ class DetectorResult:
 
 def image_detections(net, image, thresh=VALID_THRESH, nms=VALID_NMS):
     """[(class_id, score, (x, y, w, h) relative)] of one image: every class probability
-    left non-zero by the threshold and NMS."""
+    left non-zero by the threshold and NMS, in the order Darknet's validation loops visit
+    them (boxes in NMS's order, each box's classes ascending): the order that decides
+    where detections of equal score rank (see fork_map)."""
     out = []
-    for d in net.detect(image, thresh=thresh, nms=nms):
+    for d in detect(net, image, thresh=thresh, nms=nms, darknet_order=True):
         for c in np.nonzero(d.probs > 0)[0]:
             out.append((int(c), float(d.probs[c]), d.box))
     return out
@@ -384,7 +386,12 @@ def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRE
     monotonic, for every recall reached (points=0, VOC 2010-2012), or the mean over
     `points` equally spaced recalls of the best precision at that recall or more (11:
     VOC 2007, 101: MS COCO). mAP is the mean over all classes, those without ground
-    truth included, as the fork divides."""
+    truth included, as the fork divides.
+
+    Detections of equal score rank in the order they are given (images in list order,
+    each image's as image_detections lists them), which is where the fork's qsort leaves
+    them with glibc: its qsort is a merge sort, stable whenever it can allocate its
+    buffer (qsort's fallback, and other C libraries' qsort, may order ties otherwise)."""
     scored = []            # (score, class, unique truth index or -1)
     truth_count = np.zeros(classes, dtype=np.int64)
     tp_at = np.zeros(classes, dtype=np.int64)

@@ -154,6 +154,10 @@ def _write_layer(net, layer, data, pos, transpose, check_finite_in=None):
 
 
 # ---- transfer: weights trained for another class count --------------------------------------
+# The heads whose convolution before them has n * (classes + extra) filters.
+TRANSFER_HEADS = ("yolo", "gaussian_yolo", "region")
+
+
 @dataclass
 class ClassCountLayout:
     """A weights file that holds this cfg's layers trained for `classes` classes: only the
@@ -165,7 +169,7 @@ class ClassCountLayout:
     def describe(self, net):
         heads = [net.layers[i + 1] for i in self.head_convs]
         return (f"holds this cfg's layers trained for {self.classes} classes, but the "
-                f"cfg's [{heads[0].type}] layers have classes={heads[0].classes}: layer"
+                f"cfg's [{heads[0].section.header}] layers have classes={heads[0].classes}: layer"
                 f"{'s' if len(heads) > 1 else ''} {_index_list(self.head_convs)} "
                 f"(the convolution{'s' if len(heads) > 1 else ''} before "
                 f"{'them' if len(heads) > 1 else 'it'}) differ")
@@ -205,12 +209,13 @@ def _index_list(indices):
 
 def class_count_layout(net, have):
     """The ClassCountLayout under which a file of `have` floats is this network trained for
-    another class count, or None. Each [yolo]/[region] head has n anchors and reads a
-    convolution with n * (classes + extra) filters, so the file's size is this network's
-    plus (classes - this network's classes) * the head convolutions' floats per class."""
+    another class count, or None. Each [yolo]/[Gaussian_yolo]/[region] head has n anchors
+    and reads a convolution with n * (classes + extra) filters, so the file's size is this
+    network's plus (classes - this network's classes) * the head convolutions' floats per
+    class."""
     from .layers.convolutional import ConvolutionalLayer
 
-    heads = [l for l in net.layers if l.type in ("yolo", "region")]
+    heads = [l for l in net.layers if l.type in TRANSFER_HEADS]
     if not heads or len({h.classes for h in heads}) != 1:
         return None
     per_class = {}   # head convolution -> (its floats here, its floats per class)

@@ -165,6 +165,30 @@ extern "C" __global__ void bias_activate(float* __restrict__ out, const float* _
     }
 }
 
+// Batch norm's forward after its statistics, per element of rows = batch * filters rows:
+// v = (x - mean[f]) / (sqrt(var[f]) + 1e-6) (Darknet; eps < 0) or / sqrt(var[f] + eps)
+// (the fork), x_norm = v when x_norm is not null, x = act(v * scales[f] + biases[f]). One
+// pass for what normalize, a copy, scale_bias, add_bias and the activation did in five;
+// each step rounds as its own pass did (no fused multiply-add), so the bits are theirs.
+extern "C" __global__ void batchnorm_apply_kernel(float* __restrict__ x, const float* __restrict__ mean,
+                                                 const float* __restrict__ variance,
+                                                 const float* __restrict__ scales,
+                                                 const float* __restrict__ biases,
+                                                 int rows, int filters, int spatial, float eps, int act,
+                                                 float* __restrict__ x_norm)
+{
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= spatial) return;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        const int f = r % filters;
+        const long long i = (long long)r * spatial + s;
+        const float d = eps < 0.0f ? __fadd_rn(sqrtf(variance[f]), 1e-6f) : sqrtf(__fadd_rn(variance[f], eps));
+        const float v = __fdiv_rn(__fsub_rn(x[i], mean[f]), d);
+        if (x_norm) x_norm[i] = v;
+        x[i] = activate(__fadd_rn(__fmul_rn(v, scales[f]), biases[f]), act);
+    }
+}
+
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
 // x (blocks and threads) spans the width, y the rows.
 extern "C" __global__ void activate_strided(float* __restrict__ x, int rows, int row_stride,

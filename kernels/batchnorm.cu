@@ -53,36 +53,96 @@ enum ChannelTerm {
     TERM_A_TIMES_B_MINUS_MEAN = 3 // a[i] * (b[i] - mean[f]) (variance_delta)
 };
 
+// One thread's share of channel f's terms i = first, first + blockDim.x, ... < end; term
+// i is element (i / spatial, f, i % spatial). The (image, position) pair is carried from
+// term to term (one division per thread, not per term), and UNROLL terms are loaded
+// before any is added, so that several loads are in flight: this pass is bound by memory
+// bandwidth (a 64-bit division per term and one load at a time per thread held it to
+// ~40%: bench/NOTES.md, R1). The terms are added in the order of i, as a plain loop would.
+// SUM_A: also the sum of a[i] alone into sum_a (two reductions for one read of a).
+template <int TERM, bool SUM_A>
+__device__ __forceinline__ void accumulate_channel_terms(const float* __restrict__ a, const float* __restrict__ b,
+                                                    float m, int filters, int spatial,
+                                                    long long first, long long end,
+                                                    double& sum, double& sum_a)
+{
+    constexpr int UNROLL = 4;
+    const int step = blockDim.x;
+    const int step_images = step / spatial;
+    const int step_pos = step - step_images * spatial;
+    const long long image_stride = (long long)filters * spatial;
+    long long img = first / spatial;
+    int pos = (int)(first - img * spatial);
+    for (long long i = first; i < end; i += UNROLL * step) {
+        float t[UNROLL], ta[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            t[u] = ta[u] = 0.0f;
+            if (i + (long long)u * step < end) {
+                const long long idx = img * image_stride + pos;
+                ta[u] = a[idx];
+                if (TERM == TERM_A) t[u] = ta[u];
+                else if (TERM == TERM_A_MINUS_MEAN_SQ) { const float d = ta[u] - m; t[u] = d * d; }
+                else if (TERM == TERM_A_TIMES_B) t[u] = ta[u] * b[idx];
+                else t[u] = ta[u] * (b[idx] - m);
+            }
+            img += step_images;
+            pos += step_pos;
+            if (pos >= spatial) { pos -= spatial; ++img; }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            sum += (double)t[u];
+            if (SUM_A) sum_a += (double)ta[u];
+        }
+    }
+}
+
+template <int TERM>
+__device__ __forceinline__ void channel_thread_sums(bool with_a, const float* __restrict__ a,
+                                                    const float* __restrict__ b, float m, int filters,
+                                                    int spatial, long long first, long long end,
+                                                    double& sum, double& sum_a)
+{
+    if (with_a) accumulate_channel_terms<TERM, true>(a, b, m, filters, spatial, first, end, sum, sum_a);
+    else accumulate_channel_terms<TERM, false>(a, b, m, filters, spatial, first, end, sum, sum_a);
+}
+
+// partial[f * parts + p] = block p's sum of channel f's terms; partial_a (unless null)
+// likewise for the sum of a alone.
 extern "C" __global__ void channel_sums(const float* __restrict__ a, const float* __restrict__ b,
                                        const float* __restrict__ mean, int term,
                                        int batch, int filters, int spatial, int parts,
-                                       double* __restrict__ partial)
+                                       double* __restrict__ partial, double* __restrict__ partial_a)
 {
     const int f = blockIdx.y;
     const int p = blockIdx.x;
     const long long count = (long long)batch * spatial;
     const long long chunk = (count + parts - 1) / parts;
-    const long long begin = p * chunk;
-    const long long end = min(count, begin + chunk);
+    const long long begin = p * chunk + threadIdx.x;
+    const long long end = min(count, p * chunk + chunk);
     const float m = (term == TERM_A_MINUS_MEAN_SQ || term == TERM_A_TIMES_B_MINUS_MEAN) ? mean[f] : 0.0f;
-    double s = 0.0;
-    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const long long bi = i / spatial;
-        const long long idx = (bi * filters + f) * spatial + (i - bi * spatial);
-        float t;
-        switch (term) {
-        case TERM_A: t = a[idx]; break;
-        case TERM_A_MINUS_MEAN_SQ: { const float d = a[idx] - m; t = d * d; break; }
-        case TERM_A_TIMES_B: t = a[idx] * b[idx]; break;
-        default: t = a[idx] * (b[idx] - m); break;
-        }
-        s += (double)t;
+    const float* af = a + (long long)f * spatial;
+    const float* bf = b ? b + (long long)f * spatial : b;
+    const bool with_a = partial_a != nullptr;
+    double s = 0.0, sa = 0.0;
+    switch (term) {
+    case TERM_A: channel_thread_sums<TERM_A>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
+    case TERM_A_MINUS_MEAN_SQ: channel_thread_sums<TERM_A_MINUS_MEAN_SQ>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
+    case TERM_A_TIMES_B: channel_thread_sums<TERM_A_TIMES_B>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
+    default: channel_thread_sums<TERM_A_TIMES_B_MINUS_MEAN>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
     }
     s = block_sum(s);
     if (threadIdx.x == 0) partial[(long long)f * parts + p] = s;
+    if (with_a) {
+        __syncthreads();   // block_sum's shared words are about to be reused
+        sa = block_sum(sa);
+        if (threadIdx.x == 0) partial_a[(long long)f * parts + p] = sa;
+    }
 }
 
-// What channel_finalize does with a channel's sum S (count = batch*spatial):
+// What channel_finalize does with a channel's sum S (count = batch*spatial), S first
+// multiplied by scales[f] when scales is not null (the delta summed was not yet scaled):
 enum ChannelFinal {
     FINAL_MEAN = 0,           // out[f] = S / count
     FINAL_VARIANCE = 1,       // out[f] = S / (count - 1)
@@ -93,12 +153,14 @@ enum ChannelFinal {
 
 extern "C" __global__ void channel_finalize(const double* __restrict__ partial, int parts, int filters,
                                            int final_op, long long count,
-                                           const float* __restrict__ variance, float* __restrict__ out)
+                                           const float* __restrict__ variance,
+                                           const float* __restrict__ scales, float* __restrict__ out)
 {
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f >= filters) return;
     double s = 0.0;
     for (int p = 0; p < parts; ++p) s += partial[(long long)f * parts + p];
+    if (scales) s *= (double)scales[f];
     switch (final_op) {
     case FINAL_MEAN: out[f] = (float)(s / (double)count); break;
     case FINAL_VARIANCE: out[f] = (float)(s / (double)(count - 1)); break;
@@ -137,12 +199,14 @@ extern "C" __global__ void normalize_sqrt_eps_kernel(float* __restrict__ x, cons
 }
 
 // delta = delta / sqrt(var + 1e-5) + variance_delta * 2 * (x - mean) / n + mean_delta / n,
-// n = batch * spatial.
+// n = batch * spatial; delta is first multiplied by scales[f] (rounded, as scale_bias
+// would) when scales is not null.
 extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, const float* __restrict__ mean,
                                                  const float* __restrict__ variance,
                                                  const float* __restrict__ mean_delta,
                                                  const float* __restrict__ variance_delta,
                                                  int rows, int filters, int spatial, float n,
+                                                 const float* __restrict__ scales,
                                                  float* __restrict__ delta)
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
@@ -151,7 +215,8 @@ extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, c
         const int f = r % filters;
         const long long i = (long long)r * spatial + s;
         const float xc = x[i] - mean[f];
-        delta[i] = delta[i] / sqrtf(variance[f] + 1e-5f)
+        const float d = scales ? __fmul_rn(delta[i], scales[f]) : delta[i];
+        delta[i] = d / sqrtf(variance[f] + 1e-5f)
                  + variance_delta[f] * 2.0f * xc / n
                  + mean_delta[f] / n;
     }

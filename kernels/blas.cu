@@ -9,6 +9,16 @@ extern "C" __global__ void axpy_kernel(int n, float alpha, const float* __restri
         y[i] += alpha * x[i];
 }
 
+// y += alpha[0] * x: the factor is read from device memory, so a captured graph uses
+// the value written before each replay (the learning rate of the update).
+extern "C" __global__ void axpy_array_kernel(int n, const float* __restrict__ alpha,
+                                            const float* __restrict__ x, float* __restrict__ y)
+{
+    const float a = *alpha;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        y[i] += a * x[i];
+}
+
 // x *= alpha
 extern "C" __global__ void scal_kernel(int n, float alpha, float* __restrict__ x)
 {

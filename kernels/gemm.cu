@@ -224,11 +224,13 @@ __device__ __forceinline__ void sgemm_tile(
     }
 }
 
-// Entry points: variant x transpose case. Both variants give each thread 8x8
-// outputs and pipeline 4 slices (s4). 128x128x8s4 (256 threads, 2 blocks per SM)
-// is for products with enough tiles to fill the SMs; 64x64x8s4r8 (64 threads,
-// up to 8 blocks per SM) gives 4x the blocks for the rest, with split-K on top.
-// bench/NOTES.md has the measurements behind the choice.
+// Entry points: variant x transpose case. All pipeline 4 slices (s4).
+// 128x128x8s4 (256 threads, 8x8 outputs each, 2 blocks per SM) is for products with
+// enough tiles to fill the SMs; 64x64x8s4r8 (64 threads, 8x8 each, up to 8 blocks per
+// SM) gives 4x the blocks for the rest, with split-K on top; 32x32x8s4w (one warp,
+// 4x8 each, up to 16 blocks per SM) is for a small C over a long K (a convolution's
+// weight gradient: C is filters x weights, K is images x positions), split into
+// thousands of K slices. bench/NOTES.md has the measurements behind the choice.
 #define SGEMM_ENTRY(NAME, BM, BN, BK, TM, TN, STAGES, TA, TB, MINB)                              \
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) NAME(               \
         int M, int N, int K, float alpha, const float* __restrict__ A, int lda,                    \
@@ -249,21 +251,33 @@ SGEMM_ENTRY(sgemm_64x64x8s4r8_nt, 64, 64, 8, 8, 8, 4, false, true, 8)
 SGEMM_ENTRY(sgemm_64x64x8s4r8_tn, 64, 64, 8, 8, 8, 4, true, false, 8)
 SGEMM_ENTRY(sgemm_64x64x8s4r8_tt, 64, 64, 8, 8, 8, 4, true, true, 8)
 
+SGEMM_ENTRY(sgemm_32x32x8s4w_nn, 32, 32, 8, 4, 8, 4, false, false, 16)
+SGEMM_ENTRY(sgemm_32x32x8s4w_nt, 32, 32, 8, 4, 8, 4, false, true, 16)
+SGEMM_ENTRY(sgemm_32x32x8s4w_tn, 32, 32, 8, 4, 8, 4, true, false, 16)
+SGEMM_ENTRY(sgemm_32x32x8s4w_tt, 32, 32, 8, 4, 8, 4, true, true, 16)
+
 // C[m, n] = alpha * sum_z partial[z][m, n] + beta * C[m, n]; partials are M x N, ld N.
+// x (blocks and threads) spans the M*N outputs, y the splits: thread y sums splits
+// y, y + blockDim.y, ... in order and row y == 0 adds the rows' sums in order, so the
+// result is the same on every run (no atomics). Thousands of splits (a weight
+// gradient's) are summed by 32 threads per output instead of one.
 extern "C" __global__ void splitk_reduce(int M, int N, int splits, const float* __restrict__ partial,
                                          float alpha, float beta, float* __restrict__ C, int ldc)
 {
+    __shared__ float sums[256];
     const long long total = (long long)M * N;
-    const long long plane = total;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (int z = 0; z < splits; ++z) s += partial[z * plane + i];
-        const int m = (int)(i / N);
-        const int n = (int)(i - (long long)m * N);
-        float* c = C + (size_t)m * ldc + n;
-        float v = alpha * s;
-        if (beta != 0.0f) v = fmaf(beta, *c, v);
-        *c = v;
-    }
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    float s = 0.0f;
+    if (i < total)
+        for (int z = threadIdx.y; z < splits; z += blockDim.y) s += partial[z * total + i];
+    sums[threadIdx.y * blockDim.x + threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || i >= total) return;
+    for (int y = 1; y < blockDim.y; ++y) s += sums[y * blockDim.x + threadIdx.x];
+    const int m = (int)(i / N);
+    const int n = (int)(i - (long long)m * N);
+    float* c = C + (size_t)m * ldc + n;
+    float v = alpha * s;
+    if (beta != 0.0f) v = fmaf(beta, *c, v);
+    *c = v;
 }

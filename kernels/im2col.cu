@@ -56,13 +56,16 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
 
 // Sum of the col entries that im2col read from pixel (h, w) of one channel.
 // KS > 0 fixes ksize at compile time, so the loops unroll and the loads issue
-// together; KS == 0 takes ksize at run time.
-template <int KS>
+// together; KS == 0 takes ksize at run time. UNIT_STRIDE (strides 1) drops the
+// run-time divisions and remainders by the strides, ~40 integer instructions a tap.
+template <int KS, bool UNIT_STRIDE>
 __device__ __forceinline__ float col2im_pixel(const float* __restrict__ cols, int ksize_rt, int h, int w,
-                                              int stride_y, int stride_x, int pad, int dilation,
+                                              int stride_y_rt, int stride_x_rt, int pad, int dilation,
                                               int out_h, int out_w, long long row_stride)
 {
     const int ksize = KS > 0 ? KS : ksize_rt;
+    const int stride_y = UNIT_STRIDE ? 1 : stride_y_rt;
+    const int stride_x = UNIT_STRIDE ? 1 : stride_x_rt;
     float sum = 0.0f;
     for (int ki = 0; ki < ksize; ++ki) {
         const int hs = h + pad - ki * dilation;     // = oh * stride_y when row (ki) read this pixel
@@ -96,11 +99,14 @@ extern "C" __global__ void col2im_kernel(const float* __restrict__ col, int chan
         const int b = cb - c * batch;
         const float* cols = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_h * out_w;
         float sum;
-        switch (ksize) {
-        case 1: sum = col2im_pixel<1>(cols, 1, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride); break;
-        case 3: sum = col2im_pixel<3>(cols, 3, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride); break;
-        default: sum = col2im_pixel<0>(cols, ksize, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride); break;
-        }
+        if (ksize == 3 && stride_y == 1 && stride_x == 1)
+            sum = col2im_pixel<3, true>(cols, 3, h, w, 1, 1, pad, dilation, out_h, out_w, row_stride);
+        else if (ksize == 3)
+            sum = col2im_pixel<3, false>(cols, 3, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride);
+        else if (ksize == 1)
+            sum = col2im_pixel<1, false>(cols, 1, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride);
+        else
+            sum = col2im_pixel<0, false>(cols, ksize, h, w, stride_y, stride_x, pad, dilation, out_h, out_w, row_stride);
         im[b * im_stride + (long long)c * hw + pix] += sum;
     }
 }

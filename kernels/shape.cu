@@ -5,22 +5,36 @@
 // dst[p*dst_plane_stride + r*dst_stride + c] (+)= src[p*src_plane_stride + r*src_stride + c]
 // for p < planes, r < rows, c < width: route concatenation (one plane) and the
 // (filters, batch, positions) <-> (batch, filters, positions) moves of a convolution.
-// x spans c, y spans the (plane, row) pairs.
+// x spans c, COPY_RUN elements a thread (blockDim.x apart, so a warp's accesses stay
+// coalesced), loaded together before any store: one element a thread kept too few loads
+// in flight for the copy bandwidth (bench/NOTES.md, R2). y spans the (plane, row) pairs.
+constexpr int COPY_RUN = 4;
+
 extern "C" __global__ void copy_blocks_kernel(const float* __restrict__ src, int src_stride,
                                              long long src_plane_stride,
                                              float* __restrict__ dst, int dst_stride,
                                              long long dst_plane_stride,
                                              int width, int rows, int planes, int accumulate)
 {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= width) return;
+    const int c0 = blockIdx.x * blockDim.x * COPY_RUN + threadIdx.x;
+    if (c0 >= width) return;
     for (long long pr = blockIdx.y * blockDim.y + threadIdx.y; pr < (long long)rows * planes;
          pr += gridDim.y * blockDim.y) {
         const long long p = pr / rows;
         const long long r = pr - p * rows;
-        const float v = src[p * src_plane_stride + r * src_stride + c];
-        float* d = dst + p * dst_plane_stride + r * dst_stride + c;
-        *d = accumulate ? *d + v : v;
+        const float* s = src + p * src_plane_stride + r * src_stride;
+        float* d = dst + p * dst_plane_stride + r * dst_stride;
+        float v[COPY_RUN];
+#pragma unroll
+        for (int u = 0; u < COPY_RUN; ++u) {
+            const int c = c0 + u * blockDim.x;
+            v[u] = c < width ? s[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < COPY_RUN; ++u) {
+            const int c = c0 + u * blockDim.x;
+            if (c < width) d[c] = accumulate ? d[c] + v[u] : v[u];
+        }
     }
 }
 

@@ -5,6 +5,17 @@ import pytest
 
 
 @pytest.fixture(scope="module")
+def cuda():
+    """A CudaBackend on GPU 0 for the gpu tests; they are skipped without PyCUDA or a GPU."""
+    pytest.importorskip("pycuda.driver")
+    from darknet_py.backends import cuda_available
+    if not cuda_available():
+        pytest.skip("no CUDA GPU")
+    from darknet_py.backends.cuda_backend import CudaBackend
+    return CudaBackend(0)
+
+
+@pytest.fixture(scope="module")
 def bars(tmp_path_factory):
     """40 images of two classes: horizontal and vertical bars; valid list of 10 more."""
     root = tmp_path_factory.mktemp("bars")

@@ -143,6 +143,12 @@ def test_activation_kernel_ids_match_activations_py():
         assert len(re.findall(rf"case {name.upper()}:", text)) == 2, f"{name}: forward and gradient"
 
 
+def test_copy_run_matches_the_kernel():
+    kernel = re.search(r"constexpr int COPY_RUN = (\d+);", (KERNEL_DIR / "shape.cu").read_text())
+    backend = re.search(r"^_COPY_RUN = (\d+)", CUDA_BACKEND_PY.read_text(), flags=re.M)
+    assert kernel and backend and kernel.group(1) == backend.group(1)
+
+
 def test_kernels_have_no_preprocessor_includes():
     # PyCUDA preprocesses (a slow nvcc run) any source with an include to key its cache.
     for path in KERNEL_DIR.glob("*.cu"):
@@ -155,16 +161,6 @@ def test_kernels_have_no_preprocessor_includes():
 
 REF = NumpyBackend(np.float64)     # reference: higher precision, same inputs
 REF32 = NumpyBackend(np.float32)   # for bit-exact comparisons (dropout)
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    pytest.importorskip("pycuda.driver")
-    from darknet_py.backends import cuda_available
-    if not cuda_available():
-        pytest.skip("no CUDA GPU")
-    from darknet_py.backends.cuda_backend import CudaBackend
-    return CudaBackend(0)
 
 
 class View:
@@ -336,6 +332,7 @@ def test_axpy_scal_mul(cuda, n):
     rng = np.random.default_rng(n)
     x, y = rand(rng, n), rand(rng, n)
     check(cuda, "axpy", -1.75, x, y)
+    check(cuda, "axpy_array", np.array([-1.75e-3], np.float32), x, y)  # factor on the device
     check(cuda, "scal", 0.37, y)
     check(cuda, "mul", x, y)
 
@@ -384,7 +381,9 @@ def _gemm_case(rng, ta, tb, m, n, k, alpha, beta, layout):
 
 
 GEMM_SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 17), (64, 64, 64), (129, 127, 131),
-               (100, 3000, 27), (1023, 515, 257), (256, 169, 2304), (31, 1000, 1500), (5, 7, 0)]
+               (100, 3000, 27), (1023, 515, 257), (256, 169, 2304), (31, 1000, 1500), (5, 7, 0),
+               # weight-gradient shapes: a small C over a long K, hundreds of K splits
+               (16, 27, 60000), (32, 144, 20000)]
 
 
 @gpu
@@ -399,7 +398,7 @@ def test_gemm_shapes(cuda, ta, tb, m, n, k):
 
 @gpu
 @pytest.mark.parametrize("plan", [("128x128x8s4", 1), ("64x64x8s4r8", 1), ("64x64x8s4r8", 5),
-                                  ("128x128x8s4", 3)])
+                                  ("128x128x8s4", 3), ("32x32x8s4w", 1), ("32x32x8s4w", 40)])
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("layout", ["packed", "padded", "aligned"])
 def test_gemm_every_kernel_variant(cuda, plan, ta, tb, layout):
@@ -411,6 +410,24 @@ def test_gemm_every_kernel_variant(cuda, plan, ta, tb, layout):
             check(cuda, "gemm", *args)
     finally:
         cuda.gemm_override = None
+
+
+@gpu
+@pytest.mark.parametrize("splits", [20, 700])
+def test_gemm_split_k_is_deterministic_and_sums_every_split(cuda, splits):
+    """Hundreds of K splits (the reduce then sums with 8 to 32 threads per output, in a
+    fixed order): within rounding of the reference, and the same bits on every run."""
+    rng = np.random.default_rng(splits)
+    m, n, k = 16, 27, 256 * splits
+    args = _gemm_case(rng, 0, 1, m, n, k, 0.5, 0.0, "packed")
+    cuda.gemm_override = ("32x32x8s4w", splits)
+    try:
+        _, want = run(REF, "gemm", *args)
+        outputs = [run(cuda, "gemm", *args)[1][2] for _ in range(3)]
+    finally:
+        cuda.gemm_override = None
+    assert_close(outputs[0], want[2], 1e-4, "gemm C")
+    assert all(np.array_equal(o, outputs[0], equal_nan=True) for o in outputs[1:])  # C's pad is NaN
 
 
 # ---- convolution helpers -----------------------------------------------------
@@ -475,6 +492,25 @@ def test_batchnorm(cuda, batch, filters, spatial):
     check(cuda, "variance_delta", x, delta, mean, var, batch, filters, spatial, nan(filters), tol=tol)
     check(cuda, "normalize_delta", x, mean, var, rand(rng, filters), rand(rng, filters),
           batch, filters, spatial, delta)
+    x_norm = rand(rng, total)
+    for bias_updates in (rand(rng, filters), None):
+        check(cuda, "bias_scale_updates", delta, x_norm, batch, filters, spatial, bias_updates,
+              rand(rng, filters), tol=tol)
+    check(cuda, "batchnorm_delta", x, mean, var, rand(rng, filters, 0.5, 1.5), batch, filters,
+          spatial, nan(filters), nan(filters), delta, tol=tol)
+
+
+@gpu
+@pytest.mark.parametrize("batch,filters,spatial", CHANNEL_SHAPES)
+@pytest.mark.parametrize("eps", [None, 1e-5])
+def test_batchnorm_apply(cuda, batch, filters, spatial, eps):
+    rng = np.random.default_rng(batch * filters + spatial)
+    total = batch * filters * spatial
+    for activation, x_norm in (("leaky", nan(total)), ("linear", None), ("logistic", None),
+                               ("mish", nan(total))):
+        check(cuda, "batchnorm_apply", rand(rng, total, -2.0, 3.0), rand(rng, filters),
+              rand(rng, filters, 0.2, 2.0), rand(rng, filters, 0.5, 1.5), rand(rng, filters),
+              batch, filters, spatial, eps, activation, x_norm)
 
 
 # ---- activations -------------------------------------------------------------
@@ -724,11 +760,14 @@ def test_channel_weighted_add_and_dot(cuda, outputs, width, channels, src_stride
 # ---- dropout -------------------------------------------------------------------
 
 @gpu
-@pytest.mark.parametrize("n,prob,seed", [(1, 0.5, 0), (10007, 0.3, 12345), (1 << 20, 0.9, 2**40 + 3)])
-def test_dropout_matches_numpy_bit_for_bit(cuda, n, prob, seed):
+@pytest.mark.parametrize("n,prob,step_seed,layer_seed", [
+    (1, 0.5, 0, 0), (10007, 0.3, 12345, 7919), (1 << 20, 0.9, -3, 2**40 + 3)])
+def test_dropout_matches_numpy_bit_for_bit(cuda, n, prob, step_seed, layer_seed):
     rng = np.random.default_rng(n)
     scale = 1.0 / (1.0 - prob)
-    check(cuda, "dropout", rand(rng, n), prob, scale, nan(n), seed, exact=True, ref=REF32)
+    seed = np.array([step_seed], dtype=np.int32)   # the step's part, read on the device
+    check(cuda, "dropout", rand(rng, n), prob, scale, nan(n), seed, layer_seed, exact=True,
+          ref=REF32)
     rnd = REF32.empty(n)
-    REF32.dropout(REF32.from_host(rand(rng, n)), prob, scale, rnd, seed)
+    REF32.dropout(REF32.from_host(rand(rng, n)), prob, scale, rnd, seed, layer_seed)
     check(cuda, "dropout_backward", rnd, prob, scale, rand(rng, n), exact=True, ref=REF32)

@@ -15,7 +15,6 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.detection_loss import DETECTION_SCALARS, DetectionHead
 from darknet_py.network import Network
 from darknet_py.region_loss import REGION_SCALARS, RegionHead
-from test_cuda_ops import cuda  # noqa: F401 (the fixture)
 from test_detection import REGION_TRAIN
 from test_head_losses import DETECTION_RANDOM
 

@@ -55,6 +55,14 @@ def test_route_groups_must_divide_the_channels():
         build(CONV.format(f=6, k=1, a="linear") + "[route]\nlayers=-1\ngroups=4\n", 3, 3, 2)
 
 
+def test_convolutional_antialiasing_is_refused_not_read_past():
+    # The fork blurs after such a convolution: building without the blur would give
+    # other outputs than the fork's, so the option stops the build.
+    with pytest.raises(CfgError, match=r"<cfg>:11: antialiasing: option is not supported by darknet-py"):
+        build("[convolutional]\nfilters=4\nsize=3\nstride=2\nantialiasing=1\n", 8, 8, 1)
+    build("[convolutional]\nfilters=4\nsize=3\nstride=2\nantialiasing=0\n", 8, 8, 1)
+
+
 def test_route_groups_gradient():
     body = (CONV.format(f=4, k=3, a="leaky") + CONV.format(f=2, k=1, a="logistic")
             + "[route]\nlayers=-1,-2\ngroups=2\ngroup_id=1\n\n" + CONV.format(f=2, k=1, a="linear"))

@@ -10,6 +10,26 @@ from darknet_py.validate import curve_ap, fork_map
 from helpers import c_iou, digit_set, yolo_head
 
 
+def c_detections_comparator(a, b):
+    """The fork's detections_comparator: higher p first, 0 for equal p."""
+    diff = np.float32(a["p"]) - np.float32(b["p"])
+    return 1 if diff < 0 else -1 if diff > 0 else 0
+
+
+def glibc_qsort(items, compare):
+    """glibc's qsort as it runs when it can allocate its buffer (msort.c, every release):
+    a top-down merge sort, n / 2 items in the first half, the first half's item taken
+    when the comparison is <= 0."""
+    n = len(items)
+    if n <= 1:
+        return list(items)
+    first, second = glibc_qsort(items[:n // 2], compare), glibc_qsort(items[n // 2:], compare)
+    merged = []
+    while first and second:
+        merged.append(first.pop(0) if compare(first[0], second[0]) <= 0 else second.pop(0))
+    return merged + first + second
+
+
 def c_validate_detector_map(images, classes, iou_thresh, map_points, thresh_calc_avg_iou):
     """The fork's validate_detector_map from the detections on: returns (mAP, aps, tp, fp)."""
     detections = []
@@ -37,7 +57,7 @@ def c_validate_detector_map(images, classes, iou_thresh, map_points, thresh_calc
                 else:
                     fp_for_thresh[class_id] += 1
         unique_truth_count += len(truth)
-    detections.sort(key=lambda d: -d["p"])
+    detections = glibc_qsort(detections, c_detections_comparator)
     n = len(detections)
     pr = [[dict(tp=0, fp=0, precision=0.0, recall=0.0) for _ in range(n)] for _ in range(classes)]
     truth_flags = [0] * unique_truth_count
@@ -114,6 +134,49 @@ def test_fork_map_matches_the_forks_validate_detector_map(points, iou_thresh):
     assert got.map == pytest.approx(want_map, abs=1e-9) and 0 < got.map < 1
     assert (got.tp, got.fp) == (want_tp, want_fp)
     assert got.aps[2] == 0 and got.truths[2] == 0  # no truth of class 2: AP 0, still averaged
+
+
+def test_ties_rank_as_the_forks_qsort_leaves_them():
+    """Scores on a coarse grid tie across and within images: the ranking (and with it
+    every AP) is the fork's on glibc, and another order of the ties changes the AP."""
+    differs = 0
+    for seed in range(6):
+        images = [([(c, round(p * 4) / 4 or .25, box) for c, p, box in dets], truth)
+                  for dets, truth in random_images(seed)]
+        got = fork_map(images, 3, thresh=0.25)
+        want_map, want_aps, want_tp, want_fp = c_validate_detector_map(images, 3, .5, 0, .25)
+        assert got.aps == pytest.approx(want_aps, abs=1e-12)
+        assert (got.tp, got.fp) == (want_tp, want_fp)
+        flipped = fork_map([(dets[::-1], truth) for dets, truth in images[::-1]], 3,
+                           thresh=0.25)
+        differs += flipped.aps != got.aps
+    assert differs >= 3
+
+
+def test_a_tie_between_a_miss_and_a_hit_ranks_the_first_given_first():
+    truth = np.array([[.5, .5, .2, .2, 0]], dtype=np.float32)
+    hit, miss = (0, .5, (.5, .5, .2, .2)), (0, .5, (.1, .1, .1, .1))
+    # miss first: precision 0 at rank 0, 1/2 at rank 1 where the recall reaches 1.
+    assert fork_map([([miss], truth[:0]), ([hit], truth)], 1).aps == [.5]
+    assert fork_map([([hit], truth), ([miss], truth[:0])], 1).aps == [1.0]
+
+
+def test_image_detections_are_in_nms_order(tmp_path):
+    """image_detections lists boxes in the order NMS leaves them (as the fork's loops over
+    dets visit them), not by score, and each box's classes ascending."""
+    from darknet_py.detection import detect
+    from darknet_py.network import load_network
+    from darknet_py.validate import image_detections
+    from helpers import untrained_detector
+    net = load_network(*untrained_detector(tmp_path), device="cpu")
+    image = np.random.default_rng(0).random((3, 40, 48)).astype(np.float32)
+    got = image_detections(net, image)
+    nms_order = detect(net, image, thresh=.005, nms=.45, darknet_order=True)
+    want = [(int(c), float(d.probs[c]), d.box) for d in nms_order
+            for c in np.nonzero(d.probs > 0)[0]]
+    assert got == want and len({d.class_id for d in nms_order}) > 1
+    best = [d.prob for d in nms_order]
+    assert best != sorted(best, reverse=True)   # score order would differ
 
 
 def test_curve_ap_by_hand():

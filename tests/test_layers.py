@@ -98,7 +98,10 @@ def test_dropout_inference_copies_and_training_drops_with_a_fresh_mask_per_step(
     x = random_input(net)
     np.testing.assert_array_equal(net.predict(x), x)
     net.forward(x, train=True)
-    rand = uniform_hash(layer.mask_seed(net), x.size)
+    # The seed: the step's part on the backend, the layer's own part added.
+    step_seed = int(net.be.to_host(net.step_seed)[0])
+    assert step_seed == net.seen * 1000003 + net.seed * 104729
+    rand = uniform_hash(step_seed + layer.mask_seed(), x.size)
     expected = np.where(rand < 0.3, 0.0, x.reshape(-1) * (1 / 0.7))
     np.testing.assert_allclose(net.layer_output(0).reshape(-1), expected, rtol=1e-15)
     dropped = (net.layer_output(0) == 0).mean()

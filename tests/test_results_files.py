@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from darknet_py.boxes import results_corners
 from darknet_py.cli import cli
+from darknet_py.detection import detect
 from darknet_py.network import load_network
 from darknet_py.validate import COCO_CATEGORY_IDS
 
@@ -45,7 +46,8 @@ def test_valid_writes_comp4_and_coco_results_and_keeps_them(detector, tmp_path):
     expected = {n: [] for n in names}
     for path in valid:
         image_id = os.path.splitext(os.path.basename(path))[0]
-        for d in net.detect(path, thresh=0.005, nms=0.45):
+        # In Darknet's order: boxes as NMS leaves them (print_detector_detections).
+        for d in detect(net, path, thresh=0.005, nms=0.45, darknet_order=True):
             x, y, w, h = (v * 32 for v in d.box)
             corners = [max(1, x - w / 2 + 1), max(1, y - h / 2 + 1), min(32, x + w / 2 + 1),
                        min(32, y + h / 2 + 1)]

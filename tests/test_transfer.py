@@ -70,6 +70,38 @@ def test_transfer_loads_matching_layers_and_keeps_random_heads(ten_class_weights
     assert report.lines(path)[1].startswith("layers 3, 7 differ in shape")
 
 
+def gaussian_head(classes):
+    """A 1x1 convolution and the [Gaussian_yolo] head it feeds: 9 + classes per anchor."""
+    return (f"[convolutional]\nfilters={3 * (classes + 9)}\nsize=1\nactivation=linear\n"
+            f"[Gaussian_yolo]\nmask=0,1,2\nanchors=8,8, 12,12, 16,16\nclasses={classes}\n"
+            f"num=3\n")
+
+
+def test_transfer_knows_gaussian_yolo_heads(tmp_path):
+    def cfg(name, classes):
+        path = tmp_path / name
+        path.write_text(TRUNK + gaussian_head(classes) + "[route]\nlayers=-3\n" +
+                        LEAKY_CONV.format(filters=8) + gaussian_head(classes))
+        return str(path)
+
+    ten = load_network(cfg("ten.cfg", 10), seed=5)
+    path = str(tmp_path / "ten.weights")
+    ten.save_weights(path)
+    trained = host_params(ten)
+    three = cfg("three.cfg", 3)
+    with pytest.raises(WeightsError) as info:
+        load_network(three, path)
+    assert "trained for 10 classes, but the cfg's [Gaussian_yolo] layers have classes=3: " \
+           "layers 3, 7" in str(info.value)
+    fresh = host_params(load_network(three, seed=1))
+    net = load_network(three, path, seed=1, transfer=True)
+    report = net.transfer_report
+    assert (report.classes, report.loaded, report.not_loaded) == (10, [0, 2, 6], [3, 7])
+    for (index, name), values in host_params(net).items():
+        expected = fresh if index in (3, 7) else trained
+        np.testing.assert_array_equal(values, expected[(index, name)])
+
+
 def test_without_transfer_the_error_names_partial_with_a_count_that_works(ten_class_weights,
                                                                          tmp_path):
     path, trained = ten_class_weights

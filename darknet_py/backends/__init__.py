@@ -30,6 +30,11 @@ class DeviceOutOfMemory(Exception):
         super().__init__(msg)
 
 
+class GraphCaptureError(Exception):
+    """A backend could not record a step as a graph (it waits on the device, say); the
+    step has not run, and running it eagerly is the fallback."""
+
+
 def _mib(n):
     return f"{n / 2**20:.1f} MiB"
 

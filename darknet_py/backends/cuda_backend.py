@@ -8,8 +8,9 @@ that hand data to the host (to_host, sum, synchronize).
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
   * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
-  * Each kernels/*.cu file is compiled once per process and device (PyCUDA keeps
-    the cubins in its disk cache); kernels are launched with prepared_async_call.
+  * The kernels/*.cu files are compiled by nvcc in parallel on a first start and their
+    cubins cached on disk (kernel_cache.py); later starts load them from there. Kernels
+    are launched with prepared_async_call.
   * A failed launch raises CudaError naming the kernel and its grid/block. Errors
     that surface later (a kernel's illegal access shows at the next sync) name the
     recent launches; DARKNET_CUDA_SYNC=1 synchronizes after every launch to pin
@@ -25,15 +26,15 @@ import os
 
 import numpy as np
 import pycuda.driver as drv
-from pycuda.compiler import SourceModule
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory
+from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
 
 from .. import activations
 from ..detection_loss import DETECTION_SCALARS
 from ..region_loss import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
-from .numpy_backend import conv_out_size, conv_strides
+from ..yolo_loss import FLT_MAX, IOU_LOSSES, SCALARS
+from .numpy_backend import _unpin_nothing, conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 
@@ -43,10 +44,12 @@ _GEMM_ARGS = "iiifPiPifPiiiq"
 _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per block)
     "128x128x8s4": (128, 128, 8, 256),
     "64x64x8s4r8": (64, 64, 8, 64),
+    "32x32x8s4w": (32, 32, 8, 32),
 }
 _KERNELS = {
     "blas.cu": {
         "axpy_kernel": "ifPP",
+        "axpy_array_kernel": "iPPP",
         "scal_kernel": "ifP",
         "mul_kernel": "iPP",
         "scale_add_strided": "Piiiff",
@@ -66,15 +69,16 @@ _KERNELS = {
     "batchnorm.cu": {
         "add_bias": "PPiii",
         "scale_bias": "PPiii",
-        "channel_sums": "PPPiiiiiP",
-        "channel_finalize": "PiiiqPP",
+        "channel_sums": "PPPiiiiiPP",
+        "channel_finalize": "PiiiqPPP",
         "normalize_kernel": "PPPiii",
         "normalize_sqrt_eps_kernel": "PPPiiif",
-        "normalize_delta_kernel": "PPPPPiiifP",
+        "normalize_delta_kernel": "PPPPPiiifPP",
     },
     "activations.cu": {
         "activate_array": "Pii",
         "bias_activate": "PPiiii",
+        "batchnorm_apply_kernel": "PPPPPiiifiP",
         "activate_strided": "Piiii",
         "gradient_array": "PiiP",
         "gradient_strided": "PiiiiP",
@@ -110,7 +114,7 @@ _KERNELS = {
         "channel_weighted_dot_kernel": "PiPiiiiP",
     },
     "dropout.cu": {
-        "dropout_forward_kernel": "PiffIP",
+        "dropout_forward_kernel": "PiffPIP",
         "dropout_backward_kernel": "PiffP",
         "uniform_kernel": "PiI",
     },
@@ -123,11 +127,21 @@ _KERNELS = {
         "loss_sums": "PPiiiiP",
         "loss_final": "PiPiiP",
     },
+    "yolo_loss.cu": {
+        "yolo_predictions": "PPPP",
+        "yolo_truths": "PPPPP",
+        "yolo_finish": "PPPP",
+        "yolo_reduce": "PPiPP",
+    },
 }
 # Per-image figures the truth kernels of region_loss.cu leave for loss_final.
 _LOSS_IMAGE_STATS = 5
 # Threads of the kernels that walk one image's truths in order (one thread an image).
 _IMAGE_THREADS = 64
+# nvcc options of a file beyond the default (part of its cubin's cache key). The yolo loss follows the NumPy reference's
+# float32 operation by operation (its thresholds pick branches), so nothing is fused.
+_KERNEL_OPTIONS = {"yolo_loss.cu": ["--fmad=false"]}
+_YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
 _TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
@@ -135,6 +149,7 @@ _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIA
 
 _BLOCK = 256
 _MAX_GRID_Y = 65535
+_COPY_RUN = 4   # COPY_RUN of kernels/shape.cu
 
 
 class _EventTimer:
@@ -152,6 +167,15 @@ class _EventTimer:
         self._stop.record(self.stream)
         self._stop.synchronize()
         return self._stop.time_since(self._start) / 1e3
+
+
+class _Upload:
+    """An upload_async in flight: the event recorded after its copy, and the host array
+    it reads (kept alive until the copy is done)."""
+    __slots__ = ("landed", "host")
+
+    def __init__(self, landed, host):
+        self.landed, self.host = landed, host
 
 
 class CudaError(RuntimeError):
@@ -194,13 +218,18 @@ class _Device:
         self.peak_allocated_bytes = 0
         self.functions = {}
         self.modules = []
+        sources = {}
+        for filename in _KERNELS:
+            with open(os.path.join(KERNEL_DIR, filename)) as f:
+                sources[filename] = f.read()
+        arch = "sm_%d%d" % self.device.compute_capability()
+        cubins = kernel_cache.cubins(sources, arch, _KERNEL_OPTIONS)
         for filename, entries in _KERNELS.items():
-            path = os.path.join(KERNEL_DIR, filename)
-            with open(path) as f:
-                source = f.read()
-            # no_extern_c: the files declare their own extern "C" entry points, so
-            # they compile unchanged here and under `make kernels-check`.
-            module = SourceModule(source, options=[], no_extern_c=True)
+            try:
+                module = drv.module_from_buffer(cubins[filename])
+            except drv.Error as e:
+                raise CudaError(f"the driver cannot load the cubin of {filename} for {arch} "
+                                f"(cached in {kernel_cache.cache_dir()}): {e}") from e
             self.modules.append(module)
             for name, fmt in entries.items():
                 fn = module.get_function(name)
@@ -219,6 +248,41 @@ class _Device:
         self.context.pop()
         from pycuda.tools import clear_context_caches
         clear_context_caches()
+
+
+def _end_failed_capture(handle):
+    """Close a capture that fn broke off, dropping whatever it recorded."""
+    try:
+        cuda_graph.destroy(None, cuda_graph.end_capture(handle))
+    except cuda_graph.GraphError:
+        pass   # the capture was invalidated: ending it was all that was left to do
+
+
+class _Graph:
+    """An instantiated CUDA graph: each call replays it on the backend's stream."""
+
+    def __init__(self, backend, graph, graph_exec, keep):
+        self._backend, self._graph, self._exec, self._keep = backend, graph, graph_exec, keep
+
+    def __call__(self):
+        try:
+            cuda_graph.launch(self._exec, self._backend.stream.handle)
+        except cuda_graph.GraphError as e:
+            raise CudaError(f"replaying a captured step: {e}") from e
+
+    def close(self):
+        """Free the graph now (it is also freed when garbage-collected)."""
+        if self._exec is None or self._backend._dev.closed:
+            return
+        graph_exec, graph, self._exec, self._graph = self._exec, self._graph, None, None
+        cuda_graph.destroy(graph_exec, graph)
+        self._keep = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except cuda_graph.GraphError:
+            pass   # at interpreter exit the context may be gone: the driver frees it then
 
 
 class DeviceArray:
@@ -279,9 +343,14 @@ class CudaBackend:
         self._fn = self._dev.functions
         self._recent = collections.deque(maxlen=8)
         self._scratch = {}
+        self._yolo_args = {}   # packed YoloArgs bytes -> their device copy
         self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
+        self._copy_stream = None   # uploads' stream, made at the first upload_async
+        # While a graph is being captured: every array allocated (or scratch buffer
+        # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.
+        self._capture_keep = None
 
     # ---- infrastructure ------------------------------------------------------
     @property
@@ -331,12 +400,16 @@ class CudaBackend:
         if n == 0:
             return DeviceArray(0, 0, dtype, None)
         block = self._allocate(n * dtype.itemsize)
+        if self._capture_keep is not None:
+            self._capture_keep.append(block)
         return DeviceArray(int(block), n, dtype, block)
 
     def _scratch_buffer(self, key, nbytes):
         """A reusable device buffer of at least nbytes (grows, never shrinks)."""
         buf = self._scratch.get(key)
         if buf is None or buf.nbytes < nbytes:
+            if buf is not None and self._capture_keep is not None:
+                self._capture_keep.append(buf)
             buf = self._scratch[key] = self._new(max(1, (nbytes + 7) // 8), np.float64)
         return buf
 
@@ -448,12 +521,105 @@ class CudaBackend:
         if h.size:
             drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
 
+    # ---- asynchronous uploads ------------------------------------------------
+    # A batch uploads on a copy stream of its own while the compute stream works on the
+    # previous one; events order the two (the copy after the compute work queued before
+    # it, the compute that uses it after the copy). From page-locked memory the copy is
+    # a DMA the call does not wait for; from pageable memory the driver stages it
+    # through its own buffer, and the call may wait for the copy stream to reach it.
+    def pin(self, host):
+        """Page-lock the memory of host array `host` so uploads from it run asynchronously
+        at full speed; returns a function that unpins it (call it before the memory goes).
+        Where the driver refuses (no such memory, a limit reached), uploads from `host`
+        stay correct, only pageable-slow, and the function does nothing."""
+        host = np.asarray(host)
+        if not host.flags.c_contiguous or not host.nbytes:
+            return _unpin_nothing
+        pointer = host.__array_interface__["data"][0]
+        try:
+            cuda_graph.register_host(pointer, host.nbytes)
+        except cuda_graph.GraphError:
+            return _unpin_nothing
+        holder = [host]   # the memory must stay mapped while registered
+
+        def unpin():
+            if holder:
+                try:
+                    cuda_graph.unregister_host(pointer)
+                except cuda_graph.GraphError:
+                    pass   # the context is gone (at exit), and the registration with it
+                holder.clear()
+        return unpin
+
+    def upload_async(self, host):
+        """(array, upload): a backend array that receives host's values (flattened), and
+        the upload filling it, which starts after the work queued so far. Ops queued after
+        wait_upload(upload) see the values; `host` must stay unchanged until
+        finish_upload(upload) returns."""
+        h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
+        dst = self._new(h.size)
+        if self._copy_stream is None:
+            self._copy_stream = drv.Stream()
+        queued = drv.Event(drv.event_flags.DISABLE_TIMING)
+        queued.record(self.stream)
+        self._copy_stream.wait_for_event(queued)
+        if h.size:
+            drv.memcpy_htod_async(self._ptr(dst), h, self._copy_stream)
+        landed = drv.Event(drv.event_flags.DISABLE_TIMING)
+        landed.record(self._copy_stream)
+        return dst, _Upload(landed, h)
+
+    def wait_upload(self, upload):
+        """Ops queued from now on run after `upload` has landed (no wait on the host)."""
+        self.stream.wait_for_event(upload.landed)
+
+    def finish_upload(self, upload):
+        """Return once `upload` has read its host memory (which may then change)."""
+        try:
+            upload.landed.synchronize()
+        except drv.Error as e:
+            raise CudaError(f"CUDA error surfaced at an upload: {e}") from e
+
     def timer(self):
         """A stopwatch for benchmarks: CUDA events recorded on this backend's stream."""
         return _EventTimer(self.stream)
 
     def synchronize(self):
         self._sync("synchronize")
+
+    def capture(self, fn):
+        """Record the work fn queues on the stream as a CUDA graph (fn runs once, here; its
+        kernels are recorded, not run) and return a callable that replays it. The graph
+        holds the arrays fn allocated. Raises GraphCaptureError when the work cannot be
+        recorded (fn waits on the device, or DARKNET_CUDA_SYNC is set): nothing of it has
+        run then, and the stream is back to normal."""
+        if self.sync_each_launch:
+            raise GraphCaptureError("DARKNET_CUDA_SYNC=1 synchronizes after every launch, "
+                                    "which a graph cannot record")
+        handle = self.stream.handle
+        try:
+            cuda_graph.begin_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        keep = self._capture_keep = []
+        try:
+            fn()
+        except Exception as e:
+            self._capture_keep = None
+            _end_failed_capture(handle)
+            raise GraphCaptureError(f"the step could not be recorded as a CUDA graph: {e}") from e
+        self._capture_keep = None
+        keep += self._scratch.values()   # grown later, they must outlive the graph's use
+        try:
+            graph = cuda_graph.end_capture(handle)
+        except cuda_graph.GraphError as e:
+            raise GraphCaptureError(str(e)) from e
+        try:
+            graph_exec = cuda_graph.instantiate(graph)
+        except cuda_graph.GraphError as e:
+            cuda_graph.destroy(None, graph)
+            raise GraphCaptureError(str(e)) from e
+        return _Graph(self, graph, graph_exec, keep)
 
     def fill(self, arr, value):
         if arr.size:
@@ -479,7 +645,8 @@ class CudaBackend:
                                    off + (planes - 1) * pstride, rows, width, stride)
         if rows <= 0 or width <= 0 or planes <= 0:
             return
-        self._launch_rows("copy_blocks_kernel", rows * planes, width,
+        # x spans the width in runs of _COPY_RUN elements a thread (kernels/shape.cu)
+        self._launch_rows("copy_blocks_kernel", rows * planes, _ceil_div(width, _COPY_RUN),
                           self._ptr(src) + 4 * int(src_offset), int(src_stride), int(src_plane_stride),
                           self._ptr(dst) + 4 * int(dst_offset), int(dst_stride), int(dst_plane_stride),
                           int(width), int(rows), planes, int(bool(accumulate)))
@@ -490,6 +657,14 @@ class CudaBackend:
         self._sizes_match("axpy", x, y)
         self._launch("axpy_kernel", self._grid1d(y.size), (_BLOCK,),
                      y.size, float(alpha), self._ptr(x), self._ptr(y))
+
+    def axpy_array(self, alpha, x, y):
+        """y += alpha[0] * x, alpha a one-element array: read on the device when the kernel
+        runs, so a captured step takes the value written before each replay."""
+        self._sizes_match("axpy_array", x, y)
+        self._check_size("axpy_array alpha", alpha, 1)
+        self._launch("axpy_array_kernel", self._grid1d(y.size), (_BLOCK,),
+                     y.size, self._ptr(alpha), self._ptr(x), self._ptr(y))
 
     def scal(self, alpha, x):
         """x *= alpha"""
@@ -536,18 +711,28 @@ class CudaBackend:
     def gemm_plan(self, m, n, k):
         """(variant, splits) the gemm heuristic picks for an m x n x k product.
 
-        The 128x128 tile does the most work per byte it loads, but needs at least
-        a tile per SM; otherwise 64x64 tiles (4x the blocks), and K is split
-        across blocks until there are about 4 blocks per SM (each split keeping
-        at least 256 of K). From the measurements in bench/NOTES.md."""
+        Rules from timing every plan on the convolutions of yolov3-tiny and cifar
+        (bench/conv_bench.py --sweep; bench/NOTES.md, "G1"):
+          * m or n at most 32 (a first layer's few filters or weights): one-warp
+            32x32 tiles, K split until about 8 blocks per SM (each split >= 256 of K);
+          * at least 2.5 waves of 128x128 tiles (2 per SM): 128x128, K whole;
+          * fewer, but still 48 or more: 128x128 with K split into up to 8 slices,
+            toward ~1150 blocks, each slice >= 512 of K (a weight gradient, or a
+            forward whose tiles would leave a second wave nearly empty);
+          * else 64x64 tiles with K split toward 16 blocks per SM (each >= 512)."""
         if self.gemm_override is not None:
             return self.gemm_override
         sms = self.sm_count
-        if m > 64 and n > 64 and _ceil_div(m, 128) * _ceil_div(n, 128) >= sms:
+        if min(m, n) <= 32:
+            tiles = _ceil_div(m, 32) * _ceil_div(n, 32)
+            return "32x32x8s4w", max(1, min(_ceil_div(8 * sms, tiles), k // 256))
+        big = _ceil_div(m, 128) * _ceil_div(n, 128)
+        if m > 64 and n > 64 and 2 * big >= 5 * sms:
             return "128x128x8s4", 1
+        if m > 64 and n > 64 and big >= 48:
+            return "128x128x8s4", max(1, min(8, _ceil_div(1152, big), k // 512))
         tiles = _ceil_div(m, 64) * _ceil_div(n, 64)
-        splits = max(1, min(_ceil_div(4 * sms, tiles), k // 256, 16))
-        return "64x64x8s4r8", splits
+        return "64x64x8s4r8", max(1, min(_ceil_div(16 * sms, tiles), k // 512))
 
     def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         """C = alpha * op(A) @ op(B) + beta * C, row-major, as Darknet's gemm()."""
@@ -583,8 +768,11 @@ class CudaBackend:
         ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
         self._launch(kernel, grid_mn + (splits,), (threads,), m, n, k, 1.0, pa, lda, pb, ldb,
                      0.0, ws, n, chunk, int(n % 4 == 0), m * n)
-        self._launch("splitk_reduce", self._grid1d(m * n), (_BLOCK,), m, n, splits, ws,
-                     alpha, beta, pc, ldc)
+        # Threads per output: one per 16 splits, up to 32 (a block is 256 threads).
+        per_output = min(32, 1 << (max(1, splits // 16).bit_length() - 1))
+        width = _BLOCK // per_output
+        self._launch("splitk_reduce", (_ceil_div(m * n, width),), (width, per_output), m, n,
+                     splits, ws, alpha, beta, pc, ldc)
 
     # ---- convolution helpers -----------------------------------------------
     def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):
@@ -635,8 +823,11 @@ class CudaBackend:
         self._launch_rows("scale_bias", batch * n, size, self._ptr(output), self._ptr(scales),
                           int(batch * n), int(n), int(size))
 
-    def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, variance, out):
-        """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f)."""
+    def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, out,
+                        variance=None, scales=None, sum_a=None):
+        """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f),
+        the sum first multiplied by scales[f] when scales is given. sum_a = (final_op,
+        out): the same for the sum of a alone, from the same pass over a."""
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         if filters <= 0:
             return
@@ -644,38 +835,50 @@ class CudaBackend:
         self._check_size("channel reduction input", a, batch * filters * spatial)
         if b is not None:
             self._check_size("channel reduction input", b, batch * filters * spatial)
-        self._check_size("channel reduction output", out, filters)
+        for arr in (out, variance, scales) + ((sum_a[1],) if sum_a else ()):
+            if arr is not None:
+                self._check_size("channel reduction per-channel array", arr, filters)
         if filters > _MAX_GRID_Y:
             raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
-        # Enough blocks in all to fill the GPU a few times, each with >= 4096 terms.
-        parts = max(1, min(_ceil_div(4 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
-        partial = self._ptr(self._scratch_buffer("channels", 8 * filters * parts))
-        null = 0
-        self._launch("channel_sums", (parts, filters), (_BLOCK,),
-                     self._ptr(a), self._ptr(b) if b is not None else null,
-                     self._ptr(mean) if mean is not None else null, term,
-                     batch, filters, spatial, parts, partial)
-        self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
-                     partial, parts, filters, final_op, count,
-                     self._ptr(variance) if variance is not None else null, self._ptr(out))
+        # Enough blocks in all for 8 per SM (all 2048 threads resident: this pass is
+        # bound by memory bandwidth), each with >= 4096 terms.
+        parts = max(1, min(_ceil_div(8 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
+        plane = 8 * filters * parts
+        partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
+        ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
+        self._launch("channel_sums", (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
+                     ptr(mean), term, batch, filters, spatial, parts, partial,
+                     partial + plane if sum_a else 0)
+        for final, destination, sums in ((final_op, out, partial),) + (
+                ((sum_a[0], sum_a[1], partial + plane),) if sum_a else ()):
+            self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
+                         sums, parts, filters, final, count, ptr(variance), ptr(scales),
+                         self._ptr(destination))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
         self._channel_reduce(_TERM_A, delta, None, None, batch, n, size, _FINAL_ACCUMULATE,
-                             None, bias_updates)
+                             bias_updates)
 
     def backward_scale(self, x_norm, delta, batch, n, size, scale_updates):
-        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size, _FINAL_ACCUMULATE,
-                             None, scale_updates)
+        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
+                             _FINAL_ACCUMULATE, scale_updates)
+
+    def bias_scale_updates(self, delta, x_norm, batch, n, size, bias_updates, scale_updates):
+        """backward_bias (unless bias_updates is None) and backward_scale in one pass."""
+        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
+                             _FINAL_ACCUMULATE, scale_updates,
+                             sum_a=None if bias_updates is None else (_FINAL_ACCUMULATE,
+                                                                      bias_updates))
 
     # ---- batch normalisation ------------------------------------------------
     def mean(self, x, batch, filters, spatial, mean):
-        self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, None, mean)
+        self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
 
     def variance(self, x, mean, batch, filters, spatial, variance):
         self._check_size("variance mean", mean, filters)
         self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
-                             _FINAL_VARIANCE, None, variance)
+                             _FINAL_VARIANCE, variance)
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         self._check_size("normalize x", x, batch * filters * spatial)
@@ -693,19 +896,35 @@ class CudaBackend:
                           self._ptr(mean), self._ptr(variance), int(batch * filters), int(filters),
                           int(spatial), float(eps))
 
+    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm):
+        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu)."""
+        total = batch * filters * spatial
+        self._check_size("batchnorm_apply x", x, total)
+        for what, arr in (("mean", mean), ("variance", variance), ("scales", scales),
+                          ("biases", biases)):
+            self._check_size(f"batchnorm_apply {what}", arr, filters)
+        if x_norm is not None:
+            self._check_size("batchnorm_apply x_norm", x_norm, total)
+        self._launch_rows("batchnorm_apply_kernel", batch * filters, spatial, self._ptr(x),
+                          self._ptr(mean), self._ptr(variance), self._ptr(scales),
+                          self._ptr(biases), int(batch * filters), int(filters), int(spatial),
+                          -1.0 if eps is None else float(eps), self._activation_id(activation),
+                          0 if x_norm is None else self._ptr(x_norm))
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)
         self._channel_reduce(_TERM_A, delta, None, None, batch, filters, spatial, _FINAL_MEAN_DELTA,
-                             variance, mean_delta)
+                             mean_delta, variance=variance)
 
     def variance_delta(self, x, delta, mean, variance, batch, filters, spatial, variance_delta):
         self._check_size("variance_delta mean", mean, filters)
         self._check_size("variance_delta variance", variance, filters)
         self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
-                             _FINAL_VARIANCE_DELTA, variance, variance_delta)
+                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
 
-    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
-                        batch, filters, spatial, delta):
+    def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
+                         batch, filters, spatial, delta):
         for what, arr, need in (("x", x, batch * filters * spatial), ("delta", delta, batch * filters * spatial),
                                 ("mean", mean, filters), ("variance", variance, filters),
                                 ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
@@ -713,7 +932,25 @@ class CudaBackend:
         self._launch_rows("normalize_delta_kernel", batch * filters, spatial,
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
                           self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
-                          float(batch * spatial), self._ptr(delta))
+                          float(batch * spatial), 0 if scales is None else self._ptr(scales),
+                          self._ptr(delta))
+
+    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
+                        batch, filters, spatial, delta):
+        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, None,
+                              batch, filters, spatial, delta)
+
+    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                        variance_delta, delta):
+        """NumpyBackend.batchnorm_delta in two passes over delta instead of five: one
+        reduction gives both sums of the unscaled delta (each then times the channel's
+        scale), and normalize_delta scales delta as it reads it."""
+        self._check_size("batchnorm_delta mean", mean, filters)
+        self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
+                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance,
+                             scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta))
+        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
+                              batch, filters, spatial, delta)
 
     # ---- activations ---------------------------------------------------------
     @staticmethod
@@ -901,6 +1138,56 @@ class CudaBackend:
         self._launch("l2_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
                      self._ptr(truth), self._ptr(delta), self._ptr(error))
 
+    # ---- detection losses --------------------------------------------------------
+    def yolo_loss(self, spec, output, truth, delta, scalars):
+        """The [yolo] head's training loss (kernels/yolo_loss.cu; yolo_loss.py is the
+        reference): writes the whole delta and the yolo_loss.SCALARS into scalars, queued
+        on the stream (no host sync)."""
+        wh = spec.w * spec.h
+        size = spec.batch * spec.n * (5 + spec.classes) * wh
+        self._check_size("yolo_loss output", output, size)
+        self._check_size("yolo_loss delta", delta, size)
+        self._check_size("yolo_loss scalars", scalars, len(SCALARS))
+        if truth.size % spec.batch:
+            raise ValueError(f"yolo_loss truth: {truth.size} values for {spec.batch} images")
+        args = self._ptr(self._yolo_loss_args(spec, truth.size // spec.batch))
+        blocks = _ceil_div(spec.n * wh, _BLOCK)
+        parts = blocks * spec.batch
+        scratch = self._ptr(self._scratch_buffer("yolo_loss", 8 * (3 * parts
+                                                                   + _YOLO_STATS * spec.batch)))
+        stats = scratch + 8 * 3 * parts
+        out, tr, d = self._ptr(output), self._ptr(truth), self._ptr(delta)
+        self._launch("yolo_predictions", (blocks, spec.batch), (_BLOCK,), args, out, tr, d)
+        self._launch("yolo_truths", (spec.batch,), (32,), args, out, tr, d, stats)
+        self._launch("yolo_finish", (blocks, spec.batch), (_BLOCK,), args, out, d, scratch)
+        self._launch("yolo_reduce", (1,), (_BLOCK,), args, scratch, parts, stats,
+                     self._ptr(scalars))
+
+    def _yolo_loss_args(self, spec, truth_stride):
+        """The kernels' YoloArgs for spec on the device: uploaded once per distinct spec
+        (a new input size brings a new one), so a training step copies nothing."""
+        extra_anchors = spec.fork and spec.iou_thresh < 1
+        ints = [spec.batch, spec.n, spec.classes, spec.h, spec.w, spec.total, spec.netw,
+                spec.neth, spec.truth_fields, truth_stride, spec.max_boxes, spec.fork,
+                spec.new_coords, IOU_LOSSES.index(spec.iou_loss),
+                IOU_LOSSES.index(spec.iou_thresh_kind), spec.objectness_smooth,
+                spec.class_multipliers is not None, spec.max_delta != FLT_MAX, extra_anchors]
+        floats = [spec.ignore_thresh, spec.truth_thresh, spec.iou_normalizer,
+                  spec.obj_normalizer, spec.cls_normalizer, spec.max_delta, spec.iou_thresh,
+                  spec.smoothed(1), spec.smoothed(0)]
+        multipliers = () if spec.class_multipliers is None else spec.class_multipliers
+        words = np.concatenate([np.array(ints, dtype=np.int32).view(np.uint32),
+                                np.array(floats, dtype=np.float32).view(np.uint32),
+                                np.asarray(spec.biases, dtype=np.float32).view(np.uint32),
+                                np.array(spec.mask, dtype=np.int32).view(np.uint32),
+                                np.asarray(multipliers, dtype=np.float32).view(np.uint32)])
+        key = words.tobytes()
+        arr = self._yolo_args.get(key)
+        if arr is None:
+            arr = self._yolo_args[key] = self._new(words.size, np.uint32)
+            drv.memcpy_htod_async(self._ptr(arr), words, self.stream)
+        return arr
+
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
         """forward: out = scale * nearest(x); backward: x += scale * cell sums of out."""
@@ -993,17 +1280,16 @@ class CudaBackend:
                      self._ptr(out))
 
     # ---- random ----------------------------------------------------------------
-    @staticmethod
-    def _hash_offset(seed):
-        """The seed as kernels/dropout.cu's uniform_hash takes it."""
-        return (int(seed) * 0x9E3779B9) & 0xFFFFFFFF
-
-    def dropout(self, x, prob, scale, rand, seed):
-        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw."""
+    def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
+        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw, seed =
+        step_seed[0] + layer_seed mod 2^32 (step_seed: a one-element int array, read on
+        the device)."""
         self._sizes_match("dropout", x, rand)
+        if step_seed.dtype != np.int32:
+            raise TypeError("dropout step_seed must be an int32 array (backend.int_zeros)")
         self._launch("dropout_forward_kernel", self._grid1d(rand.size), (_BLOCK,),
-                     self._ptr(x), rand.size, float(prob), float(scale),
-                     self._hash_offset(seed), self._ptr(rand))
+                     self._ptr(x), rand.size, float(prob), float(scale), self._ptr(step_seed),
+                     int(layer_seed) & 0xFFFFFFFF, self._ptr(rand))
 
     def dropout_backward(self, rand, prob, scale, delta):
         self._sizes_match("dropout_backward", rand, delta)
@@ -1013,7 +1299,7 @@ class CudaBackend:
     def uniform(self, rand, seed):
         """rand[i] = numpy_backend.uniform_hash(seed, i)."""
         self._launch("uniform_kernel", self._grid1d(rand.size), (_BLOCK,), self._ptr(rand),
-                     rand.size, self._hash_offset(seed))
+                     rand.size, (int(seed) * 0x9E3779B9) & 0xFFFFFFFF)
 
     # ---- detection losses ------------------------------------------------------------
     def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):

@@ -51,11 +51,40 @@ class NumpyBackend:
         return np.array(arr, dtype=self.dtype if arr.dtype.kind == "f" else np.int64)
 
     def write(self, arr, host):
-        """Copy host data (any shape, arr.size elements) into an existing array."""
-        arr[...] = np.asarray(host, dtype=self.dtype).reshape(-1)
+        """Copy host data (any shape, arr.size elements) into an existing array (cast to
+        the array's dtype: an int_zeros array stays integer)."""
+        arr[...] = np.asarray(host, dtype=arr.dtype).reshape(-1)
+
+    # Asynchronous uploads: the CUDA backend copies a coming batch on a copy stream while
+    # the current one computes. Here the CPU reads host memory itself: nothing to pin, and
+    # an "upload" is the host array, copied once where the network takes its input.
+    def pin(self, host):
+        """Page-lock the memory of host array `host` so uploads from it run asynchronously
+        at full speed; returns a function that unpins it (call it before the memory goes)."""
+        return _unpin_nothing
+
+    def upload_async(self, host):
+        """(array, upload): a backend array that receives host's values (flattened), and
+        the upload filling it, which starts after the work queued so far. Ops queued after
+        wait_upload(upload) see the values; `host` must stay unchanged until
+        finish_upload(upload) returns. Here the array is a view of `host`, not a copy."""
+        return np.asarray(host, dtype=self.dtype).reshape(-1), None
+
+    def wait_upload(self, upload):
+        """Ops queued from now on run after `upload` has landed (no wait on the host)."""
+
+    def finish_upload(self, upload):
+        """Return once `upload` has read its host memory (which may then change)."""
 
     def synchronize(self):
         pass
+
+    def capture(self, fn):
+        """A callable doing fn's work at each call. The CUDA backend records fn's kernels
+        once as a graph and replays them; here there is nothing to record, so fn runs each
+        time. Either way fn must queue the same work whenever it runs, and what it does on
+        the host (Python state) happens once on the GPU, at capture."""
+        return fn
 
     def timer(self):
         """A stopwatch for benchmarks: start(), then stop() returns the seconds between,
@@ -94,6 +123,11 @@ class NumpyBackend:
     def axpy(self, alpha, x, y):
         """y += alpha * x"""
         y += self.dtype.type(alpha) * x
+
+    def axpy_array(self, alpha, x, y):
+        """y += alpha[0] * x, alpha a one-element array (a value the GPU reads when the
+        kernel runs, so that a captured step sees the one written before each replay)."""
+        y += alpha[0] * x
 
     def scal(self, alpha, x):
         """x *= alpha"""
@@ -211,6 +245,13 @@ class NumpyBackend:
         scale_updates[:n] += (delta.reshape(batch, n, size)
                               * x_norm.reshape(batch, n, size)).sum(axis=(0, 2))
 
+    def bias_scale_updates(self, delta, x_norm, batch, n, size, bias_updates, scale_updates):
+        """Batch norm's parameter gradients: backward_bias (skipped when bias_updates is
+        None) and backward_scale."""
+        if bias_updates is not None:
+            self.backward_bias(bias_updates, delta, batch, n, size)
+        self.backward_scale(x_norm, delta, batch, n, size, scale_updates)
+
     # ---- batch normalisation (Darknet's CPU formulas, quirks included) ------
     def mean(self, x, batch, filters, spatial, mean):
         mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
@@ -232,6 +273,21 @@ class NumpyBackend:
         v -= mean[:filters].reshape(1, filters, 1)
         v /= np.sqrt(variance[:filters] + self.dtype.type(eps)).reshape(1, filters, 1)
 
+    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm):
+        """Batch norm's forward after its statistics, in place on x: normalize (eps None:
+        Darknet's / (sqrt(var) + 1e-6); else the fork's / sqrt(var + eps)), copy the result
+        into x_norm unless it is None, scale, add biases, then the activation."""
+        if eps is None:
+            self.normalize(x, mean, variance, batch, filters, spatial)
+        else:
+            self.normalize_sqrt_eps(x, mean, variance, batch, filters, spatial, eps)
+        if x_norm is not None:
+            self.copy(x, x_norm)
+        self.scale_bias(x, scales, batch, filters, spatial)
+        self.add_bias(x, biases, batch, filters, spatial)
+        self.activate(x, activation)
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
         mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))
@@ -250,6 +306,16 @@ class NumpyBackend:
         d[...] = (d / np.sqrt(variance[:filters] + 1e-5).reshape(shape)
                   + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
                   + mean_delta[:filters].reshape(shape) / n)
+
+    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                        variance_delta, delta):
+        """Batch norm's backward from its scaled output to its input, in place on delta:
+        delta *= scales, then mean_delta, variance_delta and normalize_delta."""
+        self.scale_bias(delta, scales, batch, filters, spatial)
+        self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
+        self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)
+        self.normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
+                             spatial, delta)
 
     # ---- activations ---------------------------------------------------------
     def activate(self, x, activation):
@@ -508,6 +574,17 @@ class NumpyBackend:
         delta[...] = truth[:pred.size] - pred
         error[...] = delta * delta
 
+    # ---- detection losses --------------------------------------------------------
+    def yolo_loss(self, spec, output, truth, delta, scalars):
+        """The [yolo] head's training loss (yolo_loss.py, of spec's flavour) of output
+        (spec.batch images, after activation) against the truth buffer (spec.batch rows of
+        truth_fields floats a box): writes the whole delta and the yolo_loss.SCALARS
+        (cost first) into scalars."""
+        from ..yolo_loss import image_truths, yolo_loss
+        d, sums = yolo_loss(spec, output, image_truths(spec, truth))
+        delta[:d.size] = d
+        scalars[:sums.size] = sums
+
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
         """forward: out (w*stride x h*stride) = scale * nearest(x).
@@ -552,9 +629,11 @@ class NumpyBackend:
         d[...] = s1 * d + s2 * a
 
     # ---- random ----------------------------------------------------------------
-    def dropout(self, x, prob, scale, rand, seed):
-        """Training dropout. rand[i] = uniform_hash(seed, i) (the same counter-based draw
-        the CUDA kernel makes); x[rand < prob] = 0, the rest *= scale."""
+    def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
+        """Training dropout. rand[i] = uniform_hash(seed, i) with seed = step_seed[0] +
+        layer_seed (step_seed: a one-element int array, written once per step), the same
+        counter-based draw the CUDA kernel makes; x[rand < prob] = 0, the rest *= scale."""
+        seed = (int(step_seed[0]) + int(layer_seed)) & 0xFFFFFFFF
         rand[...] = uniform_hash(seed, rand.size).astype(self.dtype)
         x[...] = np.where(rand < prob, 0, x * scale)
 
@@ -591,6 +670,10 @@ _PARTS_PER_THREAD = 4
 _THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 _pool = None
 _local = threading.local()
+
+
+def _unpin_nothing():
+    pass
 
 
 class _WallTimer:

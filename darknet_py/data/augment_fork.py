@@ -10,6 +10,12 @@ centre (20-80% of each side), boxes moved and clipped; with mixup=1 two are blen
 half and half, both images' boxes kept. As in the fork, half the samples get no mosaic
 or mixup, and cutmix is a classifier augmentation (a detector ignores it).
 
+For classifiers (the fork's load_data_augment), half the samples are mixed with other
+images of the list: mixup (the mean of two images and of their labels), cutmix (a
+rectangle of a second image pasted in) or mosaic (four images in the four corners around a
+random centre), the labels weighted by each image's share of the area; blur=N blurs a
+quarter of the samples.
+
 Images are float32 RGB (H, W, C) in [0, 1]; the fork works on 8-bit images, so its
 pixel quantities (noise, blur sizes) are in grey levels / pixels of those.
 """
@@ -18,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .augment import _cv2, _rand_scale, _rand_uniform
+from .augment import (ClassifierAugment, _cv2, _rand_int, _rand_scale, _rand_uniform,
+                      augment_classifier_hwc)
 from .config import DataError
 from .labels import MAX_BOXES, correct_boxes
 
@@ -299,11 +306,29 @@ def fork_detection_sample(hwc, boxes, draw_image, aug, w, h, rng, max_boxes=MAX_
     return out, row.reshape(-1)
 
 
+# The fork's net->mixup: one number for the [net] options mixup=, cutmix= and mosaic=.
+MIXUP, CUTMIX, MOSAIC, CUTMIX_OR_MOSAIC = 1, 2, 3, 4
+
+
+def fork_mix(options):
+    """The fork's net->mixup from the NetOptions: mixup= as given (0-4), then cutmix=1
+    makes it CUTMIX, mosaic=1 MOSAIC and both CUTMIX_OR_MOSAIC. DataError for a mixup=
+    the fork has no branch for."""
+    o = options
+    if not 0 <= o.mixup <= CUTMIX_OR_MOSAIC:
+        raise DataError(f"[net] mixup={o.mixup}: the AlexeyAB fork knows 0 (off), 1 (mixup), "
+                        f"2 (cutmix), 3 (mosaic) and 4 (cutmix or mosaic)")
+    if o.mosaic and o.cutmix:
+        return CUTMIX_OR_MOSAIC
+    return CUTMIX if o.cutmix else MOSAIC if o.mosaic else o.mixup
+
+
 def detector_augment(options, head, fork=False, warn=None):
     """The augmentation a detector trains with: the fork's (ForkAugment) for a network of
     the fork's flavour or one that sets any of its [net] augmentation options, else the
     original's DetectorAugment. `options` is the NetOptions, `head` the last [yolo]/
-    [region] layer; `warn(message)` is told that cutmix does nothing for a detector.
+    [region] layer; `warn(message)` is told that cutmix does nothing for a detector
+    (the fork's load_data_detection: cutmix off, cutmix-or-mosaic a mosaic).
     mosaic with letter_box is a DataError."""
     from .augment import DetectorAugment
     o = options
@@ -311,15 +336,118 @@ def detector_augment(options, head, fork=False, warn=None):
     if not fork and not any(getattr(o, k, 0) for k in switches):
         return DetectorAugment(jitter=head.jitter, hue=o.hue, saturation=o.saturation,
                                exposure=o.exposure, flip=bool(o.flip))
-    if o.mosaic and o.letter_box:
+    mix = fork_mix(o)
+    if mix in (MOSAIC, CUTMIX_OR_MOSAIC) and o.letter_box:
         # The fork's stock cfgs set both; its training stops on them, as here.
         raise DataError("[net] mosaic=1 with letter_box=1 cannot train (as in the AlexeyAB "
                         "fork): set one of them to 0")
-    if o.cutmix and warn is not None:
-        warn("cutmix=1 is a classifier augmentation: a detector trains without it (as in "
-             "the AlexeyAB fork)" + ("; mosaic=1 is used" if o.mosaic else ""))
+    if mix in (CUTMIX, CUTMIX_OR_MOSAIC) and warn is not None:
+        warn("cutmix is a classifier augmentation: a detector trains without it (as in "
+             "the AlexeyAB fork)" + ("; mosaic is used" if mix == CUTMIX_OR_MOSAIC else ""))
     return ForkAugment(jitter=head.jitter, resize=getattr(head, "resize", 1.0), hue=o.hue,
                        saturation=o.saturation, exposure=o.exposure, flip=bool(o.flip),
-                       letter_box=bool(o.letter_box), mosaic=bool(o.mosaic),
-                       mixup=bool(o.mixup) and not o.mosaic, mosaic_bound=bool(o.mosaic_bound),
+                       letter_box=bool(o.letter_box), mosaic=mix in (MOSAIC, CUTMIX_OR_MOSAIC),
+                       mixup=mix == MIXUP, mosaic_bound=bool(o.mosaic_bound),
                        blur=o.blur, gaussian_noise=o.gaussian_noise)
+
+
+# ---- classifiers: the fork's load_data_augment -------------------------------------------------
+CUTMIX_MIN, CUTMIX_MAX = 0.3, 0.8   # a cutmix rectangle's sides, as shares of the input's
+BLUR_ONE_KSIZE = 15                 # blur=1's Gaussian kernel (blur=N: N pixels)
+BLUR_SHARE = 4                      # one sample in 4 is blurred
+
+
+@dataclass
+class ForkClassifierAugment(ClassifierAugment):
+    """Darknet's classifier augmentation plus the fork's mixing (`mix`: fork_mix's
+    number) and blur (0: none, 1: a 15-pixel Gaussian, N: an N-pixel one)."""
+    mix: int = 0
+    blur: int = 0
+
+
+def classifier_augment(options, warn=None):
+    """The augmentation a classifier trains with: ClassifierAugment from the [net]
+    options, ForkClassifierAugment when the fork's mixup, cutmix, mosaic or blur is set.
+    `warn(message)` is told of the fork's detector-only options, which a classifier
+    trains without. An even blur is a DataError (OpenCV's Gaussian needs an odd size:
+    the fork stops there)."""
+    o = options
+    base = dict(min_ratio=o.min_ratio, max_ratio=o.max_ratio, angle=o.angle, aspect=o.aspect,
+                hue=o.hue, saturation=o.saturation, exposure=o.exposure,
+                center=bool(o.center), flip=bool(o.flip))
+    for key in ("letter_box", "mosaic_bound", "gaussian_noise"):
+        if getattr(o, key) and warn is not None:
+            warn(f"{key}={getattr(o, key)} is a detector augmentation: a classifier trains "
+                 f"without it (as in the AlexeyAB fork)")
+    mix = fork_mix(o)
+    if not mix and not o.blur:
+        return ClassifierAugment(**base)
+    if o.blur < 0 or (o.blur > 1 and o.blur % 2 == 0):
+        raise DataError(f"[net] blur={o.blur}: a classifier is blurred with a Gaussian of "
+                        f"blur x blur pixels, which must be odd (the AlexeyAB fork stops on "
+                        f"an even one); 1 means {BLUR_ONE_KSIZE}")
+    return ForkClassifierAugment(**base, mix=mix, blur=o.blur)
+
+
+def mix_classifier_samples(kind, images, truths, rng):
+    """Mix a sample (images[0], truths[0]) with others as the fork's load_data_augment
+    does: MIXUP (2 images) averages the images and the labels; CUTMIX (2) pastes a random
+    rectangle of images[1] (sides 30-80% of the input's), the labels weighted by its
+    share of the area; MOSAIC (4) fills the corners around a random centre (20-80% along
+    each side) with images 0-3, top left to bottom right, the labels weighted by their
+    corners' areas. Images are (H, W, C) float32. Returns (image, truth)."""
+    if kind == MIXUP:
+        return ((images[0] + images[1]) / np.float32(2),
+                (truths[0] + truths[1]) / np.float32(2))
+    out = images[0].copy()
+    h, w = out.shape[:2]
+    if kind == CUTMIX:
+        # (Python's products truncate as the fork's float ones for every size to 700.)
+        cut_w = _rand_int(rng, int(w * CUTMIX_MIN), int(w * CUTMIX_MAX))
+        cut_h = _rand_int(rng, int(h * CUTMIX_MIN), int(h * CUTMIX_MAX))
+        cut_x = _rand_int(rng, 0, max(0, w - cut_w - 1))
+        cut_y = _rand_int(rng, 0, max(0, h - cut_h - 1))
+        out[cut_y:cut_y + cut_h, cut_x:cut_x + cut_w] = \
+            images[1][cut_y:cut_y + cut_h, cut_x:cut_x + cut_w]
+        alpha = np.float32(cut_w * cut_h) / np.float32(w * h)
+        return out, truths[0] * (np.float32(1) - alpha) + truths[1] * alpha
+    if kind != MOSAIC:
+        raise ValueError(f"no classifier mix {kind}")
+    cut_x = _rand_int(rng, int(w * MOSAIC_MIN_OFFSET), int(w * (1 - MOSAIC_MIN_OFFSET)))
+    cut_y = _rand_int(rng, int(h * MOSAIC_MIN_OFFSET), int(h * (1 - MOSAIC_MIN_OFFSET)))
+    out[:cut_y, cut_x:] = images[1][:cut_y, cut_x:]
+    out[cut_y:, :cut_x] = images[2][cut_y:, :cut_x]
+    out[cut_y:, cut_x:] = images[3][cut_y:, cut_x:]
+    areas = (cut_x * cut_y, (w - cut_x) * cut_y, cut_x * (h - cut_y), (w - cut_x) * (h - cut_y))
+    truth = np.zeros_like(truths[0])
+    for t, area in zip(truths, areas):
+        truth = truth + t * (np.float32(area) / np.float32(w * h))
+    return out, truth
+
+
+def fork_classifier_sample(hwc, truth, draw_image, aug, w, h, rng):
+    """One classifier training (input (h, w, C), truth row) as the fork's load_data_augment
+    makes it: the image augmented as Darknet's classifier loader does; then, when aug.mix
+    is set and a coin says so, mixed (mix_classifier_samples) with 1 (mixup, cutmix) or 3
+    (mosaic, cutmix-or-mosaic) other images, each augmented likewise, CUTMIX_OR_MOSAIC
+    picking cutmix or mosaic per sample; then, with blur, a quarter of the samples
+    blurred. `draw_image()` returns another random (image, truth) of the training list.
+    The fork tosses its coin once per loader thread's share of a batch; here each sample
+    tosses its own (as the detector's mosaic does), so that a sample depends on its own
+    seed only."""
+    out = augment_classifier_hwc(hwc, aug, w, h, rng)
+    truth = np.asarray(truth, dtype=np.float32)
+    if aug.mix and rng.integers(2):
+        pieces = 4 if aug.mix >= MOSAIC else 2
+        images, truths = [out], [truth]
+        for _ in range(pieces - 1):
+            other, other_truth = draw_image()
+            images.append(augment_classifier_hwc(other, aug, w, h, rng))
+            truths.append(np.asarray(other_truth, dtype=np.float32))
+        kind = _rand_int(rng, CUTMIX, MOSAIC) if aug.mix == CUTMIX_OR_MOSAIC else aug.mix
+        out, truth = mix_classifier_samples(kind, images, truths, rng)
+    if aug.blur and rng.integers(BLUR_SHARE) == 0:
+        size = BLUR_ONE_KSIZE if aug.blur == 1 else aug.blur
+        blurred = _cv2().GaussianBlur(np.ascontiguousarray(out), (size, size), 0)
+        out = blurred[:, :, None] if blurred.ndim == 2 else blurred
+    return np.ascontiguousarray(out, dtype=np.float32), truth

@@ -1,9 +1,10 @@
 """Batches of training or validation data, built ahead of the trainer by worker processes.
 
 A batch is assembled in a slot of shared memory (multiprocessing.shared_memory): the
-loader queues one job per image, a worker decodes and augments the image and writes it
-and its truth row straight into the slot, and next_batch() returns arrays that are views
-of the slot, so batches are neither pickled nor copied. A slot is reused once every array
+loader queues a batch's rows as a few jobs (about one per worker), a worker decodes and
+augments each image of its job and writes it and its truth row straight into the slot,
+and next_batch() returns arrays that are views of the slot, so batches are neither
+pickled nor copied (a GPU training run page-locks the slots, and uploads from them). A slot is reused once every array
 handed out from it is garbage; the ring of slots grows while the caller keeps batches.
 
 Workers are started with forkserver (spawn where there is none), never fork: a parent
@@ -29,7 +30,8 @@ from ..image import ImageError
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
                       augment_detection_hwc, center_crop_hwc, from_hwc,
                       prepare_detector_eval_image, read_hwc, to_hwc)
-from .augment_fork import ForkAugment, fork_detection_sample
+from .augment_fork import (ForkAugment, ForkClassifierAugment, fork_classifier_sample,
+                           fork_detection_sample)
 from .config import DataError
 from .labels import MAX_BOXES, MissingLabelFile, classifier_truth, read_image_labels
 
@@ -96,6 +98,9 @@ class DataLoader:
     ``workers``: processes building batches (0: build them in the calling thread;
     default: default_workers()).
     ``prefetch``: batches queued ahead (default: enough to keep every worker busy).
+    ``pin``: a function that page-locks a host array and returns a function unpinning it
+    (a backend's pin): the shared-memory slots are pinned, so that a GPU network uploads
+    batches from them asynchronously, without a staging copy (workers=0: not pinned).
     ``set_size(w, h)`` changes the input size from the next batch on (YOLO random=1).
     The arrays of a batch are views of shared memory, valid for as long as they are
     referenced. One thread consumes a loader; close it (or use ``with``) to stop the
@@ -105,7 +110,7 @@ class DataLoader:
     def __init__(self, paths, *, task, width, height, batch, classes, labels=None,
                  channels=3, augment=None, train=True, letterbox=True,
                  max_boxes=MAX_BOXES, sampling="random", seed=0, workers=None, prefetch=None,
-                 on_warning=None, start=0):
+                 on_warning=None, start=0, pin=None):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if sampling not in ("random", "shuffle"):
@@ -143,7 +148,7 @@ class DataLoader:
         if workers > 0:
             ahead = prefetch if prefetch is not None else max(2, math.ceil(2 * workers / batch))
             try:
-                self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train)
+                self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train, pin)
             except OSError as e:   # no /dev/shm or no POSIX semaphores, say
                 raise DataError(f"cannot start the data loader's worker processes "
                                 f"({e.strerror or e}); --workers 0 loads in this process") \
@@ -372,6 +377,10 @@ class _SampleMaker:
                 truth_out[:] = classifier_truth(path, self.labels, self.classes)
                 if rng is None:
                     out = center_crop_hwc(hwc, w, h)
+                elif isinstance(self.augment, ForkClassifierAugment):
+                    out, truth_out[:] = fork_classifier_sample(
+                        hwc, truth_out, lambda: self._random_other_image(rng, reports),
+                        self.augment, w, h, rng)
                 else:
                     out = augment_classifier_hwc(hwc, self.augment, w, h, rng)
             else:
@@ -388,7 +397,7 @@ class _SampleMaker:
                     truth_out[:kept.size] = kept.reshape(-1)
                 elif isinstance(self.augment, ForkAugment):
                     out, truth_out[:] = fork_detection_sample(
-                        hwc, boxes, lambda: self._random_labelled_image(rng, reports),
+                        hwc, boxes, lambda: self._random_other_image(rng, reports),
                         self.augment, w, h, rng, self.max_boxes)
                 else:
                     out, truth_out[:] = augment_detection_hwc(hwc, boxes, self.augment, w, h,
@@ -401,16 +410,19 @@ class _SampleMaker:
             return None
 
 
-    def _random_labelled_image(self, rng, reports):
-        """Another training image (hwc, boxes), drawn with rng: the other images of a
-        mosaic or a mixup. Unreadable ones are reported and others drawn; a missing label
-        file means no boxes, as for the sample's own image."""
+    def _random_other_image(self, rng, reports):
+        """Another training image and its truth, drawn with rng: the other images of a
+        mosaic, a mixup or a cutmix. The truth is a detector image's boxes (a missing
+        label file means none, as for the sample's own image) or a classifier image's
+        truth row. Unusable images are reported and others drawn."""
         for _ in range(_SAMPLE_ATTEMPTS):
             path = self.paths[int(rng.integers(len(self.paths)))]
             if path in self.bad_paths:
                 continue
             try:
                 hwc = read_hwc(path, self.channels)
+                if self.task == "classifier":
+                    return hwc, classifier_truth(path, self.labels, self.classes)
                 try:
                     return hwc, read_image_labels(path, self.classes)
                 except MissingLabelFile as e:
@@ -419,17 +431,17 @@ class _SampleMaker:
             except (ImageError, DataError) as e:
                 self.bad_paths.add(path)
                 reports.append(("bad", path, str(e)))
-        raise DataError(f"no usable image for a mosaic or mixup after {_SAMPLE_ATTEMPTS} "
-                        f"draws")
+        raise DataError(f"no usable image for a mosaic, mixup or cutmix after "
+                        f"{_SAMPLE_ATTEMPTS} draws")
 
 
 # ---------------------------------------------------------------------------------------
 # Worker processes and shared-memory slots
 
 class _Slot:
-    """A shared-memory segment one batch at a time is built in."""
+    """A shared-memory segment one batch at a time is built in, pinned with `pin`."""
 
-    def __init__(self, index, nbytes):
+    def __init__(self, index, nbytes, pin):
         _check_shm_space(nbytes)
         self.index = index
         try:
@@ -438,11 +450,17 @@ class _Slot:
             raise DataError(f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
                             f"the data loader ({e.strerror or e}); --workers 0 loads in this "
                             f"process") from None
+        self.unpin = pin(np.frombuffer(self.segment.buf, np.uint8)) if pin else None
         self.nbytes = nbytes
         self.free = True
 
     def release(self):
         self.free = True
+
+    def close(self):
+        if self.unpin is not None:
+            self.unpin()
+        _close_segment(self.segment)
 
 
 def _check_shm_space(nbytes):
@@ -472,8 +490,8 @@ class _Queued:
 class _WorkerPool:
     """The worker processes, their job and result queues, and the slots."""
 
-    def __init__(self, maker, workers, ahead, train):
-        self.maker, self.ahead, self.train = maker, ahead, train
+    def __init__(self, maker, workers, ahead, train, pin):
+        self.maker, self.ahead, self.train, self.pin = maker, ahead, train, pin
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("forkserver" if "forkserver" in methods
                                               else "spawn")
@@ -513,9 +531,12 @@ class _WorkerPool:
         job = _Queued(self.next_ident, size, slot, rows)
         self.next_ident += 1
         self.queued[k] = self.by_ident[job.ident] = job
-        for row, first in rows:
+        # A job of several rows, about one per worker: each message costs the training
+        # process tens of microseconds to send or receive.
+        per_job = math.ceil(len(rows) / len(self.processes))
+        for start in range(0, len(rows), per_job):
             self.jobs.put((job.ident, slot.index, slot.segment.name, len(rows), size,
-                           self.train, k, row, first))
+                           self.train, k, rows[start:start + per_job]))
 
     def _free_slot(self, nbytes):
         free = [s for s in self.slots if s.free]
@@ -524,10 +545,10 @@ class _WorkerPool:
             return fits[0]
         if free:   # too small for the new size: replace its segment
             slot = free[0]
-            _close_segment(slot.segment)
-            self.slots[slot.index] = _Slot(slot.index, nbytes)
+            slot.close()
+            self.slots[slot.index] = _Slot(slot.index, nbytes, self.pin)
             return self.slots[slot.index]
-        self.slots.append(_Slot(len(self.slots), nbytes))
+        self.slots.append(_Slot(len(self.slots), nbytes, self.pin))
         return self.slots[-1]
 
     def drop_queued(self):
@@ -560,13 +581,14 @@ class _WorkerPool:
         except queue.Empty:
             self._check_alive()
             return
-        ident, row, outcome, reports, error = message
-        report(reports)
+        ident, done = message
         job = self.by_ident[ident]
-        job.waiting -= 1
-        job.outcomes[row] = outcome
-        if error is not None:
-            job.error = job.error or error
+        for row, outcome, reports, error in done:
+            report(reports)
+            job.waiting -= 1
+            job.outcomes[row] = outcome
+            if error is not None:
+                job.error = job.error or error
         if job.dropped and not job.waiting:
             del self.by_ident[ident]
             job.slot.free = True
@@ -594,7 +616,7 @@ class _WorkerPool:
             q.cancel_join_thread()   # nobody reads them any more: do not wait to flush
             q.close()
         for slot in self.slots:
-            _close_segment(slot.segment)
+            slot.close()
         self.alive.close()
         # Dropping the queues unlinks their named semaphores (in /dev/shm) now.
         self.processes, self.slots, self.jobs, self.results = [], [], None, None
@@ -652,7 +674,7 @@ def _work(maker, jobs, results, current, stopping, alive):
             break
         if stopping.value:
             continue
-        ident, slot, name, count, size, train, k, row, first = job
+        ident, slot, name, count, size, train, k, rows = job
         segment = segments.get(slot)
         if segment is None or segment.name != name:
             if segment is not None:
@@ -660,17 +682,20 @@ def _work(maker, jobs, results, current, stopping, alive):
             segment = segments[slot] = shared_memory.SharedMemory(name=name)
         block = np.frombuffer(segment.buf, np.float32, sum(maker.floats(count, size)))
         x, truth = maker.views(block, count, size)
-        reports, outcome, error = [], None, None
-        try:
-            outcome = maker.make(k, row, first, size, train, x[row], truth[row], reports)
-        except DataError as e:
-            error = (DataError, str(e))
-        except Exception:
-            error = (RuntimeError, f"the data loader failed on "
-                                   f"{maker.paths[max(current.value, 0)]}:\n"
-                                   f"{traceback.format_exc()}")
+        done = []   # (row, outcome, reports, error) of each row of the job
+        for row, first in rows:
+            reports, outcome, error = [], None, None
+            try:
+                outcome = maker.make(k, row, first, size, train, x[row], truth[row], reports)
+            except DataError as e:
+                error = (DataError, str(e))
+            except Exception:
+                error = (RuntimeError, f"the data loader failed on "
+                                       f"{maker.paths[max(current.value, 0)]}:\n"
+                                       f"{traceback.format_exc()}")
+            current.value = -1
+            done.append((row, outcome, reports, error))
         del block, x, truth
-        current.value = -1
-        results.put((ident, row, outcome, reports, error))
+        results.put((ident, done))
     for segment in segments.values():
         segment.close()

@@ -16,7 +16,8 @@ import numpy as np
 @dataclass
 class UpdateArgs:
     """Darknet's update_args: what update() needs from the network."""
-    learning_rate: float
+    rate: object    # one-element backend array: learning rate / batch, written before each
+                    # update (read on the device, so a captured update follows the policy)
     momentum: float
     decay: float
     batch: int  # images per update: batch * subdivisions
@@ -34,6 +35,9 @@ class BuildContext:
 class Layer:
     type = ""             # Darknet's section name, e.g. "convolutional"
     image_shaped = True   # False where Darknet reports a 0x0x0 shape (softmax, cost, ...)
+    # False where forward or backward works on the host (reads the device, draws from the
+    # host RNG): such a step cannot be recorded once as a graph and replayed.
+    capturable = True
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
         self.index = index
@@ -92,6 +96,10 @@ class Layer:
         # The input of an activation whose gradient needs it (see activations.py).
         self.activation_input = (be.zeros(batch * self.outputs)
                                  if train and keeps_activation_input(self) else None)
+
+    def check_truth(self, net, truth_host):
+        """Refuse a step's truth (host array, one row per image) this layer cannot train on,
+        before anything runs; by default every truth is fine."""
 
     def collect(self, values):
         """Take the host copy of `scalars` after a training step: by default the cost is
@@ -175,7 +183,7 @@ def momentum_update(be, args, param, update, weight_decay=False):
     (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum."""
     if weight_decay:
         be.axpy(-args.decay * args.batch, param, update)
-    be.axpy(args.learning_rate / args.batch, update, param)
+    be.axpy_array(args.rate, update, param)
     be.scal(args.momentum, update)
 
 

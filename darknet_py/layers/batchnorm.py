@@ -37,8 +37,9 @@ def bn_allocate(layer, be, batch, train):
         layer.x_norm = be.zeros(batch * layer.outputs)
 
 
-def bn_forward(layer, net, out_c, spatial):
-    """Normalise layer.output in place, then scale and add biases."""
+def bn_forward(layer, net, out_c, spatial, activation="linear"):
+    """Normalise layer.output in place, then scale, add biases and apply `activation` (one
+    pass after the statistics)."""
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
@@ -53,14 +54,9 @@ def bn_forward(layer, net, out_c, spatial):
         mean, variance = layer.mean, layer.variance
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
-    if fork:
-        be.normalize_sqrt_eps(out, mean, variance, batch, out_c, spatial, FORK_BN_EPS)
-    else:
-        be.normalize(out, mean, variance, batch, out_c, spatial)
-    if net.train:
-        be.copy(out, layer.x_norm)
-    be.scale_bias(out, layer.scales, batch, out_c, spatial)
-    be.add_bias(out, layer.biases, batch, out_c, spatial)
+    be.batchnorm_apply(out, mean, variance, layer.scales, layer.biases, batch, out_c, spatial,
+                       FORK_BN_EPS if fork else None, activation,
+                       layer.x_norm if net.train else None)
 
 
 def bn_backward(layer, net, out_c, spatial, train_beta=True):
@@ -69,14 +65,10 @@ def bn_backward(layer, net, out_c, spatial, train_beta=True):
     be, delta, batch = net.be, layer.delta, layer.batch
     mean = layer.mean if net.train else layer.rolling_mean
     variance = layer.variance if net.train else layer.rolling_variance
-    if train_beta:
-        be.backward_bias(layer.bias_updates, delta, batch, out_c, spatial)
-    be.backward_scale(layer.x_norm, delta, batch, out_c, spatial, layer.scale_updates)
-    be.scale_bias(delta, layer.scales, batch, out_c, spatial)
-    be.mean_delta(delta, variance, batch, out_c, spatial, layer.mean_delta)
-    be.variance_delta(layer.x, delta, mean, variance, batch, out_c, spatial, layer.variance_delta)
-    be.normalize_delta(layer.x, mean, variance, layer.mean_delta, layer.variance_delta,
-                       batch, out_c, spatial, delta)
+    be.bias_scale_updates(delta, layer.x_norm, batch, out_c, spatial,
+                          layer.bias_updates if train_beta else None, layer.scale_updates)
+    be.batchnorm_delta(layer.x, mean, variance, layer.scales, batch, out_c, spatial,
+                       layer.mean_delta, layer.variance_delta, delta)
 
 
 def bn_params(layer):

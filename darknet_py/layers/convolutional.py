@@ -16,8 +16,10 @@ from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_in
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
-# (128 MiB); a single image may need more, and then gets what it needs.
-WORKSPACE_CAP_FLOATS = 1 << 25
+# (512 MiB); a single image may need more, and then gets what it needs. Larger chunks
+# mean fewer, larger GEMMs, whose tiles fill the GPU's SMs in more even waves (cifar's
+# training step 32.3 -> 31.0 ms on an H100 against 128 MiB; bench/NOTES.md, "W1").
+WORKSPACE_CAP_FLOATS = 1 << 27
 
 
 class ConvolutionalLayer(Layer):
@@ -41,7 +43,9 @@ class ConvolutionalLayer(Layer):
                 self.share = source_layer(self, s, ctx, "share_index")
         self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
-        refuse_options(s, "binary", "xnor")
+        # The fork's antialiasing adds a blur after the convolution: refused, not warned, as
+        # reading past it would give other outputs.
+        refuse_options(s, "binary", "xnor", "antialiasing")
         for key, v in (("filters", self.filters), ("size", self.size),
                        ("stride", min(conv_strides(self.stride))),
                        ("groups", self.groups), ("dilation", self.dilation)):
@@ -239,15 +243,17 @@ class ConvolutionalLayer(Layer):
                         col, count * n, 0.0, product, count * n)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
         spatial = self.out_h * self.out_w
+        # The activation joins the last pass unless it needs its input kept or whole channels.
+        fused = self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
         if biases is None:
-            bn_forward(self, net, self.out_c, spatial)
-            self.activate_output(be)
-        elif self.activation_input is not None or self.activation in CHANNEL_ACTIVATIONS:
-            be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
-            self.activate_output(be)
-        else:
+            bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear")
+        elif fused:
             be.bias_activate(self.output, biases, self.batch, self.out_c, spatial,
                              self.activation)
+        else:
+            be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
+        if not fused:
+            self.activate_output(be)
 
     def backward(self, net):
         be = net.be

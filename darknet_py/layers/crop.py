@@ -16,6 +16,7 @@ from .base import Layer
 
 class CropLayer(Layer):
     type = "crop"
+    capturable = False   # training crops on the host, at a random place
     short = "crop"
 
     def parse(self, s, ctx):

@@ -110,17 +110,23 @@ class DetectionLayer(Layer):
         if net.delta is not None:
             net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
 
+    def check_truth(self, net, truth_host):
+        """Refuse a truth that is neither the grid nor box rows. With random=1 early in
+        training the box draws' seed is a launch argument, which a recorded step would
+        keep: those steps run eagerly."""
+        per_image = truth_host.shape[1]
+        if per_image != self.truths and per_image % net.truth_size:
+            raise ValueError(f"[detection] layer {self.index} needs a truth of {self.truths} "
+                             f"floats per image (or box rows of {net.truth_size}), got "
+                             f"{per_image}")
+        self.capturable = not (self.random and net.seen < RANDOM_SEEN)
+
     def grid_truth(self, net):
         """The truth in grid form on the backend: net.truth as it is when it has that size,
         else built from its box rows of net.truth_size fields (the detector data loader's
         form) into self.grid."""
-        per_image = net.truth_host.shape[1]
-        if per_image == self.truths:
+        if net.truth_host.shape[1] == self.truths:
             return net.truth
-        if per_image % net.truth_size:
-            raise ValueError(f"[detection] layer {self.index} needs a truth of {self.truths} "
-                             f"floats per image (or box rows of {net.truth_size}), got "
-                             f"{per_image}")
         net.be.detection_grid_truth(net.truth, self.batch, net.truth_size, self.max_boxes,
                                     self.side, self.classes, self.grid)
         return self.grid

@@ -30,18 +30,19 @@ class DropoutLayer(Layer):
         # The uniform draws of the last training forward, kept for backward's mask.
         self.rand = be.zeros(batch * self.inputs) if train else None
 
-    def mask_seed(self, net):
-        """A 32-bit seed that differs for every training step and every layer, so each
-        forward draws a fresh mask while backward (and a repeated forward of the same
-        step, as gradient checks do) sees the same one."""
-        base = getattr(net, "seed", 0) or 0
-        return (int(net.seen) * 1000003 + self.index * 7919 + int(base) * 104729) & 0xFFFFFFFF
+    def mask_seed(self):
+        """This layer's part of the dropout seed; the network adds the step's part
+        (Network.step_seed, on the backend), so each training step and each layer draws a
+        fresh mask while backward (and a repeated forward of the same step, as gradient
+        checks do) sees the same one."""
+        return self.index * 7919
 
     def forward(self, net):
         be = net.be
         be.copy(net.input[:self.batch * self.inputs], self.output)
         if net.train:
-            be.dropout(self.output, self.probability, self.scale, self.rand, self.mask_seed(net))
+            be.dropout(self.output, self.probability, self.scale, self.rand, net.step_seed,
+                       self.mask_seed())
 
     def backward(self, net):
         if net.delta is None:

@@ -7,7 +7,8 @@ to x and y (not to their σ). Detections multiply each class probability by
 1 - mean(σx, σy, σw, σh) as well as by the objectness. The training loss treats each
 coordinate as a Gaussian of mean the prediction and deviation its σ: the box delta is the
 gradient of its negative log likelihood (or, with an IoU loss, the IoU's gradient for the
-box while σ keeps the likelihood's), computed on the host like [yolo]'s.
+box while σ keeps the likelihood's), computed on the host (the output is copied there
+and the delta back; [yolo]'s runs on the backend).
 
 Where the fork's code differs from its [yolo]: the objectness deltas are weighted by
 cls_normalizer (obj_normalizer, objectness_smooth and delta_normalizer are read and
@@ -39,6 +40,7 @@ UNUSED_BY_THE_FORK = ("obj_normalizer", "objectness_smooth", "delta_normalizer")
 
 class GaussianYoloLayer(YoloLayer):
     type = "gaussian_yolo"
+    capturable = False   # its loss runs on the host
     short = "Gaussian_yolo"
 
     def parse(self, s, ctx):

@@ -12,7 +12,7 @@ commented out and passes nothing back; the GPU build is the one that trains.)
 import numpy as np
 
 from ..boxes import correct_region_boxes, make_detections, thresholded, truth_table
-from ..region_loss import REGION_SCALARS, REGION_TRUTHS, RegionHead
+from ..region_loss import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS, RegionHead
 from .base import Layer, refuse_options
 from .heads import check_classes, parse_anchors, ratio
 
@@ -83,13 +83,18 @@ class RegionLayer(Layer):
                                 "logistic")
         self.cost = None
         if net.train and net.truth is not None:
-            boxes, valid = truth_table(net.truth_host, self.batch, net.truth_size,
-                                       REGION_TRUTHS)
-            check_classes(boxes[valid], self.classes, self)
             be.region_loss(self.loss_head(), self.output, net.truth, net.truth_size, self.anchors,
                            net.seen, self.delta, self.scalars)
             self.verbose = getattr(net, "verbose", False)
             self.pending = True
+
+    def check_truth(self, net, truth_host):
+        """Refuse a class id beyond classes. Before PRIOR_SEEN images the loss's pull
+        towards the anchors is switched on by a launch argument, which a recorded step
+        would keep: those steps run eagerly."""
+        boxes, valid = truth_table(truth_host, self.batch, net.truth_size, REGION_TRUTHS)
+        check_classes(boxes[valid], self.classes, self)
+        self.capturable = net.seen >= PRIOR_SEEN
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)

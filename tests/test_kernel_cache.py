@@ -1,0 +1,65 @@
+"""The cubin cache (backends/kernel_cache.py): compiled once, read back, damage repaired.
+Needs nvcc (skipped without it); no GPU."""
+import os
+import shutil
+
+import pytest
+
+from darknet_py.backends import BackendError, kernel_cache
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+SOURCES = {
+    "one.cu": 'extern "C" __global__ void one(float* x) { x[threadIdx.x] = 1.0f; }\n',
+    "two.cu": 'extern "C" __global__ void two(float* x) { x[threadIdx.x] *= 2.0f; }\n',
+}
+ARCH = "sm_90"
+
+
+def test_compiled_once_then_read_without_nvcc(tmp_path):
+    first = kernel_cache.cubins(SOURCES, ARCH, directory=tmp_path)
+    assert set(first) == set(SOURCES) and all(c[:4] == b"\x7fELF" for c in first.values())
+    entries = sorted(os.listdir(tmp_path))
+    assert len(entries) == 2 and not any(e.startswith(".tmp") for e in entries)
+    # a second start compiles nothing: an nvcc that does not exist is never called
+    again = kernel_cache.cubins(SOURCES, ARCH, nvcc="/nonexistent/nvcc", directory=tmp_path)
+    assert again == first
+    # options of one file: its own entry, compiled; the other file's is read
+    no_fma = kernel_cache.cubins(SOURCES, ARCH, {"two.cu": ["--fmad=false"]}, directory=tmp_path)
+    assert no_fma["one.cu"] == first["one.cu"] and len(os.listdir(tmp_path)) == 3
+    path = tmp_path / kernel_cache.entry_name(SOURCES["two.cu"], ("--fmad=false",), ARCH)
+    assert kernel_cache.read_entry(path) == no_fma["two.cu"]
+
+
+def test_a_damaged_entry_is_compiled_again(tmp_path):
+    first = kernel_cache.cubins(SOURCES, ARCH, directory=tmp_path)
+    path = tmp_path / kernel_cache.entry_name(SOURCES["one.cu"], (), ARCH)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert kernel_cache.read_entry(path) is None
+    with pytest.raises(kernel_cache.KernelCompileError, match="not found"):
+        kernel_cache.cubins(SOURCES, ARCH, nvcc="/nonexistent/nvcc", directory=tmp_path)
+    assert kernel_cache.cubins(SOURCES, ARCH, directory=tmp_path) == first
+    assert kernel_cache.read_entry(path) == first["one.cu"]
+
+
+def test_key_covers_source_options_and_architecture():
+    names = {kernel_cache.entry_name(SOURCES["one.cu"], (), "sm_90"),
+             kernel_cache.entry_name(SOURCES["one.cu"], ("-lineinfo",), "sm_90"),
+             kernel_cache.entry_name(SOURCES["one.cu"], (), "sm_80"),
+             kernel_cache.entry_name(SOURCES["two.cu"], (), "sm_90")}
+    assert len(names) == 4
+
+
+def test_nvcc_errors_are_reported_and_nothing_is_cached(tmp_path):
+    with pytest.raises(BackendError, match=r"nvcc failed on bad.cu for sm_90.*error"):
+        kernel_cache.cubins({"bad.cu": "this is not CUDA\n"}, ARCH, directory=tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_unwritable_cache_still_gives_cubins(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")   # a file where the cache directory should be
+    got = kernel_cache.cubins({"one.cu": SOURCES["one.cu"]}, ARCH, directory=blocked / "kernels")
+    assert got["one.cu"][:4] == b"\x7fELF"
