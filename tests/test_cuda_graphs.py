@@ -14,6 +14,8 @@ from darknet_py.backends import GraphCaptureError, cuda_available
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
+from test_detection import REGION_TRAIN
+from test_head_losses import DETECTION_RANDOM
 
 CFG = """[net]
 batch=8
@@ -336,59 +338,9 @@ def test_a_bad_class_id_is_refused_before_a_replayed_step_runs():
     assert net.graphs.replayed == 1
 
 
-REGION_CFG = """[net]
-batch=4
-subdivisions={subdivisions}
-width=16
-height=16
-channels=3
-learning_rate=0.01
-momentum=0.9
-decay=0.0005
-
-[convolutional]
-filters=16
-size=3
-stride=4
-pad=1
-activation=leaky
-
-[region]
-anchors=0.6,0.7, 1.5,1.2
-classes=3
-coords=4
-num=2
-softmax=1
-"""
-
-DETECTION_CFG = """[net]
-batch=4
-subdivisions={subdivisions}
-width=8
-height=8
-channels=3
-learning_rate=0.01
-momentum=0.9
-decay=0.0005
-
-[connected]
-output=117
-activation=linear
-
-[detection]
-classes=3
-coords=4
-side=3
-num=2
-sqrt=1
-rescore=1
-random=1
-"""
-
-
 @pytest.mark.parametrize("kind", BACKENDS)
-@pytest.mark.parametrize("cfg,threshold", [(REGION_CFG, 12800), (DETECTION_CFG, 64000)],
-                         ids=["region", "detection"])
+@pytest.mark.parametrize("cfg,threshold", [(REGION_TRAIN.format(softmax=1), 12800),
+                                           (DETECTION_RANDOM, 64000)], ids=["region", "detection"])
 def test_region_and_detection_steps_replay_once_their_early_phase_is_over(kind, cfg, threshold):
     """[region] pulls boxes towards the anchors, and [detection] random=1 draws the
     responsible box, until `seen` passes a threshold: a launch argument a recording would
@@ -397,7 +349,7 @@ def test_region_and_detection_steps_replay_once_their_early_phase_is_over(kind, 
     replayed = network(make_backend(kind), cfg=cfg)
     eager = network(eager_backend(kind), graphs=False, cfg=cfg)
     for net in (replayed, eager):
-        net.seen = threshold - 3 * 4   # steps 0 and 1 below it, step 2 reaches it
+        net.seen = threshold - 3 * net.images_per_pass   # steps 0, 1 below it, 2 reaches it
     for step, (x, truth) in enumerate(yolo_batches(eager, 7)):
         costs = [net.train_pass(x, truth) for net in (replayed, eager)]
         assert costs[0] == costs[1]
