@@ -188,6 +188,26 @@ def param_arrays(net):
     return [net.be.to_host(a) for l in net.layers for _, a in l.params()]
 
 
+def adopt_forward_state(net, source):
+    """Overwrite net's forward state (every layer's backend buffers other than parameters,
+    deltas and accumulated updates: outputs, batch-norm x and statistics, dropout masks,
+    max-pool choices) with source's after a step, so that net's backward starts from the
+    same activations. Without it, one activation within rounding of a kink (leaky's 0, a
+    tie between maxima) may take the other branch on each backend, and comparing the two
+    backwards would measure that accident, not the backward (cifar's layer 10 has an
+    output 7.6e-7 standard deviations from zero)."""
+    for layer, twin in zip(net.layers, source.layers):
+        skip = {name for name, _ in layer.params()} | {"delta"}
+        for name, value in vars(layer).items():
+            theirs = getattr(twin, name, None)
+            if (name in skip or name.endswith("_updates") or not isinstance(value, np.ndarray)
+                    or theirs is None):
+                continue
+            if not isinstance(theirs, np.ndarray):   # a backend buffer (host settings are)
+                theirs = source.be.to_host(theirs)
+            value[...] = np.asarray(theirs).reshape(value.shape)
+
+
 def assert_same_update(before, cpu, gpu):
     """The GPU network's parameters moved from `before` as the CPU network's did, to 1e-3 of
     each array's largest step."""
