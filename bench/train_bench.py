@@ -315,6 +315,9 @@ def report(results):
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() \
         if (ROOT / ".git").exists() else ""
+    if commit and subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--",
+                                  "darknet_py", "kernels", "bench"]).returncode:
+        commit += " with changes"   # a copy of the tree sent with an older .git
     lines = [f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, training end to end "
              f"(bench/train_bench.py), {gpu_name()}{', commit ' + commit if commit else ''}", ""]
     for part, value in results.items():
