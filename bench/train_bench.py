@@ -279,14 +279,14 @@ def upload_overlap(device, iterations=8, batch=64):
 
         figures["plain"] = iteration_ms(lambda k: net.train_iteration(pageable, truth))
 
-        def prefetched(k):
-            net.prefetch(pinned[(k + 1) % 2], truth)
-            net.train_iteration(pinned[k % 2], truth)
+        def prefetched(k, slots=pinned):
+            net.prefetch(slots[(k + 1) % 2], truth)
+            net.train_iteration(slots[k % 2], truth)
 
         net.prefetch(pinned[0], truth)
         figures["prefetched"] = iteration_ms(prefetched)
         net.finish_prefetch()
-        del pinned, buf
+        del prefetched, pinned, buf   # the views of the segments go before they close
         for unpin in unpins:
             unpin()
     finally:

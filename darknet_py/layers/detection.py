@@ -14,9 +14,8 @@ import numpy as np
 from ..backends.numpy_backend import uniform_hash
 from ..boxes import make_detections, thresholded
 from ..detection_loss import DETECTION_SCALARS, RANDOM_SEEN, DetectionHead, detection_loss
-from ..detection_loss import grid_truth_from_boxes  # noqa: F401 (its old home, still imported)
 from .base import Layer
-from .heads import ratio
+from .heads import keep_report, ratio
 
 F32 = np.float32
 
@@ -73,7 +72,7 @@ class DetectionLayer(Layer):
         if net.train and net.truth is not None:
             be.detection_loss(self.loss_head(), self.output, self.grid_truth(net),
                               self.random_draws(net), self.delta, self.scalars)
-            self.verbose = getattr(net, "verbose", False)
+            self.print_stats = getattr(net, "verbose", False)
             self.pending = True
 
     def allocate(self, be, batch, train):
@@ -90,13 +89,11 @@ class DetectionLayer(Layer):
     def collect(self, values):
         """The detection_loss op's figures: the cost, the statistics and Darknet's line."""
         self.cost, self.stats = float(values[0]), self.statistics(values)
-        self.stats_line = (f"Detection Avg IOU: {self.stats['avg_iou']:f}, "
-                           f"Pos Cat: {self.stats['pos_cat']:f}, "
-                           f"All Cat: {self.stats['all_cat']:f}, "
-                           f"Pos Obj: {self.stats['pos_obj']:f}, "
-                           f"Any Obj: {self.stats['any_obj']:f}, count: {self.stats['count']}")
-        if self.verbose:   # Darknet prints the line every step
-            print(self.stats_line, flush=True)
+        keep_report(self, f"Detection Avg IOU: {self.stats['avg_iou']:f}, "
+                          f"Pos Cat: {self.stats['pos_cat']:f}, "
+                          f"All Cat: {self.stats['all_cat']:f}, "
+                          f"Pos Obj: {self.stats['pos_obj']:f}, "
+                          f"Any Obj: {self.stats['any_obj']:f}, count: {self.stats['count']}")
 
     def statistics(self, values):
         _, iou, pos_cat, all_cat, pos_obj, count, any_obj = (float(v) for v in values)

@@ -24,7 +24,7 @@ import numpy as np
 from ..boxes import (box_giou, box_iou_kind, box_iou_matrix, correct_yolo_boxes, dx_box_iou,
                      fork_iou, make_detections, thresholded)
 from .base import refuse_options
-from .heads import check_classes, ratio, report, truth_boxes
+from .heads import check_classes, keep_report, ratio, truth_boxes
 from .yolo import FLT_MAX, YoloLayer
 
 F32 = np.float32
@@ -81,7 +81,8 @@ class GaussianYoloLayer(YoloLayer):
             delta, self.cost, self.stats = self.gaussian_loss(be.to_host(self.output), truths,
                                                               netw, neth)
             be.write(self.delta, delta)
-            report(net, self, self.stats_report())
+            self.print_stats = getattr(net, "verbose", False)
+            keep_report(self, self.stats_report())
 
     def stats_report(self):
         st = self.stats

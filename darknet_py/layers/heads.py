@@ -52,11 +52,12 @@ def truth_boxes(net, batch, max_boxes):
     return [image_truth_boxes(row[:per_image * fields], fields)[:max_boxes] for row in truth]
 
 
-def report(net, layer, line):
-    """Keep a layer's training statistics line; print it only when the network is verbose
-    (the trainer's switch), as Darknet prints it every step."""
+def keep_report(layer, line):
+    """Keep a head's statistics line (made after the step by collect, or in forward where
+    the loss runs on the host); print it when the network was verbose at the step's
+    forward (layer.print_stats), as Darknet prints it every step."""
     layer.stats_line = line
-    if getattr(net, "verbose", False):
+    if layer.print_stats:
         print(line, flush=True)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..boxes import correct_region_boxes, make_detections, thresholded, truth_table
 from ..region_loss import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS, RegionHead
 from .base import Layer, refuse_options
-from .heads import check_classes, parse_anchors, ratio
+from .heads import check_classes, keep_report, parse_anchors, ratio
 
 F32 = np.float32
 
@@ -85,7 +85,7 @@ class RegionLayer(Layer):
         if net.train and net.truth is not None:
             be.region_loss(self.loss_head(), self.output, net.truth, net.truth_size, self.anchors,
                            net.seen, self.delta, self.scalars)
-            self.verbose = getattr(net, "verbose", False)
+            self.print_stats = getattr(net, "verbose", False)
             self.pending = True
 
     def check_truth(self, net, truth_host):
@@ -115,12 +115,10 @@ class RegionLayer(Layer):
                       "obj": ratio(obj, count),
                       "no_obj": any_obj / (self.w * self.h * self.n * self.batch),
                       "recall": ratio(recall, count), "count": count}
-        self.stats_line = (f"Region Avg IOU: {self.stats['avg_iou']:f}, "
-                           f"Class: {self.stats['class']:f}, Obj: {self.stats['obj']:f}, "
-                           f"No Obj: {self.stats['no_obj']:f}, "
-                           f"Avg Recall: {self.stats['recall']:f},  count: {count}")
-        if self.verbose:   # Darknet prints the line every step
-            print(self.stats_line, flush=True)
+        keep_report(self, f"Region Avg IOU: {self.stats['avg_iou']:f}, "
+                          f"Class: {self.stats['class']:f}, Obj: {self.stats['obj']:f}, "
+                          f"No Obj: {self.stats['no_obj']:f}, "
+                          f"Avg Recall: {self.stats['recall']:f},  count: {count}")
 
     def backward(self, net):
         be = net.be

@@ -21,7 +21,7 @@ from ..boxes import (IOU_KINDS, NMS_KINDS, TRUTH_FIELDS, correct_yolo_boxes, mak
 from ..yolo_loss import (FLT_MAX, IOU_LOSSES, SCALARS, YoloLossSpec, decode, every_truth,
                          loss_stats, yolo_loss)
 from .base import Layer, refuse_options
-from .heads import check_classes, is_fork_flavour, parse_anchors
+from .heads import check_classes, is_fork_flavour, keep_report, parse_anchors
 
 F32 = np.float32
 # Options only the AlexeyAB fork reads: any of them switches the layer to the fork's loss.
@@ -143,7 +143,7 @@ class YoloLayer(Layer):
             self.loss_spec = self._loss_spec(net)
             be.yolo_loss(self.loss_spec, self.output, net.truth, self.delta, self.scalars)
             self.pending = True
-            self.print_stats = getattr(net, "verbose", False)  # as heads.report
+            self.print_stats = getattr(net, "verbose", False)
 
     def _loss_spec(self, net):
         return self.spec(net.input_shape[2], net.input_shape[1],
@@ -177,9 +177,7 @@ class YoloLayer(Layer):
         """The cost and statistics the backend's yolo_loss left in scalars."""
         self.cost = float(values[0])
         self.stats = loss_stats(self.loss_spec, values)
-        self.stats_line = self.stats_report()
-        if self.print_stats:
-            print(self.stats_line, flush=True)
+        keep_report(self, self.stats_report())
 
     def stats_report(self):
         """The line Darknet prints per yolo layer and step: the original's statistics, or
