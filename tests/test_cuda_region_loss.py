@@ -1,5 +1,5 @@
 """The [region] and [detection] losses on the GPU (kernels/region_loss.cu) against their NumPy
-references (region_loss.py, detection_loss.py), element for element.
+references (losses/region.py, losses/detection.py), element for element.
 
 Each case runs the op on both backends from the same float32 inputs, the arrays it writes
 poisoned with NaN first (an element it fails to write shows). Deltas must agree to 1e-5
@@ -12,9 +12,9 @@ import pytest
 
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
-from darknet_py.detection_loss import DETECTION_SCALARS, DetectionHead
+from darknet_py.losses.detection import DETECTION_SCALARS, DetectionHead
 from darknet_py.network import Network
-from darknet_py.region_loss import REGION_SCALARS, RegionHead
+from darknet_py.losses.region import REGION_SCALARS, RegionHead
 from test_detection import REGION_TRAIN
 from test_head_losses import DETECTION_RANDOM
 

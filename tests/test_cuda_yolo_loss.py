@@ -1,5 +1,5 @@
 """The [yolo] loss as a backend op (`yolo_loss`): the CUDA kernels (kernels/yolo_loss.cu)
-against the NumPy op (darknet_py/yolo_loss.py) element for element, in both flavours and
+against the NumPy op (darknet_py/losses/yolo.py) element for element, in both flavours and
 with each of the fork's options, and a detector trained on the GPU against the CPU.
 
 Cases: random activated outputs with predictions planted on some truths (so that
@@ -20,7 +20,7 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.layers.base import BuildContext
 from darknet_py.layers.yolo import YoloLayer
 from darknet_py.network import NetOptions
-from darknet_py.yolo_loss import SCALARS, every_truth, image_truths
+from darknet_py.losses.yolo import SCALARS, every_truth, image_truths
 
 F32 = np.float32
 NETW, NETH = 80, 64

@@ -1,4 +1,4 @@
-"""The [region] and [detection] loss ops' NumPy side (region_loss.py, detection_loss.py) and
+"""The [region] and [detection] loss ops' NumPy side (losses/region.py, losses/detection.py) and
 how the layers use them; the transcriptions of Darknet's loops are in test_detection.py,
 the CUDA kernels against these in test_cuda_region_loss.py."""
 import copy
@@ -9,7 +9,7 @@ import pytest
 from darknet_py.backends.numpy_backend import uniform_hash
 from darknet_py.boxes import truth_table
 from darknet_py.cfg import parse_cfg_text
-from darknet_py.detection_loss import (DETECTION_SCALARS, detection_grid_truth, detection_loss,
+from darknet_py.losses.detection import (DETECTION_SCALARS, detection_grid_truth, detection_loss,
                                        grid_truth_from_boxes, random_choices)
 from darknet_py.network import Network
 from test_detection import REGION_TRAIN

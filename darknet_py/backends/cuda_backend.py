@@ -31,9 +31,9 @@ from pycuda.tools import DeviceMemoryPool
 from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
 
 from .. import activations
-from ..detection_loss import DETECTION_SCALARS
-from ..region_loss import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
-from ..yolo_loss import FLT_MAX, IOU_LOSSES, SCALARS
+from ..losses.detection import DETECTION_SCALARS
+from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
+from ..losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
 from .numpy_backend import _unpin_nothing, conv_out_size, conv_strides
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
@@ -1140,7 +1140,7 @@ class CudaBackend:
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
-        """The [yolo] head's training loss (kernels/yolo_loss.cu; yolo_loss.py is the
+        """The [yolo] head's training loss (kernels/yolo_loss.cu; losses/yolo.py is the
         reference): writes the whole delta and the yolo_loss.SCALARS into scalars, queued
         on the stream (no host sync)."""
         wh = spec.w * spec.h
@@ -1303,7 +1303,7 @@ class CudaBackend:
 
     # ---- detection losses ------------------------------------------------------------
     def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):
-        """[region]'s training loss (region_loss.py) for head (a RegionHead): every element
+        """[region]'s training loss (losses/region.py) for head (a RegionHead): every element
         of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS)."""
         batch, cells = head.batch, head.batch * head.n * head.h * head.w
         wh = head.h * head.w
@@ -1328,7 +1328,7 @@ class CudaBackend:
                            scalars)
 
     def detection_grid_truth(self, truth, batch, truth_size, max_boxes, side, classes, grid):
-        """[detection]'s grid truth from box rows (detection_loss.py): every element of grid."""
+        """[detection]'s grid truth from box rows (losses/detection.py): every element of grid."""
         cells = batch * side * side
         self._check_size("detection_grid_truth grid", grid, cells * (5 + classes))
         truth_stride = truth.size // batch
@@ -1337,7 +1337,7 @@ class CudaBackend:
                      int(batch), int(side), int(classes), self._ptr(grid))
 
     def detection_loss(self, head, output, grid, draws, delta, scalars):
-        """[detection]'s training loss (detection_loss.py) for head (a DetectionHead): every
+        """[detection]'s training loss (losses/detection.py) for head (a DetectionHead): every
         element of delta; the cost and statistics in scalars (DETECTION_SCALARS)."""
         batch, loc = head.batch, head.side * head.side
         total = batch * head.outputs

@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .. import activations, detection_loss, region_loss
+from .. import activations
+from ..losses import detection as detection_loss, region as region_loss
 
 
 class NumpyBackend:
@@ -576,11 +577,11 @@ class NumpyBackend:
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
-        """The [yolo] head's training loss (yolo_loss.py, of spec's flavour) of output
+        """The [yolo] head's training loss (losses/yolo.py, of spec's flavour) of output
         (spec.batch images, after activation) against the truth buffer (spec.batch rows of
         truth_fields floats a box): writes the whole delta and the yolo_loss.SCALARS
         (cost first) into scalars."""
-        from ..yolo_loss import image_truths, yolo_loss
+        from ..losses.yolo import image_truths, yolo_loss
         d, sums = yolo_loss(spec, output, image_truths(spec, truth))
         delta[:d.size] = d
         scalars[:sums.size] = sums
@@ -646,17 +647,17 @@ class NumpyBackend:
 
     # ---- detection losses --------------------------------------------------------
     def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):
-        """[region]'s training loss (region_loss.py) for head (a RegionHead): every element
+        """[region]'s training loss (losses/region.py) for head (a RegionHead): every element
         of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS)."""
         region_loss.region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars)
 
     def detection_grid_truth(self, truth, batch, truth_size, max_boxes, side, classes, grid):
-        """[detection]'s grid truth from box rows (detection_loss.py): every element of grid."""
+        """[detection]'s grid truth from box rows (losses/detection.py): every element of grid."""
         detection_loss.detection_grid_truth(truth, batch, truth_size, max_boxes, side, classes,
                                             grid)
 
     def detection_loss(self, head, output, grid, draws, delta, scalars):
-        """[detection]'s training loss (detection_loss.py) for head (a DetectionHead): every
+        """[detection]'s training loss (losses/detection.py) for head (a DetectionHead): every
         element of delta; the cost and statistics in scalars (DETECTION_SCALARS)."""
         detection_loss.detection_loss(head, output, grid, draws, delta, scalars)
 

@@ -3,7 +3,7 @@
 Image-shaped output: per image, `n` anchor blocks of (coords + 1 + classes) planes of
 w*h. Forward applies the logistic to x, y and objectness, and a softmax over the classes
 of each anchor and cell (logistic instead with softmax=0). In training the backend's
-region_loss op (region_loss.py, kernels/region_loss.cu) computes forward_region_layer's
+region_loss op (losses/region.py, kernels/region_loss.cu) computes forward_region_layer's
 delta, cost and statistics where the output is; backward is Darknet's GPU one
 (backward_region_layer_gpu): the delta times the logistic gradient on x, y and
 objectness, added to the previous layer's. (Darknet's CPU backward_region_layer is
@@ -12,7 +12,7 @@ commented out and passes nothing back; the GPU build is the one that trains.)
 import numpy as np
 
 from ..boxes import correct_region_boxes, make_detections, thresholded, truth_table
-from ..region_loss import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS, RegionHead
+from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS, RegionHead
 from .base import Layer, refuse_options
 from .heads import check_classes, keep_report, parse_anchors, ratio
 

@@ -5,7 +5,7 @@ The output keeps the input's image shape: per image, `n` anchor blocks of
 logistic to x, y, objectness and classes (none of it with the fork's new_coords=1, whose
 convolution is expected to end in a logistic), then the fork's scale_x_y affine on x and y.
 In training the loss is forward_yolo_layer's, computed by the backend op yolo_loss
-(darknet_py/yolo_loss.py is its reference, kernels/yolo_loss.cu the GPU's): it writes the
+(darknet_py/losses/yolo.py is its reference, kernels/yolo_loss.cu the GPU's): it writes the
 delta and leaves the cost and statistics in `scalars`, read after the step by `collect`;
 backward adds the delta to the previous layer's.
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..boxes import (IOU_KINDS, NMS_KINDS, TRUTH_FIELDS, correct_yolo_boxes, make_detections,
                      thresholded)
-from ..yolo_loss import (FLT_MAX, IOU_LOSSES, SCALARS, YoloLossSpec, decode, every_truth,
+from ..losses.yolo import (FLT_MAX, IOU_LOSSES, SCALARS, YoloLossSpec, decode, every_truth,
                          loss_stats, yolo_loss)
 from .base import Layer, refuse_options
 from .heads import check_classes, is_fork_flavour, keep_report, parse_anchors
@@ -198,7 +198,7 @@ class YoloLayer(Layer):
         if net.delta is not None:
             net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
 
-    # ---- the loss on host arrays (yolo_loss.py) ------------------------------------------
+    # ---- the loss on host arrays (losses/yolo.py) ------------------------------------------
     def decode(self, tx, ty, tw, th, col, row, anchor_w, anchor_h, netw, neth):
         """get_yolo_box on arrays (broadcasting): boxes (..., 4) float32 relative to the
         network input."""

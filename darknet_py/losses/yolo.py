@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from .boxes import (IOU_KINDS, box_giou, box_iou, box_iou_kind, box_iou_matrix, dx_box_iou,
+from ..boxes import (IOU_KINDS, box_giou, box_iou, box_iou_kind, box_iou_matrix, dx_box_iou,
                     fork_iou, truth_boxes)
 
 F32 = np.float32

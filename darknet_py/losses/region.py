@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .boxes import box_iou, truth_table
+from ..boxes import box_iou, truth_table
 
 F32 = np.float32
 REGION_TRUTHS = 30   # forward_region_layer reads at most 30 boxes per image

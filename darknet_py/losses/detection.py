@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .boxes import TRUTH_FIELDS, box_iou, box_rmse, truth_table
+from ..boxes import TRUTH_FIELDS, box_iou, box_rmse, truth_table
 
 F32 = np.float32
 RANDOM_SEEN = 64000    # with random=1, images seen before which the responsible box is random
