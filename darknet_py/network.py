@@ -59,6 +59,7 @@ class NetOptions:
     cutmix: int = 0
     blur: int = 0
     gaussian_noise: int = 0
+    label_smooth_eps: float = 0.0   # the fork's classifier label smoothing
 
 
 def parse_net_options(s):
@@ -98,6 +99,10 @@ def parse_net_options(s):
     for key in ("letter_box", "mosaic", "mosaic_bound", "mixup", "cutmix", "blur",
                 "gaussian_noise"):
         setattr(o, key, s.get_int(key, 0))
+    o.label_smooth_eps = s.get_float("label_smooth_eps", 0.0)
+    if not 0 <= o.label_smooth_eps < 1:
+        raise s.error(f"must be at least 0 and below 1, got {o.label_smooth_eps:g}",
+                      "label_smooth_eps")
     for key in ("width", "height", "channels", "inputs"):
         if s.has(key) and getattr(o, key) < 1:
             raise s.error(f"must be at least 1, got {getattr(o, key)}", key)

@@ -7,12 +7,12 @@ import types
 import numpy as np
 import pytest
 
-from darknet_py.cfg import parse_cfg_text
+from darknet_py.cfg import CfgError, parse_cfg_text
 from darknet_py.data.augment import ClassifierAugment
 from darknet_py.data.augment_fork import (CUTMIX, CUTMIX_OR_MOSAIC, MIXUP, MOSAIC, ForkAugment,
                                           ForkClassifierAugment, classifier_augment,
                                           detector_augment, fork_classifier_sample,
-                                          mix_classifier_samples)
+                                          mix_classifier_samples, smooth_classifier_truth)
 from darknet_py.data.config import DataError
 from darknet_py.network import parse_net_options
 
@@ -220,6 +220,52 @@ def test_a_detector_reads_mixup_numbers_as_the_fork_does():
     assert aug.mixup and not aug.mosaic
 
 
+# ---- label smoothing ([net] label_smooth_eps) ----------------------------------------------
+def c_fill_truth_smooth(class_id, k, eps):
+    """The fork's fill_truth_smooth, a loop over the classes."""
+    truth = [0.0] * k
+    for i in range(k):
+        truth[i] = np.float32(1 - eps) if i == class_id else np.float32(eps) / np.float32(k - 1)
+    return np.array(truth, dtype=F32)
+
+
+@pytest.mark.parametrize("k,eps", [(2, 0.1), (4, 0.05), (10, 0.3)])
+def test_label_smoothing_matches_the_forks_fill_truth_smooth(k, eps):
+    for class_id in (0, k - 1):
+        np.testing.assert_array_equal(smooth_classifier_truth(np.eye(k, dtype=F32)[class_id], eps),
+                                      c_fill_truth_smooth(class_id, k, eps))
+    np.testing.assert_array_equal(smooth_classifier_truth(np.eye(k, dtype=F32)[1], 0.0),
+                                  np.eye(k, dtype=F32)[1])
+
+
+def test_smoothed_labels_are_smoothed_before_mixing():
+    """mixup of a red (class 0) and a green (class 1) sample, eps 0.2 over 4 classes:
+    each row is (0.8, 0.2/3, 0.2/3, 0.2/3) or its class-1 twin before they are averaged."""
+    aug = ForkClassifierAugment(center=True, flip=False, mix=MIXUP, label_smooth_eps=0.2)
+    green = (np.full((24, 24, 3), COLOURS[1], dtype=F32), ONE_HOT[1])
+    for seed in range(8):   # the coin decides whether a sample is mixed
+        out, truth = fork_classifier_sample(np.full((24, 24, 3), COLOURS[0], dtype=F32),
+                                            ONE_HOT[0], lambda: green, aug, W, H,
+                                            np.random.default_rng(seed))
+        plain = c_fill_truth_smooth(0, 4, 0.2)
+        mixed = (plain + c_fill_truth_smooth(1, 4, 0.2)) / F32(2)
+        assert np.allclose(truth, plain) or np.allclose(truth, mixed)
+        np.testing.assert_allclose(truth.sum(), 1, atol=1e-6)
+
+
+def test_label_smooth_eps_option():
+    aug = classifier_augment(net_options("label_smooth_eps=0.1\n"))
+    assert isinstance(aug, ForkClassifierAugment) and aug.label_smooth_eps == pytest.approx(0.1)
+    assert aug.mix == 0 and aug.blur == 0
+    with pytest.raises(CfgError, match="label_smooth_eps: must be at least 0 and below 1, got 1"):
+        net_options("label_smooth_eps=1\n")
+    warned = []
+    detector_augment(net_options("label_smooth_eps=0.1\n"), types.SimpleNamespace(
+        jitter=.3, resize=1.0), fork=True, warn=warned.append)
+    assert warned == ["[net] label_smooth_eps=0.1 smooths a classifier's labels: a detector "
+                      "trains without it (as in the AlexeyAB fork; [yolo] has its own)"]
+
+
 # ---- the loader and a training run -----------------------------------------------------------
 def test_loader_mixes_classifier_batches_reproducibly(bars):
     from darknet_py.data.config import read_list
@@ -245,7 +291,8 @@ def test_loader_mixes_classifier_batches_reproducibly(bars):
 
 def test_training_a_classifier_with_cutmix_and_mosaic_runs(bars, tmp_path):
     from darknet_py.train import train
-    text = CLASSIFIER_CFG.replace("flip=0\n", "flip=0\nmosaic=1\ncutmix=1\nblur=3\n")
+    text = CLASSIFIER_CFG.replace("flip=0\n", "flip=0\nmosaic=1\ncutmix=1\nblur=3\n"
+                                                "label_smooth_eps=0.1\n")
     cfg = write_classifier_cfg(tmp_path, max_batches=4, text=text)
     log = Lines()
     result = train(cfg, data_file(bars, tmp_path / "backup"), seed=1, device="cpu", log=log,

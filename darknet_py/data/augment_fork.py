@@ -341,6 +341,9 @@ def detector_augment(options, head, fork=False, warn=None):
         # The fork's stock cfgs set both; its training stops on them, as here.
         raise DataError("[net] mosaic=1 with letter_box=1 cannot train (as in the AlexeyAB "
                         "fork): set one of them to 0")
+    if o.label_smooth_eps and warn is not None:
+        warn(f"[net] label_smooth_eps={o.label_smooth_eps:g} smooths a classifier's labels: "
+             f"a detector trains without it (as in the AlexeyAB fork; [yolo] has its own)")
     if mix in (CUTMIX, CUTMIX_OR_MOSAIC) and warn is not None:
         warn("cutmix is a classifier augmentation: a detector trains without it (as in "
              "the AlexeyAB fork)" + ("; mosaic is used" if mix == CUTMIX_OR_MOSAIC else ""))
@@ -360,14 +363,17 @@ BLUR_SHARE = 4                      # one sample in 4 is blurred
 @dataclass
 class ForkClassifierAugment(ClassifierAugment):
     """Darknet's classifier augmentation plus the fork's mixing (`mix`: fork_mix's
-    number) and blur (0: none, 1: a 15-pixel Gaussian, N: an N-pixel one)."""
+    number), blur (0: none, 1: a 15-pixel Gaussian, N: an N-pixel one) and label
+    smoothing ([net] label_smooth_eps)."""
     mix: int = 0
     blur: int = 0
+    label_smooth_eps: float = 0.0
 
 
 def classifier_augment(options, warn=None):
     """The augmentation a classifier trains with: ClassifierAugment from the [net]
-    options, ForkClassifierAugment when the fork's mixup, cutmix, mosaic or blur is set.
+    options, ForkClassifierAugment when the fork's mixup, cutmix, mosaic, blur or
+    label_smooth_eps is set.
     `warn(message)` is told of the fork's detector-only options, which a classifier
     trains without. An even blur is a DataError (OpenCV's Gaussian needs an odd size:
     the fork stops there)."""
@@ -380,13 +386,24 @@ def classifier_augment(options, warn=None):
             warn(f"{key}={getattr(o, key)} is a detector augmentation: a classifier trains "
                  f"without it (as in the AlexeyAB fork)")
     mix = fork_mix(o)
-    if not mix and not o.blur:
+    if not mix and not o.blur and not o.label_smooth_eps:
         return ClassifierAugment(**base)
     if o.blur < 0 or (o.blur > 1 and o.blur % 2 == 0):
         raise DataError(f"[net] blur={o.blur}: a classifier is blurred with a Gaussian of "
                         f"blur x blur pixels, which must be odd (the AlexeyAB fork stops on "
                         f"an even one); 1 means {BLUR_ONE_KSIZE}")
-    return ForkClassifierAugment(**base, mix=mix, blur=o.blur)
+    return ForkClassifierAugment(**base, mix=mix, blur=o.blur,
+                                 label_smooth_eps=o.label_smooth_eps)
+
+
+def smooth_classifier_truth(truth, eps):
+    """The fork's fill_truth_smooth on a one-hot row: the image's class 1 - eps, every
+    other eps / (classes - 1)."""
+    truth = np.asarray(truth, dtype=np.float32)
+    if not eps:
+        return truth
+    off = eps / (truth.size - 1) if truth.size > 1 else 0.0
+    return np.where(truth > 0, np.float32(1 - eps), np.float32(off)).astype(np.float32)
 
 
 def mix_classifier_samples(kind, images, truths, rng):
@@ -431,19 +448,20 @@ def fork_classifier_sample(hwc, truth, draw_image, aug, w, h, rng):
     is set and a coin says so, mixed (mix_classifier_samples) with 1 (mixup, cutmix) or 3
     (mosaic, cutmix-or-mosaic) other images, each augmented likewise, CUTMIX_OR_MOSAIC
     picking cutmix or mosaic per sample; then, with blur, a quarter of the samples
-    blurred. `draw_image()` returns another random (image, truth) of the training list.
+    blurred. Every truth row is smoothed first (label_smooth_eps), as the fork fills
+    its rows with fill_truth_smooth before mixing. `draw_image()` returns another random (image, truth) of the training list.
     The fork tosses its coin once per loader thread's share of a batch; here each sample
     tosses its own (as the detector's mosaic does), so that a sample depends on its own
     seed only."""
     out = augment_classifier_hwc(hwc, aug, w, h, rng)
-    truth = np.asarray(truth, dtype=np.float32)
+    truth = smooth_classifier_truth(truth, aug.label_smooth_eps)
     if aug.mix and rng.integers(2):
         pieces = 4 if aug.mix >= MOSAIC else 2
         images, truths = [out], [truth]
         for _ in range(pieces - 1):
             other, other_truth = draw_image()
             images.append(augment_classifier_hwc(other, aug, w, h, rng))
-            truths.append(np.asarray(other_truth, dtype=np.float32))
+            truths.append(smooth_classifier_truth(other_truth, aug.label_smooth_eps))
         kind = _rand_int(rng, CUTMIX, MOSAIC) if aug.mix == CUTMIX_OR_MOSAIC else aug.mix
         out, truth = mix_classifier_samples(kind, images, truths, rng)
     if aug.blur and rng.integers(BLUR_SHARE) == 0:
