@@ -5,6 +5,8 @@ import sys
 import numpy as np
 
 from darknet_py import demo_data
+from darknet_py.boxes import TRUTH_FIELDS
+from darknet_py.losses.detection import detection_grid_truth
 from darknet_py.network import load_network
 from darknet_py.weights import read_header
 
@@ -214,3 +216,12 @@ def assert_same_update(before, cpu, gpu):
     for i, (b, c, g) in enumerate(zip(before, param_arrays(cpu), param_arrays(gpu))):
         step = np.max(np.abs(c - b))
         assert np.max(np.abs(g - c)) <= 1e-3 * step + 1e-7, f"parameter array {i}"
+
+
+def grid_truth_from_boxes(boxes, side, classes):
+    """The [detection] grid truth (detection_grid_truth) of one image's (n, 5) rows of
+    (x, y, w, h, class): float32 (side*side*(5 + classes),)."""
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(1, -1)
+    grid = np.zeros(side * side * (5 + classes), dtype=np.float32)
+    detection_grid_truth(boxes, 1, TRUTH_FIELDS, boxes.size, side, classes, grid)
+    return grid

@@ -584,23 +584,30 @@ def test_build_detection_set(tmp_path):
 def test_crop_resize_equals_darknet_crop_then_resize(crop):
     img = np.random.default_rng(2).random((3, 9, 15)).astype(np.float32)
     for w, h in ((15, 9), (31, 17), (7, 5)):
-        np.testing.assert_allclose(A.crop_resize_image(img, *crop, w, h),
-                                   resize_image(A.crop_image(img, *crop), w, h), atol=1e-5)
+        one_pass = A.from_hwc(A._crop_resize_hwc(A.to_hwc(img), *crop, w, h))
+        np.testing.assert_allclose(one_pass, resize_image(A.crop_image(img, *crop), w, h),
+                                   atol=1e-5)
 
 
 def test_augment_settings_from_cfg_sections():
+    """What training reads from [net] (parse_net_options) and the head (jitter), with
+    Darknet's defaults."""
+    import types
     from darknet_py.cfg import parse_cfg_text
-    net, yolo = parse_cfg_text("[net]\nwidth=32\nheight=32\nmax_crop=40\nangle=7\nhue=.1\n"
-                               "saturation=1.5\nexposure=1.4\nflip=0\n[yolo]\njitter=.3\n")
-    aug = D.ClassifierAugment.from_net_section(net)
+    from darknet_py.data.augment_fork import classifier_augment, detector_augment
+    from darknet_py.network import parse_net_options
+    net, yolo = parse_cfg_text("[net]\nwidth=32\nheight=32\nchannels=3\nmax_crop=40\nangle=7\n"
+                               "hue=.1\nsaturation=1.5\nexposure=1.4\nflip=0\n[yolo]\njitter=.3\n")
+    options = parse_net_options(net)
+    aug = classifier_augment(options)
     assert (aug.min_ratio, aug.max_ratio, aug.angle, aug.aspect) == (1.0, 1.25, 7.0, 1.0)
     assert (aug.hue, aug.saturation, aug.exposure, aug.flip, aug.center) == \
         (0.1, 1.5, 1.4, False, False)
-    det = D.DetectorAugment.from_sections(net, yolo)
+    det = detector_augment(options, types.SimpleNamespace(jitter=yolo.get_float("jitter", .2)))
     assert (det.jitter, det.hue, det.saturation, det.exposure, det.flip) == \
         (0.3, 0.1, 1.5, 1.4, False)
-    assert D.ClassifierAugment.from_net_section(parse_cfg_text("[net]\nwidth=10\n")[0]) == \
-        D.ClassifierAugment()
+    defaults = parse_net_options(parse_cfg_text("[net]\nwidth=10\nheight=10\nchannels=1\n")[0])
+    assert classifier_augment(defaults) == D.ClassifierAugment()
 
 
 def test_loader_with_no_usable_image_raises(tmp_path):

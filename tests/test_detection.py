@@ -14,8 +14,9 @@ from darknet_py.cfg import CfgError, parse_cfg_text
 from darknet_py.boxes import Detection, box_iou, correct_yolo_boxes, do_nms_obj, do_nms_sort
 from darknet_py.detection import classify, detect, detections_to_json, draw_detections
 from darknet_py.image import letterbox, load_image, to_bgr
-from darknet_py.losses.detection import grid_truth_from_boxes
 from darknet_py.network import Network
+
+from helpers import grid_truth_from_boxes
 
 F32 = np.float32
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -10,8 +10,9 @@ from darknet_py.backends.numpy_backend import uniform_hash
 from darknet_py.boxes import truth_table
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.losses.detection import (DETECTION_SCALARS, detection_grid_truth, detection_loss,
-                                       grid_truth_from_boxes, random_choices)
+                                       random_choices)
 from darknet_py.network import Network
+from helpers import grid_truth_from_boxes
 from test_detection import REGION_TRAIN
 
 F32 = np.float32

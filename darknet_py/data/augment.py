@@ -87,11 +87,6 @@ def center_crop_hwc(hwc, w, h):
     return _crop_resize_hwc(hwc, (iw - m) // 2, (ih - m) // 2, m, m, w, h)
 
 
-def crop_resize_image(img, dx, dy, cw, ch, w, h):
-    """resize_image(crop_image(img, dx, dy, cw, ch), w, h) in one pass."""
-    return from_hwc(_crop_resize_hwc(to_hwc(img), dx, dy, cw, ch, w, h))
-
-
 def _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect):
     """Darknet's rotate_crop_image samples, for output pixel (x, y),
         u = ((x - w/2) + dx) * aspect / scale,  v = ((y - h/2) + dy) / scale,
@@ -201,19 +196,6 @@ class ClassifierAugment:
     center: bool = False        # centre crop instead of random crop/scale/rotate
     flip: bool = True           # Darknet always flips at random; flip=0 as in AlexeyAB's fork
 
-    @classmethod
-    def from_net_section(cls, net):
-        """Read the [net] options (a cfg.Section) with Darknet's defaults."""
-        width = net.get_int("width", 0) or 1
-        max_crop = net.get_int("max_crop", 2 * width)
-        min_crop = net.get_int("min_crop", width)
-        return cls(min_ratio=net.get_float("min_ratio", min_crop / width),
-                   max_ratio=net.get_float("max_ratio", max_crop / width),
-                   angle=net.get_float("angle", 0), aspect=net.get_float("aspect", 1),
-                   hue=net.get_float("hue", 0), saturation=net.get_float("saturation", 1),
-                   exposure=net.get_float("exposure", 1),
-                   center=bool(net.get_int("center", 0)), flip=bool(net.get_int("flip", 1)))
-
 
 @dataclass
 class DetectorAugment:
@@ -224,14 +206,6 @@ class DetectorAugment:
     saturation: float = 1.0
     exposure: float = 1.0
     flip: bool = True
-
-    @classmethod
-    def from_sections(cls, net, detection_layer=None):
-        """Read [net] hue/saturation/exposure (and flip) and the layer's jitter."""
-        jitter = detection_layer.get_float("jitter", 0.2) if detection_layer is not None else 0.2
-        return cls(jitter=jitter, hue=net.get_float("hue", 0),
-                   saturation=net.get_float("saturation", 1),
-                   exposure=net.get_float("exposure", 1), flip=bool(net.get_int("flip", 1)))
 
 
 def augment_classifier_hwc(hwc, augment, w, h, rng):

@@ -72,15 +72,6 @@ def detection_grid_truth(truth, batch, truth_size, max_boxes, side, classes, gri
                                        y * F32(side) - row.astype(F32), w, h], axis=1)
 
 
-def grid_truth_from_boxes(boxes, side, classes):
-    """detection_grid_truth of one image's (n, 5) rows of (x, y, w, h, class): float32
-    (side*side*(5 + classes),)."""
-    boxes = np.asarray(boxes, dtype=F32).reshape(1, -1)
-    grid = np.zeros(side * side * (5 + classes), dtype=F32)
-    detection_grid_truth(boxes, 1, TRUTH_FIELDS, boxes.size, side, classes, grid)
-    return grid
-
-
 def random_choices(draws, n):
     """The responsible box random=1 picks from uniform draws in [0, 1): int(draw * n)."""
     return np.minimum((np.asarray(draws, dtype=F32) * F32(n)).astype(np.int64), n - 1)
