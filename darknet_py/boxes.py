@@ -54,24 +54,28 @@ def box_iou_matrix(a, b):
         return (inter / union).astype(F32)
 
 
-def truth_boxes(truth_row, fields=TRUTH_FIELDS):
-    """The boxes in one image's truth row: float32 (n, fields) (x, y, w, h, class, and the
-    fork's track id with fields=6), ending before the first box whose x is 0 (Darknet's
-    `if(!truth.x) break`)."""
-    b = np.asarray(truth_row, dtype=F32).reshape(-1, fields)
-    zero = np.nonzero(b[:, 0] == 0)[0]
-    return b[:zero[0] if zero.size else len(b)]
-
-
 def truth_table(truth, batch, fields, limit):
     """A truth buffer (batch images of boxes of `fields` floats) as the loss loops read it:
     (rows (batch, T, fields) float32, valid (batch, T) bool), T = at most `limit` boxes;
-    a box is valid up to the first whose x is 0 in its image (truth_boxes' rule)."""
+    a box is valid up to the first whose x is 0 in its image (Darknet's
+    `if(!truth.x) break`)."""
     truth = np.asarray(truth, dtype=F32).reshape(batch, -1)
     per_image = truth.shape[1] // fields
     rows = truth[:, :per_image * fields].reshape(batch, per_image, fields)[:, :limit]
     valid = np.cumprod(rows[:, :, 0] != 0, axis=1, dtype=bool)
     return rows, valid
+
+
+def truth_per_image(truth, batch, fields=TRUTH_FIELDS, limit=None):
+    """truth_table's valid boxes image by image: a list of float32 (n, fields) rows of
+    (x, y, w, h, class, and the fork's track id with fields=6)."""
+    rows, valid = truth_table(truth, batch, fields, limit)
+    return [r[v] for r, v in zip(rows, valid)]
+
+
+def truth_boxes(truth_row, fields=TRUTH_FIELDS):
+    """The boxes in one image's truth row (truth_per_image of a single image)."""
+    return truth_per_image(truth_row, 1, fields)[0]
 
 
 def box_rmse(a, b):

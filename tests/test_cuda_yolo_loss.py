@@ -273,6 +273,19 @@ def test_200_iteration_detector_loss_curve_matches_cpu(darknet):
 
 def test_every_truth_is_image_truths_together():
     layer, spec, _, truth = case("original-max")
-    want = np.concatenate(image_truths(spec, truth))
-    assert len(want) == 7 + 12 + 2
-    np.testing.assert_array_equal(every_truth(spec, truth), want)
+    # Darknet's loop: per image, boxes up to max_boxes, stopping at the first x == 0.
+    rows = truth.reshape(spec.batch, -1)
+    want = []
+    for row in rows:
+        image = []
+        for t in range(min(spec.max_boxes, row.size // spec.truth_fields)):
+            box = row[t * spec.truth_fields:(t + 1) * spec.truth_fields]
+            if not box[0]:
+                break
+            image.append(box)
+        want.append(np.array(image, dtype=np.float32).reshape(-1, spec.truth_fields))
+    assert [len(w) for w in want] == [len(g) for g in image_truths(spec, truth)]
+    for w, g in zip(want, image_truths(spec, truth)):
+        np.testing.assert_array_equal(g, w)
+    assert sum(map(len, want)) == 7 + 12 + 2
+    np.testing.assert_array_equal(every_truth(spec, truth), np.concatenate(want))

@@ -2,8 +2,7 @@
 buffer's layout, the per-step statistics line and the class-id check."""
 import numpy as np
 
-from ..boxes import TRUTH_FIELDS
-from ..boxes import truth_boxes as image_truth_boxes
+from ..boxes import TRUTH_FIELDS, truth_per_image
 
 F32 = np.float32
 
@@ -42,14 +41,11 @@ def is_fork_flavour(obj):
 
 
 def truth_boxes(net, batch, max_boxes):
-    """Per image, the truth boxes Darknet's loss loops see: float32 (n, F) rows of
-    (x, y, w, h, class), F = 5, or the fork's F = 6 with a track id last (net.truth_size),
-    at most max_boxes, stopping at the first with x == 0 as Darknet's `if(!truth.x) break`
-    does."""
-    fields = getattr(net, "truth_size", TRUTH_FIELDS)
-    truth = net.truth_host.reshape(batch, -1)
-    per_image = truth.shape[1] // fields
-    return [image_truth_boxes(row[:per_image * fields], fields)[:max_boxes] for row in truth]
+    """Per image, the truth boxes Darknet's loss loops see (boxes.truth_per_image) in the
+    network's staged truth: rows of net.truth_size floats (5, or the fork's 6 with a
+    track id last), at most max_boxes."""
+    return truth_per_image(net.truth_host, batch, getattr(net, "truth_size", TRUTH_FIELDS),
+                           max_boxes)
 
 
 def keep_report(layer, line):

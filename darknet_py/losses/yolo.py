@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from ..boxes import (IOU_KINDS, box_giou, box_iou, box_iou_kind, box_iou_matrix, dx_box_iou,
-                    fork_iou, truth_boxes)
+                    fork_iou, truth_per_image, truth_table)
 
 F32 = np.float32
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -84,19 +84,13 @@ def decode(tx, ty, tw, th, col, row, anchor_w, anchor_h, w, h, netw, neth, new_c
 def image_truths(spec, truth):
     """Per image, the truth boxes Darknet's loss loops see in a truth buffer of `batch`
     rows: (n, truth_fields) float32, at most max_boxes, ending before the first x == 0."""
-    rows = np.asarray(truth, dtype=F32).reshape(spec.batch, -1)
-    per_image = rows.shape[1] // spec.truth_fields
-    return [truth_boxes(row[:per_image * spec.truth_fields], spec.truth_fields)[:spec.max_boxes]
-            for row in rows]
+    return truth_per_image(truth, spec.batch, spec.truth_fields, spec.max_boxes)
 
 
 def every_truth(spec, truth):
-    """image_truths of all images as one (n, truth_fields) array, without a Python loop."""
-    rows = np.asarray(truth, dtype=F32).reshape(spec.batch, -1)
-    per_image = rows.shape[1] // spec.truth_fields
-    boxes = rows[:, :per_image * spec.truth_fields].reshape(spec.batch, per_image, -1)
-    boxes = boxes[:, :spec.max_boxes]
-    return boxes[np.cumprod(boxes[:, :, 0] != 0, axis=1).astype(bool)]
+    """image_truths of all images as one (n, truth_fields) array."""
+    rows, valid = truth_table(truth, spec.batch, spec.truth_fields, spec.max_boxes)
+    return rows[valid]
 
 
 def yolo_loss(spec, output, truths):
