@@ -385,6 +385,9 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @click.option("--nms", type=Probability(), default=0.45, show_default=True,
               help="Drop a box overlapping a likelier one of its class by more than this "
                    "IoU; 0 turns NMS off.")
+@click.option("--hier-thresh", type=Probability(), default=0.5, show_default=True,
+              help="With a class tree ([region] tree=, YOLO9000): walk down the tree while "
+                   "the class probability stays above this (Darknet's -hier).")
 @click.option("--out", metavar="PATH", default="predictions.jpg", show_default=True,
               help="Image with the labelled boxes. For several images, each image's number "
                    "goes before the extension: predictions_1.jpg, predictions_2.jpg, ... If "
@@ -404,8 +407,8 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @names_options
 @device_options
 @darknet_option
-def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
-                   ext_output, overwrite, names, data, device, darknet):
+def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, json_file,
+                   darknet_order, ext_output, overwrite, names, data, device, darknet):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
                             draw_detections, ext_output_lines, pixel_box)
     from .image import decode_image, from_bgr
@@ -415,7 +418,8 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
         from .video import detect_video_command
         out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
         return detect_video_command(cfg, weights, images, camera, out if out_given else None,
-                                    json_file, dict(thresh=thresh, nms=nms), names, device,
+                                    json_file, dict(thresh=thresh, nms=nms, hier=hier_thresh),
+                                    names, device,
                                     overwrite, darknet)
     if not images:
         raise UserError("give an IMAGE (or a video file, or --camera N)")
@@ -437,7 +441,8 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
         # Pixel boxes are in the file's own size, even when a huge image is decoded reduced.
         bgr, (width, height) = decode_image(path)
         start = time.perf_counter()
-        dets = detect(net, from_bgr(bgr), thresh=thresh, nms=nms, darknet_order=darknet_order)
+        dets = detect(net, from_bgr(bgr), thresh=thresh, hier=hier_thresh, nms=nms,
+                      darknet_order=darknet_order)
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
         if ext_output:

@@ -11,6 +11,7 @@ import numpy as np
 
 from .boxes import do_nms_sort
 from .layers.heads import is_fork_flavour
+from .tree import hierarchy_predictions
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 
 DETECTOR_TYPES = ("yolo", "region", "detection", "gaussian_yolo")
@@ -25,13 +26,15 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     """Darknet's get_network_boxes: every [yolo]/[region]/[detection] layer's detections for
     image 0 of the last forward pass, in layer order, boxes on the original img_w x img_h
     image. ``letter`` says whether the input was letterboxed (else plainly resized).
-    ``hier`` is Darknet's tree threshold, which matters only for softmax trees (not
-    supported), so it is accepted and unused."""
+    ``hier`` is Darknet's hierarchy threshold, which only a [region] layer with a softmax
+    tree (tree=) reads, as in Darknet."""
     netw, neth = net.input_shape[2], net.input_shape[1]
     dets = []
     for layer in detector_layers(net):
         output = net.be.to_host(layer.output)[:layer.outputs]
-        dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter)
+        tree = {"hier": hier} if layer.type == "region" else {}
+        dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter,
+                                 **tree)
     return dets
 
 
@@ -130,7 +133,7 @@ def output_layer(net):
 def classify(net, image, top=5):
     """Classify one image as Darknet's `classifier predict` does: letterbox to the network
     size, batch 1, and the top-k outputs of the last non-cost layer (ties keep the lower
-    index first, as Darknet's top_k). Returns [(class_id, prob, name or None), ...]."""
+    index first, as Darknet's top_k); with a class tree, of the leaves' P(class). Returns [(class_id, prob, name or None), ...]."""
     channels, neth, netw = net.input_shape
     img = as_image(image, channels)
     sized = letterbox(img, netw, neth)
@@ -138,6 +141,9 @@ def classify(net, image, top=5):
     net.predict(sized[None])
     layer = output_layer(net)
     pred = net.be.to_host(layer.output)[:layer.outputs].astype(np.float32)
+    if net.hierarchy is not None:
+        # classifier predict: every class's P(class), the inner classes zeroed
+        pred = hierarchy_predictions(pred, net.hierarchy, only_leaves=True)
     order = np.argsort(-pred, kind="stable")[:max(0, int(top))]
     return [(int(i), float(pred[i]), _class_name(net.names, int(i))) for i in order]
 

@@ -215,6 +215,10 @@ class Network:
         self.layers = self._build(sections[1:])
         if not self.layers:
             raise CfgError("the cfg has a [net] section but no layers", path)
+        # A classifier's class tree (tree.Hierarchy): as in Darknet, the last [softmax]
+        # layer's tree=; training sets it from a .data file's tree= too.
+        softmaxes = [layer for layer in self.layers if layer.type == "softmax"]
+        self.hierarchy = softmaxes[-1].hierarchy if softmaxes else None
         # Darknet's network state seen by the layer being run.
         self.input = None
         self.truth = None         # the truth buffer on the backend (softmax, cost)

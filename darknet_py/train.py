@@ -515,7 +515,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                              f"{data} has classes={classes}; set the last layer's filters (or "
                              f"outputs) to {classes}")
         augment = classifier_augment(o, warn=lambda m: log(f"darknet-py: warning: {m}"))
-        loader_args = dict(task="classifier", labels=config.labels, classes=classes)
+        loader_args = dict(task="classifier", labels=config.labels, classes=classes,
+                           hierarchy=net.hierarchy)
         multiscale = bool(o.random)
     else:
         head = detector_layers(net)[-1]

@@ -31,6 +31,7 @@ from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
 from .detection import detect, detector_layers, output_layer
+from .tree import hierarchy_predictions
 from .files import write_text_atomically
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
@@ -104,6 +105,8 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
                 continue
             net.forward(x, train=False)
             pred = net.be.to_host(head.output)[:len(x) * head.outputs].reshape(len(x), -1)
+            if net.hierarchy is not None:   # validate_classifier: the leaves' P(class)
+                pred = hierarchy_predictions(pred, net.hierarchy, only_leaves=True)
             pred = pred[:, :classes]
             label = truth.argmax(axis=1)
             hits1 += int(top_k_hits(pred, label, 1).sum())

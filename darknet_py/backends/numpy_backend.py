@@ -558,10 +558,20 @@ class NumpyBackend:
         b = np.arange(batch).reshape(-1, 1, 1) * batch_offset
         g = np.arange(groups).reshape(1, -1, 1) * group_offset
         i = np.arange(n).reshape(1, 1, -1) * stride
-        flat = (b + g + i).reshape(-1)
-        v = x[flat].reshape(batch * groups, n) / temp
-        e = np.exp(v - v.max(axis=1, keepdims=True))
-        out[flat] = (e / e.sum(axis=1, keepdims=True)).reshape(-1)
+        _softmax_at(x, (b + g + i).reshape(batch * groups, n), temp, out)
+
+    def softmax_tree(self, x, spatial, batch, stride, temp, group_offset, group_size, classes,
+                     out):
+        """A softmax over each group of a class tree of `classes` classes (tree.py): for
+        instance b < batch and position s < spatial, group g's group_size[g] elements at
+        x[b*stride + (group_offset[g] + i)*spatial + s] (integer arrays, as int_zeros)."""
+        instances = (np.arange(batch)[:, None] * stride + np.arange(spatial)).reshape(-1)
+        for first, size in zip(np.asarray(group_offset).tolist(), np.asarray(group_size).tolist()):
+            _softmax_at(x, (instances[:, None] + (first + np.arange(size)) * spatial), temp, out)
+
+    def mask(self, x, truth, value):
+        """x[i] = 0 wherever truth[i] == value (Darknet's mask_gpu with mask_num 0)."""
+        x[truth[:x.size] == value] = 0
 
     def softmax_x_ent(self, pred, truth, delta, error):
         """Cross-entropy: error = -t*log(p) where t != 0; delta = t - p."""
@@ -646,10 +656,13 @@ class NumpyBackend:
         rand[...] = uniform_hash(seed, rand.size).astype(self.dtype)
 
     # ---- detection losses --------------------------------------------------------
-    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):
+    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars,
+                    classes=None):
         """[region]'s training loss (losses/region.py) for head (a RegionHead): every element
-        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS)."""
-        region_loss.region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars)
+        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS). classes:
+        the layer's region_loss.RegionClasses (map= and tree=) or None."""
+        region_loss.region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars,
+                                classes)
 
     def detection_grid_truth(self, truth, batch, truth_size, max_boxes, side, classes, grid):
         """[detection]'s grid truth from box rows (losses/detection.py): every element of grid."""
@@ -660,6 +673,13 @@ class NumpyBackend:
         """[detection]'s training loss (losses/detection.py) for head (a DetectionHead): every
         element of delta; the cost and statistics in scalars (DETECTION_SCALARS)."""
         detection_loss.detection_loss(head, output, grid, draws, delta, scalars)
+
+
+def _softmax_at(x, index, temp, out):
+    """One softmax per row of the index matrix (instances x elements) of flat x into out."""
+    v = x[index] / temp
+    e = np.exp(v - v.max(axis=1, keepdims=True))
+    out[index] = e / e.sum(axis=1, keepdims=True)
 
 
 # Floats per block of activate/bias_activate: the passes over a block stay in L2 cache.
