@@ -158,17 +158,24 @@ class NumpyBackend:
         A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
         B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
         C = _matrix(c, 0, m, n, ldc)
-        with _blas_threads(_threads_now()):
-            if beta == 0 and alpha == 1:
-                np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
-                return
-            prod = A @ B
-        if beta == 0:
-            C[...] = self.dtype.type(alpha) * prod
-        else:
-            if beta != 1:
-                C *= self.dtype.type(beta)
-            C += self.dtype.type(alpha) * prod
+        alpha, beta = self.dtype.type(alpha), self.dtype.type(beta)
+        # Fixed tiles of C, each one single-threaded BLAS call: OpenBLAS's sums depend on
+        # how many threads split a product, and the thread count here follows the
+        # machine's load (_threads_now), so one product split its own way would give other
+        # last bits under load. Threads only decide which thread computes which tile.
+        col_tiles = -(-n // _GEMM_COLUMNS)
+        row_tiles = -(-m // _GEMM_ROWS) if col_tiles == 1 else 1
+        rows = _GEMM_ROWS if row_tiles > 1 else m
+
+        def tiles(t0, t1):
+            with _blas_threads(1):
+                for t in range(t0, t1):
+                    row, col = divmod(t, col_tiles)
+                    i, j = row * rows, col * _GEMM_COLUMNS
+                    _gemm_tile(A[i:i + rows], B[:, j:j + _GEMM_COLUMNS],
+                               C[i:i + rows, j:j + _GEMM_COLUMNS], alpha, beta)
+
+        _parallel(row_tiles * col_tiles, tiles, 1)
 
     # ---- convolution helpers -----------------------------------------------
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
@@ -703,6 +710,25 @@ class _WallTimer:
 
     def stop(self):
         return time.perf_counter() - self._t0
+
+
+# The tiles of C a gemm computes in one BLAS call each (see NumpyBackend.gemm).
+_GEMM_COLUMNS = 1024
+_GEMM_ROWS = 128
+
+
+def _gemm_tile(A, B, C, alpha, beta):
+    """C = alpha * A @ B + beta * C for one tile."""
+    if beta == 0 and alpha == 1:
+        np.matmul(A, B, out=C)   # straight into C: no product temporary, no extra pass
+        return
+    prod = A @ B
+    if beta == 0:
+        C[...] = alpha * prod
+        return
+    if beta != 1:
+        C *= beta
+    C += alpha * prod
 
 
 def _parallel(count, work, grain):
