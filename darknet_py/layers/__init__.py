@@ -20,6 +20,7 @@ _LAYER_CLASSES = {
     "yolo": ("yolo", "YoloLayer"),
     "region": ("region", "RegionLayer"),
     "detection": ("detection", "DetectionLayer"),
+    "activation": ("activation", "ActivationLayer"),
     # the AlexeyAB fork's
     "sam": ("sam", "SamLayer"),
     "scale_channels": ("scale_channels", "ScaleChannelsLayer"),
