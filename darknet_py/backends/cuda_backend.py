@@ -99,6 +99,7 @@ _KERNELS = {
         "softmax_kernel": "PiiiiiifP",
         "softmax_x_ent_kernel": "iPPPP",
         "l2_kernel": "iPPPP",
+        "logistic_x_ent_kernel": "iPPPP",
     },
     "shape.cu": {
         "copy_blocks_kernel": "PiqPiqiiii",
@@ -1136,6 +1137,14 @@ class CudaBackend:
         for what, arr in (("truth", truth), ("delta", delta), ("error", error)):
             self._check_size(f"l2 {what}", arr, n)
         self._launch("l2_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
+                     self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    def logistic_x_ent(self, pred, truth, delta, error):
+        """Logistic cross-entropy: error = -t*log(p) - (1-t)*log(1-p); delta = t - p."""
+        n = pred.size
+        for what, arr in (("truth", truth), ("delta", delta), ("error", error)):
+            self._check_size(f"logistic_x_ent {what}", arr, n)
+        self._launch("logistic_x_ent_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
                      self._ptr(truth), self._ptr(delta), self._ptr(error))
 
     # ---- detection losses --------------------------------------------------------

@@ -575,6 +575,15 @@ class NumpyBackend:
         delta[...] = truth[:pred.size] - pred
         error[...] = delta * delta
 
+    def logistic_x_ent(self, pred, truth, delta, error):
+        """Logistic cross-entropy ([logistic]): error = -t*log(p) - (1-t)*log(1-p);
+        delta = t - p. As Darknet's CPU code: no epsilon, so p of exactly 0 or 1 gives inf
+        (or nan where t makes 0 * inf)."""
+        t = truth[:pred.size]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            error[...] = -t * np.log(pred) - (1 - t) * np.log(1 - pred)
+        delta[...] = t - pred
+
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
         """The [yolo] head's training loss (losses/yolo.py, of spec's flavour) of output

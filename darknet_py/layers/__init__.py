@@ -21,6 +21,7 @@ _LAYER_CLASSES = {
     "region": ("region", "RegionLayer"),
     "detection": ("detection", "DetectionLayer"),
     "activation": ("activation", "ActivationLayer"),
+    "logistic": ("logistic", "LogisticLayer"),
     # the AlexeyAB fork's
     "sam": ("sam", "SamLayer"),
     "scale_channels": ("scale_channels", "ScaleChannelsLayer"),
