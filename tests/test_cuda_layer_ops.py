@@ -18,3 +18,22 @@ def test_logistic_x_ent(cuda, n):
     truth[rng.random(n) < 0.3] = 0
     truth[rng.random(n) < 0.3] = 1
     check(cuda, "logistic_x_ent", pred, truth, nan(n), nan(n))
+
+
+@gpu
+@pytest.mark.parametrize("batch,filters,spatial", [(1, 1, 1), (2, 5, 13), (3, 64, 97)])
+def test_l2normalize(cuda, batch, filters, spatial):
+    rng = np.random.default_rng(filters)
+    check(cuda, "l2normalize", rand(rng, batch * filters * spatial), batch, filters, spatial)
+
+
+@gpu
+@pytest.mark.parametrize("batch,c,spatial,size", [(1, 1, 1, 5), (2, 7, 13, 3), (2, 7, 13, 5),
+                                                  (3, 32, 50, 4), (1, 3, 9, 9)])
+def test_lrn(cuda, batch, c, spatial, size):
+    rng = np.random.default_rng(c * size)
+    n = batch * c * spatial
+    x = rand(rng, n)
+    check(cuda, "lrn_forward", x, batch, c, spatial, size, 0.3, 0.75, 2.0, nan(n), nan(n))
+    norms = rand(rng, n, 0.5, 3.0)
+    check(cuda, "lrn_backward", norms, rand(rng, n), 0.75, rand(rng, n))

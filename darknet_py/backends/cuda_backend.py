@@ -114,6 +114,11 @@ _KERNELS = {
         "channel_weighted_add_kernel": "PiPiiiPi",
         "channel_weighted_dot_kernel": "PiPiiiiP",
     },
+    "normalization.cu": {
+        "l2normalize_kernel": "Piii",
+        "lrn_forward_kernel": "PiiiifffPP",
+        "lrn_backward_kernel": "iPPfP",
+    },
     "dropout.cu": {
         "dropout_forward_kernel": "PiffPIP",
         "dropout_backward_kernel": "PiffP",
@@ -1146,6 +1151,27 @@ class CudaBackend:
             self._check_size(f"logistic_x_ent {what}", arr, n)
         self._launch("logistic_x_ent_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
                      self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
+    def l2normalize(self, x, batch, filters, spatial):
+        self._check_size("l2normalize x", x, batch * filters * spatial)
+        self._launch("l2normalize_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(filters), int(spatial))
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        n = batch * c * spatial
+        for what, arr in (("x", x), ("norms", norms), ("out", out)):
+            self._check_size(f"lrn_forward {what}", arr, n)
+        self._launch("lrn_forward_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(c), int(spatial), int(size), float(alpha),
+                     float(beta), float(kappa), self._ptr(norms), self._ptr(out))
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        n = norms.size
+        for what, arr in (("delta", delta), ("delta_in", delta_in)):
+            self._check_size(f"lrn_backward {what}", arr, n)
+        self._launch("lrn_backward_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(norms),
+                     self._ptr(delta), float(beta), self._ptr(delta_in))
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):

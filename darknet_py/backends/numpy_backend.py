@@ -584,6 +584,42 @@ class NumpyBackend:
             error[...] = -t * np.log(pred) - (1 - t) * np.log(1 - pred)
         delta[...] = t - pred
 
+    # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
+    def l2normalize(self, x, batch, filters, spatial):
+        """x /= sqrt(sum over the filters of x^2), per image and position (Darknet's
+        l2normalize_cpu, without its unused gradient output)."""
+        v = x.reshape(batch, filters, spatial)
+        total = np.zeros((batch, spatial), dtype=x.dtype)
+        for f in range(filters):   # Darknet's order of additions
+            total += v[:, f] * v[:, f]
+        v /= np.sqrt(total)[:, None, :]
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        """Darknet's local response normalisation: norms = kappa + alpha * the sum of x^2
+        over each channel's window, built as its running sum (channel 0 adds channels
+        [0, size/2); channel k starts from k-1's, subtracts k-(size-1)/2-1 and adds
+        k+size/2: channel size/2 never enters, as in Darknet); out = x * norms^-beta."""
+        v = x.reshape(batch, c, spatial)
+        n = norms.reshape(batch, c, spatial)
+        alpha = self.dtype.type(alpha)
+        squared = v * v
+        norm = np.full((batch, spatial), kappa, dtype=x.dtype)
+        for k in range(min(size // 2, c)):
+            norm += alpha * squared[:, k]
+        n[:, 0] = norm
+        for k in range(1, c):
+            prev, nxt = k - (size - 1) // 2 - 1, k + size // 2
+            if prev >= 0:
+                norm += -alpha * squared[:, prev]
+            if nxt < c:
+                norm += alpha * squared[:, nxt]
+            n[:, k] = norm
+        out[...] = np.power(norms, -self.dtype.type(beta)) * x
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        """Darknet's approximate LRN gradient: delta_in += norms^-beta * delta."""
+        delta_in += np.power(norms, -self.dtype.type(beta)) * delta
+
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
         """The [yolo] head's training loss (losses/yolo.py, of spec's flavour) of output

@@ -22,6 +22,8 @@ _LAYER_CLASSES = {
     "detection": ("detection", "DetectionLayer"),
     "activation": ("activation", "ActivationLayer"),
     "logistic": ("logistic", "LogisticLayer"),
+    "l2norm": ("l2norm", "L2normLayer"),
+    "normalization": ("normalization", "NormalizationLayer"),
     # the AlexeyAB fork's
     "sam": ("sam", "SamLayer"),
     "scale_channels": ("scale_channels", "ScaleChannelsLayer"),
