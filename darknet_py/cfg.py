@@ -28,10 +28,11 @@ SECTION_ALIASES = {
     "gaussian_yolo": "gaussian_yolo",
     "activation": "activation", "logistic": "logistic", "l2norm": "l2norm",
     "lrn": "normalization", "normalization": "normalization",
+    "deconv": "deconvolutional", "deconvolutional": "deconvolutional",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
-    "deconv", "deconvolutional", "crnn", "gru",
+    "crnn", "gru",
     "lstm", "rnn", "reorg_old",
     # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
     "conv_lstm", "history", "contrastive", "implicit", "implicit_add", "implicit_mul",

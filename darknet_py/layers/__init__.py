@@ -24,6 +24,7 @@ _LAYER_CLASSES = {
     "logistic": ("logistic", "LogisticLayer"),
     "l2norm": ("l2norm", "L2normLayer"),
     "normalization": ("normalization", "NormalizationLayer"),
+    "deconvolutional": ("deconvolutional", "DeconvolutionalLayer"),
     # the AlexeyAB fork's
     "sam": ("sam", "SamLayer"),
     "scale_channels": ("scale_channels", "ScaleChannelsLayer"),

@@ -10,7 +10,7 @@ from .base import Layer, parse_activation
 
 class ActivationLayer(Layer):
     type = "activation"
-    short = "activation"
+    short = "act"
 
     def parse(self, s, ctx):
         # The fork's normalize_channels family works per image position: it needs an image.
@@ -22,7 +22,7 @@ class ActivationLayer(Layer):
         return self.c, self.h * self.w
 
     def describe(self):
-        return f"{self.activation:24s}{self.inputs:4d}  ->  {self.outputs:4d}"
+        return f" {self.activation:23s}{self.inputs:4d}  ->  {self.outputs:4d}"
 
     def forward(self, net):
         net.be.copy(net.input[:self.batch * self.inputs], self.output)
