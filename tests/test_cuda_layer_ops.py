@@ -37,3 +37,20 @@ def test_lrn(cuda, batch, c, spatial, size):
     check(cuda, "lrn_forward", x, batch, c, spatial, size, 0.3, 0.75, 2.0, nan(n), nan(n))
     norms = rand(rng, n, 0.5, 3.0)
     check(cuda, "lrn_backward", norms, rand(rng, n), 0.75, rand(rng, n))
+
+
+@gpu
+@pytest.mark.parametrize("n,size", [(1, 1), (5, 27), (64, 1152), (300, 9)])
+def test_binarize_weights(cuda, n, size):
+    rng = np.random.default_rng(n)
+    check(cuda, "binarize_weights", rand(rng, n * size), n, size, nan(n * size),
+          tol=1e-5 if size <= 1000 else 1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 1001, 30011])
+def test_binarize(cuda, n):
+    rng = np.random.default_rng(n)
+    x = rand(rng, n)
+    x[::7] = 0   # zero goes to -1, as on Darknet's CPU
+    check(cuda, "binarize", x, nan(n), exact=True)

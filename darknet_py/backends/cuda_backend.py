@@ -119,6 +119,10 @@ _KERNELS = {
         "lrn_forward_kernel": "PiiiifffPP",
         "lrn_backward_kernel": "iPPfP",
     },
+    "binary.cu": {
+        "binarize_weights_kernel": "PiiP",
+        "binarize_kernel": "iPP",
+    },
     "dropout.cu": {
         "dropout_forward_kernel": "PiffPIP",
         "dropout_backward_kernel": "PiffP",
@@ -1172,6 +1176,19 @@ class CudaBackend:
             self._check_size(f"lrn_backward {what}", arr, n)
         self._launch("lrn_backward_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(norms),
                      self._ptr(delta), float(beta), self._ptr(delta_in))
+
+    # ---- binary convolutions (binary=1, xnor=1) ---------------------------------------
+    def binarize_weights(self, weights, n, size, binary):
+        for what, arr in (("weights", weights), ("binary", binary)):
+            self._check_size(f"binarize_weights {what}", arr, n * size)
+        self._launch("binarize_weights_kernel", self._grid1d(n, 64), (64,), self._ptr(weights),
+                     int(n), int(size), self._ptr(binary))
+
+    def binarize(self, x, binary):
+        n = x.size
+        self._check_size("binarize binary", binary, n)
+        self._launch("binarize_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(x),
+                     self._ptr(binary))
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):

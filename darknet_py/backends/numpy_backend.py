@@ -620,6 +620,18 @@ class NumpyBackend:
         """Darknet's approximate LRN gradient: delta_in += norms^-beta * delta."""
         delta_in += np.power(norms, -self.dtype.type(beta)) * delta
 
+    # ---- binary convolutions (binary=1, xnor=1) ---------------------------------------
+    def binarize_weights(self, weights, n, size, binary):
+        """Per filter (n filters of `size` weights): binary = +mean where the weight is > 0,
+        else -mean, mean = the filter's mean absolute weight (Darknet's binarize_weights)."""
+        w = weights[:n * size].reshape(n, size)
+        mean = np.abs(w).sum(axis=1, dtype=w.dtype) / self.dtype.type(size)
+        binary[:n * size].reshape(n, size)[...] = np.where(w > 0, mean[:, None], -mean[:, None])
+
+    def binarize(self, x, binary):
+        """binary = +1 where x > 0, else -1 (Darknet's binarize_cpu: xnor's input)."""
+        binary[:x.size] = np.where(x > 0, 1, -1)
+
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
         """The [yolo] head's training loss (losses/yolo.py, of spec's flavour) of output
