@@ -12,7 +12,8 @@ import darknet_py
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "layers"
 TOLERANCE = 1e-4  # relative: max|a - r| / max|r|
-NAMES = ["activation", "logistic", "l2norm", "lrn", "deconv", "xnor", "xnor_ab"]
+NAMES = ["activation", "logistic", "l2norm", "lrn", "deconv", "xnor", "activation_ab", "lrn_ab",
+         "xnor_ab"]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 

@@ -1,6 +1,8 @@
 """Options, shapes and cfg errors of issue 23's layers ([activation], [logistic], [l2norm],
 [normalization]/[lrn], [deconvolutional]/[deconv]); their numbers are in
 test_layers_c_fixtures.py."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,64 @@ def test_info_table_rows(tmp_path):
     text = "\n".join(darknet_py.network.build_network(p).summary())
     assert "deconv    4  4 x 4 / 2     5 x   6 x   3   ->     8 x  10 x   4" in text
     assert "norm      5" in text and "l2norm" in text and "logxent" in text
+
+
+def binarized(w, filters):
+    w = w.reshape(filters, -1)
+    mean = np.abs(w).mean(axis=1, keepdims=True)
+    return np.where(w > 0, mean, -mean).reshape(-1)
+
+
+CONV = "[convolutional]\nfilters=4\nsize=3\npad=1\nactivation=linear\n"
+
+
+@pytest.mark.parametrize("option", ["binary=1", "xnor=1"])
+def test_binary_convolution_is_a_convolution_with_binarized_operands(tmp_path, option):
+    """Forward: a plain convolution of the binarized weights (and, for xnor, of the input's
+    signs). Backward: the plain convolution's gradients with the real weights and input."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (2, 3, 6, 5)).astype(np.float32)
+    x[0, 0, 0, :2] = 0   # a zero input binarizes to -1
+    truth = rng.uniform(size=(2, 120)).astype(np.float32)
+    net = build(tmp_path, CONV + option + "\n[cost]\n")
+    plain = build(tmp_path, CONV + "[cost]\n")
+    layer, ref = net.layers[0], plain.layers[0]
+    weights = net.be.to_host(layer.weights)
+    net.be.write(ref.weights, binarized(weights, 4))
+    net.be.write(ref.biases, net.be.to_host(layer.biases))
+    ref_x = np.where(x > 0, 1, -1).astype(np.float32) if option == "xnor=1" else x
+    net.forward(x, truth, train=True)
+    plain.forward(ref_x, truth, train=True)
+    np.testing.assert_allclose(net.layer_output(0), plain.layer_output(0), rtol=1e-5, atol=1e-6)
+    # backward: the plain layer's with the real weights and input
+    net.backward()
+    plain.be.write(ref.weights, weights)
+    plain.forward(x, truth, train=True)
+    plain.be.write(plain.layers[1].delta, net.be.to_host(net.layers[1].delta))
+    plain.backward()
+    np.testing.assert_allclose(net.be.to_host(layer.weight_updates),
+                               plain.be.to_host(ref.weight_updates), rtol=1e-5, atol=1e-6)
+
+
+def test_fork_xnor_turns_groups_off_and_counts_a_32nd_of_the_bflops(tmp_path):
+    p = tmp_path / "net.cfg"
+    p.write_text(NET + "[convolutional]\nfilters=3\ngroups=3\nsize=3\npad=1\nxnor=1\n")
+    fork = darknet_py.network.build_network(p, darknet="alexeyab").layers[0]
+    assert fork.groups == 1 and fork.nweights == 3 * 3 * 9
+    assert fork.fork_bflops == pytest.approx(2 * 3 * 27 * 30 / 1e9 / 32)
+    original = darknet_py.network.build_network(p, darknet="original").layers[0]
+    assert original.groups == 3 and original.nweights == 3 * 9
+
+
+STOCK_AB = Path(__file__).resolve().parents[1].parent / "shared" / "darknet-cfg-ab"
+
+
+@pytest.mark.skipif(not STOCK_AB.is_dir(), reason=f"the fork's stock cfgs are not at {STOCK_AB}")
+@pytest.mark.parametrize("name", ["tiny-yolo_xnor.cfg", "yolov3-tiny_xnor.cfg"])
+def test_forks_xnor_cfgs_run(name):
+    net = darknet_py.load_network(STOCK_AB / name, batch=1)
+    net.resize(64, 64)
+    x = np.random.default_rng(4).uniform(0, 1, (1, 3, 64, 64)).astype(np.float32)
+    out = net.predict(x)
+    assert np.isfinite(out).all() and np.abs(out).max() > 0
+    assert any(getattr(l, "xnor", 0) for l in net.layers)

@@ -158,6 +158,9 @@ activation=linear
     "xnor": ("orig", (3, 8, 8), 2, XNOR_LAYERS.format(bin_output=""), "uniform"),
     "xnor_ab": ("ab", (3, 8, 8), 2, XNOR_LAYERS.format(bin_output="\nbin_output=1"), "uniform"),
 }
+# the fork's [activation] and [lrn] (the fork has no [logistic], [l2norm] or deconvolution)
+FIXTURES["activation_ab"] = ("ab",) + FIXTURES["activation"][1:]
+FIXTURES["lrn_ab"] = ("ab",) + FIXTURES["lrn"][1:]
 
 
 # The fork's CPU forward of an xnor convolution binarizes its weights with the whole layer's
