@@ -7,6 +7,9 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     unless documented otherwise. Names and arguments follow Darknet's
     blas.h / im2col.h / gemm.h so a Darknet reader finds their way.
   * ``delta`` arrays hold Darknet's delta: minus the gradient of the loss.
+  * Where Darknet's numbers depend on its order of operations or on a quirk of its CPU code
+    (lrn_forward's running window sum, binarize's ``> 0``, logistic_x_ent without an
+    epsilon), the op's docstring here says so and both backends follow it.
   * On the CPU, GEMMs use every BLAS thread; the element-wise and copy work of inference
     (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
     releases the GIL inside its loops).
