@@ -4,6 +4,8 @@ The output is activation(input), with the shape of the input. Backward multiplie
 delta by the activation's gradient and passes it to the previous layer. Darknet copies it
 there (overwriting what a later [shortcut] or [route] may have added); it is added here, as
 every other layer of darknet-py does, which is the same whenever nothing else wrote it.
+The fork's swish, mish and hard_mish are computed, with their true gradient (through the
+kept input); the fork's CPU [activation] has no case for them and outputs (and passes) 0.
 """
 from .base import Layer, parse_activation
 
@@ -13,13 +15,11 @@ class ActivationLayer(Layer):
     short = "act"
 
     def parse(self, s, ctx):
-        # The fork's normalize_channels family works per image position: it needs an image.
-        self.activation = parse_activation(s, "linear", channels=bool(self.c))
+        # Not the fork's normalize_channels family: they normalise a convolution's channels,
+        # and the fork's [activation] has no case for them (its CPU output is 0).
+        self.activation = parse_activation(s, "linear")
         self.out_c, self.out_h, self.out_w = self.c, self.h, self.w
         self.outputs = self.inputs
-
-    def _channels_spatial(self):
-        return self.c, self.h * self.w
 
     def describe(self):
         return f" {self.activation:23s}{self.inputs:4d}  ->  {self.outputs:4d}"
