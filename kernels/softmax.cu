@@ -78,6 +78,19 @@ extern "C" __global__ void softmax_x_ent_kernel(int n, const float* __restrict__
     }
 }
 
+// Logistic cross-entropy ([logistic], Darknet's logistic_x_ent_cpu, without the GPU build's
+// 1e-7 inside the logs): error = -t*log(p) - (1-t)*log(1-p), delta = t - p.
+extern "C" __global__ void logistic_x_ent_kernel(int n, const float* __restrict__ pred,
+                                                 const float* __restrict__ truth,
+                                                 float* __restrict__ delta, float* __restrict__ error)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float t = truth[i], p = pred[i];
+        error[i] = -t * logf(p) - (1.0f - t) * logf(1.0f - p);
+        delta[i] = t - p;
+    }
+}
+
 // Sum-squared error: delta = t - p, error = delta^2.
 extern "C" __global__ void l2_kernel(int n, const float* __restrict__ pred, const float* __restrict__ truth,
                                     float* __restrict__ delta, float* __restrict__ error)

@@ -33,10 +33,6 @@ needs_stock = pytest.mark.skipif(not TABLE, reason=f"the fork's stock cfgs are n
 
 # Refused, with this error (file:line: key: message).
 UNSUPPORTED = {
-    "darknet53_448_xnor.cfg": ":36: xnor: option is not supported by darknet-py",
-    "tiny-yolo_xnor.cfg": ":34: xnor: option is not supported by darknet-py",
-    "yolov3-tiny_xnor.cfg": ":38: xnor: option is not supported by darknet-py",
-    "yolov1__xyolo.test.cfg": ":31: xnor: option is not supported by darknet-py",
     "yolov4-tiny_contrastive.cfg": ":447: section [contrastive] is a Darknet layer darknet-py "
                                    "does not support",
 }

@@ -101,6 +101,7 @@ _KERNELS = {
         "softmax_tree_kernel": "PiiifPPiP",
         "mask_kernel": "iPPf",
         "l2_kernel": "iPPPP",
+        "logistic_x_ent_kernel": "iPPPP",
     },
     "shape.cu": {
         "copy_blocks_kernel": "PiqPiqiiii",
@@ -114,6 +115,15 @@ _KERNELS = {
         "shortcut_weights_kernel": "PiiiP",
         "channel_weighted_add_kernel": "PiPiiiPi",
         "channel_weighted_dot_kernel": "PiPiiiiP",
+    },
+    "normalization.cu": {
+        "l2normalize_kernel": "Piii",
+        "lrn_forward_kernel": "PiiiifffPP",
+        "lrn_backward_kernel": "iPPfP",
+    },
+    "binary.cu": {
+        "binarize_weights_kernel": "PiiP",
+        "binarize_kernel": "iPP",
     },
     "dropout.cu": {
         "dropout_forward_kernel": "PiffPIP",
@@ -1160,6 +1170,48 @@ class CudaBackend:
             self._check_size(f"l2 {what}", arr, n)
         self._launch("l2_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
                      self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    def logistic_x_ent(self, pred, truth, delta, error):
+        """Logistic cross-entropy: error = -t*log(p) - (1-t)*log(1-p); delta = t - p."""
+        n = pred.size
+        for what, arr in (("truth", truth), ("delta", delta), ("error", error)):
+            self._check_size(f"logistic_x_ent {what}", arr, n)
+        self._launch("logistic_x_ent_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
+                     self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
+    def l2normalize(self, x, batch, filters, spatial):
+        self._check_size("l2normalize x", x, batch * filters * spatial)
+        self._launch("l2normalize_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(filters), int(spatial))
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        n = batch * c * spatial
+        for what, arr in (("x", x), ("norms", norms), ("out", out)):
+            self._check_size(f"lrn_forward {what}", arr, n)
+        self._launch("lrn_forward_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(c), int(spatial), int(size), float(alpha),
+                     float(beta), float(kappa), self._ptr(norms), self._ptr(out))
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        n = norms.size
+        for what, arr in (("delta", delta), ("delta_in", delta_in)):
+            self._check_size(f"lrn_backward {what}", arr, n)
+        self._launch("lrn_backward_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(norms),
+                     self._ptr(delta), float(beta), self._ptr(delta_in))
+
+    # ---- binary convolutions (binary=1, xnor=1) ---------------------------------------
+    def binarize_weights(self, weights, n, size, binary):
+        for what, arr in (("weights", weights), ("binary", binary)):
+            self._check_size(f"binarize_weights {what}", arr, n * size)
+        self._launch("binarize_weights_kernel", self._grid1d(n, 64), (64,), self._ptr(weights),
+                     int(n), int(size), self._ptr(binary))
+
+    def binarize(self, x, binary):
+        n = x.size
+        self._check_size("binarize binary", binary, n)
+        self._launch("binarize_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(x),
+                     self._ptr(binary))
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):

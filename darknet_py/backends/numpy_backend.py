@@ -7,6 +7,9 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     unless documented otherwise. Names and arguments follow Darknet's
     blas.h / im2col.h / gemm.h so a Darknet reader finds their way.
   * ``delta`` arrays hold Darknet's delta: minus the gradient of the loss.
+  * Where Darknet's numbers depend on its order of operations or on a quirk of its CPU code
+    (lrn_forward's running window sum, binarize's ``> 0``, logistic_x_ent without an
+    epsilon), the op's docstring here says so and both backends follow it.
   * On the CPU, GEMMs use every BLAS thread; the element-wise and copy work of inference
     (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
     releases the GIL inside its loops).
@@ -591,6 +594,63 @@ class NumpyBackend:
         """Sum-squared error: delta = t - p, error = (t - p)^2."""
         delta[...] = truth[:pred.size] - pred
         error[...] = delta * delta
+
+    def logistic_x_ent(self, pred, truth, delta, error):
+        """Logistic cross-entropy ([logistic]): error = -t*log(p) - (1-t)*log(1-p);
+        delta = t - p. As Darknet's CPU code: no epsilon, so p of exactly 0 or 1 gives inf
+        (or nan where t makes 0 * inf)."""
+        t = truth[:pred.size]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            error[...] = -t * np.log(pred) - (1 - t) * np.log(1 - pred)
+        delta[...] = t - pred
+
+    # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
+    def l2normalize(self, x, batch, filters, spatial):
+        """x /= sqrt(sum over the filters of x^2), per image and position (Darknet's
+        l2normalize_cpu, without its unused gradient output)."""
+        v = x.reshape(batch, filters, spatial)
+        total = np.zeros((batch, spatial), dtype=x.dtype)
+        for f in range(filters):   # Darknet's order of additions
+            total += v[:, f] * v[:, f]
+        v /= np.sqrt(total)[:, None, :]
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        """Darknet's local response normalisation: norms = kappa + alpha * the sum of x^2
+        over each channel's window, built as its running sum (channel 0 adds channels
+        [0, size/2); channel k starts from k-1's, subtracts k-(size-1)/2-1 and adds
+        k+size/2: channel size/2 never enters, as in Darknet); out = x * norms^-beta."""
+        v = x.reshape(batch, c, spatial)
+        n = norms.reshape(batch, c, spatial)
+        alpha = self.dtype.type(alpha)
+        squared = v * v
+        norm = np.full((batch, spatial), kappa, dtype=x.dtype)
+        for k in range(min(size // 2, c)):
+            norm += alpha * squared[:, k]
+        n[:, 0] = norm
+        for k in range(1, c):
+            prev, nxt = k - (size - 1) // 2 - 1, k + size // 2
+            if prev >= 0:
+                norm += -alpha * squared[:, prev]
+            if nxt < c:
+                norm += alpha * squared[:, nxt]
+            n[:, k] = norm
+        out[...] = np.power(norms, -self.dtype.type(beta)) * x
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        """Darknet's approximate LRN gradient: delta_in += norms^-beta * delta."""
+        delta_in += np.power(norms, -self.dtype.type(beta)) * delta
+
+    # ---- binary convolutions (binary=1, xnor=1) ---------------------------------------
+    def binarize_weights(self, weights, n, size, binary):
+        """Per filter (n filters of `size` weights): binary = +mean where the weight is > 0,
+        else -mean, mean = the filter's mean absolute weight (Darknet's binarize_weights)."""
+        w = weights[:n * size].reshape(n, size)
+        mean = np.abs(w).sum(axis=1, dtype=w.dtype) / self.dtype.type(size)
+        binary[:n * size].reshape(n, size)[...] = np.where(w > 0, mean[:, None], -mean[:, None])
+
+    def binarize(self, x, binary):
+        """binary = +1 where x > 0, else -1 (Darknet's binarize_cpu: xnor's input)."""
+        binary[:x.size] = np.where(x > 0, 1, -1)
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
