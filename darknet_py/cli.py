@@ -63,6 +63,11 @@ def warn(message):
     click.echo(f"{PROG}: warning: {message}", err=True)
 
 
+def log_line(line):
+    """A line of a long command's log: its warnings go to stderr with the others."""
+    click.echo(line, err=line.startswith(f"{PROG}: warning:"))
+
+
 class DarknetGroup(click.Group):
     def invoke(self, ctx):
         with warnings.catch_warnings():
@@ -623,7 +628,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
             train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout,
                                 workers, device)
         else:
-            train(device=device, workers=workers, log=lambda line: click.echo(line),
+            train(device=device, workers=workers, log=log_line,
                   **kwargs)
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
@@ -690,7 +695,7 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     right, bottom in pixels, 1-based) and coco_results.json (COCO's detection format).
     """
     from .validate import validate
-    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
+    validate(cfg, data, weights, device=device, log=log_line,
              results_dir=results_dir, overwrite=overwrite, darknet=darknet)
 
 
@@ -719,7 +724,7 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet)
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
     from .validate import detector_map
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=lambda line: click.echo(line))
+                 thresh=thresh, darknet=darknet, log=log_line)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

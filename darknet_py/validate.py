@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .boxes import box_iou, fork_iou, results_corners
+from .data.check import check_detector_dataset
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
@@ -114,7 +115,7 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     finally:
         loader.close()
     for message in skipped[:3]:
-        print(f"darknet-py: {message}", file=sys.stderr)
+        print(f"darknet-py: warning: {message}", file=sys.stderr)
     if count == 0:
         raise ValidationError("no image of the valid list could be read and labelled")
     return ClassifierResult(hits1 / count, hitsk / count, k, count, len(skipped))
@@ -195,7 +196,7 @@ class DetectorResult:
         for c, (ap, n) in enumerate(zip(self.aps, self.truths)):
             name = self.names[c] if c < len(self.names) else str(c)
             value = f"{ap:.4f}" if ap is not None else "n/a (no ground truth)"
-            lines.append(f"class {c:3d} {name}: AP {value}, {n} objects")
+            lines.append(f"class {c:3d} {name}: AP {value}, {n} object{'s' if n != 1 else ''}")
         return lines
 
     def summary(self):
@@ -245,9 +246,9 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
         if log is not None and (index + 1) % 100 == 0:
             log(f"{index + 1} of {len(paths)} images, {time.perf_counter() - start:.1f} s")
     for message in skipped[:3]:
-        print(f"darknet-py: {message}; skipping it", file=sys.stderr)
+        print(f"darknet-py: warning: {message}; skipping it", file=sys.stderr)
     if missing:
-        print(f"darknet-py: {missing} of {len(paths)} valid images have no label file; "
+        print(f"darknet-py: warning: {missing} of {len(paths)} valid images have no label file; "
               f"counted as images without objects", file=sys.stderr)
     if not truths:
         raise ValidationError("no image of the valid list could be read")
@@ -351,12 +352,12 @@ class ForkMapResult:
                f"{sum(self.truths)}  "]
         for c, ap in enumerate(self.aps):
             name = self.names[c] if c < len(self.names) else str(c)
-            p, r, f1 = precision_recall_f1(self.tp[c], self.fp[c], self.truths[c])
+            p, r, f1 = shown_ratios(self.tp[c], self.fp[c], self.truths[c])
             out.append(f"class_id = {c}, name = {name}, ap = {ap * 100:2.2f}%   \t (TP = "
                        f"{self.tp[c]}, FP = {self.fp[c]}) precision = {p:1.2f}, recall = "
                        f"{r:1.2f}, F1-score = {f1:1.2f} ")
         tp, fp, truths = sum(self.tp), sum(self.fp), sum(self.truths)
-        p, r, f1 = precision_recall_f1(tp, fp, truths)
+        p, r, f1 = shown_ratios(tp, fp, truths)
         out += ["", f" for conf_thresh = {self.thresh:1.2f}, precision = {p:1.2f}, recall = "
                     f"{r:1.2f}, F1-score = {f1:1.2f} ",
                 f" for conf_thresh = {self.thresh:0.2f}, TP = {tp}, FP = {fp}, FN = "
@@ -375,6 +376,16 @@ def precision_recall_f1(tp, fp, truths):
         p = np.float64(tp) / np.float64(tp + fp)
         r = np.float64(tp) / np.float64(truths)
         return float(p), float(r), float(2 * p * r / (p + r))
+
+
+def warn_on_stderr(message):
+    print(f"darknet-py: warning: {message}", file=sys.stderr)
+
+
+def shown_ratios(tp, fp, truths):
+    """precision_recall_f1 for the report: 0 where a ratio has nothing to divide (no
+    detections, no truth), as "F1-score = nan" tells a user nothing."""
+    return tuple(0.0 if np.isnan(v) else v for v in precision_recall_f1(tp, fp, truths))
 
 
 def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRESH, names=None):
@@ -475,12 +486,13 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
         raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
                               f"(use `darknet-py valid`)")
     classes = detector_layers(net)[-1].classes
+    check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
     images = []
     for path in paths:
         try:
             image = load_image(path, net.options.channels)
         except ImageError as e:
-            print(f"darknet-py: {e}; skipping it", file=sys.stderr)
+            print(f"darknet-py: warning: {e}; skipping it", file=sys.stderr)
             continue
         try:
             truth = read_image_labels(path, classes)
@@ -523,6 +535,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
             print(f"darknet-py: warning: {data} has classes={config.classes} but the "
                   f"network's detection layer has classes={classes}; using {classes}",
                   file=sys.stderr)
+        check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
         writer = (DetectionResultsWriter(results_dir, classes, config.names, overwrite)
                   if results_dir is not None else None)
         result = evaluate_detector(net, paths, classes, config.names, log=log,

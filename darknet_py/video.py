@@ -152,7 +152,8 @@ def _detect_frames(net, capture, frame, writer, total, result, thresh, hier, nms
             result.seconds = time.perf_counter() - started
             of = f"/{total} ({100 * result.frames / total:.0f}%)" if total > 0 else ""
             found = ", ".join(_label(d, names) for d in dets)
-            log(f"frame {result.frames}{of}: {result.fps:.1f} FPS, {len(dets)} objects"
+            plural = "" if len(dets) == 1 else "s"
+            log(f"frame {result.frames}{of}: {result.fps:.1f} FPS, {len(dets)} object{plural}"
                 f"{': ' + found if found else ''}")
             if on_frame is not None:
                 on_frame(result.frames, dets)

@@ -3,6 +3,7 @@ import sys
 
 import numpy as np
 
+from .check import check_detector_dataset
 from .config import DataError, load_data_config
 from .labels import MissingLabelFile, label_path, read_image_labels
 
@@ -66,6 +67,8 @@ def gather_label_boxes(data_path, width, height):
     in one line on stderr."""
     config = load_data_config(data_path, require=("train",))
     paths = config.train_paths()
+    check_detector_dataset(paths, config.classes, what="training",
+                           warn=lambda m: print(f"darknet-py: warning: {m}", file=sys.stderr))
     missing = []
     sizes = []
     for p in paths:
@@ -76,7 +79,7 @@ def gather_label_boxes(data_path, width, height):
             continue
         sizes.append(b[:, 2:4])
     if missing:
-        print(f"darknet-py: {len(missing)} of {len(paths)} training images have no label "
+        print(f"darknet-py: warning: {len(missing)} of {len(paths)} training images have no label "
               f"file (first: {label_path(missing[0])})", file=sys.stderr)
     boxes = np.concatenate(sizes) if sizes else np.zeros((0, 2), dtype=np.float32)
     return boxes.astype(np.float64) * np.array([width, height], dtype=np.float64)
