@@ -23,6 +23,7 @@ import click
 from . import __version__
 from .backends import BackendError
 from .cfg import CfgError, CfgWarning, read_data_file
+from .darknet_forms import DarknetFormError, translate as translate_darknet_form
 from .files import (OverwriteError, atomic_output, refuse_overwrite,
                     remove_stale_temporaries)
 from .image import ImageError, ImageWarning
@@ -69,6 +70,15 @@ def log_line(line):
 
 
 class DarknetGroup(click.Group):
+    def parse_args(self, ctx, args):
+        try:   # Darknet's `detector train DATA CFG` and the fork's -flags, in our form
+            args, note = translate_darknet_form(args)
+        except DarknetFormError as e:
+            raise UserError(str(e)) from None
+        if note:
+            click.echo(f"{PROG}: note: {note}", err=True)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         with warnings.catch_warnings():
             # "always": the same cfg read twice in one process must warn twice.
@@ -102,6 +112,10 @@ def cli():
     down to its first layers (partial), train a classifier or detector (train), score
     weights on a dataset (valid) or as the AlexeyAB fork's detector map does (map),
     compute YOLO anchors (anchors) and time a network (bench).
+
+    Darknet's own forms work too: `detector train|test|demo|valid|map|calc_anchors DATA
+    CFG [WEIGHTS] ...` and `classifier train|predict|valid DATA CFG [WEIGHTS] ...`, with the
+    AlexeyAB fork's flags (-thresh, -map, -clear, -gpus, -ext_output, -dont_show, ...).
 
     Commands that write files never replace an existing one unless given --overwrite.
     """
