@@ -24,8 +24,8 @@ from . import __version__
 from .backends import BackendError
 from .cfg import CfgError, CfgWarning, read_data_file
 from .darknet_forms import DarknetFormError, translate as translate_darknet_form
-from .files import (OverwriteError, atomic_output, refuse_overwrite,
-                    remove_stale_temporaries)
+from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
+                    remove_stale_temporaries, run_numbered, write_text_atomically)
 from .image import ImageError, ImageWarning
 from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
 from .weights import WeightsError, WeightsWarning, floats_needed
@@ -246,12 +246,22 @@ def read_path_list(stream):
     return [line.strip() for line in stream.read().splitlines() if line.strip()]
 
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
 def expand_images(args):
-    """Image paths from IMAGE arguments: paths, list files (.txt/.list, one path a line)
-    and `-` (paths on stdin)."""
+    """Image paths from IMAGE arguments: paths, folders (their images, by name), list files
+    (.txt/.list, one path a line) and `-` (paths on stdin)."""
     paths = []
     for arg in args:
-        if arg == "-":
+        if os.path.isdir(arg):
+            found = sorted(os.path.join(arg, n) for n in os.listdir(arg)
+                           if n.lower().endswith(IMAGE_SUFFIXES))
+            if not found:
+                raise UserError(f"{arg}: is a directory with no images in it "
+                                f"({', '.join(IMAGE_SUFFIXES)})")
+            paths.extend(found)
+        elif arg == "-":
             paths.extend(read_path_list(sys.stdin))
         elif arg.lower().endswith(LIST_SUFFIXES):
             with open(arg, encoding="utf-8", errors="replace") as f:
@@ -404,14 +414,21 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @click.option("--nms", type=Probability(), default=0.45, show_default=True,
               help="Drop a box overlapping a likelier one of its class by more than this "
                    "IoU; 0 turns NMS off.")
-@click.option("--out", metavar="PATH", default="predictions.jpg", show_default=True,
+@click.option("--out", metavar="PATH", default=None,
               help="Image with the labelled boxes. For several images, each image's number "
                    "goes before the extension: predictions_1.jpg, predictions_2.jpg, ... If "
                    "PATH is a directory (or ends with /), each image is written into it under "
                    "its own name with .jpg (dog.png -> PATH/dog.jpg). A PATH without an "
-                   "extension gets .jpg. `--out none` writes no image.")
+                   "extension gets .jpg. `--out none` writes no image. [default: "
+                   "predictions.jpg; when an earlier run's is there, predictions-2.jpg, "
+                   "predictions-3.jpg, ... (never replaced)]")
 @click.option("--json", "json_file", metavar="FILE", default=None,
-              help="Write the detections of all images to FILE as JSON.")
+              help="Write the detections of all images (or of every video frame) to FILE "
+                   "as JSON.")
+@click.option("--save-txt", is_flag=True,
+              help="Also write each image's detections in YOLO label format beside its "
+                   "drawing (predictions.jpg -> predictions.txt): \"class x y w h score\" "
+                   "a line, relative to the image.")
 @click.option("--darknet-order", is_flag=True,
               help="Print detections as the C Darknet does (\"name: percent%\" lines, in its "
                    "order: after NMS, not by probability), so logs diff against it.")
@@ -423,25 +440,30 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @names_options
 @device_options
 @darknet_option
-def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
-                   ext_output, overwrite, names, data, device, darknet):
+def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, save_txt,
+                   darknet_order, ext_output, overwrite, names, data, device, darknet):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
-                            draw_detections, ext_output_lines, pixel_box)
+                            draw_detections, ext_output_lines, pixel_box, yolo_txt)
     from .image import decode_image, from_bgr
     from .video import is_video
 
     if camera is not None or any(is_video(image) for image in images):
         from .video import detect_video_command
-        out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
-        return detect_video_command(cfg, weights, images, camera, out if out_given else None,
-                                    json_file, dict(thresh=thresh, nms=nms), names, device,
+        return detect_video_command(cfg, weights, images, camera, out, json_file, dict(thresh=thresh, nms=nms), names, device,
                                     overwrite, darknet)
     if not images:
         raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)
-    outputs = [None] * len(paths) if out.lower() == "none" else output_paths(out, paths)
-    claim_outputs([p for p in outputs if p is not None] + ([json_file] if json_file else []),
-                  overwrite)
+    drawn = out is None or out.lower() != "none"
+    numbered = out is None or not drawn   # our default names: past an earlier run's
+
+    def run_outputs(run):   # per image: (drawing or None, YOLO .txt or None)
+        base = run_numbered("predictions.jpg", run) if numbered else out
+        return [(p if drawn else None, os.path.splitext(p)[0] + ".txt" if save_txt else None)
+                for p in output_paths(base, paths)]
+
+    outputs = first_free_run(run_outputs, files_of) if numbered else run_outputs(1)
+    claim_outputs(files_of(outputs) + ([json_file] if json_file else []), overwrite)
     net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
@@ -452,7 +474,7 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
     results = []
 
     def detect_one(index, path):
-        output = outputs[index]
+        output, txt = outputs[index]
         # Pixel boxes are in the file's own size, even when a huge image is decoded reduced.
         bgr, (width, height) = decode_image(path)
         start = time.perf_counter()
@@ -475,6 +497,10 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
                                    f"height={bottom - top}")
         if output is not None:
             write_image(output, draw_detections(bgr, dets, names, classes=classes))
+            click.echo(f"{PROG}: wrote {output} (boxes drawn on {path})", err=True)
+        if txt is not None:
+            write_text_atomically(txt, yolo_txt(dets))
+            click.echo(f"{PROG}: wrote {txt} (detections in {path}, YOLO format)", err=True)
         results.append({"image": path, "output": output, "width": width, "height": height,
                         "detections": detections_to_json(dets, width, height, names)})
 
@@ -484,8 +510,14 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
             json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms,
                        "images": results}, json_out, indent=1)
             json_out.write("\n")
+        click.echo(f"{PROG}: wrote {json_file} (detections of {len(results)} image"
+                   f"{'s' if len(results) != 1 else ''})", err=True)
     if failed:
         sys.exit(UserError.exit_code)
+
+
+def files_of(outputs):
+    return [p for pair in outputs for p in pair if p is not None]
 
 
 def write_image(path, image):

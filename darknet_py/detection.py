@@ -264,3 +264,10 @@ def detections_to_json(detections, img_w, img_h, names=None):
             "relative_box": {k: round(float(v), 6) for k, v in zip(("x", "y", "w", "h"), d.box)},
         })
     return rows
+
+
+def yolo_txt(detections):
+    """detect()'s results as YOLO label lines, "class x y w h score" (relative to the image,
+    six decimals), highest score first: the format of the labels a dataset is made of."""
+    return "".join(f"{d.class_id} {d.box[0]:.6f} {d.box[1]:.6f} {d.box[2]:.6f} {d.box[3]:.6f} "
+                   f"{d.prob:.6f}\n" for d in detections)
