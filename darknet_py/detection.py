@@ -32,7 +32,9 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     for layer in detector_layers(net):
         output = net.be.to_host(layer.output)[:layer.outputs]
         dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter)
-    return dets
+    # An untrained or diverged net can put a box at infinity (exp overflow, as in C); it
+    # cannot be drawn, matched or written, and Darknet's use of it is undefined.
+    return [d for d in dets if np.all(np.isfinite(d.box))]
 
 
 def nms_kind(net):
