@@ -27,6 +27,7 @@ from .darknet_forms import DarknetFormError, translate as translate_darknet_form
 from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
                     remove_stale_temporaries, run_numbered, write_text_atomically)
 from .image import ImageError, ImageWarning
+from .names import NamesError, find_names, names_from_data, read_names
 from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
 from .weights import WeightsError, WeightsWarning, floats_needed
 
@@ -35,7 +36,7 @@ PROG = "darknet-py"
 # Exceptions that describe a problem with the user's files or machine, not a bug.
 # OSError covers files we open directly (names, image lists, outputs we write).
 USER_ERRORS = (CfgError, WeightsError, ImageError, BackendError, NetworkError, OverwriteError,
-               OSError)
+               NamesError, OSError)
 # Warnings about the user's files: one `darknet-py: warning:` line each.
 USER_WARNINGS = (CfgWarning, WeightsWarning, ImageWarning)
 
@@ -192,31 +193,17 @@ def darknet_option(command):
              "fork's when the weights header or the cfg is the fork's]")(command)
 
 
-def read_names_file(path):
-    """Class names, one a line (Darknet's get_labels); trailing blank lines are dropped."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        names = f.read().splitlines()
-    while names and not names[-1].strip():
-        names.pop()
-    if not names:
-        raise UserError(f"{path}: the names file is empty")
-    return names
-
-
 def load_names(names_file=None, data_file=None, data=None):
     """Class names from a names file, or from the names= (else labels=) key of a .data
-    file, whose paths are relative to the current directory as in Darknet. None when
-    neither is given, or the .data file has neither key (classes are then numbered).
-    `data`, when given, is data_file already read with read_data_file."""
+    file (see names.py for where a relative path is looked for). None when neither is
+    given, or the .data file has neither key (classes are then numbered)."""
     if names_file is not None:
-        return read_names_file(names_file)
+        return read_names(names_file)
     if data_file is not None:
-        if data is None:
-            data = read_data_file(data_file)
-        path = data.get("names") or data.get("labels")
-        if path:
-            return read_names_file(path)
-        warn(f"{data_file}: no names= or labels= key; classes are shown as numbers")
+        names, _ = names_from_data(data_file, data)
+        if names is None:
+            warn(f"{data_file}: no names= or labels= key; classes are shown as numbers")
+        return names
     return None
 
 
@@ -273,12 +260,24 @@ def expand_images(args):
     return paths
 
 
-def check_names(names, classes):
-    """Warn when the names do not match the network's class count (Darknet would read
-    past the end of its list); classes without a name are shown as numbers."""
-    if names is not None and len(names) != classes:
+def check_names(names, classes, *beside, warn_missing=True):
+    """The names to show: those given, else a names file found beside the weights or cfg
+    (names.find_names; a note says which), else None with a warning. Warns when the names
+    do not match the network's class count; classes without a name are shown as numbers."""
+    if names is None:
+        found = find_names(classes, *beside)
+        if found is None:
+            if warn_missing:
+                warn("no class names given; classes are shown as numbers (give --names FILE "
+                     "or --data FILE)")
+            return None
+        click.echo(f"{PROG}: note: class names from {found} (give --names to choose others)",
+                   err=True)
+        return read_names(found)
+    if len(names) != classes:
         warn(f"{len(names)} class names given, but the network has {classes} classes"
              + ("; the others are shown as numbers" if len(names) < classes else ""))
+    return names
 
 
 def class_name(names, class_id):
@@ -339,8 +338,7 @@ def classify_command(cfg, weights, images, top, names, data, device, darknet):
     if detector_layers(net):
         raise UserError(f"{cfg}: the network is a detector (it has a "
                         f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`")
-    check_names(names, output_layer(net).outputs)
-    net.names = names
+    net.names = names = check_names(names, output_layer(net).outputs, weights, cfg)
 
     def classify_one(index, path):
         start = time.perf_counter()
@@ -469,8 +467,7 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, sa
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
     classes = detector_layers(net)[-1].classes
-    check_names(names, classes)
-    net.names = names
+    net.names = names = check_names(names, classes, weights, cfg)
     results = []
 
     def detect_one(index, path):

@@ -21,16 +21,18 @@ def detector_layers(net):
     return [l for l in net.layers if l.type in DETECTOR_TYPES]
 
 
-def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, letter=True):
+def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, letter=True,
+                      image=0):
     """Darknet's get_network_boxes: every [yolo]/[region]/[detection] layer's detections for
-    image 0 of the last forward pass, in layer order, boxes on the original img_w x img_h
+    `image` of the last forward pass, in layer order, boxes on the original img_w x img_h
     image. ``letter`` says whether the input was letterboxed (else plainly resized).
     ``hier`` is Darknet's tree threshold, which matters only for softmax trees (not
     supported), so it is accepted and unused."""
     netw, neth = net.input_shape[2], net.input_shape[1]
     dets = []
     for layer in detector_layers(net):
-        output = net.be.to_host(layer.output)[:layer.outputs]
+        first = image * layer.outputs
+        output = net.be.to_host(layer.output)[first:first + layer.outputs]
         dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter)
     # An untrained or diverged net can put a box at infinity (exp overflow, as in C); it
     # cannot be drawn, matched or written, and Darknet's use of it is undefined.
@@ -67,36 +69,37 @@ def _class_name(names, class_id):
     return None
 
 
-def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
-    """Detect objects in one image as Darknet's `detector test` does: letterbox to the
-    network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does,
-    and so is a net of the AlexeyAB fork's flavour without [net] letter_box=1),
-    run with batch 1, decode, NMS per class (of the kind the last [yolo] layer's nms_kind
-    gives). Returns the detections whose best class is above thresh, sorted by that
-    probability, highest first (with darknet_order, in the order Darknet prints them: NMS's
-    order); boxes relative to the original image. A detection may have more classes above
-    thresh: see detection_classes."""
+def letterboxes(net):
+    """Whether detect letterboxes for this net: a YOLOv1 [detection] net is plainly resized
+    (as Darknet's yolo.c does), and so is a net of the AlexeyAB fork's flavour without [net]
+    letter_box=1; pjreddie's [yolo]/[region] nets are letterboxed."""
+    layers = detector_layers(net)
+    if layers[-1].type == "detection":
+        return False
+    if is_fork_flavour(net):
+        return bool(getattr(net.options, "letter_box", 0))
+    return True
+
+
+def _check_detector(net, thresh, nms):
     if not 0 <= thresh <= 1 or not 0 <= nms <= 1:   # also refuses NaN
         raise ValueError(f"thresh ({thresh}) and nms ({nms}) must be in [0, 1]")
-    layers = detector_layers(net)
-    if not layers:
+    if not detector_layers(net):
         raise ValueError(f"{net.path}: the network has no [yolo], [region] or [detection] "
                          f"layer; use classify() for classifiers")
+
+
+def _network_input(net, image):
+    """(the image sized for the network, its original width, height)."""
     channels, neth, netw = net.input_shape
     img = as_image(image, channels)
-    img_h, img_w = img.shape[1], img.shape[2]
-    # The fork letterboxes only with [net] letter_box=1; YOLOv1 never does.
-    if layers[-1].type == "detection":
-        letter = False
-    elif is_fork_flavour(net):
-        letter = bool(getattr(net.options, "letter_box", 0))
-    else:
-        letter = True
-    sized = letterbox(img, netw, neth) if letter else resize_image(img, netw, neth)
-    net.set_batch(1)
-    net.predict(sized[None])
-    dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True, letter=letter)
-    classes = layers[-1].classes
+    sized = letterbox(img, netw, neth) if letterboxes(net) else resize_image(img, netw, neth)
+    return sized, img.shape[2], img.shape[1]
+
+
+def _found(net, dets, img_w, img_h, thresh, nms, darknet_order):
+    """NMS and the threshold on one image's candidates: detect()'s result."""
+    classes = detector_layers(net)[-1].classes
     if nms:
         kind, beta = nms_kind(net)
         do_nms_sort(dets, classes, nms, kind, beta)
@@ -108,10 +111,43 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
         if d.probs[best] > thresh:
             d.class_id, d.prob = best, float(d.probs[best])
             d.name = _class_name(net.names, best)
+            d.image_size = (img_w, img_h)
             found.append(d)
     if not darknet_order:
         found.sort(key=lambda d: -d.prob)
     return found
+
+
+def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
+    """Detect objects in one image as Darknet's `detector test` does: letterbox to the
+    network size (see letterboxes), run with batch 1, decode, NMS per class (of the kind
+    the last [yolo] layer's nms_kind gives). Returns the detections whose best class is
+    above thresh, sorted by that probability, highest first (with darknet_order, in the
+    order Darknet prints them: NMS's order); boxes relative to the original image. A
+    detection may have more classes above thresh: see detection_classes."""
+    _check_detector(net, thresh, nms)
+    sized, img_w, img_h = _network_input(net, image)
+    net.set_batch(1)
+    net.predict(sized[None])
+    dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
+                             letter=letterboxes(net))
+    return _found(net, dets, img_w, img_h, thresh, nms, darknet_order)
+
+
+def detect_batch(net, images, thresh=0.5, hier=0.5, nms=0.45, batch=8):
+    """detect() on a list of images, `batch` of them per forward pass: a list with each
+    image's detections, the same as detect() gives one at a time."""
+    _check_detector(net, thresh, nms)
+    results = []
+    for start in range(0, len(images), max(1, int(batch))):
+        inputs = [_network_input(net, image) for image in images[start:start + batch]]
+        net.set_batch(len(inputs))
+        net.predict(np.stack([sized for sized, _, _ in inputs]))
+        for index, (_, img_w, img_h) in enumerate(inputs):
+            dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
+                                     letter=letterboxes(net), image=index)
+            results.append(_found(net, dets, img_w, img_h, thresh, nms, False))
+    return results
 
 
 def detection_classes(d):

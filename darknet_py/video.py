@@ -218,8 +218,8 @@ def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings,
         heads = detector_layers(net)
         if not heads:
             raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
-        check_names(names, heads[-1].classes)
-        net.names = names
+        net.names = names = check_names(names, heads[-1].classes, weights, cfg,
+                                         warn_missing=False)
         frames = []
         result = run_video(net, source, out, names=names, classes=heads[-1].classes,
                            overwrite=overwrite, log=click.echo, **settings,

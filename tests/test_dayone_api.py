@@ -35,3 +35,98 @@ def test_an_overflowing_box_gives_no_numpy_warning_and_is_dropped(tmp_path):
     # the first two anchors' boxes are infinite and dropped; the third anchor's remain
     assert dets and all(np.all(np.isfinite(d.box)) for d in dets)
     assert all(d.box[2] < 2 for d in dets)
+
+
+# ---- the Python API (item 6) ------------------------------------------------------------
+from test_cli import DOG, P1_CFG, P1_WEIGHTS, P2_CFG, P2_WEIGHTS, needs_shared  # noqa: E402
+
+
+@needs_shared
+def test_detect_on_a_list_is_batched_and_equals_one_at_a_time(tmp_path):
+    import cv2
+    net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu")
+    dog = cv2.imread(str(DOG))
+    images = [str(DOG), dog[:300, :400].copy(), cv2.resize(dog, (200, 150))]
+    one_by_one = [net.detect(image, thresh=0.4) for image in images]
+    together = net.detect(images, thresh=0.4, batch=2)
+    assert len(together) == 3
+    for single, batched in zip(one_by_one, together):
+        assert len(single) == len(batched) >= 1
+        for a, b in zip(single, batched):
+            assert a.class_id == b.class_id and a.score == pytest.approx(b.score, abs=1e-6)
+            assert np.allclose(a.xyxy, b.xyxy, atol=1e-3)
+    d = together[2][0]
+    x, y, w, h = d.box
+    assert d.xyxy == pytest.approx(((x - w / 2) * 200, (y - h / 2) * 150, (x + w / 2) * 200,
+                                    (y + h / 2) * 150))
+    assert repr(d).startswith(f"Detection(class {d.class_id} {d.score:.2f} xyxy=(")
+    assert len(repr(d)) < 60
+
+
+@needs_shared
+def test_names_come_from_a_list_a_names_file_or_a_data_file(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "three.names").write_text("cat\ndog\nbird\n")
+    data = tmp_path / "sub" / "p2.data"
+    data.write_text("classes=3\nnames=three.names\n")   # relative: beside the .data file
+    monkeypatch.chdir(tmp_path)
+    for names in (["cat", "dog", "bird"], str(tmp_path / "sub" / "three.names"), str(data)):
+        net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu", names=names)
+        assert net.names == ["cat", "dog", "bird"]
+        assert net.detect(str(DOG), thresh=0.4)[0].name in net.names
+        assert "Detection(" + net.detect(str(DOG), thresh=0.4)[0].name in \
+            repr(net.detect(str(DOG), thresh=0.4)[0])
+
+
+@needs_shared
+def test_a_missing_names_file_says_which_data_file_named_it(tmp_path):
+    from test_cli import run_in_process
+    data = tmp_path / "coco.data"
+    data.write_text("classes=3\nnames=data/nothere.names\n")
+    r = run_in_process(["detect", P2_CFG, P2_WEIGHTS, DOG, "--data", data, "--out", "none",
+                        "--device", "cpu"], cwd=tmp_path)
+    assert r.code == 2, r
+    assert r.err.splitlines() == [f"darknet-py: error: data/nothere.names: names file not found "
+                                  f"(given as names= in {data})"]
+
+
+@needs_shared
+def test_names_beside_the_weights_are_found_and_said(tmp_path):
+    from test_cli import run_in_process
+    import shutil
+    weights = tmp_path / "p2.weights"
+    shutil.copyfile(P2_WEIGHTS, weights)
+    r = run_in_process(["detect", P2_CFG, weights, DOG, "--out", "none", "--device", "cpu",
+                        "--thresh", "0.45"])
+    assert r.code == 0 and "no class names given" in r.err and r.out.count(": 5") >= 0, r
+    (tmp_path / "p2.names").write_text("cat\ndog\nbird\n")
+    r = run_in_process(["detect", P2_CFG, weights, DOG, "--out", "none", "--device", "cpu",
+                        "--thresh", "0.45"])
+    assert r.code == 0, r
+    assert f"darknet-py: note: class names from {tmp_path / 'p2.names'}" in r.err
+    assert r.out.splitlines()[1].split(":")[0] in ("cat", "dog", "bird")
+
+
+@needs_shared
+def test_predict_takes_a_photo_or_says_what_it_takes():
+    import cv2
+    net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu")
+    from darknet_py import letterbox, load_image
+    expected = net.predict(letterbox(load_image(str(DOG)), 96, 96)).copy()
+    assert np.array_equal(net.predict(cv2.imread(str(DOG))), expected)
+    assert np.array_equal(net.predict(str(DOG)), expected)
+    with pytest.raises(ValueError, match=r"predict takes float32 images of shape \(N, 3, 96, "
+                                         r"96\).*got shape \(576, 768, 3\)"):
+        net.predict(cv2.imread(str(DOG)).astype(np.float32))
+
+
+@needs_shared
+def test_api_refusals():
+    with pytest.raises(ValueError, match="batch must be a whole number of at least 1, got 0"):
+        load_network(str(P2_CFG), None, batch=0)
+    net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu")
+    with pytest.raises(ValueError, match="the network is a detector; use detect"):
+        net.classify(str(DOG))
+    classifier = load_network(str(P1_CFG), str(P1_WEIGHTS), device="cpu")
+    with pytest.raises(ValueError, match="use classify"):
+        classifier.detect(str(DOG))

@@ -4,6 +4,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..cfg import CfgError, read_data_file
+from ..names import data_file_path
 
 
 class DataError(Exception):
@@ -82,8 +83,11 @@ def load_data_config(path, require=()):
 
     train = options.get("train", "data/train.list")
     valid = options.get("valid", train)
-    names_path = options.get("names") or options.get("labels") or "data/names.list"
-    labels_path = options.get("labels") or options.get("names") or "data/labels.list"
+    # Relative to the current directory as in Darknet, else beside the .data file.
+    names_path = data_file_path(options.get("names") or options.get("labels")
+                                or "data/names.list", path)
+    labels_path = data_file_path(options.get("labels") or options.get("names")
+                                 or "data/labels.list", path)
     backup = options.get("backup", "/backup/")
 
     def int_option(key, default):
