@@ -222,8 +222,13 @@ def _label(d, names):
 
 def draw_detections(bgr_image, detections, names=None, classes=None):
     """Draw labelled boxes on a copy of an OpenCV BGR uint8 image and return it: Darknet's
-    box widths (0.6% of the height) and class colours, the label above the box on a
-    filled patch of the box colour, in black or white, whichever reads better on it.
+    box widths (0.6% of the height) and class colours, each label on a filled patch of its
+    box colour, in black or white, whichever reads better on it.
+
+    Labels are placed by descending score: each goes above its box, else inside its top
+    edge, else below it, at the first of those places no likelier label covers, and always
+    wholly inside the picture; they are drawn likeliest last, so a likelier label is never
+    covered by a less likely one. Text is 3% of the picture's height, at least 10 px.
     ``classes`` (for the colours) defaults to len(names), else the highest class id + 1."""
     import cv2
     img = np.ascontiguousarray(np.array(bgr_image, dtype=np.uint8, copy=True))
@@ -232,29 +237,61 @@ def draw_detections(bgr_image, detections, names=None, classes=None):
     img_h, img_w = img.shape[:2]
     if classes is None:
         classes = len(names) if names else max([d.class_id for d in detections] + [0]) + 1
+    shown = sorted((d for d in detections if d.class_id >= 0), key=lambda d: -d.prob)
     width = max(1, int(img_h * .006))
-    font = cv2.FONT_HERSHEY_SIMPLEX
-    font_scale = max(0.35, img_h * .03 / 22)  # Darknet's label is 3% of the image height
-    thickness = max(1, int(round(font_scale * 1.5)))
-    for d in detections:
-        if d.class_id < 0:
-            continue
+    style = _label_style(img_h)
+    colors, labels, taken = [], [], []
+    for d in shown:
         r, g, b = class_color(d.class_id, classes)
-        color = (int(b * 255), int(g * 255), int(r * 255))
+        colors.append(((int(b * 255), int(g * 255), int(r * 255)),
+                       (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else (255, 255, 255)))
+        box = pixel_box(d.box, img_w, img_h)
+        labels.append(_place_label(_label(d, names), box, img_w, img_h, taken, style))
+    for d, (color, _) in zip(reversed(shown), reversed(colors)):   # likeliest box on top
         left, top, right, bottom = pixel_box(d.box, img_w, img_h)
         for k in range(width):  # Darknet's draw_box_width: lines nested inwards
             cv2.rectangle(img, (left + k, top + k), (right - k, bottom - k), color, 1)
-        text = _label(d, names)
-        (tw, th), base = cv2.getTextSize(text, font, font_scale, thickness)
-        label_h = th + base + 2
-        y0 = top - label_h if top - label_h >= 0 else top  # above the box when it fits
-        x0 = min(left, max(0, img_w - tw - 2))
-        cv2.rectangle(img, (x0, y0), (x0 + tw + 2, y0 + label_h), color, cv2.FILLED)
-        luminance = 0.299 * r + 0.587 * g + 0.114 * b
-        ink = (0, 0, 0) if luminance > 0.5 else (255, 255, 255)
-        cv2.putText(img, text, (x0 + 1, y0 + th + 1), font, font_scale, ink, thickness,
-                    cv2.LINE_AA)
+    for (text, (x0, y0, x1, y1)), (color, ink) in zip(reversed(labels), reversed(colors)):
+        cv2.rectangle(img, (x0, y0), (x1, y1), color, cv2.FILLED)
+        cv2.putText(img, text, (x0 + style["pad"], y1 - style["pad"] - style["base"]),
+                    style["font"], style["scale"], ink, style["thickness"], cv2.LINE_AA)
     return img
+
+
+def _label_style(img_h):
+    """Font, scale and thickness for labels 3% of the picture high (Darknet's size), and
+    at least 10 px so that a 160 px thumbnail still reads."""
+    import cv2
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    (_, unit_h), _ = cv2.getTextSize("Ag", font, 1.0, 1)
+    scale = max(10, img_h * .03) / unit_h
+    thickness = max(1, int(round(scale * 1.6)))
+    (_, th), base = cv2.getTextSize("Ag", font, scale, thickness)
+    return dict(font=font, scale=scale, thickness=thickness, text_h=th, base=base,
+                pad=max(1, thickness))
+
+
+def _place_label(text, box, img_w, img_h, taken, style):
+    """(text, (x0, y0, x1, y1)) for a label of a box: the first of above / inside the top /
+    below the box that no earlier (likelier) label overlaps, clamped into the picture."""
+    import cv2
+    (tw, _), _ = cv2.getTextSize(text, style["font"], style["scale"], style["thickness"])
+    w = min(img_w - 1, tw + 2 * style["pad"])
+    h = min(img_h - 1, style["text_h"] + style["base"] + 2 * style["pad"])
+    left, top, _, bottom = box
+    x0 = max(0, min(left, img_w - 1 - w))
+    spots = []
+    for y0 in (top - h, top, bottom):
+        y0 = max(0, min(y0, img_h - 1 - h))
+        spots.append((x0, y0, x0 + w, y0 + h))
+    free = [r for r in spots if not any(_overlaps(r, t) for t in taken)]
+    rect = free[0] if free else spots[0]
+    taken.append(rect)
+    return text, rect
+
+
+def _overlaps(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def c_round(v):
