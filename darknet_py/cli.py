@@ -112,7 +112,8 @@ def cli():
     videos or a camera (detect), print a network's layer table (info), cut a weights file
     down to its first layers (partial), train a classifier or detector (train), score
     weights on a dataset (valid) or as the AlexeyAB fork's detector map does (map),
-    compute YOLO anchors (anchors) and time a network (bench).
+    compute YOLO anchors (anchors), check a dataset's labels (check) and time a network
+    (bench).
 
     Darknet's own forms work too: `detector train|test|demo|valid|map|calc_anchors DATA
     CFG [WEIGHTS] ...` and `classifier train|predict|valid DATA CFG [WEIGHTS] ...`, with the
@@ -229,8 +230,12 @@ def names_options(command):
     return with_names
 
 
-def read_path_list(stream):
-    return [line.strip() for line in stream.read().splitlines() if line.strip()]
+def read_path_list(stream, name="stdin"):
+    lines = stream.read().splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if "\0" in line:   # open() would fail with "embedded null byte"
+            raise UserError(f"{name}:{lineno}: holds a NUL byte: not a list of image paths")
+    return [line.strip() for line in lines if line.strip()]
 
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
@@ -252,7 +257,7 @@ def expand_images(args):
             paths.extend(read_path_list(sys.stdin))
         elif arg.lower().endswith(LIST_SUFFIXES):
             with open(arg, encoding="utf-8", errors="replace") as f:
-                paths.extend(read_path_list(f))
+                paths.extend(read_path_list(f, arg))
         else:
             paths.append(arg)
     if not paths:
@@ -753,10 +758,15 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
                    "the area under the curve at every recall (VOC 2010-2012).")
 @click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Confidence at which precision, recall, F1 and the average IoU are taken.")
+@click.option("--plots", metavar="DIR", default=None,
+              help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
+                   "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
+@overwrite_option
 @device_options
 @darknet_option
 @training_errors
-def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet):
+def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite, device,
+                darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
@@ -766,33 +776,70 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet)
     if points == 1:
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
     from .validate import detector_map
+    if plots is not None:
+        from .data.config import load_data_config
+        from .map_plots import plot_paths
+        heads = [l for l in build_network(cfg, darknet=darknet).layers if hasattr(l, "classes")]
+        classes = heads[-1].classes if heads else 0
+        claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=log_line)
+                 thresh=thresh, darknet=darknet, log=log_line, plots=plots)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
 @click.argument("data")
-@click.option("--num", type=click.IntRange(min=1), default=9, show_default=True,
-              help="How many anchors (9 for YOLOv3, 6 for yolov3-tiny).")
-@click.option("--width", type=click.IntRange(min=1), default=416, show_default=True,
-              help="The network's input width.")
-@click.option("--height", type=click.IntRange(min=1), default=416, show_default=True,
-              help="The network's input height.")
+@click.option("--cfg", metavar="CFG", default=None,
+              help="Take --num (its last [yolo] layer's num), --width and --height from CFG.")
+@click.option("--num", type=click.IntRange(min=1), default=None,
+              help="How many anchors (9 for YOLOv3, 6 for yolov3-tiny). [default: the "
+                   "--cfg's, else 9]")
+@click.option("--width", type=click.IntRange(min=1), default=None,
+              help="The network's input width. [default: the --cfg's, else 416]")
+@click.option("--height", type=click.IntRange(min=1), default=None,
+              help="The network's input height. [default: the --cfg's, else 416]")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the k-means initialisation.")
 @training_errors
-def anchors_command(data, num, width, height, seed):
+def anchors_command(data, cfg, num, width, height, seed):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 
     k-means on (width, height) with 1 - IoU as the distance, at the network's input
     size. Prints the cfg line ("anchors = 10,13, 16,30, ...", smallest first) on
     stdout, and on stderr how well the anchors fit the boxes.
     """
-    from .data.anchors import anchor_mean_iou, compute_anchors, format_anchors
-    anchors, boxes = compute_anchors(data, num, width, height, seed)
+    from .data.anchors import anchor_mean_iou, anchor_settings, compute_anchors, format_anchors
+    settings, used = anchor_settings(cfg, num=num, width=width, height=height)
+    if used:
+        click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
+                   + f" from {cfg}", err=True)
+    anchors, boxes = compute_anchors(data, seed=seed, **settings)
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+
+
+@cli.command("check", short_help="Check a detector dataset: lists, labels, boxes per class.")
+@click.argument("data")
+@click.option("--picture", metavar="PNG", default=None,
+              help="The labels overview picture (boxes per class, centres, sizes) "
+                   "[default: <data>_labels.png, numbered past an earlier one; `none`: no "
+                   "picture].")
+@training_errors
+def check_command(data, picture):
+    """Report what the .data file DATA's train and valid lists hold: images (and missing
+    ones), label files, boxes per class, and every label problem by file and line
+    (pixel coordinates, values outside 0-1, class ids out of range, malformed lines).
+    Exit code 0 when nothing is wrong, 1 when problems were found."""
+    from .dataset_check import check_dataset
+    if picture is None:
+        stem = os.path.splitext(os.path.basename(data))[0]
+        picture = first_free_run(lambda run: [run_numbered(f"{stem}_labels.png", run)])[0]
+    elif picture.lower() == "none":
+        picture = None
+    else:
+        claim_outputs([picture], overwrite=False)
+    if check_dataset(data, picture, log=click.echo, warn=warn):
+        sys.exit(1)
 
 
 @cli.command("bench", short_help="Time a network: forward, training step, per layer.")

@@ -30,6 +30,8 @@ def check_input_file(path, what, error):
         raise error(f"{path}: {what} not found") from None
     except OSError as e:
         raise error(f"{path}: cannot read the {what} ({e.strerror})") from None
+    except ValueError:   # a NUL byte in the path
+        raise error(f"{path!r}: not a valid path (it holds a NUL byte)") from None
     if stat.S_ISDIR(mode):
         raise error(f"{path}: is a directory, not the {what} file")
     if not stat.S_ISREG(mode):

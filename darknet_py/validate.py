@@ -344,6 +344,7 @@ class ForkMapResult:
     points: int
     thresh: float
     names: list = field(default_factory=list)
+    curves: list = field(default_factory=list, repr=False)   # per class: (recall, precision)
 
     def lines(self):
         """The fork's report, with each class's precision, recall and F1 at the
@@ -448,9 +449,12 @@ def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRE
         precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
         recall = np.where(truth_count[:, None] > 0, tp / truth_count[:, None], 0.0)
     aps = [curve_ap(recall[c], precision[c], points) for c in range(classes)]
+    # Each class's curve at its own detections' ranks (for map --plots).
+    curves = [(recall[c][np.diff(tp[c] + fp[c], prepend=0) > 0],
+               precision[c][np.diff(tp[c] + fp[c], prepend=0) > 0]) for c in range(classes)]
     return ForkMapResult(float(np.sum(aps) / classes), aps, tp_at.tolist(), fp_at.tolist(),
                          truth_count.tolist(), len(scored), iou_sum / above if above else 0.0,
-                         iou_thresh, points, thresh, list(names or []))
+                         iou_thresh, points, thresh, list(names or []), curves)
 
 
 def curve_ap(recall, precision, points=0):
@@ -470,7 +474,7 @@ def curve_ap(recall, precision, points=0):
 
 
 def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
-                 thresh=MAP_CONF_THRESH, log=print, darknet=None):
+                 thresh=MAP_CONF_THRESH, log=print, darknet=None, plots=None):
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
     and print fork_map's report. Returns the ForkMapResult."""
@@ -504,6 +508,10 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
     result = fork_map(images, classes, iou_thresh, points, thresh, config.names)
     for line in result.lines():
         log(line)
+    if plots is not None:   # PR curves and the confusion matrix (map_plots.py)
+        from .map_plots import write_map_plots
+        for path in write_map_plots(plots, result, images, classes, config.names):
+            log(f"wrote {path}")
     return result
 
 

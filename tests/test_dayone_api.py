@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from darknet_py import load_network
-from test_dayone_labels import DETECTOR_CFG
+from test_dayone_labels import DETECTOR_CFG, GOOD
 
 
 def untrained_detector(tmp_path, size_bias=0.0):
@@ -130,3 +130,49 @@ def test_api_refusals():
     classifier = load_network(str(P1_CFG), str(P1_WEIGHTS), device="cpu")
     with pytest.raises(ValueError, match="use classify"):
         classifier.detect(str(DOG))
+
+
+# ---- bad inputs (item 10) --------------------------------------------------------------
+def test_cfg_that_is_a_fifo_a_device_or_binary_is_one_line(tmp_path):
+    import os
+    from test_cli import run_in_process
+    fifo = tmp_path / "pipe.cfg"
+    os.mkfifo(fifo)
+    binary = tmp_path / "nul.cfg"
+    binary.write_bytes(b"[net]\nwidth=8\n\0\0")
+    for cfg, words in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
+                       (binary, "nul.cfg:3: holds NUL bytes")):
+        r = run_in_process(["info", cfg])
+        assert r.code == 2 and len(r.err.splitlines()) == 1 and words in r.err, r
+
+
+def test_a_huge_cfg_is_refused_without_reading_it_all(tmp_path):
+    from darknet_py.cfg import CfgError, MAX_CFG_BYTES, parse_cfg
+    big = tmp_path / "big.cfg"
+    with open(big, "wb") as f:
+        f.truncate(MAX_CFG_BYTES + 10)
+    with pytest.raises(CfgError, match="larger than 16 MiB: not a Darknet cfg"):
+        parse_cfg(big)
+
+
+@needs_shared
+def test_list_files_with_a_nul_byte_are_one_line(tmp_path):
+    from test_cli import run_in_process
+    from test_dayone_labels import make_dataset
+    images = tmp_path / "images.txt"
+    images.write_bytes(f"{DOG}\n{DOG}\0x\n".encode())
+    r = run_in_process(["detect", P2_CFG, P2_WEIGHTS, images, "--device", "cpu"])
+    assert r.code == 2 and r.err.splitlines() == [
+        f"darknet-py: error: {images}:2: holds a NUL byte: not a list of image paths"], r
+    data = make_dataset(tmp_path, [GOOD])
+    (tmp_path / "train.list").write_bytes(b"img0.png\n\0\n")
+    r = run_in_process(["train", tmp_path / "d.cfg", data, "--device", "cpu"])
+    assert r.code == 2 and "train.list:2: holds a NUL byte" in r.err, r
+
+
+def test_save_weights_into_a_directory_names_it(tmp_path):
+    from darknet_py import WeightsError
+    net = untrained_detector(tmp_path)
+    with pytest.raises(WeightsError, match=f"{tmp_path}: is a directory; give the weights "
+                                           f"file's name"):
+        net.save_weights(tmp_path)

@@ -88,3 +88,35 @@ def test_a_video_gets_json_of_every_frame_and_a_numbered_default_output(tmp_path
     counts = [int(l.split(", ")[1].split()[0]) for l in r.out.splitlines()[:3]]
     assert [len(f["detections"]) for f in content["frames"]] == counts
     assert (tmp_path / "predictions.mp4").read_bytes() == b"mine"
+
+
+def test_confusion_matrix_counts_matches_confusions_and_misses():
+    from darknet_py.map_plots import confusion_matrix
+    truth = np.array([[.2, .2, .2, .2, 0], [.7, .7, .2, .2, 1], [.5, .9, .1, .1, 1]])
+    dets = [(0, .9, (.2, .2, .2, .2)), (1, .3, (.2, .2, .2, .2)),   # one box, best class 0
+            (0, .8, (.7, .71, .2, .2)),                             # a 1 detected as a 0
+            (1, .6, (.1, .9, .1, .1)),                              # nothing there
+            (1, .1, (.5, .9, .1, .1))]                              # below thresh: a miss
+    m = confusion_matrix([(dets, truth)], 2, iou_thresh=.5, thresh=.25)
+    assert m.tolist() == [[1, 0, 0], [1, 0, 1], [0, 1, 0]]
+
+
+@needs_shared
+def test_map_plots_writes_a_pr_curve_per_class_and_the_confusion_matrix(tmp_path):
+    import cv2
+    (tmp_path / "three.names").write_text("a\nb\nc\n")
+    (tmp_path / "valid.list").write_text(f"{tmp_path}/dog.jpg\n")
+    (tmp_path / "dog.jpg").write_bytes(DOG.read_bytes())
+    (tmp_path / "dog.txt").write_text("1 0.3 0.6 0.3 0.5\n2 0.74 0.15 0.05 0.23\n")
+    data = tmp_path / "p2.data"
+    data.write_text(f"classes=3\nvalid={tmp_path}/valid.list\nnames={tmp_path}/three.names\n")
+    plots = tmp_path / "plots"
+    r = run_in_process(["map", P2_CFG, data, P2_WEIGHTS, "--plots", plots, "--device", "cpu"])
+    assert r.code == 0, r
+    names = ["pr_00_a.png", "pr_01_b.png", "pr_02_c.png", "confusion_matrix.png"]
+    assert sorted(p.name for p in plots.iterdir()) == sorted(names)
+    assert r.out.splitlines()[-4:] == [f"wrote {plots / n}" for n in names]
+    for name in names:
+        assert cv2.imread(str(plots / name)).std() > 10
+    r = run_in_process(["map", P2_CFG, data, P2_WEIGHTS, "--plots", plots, "--device", "cpu"])
+    assert r.code == 2 and "already exist" in r.err, r

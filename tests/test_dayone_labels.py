@@ -123,3 +123,53 @@ def test_anchors_warns_about_a_stray_pixel_box_and_refuses_pixel_datasets(tmp_pa
     bad = make_dataset(tmp_path / "x", ["0 22 63 24 16\n", "1 40 10 8 8\n"])
     r = run_in_process(["anchors", bad, "--num", "2"])
     assert r.code == 2 and "look like pixel coordinates" in r.err.splitlines()[-1], r
+
+
+# ---- `check` (item 9) ---------------------------------------------------------------------
+def test_check_reports_lists_classes_problems_and_writes_the_overview(tmp_path):
+    data = make_dataset(tmp_path, [GOOD, "0 22 63 24 16\n", "5 .5 .5 .1 .1\n", GOOD])
+    with open(tmp_path / "train.list", "a") as f:
+        f.write(f"{tmp_path}/gone.png\n")
+    r = run_in_process(["check", data], cwd=tmp_path)
+    assert r.code == 1, r
+    assert r.out.splitlines() == [
+        f"train: {tmp_path}/train.list: 5 images (1 missing), 4 label files (0 empty), 6 boxes",
+        "class  name                   train",
+        "    0  cat                        3",
+        "    1  dog                        2",
+        "wrote set_labels.png (boxes per class, box centres and sizes)",
+        "4 problems found"]
+    warnings = r.err.splitlines()
+    assert f"darknet-py: warning: {tmp_path}/img1.txt:1: x=22 y=63 w=24 h=16 look like pixels; " \
+           f"YOLO labels are relative: divide x and w by the image width, y and h by its " \
+           f"height (each 0-1)" in warnings
+    assert f"darknet-py: warning: {tmp_path}/img2.txt:1: class id 5 out of range (0..1)" in warnings
+    assert f"darknet-py: warning: {tmp_path}/gone.png: image not found (listed in " \
+           f"{tmp_path}/train.list)" in warnings
+    import cv2
+    picture = cv2.imread(str(tmp_path / "set_labels.png"))
+    assert picture.shape == (520, 1380, 3)
+    # the bars: class 0's (3 boxes) is the full height, class 1's (2) two thirds of it
+    blue = (np.abs(picture.astype(int) - (180, 100, 30)).sum(axis=2) < 10)
+    heights = [blue[:, x].sum() for x in (70 + 95, 70 + 285)]
+    assert heights[0] == pytest.approx(330, abs=3) and heights[1] == pytest.approx(220, abs=3)
+    # a second check does not replace the first picture
+    r = run_in_process(["check", data], cwd=tmp_path)
+    assert "wrote set_labels-2.png" in r.out
+
+
+def test_check_of_a_sound_dataset_exits_0(tmp_path):
+    data = make_dataset(tmp_path, [GOOD, GOOD])
+    r = run_in_process(["check", data, "--picture", "none"], cwd=tmp_path)
+    assert r.code == 0 and r.out.splitlines()[-1] == "no problems found" and r.err == "", r
+
+
+def test_anchors_takes_num_and_size_from_the_cfg(tmp_path):
+    data = make_dataset(tmp_path, [GOOD, "0 0.4 0.4 0.6 0.5\n1 .5 .5 .05 .1\n"])
+    r = run_in_process(["anchors", data, "--cfg", tmp_path / "d.cfg"])
+    ours = run_in_process(["anchors", data, "--num", "3", "--width", "32", "--height", "32"])
+    assert r.code == ours.code == 0, (r, ours)
+    assert r.out == ours.out and len(r.out.split(", ")) == 3   # 3 anchors: "w,h, w,h, w,h"
+    assert f"darknet-py: note: num=3, width=32, height=32 from {tmp_path / 'd.cfg'}" in r.err
+    r = run_in_process(["anchors", data, "--cfg", tmp_path / "d.cfg", "--num", "2"])
+    assert len(r.out.split(", ")) == 2, r

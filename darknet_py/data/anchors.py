@@ -99,3 +99,33 @@ def format_anchors(anchors):
     """The cfg line: 'anchors = 10,13, 16,30, ...' (whole pixels, at least 1)."""
     return "anchors = " + ", ".join(f"{max(1, round(w))},{max(1, round(h))}"
                                     for w, h in anchors)
+
+
+DEFAULT_SETTINGS = {"num": 9, "width": 416, "height": 416}
+
+
+def anchor_settings(cfg=None, **given):
+    """num, width and height for `anchors`: those given (not None), else the cfg's (the last
+    [yolo]/[region] layer's num, [net] width and height), else YOLOv3's 9 at 416 x 416.
+    Returns (settings, [the keys taken from the cfg])."""
+    from ..cfg import parse_cfg
+    from_cfg = {}
+    if cfg is not None:
+        sections = parse_cfg(cfg)
+        net = sections[0]
+        from_cfg = {"width": net.get_int("width", 0) or None,
+                    "height": net.get_int("height", 0) or None}
+        heads = [s for s in sections if s.type in ("yolo", "region", "gaussian_yolo")]
+        if not heads:
+            raise DataError(f"{cfg}: no [yolo] or [region] layer, so no anchors to compute")
+        from_cfg["num"] = heads[-1].get_int("num", 1)
+    settings, used = {}, []
+    for key, default in DEFAULT_SETTINGS.items():
+        if given.get(key) is not None:
+            settings[key] = given[key]
+        elif from_cfg.get(key):
+            settings[key] = from_cfg[key]
+            used.append(key)
+        else:
+            settings[key] = default
+    return settings, used

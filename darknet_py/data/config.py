@@ -37,7 +37,11 @@ def read_list(path, what="list file"):
     """Lines of a Darknet list file (image paths, class names): CRLF or LF, surrounding
     whitespace removed, blank lines skipped (Darknet would keep a blank line as an empty
     path or, in a names file, as an empty label that matches every path)."""
-    return [s for s in (line.strip() for line in _read_text(path, what).splitlines()) if s]
+    lines = _read_text(path, what).splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if "\0" in line:   # open() would fail on such a path with "embedded null byte"
+            raise DataError(f"{path}:{lineno}: holds a NUL byte: not a text {what}")
+    return [s for s in (line.strip() for line in lines) if s]
 
 
 @dataclass
