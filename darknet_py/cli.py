@@ -256,6 +256,9 @@ def expand_images(args):
         elif arg == "-":
             paths.extend(read_path_list(sys.stdin))
         elif arg.lower().endswith(LIST_SUFFIXES):
+            if os.path.exists(arg) and not os.path.isfile(arg):
+                raise UserError(f"{arg}: not a regular file (a pipe, socket or device); give "
+                                f"the image list as a file")
             with open(arg, encoding="utf-8", errors="replace") as f:
                 paths.extend(read_path_list(f, arg))
         else:
@@ -452,8 +455,9 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, sa
 
     if camera is not None or any(is_video(image) for image in images):
         from .video import detect_video_command
-        return detect_video_command(cfg, weights, images, camera, out, json_file, dict(thresh=thresh, nms=nms), names, device,
-                                    overwrite, darknet)
+        return detect_video_command(cfg, weights, images, camera, out, json_file,
+                                    dict(thresh=thresh, nms=nms), names, device, overwrite,
+                                    darknet)
     if not images:
         raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)

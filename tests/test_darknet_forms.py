@@ -127,3 +127,26 @@ def test_detector_train_matches_train(tmp_path):
     ours = run_in_process(["train", tmp_path / "d.cfg", data, "--overwrite"] + common)
     assert ours.code == 0, ours
     assert (tmp_path / "backup" / "d_final.weights").read_bytes() == first
+
+
+@needs_shared
+def test_detector_valid_matches_valid(tmp_path):
+    (tmp_path / "three.names").write_text("a\nb\nc\n")
+    (tmp_path / "valid.list").write_text(f"{tmp_path}/dog.jpg\n")
+    (tmp_path / "dog.jpg").write_bytes(DOG.read_bytes())
+    (tmp_path / "dog.txt").write_text("1 0.3 0.6 0.3 0.5\n")
+    data = tmp_path / "p2.data"
+    data.write_text(f"classes=3\nvalid={tmp_path}/valid.list\nnames={tmp_path}/three.names\n")
+    for run in ("theirs", "ours"):
+        (tmp_path / run).mkdir()
+    theirs = run_in_process(["detector", "valid", data, P2_CFG, P2_WEIGHTS, "--device", "cpu"],
+                            cwd=tmp_path / "theirs")
+    ours = run_in_process(["valid", P2_CFG, data, P2_WEIGHTS, "--device", "cpu"],
+                          cwd=tmp_path / "ours")
+    assert theirs.code == ours.code == 0, (theirs, ours)
+    assert theirs.out == ours.out and "mAP@0.5" in ours.out
+    written = sorted(p.name for p in (tmp_path / "ours" / "results").iterdir())
+    assert written == sorted(p.name for p in (tmp_path / "theirs" / "results").iterdir())
+    for name in written:
+        assert (tmp_path / "ours" / "results" / name).read_bytes() == \
+            (tmp_path / "theirs" / "results" / name).read_bytes()

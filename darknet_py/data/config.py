@@ -21,6 +21,10 @@ def _where(path):
 
 def _read_text(path, what):
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        # a named pipe would block the read until someone writes to it
+        raise DataError(f"{_where(path)}: {what} is not a regular file (a pipe, socket or "
+                        f"device)")
     try:
         # surrogateescape keeps non-UTF-8 bytes in paths intact on the round trip to open()
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
