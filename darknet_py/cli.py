@@ -782,8 +782,9 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
     from .validate import detector_map
     if plots is not None:
         from .data.config import load_data_config
+        from .detection import detector_layers
         from .map_plots import plot_paths
-        heads = [l for l in build_network(cfg, darknet=darknet).layers if hasattr(l, "classes")]
+        heads = detector_layers(build_network(cfg, darknet=darknet))
         classes = heads[-1].classes if heads else 0
         claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
