@@ -6,9 +6,29 @@ overview picture (boxes per class, box centres, box sizes).
 import os
 from collections import Counter
 
-from .data.check import problem_lines, scan_labels
+from .data.check import LabelProblem, LabelReport, problem_lines, scan_labels
 from .data.config import DataError, load_data_config
+from .data.labels import classifier_label_index
 from .files import atomic_output
+
+
+def is_classifier_data(config):
+    """A classifier's .data names its classes with labels= (matched against image paths);
+    a detector's with names=."""
+    return "labels" in config.options and "names" not in config.options
+
+
+def classifier_report(paths, labels):
+    """A LabelReport for a classifier list: one 'box' per image, its class found in its path
+    (Darknet's rule); an image whose path names no class, or several, is a problem."""
+    report = LabelReport(images=len(paths), label_files=len(paths), boxes=len(paths),
+                         classifier=True)
+    for path in paths:
+        try:
+            report.per_class[classifier_label_index(path, labels)] += 1
+        except DataError as e:
+            report.problems.append(LabelProblem(path, 0, "path", str(e).split(": ", 1)[-1]))
+    return report
 
 
 def missing_images(paths):
@@ -30,11 +50,12 @@ def check_dataset(data, picture=None, log=print, warn=print):
             continue
         paths = config.train_paths() if what == "train" else config.valid_paths()
         absent = missing_images(paths)
-        report = scan_labels(paths, config.classes)
+        report = (classifier_report(paths, config.labels) if is_classifier_data(config)
+                  else scan_labels(paths, config.classes))
         reports[what] = report
-        log(f"{what}: {path}: {len(paths)} images ({len(absent)} missing), "
-            f"{report.label_files} label files ({report.empty_files} empty), {report.boxes} "
-            f"boxes")
+        log(f"{what}: {path}: {len(paths)} images ({len(absent)} missing)" +
+            ("" if is_classifier_data(config) else f", {report.label_files} label files "
+             f"({report.empty_files} empty), {report.boxes} boxes"))
         for image in absent[:10]:
             warn(f"{image}: image not found (listed in {path})")
         if len(absent) > 10:
@@ -53,6 +74,8 @@ def check_dataset(data, picture=None, log=print, warn=print):
     if unused:
         warn(f"{len(unused)} class{'es' if len(unused) > 1 else ''} without a single box: "
              f"{', '.join(config.names[c] for c in unused[:10])}")
+    if picture is not None and is_classifier_data(config):
+        picture = None   # centres and sizes mean nothing for whole-image labels
     if picture is not None:
         write_overview(picture, reports.get("train") or next(iter(reports.values())),
                        config.names)

@@ -173,3 +173,24 @@ def test_anchors_takes_num_and_size_from_the_cfg(tmp_path):
     assert f"darknet-py: note: num=3, width=32, height=32 from {tmp_path / 'd.cfg'}" in r.err
     r = run_in_process(["anchors", data, "--cfg", tmp_path / "d.cfg", "--num", "2"])
     assert len(r.out.split(", ")) == 2, r
+
+
+def test_check_of_a_classifier_dataset_counts_images_per_class(tmp_path):
+    import cv2
+    for name in ("cat_1", "cat_2", "dog_1", "bird_x"):
+        cv2.imwrite(str(tmp_path / f"{name}.png"), np.zeros((8, 8, 3), np.uint8))
+    (tmp_path / "train.list").write_text("".join(f"{tmp_path}/{n}.png\n" for n in
+                                                 ("cat_1", "cat_2", "dog_1", "bird_x")))
+    (tmp_path / "labels.txt").write_text("cat\ndog\n")
+    data = tmp_path / "c.data"
+    data.write_text(f"classes=2\ntrain={tmp_path}/train.list\nlabels={tmp_path}/labels.txt\n")
+    r = run_in_process(["check", data], cwd=tmp_path)
+    assert r.code == 1, r
+    assert r.out.splitlines() == [f"train: {tmp_path}/train.list: 4 images (0 missing)",
+                                  "class  name                   train",
+                                  "    0  cat                        2",
+                                  "    1  dog                        1",
+                                  "1 problem found"]
+    assert r.err.splitlines()[-1] == ("darknet-py: warning: labels of 4 images: 1 image path "
+                                      "names no class, or several (a classifier's label)")
+    assert not list(tmp_path.glob("*.png.png")) and not (tmp_path / "c_labels.png").exists()

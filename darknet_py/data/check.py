@@ -34,6 +34,7 @@ KINDS = {
     "format": "malformed line",
     "missing": "label file not found",
     "unreadable": "label file unreadable",
+    "path": "image path names no class, or several (a classifier's label)",
 }
 
 
@@ -59,6 +60,7 @@ class LabelReport:
     per_class: Counter = field(default_factory=Counter)
     problems: list = field(default_factory=list)
     rows: list = field(default_factory=list)     # (n, 5) float64 arrays: class x y w h
+    classifier: bool = False   # labels are image paths (boxes counts the images)
 
     def count(self, kind):
         return sum(1 for p in self.problems if p.kind == kind)
@@ -164,8 +166,11 @@ def problem_lines(report, shown=SHOWN_PER_KIND, kinds=None):
 def summary_line(report, by_kind=None):
     by_kind = by_kind if by_kind is not None else Counter(p.kind for p in report.problems)
     parts = [f"{count} {KINDS[kind]}" for kind, count in sorted(by_kind.items())]
-    return (f"labels of {report.images} image{'s' if report.images != 1 else ''}: "
-            f"{report.boxes} box{'es' if report.boxes != 1 else ''}; " + "; ".join(parts))
+    images = f"{report.images} image{'s' if report.images != 1 else ''}"
+    if report.classifier:
+        return f"labels of {images}: " + "; ".join(parts)
+    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}; "
+            + "; ".join(parts))
 
 
 def refuse_pixel_labels(report, what="training"):
