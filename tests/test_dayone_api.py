@@ -176,3 +176,36 @@ def test_save_weights_into_a_directory_names_it(tmp_path):
     with pytest.raises(WeightsError, match=f"{tmp_path}: is a directory; give the weights "
                                            f"file's name"):
         net.save_weights(tmp_path)
+
+
+def test_train_says_when_it_removes_a_stale_checkpoint_temporary(tmp_path):
+    import os
+    from test_cli import run_in_process
+    from test_dayone_labels import make_dataset
+    data = make_dataset(tmp_path, [GOOD, GOOD])
+    stale = tmp_path / "backup" / ".weights-999999-abcdef12"
+    stale.write_bytes(b"half a checkpoint")
+    os.utime(stale, (1, 1))   # old, and its writer is long gone (a kill -9 mid-save)
+    r = run_in_process(["train", tmp_path / "d.cfg", data, "--max-batches", "1", "--workers",
+                        "0", "--device", "cpu", "--quiet"])
+    assert r.code == 0, r
+    assert f"darknet-py: note: removed {stale}, left by an interrupted save" in r.out
+    assert not stale.exists()
+
+
+def test_train_warnings_go_to_stderr_with_the_others(tmp_path):
+    from test_cli import run_in_process
+    from test_dayone_labels import make_dataset
+    data = make_dataset(tmp_path, [GOOD, "0 1.2 .5 .1 .1\n"])
+    cfg = tmp_path / "d.cfg"
+    cfg.write_text(DETECTOR_CFG.replace("max_batches=10", "max_batches=10\npolicy=steps\n"
+                                        "steps=100\nscales=.1"))
+    r = run_in_process(["train", cfg, data, "--max-batches", "1", "--workers", "0",
+                        "--device", "cpu", "--quiet"])
+    assert r.code == 0, r
+    assert "warning" not in r.out, r
+    warnings = r.err.splitlines()
+    assert any(w.startswith(f"darknet-py: warning: {cfg}: steps=100 at or beyond") for w in
+               warnings), r
+    assert any(w.startswith("darknet-py: warning: ") and "img1.txt:1: x=1.2" in w
+               for w in warnings), r
