@@ -203,7 +203,7 @@ def test_train_warnings_go_to_stderr_with_the_others(tmp_path):
     r = run_in_process(["train", cfg, data, "--max-batches", "1", "--workers", "0",
                         "--device", "cpu", "--quiet"])
     assert r.code == 0, r
-    assert "warning" not in r.out, r
+    assert "darknet-py: warning" not in r.out, r
     warnings = r.err.splitlines()
     assert any(w.startswith(f"darknet-py: warning: {cfg}: steps=100 at or beyond") for w in
                warnings), r
