@@ -158,7 +158,7 @@ def _class_bars(img, counts, names, rect=(70, 50, 450, 380)):
     for t in (0, .5, 1):
         y = int(y1 - t * (y1 - y0))
         cv2.line(img, (x0, y), (x1, y), GREY, 1)
-        _text(img, f"{t * top:g}", (x0 - 5, y + 5), anchor="right")
+        _text(img, f"{round(t * top)}", (x0 - 5, y + 5), anchor="right")
     _text(img, "boxes per class", ((x0 + x1) // 2, y0 - 8), 0.55, anchor="centre")
     bar = (x1 - x0) / max(1, len(counts))
     upright = any(cv2.getTextSize(str(n), cv2.FONT_HERSHEY_SIMPLEX, 0.4, 1)[0][0] > bar - 4
@@ -174,7 +174,7 @@ def _class_bars(img, counts, names, rect=(70, 50, 450, 380)):
             _text(img, label, ((left + right) // 2, y1 + 16), 0.4, anchor="centre")
             continue
         patch = np.full((14, 100, 3), 255, np.uint8)
-        _text(patch, label, (2, 11), 0.4)
+        _text(patch, label, (98, 11), 0.4, anchor="right")   # ends next to the axis
         patch = np.rot90(patch).copy()          # reads bottom to top
         ph, pw = patch.shape[:2]
         x = (left + right) // 2 - pw // 2
