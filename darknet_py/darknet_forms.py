@@ -13,7 +13,6 @@ import os
 FLAGS = {
     "-thresh": ("--thresh", True),
     "-hier": (None, True),
-    "-nms": ("--nms", True),   # not a Darknet flag; its natural spelling
     "-iou_thresh": ("--iou-thresh", True),
     "-points": ("--points", True),
     "-map": ("--map", False),
@@ -34,6 +33,15 @@ FLAGS = {
     "-mjpeg_port": (None, True),
     "-json_port": (None, True),
     "-benchmark_layers": (None, False),
+    "-benchmark": (None, False),
+    "-fullscreen": (None, False),
+    "-dontuse_opencv": (None, False),
+    "-topk": (None, False),          # valid always prints top-1 and top-k
+    "-s": (None, True),              # frame skip
+    "-avg": (None, True),
+    "-t": ("--top", True),
+    "-save_labels": ("--save-txt", False),
+    "-json_file_output": ("--json", True),
     "-letter_box": (None, False),
     "-avgframes": (None, True),
     "-prefix": (None, True),

@@ -25,6 +25,11 @@ from test_dayone_labels import GOOD, make_dataset
     ("classifier predict my.data my.cfg my.weights dog.jpg", "test my.cfg my.weights dog.jpg "
                                                              "--data my.data"),
     ("classifier valid my.data my.cfg my.weights", "valid my.cfg my.data my.weights"),
+    ("classifier predict my.data my.cfg my.weights dog.jpg -t 3", "test my.cfg my.weights "
+                                                                   "dog.jpg --data my.data "
+                                                                   "--top 3"),
+    ("detector test my.data my.cfg my.weights dog.jpg -save_labels -i 1",
+     "detect my.cfg my.weights dog.jpg --data my.data --save-txt --gpu 1"),
     # our own commands with the fork's flags
     ("detect my.cfg my.weights dog.jpg -thresh 0.3 -dont_show",
      "detect my.cfg my.weights dog.jpg --thresh 0.3"),
