@@ -90,6 +90,8 @@ class DarknetGroup(click.Group):
             def show_warning(message, category, filename, lineno, file=None, line=None):
                 if issubclass(category, USER_WARNINGS):
                     warn(message)
+                elif issubclass(category, RuntimeWarning):   # NumPy's: one line, no source
+                    warn(f"{message} ({os.path.basename(filename)}:{lineno})")
                 else:
                     python_showwarning(message, category, filename, lineno, file, line)
 

@@ -209,3 +209,22 @@ def test_train_warnings_go_to_stderr_with_the_others(tmp_path):
                warnings), r
     assert any(w.startswith("darknet-py: warning: ") and "img1.txt:1: x=1.2" in w
                for w in warnings), r
+
+
+def test_a_numpy_warning_in_a_command_is_one_warning_line(monkeypatch):
+    import click
+    from darknet_py import cli as cli_module
+    from test_cli import run_in_process
+
+    @cli_module.cli.command("overflow-for-test")
+    def overflow():
+        np.exp(np.float32(1000))
+        click.echo("done")
+    try:
+        r = run_in_process(["overflow-for-test"])
+    finally:
+        del cli_module.cli.commands["overflow-for-test"]
+    assert r.code == 0 and r.out == "done\n", r
+    import re
+    assert re.fullmatch(r"darknet-py: warning: overflow encountered in exp "
+                        r"\(test_dayone_api\.py:\d+\)\n", r.err), r
