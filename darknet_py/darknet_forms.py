@@ -20,7 +20,7 @@ FLAGS = {
     "-gpus": ("--gpus", True),
     "-i": ("--gpu", True),
     "-ext_output": ("--ext-output", False),
-    "-out": ("--json", True),
+    "-out": ("--json", True),        # or --out: see _split
     "-out_filename": ("--out", True),
     "-c": ("--camera", True),
     "-num_of_clusters": ("--num", True),
@@ -71,6 +71,8 @@ def _split(args):
             value = args[i + 1] if takes_value and i + 1 < len(args) else None
             if takes_value and value is None:
                 raise DarknetFormError(f"{arg} needs a value")
+            if arg == "-out" and not value.lower().endswith(".json"):
+                ours = "--out"   # pjreddie's -out names the picture; the fork's, JSON results
             if ours is None:
                 dropped.append(arg)
             else:

@@ -28,6 +28,10 @@ from test_dayone_labels import GOOD, make_dataset
     ("classifier predict my.data my.cfg my.weights dog.jpg -t 3", "test my.cfg my.weights "
                                                                    "dog.jpg --data my.data "
                                                                    "--top 3"),
+    ("detector test my.data my.cfg my.weights list.txt -out result.json",
+     "detect my.cfg my.weights list.txt --data my.data --json result.json"),
+    ("detector test my.data my.cfg my.weights dog.jpg -out boxes",
+     "detect my.cfg my.weights dog.jpg --data my.data --out boxes"),
     ("detector test my.data my.cfg my.weights dog.jpg -save_labels -i 1",
      "detect my.cfg my.weights dog.jpg --data my.data --save-txt --gpu 1"),
     # our own commands with the fork's flags
