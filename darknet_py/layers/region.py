@@ -179,10 +179,12 @@ class RegionLayer(Layer):
         row = np.tile((cells // self.w).astype(F32), self.n)
         e = out.transpose(0, 2, 1).reshape(self.n * wh, size)  # (anchor*cell, entry)
         biases = np.repeat(self.biases.reshape(self.n, 2), wh, axis=0)
-        boxes = np.stack([(col + e[:, 0]) / F32(self.w), (row + e[:, 1]) / F32(self.h),
-                          (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / self.w).astype(F32),
-                          (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / self.h).astype(F32)],
-                         axis=1)
+        with np.errstate(over="ignore"):   # an infinite box is dropped by get_network_boxes
+            boxes = np.stack([(col + e[:, 0]) / F32(self.w), (row + e[:, 1]) / F32(self.h),
+                              (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / self.w
+                               ).astype(F32),
+                              (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / self.h
+                               ).astype(F32)], axis=1)
         scale = e[:, self.coords]
         objectness = np.where(scale > F32(thresh), scale, F32(0)).astype(F32)
         # Where scale <= thresh every scale * p (p <= 1) is too, so those rows are all 0.
