@@ -8,8 +8,9 @@ that hand data to the host (to_host, sum, synchronize).
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
   * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
-  * The kernels/*.cu files are compiled by nvcc in parallel on a first start and their
-    cubins cached on disk (kernel_cache.py); later starts load them from there. Kernels
+  * The kernels/*.cu files come prebuilt in the wheel (prebuilt.py) for the common
+    architectures; otherwise nvcc compiles them in parallel on a first start and their
+    cubins are cached on disk (kernel_cache.py); later starts load them from there. Kernels
     are launched with prepared_async_call.
   * A failed launch raises CudaError naming the kernel and its grid/block. Errors
     that surface later (a kernel's illegal access shows at the next sync) name the
@@ -28,7 +29,7 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
+from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache, prebuilt
 
 from .. import activations
 from ..losses.detection import DETECTION_SCALARS
@@ -150,9 +151,7 @@ _KERNELS = {
 _LOSS_IMAGE_STATS = 5
 # Threads of the kernels that walk one image's truths in order (one thread an image).
 _IMAGE_THREADS = 64
-# nvcc options of a file beyond the default (part of its cubin's cache key). The yolo loss follows the NumPy reference's
-# float32 operation by operation (its thresholds pick branches), so nothing is fused.
-_KERNEL_OPTIONS = {"yolo_loss.cu": ["--fmad=false"]}
+_KERNEL_OPTIONS = kernel_cache.KERNEL_OPTIONS
 _YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
@@ -235,13 +234,17 @@ class _Device:
             with open(os.path.join(KERNEL_DIR, filename)) as f:
                 sources[filename] = f.read()
         arch = "sm_%d%d" % self.device.compute_capability()
-        cubins = kernel_cache.cubins(sources, arch, _KERNEL_OPTIONS)
+        # The wheel's prebuilt binaries where they match; nvcc (cached) for the rest.
+        cubins, self.compiled = prebuilt.binaries(sources, arch, _KERNEL_OPTIONS,
+                                                  include_dir=KERNEL_DIR)
         for filename, entries in _KERNELS.items():
             try:
                 module = drv.module_from_buffer(cubins[filename])
             except drv.Error as e:
-                raise CudaError(f"the driver cannot load the cubin of {filename} for {arch} "
-                                f"(cached in {kernel_cache.cache_dir()}): {e}") from e
+                where = (kernel_cache.cache_dir() if filename in self.compiled
+                         else prebuilt.PREBUILT_DIR)
+                raise CudaError(f"the driver cannot load the binary of {filename} for {arch} "
+                                f"(from {where}): {e}") from e
             self.modules.append(module)
             for name, fmt in entries.items():
                 fn = module.get_function(name)
