@@ -227,6 +227,7 @@ class Network:
         self.train = False
         self.cost = None
         self._prefetched = []     # [[(host array, backend array, upload), ...]]: prefetch()
+        self._net_input = None    # the input of the last forward, on the backend
         self._training_ready = False
         self._params_ready = False
         # Values a step reads from the backend, written before it (so that a step replayed
@@ -635,15 +636,30 @@ class Network:
         """Inference on x float32 (N, C, H, W) in [0, 1]; returns the network's output: the
         last layer that is not a [cost] layer (Darknet's get_network_output_layer; a cost
         layer's output is its per-element error)."""
-        x = self._as_network_input(x)
-        net_input = self._stage(x, None, False)
+        self.infer(x)
+        return self.layer_output(self.output_index)
+
+    def infer(self, x=None):
+        """Inference on x as predict runs it, every output left on the backend (read the
+        ones needed with layer_output): no copy back, no wait for the device. x=None runs
+        again on the input staged last (what `bench` times as the GPU-only forward)."""
+        if x is None:
+            net_input = self._net_input
+            if net_input is None:
+                raise NetworkError("infer() without an input: no input was staged before")
+        else:
+            net_input = self._stage(self._as_network_input(x), None, False)
         self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
                        lambda: self._forward_layers(net_input, False))
         self.collect_costs()
+
+    @property
+    def output_index(self):
+        """The index of the network's output layer: the last one that is not [cost]."""
         last = len(self.layers) - 1
         while last > 0 and self.layers[last].type == "cost":
             last -= 1
-        return self.layer_output(last)
+        return last
 
     def _as_network_input(self, x):
         """predict's input as float32 (N, C, H, W): a photo (a path, or an OpenCV (H, W, 3)

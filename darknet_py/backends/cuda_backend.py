@@ -29,7 +29,8 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache, prebuilt
+from . import (DeviceOutOfMemory, GraphCaptureError, cuda_graph, cuda_transfer, kernel_cache,
+               prebuilt)
 
 from .. import activations
 from ..losses.detection import DETECTION_SCALARS
@@ -224,6 +225,7 @@ class _Device:
         atexit.register(self.close)
         self.stream = drv.Stream()
         self.pool = DeviceMemoryPool()
+        self.transfers = cuda_transfer.PinnedTransfers(self.stream)   # large copies
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.total_bytes = self.device.total_memory()
         self.peak_allocated_bytes = 0
@@ -258,6 +260,7 @@ class _Device:
         try:
             self.stream.synchronize()
             self.pool.stop_holding()
+            self.transfers.close()   # page-locked buffers go while their context lives
         except drv.Error:
             pass
         self.context.pop()
@@ -363,6 +366,7 @@ class CudaBackend:
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
         self._copy_stream = None   # uploads' stream, made at the first upload_async
+        self._transfers = self._dev.transfers
         # While a graph is being captured: every array allocated (or scratch buffer
         # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.
         self._capture_keep = None
@@ -516,25 +520,43 @@ class CudaBackend:
     def from_host(self, host):
         h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
         a = self._new(h.size)
-        if h.size:
-            # Pageable source: the driver stages it before returning, so h may go.
-            drv.memcpy_htod_async(self._ptr(a), h, self.stream)
+        self._htod(a, h)
         return a
+
+    def _staged(self, nbytes):
+        """Whether a copy of nbytes goes through the page-locked staging (cuda_transfer)."""
+        return nbytes >= cuda_transfer.MIN_STAGED_BYTES and self._capture_keep is None
+
+    def _htod(self, arr, h):
+        """Queue the copy of contiguous host array h into arr; h may go once this returns
+        (the driver stages a pageable source before returning, and so do the transfers)."""
+        if not h.size:
+            return
+        if self._staged(h.nbytes):
+            self._transfers.upload(self._ptr(arr), h)
+        else:
+            drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
 
     def to_host(self, arr):
         """A NumPy copy of `arr` (float32; int64 for an integer array)."""
         out = np.empty(arr.size, dtype=arr.dtype)
-        if arr.size:
-            drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
-        self._sync("to_host")
+        if arr.size and self._staged(out.nbytes):
+            try:
+                self._transfers.download(self._ptr(arr), out)
+            except drv.Error:
+                self._sync("to_host")   # names the error and the launches before it
+                raise
+        else:
+            if arr.size:
+                drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
+            self._sync("to_host")
         return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
 
     def write(self, arr, host):
         h = np.ascontiguousarray(np.asarray(host, dtype=arr.dtype).reshape(-1))
         if h.size != arr.size:
             raise ValueError(f"write: {h.size} values for an array of {arr.size}")
-        if h.size:
-            drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
+        self._htod(arr, h)
 
     # ---- asynchronous uploads ------------------------------------------------
     # A batch uploads on a copy stream of its own while the compute stream works on the

@@ -1,0 +1,110 @@
+"""Large copies between host arrays and the GPU through page-locked staging buffers.
+
+A copy from pageable NumPy memory makes the driver stage it through a small buffer of its
+own on one thread: about a third of the bus's speed, and the first touch of a freshly
+allocated result array faults its pages in on that one thread too. Here a large copy is
+cut into chunks that host threads copy into (or out of) a page-locked staging buffer
+while the DMA engine moves the chunks before (or after) them: the host copies run in
+parallel and overlap the bus. Staging buffers are kept (one for uploads, one for
+downloads, each as large as the largest copy so far) and reused once their last DMA is
+done. Small copies, and any while a graph is being captured, stay on the driver's path.
+
+Imports PyCUDA: loaded by cuda_backend alone.
+"""
+import concurrent.futures
+import os
+
+import numpy as np
+import pycuda.driver as drv
+
+# A copy smaller than this takes the driver's path (the staging would cost more than it saves).
+MIN_STAGED_BYTES = 4 << 20
+CHUNK_BYTES = 4 << 20
+_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+class _Staging:
+    """A page-locked host buffer and the event after the last DMA that uses it."""
+
+    def __init__(self):
+        self.buffer = None
+        self.done = None
+
+    def get(self, nbytes):
+        """The buffer (uint8, at least nbytes) once no DMA of an earlier copy uses it."""
+        if self.done is not None:
+            self.done.synchronize()
+        if self.buffer is None or self.buffer.nbytes < nbytes:
+            self.buffer = None   # the old one is freed before the larger one is taken
+            self.buffer = drv.pagelocked_empty(nbytes, np.uint8)
+        return self.buffer
+
+    def used_until(self, stream):
+        self.done = self.done or drv.Event(drv.event_flags.DISABLE_TIMING)
+        self.done.record(stream)
+
+
+class PinnedTransfers:
+    """upload/download of large arrays on `stream` (see the module's docstring)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._up, self._down = _Staging(), _Staging()
+        self._pool = None
+
+    def close(self):
+        """Free the staging buffers (before the context goes) and stop the threads."""
+        self._up, self._down = _Staging(), _Staging()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _threads(self):
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                _THREADS, thread_name_prefix="darknet-py-copy")
+        return self._pool
+
+    @staticmethod
+    def _chunks(nbytes):
+        return [(start, min(start + CHUNK_BYTES, nbytes)) for start in range(0, nbytes, CHUNK_BYTES)]
+
+    def upload(self, dst_ptr, host):
+        """Queue the copy of contiguous array `host` to device address dst_ptr on the stream.
+        Returns once host has been read (it may change or go then)."""
+        src = host.reshape(-1).view(np.uint8)
+        staging = self._up.get(src.nbytes)
+
+        def stage(span):
+            staging[span[0]:span[1]] = src[span[0]:span[1]]
+
+        spans = self._chunks(src.nbytes)
+        staged = [self._threads().submit(stage, span) for span in spans]
+        for (start, end), done in zip(spans, staged):
+            done.result()
+            drv.memcpy_htod_async(dst_ptr + start, staging[start:end], self.stream)
+        self._up.used_until(self.stream)
+
+    def download(self, src_ptr, out):
+        """Copy from device address src_ptr into contiguous host array `out` after the work
+        queued on the stream; returns when out holds the values."""
+        dst = out.reshape(-1).view(np.uint8)
+        staging = self._down.get(dst.nbytes)
+        spans = self._chunks(dst.nbytes)
+        landed = []
+        for start, end in spans:
+            drv.memcpy_dtoh_async(staging[start:end], src_ptr + start, self.stream)
+            event = drv.Event(drv.event_flags.DISABLE_TIMING)
+            event.record(self.stream)
+            landed.append(event)
+        self._down.used_until(self.stream)
+
+        def unstage(span):
+            dst[span[0]:span[1]] = staging[span[0]:span[1]]
+
+        copies = []
+        for span, event in zip(spans, landed):
+            event.synchronize()
+            copies.append(self._threads().submit(unstage, span))
+        for done in copies:
+            done.result()
