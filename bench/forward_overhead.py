@@ -50,7 +50,7 @@ def steps(net, x):
         ("download (output layer, device -> host)", lambda: net.layer_output(out)),
         ("download (every detector head, as detect reads them)",
          lambda: [be.to_host(layer.output) for layer in heads]),
-        ("decode (image 0's boxes from the heads, host)",
+        ("decode (image 0: its slice of each head downloaded, boxes decoded on the host)",
          lambda: get_network_boxes(net, 640, 480, 0.25)),
         ("predict (whole: upload, layers, download)", lambda: net.predict(x)),
     ]
@@ -77,6 +77,14 @@ def main():
             fn()
             rows.setdefault(what, {})[mode] = timed(net.be, fn, args.repeats)
     cuda_transfer.MIN_STAGED_BYTES = staged
+    threads = {}
+    default_threads = cuda_transfer._THREADS
+    for count in (2, 4, 8, 16):
+        cuda_transfer._THREADS = count
+        net.be._transfers.close()   # its thread pool is made again with `count` threads
+        threads[count] = [timed(net.be, fn, args.repeats)[0] for _, fn in steps(net, x)[:3:2]]
+    cuda_transfer._THREADS = default_threads
+    net.be._transfers.close()
     print(f"{Path(args.cfg).name}, batch {args.batch}, {net.be.device_name}: median of "
           f"{args.repeats}, ms (CUDA events / wall clock); {launches(net, x)} kernel launches "
           f"per eager forward\n")
@@ -85,6 +93,8 @@ def main():
     for what, by_mode in rows.items():
         cells = [f"{by_mode[m][0]:.3f} / {by_mode[m][1]:.3f}" for m in modes]
         print(f"| {what} | {' | '.join(cells)} |")
+    print("\nstaged copies by host threads (CUDA events, ms): " + ", ".join(
+        f"{count}: upload {up:.2f} download {down:.2f}" for count, (up, down) in threads.items()))
 
 
 def launches(net, x):

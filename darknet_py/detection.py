@@ -33,7 +33,7 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     dets = []
     for layer in detector_layers(net):
         first = image * layer.outputs
-        output = net.be.to_host(layer.output[first:first + layer.outputs])   # that image's
+        output = net.be.to_host(layer.output[first:first + layer.outputs])   # that image alone
         tree = {"hier": hier} if layer.type == "region" else {}
         dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter,
                                  **tree)

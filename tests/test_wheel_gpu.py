@@ -8,6 +8,7 @@ Darknet's COCO yolov3-tiny weights under ../shared/weights."""
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import time
@@ -29,9 +30,11 @@ def _without_nvcc_path():
 
 
 def _pythonpath_without_this_checkout():
-    """PYTHONPATH minus any folder holding a darknet_py package (PyCUDA stays reachable)."""
-    keep = [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-            if d and not (Path(d) / "darknet_py").exists()]
+    """PYTHONPATH and this interpreter's site-packages (numpy, click, opencv, PyCUDA: a
+    virtualenv made from a virtualenv's python does not see the latter's packages) minus
+    any folder holding a darknet_py package."""
+    dirs = os.environ.get("PYTHONPATH", "").split(os.pathsep) + site.getsitepackages()
+    keep = [d for d in dirs if d and not (Path(d) / "darknet_py").exists()]
     return os.pathsep.join(keep)
 
 
