@@ -77,6 +77,14 @@ def main():
             fn()
             rows.setdefault(what, {})[mode] = timed(net.be, fn, args.repeats)
     cuda_transfer.MIN_STAGED_BYTES = staged
+    if args.batch % 4 == 0:   # last: it leaves the network at batch / 4
+        fn = lambda: net.predict_in_parts(x, args.batch // 4)  # noqa: E731
+        fn()
+        rows["predict in 4 parts (the copies of one part behind another's layers)"] = {
+            mode: timed(net.be, fn, args.repeats) for mode in modes if "4 MiB" in mode}
+        net.set_batch(args.batch)
+        for _ in range(2):
+            net.predict(x)
     threads = {}
     default_threads = cuda_transfer._THREADS
     for count in (2, 4, 8, 16):
@@ -91,7 +99,8 @@ def main():
     print(f"| step | {' | '.join(modes)} |")
     print("|---|" + "---|" * len(modes))
     for what, by_mode in rows.items():
-        cells = [f"{by_mode[m][0]:.3f} / {by_mode[m][1]:.3f}" for m in modes]
+        cells = [f"{by_mode[m][0]:.3f} / {by_mode[m][1]:.3f}" if m in by_mode else "-"
+                 for m in modes]
         print(f"| {what} | {' | '.join(cells)} |")
     print("\nstaged copies by host threads (CUDA events, ms): " + ", ".join(
         f"{count}: upload {up:.2f} download {down:.2f}" for count, (up, down) in threads.items()))

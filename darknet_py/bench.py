@@ -110,6 +110,12 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     result["forward_ms"] = 1e3 * forward_s
     result["forward_images_per_s"] = net.batch / forward_s
     result.update(forward_parts(net, x, warmup, repeats))
+    if net.batch >= 32 and net.batch % 4 == 0:   # large batches: the copies behind the layers
+        batch = net.batch
+        in_parts_s = median_seconds(be, lambda: net.predict_in_parts(x, batch // 4), warmup,
+                                    repeats)
+        result["forward_in_parts_ms"] = 1e3 * in_parts_s
+        net.set_batch(batch)
     truth = None
     if train:
         truth = random_truth(net, rng)
@@ -144,6 +150,9 @@ def format_report(r):
              f"  upload:      {r['upload_ms']:10.2f} ms  ({r['upload_bytes'] / 2**20:.1f} MiB in)",
              f"  download:    {r['download_ms']:10.2f} ms  ({r['download_bytes'] / 2**20:.1f} "
              f"MiB out)"]
+    if "forward_in_parts_ms" in r:
+        lines.append(f"  in 4 parts:  {r['forward_in_parts_ms']:10.2f} ms  (predict_in_parts: "
+                     f"the copies of one part behind the layers of another)")
     if "train_step_ms" in r:
         lines.append(f"training step: {r['train_step_ms']:10.2f} ms  "
                      f"{r['train_images_per_s']:9.1f} images/s")

@@ -639,6 +639,31 @@ class Network:
         self.infer(x)
         return self.layer_output(self.output_index)
 
+    def predict_in_parts(self, x, part):
+        """predict(x) for many images, run `part` images at a time so that the copies hide
+        behind the layers: while the device runs one part, the host stages the next part's
+        input and takes the previous part's output (backend download_async). Returns what
+        predict(x) returns; the network is left at batch `part` (its layers' outputs hold
+        the last part)."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim == len(self.input_shape):
+            x = x[None]
+        if len(x) % part:
+            raise ValueError(f"{len(x)} images do not split into parts of {part}")
+        self.set_batch(part)
+        layer = self.layers[self.output_index]
+        output = layer.output[:part * layer.outputs]
+        result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
+        rows = result.reshape(len(x), -1)
+        pending = None
+        for start in range(0, len(x), part):
+            self.infer(x[start:start + part])   # queued behind the download of the last part
+            if pending is not None:
+                self.be.finish_download(pending)
+            pending = self.be.download_async(output, rows[start:start + part])
+        self.be.finish_download(pending)
+        return result.astype(self.be.dtype, copy=False)
+
     def infer(self, x=None):
         """Inference on x as predict runs it, every output left on the backend (read the
         ones needed with layer_output): no copy back, no wait for the device. x=None runs

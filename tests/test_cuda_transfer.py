@@ -42,3 +42,36 @@ def test_large_int_arrays_come_back_as_int64(cuda):
     back = cuda.to_host(ints)
     assert back.dtype == np.int64
     np.testing.assert_array_equal(back, values)
+
+
+@pytest.mark.parametrize("n", [N, 1000])   # staged, and on the driver's path
+def test_download_async_copies_what_was_there_when_it_was_queued(cuda, n):
+    values = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    x = cuda.from_host(values)
+    out = np.full(n, np.nan, np.float32)
+    pending = cuda.download_async(x, out)
+    cuda.fill(x, 5.0)                    # queued after the download: not in `out`
+    cuda.finish_download(pending)
+    np.testing.assert_array_equal(out, values)
+    assert np.all(cuda.to_host(x) == 5.0)
+    with pytest.raises(ValueError, match="download_async"):
+        cuda.download_async(x, np.empty(n + 1, np.float32))
+
+
+def test_predict_in_parts_matches_predict_on_the_gpu():
+    from pathlib import Path
+
+    import darknet_py as dn
+    from darknet_py.backends import cuda_available
+    from darknet_py.bench import prepare
+    cfg = Path(__file__).resolve().parents[2] / "shared" / "darknet-cfg" / "yolov3-tiny.cfg"
+    if not cuda_available() or not cfg.is_file():
+        pytest.skip(f"needs a CUDA GPU and {cfg}")
+    net = dn.load_network(cfg, batch=4, device="cuda")
+    prepare(net)
+    x = np.random.default_rng(2).random((12,) + net.input_shape, dtype=np.float32)
+    per_part = np.concatenate([net.predict(x[i:i + 4]) for i in range(0, 12, 4)])
+    for _ in range(2):   # eager, then captured and replayed
+        parts = net.predict_in_parts(x, 4)
+        np.testing.assert_array_equal(parts, per_part)
+    np.testing.assert_allclose(parts, net.predict(x), rtol=1e-4, atol=1e-5)

@@ -552,6 +552,28 @@ class CudaBackend:
             self._sync("to_host")
         return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
 
+    def download_async(self, arr, out):
+        """Start copying `arr` into host array `out` (contiguous, arr.size elements of
+        arr's dtype) after the work queued so far; finish_download(the returned handle)
+        returns once out holds the values. Work queued meanwhile may overwrite arr."""
+        if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"download_async: {out.size} {out.dtype} for an array of "
+                             f"{arr.size} {arr.dtype}")
+        if arr.size and self._staged(out.nbytes):
+            return self._transfers.start_download(self._ptr(arr), out)
+        if arr.size:
+            drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
+        landed = drv.Event(drv.event_flags.DISABLE_TIMING)
+        landed.record(self.stream)
+        return landed
+
+    def finish_download(self, download):
+        try:
+            download.finish() if hasattr(download, "finish") else download.synchronize()
+        except drv.Error:
+            self._sync("a download")   # names the error and the launches before it
+            raise
+
     def write(self, arr, host):
         h = np.ascontiguousarray(np.asarray(host, dtype=arr.dtype).reshape(-1))
         if h.size != arr.size:

@@ -51,9 +51,11 @@ class PinnedTransfers:
         self.stream = stream
         self._up, self._down = _Staging(), _Staging()
         self._pool = None
+        self._in_flight = None   # the _Download not finished yet, if any
 
     def close(self):
         """Free the staging buffers (before the context goes) and stop the threads."""
+        self._in_flight = None
         self._up, self._down = _Staging(), _Staging()
         if self._pool is not None:
             self._pool.shutdown()
@@ -88,6 +90,14 @@ class PinnedTransfers:
     def download(self, src_ptr, out):
         """Copy from device address src_ptr into contiguous host array `out` after the work
         queued on the stream; returns when out holds the values."""
+        self.start_download(src_ptr, out).finish()
+
+    def start_download(self, src_ptr, out):
+        """Queue that copy's DMAs and return it (a _Download): its finish() waits for them
+        and fills `out`. One download is in flight at a time (they share the staging): a
+        second one finishes the first before it starts."""
+        if self._in_flight is not None:
+            self._in_flight.finish()
         dst = out.reshape(-1).view(np.uint8)
         staging = self._down.get(dst.nbytes)
         spans = self._chunks(dst.nbytes)
@@ -98,13 +108,33 @@ class PinnedTransfers:
             event.record(self.stream)
             landed.append(event)
         self._down.used_until(self.stream)
+        self._in_flight = _Download(self, dst, staging, spans, landed)
+        return self._in_flight
+
+
+class _Download:
+    """A download whose DMAs are queued; finish() moves the chunks out of the staging as
+    each lands (host threads) and returns once every one is in the destination."""
+
+    def __init__(self, transfers, dst, staging, spans, landed):
+        self._transfers, self._dst, self._staging = transfers, dst, staging
+        self._spans, self._landed = spans, landed
+        self.done = False
+
+    def finish(self):
+        if self.done:
+            return
+        self.done = True
+        if self._transfers._in_flight is self:
+            self._transfers._in_flight = None
+        dst, staging = self._dst, self._staging
 
         def unstage(span):
             dst[span[0]:span[1]] = staging[span[0]:span[1]]
 
         copies = []
-        for span, event in zip(spans, landed):
+        for span, event in zip(self._spans, self._landed):
             event.synchronize()
-            copies.append(self._threads().submit(unstage, span))
-        for done in copies:
-            done.result()
+            copies.append(self._transfers._threads().submit(unstage, span))
+        for copy in copies:
+            copy.result()
