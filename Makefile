@@ -67,4 +67,4 @@ bench-cpu: install $(OPENCV4_VENV)/.installed
 	$(PYTHON) bench/cpu_vs_opencv.py --results bench/RESULTS.md
 
 clean:
-	rm -rf .installed build dist *.egg-info demo-run .pytest_cache
+	rm -rf .installed build dist *.egg-info demo-run .pytest_cache darknet_py/kernels_bin
