@@ -641,11 +641,11 @@ class Network:
 
     def predict_in_parts(self, x, part):
         """predict(x) for many images, run `part` images at a time so that the copies hide
-        behind the layers: while the device runs one part, the host stages the next part's
-        input and takes the previous part's output (backend download_async). Returns what
-        predict(x) returns; the network is left at batch `part` (its layers' outputs hold
-        the last part)."""
-        x = np.asarray(x, dtype=np.float32)
+        behind the layers: while the device runs one part, the next part's input is staged
+        and uploaded (prefetch, on the copy stream) and the previous part's output taken
+        (download_async). Returns what predict(x) returns; the network is left at batch
+        `part` (its layers' outputs hold the last part)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim == len(self.input_shape):
             x = x[None]
         if len(x) % part:
@@ -655,13 +655,22 @@ class Network:
         output = layer.output[:part * layer.outputs]
         result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
         rows = result.reshape(len(x), -1)
+        parts = [x[start:start + part] for start in range(0, len(x), part)]
         pending = None
-        for start in range(0, len(x), part):
-            self.infer(x[start:start + part])   # queued behind the download of the last part
+        self.prefetch(parts[0])
+        for k, images in enumerate(parts):
+            # Part k+1's upload waits for the work queued before it: queued before part k's
+            # layers (from the second part on), it runs beside them.
+            if k and k + 1 < len(parts):
+                self.prefetch(parts[k + 1])
+            self.infer(images)   # takes its prefetched upload
+            if k == 0 and len(parts) > 1:
+                self.prefetch(parts[1])
             if pending is not None:
                 self.be.finish_download(pending)
-            pending = self.be.download_async(output, rows[start:start + part])
+            pending = self.be.download_async(output, rows[k * part:(k + 1) * part])
         self.be.finish_download(pending)
+        self.finish_prefetch()
         return result.astype(self.be.dtype, copy=False)
 
     def infer(self, x=None):

@@ -226,6 +226,7 @@ class _Device:
         self.stream = drv.Stream()
         self.pool = DeviceMemoryPool()
         self.transfers = cuda_transfer.PinnedTransfers(self.stream)   # large copies
+        self.pinned = {}   # host address -> bytes: the ranges pin() page-locked
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.total_bytes = self.device.total_memory()
         self.peak_allocated_bytes = 0
@@ -523,16 +524,24 @@ class CudaBackend:
         self._htod(a, h)
         return a
 
-    def _staged(self, nbytes):
-        """Whether a copy of nbytes goes through the page-locked staging (cuda_transfer)."""
-        return nbytes >= cuda_transfer.MIN_STAGED_BYTES and self._capture_keep is None
+    def _staged(self, nbytes, host=None):
+        """Whether a copy of nbytes (from or to host array `host`) goes through the
+        page-locked staging (cuda_transfer): not memory that pin() locked already, whose
+        copy is a DMA the host does not wait for."""
+        if nbytes < cuda_transfer.MIN_STAGED_BYTES or self._capture_keep is not None:
+            return False
+        if host is not None and self._dev.pinned:
+            start = host.__array_interface__["data"][0]
+            return not any(first <= start and start + nbytes <= first + size
+                           for first, size in self._dev.pinned.items())
+        return True
 
     def _htod(self, arr, h):
         """Queue the copy of contiguous host array h into arr; h may go once this returns
         (the driver stages a pageable source before returning, and so do the transfers)."""
         if not h.size:
             return
-        if self._staged(h.nbytes):
+        if self._staged(h.nbytes, h):
             self._transfers.upload(self._ptr(arr), h)
         else:
             drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
@@ -560,7 +569,15 @@ class CudaBackend:
             raise ValueError(f"download_async: {out.size} {out.dtype} for an array of "
                              f"{arr.size} {arr.dtype}")
         if arr.size and self._staged(out.nbytes):
-            return self._transfers.start_download(self._ptr(arr), out)
+            # A snapshot on the device (fast), then the DMAs on the copy stream: the work
+            # queued next runs beside them instead of after them.
+            self._transfers.finish_in_flight()   # the snapshot buffer is free again
+            snapshot = self._ptr(self._scratch_buffer("download", out.nbytes))
+            drv.memcpy_dtod_async(snapshot, self._ptr(arr), out.nbytes, self.stream)
+            taken = drv.Event(drv.event_flags.DISABLE_TIMING)
+            taken.record(self.stream)
+            copy_stream = self._copy_stream_after(taken)
+            return self._transfers.start_download(snapshot, out, copy_stream)
         if arr.size:
             drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
         landed = drv.Event(drv.event_flags.DISABLE_TIMING)
@@ -600,8 +617,10 @@ class CudaBackend:
         except cuda_graph.GraphError:
             return _unpin_nothing
         holder = [host]   # the memory must stay mapped while registered
+        self._dev.pinned[pointer] = host.nbytes   # its copies need no staging
 
         def unpin():
+            self._dev.pinned.pop(pointer, None)
             if holder:
                 try:
                     cuda_graph.unregister_host(pointer)
@@ -617,16 +636,23 @@ class CudaBackend:
         finish_upload(upload) returns."""
         h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
         dst = self._new(h.size)
-        if self._copy_stream is None:
-            self._copy_stream = drv.Stream()
         queued = drv.Event(drv.event_flags.DISABLE_TIMING)
         queued.record(self.stream)
-        self._copy_stream.wait_for_event(queued)
-        if h.size:
-            drv.memcpy_htod_async(self._ptr(dst), h, self._copy_stream)
+        copy_stream = self._copy_stream_after(queued)
+        if h.size and self._staged(h.nbytes, h):
+            self._transfers.upload(self._ptr(dst), h, copy_stream)
+        elif h.size:
+            drv.memcpy_htod_async(self._ptr(dst), h, copy_stream)
         landed = drv.Event(drv.event_flags.DISABLE_TIMING)
         landed.record(self._copy_stream)
         return dst, _Upload(landed, h)
+
+    def _copy_stream_after(self, event):
+        """The copies' stream (made at first use), its next work after `event`."""
+        if self._copy_stream is None:
+            self._copy_stream = drv.Stream()
+        self._copy_stream.wait_for_event(event)
+        return self._copy_stream
 
     def wait_upload(self, upload):
         """Ops queued from now on run after `upload` has landed (no wait on the host)."""

@@ -71,9 +71,10 @@ class PinnedTransfers:
     def _chunks(nbytes):
         return [(start, min(start + CHUNK_BYTES, nbytes)) for start in range(0, nbytes, CHUNK_BYTES)]
 
-    def upload(self, dst_ptr, host):
-        """Queue the copy of contiguous array `host` to device address dst_ptr on the stream.
-        Returns once host has been read (it may change or go then)."""
+    def upload(self, dst_ptr, host, stream=None):
+        """Queue the copy of contiguous array `host` to device address dst_ptr on `stream`
+        (default: the backend's). Returns once host has been read (it may change or go)."""
+        stream = stream or self.stream
         src = host.reshape(-1).view(np.uint8)
         staging = self._up.get(src.nbytes)
 
@@ -84,30 +85,35 @@ class PinnedTransfers:
         staged = [self._threads().submit(stage, span) for span in spans]
         for (start, end), done in zip(spans, staged):
             done.result()
-            drv.memcpy_htod_async(dst_ptr + start, staging[start:end], self.stream)
-        self._up.used_until(self.stream)
+            drv.memcpy_htod_async(dst_ptr + start, staging[start:end], stream)
+        self._up.used_until(stream)
 
     def download(self, src_ptr, out):
         """Copy from device address src_ptr into contiguous host array `out` after the work
         queued on the stream; returns when out holds the values."""
         self.start_download(src_ptr, out).finish()
 
-    def start_download(self, src_ptr, out):
-        """Queue that copy's DMAs and return it (a _Download): its finish() waits for them
-        and fills `out`. One download is in flight at a time (they share the staging): a
-        second one finishes the first before it starts."""
+    def finish_in_flight(self):
+        """Finish the download still in flight, if any (its DMAs done, its array filled)."""
         if self._in_flight is not None:
             self._in_flight.finish()
+
+    def start_download(self, src_ptr, out, stream=None):
+        """Queue that copy's DMAs on `stream` (default: the backend's) and return it (a
+        _Download): its finish() waits for them and fills `out`. One download is in flight
+        at a time (they share the staging): a second one finishes the first first."""
+        stream = stream or self.stream
+        self.finish_in_flight()
         dst = out.reshape(-1).view(np.uint8)
         staging = self._down.get(dst.nbytes)
         spans = self._chunks(dst.nbytes)
         landed = []
         for start, end in spans:
-            drv.memcpy_dtoh_async(staging[start:end], src_ptr + start, self.stream)
+            drv.memcpy_dtoh_async(staging[start:end], src_ptr + start, stream)
             event = drv.Event(drv.event_flags.DISABLE_TIMING)
-            event.record(self.stream)
+            event.record(stream)
             landed.append(event)
-        self._down.used_until(self.stream)
+        self._down.used_until(stream)
         self._in_flight = _Download(self, dst, staging, spans, landed)
         return self._in_flight
 
