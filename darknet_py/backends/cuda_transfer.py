@@ -82,9 +82,14 @@ class PinnedTransfers:
             staging[span[0]:span[1]] = src[span[0]:span[1]]
 
         spans = self._chunks(src.nbytes)
-        staged = [self._threads().submit(stage, span) for span in spans]
+        if len(spans) == 1:   # one chunk: a hand-off to a thread would cost more
+            stage(spans[0])
+            staged = [None]
+        else:
+            staged = [self._threads().submit(stage, span) for span in spans]
         for (start, end), done in zip(spans, staged):
-            done.result()
+            if done is not None:
+                done.result()
             drv.memcpy_htod_async(dst_ptr + start, staging[start:end], stream)
         self._up.used_until(stream)
 
@@ -138,6 +143,10 @@ class _Download:
         def unstage(span):
             dst[span[0]:span[1]] = staging[span[0]:span[1]]
 
+        if len(self._spans) == 1:   # one chunk: no hand-off to a thread
+            self._landed[0].synchronize()
+            unstage(self._spans[0])
+            return
         copies = []
         for span, event in zip(self._spans, self._landed):
             event.synchronize()
