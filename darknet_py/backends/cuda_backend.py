@@ -568,9 +568,10 @@ class CudaBackend:
         if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
             raise ValueError(f"download_async: {out.size} {out.dtype} for an array of "
                              f"{arr.size} {arr.dtype}")
-        if arr.size and self._staged(out.nbytes):
-            # A snapshot on the device (fast), then the DMAs on the copy stream: the work
-            # queued next runs beside them instead of after them.
+        if arr.size and self._capture_keep is None:
+            # Staged whatever its size (the driver's copy into pageable memory would wait
+            # for the work queued before it): a snapshot on the device (fast), then the
+            # DMAs on the copy stream, beside the work queued next instead of after it.
             self._transfers.finish_in_flight()   # the snapshot buffer is free again
             snapshot = self._ptr(self._scratch_buffer("download", out.nbytes))
             drv.memcpy_dtod_async(snapshot, self._ptr(arr), out.nbytes, self.stream)
