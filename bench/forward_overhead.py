@@ -67,21 +67,23 @@ def main():
     x = np.random.default_rng(0).random((args.batch,) + net.input_shape, dtype=np.float32)
     for _ in range(3):
         net.predict(x)
-    staged = cuda_transfer.MIN_STAGED_BYTES
-    modes = {"driver, pageable": 1 << 62, f"staged from {staged >> 20} MiB": staged,
-             "staged from 256 KiB": 256 << 10}
+    staged = cuda_transfer.MIN_STAGED_BYTES, cuda_transfer.MIN_STAGED_DOWNLOAD_BYTES
+    modes = {"driver, pageable": (1 << 62, 1 << 62),
+             f"staged (uploads from {staged[0] >> 10} KiB, downloads from "
+             f"{staged[1] >> 10} KiB)": staged,
+             "staged from 256 KiB": (256 << 10, 256 << 10)}
     rows = {}
-    for mode, threshold in modes.items():
-        cuda_transfer.MIN_STAGED_BYTES = threshold
+    for mode, thresholds in modes.items():
+        cuda_transfer.MIN_STAGED_BYTES, cuda_transfer.MIN_STAGED_DOWNLOAD_BYTES = thresholds
         for what, fn in steps(net, x):
             fn()
             rows.setdefault(what, {})[mode] = timed(net.be, fn, args.repeats)
-    cuda_transfer.MIN_STAGED_BYTES = staged
+    cuda_transfer.MIN_STAGED_BYTES, cuda_transfer.MIN_STAGED_DOWNLOAD_BYTES = staged
     if args.batch % 4 == 0:   # last: it leaves the network at batch / 4
         fn = lambda: net.predict_in_parts(x, args.batch // 4)  # noqa: E731
         fn()
         rows["predict in 4 parts (the copies of one part behind another's layers)"] = {
-            mode: timed(net.be, fn, args.repeats) for mode in modes if "4 MiB" in mode}
+            mode: timed(net.be, fn, args.repeats) for mode in modes if modes[mode] == staged}
         net.set_batch(args.batch)
         for _ in range(2):
             net.predict(x)

@@ -99,6 +99,7 @@ def test_upload_async_of_pageable_memory_is_staged_and_of_pinned_memory_is_not(c
 def test_a_single_chunk_is_staged_without_the_threads(cuda, monkeypatch):
     from darknet_py.backends import cuda_transfer
     monkeypatch.setattr(cuda_transfer, "MIN_STAGED_BYTES", 1 << 16)
+    monkeypatch.setattr(cuda_transfer, "MIN_STAGED_DOWNLOAD_BYTES", 1 << 16)
     values = np.random.default_rng(4).standard_normal(300_000).astype(np.float32)
     assert cuda._staged(values.nbytes, values) and values.nbytes < cuda_transfer.CHUNK_BYTES
     x = cuda.from_host(values)

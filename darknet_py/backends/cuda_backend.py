@@ -524,11 +524,13 @@ class CudaBackend:
         self._htod(a, h)
         return a
 
-    def _staged(self, nbytes, host=None):
+    def _staged(self, nbytes, host=None, download=False):
         """Whether a copy of nbytes (from or to host array `host`) goes through the
         page-locked staging (cuda_transfer): not memory that pin() locked already, whose
         copy is a DMA the host does not wait for."""
-        if nbytes < cuda_transfer.MIN_STAGED_BYTES or self._capture_keep is not None:
+        least = (cuda_transfer.MIN_STAGED_DOWNLOAD_BYTES if download
+                 else cuda_transfer.MIN_STAGED_BYTES)
+        if nbytes < least or self._capture_keep is not None:
             return False
         if host is not None and self._dev.pinned:
             start = host.__array_interface__["data"][0]
@@ -549,7 +551,7 @@ class CudaBackend:
     def to_host(self, arr):
         """A NumPy copy of `arr` (float32; int64 for an integer array)."""
         out = np.empty(arr.size, dtype=arr.dtype)
-        if arr.size and self._staged(out.nbytes):
+        if arr.size and self._staged(out.nbytes, download=True):
             try:
                 self._transfers.download(self._ptr(arr), out)
             except drv.Error:

