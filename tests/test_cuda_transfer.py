@@ -109,3 +109,19 @@ def test_a_single_chunk_is_staged_without_the_threads(cuda, monkeypatch):
     cuda.fill(x, 1.0)
     cuda.finish_download(pending)
     np.testing.assert_array_equal(out, values)
+
+
+def test_copies_larger_than_the_staging_cap_go_in_rounds(cuda, monkeypatch):
+    from darknet_py.backends import cuda_transfer
+    monkeypatch.setattr(cuda_transfer, "STAGING_CAP_BYTES", 5 << 20)   # N floats: 3 rounds
+    cuda._transfers.close()   # staging buffers of the earlier tests go
+    values = np.random.default_rng(5).standard_normal(N).astype(np.float32)
+    x = cuda.from_host(values)
+    np.testing.assert_array_equal(cuda.to_host(x), values)
+    out = np.empty_like(values)
+    pending = cuda.download_async(x, out)
+    cuda.fill(x, 2.0)
+    cuda.finish_download(pending)
+    np.testing.assert_array_equal(out, values)
+    assert cuda._transfers._up.buffer.nbytes <= 5 << 20
+    assert cuda._transfers._down.buffer.nbytes <= 5 << 20
