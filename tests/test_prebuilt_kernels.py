@@ -19,7 +19,8 @@ src = open(args[-1], "rb").read()
 if b"syntax error" in src:
     sys.exit("error: bad kernel")
 rest = [a for a in args[:-1] if a != out and a != "-o" and not a.startswith("-I")]
-open(out, "wb").write(b"BIN " + " ".join(rest).encode() + b" " + hashlib.sha256(src).hexdigest().encode())
+digest = hashlib.sha256(src).hexdigest()
+open(out, "wb").write(("BIN " + " ".join(rest) + " " + digest).encode())
 """
 
 SOURCES = {
@@ -78,7 +79,8 @@ def test_an_edited_source_is_compiled_not_taken_stale(tree, capsys):
     binaries, compiled = load(tree, edited)
     assert compiled == ["two.cu"]
     assert binaries["two.cu"].startswith(b"BIN --cubin -arch=sm_90 --fmad=false")
-    assert binaries["two.cu"].endswith(hashlib.sha256(edited["two.cu"].encode()).hexdigest().encode())
+    digest = hashlib.sha256(edited["two.cu"].encode()).hexdigest()
+    assert binaries["two.cu"].endswith(digest.encode())
     assert "two.cu (stale)" in capsys.readouterr().err
     assert len(os.listdir(tree[2])) == 1   # compiled into the kernel cache
 

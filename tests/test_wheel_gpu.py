@@ -3,8 +3,8 @@ virtualenv, nvcc absent from PATH and an empty kernel cache, works and compiles 
 (every kernel comes from the wheel's prebuilt binaries, backends/prebuilt.py).
 
 Builds the wheel as `make dist` does (nvcc for the four architectures, then pip wheel,
-with the installed setuptools where it can: the machine may be offline). Needs a GPU, PyCUDA, nvcc and
-Darknet's COCO yolov3-tiny weights under ../shared/weights."""
+with the installed setuptools where it can: the machine may be offline). Needs a GPU,
+PyCUDA, nvcc and Darknet's COCO yolov3-tiny weights under ../shared/weights."""
 import json
 import os
 import shutil

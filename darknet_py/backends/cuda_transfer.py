@@ -75,7 +75,8 @@ class PinnedTransfers:
 
     @staticmethod
     def _chunks(nbytes):
-        return [(start, min(start + CHUNK_BYTES, nbytes)) for start in range(0, nbytes, CHUNK_BYTES)]
+        return [(start, min(start + CHUNK_BYTES, nbytes))
+                for start in range(0, nbytes, CHUNK_BYTES)]
 
     @staticmethod
     def _rounds(nbytes):

@@ -2,11 +2,12 @@
 
 An entry's name is the SHA-256 of kernel_digest (the source, the nvcc options and every
 header the source includes) and the GPU architecture; the wheel's prebuilt kernels
-(prebuilt.py) are matched to their sources by the same kernel_digest. An entry holds a tag line, the SHA-256 of the cubin and the cubin. Entries are written to a
-temporary file and renamed into place, so a reader never sees half of one; an entry whose
-digest does not match its cubin (a damaged disk, a partial copy) is compiled again and
-replaced. Missing entries compile in parallel, one nvcc per file: a first start costs the
-slowest file, not the sum. Reading the cache needs no nvcc, and no PyCUDA (this module
+(prebuilt.py) are matched to their sources by the same kernel_digest. An entry holds a
+tag line, the SHA-256 of the cubin and the cubin. Entries are written to a temporary file
+and renamed into place, so a reader never sees half of one; an entry whose digest does
+not match its cubin (a damaged disk, a partial copy) is compiled again and replaced.
+Missing entries compile in parallel, one nvcc per file: a first start costs the slowest
+file, not the sum. Reading the cache needs no nvcc, and no PyCUDA (this module
 runs on the host alone).
 
 The cache lives in $DARKNET_KERNEL_CACHE, else $XDG_CACHE_HOME/darknet-py/kernels, else

@@ -175,7 +175,8 @@ def main(argv=None):
         problems = check_wheel(args.check_wheel)
         if problems:
             sys.exit("\n".join(f"{args.check_wheel}: {p}" for p in problems))
-        print(f"{args.check_wheel}: every kernel prebuilt for {' '.join(ARCHS)}, matching its source")
+        print(f"{args.check_wheel}: every kernel prebuilt for {' '.join(ARCHS)}, "
+              f"matching its source")
         return
     try:
         manifest = build(args.out, archs=tuple(args.arch or ARCHS), nvcc=args.nvcc)
