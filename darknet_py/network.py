@@ -227,6 +227,7 @@ class Network:
         self.train = False
         self.cost = None
         self._prefetched = []     # [[(host array, backend array, upload), ...]]: prefetch()
+        self._net_input = None    # the input of the last forward, on the backend
         self._training_ready = False
         self._params_ready = False
         # Values a step reads from the backend, written before it (so that a step replayed
@@ -635,15 +636,64 @@ class Network:
         """Inference on x float32 (N, C, H, W) in [0, 1]; returns the network's output: the
         last layer that is not a [cost] layer (Darknet's get_network_output_layer; a cost
         layer's output is its per-element error)."""
-        x = self._as_network_input(x)
-        net_input = self._stage(x, None, False)
+        self.infer(x)
+        return self.layer_output(self.output_index)
+
+    def predict_in_parts(self, x, part):
+        """predict(x) for many images, run `part` images at a time so that the copies hide
+        behind the layers: while the device runs one part, the next part's input is staged
+        and uploaded (prefetch, on the copy stream) and the previous part's output taken
+        (download_async). Returns what predict(x) returns; the network is left at batch
+        `part` (its layers' outputs hold the last part)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim == len(self.input_shape):
+            x = x[None]
+        if len(x) % part:
+            raise ValueError(f"{len(x)} images do not split into parts of {part}")
+        self.set_batch(part)
+        layer = self.layers[self.output_index]
+        output = layer.output[:part * layer.outputs]
+        result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
+        rows = result.reshape(len(x), -1)
+        parts = [x[start:start + part] for start in range(0, len(x), part)]
+        pending = None
+        self.prefetch(parts[0])
+        for k, images in enumerate(parts):
+            # Part k+1's upload waits for the work queued before it: queued before part k's
+            # layers (from the second part on), it runs beside them.
+            if k and k + 1 < len(parts):
+                self.prefetch(parts[k + 1])
+            self.infer(images)   # takes its prefetched upload
+            if k == 0 and len(parts) > 1:
+                self.prefetch(parts[1])
+            if pending is not None:
+                self.be.finish_download(pending)
+            pending = self.be.download_async(output, rows[k * part:(k + 1) * part])
+        self.be.finish_download(pending)
+        self.finish_prefetch()
+        return result.astype(self.be.dtype, copy=False)
+
+    def infer(self, x=None):
+        """Inference on x as predict runs it, every output left on the backend (read the
+        ones needed with layer_output): no copy back, no wait for the device. x=None runs
+        again on the input staged last (what `bench` times as the GPU-only forward)."""
+        if x is None:
+            net_input = self._net_input
+            if net_input is None:
+                raise NetworkError("infer() without an input: no input was staged before")
+        else:
+            net_input = self._stage(self._as_network_input(x), None, False)
         self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
                        lambda: self._forward_layers(net_input, False))
         self.collect_costs()
+
+    @property
+    def output_index(self):
+        """The index of the network's output layer: the last one that is not [cost]."""
         last = len(self.layers) - 1
         while last > 0 and self.layers[last].type == "cost":
             last -= 1
-        return self.layer_output(last)
+        return last
 
     def _as_network_input(self, x):
         """predict's input as float32 (N, C, H, W): a photo (a path, or an OpenCV (H, W, 3)

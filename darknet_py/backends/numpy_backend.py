@@ -54,6 +54,18 @@ class NumpyBackend:
         """A NumPy copy of `arr` (an integer array stays integer: int64)."""
         return np.array(arr, dtype=self.dtype if arr.dtype.kind == "f" else np.int64)
 
+    def download_async(self, arr, out):
+        """Start copying `arr` into host array `out` (contiguous, arr.size elements of
+        arr's dtype) after the work queued so far; finish_download(the returned handle)
+        returns once out holds the values. Here the copy is made at once."""
+        if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"download_async: {out.size} {out.dtype} for an array of "
+                             f"{arr.size} {arr.dtype}")
+        out.reshape(-1)[...] = arr.reshape(-1)
+
+    def finish_download(self, download):
+        """Return once the download_async `download` has filled its host array."""
+
     def write(self, arr, host):
         """Copy host data (any shape, arr.size elements) into an existing array (cast to
         the array's dtype: an int_zeros array stays integer)."""
