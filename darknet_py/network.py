@@ -77,6 +77,9 @@ def parse_net_options(s):
         raise s.error(f"batch={batch} is smaller than subdivisions={o.subdivisions}", "batch")
     o.batch = batch // o.subdivisions * o.time_steps
     o.random = s.get_int("random", 0)
+    # The fork's loss_scale multiplies the GPU build's gradients and divides its rate:
+    # in float32 they cancel, and its CPU build never reads it.
+    s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
     if o.adam:
         raise s.error("the adam optimiser is not supported by darknet-py (use SGD)", "adam")
@@ -536,7 +539,8 @@ class Network:
         self.input = net_input
         self.delta = None
         for layer in self.layers:
-            if train and layer.delta is not None:
+            if train and layer.delta is not None and (layer.fork_train or
+                                                      layer.darknet != "alexeyab"):
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
@@ -578,7 +582,8 @@ class Network:
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
                           decay=self.options.decay, batch=self.images_per_iteration)
         for layer in self.layers:
-            layer.update(args)
+            if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
+                layer.update(args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that

@@ -68,7 +68,8 @@ def bn_backward(layer, net, out_c, spatial, train_beta=True):
     be.bias_scale_updates(delta, layer.x_norm, batch, out_c, spatial,
                           layer.bias_updates if train_beta else None, layer.scale_updates)
     be.batchnorm_delta(layer.x, mean, variance, layer.scales, batch, out_c, spatial,
-                       layer.mean_delta, layer.variance_delta, delta)
+                       layer.mean_delta, layer.variance_delta, delta,
+                       fork=layer.darknet == "alexeyab")
 
 
 def bn_params(layer):
@@ -79,6 +80,7 @@ def bn_params(layer):
 class BatchnormLayer(Layer):
     """[batchnorm]: a standalone normalisation with its own scales and biases."""
     type = "batchnorm"
+    fork_train = True
 
     def parse(self, section, ctx):
         self.out_c, self.out_h, self.out_w = self.c, self.h, self.w

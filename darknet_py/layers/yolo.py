@@ -104,6 +104,9 @@ class YoloLayer(Layer):
         self.label_smooth_eps = s.get_float("label_smooth_eps", 0.0)
         self.objectness_smooth = s.get_int("objectness_smooth", 0)
         self.resize = s.get_float("resize", 1.0)
+        if s.get_float("delta_normalizer", 1.0) != 1.0:
+            s.warn("has no effect: darknet-py trains as the fork's CPU build, which ignores it "
+                   "(its GPU build scales the [yolo] gradient by it)", "delta_normalizer")
         counters = s.get_int_list("counters_per_class", None)
         self.class_multipliers = None
         if counters is not None:
