@@ -9,3 +9,6 @@ OBJS=$(ls "$D"/obj/*.o | grep -v '/darknet.o$')
 gcc -I"$D/include" -I"$D/src" -Ofast -Wall -Wno-unused-result \
     -c "$(dirname "$0")/fork_train_step.c" -o "$OUT.o"
 g++ "$OUT.o" $OBJS -o "$OUT" -lm -pthread
+gcc -I"$D/include" -I"$D/src" -Ofast -Wall -Wno-unused-result \
+    -c "$(dirname "$0")/fork_detect.c" -o "$(dirname "$OUT")/fork_detect.o"
+g++ "$(dirname "$OUT")/fork_detect.o" $OBJS -o "$(dirname "$OUT")/fork_detect" -lm -pthread

@@ -6,7 +6,8 @@ initialises the network with the fork's own random start (saved and stored in th
 bytes of a .weights file), runs ITERATIONS train_network calls on the same data, and dumps
 every layer's output and delta of the last pass and every parameter after the last update.
 
-usage: python tests/fork_harness/make_fixtures.py [HARNESS] [CASE ...]
+usage: python tests/fork_harness/make_fixtures.py [HARNESS] [CASE ...]   (CASE "nms": the
+NMS fixtures, tests/fixtures/fork_nms, made with fork_detect beside HARNESS)
 """
 import re
 import subprocess
@@ -179,7 +180,43 @@ def read_records(blob):
 
 if __name__ == "__main__":
     harness = sys.argv[1] if len(sys.argv) > 1 else "/tmp/forktrain/fork_train_step"
-    names = sys.argv[2:] or list(CASES)
+    names = sys.argv[2:] or list(CASES) + ["nms"]
     for i, name in enumerate(CASES):
         if name in names:
             make(harness, name, CASES[name], 4000 + i, debug="/tmp/forktrain")
+
+
+# ---- NMS: fork_detect on the stock yolov4-tiny.cfg (letter_box=1) with the seeded random
+# weights of ../shared/fixtures-ab/a1_yolov4tiny, dog.jpg letterboxed to 416x416.
+NMS_OUT = HERE.parent / "fixtures" / "fork_nms"
+NMS_CASES = {
+    "dog_yolov4tiny": dict(thresh=0.92, nms=0.45, beta=0.6),
+    "dog_yolov4tiny_beta": dict(thresh=0.88, nms=0.3, beta=0.85),
+}
+NMS_KINDS = ("default", "greedynms", "diounms", "cornersnms")
+
+
+def make_nms(detector, name, case):
+    shared = HERE.parents[2] / "shared"
+    cfg = (STOCK / "yolov4-tiny.cfg").read_text().replace("[net]\n", "[net]\nletter_box=1\n", 1)
+    weights = shared / "fixtures-ab" / "a1_yolov4tiny" / "a1_yolov4tiny.weights"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "net.cfg").write_text(cfg)
+        subprocess.run([detector, str(tmp / "net.cfg"), str(weights),
+                        str(shared / "images" / "dog.jpg"), str(case["thresh"]), str(case["nms"]),
+                        str(case["beta"]), str(tmp / "out.bin")], check=True, capture_output=True)
+        arrays = read_records((tmp / "out.bin").read_bytes())
+    n, classes, img_w, img_h = (int(v) for v in arrays.pop("meta"))
+    shaped = {k: v.reshape(n, -1) if v.size != n else v for k, v in arrays.items()}
+    kept = {f"{kind}_kept": int((shaped[f"{kind}_probs"].max(axis=1) > case["thresh"]).sum())
+            for kind in NMS_KINDS}
+    NMS_OUT.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(NMS_OUT / f"{name}.npz", cfg=cfg, classes=classes, image_w=img_w,
+                        image_h=img_h, darknet_commit="59596d78", **case, **kept, **shaped)
+    print(name, (NMS_OUT / f"{name}.npz").stat().st_size, "bytes,", n, "detections, kept", kept)
+
+
+if __name__ == "__main__" and "nms" in (sys.argv[2:] or ["nms"]):
+    for name, case in NMS_CASES.items():
+        make_nms(str(Path(sys.argv[1]).with_name("fork_detect")), name, case)
