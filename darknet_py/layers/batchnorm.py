@@ -110,9 +110,15 @@ class BatchnormLayer(Layer):
         bn_forward(self, net, self.out_c, self.out_h * self.out_w)
 
     def backward(self, net):
-        bn_backward(self, net, self.out_c, self.out_h * self.out_w)
+        fork = self.darknet == "alexeyab"
+        # The fork's backward_batchnorm_layer gives the biases no gradient and copies its
+        # delta over the previous layer's (what others left there is lost).
+        bn_backward(self, net, self.out_c, self.out_h * self.out_w, train_beta=not fork)
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+            if fork:
+                net.be.copy(self.delta, net.delta[:self.batch * self.inputs])
+            else:
+                net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)

@@ -71,6 +71,68 @@ jitter=.3
 """
 
 
+# Layers whose deltas the fork treats apart: a [batchnorm] (no beta gradient, copies its
+# delta back), route/upsample (deltas never cleared), a weighted shortcut, over 2 passes.
+LAYERS = """
+[convolutional]
+filters=8
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[batchnorm]
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=1
+pad=1
+activation=mish
+
+[route]
+layers=-1,-3
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[upsample]
+stride=2
+
+[shortcut]
+from=-5
+weights_type=per_channel
+weights_normalization=relu
+activation=linear
+
+[convolutional]
+size=1
+stride=1
+pad=1
+filters=24
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=4,6, 10,8, 12,20, 24,16, 30,34, 52,40
+classes=3
+num=6
+iou_loss=ciou
+iou_normalizer=0.07
+scale_x_y=1.05
+"""
+
+
 def tiny_yolov4(classes=3, shrink=16):
     """The fork's stock yolov4-tiny.cfg with its [net] replaced, filters / shrink (heads:
     3 * (classes + 5)), `classes` classes."""
@@ -129,6 +191,8 @@ CASES = {
     "mish_sgdr": small("iou_loss=ciou", net_extra="policy=sgdr\nsgdr_cycle=2\npower=2\n"
                        "mosaic=0\ncutmix=0", mid_act="mish", iterations=4, burn_in=2),
     "loss_scale": small("iou_loss=giou", net_extra=STEPS + "\nloss_scale=128", iterations=2),
+    "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
+                                  net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
 }
 
 
