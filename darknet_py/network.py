@@ -62,7 +62,7 @@ class NetOptions:
     label_smooth_eps: float = 0.0   # the fork's classifier label smoothing
 
 
-def parse_net_options(s):
+def parse_net_options(s, darknet="original"):
     o = NetOptions()
     batch = s.get_int("batch", 1)
     o.learning_rate = s.get_float("learning_rate", 0.001)
@@ -81,7 +81,13 @@ def parse_net_options(s):
     # in float32 they cancel, and its CPU build never reads it.
     s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam:
+    if o.adam and darknet == "alexeyab":
+        for key, default in (("B1", .9), ("B2", .999), ("eps", .000001)):
+            s.get_float(key, default)
+        s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
+               "Adam; its GPU build's has)", "adam")
+        o.adam = 0
+    elif o.adam:
         raise s.error("the adam optimiser is not supported by darknet-py (use SGD)", "adam")
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
@@ -191,7 +197,7 @@ class Network:
         self.path = os.fspath(path)
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
         self.darknet = check_flavour(darknet) or cfg_flavour(sections)
-        self.options = parse_net_options(sections[0])
+        self.options = parse_net_options(sections[0], self.darknet)
         sections[0].warn_unused()
         if batch is not None:
             self.options.batch = int(batch)

@@ -76,3 +76,15 @@ def test_fixtures_cover_the_fork_training_options():
                    "policy=sgdr", "power=", "burn_in", "subdivisions=2", "mosaic=0"):
         assert option in cfgs, option
     assert all((FIXTURES / f"{name}.npz").stat().st_size < 1 << 20 for name in CASES)
+
+
+def test_adam_is_refused_by_the_original_and_trains_with_sgd_in_the_fork(tmp_path):
+    from darknet_py.cfg import CfgError, parse_cfg_text
+    from darknet_py.network import Network
+    body = ("[net]\nwidth=8\nheight=8\nchannels=3\nadam=1\n"
+            "[convolutional]\nfilters=2\nsize=1\nactivation=linear\n")
+    with pytest.raises(CfgError, match="adam"):
+        Network(parse_cfg_text(body), darknet="original")
+    with pytest.warns(UserWarning, match="adam: trains with SGD and momentum"):
+        net = Network(parse_cfg_text(body), darknet="alexeyab")
+    assert net.options.adam == 0

@@ -191,6 +191,7 @@ CASES = {
     "mish_sgdr": small("iou_loss=ciou", net_extra="policy=sgdr\nsgdr_cycle=2\npower=2\n"
                        "mosaic=0\ncutmix=0", mid_act="mish", iterations=4, burn_in=2),
     "loss_scale": small("iou_loss=giou", net_extra=STEPS + "\nloss_scale=128", iterations=2),
+    "adam": small("iou_loss=ciou", net_extra=STEPS + "\nadam=1\nB1=0.8\nB2=0.99\neps=0.0001"),
     "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
                                   net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
 }
