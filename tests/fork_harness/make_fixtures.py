@@ -192,6 +192,8 @@ CASES = {
                        "mosaic=0\ncutmix=0", mid_act="mish", iterations=4, burn_in=2),
     "loss_scale": small("iou_loss=giou", net_extra=STEPS + "\nloss_scale=128", iterations=2),
     "adam": small("iou_loss=ciou", net_extra=STEPS + "\nadam=1\nB1=0.8\nB2=0.99\neps=0.0001"),
+    "multipliers": small("iou_loss=ciou\niou_normalizer=0.07\ncounters_per_class=10,50,200\n"
+                         "max_delta=5\niou_thresh=0.3\niou_thresh_kind=giou"),
     "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
                                   net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
 }
