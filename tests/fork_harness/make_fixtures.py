@@ -194,6 +194,7 @@ CASES = {
     "adam": small("iou_loss=ciou", net_extra=STEPS + "\nadam=1\nB1=0.8\nB2=0.99\neps=0.0001"),
     "multipliers": small("iou_loss=ciou\niou_normalizer=0.07\ncounters_per_class=10,50,200\n"
                          "max_delta=5\niou_thresh=0.3\niou_thresh_kind=giou"),
+    "resumed": dict(small("iou_loss=ciou\niou_normalizer=0.07"), seen=8),
     "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
                                   net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
 }
@@ -219,7 +220,17 @@ def make(harness, name, case, seed, debug=None):
         (tmp / "net.cfg").write_text(case["cfg"])
         x.tofile(tmp / "x.f32")
         y.tofile(tmp / "y.f32")
-        subprocess.run([harness, str(tmp / "net.cfg"), "-", str(tmp / "x.f32"),
+        start = "-"
+        if case.get("seen"):
+            # Resume: the fork's random start with `seen` images in the weights header.
+            subprocess.run([harness, str(tmp / "net.cfg"), "-", str(tmp / "x.f32"),
+                            str(tmp / "y.f32"), "0", str(tmp / "out.bin"),
+                            str(tmp / "start.weights")], check=True, capture_output=True)
+            blob = bytearray((tmp / "start.weights").read_bytes())
+            blob[12:20] = np.uint64(case["seen"]).tobytes()
+            (tmp / "start.weights").write_bytes(bytes(blob))
+            start = str(tmp / "start.weights")
+        subprocess.run([harness, str(tmp / "net.cfg"), start, str(tmp / "x.f32"),
                         str(tmp / "y.f32"), str(case["iterations"]), str(tmp / "out.bin"),
                         str(tmp / "init.weights")], check=True, capture_output=True)
         arrays = read_records((tmp / "out.bin").read_bytes())
