@@ -195,6 +195,7 @@ CASES = {
     "multipliers": small("iou_loss=ciou\niou_normalizer=0.07\ncounters_per_class=10,50,200\n"
                          "max_delta=5\niou_thresh=0.3\niou_thresh_kind=giou"),
     "resumed": dict(small("iou_loss=ciou\niou_normalizer=0.07"), seen=8),
+    "show_details": small("iou_loss=giou\niou_normalizer=0.3\nshow_details=0"),
     "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
                                   net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
 }
