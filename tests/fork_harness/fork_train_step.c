@@ -48,6 +48,7 @@ static void dump_layer(FILE *f, network net, int i)
 {
     layer l = net.layers[i];
     int n_out = l.outputs * l.batch;
+    if (l.type == DROPOUT) return;   /* its output and delta are the previous layer's */
     record_layer(f, i, "output", l.output, n_out);
     record_layer(f, i, "delta", l.delta, n_out);
     if (l.type == CONVOLUTIONAL && !l.share_layer) {

@@ -196,6 +196,14 @@ CASES = {
                          "max_delta=5\niou_thresh=0.3\niou_thresh_kind=giou"),
     "resumed": dict(small("iou_loss=ciou\niou_normalizer=0.07"), seen=8),
     "show_details": small("iou_loss=giou\niou_normalizer=0.3\nshow_details=0"),
+    # probability=0: the C RNG's draws cannot be matched, the dropout's delta handling can.
+    "dropout": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
+                                   net_extra=STEPS)
+                    + SMALL.format(yolo="iou_loss=ciou", mid_act="leaky", head_act="linear",
+                                   head=24).replace("\n[convolutional]\nsize=1",
+                                                    "\n[dropout]\nprobability=0\n\n"
+                                                    "[convolutional]\nsize=1", 1),
+                    iterations=2, size=32, images=4),
     "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
                                   net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
 }
