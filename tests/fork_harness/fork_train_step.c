@@ -3,7 +3,8 @@
  * Links against the fork's compiled objects (see build.sh); none of the fork's code is here.
  * usage: fork_train_step CFG WEIGHTS|- X.f32 Y.f32 ITERATIONS OUT.bin INIT.weights
  *   X.f32: the images of one iteration (batch*subdivisions of them), float32, NCHW planes;
- *   Y.f32: their truth rows, (batch*subdivisions) x (the last [yolo]'s truths) float32.
+ *   Y.f32: their truth rows, (batch*subdivisions) x (the last [yolo]'s truths) float32, or
+ *   for a network without [yolo] x (the last layer's outputs): a classifier's one-hot rows.
  * Runs ITERATIONS calls of train_network (the same data each time), then writes OUT.bin:
  * records (int32 name length, name, int32 count, count float32s): every layer's output and
  * delta of the last pass, every parameter after the last update, the losses and rates. */
@@ -51,6 +52,10 @@ static void dump_layer(FILE *f, network net, int i)
     if (l.type == DROPOUT) return;   /* its output and delta are the previous layer's */
     record_layer(f, i, "output", l.output, n_out);
     record_layer(f, i, "delta", l.delta, n_out);
+    if (l.type == CONNECTED) {
+        record_layer(f, i, "weights", l.weights, l.inputs * l.outputs);
+        record_layer(f, i, "biases", l.biases, l.outputs);
+    }
     if (l.type == CONVOLUTIONAL && !l.share_layer) {
         record_layer(f, i, "weights", l.weights, l.nweights);
         record_layer(f, i, "biases", l.biases, l.n);
@@ -77,6 +82,7 @@ int main(int argc, char **argv)
     int images = net.batch * net.subdivisions, i, it;
     int truths = 0;
     for (i = 0; i < net.n; ++i) if (net.layers[i].type == YOLO) truths = net.layers[i].truths;
+    if (!truths) truths = net.layers[net.n - 1].outputs;   /* a classifier: one-hot rows */
     int cols = net.h * net.w * net.c;
     float *x = read_floats(argv[3], (size_t)images * cols);
     float *y = read_floats(argv[4], (size_t)images * truths);

@@ -133,6 +133,28 @@ scale_x_y=1.05
 """
 
 
+# A classifier: the fork never updates a [connected] layer on the CPU (its l.train is 0).
+CLASSIFIER = """
+[convolutional]
+batch_normalize=1
+filters=4
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[connected]
+output=8
+activation=leaky
+
+[connected]
+output=3
+activation=linear
+
+[softmax]
+"""
+
+
 def tiny_yolov4(classes=3, shrink=16):
     """The fork's stock yolov4-tiny.cfg with its [net] replaced, filters / shrink (heads:
     3 * (classes + 5)), `classes` classes."""
@@ -204,6 +226,9 @@ CASES = {
                                                     "\n[dropout]\nprobability=0\n\n"
                                                     "[convolutional]\nsize=1", 1),
                     iterations=2, size=32, images=4),
+    "classifier": dict(cfg=NET.format(batch=4, subdivisions=2, size=16, rate=0.1, burn_in=0,
+                                      net_extra=STEPS) + CLASSIFIER, iterations=2, size=16,
+                       images=4, classes=3),
     "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
                                   net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
 }
@@ -223,7 +248,10 @@ def make(harness, name, case, seed, debug=None):
     images, size = case["images"], case["size"]
     pixels = rng.integers(0, 256, (images, 3, size, size), dtype=np.uint8)
     x = image_floats(pixels)
-    y = truth_rows(rng, images, boxes=3)
+    if case.get("classes"):   # a classifier: one-hot rows
+        y = np.eye(case["classes"], dtype=np.float32)[rng.integers(case["classes"], size=images)]
+    else:
+        y = truth_rows(rng, images, boxes=3)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "net.cfg").write_text(case["cfg"])
