@@ -43,10 +43,11 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
 
 
 def nms_kind(net):
-    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork, its last [yolo] (or
-    [Gaussian_yolo]) layer's nms_kind and beta_nms; Darknet's default NMS without one."""
-    yolo = [l for l in net.layers if l.type in ("yolo", "gaussian_yolo")]
-    return (yolo[-1].nms_kind, yolo[-1].beta_nms) if yolo else ("default", 0.6)
+    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork's test, map and valid
+    (net.layers[net.n - 1]), the network's last layer's nms_kind and beta_nms when it is a
+    [yolo] or [Gaussian_yolo] of the fork; Darknet's default NMS otherwise."""
+    last = net.layers[-1]
+    return getattr(last, "nms_kind", "default"), getattr(last, "beta_nms", 0.6)
 
 
 # ---- applications -----------------------------------------------------------------------------

@@ -62,7 +62,7 @@ class NetOptions:
     label_smooth_eps: float = 0.0   # the fork's classifier label smoothing
 
 
-def parse_net_options(s):
+def parse_net_options(s, darknet="original"):
     o = NetOptions()
     batch = s.get_int("batch", 1)
     o.learning_rate = s.get_float("learning_rate", 0.001)
@@ -77,8 +77,17 @@ def parse_net_options(s):
         raise s.error(f"batch={batch} is smaller than subdivisions={o.subdivisions}", "batch")
     o.batch = batch // o.subdivisions * o.time_steps
     o.random = s.get_int("random", 0)
+    # The fork's loss_scale multiplies the GPU build's gradients and divides its rate:
+    # in float32 they cancel, and its CPU build never reads it.
+    s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam:
+    if o.adam and darknet == "alexeyab":
+        for key, default in (("B1", .9), ("B2", .999), ("eps", .000001)):
+            s.get_float(key, default)
+        s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
+               "Adam; its GPU build's has)", "adam")
+        o.adam = 0
+    elif o.adam:
         raise s.error("the adam optimiser is not supported by darknet-py (use SGD)", "adam")
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
@@ -188,7 +197,7 @@ class Network:
         self.path = os.fspath(path)
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
         self.darknet = check_flavour(darknet) or cfg_flavour(sections)
-        self.options = parse_net_options(sections[0])
+        self.options = parse_net_options(sections[0], self.darknet)
         sections[0].warn_unused()
         if batch is not None:
             self.options.batch = int(batch)
@@ -541,7 +550,8 @@ class Network:
         self.input = net_input
         self.delta = None
         for layer in self.layers:
-            if train and layer.delta is not None:
+            if train and layer.delta is not None and (layer.fork_train or
+                                                      layer.darknet != "alexeyab"):
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
@@ -583,7 +593,8 @@ class Network:
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
                           decay=self.options.decay, batch=self.images_per_iteration)
         for layer in self.layers:
-            layer.update(args)
+            if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
+                layer.update(args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that

@@ -68,7 +68,8 @@ def bn_backward(layer, net, out_c, spatial, train_beta=True):
     be.bias_scale_updates(delta, layer.x_norm, batch, out_c, spatial,
                           layer.bias_updates if train_beta else None, layer.scale_updates)
     be.batchnorm_delta(layer.x, mean, variance, layer.scales, batch, out_c, spatial,
-                       layer.mean_delta, layer.variance_delta, delta)
+                       layer.mean_delta, layer.variance_delta, delta,
+                       fork=layer.darknet == "alexeyab")
 
 
 def bn_params(layer):
@@ -79,6 +80,7 @@ def bn_params(layer):
 class BatchnormLayer(Layer):
     """[batchnorm]: a standalone normalisation with its own scales and biases."""
     type = "batchnorm"
+    fork_train = True
 
     def parse(self, section, ctx):
         self.out_c, self.out_h, self.out_w = self.c, self.h, self.w
@@ -108,9 +110,15 @@ class BatchnormLayer(Layer):
         bn_forward(self, net, self.out_c, self.out_h * self.out_w)
 
     def backward(self, net):
-        bn_backward(self, net, self.out_c, self.out_h * self.out_w)
+        fork = self.darknet == "alexeyab"
+        # The fork's backward_batchnorm_layer gives the biases no gradient and copies its
+        # delta over the previous layer's (what others left there is lost).
+        bn_backward(self, net, self.out_c, self.out_h * self.out_w, train_beta=not fork)
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+            if fork:
+                net.be.copy(self.delta, net.delta[:self.batch * self.inputs])
+            else:
+                net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)

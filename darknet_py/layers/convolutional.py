@@ -24,6 +24,7 @@ WORKSPACE_CAP_FLOATS = 1 << 27
 
 class ConvolutionalLayer(Layer):
     type = "convolutional"
+    fork_train = True
     short = "conv"
 
     def parse(self, s, ctx):
@@ -37,6 +38,9 @@ class ConvolutionalLayer(Layer):
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
         self.share = None   # the fork's share_index: the layer whose parameters this one uses
+        # The fork's CPU col2im clears the image before folding into it: the deltas later
+        # layers (a route, a shortcut) left for this convolution's input are lost.
+        self.clears_input_delta = self.darknet == "alexeyab"
         if self.darknet == "alexeyab":
             self._fork_stride_and_dilation(s, pad)
             if s.has("share_index"):
@@ -298,6 +302,8 @@ class ConvolutionalLayer(Layer):
             bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
+        if net.delta is not None and self.clears_input_delta:
+            be.fill(net.delta[:self.batch * self.inputs], 0.0)
         for b0, count, col, delta_out in self._chunks(be, net):
             for g in range(self.groups):
                 self._move(be, delta_out, self.delta, b0, count, g, to_batched=False)
