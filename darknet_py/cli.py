@@ -1,9 +1,10 @@
 """The darknet-py command line: Darknet's classifier, detector, info and partial commands.
 
 Every command runs inside DarknetGroup.invoke, which turns the errors a user can fix
-(a missing file, a cfg error, weights of the wrong size, an unreadable image, a bad
-device) into one line on stderr and exit code 2, and prints cfg warnings one line each.
-Any other exception is a bug in darknet-py and keeps its traceback.
+(errors.USER_ERRORS: a missing file, a cfg error, weights of the wrong size, an unreadable
+image, a bad device, each module's DarknetError) into one line on stderr and exit code 2,
+and prints their warnings (errors.USER_WARNINGS) one line each. Any other exception is a
+bug in darknet-py and keeps its traceback.
 
 Commands that run a network take the shared options from `device_options` and
 `names_options`; new commands (training: train, valid, anchors) go in the marked
@@ -21,22 +22,15 @@ import warnings
 import click
 
 from . import __version__
-from .backends import BackendError
-from .cfg import CfgError, CfgWarning, read_data_file
-from .files import (OverwriteError, atomic_output, refuse_overwrite,
-                    remove_stale_temporaries)
-from .image import ImageError, ImageWarning
-from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
-from .weights import WeightsError, WeightsWarning, floats_needed
+from .cfg import read_data_file
+from .detection import check_names
+from .errors import USER_ERRORS, USER_WARNINGS, describe_error
+from .files import atomic_output, refuse_overwrite, remove_stale_temporaries
+from .image import ImageError
+from .network import DARKNET_FLAVOURS, build_network, load_network
+from .weights import floats_needed
 
 PROG = "darknet-py"
-
-# Exceptions that describe a problem with the user's files or machine, not a bug.
-# OSError covers files we open directly (names, image lists, outputs we write).
-USER_ERRORS = (CfgError, WeightsError, ImageError, BackendError, NetworkError, OverwriteError,
-               OSError)
-# Warnings about the user's files: one `darknet-py: warning:` line each.
-USER_WARNINGS = (CfgWarning, WeightsWarning, ImageWarning)
 
 # IMAGE arguments ending like this are lists of image paths, one a line.
 LIST_SUFFIXES = (".txt", ".list")
@@ -48,15 +42,6 @@ class UserError(click.ClickException):
 
     def show(self, file=None):
         click.echo(f"{PROG}: error: {self.format_message()}", err=True)
-
-
-def describe_error(exc):
-    """One line for a USER_ERRORS exception."""
-    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}"
-    else:
-        text = str(exc) or type(exc).__name__
-    return " ".join(text.split())  # a message must stay on one line
 
 
 def warn(message):
@@ -242,14 +227,6 @@ def expand_images(args):
     if not paths:
         raise UserError("no image paths given (the image list is empty)")
     return paths
-
-
-def check_names(names, classes):
-    """Warn when the names do not match the network's class count (Darknet would read
-    past the end of its list); classes without a name are shown as numbers."""
-    if names is not None and len(names) != classes:
-        warn(f"{len(names)} class names given, but the network has {classes} classes"
-             + ("; the others are shown as numbers" if len(names) < classes else ""))
 
 
 def class_name(names, class_id):
@@ -531,21 +508,6 @@ def partial_command(cfg, weights, out, layers, overwrite, darknet):
 
 
 # ---- training commands (darknet_py/train.py): train, valid, anchors go here -----------------
-def training_errors(command):
-    """Report the training modules' user errors (bad datasets, nothing to train) like the
-    others: one line, exit code 2."""
-    @functools.wraps(command)
-    def run(*args, **kwargs):
-        from .data.config import DataError
-        from .train import TrainError
-        from .validate import ValidationError
-        try:
-            return command(*args, **kwargs)
-        except (DataError, TrainError, ValidationError) as e:
-            raise UserError(describe_error(e)) from None
-    return run
-
-
 @cli.command("train", short_help="Train a classifier or a YOLO detector.")
 @click.argument("cfg")
 @click.argument("data")
@@ -596,7 +558,6 @@ def training_errors(command):
               help="Processes loading and augmenting images (0: in the training process) "
                    "[default: one per available CPU less one, at most 16].")
 @device_options
-@training_errors
 @darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
                   overwrite, quiet, gpus, ranks, nodes, node_rank, master, comm_timeout,
@@ -636,7 +597,8 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
     """`train --gpus/--ranks [--nodes --node-rank --master]`: start this node's ranks."""
     from .backends import cuda_device_count
     from .data.loader import default_workers
-    from .distributed import LaunchError, launch, parse_gpus, parse_master
+    from .distributed.comm import parse_master
+    from .distributed.launcher import LaunchError, launch, parse_gpus
 
     if gpus is not None and ranks is not None:
         raise click.UsageError("give --gpus (GPUs) or --ranks (CPU processes), not both")
@@ -674,7 +636,6 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
 @click.option("--overwrite", is_flag=True,
               help="Replace results files an earlier run left in --results-dir.")
 @device_options
-@training_errors
 @darknet_option
 def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
@@ -707,7 +668,6 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
               help="Confidence at which precision, recall, F1 and the average IoU are taken.")
 @device_options
 @darknet_option
-@training_errors
 def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
@@ -732,7 +692,6 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet)
               help="The network's input height.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the k-means initialisation.")
-@training_errors
 def anchors_command(data, num, width, height, seed):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 

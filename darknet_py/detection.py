@@ -6,10 +6,12 @@ arithmetic and NMS live below the layers in boxes.py.
 """
 import math
 import os
+import warnings
 
 import numpy as np
 
 from .boxes import do_nms_sort
+from .errors import DarknetWarning
 from .layers.heads import is_fork_flavour
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 
@@ -57,6 +59,19 @@ def as_image(image, channels=3):
         return match_channels(np.ascontiguousarray(a, dtype=np.float32), channels)
     raise ImageError(f"expected an image path, a Darknet (C, H, W) float image or an OpenCV "
                      f"(H, W, 3) uint8 BGR array; got {a.dtype} array of shape {a.shape}")
+
+
+class NamesWarning(DarknetWarning):
+    """The class names given do not match the network's class count."""
+
+
+def check_names(names, classes):
+    """Warn when the names do not match the network's class count (Darknet would read
+    past the end of its list); classes without a name are shown as numbers."""
+    if names is not None and len(names) != classes:
+        warnings.warn(f"{len(names)} class names given, but the network has {classes} classes"
+                      + ("; the others are shown as numbers" if len(names) < classes else ""),
+                      NamesWarning, stacklevel=2)
 
 
 def _class_name(names, class_id):

@@ -14,9 +14,11 @@ from . import optimizer
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
 from .detection import DETECTOR_TYPES
+from .errors import DarknetError
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
+from .weights import FORK_WEIGHTS_HEADER, load_weights, peek_header, save_weights
 
 
 @dataclass
@@ -118,7 +120,7 @@ _UPDATE_BUFFER = {"biases": "bias_updates", "scales": "scale_updates",
                   "weights": "weight_updates"}
 
 
-class NetworkError(Exception):
+class NetworkError(DarknetError):
     pass
 
 
@@ -127,7 +129,6 @@ class NetworkError(Exception):
 # differs in batch-norm epsilon and momentum, trains no BN beta on the CPU, counts BFLOPs
 # its own way, writes weights headers 0.2.5 and keeps 6 x 200 truth values per image.
 DARKNET_FLAVOURS = ("original", "alexeyab")
-FORK_WEIGHTS_HEADER = (0, 2, 5)
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
 _FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo"}
@@ -166,7 +167,6 @@ def cfg_flavour(sections):
 def weights_flavour(path):
     """"alexeyab" for a weights file whose header is the fork's 0.2.5; None otherwise
     (the original's 0.2.0 is also what converters write, so it decides nothing)."""
-    from .weights import peek_header
     return "alexeyab" if peek_header(path) == FORK_WEIGHTS_HEADER else None
 
 
@@ -207,7 +207,7 @@ class Network:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.seen = 0
-        # Data-parallel training (distributed.py): the replicas' gradients are summed before
+        # Data-parallel training (distributed/data_parallel.py): the replicas' gradients are summed before
         # each update; None for one process. `seen` counts every replica's images.
         self.data_parallel = None
         self.names = None         # class names, when a .data/.names file gave them
@@ -723,11 +723,9 @@ class Network:
     def load_weights(self, path, cutoff=None, transfer=False):
         """Load a .weights file; with transfer, also one trained for another class count
         (returns a weights.TransferReport saying which layers were loaded)."""
-        from .weights import load_weights
         return load_weights(self, path, cutoff, transfer=transfer)
 
     def save_weights(self, path, cutoff=None):
-        from .weights import save_weights
         save_weights(self, path, cutoff)
 
 

@@ -47,7 +47,8 @@ from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader, default_workers
 from .detection import detector_layers, output_layer
-from .distributed import Ranks
+from .errors import DarknetError
+from .distributed.data_parallel import Ranks
 from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,
                     write_text_atomically)
 from .layers.heads import is_fork_flavour
@@ -61,7 +62,7 @@ CLASSIFIER_MULTISCALE_EVERY = 40   # train_classifier's interval for [net] rando
 FINAL_SIZE_ITERATIONS = 200        # the last 200 iterations run at the largest size
 
 
-class TrainError(Exception):
+class TrainError(DarknetError):
     """A problem that stops training before (or instead of) it starts, or that training
     cannot go on from (divergence)."""
 
@@ -403,8 +404,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     workers: data loader processes (0: load in this process; default: default_workers(),
       one per available CPU less one, at most 16).
     on_iteration(result): called after each iteration (a hook for tests and callers).
-    comm: a distributed.Communicator when this process is one rank of a data-parallel run
-      (distributed.py): the rank trains on its shard of the list with its own seed
+    comm: a distributed.comm.Communicator when this process is one rank of a data-parallel run
+      (distributed/): the rank trains on its shard of the list with its own seed
       stream, the ranks' gradients are summed before every update, and only rank 0
       writes files.
 

@@ -31,6 +31,7 @@ from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
 from .detection import detect, detector_layers, output_layer
+from .errors import DarknetError
 from .files import write_text_atomically
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
@@ -38,7 +39,7 @@ VALID_NMS = 0.45
 MAP_IOU = 0.5
 
 
-class ValidationError(Exception):
+class ValidationError(DarknetError):
     """A problem with what is validated (network kind, an empty valid list)."""
 
 

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import click
 
+from .detection import _label, check_names, detector_layers, draw_detections
+from .errors import DarknetError, UsageError
 from .files import OverwriteError, atomic_output, refuse_overwrite
+from .network import load_network
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".webm", ".wmv")
 # VideoWriter codecs by container; mp4v plays everywhere OpenCV's wheels can write.
@@ -24,7 +27,7 @@ DEFAULT_FOURCC = "mp4v"
 CAMERA_FPS = 25.0           # a camera that does not report its rate
 
 
-class VideoError(Exception):
+class VideoError(DarknetError):
     """A video or camera that cannot be read, or an output that cannot be written."""
 
 
@@ -140,7 +143,6 @@ def _detect_frames(net, capture, frame, writer, total, result, thresh, hier, nms
                    classes, max_frames, log, on_frame):
     """The loop: detect, draw, write and report each frame until the source ends, the frame
     limit, or Ctrl-C (which is recorded in result, not raised)."""
-    from .detection import _label, draw_detections
 
     started = time.perf_counter()
     try:
@@ -171,29 +173,22 @@ DEFAULT_OUT = "predictions.mp4"
 def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings, names, device,
                          overwrite=False, darknet=None):
     """`darknet-py detect` on one video file or a camera (dispatched from cli.py)."""
-    from .cli import UserError, check_names
-    from .detection import detector_layers
-    from .network import load_network
-
     if camera is not None and inputs:
-        raise UserError("give a video file or --camera N, not both")
+        raise UsageError("give a video file or --camera N, not both")
     if camera is None and len(inputs) != 1:
-        raise UserError("give one video file at a time (without images)")
+        raise UsageError("give one video file at a time (without images)")
     if json_file is not None:
-        raise UserError("--json is for images; a video's detections are printed per frame")
+        raise UsageError("--json is for images; a video's detections are printed per frame")
     out = out if out is not None else DEFAULT_OUT
     source = camera if camera is not None else inputs[0]
-    try:
-        check_output(out, overwrite)   # before the network loads: fail fast
-        if camera is None:
-            open_source(source)[0].release()
-        net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
-        heads = detector_layers(net)
-        if not heads:
-            raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
-        check_names(names, heads[-1].classes)
-        net.names = names
-        run_video(net, source, out, names=names, classes=heads[-1].classes,
-                  overwrite=overwrite, log=click.echo, **settings)
-    except VideoError as e:
-        raise UserError(str(e)) from None
+    check_output(out, overwrite)   # before the network loads: fail fast
+    if camera is None:
+        open_source(source)[0].release()
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    heads = detector_layers(net)
+    if not heads:
+        raise UsageError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
+    check_names(names, heads[-1].classes)
+    net.names = names
+    run_video(net, source, out, names=names, classes=heads[-1].classes,
+              overwrite=overwrite, log=click.echo, **settings)

@@ -13,14 +13,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import DarknetError, DarknetWarning
 from .files import atomic_output, check_input_file
 
 
-class WeightsError(Exception):
+# The AlexeyAB fork writes its weights headers as 0.2.5 (the original, and converters, 0.2.0).
+FORK_WEIGHTS_HEADER = (0, 2, 5)
+
+
+class WeightsError(DarknetError):
     pass
 
 
-class WeightsWarning(UserWarning):
+class WeightsWarning(DarknetWarning):
     """A weights file that loads but holds something suspicious (NaN or infinite values)."""
 
 
@@ -265,7 +270,6 @@ def save_weights(net, path, cutoff=None):
     if getattr(net, "darknet", "original") == "alexeyab":
         # The fork writes its own version and `seen` as whole iterations (its save_weights
         # sets seen = cur_iteration * batch * subdivisions).
-        from .network import FORK_WEIGHTS_HEADER
         major, minor, revision = FORK_WEIGHTS_HEADER
         seen = net.iteration * net.images_per_iteration
     seen_is_64, transpose = _header_layout(major, minor)

@@ -28,7 +28,8 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
+from . import cuda_graph, kernel_cache
+from .errors import DeviceOutOfMemory, GraphCaptureError
 
 from .. import activations
 from ..losses.detection import DETECTION_SCALARS

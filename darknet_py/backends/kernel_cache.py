@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 
-from . import BackendError
+from .errors import BackendError
 
 _TAG = b"darknet-py cubin v1\n"
 _DIGEST = 32

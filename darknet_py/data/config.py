@@ -4,9 +4,10 @@ import os
 from dataclasses import dataclass, field
 
 from ..cfg import CfgError, read_data_file
+from ..errors import DarknetError
 
 
-class DataError(Exception):
+class DataError(DarknetError):
     """A problem with a dataset file; the message names the file (and line where known)."""
 
 
