@@ -23,7 +23,7 @@ import click
 
 from . import __version__
 from .cfg import read_data_file
-from .detection import check_names
+from .predictions import check_names
 from .errors import USER_ERRORS, USER_WARNINGS, describe_error
 from .files import atomic_output, refuse_overwrite, remove_stale_temporaries
 from .image import ImageError
@@ -279,9 +279,9 @@ def classify_command(cfg, weights, images, top, names, data, device, darknet):
             top = int(data.get("top", 5))
         except ValueError:
             raise UserError(f"top={data['top']} in the --data file is not a whole number") from None
-    from .detection import output_layer
+    from .predictions import output_layer
 
-    from .detection import detector_layers
+    from .predictions import detector_layers
     paths = expand_images(images)
     net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if detector_layers(net):
@@ -383,7 +383,7 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @darknet_option
 def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
                    ext_output, overwrite, names, data, device, darknet):
-    from .detection import (detect, detection_classes, detections_to_json, detector_layers,
+    from .predictions import (detect, detection_classes, detections_to_json, detector_layers,
                             draw_detections, ext_output_lines, pixel_box)
     from .image import decode_image, from_bgr
     from .video import is_video

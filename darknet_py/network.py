@@ -13,7 +13,7 @@ import numpy as np
 from . import optimizer
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
-from .detection import DETECTOR_TYPES
+from .predictions import DETECTOR_TYPES, classify, detect
 from .errors import DarknetError
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
@@ -710,13 +710,11 @@ class Network:
     # ---- applications ---------------------------------------------------------------
     def detect(self, image, thresh=0.5, hier=0.5, nms=0.45):
         """Detections on one image (a path, a Darknet (3, H, W) float image, or an OpenCV
-        BGR uint8 array), boxes relative to the original image; see detection.py."""
-        from .detection import detect
+        BGR uint8 array), boxes relative to the original image; see predictions.py."""
         return detect(self, image, thresh=thresh, hier=hier, nms=nms)
 
     def classify(self, image, top=5):
         """[(class_id, prob, name), ...] for the `top` most probable classes."""
-        from .detection import classify
         return classify(self, image, top=top)
 
     # ---- weights ------------------------------------------------------------------

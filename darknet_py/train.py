@@ -46,7 +46,7 @@ from .data.augment_fork import classifier_augment, detector_augment
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader, default_workers
-from .detection import detector_layers, output_layer
+from .predictions import detector_layers, output_layer
 from .errors import DarknetError
 from .distributed.data_parallel import Ranks
 from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stale_temporaries,

@@ -30,7 +30,7 @@ from .boxes import box_iou, fork_iou, results_corners
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
-from .detection import detect, detector_layers, output_layer
+from .predictions import detect, detector_layers, output_layer
 from .errors import DarknetError
 from .files import write_text_atomically
 

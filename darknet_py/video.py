@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import click
 
-from .detection import _label, check_names, detector_layers, draw_detections
+from .predictions import _label, check_names, detector_layers, draw_detections
 from .errors import DarknetError, UsageError
 from .files import OverwriteError, atomic_output, refuse_overwrite
 from .network import load_network

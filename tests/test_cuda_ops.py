@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from darknet_py import activations
-from darknet_py.backends.numpy_backend import NumpyBackend, conv_out_size
+from darknet_py.backends.numpy_backend import NumpyBackend
+from darknet_py.shapes import conv_out_size
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_BACKEND_PY = ROOT / "darknet_py" / "backends" / "cuda_backend.py"

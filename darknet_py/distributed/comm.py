@@ -5,7 +5,6 @@ broadcasts of a backend's arrays, barriers), and its TCP implementation.
 transport; CUDA ranks rendezvous through one and keep it for barriers, see nccl.py).
 """
 import selectors
-import signal
 import socket
 import struct
 import time
