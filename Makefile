@@ -23,6 +23,7 @@ NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
 install: .installed
 
 # Every kernel must compile for Hopper; skipped (with a notice) where nvcc is absent.
+# Headers (kernels/*.cuh) are compiled as part of the .cu files that include them.
 kernels-check:
 	@if command -v $(NVCC) >/dev/null; then \
 	  for f in kernels/*.cu; do echo "nvcc $$f"; $(NVCC) $(NVCC_FLAGS) $$f || exit 1; done; \
@@ -42,7 +43,7 @@ dist: install
 	$(PYTHON) -c 'import glob, os, sys, zipfile; \
 	  names = set(zipfile.ZipFile(glob.glob("dist/*.whl")[0]).namelist()); \
 	  want = {f"darknet_py/{folder}/{os.path.basename(p)}" for folder, pattern in \
-	          (("kernels", "kernels/*.cu"), ("cfgs", "cfg/*.cfg")) for p in glob.glob(pattern)}; \
+	          (("kernels", "kernels/*.cu*"), ("cfgs", "cfg/*.cfg")) for p in glob.glob(pattern)}; \
 	  sys.exit(f"the wheel lacks {sorted(want - names)}" if want - names else 0)'
 	@ls dist/*.whl
 

@@ -221,9 +221,9 @@ class _Device:
         self.functions = {}
         self.modules = []
         sources = {}
-        for filename in _KERNELS:
-            with open(os.path.join(KERNEL_DIR, filename)) as f:
-                sources[filename] = f.read()
+        for filename in _KERNELS:   # headers inlined: the cache key covers them
+            sources[filename] = kernel_cache.read_kernel_source(os.path.join(KERNEL_DIR,
+                                                                             filename))
         arch = "sm_%d%d" % self.device.compute_capability()
         cubins = kernel_cache.cubins(sources, arch, _KERNEL_OPTIONS)
         for filename, entries in _KERNELS.items():

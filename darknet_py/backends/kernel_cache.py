@@ -1,7 +1,10 @@
 """The kernels' cubins, compiled by nvcc and cached on disk by what they are built from.
 
-An entry's name is the SHA-256 of the source, the nvcc options and the GPU architecture;
-it holds a tag line, the SHA-256 of the cubin and the cubin. Entries are written to a
+A kernel file's source is the .cu file with the headers it includes from its folder
+(kernels/common.cuh) inlined: read_kernel_source. An entry's name is the SHA-256 of that
+source, the nvcc options and the GPU architecture (entry_name; kernel_identity computes it
+from a kernel file's path), so a header's change rebuilds every kernel that includes it.
+An entry holds a tag line, the SHA-256 of the cubin and the cubin. Entries are written to a
 temporary file and renamed into place, so a reader never sees half of one; an entry whose
 digest does not match its cubin (a damaged disk, a partial copy) is compiled again and
 replaced. Missing entries compile in parallel, one nvcc per file: a first start costs the
@@ -14,6 +17,7 @@ The cache lives in $DARKNET_KERNEL_CACHE, else $XDG_CACHE_HOME/darknet-py/kernel
 import concurrent.futures
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +26,10 @@ from .errors import BackendError
 
 _TAG = b"darknet-py cubin v1\n"
 _DIGEST = 32
+# `#include "name"` of a header beside the kernel file (the only includes the kernels use
+# besides the toolkit's own <...>, which nvcc resolves itself).
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[^\n]*$', re.MULTILINE)
+_PRAGMA_ONCE = re.compile(r'^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*$', re.MULTILINE)
 
 
 class KernelCompileError(BackendError):
@@ -33,6 +41,38 @@ def cache_dir():
         return os.environ["DARKNET_KERNEL_CACHE"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "darknet-py", "kernels")
+
+
+def read_kernel_source(path, _seen=None):
+    """The text a kernel file's cubin is built from: the file with each header it includes
+    as `#include "name"` (looked for beside it) inlined, recursively and once each, as the
+    C preprocessor would with #pragma once. #line markers keep nvcc's messages naming the
+    header's and the file's own lines. The result needs no include path: nvcc compiles it
+    from anywhere, and hashing it covers every header."""
+    path = os.path.abspath(path)
+    seen = set() if _seen is None else _seen
+    seen.add(path)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    name = os.path.basename(path)
+    parts, at = [], 0
+    for match in _LOCAL_INCLUDE.finditer(text):
+        header = os.path.abspath(os.path.join(os.path.dirname(path), match.group(1)))
+        parts.append(text[at:match.start()])
+        if header not in seen:
+            body = _PRAGMA_ONCE.sub("", read_kernel_source(header, seen))  # done here
+            parts.append(f'#line 1 "{match.group(1)}"\n' + body.rstrip("\n") + "\n")
+        line = text.count("\n", 0, match.end()) + 2
+        parts.append(f'#line {line} "{name}"')
+        at = match.end()
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+def kernel_identity(path, options, arch):
+    """The cache entry's name of kernel file `path` compiled with nvcc `options` for
+    `arch`: what identifies its cubin (a prebuilt cubin's manifest keys on it too)."""
+    return entry_name(read_kernel_source(path), tuple(options), arch)
 
 
 def entry_name(source, options, arch):
