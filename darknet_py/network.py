@@ -207,8 +207,8 @@ class Network:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.seen = 0
-        # Data-parallel training (distributed/data_parallel.py): the replicas' gradients are summed before
-        # each update; None for one process. `seen` counts every replica's images.
+        # Data-parallel training (distributed/data_parallel.py): the replicas' gradients are
+        # summed before each update; None for one process. `seen` counts every replica's images.
         self.data_parallel = None
         self.names = None         # class names, when a .data/.names file gave them
         self.weights_header = FORK_WEIGHTS_HEADER if self.darknet == "alexeyab" else (0, 2, 0)
