@@ -178,7 +178,7 @@ def check_flavour(darknet):
 
 
 class Network:
-    """Build with load_network(); see the README for the Python API."""
+    """Build with load_network(); see docs/python-api.md for the Python API."""
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
                  darknet=None, random_init=True):

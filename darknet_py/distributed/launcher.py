@@ -61,7 +61,7 @@ def _worker(spec, errors):
     """Body of a worker process: join, train, report a failure as one line through
     `errors` (a Pipe end) and the exit code."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the launcher decides what Ctrl-C does
-    os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (see README)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (docs/training.md)
     comm = None
     try:
         print(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
