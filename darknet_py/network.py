@@ -13,11 +13,11 @@ import numpy as np
 from . import optimizer
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
-from .predictions import DETECTOR_TYPES, classify, detect
 from .errors import DarknetError
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
+from .predictions import DETECTOR_TYPES, classify, detect
 from .weights import FORK_WEIGHTS_HEADER, load_weights, peek_header, save_weights
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .errors import DarknetError, DarknetWarning
 from .files import atomic_output, check_input_file
+from .layers.convolutional import ConvolutionalLayer
 
 
 # The AlexeyAB fork writes its weights headers as 0.2.5 (the original, and converters, 0.2.0).
@@ -218,8 +219,6 @@ def class_count_layout(net, have):
     and reads a convolution with n * (classes + extra) filters, so the file's size is this
     network's plus (classes - this network's classes) * the head convolutions' floats per
     class."""
-    from .layers.convolutional import ConvolutionalLayer
-
     heads = [l for l in net.layers if l.type in TRANSFER_HEADS]
     if not heads or len({h.classes for h in heads}) != 1:
         return None

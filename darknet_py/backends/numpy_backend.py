@@ -19,6 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from .. import activations
 from ..draws import uniform_hash
 from ..losses import detection as detection_loss, region as region_loss
+from ..losses.yolo import image_truths, yolo_loss
 from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel, threads_now
 from .pinning import unpin_nothing
@@ -581,7 +582,6 @@ class NumpyBackend:
         (spec.batch images, after activation) against the truth buffer (spec.batch rows of
         truth_fields floats a box): writes the whole delta and the yolo_loss.SCALARS
         (cost first) into scalars."""
-        from ..losses.yolo import image_truths, yolo_loss
         d, sums = yolo_loss(spec, output, image_truths(spec, truth))
         delta[:d.size] = d
         scalars[:sums.size] = sums
