@@ -23,6 +23,7 @@ NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
 install: .installed
 
 # Every kernel must compile for Hopper; skipped (with a notice) where nvcc is absent.
+# Headers (kernels/*.cuh) are compiled as part of the .cu files that include them.
 kernels-check:
 	@if command -v $(NVCC) >/dev/null; then \
 	  for f in kernels/*.cu; do echo "nvcc $$f"; $(NVCC) $(NVCC_FLAGS) $$f || exit 1; done; \

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import darknet_py as dn  # noqa: E402
 from darknet_py.backends import cuda_transfer  # noqa: E402
 from darknet_py.bench import prepare  # noqa: E402
-from darknet_py.detection import detector_layers, get_network_boxes  # noqa: E402
+from darknet_py.predictions import detector_layers, get_network_boxes  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 

@@ -21,7 +21,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from darknet_py.distributed import DataParallel, connect, free_port  # noqa: E402
+from darknet_py.distributed.comm import free_port  # noqa: E402
+from darknet_py.distributed.data_parallel import DataParallel  # noqa: E402
+from darknet_py.distributed.launcher import connect  # noqa: E402
 
 DEFAULT_CFG = ROOT.parent / "shared" / "darknet-cfg" / "yolov3-tiny.cfg"
 

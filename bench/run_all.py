@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import pycuda.driver as drv  # noqa: E402
 
 from darknet_py.backends.cuda_backend import CudaBackend  # noqa: E402
-from darknet_py.backends.numpy_backend import conv_out_size  # noqa: E402
+from darknet_py.shapes import conv_out_size  # noqa: E402
 
 # (label, ta, tb, m, n, k): Darknet's conv as gemm is M = filters, N = out_h*out_w,
 # K = channels*size*size (forward: weights x col; weight gradient: delta x col^T;

@@ -12,7 +12,7 @@ import statistics
 
 import numpy as np
 
-from .detection import DETECTOR_TYPES
+from .predictions import DETECTOR_TYPES
 
 MAX_BOXES = 90  # Darknet's truth buffer: 90 boxes of (x, y, w, h, class) per image
 

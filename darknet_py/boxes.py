@@ -3,7 +3,7 @@
 
 Boxes are Darknet's ``box``: (x, y, w, h), centre-based. Arithmetic is float32 where Darknet
 computes in float, so scores and boxes agree with it. The detection heads (layers/yolo.py,
-region.py, detection.py) and the application module detection.py both build on this.
+region.py, detection.py) and the application module predictions.py both build on this.
 """
 from dataclasses import dataclass, field
 from typing import Optional

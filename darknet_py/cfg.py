@@ -12,6 +12,8 @@ import re
 import stat
 import warnings
 
+from .errors import DarknetError, DarknetWarning
+
 # Darknet's section names and their aliases -> canonical type.
 SECTION_ALIASES = {
     "net": "net", "network": "net",
@@ -47,7 +49,7 @@ INT_MIN, INT_MAX = -2**31, 2**31 - 1
 BOM = "\ufeff"
 
 
-class CfgError(Exception):
+class CfgError(DarknetError):
     """A problem in a cfg file; str() reads 'file:line: key: message'."""
 
     def __init__(self, message, path=None, line=None, key=None):
@@ -58,7 +60,7 @@ class CfgError(Exception):
         super().__init__(f"{where}: {key + ': ' if key else ''}{message}")
 
 
-class CfgWarning(UserWarning):
+class CfgWarning(DarknetWarning):
     pass
 
 

@@ -1,9 +1,10 @@
 """The darknet-py command line: Darknet's classifier, detector, info and partial commands.
 
 Every command runs inside DarknetGroup.invoke, which turns the errors a user can fix
-(a missing file, a cfg error, weights of the wrong size, an unreadable image, a bad
-device) into one line on stderr and exit code 2, and prints cfg warnings one line each.
-Any other exception is a bug in darknet-py and keeps its traceback.
+(errors.USER_ERRORS: a missing file, a cfg error, weights of the wrong size, an unreadable
+image, a bad device, each module's DarknetError) into one line on stderr and exit code 2,
+and prints their warnings (errors.USER_WARNINGS) one line each. Any other exception is a
+bug in darknet-py and keeps its traceback.
 
 Commands that run a network take the shared options from `device_options` and
 `names_options`; new commands (training: train, valid, anchors) go in the marked
@@ -21,24 +22,18 @@ import warnings
 import click
 
 from . import __version__
-from .backends import BackendError
-from .cfg import CfgError, CfgWarning, read_data_file
+from .cfg import read_data_file
 from .darknet_forms import DarknetFormError, translate as translate_darknet_form
-from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
-                    remove_stale_temporaries, run_numbered, write_text_atomically)
-from .image import ImageError, ImageWarning
-from .names import NamesError, find_names, names_from_data, read_names
-from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
-from .weights import WeightsError, WeightsWarning, floats_needed
+from .errors import USER_ERRORS, USER_WARNINGS, describe_error
+from .files import (atomic_output, first_free_run, refuse_overwrite, remove_stale_temporaries,
+                    run_numbered, write_text_atomically)
+from .image import ImageError
+from .names import names_from_data, read_names
+from .network import DARKNET_FLAVOURS, build_network, load_network
+from .predictions import check_names
+from .weights import floats_needed
 
 PROG = "darknet-py"
-
-# Exceptions that describe a problem with the user's files or machine, not a bug.
-# OSError covers files we open directly (names, image lists, outputs we write).
-USER_ERRORS = (CfgError, WeightsError, ImageError, BackendError, NetworkError, OverwriteError,
-               NamesError, OSError)
-# Warnings about the user's files: one `darknet-py: warning:` line each.
-USER_WARNINGS = (CfgWarning, WeightsWarning, ImageWarning)
 
 # IMAGE arguments ending like this are lists of image paths, one a line.
 LIST_SUFFIXES = (".txt", ".list")
@@ -50,15 +45,6 @@ class UserError(click.ClickException):
 
     def show(self, file=None):
         click.echo(f"{PROG}: error: {self.format_message()}", err=True)
-
-
-def describe_error(exc):
-    """One line for a USER_ERRORS exception."""
-    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}"
-    else:
-        text = str(exc) or type(exc).__name__
-    return " ".join(text.split())  # a message must stay on one line
 
 
 def warn(message):
@@ -270,26 +256,6 @@ def expand_images(args):
     return paths
 
 
-def check_names(names, classes, *beside, warn_missing=True):
-    """The names to show: those given, else a names file found beside the weights or cfg
-    (names.find_names; a note says which), else None with a warning. Warns when the names
-    do not match the network's class count; classes without a name are shown as numbers."""
-    if names is None:
-        found = find_names(classes, *beside)
-        if found is None:
-            if warn_missing:
-                warn("no class names given; classes are shown as numbers (give --names FILE "
-                     "or --data FILE)")
-            return None
-        click.echo(f"{PROG}: note: class names from {found} (give --names to choose others)",
-                   err=True)
-        return read_names(found)
-    if len(names) != classes:
-        warn(f"{len(names)} class names given, but the network has {classes} classes"
-             + ("; the others are shown as numbers" if len(names) < classes else ""))
-    return names
-
-
 def class_name(names, class_id):
     if names is not None and 0 <= class_id < len(names):
         return names[class_id]
@@ -340,9 +306,9 @@ def classify_command(cfg, weights, images, top, names, data, device, darknet):
             top = int(data.get("top", 5))
         except ValueError:
             raise UserError(f"top={data['top']} in the --data file is not a whole number") from None
-    from .detection import output_layer
+    from .predictions import output_layer
 
-    from .detection import detector_layers
+    from .predictions import detector_layers
     paths = expand_images(images)
     net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if detector_layers(net):
@@ -453,8 +419,8 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @darknet_option
 def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, json_file,
                    save_txt, darknet_order, ext_output, overwrite, names, data, device, darknet):
-    from .detection import (detect, detection_classes, detections_to_json, detector_layers,
-                            draw_detections, ext_output_lines, pixel_box, yolo_txt)
+    from .predictions import (detect, detection_classes, detections_to_json, detector_layers,
+                              draw_detections, ext_output_lines, pixel_box, yolo_txt)
     from .image import decode_image, from_bgr
     from .video import is_video
 
@@ -594,21 +560,6 @@ def partial_command(cfg, weights, out, layers, overwrite, darknet):
 
 
 # ---- training commands (darknet_py/train.py): train, valid, anchors go here -----------------
-def training_errors(command):
-    """Report the training modules' user errors (bad datasets, nothing to train) like the
-    others: one line, exit code 2."""
-    @functools.wraps(command)
-    def run(*args, **kwargs):
-        from .data.config import DataError
-        from .train import TrainError
-        from .validate import ValidationError
-        try:
-            return command(*args, **kwargs)
-        except (DataError, TrainError, ValidationError) as e:
-            raise UserError(describe_error(e)) from None
-    return run
-
-
 @cli.command("train", short_help="Train a classifier or a YOLO detector.")
 @click.argument("cfg")
 @click.argument("data")
@@ -659,7 +610,6 @@ def training_errors(command):
               help="Processes loading and augmenting images (0: in the training process) "
                    "[default: one per available CPU less one, at most 16].")
 @device_options
-@training_errors
 @darknet_option
 def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
                   overwrite, quiet, gpus, ranks, nodes, node_rank, master, comm_timeout,
@@ -699,7 +649,8 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
     """`train --gpus/--ranks [--nodes --node-rank --master]`: start this node's ranks."""
     from .backends import cuda_device_count
     from .data.loader import default_workers
-    from .distributed import LaunchError, launch, parse_gpus, parse_master
+    from .distributed.comm import parse_master
+    from .distributed.launcher import LaunchError, launch, parse_gpus
 
     if gpus is not None and ranks is not None:
         raise click.UsageError("give --gpus (GPUs) or --ranks (CPU processes), not both")
@@ -737,7 +688,6 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
 @click.option("--overwrite", is_flag=True,
               help="Replace results files an earlier run left in --results-dir.")
 @device_options
-@training_errors
 @darknet_option
 def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
@@ -774,7 +724,6 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
 @overwrite_option
 @device_options
 @darknet_option
-@training_errors
 def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite, device,
                 darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
@@ -788,7 +737,7 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
     from .validate import detector_map
     if plots is not None:
         from .data.config import load_data_config
-        from .detection import detector_layers
+        from .predictions import detector_layers
         from .map_plots import plot_paths
         heads = detector_layers(build_network(cfg, darknet=darknet))
         classes = heads[-1].classes if heads else 0
@@ -810,7 +759,6 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
               help="The network's input height. [default: the --cfg's, else 416]")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the k-means initialisation.")
-@training_errors
 def anchors_command(data, cfg, num, width, height, seed):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 
@@ -835,7 +783,6 @@ def anchors_command(data, cfg, num, width, height, seed):
               help="The labels overview picture (boxes per class, centres, sizes) "
                    "[default: <data>_labels.png, numbered past an earlier one; `none`: no "
                    "picture].")
-@training_errors
 def check_command(data, picture):
     """Report what the .data file DATA's train and valid lists hold: images (and missing
     ones), label files, boxes per class, and every label problem by file and line

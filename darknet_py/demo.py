@@ -74,7 +74,7 @@ def _draw_predictions(net, paths, names, out_path):
     import numpy as np
 
     from .data.labels import read_image_labels
-    from .detection import draw_detections
+    from .predictions import draw_detections
 
     tiles = []
     for path in paths:

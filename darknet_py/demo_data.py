@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .data.augment import hsv_to_rgb
 from .data.config import DataError
 from .data.labels import check_classifier_labels, label_path
-from .image import resize_image, to_bgr
+from .image import LUMA_RGB, resize_image, to_bgr
 
 DIGITS_NPZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "digits.npz")
 CLASS_NAMES = tuple(f"digit{i}" for i in range(10))
@@ -143,8 +144,6 @@ def _random_colour(rng, background, tries=20):
     """A bright, saturated RGB colour (so hue/saturation augmentation has work to do) whose
     grey value (the detector sees grey) is at least INK_CONTRAST above the background's:
     pure blue on dark brown is a clear digit in colour and next to invisible in grey."""
-    from .data.augment import hsv_to_rgb
-    from .image import LUMA_RGB
     floor = float(LUMA_RGB @ background.reshape(3)) + INK_CONTRAST
     for _ in range(tries):
         hsv = np.array([rng.uniform(0, 1), rng.uniform(0.5, 1), rng.uniform(0.75, 1)],

@@ -15,8 +15,10 @@ import stat
 import tempfile
 import time
 
+from .errors import DarknetError
 
-class OverwriteError(Exception):
+
+class OverwriteError(DarknetError):
     """An output file exists and --overwrite was not given."""
 
 

@@ -13,14 +13,15 @@ import warnings
 
 import numpy as np
 
+from .errors import DarknetError, DarknetWarning
 from .files import check_input_file
 
 
-class ImageError(Exception):
+class ImageError(DarknetError):
     pass
 
 
-class ImageWarning(UserWarning):
+class ImageWarning(DarknetWarning):
     """A decoder's complaint about an image it could still decode (corrupt JPEG data)."""
 
 

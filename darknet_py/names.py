@@ -8,11 +8,12 @@ says which .data file the path came from.
 import os
 
 from .cfg import CfgError, read_data_file
+from .errors import DarknetError
 
 NAMES_SUFFIXES = (".names",)
 
 
-class NamesError(Exception):
+class NamesError(DarknetError):
     """A names file that is missing, unreadable or empty; the message names its path and
     where the path came from."""
 

@@ -13,10 +13,13 @@ import numpy as np
 from . import optimizer
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
-from .detection import DETECTOR_TYPES
+from .errors import DarknetError
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
+from .predictions import (DETECTOR_TYPES, as_image, classify, detect, detect_batch,
+                          detector_layers)
+from .weights import FORK_WEIGHTS_HEADER, load_weights, peek_header, save_weights
 
 
 @dataclass
@@ -127,7 +130,7 @@ _UPDATE_BUFFER = {"biases": "bias_updates", "scales": "scale_updates",
                   "weights": "weight_updates"}
 
 
-class NetworkError(Exception):
+class NetworkError(DarknetError):
     pass
 
 
@@ -136,7 +139,6 @@ class NetworkError(Exception):
 # differs in batch-norm epsilon and momentum, trains no BN beta on the CPU, counts BFLOPs
 # its own way, writes weights headers 0.2.5 and keeps 6 x 200 truth values per image.
 DARKNET_FLAVOURS = ("original", "alexeyab")
-FORK_WEIGHTS_HEADER = (0, 2, 5)
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
 _FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo"}
@@ -175,7 +177,6 @@ def cfg_flavour(sections):
 def weights_flavour(path):
     """"alexeyab" for a weights file whose header is the fork's 0.2.5; None otherwise
     (the original's 0.2.0 is also what converters write, so it decides nothing)."""
-    from .weights import peek_header
     return "alexeyab" if peek_header(path) == FORK_WEIGHTS_HEADER else None
 
 
@@ -187,7 +188,7 @@ def check_flavour(darknet):
 
 
 class Network:
-    """Build with load_network(); see the README for the Python API."""
+    """Build with load_network(); see docs/python-api.md for the Python API."""
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
                  darknet=None, random_init=True):
@@ -216,8 +217,8 @@ class Network:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.seen = 0
-        # Data-parallel training (distributed.py): the replicas' gradients are summed before
-        # each update; None for one process. `seen` counts every replica's images.
+        # Data-parallel training (distributed/data_parallel.py): the replicas' gradients are
+        # summed before each update; None for one process. `seen` counts every replica's images.
         self.data_parallel = None
         self.names = None         # class names, when a .data/.names file gave them
         self.weights_header = FORK_WEIGHTS_HEADER if self.darknet == "alexeyab" else (0, 2, 0)
@@ -710,7 +711,6 @@ class Network:
         """predict's input as float32 (N, C, H, W): a photo (a path, or an OpenCV (H, W, 3)
         uint8 array) is letterboxed to the network size for you; an array of another shape
         is refused with the shape expected."""
-        from .detection import as_image
         from .image import letterbox
         channels, height, width = self.input_shape
         if isinstance(x, (str, os.PathLike)) or (getattr(x, "dtype", None) == np.uint8
@@ -797,8 +797,8 @@ class Network:
         """Detections on an image (a path, a Darknet (3, H, W) float image, or an OpenCV
         BGR uint8 (H, W, 3) array), highest score first: each has .name, .score, .xyxy
         (pixels of the original image) and .box (relative centre x, y, w, h). Given a list
-        of images, a list of such lists, `batch` images per forward pass. See detection.py."""
-        from .detection import detect, detect_batch
+        of images, a list of such lists, `batch` images per forward pass. See
+        predictions.py."""
         if isinstance(image, (list, tuple)):
             return detect_batch(self, list(image), thresh=thresh, hier=hier, nms=nms,
                                 batch=batch)
@@ -806,7 +806,6 @@ class Network:
 
     def classify(self, image, top=5):
         """[(class_id, prob, name), ...] for the `top` most probable classes."""
-        from .detection import classify, detector_layers
         if detector_layers(self):
             raise ValueError(f"{self.path}: the network is a detector; use detect()")
         return classify(self, image, top=top)
@@ -815,11 +814,9 @@ class Network:
     def load_weights(self, path, cutoff=None, transfer=False):
         """Load a .weights file; with transfer, also one trained for another class count
         (returns a weights.TransferReport saying which layers were loaded)."""
-        from .weights import load_weights
         return load_weights(self, path, cutoff, transfer=transfer)
 
     def save_weights(self, path, cutoff=None):
-        from .weights import save_weights
         save_weights(self, path, cutoff)
 
 

@@ -31,16 +31,19 @@ from .data.check import check_detector_dataset
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
-from .detection import detect, detector_layers, output_layer
-from .tree import hierarchy_predictions
+from .errors import DarknetError
 from .files import write_text_atomically
+from .image import ImageError, load_image
+from .network import load_network
+from .predictions import detect, detector_layers, output_layer
+from .tree import hierarchy_predictions
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
 VALID_NMS = 0.45
 MAP_IOU = 0.5
 
 
-class ValidationError(Exception):
+class ValidationError(DarknetError):
     """A problem with what is validated (network kind, an empty valid list)."""
 
 
@@ -223,8 +226,6 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
     """mAP@iou_thresh of a detector network over image `paths` (labels by Darknet's
     label-path rule; an image without a label file has no objects). on_image(path, width,
     height, [(class_id, score, box)]) is called with each image's scored detections."""
-    from .image import ImageError, load_image
-
     channels = net.options.channels
     detections, truths = [], {}
     skipped = []
@@ -481,9 +482,6 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
     and print fork_map's report. Returns the ForkMapResult."""
-    from .image import ImageError, load_image
-    from .network import load_network
-
     config = load_data_config(data, require=("valid",))
     paths = config.valid_paths()
     if not paths:
@@ -525,8 +523,6 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
     per-class results, then the summary line; returns the result. For a detector with
     results_dir, also writes Darknet's results files there (DetectionResultsWriter),
     refusing to replace earlier ones unless overwrite."""
-    from .network import load_network
-
     config = load_data_config(data, require=("valid",))
     paths = config.valid_paths()
     if not paths:

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 
 import click
 
+from .errors import DarknetError, UsageError
 from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
                     run_numbered)
+from .network import load_network
+from .predictions import _label, check_names, detector_layers, draw_detections
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".webm", ".wmv")
 # VideoWriter codecs by container; mp4v plays everywhere OpenCV's wheels can write.
@@ -25,7 +28,7 @@ DEFAULT_FOURCC = "mp4v"
 CAMERA_FPS = 25.0           # a camera that does not report its rate
 
 
-class VideoError(Exception):
+class VideoError(DarknetError):
     """A video or camera that cannot be read, or an output that cannot be written."""
 
 
@@ -149,7 +152,7 @@ def check_output_json(path, overwrite):
 def write_frames_json(path, source, result, frames, names, settings):
     """--json for a video: every frame's detections (pixels of the frame and relative)."""
     import json
-    from .detection import detections_to_json
+    from .predictions import detections_to_json
     width, height = result.frame_size
     content = {"video": source if isinstance(source, str) else f"camera {source}",
                "width": width, "height": height, **settings, "frames": [
@@ -164,7 +167,6 @@ def _detect_frames(net, capture, frame, writer, total, result, thresh, hier, nms
                    classes, max_frames, log, on_frame):
     """The loop: detect, draw, write and report each frame until the source ends, the frame
     limit, or Ctrl-C (which is recorded in result, not raised)."""
-    from .detection import _label, draw_detections
 
     started = time.perf_counter()
     try:
@@ -196,37 +198,29 @@ DEFAULT_OUT = "predictions.mp4"
 def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings, names, device,
                          overwrite=False, darknet=None):
     """`darknet-py detect` on one video file or a camera (dispatched from cli.py)."""
-    from .cli import UserError, check_names
-    from .detection import detector_layers
-    from .network import load_network
-
     if camera is not None and inputs:
-        raise UserError("give a video file or --camera N, not both")
+        raise UsageError("give a video file or --camera N, not both")
     if camera is None and len(inputs) != 1:
-        raise UserError("give one video file at a time (without images)")
+        raise UsageError("give one video file at a time (without images)")
     # The default output is numbered past earlier runs' (predictions-2.mp4, ...).
     out = out if out is not None else first_free_run(lambda run: [run_numbered(DEFAULT_OUT,
                                                                                run)])[0]
     source = camera if camera is not None else inputs[0]
-    try:
-        check_output(out, overwrite)   # before the network loads: fail fast
-        if json_file is not None:
-            check_output_json(json_file, overwrite)
-        if camera is None:
-            open_source(source)[0].release()
-        net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
-        heads = detector_layers(net)
-        if not heads:
-            raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
-        net.names = names = check_names(names, heads[-1].classes, weights, cfg,
-                                         warn_missing=False)
-        frames = []
-        result = run_video(net, source, out, names=names, classes=heads[-1].classes,
-                           overwrite=overwrite, log=click.echo, **settings,
-                           on_frame=lambda index, dets: frames.append((index, dets)))
-        if json_file is not None:
-            write_frames_json(json_file, source, result, frames, names, settings)
-            click.echo(f"darknet-py: wrote {json_file} (detections of {len(frames)} frames)",
-                       err=True)
-    except VideoError as e:
-        raise UserError(str(e)) from None
+    check_output(out, overwrite)   # before the network loads: fail fast
+    if json_file is not None:
+        check_output_json(json_file, overwrite)
+    if camera is None:
+        open_source(source)[0].release()
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    heads = detector_layers(net)
+    if not heads:
+        raise UsageError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
+    net.names = names = check_names(names, heads[-1].classes, weights, cfg, warn_missing=False)
+    frames = []
+    result = run_video(net, source, out, names=names, classes=heads[-1].classes,
+                       overwrite=overwrite, log=click.echo, **settings,
+                       on_frame=lambda index, dets: frames.append((index, dets)))
+    if json_file is not None:
+        write_frames_json(json_file, source, result, frames, names, settings)
+        click.echo(f"darknet-py: wrote {json_file} (detections of {len(frames)} frames)",
+                   err=True)

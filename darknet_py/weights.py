@@ -13,14 +13,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import DarknetError, DarknetWarning
 from .files import atomic_output, check_input_file
+from .layers.convolutional import ConvolutionalLayer
 
 
-class WeightsError(Exception):
+# The AlexeyAB fork writes its weights headers as 0.2.5 (the original, and converters, 0.2.0).
+FORK_WEIGHTS_HEADER = (0, 2, 5)
+
+
+class WeightsError(DarknetError):
     pass
 
 
-class WeightsWarning(UserWarning):
+class WeightsWarning(DarknetWarning):
     """A weights file that loads but holds something suspicious (NaN or infinite values)."""
 
 
@@ -213,8 +219,6 @@ def class_count_layout(net, have):
     and reads a convolution with n * (classes + extra) filters, so the file's size is this
     network's plus (classes - this network's classes) * the head convolutions' floats per
     class."""
-    from .layers.convolutional import ConvolutionalLayer
-
     heads = [l for l in net.layers if l.type in TRANSFER_HEADS]
     if not heads or len({h.classes for h in heads}) != 1:
         return None
@@ -268,7 +272,6 @@ def save_weights(net, path, cutoff=None):
     if getattr(net, "darknet", "original") == "alexeyab":
         # The fork writes its own version and `seen` as whole iterations (its save_weights
         # sets seen = cur_iteration * batch * subdivisions).
-        from .network import FORK_WEIGHTS_HEADER
         major, minor, revision = FORK_WEIGHTS_HEADER
         seen = net.iteration * net.images_per_iteration
     seen_is_64, transpose = _header_layout(major, minor)

@@ -8,6 +8,8 @@
 // adds each channel's partials in a fixed order (deterministic) and applies the
 // op's formula.
 
+#include "common.cuh"
+
 // Row-wise kernels: x (blocks and threads) spans a row's spatial elements, y the
 // batch*filters rows; a 1-wide row (connected layers) still fills whole warps.
 // out[row, s] += biases[row % n]
@@ -28,21 +30,6 @@ extern "C" __global__ void scale_bias(float* __restrict__ out, const float* __re
     if (s >= size) return;
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y)
         out[(long long)r * size + s] *= scales[r % n];
-}
-
-__device__ __forceinline__ double block_sum(double v)
-{
-    __shared__ double warp_sums[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    v = 0.0;
-    if (warp == 0) {
-        if (lane < (int)(blockDim.x >> 5)) v = warp_sums[lane];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    }
-    return v;
 }
 
 // What channel_sums adds up, for channel f over its batch*spatial elements i:
@@ -135,7 +122,6 @@ extern "C" __global__ void channel_sums(const float* __restrict__ a, const float
     s = block_sum(s);
     if (threadIdx.x == 0) partial[(long long)f * parts + p] = s;
     if (with_a) {
-        __syncthreads();   // block_sum's shared words are about to be reused
         sa = block_sum(sa);
         if (threadIdx.x == 0) partial_a[(long long)f * parts + p] = sa;
     }

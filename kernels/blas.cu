@@ -1,6 +1,8 @@
 // Level-1 BLAS-like ops over flat float arrays (Darknet's blas_kernels.cu family).
 // Element-wise kernels use grid-stride loops so the launch grid can be capped.
 
+#include "common.cuh"
+
 // y += alpha * x
 extern "C" __global__ void axpy_kernel(int n, float alpha, const float* __restrict__ x,
                                       float* __restrict__ y)
@@ -53,23 +55,6 @@ extern "C" __global__ void mul_add_kernel(int n, const float* __restrict__ a, co
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         y[i] += a[i] * b[i];
-}
-
-// Block-wide sum of one double per thread; the result is valid in thread 0.
-// Needs blockDim.x a multiple of 32, at most 1024.
-__device__ __forceinline__ double block_sum(double v)
-{
-    __shared__ double warp_sums[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    v = 0.0;
-    if (warp == 0) {
-        if (lane < (int)(blockDim.x >> 5)) v = warp_sums[lane];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    }
-    return v;
 }
 
 // partial[blockIdx.x] = sum of this block's grid-stride share of x, in double

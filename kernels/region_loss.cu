@@ -1,6 +1,6 @@
 // The training losses of [region] (YOLOv2, Darknet's forward_region_layer) and of its
 // ancestor [detection] (YOLOv1, forward_detection_layer): the NumPy references are
-// darknet_py/region_loss.py and darknet_py/detection_loss.py, matched element for element.
+// darknet_py/losses/region.py and darknet_py/losses/detection.py, matched element for element.
 //
 // Float arithmetic goes through __fadd_rn/__fmul_rn/__fdiv_rn so that no multiply-add is
 // fused: every rounding is the reference's, and both backends take the same decisions
@@ -9,23 +9,7 @@
 // One thread walks one image's truths in order, because a later truth may overwrite an
 // earlier one's deltas.
 
-struct Box { float x, y, w, h; };
-
-__device__ __forceinline__ float overlap(float x1, float w1, float x2, float w2)
-{
-    const float left = fmaxf(__fsub_rn(x1, w1 / 2.0f), __fsub_rn(x2, w2 / 2.0f));
-    const float right = fminf(__fadd_rn(x1, w1 / 2.0f), __fadd_rn(x2, w2 / 2.0f));
-    return __fsub_rn(right, left);
-}
-
-// Darknet's box_iou; NaN where the union is empty (NaN loses every comparison).
-__device__ float box_iou(Box a, Box b)
-{
-    const float w = overlap(a.x, a.w, b.x, b.w), h = overlap(a.y, a.h, b.y, b.h);
-    const float inter = (w < 0.0f || h < 0.0f) ? 0.0f : __fmul_rn(w, h);
-    const float areas = __fadd_rn(__fmul_rn(a.w, a.h), __fmul_rn(b.w, b.h));
-    return __fdiv_rn(inter, __fsub_rn(areas, inter));
-}
+#include "common.cuh"   // Box, box_iou
 
 __device__ __forceinline__ Box truth_box(const float* t)
 {

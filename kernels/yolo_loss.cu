@@ -1,4 +1,4 @@
-// The [yolo] head's training loss (darknet_py/yolo_loss.py is the reference): Darknet's
+// The [yolo] head's training loss (darknet_py/losses/yolo.py is the reference): Darknet's
 // forward_yolo_layer in both flavours, the original's and the AlexeyAB fork's.
 //
 // Four launches, all deterministic (no atomics; every sum has a fixed order):
@@ -10,9 +10,11 @@
 //   yolo_finish       one thread per prediction: the fork's averaging over iou_thresh's
 //                     anchors, then per block the sums of objectness and delta².
 //   yolo_reduce       one block: the blocks' and images' sums in order, the cost, into
-//                     the layer's float32 scalars (yolo_loss.SCALARS).
+//                     the layer's float32 scalars (losses/yolo.py SCALARS).
 // The arithmetic follows the NumPy reference's float32 (double where it uses float64)
 // operation by operation; the backend compiles this file without fused multiply-adds.
+
+#include "common.cuh"
 
 struct YoloArgs {          // packed by cuda_backend._yolo_args, in this order
     int batch, n, classes, h, w, total, netw, neth;
@@ -24,13 +26,11 @@ struct YoloArgs {          // packed by cuda_backend._yolo_args, in this order
     // followed by float biases[2 * total], int mask[n], float multipliers[classes]
 };
 
-enum IouKind { MSE = 0, IOU = 1, GIOU = 2, DIOU = 3, CIOU = 4 };   // yolo_loss.IOU_LOSSES
+enum IouKind { MSE = 0, IOU = 1, GIOU = 2, DIOU = 3, CIOU = 4 };   // losses/yolo.py IOU_LOSSES
 enum Stat { S_IOU, S_CAT, S_OBJ, S_RECALL, S_RECALL75, S_COUNT, S_IOU_LOSS, S_GIOU_LOSS,
             STATS };
 #define THREADS 256
 #define TRUTH_CHUNK 256
-
-struct Box { float x, y, w, h; };
 
 __device__ __forceinline__ const float* biases_of(const YoloArgs* a)
 {
@@ -60,23 +60,7 @@ __device__ __forceinline__ Box truth_box(const YoloArgs* a, const float* row, in
     return Box{t[0], t[1], t[2], t[3]};
 }
 
-// ---- boxes (boxes.py) -------------------------------------------------------------------
-__device__ __forceinline__ float overlap(float x1, float w1, float x2, float w2)
-{
-    const float left = fmaxf(x1 - w1 / 2.0f, x2 - w2 / 2.0f);
-    const float right = fminf(x1 + w1 / 2.0f, x2 + w2 / 2.0f);
-    return right - left;
-}
-
-// Darknet's box_iou: NaN for an empty union.
-__device__ float box_iou(Box a, Box b)
-{
-    const float w = overlap(a.x, a.w, b.x, b.w), h = overlap(a.y, a.h, b.y, b.h);
-    const float inter = (w < 0.0f || h < 0.0f) ? 0.0f : w * h;
-    const float uni = a.w * a.h + b.w * b.h - inter;
-    return inter / uni;
-}
-
+// ---- boxes (boxes.py; Box, overlap and Darknet's box_iou are in common.cuh) ------------
 // The fork's box_iou: 0 for an empty union.
 __device__ __forceinline__ float fork_iou(Box a, Box b)
 {
@@ -499,23 +483,6 @@ extern "C" __global__ void yolo_truths(const YoloArgs* args, const float* __rest
         for (int s = 0; s < STATS; s++) stats[blockIdx.x * STATS + s] = st[s];
 }
 
-// Block-wide sum of one double per thread (valid in thread 0), in a fixed order.
-__device__ double block_sum(double v)
-{
-    __shared__ double warp_sums[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    v = 0.0;
-    if (warp == 0) {
-        if (lane < (int)(blockDim.x >> 5)) v = warp_sums[lane];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    }
-    return v;
-}
-
 // One thread per prediction (grid as yolo_predictions): the fork's averaging of the box
 // delta over the classes a slot was told (iou_thresh < 1), then this block's sums of
 // objectness, delta² and delta² but the box's into partial[block * 3 ...].
@@ -554,7 +521,7 @@ yolo_finish(const YoloArgs* args, const float* __restrict__ out, float* __restri
     if (threadIdx.x == 0) partial[3 * block + 2] = box_free;
 }
 
-// One block: the sums in order and the cost into scalars (yolo_loss.SCALARS).
+// One block: the sums in order and the cost into scalars (losses/yolo.py SCALARS).
 extern "C" __global__ void __launch_bounds__(THREADS)
 yolo_reduce(const YoloArgs* args, const double* __restrict__ partial, int blocks,
             const double* __restrict__ stats, float* __restrict__ scalars)

@@ -39,9 +39,9 @@ needs_shared = pytest.mark.skipif(
 
 
 def detection_module():
-    """darknet_py.detection, which test/detect need; skip while it is not in the tree."""
-    return pytest.importorskip("darknet_py.detection",
-                               reason="darknet_py/detection.py (classify/detect) not present")
+    """darknet_py.predictions, which test/detect need; skip while it is not in the tree."""
+    return pytest.importorskip("darknet_py.predictions",
+                               reason="darknet_py/predictions.py (classify/detect) not present")
 
 
 PREDICTION_LINE = re.compile(r"^ ?\d{1,3}\.\d\d%: (.+)$")
@@ -707,7 +707,7 @@ def test_detect_darknet_order_json_and_labels_carry_every_class(tmp_path):
 
 def test_box_label_names_every_class_above_thresh():
     from darknet_py.boxes import Detection
-    from darknet_py.detection import _label
+    from darknet_py.predictions import _label
     det = Detection(box=(.5, .5, .2, .2), objectness=.9,
                     probs=np.array([0, .62, 0, .41], dtype=np.float32), class_id=1, prob=.62)
     assert _label(det, ["a", "car", "c", "truck"]) == "car, truck 62%"

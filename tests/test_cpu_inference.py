@@ -8,7 +8,7 @@ import pytest
 
 import darknet_py
 from darknet_py import activations
-from darknet_py.backends import numpy_backend
+from darknet_py.backends import cpu_threads
 from darknet_py.backends.numpy_backend import NumpyBackend
 from test_cuda_ops import MAXPOOL_CASES  # the last has windows wholly in the padding
 
@@ -58,8 +58,8 @@ def test_activate_in_place_equals_the_formula(activation):
 
 
 def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch):
-    monkeypatch.setattr(numpy_backend, "_THREADS", 2)
-    monkeypatch.setattr(numpy_backend, "_FIXED_THREADS", 2)  # whatever the machine's load
+    monkeypatch.setattr(cpu_threads, "_THREADS", 2)
+    monkeypatch.setattr(cpu_threads, "_FIXED_THREADS", 2)  # whatever the machine's load
     seen = np.zeros(1000, dtype=np.int64)
     parts = []
 
@@ -67,10 +67,10 @@ def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch)
         parts.append((start, stop))
         seen[start:stop] += 1
 
-    numpy_backend._parallel(1000, work, 10)
+    cpu_threads.parallel(1000, work, 10)
     assert (seen == 1).all() and len(parts) == 8  # 4 parts per thread
     parts.clear()
-    numpy_backend._parallel(1000, work, 600)      # too little work to split
+    cpu_threads.parallel(1000, work, 600)      # too little work to split
     assert parts == [(0, 1000)]
 
     def fail(start, stop):
@@ -78,26 +78,26 @@ def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch)
             raise ValueError(f"part at {start}")
 
     with pytest.raises(ValueError, match="part at"):
-        numpy_backend._parallel(1000, fail, 10)
+        cpu_threads.parallel(1000, fail, 10)
 
 
 def test_threads_now_leaves_the_cores_other_processes_use(monkeypatch):
-    monkeypatch.setattr(numpy_backend, "_THREADS", 4)
-    monkeypatch.setattr(numpy_backend, "_threads_checked", float("-inf"))
-    assert 1 <= numpy_backend._threads_now() <= 4
-    monkeypatch.setattr(numpy_backend, "_FIXED_THREADS", 3)
-    assert numpy_backend._threads_now() == 3
+    monkeypatch.setattr(cpu_threads, "_THREADS", 4)
+    monkeypatch.setattr(cpu_threads, "_threads_checked", float("-inf"))
+    assert 1 <= cpu_threads.threads_now() <= 4
+    monkeypatch.setattr(cpu_threads, "_FIXED_THREADS", 3)
+    assert cpu_threads.threads_now() == 3
     # The count the GEMM asks BLAS for is never above what BLAS was given.
-    if numpy_backend._SET_BLAS_THREADS:
-        before = numpy_backend._SET_BLAS_THREADS(1)
-        numpy_backend._SET_BLAS_THREADS(before)
-        with numpy_backend._blas_threads(before + 5):
-            inside = numpy_backend._SET_BLAS_THREADS(before)
+    if cpu_threads._SET_BLAS_THREADS:
+        before = cpu_threads._SET_BLAS_THREADS(1)
+        cpu_threads._SET_BLAS_THREADS(before)
+        with cpu_threads.blas_threads(before + 5):
+            inside = cpu_threads._SET_BLAS_THREADS(before)
         assert inside == before
-        with numpy_backend._blas_threads(1):
-            inside = numpy_backend._SET_BLAS_THREADS(1)
+        with cpu_threads.blas_threads(1):
+            inside = cpu_threads._SET_BLAS_THREADS(1)
         assert inside == 1
-        after = numpy_backend._SET_BLAS_THREADS(before)
+        after = cpu_threads._SET_BLAS_THREADS(before)
         assert after == before
 
 
@@ -259,7 +259,7 @@ def test_gemm_does_not_depend_on_the_thread_count(monkeypatch, m, n, k, ta, tb):
     b = rng.standard_normal(k * n).astype(np.float32)
     results = []
     for threads in (1, 2, 3):
-        monkeypatch.setattr(numpy_backend, "_threads_now", lambda: threads)
+        monkeypatch.setattr(cpu_threads, "threads_now", lambda: threads)
         c = np.full(m * n, 0.5, dtype=np.float32)
         NumpyBackend().gemm(ta, tb, m, n, k, 1.5, a, m if ta else k, b, k if tb else n, 0.25, c, n)
         results.append(c)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from darknet_py.boxes import Detection
-from darknet_py.detection import _label_style, _place_label, class_color, draw_detections
+from darknet_py.predictions import _label_style, _place_label, class_color, draw_detections
 
 
 def det(box, class_id, prob, classes=3):
@@ -20,7 +20,7 @@ def bgr(class_id, classes=3):
 
 
 def label_rects(dets, w, h, names):
-    from darknet_py.detection import _label, pixel_box
+    from darknet_py.predictions import _label, pixel_box
     taken, style = [], _label_style(h)
     for d in sorted(dets, key=lambda d: -d.prob):
         _place_label(_label(d, names), pixel_box(d.box, w, h), w, h, taken, style)

@@ -1,4 +1,4 @@
-"""Detection heads and detection.py: box decoding, letterbox correction, NMS, and each
+"""Detection heads and predictions.py: box decoding, letterbox correction, NMS, and each
 layer's training loss against a plain loop transcription of Darknet's C
 (forward_yolo_layer, forward_region_layer, forward_detection_layer) on small random cases.
 The transcriptions below follow the C line by line, in float32 scalars, and share no code
@@ -12,7 +12,7 @@ import pytest
 import darknet_py
 from darknet_py.cfg import CfgError, parse_cfg_text
 from darknet_py.boxes import Detection, box_iou, correct_yolo_boxes, do_nms_obj, do_nms_sort
-from darknet_py.detection import classify, detect, detections_to_json, draw_detections
+from darknet_py.predictions import classify, detect, detections_to_json, draw_detections
 from darknet_py.image import letterbox, load_image, to_bgr
 from darknet_py.network import Network
 
@@ -999,7 +999,7 @@ def test_detect_converts_images_to_the_networks_channels(tmp_path):
 
 
 def test_pixel_box_clamps_and_never_goes_negative():
-    from darknet_py.detection import pixel_box
+    from darknet_py.predictions import pixel_box
     assert pixel_box((0.5, 0.5, 0.5, 0.5), 100, 80) == (25, 20, 75, 60)
     assert pixel_box((0.0, 0.0, 0.5, 0.5), 100, 80) == (0, 0, 25, 20)
     # centre below and right of the image: a zero-size box on the border

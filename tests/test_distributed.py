@@ -1,4 +1,4 @@
-"""Data-parallel training on the CPU (distributed.py): the TCP communicator, the update
+"""Data-parallel training on the CPU (darknet_py/distributed/): the TCP communicator, the update
 hook, the launcher's fault handling, resume, and two "nodes" meeting over 127.0.0.1."""
 import os
 import signal
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from darknet_py.cfg import parse_cfg_text
-from darknet_py.distributed import (CommError, DataParallel, TcpCommunicator, free_port,
-                                    parse_gpus, parse_master, rank_seed, shard)
+from darknet_py.distributed.comm import CommError, TcpCommunicator, free_port, parse_master
+from darknet_py.distributed.data_parallel import DataParallel, rank_seed, shard
+from darknet_py.distributed.launcher import parse_gpus
 from darknet_py.network import Network
 from darknet_py.optimizer import current_rate
 

@@ -164,7 +164,7 @@ def test_a_tie_between_a_miss_and_a_hit_ranks_the_first_given_first():
 def test_image_detections_are_in_nms_order(tmp_path):
     """image_detections lists boxes in the order NMS leaves them (as the fork's loops over
     dets visit them), not by score, and each box's classes ascending."""
-    from darknet_py.detection import detect
+    from darknet_py.predictions import detect
     from darknet_py.network import load_network
     from darknet_py.validate import image_detections
     from helpers import untrained_detector
@@ -269,7 +269,7 @@ def test_map_command_bad_options(tiny_set, args, message):
 
 def test_ext_output_lines_leftmost_first_rounded_pixels_and_other_classes():
     from darknet_py.boxes import Detection
-    from darknet_py.detection import ext_output_lines
+    from darknet_py.predictions import ext_output_lines
     right = Detection(box=(.75, .5, .2, .25), objectness=.9, probs=np.array([.8, .6], np.float32),
                       class_id=0, prob=.8)
     left = Detection(box=(.25, .5, .1, .5), objectness=.9, probs=np.array([0, .7], np.float32),
@@ -282,7 +282,7 @@ def test_ext_output_lines_leftmost_first_rounded_pixels_and_other_classes():
 
 def test_detect_ext_output_prints_the_api_detections(tiny_set, tmp_path):
     import darknet_py
-    from darknet_py.detection import ext_output_lines
+    from darknet_py.predictions import ext_output_lines
     from darknet_py.image import load_image
     cfg, data, weights = tiny_set
     image = str(next((Path(data).parent / "images" / "valid").iterdir()))

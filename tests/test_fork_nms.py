@@ -11,7 +11,7 @@ import pytest
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.boxes import NMS_KINDS, Detection, do_nms_sort
 from darknet_py.cfg import parse_cfg_text
-from darknet_py.detection import nms_kind
+from darknet_py.predictions import nms_kind
 from darknet_py.network import Network, load_network
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "fork_nms"

@@ -8,6 +8,7 @@ import pytest
 
 from darknet_py.boxes import box_giou, box_iou_kind, dx_box_iou
 from darknet_py.cfg import CfgError, parse_cfg_text
+from darknet_py.losses.gaussian_yolo import gaussian_box_delta
 from darknet_py.network import Network
 
 from helpers import c_iou
@@ -300,7 +301,7 @@ def test_box_delta_is_the_negative_gradient_of_the_gaussian_likelihood():
     o[a, [4, 6], j, i] = [0.2, -0.3]   # w and h are not squashed
     t = np.array([(i + .4) / W, (j + .7) / H, .35, .3, 1], dtype=F32)
     d = np.zeros_like(o)
-    layer.gaussian_box_delta(t, o, d, anchor, a, j, i, NETW, NETH, F32(1))
+    gaussian_box_delta(layer, t, o, d, anchor, a, j, i, NETW, NETH, F32(1))
     target = np.array([t[0] * W - i, t[1] * H - j, math.log(t[2] * NETW / ANCHORS[2 * anchor]),
                        math.log(t[3] * NETH / ANCHORS[2 * anchor + 1])])
     scale = 2 - float(t[2]) * float(t[3])
@@ -388,7 +389,7 @@ def test_options_the_fork_reads_and_ignores_are_warned_about():
 
 
 def test_the_network_decodes_the_gaussian_head_with_its_nms_kind():
-    from darknet_py.detection import get_network_boxes, nms_kind
+    from darknet_py.predictions import get_network_boxes, nms_kind
     net = build("nms_kind=diounms\nbeta_nms=0.7\n", batch=1)
     assert nms_kind(net) == ("diounms", 0.7)
     net.forward(np.random.default_rng(6).normal(0, 2, (1, len(MASK) * ENTRIES, H, W)))

@@ -6,7 +6,7 @@ import copy
 import numpy as np
 import pytest
 
-from darknet_py.backends.numpy_backend import uniform_hash
+from darknet_py.draws import uniform_hash
 from darknet_py.boxes import truth_table
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.losses.detection import (DETECTION_SCALARS, detection_grid_truth, detection_loss,

@@ -7,7 +7,8 @@ import pytest
 
 from darknet_py.backends import BackendError, kernel_cache
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+KERNEL_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "kernels")
 
 SOURCES = {
     "one.cu": 'extern "C" __global__ void one(float* x) { x[threadIdx.x] = 1.0f; }\n',
@@ -16,6 +17,7 @@ SOURCES = {
 ARCH = "sm_90"
 
 
+@needs_nvcc
 def test_compiled_once_then_read_without_nvcc(tmp_path):
     first = kernel_cache.cubins(SOURCES, ARCH, directory=tmp_path)
     assert set(first) == set(SOURCES) and all(c[:4] == b"\x7fELF" for c in first.values())
@@ -31,6 +33,7 @@ def test_compiled_once_then_read_without_nvcc(tmp_path):
     assert kernel_cache.read_entry(path) == no_fma["two.cu"]
 
 
+@needs_nvcc
 def test_a_damaged_entry_is_compiled_again(tmp_path):
     first = kernel_cache.cubins(SOURCES, ARCH, directory=tmp_path)
     path = tmp_path / kernel_cache.entry_name(SOURCES["one.cu"], (), ARCH)
@@ -44,6 +47,7 @@ def test_a_damaged_entry_is_compiled_again(tmp_path):
     assert kernel_cache.read_entry(path) == first["one.cu"]
 
 
+@needs_nvcc
 def test_key_covers_source_options_and_architecture():
     names = {kernel_cache.entry_name(SOURCES["one.cu"], (), "sm_90"),
              kernel_cache.entry_name(SOURCES["one.cu"], ("-lineinfo",), "sm_90"),
@@ -52,14 +56,51 @@ def test_key_covers_source_options_and_architecture():
     assert len(names) == 4
 
 
+@needs_nvcc
 def test_nvcc_errors_are_reported_and_nothing_is_cached(tmp_path):
     with pytest.raises(BackendError, match=r"nvcc failed on bad.cu for sm_90.*error"):
         kernel_cache.cubins({"bad.cu": "this is not CUDA\n"}, ARCH, directory=tmp_path)
     assert os.listdir(tmp_path) == []
 
 
+@needs_nvcc
 def test_an_unwritable_cache_still_gives_cubins(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")   # a file where the cache directory should be
     got = kernel_cache.cubins({"one.cu": SOURCES["one.cu"]}, ARCH, directory=blocked / "kernels")
     assert got["one.cu"][:4] == b"\x7fELF"
+
+
+def test_headers_a_kernel_includes_are_found_once_and_hashed(tmp_path):
+    (tmp_path / "shared.cuh").write_text('#pragma once\n#include "inner.cuh"\n'
+                                         "__device__ float twice(float v) { return 2.0f * v; }\n")
+    (tmp_path / "inner.cuh").write_text("#pragma once\n")
+    source = ('#include "shared.cuh"\n#include <cstdint>\n#include "shared.cuh"\n'
+              'extern "C" __global__ void k(float* x) { x[0] = twice(x[0]); }\n')
+    found = kernel_cache.included_headers(source, str(tmp_path))
+    assert [name for name, _ in found] == ["shared.cuh", "inner.cuh"]
+    first = kernel_cache.kernel_digest(source, (), str(tmp_path))
+    assert first == kernel_cache.kernel_digest(source, (), str(tmp_path))
+    (tmp_path / "inner.cuh").write_text("#pragma once\n// changed\n")
+    assert kernel_cache.kernel_digest(source, (), str(tmp_path)) != first
+
+
+def test_every_kernel_file_names_only_headers_that_exist():
+    import re
+    for name in sorted(os.listdir(KERNEL_DIR)):
+        if name.endswith(".cu"):
+            with open(os.path.join(KERNEL_DIR, name)) as f:
+                source = f.read()
+            wanted = set(re.findall(r'^\s*#\s*include\s+"([^"]+)"', source, re.MULTILINE))
+            found = {header for header, _ in kernel_cache.included_headers(source, KERNEL_DIR)}
+            assert wanted <= found, (name, wanted - found)
+
+
+@needs_nvcc
+def test_a_kernel_with_a_header_compiles(tmp_path):
+    with open(os.path.join(KERNEL_DIR, "blas.cu")) as f:
+        source = f.read()
+    assert '#include "common.cuh"' in source
+    got = kernel_cache.cubins({"blas.cu": source}, ARCH, directory=tmp_path,
+                              include_dir=KERNEL_DIR)
+    assert got["blas.cu"][:4] == b"\x7fELF"

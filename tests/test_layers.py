@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from darknet_py import activations
-from darknet_py.backends.numpy_backend import NumpyBackend, uniform_hash
+from darknet_py.backends.numpy_backend import NumpyBackend
+from darknet_py.draws import uniform_hash
 from darknet_py.cfg import CfgError, parse_cfg_text
 from darknet_py.network import Network
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from darknet_py.backends import cuda_device_count
-from darknet_py.distributed import free_port
+from darknet_py.distributed.comm import free_port
 
 from helpers import darknet_py, data_file, finish, weights_floats, write_run_cfg
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
 
 
 def _nccl_rank(rank, port, results):
-    from darknet_py.distributed import connect
+    from darknet_py.distributed.launcher import connect
     from darknet_py.backends import get_backend
     comm = connect(rank, 2, f"cuda:{rank}", ("127.0.0.1", port), timeout=60)
     be = get_backend(f"cuda:{rank}")

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from darknet_py import nccl
-from darknet_py.distributed import CommError, TcpCommunicator, free_port
+from darknet_py.distributed import nccl
+from darknet_py.distributed.comm import CommError, TcpCommunicator, free_port
 
 
 class FakeNccl:

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from darknet_py.boxes import results_corners
 from darknet_py.cli import cli
-from darknet_py.detection import detect
+from darknet_py.predictions import detect
 from darknet_py.network import load_network
 from darknet_py.validate import COCO_CATEGORY_IDS
 

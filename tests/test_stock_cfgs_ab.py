@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from darknet_py.cfg import CfgError
-from darknet_py.detection import get_network_boxes
+from darknet_py.predictions import get_network_boxes
 from darknet_py.network import build_network, load_network
 from helpers import random_batch_norm, write_synthetic_tree
 

@@ -205,7 +205,7 @@ def test_classifier_with_a_tree_trains_and_predicts_leaves(bars, tmp_path):
     """A classifier whose [softmax] has tree=: the loader's truth is Darknet's
     fill_hierarchy of the label, training runs, and predict ranks the leaves' P(class)."""
     from darknet_py.data.loader import DataLoader
-    from darknet_py.detection import classify
+    from darknet_py.predictions import classify
     from darknet_py.train import train
     from helpers import CLASSIFIER_CFG, Lines, write_classifier_cfg
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from darknet_py.backends import cuda_available, get_backend
-from darknet_py.backends.numpy_backend import NumpyBackend, _unpin_nothing
+from darknet_py.backends.numpy_backend import NumpyBackend
+from darknet_py.backends.pinning import unpin_nothing
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.data.augment import ClassifierAugment
 from darknet_py.data.loader import DataLoader
@@ -156,7 +157,7 @@ def test_gpu_upload_from_pinned_shared_memory(cuda):
         host = np.frombuffer(segment.buf, np.float32)
         host[:] = np.arange(host.size, dtype=np.float32)
         unpin = cuda.pin(np.frombuffer(segment.buf, np.uint8))
-        assert unpin is not _unpin_nothing, "the driver refused to pin shared memory"
+        assert unpin is not unpin_nothing, "the driver refused to pin shared memory"
         queued = cuda.from_host(np.zeros(host.size, np.float32))
         cuda.fill(queued, 1.0)   # compute work queued before the upload
         array, upload = cuda.upload_async(host[5:])

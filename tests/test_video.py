@@ -91,7 +91,7 @@ def test_an_existing_out_is_kept(tiny, tmp_path):
 
 @pytest.mark.parametrize("flavour", ["alexeyab", "original"])
 def test_video_follows_the_darknet_option(tiny, tmp_path, monkeypatch, flavour):
-    import darknet_py.network
+    import darknet_py.video
     loaded = []
 
     def recording_load_network(*args, **kwargs):
@@ -99,7 +99,7 @@ def test_video_follows_the_darknet_option(tiny, tmp_path, monkeypatch, flavour):
         loaded.append(net.darknet)
         return net
 
-    monkeypatch.setattr(darknet_py.network, "load_network", recording_load_network)
+    monkeypatch.setattr(darknet_py.video, "load_network", recording_load_network)
     cfg, weights, video = tiny
     out = tmp_path / "out.mp4"
     result = CliRunner().invoke(cli, ["detect", cfg, weights, str(video), "--out", str(out),

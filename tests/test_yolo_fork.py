@@ -640,7 +640,7 @@ def test_greedynms_keeps_boxes_whose_centres_are_apart():
 
 
 def test_detector_takes_the_nms_kind_of_its_last_yolo_layer():
-    from darknet_py.detection import nms_kind
+    from darknet_py.predictions import nms_kind
     head = "[convolutional]\nfilters=6\nsize=1\nactivation=linear\n[yolo]\nmask=0\nanchors=4,5\n" \
            "num=1\nclasses=1\n"
     text = ("[net]\nwidth=8\nheight=8\nchannels=3\n" + head + "nms_kind=diounms\nbeta_nms=.7\n"
@@ -654,7 +654,7 @@ def test_detector_takes_the_nms_kind_of_its_last_yolo_layer():
 
 @pytest.mark.parametrize("letter_box", [0, 1])
 def test_fork_detector_resizes_its_input_plainly_unless_letter_box(letter_box):
-    from darknet_py.detection import detect
+    from darknet_py.predictions import detect
     from darknet_py.image import letterbox, resize_image
     text = ("[net]\nwidth=16\nheight=16\nchannels=3\n"
             f"letter_box={letter_box}\n[convolutional]\nfilters=6\nsize=1\nactivation=linear\n"

@@ -29,14 +29,15 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
-from . import (DeviceOutOfMemory, GraphCaptureError, cuda_graph, cuda_transfer, kernel_cache,
-               prebuilt)
+from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
+from .errors import DeviceOutOfMemory, GraphCaptureError
 
 from .. import activations
 from ..losses.detection import DETECTION_SCALARS
 from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
 from ..losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
-from .numpy_backend import _unpin_nothing, conv_out_size, conv_strides
+from ..shapes import conv_out_size, conv_strides
+from .pinning import unpin_nothing
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 
@@ -233,7 +234,7 @@ class _Device:
         self.functions = {}
         self.modules = []
         sources = {}
-        for filename in _KERNELS:
+        for filename in _KERNELS:   # their headers: found by nvcc -I, hashed by kernel_digest
             with open(os.path.join(KERNEL_DIR, filename)) as f:
                 sources[filename] = f.read()
         arch = "sm_%d%d" % self.device.compute_capability()
@@ -613,12 +614,12 @@ class CudaBackend:
         stay correct, only pageable-slow, and the function does nothing."""
         host = np.asarray(host)
         if not host.flags.c_contiguous or not host.nbytes:
-            return _unpin_nothing
+            return unpin_nothing
         pointer = host.__array_interface__["data"][0]
         try:
             cuda_graph.register_host(pointer, host.nbytes)
         except cuda_graph.GraphError:
-            return _unpin_nothing
+            return unpin_nothing
         holder = [host]   # the memory must stay mapped while registered
         self._dev.pinned[pointer] = host.nbytes   # its copies need no staging
 
@@ -1432,7 +1433,7 @@ class CudaBackend:
 
     # ---- random ----------------------------------------------------------------
     def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
-        """Training dropout with numpy_backend.uniform_hash(seed, i) as the draw, seed =
+        """Training dropout with draws.uniform_hash(seed, i) as the draw, seed =
         step_seed[0] + layer_seed mod 2^32 (step_seed: a one-element int array, read on
         the device)."""
         self._sizes_match("dropout", x, rand)
@@ -1448,7 +1449,7 @@ class CudaBackend:
                      self._ptr(rand), rand.size, float(prob), float(scale), self._ptr(delta))
 
     def uniform(self, rand, seed):
-        """rand[i] = numpy_backend.uniform_hash(seed, i)."""
+        """rand[i] = draws.uniform_hash(seed, i)."""
         self._launch("uniform_kernel", self._grid1d(rand.size), (_BLOCK,), self._ptr(rand),
                      rand.size, (int(seed) * 0x9E3779B9) & 0xFFFFFFFF)
 

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 
-from . import BackendError
+from .errors import BackendError
 
 # nvcc options of a kernel file beyond the default (part of its digest). The yolo loss
 # follows the NumPy reference's float32 operation by operation (its thresholds pick

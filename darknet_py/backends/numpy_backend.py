@@ -10,21 +10,23 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
   * Where Darknet's numbers depend on its order of operations or on a quirk of its CPU code
     (lrn_forward's running window sum, binarize's ``> 0``, logistic_x_ent without an
     epsilon), the op's docstring here says so and both backends follow it.
-  * On the CPU, GEMMs use every BLAS thread; the element-wise and copy work of inference
-    (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
-    releases the GIL inside its loops).
+  * On the CPU, GEMMs (in fixed tiles of single-threaded BLAS calls, so that their bits do
+    not depend on the thread count) and the element-wise and copy work of inference
+    (im2col, bias + activation, maxpool) are split over the cores by cpu_threads.parallel.
 """
-import itertools
-import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import activations
+from ..draws import uniform_hash
 from ..losses import detection as detection_loss, region as region_loss
+from ..losses.yolo import image_truths, yolo_loss
+from ..shapes import conv_out_size, conv_strides
+from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
+from .pinning import unpin_nothing
 
 
 class NumpyBackend:
@@ -77,7 +79,7 @@ class NumpyBackend:
     def pin(self, host):
         """Page-lock the memory of host array `host` so uploads from it run asynchronously
         at full speed; returns a function that unpins it (call it before the memory goes)."""
-        return _unpin_nothing
+        return unpin_nothing
 
     def upload_async(self, host):
         """(array, upload): a backend array that receives host's values (flattened), and
@@ -176,21 +178,22 @@ class NumpyBackend:
         alpha, beta = self.dtype.type(alpha), self.dtype.type(beta)
         # Fixed tiles of C, each one single-threaded BLAS call: OpenBLAS's sums depend on
         # how many threads split a product, and the thread count here follows the
-        # machine's load (_threads_now), so one product split its own way would give other
-        # last bits under load. Threads only decide which thread computes which tile.
+        # machine's load (cpu_threads.threads_now), so one product split its own way would
+        # give other last bits under load. Threads only decide which thread computes which
+        # tile.
         col_tiles = -(-n // _GEMM_COLUMNS)
         row_tiles = -(-m // _GEMM_ROWS) if col_tiles == 1 else 1
         rows = _GEMM_ROWS if row_tiles > 1 else m
 
         def tiles(t0, t1):
-            with _blas_threads(1):
+            with blas_threads(1):
                 for t in range(t0, t1):
                     row, col = divmod(t, col_tiles)
                     i, j = row * rows, col * _GEMM_COLUMNS
                     _gemm_tile(A[i:i + rows], B[:, j:j + _GEMM_COLUMNS],
                                C[i:i + rows, j:j + _GEMM_COLUMNS], alpha, beta)
 
-        _parallel(row_tiles * col_tiles, tiles, 1)
+        parallel(row_tiles * col_tiles, tiles, 1)
 
     # ---- convolution helpers -----------------------------------------------
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
@@ -217,7 +220,7 @@ class NumpyBackend:
             # Assign through a shaped view of col: reshape(-1) of the windows copies twice.
             col[c0 * rows:c1 * rows].reshape(windows.shape)[...] = windows
 
-        _parallel(channels, unfold, max(1, _GRAIN_FLOATS // rows))
+        parallel(channels, unfold, max(1, GRAIN_FLOATS // rows))
 
     def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im,
                batch=1, im_stride=0):
@@ -258,7 +261,7 @@ class NumpyBackend:
                 _activate_inplace(block, activation, _scratch(block.size, rows.dtype)
                                   .reshape(block.shape))
 
-        _parallel(batch * n, run, max(1, _GRAIN_FLOATS // size))
+        parallel(batch * n, run, max(1, GRAIN_FLOATS // size))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
@@ -360,7 +363,7 @@ class NumpyBackend:
                 block = x[i:i + _BLOCK_FLOATS]
                 _activate_inplace(block, activation, _scratch(block.size, x.dtype))
 
-        _parallel(-(-x.size // _BLOCK_FLOATS), run, _GRAIN_FLOATS // _BLOCK_FLOATS)
+        parallel(-(-x.size // _BLOCK_FLOATS), run, GRAIN_FLOATS // _BLOCK_FLOATS)
 
     def activate_strided(self, x, rows, row_stride, offset, width, activation):
         """Activate x[offset + r*row_stride : +width] for each r < rows (one launch on
@@ -443,9 +446,9 @@ class NumpyBackend:
         if indexes is None:
             src = x[:batch * c * h * w].reshape(batch * c, h, w)
             dst = out[:batch * c * out_h * out_w].reshape(batch * c, out_h, out_w)
-            _parallel(batch * c, lambda p0, p1: _maxpool_values(
+            parallel(batch * c, lambda p0, p1: _maxpool_values(
                 src[p0:p1], size, stride_y, stride_x, off, dst[p0:p1]),
-                max(1, _GRAIN_FLOATS // (h * w)))
+                max(1, GRAIN_FLOATS // (h * w)))
             return
         # Pad so every window is in range; padded cells never win (-inf).
         ph = max(0, (out_h - 1) * stride_y + size - off - h)
@@ -677,7 +680,6 @@ class NumpyBackend:
         (spec.batch images, after activation) against the truth buffer (spec.batch rows of
         truth_fields floats a box): writes the whole delta and the yolo_loss.SCALARS
         (cost first) into scalars."""
-        from ..losses.yolo import image_truths, yolo_loss
         d, sums = yolo_loss(spec, output, image_truths(spec, truth))
         delta[:d.size] = d
         scalars[:sums.size] = sums
@@ -770,17 +772,7 @@ def _softmax_at(x, index, temp, out):
 
 # Floats per block of activate/bias_activate: the passes over a block stay in L2 cache.
 _BLOCK_FLOATS = 1 << 16
-# The least work (in floats) worth handing to another thread: below it, the hand-over
-# (tens of microseconds) costs more than it saves.
-_GRAIN_FLOATS = 1 << 17
-_PARTS_PER_THREAD = 4
-_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-_pool = None
 _local = threading.local()
-
-
-def _unpin_nothing():
-    pass
 
 
 class _WallTimer:
@@ -810,122 +802,14 @@ def _gemm_tile(A, B, C, alpha, beta):
     C += alpha * prod
 
 
-def _parallel(count, work, grain):
-    """work(start, stop) over [0, count) in contiguous parts of at least `grain` items,
-    a few per core. The calling thread and the pool's threads claim parts until none is
-    left, and the caller returns once every part is done: a pool thread the OS has not
-    scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
-    global _pool
-    threads = _threads_now()
-    parts = min(_PARTS_PER_THREAD * threads, count // max(1, grain))
-    if parts <= 1 or threads <= 1:
-        work(0, count)
-        return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
-    bounds = [count * i // parts for i in range(parts + 1)]
-    claims = itertools.count()    # next() on it is atomic under the GIL
-    finished, errors = [], []
-    all_done = threading.Event()
-
-    def drain():
-        try:
-            while (i := next(claims)) < parts:
-                work(bounds[i], bounds[i + 1])
-                finished.append(i)
-                if len(finished) == parts:
-                    all_done.set()
-        except BaseException as e:  # re-raised on the calling thread
-            errors.append(e)
-            all_done.set()
-
-    for _ in range(min(threads - 1, parts - 1)):
-        _pool.submit(drain)
-    drain()
-    all_done.wait()
-    if errors:
-        raise errors[0]
-
-
-def _threads_now():
-    """How many threads to use now: every core, less those other processes keep busy at
-    this moment (runnable tasks in /proc/loadavg, not counting this process's own). On an
-    oversubscribed machine every multi-threaded BLAS call and pool hand-over waits for a
-    thread the OS has descheduled: yolov3-tiny at load 10 on 2 cores took 425-575 ms with
-    2 threads against 122-126 ms with one. Re-read at most every _RECHECK_S;
-    DARKNET_CPU_THREADS fixes the count."""
-    global _threads_checked, _threads_cached, _others_before
-    if _FIXED_THREADS:
-        return _FIXED_THREADS
-    now = time.monotonic()
-    if now - _threads_checked < _RECHECK_S:
-        return _threads_cached
-    _threads_checked = now
-    try:
-        with open("/proc/loadavg") as f:
-            running = int(f.read().split()[3].split("/")[0])
-        own = 0
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/stat") as f:
-                own += f.read().rsplit(")", 1)[1].split()[0] == "R"
-    except (OSError, ValueError, IndexError):  # not Linux: use every core
-        running, own = 0, 0
-    others = max(0, running - own)
-    # The smaller of the last two readings: a task that runs for a moment is not load.
-    _threads_cached = max(1, min(_THREADS, _THREADS - min(others, _others_before)))
-    _others_before = others
-    return _threads_cached
-
-
-def _openblas_local_threads():
-    """NumPy's bundled OpenBLAS's per-thread thread-count setter, or None (another BLAS,
-    or an OpenBLAS without it: then it keeps its own count)."""
-    import ctypes
-    import glob
-    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs",
-                                  "libscipy_openblas*"))
-    try:
-        setter = ctypes.CDLL(libs[0]).openblas_set_num_threads_local
-    except (IndexError, OSError, AttributeError):
-        return None
-    setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
-    return setter
-
-
-class _blas_threads:
-    """Runs the block with BLAS on this thread limited to n threads (never raised above
-    what it had), and leaves it as it was."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __enter__(self):
-        self.previous = None
-        if _SET_BLAS_THREADS:
-            previous = _SET_BLAS_THREADS(self.n)
-            if previous <= self.n:
-                _SET_BLAS_THREADS(previous)
-            else:
-                self.previous = previous
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            _SET_BLAS_THREADS(self.previous)
-
-
-_RECHECK_S = 0.05
-_FIXED_THREADS = int(os.environ.get("DARKNET_CPU_THREADS", "0") or 0)
-_threads_checked, _threads_cached = float("-inf"), _THREADS
-_others_before = 0
-_SET_BLAS_THREADS = _openblas_local_threads()
-
-
 def _scratch(n, dtype):
     """This thread's reusable buffer of n elements (grows, never shrinks)."""
     buf = getattr(_local, "buf", None)
     if buf is None or buf.size < n or buf.dtype != dtype:
         buf = _local.buf = np.empty(max(n, _BLOCK_FLOATS), dtype=dtype)
     return buf[:n]
+
+
 _IN_PLACE = ("linear", "leaky", "relu", "logistic")
 
 
@@ -973,33 +857,6 @@ def _maxpool_values(src, size, stride_y, stride_x, off, out):
     out[...] = down[:, :, 0:cols:stride_x]
     for dx in range(1, size):
         np.maximum(out, down[:, :, dx:dx + cols:stride_x], out=out)
-
-
-def uniform_hash(seed, n):
-    """n uniform floats in [0, 1) from a 32-bit integer hash of (seed, index).
-
-    Counter-based, so the GPU draws the same numbers without any RNG state
-    (kernels/dropout.cu implements the same function)."""
-    v = np.arange(n, dtype=np.uint32) + np.uint32((int(seed) * 0x9E3779B9) & 0xFFFFFFFF)
-    v ^= v >> np.uint32(16)
-    v *= np.uint32(0x7FEB352D)
-    v ^= v >> np.uint32(15)
-    v *= np.uint32(0x846CA68B)
-    v ^= v >> np.uint32(16)
-    return (v >> np.uint32(8)).astype(np.float64) / 16777216.0
-
-
-def conv_strides(stride):
-    """(down, across) of a convolution's stride: an int, or the AlexeyAB fork's
-    (stride_y, stride_x) pair."""
-    return (stride, stride) if isinstance(stride, int) else tuple(stride)
-
-
-def conv_out_size(height, width, ksize, stride, pad, dilation=1):
-    """Output (height, width); stride is an int or a (stride_y, stride_x) pair."""
-    sy, sx = conv_strides(stride)
-    span = dilation * (ksize - 1) + 1
-    return (height + 2 * pad - span) // sy + 1, (width + 2 * pad - span) // sx + 1
 
 
 def _images(flat, batch, im_stride, channels, height, width):

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .augment import (ClassifierAugment, _cv2, _rand_int, _rand_scale, _rand_uniform,
-                      augment_classifier_hwc)
+from .augment import (ClassifierAugment, DetectorAugment, _cv2, _rand_int, _rand_scale,
+                      _rand_uniform, augment_classifier_hwc)
 from .config import DataError
 from .labels import MAX_BOXES, correct_boxes
 
@@ -330,7 +330,6 @@ def detector_augment(options, head, fork=False, warn=None):
     [region] layer; `warn(message)` is told that cutmix does nothing for a detector
     (the fork's load_data_detection: cutmix off, cutmix-or-mosaic a mosaic).
     mosaic with letter_box is a DataError."""
-    from .augment import DetectorAugment
     o = options
     switches = ("letter_box", "mosaic", "mixup", "cutmix", "blur", "gaussian_noise")
     if not fork and not any(getattr(o, k, 0) for k in switches):

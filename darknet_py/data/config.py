@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 
 from ..cfg import CfgError, read_data_file
 from ..names import data_file_path
+from ..errors import DarknetError
 
 
-class DataError(Exception):
+class DataError(DarknetError):
     """A problem with a dataset file; the message names the file (and line where known)."""
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..activations import ACTIVATIONS, CHANNEL_ACTIVATIONS, INPUT_GRADIENT
+
 
 @dataclass
 class UpdateArgs:
@@ -142,7 +144,6 @@ class Layer:
 
     def activate_output(self, be):
         """Apply self.activation to self.output (keeping its input when backward needs it)."""
-        from ..activations import CHANNEL_ACTIVATIONS
         if self.activation_input is not None:
             be.copy(self.output, self.activation_input)
         if self.activation in CHANNEL_ACTIVATIONS:
@@ -153,7 +154,6 @@ class Layer:
 
     def activation_gradient(self, be):
         """self.delta *= the activation's derivative (through the kept input where needed)."""
-        from ..activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
         if self.activation in CHANNEL_ACTIVATIONS:
             be.normalize_channels_gradient(self.activation_input, self.batch,
                                            *self._channels_spatial(), self.activation, self.delta)
@@ -164,7 +164,6 @@ class Layer:
 
 
 def keeps_activation_input(layer):
-    from ..activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
     return getattr(layer, "activation", "linear") in INPUT_GRADIENT + CHANNEL_ACTIVATIONS
 
 
@@ -194,7 +193,6 @@ def momentum_update(be, args, param, update, weight_decay=False):
 def parse_activation(section, default, key="activation", channels=False):
     """Read an activation name; an unknown one is an error (Darknet silently used relu).
     channels: the layer also takes the normalize_channels family."""
-    from ..activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
     known = ACTIVATIONS + (CHANNEL_ACTIVATIONS if channels else ())
     name = section.get_str(key, default)
     if name not in known:

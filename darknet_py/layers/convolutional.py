@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..activations import CHANNEL_ACTIVATIONS
-from ..backends.numpy_backend import conv_out_size, conv_strides
+from ..shapes import conv_out_size, conv_strides
 from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
                    source_layer)
 from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,

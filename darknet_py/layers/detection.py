@@ -11,7 +11,7 @@ those.
 """
 import numpy as np
 
-from ..backends.numpy_backend import uniform_hash
+from ..draws import uniform_hash
 from ..boxes import make_detections, thresholded
 from ..losses.detection import DETECTION_SCALARS, RANDOM_SEEN, DetectionHead, detection_loss
 from .base import Layer

@@ -7,8 +7,7 @@ to x and y (not to their σ). Detections multiply each class probability by
 1 - mean(σx, σy, σw, σh) as well as by the objectness. The training loss treats each
 coordinate as a Gaussian of mean the prediction and deviation its σ: the box delta is the
 gradient of its negative log likelihood (or, with an IoU loss, the IoU's gradient for the
-box while σ keeps the likelihood's), computed on the host (the output is copied there
-and the delta back; [yolo]'s runs on the backend).
+box while σ keeps the likelihood's), computed on the host by losses/gaussian_yolo.py.
 
 Where the fork's code differs from its [yolo]: the objectness deltas are weighted by
 cls_normalizer (obj_normalizer, objectness_smooth and delta_normalizer are read and
@@ -17,23 +16,15 @@ box deltas are always averaged over the classes a slot was told, and the statist
 is the GIoU under an IoU loss. The fork reads this layer's truth as rows of 5 whatever
 its truth layout; darknet-py reads the network's own (net.truth_size).
 """
-import math
-
 import numpy as np
 
-from ..boxes import (box_giou, box_iou_kind, box_iou_matrix, correct_yolo_boxes, dx_box_iou,
-                     fork_iou, make_detections, thresholded)
+from ..boxes import correct_yolo_boxes, make_detections, thresholded
+from ..losses.gaussian_yolo import CLS, F32, H, OBJ, UH, UW, UX, UY, W, X, Y, gaussian_loss
 from .base import refuse_options
-from .heads import check_classes, keep_report, ratio, truth_boxes
-from .yolo import FLT_MAX, YoloLayer
+from .heads import check_classes, keep_report, truth_boxes
+from .yolo import YoloLayer
 
-F32 = np.float32
-X, UX, Y, UY, W, UW, H, UH, OBJ, CLS = range(10)   # entries of one anchor's block
-COORDS = [X, Y, W, H]
-SIGMAS = [UX, UY, UW, UH]
 YOLO_POINTS = ("center", "left_top", "right_bottom")
-SIGMA_CONST = 0.3   # the fork's floor added to σ in the Gaussian's normaliser
-EPSILON = 1e-9
 # Read by the fork's parser for this layer but never used by it.
 UNUSED_BY_THE_FORK = ("obj_normalizer", "objectness_smooth", "delta_normalizer")
 
@@ -78,8 +69,10 @@ class GaussianYoloLayer(YoloLayer):
         if net.train and net.truth is not None:
             truths = truth_boxes(net, self.batch, self.max_boxes)
             netw, neth = net.input_shape[2], net.input_shape[1]
-            delta, self.cost, self.stats = self.gaussian_loss(be.to_host(self.output), truths,
-                                                              netw, neth)
+            for truth in truths:
+                check_classes(truth, self.classes, self)
+            delta, self.cost, self.stats = gaussian_loss(self, be.to_host(self.output), truths,
+                                                         netw, neth)
             be.write(self.delta, delta)
             self.print_stats = getattr(net, "verbose", False)
             keep_report(self, self.stats_report())
@@ -127,152 +120,6 @@ class GaussianYoloLayer(YoloLayer):
         dx, dy = self.point_shift(t[2], t[3])
         x, y = (t[0] - dx) * F32(self.w), (t[1] - dy) * F32(self.h)
         return int(min(self.h - 1, max(0, y))), int(min(self.w - 1, max(0, x)))
-
-    # ---- the loss (forward_gaussian_yolo_layer) ---------------------------------------
-    def gaussian_box_delta(self, truth, o, d, anchor, a, j, i, netw, neth, iou_normalizer):
-        """delta_gaussian_yolo_box with accumulate=1 for truth at anchor slot a of cell
-        (j, i) (`anchor` indexes the biases): add the box's and the σs' deltas to d.
-        Returns the IoU of prediction and truth (the GIoU under an IoU loss)."""
-        aw, ah = self.biases[2 * anchor], self.biases[2 * anchor + 1]
-        e = o[a, :, j, i]
-        pred = self.gaussian_boxes(e, F32(i), F32(j), aw, ah, netw, neth)
-        t = truth[:4]
-        iou = float(fork_iou(pred, t))
-        giou = float(box_giou(pred, t))
-        pred[2:][pred[2:] == 0] = 1   # the fork's guard against NaN in dx_box_iou
-        dx, dy = self.point_shift(t[2], t[3])
-        target = np.array([(t[0] - dx) * F32(self.w) - F32(i),
-                           (t[1] - dy) * F32(self.h) - F32(j),
-                           np.log(np.float64(t[2] * F32(netw) / aw)),
-                           np.log(np.float64(t[3] * F32(neth) / ah))], dtype=F32)
-        scale = float(F32(2) - t[2] * t[3])
-        diff = (target - e[COORDS]).astype(F32)
-        sigma = e[SIGMAS].astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            z = (diff / e[SIGMAS]).astype(F32)
-            z2 = np.square(z.astype(np.float64)).astype(F32)
-            density = (np.exp(-0.5 * z2.astype(np.float64))
-                       / (math.sqrt(2 * math.pi) * (sigma + SIGMA_CONST))).astype(F32)
-            weight = (0.5 / (density + EPSILON) * density * scale).astype(F32)
-            coord = (weight * z.astype(np.float64) * (1.0 / sigma)).astype(F32)
-            spread = (weight * (z2 / sigma - 1.0 / (sigma + SIGMA_CONST))).astype(F32)
-            if self.iou_loss != "mse":
-                iou = giou
-                coord = dx_box_iou(pred, t, self.iou_loss).astype(F32)
-                sx, sy = self.point_shift(coord[2], coord[3])
-                coord[0] -= sx
-                coord[1] -= sy
-                coord[2:] *= np.exp(e[[W, H]].astype(np.float64)).astype(F32)
-            coord = coord * F32(iou_normalizer)
-            spread = spread * F32(self.uc_normalizer)
-        for values in (coord, spread):
-            values[~np.isfinite(values)] = 0
-            if self.max_delta != FLT_MAX:
-                np.clip(values, -F32(self.max_delta), F32(self.max_delta), out=values)
-        d[a, COORDS, j, i] += coord
-        d[a, SIGMAS, j, i] += spread
-        return iou
-
-    def gaussian_class_delta(self, o, d, a, j, i, class_id):
-        """delta_gaussian_yolo_class: label-smoothed targets; class_id's delta times its
-        counters_per_class multiplier. When class_id's delta is already set (an earlier
-        truth in the same cell and anchor) only it is rewritten. Returns the predicted
-        probability of class_id."""
-        eps, mult = self.label_smooth_eps, self.class_multipliers
-        p = o[a, CLS:, j, i]
-        target = np.zeros(self.classes, dtype=np.float64)
-        target[class_id] = 1
-        if eps:
-            target = target * (1 - eps) + 0.5 * eps
-        if d[a, CLS + class_id, j, i]:
-            d[a, CLS + class_id, j, i] = F32(target[class_id]) - p[class_id]
-        else:
-            d[a, CLS:, j, i] = target.astype(F32) - p
-        if mult is not None:
-            d[a, CLS + class_id, j, i] *= mult[class_id]
-        return float(p[class_id])
-
-    def gaussian_loss(self, output, truths, netw, neth):
-        """The fork's forward_gaussian_yolo_layer training part on host arrays: output
-        (batch * outputs) after activation, truths a list (per image) of truth rows.
-        Returns (delta, cost, stats) with delta shaped like output; cost is Σ delta²."""
-        B, n, C, h, w = self.batch, self.n, self.classes, self.h, self.w
-        out = np.asarray(output, dtype=F32).reshape(-1)[:B * self.outputs].reshape(
-            B, n, self.entries, h, w)
-        delta = np.zeros_like(out)
-        anchor_shapes = np.zeros((self.total, 4), dtype=F32)
-        anchor_shapes[:, 2:] = self.biases.reshape(-1, 2) / np.array([netw, neth], dtype=F32)
-        cls_norm = F32(self.cls_normalizer)
-        tot = dict(iou=0.0, cat=0.0, obj=0.0, anyobj=0.0, recall=0, recall75=0, count=0)
-        for b in range(B):
-            o, d, truth = out[b], delta[b], truths[b]
-            check_classes(truth, C, self)
-            obj = o[:, OBJ]
-            tot["anyobj"] += float(obj.sum(dtype=np.float64))
-            d[:, OBJ] = cls_norm * (F32(0) - obj)
-            if len(truth):
-                pred = self.image_boxes(o, netw, neth)
-                iou = np.nan_to_num(box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]),
-                                    nan=0.0).reshape(n, h, w, -1)
-                best_iou = np.max(iou, axis=-1, initial=F32(0))
-                best_t = np.argmax(iou, axis=-1)
-                # Not punished for objectness near a truth when it names some class.
-                named = (o[:, CLS:] > F32(0.25)).any(axis=1)
-                d[:, OBJ][named & (best_iou > self.ignore_thresh)] = 0
-                for a, j, i in zip(*np.nonzero(best_iou > self.truth_thresh)):
-                    t = truth[best_t[a, j, i]]
-                    class_id = int(t[4])
-                    d[a, OBJ, j, i] = cls_norm * (F32(1) - obj[a, j, i])
-                    self.gaussian_class_delta(o, d, a, j, i, class_id)
-                    self.gaussian_box_delta(t, o, d, self.mask[a], a, j, i, netw, neth,
-                                            F32(self.iou_normalizer)
-                                            * self.class_multiplier(class_id))
-            for t in truth:
-                j, i = self.truth_cell(t)
-                shape = np.array([0, 0, t[2], t[3]], dtype=F32)
-                shape_iou = fork_iou(anchor_shapes, shape)
-                best_n = int(np.argmax(shape_iou)) if shape_iou.max() > 0 else 0
-                assigned = [best_n] if best_n in self.mask else []
-                if self.iou_thresh < 1:
-                    kind_iou = box_iou_kind(anchor_shapes, shape, self.iou_thresh_kind)
-                    assigned += [k for k in range(self.total) if k in self.mask and
-                                 k != best_n and kind_iou[k] > self.iou_thresh]
-                for anchor in assigned:
-                    self._gaussian_assign(t, o, d, anchor, j, i, netw, neth, tot)
-            # Average the accumulated box deltas over the classes each slot was told.
-            told = (d[:, CLS:] > 0).sum(axis=1)
-            d[:, :CLS - 1] /= np.maximum(told, 1)[:, None].astype(F32)
-        box_free = delta.copy()
-        box_free[:, :, :OBJ] = 0
-        class_loss = float(np.sum(np.square(box_free, dtype=np.float64)))
-        no_size = delta.copy()
-        no_size[:, :, W:OBJ] = 0   # the fork's "except uncertainty" clears w, σw, h, σh
-        except_uc_loss = float(np.sum(np.square(no_size, dtype=np.float64)))
-        loss = float(np.sum(np.square(delta, dtype=np.float64)))
-        count = tot["count"]
-        stats = {"avg_iou": ratio(tot["iou"], count), "class": ratio(tot["cat"], count),
-                 "obj": ratio(tot["obj"], count), "no_obj": tot["anyobj"] / (w * h * n * B),
-                 "recall": ratio(tot["recall"], count),
-                 "recall75": ratio(tot["recall75"], count), "count": count,
-                 "class_loss": class_loss / B, "iou_loss": (except_uc_loss - class_loss) / B,
-                 "uc_loss": (loss - except_uc_loss) / B, "total_loss": loss / B}
-        return delta.reshape(-1), loss, stats
-
-    def _gaussian_assign(self, t, o, d, anchor, j, i, netw, neth, tot):
-        """Make anchor (an index into the biases, one of the mask) of cell (j, i)
-        responsible for truth t: box, objectness and class deltas, and the statistics."""
-        a = self.mask.index(anchor)
-        class_id = int(t[4])
-        mult = self.class_multiplier(class_id)
-        iou = self.gaussian_box_delta(t, o, d, anchor, a, j, i, netw, neth,
-                                      F32(self.iou_normalizer) * mult)
-        tot["obj"] += float(o[a, OBJ, j, i])
-        d[a, OBJ, j, i] = mult * F32(self.cls_normalizer) * (F32(1) - o[a, OBJ, j, i])
-        tot["cat"] += self.gaussian_class_delta(o, d, a, j, i, class_id)
-        tot["count"] += 1
-        tot["recall"] += iou > .5
-        tot["recall75"] += iou > .75
-        tot["iou"] += iou
 
     def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
         """get_gaussian_yolo_detections for image 0: one detection per anchor and cell

@@ -3,6 +3,7 @@ buffer's layout, the per-step statistics line and the class-id check."""
 import numpy as np
 
 from ..boxes import TRUTH_FIELDS, truth_per_image
+from ..losses.yolo import ratio  # noqa: F401 (the heads' statistics use it)
 
 F32 = np.float32
 
@@ -62,7 +63,3 @@ def check_classes(truth, classes, layer, whose="classes="):
     if len(bad):
         raise ValueError(f"a truth box has class {int(bad[0])} but [{layer.type}] layer "
                          f"{layer.index} has {whose}{classes} (ids 0..{classes - 1})")
-
-
-def ratio(num, den):
-    return num / den if den else float("nan")

@@ -12,7 +12,7 @@ are per output value (filters x out_h x out_w). Darknet quirks kept:
 """
 import math
 
-from ..backends.numpy_backend import conv_out_size
+from ..shapes import conv_out_size
 from .base import Layer, host_param, momentum_update, parse_activation
 
 

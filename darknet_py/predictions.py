@@ -6,13 +6,17 @@ arithmetic and NMS live below the layers in boxes.py.
 """
 import math
 import os
+import sys
+import warnings
 
 import numpy as np
 
 from .boxes import do_nms_sort
-from .layers.heads import is_fork_flavour
-from .tree import hierarchy_predictions
+from .errors import DarknetWarning
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
+from .layers.heads import is_fork_flavour
+from .names import find_names, read_names
+from .tree import hierarchy_predictions
 
 DETECTOR_TYPES = ("yolo", "region", "detection", "gaussian_yolo")
 F32 = np.float32
@@ -65,6 +69,33 @@ def as_image(image, channels=3):
         return match_channels(np.ascontiguousarray(a, dtype=np.float32), channels)
     raise ImageError(f"expected an image path, a Darknet (C, H, W) float image or an OpenCV "
                      f"(H, W, 3) uint8 BGR array; got {a.dtype} array of shape {a.shape}")
+
+
+class NamesWarning(DarknetWarning):
+    """The class names given do not match the network's class count."""
+
+
+def check_names(names, classes, *beside, warn_missing=True):
+    """The names to show: those given, else a names file found beside the weights or cfg
+    (names.find_names; a note on stderr says which), else None with a warning (unless
+    warn_missing is False). Warns when the names do not match the network's class count
+    (Darknet would read past the end of its list); classes without a name are shown as
+    numbers."""
+    if names is None:
+        found = find_names(classes, *beside)
+        if found is None:
+            if warn_missing:
+                warnings.warn("no class names given; classes are shown as numbers (give "
+                              "--names FILE or --data FILE)", NamesWarning, stacklevel=2)
+            return None
+        print(f"darknet-py: note: class names from {found} (give --names to choose others)",
+              file=sys.stderr)
+        return read_names(found)
+    if len(names) != classes:
+        warnings.warn(f"{len(names)} class names given, but the network has {classes} classes"
+                      + ("; the others are shown as numbers" if len(names) < classes else ""),
+                      NamesWarning, stacklevel=2)
+    return names
 
 
 def _class_name(names, class_id):

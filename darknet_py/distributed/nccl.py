@@ -1,8 +1,8 @@
 """NCCL through ctypes: the few calls data-parallel training needs, on CUDA arrays.
 
 libnccl.so.2 comes from the `nvidia-nccl-cu13` wheel when it is installed (the `multigpu`
-extra: pip install '.[multigpu]'), else from the system's library path. Imported only by
-distributed.connect for a CUDA rank: machines without NCCL never load it. Every NCCL
+extra: pip install '.[multigpu]'), else from the system's library path, when a CUDA rank
+creates its NcclCommunicator (launcher.connect): machines without NCCL never load it. Every NCCL
 error becomes a CommError naming the rank, the call and NCCL's own words.
 """
 import ctypes
@@ -10,7 +10,7 @@ import glob
 import importlib.util
 import os
 
-from .distributed import CommError, Communicator
+from .comm import CommError, Communicator
 
 # nccl.h's values
 NCCL_SUCCESS = 0

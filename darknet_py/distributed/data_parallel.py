@@ -1,0 +1,81 @@
+"""The data-parallel policy training follows (see the package docstring): the update
+hook that sums the ranks' gradients, and what train() asks about the run it is part of
+(which rank writes, its shard of the images, its loader seed)."""
+import numpy as np
+
+
+class DataParallel:
+    """The hook Network.update calls (net.data_parallel): sums the ranks' accumulated
+    updates, averages the rolling statistics, and after the update leaves the momentum on
+    rank 0 only (see the module docstring)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.world_size = comm.rank, comm.world_size
+
+    def attach(self, net):
+        """Make `net` a replica: rank 0's parameters on every rank, updates summed from
+        now on. Call after loading weights and before training."""
+        self.comm.broadcast(net.be, [a for layer in net.layers for _, a in layer.params()])
+        net.params_changed()
+        net.data_parallel = self
+
+    def reduce(self, net):
+        updates, statistics = net.update_buffers()
+        self.comm.all_reduce_sum(net.be, updates + statistics)
+        for array in statistics:
+            net.be.scal(1.0 / self.world_size, array)
+
+    def updated(self, net):
+        if self.rank != 0:
+            for array in net.update_buffers()[0]:
+                net.be.fill(array, 0.0)
+
+
+class Ranks:
+    """What train() asks about the run it is part of; comm None: a single process."""
+
+    def __init__(self, comm=None):
+        self.comm = comm
+        self.rank = comm.rank if comm is not None else 0
+        self.world_size = comm.world_size if comm is not None else 1
+
+    @property
+    def writer(self):
+        """Only rank 0 writes weights, charts and logs."""
+        return self.rank == 0
+
+    def attach(self, net):
+        if self.comm is not None:
+            DataParallel(self.comm).attach(net)
+
+    def shard(self, paths):
+        return shard(paths, self.rank, self.world_size)
+
+    def seed(self, seed):
+        return rank_seed(seed, self.rank, self.world_size)
+
+    def mean(self, net, value):
+        """The mean over the ranks of a number (each rank's loss per image)."""
+        if self.comm is None:
+            return value
+        return self.comm.sum_value(net.be, value) / self.world_size
+
+    def wait_for_writer(self):
+        """The other ranks wait (as long as it takes) while rank 0 evaluates."""
+        if self.comm is not None:
+            self.comm.barrier(timeout=None)
+
+
+def shard(paths, rank, world_size):
+    """The training images of one rank: every world_size-th, starting at its rank."""
+    return paths[rank::world_size]
+
+
+def rank_seed(seed, rank, world_size):
+    """The loader seed of one rank: the run's own seed for a single process (so one rank
+    gives the same batches as training without --ranks), else one drawn from (seed, rank)."""
+    if world_size == 1:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), 0x5EED, int(rank)]).generate_state(1)[0])
+

@@ -1,0 +1,270 @@
+"""The training loop over a TrainPlan: batches from the data loader (the next one uploading
+while this one trains), one line per iteration (loss, average, rate, images/s, ETA),
+checkpoints, --map evaluations and the chart; a NaN loss or Ctrl-C ends it as Darknet
+users expect (the last good backup kept; the backup saved and the resume command shown).
+"""
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..data.loader import DataLoader, default_workers
+from ..validate import evaluate_classifier, evaluate_detector
+from .chart import draw_chart, load_history, save_history
+from .checkpoints import finite_weights, last_saved_backup
+from .schedule import (BACKUP_EVERY, CLASSIFIER_MULTISCALE_EVERY, MULTISCALE_EVERY,
+                       detector_snapshot_due, multiscale_size, resize_network)
+from .stops import Diverged, Terminated, TrainError, sigterm_as_interrupt
+
+
+@dataclass
+class TrainResult:
+    backup_dir: str
+    final_weights: str = None       # None when interrupted
+    iterations: int = 0             # Darknet's current batch at the end
+    seen: int = 0
+    avg_loss: float = float("nan")
+    losses: list = field(default_factory=list)      # (iteration, loss, avg_loss)
+    scores: list = field(default_factory=list)      # (iteration, mAP or top-1)
+    best_score: float = None
+    best_weights: str = None
+    interrupted: bool = False
+
+
+def make_loader(plan, seed, workers):
+    """The data loader of this rank's share of the images, from the run's start."""
+    net, o = plan.net, plan.net.options
+    return DataLoader(plan.ranks.shard(plan.paths), width=o.width, height=o.height,
+                      batch=net.images_per_iteration // net.replicas, channels=o.channels,
+                      augment=plan.augment, seed=plan.ranks.seed(seed),
+                      workers=default_workers() if workers is None else workers,
+                      start=net.iteration, pin=net.be.pin, **plan.loader_args)
+
+
+def format_duration(seconds):
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:d}:{m:02d}:{s:02d}"
+
+
+class TrainingRun:
+    """One run of a plan. run() trains to max_batches and returns the TrainResult."""
+
+    def __init__(self, plan, loader, seed=0, log=print, log_every=1, on_iteration=None):
+        self.plan, self.net, self.loader, self.files = plan, plan.net, loader, plan.checkpoints
+        self.seed, self.log, self.log_every, self.on_iteration = seed, log, log_every, on_iteration
+        o = self.net.options
+        self.cfg_size = (o.width, o.height)
+        self.every = CLASSIFIER_MULTISCALE_EVERY if plan.task == "classifier" \
+            else MULTISCALE_EVERY
+        self.result = TrainResult(backup_dir=self.files.backup_dir)
+        # Resuming: the chart continues the earlier runs' history (result holds this run's).
+        self.earlier_losses, self.earlier_scores = (
+            load_history(self.files.history, self.net.iteration, log) if self.net.iteration
+            else ([], []))
+        if self.earlier_scores:   # _best.weights is replaced only by a better score
+            self.result.best_score = max(score for _, score in self.earlier_scores)
+            self.result.best_weights = (self.files.best if os.path.exists(self.files.best)
+                                        else None)
+        self.avg_loss = -1.0
+        self.epoch = self.net.seen // len(plan.paths)
+        self.completed_seen = self.net.seen
+        self.rate_per_iteration = None
+
+    def log_start(self):
+        plan, net, o, log = self.plan, self.net, self.net.options, self.log
+        log(self.files.base)
+        log(f"Learning Rate: {o.learning_rate:g}, Momentum: {o.momentum:g}, Decay: {o.decay:g}")
+        if plan.start_iteration:
+            log(f"Resuming at iteration {plan.start_iteration} ({net.seen} images seen) from "
+                f"{plan.weights}; max_batches {o.max_batches}")
+        log(f"Training a {plan.task} on {len(plan.paths)} images, {net.images_per_iteration} "
+            f"per iteration"
+            f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
+            f"{'the CPU' if net.be.name == 'cpu' else net.be.name}"
+            f"{f' x {net.replicas} ranks' if net.replicas > 1 else ''}; saving to "
+            f"{self.files.backup_dir}")
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self):
+        net, max_batches = self.net, self.net.options.max_batches
+        restore_sigterm = sigterm_as_interrupt()
+        # Overflow in the arithmetic shows up as a non-finite loss, reported below as a
+        # divergence; NumPy's own warnings about it would only be noise.
+        float_errors = np.seterr(all="ignore")
+        upcoming = None   # the next iteration's batch, already uploading
+        try:
+            while net.iteration < max_batches:
+                iteration = net.iteration
+                w, h = self.input_size(iteration)
+                if (w, h) != (net.options.width, net.options.height):
+                    self.log(f"Resizing: {w} x {h}")
+                    resize_network(net, w, h)
+                wall_start = time.perf_counter()
+                x, truth = upcoming if upcoming is not None else self.fetch(iteration)
+                # Batch k+1 is handed over before iteration k runs: its upload overlaps k.
+                upcoming = self.fetch(iteration + 1) if iteration + 1 < max_batches else None
+                train_start = time.perf_counter()
+                loss = self.plan.ranks.mean(net, net.train_iteration(x, truth))
+                if not math.isfinite(loss):
+                    raise Diverged(loss)
+                self.completed_seen = net.seen
+                now = time.perf_counter()
+                self.record(loss, seconds=now - train_start, wall=now - wall_start)
+                self.checkpoint(net.iteration, loss)
+                if self.on_iteration is not None:
+                    self.on_iteration(self.result)
+        except Diverged as e:
+            self.diverged(e.loss)
+        except KeyboardInterrupt as e:
+            self.interrupted(e)
+            raise
+        finally:
+            net.finish_prefetch()   # no upload may still read the slots the loader unmaps
+            self.loader.close()
+            restore_sigterm()
+            np.seterr(**float_errors)
+        return self.finish()
+
+    def input_size(self, iteration):
+        """The input (width, height) of an iteration: with random=1, the size drawn at
+        the start of its block of `every` iterations (or of this run, if later)."""
+        if not self.plan.multiscale:
+            return self.cfg_size
+        drawn_at = max(self.plan.start_iteration, iteration - iteration % self.every)
+        return multiscale_size(self.cfg_size[0], self.cfg_size[1], self.plan.stride, drawn_at,
+                               self.net.options.max_batches, self.seed,
+                               classifier=self.plan.task == "classifier")
+
+    def fetch(self, iteration):
+        """The loader's batch for `iteration`, handed to the network to upload ahead."""
+        self.loader.set_size(*self.input_size(iteration))
+        batch = self.loader.next_batch()
+        self.net.prefetch(*batch)
+        return batch
+
+    def record(self, loss, seconds, wall):
+        """Darknet's average loss, the result's figures and the iteration's line."""
+        net, result, max_batches = self.net, self.result, self.net.options.max_batches
+        if self.avg_loss < 0:
+            self.avg_loss = loss
+        self.avg_loss = self.avg_loss * .9 + loss * .1
+        i = net.iteration
+        result.losses.append((i, loss, self.avg_loss))
+        result.iterations, result.seen, result.avg_loss = i, net.seen, self.avg_loss
+        self.rate_per_iteration = wall if self.rate_per_iteration is None else (
+            0.9 * self.rate_per_iteration + 0.1 * wall)
+        if i % self.log_every == 0 or i == max_batches or i == self.plan.start_iteration + 1:
+            eta = format_duration(self.rate_per_iteration * (max_batches - i))
+            images = net.images_per_iteration
+            if self.plan.task == "detector":
+                line = (f"{i}: {loss:f}, {self.avg_loss:f} avg, {net.learning_rate:f} rate, "
+                        f"{seconds:f} seconds, {i * images} images")
+            else:
+                line = (f"{i}, {net.seen / len(self.plan.paths):.3f}: {loss:f}, "
+                        f"{self.avg_loss:f} avg, {net.learning_rate:f} rate, {seconds:f} "
+                        f"seconds, {net.seen} images")
+            self.log(f"{line} | {images / wall:.1f} images/s, ETA {eta}")
+
+    def checkpoint(self, i, loss):
+        """After iteration i: the backup, numbered weights, an evaluation, the chart."""
+        net, files, plan = self.net, self.files, self.plan
+        if i % BACKUP_EVERY == 0:
+            if not finite_weights(net):   # a finite loss from weights already gone bad
+                raise Diverged(loss)
+            files.save(net, files.backup)
+        if plan.task == "detector":
+            if detector_snapshot_due(i):
+                files.save(net, files.numbered(i))
+        elif net.seen // len(plan.paths) > self.epoch:
+            self.epoch = net.seen // len(plan.paths)
+            files.save(net, files.numbered(self.epoch))
+        evaluating = plan.map_every is not None
+        if evaluating and (i % plan.map_every == 0 or i == net.options.max_batches):
+            if plan.ranks.writer:
+                self.evaluate(i)
+            plan.ranks.wait_for_writer()
+        if i % BACKUP_EVERY == 0 or (evaluating and i % plan.map_every == 0):
+            self.chart()
+
+    def evaluate(self, iteration):
+        net, plan, result, o = self.net, self.plan, self.result, self.net.options
+        train_size = (o.width, o.height)
+        resize_network(net, *self.cfg_size)
+        started = time.perf_counter()
+        if plan.task == "detector":
+            score = evaluate_detector(net, plan.valid_paths, plan.classes,
+                                      plan.config.names).map
+        else:
+            score = evaluate_classifier(net, plan.valid_paths, plan.config.labels,
+                                        plan.classes, k=1, channels=o.channels).top1
+        resize_network(net, *train_size)
+        result.scores.append((iteration, score))
+        self.files.save(net, self.files.last)
+        improved = result.best_score is None or score > result.best_score
+        if improved:
+            result.best_score = score
+            result.best_weights = self.files.best
+            self.files.save(net, result.best_weights)
+        self.log(f"{plan.metric_name} = {score:.4f} on {len(plan.valid_paths)} valid images "
+                 f"({time.perf_counter() - started:.1f} s); best = {result.best_score:.4f}"
+                 f"{' (new best, saved ' + result.best_weights + ')' if improved else ''}")
+
+    def chart(self):
+        if not self.files.writer:
+            return
+        losses = self.earlier_losses + self.result.losses
+        scores = self.earlier_scores + self.result.scores
+        save_history(self.files.history, losses, scores)
+        o, plan = self.net.options, self.plan
+        draw_chart(self.files.chart, [h[1] for h in losses], [h[2] for h in losses],
+                   [h[0] for h in losses], scores, plan.metric_name,
+                   f"{self.files.base}: {plan.task} training, iteration {self.net.iteration} "
+                   f"of {o.max_batches}", o.max_batches)
+
+    # ---- how a run ends ------------------------------------------------------------------
+    def diverged(self, loss):
+        """A NaN or infinite loss: the chart, and a TrainError naming what is kept."""
+        net, backup, o = self.net, self.files.backup, self.net.options
+        if self.result.losses:
+            self.chart()
+        last_good = [h[0] for h in self.result.losses if math.isfinite(h[1])]
+        kept = (f"{backup} (iteration {last_saved_backup(backup, net)}) is kept"
+                if os.path.exists(backup) else "no weights were saved")
+        raise TrainError(
+            f"training diverged at iteration {net.iteration}: the loss is {loss} "
+            f"(last finite loss at iteration {last_good[-1] if last_good else 'none'}); "
+            f"stopped without saving the diverged weights, {kept}. Lower learning_rate "
+            f"(now {o.learning_rate:g}) or raise burn_in (now {o.policy['burn_in']})") from None
+
+    def interrupted(self, stop):
+        """Ctrl-C or SIGTERM: save the backup (unless the weights went bad) and say how to
+        resume; the caller re-raises."""
+        net, backup, result = self.net, self.files.backup, self.result
+        # A half-done iteration is dropped: the resumed run repeats it whole.
+        net.seen = self.completed_seen
+        result.interrupted = True
+        result.iterations, result.seen = net.iteration, net.seen
+        why = "Terminated (SIGTERM)" if isinstance(stop, Terminated) else "Interrupted"
+        if not finite_weights(net):
+            self.log(f"{why} at iteration {net.iteration}: the weights hold NaN or infinite "
+                     f"values, so {backup} was not replaced")
+            return
+        self.files.save(net, backup)
+        if result.losses:
+            self.chart()
+        self.log(f"{why} at iteration {net.iteration}: saved {backup} (resume "
+                 f"with --weights {backup})")
+
+    def finish(self):
+        net, result, final = self.net, self.result, self.files.final
+        self.files.save(net, final)
+        result.final_weights = final
+        result.iterations, result.seen = net.iteration, net.seen
+        if result.losses:
+            self.chart()
+        self.log(f"Saved {final} after {net.iteration} iterations ({net.seen} images)")
+        return result
