@@ -90,7 +90,9 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     prepare(net, seed)
     be = net.be
     x = rng.random((net.batch,) + net.input_shape, dtype=np.float32)
-    result = {"cfg": net.path, "device": be.name, "batch": net.batch, "bflops": net.bflops,
+    engine = getattr(net, "engine", None)   # an export.engine.OnnxRuntimeEngine says so
+    device = f"{be.name} ({engine})" if engine else be.name
+    result = {"cfg": net.path, "device": device, "batch": net.batch, "bflops": net.bflops,
               "warmup": warmup, "repeats": repeats}
     forward_s = median_seconds(be, lambda: net.predict(x), warmup, repeats)
     result["forward_ms"] = 1e3 * forward_s

@@ -26,6 +26,8 @@ from .cfg import CfgError, CfgWarning, read_data_file
 from .files import (OverwriteError, atomic_output, refuse_overwrite,
                     remove_stale_temporaries)
 from .image import ImageError, ImageWarning
+from .export.command import (EXPORT_HELP, engine_option, export_options, load_with_engine,
+                             run_export)
 from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
 from .weights import WeightsError, WeightsWarning, floats_needed
 
@@ -295,8 +297,9 @@ Prints, per image, the time taken and the --top most probable classes as
                    "else 5].")
 @names_options
 @device_options
+@engine_option
 @darknet_option
-def classify_command(cfg, weights, images, top, names, data, device, darknet):
+def classify_command(cfg, weights, images, top, names, data, device, engine, darknet):
     if top is None:
         try:
             top = int(data.get("top", 5))
@@ -306,7 +309,8 @@ def classify_command(cfg, weights, images, top, names, data, device, darknet):
 
     from .detection import detector_layers
     paths = expand_images(images)
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
+                           darknet=darknet)
     if detector_layers(net):
         raise UserError(f"{cfg}: the network is a detector (it has a "
                         f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`")
@@ -403,15 +407,18 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @overwrite_option
 @names_options
 @device_options
+@engine_option
 @darknet_option
 def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
-                   ext_output, overwrite, names, data, device, darknet):
+                   ext_output, overwrite, names, data, device, engine, darknet):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
                             draw_detections, ext_output_lines, pixel_box)
     from .image import decode_image, from_bgr
     from .video import is_video
 
     if camera is not None or any(is_video(image) for image in images):
+        if engine != "numpy":
+            raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
         from .video import detect_video_command
         out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
         return detect_video_command(cfg, weights, images, camera, out if out_given else None,
@@ -423,7 +430,8 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
     outputs = [None] * len(paths) if out.lower() == "none" else output_paths(out, paths)
     claim_outputs([p for p in outputs if p is not None] + ([json_file] if json_file else []),
                   overwrite)
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
+                           darknet=darknet)
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
@@ -674,9 +682,10 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
 @click.option("--overwrite", is_flag=True,
               help="Replace results files an earlier run left in --results-dir.")
 @device_options
+@engine_option
 @training_errors
 @darknet_option
-def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
+def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
     A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
@@ -691,7 +700,7 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     """
     from .validate import validate
     validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
-             results_dir=results_dir, overwrite=overwrite, darknet=darknet)
+             results_dir=results_dir, overwrite=overwrite, darknet=darknet, engine=engine)
 
 
 @cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
@@ -706,9 +715,10 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
 @click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Confidence at which precision, recall, F1 and the average IoU are taken.")
 @device_options
+@engine_option
 @darknet_option
 @training_errors
-def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet):
+def map_command(cfg, data, weights, iou_thresh, points, thresh, device, engine, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
@@ -719,7 +729,8 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet)
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
     from .validate import detector_map
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=lambda line: click.echo(line))
+                 thresh=thresh, darknet=darknet, log=lambda line: click.echo(line),
+                 engine=engine)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
@@ -764,9 +775,10 @@ def anchors_command(data, num, width, height, seed):
               help="Untimed runs before the timed ones.")
 @overwrite_option
 @device_options
+@engine_option
 @darknet_option
 def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
-                  darknet):
+                  engine, darknet):
     """Time CFG with random weights and a random input batch.
 
     Prints the median forward time (inference, as `detect` and `test` run it) and
@@ -774,10 +786,18 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import format_report, run_bench
+    from .bench import format_report, prepare, run_bench
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
-    net = load_network(cfg, None, batch=batch, device=device, darknet=darknet)
+    if engine != "numpy" and (train or layers):
+        raise UserError("--engine onnxruntime times inference: leave out --train and --layers")
+    def prepared(**kwargs):   # random weights in place before ONNX Runtime copies them
+        net = load_network(**kwargs)
+        prepare(net)
+        return net
+
+    net = load_with_engine(prepared, engine, device, cfg=cfg, weights=None, batch=batch,
+                           darknet=darknet)
     result = run_bench(net, train=train, layers=layers, warmup=warmup, repeats=repeats)
     for line in format_report(result):
         click.echo(line)
@@ -785,6 +805,15 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
         with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
             json.dump(result, json_out, indent=1)
             json_out.write("\n")
+
+
+# ---- export: ONNX (darknet_py/export) --------------------------------------------------------
+@cli.command("export", help=EXPORT_HELP, short_help="Write a network as an ONNX model, checked.")
+@export_options
+@names_options
+@darknet_option
+def export_command(names, data, **options):
+    run_export(names=names, log=click.echo, **options)
 
 
 def main(argv=None):

@@ -207,6 +207,15 @@ class ConvolutionalLayer(Layer):
         be.scale_bias(weights, be.from_host(factor), 1, self.filters, self.nweights // self.filters)
         return weights, be.from_host(host["biases"] - host["rolling_mean"] * factor)
 
+    def inference_params(self, be):
+        """(weights, biases) as inference applies them: batch norm folded in where there is
+        one (the same arrays forward uses; ONNX export reads them)."""
+        if not self.batch_normalize:
+            return self.weights, self.biases
+        if self._folded is None:
+            self._folded = self._fold_batchnorm(be)
+        return self._folded
+
     def _forward_params(self, net):
         """(weights, biases) for this forward; biases None: batch norm runs unfolded."""
         if not self.batch_normalize:
