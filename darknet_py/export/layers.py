@@ -235,16 +235,14 @@ def _shortcut_original(g, layer, x):
                            g.ints([1, 2, 3]), g.ints([1, stride, stride])], (minc, minh, minw))
     if sample > 1:   # spread onto every sample-th cell, zeros between, then to h x w
         a = g.reshape(a, (minc, minh, 1, minw, 1))
-        a = g.op("Pad", [a, g.ints([0] * 6 + [0, 0, sample - 1, 0, sample - 1]), g.scalar(0.0)],
+        a = g.op("Pad", [a, g.ints([0] * 6 + [0, 0, 0, sample - 1, 0, sample - 1]), g.scalar(0.0)],
                  (minc, minh, sample, minw, sample))
         a = g.reshape(a, (minc, minh * sample, minw * sample))
         a = g.op("Pad", [a, g.ints([0] * 4 + [0, 0, h - minh * sample, w - minw * sample]),
                          g.scalar(0.0)], (minc, h, w))
-    else:
-        a = _fit_channels(g, a, minc, minc, h, w)
     head = g.slice(x, 1, 0, minc, shape=(minc, h, w)) if minc < c else x
     mask = np.zeros((1, h, w))
-    mask[0:minh * sample:sample, 0:minw * sample:sample] = 1
+    mask[:, 0:minh * sample:sample, 0:minw * sample:sample] = 1
     if layer.alpha == 1 and sample == 1:
         summed = head
     else:   # alpha applies only where a value is added
