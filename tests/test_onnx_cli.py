@@ -135,8 +135,8 @@ def test_engine_onnxruntime_serves_map_valid_test_and_bench(tmp_path):
     cweights = tmp_path / "digits.weights"
     load_network(str(classifier), seed=2).save_weights(str(cweights))
     image = SHARED / "images" / "dog.jpg"
-    tops = [invoke(["test", classifier, cweights, image, "--engine", engine,
-                    "--device", "cpu"]).stdout.splitlines()[1:] for engine in ("numpy", "onnxruntime")]
+    tops = [invoke(["test", classifier, cweights, image, "--engine", engine, "--device",
+                    "cpu"]).stdout.splitlines()[1:] for engine in ("numpy", "onnxruntime")]
     assert tops[0] and tops[0] == tops[1]
     b = invoke(["bench", cfg, "--engine", "onnxruntime", "--repeats", "2", "--warmup", "1"])
     assert b.exit_code == 0 and "cpu (onnxruntime)" in b.stdout, (b.stdout, b.stderr)

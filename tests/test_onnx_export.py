@@ -34,7 +34,8 @@ MAX_BFLOPS = float("inf") if EVERY_CFG else 1.0
 
 
 def _cfgs():
-    files = [f for d in ("darknet-cfg", "darknet-cfg-ab") for f in sorted((SHARED / d).glob("*.cfg"))]
+    files = [f for d in ("darknet-cfg", "darknet-cfg-ab")
+             for f in sorted((SHARED / d).glob("*.cfg"))]
     texts = {f.read_text() for f in files if f.parent.name == "darknet-cfg"}
     files = [f for f in files if f.parent.name == "darknet-cfg" or f.read_text() not in texts]
     if not files:
@@ -189,7 +190,8 @@ CASES = {
                                "[shortcut]\nfrom=-4\nweights_type=per_feature\n"
                                "weights_normalization=relu"),
     "upsample_scale_reverse": ("width=10\nheight=10\nchannels=3", conv(4),
-                               "[upsample]\nstride=2\nscale=0.5", "[upsample]\nstride=-4\nscale=0.3"),
+                               "[upsample]\nstride=2\nscale=0.5",
+                               "[upsample]\nstride=-4\nscale=0.3"),
     "reorg_original": ("width=12\nheight=12\nchannels=4", conv(8), "[reorg]\nstride=2",
                        conv(4), "[reorg]\nstride=2\nreverse=1", "[reorg]\nflatten=1",
                        "[reorg]\nflatten=1\nreverse=1", "[reorg]\nextra=5"),
@@ -204,12 +206,15 @@ CASES = {
                                      "[connected]\noutput=7\nbatch_normalize=1\nactivation=relu",
                                      "[connected]\noutput=5\nactivation=linear", "[softmax]",
                                      "[cost]"),
-    "sam_scale_channels_empty": ("width=8\nheight=8\nchannels=3", conv(6), conv(6, activation="logistic"),
+    "sam_scale_channels_empty": ("width=8\nheight=8\nchannels=3", conv(6),
+                                 conv(6, activation="logistic"),
                                  "[sam]\nfrom=-2", "[empty]", "[avgpool]", conv(6, size=1),
-                                 "[scale_channels]\nfrom=-3", conv(1, size=1, activation="logistic"),
+                                 "[scale_channels]\nfrom=-3",
+                                 conv(1, size=1, activation="logistic"),
                                  "[scale_channels]\nfrom=-2\nscale_wh=1"),
     # heads
-    "region_softmax": ("width=8\nheight=8\nchannels=3", conv(2 * (5 + 3), size=1, activation="linear"),
+    "region_softmax": ("width=8\nheight=8\nchannels=3",
+                       conv(2 * (5 + 3), size=1, activation="linear"),
                        "[region]\nanchors=1,1,2,3\nclasses=3\nnum=2\nsoftmax=1"),
     "yolo_scale_xy_new_coords": ("width=8\nheight=8\nchannels=3",
                                  conv(2 * 8, size=1, activation="linear"),
@@ -276,7 +281,8 @@ def test_nms_keeps_what_darknets_default_nms_keeps():
         dets += layer.detections(net.layer_output(layer.index)[0].reshape(-1), netw, neth,
                                  netw, neth, 0.3, relative=True, letter=False)
     do_nms_sort(dets, 3, 0.45)
-    kept = {(int(k), tuple(np.round(np.float64(d.box), 3))) for d in dets for k in np.flatnonzero(d.probs > 0.3)}
+    kept = {(int(k), tuple(np.round(np.float64(d.box), 3)))
+            for d in dets for k in np.flatnonzero(d.probs > 0.3)}
     boxes = got["boxes"][0]
     selected = {(int(k), tuple(np.round(np.float64(boxes[i]), 3))) for _, k, i in got["selected"]}
     assert kept and selected == kept

@@ -86,6 +86,8 @@ def check_export(net, data, batch, precision, image, log):
     """Run the written model and darknet-py's forward on the same inputs; fp32 must agree
     within CHECK_TOLERANCE (else an error), fp16's difference is reported."""
     from .check import CHECK_TOLERANCE, compare, session
+    log("check: running the model in ONNX Runtime and darknet-py's forward (--no-check "
+        "skips this) ...")
     sess = session(data)
     inputs = [("a random input", np.random.default_rng(0).random(
         (batch,) + net.input_shape, dtype=np.float32))]

@@ -217,7 +217,8 @@ def _shortcut_weighted(g, layer, x):
     y = None
     for t, c, w in zip(inputs, channels, weights):
         t = _fit_channels(g, t, c, layer.c, layer.h, layer.w)
-        term = g.op("Mul", [t, g.const(w.reshape(-1, 1, 1), "shortcut_weight")], output_image(layer))
+        term = g.op("Mul", [t, g.const(w.reshape(-1, 1, 1), "shortcut_weight")],
+                    output_image(layer))
         y = term if y is None else g.op("Add", [y, term], output_image(layer))
     return y
 
