@@ -316,3 +316,14 @@ def test_refused_layers_and_options_say_which():
         export_model(diou, nms=True)
     with pytest.raises(ExportError, match="need a detector"):
         export_model(cfg(*CASES["local_avgpool"]), decode=True)
+
+
+@pytest.mark.parametrize("opset", [13, 18, "newest"])
+def test_opsets_from_13_to_the_newest(opset):
+    """Reductions moved their axes from attribute to input at 13 and 18."""
+    opset = onnx.defs.onnx_opset_version() if opset == "newest" else opset
+    net = cfg(*CASES["maxpool_xy_depth"][:-1], "[maxpool]\nmaxpool_depth=1\nout_channels=3",
+              "[convolutional]\nfilters=4\nsize=1\nactivation=normalize_channels_softmax_maxval")
+    assert_exports_exactly(net, batch=2, opset=opset)
+    with pytest.raises(ExportError, match="--opset 12: use 13"):
+        export_model(net, opset=12)
