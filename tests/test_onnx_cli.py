@@ -53,7 +53,7 @@ def test_export_writes_a_checked_model_with_metadata_and_keeps_an_existing_out(t
     r = invoke(["export", TINY_CFG, TINY_WEIGHTS, out, "--nms", "--names", COCO_NAMES,
                 "--image", PHOTOS[0], "--dynamic-batch"])
     assert r.exit_code == 0, (r.stdout, r.stderr)
-    checks = [l for l in r.stdout.splitlines() if l.startswith("check: ")]
+    checks = [l for l in r.stdout.splitlines() if l.startswith("check: ONNX Runtime against")]
     assert len(checks) == 2 and str(PHOTOS[0]) in checks[1]
     assert all(float(l.split("difference ")[1].split()[0]) < 1e-4 for l in checks)
     model = onnx.load(str(out))
@@ -142,3 +142,10 @@ def test_engine_onnxruntime_serves_map_valid_test_and_bench(tmp_path):
     assert b.exit_code == 0 and "cpu (onnxruntime)" in b.stdout, (b.stdout, b.stderr)
     refused = invoke(["bench", cfg, "--engine", "onnxruntime", "--train"])
     assert_one_error_line(refused, "--train")
+
+
+def test_a_missing_image_is_refused_before_anything_is_written(tmp_path):
+    cfg, weights = untrained_detector(tmp_path)
+    r = invoke(["export", cfg, weights, tmp_path / "d.onnx", "--image", tmp_path / "no.jpg"])
+    assert_one_error_line(r, "no.jpg", "not found")
+    assert not (tmp_path / "d.onnx").exists()

@@ -67,6 +67,7 @@ def run_export(cfg, weights, out, opset, batch, dynamic_batch, precision, decode
     if not no_check:
         require("onnxruntime")
     net = load_network(cfg, weights, batch=1, device="cpu", darknet=darknet)
+    sized = network_image(net, image) if image is not None and not no_check else None
     model = export_model(net, opset=opset, batch=None if dynamic_batch else (batch or 1),
                          precision=precision, decode=decode or nms, nms=nms, names=names,
                          thresh=thresh, nms_thresh=nms_thresh)
@@ -79,12 +80,14 @@ def run_export(cfg, weights, out, opset, batch, dynamic_batch, precision, decode
         f", outputs {outputs}")
     if not no_check:
         onnx.checker.check_model(model)
-        check_export(net, data, 2 if dynamic_batch else batch or 1, precision, image, log)
+        check_export(net, data, 2 if dynamic_batch else batch or 1, precision, image, sized,
+                     log)
 
 
-def check_export(net, data, batch, precision, image, log):
-    """Run the written model and darknet-py's forward on the same inputs; fp32 must agree
-    within CHECK_TOLERANCE (else an error), fp16's difference is reported."""
+def check_export(net, data, batch, precision, image, sized, log):
+    """Run the written model and darknet-py's forward on the same inputs (a random one, and
+    `sized`, the image at `image` as the network takes it); fp32 must agree within
+    CHECK_TOLERANCE (else an error), fp16's difference is reported."""
     from .check import CHECK_TOLERANCE, compare, session
     log("check: running the model in ONNX Runtime and darknet-py's forward (--no-check "
         "skips this) ...")
@@ -92,7 +95,7 @@ def check_export(net, data, batch, precision, image, log):
     inputs = [("a random input", np.random.default_rng(0).random(
         (batch,) + net.input_shape, dtype=np.float32))]
     if image is not None:
-        inputs.append((image, np.repeat(network_image(net, image)[None], batch, axis=0)))
+        inputs.append((image, np.repeat(sized[None], batch, axis=0)))
     for what, x in inputs:
         diffs = compare(net, sess, x)
         worst = max(diffs, key=diffs.get)
