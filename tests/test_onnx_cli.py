@@ -134,7 +134,10 @@ def test_engine_onnxruntime_serves_map_valid_test_and_bench(tmp_path):
     classifier = REPO / "cfg" / "digits-classifier.cfg"
     cweights = tmp_path / "digits.weights"
     load_network(str(classifier), seed=2).save_weights(str(cweights))
-    image = SHARED / "images" / "dog.jpg"
+    import cv2
+    import numpy as np
+    image = tmp_path / "noise.png"   # not ../shared: this test runs without it
+    cv2.imwrite(str(image), np.random.default_rng(0).integers(0, 256, (30, 20, 3), np.uint8))
     tops = [invoke(["test", classifier, cweights, image, "--engine", engine, "--device",
                     "cpu"]).stdout.splitlines()[1:] for engine in ("numpy", "onnxruntime")]
     assert tops[0] and tops[0] == tops[1]

@@ -105,9 +105,10 @@ def _model(g, net, outputs, batch, opset, metadata):
         g.nodes, "darknet", [helper.make_tensor_value_info("input", float_type,
                                                            [dim, *net.input_shape])],
         graph_outputs, g.initializers)
-    model = helper.make_model(graph, producer_name="darknet-py",
-                              opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, producer_name="darknet-py", opset_imports=opsets)
+    # The oldest IR version the opset allows, so older runtimes read the file too.
+    model.ir_version = max(7, helper.find_min_ir_version_for(opsets))
     helper.set_model_props(model, metadata)
     return model
 
