@@ -223,9 +223,7 @@ class ConvolutionalLayer(Layer):
         if net.train or not net.fold_batchnorm:
             self._folded = None  # training moves the rolling statistics
             return self.weights, None
-        if self._folded is None:
-            self._folded = self._fold_batchnorm(net.be)
-        return self._folded
+        return self.inference_params(net.be)
 
     def _image_col(self, be, images, b, group, col):
         """The (k, n) matrix of one image and group: the input itself for a 1x1, stride-1
