@@ -1,12 +1,13 @@
-"""darknet-py's NumPy backend against OpenCV 4's DNN module (cv2.dnn.readNetFromDarknet) on
-the CPU: same cfg, same weights, same letterboxed photo, batch 1.
+"""darknet-py's NumPy backend and its ONNX Runtime engine (--engine onnxruntime, when the
+onnx extra is installed) against OpenCV 4's DNN module (cv2.dnn.readNetFromDarknet) on the
+CPU: same cfg, same weights, same letterboxed photo, batch 1.
 
     python bench/cpu_vs_opencv.py [--repeats N] [--results bench/RESULTS.md]
 
 `make bench-cpu` builds the OpenCV-4 virtualenv (bench/.venv-opencv4; OpenCV 5 dropped the
 Darknet importer) and runs this. OpenCV runs in that virtualenv as a worker process; the
-two engines' forwards alternate (A, B, A, B, ...) so that load from other processes falls
-on both alike. Each engine times its own forward with perf_counter; medians are compared.
+engines' forwards alternate (A, B, C, A, B, C, ...) so that load from other processes falls
+on all alike. Each engine times its own forward with perf_counter; medians are compared.
 Also times `darknet-py detect` on one photo as a whole process (Python start included).
 """
 import argparse
@@ -89,6 +90,16 @@ def random_weights(net, path):
     net.save_weights(path)
 
 
+def onnxruntime_engine(net):
+    """darknet-py's ONNX Runtime engine on net, or None without the onnx extra."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None
+    from darknet_py.export.engine import OnnxRuntimeEngine
+    return OnnxRuntimeEngine(net)
+
+
 def compare(name, cfg, weights, worker, tmp, repeats, warmup, pause):
     import numpy as np
 
@@ -97,26 +108,44 @@ def compare(name, cfg, weights, worker, tmp, repeats, warmup, pause):
     if weights is None:
         weights = tmp / f"{cfg.stem}.weights"
         random_weights(net, weights)
+    engine = onnxruntime_engine(net)
     channels, height, width = net.input_shape
     x = dn.letterbox(dn.load_image(PHOTO), width, height)[None]
     np.save(tmp / "input.npy", x)
     version = worker.ask("load", cfg, weights, tmp / "input.npy")
-    ours, theirs = [], []
+    ours, ort, theirs = [], [], []
     for i in range(warmup + repeats):
         start = time.perf_counter()
         net.predict(x)
         t = time.perf_counter() - start
-        # Both engines' idle worker threads spin for a while after a run (OpenBLAS for
-        # about 2^28 cycles): let them go to sleep before the other engine starts.
+        # The engines' idle worker threads spin for a while after a run (OpenBLAS for
+        # about 2^28 cycles): let them go to sleep before the next engine starts.
         time.sleep(pause)
+        if engine is not None:
+            start = time.perf_counter()
+            engine.predict(x)
+            o = time.perf_counter() - start
+            time.sleep(pause)
         u = float(worker.ask("time"))
         time.sleep(pause)
         if i >= warmup:
             ours.append(t)
             theirs.append(u)
+            if engine is not None:
+                ort.append(o)
     a, b = statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3
+    c = statistics.median(ort) * 1e3 if ort else float("nan")
     return {"name": name, "darknet_py_ms": a, "opencv_ms": b, "ratio": a / b,
-            "opencv": version}
+            "onnxruntime_ms": c, "onnxruntime_ratio": c / b, "opencv": version,
+            "onnxruntime": onnxruntime_version()}
+
+
+def onnxruntime_version():
+    try:
+        import onnxruntime
+        return f"onnxruntime {onnxruntime.__version__}"
+    except ImportError:
+        return "no onnxruntime (pip install 'darknet-cfg-runner[onnx]')"
 
 
 def detect_process_seconds(repeats, tmp):
@@ -145,24 +174,29 @@ def machine(load_before):
     except OSError:
         pass
     return (f"{os.cpu_count()} CPU cores ({cpu}), load average {load_before:.2f} before the "
-            f"run and {load_average():.2f} after (other processes slow both engines, unevenly)")
+            f"run and {load_average():.2f} after (other processes slow the engines, unevenly)")
 
 
 def report(rows, detect_s, repeats, load_before):
     import numpy as np
     lines = [BEGIN,
-             "# CPU inference: darknet-py (NumPy) vs OpenCV DNN, batch 1 (`make bench-cpu`)",
+             "# CPU inference: darknet-py (NumPy, ONNX Runtime) vs OpenCV DNN, batch 1 "
+             "(`make bench-cpu`)",
              "",
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine(load_before)}; "
-             f"NumPy {np.__version__}, {rows[0]['opencv']}. Medians of {repeats} forwards per "
+             f"NumPy {np.__version__}, {rows[0]['opencv']}, {rows[0]['onnxruntime']}. "
+             f"Medians of {repeats} forwards per "
              f"engine, interleaved; input: ../shared/images/dog.jpg letterboxed.",
              "",
-             "| network | darknet-py ms | OpenCV ms | ratio | goal |",
-             "|---|---|---|---|---|"]
+             "| network | darknet-py NumPy ms | darknet-py ONNX Runtime ms | OpenCV ms | "
+             "ratio NumPy | ratio ONNX Runtime | goal |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        verdict = "met" if r["ratio"] <= r["goal"] else "not met"
-        lines.append(f"| {r['name']} | {r['darknet_py_ms']:.1f} | {r['opencv_ms']:.1f} | "
-                     f"{r['ratio']:.2f} | <= {r['goal']:.1f} ({verdict}) |")
+        best = min(r["ratio"], r["onnxruntime_ratio"])   # NaN without the extra: NumPy's
+        verdict = "met" if best <= r["goal"] else "not met"
+        lines.append(f"| {r['name']} | {r['darknet_py_ms']:.1f} | {r['onnxruntime_ms']:.1f} | "
+                     f"{r['opencv_ms']:.1f} | {r['ratio']:.2f} | {r['onnxruntime_ratio']:.2f} | "
+                     f"<= {r['goal']:.1f} ({verdict}) |")
     verdict = "met" if detect_s <= DETECT_GOAL_S else "not met"
     lines += ["", f"`darknet-py detect` yolov3-tiny on one photo, whole process: "
               f"{detect_s:.2f} s (goal <= {DETECT_GOAL_S} s: {verdict}).", END]
@@ -205,8 +239,9 @@ def main():
                           args.pause)
             row["goal"] = goal
             rows.append(row)
-            print(f"{name}: darknet-py {row['darknet_py_ms']:.1f} ms, OpenCV "
-                  f"{row['opencv_ms']:.1f} ms, ratio {row['ratio']:.2f} (goal <= {goal})",
+            print(f"{name}: darknet-py {row['darknet_py_ms']:.1f} ms, with ONNX Runtime "
+                  f"{row['onnxruntime_ms']:.1f} ms, OpenCV {row['opencv_ms']:.1f} ms, ratios "
+                  f"{row['ratio']:.2f} and {row['onnxruntime_ratio']:.2f} (goal <= {goal})",
                   flush=True)
         worker.close()
         detect_s = detect_process_seconds(args.detect_repeats, tmp)

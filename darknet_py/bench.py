@@ -104,13 +104,16 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     prepare(net, seed)
     be = net.be
     x = rng.random((net.batch,) + net.input_shape, dtype=np.float32)
-    result = {"cfg": net.path, "device": be.name, "batch": net.batch, "bflops": net.bflops,
+    engine = getattr(net, "engine", None)   # an export.engine.OnnxRuntimeEngine says so
+    device = f"{be.name} ({engine})" if engine else be.name
+    result = {"cfg": net.path, "device": device, "batch": net.batch, "bflops": net.bflops,
               "warmup": warmup, "repeats": repeats}
     forward_s = median_seconds(be, lambda: net.predict(x), warmup, repeats)
     result["forward_ms"] = 1e3 * forward_s
     result["forward_images_per_s"] = net.batch / forward_s
-    result.update(forward_parts(net, x, warmup, repeats))
-    if net.batch >= 32 and net.batch % 4 == 0:   # large batches: the copies behind the layers
+    if not engine:   # ONNX Runtime takes host arrays as they are: no copies to time apart
+        result.update(forward_parts(net, x, warmup, repeats))
+    if not engine and net.batch >= 32 and net.batch % 4 == 0:   # the copies behind the layers
         batch = net.batch
         in_parts_s = median_seconds(be, lambda: net.predict_in_parts(x, batch // 4), warmup,
                                     repeats)
@@ -144,12 +147,14 @@ def format_report(r):
     lines = [f"{r['cfg']}: batch {r['batch']}, {r['device']}, {r['bflops']:.3f} BFLOPs per "
              f"image; medians of {r['repeats']} runs after {r['warmup']} warm-up",
              f"forward:       {r['forward_ms']:10.2f} ms  {r['forward_images_per_s']:9.1f} "
-             f"images/s",
-             f"  layers only: {r['gpu_forward_ms']:10.2f} ms  (input on the device, output "
-             f"left there)",
-             f"  upload:      {r['upload_ms']:10.2f} ms  ({r['upload_bytes'] / 2**20:.1f} MiB in)",
-             f"  download:    {r['download_ms']:10.2f} ms  ({r['download_bytes'] / 2**20:.1f} "
-             f"MiB out)"]
+             f"images/s"]
+    if "gpu_forward_ms" in r:   # not with ONNX Runtime, which reads host arrays itself
+        lines += [f"  layers only: {r['gpu_forward_ms']:10.2f} ms  (input on the device, "
+                  f"output left there)",
+                  f"  upload:      {r['upload_ms']:10.2f} ms  ({r['upload_bytes'] / 2**20:.1f} "
+                  f"MiB in)",
+                  f"  download:    {r['download_ms']:10.2f} ms  "
+                  f"({r['download_bytes'] / 2**20:.1f} MiB out)"]
     if "forward_in_parts_ms" in r:
         lines.append(f"  in 4 parts:  {r['forward_in_parts_ms']:10.2f} ms  (predict_in_parts: "
                      f"the copies of one part behind the layers of another)")

@@ -25,6 +25,8 @@ from . import __version__
 from .cfg import read_data_file
 from .darknet_forms import DarknetFormError, translate as translate_darknet_form
 from .errors import USER_ERRORS, USER_WARNINGS, describe_error
+from .export.command import (EXPORT_HELP, engine_option, export_options, load_with_engine,
+                             run_export)
 from .files import (atomic_output, first_free_run, refuse_overwrite, remove_stale_temporaries,
                     run_numbered, write_text_atomically)
 from .image import ImageError
@@ -299,8 +301,9 @@ Prints, per image, the time taken and the --top most probable classes as
                    "else 5].")
 @names_options
 @device_options
+@engine_option
 @darknet_option
-def classify_command(cfg, weights, images, top, names, data, device, darknet):
+def classify_command(cfg, weights, images, top, names, data, device, engine, darknet):
     if top is None:
         try:
             top = int(data.get("top", 5))
@@ -310,7 +313,8 @@ def classify_command(cfg, weights, images, top, names, data, device, darknet):
 
     from .predictions import detector_layers
     paths = expand_images(images)
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
+                           darknet=darknet)
     if detector_layers(net):
         raise UserError(f"{cfg}: the network is a detector (it has a "
                         f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`")
@@ -416,15 +420,19 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @overwrite_option
 @names_options
 @device_options
+@engine_option
 @darknet_option
 def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, json_file,
-                   save_txt, darknet_order, ext_output, overwrite, names, data, device, darknet):
+                   save_txt, darknet_order, ext_output, overwrite, names, data, device, engine,
+                   darknet):
     from .predictions import (detect, detection_classes, detections_to_json, detector_layers,
                               draw_detections, ext_output_lines, pixel_box, yolo_txt)
     from .image import decode_image, from_bgr
     from .video import is_video
 
     if camera is not None or any(is_video(image) for image in images):
+        if engine != "numpy":
+            raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
         from .video import detect_video_command
         return detect_video_command(cfg, weights, images, camera, out, json_file,
                                     dict(thresh=thresh, nms=nms, hier=hier_thresh), names,
@@ -442,7 +450,8 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
 
     outputs = first_free_run(run_outputs, files_of) if numbered else run_outputs(1)
     claim_outputs(files_of(outputs) + ([json_file] if json_file else []), overwrite)
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
+                           darknet=darknet)
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
@@ -688,8 +697,9 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
 @click.option("--overwrite", is_flag=True,
               help="Replace results files an earlier run left in --results-dir.")
 @device_options
+@engine_option
 @darknet_option
-def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
+def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
     A classifier gets its top-1 and top-k accuracy (k: the .data file's top=, else 5;
@@ -704,7 +714,7 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     """
     from .validate import validate
     validate(cfg, data, weights, device=device, log=log_line,
-             results_dir=results_dir, overwrite=overwrite, darknet=darknet)
+             results_dir=results_dir, overwrite=overwrite, darknet=darknet, engine=engine)
 
 
 @cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
@@ -723,9 +733,10 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
                    "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
 @overwrite_option
 @device_options
+@engine_option
 @darknet_option
 def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite, device,
-                darknet):
+                engine, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
@@ -743,7 +754,7 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
         classes = heads[-1].classes if heads else 0
         claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=log_line, plots=plots)
+                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
@@ -817,9 +828,10 @@ def check_command(data, picture):
               help="Untimed runs before the timed ones.")
 @overwrite_option
 @device_options
+@engine_option
 @darknet_option
 def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
-                  darknet):
+                  engine, darknet):
     """Time CFG with random weights and a random input batch.
 
     Prints the median forward time (inference, as `detect` and `test` run it) and
@@ -827,10 +839,18 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import format_report, run_bench
+    from .bench import format_report, prepare, run_bench
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
-    net = load_network(cfg, None, batch=batch, device=device, darknet=darknet)
+    if engine != "numpy" and (train or layers):
+        raise UserError("--engine onnxruntime times inference: leave out --train and --layers")
+    def prepared(**kwargs):   # random weights in place before ONNX Runtime copies them
+        net = load_network(**kwargs)
+        prepare(net)
+        return net
+
+    net = load_with_engine(prepared, engine, device, cfg=cfg, weights=None, batch=batch,
+                           darknet=darknet)
     result = run_bench(net, train=train, layers=layers, warmup=warmup, repeats=repeats)
     for line in format_report(result):
         click.echo(line)
@@ -838,6 +858,15 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
         with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
             json.dump(result, json_out, indent=1)
             json_out.write("\n")
+
+
+# ---- export: ONNX (darknet_py/export) --------------------------------------------------------
+@cli.command("export", help=EXPORT_HELP, short_help="Write a network as an ONNX model, checked.")
+@export_options
+@names_options
+@darknet_option
+def export_command(names, data, **options):
+    run_export(names=names, log=click.echo, **options)
 
 
 def main(argv=None):

@@ -32,6 +32,7 @@ from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
 from .errors import DarknetError
+from .export.engine import load_with_engine
 from .files import write_text_atomically
 from .image import ImageError, load_image
 from .network import load_network
@@ -478,7 +479,7 @@ def curve_ap(recall, precision, points=0):
 
 
 def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
-                 thresh=MAP_CONF_THRESH, log=print, darknet=None, plots=None):
+                 thresh=MAP_CONF_THRESH, log=print, darknet=None, plots=None, engine="numpy"):
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
     and print fork_map's report. Returns the ForkMapResult."""
@@ -486,7 +487,8 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
+                           darknet=darknet)
     if network_task(net) != "detector":
         raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
                               f"(use `darknet-py valid`)")
@@ -518,7 +520,7 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
 
 # ---- the `valid` command ---------------------------------------------------------------
 def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir=None,
-             overwrite=False, darknet=None):
+             overwrite=False, darknet=None, engine="numpy"):
     """Load CFG with WEIGHTS and score it on the valid list of the .data file DATA. Prints
     per-class results, then the summary line; returns the result. For a detector with
     results_dir, also writes Darknet's results files there (DetectionResultsWriter),
@@ -527,7 +529,8 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
+                           darknet=darknet)
     net.names = config.names
     task = network_task(net)
     if task == "classifier":

@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 # Commands other engineers are adding this session: the README may show them before they are
 # merged. The lead empties this list once they are in cli.py.
-COMMANDS_BEING_ADDED = {"export"}
+COMMANDS_BEING_ADDED = set()
 
 
 def readme_code():

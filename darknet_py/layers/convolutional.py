@@ -240,16 +240,22 @@ class ConvolutionalLayer(Layer):
                             self.binary_weights)
         return self.binary_weights
 
+    def inference_params(self, be):
+        """(weights, biases) as inference applies them: the weights binarized (binary=1,
+        xnor=1), batch norm folded in where there is one (the same arrays forward uses;
+        ONNX export reads them)."""
+        if not self.batch_normalize:
+            return self._binarized_weights(be), self.biases
+        if self._folded is None:
+            self._folded = self._fold_batchnorm(be)
+        return self._folded
+
     def _forward_params(self, net):
         """(weights, biases) for this forward; biases None: batch norm runs unfolded."""
-        if not self.batch_normalize:
-            return self._binarized_weights(net.be), self.biases
-        if net.train or not net.fold_batchnorm:
+        if self.batch_normalize and (net.train or not net.fold_batchnorm):
             self._folded = None  # training moves the rolling statistics
             return self._binarized_weights(net.be), None
-        if self._folded is None:
-            self._folded = self._fold_batchnorm(net.be)
-        return self._folded
+        return self.inference_params(net.be)
 
     def _image_col(self, be, images, b, group, col):
         """The (k, n) matrix of one image and group: the input itself for a 1x1, stride-1
