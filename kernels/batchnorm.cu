@@ -207,7 +207,7 @@ extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, c
                                                  const float* __restrict__ variance_delta,
                                                  int rows, int filters, int spatial, float n,
                                                  const float* __restrict__ scales,
-                                                 float* __restrict__ delta)
+                                                 float* __restrict__ delta, int fork_sd)
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= spatial) return;
@@ -216,7 +216,9 @@ extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, c
         const long long i = (long long)r * spatial + s;
         const float xc = x[i] - mean[f];
         const float d = scales ? __fmul_rn(delta[i], scales[f]) : delta[i];
-        delta[i] = d / sqrtf(variance[f] + 1e-5f)
+        // The AlexeyAB fork's CPU divides by sqrt(var) + eps, the original by sqrt(var + eps).
+        const float sd = fork_sd ? sqrtf(variance[f]) + 1e-5f : sqrtf(variance[f] + 1e-5f);
+        delta[i] = d / sd
                  + variance_delta[f] * 2.0f * xc / n
                  + mean_delta[f] / n;
     }

@@ -498,6 +498,11 @@ def test_batchnorm(cuda, batch, filters, spatial):
               rand(rng, filters), tol=tol)
     check(cuda, "batchnorm_delta", x, mean, var, rand(rng, filters, 0.5, 1.5), batch, filters,
           spatial, nan(filters), nan(filters), delta, tol=tol)
+    for fork in (False, True):
+        check(cuda, "normalize_delta", x, mean, var, rand(rng, filters), rand(rng, filters),
+              batch, filters, spatial, delta, fork)
+        check(cuda, "batchnorm_delta", x, mean, var, rand(rng, filters, 0.5, 1.5), batch,
+              filters, spatial, nan(filters), nan(filters), delta, fork, tol=tol)
 
 
 @gpu

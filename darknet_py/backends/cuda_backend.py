@@ -73,7 +73,7 @@ _KERNELS = {
         "channel_finalize": "PiiiqPPP",
         "normalize_kernel": "PPPiii",
         "normalize_sqrt_eps_kernel": "PPPiiif",
-        "normalize_delta_kernel": "PPPPPiiifPP",
+        "normalize_delta_kernel": "PPPPPiiifPPi",
     },
     "activations.cu": {
         "activate_array": "Pii",
@@ -924,7 +924,7 @@ class CudaBackend:
                              _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
 
     def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
-                         batch, filters, spatial, delta):
+                         batch, filters, spatial, delta, fork=False):
         for what, arr, need in (("x", x, batch * filters * spatial), ("delta", delta, batch * filters * spatial),
                                 ("mean", mean, filters), ("variance", variance, filters),
                                 ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
@@ -933,15 +933,15 @@ class CudaBackend:
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
                           self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
                           float(batch * spatial), 0 if scales is None else self._ptr(scales),
-                          self._ptr(delta))
+                          self._ptr(delta), int(bool(fork)))
 
     def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
-                        batch, filters, spatial, delta):
+                        batch, filters, spatial, delta, fork=False):
         self._normalize_delta(x, mean, variance, mean_delta, variance_delta, None,
-                              batch, filters, spatial, delta)
+                              batch, filters, spatial, delta, fork)
 
     def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
-                        variance_delta, delta):
+                        variance_delta, delta, fork=False):
         """NumpyBackend.batchnorm_delta in two passes over delta instead of five: one
         reduction gives both sums of the unscaled delta (each then times the channel's
         scale), and normalize_delta scales delta as it reads it."""
@@ -950,7 +950,7 @@ class CudaBackend:
                              _FINAL_VARIANCE_DELTA, variance_delta, variance=variance,
                              scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta))
         self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
-                              batch, filters, spatial, delta)
+                              batch, filters, spatial, delta, fork)
 
     # ---- activations ---------------------------------------------------------
     @staticmethod

@@ -299,24 +299,27 @@ class NumpyBackend:
         variance_delta[:filters] = s * -0.5 * np.power(variance[:filters] + 1e-5, -1.5)
 
     def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
-                        batch, filters, spatial, delta):
+                        batch, filters, spatial, delta, fork=False):
+        """fork: the AlexeyAB fork's CPU divides by sqrt(var) + 1e-5, not sqrt(var + 1e-5)."""
         shape = (1, filters, 1)
         n = batch * spatial
         xc = x.reshape(batch, filters, spatial) - mean[:filters].reshape(shape)
         d = delta.reshape(batch, filters, spatial)
-        d[...] = (d / np.sqrt(variance[:filters] + 1e-5).reshape(shape)
+        sd = (np.sqrt(variance[:filters]) + self.dtype.type(1e-5) if fork
+              else np.sqrt(variance[:filters] + self.dtype.type(1e-5)))
+        d[...] = (d / sd.reshape(shape)
                   + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
                   + mean_delta[:filters].reshape(shape) / n)
 
     def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
-                        variance_delta, delta):
+                        variance_delta, delta, fork=False):
         """Batch norm's backward from its scaled output to its input, in place on delta:
         delta *= scales, then mean_delta, variance_delta and normalize_delta."""
         self.scale_bias(delta, scales, batch, filters, spatial)
         self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
         self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)
         self.normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
-                             spatial, delta)
+                             spatial, delta, fork)
 
     # ---- activations ---------------------------------------------------------
     def activate(self, x, activation):

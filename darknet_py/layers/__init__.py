@@ -27,6 +27,8 @@ _LAYER_CLASSES = {
     "reorg3d": ("reorg3d", "Reorg3dLayer"),
     "empty": ("empty", "EmptyLayer"),
     "gaussian_yolo": ("gaussian_yolo", "GaussianYoloLayer"),
+    # recurrent layers (both Darknets; [conv_lstm] is the fork's)
+    "rnn": ("rnn", "RnnLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)
