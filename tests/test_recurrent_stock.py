@@ -1,0 +1,54 @@
+"""The C Darknets' stock recurrent cfgs build with the C code's shapes and weights sizes."""
+import os
+
+import pytest
+
+from darknet_py.cfg import parse_cfg
+from darknet_py.network import build_network, parse_net_options
+from darknet_py.weights import floats_needed
+from darknet_py.network import load_network
+
+STOCK = os.path.join(os.path.dirname(__file__), "fixtures", "recurrent", "stock")
+
+
+def connected_floats(inputs, outputs, bn):
+    return outputs + inputs * outputs + (3 * outputs if bn else 0)
+
+
+def rnn_floats(inputs, hidden, outputs, bn):
+    """make_rnn_layer's three connected layers, as save_weights writes them."""
+    return (connected_floats(inputs, hidden, bn) + connected_floats(hidden, hidden, bn)
+            + connected_floats(hidden, outputs, bn))
+
+
+# cfg -> (flavour, [(type, inputs, outputs)], time_steps, rows per pass)
+CASES = {
+    "orig-rnn.cfg": ("original", [("rnn", 256, 1024)] * 1 + [("rnn", 1024, 1024)] * 2
+                     + [("connected", 1024, 256), ("softmax", 256, 256)], 1, 1),
+    "orig-rnn.train.cfg": ("original", [("rnn", 256, 1024)] + [("rnn", 1024, 1024)] * 2
+                           + [("connected", 1024, 256), ("softmax", 256, 256)], 576, 128 * 576),
+    "fork-rnn.cfg": ("alexeyab", [("rnn", 256, 1024)] + [("rnn", 1024, 1024)] * 2
+                     + [("connected", 1024, 256), ("softmax", 256, 256), ("cost", 256, 256)],
+                     1, 1),
+    "fork-rnn.train.cfg": ("alexeyab", [("rnn", 256, 1024)] + [("rnn", 1024, 1024)] * 2
+                           + [("connected", 1024, 256), ("softmax", 256, 256),
+                              ("cost", 256, 256)], 576, 128 * 576 // 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_stock_rnn_cfgs_build_with_darknets_shapes(name):
+    flavour, layers, steps, rows = CASES[name]
+    net = build_network(os.path.join(STOCK, name), darknet=flavour)
+    assert [(l.type, l.inputs, l.outputs) for l in net.layers] == layers
+    options = parse_net_options(parse_cfg(os.path.join(STOCK, name))[0])
+    assert options.time_steps == steps and options.batch == rows   # Darknet's net->batch
+    rnn = net.layers[0]
+    assert (rnn.steps, rnn.hidden) == (steps, 1024)
+
+
+def test_stock_rnn_cfg_weights_size():
+    net = load_network(os.path.join(STOCK, "orig-rnn.cfg"), device="cpu", darknet="original")
+    want = (rnn_floats(256, 1024, 1024, True) + 2 * rnn_floats(1024, 1024, 1024, True)
+            + connected_floats(1024, 256, False))
+    assert floats_needed(net) == want
