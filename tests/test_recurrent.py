@@ -9,9 +9,14 @@ import pytest
 
 from darknet_py.network import load_network
 
+from test_layers_gradcheck import GradCheck
+
 FIXTURES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "fixtures", "recurrent",
                                          "*.npz")))
 TOL = 1e-4
+# Layers whose backward is empty in the C CPU code (darknet-py runs the original's GPU
+# backward): the fixture's deltas below them and their updated weights are not compared.
+EMPTY_C_BACKWARD = ("gru",)
 
 
 def fixture_ids():
@@ -39,11 +44,14 @@ def check_case(path, tmp_path, device):
     # the second pass starts from the state the first one left
     np.testing.assert_allclose(net.predict(x).reshape(-1), ref["pred2"], atol=TOL, rtol=TOL)
     net.train_iteration(x, y)
+    empty = [l.index for l in net.layers if l.type in EMPTY_C_BACKWARD]
+    compared = max(empty) + 1 if empty else 0   # the first layer whose delta is Darknet's
     for i in range(len(net.layers)):
         np.testing.assert_allclose(net.layer_output(i).reshape(-1), ref[f"out_{i}"],
                                    atol=TOL, rtol=TOL, err_msg=f"layer {i} output")
-        np.testing.assert_allclose(net.layer_delta(i).reshape(-1), ref[f"delta_{i}"],
-                                   atol=TOL, rtol=TOL, err_msg=f"layer {i} delta")
+        if i >= compared:
+            np.testing.assert_allclose(net.layer_delta(i).reshape(-1), ref[f"delta_{i}"],
+                                       atol=TOL, rtol=TOL, err_msg=f"layer {i} delta")
     saved = tmp_path / "updated.weights"
     net.save_weights(str(saved))
     got, want = body(np.fromfile(saved, np.uint8)), body(ref["updated"])
@@ -52,9 +60,10 @@ def check_case(path, tmp_path, device):
         for name, array in layer.params():
             part = slice(pos, pos + array.size)
             pos += array.size
-            if net.darknet == "alexeyab" and layer.type == "connected":
-                # The fork's update_network skips every [connected] layer (their `train` flag
-                # is never set); darknet-py's [connected] trains in both flavours.
+            if layer.index < compared or (net.darknet == "alexeyab" and
+                                          layer.type == "connected"):
+                # (The fork's update_network skips every [connected] layer: their `train`
+                # flag is never set; darknet-py's [connected] trains in both flavours.)
                 continue
             np.testing.assert_allclose(got[part], want[part], atol=TOL, rtol=TOL,
                                        err_msg=f"layer {layer.index} {name} after the update")
@@ -80,3 +89,50 @@ def test_recurrent_weights_round_trip(path, tmp_path):
     out = tmp_path / "again.weights"
     net.save_weights(str(out))
     assert out.read_bytes() == ref["weights"].tobytes()
+
+
+# ---- gradient checks (float64) of backward passes that are true gradients ------------------
+class RecurrentGradCheck(GradCheck):
+    """GradCheck that also checks the inner layers' updates and restarts every recurrent
+    layer from a zero state before each forward (a [gru] carries its state across calls)."""
+
+    def forward(self):
+        for layer in self.net.layers:
+            if hasattr(layer, "reset_state"):
+                layer.reset_state()
+        super().forward()
+
+    def _inner_layers(self):
+        for layer in self.net.layers:
+            for inner in getattr(layer, "inner", []):
+                yield f"{layer.index}.{inner.name}", inner.layer
+
+    def analytic(self):
+        for _, layer in self._inner_layers():
+            for name in ("bias_updates", "weight_updates", "scale_updates"):
+                if getattr(layer, name, None) is not None:
+                    self.be.fill(getattr(layer, name), 0.0)
+        grads = super().analytic()
+        for key, layer in self._inner_layers():
+            for update, param in (("bias_updates", "biases"), ("weight_updates", "weights")):
+                grads[f"{key}.{param}"] = -self.be.to_host(getattr(layer, update))
+        return grads
+
+    def _array(self, key):
+        parts = key.split(".")
+        if len(parts) == 3:
+            return getattr(dict(self._inner_layers())[f"{parts[0]}.{parts[1]}"], parts[2])
+        return super()._array(key)
+
+
+def recurrent_net(body, steps=3, seqs=2, inputs=4):
+    return (f"[net]\nbatch={seqs}\ntime_steps={steps}\nwidth={inputs}\nheight=1\n"
+            f"channels=1\n\n[connected]\noutput=4\nactivation=tanh\n\n{body}")
+
+
+@pytest.mark.parametrize("tanh", [0, 1])
+def test_gru_backward_is_the_gradient(tanh):
+    """The original's GPU backward_gru_layer_gpu, which darknet-py runs, is exact."""
+    check = RecurrentGradCheck(recurrent_net(f"[gru]\noutput=3\ntanh={tanh}\n"))
+    check.check(expect=["input", "0.weights"] + [f"1.{g}.weights" for g in
+                                                  ("uz", "ur", "uh", "wz", "wr", "wh")])

@@ -29,6 +29,7 @@ _LAYER_CLASSES = {
     "gaussian_yolo": ("gaussian_yolo", "GaussianYoloLayer"),
     # recurrent layers (both Darknets; [conv_lstm] is the fork's)
     "rnn": ("rnn", "RnnLayer"),
+    "gru": ("gru", "GruLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

@@ -137,3 +137,11 @@ class RecurrentLayer(Layer):
 
     def carried_state(self):
         return []
+
+    def keep_carried_state(self, old):
+        """After re-allocation: the state carried before it (arrays `old`, the previous
+        carried_state()), where the sizes still match. Darknet's buffers never move, so
+        an inference call followed by a training pass continues the same state."""
+        for before, now in zip(old, self.carried_state()):
+            if before is not None and before.size == now.size:
+                self.be.copy(before, now)

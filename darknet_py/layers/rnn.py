@@ -57,6 +57,7 @@ class RnnLayer(RecurrentLayer):
         return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}  ({self.steps} steps)"
 
     def allocate(self, be, batch, train):
+        old = self.carried_state() if getattr(self, "state", None) is not None else []
         self.allocate_inner(be, batch, train)
         out = self.inner[2]
         self.output, self.delta = out.full["output"], out.full["delta"]
@@ -64,6 +65,7 @@ class RnnLayer(RecurrentLayer):
         # Slot 0: the state before the first step (carried at inference); slot t + 1:
         # the state after step t (training keeps them all for backward).
         self.state = be.zeros((self.steps + 1) * self.step_batch * self.hidden)
+        self.keep_carried_state(old)
 
     def carried_state(self):
         return [self.slot(0)]

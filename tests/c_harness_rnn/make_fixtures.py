@@ -44,6 +44,9 @@ CASES = {
     "rnn_fork_bn": ("alexeyab", 6, 4, 3,
                     "[rnn]\noutput=5\nhidden=4\nactivation=leaky\nbatch_normalize=1\n"
                     "shortcut=1\n"),
+    "gru": ("original", 6, 2, 3, "[gru]\noutput=5\n"),
+    "gru_tanh_bn": ("original", 6, 4, 3, "[gru]\noutput=5\ntanh=1\nbatch_normalize=1\n"),
+    "gru_fork": ("alexeyab", 6, 2, 3, "[gru]\noutput=4\n"),
 }
 
 
