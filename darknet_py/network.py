@@ -50,6 +50,7 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
+    adam_error: object = None   # the CfgError training raises when adam=1
     # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
     # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
     letter_box: int = 0
@@ -78,8 +79,9 @@ def parse_net_options(s):
     o.batch = batch // o.subdivisions * o.time_steps
     o.random = s.get_int("random", 0)
     o.adam = s.get_int("adam", 0)
-    if o.adam:
-        raise s.error("the adam optimiser is not supported by darknet-py (use SGD)", "adam")
+    if o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
+        o.adam_error = s.error("the adam optimiser is not supported by darknet-py for "
+                               "training (use SGD: remove adam=1)", "adam")
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
     o.channels = s.get_int("channels", 0)
@@ -624,6 +626,8 @@ class Network:
             step()
 
     def _prepare_training(self):
+        if self.options.adam_error is not None:
+            raise self.options.adam_error
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True

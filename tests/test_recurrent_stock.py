@@ -36,6 +36,13 @@ CASES = {
 }
 
 
+GRU_LAYERS = [("gru", 256, 256)] * 3 + [("connected", 256, 256), ("softmax", 256, 256)]
+CASES["orig-gru.cfg"] = ("original", GRU_LAYERS, 1, 1)
+CASES["fork-gru.cfg"] = ("alexeyab", [("gru", 256, 1024)] + [("gru", 1024, 1024)] * 2
+                         + [("connected", 1024, 256), ("softmax", 256, 256),
+                            ("cost", 256, 256)], 1, 1)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_stock_rnn_cfgs_build_with_darknets_shapes(name):
     flavour, layers, steps, rows = CASES[name]
@@ -43,8 +50,8 @@ def test_stock_rnn_cfgs_build_with_darknets_shapes(name):
     assert [(l.type, l.inputs, l.outputs) for l in net.layers] == layers
     options = parse_net_options(parse_cfg(os.path.join(STOCK, name))[0])
     assert options.time_steps == steps and options.batch == rows   # Darknet's net->batch
-    rnn = net.layers[0]
-    assert (rnn.steps, rnn.hidden) == (steps, 1024)
+    first = net.layers[0]
+    assert (first.steps, first.hidden) == (steps, first.outputs)
 
 
 def test_stock_rnn_cfg_weights_size():
@@ -52,3 +59,18 @@ def test_stock_rnn_cfg_weights_size():
     want = (rnn_floats(256, 1024, 1024, True) + 2 * rnn_floats(1024, 1024, 1024, True)
             + connected_floats(1024, 256, False))
     assert floats_needed(net) == want
+
+
+def test_stock_gru_cfg_runs_and_refuses_adam_training():
+    """gru.cfg has adam=1: it runs (inference), and training it is a cfg error."""
+    import numpy as np
+    from darknet_py.cfg import CfgError
+    net = load_network(os.path.join(STOCK, "orig-gru.cfg"), device="cpu")
+    # six connected layers per [gru] (no batch norm), then the [connected]
+    assert floats_needed(net) == 3 * 6 * connected_floats(256, 256, False) + \
+        connected_floats(256, 256, False)
+    x = np.eye(256, dtype=np.float32)[[72]]
+    first, second = net.predict(x).copy(), net.predict(x)
+    assert abs(first.sum() - 1) < 1e-5 and not np.allclose(first, second)   # state carried
+    with pytest.raises(CfgError, match="adam"):
+        net.train_iteration(x, x)
