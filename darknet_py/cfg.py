@@ -26,12 +26,12 @@ SECTION_ALIASES = {
     "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
     "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
     "gaussian_yolo": "gaussian_yolo",
-    "rnn": "rnn", "gru": "gru",
+    "rnn": "rnn", "gru": "gru", "lstm": "lstm",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
-    "deconv", "deconvolutional", "activation", "logistic", "l2norm", "crnn",
-    "lstm", "lrn", "normalization", "reorg_old",
+    "deconv", "deconvolutional", "activation", "logistic", "l2norm", "crnn", "lrn",
+    "normalization", "reorg_old",
     # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
     "conv_lstm", "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
 }

@@ -42,6 +42,10 @@ CASES["fork-gru.cfg"] = ("alexeyab", [("gru", 256, 1024)] + [("gru", 1024, 1024)
                          + [("connected", 1024, 256), ("softmax", 256, 256),
                             ("cost", 256, 256)], 1, 1)
 
+CASES["fork-lstm.train.cfg"] = ("alexeyab", [("lstm", 256, 1024)] + [("lstm", 1024, 1024)] * 2
+                                + [("connected", 1024, 256), ("softmax", 256, 256),
+                                   ("cost", 256, 256)], 576, 128 * 576 // 8)
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_stock_rnn_cfgs_build_with_darknets_shapes(name):

@@ -30,6 +30,7 @@ _LAYER_CLASSES = {
     # recurrent layers (both Darknets; [conv_lstm] is the fork's)
     "rnn": ("rnn", "RnnLayer"),
     "gru": ("gru", "GruLayer"),
+    "lstm": ("lstm", "LstmLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

@@ -11,12 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include "darknet.h"
+#include "lstm_layer.h"
 #ifdef FORK
 #include "network.h"
 #include "parser.h"
 #define NET(n) (*(n))
 #else
 #define NET(n) (n)
+void backward_lstm_layer(layer l, network net);   /* in lstm_layer.c, not in its header */
 #endif
 
 static float *read_floats(const char *path, size_t n)
@@ -38,21 +40,26 @@ static void write_floats(const char *dir, const char *name, int index, const flo
     fclose(f);
 }
 
-#ifndef FORK
-/* The original's CPU [rnn] keeps one step of state but a training forward writes
- * steps + 1 of them (a heap overflow in the C code): give it the room. */
-static void widen_rnn_state(network *net)
+/* What the C code needs to train these layers on the CPU at all: the original's [rnn]
+ * keeps one step of state but a training forward writes steps + 1 of them (a heap
+ * overflow); neither Darknet allocates a CPU delta for [lstm] (its training forward
+ * clears a NULL pointer), and the original never hooks up its CPU backward_lstm_layer. */
+static void make_trainable(network *net)
 {
     int i;
     for (i = 0; i < net->n; ++i) {
         layer *l = &net->layers[i];
+#ifndef FORK
         if (l->type == RNN) {
             free(l->state);
             l->state = calloc((size_t)l->outputs * l->batch * (l->steps + 1), sizeof(float));
         }
+        if (l->type == LSTM) l->backward = backward_lstm_layer;
+#endif
+        if (l->type == LSTM && !l->delta)
+            l->delta = calloc((size_t)l->outputs * l->batch * l->steps, sizeof(float));
     }
 }
-#endif
 
 int main(int argc, char **argv)
 {
@@ -66,8 +73,8 @@ int main(int argc, char **argv)
     network *pnet = &net;
 #else
     network *pnet = load_network(argv[1], argv[2], 0);
-    widen_rnn_state(pnet);
 #endif
+    make_trainable(pnet);
     network *n = pnet;
     int rows = n->batch;
     int last = n->n - 1;

@@ -47,6 +47,9 @@ CASES = {
     "gru": ("original", 6, 2, 3, "[gru]\noutput=5\n"),
     "gru_tanh_bn": ("original", 6, 4, 3, "[gru]\noutput=5\ntanh=1\nbatch_normalize=1\n"),
     "gru_fork": ("alexeyab", 6, 2, 3, "[gru]\noutput=4\n"),
+    "lstm": ("original", 6, 2, 3, "[lstm]\noutput=5\n"),
+    "lstm_bn": ("original", 6, 4, 3, "[lstm]\noutput=5\nbatch_normalize=1\n"),
+    "lstm_fork": ("alexeyab", 6, 2, 3, "[lstm]\noutput=4\n"),
 }
 
 
