@@ -142,6 +142,7 @@ _FORK_KEYS = {
     "maxpool": {"stride_x", "stride_y", "maxpool_depth", "out_channels"},
     "convolutional": {"stride_x", "stride_y", "share_index", "antialiasing"},
     "rnn": {"logistic"},
+    "crnn": {"hidden", "output", "size", "stride", "pad", "padding", "dilation", "groups"},
     "yolo": {"scale_x_y", "iou_loss", "iou_normalizer", "cls_normalizer", "obj_normalizer",
              "nms_kind", "beta_nms", "new_coords", "max_delta", "objectness_smooth",
              "iou_thresh", "resize", "counters_per_class", "label_smooth_eps"},

@@ -92,10 +92,11 @@ def load_for_training(cfg, weights, clear, seed, device, darknet):
     check_char_network(net)
     if clear:
         net.seen = 0
-    if any(getattr(l, "frozen", False) for l in net.layers):
-        print(f"darknet-py: warning: {cfg}: with --darknet alexeyab the fork's recurrent "
-              f"layers ([rnn], [gru], [lstm]) never update their weights, as in the fork",
-              file=sys.stderr)
+    frozen = [l for l in net.layers if getattr(l, "frozen", False)]
+    if frozen:
+        print(f"darknet-py: warning: {cfg}: layer {frozen[0].index} [{frozen[0].type}] never "
+              f"updates its weights in the {net.darknet} Darknet, and here neither (see "
+              f"docs/rnn.md)", file=sys.stderr)
     return net
 
 

@@ -46,6 +46,11 @@ CASES["fork-lstm.train.cfg"] = ("alexeyab", [("lstm", 256, 1024)] + [("lstm", 10
                                 + [("connected", 1024, 256), ("softmax", 256, 256),
                                    ("cost", 256, 256)], 576, 128 * 576 // 8)
 
+CASES["fork-crnn.train.cfg"] = ("alexeyab", [("connected", 256, 256), ("crnn", 256, 1024)]
+                                + [("crnn", 1024, 1024)] * 2
+                                + [("connected", 1024, 256), ("softmax", 256, 256),
+                                   ("cost", 256, 256)], 576, 128 * 576 // 8)
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_stock_rnn_cfgs_build_with_darknets_shapes(name):
@@ -54,7 +59,7 @@ def test_stock_rnn_cfgs_build_with_darknets_shapes(name):
     assert [(l.type, l.inputs, l.outputs) for l in net.layers] == layers
     options = parse_net_options(parse_cfg(os.path.join(STOCK, name))[0])
     assert options.time_steps == steps and options.batch == rows   # Darknet's net->batch
-    first = net.layers[0]
+    first = next(l for l in net.layers if hasattr(l, "steps"))
     assert (first.steps, first.hidden) == (steps, first.outputs)
 
 

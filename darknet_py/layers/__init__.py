@@ -31,6 +31,7 @@ _LAYER_CLASSES = {
     "rnn": ("rnn", "RnnLayer"),
     "gru": ("gru", "GruLayer"),
     "lstm": ("lstm", "LstmLayer"),
+    "crnn": ("crnn", "CrnnLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

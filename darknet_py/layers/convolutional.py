@@ -255,10 +255,18 @@ class ConvolutionalLayer(Layer):
         if not fused:
             self.activate_output(be)
 
+    # The fork's col2im_cpu_ext (and its GPU col2im) zero the image before adding to it:
+    # its convolution's backward replaces the previous layer's delta rather than adding to
+    # it. Set by the recurrent layers built on the fork's convolutions, where that decides
+    # the numbers (the step-to-step delta of its [crnn] is lost).
+    overwrites_input_delta = False
+
     def backward(self, net):
         be = net.be
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
+        if self.overwrites_input_delta and net.delta is not None:
+            be.fill(net.delta[:self.batch * self.inputs], 0.0)
         self.activation_gradient(be)
         if self.batch_normalize:
             # The fork's CPU backward leaves a convolution's BN beta untrained.

@@ -10,7 +10,7 @@ Both Darknets' CPU backward_gru_layer is empty; darknet-py runs the backward of 
 original's GPU code (backward_gru_layer_gpu), a true gradient of the forward above, on
 both backends. The weights file stores the original's wz, wr, wh, uz, ur, uh and the fork's
 input_z, input_r, input_h, state_z, state_r, state_h (uz, ur, uh, wz, wr, wh); the fork
-never updates them (see recurrent.RecurrentLayer.fork_updates).
+never updates them (see recurrent.RecurrentLayer.frozen_flavours).
 """
 from .recurrent import RecurrentLayer, inner_section, step_state
 

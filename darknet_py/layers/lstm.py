@@ -12,7 +12,7 @@ quirks kept: it rewrites the carried c and h with step by step values, ending at
 step 0 reads the previous state the step-1 iteration left (not the state before the pass)
 and passes no delta further back; the cell delta carries over from one backward to the next.
 The fork stores wf, wi, wg, wo, uf, ui, ug, uo, the original wi, wf, wo, wg, ui, uf, uo, ug;
-the fork never updates them (recurrent.RecurrentLayer.fork_updates).
+the fork never updates them (recurrent.RecurrentLayer.frozen_flavours).
 """
 from .recurrent import RecurrentLayer, inner_section, step_state
 

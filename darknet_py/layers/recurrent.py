@@ -65,15 +65,17 @@ def step_state(net, input, delta=None):
 class RecurrentLayer(Layer):
     """Shared plumbing: `self.inner` lists the Inner layers in the weights file's order."""
     image_shaped = True
-    # The fork's update_network skips layers whose `train` flag is unset, and only its
-    # convolution-based layers ([crnn], [conv_lstm]) set it: its [rnn], [gru] and [lstm]
-    # keep their weights however long they train (on the CPU and the GPU alike).
-    fork_updates = False
+    # The Darknets whose update never moves this layer's weights. The fork's update_network
+    # skips layers whose `train` flag is unset, and only its convolution-based layers
+    # ([crnn], [conv_lstm]) set it: its [rnn], [gru] and [lstm] keep their weights however
+    # long they train (CPU and GPU alike). The original's [crnn] convolutions have a
+    # learning-rate scale of 0 (only its parser sets the scale, for top-level layers).
+    frozen_flavours = ("alexeyab",)
 
     @property
     def frozen(self):
         """True where this layer's Darknet never updates its weights."""
-        return self.darknet == "alexeyab" and not self.fork_updates
+        return self.darknet in self.frozen_flavours
 
     def read_steps(self, s, ctx):
         self.steps = max(1, ctx.net.time_steps)
@@ -111,6 +113,7 @@ class RecurrentLayer(Layer):
         self.step_batch = batch // self.steps
         for i in self.inner:
             i.allocate(be, batch, self.steps, train)
+        self.workspace_size = max(i.layer.workspace_size for i in self.inner)
 
     def params(self):
         return [(name, array) for i in self.inner for name, array in i.layer.params()]

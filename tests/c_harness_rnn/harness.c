@@ -42,7 +42,8 @@ static void write_floats(const char *dir, const char *name, int index, const flo
 
 /* What the C code needs to train these layers on the CPU at all: the original's [rnn]
  * keeps one step of state but a training forward writes steps + 1 of them (a heap
- * overflow); neither Darknet allocates a CPU delta for [lstm] (its training forward
+ * overflow), and its [crnn] convolutions use a workspace sized without them (another);
+ * neither Darknet allocates a CPU delta for [lstm] (its training forward
  * clears a NULL pointer), and the original never hooks up its CPU backward_lstm_layer. */
 static void make_trainable(network *net)
 {
@@ -50,6 +51,13 @@ static void make_trainable(network *net)
     for (i = 0; i < net->n; ++i) {
         layer *l = &net->layers[i];
 #ifndef FORK
+        if (l->type == CRNN) {   /* the original sizes the workspace without its convolutions */
+            size_t need = l->input_layer->workspace_size;
+            if (l->self_layer->workspace_size > need) need = l->self_layer->workspace_size;
+            if (l->output_layer->workspace_size > need) need = l->output_layer->workspace_size;
+            free(net->workspace);
+            net->workspace = calloc(need / sizeof(float) + 1 + 65536, sizeof(float));
+        }
         if (l->type == RNN) {
             free(l->state);
             l->state = calloc((size_t)l->outputs * l->batch * (l->steps + 1), sizeof(float));

@@ -50,6 +50,14 @@ CASES = {
     "lstm": ("original", 6, 2, 3, "[lstm]\noutput=5\n"),
     "lstm_bn": ("original", 6, 4, 3, "[lstm]\noutput=5\nbatch_normalize=1\n"),
     "lstm_fork": ("alexeyab", 6, 2, 3, "[lstm]\noutput=4\n"),
+    "crnn": ("original", 24, 2, 3, "[crnn]\nhidden_filters=3\noutput_filters=2\n"
+             "activation=leaky\n"),
+    "crnn_bn_shortcut": ("original", 24, 3, 2, "[crnn]\nhidden_filters=3\noutput_filters=2\n"
+                         "activation=tanh\nbatch_normalize=1\nshortcut=1\n"),
+    "crnn_fork_plain": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
+                        "activation=leaky\n"),
+    "crnn_fork": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
+                  "activation=leaky\nbatch_normalize=1\n"),
 }
 
 
@@ -72,8 +80,15 @@ def build_harness(orig, fork, tmp):
 FORK_FIRST = "[convolutional]\nfilters=1\nsize=1\nactivation=linear\n"
 
 
+IMAGE_FIRST = "[convolutional]\nfilters=2\nsize=1\nactivation=leaky\n"
+
+
 def case_cfg(flavour, inputs, seqs, steps, body):
     net = NET.format(inputs=inputs, batch=seqs, steps=steps)
+    if body.startswith("[crnn]"):   # a 4x3x2 image; a 1x1 convolution first (see FORK_FIRST)
+        assert inputs == 24
+        net = net.replace("inputs=24\n", "width=4\nheight=3\nchannels=2\n")
+        return net + IMAGE_FIRST + body + HEAD.format(classes=6)
     if flavour == "alexeyab":
         assert inputs == 6
         net = net.replace("inputs=6\n", "width=3\nheight=2\nchannels=1\n") + FORK_FIRST
@@ -105,9 +120,10 @@ def make_case(name, exe, out_dir, tmp):
         f.write(cfg_text)
     random_weights(cfg_text, flavour, paths["w.weights"], rng)
     rows = seqs * steps
+    classes = 6
     x = np.eye(inputs, dtype=np.float32)[rng.integers(0, inputs, rows)]
     x += rng.uniform(-0.2, 0.2, x.shape).astype(np.float32)   # not only one-hot rows
-    y = np.eye(inputs, dtype=np.float32)[rng.integers(0, inputs, rows)]
+    y = np.eye(classes, dtype=np.float32)[rng.integers(0, classes, rows)]
     x.tofile(paths["x.bin"])
     y.tofile(paths["y.bin"])
     run = subprocess.run([exe[flavour], paths["case.cfg"], paths["w.weights"], paths["x.bin"],
