@@ -26,14 +26,14 @@ SECTION_ALIASES = {
     "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
     "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
     "gaussian_yolo": "gaussian_yolo",
-    "rnn": "rnn", "gru": "gru", "lstm": "lstm", "crnn": "crnn",
+    "rnn": "rnn", "gru": "gru", "lstm": "lstm", "crnn": "crnn", "conv_lstm": "conv_lstm",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
     "deconv", "deconvolutional", "activation", "logistic", "l2norm", "lrn",
     "normalization", "reorg_old",
     # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
-    "conv_lstm", "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
+    "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
 }
 
 # What C's atof reads at the start of a value (atoi reads a prefix of it): a decimal number

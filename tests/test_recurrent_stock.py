@@ -83,3 +83,19 @@ def test_stock_gru_cfg_runs_and_refuses_adam_training():
     assert abs(first.sum() - 1) < 1e-5 and not np.allclose(first, second)   # state carried
     with pytest.raises(CfgError, match="adam"):
         net.train_iteration(x, x)
+
+
+def test_conv_lstm_is_the_forks(tmp_path):
+    from darknet_py.cfg import CfgError
+    cfg = tmp_path / "c.cfg"
+    cfg.write_text("[net]\nwidth=4\nheight=4\nchannels=2\nbatch=1\ntime_steps=2\n"
+                   "[conv_lstm]\noutput=2\npad=1\npeephole=1\n")
+    net = build_network(str(cfg))
+    assert net.darknet == "alexeyab"          # detected from the section
+    assert [i.name for i in net.layers[0].inner] == ["vf", "vi", "vo", "wf", "wi", "wg",
+                                                      "wo", "uf", "ui", "ug", "uo"]
+    with pytest.raises(CfgError, match="use --darknet alexeyab"):
+        build_network(str(cfg), darknet="original")
+    cfg.write_text(cfg.read_text() + "bottleneck=1\n")
+    with pytest.raises(CfgError, match="bottleneck"):
+        build_network(str(cfg))

@@ -32,6 +32,7 @@ _LAYER_CLASSES = {
     "gru": ("gru", "GruLayer"),
     "lstm": ("lstm", "LstmLayer"),
     "crnn": ("crnn", "CrnnLayer"),
+    "conv_lstm": ("conv_lstm", "ConvLstmLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

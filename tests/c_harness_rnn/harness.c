@@ -64,6 +64,10 @@ static void make_trainable(network *net)
         }
         if (l->type == LSTM) l->backward = backward_lstm_layer;
 #endif
+#ifdef FORK
+        if (l->type == CONV_LSTM && !l->delta)   /* nor for [conv_lstm] */
+            l->delta = calloc((size_t)l->outputs * l->batch * l->steps, sizeof(float));
+#endif
         if (l->type == LSTM && !l->delta)
             l->delta = calloc((size_t)l->outputs * l->batch * l->steps, sizeof(float));
     }

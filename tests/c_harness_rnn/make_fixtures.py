@@ -54,6 +54,13 @@ CASES = {
              "activation=leaky\n"),
     "crnn_bn_shortcut": ("original", 24, 3, 2, "[crnn]\nhidden_filters=3\noutput_filters=2\n"
                          "activation=tanh\nbatch_normalize=1\nshortcut=1\n"),
+    "conv_lstm": ("alexeyab", 24, 2, 3, "[conv_lstm]\noutput=2\nsize=3\npad=1\n"),
+    "conv_lstm_peephole_bn": ("alexeyab", 24, 2, 3, "[conv_lstm]\noutput=2\nsize=3\npad=1\n"
+                              "peephole=1\nbatch_normalize=1\nactivation=leaky\n"),
+    # (output = the input's 2 channels: the C backward writes the w gates' deltas into the
+    # input's delta, past its end where they are larger)
+    "conv_lstm_clamped": ("alexeyab", 24, 2, 2, "[conv_lstm]\noutput=2\nsize=1\npeephole=1\n"
+                          "state_constrain=1\n"),
     "crnn_fork_plain": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
                         "activation=leaky\n"),
     "crnn_fork": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
@@ -85,7 +92,7 @@ IMAGE_FIRST = "[convolutional]\nfilters=2\nsize=1\nactivation=leaky\n"
 
 def case_cfg(flavour, inputs, seqs, steps, body):
     net = NET.format(inputs=inputs, batch=seqs, steps=steps)
-    if body.startswith("[crnn]"):   # a 4x3x2 image; a 1x1 convolution first (see FORK_FIRST)
+    if body.startswith(("[crnn]", "[conv_lstm]")):   # a 4x3x2 image; a 1x1 convolution first (see FORK_FIRST)
         assert inputs == 24
         net = net.replace("inputs=24\n", "width=4\nheight=3\nchannels=2\n")
         return net + IMAGE_FIRST + body + HEAD.format(classes=6)
