@@ -823,9 +823,12 @@ def rnn_train_command(cfg, text, weights, clear, backup_dir, max_batches, seed, 
                       device, darknet):
     """Train the character network CFG on the bytes of TEXT (one line per iteration)."""
     from .rnn_text import train_text
-    train_text(cfg, text, weights=weights, backup_dir=backup_dir, max_batches=max_batches,
-               seed=seed, clear=clear, device=device, darknet=darknet, overwrite=overwrite,
-               log=lambda line: click.echo(line, err=True))
+    try:
+        train_text(cfg, text, weights=weights, backup_dir=backup_dir, max_batches=max_batches,
+                   seed=seed, clear=clear, device=device, darknet=darknet,
+                   overwrite=overwrite, log=lambda line: click.echo(line, err=True))
+    except KeyboardInterrupt:
+        sys.exit(130)   # <cfg>.backup is saved and the resume command printed
 
 
 @rnn_group.command("generate")

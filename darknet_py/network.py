@@ -590,7 +590,7 @@ class Network:
         data-parallel replicas combine before an update, in a fixed order. Parameters
         without an update buffer (the fork's untrained BN beta) are not among them."""
         updates, statistics = [], []
-        for layer in self.layers:
+        for layer in (owner for l in self.layers for owner in l.param_owners()):
             for name, _ in layer.params():
                 if name.startswith("rolling_"):
                     statistics.append(getattr(layer, name))

@@ -118,7 +118,21 @@ def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=No
     log(f"{cfg}: learning rate {net.options.learning_rate:g}, momentum "
         f"{net.options.momentum:g}, decay {net.options.decay:g}, inputs {alphabet}, "
         f"{streams} streams x {steps} steps, text {text_path}: {text.size} bytes")
+    try:
+        _train_loop(net, text, offsets, rng, total, backups, cfg, log)
+    except KeyboardInterrupt:
+        path = backups.save(net, ".backup", log)
+        log(f"interrupted at iteration {net.iteration}; resume with: darknet-py rnn train "
+            f"{cfg} {text_path} --weights {path} --overwrite")
+        raise
+    return backups.save(net, "_final.weights", log)
+
+
+def _train_loop(net, text, offsets, rng, total, backups, cfg, log):
+    """Darknet's train_char_rnn loop: one pass an iteration, progress, backups."""
+    alphabet, steps, streams = net.inputs, net.options.time_steps, len(offsets)
     avg, start, i = -1.0, time.time(), net.iteration
+    first = i
     while net.iteration < total:
         i += 1
         tick = time.time()
@@ -129,7 +143,7 @@ def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=No
                             f"learning_rate in {cfg}; the last backup is kept")
         avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
         wall = time.time() - tick
-        eta = (time.time() - start) / max(1, net.iteration) * (total - net.iteration)
+        eta = (time.time() - start) / max(1, net.iteration - first) * (total - net.iteration)
         log(f"{i}: {loss:f}, {avg:f} avg, {net.last_rate or net.learning_rate:f} rate, "
             f"{wall:f} seconds, {net.iteration * len(x) / text.size:f} epochs | "
             f"{len(x) / wall:.0f} chars/s, ETA {eta:.0f} s")
@@ -139,7 +153,6 @@ def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=No
             backups.save(net, f"_{i}.weights", log)
         if i % BACKUP_EVERY == 0:
             backups.save(net, ".backup", log)
-    return backups.save(net, "_final.weights", log)
 
 
 def generation_network(cfg, weights, device, darknet, temp):

@@ -136,3 +136,18 @@ def test_gru_backward_is_the_gradient(tanh):
     check = RecurrentGradCheck(recurrent_net(f"[gru]\noutput=3\ntanh={tanh}\n"))
     check.check(expect=["input", "0.weights"] + [f"1.{g}.weights" for g in
                                                   ("uz", "ur", "uh", "wz", "wr", "wh")])
+
+
+def test_update_buffers_reach_the_inner_layers():
+    """Data-parallel training combines every inner layer's updates and statistics."""
+    from darknet_py.cfg import parse_cfg_text
+    from darknet_py.network import Network
+    net = Network(parse_cfg_text(recurrent_net("[rnn]\noutput=3\nbatch_normalize=1\n"
+                                               "[gru]\noutput=2\n")))
+    x = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0, 1]]
+    net.train_iteration(x, np.zeros((6, 2), np.float32))
+    updates, statistics = net.update_buffers()
+    rnn, gru = net.layers[1].inner, net.layers[2].inner
+    assert len(updates) == 2 + 3 * 3 + 6 * 2 and len(statistics) == 3 * 2
+    assert updates[2] is rnn[0].layer.bias_updates and statistics[0] is rnn[0].layer.rolling_mean
+    assert updates[-1] is gru[-1].layer.weight_updates

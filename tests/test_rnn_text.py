@@ -109,3 +109,23 @@ def test_rnn_generate_refuses_a_non_character_network(tmp_path):
     result = runner().invoke(cli, ["rnn", "generate", str(cfg), str(weights), "--device",
                                    "cpu"])
     assert result.exit_code == 2 and "character network" in result.stderr
+
+
+def test_rnn_train_interrupt_saves_a_backup_that_resumes(tmp_path):
+    from darknet_py.rnn_text import train_text
+    lines = []
+
+    def log(line):
+        lines.append(line)
+        if line.startswith("2:"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_text(CFG, TEXT, backup_dir=str(tmp_path), max_batches=5, device="cpu", log=log)
+    backup = tmp_path / "char-pattern.backup"
+    assert backup.exists() and "resume with" in lines[-1] and str(backup) in lines[-1]
+    resumed = []
+    train_text(CFG, TEXT, weights=str(backup), backup_dir=str(tmp_path), max_batches=5,
+               device="cpu", overwrite=True, log=resumed.append)
+    steps = [l.split(":")[0] for l in resumed if l[:1].isdigit()]
+    assert steps == ["3", "4", "5"]     # the backup holds 2 iterations

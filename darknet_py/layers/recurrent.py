@@ -118,6 +118,9 @@ class RecurrentLayer(Layer):
     def params(self):
         return [(name, array) for i in self.inner for name, array in i.layer.params()]
 
+    def param_owners(self):
+        return [i.layer for i in self.inner]
+
     def update(self, args):
         if self.frozen:
             return
