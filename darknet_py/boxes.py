@@ -248,6 +248,31 @@ class Detection:
     prob: float = 0.0
     name: Optional[str] = None
     layer: int = field(default=-1, repr=False)  # index of the layer that produced it
+    image_size: Optional[tuple] = field(default=None, repr=False)  # (w, h), set by detect()
+
+    @property
+    def score(self):
+        """The best class's probability (objectness * P(class))."""
+        return self.prob
+
+    @property
+    def xyxy(self):
+        """(left, top, right, bottom) in pixels of the original image, unclamped floats
+        (the box as the network placed it, possibly past the border)."""
+        if self.image_size is None:
+            raise ValueError("xyxy needs the image size: detections from detect() have it")
+        x, y, w, h = (float(v) for v in self.box)
+        img_w, img_h = self.image_size
+        return ((x - w / 2) * img_w, (y - h / 2) * img_h, (x + w / 2) * img_w,
+                (y + h / 2) * img_h)
+
+    def __repr__(self):
+        label = self.name if self.name is not None else f"class {self.class_id}"
+        if self.image_size is not None:
+            where = "xyxy=(" + ", ".join(f"{v:.0f}" for v in self.xyxy) + ")"
+        else:
+            where = "box=(" + ", ".join(f"{float(v):.3f}" for v in self.box) + ")"
+        return f"Detection({label} {self.prob:.2f} {where})"
 
 
 def correct_yolo_boxes(boxes, img_w, img_h, netw, neth, relative=True, letter=True):

@@ -9,6 +9,7 @@ reads are reported as warnings with their line, since they are usually typos.
 import math
 import os
 import re
+import stat
 import warnings
 
 # Darknet's section names and their aliases -> canonical type.
@@ -26,12 +27,14 @@ SECTION_ALIASES = {
     "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
     "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
     "gaussian_yolo": "gaussian_yolo",
+    "activation": "activation", "logistic": "logistic", "l2norm": "l2norm",
+    "lrn": "normalization", "normalization": "normalization",
+    "deconv": "deconvolutional", "deconvolutional": "deconvolutional",
     "rnn": "rnn", "gru": "gru", "lstm": "lstm", "crnn": "crnn", "conv_lstm": "conv_lstm",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
-    "deconv", "deconvolutional", "activation", "logistic", "l2norm", "lrn",
-    "normalization", "reorg_old",
+    "reorg_old",
     # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
     "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
 }
@@ -215,26 +218,46 @@ def parse_cfg_text(text, path="<cfg>"):
     return sections
 
 
-def parse_cfg(path):
-    path = os.fspath(path)
+# The largest stock cfg is ~30 KB; a file far beyond this is not a cfg (or is /dev/zero).
+MAX_CFG_BYTES = 16 << 20
+
+
+def read_small_text(path, what="file"):
+    """A cfg or .data file's text: only a regular file is opened (a named pipe would block),
+    at most MAX_CFG_BYTES are read, NUL bytes are refused. CfgError names the path."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise CfgError("file not found", path) from None
     except OSError as e:
         raise CfgError(f"cannot read: {e.strerror}", path) from None
-    return parse_cfg_text(text, path)
+    if stat.S_ISDIR(mode):
+        raise CfgError(f"is a directory, not a {what}", path)
+    if not stat.S_ISREG(mode):
+        raise CfgError(f"not a regular file (a pipe, socket or device); give the {what} as a "
+                       f"file", path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CFG_BYTES + 1)
+    except OSError as e:
+        raise CfgError(f"cannot read: {e.strerror}", path) from None
+    if len(data) > MAX_CFG_BYTES:
+        raise CfgError(f"larger than {MAX_CFG_BYTES >> 20} MiB: not a Darknet {what}", path)
+    if b"\0" in data:
+        raise CfgError(f"holds NUL bytes: not a text {what}", path,
+                       data[:data.index(b"\0")].count(b"\n") + 1)
+    return data.decode("utf-8", errors="replace")
+
+
+def parse_cfg(path):
+    path = os.fspath(path)
+    return parse_cfg_text(read_small_text(path, "cfg"), path)
 
 
 def read_data_file(path):
     """Read a Darknet .data / options file (key=value lines) into a dict of str."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise CfgError("file not found", path) from None
+    lines = read_small_text(path, ".data file").splitlines()
     options = {}
     if lines:
         lines[0] = lines[0].removeprefix(BOM)

@@ -23,9 +23,11 @@ import click
 from . import __version__
 from .backends import BackendError
 from .cfg import CfgError, CfgWarning, read_data_file
-from .files import (OverwriteError, atomic_output, refuse_overwrite,
-                    remove_stale_temporaries)
+from .darknet_forms import DarknetFormError, translate as translate_darknet_form
+from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
+                    remove_stale_temporaries, run_numbered, write_text_atomically)
 from .image import ImageError, ImageWarning
+from .names import NamesError, find_names, names_from_data, read_names
 from .network import DARKNET_FLAVOURS, NetworkError, build_network, load_network
 from .rnn_text import TextError
 from .weights import WeightsError, WeightsWarning, floats_needed
@@ -35,7 +37,7 @@ PROG = "darknet-py"
 # Exceptions that describe a problem with the user's files or machine, not a bug.
 # OSError covers files we open directly (names, image lists, outputs we write).
 USER_ERRORS = (CfgError, WeightsError, ImageError, BackendError, NetworkError, OverwriteError,
-               OSError, TextError)
+               NamesError, OSError, TextError)
 # Warnings about the user's files: one `darknet-py: warning:` line each.
 USER_WARNINGS = (CfgWarning, WeightsWarning, ImageWarning)
 
@@ -64,7 +66,21 @@ def warn(message):
     click.echo(f"{PROG}: warning: {message}", err=True)
 
 
+def log_line(line):
+    """A line of a long command's log: its warnings go to stderr with the others."""
+    click.echo(line, err=line.startswith(f"{PROG}: warning:"))
+
+
 class DarknetGroup(click.Group):
+    def parse_args(self, ctx, args):
+        try:   # Darknet's `detector train DATA CFG` and the fork's -flags, in our form
+            args, note = translate_darknet_form(args)
+        except DarknetFormError as e:
+            raise UserError(str(e)) from None
+        if note:
+            click.echo(f"{PROG}: note: {note}", err=True)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         with warnings.catch_warnings():
             # "always": the same cfg read twice in one process must warn twice.
@@ -75,6 +91,8 @@ class DarknetGroup(click.Group):
             def show_warning(message, category, filename, lineno, file=None, line=None):
                 if issubclass(category, USER_WARNINGS):
                     warn(message)
+                elif issubclass(category, RuntimeWarning):   # NumPy's: one line, no source
+                    warn(f"{message} ({os.path.basename(filename)}:{lineno})")
                 else:
                     python_showwarning(message, category, filename, lineno, file, line)
 
@@ -97,7 +115,12 @@ def cli():
     videos or a camera (detect), print a network's layer table (info), cut a weights file
     down to its first layers (partial), train a classifier or detector (train), score
     weights on a dataset (valid) or as the AlexeyAB fork's detector map does (map),
-    compute YOLO anchors (anchors) and time a network (bench).
+    compute YOLO anchors (anchors), check a dataset's labels (check) and time a network
+    (bench).
+
+    Darknet's own forms work too: `detector train|test|demo|valid|map|calc_anchors DATA
+    CFG [WEIGHTS] ...` and `classifier train|predict|valid DATA CFG [WEIGHTS] ...`, with the
+    AlexeyAB fork's flags (-thresh, -map, -clear, -gpus, -ext_output, -dont_show, ...).
 
     Commands that write files never replace an existing one unless given --overwrite.
     """
@@ -174,31 +197,17 @@ def darknet_option(command):
              "fork's when the weights header or the cfg is the fork's]")(command)
 
 
-def read_names_file(path):
-    """Class names, one a line (Darknet's get_labels); trailing blank lines are dropped."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        names = f.read().splitlines()
-    while names and not names[-1].strip():
-        names.pop()
-    if not names:
-        raise UserError(f"{path}: the names file is empty")
-    return names
-
-
 def load_names(names_file=None, data_file=None, data=None):
     """Class names from a names file, or from the names= (else labels=) key of a .data
-    file, whose paths are relative to the current directory as in Darknet. None when
-    neither is given, or the .data file has neither key (classes are then numbered).
-    `data`, when given, is data_file already read with read_data_file."""
+    file (see names.py for where a relative path is looked for). None when neither is
+    given, or the .data file has neither key (classes are then numbered)."""
     if names_file is not None:
-        return read_names_file(names_file)
+        return read_names(names_file)
     if data_file is not None:
-        if data is None:
-            data = read_data_file(data_file)
-        path = data.get("names") or data.get("labels")
-        if path:
-            return read_names_file(path)
-        warn(f"{data_file}: no names= or labels= key; classes are shown as numbers")
+        names, _ = names_from_data(data_file, data)
+        if names is None:
+            warn(f"{data_file}: no names= or labels= key; classes are shown as numbers")
+        return names
     return None
 
 
@@ -224,20 +233,37 @@ def names_options(command):
     return with_names
 
 
-def read_path_list(stream):
-    return [line.strip() for line in stream.read().splitlines() if line.strip()]
+def read_path_list(stream, name="stdin"):
+    lines = stream.read().splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if "\0" in line:   # open() would fail with "embedded null byte"
+            raise UserError(f"{name}:{lineno}: holds a NUL byte: not a list of image paths")
+    return [line.strip() for line in lines if line.strip()]
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
 def expand_images(args):
-    """Image paths from IMAGE arguments: paths, list files (.txt/.list, one path a line)
-    and `-` (paths on stdin)."""
+    """Image paths from IMAGE arguments: paths, folders (their images, by name), list files
+    (.txt/.list, one path a line) and `-` (paths on stdin)."""
     paths = []
     for arg in args:
-        if arg == "-":
+        if os.path.isdir(arg):
+            found = sorted(os.path.join(arg, n) for n in os.listdir(arg)
+                           if n.lower().endswith(IMAGE_SUFFIXES))
+            if not found:
+                raise UserError(f"{arg}: is a directory with no images in it "
+                                f"({', '.join(IMAGE_SUFFIXES)})")
+            paths.extend(found)
+        elif arg == "-":
             paths.extend(read_path_list(sys.stdin))
         elif arg.lower().endswith(LIST_SUFFIXES):
+            if os.path.exists(arg) and not os.path.isfile(arg):
+                raise UserError(f"{arg}: not a regular file (a pipe, socket or device); give "
+                                f"the image list as a file")
             with open(arg, encoding="utf-8", errors="replace") as f:
-                paths.extend(read_path_list(f))
+                paths.extend(read_path_list(f, arg))
         else:
             paths.append(arg)
     if not paths:
@@ -245,12 +271,24 @@ def expand_images(args):
     return paths
 
 
-def check_names(names, classes):
-    """Warn when the names do not match the network's class count (Darknet would read
-    past the end of its list); classes without a name are shown as numbers."""
-    if names is not None and len(names) != classes:
+def check_names(names, classes, *beside, warn_missing=True):
+    """The names to show: those given, else a names file found beside the weights or cfg
+    (names.find_names; a note says which), else None with a warning. Warns when the names
+    do not match the network's class count; classes without a name are shown as numbers."""
+    if names is None:
+        found = find_names(classes, *beside)
+        if found is None:
+            if warn_missing:
+                warn("no class names given; classes are shown as numbers (give --names FILE "
+                     "or --data FILE)")
+            return None
+        click.echo(f"{PROG}: note: class names from {found} (give --names to choose others)",
+                   err=True)
+        return read_names(found)
+    if len(names) != classes:
         warn(f"{len(names)} class names given, but the network has {classes} classes"
              + ("; the others are shown as numbers" if len(names) < classes else ""))
+    return names
 
 
 def class_name(names, class_id):
@@ -311,8 +349,7 @@ def classify_command(cfg, weights, images, top, names, data, device, darknet):
     if detector_layers(net):
         raise UserError(f"{cfg}: the network is a detector (it has a "
                         f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`")
-    check_names(names, output_layer(net).outputs)
-    net.names = names
+    net.names = names = check_names(names, output_layer(net).outputs, weights, cfg)
 
     def classify_one(index, path):
         start = time.perf_counter()
@@ -386,14 +423,24 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @click.option("--nms", type=Probability(), default=0.45, show_default=True,
               help="Drop a box overlapping a likelier one of its class by more than this "
                    "IoU; 0 turns NMS off.")
-@click.option("--out", metavar="PATH", default="predictions.jpg", show_default=True,
+@click.option("--hier-thresh", type=Probability(), default=0.5, show_default=True,
+              help="With a class tree ([region] tree=, YOLO9000): walk down the tree while "
+                   "the class probability stays above this (Darknet's -hier).")
+@click.option("--out", metavar="PATH", default=None,
               help="Image with the labelled boxes. For several images, each image's number "
                    "goes before the extension: predictions_1.jpg, predictions_2.jpg, ... If "
                    "PATH is a directory (or ends with /), each image is written into it under "
                    "its own name with .jpg (dog.png -> PATH/dog.jpg). A PATH without an "
-                   "extension gets .jpg. `--out none` writes no image.")
+                   "extension gets .jpg. `--out none` writes no image. [default: "
+                   "predictions.jpg; when an earlier run's is there, predictions-2.jpg, "
+                   "predictions-3.jpg, ... (never replaced)]")
 @click.option("--json", "json_file", metavar="FILE", default=None,
-              help="Write the detections of all images to FILE as JSON.")
+              help="Write the detections of all images (or of every video frame) to FILE "
+                   "as JSON.")
+@click.option("--save-txt", is_flag=True,
+              help="Also write each image's detections in YOLO label format beside its "
+                   "drawing (predictions.jpg -> predictions.txt): \"class x y w h score\" "
+                   "a line, relative to the image.")
 @click.option("--darknet-order", is_flag=True,
               help="Print detections as the C Darknet does (\"name: percent%\" lines, in its "
                    "order: after NMS, not by probability), so logs diff against it.")
@@ -405,40 +452,46 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @names_options
 @device_options
 @darknet_option
-def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, darknet_order,
-                   ext_output, overwrite, names, data, device, darknet):
+def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, json_file,
+                   save_txt, darknet_order, ext_output, overwrite, names, data, device, darknet):
     from .detection import (detect, detection_classes, detections_to_json, detector_layers,
-                            draw_detections, ext_output_lines, pixel_box)
+                            draw_detections, ext_output_lines, pixel_box, yolo_txt)
     from .image import decode_image, from_bgr
     from .video import is_video
 
     if camera is not None or any(is_video(image) for image in images):
         from .video import detect_video_command
-        out_given = click.get_current_context().get_parameter_source("out").name != "DEFAULT"
-        return detect_video_command(cfg, weights, images, camera, out if out_given else None,
-                                    json_file, dict(thresh=thresh, nms=nms), names, device,
-                                    overwrite, darknet)
+        return detect_video_command(cfg, weights, images, camera, out, json_file,
+                                    dict(thresh=thresh, nms=nms, hier=hier_thresh), names,
+                                    device, overwrite, darknet)
     if not images:
         raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)
-    outputs = [None] * len(paths) if out.lower() == "none" else output_paths(out, paths)
-    claim_outputs([p for p in outputs if p is not None] + ([json_file] if json_file else []),
-                  overwrite)
+    drawn = out is None or out.lower() != "none"
+    numbered = out is None or not drawn   # our default names: past an earlier run's
+
+    def run_outputs(run):   # per image: (drawing or None, YOLO .txt or None)
+        base = run_numbered("predictions.jpg", run) if numbered else out
+        return [(p if drawn else None, os.path.splitext(p)[0] + ".txt" if save_txt else None)
+                for p in output_paths(base, paths)]
+
+    outputs = first_free_run(run_outputs, files_of) if numbered else run_outputs(1)
+    claim_outputs(files_of(outputs) + ([json_file] if json_file else []), overwrite)
     net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
     if not detector_layers(net):
         raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
                         f"classify with `{PROG} test`")
     classes = detector_layers(net)[-1].classes
-    check_names(names, classes)
-    net.names = names
+    net.names = names = check_names(names, classes, weights, cfg)
     results = []
 
     def detect_one(index, path):
-        output = outputs[index]
+        output, txt = outputs[index]
         # Pixel boxes are in the file's own size, even when a huge image is decoded reduced.
         bgr, (width, height) = decode_image(path)
         start = time.perf_counter()
-        dets = detect(net, from_bgr(bgr), thresh=thresh, nms=nms, darknet_order=darknet_order)
+        dets = detect(net, from_bgr(bgr), thresh=thresh, hier=hier_thresh, nms=nms,
+                      darknet_order=darknet_order)
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
         if ext_output:
@@ -457,6 +510,10 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
                                    f"height={bottom - top}")
         if output is not None:
             write_image(output, draw_detections(bgr, dets, names, classes=classes))
+            click.echo(f"{PROG}: wrote {output} (boxes drawn on {path})", err=True)
+        if txt is not None:
+            write_text_atomically(txt, yolo_txt(dets))
+            click.echo(f"{PROG}: wrote {txt} (detections in {path}, YOLO format)", err=True)
         results.append({"image": path, "output": output, "width": width, "height": height,
                         "detections": detections_to_json(dets, width, height, names)})
 
@@ -466,8 +523,14 @@ def detect_command(cfg, weights, images, camera, thresh, nms, out, json_file, da
             json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms,
                        "images": results}, json_out, indent=1)
             json_out.write("\n")
+        click.echo(f"{PROG}: wrote {json_file} (detections of {len(results)} image"
+                   f"{'s' if len(results) != 1 else ''})", err=True)
     if failed:
         sys.exit(UserError.exit_code)
+
+
+def files_of(outputs):
+    return [p for pair in outputs for p in pair if p is not None]
 
 
 def write_image(path, image):
@@ -624,7 +687,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
             train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout,
                                 workers, device)
         else:
-            train(device=device, workers=workers, log=lambda line: click.echo(line),
+            train(device=device, workers=workers, log=log_line,
                   **kwargs)
     except Terminated:
         sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
@@ -691,7 +754,7 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
     right, bottom in pixels, 1-based) and coco_results.json (COCO's detection format).
     """
     from .validate import validate
-    validate(cfg, data, weights, device=device, log=lambda line: click.echo(line),
+    validate(cfg, data, weights, device=device, log=log_line,
              results_dir=results_dir, overwrite=overwrite, darknet=darknet)
 
 
@@ -706,10 +769,15 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, darknet):
                    "the area under the curve at every recall (VOC 2010-2012).")
 @click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Confidence at which precision, recall, F1 and the average IoU are taken.")
+@click.option("--plots", metavar="DIR", default=None,
+              help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
+                   "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
+@overwrite_option
 @device_options
 @darknet_option
 @training_errors
-def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet):
+def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite, device,
+                darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
@@ -719,33 +787,71 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, device, darknet)
     if points == 1:
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
     from .validate import detector_map
+    if plots is not None:
+        from .data.config import load_data_config
+        from .detection import detector_layers
+        from .map_plots import plot_paths
+        heads = detector_layers(build_network(cfg, darknet=darknet))
+        classes = heads[-1].classes if heads else 0
+        claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=lambda line: click.echo(line))
+                 thresh=thresh, darknet=darknet, log=log_line, plots=plots)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
 @click.argument("data")
-@click.option("--num", type=click.IntRange(min=1), default=9, show_default=True,
-              help="How many anchors (9 for YOLOv3, 6 for yolov3-tiny).")
-@click.option("--width", type=click.IntRange(min=1), default=416, show_default=True,
-              help="The network's input width.")
-@click.option("--height", type=click.IntRange(min=1), default=416, show_default=True,
-              help="The network's input height.")
+@click.option("--cfg", metavar="CFG", default=None,
+              help="Take --num (its last [yolo] layer's num), --width and --height from CFG.")
+@click.option("--num", type=click.IntRange(min=1), default=None,
+              help="How many anchors (9 for YOLOv3, 6 for yolov3-tiny). [default: the "
+                   "--cfg's, else 9]")
+@click.option("--width", type=click.IntRange(min=1), default=None,
+              help="The network's input width. [default: the --cfg's, else 416]")
+@click.option("--height", type=click.IntRange(min=1), default=None,
+              help="The network's input height. [default: the --cfg's, else 416]")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the k-means initialisation.")
 @training_errors
-def anchors_command(data, num, width, height, seed):
+def anchors_command(data, cfg, num, width, height, seed):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 
     k-means on (width, height) with 1 - IoU as the distance, at the network's input
     size. Prints the cfg line ("anchors = 10,13, 16,30, ...", smallest first) on
     stdout, and on stderr how well the anchors fit the boxes.
     """
-    from .data.anchors import anchor_mean_iou, compute_anchors, format_anchors
-    anchors, boxes = compute_anchors(data, num, width, height, seed)
+    from .data.anchors import anchor_mean_iou, anchor_settings, compute_anchors, format_anchors
+    settings, used = anchor_settings(cfg, num=num, width=width, height=height)
+    if used:
+        click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
+                   + f" from {cfg}", err=True)
+    anchors, boxes = compute_anchors(data, seed=seed, **settings)
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+
+
+@cli.command("check", short_help="Check a detector dataset: lists, labels, boxes per class.")
+@click.argument("data")
+@click.option("--picture", metavar="PNG", default=None,
+              help="The labels overview picture (boxes per class, centres, sizes) "
+                   "[default: <data>_labels.png, numbered past an earlier one; `none`: no "
+                   "picture].")
+@training_errors
+def check_command(data, picture):
+    """Report what the .data file DATA's train and valid lists hold: images (and missing
+    ones), label files, boxes per class, and every label problem by file and line
+    (pixel coordinates, values outside 0-1, class ids out of range, malformed lines).
+    Exit code 0 when nothing is wrong, 1 when problems were found."""
+    from .dataset_check import check_dataset
+    if picture is None:
+        stem = os.path.splitext(os.path.basename(data))[0]
+        picture = first_free_run(lambda run: [run_numbered(f"{stem}_labels.png", run)])[0]
+    elif picture.lower() == "none":
+        picture = None
+    else:
+        claim_outputs([picture], overwrite=False)
+    if check_dataset(data, picture, log=click.echo, warn=warn):
+        sys.exit(1)
 
 
 @cli.command("bench", short_help="Time a network: forward, training step, per layer.")

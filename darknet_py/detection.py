@@ -11,6 +11,7 @@ import numpy as np
 
 from .boxes import do_nms_sort
 from .layers.heads import is_fork_flavour
+from .tree import hierarchy_predictions
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 
 DETECTOR_TYPES = ("yolo", "region", "detection", "gaussian_yolo")
@@ -21,18 +22,24 @@ def detector_layers(net):
     return [l for l in net.layers if l.type in DETECTOR_TYPES]
 
 
-def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, letter=True):
+def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, letter=True,
+                      image=0):
     """Darknet's get_network_boxes: every [yolo]/[region]/[detection] layer's detections for
-    image 0 of the last forward pass, in layer order, boxes on the original img_w x img_h
+    `image` of the last forward pass, in layer order, boxes on the original img_w x img_h
     image. ``letter`` says whether the input was letterboxed (else plainly resized).
-    ``hier`` is Darknet's tree threshold, which matters only for softmax trees (not
-    supported), so it is accepted and unused."""
+    ``hier`` is Darknet's hierarchy threshold, which only a [region] layer with a softmax
+    tree (tree=) reads, as in Darknet."""
     netw, neth = net.input_shape[2], net.input_shape[1]
     dets = []
     for layer in detector_layers(net):
-        output = net.be.to_host(layer.output)[:layer.outputs]
-        dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter)
-    return dets
+        first = image * layer.outputs
+        output = net.be.to_host(layer.output)[first:first + layer.outputs]
+        tree = {"hier": hier} if layer.type == "region" else {}
+        dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter,
+                                 **tree)
+    # An untrained or diverged net can put a box at infinity (exp overflow, as in C); it
+    # cannot be drawn, matched or written, and Darknet's use of it is undefined.
+    return [d for d in dets if np.all(np.isfinite(d.box))]
 
 
 def nms_kind(net):
@@ -65,36 +72,37 @@ def _class_name(names, class_id):
     return None
 
 
-def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
-    """Detect objects in one image as Darknet's `detector test` does: letterbox to the
-    network size (a YOLOv1 [detection] net is plainly resized, as Darknet's yolo.c does,
-    and so is a net of the AlexeyAB fork's flavour without [net] letter_box=1),
-    run with batch 1, decode, NMS per class (of the kind the last [yolo] layer's nms_kind
-    gives). Returns the detections whose best class is above thresh, sorted by that
-    probability, highest first (with darknet_order, in the order Darknet prints them: NMS's
-    order); boxes relative to the original image. A detection may have more classes above
-    thresh: see detection_classes."""
+def letterboxes(net):
+    """Whether detect letterboxes for this net: a YOLOv1 [detection] net is plainly resized
+    (as Darknet's yolo.c does), and so is a net of the AlexeyAB fork's flavour without [net]
+    letter_box=1; pjreddie's [yolo]/[region] nets are letterboxed."""
+    layers = detector_layers(net)
+    if layers[-1].type == "detection":
+        return False
+    if is_fork_flavour(net):
+        return bool(getattr(net.options, "letter_box", 0))
+    return True
+
+
+def _check_detector(net, thresh, nms):
     if not 0 <= thresh <= 1 or not 0 <= nms <= 1:   # also refuses NaN
         raise ValueError(f"thresh ({thresh}) and nms ({nms}) must be in [0, 1]")
-    layers = detector_layers(net)
-    if not layers:
+    if not detector_layers(net):
         raise ValueError(f"{net.path}: the network has no [yolo], [region] or [detection] "
                          f"layer; use classify() for classifiers")
+
+
+def _network_input(net, image):
+    """(the image sized for the network, its original width, height)."""
     channels, neth, netw = net.input_shape
     img = as_image(image, channels)
-    img_h, img_w = img.shape[1], img.shape[2]
-    # The fork letterboxes only with [net] letter_box=1; YOLOv1 never does.
-    if layers[-1].type == "detection":
-        letter = False
-    elif is_fork_flavour(net):
-        letter = bool(getattr(net.options, "letter_box", 0))
-    else:
-        letter = True
-    sized = letterbox(img, netw, neth) if letter else resize_image(img, netw, neth)
-    net.set_batch(1)
-    net.predict(sized[None])
-    dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True, letter=letter)
-    classes = layers[-1].classes
+    sized = letterbox(img, netw, neth) if letterboxes(net) else resize_image(img, netw, neth)
+    return sized, img.shape[2], img.shape[1]
+
+
+def _found(net, dets, img_w, img_h, thresh, nms, darknet_order):
+    """NMS and the threshold on one image's candidates: detect()'s result."""
+    classes = detector_layers(net)[-1].classes
     if nms:
         kind, beta = nms_kind(net)
         do_nms_sort(dets, classes, nms, kind, beta)
@@ -106,10 +114,43 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
         if d.probs[best] > thresh:
             d.class_id, d.prob = best, float(d.probs[best])
             d.name = _class_name(net.names, best)
+            d.image_size = (img_w, img_h)
             found.append(d)
     if not darknet_order:
         found.sort(key=lambda d: -d.prob)
     return found
+
+
+def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
+    """Detect objects in one image as Darknet's `detector test` does: letterbox to the
+    network size (see letterboxes), run with batch 1, decode, NMS per class (of the kind
+    the last [yolo] layer's nms_kind gives). Returns the detections whose best class is
+    above thresh, sorted by that probability, highest first (with darknet_order, in the
+    order Darknet prints them: NMS's order); boxes relative to the original image. A
+    detection may have more classes above thresh: see detection_classes."""
+    _check_detector(net, thresh, nms)
+    sized, img_w, img_h = _network_input(net, image)
+    net.set_batch(1)
+    net.predict(sized[None])
+    dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
+                             letter=letterboxes(net))
+    return _found(net, dets, img_w, img_h, thresh, nms, darknet_order)
+
+
+def detect_batch(net, images, thresh=0.5, hier=0.5, nms=0.45, batch=8):
+    """detect() on a list of images, `batch` of them per forward pass: a list with each
+    image's detections, the same as detect() gives one at a time."""
+    _check_detector(net, thresh, nms)
+    results = []
+    for start in range(0, len(images), max(1, int(batch))):
+        inputs = [_network_input(net, image) for image in images[start:start + batch]]
+        net.set_batch(len(inputs))
+        net.predict(np.stack([sized for sized, _, _ in inputs]))
+        for index, (_, img_w, img_h) in enumerate(inputs):
+            dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
+                                     letter=letterboxes(net), image=index)
+            results.append(_found(net, dets, img_w, img_h, thresh, nms, False))
+    return results
 
 
 def detection_classes(d):
@@ -130,7 +171,7 @@ def output_layer(net):
 def classify(net, image, top=5):
     """Classify one image as Darknet's `classifier predict` does: letterbox to the network
     size, batch 1, and the top-k outputs of the last non-cost layer (ties keep the lower
-    index first, as Darknet's top_k). Returns [(class_id, prob, name or None), ...]."""
+    index first, as Darknet's top_k); with a class tree, of the leaves' P(class). Returns [(class_id, prob, name or None), ...]."""
     channels, neth, netw = net.input_shape
     img = as_image(image, channels)
     sized = letterbox(img, netw, neth)
@@ -138,6 +179,9 @@ def classify(net, image, top=5):
     net.predict(sized[None])
     layer = output_layer(net)
     pred = net.be.to_host(layer.output)[:layer.outputs].astype(np.float32)
+    if net.hierarchy is not None:
+        # classifier predict: every class's P(class), the inner classes zeroed
+        pred = hierarchy_predictions(pred, net.hierarchy, only_leaves=True)
     order = np.argsort(-pred, kind="stable")[:max(0, int(top))]
     return [(int(i), float(pred[i]), _class_name(net.names, int(i))) for i in order]
 
@@ -184,8 +228,13 @@ def _label(d, names):
 
 def draw_detections(bgr_image, detections, names=None, classes=None):
     """Draw labelled boxes on a copy of an OpenCV BGR uint8 image and return it: Darknet's
-    box widths (0.6% of the height) and class colours, the label above the box on a
-    filled patch of the box colour, in black or white, whichever reads better on it.
+    box widths (0.6% of the height) and class colours, each label on a filled patch of its
+    box colour, in black or white, whichever reads better on it.
+
+    Labels are placed by descending score: each goes above its box, else inside its top
+    edge, else below it, at the first of those places no likelier label covers, and always
+    wholly inside the picture; they are drawn likeliest last, so a likelier label is never
+    covered by a less likely one. Text is 3% of the picture's height, at least 10 px.
     ``classes`` (for the colours) defaults to len(names), else the highest class id + 1."""
     import cv2
     img = np.ascontiguousarray(np.array(bgr_image, dtype=np.uint8, copy=True))
@@ -194,29 +243,61 @@ def draw_detections(bgr_image, detections, names=None, classes=None):
     img_h, img_w = img.shape[:2]
     if classes is None:
         classes = len(names) if names else max([d.class_id for d in detections] + [0]) + 1
+    shown = sorted((d for d in detections if d.class_id >= 0), key=lambda d: -d.prob)
     width = max(1, int(img_h * .006))
-    font = cv2.FONT_HERSHEY_SIMPLEX
-    font_scale = max(0.35, img_h * .03 / 22)  # Darknet's label is 3% of the image height
-    thickness = max(1, int(round(font_scale * 1.5)))
-    for d in detections:
-        if d.class_id < 0:
-            continue
+    style = _label_style(img_h)
+    colors, labels, taken = [], [], []
+    for d in shown:
         r, g, b = class_color(d.class_id, classes)
-        color = (int(b * 255), int(g * 255), int(r * 255))
+        colors.append(((int(b * 255), int(g * 255), int(r * 255)),
+                       (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else (255, 255, 255)))
+        box = pixel_box(d.box, img_w, img_h)
+        labels.append(_place_label(_label(d, names), box, img_w, img_h, taken, style))
+    for d, (color, _) in zip(reversed(shown), reversed(colors)):   # likeliest box on top
         left, top, right, bottom = pixel_box(d.box, img_w, img_h)
         for k in range(width):  # Darknet's draw_box_width: lines nested inwards
             cv2.rectangle(img, (left + k, top + k), (right - k, bottom - k), color, 1)
-        text = _label(d, names)
-        (tw, th), base = cv2.getTextSize(text, font, font_scale, thickness)
-        label_h = th + base + 2
-        y0 = top - label_h if top - label_h >= 0 else top  # above the box when it fits
-        x0 = min(left, max(0, img_w - tw - 2))
-        cv2.rectangle(img, (x0, y0), (x0 + tw + 2, y0 + label_h), color, cv2.FILLED)
-        luminance = 0.299 * r + 0.587 * g + 0.114 * b
-        ink = (0, 0, 0) if luminance > 0.5 else (255, 255, 255)
-        cv2.putText(img, text, (x0 + 1, y0 + th + 1), font, font_scale, ink, thickness,
-                    cv2.LINE_AA)
+    for (text, (x0, y0, x1, y1)), (color, ink) in zip(reversed(labels), reversed(colors)):
+        cv2.rectangle(img, (x0, y0), (x1, y1), color, cv2.FILLED)
+        cv2.putText(img, text, (x0 + style["pad"], y1 - style["pad"] - style["base"]),
+                    style["font"], style["scale"], ink, style["thickness"], cv2.LINE_AA)
     return img
+
+
+def _label_style(img_h):
+    """Font, scale and thickness for labels 3% of the picture high (Darknet's size), and
+    at least 10 px so that a 160 px thumbnail still reads."""
+    import cv2
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    (_, unit_h), _ = cv2.getTextSize("Ag", font, 1.0, 1)
+    scale = max(10, img_h * .03) / unit_h
+    thickness = max(1, int(round(scale * 1.6)))
+    (_, th), base = cv2.getTextSize("Ag", font, scale, thickness)
+    return dict(font=font, scale=scale, thickness=thickness, text_h=th, base=base,
+                pad=max(1, thickness))
+
+
+def _place_label(text, box, img_w, img_h, taken, style):
+    """(text, (x0, y0, x1, y1)) for a label of a box: the first of above / inside the top /
+    below the box that no earlier (likelier) label overlaps, clamped into the picture."""
+    import cv2
+    (tw, _), _ = cv2.getTextSize(text, style["font"], style["scale"], style["thickness"])
+    w = min(img_w - 1, tw + 2 * style["pad"])
+    h = min(img_h - 1, style["text_h"] + style["base"] + 2 * style["pad"])
+    left, top, _, bottom = box
+    x0 = max(0, min(left, img_w - 1 - w))
+    spots = []
+    for y0 in (top - h, top, bottom):
+        y0 = max(0, min(y0, img_h - 1 - h))
+        spots.append((x0, y0, x0 + w, y0 + h))
+    free = [r for r in spots if not any(_overlaps(r, t) for t in taken)]
+    rect = free[0] if free else spots[0]
+    taken.append(rect)
+    return text, rect
+
+
+def _overlaps(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def c_round(v):
@@ -264,3 +345,10 @@ def detections_to_json(detections, img_w, img_h, names=None):
             "relative_box": {k: round(float(v), 6) for k, v in zip(("x", "y", "w", "h"), d.box)},
         })
     return rows
+
+
+def yolo_txt(detections):
+    """detect()'s results as YOLO label lines, "class x y w h score" (relative to the image,
+    six decimals), highest score first: the format of the labels a dataset is made of."""
+    return "".join(f"{d.class_id} {d.box[0]:.6f} {d.box[1]:.6f} {d.box[2]:.6f} {d.box[3]:.6f} "
+                   f"{d.prob:.6f}\n" for d in detections)

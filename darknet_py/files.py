@@ -30,6 +30,8 @@ def check_input_file(path, what, error):
         raise error(f"{path}: {what} not found") from None
     except OSError as e:
         raise error(f"{path}: cannot read the {what} ({e.strerror})") from None
+    except ValueError:   # a NUL byte in the path
+        raise error(f"{path!r}: not a valid path (it holds a NUL byte)") from None
     if stat.S_ISDIR(mode):
         raise error(f"{path}: is a directory, not the {what} file")
     if not stat.S_ISREG(mode):
@@ -140,3 +142,25 @@ def _unlink(path):
 def write_text_atomically(path, text):
     with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def run_numbered(path, run):
+    """`path` for a command's first run, `stem-N.ext` for its N-th: predictions.jpg,
+    predictions-2.jpg, ..."""
+    if run == 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}-{run}{ext}"
+
+
+def first_free_run(make_outputs, files=list, limit=10000):
+    """The outputs of the first run number N (1, 2, ...) for which files(make_outputs(N))
+    names only files that do not exist yet: a default output never replaces an earlier
+    run's and never makes a second run fail."""
+    for run in range(1, limit + 1):
+        outputs = make_outputs(run)
+        if not any(os.path.lexists(p) for p in files(outputs)):
+            return outputs
+    raise OverwriteError(f"{files(make_outputs(1))[0]}: {limit} earlier runs' outputs are "
+                         f"there; choose an output or remove them")
+

@@ -141,7 +141,7 @@ _FORK_KEYS = {
     "route": {"groups", "group_id"},
     "shortcut": {"weights_type", "weights_normalization"},
     "maxpool": {"stride_x", "stride_y", "maxpool_depth", "out_channels"},
-    "convolutional": {"stride_x", "stride_y", "share_index", "antialiasing"},
+    "convolutional": {"stride_x", "stride_y", "share_index", "antialiasing", "bin_output"},
     "rnn": {"logistic"},
     "crnn": {"hidden", "output", "size", "stride", "pad", "padding", "dilation", "groups"},
     "yolo": {"scale_x_y", "iou_loss", "iou_normalizer", "cls_normalizer", "obj_normalizer",
@@ -220,6 +220,10 @@ class Network:
         self.layers = self._build(sections[1:])
         if not self.layers:
             raise CfgError("the cfg has a [net] section but no layers", path)
+        # A classifier's class tree (tree.Hierarchy): as in Darknet, the last [softmax]
+        # layer's tree=; training sets it from a .data file's tree= too.
+        softmaxes = [layer for layer in self.layers if layer.type == "softmax"]
+        self.hierarchy = softmaxes[-1].hierarchy if softmaxes else None
         # Darknet's network state seen by the layer being run.
         self.input = None
         self.truth = None         # the truth buffer on the backend (softmax, cost)
@@ -638,9 +642,7 @@ class Network:
         """Inference on x float32 (N, C, H, W) in [0, 1]; returns the network's output: the
         last layer that is not a [cost] layer (Darknet's get_network_output_layer; a cost
         layer's output is its per-element error)."""
-        x = np.asarray(x, dtype=np.float32)
-        if x.ndim == len(self.input_shape):
-            x = x[None]
+        x = self._as_network_input(x)
         net_input = self._stage(x, None, False)
         self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
                        lambda: self._forward_layers(net_input, False))
@@ -649,6 +651,35 @@ class Network:
         while last > 0 and self.layers[last].type == "cost":
             last -= 1
         return self.layer_output(last)
+
+    def _as_network_input(self, x):
+        """predict's input as float32 (N, C, H, W): a photo (a path, or an OpenCV (H, W, 3)
+        uint8 array) is letterboxed to the network size for you; an array of another shape
+        is refused with the shape expected."""
+        from .detection import as_image
+        from .image import letterbox
+        if len(self.input_shape) == 1:   # [net] inputs=N without an image size (rnn.cfg)
+            x = np.asarray(x, dtype=np.float32)
+            rows = x[None] if x.ndim == 1 else x
+            if rows.ndim != 2 or rows.shape[1] != self.inputs:
+                raise ValueError(f"predict takes float32 rows of {self.inputs} inputs, shape "
+                                 f"(N, {self.inputs}); got shape {x.shape}")
+            return rows
+        channels, height, width = self.input_shape
+        if isinstance(x, (str, os.PathLike)) or (getattr(x, "dtype", None) == np.uint8
+                                                  and np.ndim(x) in (2, 3)):
+            x = letterbox(as_image(x, channels), width, height)
+        x = np.asarray(x, dtype=np.float32)
+        given = x.shape
+        if x.ndim == len(self.input_shape):
+            x = x[None]
+        if x.ndim != 4 or x.shape[1:] != (channels, height, width):
+            raise ValueError(
+                f"predict takes float32 images of shape (N, {channels}, {height}, {width}) "
+                f"(RGB, 0-1), or a photo (a path or an OpenCV (H, W, 3) uint8 array) that it "
+                f"letterboxes; got shape {given} (letter-box a photo yourself with "
+                f"darknet_py.letterbox(load_image(path), {width}, {height}))")
+        return x
 
     def train_iteration(self, x, truth):
         """One Darknet iteration (train_network): the images of one update, x (N, C, H, W)
@@ -715,15 +746,22 @@ class Network:
         return self.be.to_host(layer.delta).reshape(layer.output_shape(self.batch))
 
     # ---- applications ---------------------------------------------------------------
-    def detect(self, image, thresh=0.5, hier=0.5, nms=0.45):
-        """Detections on one image (a path, a Darknet (3, H, W) float image, or an OpenCV
-        BGR uint8 array), boxes relative to the original image; see detection.py."""
-        from .detection import detect
+    def detect(self, image, thresh=0.5, hier=0.5, nms=0.45, batch=8):
+        """Detections on an image (a path, a Darknet (3, H, W) float image, or an OpenCV
+        BGR uint8 (H, W, 3) array), highest score first: each has .name, .score, .xyxy
+        (pixels of the original image) and .box (relative centre x, y, w, h). Given a list
+        of images, a list of such lists, `batch` images per forward pass. See detection.py."""
+        from .detection import detect, detect_batch
+        if isinstance(image, (list, tuple)):
+            return detect_batch(self, list(image), thresh=thresh, hier=hier, nms=nms,
+                                batch=batch)
         return detect(self, image, thresh=thresh, hier=hier, nms=nms)
 
     def classify(self, image, top=5):
         """[(class_id, prob, name), ...] for the `top` most probable classes."""
-        from .detection import classify
+        from .detection import classify, detector_layers
+        if detector_layers(self):
+            raise ValueError(f"{self.path}: the network is a detector; use detect()")
         return classify(self, image, top=top)
 
     # ---- weights ------------------------------------------------------------------
@@ -747,7 +785,7 @@ def host_memory_bytes():
 
 
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None):
+                 transfer=False, darknet=None, names=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
@@ -755,7 +793,12 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     says which (None when the file matched the cfg). `darknet` ("original" or
     "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
     weights header is the fork's or the cfg uses fork-only sections, options or
-    activations, else the original's."""
+    activations, else the original's. `names`: class names for detect/classify results, as
+    a list, a names file or a .data file (its names=)."""
+    if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
+        raise ValueError(f"batch must be a whole number of at least 1, got {batch!r}")
+    from .names import load_names
+    names = load_names(names)
     sections = parse_cfg(cfg)
     check_flavour(darknet)
     if darknet is None and weights is not None:
@@ -768,6 +811,7 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
         loaded = net.load_weights(weights, cutoff, transfer=transfer)
         if not isinstance(loaded, int):
             net.transfer_report = loaded
+    net.names = names
     return net
 
 

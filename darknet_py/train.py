@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data.augment_fork import classifier_augment, detector_augment
+from .data.check import check_detector_dataset
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, label_path, read_image_labels
 from .data.loader import DataLoader, default_workers
@@ -430,6 +431,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     task = network_task(net)
     if task == "detector":   # before anything is written
         check_detector_labels(paths, detector_layers(net)[-1].classes)
+        check_detector_dataset(paths, detector_layers(net)[-1].classes, warn=lambda m: log(
+            f"darknet-py: warning: {m}") if ranks.writer else None)
     base = cfg_base(cfg)
     o = net.options
 
@@ -515,7 +518,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                              f"{data} has classes={classes}; set the last layer's filters (or "
                              f"outputs) to {classes}")
         augment = classifier_augment(o, warn=lambda m: log(f"darknet-py: warning: {m}"))
-        loader_args = dict(task="classifier", labels=config.labels, classes=classes)
+        loader_args = dict(task="classifier", labels=config.labels, classes=classes,
+                           hierarchy=net.hierarchy)
         multiscale = bool(o.random)
     else:
         head = detector_layers(net)[-1]

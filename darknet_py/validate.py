@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .boxes import box_iou, fork_iou, results_corners
+from .data.check import check_detector_dataset
 from .data.config import load_data_config
 from .data.labels import MissingLabelFile, read_image_labels
 from .data.loader import DataLoader
 from .detection import detect, detector_layers, output_layer
+from .tree import hierarchy_predictions
 from .files import write_text_atomically
 
 VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
@@ -104,6 +106,8 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
                 continue
             net.forward(x, train=False)
             pred = net.be.to_host(head.output)[:len(x) * head.outputs].reshape(len(x), -1)
+            if net.hierarchy is not None:   # validate_classifier: the leaves' P(class)
+                pred = hierarchy_predictions(pred, net.hierarchy, only_leaves=True)
             pred = pred[:, :classes]
             label = truth.argmax(axis=1)
             hits1 += int(top_k_hits(pred, label, 1).sum())
@@ -114,7 +118,7 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     finally:
         loader.close()
     for message in skipped[:3]:
-        print(f"darknet-py: {message}", file=sys.stderr)
+        print(f"darknet-py: warning: {message}", file=sys.stderr)
     if count == 0:
         raise ValidationError("no image of the valid list could be read and labelled")
     return ClassifierResult(hits1 / count, hitsk / count, k, count, len(skipped))
@@ -195,7 +199,7 @@ class DetectorResult:
         for c, (ap, n) in enumerate(zip(self.aps, self.truths)):
             name = self.names[c] if c < len(self.names) else str(c)
             value = f"{ap:.4f}" if ap is not None else "n/a (no ground truth)"
-            lines.append(f"class {c:3d} {name}: AP {value}, {n} objects")
+            lines.append(f"class {c:3d} {name}: AP {value}, {n} object{'s' if n != 1 else ''}")
         return lines
 
     def summary(self):
@@ -245,9 +249,9 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
         if log is not None and (index + 1) % 100 == 0:
             log(f"{index + 1} of {len(paths)} images, {time.perf_counter() - start:.1f} s")
     for message in skipped[:3]:
-        print(f"darknet-py: {message}; skipping it", file=sys.stderr)
+        print(f"darknet-py: warning: {message}; skipping it", file=sys.stderr)
     if missing:
-        print(f"darknet-py: {missing} of {len(paths)} valid images have no label file; "
+        print(f"darknet-py: warning: {missing} of {len(paths)} valid images have no label file; "
               f"counted as images without objects", file=sys.stderr)
     if not truths:
         raise ValidationError("no image of the valid list could be read")
@@ -343,6 +347,7 @@ class ForkMapResult:
     points: int
     thresh: float
     names: list = field(default_factory=list)
+    curves: list = field(default_factory=list, repr=False)   # per class: (recall, precision)
 
     def lines(self):
         """The fork's report, with each class's precision, recall and F1 at the
@@ -351,12 +356,12 @@ class ForkMapResult:
                f"{sum(self.truths)}  "]
         for c, ap in enumerate(self.aps):
             name = self.names[c] if c < len(self.names) else str(c)
-            p, r, f1 = precision_recall_f1(self.tp[c], self.fp[c], self.truths[c])
+            p, r, f1 = shown_ratios(self.tp[c], self.fp[c], self.truths[c])
             out.append(f"class_id = {c}, name = {name}, ap = {ap * 100:2.2f}%   \t (TP = "
                        f"{self.tp[c]}, FP = {self.fp[c]}) precision = {p:1.2f}, recall = "
                        f"{r:1.2f}, F1-score = {f1:1.2f} ")
         tp, fp, truths = sum(self.tp), sum(self.fp), sum(self.truths)
-        p, r, f1 = precision_recall_f1(tp, fp, truths)
+        p, r, f1 = shown_ratios(tp, fp, truths)
         out += ["", f" for conf_thresh = {self.thresh:1.2f}, precision = {p:1.2f}, recall = "
                     f"{r:1.2f}, F1-score = {f1:1.2f} ",
                 f" for conf_thresh = {self.thresh:0.2f}, TP = {tp}, FP = {fp}, FN = "
@@ -375,6 +380,16 @@ def precision_recall_f1(tp, fp, truths):
         p = np.float64(tp) / np.float64(tp + fp)
         r = np.float64(tp) / np.float64(truths)
         return float(p), float(r), float(2 * p * r / (p + r))
+
+
+def warn_on_stderr(message):
+    print(f"darknet-py: warning: {message}", file=sys.stderr)
+
+
+def shown_ratios(tp, fp, truths):
+    """precision_recall_f1 for the report: 0 where a ratio has nothing to divide (no
+    detections, no truth), as "F1-score = nan" tells a user nothing."""
+    return tuple(0.0 if np.isnan(v) else v for v in precision_recall_f1(tp, fp, truths))
 
 
 def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRESH, names=None):
@@ -437,9 +452,12 @@ def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRE
         precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
         recall = np.where(truth_count[:, None] > 0, tp / truth_count[:, None], 0.0)
     aps = [curve_ap(recall[c], precision[c], points) for c in range(classes)]
+    # Each class's curve at its own detections' ranks (for map --plots).
+    curves = [(recall[c][np.diff(tp[c] + fp[c], prepend=0) > 0],
+               precision[c][np.diff(tp[c] + fp[c], prepend=0) > 0]) for c in range(classes)]
     return ForkMapResult(float(np.sum(aps) / classes), aps, tp_at.tolist(), fp_at.tolist(),
                          truth_count.tolist(), len(scored), iou_sum / above if above else 0.0,
-                         iou_thresh, points, thresh, list(names or []))
+                         iou_thresh, points, thresh, list(names or []), curves)
 
 
 def curve_ap(recall, precision, points=0):
@@ -459,7 +477,7 @@ def curve_ap(recall, precision, points=0):
 
 
 def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
-                 thresh=MAP_CONF_THRESH, log=print, darknet=None):
+                 thresh=MAP_CONF_THRESH, log=print, darknet=None, plots=None):
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
     and print fork_map's report. Returns the ForkMapResult."""
@@ -475,12 +493,13 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
         raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
                               f"(use `darknet-py valid`)")
     classes = detector_layers(net)[-1].classes
+    check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
     images = []
     for path in paths:
         try:
             image = load_image(path, net.options.channels)
         except ImageError as e:
-            print(f"darknet-py: {e}; skipping it", file=sys.stderr)
+            print(f"darknet-py: warning: {e}; skipping it", file=sys.stderr)
             continue
         try:
             truth = read_image_labels(path, classes)
@@ -492,6 +511,10 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
     result = fork_map(images, classes, iou_thresh, points, thresh, config.names)
     for line in result.lines():
         log(line)
+    if plots is not None:   # PR curves and the confusion matrix (map_plots.py)
+        from .map_plots import write_map_plots
+        for path in write_map_plots(plots, result, images, classes, config.names):
+            log(f"wrote {path}")
     return result
 
 
@@ -523,6 +546,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
             print(f"darknet-py: warning: {data} has classes={config.classes} but the "
                   f"network's detection layer has classes={classes}; using {classes}",
                   file=sys.stderr)
+        check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
         writer = (DetectionResultsWriter(results_dir, classes, config.names, overwrite)
                   if results_dir is not None else None)
         result = evaluate_detector(net, paths, classes, config.names, log=log,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import click
 
-from .files import OverwriteError, atomic_output, refuse_overwrite
+from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
+                    run_numbered)
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".webm", ".wmv")
 # VideoWriter codecs by container; mp4v plays everywhere OpenCV's wheels can write.
@@ -34,6 +35,7 @@ class VideoResult:
     seconds: float = 0.0
     interrupted: bool = False
     out: str = None             # the finished output file, if any
+    frame_size: tuple = (0, 0)  # width, height
 
     @property
     def fps(self):
@@ -110,6 +112,7 @@ def run_video(net, source, out=None, thresh=0.5, hier=0.5, nms=0.45, names=None,
         ok, frame = capture.read()
         if not ok:
             raise VideoError(f"{what}: no frame could be read")
+        result.frame_size = frame.shape[1::-1]
         total = 0 if isinstance(source, int) else int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
         if out is None:
             _detect_frames(net, capture, frame, None, total, result, **loop)
@@ -136,6 +139,27 @@ def run_video(net, source, out=None, thresh=0.5, hier=0.5, nms=0.45, names=None,
     return result
 
 
+def check_output_json(path, overwrite):
+    try:
+        refuse_overwrite([path], overwrite)
+    except OverwriteError as e:
+        raise VideoError(str(e)) from None
+
+
+def write_frames_json(path, source, result, frames, names, settings):
+    """--json for a video: every frame's detections (pixels of the frame and relative)."""
+    import json
+    from .detection import detections_to_json
+    width, height = result.frame_size
+    content = {"video": source if isinstance(source, str) else f"camera {source}",
+               "width": width, "height": height, **settings, "frames": [
+                   {"frame": index, "detections": detections_to_json(dets, width, height, names)}
+                   for index, dets in frames]}
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        json.dump(content, f, indent=1)
+        f.write("\n")
+
+
 def _detect_frames(net, capture, frame, writer, total, result, thresh, hier, nms, names,
                    classes, max_frames, log, on_frame):
     """The loop: detect, draw, write and report each frame until the source ends, the frame
@@ -152,7 +176,8 @@ def _detect_frames(net, capture, frame, writer, total, result, thresh, hier, nms
             result.seconds = time.perf_counter() - started
             of = f"/{total} ({100 * result.frames / total:.0f}%)" if total > 0 else ""
             found = ", ".join(_label(d, names) for d in dets)
-            log(f"frame {result.frames}{of}: {result.fps:.1f} FPS, {len(dets)} objects"
+            plural = "" if len(dets) == 1 else "s"
+            log(f"frame {result.frames}{of}: {result.fps:.1f} FPS, {len(dets)} object{plural}"
                 f"{': ' + found if found else ''}")
             if on_frame is not None:
                 on_frame(result.frames, dets)
@@ -179,21 +204,29 @@ def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings,
         raise UserError("give a video file or --camera N, not both")
     if camera is None and len(inputs) != 1:
         raise UserError("give one video file at a time (without images)")
-    if json_file is not None:
-        raise UserError("--json is for images; a video's detections are printed per frame")
-    out = out if out is not None else DEFAULT_OUT
+    # The default output is numbered past earlier runs' (predictions-2.mp4, ...).
+    out = out if out is not None else first_free_run(lambda run: [run_numbered(DEFAULT_OUT,
+                                                                               run)])[0]
     source = camera if camera is not None else inputs[0]
     try:
         check_output(out, overwrite)   # before the network loads: fail fast
+        if json_file is not None:
+            check_output_json(json_file, overwrite)
         if camera is None:
             open_source(source)[0].release()
         net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
         heads = detector_layers(net)
         if not heads:
             raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
-        check_names(names, heads[-1].classes)
-        net.names = names
-        run_video(net, source, out, names=names, classes=heads[-1].classes,
-                  overwrite=overwrite, log=click.echo, **settings)
+        net.names = names = check_names(names, heads[-1].classes, weights, cfg,
+                                         warn_missing=False)
+        frames = []
+        result = run_video(net, source, out, names=names, classes=heads[-1].classes,
+                           overwrite=overwrite, log=click.echo, **settings,
+                           on_frame=lambda index, dets: frames.append((index, dets)))
+        if json_file is not None:
+            write_frames_json(json_file, source, result, frames, names, settings)
+            click.echo(f"darknet-py: wrote {json_file} (detections of {len(frames)} frames)",
+                       err=True)
     except VideoError as e:
         raise UserError(str(e)) from None

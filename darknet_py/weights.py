@@ -260,6 +260,9 @@ def save_weights(net, path, cutoff=None):
     """Write the layers [0, cutoff) atomically, in the header format the network was loaded
     with (so an unchanged network saves the same bytes it loaded)."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise WeightsError(f"{path}: is a directory; give the weights file's name "
+                           f"(e.g. {os.path.join(path, 'my.weights')})")
     major, minor, revision = getattr(net, "weights_header", (0, 2, 0))
     seen = int(net.seen)
     if getattr(net, "darknet", "original") == "alexeyab":

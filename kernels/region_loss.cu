@@ -103,15 +103,22 @@ extern "C" __global__ void region_cells(const float* __restrict__ out,
 // anchor whose shape fits it best (the anchor's own with bias_match), and there the box,
 // objectness and class deltas. stats[b*5..]: IoU sum, recall (IoU > .5) count, class
 // score sum, objectness sum, truth count. A class id outside 0..classes-1 (the layer
-// refuses those before) sets no class delta.
+// refuses those before) sets no class delta. class_map (or null): the layer's map=, a
+// class id for each truth class id. parent (or null), group, group_offset, group_size:
+// a softmax tree (darknet_py/tree.py), whose class delta runs from the class up to its
+// root, every sibling group on the way (delta_region_class's hierarchy branch).
 extern "C" __global__ void region_truths(const float* __restrict__ out,
                                          const float* __restrict__ truth, int truth_stride,
                                          int truth_size, int truths,
                                          const float* __restrict__ anchors, int batch, int n,
                                          int h, int w, int classes, int softmax, int bias_match,
                                          int rescore, float coord_scale, float object_scale,
-                                         float class_scale, float* __restrict__ delta,
-                                         double* __restrict__ stats)
+                                         float class_scale, const int* __restrict__ class_map,
+                                         const int* __restrict__ parent,
+                                         const int* __restrict__ group,
+                                         const int* __restrict__ group_offset,
+                                         const int* __restrict__ group_size,
+                                         float* __restrict__ delta, double* __restrict__ stats)
 {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= batch) return;
@@ -155,11 +162,22 @@ extern "C" __global__ void region_truths(const float* __restrict__ out,
         recall += iou > 0.5f;
         obj_sum += p;
         count += 1.0;
-        const int cls = (int)tr[4];
+        int cls = (int)tr[4];
+        if (class_map) cls = class_map[cls];
         if (cls < 0 || cls >= classes) continue;
         float* dc = d + 5 * wh;
         const float* oc = o + 5 * wh;
-        if (dc[0] != 0.0f && !softmax) {
+        if (parent) {
+            float pred = 1.0f;
+            for (int c = cls; c >= 0; c = parent[c]) {
+                pred = __fmul_rn(pred, oc[c * wh]);
+                const int first = group_offset[group[c]], size = group_size[group[c]];
+                for (int k = first; k < first + size; ++k)
+                    dc[k * wh] = __fmul_rn(class_scale, __fsub_rn(0.0f, oc[k * wh]));
+                dc[c * wh] = __fmul_rn(class_scale, __fsub_rn(1.0f, oc[c * wh]));
+            }
+            class_sum += pred;
+        } else if (dc[0] != 0.0f && !softmax) {
             // delta_region_class's tag: a class-0 delta an earlier truth left here.
             dc[cls * wh] = __fmul_rn(class_scale, __fsub_rn(1.0f, oc[cls * wh]));
         } else {

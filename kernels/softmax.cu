@@ -27,6 +27,45 @@ extern "C" __global__ void softmax_kernel(const float* x, int n, int batch, int 
     }
 }
 
+// A softmax over each group of a class tree: instance (b, g, s) for b < batch, group g,
+// position s < spatial reads group_size[g] elements at
+// x[b*stride + (group_offset[g] + i)*spatial + s]. One warp per instance, as softmax_kernel.
+extern "C" __global__ void softmax_tree_kernel(const float* x, int spatial, int batch, int stride,
+                                              float temp, const int* __restrict__ group_offset,
+                                              const int* __restrict__ group_size, int groups,
+                                              float* out)
+{
+    const int lane = threadIdx.x & 31;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    const long long instances = (long long)batch * groups * spatial;
+    for (long long inst = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; inst < instances; inst += warps) {
+        const int s = (int)(inst % spatial);
+        const long long bg = inst / spatial;
+        const int g = (int)(bg % groups), b = (int)(bg / groups);
+        const long long base = (long long)b * stride + (long long)group_offset[g] * spatial + s;
+        const int n = group_size[g];
+        float largest = -INFINITY;
+        for (int i = lane; i < n; i += 32) largest = fmaxf(largest, x[base + (long long)i * spatial] / temp);
+        for (int o = 16; o > 0; o >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
+        float sum = 0.0f;
+        for (int i = lane; i < n; i += 32) sum += expf(x[base + (long long)i * spatial] / temp - largest);
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        for (int i = lane; i < n; i += 32) {
+            const long long j = base + (long long)i * spatial;
+            out[j] = expf(x[j] / temp - largest) / sum;
+        }
+    }
+}
+
+// x[i] = 0 where truth[i] == value: outputs without a truth (a softmax tree's groups that
+// hold none of an image's classes) give no delta and no loss.
+extern "C" __global__ void mask_kernel(int n, float* __restrict__ x, const float* __restrict__ truth,
+                                      float value)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (truth[i] == value) x[i] = 0.0f;
+}
+
 // Cross-entropy after a softmax: error = -t*log(p) where t != 0 (else 0); delta = t - p.
 extern "C" __global__ void softmax_x_ent_kernel(int n, const float* __restrict__ pred,
                                                const float* __restrict__ truth,
@@ -35,6 +74,19 @@ extern "C" __global__ void softmax_x_ent_kernel(int n, const float* __restrict__
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const float t = truth[i], p = pred[i];
         error[i] = (t != 0.0f) ? -t * logf(p) : 0.0f;
+        delta[i] = t - p;
+    }
+}
+
+// Logistic cross-entropy ([logistic], Darknet's logistic_x_ent_cpu, without the GPU build's
+// 1e-7 inside the logs): error = -t*log(p) - (1-t)*log(1-p), delta = t - p.
+extern "C" __global__ void logistic_x_ent_kernel(int n, const float* __restrict__ pred,
+                                                 const float* __restrict__ truth,
+                                                 float* __restrict__ delta, float* __restrict__ error)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float t = truth[i], p = pred[i];
+        error[i] = -t * logf(p) - (1.0f - t) * logf(1.0f - p);
         delta[i] = t - p;
     }
 }

@@ -225,3 +225,17 @@ def grid_truth_from_boxes(boxes, side, classes):
     grid = np.zeros(side * side * (5 + classes), dtype=np.float32)
     detection_grid_truth(boxes, 1, TRUTH_FIELDS, boxes.size, side, classes, grid)
     return grid
+
+
+def write_synthetic_tree(path, classes, seed=0):
+    """A Darknet tree file of `classes` classes (10 roots, then up to 6 children for each
+    class in turn, siblings together), e.g. in place of Darknet's data/9k.tree."""
+    rng = np.random.default_rng(seed)
+    parents = [-1] * min(10, classes)
+    node = 0
+    while len(parents) < classes:
+        children = min(int(rng.integers(0, 7)), classes - len(parents))
+        parents += [node] * children
+        node += 1
+    path.write_text("".join(f"c{i} {p}\n" for i, p in enumerate(parents)))
+    return path

@@ -247,3 +247,24 @@ def test_import_and_a_cpu_detect_never_import_pycuda(tmp_path):
                               "--out", tmp_path / "out.jpg"], env=env, capture_output=True)
         assert run.returncode == 0, run.stderr
         assert not mark.exists()
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb", [(16, 5000, 27, False, False), (300, 169, 200, False, True),
+                                         (64, 2100, 75, True, False)])
+def test_gemm_does_not_depend_on_the_thread_count(monkeypatch, m, n, k, ta, tb):
+    """The NumPy backend's products give the same bits whatever number of threads the
+    machine's load allows (OpenBLAS's sums depend on how a product is split)."""
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal(m * k).astype(np.float32)
+    b = rng.standard_normal(k * n).astype(np.float32)
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(numpy_backend, "_threads_now", lambda: threads)
+        c = np.full(m * n, 0.5, dtype=np.float32)
+        NumpyBackend().gemm(ta, tb, m, n, k, 1.5, a, m if ta else k, b, k if tb else n, 0.25, c, n)
+        results.append(c)
+    for c in results[1:]:
+        np.testing.assert_array_equal(c, results[0])
+    A = a.reshape(k, m).T if ta else a.reshape(m, k)
+    B = b.reshape(n, k).T if tb else b.reshape(k, n)
+    np.testing.assert_allclose(results[0].reshape(m, n), 1.5 * A @ B + 0.125, rtol=1e-4, atol=1e-4)

@@ -539,3 +539,39 @@ activation=linear
 """
     GradCheck(net_text(size, size, 2, body)).check(
         expect=["input", "0.weights", "0.biases", "1.weights"])
+
+
+# ---- issue 23's layers (lrn and l2norm keep Darknet's approximate gradients: their numbers
+# are checked against the C code in test_layers_c_fixtures.py) ---------------------------
+def test_deconvolutional():
+    body = """
+[deconvolutional]
+filters=3
+size=4
+stride=2
+pad=1
+activation=leaky
+
+[deconv]
+batch_normalize=1
+filters=2
+size=3
+stride=1
+padding=1
+activation=linear
+"""
+    GradCheck(net_text(3, 4, 2, body, batch=3)).check(
+        expect=["input", "0.weights", "0.biases", "1.weights", "1.scales", "1.biases"])
+
+
+def test_activation_layer():
+    body = "[convolutional]\nfilters=3\nsize=1\nactivation=linear\n\n" \
+           "[activation]\nactivation=tanh\n\n[activation]\nactivation=mish\n"
+    GradCheck(net_text(3, 3, 2, body)).check(expect=["input", "0.weights"])
+
+
+def test_logistic_cross_entropy():
+    rng = np.random.default_rng(9)
+    truth = rng.uniform(0, 1, (2, 18))
+    GradCheck(net_text(3, 3, 2, "[logistic]\n"), truth=truth, loss="cost").check(
+        expect=["input"])

@@ -39,7 +39,7 @@ def body(raw):
 
 def check_case(path, tmp_path, device):
     ref, net = run_case(path, tmp_path, device)
-    x, y = ref["x"], ref["y"]
+    x, y = ref["x"].reshape((-1,) + net.input_shape), ref["y"]
     np.testing.assert_allclose(net.predict(x).reshape(-1), ref["pred1"], atol=TOL, rtol=TOL)
     # the second pass starts from the state the first one left
     np.testing.assert_allclose(net.predict(x).reshape(-1), ref["pred2"], atol=TOL, rtol=TOL)

@@ -169,8 +169,8 @@ def test_coco_yolov3_tiny_into_the_three_class_cfg():
 def test_detect_with_weights_of_another_class_count_is_one_line_naming_partial(tmp_path):
     cfg = str(REPO / "cfg" / "yolov3-tiny-3class.cfg")
     weights = str(WEIGHTS / "yolov3-tiny.weights")
-    result = CliRunner().invoke(cli, ["detect", cfg, weights, str(REPO / "tests"), "--device",
-                                      "cpu", "--out", str(tmp_path / "p.jpg")])
+    result = CliRunner().invoke(cli, ["detect", cfg, weights, str(tmp_path / "x.jpg"),
+                                      "--device", "cpu", "--out", str(tmp_path / "p.jpg")])
     assert result.exit_code == 2
     line, = result.output.strip().splitlines()
     assert f"darknet-py partial {cfg} {weights} OUT 15" in line

@@ -165,7 +165,6 @@ def test_video_options_that_do_not_fit(tiny, tmp_path):
     runner = CliRunner()
     for extra, message in (
             (["--camera", "0"], "give a video file or --camera N, not both"),
-            (["--json", str(tmp_path / "d.json")], "--json is for images"),
             (["--out", str(tmp_path / "frame.jpg")], "needs a video extension")):
         result = runner.invoke(cli, ["detect", cfg, weights, str(video), "--device", "cpu"]
                                + extra)

@@ -98,7 +98,10 @@ _KERNELS = {
     "softmax.cu": {
         "softmax_kernel": "PiiiiiifP",
         "softmax_x_ent_kernel": "iPPPP",
+        "softmax_tree_kernel": "PiiifPPiP",
+        "mask_kernel": "iPPf",
         "l2_kernel": "iPPPP",
+        "logistic_x_ent_kernel": "iPPPP",
     },
     "shape.cu": {
         "copy_blocks_kernel": "PiqPiqiiii",
@@ -113,6 +116,15 @@ _KERNELS = {
         "channel_weighted_add_kernel": "PiPiiiPi",
         "channel_weighted_dot_kernel": "PiPiiiiP",
     },
+    "normalization.cu": {
+        "l2normalize_kernel": "Piii",
+        "lrn_forward_kernel": "PiiiifffPP",
+        "lrn_backward_kernel": "iPPfP",
+    },
+    "binary.cu": {
+        "binarize_weights_kernel": "PiiP",
+        "binarize_kernel": "iPP",
+    },
     "dropout.cu": {
         "dropout_forward_kernel": "PiffPIP",
         "dropout_backward_kernel": "PiffP",
@@ -120,7 +132,7 @@ _KERNELS = {
     },
     "region_loss.cu": {
         "region_cells": "PPiiiPiiiiiffiP",
-        "region_truths": "PPiiiPiiiiiiiifffPP",
+        "region_truths": "PPiiiPiiiiiiiifffPPPPPPP",
         "detection_grid": "PiiiiiiP",
         "detection_base": "PiiiifP",
         "detection_objects": "PPPiiiiiiifffPP",
@@ -1122,6 +1134,27 @@ class CudaBackend:
                      self._ptr(x), int(n), int(batch), int(batch_offset), int(groups),
                      int(group_offset), int(stride), float(temp), self._ptr(out))
 
+    def softmax_tree(self, x, spatial, batch, stride, temp, group_offset, group_size, classes,
+                     out):
+        """A softmax over each group of a class tree of `classes` classes (see the NumPy
+        backend); group_offset and group_size are int32 arrays (int_zeros)."""
+        groups = group_size.size
+        if group_offset.size != groups or group_offset.dtype != np.int32 \
+                or group_size.dtype != np.int32:
+            raise TypeError("softmax_tree groups must be two int32 arrays of one size")
+        last = (batch - 1) * stride + spatial * classes
+        self._check_size("softmax_tree x", x, last)
+        self._check_size("softmax_tree out", out, last)
+        self._launch("softmax_tree_kernel", self._grid1d(32 * batch * groups * spatial), (_BLOCK,),
+                     self._ptr(x), int(spatial), int(batch), int(stride), float(temp),
+                     self._ptr(group_offset), self._ptr(group_size), int(groups), self._ptr(out))
+
+    def mask(self, x, truth, value):
+        """x[i] = 0 wherever truth[i] == value."""
+        self._check_size("mask truth", truth, x.size)
+        self._launch("mask_kernel", self._grid1d(x.size), (_BLOCK,), x.size, self._ptr(x),
+                     self._ptr(truth), float(value))
+
     def softmax_x_ent(self, pred, truth, delta, error):
         """Cross-entropy: error = -t*log(p) where t != 0; delta = t - p."""
         n = pred.size
@@ -1137,6 +1170,48 @@ class CudaBackend:
             self._check_size(f"l2 {what}", arr, n)
         self._launch("l2_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
                      self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    def logistic_x_ent(self, pred, truth, delta, error):
+        """Logistic cross-entropy: error = -t*log(p) - (1-t)*log(1-p); delta = t - p."""
+        n = pred.size
+        for what, arr in (("truth", truth), ("delta", delta), ("error", error)):
+            self._check_size(f"logistic_x_ent {what}", arr, n)
+        self._launch("logistic_x_ent_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(pred),
+                     self._ptr(truth), self._ptr(delta), self._ptr(error))
+
+    # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
+    def l2normalize(self, x, batch, filters, spatial):
+        self._check_size("l2normalize x", x, batch * filters * spatial)
+        self._launch("l2normalize_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(filters), int(spatial))
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        n = batch * c * spatial
+        for what, arr in (("x", x), ("norms", norms), ("out", out)):
+            self._check_size(f"lrn_forward {what}", arr, n)
+        self._launch("lrn_forward_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(c), int(spatial), int(size), float(alpha),
+                     float(beta), float(kappa), self._ptr(norms), self._ptr(out))
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        n = norms.size
+        for what, arr in (("delta", delta), ("delta_in", delta_in)):
+            self._check_size(f"lrn_backward {what}", arr, n)
+        self._launch("lrn_backward_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(norms),
+                     self._ptr(delta), float(beta), self._ptr(delta_in))
+
+    # ---- binary convolutions (binary=1, xnor=1) ---------------------------------------
+    def binarize_weights(self, weights, n, size, binary):
+        for what, arr in (("weights", weights), ("binary", binary)):
+            self._check_size(f"binarize_weights {what}", arr, n * size)
+        self._launch("binarize_weights_kernel", self._grid1d(n, 64), (64,), self._ptr(weights),
+                     int(n), int(size), self._ptr(binary))
+
+    def binarize(self, x, binary):
+        n = x.size
+        self._check_size("binarize binary", binary, n)
+        self._launch("binarize_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(x),
+                     self._ptr(binary))
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
@@ -1302,9 +1377,11 @@ class CudaBackend:
                      rand.size, (int(seed) * 0x9E3779B9) & 0xFFFFFFFF)
 
     # ---- detection losses ------------------------------------------------------------
-    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):
+    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars,
+                    classes=None):
         """[region]'s training loss (losses/region.py) for head (a RegionHead): every element
-        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS)."""
+        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS). classes:
+        the layer's RegionClasses (map= and tree=) or None."""
         batch, cells = head.batch, head.batch * head.n * head.h * head.w
         wh = head.h * head.w
         total = cells * head.entries
@@ -1323,9 +1400,20 @@ class CudaBackend:
         self._launch("region_truths", (_ceil_div(batch, _IMAGE_THREADS),), (_IMAGE_THREADS,),
                      *boxes, int(head.softmax), int(head.bias_match), int(head.rescore),
                      float(head.coord_scale), float(head.object_scale), float(head.class_scale),
-                     self._ptr(delta), stats.ptr)
+                     *self._region_class_pointers(classes), self._ptr(delta), stats.ptr)
         self._loss_figures(output, delta, total, head.entries * wh, 4 * wh, wh, stats, batch,
                            scalars)
+
+    def _region_class_pointers(self, classes):
+        """region_truths' class_map, parent, group, group_offset, group_size (null for
+        what the layer lacks)."""
+        tree = classes.tree if classes is not None else None
+        arrays = [classes.class_map if classes is not None else None]
+        arrays += [tree.parent, tree.group, tree.offset, tree.size] if tree else [None] * 4
+        for arr in arrays:
+            if arr is not None and arr.dtype != np.int32:
+                raise TypeError("region_loss class arrays must be int32 (int_zeros)")
+        return [0 if a is None else self._ptr(a) for a in arrays]  # 0: a null pointer
 
     def detection_grid_truth(self, truth, batch, truth_size, max_boxes, side, classes, grid):
         """[detection]'s grid truth from box rows (losses/detection.py): every element of grid."""

@@ -7,6 +7,9 @@ Contract shared with the CUDA backend (backends/cuda_backend.py):
     unless documented otherwise. Names and arguments follow Darknet's
     blas.h / im2col.h / gemm.h so a Darknet reader finds their way.
   * ``delta`` arrays hold Darknet's delta: minus the gradient of the loss.
+  * Where Darknet's numbers depend on its order of operations or on a quirk of its CPU code
+    (lrn_forward's running window sum, binarize's ``> 0``, logistic_x_ent without an
+    epsilon), the op's docstring here says so and both backends follow it.
   * On the CPU, GEMMs use every BLAS thread; the element-wise and copy work of inference
     (im2col, bias + activation, maxpool) is split over the cores by _parallel (NumPy
     releases the GIL inside its loops).
@@ -158,17 +161,24 @@ class NumpyBackend:
         A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
         B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
         C = _matrix(c, 0, m, n, ldc)
-        with _blas_threads(_threads_now()):
-            if beta == 0 and alpha == 1:
-                np.matmul(A, B, out=C)  # straight into C: no product temporary, no extra pass
-                return
-            prod = A @ B
-        if beta == 0:
-            C[...] = self.dtype.type(alpha) * prod
-        else:
-            if beta != 1:
-                C *= self.dtype.type(beta)
-            C += self.dtype.type(alpha) * prod
+        alpha, beta = self.dtype.type(alpha), self.dtype.type(beta)
+        # Fixed tiles of C, each one single-threaded BLAS call: OpenBLAS's sums depend on
+        # how many threads split a product, and the thread count here follows the
+        # machine's load (_threads_now), so one product split its own way would give other
+        # last bits under load. Threads only decide which thread computes which tile.
+        col_tiles = -(-n // _GEMM_COLUMNS)
+        row_tiles = -(-m // _GEMM_ROWS) if col_tiles == 1 else 1
+        rows = _GEMM_ROWS if row_tiles > 1 else m
+
+        def tiles(t0, t1):
+            with _blas_threads(1):
+                for t in range(t0, t1):
+                    row, col = divmod(t, col_tiles)
+                    i, j = row * rows, col * _GEMM_COLUMNS
+                    _gemm_tile(A[i:i + rows], B[:, j:j + _GEMM_COLUMNS],
+                               C[i:i + rows, j:j + _GEMM_COLUMNS], alpha, beta)
+
+        _parallel(row_tiles * col_tiles, tiles, 1)
 
     # ---- convolution helpers -----------------------------------------------
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
@@ -561,10 +571,20 @@ class NumpyBackend:
         b = np.arange(batch).reshape(-1, 1, 1) * batch_offset
         g = np.arange(groups).reshape(1, -1, 1) * group_offset
         i = np.arange(n).reshape(1, 1, -1) * stride
-        flat = (b + g + i).reshape(-1)
-        v = x[flat].reshape(batch * groups, n) / temp
-        e = np.exp(v - v.max(axis=1, keepdims=True))
-        out[flat] = (e / e.sum(axis=1, keepdims=True)).reshape(-1)
+        _softmax_at(x, (b + g + i).reshape(batch * groups, n), temp, out)
+
+    def softmax_tree(self, x, spatial, batch, stride, temp, group_offset, group_size, classes,
+                     out):
+        """A softmax over each group of a class tree of `classes` classes (tree.py): for
+        instance b < batch and position s < spatial, group g's group_size[g] elements at
+        x[b*stride + (group_offset[g] + i)*spatial + s] (integer arrays, as int_zeros)."""
+        instances = (np.arange(batch)[:, None] * stride + np.arange(spatial)).reshape(-1)
+        for first, size in zip(np.asarray(group_offset).tolist(), np.asarray(group_size).tolist()):
+            _softmax_at(x, (instances[:, None] + (first + np.arange(size)) * spatial), temp, out)
+
+    def mask(self, x, truth, value):
+        """x[i] = 0 wherever truth[i] == value (Darknet's mask_gpu with mask_num 0)."""
+        x[truth[:x.size] == value] = 0
 
     def softmax_x_ent(self, pred, truth, delta, error):
         """Cross-entropy: error = -t*log(p) where t != 0; delta = t - p."""
@@ -577,6 +597,63 @@ class NumpyBackend:
         """Sum-squared error: delta = t - p, error = (t - p)^2."""
         delta[...] = truth[:pred.size] - pred
         error[...] = delta * delta
+
+    def logistic_x_ent(self, pred, truth, delta, error):
+        """Logistic cross-entropy ([logistic]): error = -t*log(p) - (1-t)*log(1-p);
+        delta = t - p. As Darknet's CPU code: no epsilon, so p of exactly 0 or 1 gives inf
+        (or nan where t makes 0 * inf)."""
+        t = truth[:pred.size]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            error[...] = -t * np.log(pred) - (1 - t) * np.log(1 - pred)
+        delta[...] = t - pred
+
+    # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
+    def l2normalize(self, x, batch, filters, spatial):
+        """x /= sqrt(sum over the filters of x^2), per image and position (Darknet's
+        l2normalize_cpu, without its unused gradient output)."""
+        v = x.reshape(batch, filters, spatial)
+        total = np.zeros((batch, spatial), dtype=x.dtype)
+        for f in range(filters):   # Darknet's order of additions
+            total += v[:, f] * v[:, f]
+        v /= np.sqrt(total)[:, None, :]
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        """Darknet's local response normalisation: norms = kappa + alpha * the sum of x^2
+        over each channel's window, built as its running sum (channel 0 adds channels
+        [0, size/2); channel k starts from k-1's, subtracts k-(size-1)/2-1 and adds
+        k+size/2: channel size/2 never enters, as in Darknet); out = x * norms^-beta."""
+        v = x.reshape(batch, c, spatial)
+        n = norms.reshape(batch, c, spatial)
+        alpha = self.dtype.type(alpha)
+        squared = v * v
+        norm = np.full((batch, spatial), kappa, dtype=x.dtype)
+        for k in range(min(size // 2, c)):
+            norm += alpha * squared[:, k]
+        n[:, 0] = norm
+        for k in range(1, c):
+            prev, nxt = k - (size - 1) // 2 - 1, k + size // 2
+            if prev >= 0:
+                norm += -alpha * squared[:, prev]
+            if nxt < c:
+                norm += alpha * squared[:, nxt]
+            n[:, k] = norm
+        out[...] = np.power(norms, -self.dtype.type(beta)) * x
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        """Darknet's approximate LRN gradient: delta_in += norms^-beta * delta."""
+        delta_in += np.power(norms, -self.dtype.type(beta)) * delta
+
+    # ---- binary convolutions (binary=1, xnor=1) ---------------------------------------
+    def binarize_weights(self, weights, n, size, binary):
+        """Per filter (n filters of `size` weights): binary = +mean where the weight is > 0,
+        else -mean, mean = the filter's mean absolute weight (Darknet's binarize_weights)."""
+        w = weights[:n * size].reshape(n, size)
+        mean = np.abs(w).sum(axis=1, dtype=w.dtype) / self.dtype.type(size)
+        binary[:n * size].reshape(n, size)[...] = np.where(w > 0, mean[:, None], -mean[:, None])
+
+    def binarize(self, x, binary):
+        """binary = +1 where x > 0, else -1 (Darknet's binarize_cpu: xnor's input)."""
+        binary[:x.size] = np.where(x > 0, 1, -1)
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
@@ -649,10 +726,13 @@ class NumpyBackend:
         rand[...] = uniform_hash(seed, rand.size).astype(self.dtype)
 
     # ---- detection losses --------------------------------------------------------
-    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars):
+    def region_loss(self, head, output, truth, truth_size, anchors, seen, delta, scalars,
+                    classes=None):
         """[region]'s training loss (losses/region.py) for head (a RegionHead): every element
-        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS)."""
-        region_loss.region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars)
+        of delta; the cost and statistics in scalars (region_loss.REGION_SCALARS). classes:
+        the layer's region_loss.RegionClasses (map= and tree=) or None."""
+        region_loss.region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars,
+                                classes)
 
     def detection_grid_truth(self, truth, batch, truth_size, max_boxes, side, classes, grid):
         """[detection]'s grid truth from box rows (losses/detection.py): every element of grid."""
@@ -663,6 +743,13 @@ class NumpyBackend:
         """[detection]'s training loss (losses/detection.py) for head (a DetectionHead): every
         element of delta; the cost and statistics in scalars (DETECTION_SCALARS)."""
         detection_loss.detection_loss(head, output, grid, draws, delta, scalars)
+
+
+def _softmax_at(x, index, temp, out):
+    """One softmax per row of the index matrix (instances x elements) of flat x into out."""
+    v = x[index] / temp
+    e = np.exp(v - v.max(axis=1, keepdims=True))
+    out[index] = e / e.sum(axis=1, keepdims=True)
 
 
 # Floats per block of activate/bias_activate: the passes over a block stay in L2 cache.
@@ -686,6 +773,25 @@ class _WallTimer:
 
     def stop(self):
         return time.perf_counter() - self._t0
+
+
+# The tiles of C a gemm computes in one BLAS call each (see NumpyBackend.gemm).
+_GEMM_COLUMNS = 1024
+_GEMM_ROWS = 128
+
+
+def _gemm_tile(A, B, C, alpha, beta):
+    """C = alpha * A @ B + beta * C for one tile."""
+    if beta == 0 and alpha == 1:
+        np.matmul(A, B, out=C)   # straight into C: no product temporary, no extra pass
+        return
+    prod = A @ B
+    if beta == 0:
+        C[...] = alpha * prod
+        return
+    if beta != 1:
+        C *= beta
+    C += alpha * prod
 
 
 def _parallel(count, work, grain):

@@ -3,6 +3,7 @@ import sys
 
 import numpy as np
 
+from .check import check_detector_dataset
 from .config import DataError, load_data_config
 from .labels import MissingLabelFile, label_path, read_image_labels
 
@@ -66,6 +67,8 @@ def gather_label_boxes(data_path, width, height):
     in one line on stderr."""
     config = load_data_config(data_path, require=("train",))
     paths = config.train_paths()
+    check_detector_dataset(paths, config.classes, what="training",
+                           warn=lambda m: print(f"darknet-py: warning: {m}", file=sys.stderr))
     missing = []
     sizes = []
     for p in paths:
@@ -76,7 +79,7 @@ def gather_label_boxes(data_path, width, height):
             continue
         sizes.append(b[:, 2:4])
     if missing:
-        print(f"darknet-py: {len(missing)} of {len(paths)} training images have no label "
+        print(f"darknet-py: warning: {len(missing)} of {len(paths)} training images have no label "
               f"file (first: {label_path(missing[0])})", file=sys.stderr)
     boxes = np.concatenate(sizes) if sizes else np.zeros((0, 2), dtype=np.float32)
     return boxes.astype(np.float64) * np.array([width, height], dtype=np.float64)
@@ -96,3 +99,33 @@ def format_anchors(anchors):
     """The cfg line: 'anchors = 10,13, 16,30, ...' (whole pixels, at least 1)."""
     return "anchors = " + ", ".join(f"{max(1, round(w))},{max(1, round(h))}"
                                     for w, h in anchors)
+
+
+DEFAULT_SETTINGS = {"num": 9, "width": 416, "height": 416}
+
+
+def anchor_settings(cfg=None, **given):
+    """num, width and height for `anchors`: those given (not None), else the cfg's (the last
+    [yolo]/[region] layer's num, [net] width and height), else YOLOv3's 9 at 416 x 416.
+    Returns (settings, [the keys taken from the cfg])."""
+    from ..cfg import parse_cfg
+    from_cfg = {}
+    if cfg is not None:
+        sections = parse_cfg(cfg)
+        net = sections[0]
+        from_cfg = {"width": net.get_int("width", 0) or None,
+                    "height": net.get_int("height", 0) or None}
+        heads = [s for s in sections if s.type in ("yolo", "region", "gaussian_yolo")]
+        if not heads:
+            raise DataError(f"{cfg}: no [yolo] or [region] layer, so no anchors to compute")
+        from_cfg["num"] = heads[-1].get_int("num", 1)
+    settings, used = {}, []
+    for key, default in DEFAULT_SETTINGS.items():
+        if given.get(key) is not None:
+            settings[key] = given[key]
+        elif from_cfg.get(key):
+            settings[key] = from_cfg[key]
+            used.append(key)
+        else:
+            settings[key] = default
+    return settings, used

@@ -4,6 +4,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..cfg import CfgError, read_data_file
+from ..names import data_file_path
 
 
 class DataError(Exception):
@@ -20,6 +21,10 @@ def _where(path):
 
 def _read_text(path, what):
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        # a named pipe would block the read until someone writes to it
+        raise DataError(f"{_where(path)}: {what} is not a regular file (a pipe, socket or "
+                        f"device)")
     try:
         # surrogateescape keeps non-UTF-8 bytes in paths intact on the round trip to open()
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
@@ -36,7 +41,11 @@ def read_list(path, what="list file"):
     """Lines of a Darknet list file (image paths, class names): CRLF or LF, surrounding
     whitespace removed, blank lines skipped (Darknet would keep a blank line as an empty
     path or, in a names file, as an empty label that matches every path)."""
-    return [s for s in (line.strip() for line in _read_text(path, what).splitlines()) if s]
+    lines = _read_text(path, what).splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if "\0" in line:   # open() would fail on such a path with "embedded null byte"
+            raise DataError(f"{path}:{lineno}: holds a NUL byte: not a text {what}")
+    return [s for s in (line.strip() for line in lines) if s]
 
 
 @dataclass
@@ -82,8 +91,11 @@ def load_data_config(path, require=()):
 
     train = options.get("train", "data/train.list")
     valid = options.get("valid", train)
-    names_path = options.get("names") or options.get("labels") or "data/names.list"
-    labels_path = options.get("labels") or options.get("names") or "data/labels.list"
+    # Relative to the current directory as in Darknet, else beside the .data file.
+    names_path = data_file_path(options.get("names") or options.get("labels")
+                                or "data/names.list", path)
+    labels_path = data_file_path(options.get("labels") or options.get("names")
+                                 or "data/labels.list", path)
     backup = options.get("backup", "/backup/")
 
     def int_option(key, default):

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..boxes import TRUTH_FIELDS
 from ..image import ImageError
+from ..tree import fill_hierarchy
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
                       augment_detection_hwc, center_crop_hwc, from_hwc,
                       prepare_detector_eval_image, read_hwc, to_hwc)
@@ -110,7 +111,7 @@ class DataLoader:
     def __init__(self, paths, *, task, width, height, batch, classes, labels=None,
                  channels=3, augment=None, train=True, letterbox=True,
                  max_boxes=MAX_BOXES, sampling="random", seed=0, workers=None, prefetch=None,
-                 on_warning=None, start=0, pin=None):
+                 on_warning=None, start=0, pin=None, hierarchy=None):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if sampling not in ("random", "shuffle"):
@@ -132,7 +133,7 @@ class DataLoader:
         self._maker = _SampleMaker(
             paths=paths, task=task, classes=classes, channels=channels, augment=augment,
             labels=list(labels)[:classes] if labels is not None else None,
-            letterbox=letterbox, max_boxes=max_boxes, seed=self.seed)
+            letterbox=letterbox, max_boxes=max_boxes, seed=self.seed, hierarchy=hierarchy)
         self.sampling = sampling
         self.bad_paths = {}           # path -> message: unusable images, reported once
         self.missing_labels = []      # detector images used with no label file, in order
@@ -314,8 +315,9 @@ class _SampleMaker:
     image into the row's arrays. Picklable: each worker process holds a copy."""
 
     def __init__(self, *, paths, task, classes, channels, augment, labels, letterbox,
-                 max_boxes, seed):
+                 max_boxes, seed, hierarchy=None):
         self.paths, self.task, self.classes, self.channels = paths, task, classes, channels
+        self.hierarchy = hierarchy
         self.augment, self.labels, self.letterbox = augment, labels, letterbox
         self.max_boxes, self.seed = max_boxes, seed
         self.truth_size = classes if task == "classifier" else max_boxes * TRUTH_FIELDS
@@ -374,7 +376,7 @@ class _SampleMaker:
         try:
             hwc = read_hwc(path, self.channels)
             if self.task == "classifier":
-                truth_out[:] = classifier_truth(path, self.labels, self.classes)
+                truth_out[:] = self._classifier_truth(path)
                 if rng is None:
                     out = center_crop_hwc(hwc, w, h)
                 elif isinstance(self.augment, ForkClassifierAugment):
@@ -410,6 +412,12 @@ class _SampleMaker:
             return None
 
 
+    def _classifier_truth(self, path):
+        """A classifier image's truth row: one-hot, or with a class tree Darknet's
+        fill_hierarchy of it (ancestors set, groups without a class marked no-truth)."""
+        truth = classifier_truth(path, self.labels, self.classes)
+        return truth if self.hierarchy is None else fill_hierarchy(truth, self.hierarchy)
+
     def _random_other_image(self, rng, reports):
         """Another training image and its truth, drawn with rng: the other images of a
         mosaic, a mixup or a cutmix. The truth is a detector image's boxes (a missing
@@ -422,7 +430,7 @@ class _SampleMaker:
             try:
                 hwc = read_hwc(path, self.channels)
                 if self.task == "classifier":
-                    return hwc, classifier_truth(path, self.labels, self.classes)
+                    return hwc, self._classifier_truth(path)
                 try:
                     return hwc, read_image_labels(path, self.classes)
                 except MissingLabelFile as e:

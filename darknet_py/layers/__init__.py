@@ -20,6 +20,11 @@ _LAYER_CLASSES = {
     "yolo": ("yolo", "YoloLayer"),
     "region": ("region", "RegionLayer"),
     "detection": ("detection", "DetectionLayer"),
+    "activation": ("activation", "ActivationLayer"),
+    "logistic": ("logistic", "LogisticLayer"),
+    "l2norm": ("l2norm", "L2normLayer"),
+    "normalization": ("normalization", "NormalizationLayer"),
+    "deconvolutional": ("deconvolutional", "DeconvolutionalLayer"),
     # the AlexeyAB fork's
     "sam": ("sam", "SamLayer"),
     "scale_channels": ("scale_channels", "ScaleChannelsLayer"),

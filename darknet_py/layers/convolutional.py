@@ -43,9 +43,10 @@ class ConvolutionalLayer(Layer):
                 self.share = source_layer(self, s, ctx, "share_index")
         self.activation = parse_activation(s, "logistic", channels=True)
         self.batch_normalize = s.get_int("batch_normalize", 0)
+        self._parse_binary(s)
         # The fork's antialiasing adds a blur after the convolution: refused, not warned, as
         # reading past it would give other outputs.
-        refuse_options(s, "binary", "xnor", "antialiasing")
+        refuse_options(s, "antialiasing")
         for key, v in (("filters", self.filters), ("size", self.size),
                        ("stride", min(conv_strides(self.stride))),
                        ("groups", self.groups), ("dilation", self.dilation)):
@@ -72,6 +73,18 @@ class ConvolutionalLayer(Layer):
         self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
         self._folded = None  # (weights, biases) with batch norm folded in; see forward()
 
+    def _parse_binary(self, s):
+        """binary=1: the forward uses binarized weights (see binarize_weights); xnor=1: also
+        the sign of the input (+1 where > 0, else -1). Backward and update work on the real
+        weights and input, as Darknet's CPU code does. The fork turns groups off for xnor;
+        its bin_output (a bit-packed output of its inference path) gives the same numbers."""
+        self.binary = s.get_int("binary", 0)
+        self.xnor = s.get_int("xnor", 0)
+        if self.darknet == "alexeyab":
+            s.get_int("bin_output", 0)
+            if self.xnor:
+                self.groups = 1
+
     def _fork_stride_and_dilation(self, s, pad):
         """The fork's rules: stride_x/stride_y override stride (self.stride becomes the pair
         (stride_y, stride_x) when they differ, as im2col takes it); a 1x1 kernel has no
@@ -97,6 +110,11 @@ class ConvolutionalLayer(Layer):
     def bflops(self):
         return (2.0 * self.filters * self.size * self.size * self.c / self.groups
                 * self.out_h * self.out_w) / 1e9
+
+    @property
+    def fork_bflops(self):
+        # The fork counts an xnor convolution's operations as 1/32 of a float one's.
+        return self.bflops / 32 if self.xnor else self.bflops
 
     def describe(self):
         # Darknet's row ("conv  %5d %2d x%2d /%2d  %4d x..."); groups, which it does not
@@ -161,6 +179,9 @@ class ConvolutionalLayer(Layer):
             bn_allocate(self, be, batch, train)
         m, k, n = self._gemm_dims()
         self.workspace_size = (k + m) * n * self._chunk(batch)
+        if self.binary or self.xnor:
+            self.binary_weights = be.zeros(self.nweights)
+        self.binary_input = be.zeros(batch * self.inputs) if self.xnor else None
 
     def _chunks(self, be, net):
         """(first image, images, col buffer, product buffer) per chunk of the batch."""
@@ -203,17 +224,25 @@ class ConvolutionalLayer(Layer):
         else:
             factor = host["scales"] / (np.sqrt(host["rolling_variance"]) + 1e-6)
         weights = be.empty(self.nweights)
-        be.copy(self.weights, weights)
+        be.copy(self._binarized_weights(be), weights)
         be.scale_bias(weights, be.from_host(factor), 1, self.filters, self.nweights // self.filters)
         return weights, be.from_host(host["biases"] - host["rolling_mean"] * factor)
+
+    def _binarized_weights(self, be):
+        """The weights the forward multiplies by: binarized for binary=1 and xnor=1."""
+        if not (self.binary or self.xnor):
+            return self.weights
+        be.binarize_weights(self.weights, self.filters, self.nweights // self.filters,
+                            self.binary_weights)
+        return self.binary_weights
 
     def _forward_params(self, net):
         """(weights, biases) for this forward; biases None: batch norm runs unfolded."""
         if not self.batch_normalize:
-            return self.weights, self.biases
+            return self._binarized_weights(net.be), self.biases
         if net.train or not net.fold_batchnorm:
             self._folded = None  # training moves the rolling statistics
-            return self.weights, None
+            return self._binarized_weights(net.be), None
         if self._folded is None:
             self._folded = self._fold_batchnorm(net.be)
         return self._folded
@@ -231,14 +260,18 @@ class ConvolutionalLayer(Layer):
         be = net.be
         m, k, n = self._gemm_dims()
         weights, biases = self._forward_params(net)
+        images = net.input
+        if self.xnor:
+            be.binarize(net.input[:self.batch * self.inputs], self.binary_input)
+            images = self.binary_input
         for b0, count, col, product in self._chunks(be, net):
             for g in range(self.groups):
                 if count == 1:  # one image: the GEMM writes straight into the output
                     be.gemm(False, False, m, n, k, 1.0, weights[g * m * k:], k,
-                            self._image_col(be, net.input, b0, g, col), n, 0.0,
+                            self._image_col(be, images, b0, g, col), n, 0.0,
                             self.output[b0 * self.outputs + g * m * n:], n)
                     continue
-                self._im2col(be, net.input, b0, count, g, col)
+                self._im2col(be, images, b0, count, g, col)
                 be.gemm(False, False, m, count * n, k, 1.0, weights[g * m * k:], k,
                         col, count * n, 0.0, product, count * n)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)

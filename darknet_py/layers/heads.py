@@ -57,11 +57,11 @@ def keep_report(layer, line):
         print(line, flush=True)
 
 
-def check_classes(truth, classes, layer):
+def check_classes(truth, classes, layer, whose="classes="):
     bad = truth[(truth[:, 4] < 0) | (truth[:, 4] >= classes), 4] if len(truth) else []
     if len(bad):
         raise ValueError(f"a truth box has class {int(bad[0])} but [{layer.type}] layer "
-                         f"{layer.index} has classes={classes} (ids 0..{classes - 1})")
+                         f"{layer.index} has {whose}{classes} (ids 0..{classes - 1})")
 
 
 def ratio(num, den):

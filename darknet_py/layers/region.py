@@ -8,11 +8,22 @@ delta, cost and statistics where the output is; backward is Darknet's GPU one
 (backward_region_layer_gpu): the delta times the logistic gradient on x, y and
 objectness, added to the previous layer's. (Darknet's CPU backward_region_layer is
 commented out and passes nothing back; the GPU build is the one that trains.)
+
+tree= (YOLO9000) takes the softmax over each group of a class hierarchy (tree.py) as
+Darknet's GPU build does (its CPU build indexes the old flattened layout and mixes
+anchors); the class delta then follows the tree, and decoding picks each box's class by
+walking down the tree while the product of probabilities stays above the hierarchy
+threshold (get_region_detections). map= (a file of class ids, one a line) maps the truth's
+class ids onto the network's, as Darknet's loss does.
 """
+import os
+
 import numpy as np
 
 from ..boxes import correct_region_boxes, make_detections, thresholded, truth_table
-from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS, RegionHead
+from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS, RegionClasses, RegionHead
+from ..tree import (TreeArrays, hierarchy_predictions, hierarchy_top_prediction, int_array,
+                    resolve_tree_path, tree_option)
 from .base import Layer, refuse_options
 from .heads import check_classes, keep_report, parse_anchors, ratio
 
@@ -43,7 +54,9 @@ class RegionLayer(Layer):
         self.mask_scale = s.get_float("mask_scale", 1.0)
         self.class_scale = s.get_float("class_scale", 1.0)
         self.bias_match = s.get_int("bias_match", 0)
-        refuse_options(s, "background", "tree", "map")
+        refuse_options(s, "background")
+        self.hierarchy = tree_option(s)
+        self.class_map = read_class_map(s)
         if self.coords != 4:
             raise s.error("only coords=4 is supported (x, y, w, h)", "coords")
         if self.classes < 1:
@@ -59,6 +72,11 @@ class RegionLayer(Layer):
             raise s.error(f"the layer before [region] gives {self.c} channels but num={self.n} "
                           f"anchors x ({self.coords} + 1 + {self.classes} classes) need "
                           f"{self.out_c}: set its filters={self.out_c}", "classes")
+        if self.hierarchy is not None and self.hierarchy.n != self.classes:
+            raise s.error(f"{self.hierarchy.path} has {self.hierarchy.n} classes but "
+                          f"classes={self.classes}", "tree")
+        if self.class_map is not None and not all(0 <= c < self.classes for c in self.class_map):
+            raise s.error(f"the map file holds class ids outside 0..{self.classes - 1}", "map")
         self.stats = {}
         self.stats_line = ""
 
@@ -74,7 +92,12 @@ class RegionLayer(Layer):
         be.activate_strided(self.output, rows, stride, 0, 2 * wh, "logistic")
         be.activate_strided(self.output, rows, stride, self.coords * wh, wh, "logistic")
         first_class = (self.coords + 1) * wh
-        if self.softmax:
+        if self.tree is not None:
+            # softmax_tree_gpu(input + index, w*h, batch*n, inputs/n, 1, output + index)
+            be.softmax_tree(net.input[first_class:], wh, rows, self.outputs // self.n, 1.0,
+                            self.tree.offset, self.tree.size, self.classes,
+                            self.output[first_class:])
+        elif self.softmax:
             # Darknet's softmax_cpu(input + index, classes, batch*n, inputs/n, w*h, 1, w*h, 1, ...)
             be.softmax(net.input[first_class:], self.classes, rows, self.outputs // self.n, wh,
                        1, wh, 1.0, self.output[first_class:])
@@ -84,7 +107,7 @@ class RegionLayer(Layer):
         self.cost = None
         if net.train and net.truth is not None:
             be.region_loss(self.loss_head(), self.output, net.truth, net.truth_size, self.anchors,
-                           net.seen, self.delta, self.scalars)
+                           net.seen, self.delta, self.scalars, self.classes_arrays)
             self.print_stats = getattr(net, "verbose", False)
             self.pending = True
 
@@ -93,13 +116,26 @@ class RegionLayer(Layer):
         towards the anchors is switched on by a launch argument, which a recorded step
         would keep: those steps run eagerly."""
         boxes, valid = truth_table(truth_host, self.batch, net.truth_size, REGION_TRUTHS)
-        check_classes(boxes[valid], self.classes, self)
+        boxes = boxes[valid]
+        if self.class_map is not None:
+            check_classes(boxes, len(self.class_map), self, "map= entries for ")
+        else:
+            check_classes(boxes, self.classes, self)
+        if self.hierarchy is not None and len(boxes) and \
+                ((boxes[:, 0] > 100000) & (boxes[:, 1] > 100000)).any():
+            raise ValueError(f"[region] layer {self.index}: truth boxes at x, y > 100000 "
+                             f"(YOLO9000's class-only images) are not supported")
         self.capturable = net.seen >= PRIOR_SEEN
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
         self.anchors = be.from_host(self.biases) if train else None
         self.scalars = be.zeros(len(REGION_SCALARS)) if train else None
+        self.tree = TreeArrays(be, self.hierarchy) if self.hierarchy is not None else None
+        self.classes_arrays = None
+        if train and (self.tree is not None or self.class_map is not None):
+            self.classes_arrays = RegionClasses(
+                int_array(be, self.class_map) if self.class_map is not None else None, self.tree)
 
     def loss_head(self):
         return RegionHead(self.batch, self.n, self.h, self.w, self.classes, self.softmax,
@@ -129,10 +165,12 @@ class RegionLayer(Layer):
         if net.delta is not None:
             be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
 
-    def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True):
+    def detections(self, output, img_w, img_h, netw, neth, thresh, relative=True, letter=True,
+                   hier=0.5):
         """Darknet's get_region_detections for image 0 of a [region] layer: one detection per
         anchor and cell (anchor-major, as Darknet indexes them), objectness 0 where it is not
-        above thresh."""
+        above thresh. With a tree, each box gets one class, found by walking down the tree
+        while the probability stays above hier, with the objectness as its score."""
         wh = self.w * self.h
         size = self.coords + self.classes + 1
         out = np.asarray(output, dtype=F32).reshape(-1)[:self.outputs].reshape(self.n, size, wh)
@@ -141,13 +179,52 @@ class RegionLayer(Layer):
         row = np.tile((cells // self.w).astype(F32), self.n)
         e = out.transpose(0, 2, 1).reshape(self.n * wh, size)  # (anchor*cell, entry)
         biases = np.repeat(self.biases.reshape(self.n, 2), wh, axis=0)
-        boxes = np.stack([(col + e[:, 0]) / F32(self.w), (row + e[:, 1]) / F32(self.h),
-                          (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / self.w).astype(F32),
-                          (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / self.h).astype(F32)],
-                         axis=1)
+        with np.errstate(over="ignore"):   # an infinite box is dropped by get_network_boxes
+            boxes = np.stack([(col + e[:, 0]) / F32(self.w), (row + e[:, 1]) / F32(self.h),
+                              (np.exp(e[:, 2].astype(np.float64)) * biases[:, 0] / self.w
+                               ).astype(F32),
+                              (np.exp(e[:, 3].astype(np.float64)) * biases[:, 1] / self.h
+                               ).astype(F32)], axis=1)
         scale = e[:, self.coords]
         objectness = np.where(scale > F32(thresh), scale, F32(0)).astype(F32)
         # Where scale <= thresh every scale * p (p <= 1) is too, so those rows are all 0.
-        probs = thresholded(scale[:, None] * e[:, self.coords + 1:], thresh)
+        if self.hierarchy is not None:
+            probs = self._tree_probs(e[:, self.coords + 1:], scale, thresh, hier)
+        else:
+            probs = thresholded(scale[:, None] * e[:, self.coords + 1:], thresh)
         boxes = correct_region_boxes(boxes, img_w, img_h, netw, neth, relative, letter)
         return make_detections(boxes, objectness, probs, self.index)
+
+    def _tree_probs(self, class_out, scale, thresh, hier):
+        """get_region_detections' tree branch: P(class) by hierarchy_predictions, then
+        where the objectness is above thresh, the objectness on the class
+        hierarchy_top_prediction picks (0 elsewhere)."""
+        p = hierarchy_predictions(class_out, self.hierarchy)
+        probs = np.zeros_like(p)
+        for k in np.flatnonzero(scale > np.float32(thresh)):
+            probs[k, hierarchy_top_prediction(p[k], self.hierarchy, hier)] = scale[k]
+        return probs
+
+
+def read_class_map(s):
+    """[region] map=: Darknet's read_map, a class id a line (atoi), or None."""
+    value = s.get_str("map")
+    if value is None:
+        return None
+    path = resolve_tree_path(value, s.path)
+    if path is None:
+        raise s.error(f"{value}: no such file (looked in the working directory, as Darknet "
+                      f"does, and next to the cfg)", "map")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise s.error(f"{path}: {e.strerror or e}", "map") from None
+    ids = []
+    for number, line in enumerate(lines, 1):
+        try:
+            ids.append(int(line.split()[0]))
+        except (ValueError, IndexError):
+            raise s.error(f"{os.fspath(path)}:{number}: expected a class id, got "
+                          f"'{line.strip()}'", "map") from None
+    return np.array(ids, dtype=np.int64)

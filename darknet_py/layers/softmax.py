@@ -1,5 +1,12 @@
-"""[softmax]: softmax over groups with a temperature; with a truth, cross-entropy cost."""
-from .base import Layer, refuse_options
+"""[softmax]: softmax over groups with a temperature; with a truth, cross-entropy cost.
+
+With tree= (a class hierarchy, tree.py) the softmax runs over each group of sibling
+classes instead, and outputs whose truth is tree.NO_TRUTH (groups holding none of the
+image's classes) give no delta and no cost: Darknet's GPU build masks them (its CPU build
+does not, and trains on the -1234 marker).
+"""
+from ..tree import NO_TRUTH, TreeArrays, tree_option
+from .base import Layer
 
 
 class SoftmaxLayer(Layer):
@@ -10,12 +17,15 @@ class SoftmaxLayer(Layer):
         self.groups = s.get_int("groups", 1)
         self.temperature = s.get_float("temperature", 1.0)
         self.noloss = s.get_int("noloss", 0)
-        refuse_options(s, "tree")
+        self.hierarchy = tree_option(s)
         s.get_int("spatial", 0)
         if self.groups < 1 or self.inputs % self.groups:
             raise s.error(f"groups={self.groups} must divide the {self.inputs} inputs", "groups")
         if self.temperature <= 0:
             raise s.error("must be positive", "temperature")
+        if self.hierarchy is not None and self.hierarchy.n != self.inputs:
+            raise s.error(f"{self.hierarchy.path} has {self.hierarchy.n} classes but the layer "
+                          f"gets {self.inputs} inputs", "tree")
         self.out_c = self.out_h = self.out_w = 0
         self.outputs = self.inputs
 
@@ -26,14 +36,22 @@ class SoftmaxLayer(Layer):
         super().allocate(be, batch, train)
         self.loss = be.zeros(batch * self.inputs) if train else None
         self.scalars = be.zeros(1) if train else None
+        self.tree = TreeArrays(be, self.hierarchy) if self.hierarchy is not None else None
 
     def forward(self, net):
         be = net.be
-        n = self.inputs // self.groups
-        be.softmax(net.input, n, self.batch, self.inputs, self.groups, n, 1, self.temperature,
-                   self.output)
+        if self.tree is not None:
+            be.softmax_tree(net.input, 1, self.batch, self.inputs, self.temperature,
+                            self.tree.offset, self.tree.size, self.tree.classes, self.output)
+        else:
+            n = self.inputs // self.groups
+            be.softmax(net.input, n, self.batch, self.inputs, self.groups, n, 1,
+                       self.temperature, self.output)
         if net.truth is not None and net.train and not self.noloss:
             be.softmax_x_ent(self.output, net.truth, self.delta, self.loss)
+            if self.tree is not None:
+                be.mask(self.delta, net.truth, NO_TRUTH)
+                be.mask(self.loss, net.truth, NO_TRUTH)
             be.sum_into(self.loss, self.scalars)
             self.pending = True
         self.cost = None

@@ -46,11 +46,19 @@ class RegionHead:
         return 5 + self.classes
 
 
-def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars):
+@dataclass(frozen=True)
+class RegionClasses:
+    """How a [region] layer reads truth classes: class_map (map=, a class id for each truth
+    class id) and tree (tree=, a tree.TreeArrays), each backend int arrays or None."""
+    class_map: object = None
+    tree: object = None
+
+
+def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars, classes=None):
     """Darknet's [region] loss. output: the layer's activated output (batch, n, entries,
     h, w) flat; truth: box rows of truth_size floats per image, the first with x == 0
-    ending an image; anchors: 2n floats. Writes every element of delta and
-    scalars[:len(REGION_SCALARS)]."""
+    ending an image; anchors: 2n floats; classes: a RegionClasses or None. Writes every
+    element of delta and scalars[:len(REGION_SCALARS)]."""
     B, n, h, w, C = head.batch, head.n, head.h, head.w, head.classes
     shape = (B, n, head.entries, h, w)
     out = np.asarray(output, dtype=F32)[:np.prod(shape)].reshape(shape)
@@ -108,9 +116,17 @@ def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars):
         iou = box_iou(pred[b, a, j, i], tr[:, :4])
         p = out[b, a, 4, j, i]
         d[b, a, 4, j, i] = scale["object_scale"] * ((iou if head.rescore else F32(1)) - p)
+        cls = tr[:, 4].astype(np.int64)
+        if classes is not None and classes.class_map is not None:
+            cls = np.asarray(classes.class_map)[cls]
+        sums[1:6] += (iou.sum(dtype=np.float64), np.count_nonzero(iou > F32(.5)), 0,
+                      p.sum(dtype=np.float64), b.size)
+        if classes is not None and classes.tree is not None:
+            sums[3] += _tree_class_deltas(d, out, classes.tree, b, a, j, i, cls,
+                                          scale["class_scale"])
+            continue
         # delta_region_class: with softmax=0 (Darknet's tag), a class-0 delta an earlier
         # truth left here means only this class's delta is set, and not counted.
-        cls = tr[:, 4].astype(np.int64)
         tagged = (d[b, a, 5, j, i] != 0) & (not head.softmax)
         u, g = ~tagged, tagged
         onehot = (np.arange(C) == cls[u, None]).astype(F32)
@@ -118,12 +134,31 @@ def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars):
             onehot - out[b[u], a[u], 5:, j[u], i[u]])
         d[b[g], a[g], 5 + cls[g], j[g], i[g]] = scale["class_scale"] * (
             F32(1) - out[b[g], a[g], 5 + cls[g], j[g], i[g]])
-        sums[1:6] += (iou.sum(dtype=np.float64), np.count_nonzero(iou > F32(.5)),
-                      out[b[u], a[u], 5 + cls[u], j[u], i[u]].sum(dtype=np.float64),
-                      p.sum(dtype=np.float64), b.size)
+        sums[3] += out[b[u], a[u], 5 + cls[u], j[u], i[u]].sum(dtype=np.float64)
     sums[0] = np.sum(np.square(d, dtype=np.float64))
     sums[6] = obj.sum(dtype=np.float64)
     scalars[:len(sums)] = sums
+
+
+def _tree_class_deltas(d, out, tree, b, a, j, i, cls, class_scale):
+    """delta_region_class's hierarchy branch for each truth (image b, anchor a, cell j, i,
+    class cls): from the class up to its root, every class of its sibling group pushed
+    towards 0 and the class itself towards 1. Returns the sum over truths of the product of
+    the outputs along each path (Darknet's avg_cat)."""
+    parent, group = np.asarray(tree.parent), np.asarray(tree.group)
+    offset, size = np.asarray(tree.offset), np.asarray(tree.size)
+    total = 0.0
+    for bb, aa, jj, ii, c in zip(b, a, j, i, cls):
+        o, dc = out[bb, aa, 5:, jj, ii], d[bb, aa, 5:, jj, ii]
+        pred = F32(1)
+        while c >= 0:
+            pred = F32(pred * o[c])
+            first = offset[group[c]]
+            dc[first:first + size[group[c]]] = class_scale * (F32(0) - o[first:first + size[group[c]]])
+            dc[c] = class_scale * (F32(1) - o[c])
+            c = parent[c]
+        total += float(pred)
+    return total
 
 
 def _log(x):

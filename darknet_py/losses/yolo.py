@@ -76,8 +76,11 @@ def decode(tx, ty, tw, th, col, row, anchor_w, anchor_h, w, h, netw, neth, new_c
         bw = tw * tw * F32(4) * anchor_w / F32(netw)
         bh = th * th * F32(4) * anchor_h / F32(neth)
     else:
-        bw = (np.exp(np.asarray(tw, dtype=np.float64)) * anchor_w / netw).astype(F32)
-        bh = (np.exp(np.asarray(th, dtype=np.float64)) * anchor_h / neth).astype(F32)
+        # An untrained net's huge t overflows to an infinite box, as expf does in C;
+        # get_network_boxes drops such boxes, so NumPy's warning would only be noise.
+        with np.errstate(over="ignore"):
+            bw = (np.exp(np.asarray(tw, dtype=np.float64)) * anchor_w / netw).astype(F32)
+            bh = (np.exp(np.asarray(th, dtype=np.float64)) * anchor_h / neth).astype(F32)
     return np.stack(np.broadcast_arrays(x, y, bw, bh), axis=-1).astype(F32)
 
 

@@ -1,0 +1,195 @@
+"""A detector dataset's labels checked before they are used: every box whose coordinates are
+not what YOLO labels hold (relative 0-1 centre and size), classes out of range, malformed
+lines and missing label files, each named by file and line, plus the totals.
+
+Pixel coordinates (``0 220 63 24 16`` for a 0-1 ``0 0.43 0.12 0.05 0.03``) are the costly
+mistake: Darknet clips such boxes to the image, the [yolo] loss then finds no truth in any
+cell (``count: 0``) and a run trains to nothing without an error. train and anchors refuse
+a dataset in which most boxes look so; `check` reports them all.
+"""
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import DataError, _read_text
+from .labels import label_path
+
+# A coordinate this far past 1 is not a rounding slip at the image border: it is pixels.
+PIXEL_LIKE = 1.5
+# Rounding in label tools puts centres and sizes a hair outside [0, 1]; that is fine.
+SLACK = 1e-3
+# How many problems of each kind are printed one a line; the rest are counted.
+SHOWN_PER_KIND = 10
+
+FIX_PIXELS = ("YOLO labels are relative: divide x and w by the image width, y and h by "
+              "its height (each 0-1)")
+
+KINDS = {
+    "pixels": "coordinates look like pixels (YOLO labels are 0-1)",
+    "range": "coordinates outside 0-1",
+    "class": "class id out of range",
+    "size": "zero or negative box size",
+    "format": "malformed line",
+    "missing": "label file not found",
+    "unreadable": "label file unreadable",
+    "path": "image path names no class, or several (a classifier's label)",
+}
+
+
+@dataclass
+class LabelProblem:
+    path: str
+    line: int          # 0 for a problem with the whole file
+    kind: str          # a key of KINDS
+    message: str
+
+    def __str__(self):
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class LabelReport:
+    """What the scan of a list of detector images found."""
+    images: int = 0
+    label_files: int = 0
+    empty_files: int = 0
+    boxes: int = 0
+    per_class: Counter = field(default_factory=Counter)
+    problems: list = field(default_factory=list)
+    rows: list = field(default_factory=list)     # (n, 5) float64 arrays: class x y w h
+    classifier: bool = False   # labels are image paths (boxes counts the images)
+
+    def count(self, kind):
+        return sum(1 for p in self.problems if p.kind == kind)
+
+    def pixel_share(self):
+        return self.count("pixels") / self.boxes if self.boxes else 0.0
+
+    def box_array(self):
+        """Every well-formed box, (n, 5) float64: class, x, y, w, h."""
+        return np.concatenate(self.rows) if self.rows else np.zeros((0, 5))
+
+
+def check_label_line(fields, classes):
+    """(kind, message) for a label line's fields, or None when the box is sound."""
+    if len(fields) != 5:
+        return "format", f"expected 'class x y w h' (5 fields), got {len(fields)}"
+    try:
+        cls = int(fields[0])
+        x, y, w, h = (float(v) for v in fields[1:])
+    except ValueError:
+        return "format", f"expected a whole class id and 4 numbers, got '{' '.join(fields)}'"
+    if not all(np.isfinite((x, y, w, h))):
+        return "format", f"x y w h must be finite numbers, got '{' '.join(fields[1:])}'"
+    if cls < 0 or (classes is not None and cls >= classes):
+        top = f"0..{classes - 1}" if classes is not None else "0 or more"
+        return "class", f"class id {cls} out of range ({top})"
+    values = f"x={fields[1]} y={fields[2]} w={fields[3]} h={fields[4]}"
+    if max(x, y, w, h) > PIXEL_LIKE:
+        return "pixels", f"{values} look like pixels; {FIX_PIXELS}"
+    if w <= 0 or h <= 0:
+        return "size", f"box size w={fields[3]} h={fields[4]} is not positive"
+    if min(x, y, w, h) < -SLACK or max(x, y, w, h) > 1 + SLACK:
+        return "range", f"{values}: outside 0-1 (Darknet clips the box to the image)"
+    return None
+
+
+def scan_label_file(path, classes, report):
+    """Add one label file's boxes and problems to report."""
+    text = _read_text(path, "label file")
+    if "\0" in text:
+        report.problems.append(LabelProblem(path, 0, "unreadable",
+                                            "holds NUL bytes (not a text label file)"))
+        return
+    good = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        fields = raw.split()
+        if not fields:
+            continue
+        found = check_label_line(fields, classes)
+        report.boxes += 1
+        if found is not None:
+            report.problems.append(LabelProblem(path, lineno, *found))
+            if found[0] in ("pixels", "range"):   # counted per class all the same
+                report.per_class[int(fields[0])] += 1
+            continue
+        good.append([float(v) for v in fields])
+        report.per_class[int(fields[0])] += 1
+    if good:
+        report.rows.append(np.array(good, dtype=np.float64))
+    elif not text.strip():
+        report.empty_files += 1
+
+
+def scan_labels(image_paths, classes=None):
+    """Scan the label file of every image (Darknet's label-path rule) into a LabelReport."""
+    report = LabelReport(images=len(image_paths))
+    for image in image_paths:
+        try:
+            path = label_path(image)
+        except DataError as e:
+            report.problems.append(LabelProblem(os.fspath(image), 0, "missing", str(e)))
+            continue
+        if not os.path.isfile(path):
+            report.problems.append(LabelProblem(path, 0, "missing",
+                                                f"label file not found (for image {image})"))
+            continue
+        report.label_files += 1
+        try:
+            scan_label_file(path, classes, report)
+        except DataError as e:
+            report.problems.append(LabelProblem(path, 0, "unreadable", str(e)))
+    return report
+
+
+def problem_lines(report, shown=SHOWN_PER_KIND, kinds=None):
+    """Warning lines: up to `shown` problems of each kind, one a line, then one count line
+    per kind that had more, then the summary (None when there is nothing to say)."""
+    lines, by_kind = [], Counter()
+    for problem in report.problems:
+        if kinds is not None and problem.kind not in kinds:
+            continue
+        by_kind[problem.kind] += 1
+        if by_kind[problem.kind] <= shown:
+            lines.append(str(problem))
+    for kind, count in by_kind.items():
+        if count > shown:
+            lines.append(f"... and {count - shown} more: {KINDS[kind]}")
+    if by_kind:
+        lines.append(summary_line(report, by_kind))
+    return lines
+
+
+def summary_line(report, by_kind=None):
+    by_kind = by_kind if by_kind is not None else Counter(p.kind for p in report.problems)
+    parts = [f"{count} {KINDS[kind]}" for kind, count in sorted(by_kind.items())]
+    images = f"{report.images} image{'s' if report.images != 1 else ''}"
+    if report.classifier:
+        return f"labels of {images}: " + "; ".join(parts)
+    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}; "
+            + "; ".join(parts))
+
+
+def refuse_pixel_labels(report, what="training"):
+    """DataError when most boxes look like pixel coordinates: nothing would be learnt."""
+    pixels = report.count("pixels")
+    if report.boxes and pixels * 2 > report.boxes:
+        first = next(p for p in report.problems if p.kind == "pixels")
+        raise DataError(f"{pixels} of the {report.boxes} boxes in the {what} labels look like "
+                        f"pixel coordinates (first: {first.path}:{first.line}); {FIX_PIXELS}. "
+                        f"`darknet-py check DATA` lists them all")
+
+
+def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None):
+    """Scan, warn (one line per problem, capped, and a summary), and refuse a dataset whose
+    boxes are mostly pixels or which has no box at all. Missing label files are left to the
+    data loader, which sums them up in its own warning. Returns the LabelReport."""
+    report = scan_labels(image_paths, classes)
+    kinds = kinds or set(KINDS) - {"missing"}
+    for line in problem_lines(report, kinds=kinds):
+        warn(line)
+    refuse_pixel_labels(report, what)
+    return report
