@@ -151,3 +151,23 @@ def test_update_buffers_reach_the_inner_layers():
     assert len(updates) == 2 + 3 * 3 + 6 * 2 and len(statistics) == 3 * 2
     assert updates[2] is rnn[0].layer.bias_updates and statistics[0] is rnn[0].layer.rolling_mean
     assert updates[-1] is gru[-1].layer.weight_updates
+
+
+def test_transposed_weights_files_transpose_the_inner_connected_layers(tmp_path):
+    """Headers with a part > 1000 store [connected] weights transposed, inner ones too."""
+    from darknet_py.cfg import parse_cfg_text
+    from darknet_py.network import Network
+    cfg = recurrent_net("[rnn]\noutput=3\n")
+    net = Network(parse_cfg_text(cfg), seed=1)
+    net.weights_header = (1001, 0, 0)
+    path = tmp_path / "t.weights"
+    net.save_weights(str(path))
+    data = np.frombuffer(path.read_bytes()[16:], "<f4")   # 32-bit seen under this header
+    inner = net.layers[1].inner[0].layer                   # input_layer: 4 -> 3
+    start = 4 + 16 + 3                                     # [connected] 4->4, then its biases
+    stored = data[start:start + 12].reshape(inner.inputs, inner.outputs)
+    assert np.array_equal(stored.T.reshape(-1), inner.weights)
+    again = Network(parse_cfg_text(cfg), seed=2)
+    again.load_weights(str(path))
+    for (_, a), (_, b) in zip(net.layers[1].params(), again.layers[1].params()):
+        assert np.array_equal(a, b)
