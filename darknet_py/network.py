@@ -293,7 +293,9 @@ class Network:
 
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take."""
-        per_image = sum(l.outputs for l in self.layers) * (3 if train else 1)
+        # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
+        per_image = sum(l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
+                        for l in self.layers) * (3 if train else 1)
         try:
             params = sum(a.size for l in self.layers for _, a in l.params())
         except AttributeError:  # parameters not created yet
