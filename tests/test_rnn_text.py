@@ -129,3 +129,18 @@ def test_rnn_train_interrupt_saves_a_backup_that_resumes(tmp_path):
                device="cpu", overwrite=True, log=resumed.append)
     steps = [l.split(":")[0] for l in resumed if l[:1].isdigit()]
     assert steps == ["3", "4", "5"]     # the backup holds 2 iterations
+
+
+def test_darknets_rnn_forms_are_translated():
+    from darknet_py.darknet_forms import translate
+    out, note = translate(["rnn", "train", "a.cfg", "w.weights", "-file", "t.txt", "-clear"])
+    assert out == ["rnn", "train", "a.cfg", "t.txt", "--weights", "w.weights", "--clear"]
+    assert note.startswith("running `darknet-py rnn train a.cfg t.txt")
+    out, _ = translate(["rnn", "generate", "a.cfg", "w.weights", "-len", "50", "-seed", "ab",
+                        "-temp", ".5", "-srand", "3"])
+    assert out == ["rnn", "generate", "a.cfg", "w.weights", "--length", "50", "--seed-text",
+                   "ab", "--temp", ".5", "--srand", "3"]
+    # without -file, Darknet's default text; our own form passes unchanged
+    assert translate(["rnn", "train", "a.cfg", "-clear"])[0][3] == "data/shakespeare.txt"
+    assert translate(["rnn", "train", "a.cfg", "t.txt"]) == (["rnn", "train", "a.cfg", "t.txt"],
+                                                            None)
