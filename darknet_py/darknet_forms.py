@@ -155,8 +155,15 @@ def _rnn(rest):
                 options += [RNN_FLAGS[arg], args[i + 1]]
             i += 2
             continue
-        (positionals if not arg.startswith("-") else options).append(
-            RNN_FLAGS.get(arg, arg))
+        if not arg.startswith("-"):
+            positionals.append(arg)
+        else:
+            options.append(RNN_FLAGS.get(arg, arg))
+            # An option of ours with its value: keep the pair together.
+            if (arg != "-clear" and i + 1 < len(args) and not args[i + 1].startswith("-")
+                    and "=" not in arg and arg not in FLAG_OPTIONS):
+                options.append(args[i + 1])
+                i += 1
         i += 1
     if sub == "train":
         _need(positionals, 1, "rnn train CFG [WEIGHTS] -file TEXT")

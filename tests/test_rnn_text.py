@@ -137,9 +137,9 @@ def test_darknets_rnn_forms_are_translated():
     assert out == ["rnn", "train", "a.cfg", "t.txt", "--weights", "w.weights", "--clear"]
     assert note.startswith("running `darknet-py rnn train a.cfg t.txt")
     out, _ = translate(["rnn", "generate", "a.cfg", "w.weights", "-len", "50", "-seed", "ab",
-                        "-temp", ".5", "-srand", "3"])
+                        "--device", "cpu", "-temp", ".5", "-srand", "3"])
     assert out == ["rnn", "generate", "a.cfg", "w.weights", "--length", "50", "--seed-text",
-                   "ab", "--temp", ".5", "--srand", "3"]
+                   "ab", "--device", "cpu", "--temp", ".5", "--srand", "3"]
     # without -file, Darknet's default text; our own form passes unchanged
     assert translate(["rnn", "train", "a.cfg", "-clear"])[0][3] == "data/shakespeare.txt"
     assert translate(["rnn", "train", "a.cfg", "t.txt"]) == (["rnn", "train", "a.cfg", "t.txt"],
