@@ -38,6 +38,7 @@ _LAYER_CLASSES = {
     "lstm": ("lstm", "LstmLayer"),
     "crnn": ("crnn", "CrnnLayer"),
     "conv_lstm": ("conv_lstm", "ConvLstmLayer"),
+    "history": ("history", "HistoryLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)
