@@ -31,13 +31,13 @@ SECTION_ALIASES = {
     "lrn": "normalization", "normalization": "normalization",
     "deconv": "deconvolutional", "deconvolutional": "deconvolutional",
     "rnn": "rnn", "gru": "gru", "lstm": "lstm", "crnn": "crnn", "conv_lstm": "conv_lstm",
-    "history": "history",
+    "history": "history", "implicit": "implicit",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
     "reorg_old",
-    # the AlexeyAB fork's contrastive and implicit-knowledge layers
-    "contrastive", "implicit", "implicit_add", "implicit_mul",
+    # the AlexeyAB fork's contrastive layer, and implicit layers of its later versions
+    "contrastive", "implicit_add", "implicit_mul",
 }
 
 # What C's atof reads at the start of a value (atoi reads a prefix of it): a decimal number

@@ -133,7 +133,7 @@ FORK_WEIGHTS_HEADER = (0, 2, 5)
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
 _FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo",
-                  "conv_lstm", "history"}
+                  "conv_lstm", "history", "implicit"}
 _FORK_KEYS = {
     "net": {"mosaic", "cutmix", "mixup", "letter_box", "ema_alpha", "blur", "label_smooth_eps",
             "sgdr_cycle", "sgdr_mult", "max_epochs", "contrastive", "gaussian_noise",

@@ -39,6 +39,7 @@ _LAYER_CLASSES = {
     "crnn": ("crnn", "CrnnLayer"),
     "conv_lstm": ("conv_lstm", "ConvLstmLayer"),
     "history": ("history", "HistoryLayer"),
+    "implicit": ("implicit", "ImplicitLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

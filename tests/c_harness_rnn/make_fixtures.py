@@ -63,6 +63,7 @@ CASES = {
                           "state_constrain=1\n"),
     "history": ("alexeyab", 24, 2, 3, "[history]\nhistory_size=3\n"),
     "history_one_step": ("alexeyab", 24, 3, 1, "[history]\nhistory_size=2\n"),
+    "implicit": ("alexeyab", 24, 2, 1, "[implicit]\nfilters=5\natoms=2\n"),
     "crnn_fork_plain": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
                         "activation=leaky\n"),
     "crnn_fork": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
@@ -94,7 +95,7 @@ IMAGE_FIRST = "[convolutional]\nfilters=2\nsize=1\nactivation=leaky\n"
 
 def case_cfg(flavour, inputs, seqs, steps, body):
     net = NET.format(inputs=inputs, batch=seqs, steps=steps)
-    if body.startswith(("[crnn]", "[conv_lstm]", "[history]")):   # a 4x3x2 image; a 1x1 convolution first (see FORK_FIRST)
+    if body.startswith(("[crnn]", "[conv_lstm]", "[history]", "[implicit]")):   # a 4x3x2 image; a 1x1 convolution first (see FORK_FIRST)
         assert inputs == 24
         net = net.replace("inputs=24\n", "width=4\nheight=3\nchannels=2\n")
         return net + IMAGE_FIRST + body + HEAD.format(classes=6)
