@@ -5,8 +5,9 @@ any byte) and ends in a [softmax] over the same alphabet, trained to give the ne
 
 Training (train_char_rnn): a pass reads time_steps bytes from each of [net] batch= streams
 (batch / subdivisions), each stream at its own offset in the text; the rows are step-major
-(row t * streams + s is stream s's byte at step t), the truth is the byte after each. After every iteration each stream jumps to a
-random offset with probability 1/64. Loss is the pass's cost over its rows.
+(row t * streams + s is stream s's byte at step t), the truth is the byte after each. After
+every iteration each stream jumps to a random offset with probability 1/64. Loss is the
+pass's cost over its rows.
 
 Generation (test_char_rnn): the network runs one byte at a time (batch 1, time_steps 1),
 its hidden state carried from byte to byte; the seed text is fed first, then each next

@@ -1,4 +1,4 @@
-"""Make tests/fixtures/rnn_*.npz: tiny recurrent networks run by the C Darknets.
+"""Make tests/fixtures/recurrent/rnn*.npz: tiny recurrent networks run by the C Darknets.
 
 Builds harness.c against the CPU builds of both Darknets (their trees are not part of this
 repository: pass --orig and --fork), writes each case's cfg, weights (random, from
@@ -95,7 +95,8 @@ IMAGE_FIRST = "[convolutional]\nfilters=2\nsize=1\nactivation=leaky\n"
 
 def case_cfg(flavour, inputs, seqs, steps, body):
     net = NET.format(inputs=inputs, batch=seqs, steps=steps)
-    if body.startswith(("[crnn]", "[conv_lstm]", "[history]", "[implicit]")):   # a 4x3x2 image; a 1x1 convolution first (see FORK_FIRST)
+    # a 4x3x2 image; a 1x1 convolution first (see FORK_FIRST)
+    if body.startswith(("[crnn]", "[conv_lstm]", "[history]", "[implicit]")):
         assert inputs == 24
         net = net.replace("inputs=24\n", "width=4\nheight=3\nchannels=2\n")
         return net + IMAGE_FIRST + body + HEAD.format(classes=6)
