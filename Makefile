@@ -35,15 +35,13 @@ demo: install
 	$(PYTHON) -m darknet_py.demo
 
 # A wheel in dist/ (pip install dist/darknet_cfg_runner-*.whl), checked to carry every
-# CUDA kernel and bundled cfg: the CUDA backend and the demo read them at run time.
+# CUDA kernel, its binary for sm_80/86/89/90 with their manifest (prebuilt.py: no nvcc
+# needed on those GPUs) and every bundled cfg: the CUDA backend and the demo read them.
 dist: install
-	rm -rf dist build
+	rm -rf dist build darknet_py/kernels_bin
+	$(PYTHON) -m darknet_py.backends.prebuilt
 	$(PYTHON) -m pip wheel -q --no-deps -w dist .
-	$(PYTHON) -c 'import glob, os, sys, zipfile; \
-	  names = set(zipfile.ZipFile(glob.glob("dist/*.whl")[0]).namelist()); \
-	  want = {f"darknet_py/{folder}/{os.path.basename(p)}" for folder, pattern in \
-	          (("kernels", "kernels/*.cu"), ("cfgs", "cfg/*.cfg")) for p in glob.glob(pattern)}; \
-	  sys.exit(f"the wheel lacks {sorted(want - names)}" if want - names else 0)'
+	$(PYTHON) -m darknet_py.backends.prebuilt --check-wheel dist/*.whl
 	@ls dist/*.whl
 
 gpu-test:
@@ -69,4 +67,4 @@ bench-cpu: install $(OPENCV4_VENV)/.installed
 	$(PYTHON) bench/cpu_vs_opencv.py --results bench/RESULTS.md
 
 clean:
-	rm -rf .installed build dist *.egg-info demo-run .pytest_cache
+	rm -rf .installed build dist *.egg-info demo-run .pytest_cache darknet_py/kernels_bin

@@ -3,7 +3,8 @@
 Random weights (timings do not depend on the values, but batch norm gets plausible
 statistics so nothing overflows), a random input batch, warm-up runs, then the median of
 timed runs through the backend's timer (CUDA events on the GPU, the wall clock on the
-CPU): a forward (inference, as predict() runs it), and with train=True a training step.
+CPU): a forward (inference, as predict() runs it: upload, layers, download) and those
+three parts on their own, and with train=True a training step.
 With layers=True every layer is also timed on its own (forward, and backward when
 training), each layer's run fed with the outputs of the full pass before it.
 """
@@ -84,6 +85,19 @@ def layer_seconds(net, train, warmup, repeats):
     return rows
 
 
+def forward_parts(net, x, warmup, repeats):
+    """The forward's parts, each timed on its own: the input's upload, the layers alone
+    (input already on the device, outputs left there) and the output's download."""
+    be = net.be
+    upload_s = median_seconds(be, lambda: net._stage(x, None, False), warmup, repeats)
+    layers_s = median_seconds(be, net.infer, warmup, repeats)
+    out = net.layers[net.output_index].output
+    download_s = median_seconds(be, lambda: net.layer_output(net.output_index), warmup, repeats)
+    return {"gpu_forward_ms": 1e3 * layers_s, "upload_ms": 1e3 * upload_s,
+            "upload_bytes": int(x.nbytes), "download_ms": 1e3 * download_s,
+            "download_bytes": int(out.size * out.itemsize)}
+
+
 def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     """The figures of one benchmark as a dict (see `darknet-py bench --help`)."""
     rng = np.random.default_rng(seed)
@@ -95,6 +109,13 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     forward_s = median_seconds(be, lambda: net.predict(x), warmup, repeats)
     result["forward_ms"] = 1e3 * forward_s
     result["forward_images_per_s"] = net.batch / forward_s
+    result.update(forward_parts(net, x, warmup, repeats))
+    if net.batch >= 32 and net.batch % 4 == 0:   # large batches: the copies behind the layers
+        batch = net.batch
+        in_parts_s = median_seconds(be, lambda: net.predict_in_parts(x, batch // 4), warmup,
+                                    repeats)
+        result["forward_in_parts_ms"] = 1e3 * in_parts_s
+        net.set_batch(batch)
     truth = None
     if train:
         truth = random_truth(net, rng)
@@ -123,7 +144,15 @@ def format_report(r):
     lines = [f"{r['cfg']}: batch {r['batch']}, {r['device']}, {r['bflops']:.3f} BFLOPs per "
              f"image; medians of {r['repeats']} runs after {r['warmup']} warm-up",
              f"forward:       {r['forward_ms']:10.2f} ms  {r['forward_images_per_s']:9.1f} "
-             f"images/s"]
+             f"images/s",
+             f"  layers only: {r['gpu_forward_ms']:10.2f} ms  (input on the device, output "
+             f"left there)",
+             f"  upload:      {r['upload_ms']:10.2f} ms  ({r['upload_bytes'] / 2**20:.1f} MiB in)",
+             f"  download:    {r['download_ms']:10.2f} ms  ({r['download_bytes'] / 2**20:.1f} "
+             f"MiB out)"]
+    if "forward_in_parts_ms" in r:
+        lines.append(f"  in 4 parts:  {r['forward_in_parts_ms']:10.2f} ms  (predict_in_parts: "
+                     f"the copies of one part behind the layers of another)")
     if "train_step_ms" in r:
         lines.append(f"training step: {r['train_step_ms']:10.2f} ms  "
                      f"{r['train_images_per_s']:9.1f} images/s")

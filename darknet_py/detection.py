@@ -33,7 +33,7 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     dets = []
     for layer in detector_layers(net):
         first = image * layer.outputs
-        output = net.be.to_host(layer.output)[first:first + layer.outputs]
+        output = net.be.to_host(layer.output[first:first + layer.outputs])   # that image alone
         tree = {"hier": hier} if layer.type == "region" else {}
         dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter,
                                  **tree)
@@ -43,10 +43,11 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
 
 
 def nms_kind(net):
-    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork, its last [yolo] (or
-    [Gaussian_yolo]) layer's nms_kind and beta_nms; Darknet's default NMS without one."""
-    yolo = [l for l in net.layers if l.type in ("yolo", "gaussian_yolo")]
-    return (yolo[-1].nms_kind, yolo[-1].beta_nms) if yolo else ("default", 0.6)
+    """(kind, beta) of the NMS a detector uses: as the AlexeyAB fork's test, map and valid
+    (net.layers[net.n - 1]), the network's last layer's nms_kind and beta_nms when it is a
+    [yolo] or [Gaussian_yolo] of the fork; Darknet's default NMS otherwise."""
+    last = net.layers[-1]
+    return getattr(last, "nms_kind", "default"), getattr(last, "beta_nms", 0.6)
 
 
 # ---- applications -----------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     _check_detector(net, thresh, nms)
     sized, img_w, img_h = _network_input(net, image)
     net.set_batch(1)
-    net.predict(sized[None])
+    net.infer(sized[None])   # the heads' outputs are read below, on their own
     dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
                              letter=letterboxes(net))
     return _found(net, dets, img_w, img_h, thresh, nms, darknet_order)
@@ -145,7 +146,7 @@ def detect_batch(net, images, thresh=0.5, hier=0.5, nms=0.45, batch=8):
     for start in range(0, len(images), max(1, int(batch))):
         inputs = [_network_input(net, image) for image in images[start:start + batch]]
         net.set_batch(len(inputs))
-        net.predict(np.stack([sized for sized, _, _ in inputs]))
+        net.infer(np.stack([sized for sized, _, _ in inputs]))   # heads read per image
         for index, (_, img_w, img_h) in enumerate(inputs):
             dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
                                      letter=letterboxes(net), image=index)
@@ -176,7 +177,7 @@ def classify(net, image, top=5):
     img = as_image(image, channels)
     sized = letterbox(img, netw, neth)
     net.set_batch(1)
-    net.predict(sized[None])
+    net.infer(sized[None])   # the output layer is read below
     layer = output_layer(net)
     pred = net.be.to_host(layer.output)[:layer.outputs].astype(np.float32)
     if net.hierarchy is not None:

@@ -63,7 +63,7 @@ class NetOptions:
     label_smooth_eps: float = 0.0   # the fork's classifier label smoothing
 
 
-def parse_net_options(s):
+def parse_net_options(s, darknet="original"):
     o = NetOptions()
     batch = s.get_int("batch", 1)
     o.learning_rate = s.get_float("learning_rate", 0.001)
@@ -78,8 +78,17 @@ def parse_net_options(s):
         raise s.error(f"batch={batch} is smaller than subdivisions={o.subdivisions}", "batch")
     o.batch = batch // o.subdivisions * o.time_steps
     o.random = s.get_int("random", 0)
+    # The fork's loss_scale multiplies the GPU build's gradients and divides its rate:
+    # in float32 they cancel, and its CPU build never reads it.
+    s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
+    if o.adam and darknet == "alexeyab":
+        for key, default in (("B1", .9), ("B2", .999), ("eps", .000001)):
+            s.get_float(key, default)
+        s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
+               "Adam; its GPU build's has)", "adam")
+        o.adam = 0
+    elif o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
         o.adam_error = s.error("the adam optimiser is not supported by darknet-py for "
                                "training (use SGD: remove adam=1)", "adam")
     o.height = s.get_int("height", 0)
@@ -193,7 +202,7 @@ class Network:
         self.path = os.fspath(path)
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
         self.darknet = check_flavour(darknet) or cfg_flavour(sections)
-        self.options = parse_net_options(sections[0])
+        self.options = parse_net_options(sections[0], self.darknet)
         sections[0].warn_unused()
         if batch is not None:
             self.options.batch = int(batch)
@@ -232,6 +241,7 @@ class Network:
         self.train = False
         self.cost = None
         self._prefetched = []     # [[(host array, backend array, upload), ...]]: prefetch()
+        self._net_input = None    # the input of the last forward, on the backend
         self._training_ready = False
         self._params_ready = False
         # Values a step reads from the backend, written before it (so that a step replayed
@@ -547,7 +557,8 @@ class Network:
         self.input = net_input
         self.delta = None
         for layer in self.layers:
-            if train and layer.delta is not None:
+            if train and layer.delta is not None and (layer.fork_train or
+                                                      layer.darknet != "alexeyab"):
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
@@ -589,7 +600,8 @@ class Network:
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
                           decay=self.options.decay, batch=self.images_per_iteration)
         for layer in self.layers:
-            layer.update(args)
+            if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
+                layer.update(args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that
@@ -644,15 +656,64 @@ class Network:
         """Inference on x float32 (N, C, H, W) in [0, 1]; returns the network's output: the
         last layer that is not a [cost] layer (Darknet's get_network_output_layer; a cost
         layer's output is its per-element error)."""
-        x = self._as_network_input(x)
-        net_input = self._stage(x, None, False)
+        self.infer(x)
+        return self.layer_output(self.output_index)
+
+    def predict_in_parts(self, x, part):
+        """predict(x) for many images, run `part` images at a time so that the copies hide
+        behind the layers: while the device runs one part, the next part's input is staged
+        and uploaded (prefetch, on the copy stream) and the previous part's output taken
+        (download_async). Returns what predict(x) returns; the network is left at batch
+        `part` (its layers' outputs hold the last part)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim == len(self.input_shape):
+            x = x[None]
+        if len(x) % part:
+            raise ValueError(f"{len(x)} images do not split into parts of {part}")
+        self.set_batch(part)
+        layer = self.layers[self.output_index]
+        output = layer.output[:part * layer.outputs]
+        result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
+        rows = result.reshape(len(x), -1)
+        parts = [x[start:start + part] for start in range(0, len(x), part)]
+        pending = None
+        self.prefetch(parts[0])
+        for k, images in enumerate(parts):
+            # Part k+1's upload waits for the work queued before it: queued before part k's
+            # layers (from the second part on), it runs beside them.
+            if k and k + 1 < len(parts):
+                self.prefetch(parts[k + 1])
+            self.infer(images)   # takes its prefetched upload
+            if k == 0 and len(parts) > 1:
+                self.prefetch(parts[1])
+            if pending is not None:
+                self.be.finish_download(pending)
+            pending = self.be.download_async(output, rows[k * part:(k + 1) * part])
+        self.be.finish_download(pending)
+        self.finish_prefetch()
+        return result.astype(self.be.dtype, copy=False)
+
+    def infer(self, x=None):
+        """Inference on x as predict runs it, every output left on the backend (read the
+        ones needed with layer_output): no copy back, no wait for the device. x=None runs
+        again on the input staged last (what `bench` times as the GPU-only forward)."""
+        if x is None:
+            net_input = self._net_input
+            if net_input is None:
+                raise NetworkError("infer() without an input: no input was staged before")
+        else:
+            net_input = self._stage(self._as_network_input(x), None, False)
         self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
                        lambda: self._forward_layers(net_input, False))
         self.collect_costs()
+
+    @property
+    def output_index(self):
+        """The index of the network's output layer: the last one that is not [cost]."""
         last = len(self.layers) - 1
         while last > 0 and self.layers[last].type == "cost":
             last -= 1
-        return self.layer_output(last)
+        return last
 
     def _as_network_input(self, x):
         """predict's input as float32 (N, C, H, W): a photo (a path, or an OpenCV (H, W, 3)

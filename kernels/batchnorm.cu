@@ -200,14 +200,15 @@ extern "C" __global__ void normalize_sqrt_eps_kernel(float* __restrict__ x, cons
 
 // delta = delta / sqrt(var + 1e-5) + variance_delta * 2 * (x - mean) / n + mean_delta / n,
 // n = batch * spatial; delta is first multiplied by scales[f] (rounded, as scale_bias
-// would) when scales is not null.
+// would) when scales is not null. fork: the AlexeyAB fork's CPU divisor sqrt(var) + 1e-5
+// in place of sqrt(var + 1e-5).
 extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, const float* __restrict__ mean,
                                                  const float* __restrict__ variance,
                                                  const float* __restrict__ mean_delta,
                                                  const float* __restrict__ variance_delta,
                                                  int rows, int filters, int spatial, float n,
                                                  const float* __restrict__ scales,
-                                                 float* __restrict__ delta, int fork_sd)
+                                                 float* __restrict__ delta, int fork)
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= spatial) return;
@@ -216,9 +217,8 @@ extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, c
         const long long i = (long long)r * spatial + s;
         const float xc = x[i] - mean[f];
         const float d = scales ? __fmul_rn(delta[i], scales[f]) : delta[i];
-        // The AlexeyAB fork's CPU divides by sqrt(var) + eps, the original by sqrt(var + eps).
-        const float sd = fork_sd ? sqrtf(variance[f]) + 1e-5f : sqrtf(variance[f] + 1e-5f);
-        delta[i] = d / sd
+        const float divisor = fork ? sqrtf(variance[f]) + 1e-5f : sqrtf(variance[f] + 1e-5f);
+        delta[i] = d / divisor
                  + variance_delta[f] * 2.0f * xc / n
                  + mean_delta[f] / n;
     }

@@ -30,7 +30,10 @@ def test_bench_reports_forward_training_and_every_layer(tmp_path):
     lines = r.out.splitlines()
     assert lines[0].startswith(f"{CFG}: batch 4, cpu,")
     assert lines[1].startswith("forward:") and "images/s" in lines[1]
-    assert lines[2].startswith("training step:")
+    assert lines[2].startswith("  layers only:") and lines[3].startswith("  upload:")
+    assert lines[4].startswith("  download:") and lines[5].startswith("training step:")
+    assert figures["upload_bytes"] == 4 * 24 * 24 * 4 and figures["download_bytes"] == 4 * 10 * 4
+    assert all(figures[k] > 0 for k in ("gpu_forward_ms", "upload_ms", "download_ms"))
     assert "peak device memory: not known (CPU)" in lines
     table = lines[lines.index("layer type            forward ms  share   backward ms  share") + 1:]
     assert len(table) == len(rows) + 1 and table[-1].startswith("total")

@@ -60,10 +60,7 @@ def check_case(path, tmp_path, device):
         for name, array in layer.params():
             part = slice(pos, pos + array.size)
             pos += array.size
-            if layer.index < compared or (net.darknet == "alexeyab" and
-                                          layer.type == "connected"):
-                # (The fork's update_network skips every [connected] layer: their `train`
-                # flag is never set; darknet-py's [connected] trains in both flavours.)
+            if layer.index < compared:
                 continue
             np.testing.assert_allclose(got[part], want[part], atol=TOL, rtol=TOL,
                                        err_msg=f"layer {layer.index} {name} after the update")

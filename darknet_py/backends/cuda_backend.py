@@ -8,8 +8,9 @@ that hand data to the host (to_host, sum, synchronize).
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
   * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
-  * The kernels/*.cu files are compiled by nvcc in parallel on a first start and their
-    cubins cached on disk (kernel_cache.py); later starts load them from there. Kernels
+  * The kernels/*.cu files come prebuilt in the wheel (prebuilt.py) for the common
+    architectures; otherwise nvcc compiles them in parallel on a first start and their
+    cubins are cached on disk (kernel_cache.py); later starts load them from there. Kernels
     are launched with prepared_async_call.
   * A failed launch raises CudaError naming the kernel and its grid/block. Errors
     that surface later (a kernel's illegal access shows at the next sync) name the
@@ -28,7 +29,8 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
-from . import DeviceOutOfMemory, GraphCaptureError, cuda_graph, kernel_cache
+from . import (DeviceOutOfMemory, GraphCaptureError, cuda_graph, cuda_transfer, kernel_cache,
+               prebuilt)
 
 from .. import activations
 from ..losses.detection import DETECTION_SCALARS
@@ -150,9 +152,7 @@ _KERNELS = {
 _LOSS_IMAGE_STATS = 5
 # Threads of the kernels that walk one image's truths in order (one thread an image).
 _IMAGE_THREADS = 64
-# nvcc options of a file beyond the default (part of its cubin's cache key). The yolo loss follows the NumPy reference's
-# float32 operation by operation (its thresholds pick branches), so nothing is fused.
-_KERNEL_OPTIONS = {"yolo_loss.cu": ["--fmad=false"]}
+_KERNEL_OPTIONS = kernel_cache.KERNEL_OPTIONS
 _YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
@@ -225,6 +225,8 @@ class _Device:
         atexit.register(self.close)
         self.stream = drv.Stream()
         self.pool = DeviceMemoryPool()
+        self.transfers = cuda_transfer.PinnedTransfers(self.stream)   # large copies
+        self.pinned = {}   # host address -> bytes: the ranges pin() page-locked
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.total_bytes = self.device.total_memory()
         self.peak_allocated_bytes = 0
@@ -235,13 +237,17 @@ class _Device:
             with open(os.path.join(KERNEL_DIR, filename)) as f:
                 sources[filename] = f.read()
         arch = "sm_%d%d" % self.device.compute_capability()
-        cubins = kernel_cache.cubins(sources, arch, _KERNEL_OPTIONS)
+        # The wheel's prebuilt binaries where they match; nvcc (cached) for the rest.
+        cubins, self.compiled = prebuilt.binaries(sources, arch, _KERNEL_OPTIONS,
+                                                  include_dir=KERNEL_DIR)
         for filename, entries in _KERNELS.items():
             try:
                 module = drv.module_from_buffer(cubins[filename])
             except drv.Error as e:
-                raise CudaError(f"the driver cannot load the cubin of {filename} for {arch} "
-                                f"(cached in {kernel_cache.cache_dir()}): {e}") from e
+                where = (kernel_cache.cache_dir() if filename in self.compiled
+                         else prebuilt.PREBUILT_DIR)
+                raise CudaError(f"the driver cannot load the binary of {filename} for {arch} "
+                                f"(from {where}): {e}") from e
             self.modules.append(module)
             for name, fmt in entries.items():
                 fn = module.get_function(name)
@@ -255,6 +261,7 @@ class _Device:
         try:
             self.stream.synchronize()
             self.pool.stop_holding()
+            self.transfers.close()   # page-locked buffers go while their context lives
         except drv.Error:
             pass
         self.context.pop()
@@ -360,6 +367,7 @@ class CudaBackend:
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
         self._copy_stream = None   # uploads' stream, made at the first upload_async
+        self._transfers = self._dev.transfers
         # While a graph is being captured: every array allocated (or scratch buffer
         # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.
         self._capture_keep = None
@@ -513,25 +521,84 @@ class CudaBackend:
     def from_host(self, host):
         h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
         a = self._new(h.size)
-        if h.size:
-            # Pageable source: the driver stages it before returning, so h may go.
-            drv.memcpy_htod_async(self._ptr(a), h, self.stream)
+        self._htod(a, h)
         return a
+
+    def _staged(self, nbytes, host=None, download=False):
+        """Whether a copy of nbytes (from or to host array `host`) goes through the
+        page-locked staging (cuda_transfer): not memory that pin() locked already, whose
+        copy is a DMA the host does not wait for."""
+        least = (cuda_transfer.MIN_STAGED_DOWNLOAD_BYTES if download
+                 else cuda_transfer.MIN_STAGED_BYTES)
+        if nbytes < least or self._capture_keep is not None:
+            return False
+        if host is not None and self._dev.pinned:
+            start = host.__array_interface__["data"][0]
+            return not any(first <= start and start + nbytes <= first + size
+                           for first, size in self._dev.pinned.items())
+        return True
+
+    def _htod(self, arr, h):
+        """Queue the copy of contiguous host array h into arr; h may go once this returns
+        (the driver stages a pageable source before returning, and so do the transfers)."""
+        if not h.size:
+            return
+        if self._staged(h.nbytes, h):
+            self._transfers.upload(self._ptr(arr), h)
+        else:
+            drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
 
     def to_host(self, arr):
         """A NumPy copy of `arr` (float32; int64 for an integer array)."""
         out = np.empty(arr.size, dtype=arr.dtype)
+        if arr.size and self._staged(out.nbytes, download=True):
+            try:
+                self._transfers.download(self._ptr(arr), out)
+            except drv.Error:
+                self._sync("to_host")   # names the error and the launches before it
+                raise
+        else:
+            if arr.size:
+                drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
+            self._sync("to_host")
+        return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
+
+    def download_async(self, arr, out):
+        """Start copying `arr` into host array `out` (contiguous, arr.size elements of
+        arr's dtype) after the work queued so far; finish_download(the returned handle)
+        returns once out holds the values. Work queued meanwhile may overwrite arr."""
+        if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"download_async: {out.size} {out.dtype} for an array of "
+                             f"{arr.size} {arr.dtype}")
+        if arr.size and self._capture_keep is None:
+            # Staged whatever its size (the driver's copy into pageable memory would wait
+            # for the work queued before it): a snapshot on the device (fast), then the
+            # DMAs on the copy stream, beside the work queued next instead of after it.
+            self._transfers.finish_in_flight()   # the snapshot buffer is free again
+            snapshot = self._ptr(self._scratch_buffer("download", out.nbytes))
+            drv.memcpy_dtod_async(snapshot, self._ptr(arr), out.nbytes, self.stream)
+            taken = drv.Event(drv.event_flags.DISABLE_TIMING)
+            taken.record(self.stream)
+            copy_stream = self._copy_stream_after(taken)
+            return self._transfers.start_download(snapshot, out, copy_stream)
         if arr.size:
             drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
-        self._sync("to_host")
-        return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
+        landed = drv.Event(drv.event_flags.DISABLE_TIMING)
+        landed.record(self.stream)
+        return landed
+
+    def finish_download(self, download):
+        try:
+            download.finish() if hasattr(download, "finish") else download.synchronize()
+        except drv.Error:
+            self._sync("a download")   # names the error and the launches before it
+            raise
 
     def write(self, arr, host):
         h = np.ascontiguousarray(np.asarray(host, dtype=arr.dtype).reshape(-1))
         if h.size != arr.size:
             raise ValueError(f"write: {h.size} values for an array of {arr.size}")
-        if h.size:
-            drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
+        self._htod(arr, h)
 
     # ---- asynchronous uploads ------------------------------------------------
     # A batch uploads on a copy stream of its own while the compute stream works on the
@@ -553,8 +620,10 @@ class CudaBackend:
         except cuda_graph.GraphError:
             return _unpin_nothing
         holder = [host]   # the memory must stay mapped while registered
+        self._dev.pinned[pointer] = host.nbytes   # its copies need no staging
 
         def unpin():
+            self._dev.pinned.pop(pointer, None)
             if holder:
                 try:
                     cuda_graph.unregister_host(pointer)
@@ -570,16 +639,23 @@ class CudaBackend:
         finish_upload(upload) returns."""
         h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
         dst = self._new(h.size)
-        if self._copy_stream is None:
-            self._copy_stream = drv.Stream()
         queued = drv.Event(drv.event_flags.DISABLE_TIMING)
         queued.record(self.stream)
-        self._copy_stream.wait_for_event(queued)
-        if h.size:
-            drv.memcpy_htod_async(self._ptr(dst), h, self._copy_stream)
+        copy_stream = self._copy_stream_after(queued)
+        if h.size and self._staged(h.nbytes, h):
+            self._transfers.upload(self._ptr(dst), h, copy_stream)
+        elif h.size:
+            drv.memcpy_htod_async(self._ptr(dst), h, copy_stream)
         landed = drv.Event(drv.event_flags.DISABLE_TIMING)
         landed.record(self._copy_stream)
         return dst, _Upload(landed, h)
+
+    def _copy_stream_after(self, event):
+        """The copies' stream (made at first use), its next work after `event`."""
+        if self._copy_stream is None:
+            self._copy_stream = drv.Stream()
+        self._copy_stream.wait_for_event(event)
+        return self._copy_stream
 
     def wait_upload(self, upload):
         """Ops queued from now on run after `upload` has landed (no wait on the host)."""
@@ -936,7 +1012,7 @@ class CudaBackend:
                              _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
 
     def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
-                         batch, filters, spatial, delta, fork=False):
+                         batch, filters, spatial, delta, fork):
         for what, arr, need in (("x", x, batch * filters * spatial), ("delta", delta, batch * filters * spatial),
                                 ("mean", mean, filters), ("variance", variance, filters),
                                 ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):

@@ -1,11 +1,13 @@
 """The kernels' cubins, compiled by nvcc and cached on disk by what they are built from.
 
-An entry's name is the SHA-256 of the source, the nvcc options and the GPU architecture;
-it holds a tag line, the SHA-256 of the cubin and the cubin. Entries are written to a
-temporary file and renamed into place, so a reader never sees half of one; an entry whose
-digest does not match its cubin (a damaged disk, a partial copy) is compiled again and
-replaced. Missing entries compile in parallel, one nvcc per file: a first start costs the
-slowest file, not the sum. Reading the cache needs no nvcc, and no PyCUDA (this module
+An entry's name is the SHA-256 of kernel_digest (the source, the nvcc options and every
+header the source includes) and the GPU architecture; the wheel's prebuilt kernels
+(prebuilt.py) are matched to their sources by the same kernel_digest. An entry holds a
+tag line, the SHA-256 of the cubin and the cubin. Entries are written to a temporary file
+and renamed into place, so a reader never sees half of one; an entry whose digest does
+not match its cubin (a damaged disk, a partial copy) is compiled again and replaced.
+Missing entries compile in parallel, one nvcc per file: a first start costs the slowest
+file, not the sum. Reading the cache needs no nvcc, and no PyCUDA (this module
 runs on the host alone).
 
 The cache lives in $DARKNET_KERNEL_CACHE, else $XDG_CACHE_HOME/darknet-py/kernels, else
@@ -14,11 +16,17 @@ The cache lives in $DARKNET_KERNEL_CACHE, else $XDG_CACHE_HOME/darknet-py/kernel
 import concurrent.futures
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 
 from . import BackendError
+
+# nvcc options of a kernel file beyond the default (part of its digest). The yolo loss
+# follows the NumPy reference's float32 operation by operation (its thresholds pick
+# branches), so nothing is fused.
+KERNEL_OPTIONS = {"yolo_loss.cu": ("--fmad=false",)}
 
 _TAG = b"darknet-py cubin v1\n"
 _DIGEST = 32
@@ -35,9 +43,44 @@ def cache_dir():
     return os.path.join(base, "darknet-py", "kernels")
 
 
-def entry_name(source, options, arch):
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def included_headers(source, include_dir):
+    """[(name, text)] of the headers `source` includes by quotes, and theirs, in the order
+    first met; a header not in include_dir is left to nvcc (which reports it)."""
+    found, queue = {}, [source]
+    while queue:
+        for name in _INCLUDE.findall(queue.pop(0)):
+            if name in found or include_dir is None:
+                continue
+            try:
+                with open(os.path.join(include_dir, name)) as f:
+                    found[name] = f.read()
+            except OSError:
+                continue
+            queue.append(found[name])
+    return list(found.items())
+
+
+def kernel_digest(source, options, include_dir=None):
+    """SHA-256 (hex) of what a kernel file's binary is built from, whatever the GPU: its
+    text, its nvcc options and the text of every header it includes from include_dir.
+    The cache's entry names and the prebuilt kernels' manifest both use it, so a binary
+    is never taken for a source it was not built from."""
     h = hashlib.sha256()
-    for part in (source, "\0".join(options), arch):
+    parts = [source, "\0".join(options)]
+    for name, text in included_headers(source, include_dir):
+        parts += [name, text]
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0\0")
+    return h.hexdigest()
+
+
+def entry_name(source, options, arch, include_dir=None):
+    h = hashlib.sha256()
+    for part in (kernel_digest(source, options, include_dir), arch):
         h.update(part.encode())
         h.update(b"\0\0")
     return h.hexdigest() + ".cubin"
@@ -78,40 +121,52 @@ def write_entry(path, cubin):
         return False
 
 
-def compile_cubin(name, source, options, arch, nvcc="nvcc"):
-    """Run nvcc on one kernel file's source; returns the cubin's bytes."""
+def require_nvcc(nvcc):
     if shutil.which(nvcc) is None:
         raise KernelCompileError(
             f"nvcc ({nvcc}) not found: the CUDA toolkit's compiler builds the kernels on a first "
             f"start (put its bin folder on PATH); later starts read {cache_dir()}")
+
+
+def run_nvcc(name, source, args, include_dir=None, nvcc="nvcc", what=""):
+    """nvcc on one kernel file's source with `args` (the output kind and architectures, the
+    options); returns the bytes it wrote."""
+    require_nvcc(nvcc)
     with tempfile.TemporaryDirectory(prefix="darknet-py-nvcc-") as work:
-        src, out = os.path.join(work, name), os.path.join(work, "kernel.cubin")
+        src, out = os.path.join(work, name), os.path.join(work, "kernel.bin")
         with open(src, "w") as f:
             f.write(source)
-        cmd = [nvcc, "--cubin", f"-arch={arch}", *options, "-o", out, src]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        includes = [f"-I{include_dir}"] if include_dir else []
+        done = subprocess.run([nvcc, *args, *includes, "-o", out, src],
+                              capture_output=True, text=True)
         if done.returncode != 0 or not os.path.exists(out):
-            raise KernelCompileError(f"nvcc failed on {name} for {arch} (exit {done.returncode}): "
+            raise KernelCompileError(f"nvcc failed on {name}{what} (exit {done.returncode}): "
                                      f"{(done.stderr or done.stdout).strip()}")
         with open(out, "rb") as f:
             return f.read()
 
 
-def cubins(sources, arch, options=None, nvcc="nvcc", directory=None):
+def compile_cubin(name, source, options, arch, nvcc="nvcc", include_dir=None):
+    """Run nvcc on one kernel file's source; returns the cubin's bytes."""
+    return run_nvcc(name, source, ["--cubin", f"-arch={arch}", *options], include_dir, nvcc,
+                    f" for {arch}")
+
+
+def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dir=None):
     """{file name: cubin} for {file name: source}, from the cache where it holds them;
     the others are compiled in parallel and stored. options: {file name: nvcc options}
-    for the files that have any."""
+    for the files that have any; include_dir: where their quoted #includes are."""
     directory = directory or cache_dir()
     options = {name: tuple((options or {}).get(name, ())) for name in sources}
-    paths = {name: os.path.join(directory, entry_name(src, options[name], arch))
+    paths = {name: os.path.join(directory, entry_name(src, options[name], arch, include_dir))
              for name, src in sources.items()}
     found = {name: read_entry(path) for name, path in paths.items()}
     missing = [name for name, cubin in found.items() if cubin is None]
     if missing:
         workers = min(len(missing), os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            built = pool.map(lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc),
-                             missing)
+            built = pool.map(lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc,
+                                                     include_dir), missing)
             for name, cubin in zip(missing, built):
                 found[name] = cubin
                 write_entry(paths[name], cubin)

@@ -54,6 +54,18 @@ class NumpyBackend:
         """A NumPy copy of `arr` (an integer array stays integer: int64)."""
         return np.array(arr, dtype=self.dtype if arr.dtype.kind == "f" else np.int64)
 
+    def download_async(self, arr, out):
+        """Start copying `arr` into host array `out` (contiguous, arr.size elements of
+        arr's dtype) after the work queued so far; finish_download(the returned handle)
+        returns once out holds the values. Here the copy is made at once."""
+        if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"download_async: {out.size} {out.dtype} for an array of "
+                             f"{arr.size} {arr.dtype}")
+        out.reshape(-1)[...] = arr.reshape(-1)
+
+    def finish_download(self, download):
+        """Return once the download_async `download` has filled its host array."""
+
     def write(self, arr, host):
         """Copy host data (any shape, arr.size elements) into an existing array (cast to
         the array's dtype: an int_zeros array stays integer)."""
@@ -310,21 +322,25 @@ class NumpyBackend:
 
     def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
                         batch, filters, spatial, delta, fork=False):
-        """fork: the AlexeyAB fork's CPU divides by sqrt(var) + 1e-5, not sqrt(var + 1e-5)."""
+        """delta / sqrt(var + 1e-5) + the mean and variance terms; fork: the AlexeyAB fork's
+        CPU divisor sqrt(var) + 1e-5 (its forward and other terms keep sqrt(var + 1e-5))."""
         shape = (1, filters, 1)
         n = batch * spatial
         xc = x.reshape(batch, filters, spatial) - mean[:filters].reshape(shape)
         d = delta.reshape(batch, filters, spatial)
-        sd = (np.sqrt(variance[:filters]) + self.dtype.type(1e-5) if fork
-              else np.sqrt(variance[:filters] + self.dtype.type(1e-5)))
-        d[...] = (d / sd.reshape(shape)
+        if fork:
+            divisor = (np.sqrt(variance[:filters]) + self.dtype.type(1e-5)).reshape(shape)
+        else:
+            divisor = np.sqrt(variance[:filters] + 1e-5).reshape(shape)
+        d[...] = (d / divisor
                   + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
                   + mean_delta[:filters].reshape(shape) / n)
 
     def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
                         variance_delta, delta, fork=False):
         """Batch norm's backward from its scaled output to its input, in place on delta:
-        delta *= scales, then mean_delta, variance_delta and normalize_delta."""
+        delta *= scales, then mean_delta, variance_delta and normalize_delta (fork: see
+        normalize_delta)."""
         self.scale_bias(delta, scales, batch, filters, spatial)
         self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
         self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)

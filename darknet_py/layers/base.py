@@ -38,6 +38,10 @@ class Layer:
     # False where forward or backward works on the host (reads the device, draws from the
     # host RNG): such a step cannot be recorded once as a graph and replayed.
     capturable = True
+    # The fork's l.train, which only its convolutional, batchnorm, maxpool (local_avgpool)
+    # and shortcut makers set: its CPU training clears only these layers' deltas before a
+    # pass (the others keep adding to theirs) and updates only these layers.
+    fork_train = False
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
         self.index = index

@@ -71,7 +71,7 @@ def bn_backward(layer, net, out_c, spatial, train_beta=True):
                           layer.bias_updates if train_beta else None, layer.scale_updates)
     be.batchnorm_delta(layer.x, mean, variance, layer.scales, batch, out_c, spatial,
                        layer.mean_delta, layer.variance_delta, delta,
-                       layer.darknet == "alexeyab")
+                       fork=layer.darknet == "alexeyab")
 
 
 def bn_params(layer):
@@ -82,6 +82,7 @@ def bn_params(layer):
 class BatchnormLayer(Layer):
     """[batchnorm]: a standalone normalisation with its own scales and biases."""
     type = "batchnorm"
+    fork_train = True
 
     def parse(self, section, ctx):
         self.out_c, self.out_h, self.out_w = self.c, self.h, self.w
@@ -111,9 +112,15 @@ class BatchnormLayer(Layer):
         bn_forward(self, net, self.out_c, self.out_h * self.out_w)
 
     def backward(self, net):
-        bn_backward(self, net, self.out_c, self.out_h * self.out_w)
+        fork = self.darknet == "alexeyab"
+        # The fork's backward_batchnorm_layer gives the biases no gradient and copies its
+        # delta over the previous layer's (what others left there is lost).
+        bn_backward(self, net, self.out_c, self.out_h * self.out_w, train_beta=not fork)
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+            if fork:
+                net.be.copy(self.delta, net.delta[:self.batch * self.inputs])
+            else:
+                net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)

@@ -26,6 +26,7 @@ class ConvLstmLayer(RecurrentLayer):
     type = "conv_lstm"
     short = "convlstm"
     frozen_flavours = ()
+    fork_train = True   # the fork's make_conv_lstm_layer sets l.train
 
     def parse(self, s, ctx):
         if self.darknet != "alexeyab":
@@ -61,8 +62,6 @@ class ConvLstmLayer(RecurrentLayer):
             raise s.error(f"the state ({uo.out_w}x{uo.out_h}x{output}) must keep the input's "
                           f"{self.w}x{self.h} size through the convolutions: use stride=1 and "
                           f"pad=1", "stride")
-        for inner in self.inner:
-            inner.layer.overwrites_input_delta = True   # the fork's col2im
         self.out_c, self.out_h, self.out_w = output, uo.out_h, uo.out_w
         self.outputs = self.hidden = uo.outputs
 
@@ -127,6 +126,7 @@ class ConvLstmLayer(RecurrentLayer):
         be, g = net.be, self.gates
         if net.train:
             self.zero_inner_deltas(be)
+            be.fill(self.delta, 0.0)   # as its C forward (the fork's network does not)
         n_in = self.step_batch * self.inputs
         for t in range(self.steps):
             x = net.input[t * n_in:(t + 1) * n_in]

@@ -24,6 +24,7 @@ WORKSPACE_CAP_FLOATS = 1 << 27
 
 class ConvolutionalLayer(Layer):
     type = "convolutional"
+    fork_train = True
     short = "conv"
 
     def parse(self, s, ctx):
@@ -37,6 +38,9 @@ class ConvolutionalLayer(Layer):
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
         self.share = None   # the fork's share_index: the layer whose parameters this one uses
+        # The fork's CPU col2im clears the image before folding into it: the deltas later
+        # layers (a route, a shortcut) left for this convolution's input are lost.
+        self.clears_input_delta = self.darknet == "alexeyab"
         if self.darknet == "alexeyab":
             self._fork_stride_and_dilation(s, pad)
             if s.has("share_index"):
@@ -288,24 +292,18 @@ class ConvolutionalLayer(Layer):
         if not fused:
             self.activate_output(be)
 
-    # The fork's col2im_cpu_ext (and its GPU col2im) zero the image before adding to it:
-    # its convolution's backward replaces the previous layer's delta rather than adding to
-    # it. Set by the recurrent layers built on the fork's convolutions, where that decides
-    # the numbers (the step-to-step delta of its [crnn] is lost).
-    overwrites_input_delta = False
-
     def backward(self, net):
         be = net.be
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
-        if self.overwrites_input_delta and net.delta is not None:
-            be.fill(net.delta[:self.batch * self.inputs], 0.0)
         self.activation_gradient(be)
         if self.batch_normalize:
             # The fork's CPU backward leaves a convolution's BN beta untrained.
             bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
+        if net.delta is not None and self.clears_input_delta:
+            be.fill(net.delta[:self.batch * self.inputs], 0.0)
         for b0, count, col, delta_out in self._chunks(be, net):
             for g in range(self.groups):
                 self._move(be, delta_out, self.delta, b0, count, g, to_batched=False)

@@ -7,8 +7,9 @@ swapped (its parser passes them in the wrong order); its options are hidden_filt
 output_filters. The fork names them hidden and output and takes size, stride, dilation,
 pad/padding and groups for all three convolutions; it trains [crnn] (unlike its [rnn]), while
 the original never does (its inner convolutions' learning-rate scale is 0). The fork's
-convolution backward replaces the delta it writes instead of adding to it, so its [crnn]
-drops the delta a step's state gets from the next step (only the output's reaches it).
+convolution backward replaces the delta it writes instead of adding to it
+(ConvolutionalLayer.clears_input_delta), so its [crnn] drops the delta a step's state gets
+from the next step (only the output's reaches it).
 """
 from .base import parse_activation, refuse_options
 from .recurrent import inner_section
@@ -19,6 +20,7 @@ class CrnnLayer(RnnLayer):
     type = "crnn"
     short = "crnn"
     frozen_flavours = ("original",)
+    fork_train = True   # the fork's make_crnn_layer sets l.train
 
     def parse(self, s, ctx):
         self.read_steps(s, ctx)
@@ -58,8 +60,6 @@ class CrnnLayer(RnnLayer):
         if self.inner[1].layer.outputs != state.outputs:
             raise s.error(f"the state ({state.out_w}x{state.out_h}x{hidden}) must keep its "
                           f"size through the self convolution: use stride=1 and pad=1", "stride")
-        for inner in self.inner:
-            inner.layer.overwrites_input_delta = self.darknet == "alexeyab"
         self.hidden = state.outputs   # floats of state per image
         last = self.inner[2].layer
         self.out_c, self.out_h, self.out_w = last.out_c, last.out_h, last.out_w

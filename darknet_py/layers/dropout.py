@@ -12,6 +12,9 @@ from .base import Layer
 class DropoutLayer(Layer):
     type = "dropout"
     short = "dropout"
+    # In the fork this delta is the previous layer's buffer, cleared before each pass with
+    # it (see Layer.fork_train).
+    fork_train = True
 
     def parse(self, s, ctx):
         self.probability = s.get_float("probability", 0.5)

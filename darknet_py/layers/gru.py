@@ -96,7 +96,8 @@ class GruLayer(RecurrentLayer):
     def forward(self, net):
         be, g = net.be, self.gates
         self.zero_inner_deltas(be)
-        if net.train:
+        if net.train:   # its C forward clears its delta (the fork's network does not)
+            be.fill(self.delta, 0.0)
             be.copy(self.state, self.prev_state)
         n_in = self.step_batch * self.inputs
         for t in range(self.steps):

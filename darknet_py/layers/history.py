@@ -15,6 +15,7 @@ from .base import Layer
 class HistoryLayer(Layer):
     type = "history"
     short = "history"
+    fork_train = True   # the fork's make_history_layer sets l.train
 
     def parse(self, s, ctx):
         if self.darknet != "alexeyab":

@@ -85,6 +85,8 @@ class LstmLayer(RecurrentLayer):
     def forward(self, net):
         be, g = net.be, self.gates
         self.zero_inner_deltas(be)
+        if net.train:   # its C forward clears its delta (the fork's network does not)
+            be.fill(self.delta, 0.0)
         n_in = self.step_batch * self.inputs
         for t in range(self.steps):
             x = net.input[t * n_in:(t + 1) * n_in]

@@ -9,6 +9,7 @@ from .base import Layer
 
 class MaxpoolLayer(Layer):
     type = "maxpool"
+    fork_train = True
     short = "max"
     reads_depth = True   # [local_avgpool] shares the window options, not maxpool_depth
 

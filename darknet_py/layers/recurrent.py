@@ -66,10 +66,11 @@ class RecurrentLayer(Layer):
     """Shared plumbing: `self.inner` lists the Inner layers in the weights file's order."""
     image_shaped = True
     # The Darknets whose update never moves this layer's weights. The fork's update_network
-    # skips layers whose `train` flag is unset, and only its convolution-based layers
-    # ([crnn], [conv_lstm]) set it: its [rnn], [gru] and [lstm] keep their weights however
-    # long they train (CPU and GPU alike). The original's [crnn] convolutions have a
-    # learning-rate scale of 0 (only its parser sets the scale, for top-level layers).
+    # skips layers whose `train` flag is unset (Layer.fork_train; the network skips them),
+    # and only its convolution-based layers ([crnn], [conv_lstm]) set it: its [rnn], [gru]
+    # and [lstm] keep their weights however long they train (CPU and GPU alike). The
+    # original's [crnn] convolutions have a learning-rate scale of 0 (only its parser sets
+    # the scale, for top-level layers).
     frozen_flavours = ("alexeyab",)
 
     @property

@@ -22,6 +22,7 @@ WEIGHTS_NORMALIZATIONS = ("none", "relu", "softmax")
 
 class ShortcutLayer(Layer):
     type = "shortcut"
+    fork_train = True
     short = "res"  # Darknet's layer table prints residual links as "res"
 
     def parse(self, s, ctx):

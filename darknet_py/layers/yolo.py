@@ -104,6 +104,11 @@ class YoloLayer(Layer):
         self.label_smooth_eps = s.get_float("label_smooth_eps", 0.0)
         self.objectness_smooth = s.get_int("objectness_smooth", 0)
         self.resize = s.get_float("resize", 1.0)
+        # show_details=0: the fork's cost is the plain Σ delta² (as with iou_loss=mse).
+        self.show_details = s.get_int("show_details", 1)
+        if s.get_float("delta_normalizer", 1.0) != 1.0:
+            s.warn("has no effect: darknet-py trains as the fork's CPU build, which ignores it "
+                   "(its GPU build scales the [yolo] gradient by it)", "delta_normalizer")
         counters = s.get_int_list("counters_per_class", None)
         self.class_multipliers = None
         if counters is not None:
@@ -175,7 +180,8 @@ class YoloLayer(Layer):
 
     def collect(self, values):
         """The cost and statistics the backend's yolo_loss left in scalars."""
-        self.cost = float(values[0])
+        plain = self.fork and not getattr(self, "show_details", 1)
+        self.cost = float(values[SCALARS.index("loss")] if plain else values[0])
         self.stats = loss_stats(self.loss_spec, values)
         keep_report(self, self.stats_report())
 

@@ -1,0 +1,190 @@
+"""Kernels that need no compiler: the wheel carries every kernels/*.cu file built for the
+GPU architectures in ARCHS (one fatbin per file, SASS for each), and a manifest that ties
+each binary to what it was built from (kernel_cache.kernel_digest: the source, its nvcc
+options and its headers).
+
+At start the CUDA backend takes a file's binary from here when the manifest lists the
+device's architecture and the file's digest matches its source as installed; otherwise
+(an architecture the wheel lacks, a kernel edited after the build, a damaged binary) it
+compiles that file with nvcc into the kernel cache, as without a wheel. A binary that
+does not match its source is never loaded.
+
+    python -m darknet_py.backends.prebuilt [--out DIR] [--arch sm_90 ...]
+
+builds them (`make dist` does, before packing the wheel). Host-only: no PyCUDA here.
+"""
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import zipfile
+
+from . import kernel_cache
+
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNEL_DIR = os.path.join(PACKAGE_DIR, "kernels")
+PREBUILT_DIR = os.path.join(PACKAGE_DIR, "kernels_bin")
+MANIFEST = "manifest.json"
+_FORMAT = 1
+
+
+def _sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def kernel_sources(kernel_dir=KERNEL_DIR):
+    """{file name: source} of every kernel file."""
+    sources = {}
+    for name in sorted(os.listdir(kernel_dir)):
+        if name.endswith(".cu"):
+            with open(os.path.join(kernel_dir, name)) as f:
+                sources[name] = f.read()
+    return sources
+
+
+def build(out_dir=PREBUILT_DIR, kernel_dir=KERNEL_DIR, archs=ARCHS, options=None,
+          nvcc="nvcc", sources=None):
+    """Compile every kernel file for `archs` into out_dir (one fatbin each, nvcc runs in
+    parallel) and write the manifest last, so an interrupted build leaves none."""
+    sources = kernel_sources(kernel_dir) if sources is None else sources
+    options = kernel_cache.KERNEL_OPTIONS if options is None else options
+    kernel_cache.require_nvcc(nvcc)
+    os.makedirs(out_dir, exist_ok=True)
+    stale = os.path.join(out_dir, MANIFEST)
+    if os.path.exists(stale):
+        os.unlink(stale)
+    gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
+
+    def one(name):
+        opts = tuple(options.get(name, ()))
+        binary = kernel_cache.run_nvcc(name, sources[name], ["--fatbin", *gencode, *opts],
+                                       kernel_dir, nvcc, f" for {', '.join(archs)}")
+        out = name[:-3] + ".fatbin"
+        with open(os.path.join(out_dir, out), "wb") as f:
+            f.write(binary)
+        return name, {"digest": kernel_cache.kernel_digest(sources[name], opts, kernel_dir),
+                      "binary": out, "sha256": _sha256(binary)}
+
+    workers = min(len(sources), os.cpu_count() or 1) or 1
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        kernels = dict(pool.map(one, sorted(sources)))
+    manifest = {"format": _FORMAT, "archs": list(archs), "kernels": kernels}
+    with open(os.path.join(out_dir, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    return manifest
+
+
+def read_manifest(directory=PREBUILT_DIR):
+    """The manifest, or None where there is none (a source checkout) or it is unreadable."""
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        return None
+    return manifest
+
+
+def prebuilt_binary(manifest, name, source, options, arch, directory=PREBUILT_DIR,
+                    include_dir=KERNEL_DIR):
+    """(binary, None) for a file the manifest covers for `arch` with a matching digest,
+    else (None, why: 'none', 'arch', 'stale' or 'damaged')."""
+    entry = (manifest or {}).get("kernels", {}).get(name)
+    if entry is None:
+        return None, "none"
+    if arch not in manifest.get("archs", ()):
+        return None, "arch"
+    if entry.get("digest") != kernel_cache.kernel_digest(source, tuple(options), include_dir):
+        return None, "stale"
+    try:
+        with open(os.path.join(directory, os.path.basename(entry["binary"])), "rb") as f:
+            binary = f.read()
+    except (OSError, KeyError, TypeError):
+        return None, "damaged"
+    if _sha256(binary) != entry.get("sha256"):
+        return None, "damaged"
+    return binary, None
+
+
+def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dir=KERNEL_DIR,
+             nvcc="nvcc", cache_directory=None, warn=True):
+    """({file name: binary to load}, [files compiled]): the prebuilt binary of each file
+    where it is valid for `arch`, the kernel cache (nvcc where it holds none) for the rest.
+    A stale or damaged prebuilt file is reported on stderr once (warn)."""
+    options = kernel_cache.KERNEL_OPTIONS if options is None else options
+    manifest = read_manifest(directory)
+    found, rest, bad = {}, {}, []
+    for name, source in sources.items():
+        binary, why = prebuilt_binary(manifest, name, source, options.get(name, ()), arch,
+                                      directory, include_dir)
+        if binary is not None:
+            found[name] = binary
+        else:
+            rest[name] = source
+            if why in ("stale", "damaged"):
+                bad.append(f"{name} ({why})")
+    if bad and warn:
+        print(f"darknet-py: prebuilt kernels in {directory} do not match their sources: "
+              f"{', '.join(bad)}; compiling them with nvcc", file=sys.stderr)
+    if rest:
+        found.update(kernel_cache.cubins(rest, arch, options, nvcc, cache_directory,
+                                         include_dir))
+    return found, sorted(rest)
+
+
+def check_wheel(wheel):
+    """What a built wheel lacks or gets wrong, as lines (none when it is whole): every
+    kernel source and bundled cfg of this checkout, and a binary for every architecture in
+    ARCHS that matches the wheel's own kernel source by digest."""
+    with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as root:
+        names = set(z.namelist())
+        want = {f"darknet_py/{folder}/{name}" for folder in ("kernels", "cfgs")
+                for name in os.listdir(os.path.join(PACKAGE_DIR, folder))
+                if name.endswith((".cu", ".cuh", ".cfg"))}
+        problems = [f"the wheel lacks {name}" for name in sorted(want - names)]
+        z.extractall(root)
+        kernels = os.path.join(root, "darknet_py", "kernels")
+        binaries_dir = os.path.join(root, "darknet_py", "kernels_bin")
+        manifest = read_manifest(binaries_dir)
+        if manifest is None:
+            return problems + [f"the wheel lacks darknet_py/kernels_bin/{MANIFEST}"]
+        for name, source in kernel_sources(kernels).items():
+            opts = kernel_cache.KERNEL_OPTIONS.get(name, ())
+            for arch in ARCHS:
+                why = prebuilt_binary(manifest, name, source, opts, arch, binaries_dir,
+                                      kernels)[1]
+                if why is not None:
+                    problems.append(f"{name} for {arch}: prebuilt binary {why}")
+    return problems
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m darknet_py.backends.prebuilt",
+                                 description="Build every kernel for the wheel (make dist).")
+    ap.add_argument("--out", default=PREBUILT_DIR)
+    ap.add_argument("--arch", action="append", help=f"repeatable; default {' '.join(ARCHS)}")
+    ap.add_argument("--nvcc", default="nvcc")
+    ap.add_argument("--check-wheel", metavar="WHEEL", help="check a built wheel instead")
+    args = ap.parse_args(argv)
+    if args.check_wheel:
+        problems = check_wheel(args.check_wheel)
+        if problems:
+            sys.exit("\n".join(f"{args.check_wheel}: {p}" for p in problems))
+        print(f"{args.check_wheel}: every kernel prebuilt for {' '.join(ARCHS)}, "
+              f"matching its source")
+        return
+    try:
+        manifest = build(args.out, archs=tuple(args.arch or ARCHS), nvcc=args.nvcc)
+    except kernel_cache.KernelCompileError as e:
+        sys.exit(f"darknet-py: {e}")
+    print(f"{len(manifest['kernels'])} kernel files built for {' '.join(manifest['archs'])} "
+          f"into {args.out}")
+
+
+if __name__ == "__main__":
+    main()

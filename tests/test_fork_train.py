@@ -1,0 +1,93 @@
+"""The AlexeyAB fork's training step against its own C code (CPU build, 59596d78): the
+fixtures in tests/fixtures/fork_train were dumped by tests/fork_harness (a harness linked
+against the fork's objects, see make_fixtures.py for the cases). Each runs a few iterations
+of train_network from the fork's own random start and compares the losses, the learning
+rates, every parameter after the last update, and the outputs and deltas of the [yolo]
+layers (and of small layers) of the last pass. The gpu test runs the same on CUDA."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from darknet_py.backends import cuda_available
+from darknet_py.network import load_network
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "fork_train"
+CASES = sorted(p.stem for p in FIXTURES.glob("*.npz"))
+
+
+def rel_err(got, want):
+    return float(np.abs(got - want).max() / max(1e-6, float(np.abs(want).max())))
+
+
+def train_like_the_fixture(name, tmp_path, device):
+    ref = np.load(FIXTURES / f"{name}.npz")
+    (tmp_path / "net.cfg").write_text(str(ref["cfg"]))
+    (tmp_path / "init.weights").write_bytes(ref["init_weights"].tobytes())
+    net = load_network(tmp_path / "net.cfg", tmp_path / "init.weights", device=device,
+                       darknet="alexeyab")
+    x = (ref["pixels"].astype(np.float32) / np.float32(255)).astype(np.float32)
+    losses, rates = [], []
+    for _ in range(int(ref["iterations"])):
+        losses.append(net.train_iteration(x, ref["truth"]))
+        rates.append(net.last_rate)
+    return net, ref, losses, rates
+
+
+def check_against_fork(net, ref, losses, rates):
+    np.testing.assert_allclose(losses, ref["losses"], rtol=1e-5)
+    np.testing.assert_allclose(rates, ref["rates"], rtol=1e-6)
+    checked = 0
+    for i, layer in enumerate(net.layers):
+        for name, arr in layer.params():
+            key = f"layer_{i}_{name}"
+            if key in ref.files:
+                got = net.be.to_host(arr).reshape(-1)
+                assert np.abs(got - ref[key]).max() < 1e-5, (key, np.abs(got - ref[key]).max())
+                checked += 1
+        for kind, get in (("output", net.layer_output), ("delta", net.layer_delta)):
+            key = f"layer_{i}_{kind}"
+            if key in ref.files:
+                assert rel_err(get(i).reshape(-1), ref[key]) < 1e-4, key
+                checked += 1
+        if f"layer_{i}_cost" in ref.files:
+            assert layer.cost == pytest.approx(float(ref[f"layer_{i}_cost"][0]), rel=1e-5)
+    assert checked > 10
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_training_iterations_match_the_fork(name, tmp_path):
+    check_against_fork(*train_like_the_fixture(name, tmp_path, "cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")
+@pytest.mark.parametrize("name", CASES)
+def test_training_iterations_match_the_fork_on_cuda(name, tmp_path):
+    check_against_fork(*train_like_the_fixture(name, tmp_path, "cuda"))
+
+
+def test_fixtures_cover_the_fork_training_options():
+    cfgs = "\n".join(str(np.load(FIXTURES / f"{name}.npz")["cfg"]) for name in CASES)
+    for option in ("iou_loss=mse", "iou_loss=iou", "iou_loss=giou", "iou_loss=diou",
+                   "iou_loss=ciou", "iou_normalizer", "cls_normalizer", "obj_normalizer",
+                   "delta_normalizer", "max_delta", "scale_x_y", "new_coords=1",
+                   "label_smooth_eps", "objectness_smooth", "iou_thresh", "loss_scale",
+                   "policy=sgdr", "power=", "burn_in", "subdivisions=2", "mosaic=0"):
+        assert option in cfgs, option
+    assert all((FIXTURES / f"{name}.npz").stat().st_size < 1 << 20 for name in CASES)
+
+
+def test_adam_is_refused_by_the_original_and_trains_with_sgd_in_the_fork(tmp_path):
+    from darknet_py.cfg import CfgError, parse_cfg_text
+    from darknet_py.network import Network
+    body = ("[net]\nwidth=8\nheight=8\nchannels=3\nadam=1\n"
+            "[convolutional]\nfilters=2\nsize=1\nactivation=linear\n")
+    # The original builds it (its stock gru.cfg has adam=1; inference needs no optimiser)
+    # and refuses to train it.
+    original = Network(parse_cfg_text(body), darknet="original")
+    with pytest.raises(CfgError, match="adam"):
+        original.train_iteration(np.zeros((1, 3, 8, 8), np.float32), np.zeros((1, 1)))
+    with pytest.warns(UserWarning, match="adam: trains with SGD and momentum"):
+        net = Network(parse_cfg_text(body), darknet="alexeyab")
+    assert net.options.adam == 0
