@@ -437,7 +437,7 @@ class Network:
             with warnings.catch_warnings():  # the cfg's warnings were shown at load time
                 warnings.simplefilter("ignore")
                 layers = self._build([layer.section for layer in old])
-            for new, prev in zip(layers, old):
+            for new, prev in _layer_pairs(layers, old):
                 if (prev.type in ("connected", "local")
                         and (new.inputs, new.outputs) != (prev.inputs, prev.outputs)):
                     raise NetworkError(f"cannot resize this network to {width}x{height}: layer "
@@ -447,7 +447,7 @@ class Network:
             raise
         self.layers = layers
         self._allocate(self.batch, self.train_buffers)
-        for new, prev in zip(layers, old):
+        for new, prev in _layer_pairs(layers, old):
             own = set(vars(new))  # made by parsing and allocation: belongs to the new size
             for name, value in vars(prev).items():
                 if name not in own:
@@ -837,6 +837,14 @@ class Network:
     def save_weights(self, path, cutoff=None):
         from .weights import save_weights
         save_weights(self, path, cutoff)
+
+
+def _layer_pairs(layers, old):
+    """(new, old) for each layer and, in a recurrent one, each of its inner layers."""
+    for new, prev in zip(layers, old):
+        yield new, prev
+        inner = [(n, p) for n, p in zip(new.param_owners(), prev.param_owners()) if n is not new]
+        yield from inner
 
 
 def host_memory_bytes():

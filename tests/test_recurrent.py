@@ -168,3 +168,20 @@ def test_transposed_weights_files_transpose_the_inner_connected_layers(tmp_path)
     again.load_weights(str(path))
     for (_, a), (_, b) in zip(net.layers[1].params(), again.layers[1].params()):
         assert np.array_equal(a, b)
+
+
+def test_resize_keeps_the_inner_layers_parameters():
+    """A [crnn] in a multi-scale (random=1) network keeps its convolutions' weights across
+    resize; a [rnn] after a size-dependent input cannot be resized."""
+    from darknet_py.cfg import parse_cfg_text
+    from darknet_py.network import Network, NetworkError
+    net = Network(parse_cfg_text("[net]\nwidth=4\nheight=4\nchannels=2\nbatch=1\ntime_steps=2\n"
+                                 "[crnn]\nhidden_filters=2\noutput_filters=3\n"))
+    before = [i.layer.weights for i in net.layers[0].inner]
+    net.resize(6, 6)
+    assert all(i.layer.weights is w for i, w in zip(net.layers[0].inner, before))
+    assert net.predict(np.ones((2, 2, 6, 6), np.float32)).shape == (2, 3, 6, 6)
+    rnn = Network(parse_cfg_text("[net]\nwidth=4\nheight=4\nchannels=1\nbatch=1\n"
+                                 "[rnn]\noutput=3\n"))
+    with pytest.raises(NetworkError, match="weights sized by its input"):
+        rnn.resize(6, 6)
