@@ -32,13 +32,14 @@ SECTION_ALIASES = {
     "activation": "activation", "logistic": "logistic", "l2norm": "l2norm",
     "lrn": "normalization", "normalization": "normalization",
     "deconv": "deconvolutional", "deconvolutional": "deconvolutional",
+    "rnn": "rnn", "gru": "gru", "lstm": "lstm", "crnn": "crnn", "conv_lstm": "conv_lstm",
+    "history": "history", "implicit": "implicit",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
-    "crnn", "gru",
-    "lstm", "rnn", "reorg_old",
-    # the AlexeyAB fork's recurrent, contrastive and implicit-knowledge layers
-    "conv_lstm", "history", "contrastive", "implicit", "implicit_add", "implicit_mul",
+    "reorg_old",
+    # the AlexeyAB fork's contrastive layer, and implicit layers of its later versions
+    "contrastive", "implicit_add", "implicit_mul",
 }
 
 # What C's atof reads at the start of a value (atoi reads a prefix of it): a decimal number

@@ -876,3 +876,61 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+# ---- rnn: Darknet's character models (implemented in rnn_text.py) ---------------------------
+@cli.group("rnn")
+def rnn_group():
+    """Train and sample character models as Darknet's `rnn train` / `rnn generate` do."""
+
+
+@rnn_group.command("train")
+@click.argument("cfg")
+@click.argument("text")
+@click.option("--weights", default=None, help="Start from these weights (resumes at their "
+              "iteration).")
+@click.option("--clear", is_flag=True, help="Start the iteration count at 0 (with --weights).")
+@click.option("--backup", "backup_dir", default="backup", show_default=True,
+              help="Directory for <cfg>.backup (every 100 iterations), <cfg>_<N>.weights "
+                   "(every 10000) and <cfg>_final.weights.")
+@click.option("--max-batches", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Stop after N iterations [default: the cfg's max_batches].")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the initial weights and the streams' offsets.")
+@overwrite_option
+@device_options
+@darknet_option
+def rnn_train_command(cfg, text, weights, clear, backup_dir, max_batches, seed, overwrite,
+                      device, darknet):
+    """Train the character network CFG on the bytes of TEXT (one line per iteration)."""
+    from .rnn_text import train_text
+    try:
+        train_text(cfg, text, weights=weights, backup_dir=backup_dir, max_batches=max_batches,
+                   seed=seed, clear=clear, device=device, darknet=darknet,
+                   overwrite=overwrite, log=lambda line: click.echo(line, err=True))
+    except KeyboardInterrupt:
+        sys.exit(130)   # <cfg>.backup is saved and the resume command printed
+
+
+@rnn_group.command("generate")
+@click.argument("cfg")
+@click.argument("weights")
+@click.option("--seed-text", default="\n\n", show_default=True,
+              help="Text fed first (backslash escapes such as \\n are read).")
+@click.option("--length", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Bytes to generate after the seed text.")
+@click.option("--temp", type=float, default=0.7, show_default=True,
+              help="Softmax temperature: lower is more conservative.")
+@click.option("--srand", type=int, default=None, help="Seed of the sampling [default: the "
+              "clock, as Darknet].")
+@device_options
+@darknet_option
+def rnn_generate_command(cfg, weights, seed_text, length, temp, srand, device, darknet):
+    """Write the seed text and LENGTH bytes drawn from the network to stdout."""
+    from .rnn_text import generate_text
+    seed = seed_text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    out = sys.stdout.buffer
+    generate_text(cfg, weights, seed.encode("utf-8"), length, temp, srand, device, darknet,
+                  write=lambda b: (out.write(b), out.flush()))
+    out.write(b"\n")
+

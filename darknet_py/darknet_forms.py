@@ -133,6 +133,45 @@ def _classifier(sub, rest):
     return ["test", cfg, weights] + more + ["--data", data] + opts, dropped
 
 
+# Darknet's `rnn` flags (examples/rnn.c) -> ours; -file is the training text.
+RNN_FLAGS = {"-file": "TEXT", "-seed": "--seed-text", "-len": "--length", "-temp": "--temp",
+             "-srand": "--srand", "-clear": "--clear"}
+RNN_DEFAULT_TEXT = "data/shakespeare.txt"   # Darknet's -file default
+
+
+def _rnn(rest):
+    """`rnn train CFG [WEIGHTS] -file TEXT` and `rnn generate CFG WEIGHTS -len N -seed S
+    -temp T -srand R` (Darknet's forms) in ours."""
+    sub, args = rest[0], rest[1:]
+    positionals, options, text, i = [], [], RNN_DEFAULT_TEXT, 0
+    while i < len(args):
+        arg = args[i]
+        if arg in RNN_FLAGS and arg != "-clear":
+            if i + 1 >= len(args):
+                raise DarknetFormError(f"{arg} needs a value")
+            if arg == "-file":
+                text = args[i + 1]
+            else:
+                options += [RNN_FLAGS[arg], args[i + 1]]
+            i += 2
+            continue
+        if not arg.startswith("-"):
+            positionals.append(arg)
+        else:
+            options.append(RNN_FLAGS.get(arg, arg))
+            # An option of ours with its value: keep the pair together.
+            if (arg != "-clear" and i + 1 < len(args) and not args[i + 1].startswith("-")
+                    and "=" not in arg and arg not in FLAG_OPTIONS):
+                options.append(args[i + 1])
+                i += 1
+        i += 1
+    if sub == "train":
+        _need(positionals, 1, "rnn train CFG [WEIGHTS] -file TEXT")
+        weights = ["--weights", positionals[1]] if len(positionals) > 1 else []
+        return ["rnn", "train", positionals[0], text] + weights + positionals[2:] + options, []
+    return ["rnn", sub] + positionals + options, []
+
+
 def _fork_flags_only(args):
     """Our own command with the fork's flag spellings: map the flags, keep the order."""
     out, dropped, i = [], [], 0
@@ -165,6 +204,8 @@ def translate(args):
             raise DarknetFormError(f"`{head}` takes one of: {', '.join(table)} "
                                    f"(Darknet's `{head} SUBCOMMAND DATA CFG ...`)")
         out, dropped = (_detector if head == "detector" else _classifier)(rest[0], rest[1:])
+    elif head == "rnn" and rest and any(a in RNN_FLAGS for a in rest[1:]):
+        out, dropped = _rnn(rest)
     else:
         out, dropped = _fork_flags_only(args)
         if head in ("train", "valid", "map"):

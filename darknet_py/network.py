@@ -53,6 +53,7 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
+    adam_error: object = None   # the CfgError training raises when adam=1
     # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
     # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
     letter_box: int = 0
@@ -90,8 +91,9 @@ def parse_net_options(s, darknet="original"):
         s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
                "Adam; its GPU build's has)", "adam")
         o.adam = 0
-    elif o.adam:
-        raise s.error("the adam optimiser is not supported by darknet-py (use SGD)", "adam")
+    elif o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
+        o.adam_error = s.error("the adam optimiser is not supported by darknet-py for "
+                               "training (use SGD: remove adam=1)", "adam")
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
     o.channels = s.get_int("channels", 0)
@@ -141,7 +143,8 @@ class NetworkError(DarknetError):
 DARKNET_FLAVOURS = ("original", "alexeyab")
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
-_FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo"}
+_FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo",
+                  "conv_lstm", "history", "implicit"}
 _FORK_KEYS = {
     "net": {"mosaic", "cutmix", "mixup", "letter_box", "ema_alpha", "blur", "label_smooth_eps",
             "sgdr_cycle", "sgdr_mult", "max_epochs", "contrastive", "gaussian_noise",
@@ -150,6 +153,8 @@ _FORK_KEYS = {
     "shortcut": {"weights_type", "weights_normalization"},
     "maxpool": {"stride_x", "stride_y", "maxpool_depth", "out_channels"},
     "convolutional": {"stride_x", "stride_y", "share_index", "antialiasing", "bin_output"},
+    "rnn": {"logistic"},
+    "crnn": {"hidden", "output", "size", "stride", "pad", "padding", "dilation", "groups"},
     "yolo": {"scale_x_y", "iou_loss", "iou_normalizer", "cls_normalizer", "obj_normalizer",
              "nms_kind", "beta_nms", "new_coords", "max_delta", "objectness_smooth",
              "iou_thresh", "resize", "counters_per_class", "label_smooth_eps"},
@@ -299,7 +304,9 @@ class Network:
 
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take."""
-        per_image = sum(l.outputs for l in self.layers) * (3 if train else 1)
+        # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
+        per_image = sum(l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
+                        for l in self.layers) * (3 if train else 1)
         try:
             params = sum(a.size for l in self.layers for _, a in l.params())
         except AttributeError:  # parameters not created yet
@@ -431,7 +438,7 @@ class Network:
             with warnings.catch_warnings():  # the cfg's warnings were shown at load time
                 warnings.simplefilter("ignore")
                 layers = self._build([layer.section for layer in old])
-            for new, prev in zip(layers, old):
+            for new, prev in _layer_pairs(layers, old):
                 if (prev.type in ("connected", "local")
                         and (new.inputs, new.outputs) != (prev.inputs, prev.outputs)):
                     raise NetworkError(f"cannot resize this network to {width}x{height}: layer "
@@ -441,7 +448,7 @@ class Network:
             raise
         self.layers = layers
         self._allocate(self.batch, self.train_buffers)
-        for new, prev in zip(layers, old):
+        for new, prev in _layer_pairs(layers, old):
             own = set(vars(new))  # made by parsing and allocation: belongs to the new size
             for name, value in vars(prev).items():
                 if name not in own:
@@ -602,7 +609,7 @@ class Network:
         data-parallel replicas combine before an update, in a fixed order. Parameters
         without an update buffer (the fork's untrained BN beta) are not among them."""
         updates, statistics = [], []
-        for layer in self.layers:
+        for layer in (owner for l in self.layers for owner in l.param_owners()):
             for name, _ in layer.params():
                 if name.startswith("rolling_"):
                     statistics.append(getattr(layer, name))
@@ -640,6 +647,8 @@ class Network:
             step()
 
     def _prepare_training(self):
+        if self.options.adam_error is not None:
+            raise self.options.adam_error
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True
@@ -712,6 +721,13 @@ class Network:
         uint8 array) is letterboxed to the network size for you; an array of another shape
         is refused with the shape expected."""
         from .image import letterbox
+        if len(self.input_shape) == 1:   # [net] inputs=N without an image size (rnn.cfg)
+            x = np.asarray(x, dtype=np.float32)
+            rows = x[None] if x.ndim == 1 else x
+            if rows.ndim != 2 or rows.shape[1] != self.inputs:
+                raise ValueError(f"predict takes float32 rows of {self.inputs} inputs, shape "
+                                 f"(N, {self.inputs}); got shape {x.shape}")
+            return rows
         channels, height, width = self.input_shape
         if isinstance(x, (str, os.PathLike)) or (getattr(x, "dtype", None) == np.uint8
                                                   and np.ndim(x) in (2, 3)):
@@ -818,6 +834,14 @@ class Network:
 
     def save_weights(self, path, cutoff=None):
         save_weights(self, path, cutoff)
+
+
+def _layer_pairs(layers, old):
+    """(new, old) for each layer and, in a recurrent one, each of its inner layers."""
+    for new, prev in zip(layers, old):
+        yield new, prev
+        inner = [(n, p) for n, p in zip(new.param_owners(), prev.param_owners()) if n is not new]
+        yield from inner
 
 
 def host_memory_bytes():

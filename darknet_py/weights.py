@@ -48,6 +48,17 @@ def _arrays(layer):
     return params
 
 
+def _connected_shape(layer, name, arr):
+    """(inputs, outputs) when `arr` is the weights of a [connected] layer (or of a recurrent
+    layer's inner one), stored transposed under the headers with a part > 1000; else None."""
+    if name != "weights":
+        return None
+    for owner in layer.param_owners():
+        if owner.type == "connected" and owner.weights is arr:
+            return owner.inputs, owner.outputs
+    return None
+
+
 def floats_needed(net, cutoff=None):
     return sum(a.size for l in _layers_upto(net, cutoff) for _, a in _arrays(l))
 
@@ -153,8 +164,9 @@ def _write_layer(net, layer, data, pos, transpose, check_finite_in=None):
                 f"{check_finite_in}: layer {layer.index} [{layer.type}] {name}: "
                 f"{int((~np.isfinite(values)).sum())} of {values.size} values are NaN or "
                 f"infinite (weights saved from a diverged run?)"), stacklevel=3)
-        if transpose and layer.type == "connected" and name == "weights":
-            values = values.reshape(layer.inputs, layer.outputs).T
+        shape = _connected_shape(layer, name, arr) if transpose else None
+        if shape:
+            values = values.reshape(shape).T
         net.be.write(arr, values)
     return pos
 
@@ -280,8 +292,9 @@ def save_weights(net, path, cutoff=None):
     for layer in _layers_upto(net, cutoff):
         for name, arr in _arrays(layer):
             values = net.be.to_host(arr).astype("<f4")
-            if transpose and layer.type == "connected" and name == "weights":
-                values = values.reshape(layer.outputs, layer.inputs).T.reshape(-1)
+            shape = _connected_shape(layer, name, arr) if transpose else None
+            if shape:
+                values = values.reshape(shape[::-1]).T.reshape(-1)
             chunks.append(values.tobytes())
     with atomic_output(path, kind="weights") as tmp, open(tmp, "wb") as f:
         for chunk in chunks:

@@ -59,7 +59,7 @@ def test_unknown_section_names_file_and_line():
 
 
 def test_unsupported_darknet_section_is_called_so():
-    e = error_of(NET + "[lstm]\noutput=4\n")
+    e = error_of(NET + "[contrastive]\nclasses=4\n")
     assert "does not support" in str(e) and e.line == 7
 
 

@@ -83,8 +83,11 @@ def test_adam_is_refused_by_the_original_and_trains_with_sgd_in_the_fork(tmp_pat
     from darknet_py.network import Network
     body = ("[net]\nwidth=8\nheight=8\nchannels=3\nadam=1\n"
             "[convolutional]\nfilters=2\nsize=1\nactivation=linear\n")
+    # The original builds it (its stock gru.cfg has adam=1; inference needs no optimiser)
+    # and refuses to train it.
+    original = Network(parse_cfg_text(body), darknet="original")
     with pytest.raises(CfgError, match="adam"):
-        Network(parse_cfg_text(body), darknet="original")
+        original.train_iteration(np.zeros((1, 3, 8, 8), np.float32), np.zeros((1, 1)))
     with pytest.warns(UserWarning, match="adam: trains with SGD and momentum"):
         net = Network(parse_cfg_text(body), darknet="alexeyab")
     assert net.options.adam == 0

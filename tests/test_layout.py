@@ -19,7 +19,7 @@ FLOORS = [
     ("model", ["data.*", "predictions", "weights", "graphs", "network", "demo_data"]),
     ("applications", ["validate", "video", "bench", "distributed", "distributed.comm",
                       "distributed.nccl", "distributed.data_parallel", "training.*", "train",
-                      "dataset_check", "map_plots", "export.*"]),
+                      "dataset_check", "map_plots", "export.*", "rnn_text"]),
     ("top", ["darknet_py", "__main__", "cli", "demo", "distributed.launcher", "darknet_forms"]),
 ]
 

@@ -32,6 +32,14 @@ _LAYER_CLASSES = {
     "reorg3d": ("reorg3d", "Reorg3dLayer"),
     "empty": ("empty", "EmptyLayer"),
     "gaussian_yolo": ("gaussian_yolo", "GaussianYoloLayer"),
+    # recurrent layers (both Darknets; [conv_lstm] is the fork's)
+    "rnn": ("rnn", "RnnLayer"),
+    "gru": ("gru", "GruLayer"),
+    "lstm": ("lstm", "LstmLayer"),
+    "crnn": ("crnn", "CrnnLayer"),
+    "conv_lstm": ("conv_lstm", "ConvLstmLayer"),
+    "history": ("history", "HistoryLayer"),
+    "implicit": ("implicit", "ImplicitLayer"),
 }
 
 LAYER_TYPES = tuple(_LAYER_CLASSES)

@@ -124,6 +124,11 @@ class Layer:
         """[(name, array)] in the order Darknet's .weights file stores them."""
         return []
 
+    def param_owners(self):
+        """The layers holding this layer's parameters and their update buffers (a recurrent
+        layer's inner layers; itself for the others)."""
+        return [self]
+
     # ---- computation ----------------------------------------------------------
     def forward(self, net):
         raise NotImplementedError

@@ -13,6 +13,7 @@ from .base import Layer, host_param, momentum_update
 
 ROLLING_KEEP = 0.99        # rolling statistics: keep * old + (1 - keep) * batch
 FORK_ROLLING_KEEP = 0.9
+FORK_CONNECTED_ROLLING_KEEP = 0.95   # the fork's forward_connected_layer moves them by 0.05
 FORK_BN_EPS = 1e-5         # the fork's forward: (x - mean) / sqrt(var + eps)
 
 
@@ -37,16 +38,17 @@ def bn_allocate(layer, be, batch, train):
         layer.x_norm = be.zeros(batch * layer.outputs)
 
 
-def bn_forward(layer, net, out_c, spatial, activation="linear"):
+def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_ROLLING_KEEP):
     """Normalise layer.output in place, then scale, add biases and apply `activation` (one
-    pass after the statistics)."""
+    pass after the statistics). fork_keep: how much of the rolling statistics the fork's
+    layer keeps per pass."""
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
         be.copy(out, layer.x)
         be.mean(out, batch, out_c, spatial, layer.mean)
         be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
-        keep = FORK_ROLLING_KEEP if fork else ROLLING_KEEP
+        keep = fork_keep if fork else ROLLING_KEEP
         be.scal(keep, layer.rolling_mean)
         be.axpy(1.0 - keep, layer.mean, layer.rolling_mean)
         be.scal(keep, layer.rolling_variance)

@@ -7,8 +7,8 @@ asked for) is the shared batchnorm code with one value per output (spatial 1).
 import math
 
 from .base import Layer, host_param, momentum_update, parse_activation
-from .batchnorm import (bn_allocate, bn_backward, bn_forward, bn_init_params, bn_init_updates,
-                        bn_params)
+from .batchnorm import (FORK_CONNECTED_ROLLING_KEEP, bn_allocate, bn_backward, bn_forward,
+                        bn_init_params, bn_init_updates, bn_params)
 
 
 class ConnectedLayer(Layer):
@@ -72,7 +72,7 @@ class ConnectedLayer(Layer):
         be.gemm(False, True, self.batch, self.outputs, self.inputs, 1.0, net.input, self.inputs,
                 self.weights, self.inputs, 0.0, self.output, self.outputs)
         if self.batch_normalize:
-            bn_forward(self, net, self.outputs, 1)
+            bn_forward(self, net, self.outputs, 1, fork_keep=FORK_CONNECTED_ROLLING_KEEP)
         else:
             be.add_bias(self.output, self.biases, self.batch, self.outputs, 1)
         self.activate_output(be)

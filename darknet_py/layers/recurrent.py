@@ -1,0 +1,154 @@
+"""What Darknet's recurrent layers share: inner layers run one time step at a time.
+
+A recurrent layer ([rnn], [gru], [lstm], [crnn], [conv_lstm]) is made of ordinary
+[connected] or [convolutional] layers (Darknet's input_layer, self_layer, wf, uz, ...).
+The network's batch holds `steps` time steps of batch / steps sequences, step-major
+(step t's rows are [t * batch/steps, (t + 1) * batch/steps)). Each inner layer owns
+buffers for every step; for step t its output, delta and batch-norm arrays are pointed at
+that step's rows (Darknet's increment_layer), and it runs with batch / steps images.
+"""
+from types import SimpleNamespace
+
+from ..cfg import Option, Section
+from .base import BuildContext, Layer
+
+# The per-image arrays an inner layer keeps for each step.
+_STEP_ARRAYS = ("output", "delta", "x", "x_norm", "activation_input")
+
+
+def inner_section(parent, type_, **options):
+    """A cfg section for an inner layer: the parent's place in the file, these options."""
+    s = Section(type_, type_, parent.path, parent.line)
+    for key, value in options.items():
+        s.options[key] = Option(key, str(value), parent.line)
+    return s
+
+
+class Inner:
+    """One inner layer of a recurrent layer, with its step views."""
+
+    def __init__(self, name, layer):
+        self.name = name
+        self.layer = layer
+        self.full = {}
+
+    def allocate(self, be, batch, steps, train):
+        self.layer.allocate(be, batch, train)
+        self.full = {key: getattr(self.layer, key, None) for key in _STEP_ARRAYS}
+        self.step_batch = batch // steps
+        self.at(0)
+
+    def at(self, step):
+        """Point the layer at time step `step` (its rows of every per-image array)."""
+        n = self.step_batch * self.layer.outputs
+        for key, full in self.full.items():
+            if full is not None:
+                setattr(self.layer, key, full[step * n:(step + 1) * n])
+        self.layer.batch = self.step_batch
+        return self.layer
+
+    def step_delta(self, step):
+        n = self.step_batch * self.layer.outputs
+        return self.full["delta"][step * n:(step + 1) * n]
+
+    def step_output(self, step):
+        n = self.step_batch * self.layer.outputs
+        return self.full["output"][step * n:(step + 1) * n]
+
+
+def step_state(net, input, delta=None):
+    """The network state an inner layer sees for one step (Darknet's `network s`)."""
+    return SimpleNamespace(be=net.be, input=input, delta=delta, train=net.train,
+                           workspace=net.workspace, fold_batchnorm=False, truth=None)
+
+
+class RecurrentLayer(Layer):
+    """Shared plumbing: `self.inner` lists the Inner layers in the weights file's order."""
+    image_shaped = True
+    # The Darknets whose update never moves this layer's weights. The fork's update_network
+    # skips layers whose `train` flag is unset (Layer.fork_train; the network skips them),
+    # and only its convolution-based layers ([crnn], [conv_lstm]) set it: its [rnn], [gru]
+    # and [lstm] keep their weights however long they train (CPU and GPU alike). The
+    # original's [crnn] convolutions have a learning-rate scale of 0 (only its parser sets
+    # the scale, for top-level layers).
+    frozen_flavours = ("alexeyab",)
+
+    @property
+    def frozen(self):
+        """True where this layer's Darknet never updates its weights."""
+        return self.darknet in self.frozen_flavours
+
+    def read_steps(self, s, ctx):
+        self.steps = max(1, ctx.net.time_steps)
+        self.step_batch = ctx.batch // self.steps
+
+    def make_inner(self, name, ctx, section, c, h, w, inputs):
+        from . import layer_class
+        inner_ctx = BuildContext(layers=ctx.layers, net=ctx.net, batch=ctx.batch,
+                                 darknet=ctx.darknet)
+        layer = layer_class(section.type)(self.index, section, c, h, w, inputs, inner_ctx)
+        return Inner(name, layer)
+
+    def check_batch(self, batch):
+        if batch % self.steps:
+            raise ValueError(f"layer {self.index} [{self.type}]: a batch of {batch} does not "
+                             f"split into time_steps={self.steps}")
+
+    @property
+    def bflops(self):
+        return sum(i.layer.bflops for i in self.inner)
+
+    # ---- buffers ------------------------------------------------------------------
+    def init_params(self, be, rng):
+        for i in self.inner:
+            i.layer.init_params(be, rng)
+
+    def init_updates(self, be):
+        for i in self.inner:
+            i.layer.init_updates(be)
+
+    def allocate_inner(self, be, batch, train):
+        self.check_batch(batch)
+        self.be = be
+        self.batch = batch
+        self.step_batch = batch // self.steps
+        for i in self.inner:
+            i.allocate(be, batch, self.steps, train)
+        self.workspace_size = max(i.layer.workspace_size for i in self.inner)
+
+    def params(self):
+        return [(name, array) for i in self.inner for name, array in i.layer.params()]
+
+    def param_owners(self):
+        return [i.layer for i in self.inner]
+
+    def update(self, args):
+        if self.frozen:
+            return
+        for i in self.inner:
+            i.layer.update(args)
+
+    def params_changed(self):
+        for i in self.inner:
+            i.layer.params_changed()
+
+    def zero_inner_deltas(self, be):
+        for i in self.inner:
+            if i.full.get("delta") is not None:
+                be.fill(i.full["delta"], 0.0)
+
+    def reset_state(self):
+        """Forget the hidden state carried between inference calls (a new sequence)."""
+        for array in self.carried_state():
+            self.be.fill(array, 0.0)
+
+    def carried_state(self):
+        return []
+
+    def keep_carried_state(self, old):
+        """After re-allocation: the state carried before it (arrays `old`, the previous
+        carried_state()), where the sizes still match. Darknet's buffers never move, so
+        an inference call followed by a training pass continues the same state."""
+        for before, now in zip(old, self.carried_state()):
+            if before is not None and before.size == now.size:
+                self.be.copy(before, now)
