@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import optimizer
+from . import optimizer, precision as precisions
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
 from .detection import DETECTOR_TYPES
@@ -181,7 +181,7 @@ class Network:
     """Build with load_network(); see the README for the Python API."""
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
-                 darknet=None, random_init=True):
+                 darknet=None, random_init=True, precision=None):
         if sections[0].type != "net":
             raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
                            path, sections[0].line)
@@ -189,6 +189,9 @@ class Network:
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
         self.darknet = check_flavour(darknet) or cfg_flavour(sections)
         self.options = parse_net_options(sections[0])
+        # fp32 (Darknet-exact) unless asked, the environment or [net] precision= say otherwise.
+        self.net_precision = precisions.read_net_section(sections[0])
+        self.precision = precisions.resolve(precision, self.net_precision)
         sections[0].warn_unused()
         if batch is not None:
             self.options.batch = int(batch)
@@ -215,6 +218,7 @@ class Network:
         self.layers = self._build(sections[1:])
         if not self.layers:
             raise CfgError("the cfg has a [net] section but no layers", path)
+        precisions.assign(self.layers, self.precision)
         # Darknet's network state seen by the layer being run.
         self.input = None
         self.truth = None         # the truth buffer on the backend (softmax, cost)
@@ -740,7 +744,7 @@ def host_memory_bytes():
 
 
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None):
+                 transfer=False, darknet=None, precision=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
@@ -748,14 +752,17 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     says which (None when the file matched the cfg). `darknet` ("original" or
     "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
     weights header is the fork's or the cfg uses fork-only sections, options or
-    activations, else the original's."""
+    activations, else the original's. `precision` ("fp32", "tf32", "fp16", "bf16"; None:
+    $DARKNET_PRECISION, else the cfg's [net] precision=, else fp32) sets the convolutions'
+    arithmetic (darknet_py/precision.py)."""
     sections = parse_cfg(cfg)
     check_flavour(darknet)
     if darknet is None and weights is not None:
         darknet = weights_flavour(weights)
     backend = get_backend(device)
     net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
-                  random_init=weights is None or cutoff is not None or transfer)
+                  random_init=weights is None or cutoff is not None or transfer,
+                  precision=precision)
     net.transfer_report = None
     if weights is not None:
         loaded = net.load_weights(weights, cutoff, transfer=transfer)
