@@ -109,7 +109,7 @@ def round_to(x, precision):
     elif precision == "tf32":  # nearest, ties away from zero, on 10 mantissa bits
         bits = (bits + 0x1000) & 0xFFFFE000
     else:
-        raise PrecisionError(f"unknown precision '{precision}'")
+        check(precision)   # raises: names the choices
     out = bits.astype(np.uint32).view(np.float32)
     finite = np.isfinite(x)
     return np.where(finite, out, x)
