@@ -219,6 +219,7 @@ class Network:
         if not self.layers:
             raise CfgError("the cfg has a [net] section but no layers", path)
         precisions.assign(self.layers, self.precision)
+        self.loss_scaler = precisions.loss_scaler(self)   # fp16 training's; else None
         # Darknet's network state seen by the layer being run.
         self.input = None
         self.truth = None         # the truth buffer on the backend (softmax, cost)
@@ -559,6 +560,8 @@ class Network:
 
     def backward(self):
         """Darknet's backward_network: each layer gets the previous layer's output and delta."""
+        if self.loss_scaler is not None:
+            self.loss_scaler.scale_deltas(self)
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
             if layer.stopbackward:
@@ -678,23 +681,26 @@ class Network:
         update = (self.seen // (n * self.replicas)) % self.subdivisions == 0
         self._write_step_seed()
         self.last_rate = self._write_update_rate() if update else None
-        parallel = self.data_parallel
+        parallel, scaler = self.data_parallel, self.loss_scaler
 
         def step():
             self._forward_layers(net_input, True)
             self.backward()
-            if update and parallel is None:
+            if update and parallel is None and scaler is None:
                 self._update_layers()
 
         if parallel is None:
             o = self.options
             self._run_step("train", (self.batch, update, o.momentum, o.decay,
-                                     self.images_per_iteration), net_input, True, step)
+                                     self.images_per_iteration,
+                                     scaler and scaler.scale), net_input, True, step)
+            if update and scaler is not None:   # it looks at the gradients before updating
+                scaler.update(self)
         else:
             step()
             if update:   # the replicas' gradients are summed between backward and update
                 parallel.reduce(self)
-                self._update_layers()
+                scaler.update(self) if scaler is not None else self._update_layers()
                 parallel.updated(self)
         self._params_updated()   # the update, and the forward's batch-norm rolling statistics
         self.collect_costs()   # after the update: the step's launches queue without a wait

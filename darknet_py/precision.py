@@ -125,3 +125,80 @@ class PackedWeights:
     k: int
     pitch: int
     precision: str
+
+
+# ---- loss scaling (fp16 training) ------------------------------------------------------
+
+class LossScaler:
+    """fp16 training's loss scale: the heads' deltas are multiplied by `scale` before the
+    backward, so small gradients survive their rounding to fp16 operands; the update
+    buffers then hold scale x their value, and the update unscales them first.
+
+    Static (the fork's [net] loss_scale=): a step whose gradients hold inf or NaN is
+    skipped. Dynamic (no loss_scale): also halves the scale on such a step, and doubles it
+    after `growth_interval` clean updates. `skipped` counts the skipped updates.
+
+    Darknet's update leaves momentum x the last update in the buffers, and gradients add
+    to that: the buffers stay in scaled units between updates (unscaled for the update,
+    scaled again after), so momentum is untouched by the scale. A skipped update drops its
+    gradients and the momentum history with them (the buffers are zeroed)."""
+
+    def __init__(self, scale=None, growth_interval=1000):
+        self.dynamic = scale is None
+        self.scale = float(2.0 ** 12 if scale is None else scale)
+        self.growth_interval = growth_interval
+        self.skipped = 0
+        self._clean = 0
+        self._sums = None
+
+    def scale_deltas(self, net):
+        """Multiply the gradient sources (the heads' deltas, written in forward) by the scale."""
+        for layer in net.layers:
+            if layer.type in HEAD_TYPES and getattr(layer, "delta", None) is not None:
+                net.be.scal(self.scale, layer.delta)
+
+    def update(self, net):
+        """The iteration's update: applied unscaled when every gradient is finite, else
+        skipped (buffers zeroed); the scale adapted when dynamic. Returns True if applied."""
+        be = net.be
+        updates = net.update_buffers()[0]
+        if self._sums is None or self._sums.size < len(updates):
+            self._sums = be.zeros(max(1, len(updates)))
+        for i, buffer in enumerate(updates):
+            be.sum_into(buffer, self._sums[i:i + 1])
+        finite = bool(np.all(np.isfinite(be.to_host(self._sums)[:len(updates)])))
+        if finite:
+            for buffer in updates:
+                be.scal(1.0 / self.scale, buffer)
+            net._update_layers()
+            self._clean += 1
+            if self.dynamic and self._clean % self.growth_interval == 0:
+                self.scale *= 2.0
+        else:
+            for buffer in updates:
+                be.fill(buffer, 0.0)
+            self.skipped += 1
+            self._clean = 0
+            if self.dynamic:
+                self.scale = max(1.0, self.scale / 2.0)
+        for buffer in updates:   # momentum's history, back in scaled units
+            be.scal(self.scale, buffer)
+        return finite
+
+
+def loss_scaler(net):
+    """The LossScaler fp16 training needs (static from [net] loss_scale=, else dynamic);
+    None for the other precisions (tf32 and bf16 keep fp32's exponent range)."""
+    if net.precision != "fp16":
+        return None
+    return LossScaler(net.net_precision.loss_scale)
+
+
+def log_note(net):
+    """The training log line's precision part ('' for fp32)."""
+    if getattr(net, "precision", DEFAULT) == DEFAULT:
+        return ""
+    scaler = getattr(net, "loss_scaler", None)
+    if scaler is None:
+        return f", {net.precision}"
+    return f", {net.precision} loss scale {scaler.scale:g}, {scaler.skipped} skipped"

@@ -52,6 +52,7 @@ from .files import (OverwriteError, atomic_output, refuse_overwrite, remove_stal
                     write_text_atomically)
 from .layers.heads import is_fork_flavour
 from .network import NetworkError, load_network
+from .precision import log_note as precision_log_note
 from .validate import evaluate_classifier, evaluate_detector, network_task
 from .weights import TransferReport, WeightsError, load_weights, read_header
 
@@ -666,7 +667,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
                     line = (f"{i}, {net.seen / len(paths):.3f}: {loss:f}, {avg_loss:f} avg, "
                             f"{net.learning_rate:f} rate, {seconds:f} seconds, "
                             f"{net.seen} images")
-                log(f"{line} | {images_per_iteration / wall:.1f} images/s, ETA {eta}")
+                log(f"{line} | {images_per_iteration / wall:.1f} images/s, ETA {eta}"
+                    f"{precision_log_note(net)}")
             if i % BACKUP_EVERY == 0:
                 if not finite_weights():   # a finite loss from weights already gone bad
                     raise Diverged(loss)

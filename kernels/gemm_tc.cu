@@ -138,7 +138,7 @@ struct RowMajorKSource {
     int rows, ld, k_end;
 };
 
-// fp32 matrix with element (row, k) at base[row * ld + k] (contiguous along k).
+// fp32 matrix with element (row, k) at base[row * ld + k] (contiguous along k; RowStager).
 struct RowMajorRowSource {
     static constexpr bool ASYNC = false;
     const float* base;
@@ -159,7 +159,6 @@ struct Stager {
     float v[Src::ASYNC ? 1 : RUN];
     int row, row_local, k_off;   // row: of the operand; row_local: of the tile
     bool active;
-    const float* row_ptr;        // RowMajorRowSource: start of the row
     ColumnCursor column;         // ConvColumnSource
 
     __device__ __forceinline__ void begin(const Src& src, int row0, int tid)
@@ -170,8 +169,6 @@ struct Stager {
         active = tid < Map::ACTIVE;
         if constexpr (same_type<Src, ConvColumnSource>::value) {
             column = column_cursor(src.g, row);
-        } else if constexpr (same_type<Src, RowMajorRowSource>::value) {
-            row_ptr = row < src.rows ? src.base + (size_t)row * src.ld : nullptr;
         }
     }
 
@@ -192,9 +189,6 @@ struct Stager {
             }
         } else if constexpr (same_type<Src, ConvColumnSource>::value) {
             gather_column<RUN>(src.g, column, k, v);
-        } else if constexpr (same_type<Src, RowMajorRowSource>::value) {
-#pragma unroll
-            for (int j = 0; j < RUN; ++j) v[j] = (row_ptr != nullptr && k + j < src.k_end) ? row_ptr[k + j] : 0.0f;
         } else {
             const bool row_ok = row < src.rows;
 #pragma unroll
@@ -216,6 +210,73 @@ struct Stager {
                 dst[c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
         }
     }
+};
+
+// Staging of a k-contiguous fp32 operand (RowMajorRowSource): consecutive threads read
+// consecutive 16-byte quads of one row (whole lines per warp), a thread holding the same
+// quad of k for QUADS / THREADS rows; float4 loads where the rows are 16-byte aligned.
+template <class P, int ROWS, int THREADS>
+struct RowStager {
+    static constexpr int QUADS_PER_ROW = SLICE_BYTES / P::BYTES / 4;
+    static constexpr int QUADS = ROWS * QUADS_PER_ROW;
+    static constexpr int PER_THREAD = QUADS >= THREADS ? QUADS / THREADS : 1;
+    static constexpr int ACTIVE = QUADS / PER_THREAD;
+    static constexpr int ROW_STEP = THREADS / QUADS_PER_ROW;
+    static_assert(THREADS % QUADS_PER_ROW == 0, "quads per row");
+    float v[PER_THREAD][4];
+    int row0, first_row, quad;
+    bool active, vec;
+
+    __device__ __forceinline__ void begin(const RowMajorRowSource& src, int tile_row0, int tid)
+    {
+        row0 = tile_row0;
+        first_row = tid / QUADS_PER_ROW;
+        quad = tid % QUADS_PER_ROW;
+        active = tid < ACTIVE;
+        vec = ((reinterpret_cast<unsigned long long>(src.base) & 15) == 0) && (src.ld & 3) == 0;
+    }
+
+    __device__ __forceinline__ void fetch(const RowMajorRowSource& src, int k0, unsigned char*)
+    {
+        if (!active) return;
+        const int k = k0 + quad * 4;
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+            const int r = row0 + first_row + i * ROW_STEP;
+            const float* p = src.base + (size_t)r * src.ld + k;
+            if (r < src.rows && vec && k + 3 < src.k_end) {
+                const float4 q = *reinterpret_cast<const float4*>(p);
+                v[i][0] = q.x; v[i][1] = q.y; v[i][2] = q.z; v[i][3] = q.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) v[i][j] = (r < src.rows && k + j < src.k_end) ? p[j] : 0.0f;
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(unsigned char* tile)
+    {
+        if (!active) return;
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+            unsigned char* dst = tile + (first_row + i * ROW_STEP) * ROW_PITCH + quad * 4 * P::BYTES;
+            unsigned w[P::BYTES];
+            to_words<P, 4>(v[i], w);
+            if constexpr (P::BYTES == 4)
+                *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+            else
+                *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+        }
+    }
+};
+
+template <class P, class Src, int ROWS, int THREADS>
+struct StagerFor {
+    using type = Stager<P, Src, ROWS, THREADS>;
+};
+template <class P, int ROWS, int THREADS>
+struct StagerFor<P, RowMajorRowSource, ROWS, THREADS> {
+    using type = RowStager<P, ROWS, THREADS>;
 };
 
 // ---- epilogues ------------------------------------------------------------------------
@@ -293,8 +354,8 @@ __device__ __forceinline__ void tc_tile(const SrcA& src_a, const SrcB& src_b, co
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % WARPS_M, wn = warp / WARPS_M;
 
-    Stager<P, SrcA, BM, THREADS> a;
-    Stager<P, SrcB, BN, THREADS> b;
+    typename StagerFor<P, SrcA, BM, THREADS>::type a;
+    typename StagerFor<P, SrcB, BN, THREADS>::type b;
     a.begin(src_a, tile.m0, tid);
     b.begin(src_b, tile.n0, tid);
 
@@ -388,7 +449,7 @@ __device__ __forceinline__ void conv_forward_tile(const void* weights, int pitch
 }
 
 #define TC_CONV_ENTRY(ENTRY, P, BM, BN, WARPS_M, WARPS_N)                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) ENTRY(                                 \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 512 / (32 * WARPS_M * WARPS_N)) ENTRY(                                 \
         const void* weights, int pitch, const float* im, long long im_stride, int h, int w, int ksize,          \
         int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w, int filters, int k_total,     \
         int n_total, const float* bias, int act, float* out, long long out_image_stride)                       \
@@ -416,7 +477,7 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, float alpha, cons
 }
 
 #define TC_GEMM_ENTRY(ENTRY, P, BM, BN, WARPS_M, WARPS_N, TA, TB)                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N) ENTRY(                                 \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 512 / (32 * WARPS_M * WARPS_N)) ENTRY(                                 \
         int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, \
         int ldc, int k_chunk, long long partial_stride)                                                        \
     {                                                                                                          \

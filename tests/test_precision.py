@@ -293,3 +293,35 @@ def test_real_weights_detect_the_same_objects_at_every_precision(cuda, monkeypat
             worst[p] = max([worst.get(p, 0)] + [abs(a[1] - b[1]) for a, b in zip(got, want)])
             assert worst[p] < 0.02, (p, image.name, got, want)
     print("largest probability change against fp32:", worst)
+
+
+def test_loss_scaler_scales_unscales_and_skips(tmp_path, monkeypatch):
+    """fp16 training: the heads' deltas are scaled, the update sees unscaled gradients (the
+    same weights as an fp16 run at scale 1, to rounding), a non-finite gradient skips the
+    update and halves a dynamic scale; [net] loss_scale= gives a static one."""
+    monkeypatch.delenv(precisions.ENV, raising=False)
+    rng = np.random.default_rng(29)
+    x = rng.uniform(0, 1, (2, 3 * 10 * 12)).astype(np.float32)
+    truth = np.zeros((2, 720), np.float32)
+    truth[0, 7] = truth[1, 300] = 1
+    net = load_network(_tiny(tmp_path, "momentum=0.9"), precision="fp16", seed=2)
+    plain = load_network(_tiny(tmp_path, "momentum=0.9"), precision="fp16", seed=2)
+    assert net.loss_scaler.dynamic and net.loss_scaler.scale == 4096.0
+    plain.loss_scaler = precisions.LossScaler(scale=1.0)
+    for _ in range(2):   # the second step also carries momentum's history
+        net.train_iteration(x, truth)
+        plain.train_iteration(x, truth)
+    for a, b in zip(net.layers[:2], plain.layers[:2]):
+        np.testing.assert_allclose(a.weights, b.weights, rtol=0, atol=2e-5)
+    before = net.layers[0].weights.copy()
+    net.loss_scaler.scale = 2.0 ** 100   # scaled deltas overflow fp16 (and fp32)
+    net.train_iteration(x, truth)
+    assert net.loss_scaler.skipped == 1 and net.loss_scaler.scale == 2.0 ** 99
+    np.testing.assert_array_equal(net.layers[0].weights, before)
+    assert precisions.log_note(net) == f", fp16 loss scale {2.0 ** 99:g}, 1 skipped"
+    net.loss_scaler.scale = 4096.0
+    net.train_iteration(x, truth)   # and it trains on
+    assert net.loss_scaler.skipped == 1 and not np.array_equal(net.layers[0].weights, before)
+    static = load_network(_tiny(tmp_path, "loss_scale=128"), precision="fp16")
+    assert not static.loss_scaler.dynamic and static.loss_scaler.scale == 128.0
+    assert load_network(_tiny(tmp_path), precision="bf16").loss_scaler is None
