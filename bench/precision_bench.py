@@ -99,11 +99,13 @@ def network_rows(cfg, batch, train=True):
             continue
         convs = [row for row in r["layers"] if row["type"] == "convolutional"]
         conv_ms = sum(row["forward_ms"] for row in convs)
+        conv_bwd_ms = sum(row.get("backward_ms") or 0 for row in convs)
         rows.append({"precision": p, "forward_ms": r["forward_ms"],
                      "train_step_ms": r.get("train_step_ms"),
-                     "conv_forward_ms": conv_ms,
+                     "conv_forward_ms": conv_ms, "conv_backward_ms": conv_bwd_ms,
                      "peak_mib": (r["peak_device_memory_bytes"] or 0) / 2 ** 20,
                      "layers": [{"index": row["index"], "ms": row["forward_ms"],
+                                 "backward_ms": row.get("backward_ms"),
                                  "tflops": row["forward_tflops"],
                                  "peak_share": row["forward_tflops"] / H100_PEAK[p]}
                                 for row in convs],
@@ -131,19 +133,20 @@ def main():
         print(f"{row['what']:<28s} {row['ms']:8.3f} {row['tflops']:8.1f}")
     out["network"] = network_rows(args.cfg, args.batch, train=not args.no_train)
     print(f"\n{Path(args.cfg).name} batch {args.batch}: precision, forward ms, training step ms, "
-          f"conv forward ms, peak MiB")
+          f"conv forward ms, conv backward ms, peak MiB")
     for row in out["network"]:
         print(f"{row['precision']:5s} {row['forward_ms']:9.2f} {row['train_step_ms'] or 0:9.2f} "
-              f"{row['conv_forward_ms']:9.2f} {row['peak_mib']:9.1f}")
+              f"{row['conv_forward_ms']:9.2f} {row['conv_backward_ms']:9.2f} {row['peak_mib']:9.1f}")
     print("\nconv layer forward TFLOP/s (share of the H100 peak):")
     layers = {row["precision"]: row["layers"] for row in out["network"]}
     if layers:
         first = next(iter(layers.values()))
-        print("layer " + " ".join(f"{p:>16s}" for p in layers))
+        print("layer " + " ".join(f"{p:>16s}" for p in layers) + "   backward ms per precision")
         for i, base in enumerate(first):
             cells = [f"{layers[p][i]['tflops']:7.1f} ({100 * layers[p][i]['peak_share']:4.1f}%)"
                      for p in layers]
-            print(f"{base['index']:5d} " + " ".join(f"{c:>16s}" for c in cells))
+            bwd = " ".join(f"{layers[p][i]['backward_ms'] or 0:6.2f}" for p in layers)
+            print(f"{base['index']:5d} " + " ".join(f"{c:>16s}" for c in cells) + "   " + bwd)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 
