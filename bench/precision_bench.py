@@ -123,6 +123,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--torch", action="store_true", help="cuBLAS rows through PyTorch")
     ap.add_argument("--no-train", action="store_true")
+    ap.add_argument("--results", default=None, help="append a dated section to this markdown file")
     args = ap.parse_args()
     from darknet_py.backends import get_backend
     be = get_backend("cuda:0")
@@ -149,6 +150,22 @@ def main():
             print(f"{base['index']:5d} " + " ".join(f"{c:>16s}" for c in cells) + "   " + bwd)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.results:
+        with open(args.results, "a") as f:
+            f.write("\n".join(markdown(out, Path(args.cfg).name, args.batch)) + "\n")
+
+
+def markdown(out, cfg_name, batch):
+    """A dated RESULTS.md section of the figures in `out`."""
+    lines = [f"\n## Precision bench ({out['date']}, {out['device']}; bench/precision_bench.py)", "",
+             "| GEMM 4096^3 | ms | TFLOP/s |", "|---|---|---|"]
+    lines += [f"| {r['what']} | {r['ms']:.3f} | {r['tflops']:.1f} |" for r in out["gemm"]]
+    lines += ["", f"| {cfg_name} batch {batch} | forward ms | training step ms | conv forward ms | "
+              f"conv backward ms | peak MiB |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['precision']} | {r['forward_ms']:.2f} | {r['train_step_ms'] or 0:.2f} | "
+              f"{r['conv_forward_ms']:.2f} | {r['conv_backward_ms']:.2f} | {r['peak_mib']:.0f} |"
+              for r in out["network"]]
+    return lines
 
 
 if __name__ == "__main__":
