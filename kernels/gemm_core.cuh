@@ -78,17 +78,21 @@ struct ConvGeometry {
 struct ColumnCursor {
     const float* image;       // this column's image; null when n is past the end
     int iy0, ix0;             // the input position of (ky, kx) = (0, 0)
+    int origin;               // iy0 * w + ix0: the offset of tap (0, 0) from the image plane
+    unsigned taps;            // bit ky * ksize + kx: that tap lies inside the image (ksize <= 5)
 };
+
+// Kernels of up to this many taps keep one validity bit per tap (ksize <= 5).
+constexpr int MASKED_TAPS = 32;
 
 __device__ __forceinline__ ColumnCursor column_cursor(const ConvGeometry& g, int n)
 {
     ColumnCursor c;
     const int positions = g.out_h * g.out_w;
-    if (n >= g.n_total) {
-        c.image = nullptr;
-        c.iy0 = c.ix0 = 0;
-        return c;
-    }
+    c.image = nullptr;
+    c.iy0 = c.ix0 = c.origin = 0;
+    c.taps = 0;
+    if (n >= g.n_total) return c;
     const int b = n / positions;
     const int p = n - b * positions;
     const int oy = p / g.out_w;
@@ -96,20 +100,53 @@ __device__ __forceinline__ ColumnCursor column_cursor(const ConvGeometry& g, int
     c.image = g.im + b * g.im_stride;
     c.iy0 = oy * g.stride_y - g.pad;
     c.ix0 = ox * g.stride_x - g.pad;
+    c.origin = c.iy0 * g.w + c.ix0;
+    if (g.ksize * g.ksize <= MASKED_TAPS) {
+        for (int ky = 0; ky < g.ksize; ++ky) {
+            const int iy = c.iy0 + ky * g.dilation;
+            for (int kx = 0; kx < g.ksize; ++kx) {
+                const int ix = c.ix0 + kx * g.dilation;
+                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) c.taps |= 1u << (ky * g.ksize + kx);
+            }
+        }
+    }
     return c;
 }
 
-// v[j] = col[k0 + j][column], j < RUN.
+// v[j] = col[k0 + j][column], j < RUN. Up to MASKED_TAPS taps an element costs a bit test,
+// an add and a load (the taps' validity was worked out once per column); larger kernels
+// test the bounds of each element.
 template <int RUN>
 __device__ __forceinline__ void gather_column(const ConvGeometry& g, const ColumnCursor& col, int k0,
                                               float (&v)[RUN])
 {
     const int kk = g.ksize * g.ksize;
     int ch = k0 / kk;
-    const int r = k0 - ch * kk;
+    int r = k0 - ch * kk;
     int ky = r / g.ksize;
     int kx = r - ky * g.ksize;
     const long long plane = (long long)g.h * g.w;
+    if (kk <= MASKED_TAPS) {
+        const float* chan = (col.image != nullptr ? col.image : g.im) + ch * plane;
+        const int wrap = g.dilation * g.w - g.ksize * g.dilation;   // end of a tap row -> next
+        int off = col.origin + ky * g.dilation * g.w + kx * g.dilation;
+#pragma unroll
+        for (int j = 0; j < RUN; ++j) {
+            const bool ok = ((col.taps >> r) & 1u) != 0 && k0 + j < g.k_total;
+            v[j] = ok ? chan[off] : 0.0f;
+            off += g.dilation;
+            if (++kx == g.ksize) {
+                kx = 0;
+                off += wrap;
+            }
+            if (++r == kk) {
+                r = 0;
+                off = col.origin;
+                chan += plane;
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < RUN; ++j) {
         const int iy = col.iy0 + ky * g.dilation;
