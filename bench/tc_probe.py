@@ -1,8 +1,8 @@
 """One tensor-core convolution launch per shape (for a profiler: ncu -k regex:conv_tc).
 
-    python3 bench/tc_probe.py [fp16|bf16|tf32]
-Shapes: yolov3-tiny 416 at batch 64, layers 4 (32->64 3x3 104x104) and 12 (512->1024
-3x3 13x13); prints each launch's time (CUDA events, median of 10)."""
+    python3 bench/tc_probe.py [fp16|bf16|tf32] [layer0|layer4|layer12]
+Shapes: yolov3-tiny 416 at batch 64, layers 0 (3->16 3x3 416x416), 4 (32->64 3x3 104x104)
+and 12 (512->1024 3x3 13x13); prints each launch's time (CUDA events, median of 10)."""
 import sys
 from pathlib import Path
 
@@ -11,14 +11,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from darknet_py.backends import get_backend  # noqa: E402
 
-SHAPES = {"layer4": (32, 104, 104, 64), "layer12": (512, 13, 13, 1024)}
+SHAPES = {"layer0": (3, 416, 416, 16), "layer4": (32, 104, 104, 64), "layer12": (512, 13, 13, 1024)}
 
 
-def main(precision="fp16", repeats=10):
+def main(precision="fp16", only=None, repeats=10):
     be = get_backend("cuda:0")
     rng = np.random.default_rng(0)
     batch = 64
     for name, (c, h, w, f) in SHAPES.items():
+        if only and name != only:
+            continue
         k = c * 9
         weights = be.from_host(rng.uniform(-1, 1, f * k).astype(np.float32))
         im = be.from_host(rng.uniform(-1, 1, batch * c * h * w).astype(np.float32))
@@ -41,4 +43,4 @@ def main(precision="fp16", repeats=10):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:3])
