@@ -26,7 +26,7 @@ REDUCED = ("tf32", "fp16", "bf16")
 PRECISION_TOL = {"tf32": 3e-3, "fp16": 3e-3, "bf16": 2e-2}
 EMULATION_TOL = 1e-4
 REF = NumpyBackend(np.float64)
-TILES = ("128x128", "64x128", "32x128", "16x128", "64x64", "32x128w8", "16x128w8")
+TILES = ("128x128", "64x128", "32x128", "16x128", "64x64")
 
 
 # ---- emulation and switches (CPU) ---------------------------------------------------

@@ -53,8 +53,6 @@ _TC_TILES = {
     "32x128": (32, 128, 128),
     "16x128": (16, 128, 128),
     "64x64": (64, 64, 128),
-    "32x128w8": (32, 128, 256),
-    "16x128w8": (16, 128, 256),
 }
 # precision -> (kernel name part, bytes of an operand element)
 _TC_PRECISIONS = {"fp16": ("f16", 2), "bf16": ("bf16", 2), "tf32": ("tf32", 4)}
