@@ -191,7 +191,10 @@ class Network:
         self.options = parse_net_options(sections[0])
         # fp32 (Darknet-exact) unless asked, the environment or [net] precision= say otherwise.
         self.net_precision = precisions.read_net_section(sections[0])
-        self.precision = precisions.resolve(precision, self.net_precision)
+        try:
+            self.precision = precisions.resolve(precision, self.net_precision)
+        except precisions.PrecisionError as e:   # precision= or $DARKNET_PRECISION
+            raise NetworkError(str(e)) from None
         sections[0].warn_unused()
         if batch is not None:
             self.options.batch = int(batch)

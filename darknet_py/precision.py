@@ -72,7 +72,10 @@ def resolve(asked, from_cfg):
     if asked is not None:
         return check(asked)
     if os.environ.get(ENV):
-        return check(os.environ[ENV])
+        try:
+            return check(os.environ[ENV])
+        except PrecisionError as e:
+            raise PrecisionError(f"${ENV}: {e}") from None
     return from_cfg.precision or DEFAULT
 
 

@@ -15,7 +15,7 @@ import pytest
 from darknet_py import precision as precisions
 from darknet_py.backends.numpy_backend import NumpyBackend, conv_out_size
 from darknet_py.cfg import CfgError
-from darknet_py.network import load_network
+from darknet_py.network import NetworkError, load_network
 
 from test_cuda_ops import assert_close, nan, rand
 
@@ -98,6 +98,12 @@ def test_precision_comes_from_the_argument_the_environment_or_the_cfg(tmp_path, 
     monkeypatch.setenv(precisions.ENV, "fp16")
     assert load_network(_tiny(tmp_path, "precision=bf16")).precision == "fp16"
     assert load_network(_tiny(tmp_path), precision="TF32").precision == "tf32"
+    with pytest.raises(NetworkError, match="unknown precision 'fp64'"):
+        load_network(_tiny(tmp_path), precision="fp64")
+    monkeypatch.setenv(precisions.ENV, "half")
+    with pytest.raises(NetworkError, match=r"\$DARKNET_PRECISION: unknown precision 'half'"):
+        load_network(_tiny(tmp_path))
+    monkeypatch.setenv(precisions.ENV, "fp16")
     with pytest.raises(CfgError, match="precision.*unknown precision 'half'"):
         load_network(_tiny(tmp_path, "precision=half"))
     # the fork's loss_scale alone leaves fp32 (read: no unknown-option warning)
