@@ -14,5 +14,6 @@ def test_pyproject_lists_every_package_and_the_data_read_at_run_time():
     assert packages == set(config["packages"])
     shipped = {Path(p).resolve() for pattern in config["package-data"]["darknet_py"]
                for p in glob.glob(str(REPO / "darknet_py" / pattern))}
-    needed = {p.resolve() for p in list(REPO.glob("kernels/*.cu")) + list(REPO.glob("cfg/*.cfg"))}
+    needed = {p.resolve() for p in list(REPO.glob("kernels/*.cu")) + list(REPO.glob("kernels/*.cuh"))
+              + list(REPO.glob("cfg/*.cfg"))}
     assert needed and needed <= shipped
