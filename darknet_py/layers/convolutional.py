@@ -164,7 +164,10 @@ class ConvolutionalLayer(Layer):
         if self.batch_normalize:
             bn_allocate(self, be, batch, train)
         m, k, n = self._gemm_dims()
-        self.workspace_size = (k + m) * n * self._chunk(batch)
+        # The reduced-precision forward reads its input in place (implicit GEMM); only its
+        # backward unfolds into the workspace.
+        reduced_inference = not train and self.precision != precisions.DEFAULT
+        self.workspace_size = 0 if reduced_inference else (k + m) * n * self._chunk(batch)
 
     def _chunks(self, be, net):
         """(first image, images, col buffer, product buffer) per chunk of the batch."""
