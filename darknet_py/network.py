@@ -703,7 +703,10 @@ class Network:
             step()
             if update:   # the replicas' gradients are summed between backward and update
                 parallel.reduce(self)
-                scaler.update(self) if scaler is not None else self._update_layers()
+                if scaler is not None:
+                    scaler.update(self)
+                else:
+                    self._update_layers()
                 parallel.updated(self)
         self._params_updated()   # the update, and the forward's batch-norm rolling statistics
         self.collect_costs()   # after the update: the step's launches queue without a wait

@@ -896,8 +896,10 @@ class CudaBackend:
         if packed.k != channels * ksize * ksize:
             raise ValueError(f"conv_forward: weights of {packed.k} per filter for "
                              f"{channels} channels of {ksize}x{ksize}")
-        self._check_size("conv_forward im", im, (batch - 1) * im_stride + channels * height * width)
-        self._check_size("conv_forward out", out, (batch - 1) * out_stride + packed.rows * positions)
+        self._check_size("conv_forward im", im,
+                         (batch - 1) * im_stride + channels * height * width)
+        self._check_size("conv_forward out", out,
+                         (batch - 1) * out_stride + packed.rows * positions)
         if biases is not None:
             self._check_size("conv_forward biases", biases, packed.rows)
         n = batch * positions

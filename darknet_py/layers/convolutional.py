@@ -323,12 +323,12 @@ class ConvolutionalLayer(Layer):
                 self._im2col(be, net.input, b0, count, g, col)
                 # weight_updates += delta (m x count*n) @ col^T (count*n x k)
                 gemm(False, True, m, k, count * n, 1.0, delta_out, count * n, col, count * n,
-                        1.0, self.weight_updates[g * m * k:], k)
+                     1.0, self.weight_updates[g * m * k:], k)
                 if net.delta is not None:
                     # d(col) = weights^T (k x m) @ delta (m x count*n), folded back and
                     # added (Darknet's 1x1 path overwrites here, losing shortcut deltas).
                     gemm(True, False, k, count * n, m, 1.0, self.weights[g * m * k:], k,
-                            delta_out, count * n, 0.0, col, count * n)
+                         delta_out, count * n, 0.0, col, count * n)
                     cg = self.c // self.groups
                     offset = b0 * self.c * self.h * self.w + g * cg * self.h * self.w
                     be.col2im(col, cg, self.h, self.w, self.size, self.stride, self.padding,
