@@ -107,7 +107,7 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     engine = getattr(net, "engine", None)   # an export.engine.OnnxRuntimeEngine says so
     device = f"{be.name} ({engine})" if engine else be.name
     result = {"cfg": net.path, "device": device, "batch": net.batch, "bflops": net.bflops,
-              "warmup": warmup, "repeats": repeats}
+              "precision": net.precision, "warmup": warmup, "repeats": repeats}
     forward_s = median_seconds(be, lambda: net.predict(x), warmup, repeats)
     result["forward_ms"] = 1e3 * forward_s
     result["forward_images_per_s"] = net.batch / forward_s
@@ -135,6 +135,9 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
         result["layers"] = [
             {"index": layer.index, "type": layer.type, "forward_ms": 1e3 * f,
              "forward_share": f / fwd_total,
+             # achieved arithmetic rate of a convolution's forward (bflops: per image)
+             "forward_tflops": (getattr(layer, "bflops", 0) * net.batch / f / 1e3
+                                if layer.type == "convolutional" and f > 0 else None),
              **({"backward_ms": 1e3 * b, "backward_share": b / bwd_total} if train else {})}
             for layer, (f, b) in zip(net.layers, per_layer)]
     peak = be.peak_allocated_bytes
@@ -144,8 +147,8 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
 
 def format_report(r):
     """The benchmark as text lines."""
-    lines = [f"{r['cfg']}: batch {r['batch']}, {r['device']}, {r['bflops']:.3f} BFLOPs per "
-             f"image; medians of {r['repeats']} runs after {r['warmup']} warm-up",
+    lines = [f"{r['cfg']}: batch {r['batch']}, {r['device']}, {r.get('precision', 'fp32')}, "
+             f"{r['bflops']:.3f} BFLOPs per image; medians of {r['repeats']} runs after {r['warmup']} warm-up",
              f"forward:       {r['forward_ms']:10.2f} ms  {r['forward_images_per_s']:9.1f} "
              f"images/s"]
     if "gpu_forward_ms" in r:   # not with ONNX Runtime, which reads host arrays itself
@@ -168,12 +171,15 @@ def format_report(r):
         train = "train_step_ms" in r
         lines.append("")
         lines.append("layer type            forward ms  share" +
-                     ("   backward ms  share" if train else ""))
+                     ("   backward ms  share" if train else "") + "  TFLOP/s")
         for row in r["layers"]:
+            rate = row.get("forward_tflops")
             line = (f"{row['index']:5d} {row['type']:<14s} {row['forward_ms']:11.3f} "
                     f"{100 * row['forward_share']:5.1f}%")
             if train:
                 line += f" {row['backward_ms']:13.3f} {100 * row['backward_share']:5.1f}%"
+            if rate:   # the forward's
+                line += f" {rate:8.2f}"
             lines.append(line)
         fwd = sum(row["forward_ms"] for row in r["layers"])
         total = f"{'total':20s} {fwd:11.3f} 100.0%"

@@ -21,7 +21,7 @@ import warnings
 
 import click
 
-from . import __version__
+from . import __version__, precision as precisions
 from .cfg import read_data_file
 from .darknet_forms import DarknetFormError, translate as translate_darknet_form
 from .errors import USER_ERRORS, USER_WARNINGS, describe_error
@@ -136,7 +136,12 @@ def device_options(command):
     with_device = click.option(
         "--gpu", type=click.IntRange(min=0), metavar="N", default=None,
         help="Run on CUDA GPU N (the same as --device cuda:N).")(with_device)
-    return with_device
+    return click.option(   # sets $DARKNET_PRECISION for the networks the command builds
+        "--precision", type=click.Choice(precisions.PRECISIONS), default=None, expose_value=False,
+        callback=lambda ctx, param, value: precisions.ask(value),
+        help="Convolution arithmetic: fp32 (Darknet-exact) or tf32/fp16/bf16 on the GPU's "
+             "tensor cores (emulated on the CPU). [default: the cfg's [net] precision=, "
+             "else fp32]")(with_device)
 
 
 def overwrite_option(command, help="Replace output files that already exist (without it, "

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import optimizer
+from . import optimizer, precision as precisions
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
 from .errors import DarknetError
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
+from .names import load_names
 from .predictions import (DETECTOR_TYPES, as_image, classify, detect, detect_batch,
                           detector_layers)
 from .weights import FORK_WEIGHTS_HEADER, load_weights, peek_header, save_weights
@@ -196,7 +197,7 @@ class Network:
     """Build with load_network(); see docs/python-api.md for the Python API."""
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
-                 darknet=None, random_init=True):
+                 darknet=None, random_init=True, precision=None):
         if sections[0].type != "net":
             raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
                            path, sections[0].line)
@@ -204,6 +205,12 @@ class Network:
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
         self.darknet = check_flavour(darknet) or cfg_flavour(sections)
         self.options = parse_net_options(sections[0], self.darknet)
+        # fp32 (Darknet-exact) unless asked, the environment or [net] precision= say otherwise.
+        self.net_precision = precisions.read_net_section(sections[0])
+        try:
+            self.precision = precisions.resolve(precision, self.net_precision)
+        except precisions.PrecisionError as e:   # precision= or $DARKNET_PRECISION
+            raise NetworkError(str(e)) from None
         sections[0].warn_unused()
         if batch is not None:
             self.options.batch = int(batch)
@@ -234,6 +241,8 @@ class Network:
         # layer's tree=; training sets it from a .data file's tree= too.
         softmaxes = [layer for layer in self.layers if layer.type == "softmax"]
         self.hierarchy = softmaxes[-1].hierarchy if softmaxes else None
+        precisions.assign(self.layers, self.precision)
+        self.loss_scaler = precisions.loss_scaler(self)   # fp16 training's; else None
         # Darknet's network state seen by the layer being run.
         self.input = None
         self.truth = None         # the truth buffer on the backend (softmax, cost)
@@ -578,6 +587,8 @@ class Network:
 
     def backward(self):
         """Darknet's backward_network: each layer gets the previous layer's output and delta."""
+        if self.loss_scaler is not None:
+            self.loss_scaler.scale_deltas(self)
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
             if layer.stopbackward:
@@ -734,6 +745,8 @@ class Network:
             x = letterbox(as_image(x, channels), width, height)
         x = np.asarray(x, dtype=np.float32)
         given = x.shape
+        if x.ndim == 2 and x.shape[1] == self.inputs:   # flat rows, as Darknet's float *input
+            x = x.reshape((len(x),) + tuple(self.input_shape))
         if x.ndim == len(self.input_shape):
             x = x[None]
         if x.ndim != 4 or x.shape[1:] != (channels, height, width):
@@ -775,23 +788,29 @@ class Network:
         update = (self.seen // (n * self.replicas)) % self.subdivisions == 0
         self._write_step_seed()
         self.last_rate = self._write_update_rate() if update else None
-        parallel = self.data_parallel
+        parallel, scaler = self.data_parallel, self.loss_scaler
 
         def step():
             self._forward_layers(net_input, True)
             self.backward()
-            if update and parallel is None:
+            if update and parallel is None and scaler is None:
                 self._update_layers()
 
         if parallel is None:
             o = self.options
             self._run_step("train", (self.batch, update, o.momentum, o.decay,
-                                     self.images_per_iteration), net_input, True, step)
+                                     self.images_per_iteration,
+                                     scaler and scaler.scale), net_input, True, step)
+            if update and scaler is not None:   # it looks at the gradients before updating
+                scaler.update(self)
         else:
             step()
             if update:   # the replicas' gradients are summed between backward and update
                 parallel.reduce(self)
-                self._update_layers()
+                if scaler is not None:
+                    scaler.update(self)
+                else:
+                    self._update_layers()
                 parallel.updated(self)
         self._params_updated()   # the update, and the forward's batch-norm rolling statistics
         self.collect_costs()   # after the update: the step's launches queue without a wait
@@ -853,7 +872,7 @@ def host_memory_bytes():
 
 
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None, names=None):
+                 transfer=False, darknet=None, names=None, precision=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
@@ -862,10 +881,11 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
     weights header is the fork's or the cfg uses fork-only sections, options or
     activations, else the original's. `names`: class names for detect/classify results, as
-    a list, a names file or a .data file (its names=)."""
+    a list, a names file or a .data file (its names=). `precision` ("fp32", "tf32", "fp16",
+    "bf16"; None: $DARKNET_PRECISION, else the cfg's [net] precision=, else fp32) sets the
+    convolutions' arithmetic (darknet_py/precision.py)."""
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
         raise ValueError(f"batch must be a whole number of at least 1, got {batch!r}")
-    from .names import load_names
     names = load_names(names)
     sections = parse_cfg(cfg)
     check_flavour(darknet)
@@ -873,7 +893,8 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
         darknet = weights_flavour(weights)
     backend = get_backend(device)
     net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
-                  random_init=weights is None or cutoff is not None or transfer)
+                  random_init=weights is None or cutoff is not None or transfer,
+                  precision=precision)
     net.transfer_report = None
     if weights is not None:
         loaded = net.load_weights(weights, cutoff, transfer=transfer)

@@ -18,27 +18,7 @@
 //
 // Full fp32 FFMA throughout: no tensor cores, no TF32.
 
-__device__ __forceinline__ void cp_async_f32(float* smem, const float* gmem, bool valid)
-{
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    // src-size 0 reads nothing and writes a zero.
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-}
-
-// Row groups for the block-order swizzle: consecutive blocks cover GROUP_M tile
-// rows before moving right, so the A and B panels they share stay in L2.
-constexpr int GROUP_M = 8;
+#include "gemm_core.cuh"
 
 template <int BM, int BN, int BK, int TM, int TN, int STAGES, bool TA, bool TB>
 __device__ __forceinline__ void sgemm_tile(
@@ -71,17 +51,10 @@ __device__ __forceinline__ void sgemm_tile(
     const int tx = tid % TX;
     const int ty = tid / TX;
 
-    // Swizzled block coordinates (see GROUP_M).
-    const int tiles_m = gridDim.y, tiles_n = gridDim.x;
-    const int pid = blockIdx.y * tiles_n + blockIdx.x;
-    const int group = pid / (GROUP_M * tiles_n);
-    const int first_m = group * GROUP_M;
-    const int group_rows = min(tiles_m - first_m, GROUP_M);
-    const int in_group = pid - group * GROUP_M * tiles_n;
-    const int tile_m = first_m + in_group % group_rows;
-    const int tile_n = in_group / group_rows;
-    const int m0 = tile_m * BM;
-    const int n0 = tile_n * BN;
+    // Swizzled block coordinates (see GROUP_M in gemm_core.cuh).
+    const TileCoord tile = swizzled_tile<BM, BN>();
+    const int m0 = tile.m0;
+    const int n0 = tile.n0;
 
     const int k_begin = blockIdx.z * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);

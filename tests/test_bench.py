@@ -27,6 +27,8 @@ def test_bench_reports_forward_training_and_every_layer(tmp_path):
     for key in ("forward_share", "backward_share"):
         assert abs(sum(row[key] for row in rows) - 1) < 1e-9
     assert all(row["forward_ms"] > 0 and row["backward_ms"] > 0 for row in rows)
+    assert all((row["forward_tflops"] is not None and row["forward_tflops"] > 0)
+               == (row["type"] == "convolutional") for row in rows)
     lines = r.out.splitlines()
     assert lines[0].startswith(f"{CFG}: batch 4, cpu,")
     assert lines[1].startswith("forward:") and "images/s" in lines[1]
@@ -35,7 +37,7 @@ def test_bench_reports_forward_training_and_every_layer(tmp_path):
     assert figures["upload_bytes"] == 4 * 24 * 24 * 4 and figures["download_bytes"] == 4 * 10 * 4
     assert all(figures[k] > 0 for k in ("gpu_forward_ms", "upload_ms", "download_ms"))
     assert "peak device memory: not known (CPU)" in lines
-    table = lines[lines.index("layer type            forward ms  share   backward ms  share") + 1:]
+    table = lines[lines.index("layer type            forward ms  share   backward ms  share  TFLOP/s") + 1:]
     assert len(table) == len(rows) + 1 and table[-1].startswith("total")
 
 
@@ -43,7 +45,7 @@ def test_bench_forward_only_has_no_backward_columns():
     r = run_in_process(["bench", CFG, "--device", "cpu", "--layers", "--repeats", "2"])
     assert r.code == 0, r.err
     assert "training step" not in r.out and "backward" not in r.out
-    assert "layer type            forward ms  share" in r.out.splitlines()
+    assert "layer type            forward ms  share  TFLOP/s" in r.out.splitlines()
 
 
 def test_bench_json_refuses_to_overwrite_without_overwrite(tmp_path):

@@ -125,6 +125,27 @@ def _kernel_signatures(text):
         macro = sigs.pop("NAME")
         for entry in re.findall(r"^SGEMM_ENTRY\((\w+),", text, flags=re.M):
             sigs[entry] = macro
+    if "ENTRY" in sigs:   # gemm_tc.cu: TC_*_ENTRY through the TC_TILES X-macro
+        sigs.update(_tc_entry_signatures(text))
+        sigs.pop("ENTRY")
+    return sigs
+
+
+def _tc_entry_signatures(text):
+    """gemm_tc.cu's entry points: TC_TILES(TC_CONV_X or TC_GEMM_X, precision, P) expanded."""
+    formats = {}
+    for macro in ("TC_CONV_ENTRY", "TC_GEMM_ENTRY"):
+        body = re.search(rf"#define {macro}\(.*?ENTRY\((.*?)\)\s*\{{", text, flags=re.S).group(1)
+        formats[macro] = _kernel_signatures(f'extern "C" __global__ void x({body})')["x"]
+    tiles = re.findall(r"X\(PREC, P, (\w+),", text)
+    sigs = {}
+    for x_macro, precision in re.findall(r"^TC_TILES\((TC_\w+_X), (\w+), \w+\)", text, flags=re.M):
+        for tile in tiles:
+            if x_macro == "TC_CONV_X":
+                sigs[f"conv_tc_{precision}_{tile}"] = formats["TC_CONV_ENTRY"]
+            else:
+                for case in ("nn", "nt", "tn"):
+                    sigs[f"gemm_tc_{precision}_{tile}_{case}"] = formats["TC_GEMM_ENTRY"]
     return sigs
 
 

@@ -12,7 +12,7 @@ MAX_FUNCTION_LINES = 100
 # __init__ too). A module may import from its floor and the floors below it.
 FLOORS = [
     ("foundation", ["errors", "files", "cfg", "activations", "shapes", "draws", "optimizer",
-                    "image", "boxes", "tree", "names", "plots"]),
+                    "image", "boxes", "tree", "names", "plots", "precision"]),
     ("losses", ["losses.*"]),
     ("backends", ["backends.*"]),
     ("layers", ["layers.*"]),

@@ -32,7 +32,7 @@ from pycuda.tools import DeviceMemoryPool
 from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
 from .errors import DeviceOutOfMemory, GraphCaptureError
 
-from .. import activations
+from .. import activations, precision as precisions
 from ..losses.detection import DETECTION_SCALARS
 from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
 from ..losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
@@ -49,6 +49,18 @@ _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per blo
     "64x64x8s4r8": (64, 64, 8, 64),
     "32x32x8s4w": (32, 32, 8, 32),
 }
+# Tensor-core tiles (kernels/gemm_tc.cu's TC_TILES) -> (BM, BN, threads per block).
+_TC_TILES = {
+    "128x128": (128, 128, 256),
+    "64x128": (64, 128, 256),
+    "32x128": (32, 128, 128),
+    "16x128": (16, 128, 128),
+    "64x64": (64, 64, 128),
+}
+# precision -> (kernel name part, bytes of an operand element)
+_TC_PRECISIONS = {"fp16": ("f16", 2), "bf16": ("bf16", 2), "tf32": ("tf32", 4)}
+_TC_CONV_ARGS = "PiPqiiiiiiiiiiiiPiPq"
+_TC_SLICE_BYTES = 64   # SLICE_BYTES of kernels/gemm_tc.cu: K advances by this many bytes a row
 _KERNELS = {
     "blas.cu": {
         "axpy_kernel": "ifPP",
@@ -64,6 +76,13 @@ _KERNELS = {
     "gemm.cu": dict(
         {f"sgemm_{tile}_{case}": _GEMM_ARGS for tile in _GEMM_TILES for case in ("nn", "nt", "tn", "tt")},
         splitk_reduce="iiiPffPi",
+    ),
+    "gemm_tc.cu": dict(
+        {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for p, _ in _TC_PRECISIONS.values()
+         for tile in _TC_TILES},
+        **{f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq" for p, _ in _TC_PRECISIONS.values()
+           for tile in _TC_TILES for case in ("nn", "nt", "tn")},
+        **{f"pack_weights_{p}": "PiiiP" for p, _ in _TC_PRECISIONS.values()},
     ),
     "im2col.cu": {
         "im2col_kernel": "PiiiiiiiiiiPiq",
@@ -367,6 +386,8 @@ class CudaBackend:
         self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
+        # Forced tensor-core plan (tile name, splits) for benchmarks and tests; None = heuristic.
+        self.tc_override = None
         self._copy_stream = None   # uploads' stream, made at the first upload_async
         self._transfers = self._dev.transfers
         # While a graph is being captured: every array allocated (or scratch buffer
@@ -862,6 +883,108 @@ class CudaBackend:
         width = _BLOCK // per_output
         self._launch("splitk_reduce", (_ceil_div(m * n, width),), (width, per_output), m, n,
                      splits, ws, alpha, beta, pc, ldc)
+
+    # ---- reduced precision: tensor cores (kernels/gemm_tc.cu) ---------------------
+    def tc_plan(self, m, n, k, split=True):
+        """(tile, splits) for an m x n x k tensor-core product: the tile's rows follow m
+        (few filters: 16 or 32 rows), 64x64 where wider tiles would not fill the SMs
+        once; K split (split=True) until about 2 blocks per SM, each split >= 1024 of K."""
+        if self.tc_override is not None:
+            return self.tc_override
+        sms = self.sm_count
+        if m <= 16:
+            tile = "16x128"
+        elif m <= 32:
+            tile = "32x128"
+        elif m <= 64:
+            tile = "64x128" if _ceil_div(n, 128) >= sms else "64x64"
+        else:
+            tile = "128x128" if _ceil_div(m, 128) * _ceil_div(n, 128) >= sms else "64x64"
+        bm, bn, _ = _TC_TILES[tile]
+        tiles = _ceil_div(m, bm) * _ceil_div(n, bn)
+        splits = max(1, min(_ceil_div(2 * sms, tiles), k // 1024, 256)) if split else 1
+        return tile, splits
+
+    @staticmethod
+    def _tc_name(precision):
+        try:
+            return _TC_PRECISIONS[precision]
+        except KeyError:
+            raise ValueError(f"no tensor-core kernels for precision '{precision}' "
+                             f"(use one of {', '.join(_TC_PRECISIONS)})") from None
+
+    def gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        """gemm on the tensor cores: op(A), op(B) rounded to `precision`, fp32 sums."""
+        part, _ = self._tc_name(precision)
+        m, n, k, lda, ldb, ldc = (int(v) for v in (m, n, k, lda, ldb, ldc))
+        if ta and tb:
+            raise ValueError("gemm_lowp: op(A) and op(B) both transposed is not supported")
+        self._check_matrix("gemm A", a, 0, *((k, m) if ta else (m, k)), lda)
+        self._check_matrix("gemm B", b, 0, *((n, k) if tb else (k, n)), ldb)
+        self._check_matrix("gemm C", c, 0, m, n, ldc)
+        if m <= 0 or n <= 0:
+            return
+        tile, splits = self.tc_plan(m, n, k)
+        bm, bn, threads = _TC_TILES[tile]
+        kernel = f"gemm_tc_{part}_{tile}_{'t' if ta else 'n'}{'t' if tb else 'n'}"
+        chunk = _ceil_div(_ceil_div(max(k, 1), splits), 32) * 32
+        splits = max(1, _ceil_div(k, chunk))
+        grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
+        pa, pb, pc = self._ptr(a), self._ptr(b), self._ptr(c)
+        if splits == 1:
+            self._launch(kernel, grid, (threads,), m, n, k, float(alpha), pa, lda, pb, ldb,
+                         float(beta), pc, ldc, chunk, 0)
+            return
+        ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
+        self._launch(kernel, grid, (threads,), m, n, k, 1.0, pa, lda, pb, ldb, 0.0, ws, n,
+                     chunk, m * n)
+        per_output = min(32, 1 << (max(1, splits // 16).bit_length() - 1))
+        width = _BLOCK // per_output
+        self._launch("splitk_reduce", (_ceil_div(m * n, width),), (width, per_output), m, n,
+                     splits, ws, float(alpha), float(beta), pc, ldc)
+
+    def pack_weights(self, weights, rows, k, precision):
+        """A convolution group's weights (rows x k fp32) converted once for conv_forward:
+        rows of `pitch` elements (16-byte aligned, zero past k)."""
+        part, size = self._tc_name(precision)
+        rows, k = int(rows), int(k)
+        self._check_size("pack_weights weights", weights, rows * k)
+        pitch = _ceil_div(k, 16 // size) * (16 // size)
+        data = self._new(rows * pitch, np.float16 if size == 2 else np.float32)
+        words = rows * pitch * size // 4
+        self._launch(f"pack_weights_{part}", self._grid1d(words), (_BLOCK,), self._ptr(weights),
+                     rows, k, pitch, self._ptr(data))
+        return precisions.PackedWeights(data, rows, k, pitch, precision)
+
+    def conv_forward(self, packed, im, channels, height, width, ksize, stride, pad, dilation,
+                     batch, im_stride, biases, activation, out, out_stride):
+        """NumpyBackend.conv_forward as one implicit-GEMM launch (no col buffer)."""
+        part, _ = self._tc_name(packed.precision)
+        if activation not in precisions.EPILOGUE_ACTIVATIONS:
+            raise ValueError(f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
+                             f"not {activation}")
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        stride_y, stride_x = conv_strides(stride)
+        batch, positions = int(batch), out_h * out_w
+        im_stride = int(im_stride) or channels * height * width
+        if packed.k != channels * ksize * ksize:
+            raise ValueError(f"conv_forward: weights of {packed.k} per filter for "
+                             f"{channels} channels of {ksize}x{ksize}")
+        self._check_size("conv_forward im", im,
+                         (batch - 1) * im_stride + channels * height * width)
+        self._check_size("conv_forward out", out,
+                         (batch - 1) * out_stride + packed.rows * positions)
+        if biases is not None:
+            self._check_size("conv_forward biases", biases, packed.rows)
+        n = batch * positions
+        tile, _ = self.tc_plan(packed.rows, n, packed.k, split=False)
+        bm, bn, threads = _TC_TILES[tile]
+        self._launch(f"conv_tc_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(packed.rows, bm)),
+                     (threads,), self._ptr(packed.data), packed.pitch, self._ptr(im), im_stride,
+                     int(height), int(width), int(ksize), int(stride_y), int(stride_x), int(pad),
+                     int(dilation), int(out_h), int(out_w), packed.rows, packed.k, n,
+                     0 if biases is None else self._ptr(biases),
+                     activations.ACTIVATION_IDS[activation], self._ptr(out), int(out_stride))
 
     # ---- convolution helpers -----------------------------------------------
     def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):

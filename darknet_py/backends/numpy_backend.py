@@ -20,7 +20,7 @@ import time
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .. import activations
+from .. import activations, precision as precisions
 from ..draws import uniform_hash
 from ..losses import detection as detection_loss, region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
@@ -194,6 +194,49 @@ class NumpyBackend:
                                C[i:i + rows, j:j + _GEMM_COLUMNS], alpha, beta)
 
         parallel(row_tiles * col_tiles, tiles, 1)
+
+    # ---- reduced precision (tensor cores on the GPU; emulated here) ---------------
+    def gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        """gemm with op(A) and op(B) rounded to `precision` (precision.round_to) and the
+        products summed in this backend's float type."""
+        A = _matrix(a, 0, k, m, lda).T if ta else _matrix(a, 0, m, k, lda)
+        B = _matrix(b, 0, n, k, ldb).T if tb else _matrix(b, 0, k, n, ldb)
+        A = precisions.round_to(A, precision).astype(self.dtype)
+        B = precisions.round_to(B, precision).astype(self.dtype)
+        C = _matrix(c, 0, m, n, ldc)
+        prod = self.dtype.type(alpha) * (A @ B)
+        C[...] = prod if beta == 0 else self.dtype.type(beta) * C + prod
+
+    def pack_weights(self, weights, rows, k, precision):
+        """A convolution group's weights (rows x k) converted once for conv_forward."""
+        values = precisions.round_to(np.asarray(weights[:rows * k]).reshape(rows, k), precision)
+        return precisions.PackedWeights(values.astype(self.dtype), rows, k, k, precision)
+
+    def conv_forward(self, packed, im, channels, height, width, ksize, stride, pad, dilation,
+                     batch, im_stride, biases, activation, out, out_stride):
+        """One group of a convolution at packed.precision, im2col read in place (the GPU
+        has no col buffer): out[b * out_stride + f * positions + p] = activation(sum_k
+        W[f, k] col[k, b, p] + biases[f]) for f < packed.rows; biases None: none;
+        activation one of precision.EPILOGUE_ACTIVATIONS."""
+        if activation not in precisions.EPILOGUE_ACTIVATIONS:
+            raise ValueError(f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
+                             f"not {activation}")
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        positions = out_h * out_w
+        if batch > 0 and (batch - 1) * out_stride + packed.rows * positions > out.size:
+            raise ValueError(f"conv_forward: {batch} outputs {out_stride} apart exceed an "
+                             f"array of {out.size}")
+        col = np.empty(packed.k * batch * positions, dtype=self.dtype)
+        self.im2col(im, channels, height, width, ksize, stride, pad, dilation, col, batch,
+                    im_stride)
+        col = precisions.round_to(col, packed.precision).astype(self.dtype)
+        prod = packed.data.astype(self.dtype) @ col.reshape(packed.k, batch * positions)
+        if biases is not None:
+            prod += np.asarray(biases[:packed.rows], dtype=self.dtype).reshape(-1, 1)
+        prod = activations.activate(prod, activation) if activation != "linear" else prod
+        view = as_strided(out, (batch, packed.rows, positions),
+                          (out_stride * out.itemsize, positions * out.itemsize, out.itemsize))
+        view[...] = prod.reshape(packed.rows, batch, positions).transpose(1, 0, 2)
 
     # ---- convolution helpers -----------------------------------------------
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
 from ..shapes import conv_out_size, conv_strides
 from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
@@ -26,6 +27,9 @@ class ConvolutionalLayer(Layer):
     type = "convolutional"
     fork_train = True
     short = "conv"
+    # fp32: Darknet's im2col + SGEMM; tf32/fp16/bf16: implicit GEMM on the tensor cores
+    # (precision.py; the network assigns it).
+    precision = precisions.DEFAULT
 
     def parse(self, s, ctx):
         self.filters = s.get_int("filters", 1)
@@ -182,7 +186,10 @@ class ConvolutionalLayer(Layer):
         if self.batch_normalize:
             bn_allocate(self, be, batch, train)
         m, k, n = self._gemm_dims()
-        self.workspace_size = (k + m) * n * self._chunk(batch)
+        # The reduced-precision forward reads its input in place (implicit GEMM); only its
+        # backward unfolds into the workspace.
+        reduced_inference = not train and self.precision != precisions.DEFAULT
+        self.workspace_size = 0 if reduced_inference else (k + m) * n * self._chunk(batch)
         if self.binary or self.xnor:
             self.binary_weights = be.zeros(self.nweights)
         self.binary_input = be.zeros(batch * self.inputs) if self.xnor else None
@@ -214,6 +221,7 @@ class ConvolutionalLayer(Layer):
 
     def params_changed(self):
         self._folded = None
+        self._packed = None
 
     def _fold_batchnorm(self, be):
         """Weights and biases that give in one GEMM + bias what conv + Darknet's inference
@@ -267,6 +275,8 @@ class ConvolutionalLayer(Layer):
         return col
 
     def forward(self, net):
+        if self.precision != precisions.DEFAULT:
+            return self._forward_reduced(net)
         be = net.be
         m, k, n = self._gemm_dims()
         weights, biases = self._forward_params(net)
@@ -285,6 +295,10 @@ class ConvolutionalLayer(Layer):
                 be.gemm(False, False, m, count * n, k, 1.0, weights[g * m * k:], k,
                         col, count * n, 0.0, product, count * n)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
+        self._forward_tail(be, net, biases)
+
+    def _forward_tail(self, be, net, biases):
+        """Bias (or batch norm) and activation after the product."""
         spatial = self.out_h * self.out_w
         # The activation joins the last pass unless it needs its input kept or whole channels.
         fused = self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
@@ -298,8 +312,46 @@ class ConvolutionalLayer(Layer):
         if not fused:
             self.activate_output(be)
 
+    def _packed_weights(self, be, weights, train):
+        """The groups' weights converted to this layer's precision: once in inference, at
+        every forward in training (the fp32 master weights move)."""
+        packed = None if train else getattr(self, "_packed", None)
+        if packed is None:
+            m, k, _ = self._gemm_dims()
+            packed = [be.pack_weights(weights[g * m * k:], m, k, self.precision)
+                      for g in range(self.groups)]
+            self._packed = None if train else packed
+        return packed
+
+    def _forward_reduced(self, net):
+        """One implicit-GEMM launch per group (no col buffer), bias and activation in its
+        epilogue where they can be; batch norm (training) and other activations after."""
+        be = net.be
+        m, _, n = self._gemm_dims()
+        weights, biases = self._forward_params(net)
+        epilogue = (biases is not None and self.activation_input is None
+                    and self.activation in precisions.EPILOGUE_ACTIVATIONS)
+        cg, hw = self.c // self.groups, self.h * self.w
+        for g, packed in enumerate(self._packed_weights(be, weights, net.train)):
+            be.conv_forward(packed, net.input[g * cg * hw:], cg, self.h, self.w, self.size,
+                            self.stride, self.padding, self.dilation, self.batch, self.c * hw,
+                            None if biases is None else biases[g * m:],
+                            self.activation if epilogue else "linear",
+                            self.output[g * m * n:], self.outputs)
+        if biases is None:
+            self._forward_tail(be, net, None)
+        elif not epilogue:
+            self.activate_output(be)
+
+    def _gemm(self, be):
+        """The backward's GEMM at this layer's precision."""
+        if self.precision == precisions.DEFAULT:
+            return be.gemm
+        return lambda *args: be.gemm_lowp(self.precision, *args)
+
     def backward(self, net):
         be = net.be
+        gemm = self._gemm(be)
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
         self.activation_gradient(be)
@@ -315,13 +367,13 @@ class ConvolutionalLayer(Layer):
                 self._move(be, delta_out, self.delta, b0, count, g, to_batched=False)
                 self._im2col(be, net.input, b0, count, g, col)
                 # weight_updates += delta (m x count*n) @ col^T (count*n x k)
-                be.gemm(False, True, m, k, count * n, 1.0, delta_out, count * n, col, count * n,
-                        1.0, self.weight_updates[g * m * k:], k)
+                gemm(False, True, m, k, count * n, 1.0, delta_out, count * n, col, count * n,
+                     1.0, self.weight_updates[g * m * k:], k)
                 if net.delta is not None:
                     # d(col) = weights^T (k x m) @ delta (m x count*n), folded back and
                     # added (Darknet's 1x1 path overwrites here, losing shortcut deltas).
-                    be.gemm(True, False, k, count * n, m, 1.0, self.weights[g * m * k:], k,
-                            delta_out, count * n, 0.0, col, count * n)
+                    gemm(True, False, k, count * n, m, 1.0, self.weights[g * m * k:], k,
+                         delta_out, count * n, 0.0, col, count * n)
                     cg = self.c // self.groups
                     offset = b0 * self.c * self.h * self.w + g * cg * self.h * self.w
                     be.col2im(col, cg, self.h, self.w, self.size, self.stride, self.padding,

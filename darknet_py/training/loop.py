@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.loader import DataLoader, default_workers
+from ..precision import log_note as precision_log_note
 from ..validate import evaluate_classifier, evaluate_detector
 from .chart import draw_chart, load_history, save_history
 from .checkpoints import finite_weights, last_saved_backup
@@ -167,7 +168,8 @@ class TrainingRun:
                 line = (f"{i}, {net.seen / len(self.plan.paths):.3f}: {loss:f}, "
                         f"{self.avg_loss:f} avg, {net.learning_rate:f} rate, {seconds:f} "
                         f"seconds, {net.seen} images")
-            self.log(f"{line} | {images / wall:.1f} images/s, ETA {eta}")
+            self.log(f"{line} | {images / wall:.1f} images/s, ETA {eta}"
+                     f"{precision_log_note(net)}")
 
     def checkpoint(self, i, loss):
         """After iteration i: the backup, numbered weights, an evaluation, the chart."""
