@@ -5,10 +5,12 @@ import re
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from darknet_py.cli import cli
+from darknet_py.darknet_forms import DarknetFormError, translate
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -28,13 +30,25 @@ def readme_code():
 
 
 def shown_commands():
-    """{command: options shown with it} for every `darknet-py COMMAND ...` in the code."""
+    """{command: options shown with it} for every `darknet-py COMMAND ...` in the code. A
+    command of a group (`rnn train`) is "rnn train"; Darknet's own forms (`detector train
+    DATA CFG -map`) count as the command they are translated into (darknet_forms)."""
     shown = {}
     for line in readme_code():
         line = line.split("#", 1)[0]   # a shell comment is prose
         for match in re.finditer(r"darknet-py\s+([a-z][\w-]*)(.*?)(?=darknet-py|$)", line):
             command, rest = match.groups()
-            options = {o.split("=")[0] for o in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)}
+            words = rest.split()
+            if command in ("detector", "classifier") or (command == "rnn" and "-file" in words):
+                try:
+                    translated, _ = translate([command] + [w for w in words if "..." not in w])
+                except DarknetFormError:   # a mention of the form, not a command line
+                    continue
+                command, words = translated[0], translated[1:]
+            if isinstance(cli.commands.get(command), click.Group) and words:
+                command = f"{command} {words[0]}"
+            options = {o.split("=")[0] for o in re.findall(r"(?<![\w-])--[a-z][\w-]*",
+                                                           " ".join(words))}
             shown.setdefault(command, set()).update(options)
     return shown
 
@@ -50,8 +64,11 @@ def test_every_command_and_option_the_readme_shows_exists(command):
     options = shown_commands()[command]
     if command in COMMANDS_BEING_ADDED and command not in cli.commands:
         pytest.skip(f"`darknet-py {command}` is being added on another branch")
-    assert command in cli.commands, f"README shows `darknet-py {command}`, which does not exist"
-    result = CliRunner().invoke(cli, [command, "--help"], terminal_width=200)
+    group, _, sub = command.partition(" ")
+    assert group in cli.commands, f"README shows `darknet-py {group}`, which does not exist"
+    if sub:
+        assert sub in cli.commands[group].commands, f"README shows `darknet-py {command}`"
+    result = CliRunner().invoke(cli, command.split() + ["--help"], terminal_width=200)
     assert result.exit_code == 0, result.output
     listed = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", result.output))
     missing = sorted(options - listed)
