@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from darknet_py import precision as precisions  # noqa: E402
-from darknet_py.bench import run_bench  # noqa: E402
+from darknet_py.bench import median_seconds, run_bench  # noqa: E402
 from darknet_py.network import load_network  # noqa: E402
 
 PRECISIONS = precisions.PRECISIONS
@@ -29,15 +29,7 @@ H100_PEAK = {"fp32": 67.0, "tf32": 495.0, "fp16": 990.0, "bf16": 990.0}
 
 
 def median_ms(be, fn, warmup=3, repeats=10):
-    for _ in range(warmup):
-        fn()
-    timer = be.timer()
-    times = []
-    for _ in range(repeats):
-        timer.start()
-        fn()
-        times.append(timer.stop())
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_seconds(be, fn, warmup, repeats)
 
 
 def gemm_rows(be, n=4096):

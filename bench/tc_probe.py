@@ -12,6 +12,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from darknet_py.backends import get_backend  # noqa: E402
 from darknet_py.backends.cuda_backend import _TC_TILES  # noqa: E402
+from darknet_py.bench import median_seconds  # noqa: E402
 
 TILES = tuple(_TC_TILES)
 
@@ -38,16 +39,9 @@ def main(precision="fp16", only=None, sweep=False, repeats=10):
         for tile in [None] + [t for t in TILES if sweep and t != plan[0]]:
             be.tc_override = None if tile is None else (tile, 1)
             try:
-                run()
-                timer = be.timer()
-                times = []
-                for _ in range(repeats):
-                    timer.start()
-                    run()
-                    times.append(timer.stop())
+                ms = 1e3 * median_seconds(be, run, 1, repeats)
             finally:
                 be.tc_override = None
-            ms = 1e3 * float(np.median(times))
             print(f"{name} {precision} {tile or 'plan ' + plan[0]}: {ms:.3f} ms, "
                   f"{flop / ms / 1e9:.1f} TFLOP/s", flush=True)
 

@@ -1,29 +1,35 @@
 // Softmax (Darknet's softmax_cpu layout) and the per-element losses next to it.
 
-// batch*groups softmaxes of n elements each; instance (b, g) reads
-// x[b*batch_offset + g*group_offset + i*stride] for i < n. One warp per instance:
+// One softmax of n elements x[base + i*stride] into out by a warp (lane: this thread's):
 // a max pass, a sum pass, a write pass, each over the lanes.
+__device__ __forceinline__ void warp_softmax(const float* x, long long base, int n, long long stride,
+                                             float temp, float* out, int lane)
+{
+    float largest = -INFINITY;
+    for (int i = lane; i < n; i += 32) largest = fmaxf(largest, x[base + i * stride] / temp);
+    for (int o = 16; o > 0; o >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
+    float sum = 0.0f;
+    for (int i = lane; i < n; i += 32) sum += expf(x[base + i * stride] / temp - largest);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int i = lane; i < n; i += 32) {
+        const long long j = base + i * stride;
+        out[j] = expf(x[j] / temp - largest) / sum;
+    }
+}
+
+// batch*groups softmaxes of n elements each; instance (b, g) reads
+// x[b*batch_offset + g*group_offset + i*stride] for i < n. One warp per instance.
 extern "C" __global__ void softmax_kernel(const float* x, int n, int batch, int batch_offset,
                                          int groups, int group_offset, int stride, float temp,
                                          float* out)  // may alias x (in place)
 {
-    const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;
     const int instances = batch * groups;
     for (int inst = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; inst < instances; inst += warps) {
         const int b = inst / groups;
         const int g = inst - b * groups;
-        const long long base = (long long)b * batch_offset + (long long)g * group_offset;
-        float largest = -INFINITY;
-        for (int i = lane; i < n; i += 32) largest = fmaxf(largest, x[base + (long long)i * stride] / temp);
-        for (int o = 16; o > 0; o >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
-        float sum = 0.0f;
-        for (int i = lane; i < n; i += 32) sum += expf(x[base + (long long)i * stride] / temp - largest);
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        for (int i = lane; i < n; i += 32) {
-            const long long j = base + (long long)i * stride;
-            out[j] = expf(x[j] / temp - largest) / sum;
-        }
+        warp_softmax(x, (long long)b * batch_offset + (long long)g * group_offset, n, stride, temp,
+                     out, threadIdx.x & 31);
     }
 }
 
@@ -35,25 +41,14 @@ extern "C" __global__ void softmax_tree_kernel(const float* x, int spatial, int 
                                               const int* __restrict__ group_size, int groups,
                                               float* out)
 {
-    const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;
     const long long instances = (long long)batch * groups * spatial;
     for (long long inst = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; inst < instances; inst += warps) {
         const int s = (int)(inst % spatial);
         const long long bg = inst / spatial;
         const int g = (int)(bg % groups), b = (int)(bg / groups);
-        const long long base = (long long)b * stride + (long long)group_offset[g] * spatial + s;
-        const int n = group_size[g];
-        float largest = -INFINITY;
-        for (int i = lane; i < n; i += 32) largest = fmaxf(largest, x[base + (long long)i * spatial] / temp);
-        for (int o = 16; o > 0; o >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
-        float sum = 0.0f;
-        for (int i = lane; i < n; i += 32) sum += expf(x[base + (long long)i * spatial] / temp - largest);
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        for (int i = lane; i < n; i += 32) {
-            const long long j = base + (long long)i * spatial;
-            out[j] = expf(x[j] / temp - largest) / sum;
-        }
+        warp_softmax(x, (long long)b * stride + (long long)group_offset[g] * spatial + s,
+                     group_size[g], spatial, temp, out, threadIdx.x & 31);
     }
 }
 

@@ -17,12 +17,12 @@ GPU-only options (lstm_activation other than tanh, shortcut, time_normalizer) ar
 about, bottleneck=1 is refused.
 """
 from .base import parse_activation, refuse_options
-from .recurrent import RecurrentLayer, inner_section, step_state
+from .recurrent import CellStateLayer, inner_section, step_state
 
 GATES = "figo"
 
 
-class ConvLstmLayer(RecurrentLayer):
+class ConvLstmLayer(CellStateLayer):
     type = "conv_lstm"
     short = "convlstm"
     frozen_flavours = ()
@@ -83,29 +83,6 @@ class ConvLstmLayer(RecurrentLayer):
     def describe(self):
         return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
                 f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  ({self.steps} steps)")
-
-    _SCRATCH = ("f", "i", "g", "o", "temp", "temp2", "temp3")
-
-    def allocate(self, be, batch, train):
-        old = self.carried_state() if getattr(self, "h_t", None) is not None else []
-        self.allocate_inner(be, batch, train)
-        n = self.step_batch * self.outputs
-        self.output = be.zeros(batch * self.outputs)
-        self.delta = be.zeros(batch * self.outputs) if train else None
-        self.cell = be.zeros(batch * self.outputs)
-        self.activation_input = None
-        self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc = (be.zeros(n)
-                                                                        for _ in range(5))
-        for name in self._SCRATCH:
-            setattr(self, name, be.zeros(n))
-        self.keep_carried_state(old)
-
-    def carried_state(self):
-        return [self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc]
-
-    def _rows(self, array, t):
-        n = self.step_batch * self.outputs
-        return array[t * n:(t + 1) * n]
 
     def _sum_gate(self, be, gate, activation):
         out = getattr(self, gate)

@@ -14,14 +14,14 @@ and passes no delta further back; the cell delta carries over from one backward 
 The fork stores wf, wi, wg, wo, uf, ui, ug, uo, the original wi, wf, wo, wg, ui, uf, uo, ug;
 the fork never updates them (recurrent.RecurrentLayer.frozen_flavours).
 """
-from .recurrent import RecurrentLayer, inner_section, step_state
+from .recurrent import CellStateLayer, inner_section, step_state
 
 ORIGINAL_ORDER = ("wi", "wf", "wo", "wg", "ui", "uf", "uo", "ug")
 FORK_ORDER = ("wf", "wi", "wg", "wo", "uf", "ui", "ug", "uo")
 GATE_ACTIVATION = {"f": "logistic", "i": "logistic", "g": "tanh", "o": "logistic"}
 
 
-class LstmLayer(RecurrentLayer):
+class LstmLayer(CellStateLayer):
     type = "lstm"
     short = "lstm"
 
@@ -47,30 +47,6 @@ class LstmLayer(RecurrentLayer):
 
     def describe(self):
         return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}  ({self.steps} steps)"
-
-    _SCRATCH = ("f", "i", "g", "o", "temp", "temp2", "temp3")
-
-    def allocate(self, be, batch, train):
-        old = self.carried_state() if getattr(self, "h_t", None) is not None else []
-        self.allocate_inner(be, batch, train)
-        n = self.step_batch * self.outputs
-        self.output = be.zeros(batch * self.outputs)
-        self.delta = be.zeros(batch * self.outputs) if train else None
-        self.cell = be.zeros(batch * self.outputs)
-        self.activation_input = None
-        self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc = (be.zeros(n)
-                                                                    for _ in range(5))
-        for name in self._SCRATCH:
-            setattr(self, name, be.zeros(n))
-        self.keep_carried_state(old)
-
-    def carried_state(self):
-        # prev_state, prev_cell and dc too: the C backward reads what the last one left.
-        return [self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc]
-
-    def _rows(self, array, t):
-        n = self.step_batch * self.outputs
-        return array[t * n:(t + 1) * n]
 
     def _gates(self, be, t):
         """f, i, g, o of step t from the inner layers' outputs."""

@@ -152,3 +152,32 @@ class RecurrentLayer(Layer):
         for before, now in zip(old, self.carried_state()):
             if before is not None and before.size == now.size:
                 self.be.copy(before, now)
+
+
+class CellStateLayer(RecurrentLayer):
+    """What [lstm] and the fork's [conv_lstm] share: the hidden and cell state (h_t, c_t)
+    and the C backward's leftovers carried across calls, per-step gate scratch, and a
+    step's rows of a buffer."""
+    _SCRATCH = ("f", "i", "g", "o", "temp", "temp2", "temp3")
+
+    def allocate(self, be, batch, train):
+        old = self.carried_state() if getattr(self, "h_t", None) is not None else []
+        self.allocate_inner(be, batch, train)
+        n = self.step_batch * self.outputs
+        self.output = be.zeros(batch * self.outputs)
+        self.delta = be.zeros(batch * self.outputs) if train else None
+        self.cell = be.zeros(batch * self.outputs)
+        self.activation_input = None
+        self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc = (be.zeros(n)
+                                                                        for _ in range(5))
+        for name in self._SCRATCH:
+            setattr(self, name, be.zeros(n))
+        self.keep_carried_state(old)
+
+    def carried_state(self):
+        # prev_state, prev_cell and dc too: the C backward reads what the last one left.
+        return [self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc]
+
+    def _rows(self, array, t):
+        n = self.step_batch * self.outputs
+        return array[t * n:(t + 1) * n]
