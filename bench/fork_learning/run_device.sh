@@ -7,12 +7,18 @@ FORK=$(realpath "$1"); CFG=$(realpath "$2"); OUT=$(realpath "$3"); shift 3
 HERE=$(dirname "$(realpath "$0")")
 T0=$(date +%s)
 stamp() { echo "$1 $(( $(date +%s) - T0 ))s" | tee -a "$OUT/times.txt"; }
+# cuDNN comes with the device's PyTorch (nvidia/cudnn); the fork's Makefile looks for it
+# in /usr/local/cudnn, so the compiler and linker are pointed at it instead.
 CUDNN=$(python3 -c "import nvidia.cudnn as c; print(list(c.__path__)[0])")
 mkdir -p /tmp/cudnnlib && ln -sf "$CUDNN"/lib/libcudnn.so.9 /tmp/cudnnlib/libcudnn.so
+export CPATH="$CUDNN/include:$CPATH" LIBRARY_PATH="/tmp/cudnnlib:$CUDNN/lib:$LIBRARY_PATH"
 export LD_LIBRARY_PATH="$CUDNN/lib:/tmp/cudnnlib:$LD_LIBRARY_PATH"
+# A GPU build for this GPU only (the stock ARCH list has architectures CUDA 13 dropped).
+sed -i -e 's/^GPU=0/GPU=1/' -e 's/^CUDNN=0/CUDNN=1/' "$FORK/Makefile"
+ARCH="-gencode arch=compute_90,code=[sm_90,compute_90]"
 # The fork's `all` also runs chmod +x *.sh, which fails in a tree without scripts.
-(cd "$FORK" && mkdir -p obj backup results && touch none.sh && timeout 150 make -j16 CUDNN_DIR="$CUDNN" \
-    CUDNN_LIB=/tmp/cudnnlib > "$OUT/build.log" 2>&1); stamp "build rc=$?"
+(cd "$FORK" && mkdir -p obj backup results && touch none.sh && timeout 200 make -j16 \
+    ARCH="$ARCH" > "$OUT/build.log" 2>&1); stamp "build rc=$?"
 python3 "$HERE/make_set.py" /tmp/shapes 400 100 0; stamp "set"
 cd /tmp/shapes && cp "$CFG" shapes.cfg
 for seed in "$@"; do
