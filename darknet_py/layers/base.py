@@ -42,7 +42,8 @@ class Layer:
     capturable = True
     # The fork's l.train, which only its convolutional, batchnorm, maxpool (local_avgpool)
     # and shortcut makers set: its CPU training clears only these layers' deltas before a
-    # pass (the others keep adding to theirs) and updates only these layers.
+    # pass (the others keep adding to theirs within an iteration; darknet-py zeroes them
+    # when an iteration starts, see Network._clear_fork_deltas) and updates only these.
     fork_train = False
 
     def __init__(self, index, section, c, h, w, inputs, ctx):

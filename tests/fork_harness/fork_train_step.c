@@ -100,6 +100,12 @@ int main(int argc, char **argv)
     float *losses = (float *)calloc(iterations, sizeof(float));
     float *rates = (float *)calloc(iterations, sizeof(float));
     for (it = 0; it < iterations; ++it) {
+        /* darknet-py zeroes, as an iteration starts, the deltas this build lets grow from
+         * iteration to iteration (layers without l.train: route, upsample, ...; they make
+         * its training diverge): the same here, so that the fixtures hold that rule. */
+        for (i = 0; i < net.n; ++i)
+            if (!net.layers[i].train && net.layers[i].delta)
+                memset(net.layers[i].delta, 0, sizeof(float) * net.layers[i].outputs * net.layers[i].batch);
         losses[it] = train_network(net, d);
         rates[it] = get_current_rate(net);
     }

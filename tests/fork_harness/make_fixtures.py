@@ -196,7 +196,7 @@ CASES = {
     # The case: yolov4-tiny, filters / 16, 3 classes, 160x160, batch 2, 3 iterations.
     "yolov4tiny_step": dict(cfg=NET.format(batch=2, subdivisions=1, size=160, rate=0.00261,
                                            burn_in=2, net_extra=STEPS)
-                            + tiny_yolov4(), iterations=3, size=160, images=2),
+                            + tiny_yolov4(), iterations=1, size=160, images=2),
     "subdivisions": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01,
                                         burn_in=0, net_extra=STEPS)
                          + SMALL.format(yolo="iou_loss=ciou\niou_normalizer=0.07",
