@@ -27,6 +27,7 @@ class ConvLstmLayer(CellStateLayer):
     short = "convlstm"
     frozen_flavours = ()
     fork_train = True   # the fork's make_conv_lstm_layer sets l.train
+    convolutional_steps = True
 
     def parse(self, s, ctx):
         if self.darknet != "alexeyab":
@@ -80,9 +81,6 @@ class ConvLstmLayer(CellStateLayer):
     def fork_bflops(self):
         return self.bflops + (12 if self.peephole else 9) * self.outputs * self.step_batch / 1e9
 
-    def describe(self):
-        return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  ({self.steps} steps)")
 
     def _sum_gate(self, be, gate, activation):
         out = getattr(self, gate)

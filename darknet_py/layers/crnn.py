@@ -21,6 +21,7 @@ class CrnnLayer(RnnLayer):
     short = "crnn"
     frozen_flavours = ("original",)
     fork_train = True   # the fork's make_crnn_layer sets l.train
+    convolutional_steps = True
 
     def parse(self, s, ctx):
         self.read_steps(s, ctx)
@@ -66,6 +67,3 @@ class CrnnLayer(RnnLayer):
         self.outputs = last.outputs
         self.workspace_size = max(i.layer.workspace_size for i in self.inner)
 
-    def describe(self):
-        return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  ({self.steps} steps)")

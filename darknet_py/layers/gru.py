@@ -12,7 +12,7 @@ both backends. The weights file stores the original's wz, wr, wh, uz, ur, uh and
 input_z, input_r, input_h, state_z, state_r, state_h (uz, ur, uh, wz, wr, wh); the fork
 never updates them (see recurrent.RecurrentLayer.frozen_flavours).
 """
-from .recurrent import RecurrentLayer, inner_section, step_state
+from .recurrent import RecurrentLayer, step_state
 
 ORIGINAL_ORDER = ("wz", "wr", "wh", "uz", "ur", "uh")
 FORK_ORDER = ("uz", "ur", "uh", "wz", "wr", "wh")
@@ -33,19 +33,8 @@ class GruLayer(RecurrentLayer):
         if self.inputs < 1:
             raise s.error("the layer before [gru] has no outputs")
         self.hidden = output
-        section = inner_section(s, "connected", output=output, activation="linear",
-                                batch_normalize=self.batch_normalize)
-        order = FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER
-        self.gates = {}
-        for name in order:
-            n_in = self.inputs if name[0] == "u" else output
-            self.gates[name] = self.make_inner(name, ctx, section, n_in, 1, 1, n_in)
-        self.inner = [self.gates[name] for name in order]
-        self.out_c, self.out_h, self.out_w = output, 1, 1
-        self.outputs = output
-
-    def describe(self):
-        return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}  ({self.steps} steps)"
+        self.connected_gates(s, ctx, output,
+                             FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER)
 
     def allocate(self, be, batch, train):
         old = self.carried_state() if getattr(self, "state", None) is not None else []

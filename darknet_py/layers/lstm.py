@@ -14,7 +14,7 @@ and passes no delta further back; the cell delta carries over from one backward 
 The fork stores wf, wi, wg, wo, uf, ui, ug, uo, the original wi, wf, wo, wg, ui, uf, uo, ug;
 the fork never updates them (recurrent.RecurrentLayer.frozen_flavours).
 """
-from .recurrent import CellStateLayer, inner_section, step_state
+from .recurrent import CellStateLayer, step_state
 
 ORIGINAL_ORDER = ("wi", "wf", "wo", "wg", "ui", "uf", "uo", "ug")
 FORK_ORDER = ("wf", "wi", "wg", "wo", "uf", "ui", "ug", "uo")
@@ -34,19 +34,8 @@ class LstmLayer(CellStateLayer):
         if self.inputs < 1:
             raise s.error("the layer before [lstm] has no outputs")
         self.hidden = output
-        section = inner_section(s, "connected", output=output, activation="linear",
-                                batch_normalize=self.batch_normalize)
-        order = FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER
-        self.gates = {}
-        for name in order:
-            n_in = self.inputs if name[0] == "u" else output
-            self.gates[name] = self.make_inner(name, ctx, section, n_in, 1, 1, n_in)
-        self.inner = [self.gates[name] for name in order]
-        self.out_c, self.out_h, self.out_w = output, 1, 1
-        self.outputs = output
-
-    def describe(self):
-        return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}  ({self.steps} steps)"
+        self.connected_gates(s, ctx, output,
+                             FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER)
 
     def _gates(self, be, t):
         """f, i, g, o of step t from the inner layers' outputs."""

@@ -73,10 +73,34 @@ class RecurrentLayer(Layer):
     # the scale, for top-level layers).
     frozen_flavours = ("alexeyab",)
 
+    # Convolution-based ([crnn], [conv_lstm]): the layer table shows image shapes.
+    convolutional_steps = False
+
     @property
     def frozen(self):
         """True where this layer's Darknet never updates its weights."""
         return self.darknet in self.frozen_flavours
+
+    def describe(self):
+        """Darknet's layer-table row: inputs -> outputs, or the image shapes of the
+        convolution-based layers, and the time steps."""
+        if self.convolutional_steps:
+            return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+                    f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  ({self.steps} steps)")
+        return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}  ({self.steps} steps)"
+
+    def connected_gates(self, s, ctx, output, order):
+        """[gru]'s and [lstm]'s gates: an inner [connected] layer each, in the weights
+        file's `order`; the "u" gates read the input, the "w" gates the hidden state."""
+        section = inner_section(s, "connected", output=output, activation="linear",
+                                batch_normalize=self.batch_normalize)
+        self.gates = {}
+        for name in order:
+            n_in = self.inputs if name[0] == "u" else output
+            self.gates[name] = self.make_inner(name, ctx, section, n_in, 1, 1, n_in)
+        self.inner = [self.gates[name] for name in order]
+        self.out_c, self.out_h, self.out_w = output, 1, 1
+        self.outputs = output
 
     def read_steps(self, s, ctx):
         self.steps = max(1, ctx.net.time_steps)

@@ -53,9 +53,6 @@ class RnnLayer(RecurrentLayer):
         self.out_c, self.out_h, self.out_w = output, 1, 1
         self.outputs = output
 
-    def describe(self):
-        return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}  ({self.steps} steps)"
-
     def allocate(self, be, batch, train):
         old = self.carried_state() if getattr(self, "state", None) is not None else []
         self.allocate_inner(be, batch, train)
