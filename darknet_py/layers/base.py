@@ -169,6 +169,14 @@ class Layer:
             be.gradient(self.output, self.activation, self.delta)
 
 
+def filter_row(layer):
+    """The layer-table row of a layer with filters over windows (convolution's layout):
+    filters, window / stride, input -> output shapes."""
+    return (f"{layer.filters:5d} {layer.size:2d} x{layer.size:2d} /{layer.stride:2d}  "
+            f"{layer.w:4d} x{layer.h:4d} x{layer.c:4d}   ->  "
+            f"{layer.out_w:4d} x{layer.out_h:4d} x{layer.out_c:4d}")
+
+
 def keeps_activation_input(layer):
     return getattr(layer, "activation", "linear") in INPUT_GRADIENT + CHANNEL_ACTIVATIONS
 

@@ -176,15 +176,7 @@ class ConvLstmLayer(CellStateLayer):
             for gate, activation in (("f", "logistic"), ("i", "logistic"), ("g", "tanh"),
                                      ("o", "logistic")):
                 self._sum_gate(be, gate, activation)
-            be.copy(self._rows(self.delta, t), self.temp3)
-            be.copy(self.c_t, self.temp)
-            be.activate(self.temp, "tanh")
-            be.copy(self.temp3, self.temp2)
-            be.mul(self.o, self.temp2)
-            be.gradient(self.temp, "tanh", self.temp2)
-            be.axpy(1.0, self.dc, self.temp2)
-            be.mul(self.temp3, self.temp)                 # tanh(c) * d(h): o's delta
-            be.gradient(self.o, "logistic", self.temp)
+            self._cell_and_output_deltas(be, t)
             self._gate_deltas(net, t, x, delta_in)
             be.copy(self.temp2, self.dc)
             be.mul(self.f, self.dc)

@@ -12,7 +12,7 @@ delta += W @ col. The original Darknet saves these weights but cannot read them 
 loader divides by the layer's groups, 0 for a deconvolution); darknet-py reads what it saves.
 """
 from ..activations import CHANNEL_ACTIVATIONS
-from .base import Layer, host_param, momentum_update, parse_activation
+from .base import Layer, filter_row, host_param, momentum_update, parse_activation
 from .batchnorm import (bn_allocate, bn_backward, bn_forward, bn_init_params, bn_init_updates,
                         bn_params)
 
@@ -59,9 +59,7 @@ class DeconvolutionalLayer(Layer):
         return 0.0
 
     def describe(self):
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}  "
-                f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return filter_row(self)
 
     # ---- buffers ----------------------------------------------------------------
     def init_params(self, be, rng):

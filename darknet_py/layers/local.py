@@ -13,7 +13,7 @@ are per output value (filters x out_h x out_w). Darknet quirks kept:
 import math
 
 from ..shapes import conv_out_size
-from .base import Layer, host_param, momentum_update, parse_activation
+from .base import Layer, filter_row, host_param, momentum_update, parse_activation
 
 
 class LocalLayer(Layer):
@@ -58,9 +58,7 @@ class LocalLayer(Layer):
 
     def describe(self):
         # Darknet prints a free-form "Local Layer: ..." line; this is the conv row's layout.
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{self.stride:2d}  "
-                f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return filter_row(self)
 
     # ---- buffers ----------------------------------------------------------------
     def init_params(self, be, rng):

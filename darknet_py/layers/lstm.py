@@ -91,16 +91,7 @@ class LstmLayer(CellStateLayer):
             x = net.input[t * n_in:(t + 1) * n_in]
             delta_in = net.delta[t * n_in:(t + 1) * n_in] if net.delta is not None else None
             self._gates(be, t)
-            be.copy(self._rows(self.delta, t), self.temp3)
-            # temp2: the cell's delta, d(h) through o * tanh(c) plus the carried dc
-            be.copy(self.c_t, self.temp)
-            be.activate(self.temp, "tanh")
-            be.copy(self.temp3, self.temp2)
-            be.mul(self.o, self.temp2)
-            be.gradient(self.temp, "tanh", self.temp2)
-            be.axpy(1.0, self.dc, self.temp2)
-            be.mul(self.temp3, self.temp)                  # tanh(c) * d(h) -> o
-            be.gradient(self.o, "logistic", self.temp)
+            self._cell_and_output_deltas(be, t)
             self._gate_backward(net, t, "o", x, dh, delta_in)
             for gate, factor in (("g", self.i), ("i", self.g), ("f", self.prev_cell)):
                 be.copy(self.temp2, self.temp)

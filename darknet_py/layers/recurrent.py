@@ -205,3 +205,17 @@ class CellStateLayer(RecurrentLayer):
     def _rows(self, array, t):
         n = self.step_batch * self.outputs
         return array[t * n:(t + 1) * n]
+
+    def _cell_and_output_deltas(self, be, t):
+        """Step t's backward through h = o * tanh(c): temp3 <- d(h); temp2 <- the cell's
+        delta, d(h) * o * tanh'(c) plus the carried dc; temp <- the output gate's delta,
+        tanh(c) * d(h) * o's logistic gradient."""
+        be.copy(self._rows(self.delta, t), self.temp3)
+        be.copy(self.c_t, self.temp)
+        be.activate(self.temp, "tanh")
+        be.copy(self.temp3, self.temp2)
+        be.mul(self.o, self.temp2)
+        be.gradient(self.temp, "tanh", self.temp2)
+        be.axpy(1.0, self.dc, self.temp2)
+        be.mul(self.temp3, self.temp)
+        be.gradient(self.o, "logistic", self.temp)
