@@ -327,3 +327,22 @@ def test_opsets_from_13_to_the_newest(opset):
     assert_exports_exactly(net, batch=2, opset=opset)
     with pytest.raises(ExportError, match="--opset 12: use 13"):
         export_model(net, opset=12)
+
+
+def test_class_trees_export_their_softmax_per_group(tmp_path):
+    """[softmax] and [region] with tree= (tests/fixtures/tree/small.tree, 15 classes):
+    the raw outputs equal darknet-py's; --decode, which cannot walk a tree, is refused."""
+    import shutil
+    shutil.copy(Path(__file__).parent / "fixtures" / "tree" / "small.tree", tmp_path)
+    softmax = network_from_text("[net]\nwidth=1\nheight=1\nchannels=15\n[softmax]\n"
+                                "temperature=2\ntree=small.tree\n", tmp_path / "s.cfg")
+    assert softmax.hierarchy is not None
+    assert_exports_exactly(softmax, batch=2)
+    region = network_from_text("[net]\nwidth=8\nheight=8\nchannels=3\n"
+                               "[convolutional]\nfilters=40\nsize=3\nstride=2\npad=1\n"
+                               "activation=linear\n[region]\nanchors=1,1,2,2\nclasses=15\n"
+                               "coords=4\nnum=2\nsoftmax=1\ntree=small.tree\n", tmp_path / "r.cfg")
+    assert region.layers[-1].hierarchy is not None
+    assert_exports_exactly(region, batch=2)
+    with pytest.raises(ExportError, match=r"--decode cannot walk a class tree"):
+        export_model(region, batch=None, decode=True)

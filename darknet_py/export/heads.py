@@ -13,7 +13,7 @@ import numpy as np
 
 from ..losses.gaussian_yolo import UH, UW, X, Y
 from . import ExportError
-from .layers import exports
+from .layers import exports, tree_softmax
 
 
 def _planes(g, layer, x, entries, logistic, scale_xy=1, xy=(0, 1)):
@@ -53,14 +53,21 @@ def region(g, layer, x):
     size, n, hw = layer.size, layer.n, layer.h * layer.w
     logistic = [0, 1, layer.coords] + ([] if layer.softmax else
                                        list(range(layer.coords + 1, size)))
+    if layer.hierarchy is not None:
+        logistic = [0, 1, layer.coords]
     y = _planes(g, layer, x, size, logistic)
-    if not layer.softmax:
+    if not layer.softmax and layer.hierarchy is None:
         return y
     t = g.reshape(y, (n, size, hw))
     first = layer.coords + 1
     box = g.slice(t, 2, 0, first, shape=(n, first, hw))
-    classes = g.op("Softmax", [g.slice(t, 2, first, size, shape=(n, layer.classes, hw))],
-                   (n, layer.classes, hw), axis=2)
+    scores = g.slice(t, 2, first, size, shape=(n, layer.classes, hw))
+    if layer.hierarchy is not None:   # a softmax per sibling group, as Darknet's GPU build
+        scores = g.op("Transpose", [scores], (layer.classes, n, hw), perm=[0, 2, 1, 3])
+        scores = tree_softmax(g, scores, layer.hierarchy, (n, hw))
+        classes = g.op("Transpose", [scores], (n, layer.classes, hw), perm=[0, 2, 1, 3])
+    else:
+        classes = g.op("Softmax", [scores], (n, layer.classes, hw), axis=2)
     return g.concat([box, classes], 2, (n, size, hw))
 
 
@@ -93,6 +100,9 @@ def decode_heads(g, net, heads):
         if layer.type not in ("yolo", "region"):
             raise ExportError(f"layer {layer.index} [{layer.type}]: --decode covers [yolo] "
                               f"and [region] heads; export it without --decode")
+        if getattr(layer, "hierarchy", None) is not None:
+            raise ExportError(f"layer {layer.index} [region]: --decode cannot walk a class "
+                              f"tree (tree=); export the raw outputs without --decode")
         b, s = _decode(g, layer, g.outputs[layer.index], netw, neth)
         boxes.append(b)
         scores.append(s)

@@ -327,11 +327,26 @@ def identity(g, layer, x):
 
 @exports("softmax")
 def softmax(g, layer, x):
+    if layer.hierarchy is not None:
+        t = g.reshape(x, (layer.inputs, 1))
+        if layer.temperature != 1:
+            t = g.op("Div", [t, g.scalar(layer.temperature)], (layer.inputs, 1))
+        return g.flat(tree_softmax(g, t, layer.hierarchy, (1,)))
     n = layer.inputs // layer.groups
     t = g.reshape(x, (layer.groups, n))
     if layer.temperature != 1:
         t = g.op("Div", [t, g.scalar(layer.temperature)], (layer.groups, n))
     return g.flat(g.op("Softmax", [t], (layer.groups, n), axis=-1))
+
+
+def tree_softmax(g, t, hier, rest):
+    """A softmax over each sibling group of a class tree (tree.py), along the per-image
+    axis 0 of t, shaped (classes, *rest): one Slice and Softmax a group, concatenated."""
+    parts = []
+    for first, size in zip(hier.group_offset.tolist(), hier.group_size.tolist()):
+        group = g.slice(t, 1, first, first + size, shape=(size, *rest))
+        parts.append(g.op("Softmax", [group], (size, *rest), axis=1))
+    return g.concat(parts, 1, (hier.n, *rest))
 
 
 # ---- the fork's attention layers ---------------------------------------------------------------
