@@ -346,3 +346,23 @@ def test_class_trees_export_their_softmax_per_group(tmp_path):
     assert_exports_exactly(region, batch=2)
     with pytest.raises(ExportError, match=r"--decode cannot walk a class tree"):
         export_model(region, batch=None, decode=True)
+
+
+@pytest.mark.parametrize("section", ["[activation]\nactivation=mish", "[logistic]", "[l2norm]",
+                                     "[lrn]\nsize=5\nalpha=0.3\nbeta=0.75\nkappa=2",
+                                     "[lrn]\nsize=3\nalpha=0.01",
+                                     "[deconv]\nfilters=3\nsize=4\nstride=2\npadding=1\n"
+                                     "activation=leaky",
+                                     "[deconv]\nfilters=2\nsize=3\nstride=1\npad=1\n"
+                                     "batch_normalize=1\nactivation=linear"])
+def test_issue_23s_layers_export(section):
+    net = network_from_text("[net]\nwidth=6\nheight=5\nchannels=3\n[convolutional]\nfilters=4\n"
+                            f"size=3\nstride=1\npad=1\nactivation=leaky\n{section}\n")
+    assert_exports_exactly(net, batch=2)
+
+
+def test_recurrent_layers_are_refused_by_name():
+    net = network_from_text("[net]\ninputs=8\nbatch=1\n[rnn]\noutput=4\nhidden=4\n"
+                            "activation=leaky\n")
+    with pytest.raises(ExportError, match=r"layer 0 \[rnn\]: ONNX export does not cover"):
+        export_model(net, batch=None)

@@ -67,6 +67,24 @@ def convolutional(g, layer, x):
     return layer_activation(g, layer, y)
 
 
+@exports("deconvolutional")
+def deconvolutional(g, layer, x):
+    """ConvTranspose: Darknet's deconvolution weights are (c, filters, size, size), ONNX's
+    layout; batch norm (or the biases) after it, per output channel."""
+    w = g.host(layer.weights).reshape(layer.c, layer.filters, layer.size, layer.size)
+    shape = output_image(layer)
+    y = g.op("ConvTranspose", [input_image(g, layer, x), g.const(w, "weights")], shape,
+             kernel_shape=[layer.size] * 2, strides=[layer.stride] * 2,
+             pads=[layer.padding] * 4)
+    if layer.batch_normalize:
+        factor, offset = bn_affine(layer, g.host)
+    else:
+        factor, offset = np.ones(layer.filters), g.host(layer.biases).astype(np.float64)
+    y = g.op("Mul", [y, g.const(factor.reshape(-1, 1, 1))], shape)
+    y = g.op("Add", [y, g.const(offset.reshape(-1, 1, 1))], shape)
+    return layer_activation(g, layer, y)
+
+
 @exports("connected")
 def connected(g, layer, x):
     w = g.host(layer.weights).astype(np.float64).reshape(layer.outputs, layer.inputs)
@@ -323,6 +341,51 @@ def identity(g, layer, x):
     """Dropout passes its input in inference; [empty] always; a [cost] layer's output is an
     error that inference does not compute (predict returns the layer before it)."""
     return g.reshape(x, (layer.inputs,)) if layer.type == "cost" else x
+
+
+@exports("activation")
+def activation(g, layer, x):
+    return layer_activation(g, layer, input_image(g, layer, x))
+
+
+@exports("logistic")
+def logistic(g, layer, x):   # its cost needs a truth: inference is the logistic alone
+    return g.op("Sigmoid", [input_image(g, layer, x)], output_image(layer))
+
+
+@exports("l2norm")
+def l2norm(g, layer, x):
+    """x / sqrt(the sum over the channels of x^2), per position."""
+    image = input_image(g, layer, x)
+    shape = output_image(layer)
+    squares = g.op("Mul", [image, image], shape)
+    total = g.reduce("ReduceSum", squares, [1], (1, layer.out_h, layer.out_w))
+    return g.op("Div", [image, g.op("Sqrt", [total], (1, layer.out_h, layer.out_w))], shape)
+
+
+@exports("normalization")
+def normalization(g, layer, x):
+    """Darknet's LRN as a 1x1 convolution of x^2: its running window sum is a fixed linear
+    map over the channels (lrn_forward's counts: channel size/2 never enters and is later
+    subtracted), then kappa added, ^-beta, times x."""
+    c = layer.c
+    counts, window = np.zeros((c, c)), np.zeros(c)
+    window[:min(layer.size // 2, c)] = 1
+    counts[0] = window
+    for k in range(1, c):
+        prev, nxt = k - (layer.size - 1) // 2 - 1, k + layer.size // 2
+        if prev >= 0:
+            window[prev] -= 1
+        if nxt < c:
+            window[nxt] += 1
+        counts[k] = window
+    image = input_image(g, layer, x)
+    shape = output_image(layer)
+    squares = g.op("Mul", [image, image], shape)
+    weights = (layer.alpha * counts).reshape(c, c, 1, 1)
+    norms = g.op("Conv", [squares, g.const(weights, "lrn_window"),
+                          g.const(np.full(c, layer.kappa), "kappa")], shape, kernel_shape=[1, 1])
+    return g.op("Mul", [g.op("Pow", [norms, g.scalar(-layer.beta)], shape), image], shape)
 
 
 @exports("softmax")

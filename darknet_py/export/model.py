@@ -40,14 +40,22 @@ def letterboxed(net):
     return True
 
 
-def build_layers(g, net, x):
-    """Every layer's function in order; refuses a layer no function is registered for."""
+def check_exportable(net):
+    """Refuse, before anything is built, a layer no function is registered for (the
+    recurrent layers, which carry state from call to call, among them)."""
     for layer in net.layers:
-        fn = EXPORTERS.get(type(layer))
-        if fn is None:
+        if type(layer) not in EXPORTERS:
             raise ExportError(f"layer {layer.index} [{layer.type}]: ONNX export does not "
                               f"cover this layer type")
-        y = fn(g, layer, x)
+    if len(net.input_shape) != 3:
+        raise ExportError("ONNX export takes image networks ([net] width, height, channels); "
+                          "this one reads rows of [net] inputs")
+
+
+def build_layers(g, net, x):
+    """Every layer's function in order."""
+    for layer in net.layers:
+        y = EXPORTERS[type(layer)](g, layer, x)
         y = g.reshape(y, layer.output_shape(1)[1:])
         g.outputs[layer.index] = y
         x = y
@@ -61,6 +69,7 @@ def export_model(net, opset=DEFAULT_OPSET, batch=1, precision="fp32", decode=Fal
         raise ExportError(f"--opset {opset}: use {MIN_OPSET}..{onnx.defs.onnx_opset_version()}")
     if precision not in PRECISIONS:
         raise ExportError(f"unknown precision '{precision}' (known: {', '.join(PRECISIONS)})")
+    check_exportable(net)
     g = GraphBuilder(onnx, opset, PRECISIONS[precision])
     g.net = net
     g.host = lambda arr: np.asarray(net.be.to_host(arr), dtype=np.float32)
