@@ -44,13 +44,8 @@ def get_backend(device="auto", notice=True):
             return get_backend("cuda:0")
         global _cpu_notice_given
         if notice and not _cpu_notice_given:   # once per process, not per network
-            # NumPy stays the default on the CPU (Darknet's exact arithmetic); ONNX Runtime,
-            # when installed, is offered, not picked (docs/onnx.md).
-            import importlib.util
-            faster = ("; inference runs faster with --engine onnxruntime" if
-                      importlib.util.find_spec("onnxruntime") is not None else "")
-            print(f"darknet-py: no CUDA GPU (or PyCUDA) found; running on the CPU "
-                  f"(NumPy){faster}", file=sys.stderr)
+            print("darknet-py: no CUDA GPU (or PyCUDA) found; running on the CPU (NumPy)",
+                  file=sys.stderr)
             _cpu_notice_given = True
         return NumpyBackend()
     if device == "cuda" or device.startswith("cuda:"):

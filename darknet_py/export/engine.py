@@ -6,6 +6,9 @@ predict()/forward() in ONNX Runtime, writing the raw outputs (every detection he
 the output layer) into those layers' output buffers, where detect(), classify() and the
 validation code read them. The NumPy backend stays the reference: ONNX Runtime's float
 arithmetic differs from it in the last bits (the export test measures it)."""
+import importlib.util
+import sys
+
 import numpy as np
 
 from . import ExportError, require
@@ -72,7 +75,14 @@ def with_engine(net, engine):
 
 
 def load_with_engine(load, engine, device, **kwargs):
-    """load(device=..., **kwargs) (load_network, say), served by `engine`."""
+    """load(device=..., **kwargs) (load_network, say), served by `engine`. NumPy stays the
+    CPU default (Darknet's exact arithmetic); when --device auto fell back to the CPU and
+    ONNX Runtime is installed, a note offers it (docs/onnx.md)."""
     if engine == "onnxruntime":
         require("onnxruntime")
-    return with_engine(load(device=engine_device(engine, device), **kwargs), engine)
+    net = with_engine(load(device=engine_device(engine, device), **kwargs), engine)
+    if engine in (None, "numpy") and device in (None, "auto") and net.be.name == "cpu" \
+            and importlib.util.find_spec("onnxruntime") is not None:
+        print("darknet-py: note: on the CPU, --engine onnxruntime runs inference faster",
+              file=sys.stderr)
+    return net
