@@ -36,6 +36,7 @@ class Hierarchy:
     leaf: np.ndarray
     group_offset: np.ndarray
     group_size: np.ndarray
+    levels: tuple    # the non-root classes by depth, 1 first (arrays of class indexes)
 
     @property
     def n(self):
@@ -86,8 +87,12 @@ def _hierarchy(path, names, parents):
             child[parent[first]] = g
     leaf = np.ones(n, dtype=bool)
     leaf[parent[parent >= 0]] = False
+    depth = np.zeros(n, dtype=np.int64)
+    for j in np.flatnonzero(parent >= 0):   # parents come first (read_tree checks it)
+        depth[j] = depth[parent[j]] + 1
+    levels = tuple(np.flatnonzero(depth == d) for d in range(1, int(depth.max()) + 1))
     return Hierarchy(path, tuple(names), parent, group, child, leaf,
-                     starts.astype(np.int64), group_size.astype(np.int64))
+                     starts.astype(np.int64), group_size.astype(np.int64), levels)
 
 
 def resolve_tree_path(value, cfg_path):
@@ -104,8 +109,10 @@ def hierarchy_predictions(pred, hier, only_leaves=False):
     P(class | parent) times its parent's product, parents first, so every value becomes
     P(class); with only_leaves the inner classes are zeroed. Returns a new array."""
     p = np.array(pred, dtype=np.float32)
-    for j in np.flatnonzero(hier.parent >= 0):   # in class order, as the C loop
-        p[..., j] *= p[..., hier.parent[j]]
+    # Darknet multiplies in class order; parents come before their children, so a level at
+    # a time takes the same products (each parent's is final before its children use it).
+    for level in hier.levels:
+        p[..., level] *= p[..., hier.parent[level]]
     if only_leaves:
         p[..., ~hier.leaf] = 0
     return p
