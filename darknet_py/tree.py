@@ -149,14 +149,11 @@ def fill_hierarchy(truth, hier):
     t = np.array(truth, dtype=np.float32)
     flat = t.reshape(-1, t.shape[-1])
     for row in flat:
-        for j in np.flatnonzero(row[:hier.n]):
-            parent = hier.parent[j]
-            while parent >= 0:
-                row[parent] = 1
-                parent = hier.parent[parent]
-        for first, size in zip(hier.group_offset, hier.group_size):
-            if not row[first:first + size].any():
-                row[first:first + size] = NO_TRUTH
+        classes = row[:hier.n]
+        for level in reversed(hier.levels):   # deepest first: a set class sets its parent
+            classes[hier.parent[level[classes[level] != 0]]] = 1
+        empty = np.add.reduceat(classes != 0, hier.group_offset) == 0
+        classes[np.repeat(empty, hier.group_size)] = NO_TRUTH
     return t
 
 
