@@ -160,9 +160,10 @@ def measure(who, kind, cfg, precision, batch):
 def iteration_seconds(tmp, precision, iterations=30):
     """`darknet-py train` of `iterations` iterations of 64 images, whole process / count."""
     from train_bench import detector_set
-    root = Path(tmp)
-    data = root / "det96" / "det96.data"
-    if not data.exists():
+    root = Path(tmp) / "set416"
+    data = next(root.glob("*.data"), None) if root.exists() else None
+    if data is None:
+        root.mkdir()
         data = detector_set(root, count=512, size=416)
     cfg = three_class_cfg("yolov4.cfg", tmp, batch=64, subdivisions=2, max_batches=iterations)
     start = time.perf_counter()

@@ -52,6 +52,20 @@ class Conv(nn.Module):
         return self.act(self.bn(self.conv(x)))
 
 
+class DarknetMaxPool(nn.Module):
+    """Darknet's maxpool: `padding` (default size - 1) split with the smaller half on the
+    top/left, so 2x2 stride-1 pools keep the size (yolov3-tiny's 13x13 pool)."""
+
+    def __init__(self, size, stride, padding):
+        super().__init__()
+        self.size, self.stride = size, stride
+        self.pad = (padding // 2, padding - padding // 2) * 2
+
+    def forward(self, x):
+        x = F.pad(x, self.pad, value=float("-inf"))
+        return F.max_pool2d(x, self.size, self.stride)
+
+
 class DarknetPort(nn.Module):
     def __init__(self, path):
         super().__init__()
@@ -69,7 +83,7 @@ class DarknetPort(nn.Module):
             elif kind in ("maxpool", "max"):
                 size = int(opts.get("size", 2))
                 stride = int(opts.get("stride", size))
-                mod = nn.MaxPool2d(size, stride, padding=(size - 1) // 2 if stride == 1 else 0)
+                mod = DarknetMaxPool(size, stride, int(opts.get("padding", size - 1)))
             elif kind == "route":
                 layers = [int(v) for v in opts["layers"].split(",")]
                 layers = [v + index if v < 0 else v for v in layers]
