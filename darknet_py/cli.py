@@ -560,8 +560,8 @@ def refuse_onnx_model(cfg, weights, images, command):
     that runs the network on ONNX Runtime (from its cfg and weights; the engine exports
     and checks its own model)."""
     if cfg.lower().endswith(".onnx"):
-        image = " ".join([weights, *images]) if not weights.lower().endswith(".weights") \
-            else "IMAGE"
+        given = list(images) if weights.lower().endswith(".weights") else [weights, *images]
+        image = " ".join(given) or "IMAGE"
         raise UserError(f"{cfg}: an ONNX model is not a cfg; ONNX Runtime runs the network "
                         f"from the cfg and weights it was exported from: `{PROG} {command} "
                         f"CFG WEIGHTS {image} --engine onnxruntime`")
