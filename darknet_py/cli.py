@@ -62,11 +62,11 @@ class DarknetGroup(click.Group):
     def parse_args(self, ctx, args):
         try:   # Darknet's `detector train DATA CFG` and the fork's -flags, in our form
             args, note = translate_darknet_form(args)
-        except DarknetFormError as e:
-            raise UserError(str(e)) from None
         except DarknetFormHelp as e:   # `detector --help`
             click.echo(str(e))
             ctx.exit(0)
+        except DarknetFormError as e:
+            raise UserError(str(e)) from None
         if note:
             click.echo(f"{PROG}: note: {note}", err=True)
         return super().parse_args(ctx, args)

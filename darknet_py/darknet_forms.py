@@ -258,8 +258,9 @@ FORMS = {
 }
 
 
-class DarknetFormHelp(Exception):
-    """`detector --help` (or classifier's): the text to print, with exit code 0."""
+class DarknetFormHelp(DarknetFormError):
+    """`detector --help` (or classifier's): no command to run, the text to print (exit
+    code 0)."""
 
 
 def form_help(head):
