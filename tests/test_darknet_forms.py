@@ -29,7 +29,8 @@ from test_dayone_labels import GOOD, make_dataset
                                                                    "dog.jpg --data my.data "
                                                                    "--top 3"),
     ("detector test my.data my.cfg my.weights list.txt -out result.json",
-     "detect my.cfg my.weights list.txt --data my.data --json result.json"),
+     "detect my.cfg my.weights list.txt --data my.data --json result.json --json-format "
+     "alexeyab"),
     ("detector test my.data my.cfg my.weights dog.jpg -out boxes",
      "detect my.cfg my.weights dog.jpg --data my.data --out boxes"),
     ("detector test my.data my.cfg my.weights dog.jpg -save_labels -i 1",
@@ -39,7 +40,9 @@ from test_dayone_labels import GOOD, make_dataset
      "detect my.cfg my.weights dog.jpg --thresh 0.3"),
     ("train my.cfg my.data -map", "train my.cfg my.data --map"),
 ])
-def test_translation(darknet, ours):
+def test_translation(darknet, ours, monkeypatch):
+    # -i and -gpus as on a GPU machine (without one they are dropped: test_fork_cli.py)
+    monkeypatch.setattr("darknet_py.darknet_forms.gpu_present", lambda: True)
     out, note = translate(darknet.split())
     assert out == ours.split()
     assert note.startswith(f"running `darknet-py {ours}`")
