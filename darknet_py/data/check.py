@@ -36,6 +36,10 @@ KINDS = {
     "unreadable": "label file unreadable",
     "path": "image path names no class, or several (a classifier's label)",
 }
+# Problems whose line is still a box of its class (Darknet clips it to the image): counted
+# in the boxes and per class. A malformed line, a class id out of range and a box without
+# size are counted by neither (Darknet skips or drops them).
+BOX_KINDS = ("pixels", "range")
 
 
 @dataclass
@@ -56,7 +60,7 @@ class LabelReport:
     images: int = 0
     label_files: int = 0
     empty_files: int = 0
-    boxes: int = 0
+    boxes: int = 0            # the boxes of a class: sum(per_class.values())
     per_class: Counter = field(default_factory=Counter)
     problems: list = field(default_factory=list)
     rows: list = field(default_factory=list)     # (n, 5) float64 arrays: class x y w h
@@ -110,13 +114,13 @@ def scan_label_file(path, classes, report):
         if not fields:
             continue
         found = check_label_line(fields, classes)
-        report.boxes += 1
         if found is not None:
             report.problems.append(LabelProblem(path, lineno, *found))
-            if found[0] in ("pixels", "range"):   # counted per class all the same
-                report.per_class[int(fields[0])] += 1
-            continue
-        good.append([float(v) for v in fields])
+            if found[0] not in BOX_KINDS:
+                continue   # no box of a class: the totals and the class table agree
+        else:
+            good.append([float(v) for v in fields])
+        report.boxes += 1
         report.per_class[int(fields[0])] += 1
     if good:
         report.rows.append(np.array(good, dtype=np.float64))
@@ -169,8 +173,10 @@ def summary_line(report, by_kind=None):
     images = f"{report.images} image{'s' if report.images != 1 else ''}"
     if report.classifier:
         return f"labels of {images}: " + "; ".join(parts)
-    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}; "
-            + "; ".join(parts))
+    skipped = sum(1 for p in report.problems if p.line and p.kind not in BOX_KINDS)
+    uncounted = f" ({skipped} line{'s' if skipped != 1 else ''} not counted)" if skipped else ""
+    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}"
+            f"{uncounted}; " + "; ".join(parts))
 
 
 def refuse_pixel_labels(report, what="training"):
