@@ -736,17 +736,21 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, da
 @click.option("--plots", metavar="DIR", default=None,
               help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
                    "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
+@click.option("--quiet", is_flag=True,
+              help="No progress line (images done, images/s, ETA) on stderr.")
 @overwrite_option
 @device_options
 @engine_option
 @darknet_option
-def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite, device,
-                engine, darknet):
+def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, overwrite,
+                device, engine, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
     totals and "mean average precision (mAP@0.50) = ...". Every class of the network
-    counts in the mean, also those without ground truth (as in the fork).
+    counts in the mean, also those without ground truth (as in the fork). A valid set
+    without a single labelled box is refused (exit code 2), naming where the label files
+    were looked for.
     """
     if points == 1:
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
@@ -759,7 +763,8 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
         classes = heads[-1].classes if heads else 0
         claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine)
+                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine,
+                 progress=not quiet)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")

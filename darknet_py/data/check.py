@@ -65,6 +65,7 @@ class LabelReport:
     problems: list = field(default_factory=list)
     rows: list = field(default_factory=list)     # (n, 5) float64 arrays: class x y w h
     classifier: bool = False   # labels are image paths (boxes counts the images)
+    first_label: str = None    # the label file looked for for the first image
 
     def count(self, kind):
         return sum(1 for p in self.problems if p.kind == kind)
@@ -137,6 +138,7 @@ def scan_labels(image_paths, classes=None):
         except DataError as e:
             report.problems.append(LabelProblem(os.fspath(image), 0, "missing", str(e)))
             continue
+        report.first_label = report.first_label or path
         if not os.path.isfile(path):
             report.problems.append(LabelProblem(path, 0, "missing",
                                                 f"label file not found (for image {image})"))
@@ -187,6 +189,23 @@ def refuse_pixel_labels(report, what="training"):
         raise DataError(f"{pixels} of the {report.boxes} boxes in the {what} labels look like "
                         f"pixel coordinates (first: {first.path}:{first.line}); {FIX_PIXELS}. "
                         f"`darknet-py check DATA` lists them all")
+
+
+def refuse_unlabelled(report, what="validation"):
+    """DataError when the scanned images hold not one labelled box (a mAP of such a set is
+    0 whatever the weights): the line says where the label files were looked for."""
+    if report.boxes:
+        return
+    missing = sum(1 for p in report.problems if p.kind == "missing")
+    first = (f"the first image's at {report.first_label}" if report.first_label
+             else "none could be derived from the image names")
+    if missing == report.images:
+        raise DataError(f"none of the {report.images} {what} images has a label file "
+                        f"(looked for where Darknet looks: {first})")
+    raise DataError(f"none of the {report.images} {what} images has a labelled box "
+                    f"({missing} label files missing; of the {report.label_files} found, "
+                    f"{report.empty_files} empty, the others without a sound 'class x y w "
+                    f"h' line; {first})")
 
 
 def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None):
