@@ -57,3 +57,195 @@ def test_a_cut_off_backbone_names_both_sizes(tmp_path, detector):
                                            r"download \(the file is 60 bytes where this cfg's "
                                            r"weights are [\d,]+\), or weights of another cfg"):
         load_weights(load_network(cfg), short, allow_partial=True)
+
+
+# ---- map, valid and train --map on a valid set they cannot score ------------------------
+def digits(tmp_path, valid=3):
+    """A digit set (2 training images, `valid` valid ones): the .data path and its folder."""
+    data = digit_set(tmp_path / "set", 2, valid)
+    return data, tmp_path / "set"
+
+
+def error_line(r):
+    errors = [l for l in r.err.splitlines() if l.startswith("darknet-py: error: ")]
+    assert len(errors) == 1 and "Traceback" not in r.err, r
+    return errors[0]
+
+
+@pytest.mark.parametrize("command", ["map", "valid"])
+def test_a_valid_set_without_label_files_is_refused_naming_where_they_were_looked_for(
+        tmp_path, detector, command):
+    """The fork's map prints mAP 0 and exits 0 here; valid refused only after detecting
+    every image, without saying where the labels were looked for."""
+    data, root = digits(tmp_path)
+    for label in (root / "labels" / "valid").iterdir():
+        label.unlink()
+    cfg, weights = detector
+    r = run_in_process([command, cfg, data, weights, "--device", "cpu"], cwd=tmp_path)
+    assert r.code == 2, r
+    assert error_line(r) == (
+        f"darknet-py: error: none of the 3 validation images has a label file (looked for "
+        f"where Darknet looks: the first image's at {root}/labels/valid/000000.txt)")
+    assert "mean average precision" not in r.out and "map: " not in r.err, r
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_valid_set_of_empty_label_files_is_refused_too(tmp_path, detector):
+    data, root = digits(tmp_path)
+    for label in (root / "labels" / "valid").iterdir():
+        label.write_text("")
+    cfg, weights = detector
+    r = run_in_process(["map", cfg, data, weights, "--device", "cpu"])
+    assert r.code == 2, r
+    assert error_line(r) == (
+        f"darknet-py: error: none of the 3 validation images has a labelled box (0 label files "
+        f"missing; of the 3 found, 3 empty, the others without a sound 'class x y w h' line; "
+        f"the first image's at {root}/labels/valid/000000.txt)")
+
+
+@pytest.mark.parametrize("command", ["map", "valid"])
+def test_a_valid_list_of_missing_images_names_the_first_and_the_count(tmp_path, detector,
+                                                                      command):
+    data, root = digits(tmp_path)
+    for image in (root / "images" / "valid").iterdir():
+        image.unlink()
+    cfg, weights = detector
+    r = run_in_process([command, cfg, data, weights, "--device", "cpu"])
+    assert r.code == 2, r
+    assert error_line(r) == (
+        f"darknet-py: error: no image of the valid list could be read: all 3 are missing, "
+        f"the first {root}/images/valid/000000.png (listed in {root}/valid.list)")
+
+
+@pytest.mark.parametrize("damage", ["labels", "images"])
+def test_train_map_checks_the_valid_set_before_iteration_1(tmp_path, detector, damage):
+    """Such a run stopped at its first evaluation (after 100 iterations; one shorter than
+    the interval left no weights at all): now it is refused before anything is written."""
+    data, root = digits(tmp_path)
+    for path in (root / damage / "valid").iterdir():
+        path.unlink()
+    cfg, _ = detector
+    r = run_in_process(["train", cfg, data, "--map", "--max-batches", "2", "--device", "cpu"],
+                       cwd=tmp_path)
+    assert r.code == 2, r
+    words = ("none of the 3 validation images has a label file" if damage == "labels" else
+             "no image of the valid list could be read: all 3 are missing")
+    assert words in error_line(r), r
+    assert "images/s" not in r.out + r.err   # no iteration ran
+    assert not (root / "backup").exists() or not list((root / "backup").iterdir())
+
+
+def test_train_map_warns_about_some_missing_valid_images_and_runs(tmp_path, detector):
+    data, root = digits(tmp_path)
+    (root / "images" / "valid" / "000001.png").unlink()
+    cfg, _ = detector
+    r = run_in_process(["train", cfg, data, "--map", "--max-batches", "1", "--device", "cpu",
+                        "--workers", "0"], cwd=tmp_path)
+    assert r.code == 0, r
+    assert (f"darknet-py: warning: 1 of the 3 valid images are missing (the first: "
+            f"{root}/images/valid/000001.png); they are skipped") in r.err
+
+
+# ---- map's progress line -----------------------------------------------------------------
+def test_map_shows_its_progress_on_stderr_and_not_with_quiet(tmp_path, detector):
+    data, _ = digits(tmp_path)
+    cfg, weights = detector
+    r = run_in_process(["map", cfg, data, weights, "--device", "cpu"])
+    assert r.code == 0, r
+    assert re.fullmatch(r"map: 3/3 images, [\d.]+ images/s, in \d+ s", r.err.splitlines()[-1]), r
+    assert "images/s" not in r.out
+    quiet = run_in_process(["map", cfg, data, weights, "--device", "cpu", "--quiet"])
+    assert quiet.code == 0 and "images/s" not in quiet.err, quiet
+    assert quiet.out == r.out
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class Stream:
+    def __init__(self, tty):
+        self.text, self.tty = "", tty
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_image_progress_gives_done_total_rate_and_eta(tty):
+    from darknet_py.validate import ImageProgress
+    clock, stream = Clock(), Stream(tty)
+    progress = ImageProgress(200, "map", stream=stream, every=5.0, clock=clock)
+    for done, now in ((10, 102.0), (25, 105.0), (30, 106.0), (160, 140.0)):
+        clock.now = now
+        progress.update(done)
+    clock.now = 150.0
+    progress.done = 200
+    progress.finish()
+    lines = ["map: 25/200 images, 5.0 images/s, ETA 35 s",
+             "map: 160/200 images, 4.0 images/s, ETA 10 s",
+             "map: 200/200 images, 4.0 images/s, in 50 s"]
+    if tty:   # one line, rewritten in place
+        assert stream.text == "".join(f"\r{line}\x1b[K" for line in lines) + "\n"
+    else:
+        assert stream.text == "".join(f"{line}\n" for line in lines)
+
+
+# ---- the Python API's truth ---------------------------------------------------------------
+CLASSIFIER_CFG = """[net]
+batch=1
+width=8
+height=8
+channels=3
+[convolutional]
+filters=20
+size=3
+pad=1
+activation=leaky
+[avgpool]
+[softmax]
+"""
+
+
+@pytest.mark.parametrize("truth", [np.zeros(6), np.zeros((2, 6)), np.zeros((2, 21)),
+                                   np.zeros((3, 20))])
+def test_a_classifier_truth_of_the_wrong_shape_says_the_shape_wanted(tmp_path, truth):
+    """It raised NumPy's 'operands could not be broadcast together with shapes (6,) (20,)'
+    (or, for (2, 21) and (3, 20), trained on the wrong numbers)."""
+    cfg = tmp_path / "c.cfg"
+    cfg.write_text(CLASSIFIER_CFG)
+    net = load_network(str(cfg))
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    for step in (net.train_pass, net.train_iteration):
+        with pytest.raises(ValueError) as info:
+            step(x, truth)
+        assert str(info.value) == (
+            f"truth of shape {truth.shape} for 2 images: this network wants (2, 20): per image "
+            f"the 20 values its [softmax] layer 2 is trained towards (one-hot: 1 at the "
+            f"image's class)")
+    assert net.seen == 0   # refused before the step counted
+    net.train_iteration(x, np.eye(20, dtype=np.float32)[[3, 5]])   # the shape it said
+    net.train_pass(x, np.eye(20, dtype=np.float32)[[3, 5]].ravel())   # flat is fine too
+
+
+def test_a_detector_truth_of_the_wrong_shape_says_the_shape_wanted(detector):
+    cfg, _ = detector
+    net = load_network(cfg)
+    x = np.zeros((2, 3, 32, 32), np.float32)
+    for truth in (np.zeros((2, 7)), np.zeros((1, 450))):
+        with pytest.raises(ValueError, match=re.escape(
+                f"truth of shape {truth.shape} for 2 images: this network wants (2, 450): 90 "
+                f"boxes of (x, y, w, h, class) per image, zero padded (any whole number of "
+                f"boxes does)")):
+            net.train_pass(x, truth)
+    net.train_pass(x, np.zeros((2, 10 * 5), np.float32))
