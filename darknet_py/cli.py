@@ -780,14 +780,27 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, ov
               help="The network's input height. [default: the --cfg's, else 416]")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the k-means initialisation.")
-def anchors_command(data, cfg, num, width, height, seed):
+@click.option("--out", metavar="FILE", default=None,
+              help="Also write the anchors to FILE as the AlexeyAB fork's calc_anchors "
+                   "writes anchors.txt.")
+@overwrite_option
+def anchors_command(data, cfg, num, width, height, seed, out, overwrite):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 
     k-means on (width, height) with 1 - IoU as the distance, at the network's input
     size. Prints the cfg line ("anchors = 10,13, 16,30, ...", smallest first) on
     stdout, and on stderr how well the anchors fit the boxes.
+
+    --out FILE writes them as the fork's anchors.txt ("w,h, w,h, ..." without a line end,
+    each value padded to 3 characters, or with 4 decimals for a network 32 pixels wide or
+    less). Darknet's form `detector calc_anchors DATA` writes anchors.txt in the current
+    directory, replacing an earlier one as the fork does, and names it.
     """
-    from .data.anchors import anchor_mean_iou, anchor_settings, compute_anchors, format_anchors
+    from .data.anchors import (anchor_mean_iou, anchor_settings, compute_anchors,
+                               fork_anchors_text, format_anchors)
+    replacing = out is not None and os.path.exists(out)
+    if out is not None:
+        claim_outputs([out], overwrite)
     settings, used = anchor_settings(cfg, num=num, width=width, height=height)
     if used:
         click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
@@ -796,6 +809,11 @@ def anchors_command(data, cfg, num, width, height, seed):
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+    if out is not None:
+        write_text_atomically(out, fork_anchors_text(anchors, settings["width"]))
+        click.echo(f"{PROG}: wrote {os.path.abspath(out)} (the anchors in the fork's "
+                   f"anchors.txt form{'; it replaced an earlier file' if replacing else ''})",
+                   err=True)
 
 
 @cli.command("check", short_help="Check a detector dataset: lists, labels, boxes per class.")

@@ -249,3 +249,43 @@ def test_a_detector_truth_of_the_wrong_shape_says_the_shape_wanted(detector):
                 f"boxes does)")):
             net.train_pass(x, truth)
     net.train_pass(x, np.zeros((2, 10 * 5), np.float32))
+
+
+# ---- detector calc_anchors' anchors.txt -------------------------------------------------
+def test_fork_anchors_text_is_the_forks_printf():
+    """detector.c calc_anchors: sprintf "%3.0f,%3.0f" (width > 32) or "%2.4f,%2.4f", joined
+    by ", ", no line end; C's printf rounds a tie to even, as Python's format does."""
+    from darknet_py.data.anchors import fork_anchors_text
+    assert fork_anchors_text([(12.5, 9.0), (116.0, 90.2)], 416) == " 12,  9, 116, 90"
+    assert fork_anchors_text([(6.0, 9.25), (8.5, 13.0)], 32) == "6.0000,9.2500, 8.5000,13.0000"
+
+
+def test_calc_anchors_writes_anchors_txt_as_the_fork_and_names_it(tmp_path):
+    data, _ = digits(tmp_path)
+    form = ["detector", "calc_anchors", data, "-num_of_clusters", "2", "-width", "320",
+            "-height", "320"]
+    r = run_in_process(form, cwd=tmp_path)
+    assert r.code == 0, r
+    written = (tmp_path / "anchors.txt").read_text()
+    shown = r.out.strip().removeprefix("anchors = ")
+    assert re.fullmatch(r" *\d+, *\d+,  *\d+, *\d+", written), written
+    assert [int(v) for v in written.split(",")] == [int(v) for v in shown.split(",")]
+    assert (f"darknet-py: wrote {tmp_path}/anchors.txt (the anchors in the fork's anchors.txt "
+            f"form)") in r.err.splitlines(), r
+    (tmp_path / "anchors.txt").write_text("mine")
+    r = run_in_process(form, cwd=tmp_path)   # the fork replaces it; we say so
+    assert r.code == 0 and (tmp_path / "anchors.txt").read_text() == written, r
+    assert r.err.splitlines()[-1].endswith("form; it replaced an earlier file)"), r
+
+
+def test_anchors_out_never_replaces_a_file_without_overwrite(tmp_path):
+    data, _ = digits(tmp_path)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my anchors")
+    r = run_in_process(["anchors", data, "--num", "2", "--out", mine])
+    assert r.code == 2 and "mine.txt: already exists" in error_line(r), r
+    assert mine.read_text() == "my anchors" and r.out == ""
+    r = run_in_process(["anchors", data, "--num", "2", "--out", mine, "--overwrite",
+                        "--width", "32", "--height", "32"])
+    assert r.code == 0, r
+    assert re.fullmatch(r"\d+\.\d{4},\d+\.\d{4}, \d+\.\d{4},\d+\.\d{4}", mine.read_text())
