@@ -92,8 +92,9 @@ def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None
 
 class ImageProgress:
     """A progress line on stderr for a pass over images: done/total, images/s and the ETA.
-    On a terminal the line is rewritten in place (4 times a second at most); otherwise a
-    new line every `every` seconds. finish() prints the last one, with the time taken."""
+    On a terminal the line is rewritten in place (4 times a second at most; end_line()
+    before another message); otherwise a new line every `every` seconds. finish() prints
+    the last one, with the time taken."""
 
     def __init__(self, total, what, stream=None, every=None, clock=time.monotonic):
         self.total, self.what, self.clock = total, what, clock
@@ -102,6 +103,7 @@ class ImageProgress:
         self.every = every if every is not None else (0.25 if self.tty else 5.0)
         self.start = self.last = clock()
         self.done = 0
+        self.open_line = False   # a terminal line written without its line end
 
     def update(self, done):
         self.done = done
@@ -124,6 +126,13 @@ class ImageProgress:
             line = "\r" + line + "\x1b[K"   # over the last one
         self.stream.write(line + ("\n" if final or not self.tty else ""))
         self.stream.flush()
+        self.open_line = self.tty and not final
+
+    def end_line(self):
+        """End a terminal line left open, so that a warning starts on a line of its own."""
+        if self.open_line:
+            self.stream.write("\n")
+            self.open_line = False
 
 
 def seconds_text(seconds):
@@ -589,6 +598,8 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
         try:
             image = load_image(path, net.options.channels)
         except ImageError as e:
+            if shown is not None:
+                shown.end_line()
             print(f"darknet-py: warning: {e}; skipping it", file=sys.stderr)
             skipped.append(str(e))
             continue

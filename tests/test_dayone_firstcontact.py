@@ -199,6 +199,20 @@ def test_image_progress_gives_done_total_rate_and_eta(tty):
         assert stream.text == "".join(f"\r{line}\x1b[K" for line in lines) + "\n"
     else:
         assert stream.text == "".join(f"{line}\n" for line in lines)
+    before = stream.text
+    progress.end_line()   # nothing left open after finish()
+    assert stream.text == before
+
+
+def test_image_progress_ends_an_open_terminal_line_before_a_warning():
+    from darknet_py.validate import ImageProgress
+    clock, stream = Clock(), Stream(True)
+    progress = ImageProgress(10, "map", stream=stream, every=1.0, clock=clock)
+    clock.now += 2
+    progress.update(4)
+    progress.end_line()
+    progress.end_line()   # once
+    assert stream.text == "\rmap: 4/10 images, 2.0 images/s, ETA 3 s\x1b[K\n"
 
 
 # ---- the Python API's truth ---------------------------------------------------------------
@@ -319,3 +333,25 @@ def test_the_readmes_cpu_cfg_is_the_gpu_cfg_at_a_cpu_size():
     assert [h.random for h in heads] == [0, 0]
     gpu_anchors = np.asarray([l for l in gpu.layers if l.type == "yolo"][0].biases[:12])
     assert np.abs(np.asarray(heads[0].biases[:12]) - gpu_anchors * 256 / 416).max() <= 0.5
+
+
+def test_train_map_checks_a_classifiers_valid_labels_before_iteration_1(tmp_path, bars):
+    """A classifier's valid image is labelled by the class name in its path: a valid list
+    where no path names a class stopped the run at its first evaluation."""
+    import shutil
+    from helpers import write_classifier_cfg
+    unnamed = []
+    for i, image in enumerate(sorted((bars / "valid").iterdir())[:3]):
+        unnamed.append(str(shutil.copyfile(image, tmp_path / f"img{i}.png")))
+    (tmp_path / "valid.list").write_text("\n".join(unnamed) + "\n")
+    data = tmp_path / "c.data"
+    data.write_text(f"classes=2\ntrain={bars}/train.list\nvalid={tmp_path}/valid.list\n"
+                    f"names={bars}/bars.names\nbackup={tmp_path}/backup/\n")
+    cfg = write_classifier_cfg(tmp_path)
+    r = run_in_process(["train", cfg, data, "--map", "--device", "cpu"], cwd=tmp_path)
+    assert r.code == 2, r
+    assert error_line(r) == (
+        f"darknet-py: error: no image of the valid list {tmp_path}/valid.list can be labelled: "
+        f"{tmp_path}/img0.png: no class name occurs in the path (a classifier image's class is "
+        f"the class name found in its path)")
+    assert not (tmp_path / "backup").exists() or not list((tmp_path / "backup").iterdir())
