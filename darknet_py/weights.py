@@ -78,9 +78,10 @@ def read_header(f, path):
     return (major, minor, revision), seen, transpose, 12 + (8 if seen_is_64 else 4)
 
 
-def _read_floats(path, need=None):
+def _read_floats(path, need=None, at_least=False):
     """(header, seen, transpose, float32 data, header bytes) of a weights file. need: the
-    floats the network wants, for the sizes an error about a cut-off file gives."""
+    floats the network wants (at_least: or more), for the sizes an error about a cut-off
+    file gives."""
     path = os.fspath(path)
     check_input_file(path, "weights file", WeightsError)
     with open(path, "rb") as f:
@@ -89,7 +90,7 @@ def _read_floats(path, need=None):
     if len(body) % 4:
         raise WeightsError(f"{path}: {len(body)} bytes after the header is not a whole "
                            f"number of floats: a cut-off download or a damaged file"
-                           + (f" ({_sizes(offset + len(body), offset, need)})"
+                           + (f" ({_sizes(offset + len(body), offset, need, at_least)})"
                               if need is not None else ""))
     return header, seen, transpose, np.frombuffer(body, dtype="<f4"), offset
 
@@ -126,7 +127,7 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
     path = os.fspath(path)
     layers = _layers_upto(net, cutoff)
     need = floats_needed(net, cutoff)
-    header, seen, transpose, data, offset = _read_floats(path, need)
+    header, seen, transpose, data, offset = _read_floats(path, need, cutoff is not None)
     have = data.size
     if have != need and cutoff is None:
         layout = class_count_layout(net, have)
@@ -150,8 +151,8 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
     elif have < need or (have > need and cutoff is None):
         more = "fewer" if have < need else "more"
         # A download cut short is as likely as a wrong cfg: say both, with the sizes.
-        cut = (f"a cut-off download ({_sizes(offset + 4 * have, offset, need, cutoff is not None)}"
-               f"), or " if have < need else "")
+        sizes = _sizes(offset + 4 * have, offset, need, cutoff is not None)
+        cut = f"a cut-off download ({sizes}), or " if have < need else ""
         raise WeightsError(
             f"{path}: has {have} floats after its header but the network "
             f"{'up to layer ' + str(cutoff) + ' ' if cutoff is not None else ''}needs {need} "

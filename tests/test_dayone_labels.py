@@ -68,10 +68,10 @@ def test_scan_names_every_kind_by_file_and_line(tmp_path):
     assert any(line.endswith("img1.txt:1: x=22 y=63 w=24 h=16 look like pixels; YOLO labels "
                              "are relative: divide x and w by the image width, y and h by its "
                              "height (each 0-1)") for line in lines), lines
-    assert lines[-1] == ("labels of 7 images: 6 boxes (3 lines not counted); 1 class id out of range; 1 malformed "
-                         "line; 1 label file not found; 1 coordinates look like pixels (YOLO "
-                         "labels are 0-1); 2 coordinates outside 0-1; 1 zero or negative box "
-                         "size")
+    assert lines[-1] == ("labels of 7 images: 6 boxes (3 lines not counted); 1 class id out "
+                         "of range; 1 malformed line; 1 label file not found; 1 coordinates "
+                         "look like pixels (YOLO labels are 0-1); 2 coordinates outside 0-1; 1 "
+                         "zero or negative box size")
     refuse_pixel_labels(report)   # 1 of 9: a warning, not a refusal
 
 
