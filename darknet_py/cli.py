@@ -796,18 +796,22 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, da
 @click.option("--plots", metavar="DIR", default=None,
               help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
                    "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
+@click.option("--quiet", is_flag=True,
+              help="No progress line (images done, images/s, ETA) on stderr.")
 @overwrite_option
 @device_options
 @engine_option
 @darknet_option
 @letter_box_option
-def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite, device,
-                engine, darknet):
+def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, overwrite,
+                device, engine, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
     totals and "mean average precision (mAP@0.50) = ...". Every class of the network
-    counts in the mean, also those without ground truth (as in the fork).
+    counts in the mean, also those without ground truth (as in the fork). A valid set
+    without a single labelled box is refused (exit code 2), naming where the label files
+    were looked for.
     """
     if points == 1:
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
@@ -820,7 +824,8 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
         classes = heads[-1].classes if heads else 0
         claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine)
+                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine,
+                 progress=not quiet)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
@@ -836,14 +841,27 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
               help="The network's input height. [default: the --cfg's, else 416]")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the k-means initialisation.")
-def anchors_command(data, cfg, num, width, height, seed):
+@click.option("--out", metavar="FILE", default=None,
+              help="Also write the anchors to FILE as the AlexeyAB fork's calc_anchors "
+                   "writes anchors.txt.")
+@overwrite_option
+def anchors_command(data, cfg, num, width, height, seed, out, overwrite):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 
     k-means on (width, height) with 1 - IoU as the distance, at the network's input
     size. Prints the cfg line ("anchors = 10,13, 16,30, ...", smallest first) on
     stdout, and on stderr how well the anchors fit the boxes.
+
+    --out FILE writes them as the fork's anchors.txt ("w,h, w,h, ..." without a line end,
+    each value padded to 3 characters, or with 4 decimals for a network 32 pixels wide or
+    less). Darknet's form `detector calc_anchors DATA` writes anchors.txt in the current
+    directory, replacing an earlier one as the fork does, and names it.
     """
-    from .data.anchors import anchor_mean_iou, anchor_settings, compute_anchors, format_anchors
+    from .data.anchors import (anchor_mean_iou, anchor_settings, compute_anchors,
+                               fork_anchors_text, format_anchors)
+    replacing = out is not None and os.path.exists(out)
+    if out is not None:
+        claim_outputs([out], overwrite)
     settings, used = anchor_settings(cfg, num=num, width=width, height=height)
     if used:
         click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
@@ -852,6 +870,11 @@ def anchors_command(data, cfg, num, width, height, seed):
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+    if out is not None:
+        write_text_atomically(out, fork_anchors_text(anchors, settings["width"]))
+        click.echo(f"{PROG}: wrote {os.path.abspath(out)} (the anchors in the fork's "
+                   f"anchors.txt form{'; it replaced an earlier file' if replacing else ''})",
+                   err=True)
 
 
 @cli.command("check", short_help="Check a detector dataset: lists, labels, boxes per class.")

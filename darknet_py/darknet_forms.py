@@ -145,7 +145,9 @@ def _detector(sub, rest):
     ours = DETECTOR[sub]
     if sub == "calc_anchors":
         _need(pos, 1, "detector calc_anchors DATA [-num_of_clusters N -width W -height H]")
-        return ["anchors", pos[0]] + pos[1:] + opts, dropped
+        # The fork writes (and replaces) anchors.txt in the current directory.
+        return (["anchors", pos[0]] + pos[1:] + opts + ["--out", "anchors.txt", "--overwrite"],
+                dropped)
     if sub == "train":
         _need(pos, 2, "detector train DATA CFG [WEIGHTS]")
         weights = ["--weights", pos[2]] if len(pos) > 2 else []

@@ -406,6 +406,37 @@ class Network:
         out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
         return out.reshape(truth.shape[0], -1)
 
+    def checked_truth(self, truth, n):
+        """truth for n images as (n, floats per image) float32 rows, or a ValueError that
+        gives the shape this network wants (a wrong one ended in NumPy's broadcast error, or
+        was read as other images' values)."""
+        truth = np.asarray(truth, dtype=np.float32)
+        per_image = truth.size // n if n else 0
+        rows_ok = truth.size == n * per_image and (truth.ndim < 2 or truth.shape[0] == n)
+        if self._is_detector():
+            head = next(l for l in reversed(self.layers) if l.type in DETECTOR_TYPES)
+            grid = getattr(head, "truths", None) if head.type == "detection" else None
+            fits = per_image > 0 and (per_image % 5 == 0 or per_image % self.truth_size == 0
+                                      or per_image == grid)
+            fields = "x, y, w, h, class" + (", track id" if self.truth_size == 6 else "")
+            want = (f"({n}, {self.max_boxes * self.truth_size}): {self.max_boxes} boxes of "
+                    f"({fields}) per image, zero padded (any whole number of boxes does)")
+        else:
+            readers = [l for l in self.layers if l.type in ("softmax", "logistic", "cost")
+                       and not getattr(l, "noloss", 0)]
+            if not readers:
+                return truth.reshape(n, -1)   # nothing reads it
+            reader = readers[-1]
+            fits = per_image == reader.outputs
+            want = (f"({n}, {reader.outputs}): per image the {reader.outputs} values its "
+                    f"[{reader.type}] layer {reader.index} is trained towards"
+                    + (" (one-hot: 1 at the image's class)" if reader.type == "softmax"
+                       and self.hierarchy is None else ""))
+        if not (rows_ok and fits):
+            raise ValueError(f"truth of shape {truth.shape} for {n} image"
+                             f"{'s' if n != 1 else ''}: this network wants {want}")
+        return truth.reshape(n, -1)
+
     @property
     def bflops(self):
         """Total BFLOPs as this network's Darknet counts them (the fork also counts maxpool,
@@ -773,7 +804,7 @@ class Network:
         (gradients accumulate), then the weight update. Returns the loss per image (the
         passes' costs summed, over N), as Darknet's train_network does."""
         x = np.asarray(x, dtype=np.float32)
-        truth = np.asarray(truth)
+        truth = self.checked_truth(truth, len(x))
         if len(x) % self.subdivisions or not len(x):
             raise ValueError(f"{len(x)} images do not split into subdivisions="
                              f"{self.subdivisions} passes")
@@ -792,6 +823,7 @@ class Network:
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
+        truth = self.checked_truth(truth, n)
         self.images_per_pass = n
         self.seen += n * self.replicas
         net_input = self._stage(x, self.truth_for_network(truth), True)

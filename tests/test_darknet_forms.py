@@ -20,7 +20,7 @@ from test_dayone_labels import GOOD, make_dataset
     ("detector map my.data my.cfg my.weights -iou_thresh 0.75 -points 101",
      "map my.cfg my.data my.weights --iou-thresh 0.75 --points 101"),
     ("detector calc_anchors my.data -num_of_clusters 6 -width 416 -height 416",
-     "anchors my.data --num 6 --width 416 --height 416"),
+     "anchors my.data --num 6 --width 416 --height 416 --out anchors.txt --overwrite"),
     ("classifier train my.data my.cfg", "train my.cfg my.data"),
     ("classifier predict my.data my.cfg my.weights dog.jpg", "test my.cfg my.weights dog.jpg "
                                                              "--data my.data"),
@@ -122,7 +122,7 @@ def test_classifier_predict_matches_test(tmp_path):
 def test_calc_anchors_matches_anchors(tmp_path):
     data = make_dataset(tmp_path, [GOOD, "0 0.4 0.4 0.6 0.5\n1 .5 .5 .05 .1\n"])
     theirs = run_in_process(["detector", "calc_anchors", data, "-num_of_clusters", "3",
-                             "-width", "320", "-height", "320", "-show"])
+                             "-width", "320", "-height", "320", "-show"], cwd=tmp_path)
     ours = run_in_process(["anchors", data, "--num", "3", "--width", "320", "--height", "320"])
     assert theirs.code == ours.code == 0, (theirs, ours)
     assert theirs.out == ours.out and ours.out.startswith("anchors = ")

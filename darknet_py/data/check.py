@@ -36,6 +36,10 @@ KINDS = {
     "unreadable": "label file unreadable",
     "path": "image path names no class, or several (a classifier's label)",
 }
+# Problems whose line is still a box of its class (Darknet clips it to the image): counted
+# in the boxes and per class. A malformed line, a class id out of range and a box without
+# size are counted by neither (Darknet skips or drops them).
+BOX_KINDS = ("pixels", "range")
 
 
 @dataclass
@@ -56,11 +60,12 @@ class LabelReport:
     images: int = 0
     label_files: int = 0
     empty_files: int = 0
-    boxes: int = 0
+    boxes: int = 0            # the boxes of a class: sum(per_class.values())
     per_class: Counter = field(default_factory=Counter)
     problems: list = field(default_factory=list)
     rows: list = field(default_factory=list)     # (n, 5) float64 arrays: class x y w h
     classifier: bool = False   # labels are image paths (boxes counts the images)
+    first_label: str = None    # the label file looked for for the first image
 
     def count(self, kind):
         return sum(1 for p in self.problems if p.kind == kind)
@@ -110,13 +115,13 @@ def scan_label_file(path, classes, report):
         if not fields:
             continue
         found = check_label_line(fields, classes)
-        report.boxes += 1
         if found is not None:
             report.problems.append(LabelProblem(path, lineno, *found))
-            if found[0] in ("pixels", "range"):   # counted per class all the same
-                report.per_class[int(fields[0])] += 1
-            continue
-        good.append([float(v) for v in fields])
+            if found[0] not in BOX_KINDS:
+                continue   # no box of a class: the totals and the class table agree
+        else:
+            good.append([float(v) for v in fields])
+        report.boxes += 1
         report.per_class[int(fields[0])] += 1
     if good:
         report.rows.append(np.array(good, dtype=np.float64))
@@ -133,6 +138,7 @@ def scan_labels(image_paths, classes=None):
         except DataError as e:
             report.problems.append(LabelProblem(os.fspath(image), 0, "missing", str(e)))
             continue
+        report.first_label = report.first_label or path
         if not os.path.isfile(path):
             report.problems.append(LabelProblem(path, 0, "missing",
                                                 f"label file not found (for image {image})"))
@@ -169,8 +175,10 @@ def summary_line(report, by_kind=None):
     images = f"{report.images} image{'s' if report.images != 1 else ''}"
     if report.classifier:
         return f"labels of {images}: " + "; ".join(parts)
-    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}; "
-            + "; ".join(parts))
+    skipped = sum(1 for p in report.problems if p.line and p.kind not in BOX_KINDS)
+    uncounted = f" ({skipped} line{'s' if skipped != 1 else ''} not counted)" if skipped else ""
+    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}"
+            f"{uncounted}; " + "; ".join(parts))
 
 
 def refuse_pixel_labels(report, what="training"):
@@ -181,6 +189,23 @@ def refuse_pixel_labels(report, what="training"):
         raise DataError(f"{pixels} of the {report.boxes} boxes in the {what} labels look like "
                         f"pixel coordinates (first: {first.path}:{first.line}); {FIX_PIXELS}. "
                         f"`darknet-py check DATA` lists them all")
+
+
+def refuse_unlabelled(report, what="validation"):
+    """DataError when the scanned images hold not one labelled box (a mAP of such a set is
+    0 whatever the weights): the line says where the label files were looked for."""
+    if report.boxes:
+        return
+    missing = sum(1 for p in report.problems if p.kind == "missing")
+    first = (f"the first image's at {report.first_label}" if report.first_label
+             else "none could be derived from the image names")
+    if missing == report.images:
+        raise DataError(f"none of the {report.images} {what} images has a label file "
+                        f"(looked for where Darknet looks: {first})")
+    raise DataError(f"none of the {report.images} {what} images has a labelled box "
+                    f"({missing} label files missing; of the {report.label_files} found, "
+                    f"{report.empty_files} empty, the others without a sound 'class x y w "
+                    f"h' line; {first})")
 
 
 def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None):

@@ -18,7 +18,7 @@ from ..files import OverwriteError, refuse_overwrite
 from ..layers.heads import is_fork_flavour
 from ..network import load_network
 from ..predictions import detector_layers, output_layer
-from ..validate import network_task
+from ..validate import check_valid_set, network_task
 from ..weights import TransferReport, load_weights
 from .checkpoints import Checkpoints, cfg_base
 from .schedule import check_policy, default_map_interval, network_stride
@@ -65,6 +65,10 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
         check_detector_labels(paths, classes)
         check_detector_dataset(paths, classes, warn=lambda m: log(
             f"darknet-py: warning: {m}") if ranks.writer else None)
+    if map_eval:   # before iteration 1: a bad valid set stopped runs at the first evaluation
+        check_valid_set(valid_paths, config.valid, task, labels=config.labels,
+                        classes=detector_layers(net)[-1].classes if task == "detector" else None,
+                        warn=lambda m: log(f"darknet-py: warning: {m}") if ranks.writer else None)
     _start_from(net, weights, clear, log)
     ranks.attach(net)   # before the counts below: a replica counts every rank's images
     _check_iterations(net, cfg, weights, max_batches, log)
