@@ -239,7 +239,7 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
             skipped.append(str(e))
             continue
         try:
-            truths[index] = read_image_labels(path, classes)
+            truths[index] = read_image_labels(path, classes, net.darknet)
         except MissingLabelFile:
             missing += 1
             truths[index] = np.zeros((0, 5), dtype=np.float32)
@@ -493,7 +493,8 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
         raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
                               f"(use `darknet-py valid`)")
     classes = detector_layers(net)[-1].classes
-    check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
+    check_detector_dataset(paths, classes, warn_on_stderr, what="validation",
+                           darknet=net.darknet)
     images = []
     for path in paths:
         try:
@@ -502,7 +503,7 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
             print(f"darknet-py: warning: {e}; skipping it", file=sys.stderr)
             continue
         try:
-            truth = read_image_labels(path, classes)
+            truth = read_image_labels(path, classes, net.darknet)
         except MissingLabelFile:
             truth = np.zeros((0, 5), dtype=np.float32)
         images.append((image_detections(net, image), truth))
@@ -545,7 +546,8 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
             print(f"darknet-py: warning: {data} has classes={config.classes} but the "
                   f"network's detection layer has classes={classes}; using {classes}",
                   file=sys.stderr)
-        check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
+        check_detector_dataset(paths, classes, warn_on_stderr, what="validation",
+                               darknet=net.darknet)
         writer = (DetectionResultsWriter(results_dir, classes, config.names, overwrite)
                   if results_dir is not None else None)
         result = evaluate_detector(net, paths, classes, config.names, log=log,
