@@ -619,7 +619,8 @@ class Network:
         return rate
 
     def _update_layers(self):
-        """Every layer's SGD step (the rate written by _write_update_rate)."""
+        """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
+        _write_update_rate)."""
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
                           decay=self.options.decay, batch=self.images_per_iteration)
         adam_args = replace(args, adam=self.adam) if self.adam is not None else args

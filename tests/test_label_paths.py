@@ -18,7 +18,7 @@ from darknet_py.data.labels import (MissingLabelFile, find_label_file, fork_labe
 from darknet_py.train import train
 from darknet_py.validate import detector_map
 
-from helpers import Lines, darknet_py, finish
+from helpers import DETECTOR_CFG, Lines, darknet_py, finish, yolo_head
 
 
 @pytest.mark.parametrize("image, want", [
@@ -79,32 +79,9 @@ def test_candidates_own_rule_first_then_the_other_then_the_folder():
 
 
 # ---- datasets on disk -------------------------------------------------------------------------
-CFG = """[net]
-batch=2
-subdivisions=1
-width=32
-height=32
-channels=3
-learning_rate=0.01
-max_batches=2
-[convolutional]
-filters=4
-size=3
-pad=1
-activation=leaky
-[maxpool]
-size=2
-stride=2
-[convolutional]
-filters=18
-size=1
-activation=linear
-[yolo]
-mask=0,1,2
-anchors=8,8, 12,12, 16,16
-classes=1
-num=3
-"""
+# helpers' small detector, one class, trained 2 iterations of 2 images
+CFG = DETECTOR_CFG.replace(yolo_head(10), yolo_head(1)).replace(
+    "batch=1\n", "batch=2\nlearning_rate=0.01\nmax_batches=2\n")
 
 
 def write_set(root, images_dir, labels_dir, n=4, unlabelled=0):
