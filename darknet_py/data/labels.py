@@ -193,8 +193,8 @@ def _or_none(fn, image_path):
 
 def find_label_file(image_path, darknet="original"):
     """(rule, path) of a detector image's label file: where the flavour's rule puts it,
-    else the first of label_candidates that exists; (own rule, its path) when none does.
-    Raises DataError when the flavour's rule gives no name (an unknown extension)."""
+    else the first of label_candidates that exists; the first candidate (the own rule's,
+    where it gives a name) when none does. Raises DataError when no rule gives a name."""
     candidates = label_candidates(image_path, darknet)
     for rule, path in candidates:
         if os.path.isfile(path):
