@@ -883,7 +883,11 @@ def anchors_command(data, cfg, num, width, height, seed, out, overwrite):
               help="The labels overview picture (boxes per class, centres, sizes) "
                    "[default: <data>_labels.png, numbered past an earlier one; `none`: no "
                    "picture].")
-def check_command(data, picture):
+@click.option("--darknet", type=click.Choice(DARKNET_FLAVOURS), default="original",
+              show_default=True,
+              help="Whose label-path rule to follow: the original Darknet's (images -> "
+                   "labels) or the AlexeyAB fork's (the label file beside the image).")
+def check_command(data, picture, darknet):
     """Report what the .data file DATA's train and valid lists hold: images (and missing
     ones), label files, boxes per class, and every label problem by file and line
     (pixel coordinates, values outside 0-1, class ids out of range, malformed lines).
@@ -896,7 +900,7 @@ def check_command(data, picture):
         picture = None
     else:
         claim_outputs([picture], overwrite=False)
-    if check_dataset(data, picture, log=click.echo, warn=warn):
+    if check_dataset(data, picture, log=click.echo, warn=warn, darknet=darknet):
         sys.exit(1)
 
 

@@ -6,13 +6,14 @@ and the loop sets it before each layer, exactly as forward_network/backward_netw
 """
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from . import optimizer, precision as precisions
+from .adam import Adam, read_adam
 from .backends import DeviceOutOfMemory, get_backend
-from .cfg import CfgError, parse_cfg
+from .cfg import CfgError, CfgWarning, parse_cfg
 from .errors import DarknetError
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
@@ -54,7 +55,7 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
-    adam_error: object = None   # the CfgError training raises when adam=1
+    adam_betas_eps: tuple = None   # (B1, B2, eps) with adam=1 (adam.read_adam)
     # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
     # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
     letter_box: int = 0
@@ -86,15 +87,12 @@ def parse_net_options(s, darknet="original"):
     # in float32 they cancel, and its CPU build never reads it.
     s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam and darknet == "alexeyab":
-        for key, default in (("B1", .9), ("B2", .999), ("eps", .000001)):
-            s.get_float(key, default)
-        s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
-               "Adam; its GPU build's has)", "adam")
-        o.adam = 0
-    elif o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
-        o.adam_error = s.error("the adam optimiser is not supported by darknet-py for "
-                               "training (use SGD: remove adam=1)", "adam")
+    if o.adam:   # as the GPU builds train with it (adam.py)
+        o.adam_betas_eps = read_adam(s, darknet)
+        if darknet == "alexeyab-cpu":
+            s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has "
+                   "no Adam; its GPU build's has)", "adam")
+            o.adam = 0
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
     o.channels = s.get_int("channels", 0)
@@ -258,6 +256,7 @@ class Network:
         # as a graph sees this step's): dropout's per-step seed and the update's rate.
         self.step_seed = self.be.int_zeros(1)
         self.update_rate = self.be.zeros(1)
+        self.adam = None   # adam.Adam, made for the first training step when adam=1
         self.graphs = StepGraphs(self.be)
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
@@ -646,15 +645,20 @@ class Network:
         returns the learning rate."""
         rate = self.learning_rate
         self.be.write(self.update_rate, [rate / self.images_per_iteration])
+        if self.adam is not None:
+            self.adam.write_step(rate, self.iteration)
         return rate
 
     def _update_layers(self):
-        """Every layer's SGD step (the rate written by _write_update_rate)."""
+        """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
+        _write_update_rate)."""
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
                           decay=self.options.decay, batch=self.images_per_iteration)
+        adam_args = replace(args, adam=self.adam) if self.adam is not None else args
         for layer in self.layers:
             if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
-                layer.update(args)
+                layer.update(adam_args if self.adam is not None and self.adam.uses(layer)
+                             else args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that
@@ -699,8 +703,13 @@ class Network:
             step()
 
     def _prepare_training(self):
-        if self.options.adam_error is not None:
-            raise self.options.adam_error
+        if self.options.adam and self.adam is None:
+            self.adam = Adam(self.be, self.darknet, *self.options.adam_betas_eps)
+            if self.adam.rules == "original" and any(l.type == "crnn" for l in self.layers):
+                warnings.warn(CfgWarning(
+                    f"{self.path}: [crnn] with adam=1: pjreddie's GPU build fails here (it "
+                    f"gives the inner convolutions no Adam state); darknet-py updates them "
+                    f"with Adam"), stacklevel=2)
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True

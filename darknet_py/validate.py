@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .boxes import box_iou, fork_iou, results_corners
-from .data.check import check_detector_dataset, refuse_unlabelled, scan_labels
+from .data.check import (check_detector_dataset, refuse_no_label_files, refuse_unlabelled,
+                         scan_labels)
 from .data.config import _where, load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, read_image_labels
 from .data.loader import DataLoader
@@ -76,13 +77,16 @@ def check_valid_images(paths, list_path, warn=None):
              f"{_where(missing[0])}); they are skipped")
 
 
-def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None):
+def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None,
+                    darknet="original"):
     """What `train --map` checks before iteration 1: the valid list's images exist and are
     labelled (a detector's label files hold a box, a classifier's paths name a class), so
     that no run stops (or ends without _best weights) at its first evaluation."""
     check_valid_images(paths, list_path, warn)
     if task == "detector":
-        refuse_unlabelled(scan_labels(paths, classes), "validation")
+        report = scan_labels(paths, classes, darknet)
+        refuse_no_label_files(report, "validation")
+        refuse_unlabelled(report, "validation")
         return
     problems = check_classifier_labels(paths, labels)
     if len(problems) == len(paths):
@@ -329,7 +333,7 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
             skipped.append(str(e))
             continue
         try:
-            truths[index] = read_image_labels(path, classes)
+            truths[index] = read_image_labels(path, classes, net.darknet)
         except MissingLabelFile:
             missing += 1
             truths[index] = np.zeros((0, 5), dtype=np.float32)
@@ -589,7 +593,7 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
                               f"(use `darknet-py valid`)")
     classes = detector_layers(net)[-1].classes
     refuse_unlabelled(check_detector_dataset(paths, classes, warn_on_stderr,
-                                             what="validation"))
+                                             what="validation", darknet=net.darknet))
     images, skipped = [], []
     shown = ImageProgress(len(paths), "map") if progress else None
     for index, path in enumerate(paths):
@@ -604,7 +608,7 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
             skipped.append(str(e))
             continue
         try:
-            truth = read_image_labels(path, classes)
+            truth = read_image_labels(path, classes, net.darknet)
         except MissingLabelFile:
             truth = np.zeros((0, 5), dtype=np.float32)
         images.append((image_detections(net, image), truth))
@@ -653,7 +657,8 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
                   f"network's detection layer has classes={classes}; using {classes}",
                   file=sys.stderr)
         refuse_unlabelled(check_detector_dataset(paths, classes, warn_on_stderr,
-                                                 what="validation"))
+                                                 what="validation",
+                                                 darknet=net.darknet))
         writer = (DetectionResultsWriter(results_dir, classes, config.names, overwrite)
                   if results_dir is not None else None)
         result = evaluate_detector(net, paths, classes, config.names, log=log,

@@ -11,7 +11,7 @@ MAX_FUNCTION_LINES = 100
 # Bottom to top. A name ending in ".*" covers a package's modules (the package's own
 # __init__ too). A module may import from its floor and the floors below it.
 FLOORS = [
-    ("foundation", ["errors", "files", "cfg", "activations", "shapes", "draws", "optimizer",
+    ("foundation", ["errors", "files", "cfg", "activations", "shapes", "draws", "optimizer", "adam",
                     "image", "boxes", "tree", "names", "plots", "precision"]),
     ("losses", ["losses.*"]),
     ("backends", ["backends.*"]),
