@@ -23,8 +23,12 @@ ARCH="-gencode arch=compute_90,code=[sm_90,compute_90]"
 (cd "$BUILD" && mkdir -p obj backup results && timeout 200 make -j16 ARCH="$ARCH" \
     > "$OUT/build.log" 2>&1); stamp "build rc=$?"
 [ -x "$BUILD/darknet" ] || { tail -20 "$OUT/build.log"; exit 1; }
-python3 "$HERE/../fork_learning/make_set.py" /tmp/shapes 400 100 0 > /dev/null; stamp "set"
-cd /tmp/shapes
+# Its own folder, emptied first: the fork race (race.sh) leaves runs in /tmp/shapes on a warm
+# machine, whose weights darknet-py rightly refuses to replace.
+SET=/tmp/shapes-original
+rm -rf "$SET" && python3 "$HERE/../fork_learning/make_set.py" "$SET" 400 100 0 > /dev/null
+stamp "set"
+cd "$SET"
 # yolov3-tiny for 3 classes at 160x160 (make_cfg.py) without `mosaic`, a fork key that
 # pjreddie's parser only reports as unused: both programs read the same cfg.
 python3 "$HERE/../fork_learning/make_cfg.py" "$BUILD/cfg/yolov3-tiny.cfg" shapes.cfg \
@@ -34,9 +38,9 @@ for seed in "$@"; do
         mkdir -p "backup_${who}_$seed"
         sed "s#^backup=.*#backup=$PWD/backup_${who}_$seed#" shapes.data > "${who}_$seed.data"
     done
-    (timeout 260 "$BUILD/darknet" detector train "pjreddie_$seed.data" shapes.cfg \
+    (timeout 330 "$BUILD/darknet" detector train "pjreddie_$seed.data" shapes.cfg \
         > "$OUT/pjreddie_train_$seed.log" 2>&1; stamp "pjreddie train $seed rc=$?") &
-    (timeout 260 python3 -m darknet_py train shapes.cfg "py_$seed.data" --device cuda \
+    (timeout 330 python3 -m darknet_py train shapes.cfg "py_$seed.data" --device cuda \
         --darknet original --seed "$seed" --quiet --workers 4 \
         > "$OUT/py_train_$seed.log" 2>&1; stamp "py train $seed rc=$?") &
 done
