@@ -14,7 +14,6 @@ import errno
 import functools
 import json
 import os
-import signal
 import sys
 import time
 import warnings
@@ -641,21 +640,58 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     points to --clear. A loss that turns NaN or infinite stops the run (exit code 2) without
     saving the diverged weights.
     """
-    from .train import Terminated, train
+    from .train import train
+    from .training.stops import exit_code, held_stop_signals
     kwargs = dict(cfg=cfg, data=data, weights=weights, clear=clear, seed=seed,
                   map_eval=map_eval, map_every=map_every, max_batches=max_batches,
                   overwrite=overwrite, verbose=not quiet, darknet=darknet)
+    cluster = cluster_rank(gpus, ranks, nodes, master)
     try:
-        if gpus is not None or ranks is not None or nodes > 1:
-            train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout,
-                                workers, device)
-        else:
-            train(device=device, workers=workers, log=log_line,
-                  **kwargs)
-    except Terminated:
-        sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
-    except KeyboardInterrupt:
-        sys.exit(130)   # the weights are saved and the resume command printed
+        with held_stop_signals():   # every stop signal: backup, one line, 128 + signal
+            if cluster is not None:
+                sys.exit(train_cluster_rank(cluster, kwargs, device, workers, comm_timeout))
+            if gpus is not None or ranks is not None or nodes > 1:
+                train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master,
+                                    comm_timeout, workers, device)
+            else:
+                train(device=device, workers=workers, log=log_line, **kwargs)
+    except KeyboardInterrupt as e:   # the weights are saved and the resume command printed
+        if not getattr(e, "reported", True):
+            log_line(f"{e} before training started: nothing saved")
+        sys.exit(exit_code(e))   # as a shell reports a job the signal ended
+
+
+def cluster_rank(gpus, ranks, nodes, master):
+    """The ClusterRank srun's or torchrun's variables make of this process (None without
+    them); --gpus/--ranks/--nodes/--master are refused alongside."""
+    from .distributed.cluster import (ClusterEnvironmentError, read_cluster_environment,
+                                      slurm_without_srun)
+    try:
+        cluster = read_cluster_environment()
+    except ClusterEnvironmentError as e:
+        raise UserError(str(e)) from None
+    if cluster is None:
+        if slurm_without_srun():
+            log_line(slurm_without_srun())
+        return None
+    if gpus is not None or ranks is not None or nodes > 1 or master is not None:
+        raise click.UsageError(f"{cluster.launcher} started this process as rank "
+                               f"{cluster.rank} of {cluster.world_size}: leave out --gpus, "
+                               f"--ranks, --nodes and --master")
+    return cluster
+
+
+def train_cluster_rank(cluster, kwargs, device, workers, comm_timeout):
+    """`srun/torchrun darknet-py train`: this process is one rank; its exit code."""
+    from .backends import cuda_device_count
+    from .distributed.launcher import cluster_device, cluster_workers, run_as_cluster_rank
+    try:
+        rank_device = cluster_device(cluster, device,
+                                     0 if device == "cpu" else cuda_device_count())
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    kwargs["workers"] = cluster_workers(cluster, workers)
+    return run_as_cluster_rank(cluster, kwargs, rank_device, timeout=comm_timeout)
 
 
 def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers,

@@ -21,12 +21,13 @@ import signal
 import sys
 import traceback
 import weakref
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
 from ..boxes import TRUTH_FIELDS
 from ..image import ImageError
+from ..processes import children_ignore_signals
 from ..tree import fill_hierarchy
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
                       augment_detection_hwc, center_crop_hwc, from_hwc,
@@ -516,13 +517,17 @@ class _WorkerPool:
         self.next_ident = 0
         self.processes = []
         try:
-            for _ in range(workers):
-                current = context.RawValue("q", -1)
-                process = context.Process(
-                    target=_work, daemon=True, name="darknet-data",
-                    args=(maker, self.jobs, self.results, current, self.stopping, alive))
-                process.start()
-                self.processes.append((process, current))
+            # The workers (and the forkserver and resource tracker, if they start now)
+            # leave the signals a group gets to the training process: it stops them.
+            with children_ignore_signals():
+                resource_tracker.ensure_running()
+                for _ in range(workers):
+                    current = context.RawValue("q", -1)
+                    process = context.Process(
+                        target=_work, daemon=True, name="darknet-data",
+                        args=(maker, self.jobs, self.results, current, self.stopping, alive))
+                    process.start()
+                    self.processes.append((process, current))
         except BaseException:
             self.close()
             raise
@@ -658,7 +663,8 @@ def _close_segment(segment):
 def _work(maker, jobs, results, current, stopping, alive):
     """A worker process: build rows from `jobs` into shared memory until told to stop
     (None), or until the loader's process is gone (EOF on `alive`)."""
-    # Ctrl-C reaches the whole process group: the parent decides, and stops the workers.
+    # Ctrl-C reaches the whole process group: the parent decides, and stops the workers
+    # (they start ignoring the signals it handles: children_ignore_signals).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Below the training loop's priority: it feeds the GPU and must not wait for a CPU
     # behind the workers, which take every cycle it leaves.
