@@ -36,12 +36,11 @@ class ClusterRank:
     master: tuple           # (host, port) where rank 0 listens
 
     def describe(self):
-        """The start line's account of what was read."""
+        """The start line's account of where the rank came from."""
         names = ("RANK, WORLD_SIZE, LOCAL_RANK" if self.launcher == "torchrun"
                  else "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID")
-        return (f"{self.launcher} environment ({names}): rank {self.rank} of "
-                f"{self.world_size}, local rank {self.local_rank}, rank 0 at "
-                f"{self.master[0]}:{self.master[1]}")
+        return (f"local rank {self.local_rank}, from the {self.launcher} environment "
+                f"({names}), rank 0 at {self.master[0]}:{self.master[1]}")
 
 
 def expand_hostlist(text):

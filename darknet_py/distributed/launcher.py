@@ -289,7 +289,7 @@ def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):
     naming the rank; returns the exit code (128 + signal after a stop signal)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # as launched ranks (docs/training.md)
     spec = RankSpec(cluster.rank, cluster.world_size, device, cluster.master, timeout,
-                    train_kwargs, origin=f" ({cluster.describe()})")
+                    train_kwargs, origin=f", {cluster.describe()}")
     with held_stop_signals():
         code, report = run_rank(spec)
     if report is not None and report[0] != "signal":
