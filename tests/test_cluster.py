@@ -63,6 +63,9 @@ def test_torchrun_variables_are_ranks_and_win_over_slurm():
     assert read_cluster_environment(env) == ClusterRank("torchrun", 3, 4, 3, 4,
                                                         ("10.0.0.1", 29400))
     assert read_cluster_environment({}) is None
+    # torchrun's agent holds MASTER_PORT for its own store: rank 0 takes the next port
+    assert read_cluster_environment(dict(env, TORCHELASTIC_RUN_ID="1")).master == (
+        "10.0.0.1", 29401)
 
 
 @pytest.mark.parametrize("env, message", [

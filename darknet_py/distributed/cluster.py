@@ -4,6 +4,10 @@ and where rank 0 listens. `train` reads them (read_cluster_environment) and runs
 one rank on its local GPU, starting no process of its own (launcher.run_as_cluster_rank).
 
 * torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (and LOCAL_WORLD_SIZE).
+  torchrun itself (its agent, TORCHELASTIC_RUN_ID set in its workers) already holds
+  MASTER_PORT on rank 0's host for its own store: rank 0 then listens on MASTER_PORT +
+  TORCHRUN_PORT_OFFSET. Without torchrun's agent (the variables set by hand or by another
+  launcher) MASTER_PORT is used as it is.
 * Slurm (a task of `srun`, i.e. SLURM_STEP_ID is set): SLURM_PROCID, SLURM_NTASKS,
   SLURM_LOCALID; rank 0 runs on the first host of SLURM_STEP_NODELIST (else
   SLURM_JOB_NODELIST), written in Slurm's compressed form (`node[01-04,07],gpu5`);
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 SLURM_PORT_BASE = 29500
 SLURM_PORT_SPAN = 1000
+TORCHRUN_PORT_OFFSET = 1
 
 
 class ClusterEnvironmentError(ValueError):
@@ -147,9 +152,14 @@ def _torchrun(env):
         _integer(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0, "RANK", "WORLD_SIZE")
     local_world_size = (_integer(env, "LOCAL_WORLD_SIZE", 1) if "LOCAL_WORLD_SIZE" in env
                         else None)
+    port = _port(env, "MASTER_PORT")
+    if "TORCHELASTIC_RUN_ID" in env:   # torchrun's agent listens on MASTER_PORT
+        port += TORCHRUN_PORT_OFFSET
+        if port > 65535:
+            raise ClusterEnvironmentError(f"MASTER_PORT={port - TORCHRUN_PORT_OFFSET}: rank 0 "
+                                          f"listens on the port after it, which does not exist")
     return ClusterRank("torchrun", rank, world_size, local_rank,
-                       local_world_size or local_rank + 1,
-                       (env["MASTER_ADDR"].strip(), _port(env, "MASTER_PORT")))
+                       local_world_size or local_rank + 1, (env["MASTER_ADDR"].strip(), port))
 
 
 def _slurm(env):
