@@ -63,8 +63,10 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     if task == "detector":   # before anything is written
         classes = detector_layers(net)[-1].classes
         check_detector_labels(paths, classes)
-        check_detector_dataset(paths, classes, warn=lambda m: log(
-            f"darknet-py: warning: {m}") if ranks.writer else None)
+        if ranks.writer:   # every label file read: once, not once per rank (its warnings
+            # are rank 0's to print; a refusal ends rank 0, which ends the others)
+            check_detector_dataset(paths, classes,
+                                   warn=lambda m: log(f"darknet-py: warning: {m}"))
     _start_from(net, weights, clear, log)
     ranks.attach(net)   # before the counts below: a replica counts every rank's images
     _check_iterations(net, cfg, weights, max_batches, log)
