@@ -224,3 +224,34 @@ def test_sigusr1_saves_a_backup_and_training_goes_on(bars, tmp_path):
     assert weights_floats(tmp_path / "b" / "tiny.backup")[0] == 8 * saved_at
     assert weights_floats(tmp_path / "b" / "tiny_final.weights")[0] == 8 * 40
     assert f"Saved {tmp_path / 'b' / 'tiny_final.weights'} after 40 iterations" in out
+
+
+def test_a_ctrl_c_during_the_save_does_not_break_it(bars, tmp_path, monkeypatch):
+    """The second Ctrl-C lands inside the backup's save (made to happen there): the save
+    completes, and the run ends with the first signal."""
+    from darknet_py.train import train
+    from darknet_py.training.checkpoints import Checkpoints
+    from darknet_py.training.stops import Stopped
+    from helpers import Lines
+    save = Checkpoints.save
+    during_save = []
+
+    def save_with_a_ctrl_c(self, net, path):
+        if path == self.backup:
+            os.kill(os.getpid(), signal.SIGINT)   # handled before the next line runs
+            during_save.append(path)
+        save(self, net, path)
+
+    def ctrl_c_at_3(result):
+        if result.iterations == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Checkpoints, "save", save_with_a_ctrl_c)
+    lines = Lines()
+    with pytest.raises(Stopped) as stop:
+        train(write_run_cfg(tmp_path, max_batches=50), data_file(bars, tmp_path / "b"),
+              device="cpu", log=lines, workers=0, on_iteration=ctrl_c_at_3)
+    assert stop.value.signum == signal.SIGINT and during_save
+    assert [l for l in lines if "(SIG" in l][0].startswith("Interrupted (SIGINT) at iteration 3")
+    assert weights_floats(tmp_path / "b" / "tiny.backup")[0] == 3 * 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # restored
