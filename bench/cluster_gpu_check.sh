@@ -133,7 +133,7 @@ signal_run() {   # signal_run NAME SIGNAL TIMES EXPECTED_RC MAX_BATCHES: one --g
     setsid $PY -m darknet_py train "$SMALL" "$data" $(on_gpus 2) --max-batches "$max" \
         --quiet > "$log" 2>&1 &
     pid=$!
-    for _ in $(seq 600); do grep -q '^5: ' "$log" && break; sleep 0.2; done
+    for _ in $(seq 600); do grep -q '^5: ' "$log" 2>/dev/null && break; sleep 0.2; done
     for i in $(seq "$times"); do kill -s "$sig" -- "-$pid"; sleep 0.05; done
     wait "$pid"; rc=$?
     local left
