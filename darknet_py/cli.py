@@ -844,7 +844,8 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import format_report, prepare, run_bench
+    from .bench import check_batch, format_report, prepare, run_bench
+    check_batch(cfg, batch, darknet)
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
     if engine != "numpy" and (train or layers):
