@@ -123,7 +123,7 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     prepare(net, seed)
     be = net.be
     x = rng.random((net.batch,) + net.input_shape, dtype=np.float32)
-    engine = getattr(net, "engine", None)   # an export.engine.OnnxRuntimeEngine says so
+    engine = net.engine if net.engine == "onnxruntime" else None
     device = f"{be.name} ({engine})" if engine else be.name
     result = {"cfg": net.path, "device": device, "batch": net.batch, "bflops": net.bflops,
               "precision": net.precision, "warmup": warmup, "repeats": repeats}

@@ -436,7 +436,7 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
     from .video import is_video
 
     if camera is not None or any(is_video(image) for image in images):
-        if engine != "numpy":
+        if engine == "onnxruntime":
             raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
         from .video import detect_video_command
         return detect_video_command(cfg, weights, images, camera, out, json_file,
@@ -833,7 +833,7 @@ def check_command(data, picture):
               help="Untimed runs before the timed ones.")
 @overwrite_option
 @device_options
-@engine_option
+@functools.partial(engine_option, default="numpy")
 @darknet_option
 def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
                   engine, darknet):

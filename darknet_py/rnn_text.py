@@ -95,7 +95,8 @@ class Backups:
 
 
 def load_for_training(cfg, weights, clear, seed, device, darknet):
-    net = load_network(cfg, weights, device=device, seed=seed, darknet=darknet)
+    net = load_network(cfg, weights, device=device, seed=seed, darknet=darknet,
+                       engine="numpy")   # training: Darknet's arithmetic
     check_char_network(net)
     if clear:
         net.seen = 0
