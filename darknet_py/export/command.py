@@ -116,15 +116,17 @@ def network_image(net, path):
     return (letterbox if letterboxed(net) else resize_image)(img, netw, neth)
 
 
-def engine_option(command, default="auto"):
-    """Add --engine auto|numpy|onnxruntime (the command receives `engine`) and --quiet
-    (no note saying which engine runs; load_with_engine reads it from click's context)."""
+def engine_option(command, default="auto", quiet_option=True):
+    """Add --engine auto|numpy|onnxruntime (the command receives `engine`) and --quiet (no
+    note saying which engine runs; load_with_engine reads it from click's context).
+    quiet_option=False for a command with its own --quiet (that one silences the note)."""
     def quiet(ctx, param, value):
         ctx.meta[QUIET_KEY] = value
 
-    command = click.option(
-        "--quiet", is_flag=True, expose_value=False, callback=quiet,
-        help="No note saying which engine runs the inference.")(command)
+    if quiet_option:
+        command = click.option(
+            "--quiet", is_flag=True, expose_value=False, callback=quiet,
+            help="No note saying which engine runs the inference.")(command)
     return click.option(
         "--engine", type=click.Choice(list(ENGINES)), default=default, show_default=True,
         help="Where inference runs on the CPU: onnxruntime (the network exported once, "

@@ -185,7 +185,7 @@ def load_with_engine(load, engine, device, quiet=None, **kwargs):
     note = describe(net)
     if quiet is None:
         ctx = click.get_current_context(silent=True)
-        quiet = bool(ctx is not None and ctx.meta.get(QUIET_KEY))
+        quiet = bool(ctx is not None and (ctx.meta.get(QUIET_KEY) or ctx.params.get("quiet")))
     if note and not quiet:
         print(f"darknet-py: note: {note}", file=sys.stderr)
     return net
