@@ -254,3 +254,16 @@ def test_a_layer_onnxruntime_does_not_give_is_refused_not_stale(tmp_path, cache)
         net.layer_output(0)
     net.forward(x, train=True, truth=np.zeros((1, 450), np.float32))   # the backend's pass
     assert net.layer_output(0).shape == (1, 4, 32, 32)
+
+
+def test_map_and_valid_note_the_engine_and_map_quiet_drops_it(tmp_path, cache):
+    from helpers import digit_set
+    cfg, weights = untrained_detector(tmp_path)
+    data = digit_set(tmp_path / "set", 1, 2)
+    for args in (["map", cfg, data, weights], ["valid", cfg, data, weights, "--results-dir",
+                                               tmp_path / "results"]):
+        r = run_in_process(args + ["--device", "cpu"])
+        assert r.code == 0, r.err
+        assert len([l for l in r.err.splitlines() if "inference on ONNX Runtime" in l]) == 1
+    quiet = run_in_process(["map", cfg, data, weights, "--device", "cpu", "--quiet"])
+    assert quiet.code == 0 and "inference on" not in quiet.err, quiet.err
