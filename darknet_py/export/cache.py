@@ -4,8 +4,8 @@ An entry is named by the SHA-256 of what the export is made from: the cfg's text
 tree= file it names), the weights file (its real path, size and modification time), how
 the weights were loaded (seed, cutoff, transfer), the Darknet flavour and precision, and
 the exporter itself (the export package's source, onnx's version), so an edited cfg, a
-rewritten weights file or another exporter makes a new entry. Entries
-are written to a temporary file and renamed into place (a reader never sees half of one).
+rewritten weights file or another exporter makes a new entry. Entries are written to a
+temporary file and renamed into place (a reader never sees half of one).
 
 The cache lives in $DARKNET_ONNX_CACHE, else $XDG_CACHE_HOME/darknet-py/onnx, else
 ~/.cache/darknet-py/onnx: never beside the user's files.
