@@ -716,7 +716,8 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
                 train(device=device, workers=workers, log=log_line, **kwargs)
     except KeyboardInterrupt as e:   # the weights are saved and the resume command printed
         if not getattr(e, "reported", True):
-            log_line(f"{e} before training started: nothing saved")
+            from .training.loop import describe_stop
+            log_line(f"{describe_stop(e)} before training started: nothing saved")
         sys.exit(exit_code(e))   # as a shell reports a job the signal ended
 
 
