@@ -128,6 +128,44 @@ def test_two_torchrun_processes_train_as_two_ranks(bars, tmp_path):
                                   weights_floats(tmp_path / "ranks" / "tiny_final.weights")[1])
 
 
+def test_scancel_of_two_torchrun_ranks_saves_one_backup(bars, tmp_path):
+    """srun's ranks get scancel's SIGTERM, every process of each (no launcher of ours in
+    between)."""
+    cfg, data = write_run_cfg(tmp_path, max_batches=100000), data_file(bars, tmp_path / "b")
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    rank1, rank0 = [darknet_py_process("train", cfg, data, "--device", "cpu",
+                                       env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+                    for r in (1, 0)]
+    for line in rank0.stdout:
+        if line.startswith("3, "):
+            os.killpg(rank1.pid, signal.SIGTERM)
+            os.killpg(rank0.pid, signal.SIGTERM)
+            break
+    (code0, out0, err0), (code1, out1, err1) = finish(rank0, 30), finish(rank1, 30)
+    assert (code0, code1) == (143, 143), err0 + err1
+    assert err0 == err1 == "" and "(SIG" not in out1
+    assert [l for l in out0.splitlines() if "(SIG" in l][0].startswith("Terminated (SIGTERM)")
+    assert_one_complete_backup(tmp_path / "b")
+
+
+def test_a_torchrun_rank_whose_peer_dies_says_so_in_one_line(bars, tmp_path):
+    cfg, data = write_run_cfg(tmp_path, max_batches=100000), data_file(bars, tmp_path / "b")
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    rank1 = darknet_py_process("train", cfg, data, "--device", "cpu",
+                               env=dict(env, RANK="1", LOCAL_RANK="1"))
+    rank0 = darknet_py_process("train", cfg, data, "--device", "cpu",
+                               env=dict(env, RANK="0", LOCAL_RANK="0"))
+    for line in rank0.stdout:
+        if line.startswith("3, "):
+            rank0.kill()
+            break
+    code, _, err = finish(rank1, 30)
+    finish(rank0, 30)
+    assert code == 3
+    assert err.strip() == ("darknet-py: error: rank 1: rank 0 ended (its connection to rank 1 "
+                           "closed)")
+
+
 def test_launcher_options_are_refused_under_a_launcher(bars, tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     code, _, err = finish(darknet_py_process("train", write_run_cfg(tmp_path),

@@ -286,7 +286,8 @@ def cluster_workers(cluster, workers):
 def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):
     """Train as the rank `cluster` (a distributed.cluster.ClusterRank) describes, in this
     process: the same path as a launched rank (run_rank). A failure is one line on stderr
-    naming the rank; returns the exit code (128 + signal after a stop signal)."""
+    naming the rank, and the process ends with its exit code (128 + signal after a stop
+    signal); returns 0 after a finished run."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # as launched ranks (docs/training.md)
     spec = RankSpec(cluster.rank, cluster.world_size, device, cluster.master, timeout,
                     train_kwargs, origin=f", {cluster.describe()}")
@@ -295,4 +296,7 @@ def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):
     if report is not None and report[0] != "signal":
         print(f"darknet-py: error: rank {cluster.rank}: {report[1]}", file=sys.stderr,
               flush=True)
+    if code:   # as a launched rank: no atexit work (loader threads, CUDA) may hang it
+        sys.stderr.flush()
+        os._exit(code)
     return code
