@@ -150,12 +150,7 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
     on). train_kwargs go to train() in every rank (picklable: rank 0 logs to stdout, the
     others stay quiet)."""
     world_size = world_size or len(devices)
-    # A rank killed by a signal leaves its loader's shared memory to multiprocessing's
-    # resource tracker, which frees it and would add a warning after the one error line.
-    quiet = "ignore:resource_tracker:UserWarning"
-    if quiet not in os.environ.get("PYTHONWARNINGS", ""):
-        os.environ["PYTHONWARNINGS"] = ",".join(
-            w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
+    quiet_resource_tracker()
     if master is None:
         master = ("127.0.0.1", free_port())
     context = multiprocessing.get_context("spawn")
@@ -194,6 +189,17 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
         raise interrupt
     if failed:
         raise LaunchError(failed[1])
+
+
+def quiet_resource_tracker():
+    """A rank that ends at once (os._exit, or killed) leaves its loader's shared memory
+    and semaphores to multiprocessing's resource tracker, which frees them and would add
+    a warning after the one line that says why the rank ended. Set before the tracker
+    starts (it reads the variable)."""
+    quiet = "ignore:resource_tracker:UserWarning"
+    if quiet not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(
+            w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
 
 
 def _report(pipe, otherwise):
@@ -289,6 +295,7 @@ def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):
     naming the rank, and the process ends with its exit code (128 + signal after a stop
     signal); returns 0 after a finished run."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # as launched ranks (docs/training.md)
+    quiet_resource_tracker()
     spec = RankSpec(cluster.rank, cluster.world_size, device, cluster.master, timeout,
                     train_kwargs, origin=f", {cluster.describe()}")
     with held_stop_signals():
