@@ -272,8 +272,8 @@ class TrainingRun:
     def save_asked(self):
         """SIGUSR1 (a scheduler's warning before it pre-empts the job): the backup now."""
         net, backup = self.net, self.files.backup
-        if not finite_weights(net):
-            return   # the next iteration's loss reports the divergence
+        if not self.files.writer or not finite_weights(net):
+            return   # rank 0 writes; bad weights: the next iteration's loss reports them
         self.files.save(net, backup)
         self.log(f"{signal_name(SAVE_SIGNAL)} at iteration {net.iteration}: saved {backup}; "
                  f"training goes on")
