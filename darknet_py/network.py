@@ -14,6 +14,7 @@ from . import optimizer, precision as precisions
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, parse_cfg
 from .errors import DarknetError
+from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
@@ -677,9 +678,84 @@ class Network:
     def predict(self, x):
         """Inference on x float32 (N, C, H, W) in [0, 1]; returns the network's output: the
         last layer that is not a [cost] layer (Darknet's get_network_output_layer; a cost
-        layer's output is its per-element error)."""
-        self.infer(x)
+        layer's output is its per-element error). Photos (a path, an OpenCV BGR uint8
+        (H, W, 3) array, a list of them, or an (N, H, W, 3) uint8 array) are letterboxed
+        to the network size: on the backend, from their uint8 bytes (infer_photos)."""
+        photos = self.as_photos(x)
+        if photos is not None:
+            self.infer_photos(photos)
+        else:
+            self.infer(x)
         return self.layer_output(self.output_index)
+
+    # Parts a batch of photos is uploaded in: each part is converted on the device while
+    # the next one copies.
+    PHOTO_PARTS = 4
+
+    def infer_photos(self, photos, letter=True):
+        """infer() on photos: OpenCV BGR uint8 (H, W, 3) arrays of any sizes, or one
+        (N, H, W, 3) uint8 array, for a 3-channel network. Their bytes are uploaded as they
+        are (a quarter of the float input's), in parts on the copy stream, and each part
+        is converted, letterboxed (letter) or resized into the network input on the
+        backend (letterbox_images: image.py's arithmetic) while the next one copies."""
+        if self.input_shape[0] != 3 or len(self.input_shape) != 3:
+            raise ValueError(f"infer_photos: the network takes {self.input_shape} inputs, "
+                             f"not 3-channel images")
+        _, height, width = self.input_shape
+        n = len(photos)
+        if not n:
+            raise ValueError("infer_photos: no images")
+        if n != self.batch:
+            self._allocate(n, self.train_buffers)
+        self.truth = self.truth_host = None
+        buf = self._input_buf
+        if buf is None or buf.size != n * self.inputs:
+            buf = self._input_buf = self.be.zeros(n * self.inputs)
+        step = -(-n // min(n, self.PHOTO_PARTS))
+        uploads, queued = [], None
+        for start in range(0, n, step):
+            part = photos[start:start + step]
+            shapes = [p.shape[:2] for p in part]
+            host = (part if isinstance(part, np.ndarray)
+                    else np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in part]))
+            array, upload = self.be.upload_bytes_async(np.ascontiguousarray(host))
+            uploads.append(upload)
+            if queued is not None:   # the previous part, converted while this one copies
+                self._letterbox_part(*queued, height, width, letter, buf)
+            queued = (start, shapes, array, upload)
+        self._letterbox_part(*queued, height, width, letter, buf)
+        self._run_step("predict", (self.batch, self.fold_batchnorm), buf, False,
+                       lambda: self._forward_layers(buf, False))
+        for upload in uploads:
+            self.be.finish_upload(upload)
+        self.collect_costs()
+
+    def _letterbox_part(self, start, shapes, array, upload, height, width, letter, buf):
+        offsets = np.cumsum([0] + [h * w * 3 for h, w in shapes[:-1]])
+        self.be.wait_upload(upload)
+        self.be.letterbox_images(array, shapes, offsets, width, height, letter,
+                                 buf[start * self.inputs:(start + len(shapes)) * self.inputs])
+
+    def as_photos(self, x):
+        """x as a list of BGR uint8 (H, W, 3) photos (paths decoded) or an (N, H, W, 3)
+        uint8 array, when it is photos a 3-channel network can take from their bytes;
+        None for anything else (float input, other channel counts)."""
+        if len(self.input_shape) != 3 or self.input_shape[0] != 3:
+            return None
+        if isinstance(x, np.ndarray):
+            if x.dtype == np.uint8 and x.ndim == 4 and x.shape[3] == 3:
+                return x
+            return [x] if x.dtype == np.uint8 and x.ndim == 3 and x.shape[2] == 3 else None
+        items = list(x) if isinstance(x, (list, tuple)) else [x]
+        photos = []
+        for item in items:
+            if isinstance(item, (str, os.PathLike)):
+                item = decode_image(item, 3)[0]
+            if not (isinstance(item, np.ndarray) and item.dtype == np.uint8 and item.ndim == 3
+                    and item.shape[2] == 3 and item.size):
+                return None
+            photos.append(item)
+        return photos or None
 
     def predict_in_parts(self, x, part):
         """predict(x) for many images, run `part` images at a time so that the copies hide

@@ -9,7 +9,8 @@ The ops live in one mixin per family, each family's kernel table beside its laun
 cuda_core (device, arrays, launches, sync, copies, graph capture), cuda_conv (GEMMs,
 tensor-core convolution, im2col/col2im), cuda_norm (bias/scale, batch norm, channel
 reductions, l2norm, lrn), cuda_elementwise (vector ops, activations, pooling, shape ops,
-dropout), cuda_losses (softmax, costs, yolo/region/detection losses).
+dropout), cuda_losses (softmax, costs, yolo/region/detection losses), cuda_images (photos
+uploaded as uint8, letterboxed on the device).
 
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
@@ -41,6 +42,8 @@ from .cuda_core import (_KERNEL_OPTIONS, KERNEL_DIR, CudaCore, CudaError, Device
                         _Device, merge_kernel_tables)
 from .cuda_elementwise import CudaElementwise
 from .cuda_elementwise import KERNELS as _ELEMENTWISE_KERNELS
+from .cuda_images import CudaImages
+from .cuda_images import KERNELS as _IMAGE_KERNELS
 from .cuda_losses import CudaLosses
 from .cuda_losses import KERNELS as _LOSS_KERNELS
 from .cuda_norm import CudaNorm
@@ -48,10 +51,10 @@ from .cuda_norm import KERNELS as _NORM_KERNELS
 
 # Every kernel file's entry points and argument formats, from the families' tables.
 _KERNELS = merge_kernel_tables(_CONV_KERNELS, _NORM_KERNELS,
-                               _ELEMENTWISE_KERNELS, _LOSS_KERNELS)
+                               _ELEMENTWISE_KERNELS, _LOSS_KERNELS, _IMAGE_KERNELS)
 
 
-class CudaBackend(CudaCore, CudaConv, CudaNorm, CudaElementwise, CudaLosses):
+class CudaBackend(CudaCore, CudaConv, CudaNorm, CudaElementwise, CudaLosses, CudaImages):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
     name = "cuda"

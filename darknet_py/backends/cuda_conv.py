@@ -8,7 +8,7 @@ from ..shapes import conv_out_size, conv_strides
 from .cuda_core import _BLOCK, _ceil_div
 
 # Argument formats (struct codes, see cuda_core.merge_kernel_tables) of the GEMM entry points.
-_GEMM_ARGS = "iiifPiPifPiiiq"
+_GEMM_ARGS = "iiifPiPifPiiiqPi"
 _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per block)
     "128x128x8s4": (128, 128, 8, 256),
     "64x64x8s4r8": (64, 64, 8, 64),
@@ -26,11 +26,14 @@ _TC_TILES = {
 _TC_PRECISIONS = {"fp16": ("f16", 2), "bf16": ("bf16", 2), "tf32": ("tf32", 4)}
 _TC_CONV_ARGS = "PiPqiiiiiiiiiiiiPiPq"
 _TC_SLICE_BYTES = 64   # SLICE_BYTES of kernels/gemm_tc.cu: K advances by this many bytes a row
+# The sgemm / splitk_reduce epilogue's (bias, activation) when there is none: a null
+# pointer, and linear (kernels/gemm.cu EPI_NONE).
+_NO_EPILOGUE = (0, activations.ACTIVATION_IDS["linear"])
 
 KERNELS = {
     "gemm.cu": dict(
         {f"sgemm_{tile}_{case}": _GEMM_ARGS for tile in _GEMM_TILES for case in ("nn", "nt", "tn", "tt")},
-        splitk_reduce="iiiPffPi",
+        splitk_reduce="iiiPffPiPi",
     ),
     "gemm_tc.cu": dict(
         {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for p, _ in _TC_PRECISIONS.values()
@@ -77,6 +80,22 @@ class CudaConv:
 
     def gemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         """C = alpha * op(A) @ op(B) + beta * C, row-major, as Darknet's gemm()."""
+        self._sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, None, "linear")
+
+    def gemm_bias_activate(self, m, n, k, a, lda, b, ldb, c, ldc, biases, activation):
+        """C = activation(A @ B + biases[row]): a convolution's inference forward with its
+        bias (batch norm folded in) and activation in the GEMM's epilogue, one kernel, the
+        bits of gemm + bias_activate. Activations outside precision.EPILOGUE_ACTIVATIONS
+        run as a pass of their own after."""
+        self._check_size("gemm_bias_activate biases", biases, m)
+        fused = activation in precisions.EPILOGUE_ACTIVATIONS
+        self._sgemm(False, False, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, biases,
+                    activation if fused else "linear")
+        if not fused:
+            self.activate_strided(c, m, ldc, 0, n, activation)
+
+    def _sgemm(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, biases, activation):
+        """gemm, then biases[row] (None: none) and the activation in the epilogue."""
         m, n, k, lda, ldb, ldc = (int(v) for v in (m, n, k, lda, ldb, ldc))
         if ta:
             self._check_matrix("gemm A", a, 0, k, m, lda)
@@ -101,19 +120,26 @@ class CudaConv:
             splits, chunk = 1, max(k, 1)
         pa, pb, pc = self._ptr(a), self._ptr(b), self._ptr(c)
         alpha, beta = float(alpha), float(beta)
+        epilogue = (0 if biases is None else self._ptr(biases),   # 0: a null pointer
+                    activations.ACTIVATION_IDS[activation])
         if splits == 1:
             vec4 = int(pc % 16 == 0 and ldc % 4 == 0)
             self._launch(kernel, grid_mn + (1,), (threads,), m, n, k, alpha, pa, lda, pb, ldb,
-                         beta, pc, ldc, chunk, vec4, 0)
+                         beta, pc, ldc, chunk, vec4, 0, *epilogue)
             return
         ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
         self._launch(kernel, grid_mn + (splits,), (threads,), m, n, k, 1.0, pa, lda, pb, ldb,
-                     0.0, ws, n, chunk, int(n % 4 == 0), m * n)
+                     0.0, ws, n, chunk, int(n % 4 == 0), m * n, *_NO_EPILOGUE)
+        self._splitk_reduce(m, n, splits, ws, alpha, beta, pc, ldc, epilogue)
+
+    def _splitk_reduce(self, m, n, splits, ws, alpha, beta, pc, ldc, epilogue=None):
+        """C = alpha * the splits' partials summed + beta * C (then the epilogue)."""
         # Threads per output: one per 16 splits, up to 32 (a block is 256 threads).
         per_output = min(32, 1 << (max(1, splits // 16).bit_length() - 1))
         width = _BLOCK // per_output
         self._launch("splitk_reduce", (_ceil_div(m * n, width),), (width, per_output), m, n,
-                     splits, ws, alpha, beta, pc, ldc)
+                     splits, ws, float(alpha), float(beta), pc, ldc,
+                     *(epilogue or _NO_EPILOGUE))
 
     # ---- reduced precision: tensor cores (kernels/gemm_tc.cu) ---------------------
     def tc_plan(self, m, n, k, split=True):
@@ -169,10 +195,7 @@ class CudaConv:
         ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
         self._launch(kernel, grid, (threads,), m, n, k, 1.0, pa, lda, pb, ldb, 0.0, ws, n,
                      chunk, m * n)
-        per_output = min(32, 1 << (max(1, splits // 16).bit_length() - 1))
-        width = _BLOCK // per_output
-        self._launch("splitk_reduce", (_ceil_div(m * n, width),), (width, per_output), m, n,
-                     splits, ws, float(alpha), float(beta), pc, ldc)
+        self._splitk_reduce(m, n, splits, ws, alpha, beta, pc, ldc)
 
     def pack_weights(self, weights, rows, k, precision):
         """A convolution group's weights (rows x k fp32) converted once for conv_forward:

@@ -489,8 +489,12 @@ class CudaCore:
         the upload filling it, which starts after the work queued so far. Ops queued after
         wait_upload(upload) see the values; `host` must stay unchanged until
         finish_upload(upload) returns."""
-        h = np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
-        dst = self._new(h.size)
+        return self._upload_flat_async(
+            np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1)))
+
+    def _upload_flat_async(self, h):
+        """upload_async of contiguous 1-D host array h, into an array of h's dtype."""
+        dst = self._new(h.size, h.dtype)
         queued = drv.Event(drv.event_flags.DISABLE_TIMING)
         queued.record(self.stream)
         copy_stream = self._copy_stream_after(queued)

@@ -284,24 +284,42 @@ class ConvolutionalLayer(Layer):
         if self.xnor:
             be.binarize(net.input[:self.batch * self.inputs], self.binary_input)
             images = self.binary_input
+        # Bias (batch norm folded in) and activation in the GEMM's epilogue where they can
+        # be: inference, or no batch norm, and an activation that needs neither its input
+        # kept nor whole channels.
+        epilogue = biases is not None and self._activation_fuses()
         for b0, count, col, product in self._chunks(be, net):
             for g in range(self.groups):
+                group_biases = biases[g * m:] if epilogue else None
                 if count == 1:  # one image: the GEMM writes straight into the output
-                    be.gemm(False, False, m, n, k, 1.0, weights[g * m * k:], k,
-                            self._image_col(be, images, b0, g, col), n, 0.0,
-                            self.output[b0 * self.outputs + g * m * n:], n)
+                    self._forward_gemm(be, weights[g * m * k:],
+                                       self._image_col(be, images, b0, g, col), n,
+                                       self.output[b0 * self.outputs + g * m * n:], group_biases)
                     continue
                 self._im2col(be, images, b0, count, g, col)
-                be.gemm(False, False, m, count * n, k, 1.0, weights[g * m * k:], k,
-                        col, count * n, 0.0, product, count * n)
+                self._forward_gemm(be, weights[g * m * k:], col, count * n, product, group_biases)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
-        self._forward_tail(be, net, biases)
+        if not epilogue:
+            self._forward_tail(be, net, biases)
+
+    def _forward_gemm(self, be, weights, col, width, out, biases):
+        """out (m x width) = weights @ col, then biases and the activation (None: neither)."""
+        m, k, _ = self._gemm_dims()
+        if biases is None:
+            be.gemm(False, False, m, width, k, 1.0, weights, k, col, width, 0.0, out, width)
+        else:
+            be.gemm_bias_activate(m, width, k, weights, k, col, width, out, width, biases,
+                                  self.activation)
+
+    def _activation_fuses(self):
+        """Whether the activation may join the last pass over the output (it needs neither
+        its input kept for backward nor whole channels)."""
+        return self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
 
     def _forward_tail(self, be, net, biases):
         """Bias (or batch norm) and activation after the product."""
         spatial = self.out_h * self.out_w
-        # The activation joins the last pass unless it needs its input kept or whole channels.
-        fused = self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
+        fused = self._activation_fuses()
         if biases is None:
             bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear")
         elif fused:

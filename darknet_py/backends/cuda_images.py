@@ -1,0 +1,62 @@
+"""The CUDA backend's image input: photos uploaded as their uint8 bytes (a quarter of the
+float input's) on the copy stream, then converted, letterboxed or resized and normalised
+into the network input by kernels/preprocess.cu. A mixin of CudaBackend."""
+import numpy as np
+
+from ..image import letterbox_size
+from .cuda_core import _BLOCK, _ceil_div
+
+KERNELS = {
+    "preprocess.cu": {
+        "letterbox_u8_kernel": "PPiiP",
+    },
+}
+
+GEOMETRY_WORDS = 10   # G_WORDS of kernels/preprocess.cu (enum Geometry)
+
+
+def image_geometry(shapes, offsets, width, height, letter):
+    """The kernel's per-image words (enum Geometry of kernels/preprocess.cu) for images of
+    `shapes` (rows, columns) at byte `offsets`: image.letterbox's sizes and placement
+    (letter) or a plain resize to width x height, and resize_image's float32 scales."""
+    words = np.zeros((len(shapes), GEOMETRY_WORDS), dtype=np.int64)
+    for row, ((ih, iw), offset) in zip(words, zip(shapes, offsets)):
+        new_w, new_h = letterbox_size(iw, ih, width, height) if letter else (width, height)
+        scale_x = np.float32((iw - 1) / (new_w - 1)) if new_w > 1 else np.float32(0)
+        scale_y = np.float32((ih - 1) / (new_h - 1)) if new_h > 1 else np.float32(0)
+        row[:] = (int(offset) & 0xFFFFFFFF, int(offset) >> 32, ih, iw, new_h, new_w,
+                  (height - new_h) // 2, (width - new_w) // 2,
+                  scale_y.view(np.uint32), scale_x.view(np.uint32))
+    return words.astype(np.uint32).view(np.int32).reshape(-1)
+
+
+class CudaImages:
+    """upload_bytes_async, letterbox_images."""
+
+    def upload_bytes_async(self, host):
+        """upload_async for a uint8 host array: the backend array holds its bytes."""
+        host = np.asarray(host)
+        if host.dtype != np.uint8:
+            raise TypeError(f"upload_bytes_async takes uint8 arrays, got {host.dtype}")
+        return self._upload_flat_async(np.ascontiguousarray(host.reshape(-1)))
+
+    def letterbox_images(self, src, shapes, offsets, width, height, letter, out):
+        """out (N, 3, height, width) = the OpenCV BGR uint8 (rows, columns, 3) images of
+        `src` (a uint8 array; image i's bytes from offsets[i]) as image.py makes them:
+        from_bgr, then letterbox (letter) or resize_image to width x height. One launch."""
+        shapes = [(int(h), int(w)) for h, w in shapes]
+        if src.dtype != np.uint8:
+            raise TypeError("letterbox_images: src must be a uint8 array (upload_bytes_async)")
+        for (ih, iw), offset in zip(shapes, offsets):
+            if ih <= 0 or iw <= 0:
+                raise ValueError(f"letterbox_images: an image of {iw} x {ih} pixels")
+            self._check_size("letterbox_images src", src, int(offset) + ih * iw * 3)
+        self._check_size("letterbox_images out", out, len(shapes) * 3 * height * width)
+        if not shapes:
+            return
+        words = image_geometry(shapes, offsets, width, height, letter)
+        geometry = self._scratch_buffer("image_geometry", words.nbytes)
+        self._htod(geometry, words)
+        self._launch("letterbox_u8_kernel", (_ceil_div(height * width, _BLOCK), len(shapes)),
+                     (_BLOCK,), self._ptr(src), self._ptr(geometry), int(height), int(width),
+                     self._ptr(out))
