@@ -13,7 +13,7 @@ import pytest
 import darknet_py as dn
 from darknet_py import precision as precisions
 from darknet_py.backends.numpy_backend import NumpyBackend
-from darknet_py.image import from_bgr, letterbox, resize_image
+from darknet_py.image import ImageError, from_bgr, letterbox, letterbox_size, resize_image
 
 from helpers import random_batch_norm
 from test_cuda_ops import REF, assert_close, nan, rand, reduction_tol, run
@@ -182,7 +182,14 @@ def _host_sized(photo, width, height, letter):
 @pytest.mark.parametrize("width,height", [(416, 416), (33, 17), (64, 96)])
 def test_letterbox_images_has_image_py_bits(cuda, letter, width, height):
     rng = np.random.default_rng(width * 7 + height + letter)
-    photos = _photos(rng)
+    photos, degenerate = [], []   # letterboxing leaves no pixel row or column of the latter
+    for p in _photos(rng):
+        fits = min(letterbox_size(p.shape[1], p.shape[0], width, height)) >= 1 or not letter
+        (photos if fits else degenerate).append(p)
+    for p in degenerate:   # refused in one clear line, as on the host
+        with pytest.raises(ImageError, match="letterboxed into"):
+            cuda.letterbox_images(cuda.upload_bytes_async(p)[0], [p.shape[:2]], [0], width,
+                                  height, letter, cuda.empty(3 * height * width))
     flat = np.concatenate([p.reshape(-1) for p in photos])
     offsets = np.cumsum([0] + [p.size for p in photos[:-1]])
     shapes = [p.shape[:2] for p in photos]
@@ -251,3 +258,5 @@ def test_predict_from_photos_on_the_cpu_equals_predict_from_host_letterboxed():
     got = net.predict(photos)
     assert got.shape == want.shape and np.array_equal(got, want)
     assert net.as_photos(np.zeros((2, 3, 16, 20), np.float32)) is None   # float input
+    with pytest.raises(ImageError, match="300 x 1 pixels letterboxed into 20 x 16 is 20 x 0"):
+        net.predict(np.zeros((1, 300, 3), np.uint8))

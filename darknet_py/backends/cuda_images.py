@@ -3,7 +3,7 @@ float input's) on the copy stream, then converted, letterboxed or resized and no
 into the network input by kernels/preprocess.cu. A mixin of CudaBackend."""
 import numpy as np
 
-from ..image import letterbox_size
+from ..image import sized_shape
 from .cuda_core import _BLOCK, _ceil_div
 
 KERNELS = {
@@ -21,7 +21,7 @@ def image_geometry(shapes, offsets, width, height, letter):
     (letter) or a plain resize to width x height, and resize_image's float32 scales."""
     words = np.zeros((len(shapes), GEOMETRY_WORDS), dtype=np.int64)
     for row, ((ih, iw), offset) in zip(words, zip(shapes, offsets)):
-        new_w, new_h = letterbox_size(iw, ih, width, height) if letter else (width, height)
+        new_w, new_h = sized_shape(iw, ih, width, height, letter)
         scale_x = np.float32((iw - 1) / (new_w - 1)) if new_w > 1 else np.float32(0)
         scale_y = np.float32((ih - 1) / (new_h - 1)) if new_h > 1 else np.float32(0)
         row[:] = (int(offset) & 0xFFFFFFFF, int(offset) >> 32, ih, iw, new_h, new_w,

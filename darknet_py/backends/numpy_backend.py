@@ -22,7 +22,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import activations, precision as precisions
 from ..draws import uniform_hash
-from ..image import from_bgr, letterbox, resize_image
+from ..image import from_bgr, letterbox, resize_image, sized_shape
 from ..losses import detection as detection_loss, region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
 from ..shapes import conv_out_size, conv_strides
@@ -104,6 +104,7 @@ class NumpyBackend:
         it after uploading the bytes (a quarter of the float input's)."""
         plane = 3 * height * width
         for i, ((ih, iw), offset) in enumerate(zip(shapes, offsets)):
+            sized_shape(iw, ih, width, height, letter)   # refuses a degenerate letterbox
             bgr = src[int(offset):int(offset) + ih * iw * 3].reshape(ih, iw, 3)
             img = from_bgr(bgr, 3)
             sized = letterbox(img, width, height) if letter else resize_image(img, width, height)
