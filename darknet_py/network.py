@@ -6,13 +6,14 @@ and the loop sets it before each layer, exactly as forward_network/backward_netw
 """
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from . import optimizer, precision as precisions
+from .adam import Adam, read_adam
 from .backends import DeviceOutOfMemory, get_backend
-from .cfg import CfgError, parse_cfg
+from .cfg import CfgError, CfgWarning, parse_cfg
 from .errors import DarknetError
 from .image import decode_image
 from .graphs import StepGraphs
@@ -55,7 +56,7 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
-    adam_error: object = None   # the CfgError training raises when adam=1
+    adam_betas_eps: tuple = None   # (B1, B2, eps) with adam=1 (adam.read_adam)
     # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
     # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
     letter_box: int = 0
@@ -87,15 +88,12 @@ def parse_net_options(s, darknet="original"):
     # in float32 they cancel, and its CPU build never reads it.
     s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam and darknet == "alexeyab":
-        for key, default in (("B1", .9), ("B2", .999), ("eps", .000001)):
-            s.get_float(key, default)
-        s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
-               "Adam; its GPU build's has)", "adam")
-        o.adam = 0
-    elif o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
-        o.adam_error = s.error("the adam optimiser is not supported by darknet-py for "
-                               "training (use SGD: remove adam=1)", "adam")
+    if o.adam:   # as the GPU builds train with it (adam.py)
+        o.adam_betas_eps = read_adam(s, darknet)
+        if darknet == "alexeyab-cpu":
+            s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has "
+                   "no Adam; its GPU build's has)", "adam")
+            o.adam = 0
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
     o.channels = s.get_int("channels", 0)
@@ -259,6 +257,7 @@ class Network:
         # as a graph sees this step's): dropout's per-step seed and the update's rate.
         self.step_seed = self.be.int_zeros(1)
         self.update_rate = self.be.zeros(1)
+        self.adam = None   # adam.Adam, made for the first training step when adam=1
         self.graphs = StepGraphs(self.be)
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
@@ -406,6 +405,37 @@ class Network:
         common = min(fields, self.truth_size)
         out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
         return out.reshape(truth.shape[0], -1)
+
+    def checked_truth(self, truth, n):
+        """truth for n images as (n, floats per image) float32 rows, or a ValueError that
+        gives the shape this network wants (a wrong one ended in NumPy's broadcast error, or
+        was read as other images' values)."""
+        truth = np.asarray(truth, dtype=np.float32)
+        per_image = truth.size // n if n else 0
+        rows_ok = truth.size == n * per_image and (truth.ndim < 2 or truth.shape[0] == n)
+        if self._is_detector():
+            head = next(l for l in reversed(self.layers) if l.type in DETECTOR_TYPES)
+            grid = getattr(head, "truths", None) if head.type == "detection" else None
+            fits = per_image > 0 and (per_image % 5 == 0 or per_image % self.truth_size == 0
+                                      or per_image == grid)
+            fields = "x, y, w, h, class" + (", track id" if self.truth_size == 6 else "")
+            want = (f"({n}, {self.max_boxes * self.truth_size}): {self.max_boxes} boxes of "
+                    f"({fields}) per image, zero padded (any whole number of boxes does)")
+        else:
+            readers = [l for l in self.layers if l.type in ("softmax", "logistic", "cost")
+                       and not getattr(l, "noloss", 0)]
+            if not readers:
+                return truth.reshape(n, -1)   # nothing reads it
+            reader = readers[-1]
+            fits = per_image == reader.outputs
+            want = (f"({n}, {reader.outputs}): per image the {reader.outputs} values its "
+                    f"[{reader.type}] layer {reader.index} is trained towards"
+                    + (" (one-hot: 1 at the image's class)" if reader.type == "softmax"
+                       and self.hierarchy is None else ""))
+        if not (rows_ok and fits):
+            raise ValueError(f"truth of shape {truth.shape} for {n} image"
+                             f"{'s' if n != 1 else ''}: this network wants {want}")
+        return truth.reshape(n, -1)
 
     @property
     def bflops(self):
@@ -616,15 +646,20 @@ class Network:
         returns the learning rate."""
         rate = self.learning_rate
         self.be.write(self.update_rate, [rate / self.images_per_iteration])
+        if self.adam is not None:
+            self.adam.write_step(rate, self.iteration)
         return rate
 
     def _update_layers(self):
-        """Every layer's SGD step (the rate written by _write_update_rate)."""
+        """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
+        _write_update_rate)."""
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
                           decay=self.options.decay, batch=self.images_per_iteration)
+        adam_args = replace(args, adam=self.adam) if self.adam is not None else args
         for layer in self.layers:
             if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
-                layer.update(args)
+                layer.update(adam_args if self.adam is not None and self.adam.uses(layer)
+                             else args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that
@@ -669,8 +704,13 @@ class Network:
             step()
 
     def _prepare_training(self):
-        if self.options.adam_error is not None:
-            raise self.options.adam_error
+        if self.options.adam and self.adam is None:
+            self.adam = Adam(self.be, self.darknet, *self.options.adam_betas_eps)
+            if self.adam.rules == "original" and any(l.type == "crnn" for l in self.layers):
+                warnings.warn(CfgWarning(
+                    f"{self.path}: [crnn] with adam=1: pjreddie's GPU build fails here (it "
+                    f"gives the inner convolutions no Adam state); darknet-py updates them "
+                    f"with Adam"), stacklevel=2)
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True
@@ -849,7 +889,7 @@ class Network:
         (gradients accumulate), then the weight update. Returns the loss per image (the
         passes' costs summed, over N), as Darknet's train_network does."""
         x = np.asarray(x, dtype=np.float32)
-        truth = np.asarray(truth)
+        truth = self.checked_truth(truth, len(x))
         if len(x) % self.subdivisions or not len(x):
             raise ValueError(f"{len(x)} images do not split into subdivisions="
                              f"{self.subdivisions} passes")
@@ -868,6 +908,7 @@ class Network:
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
+        truth = self.checked_truth(truth, n)
         self.images_per_pass = n
         self.seen += n * self.replicas
         net_input = self._stage(x, self.truth_for_network(truth), True)

@@ -10,7 +10,7 @@ cuda_core (device, arrays, launches, sync, copies, graph capture), cuda_conv (GE
 tensor-core convolution, im2col/col2im), cuda_norm (bias/scale, batch norm, channel
 reductions, l2norm, lrn), cuda_elementwise (vector ops, activations, pooling, shape ops,
 dropout), cuda_losses (softmax, costs, yolo/region/detection losses), cuda_images (photos
-uploaded as uint8, letterboxed on the device).
+uploaded as uint8, letterboxed on the device), cuda_optimizer (Adam's update).
 
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
@@ -48,13 +48,16 @@ from .cuda_losses import CudaLosses
 from .cuda_losses import KERNELS as _LOSS_KERNELS
 from .cuda_norm import CudaNorm
 from .cuda_norm import KERNELS as _NORM_KERNELS
+from .cuda_optimizer import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
 
 # Every kernel file's entry points and argument formats, from the families' tables.
 _KERNELS = merge_kernel_tables(_CONV_KERNELS, _NORM_KERNELS,
-                               _ELEMENTWISE_KERNELS, _LOSS_KERNELS, _IMAGE_KERNELS)
+                               _ELEMENTWISE_KERNELS, _LOSS_KERNELS, _IMAGE_KERNELS,
+                               _OPTIMIZER_KERNELS)
 
 
-class CudaBackend(CudaCore, CudaConv, CudaNorm, CudaElementwise, CudaLosses, CudaImages):
+class CudaBackend(CudaCore, CudaConv, CudaNorm, CudaElementwise, CudaLosses, CudaImages,
+                  CudaOptimizerOps):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
     name = "cuda"
