@@ -8,7 +8,9 @@
     it: predict() on 64 OpenCV-style uint8 (416, 416, 3) photos (their bytes uploaded on
     the copy stream, letterboxed on the GPU, the layers, the output downloaded), wall
     clock, median; beside it the same call from the float32 (64, 3, 416, 416) batch the
-    row was measured with before (..._from_fp32), and from 640x480 photos (..._640x480);
+    row was measured with before (..._from_fp32), from 640x480 photos (..._640x480), and
+    predict_in_parts in 4 parts (..._in_parts: part k+1's bytes and part k-1's output
+    copy while part k's layers run);
   * torch_yolov3tiny_b64_forward_layers_ms_fp16 (--torch): the same network in PyTorch,
     AMP (autocast fp16) + channels_last + cudnn.benchmark, replayed as a CUDA graph
     (PyTorch is used here only, as the reference a user would pick instead).
@@ -64,13 +66,40 @@ def darknet_rows(repeats):
     large = rng.integers(0, 256, (BATCH, 480, 640, 3), dtype=np.uint8)
     rows["yolov3tiny_b64_forward_whole_ms_fp16_640x480"] = wall_ms(
         be, lambda: net.predict(large), 3, repeats)
+    breakdown = whole_call_parts(net, photos, floats, repeats)
+    rows["yolov3tiny_b64_forward_whole_in_parts_ms_fp16"] = breakdown[
+        "predict_in_parts(photos, 16)"]
     net.predict(photos)
     rows["yolov3tiny_b64_forward_graph_ms_fp16"] = 1e3 * median_seconds(be, net.infer, 3,
                                                                         repeats)
     per_layer = layer_seconds(net, False, 3, repeats)
     rows["yolov3tiny_b64_forward_layers_ms_fp16"] = 1e3 * sum(f for f, _ in per_layer)
     layers = [(layer.index, layer.type, 1e3 * f) for layer, (f, _) in zip(net.layers, per_layer)]
-    return rows, layers, be.device_name
+    return rows, layers, breakdown, be.device_name
+
+
+def whole_call_parts(net, photos, floats, repeats):
+    """{step: wall ms} of the whole call's parts, each run on its own and waited for: the
+    input staged from photos or from floats, the layers (graph replay), the output's
+    download; and predict_in_parts on the photos (4 parts of 16: the copies beside the
+    layers). Leaves the network at batch 64."""
+    be = net.be
+    out = net.output_index
+
+    def staged(fn):
+        return lambda: (fn(), be.synchronize())
+
+    parts = {"photos staged": wall_ms(be, staged(lambda: net._run_photos(
+        net._upload_photos(photos), True)), 2, repeats)}
+    parts["photos staged"] -= wall_ms(be, staged(net.infer), 2, repeats)   # less the layers
+    parts["floats staged"] = wall_ms(be, staged(lambda: net._stage(floats, None, False)), 2,
+                                     repeats)
+    parts["layers (graph replay)"] = wall_ms(be, staged(net.infer), 2, repeats)
+    parts["output download"] = wall_ms(be, lambda: net.layer_output(out), 2, repeats)
+    parts["predict_in_parts(photos, 16)"] = wall_ms(
+        be, lambda: net.predict_in_parts(photos, BATCH // 4), 2, repeats)
+    net.set_batch(BATCH)
+    return parts
 
 
 def torch_layers_ms(repeats):
@@ -183,13 +212,16 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", help="merge the rows into this JSON file")
     args = ap.parse_args()
-    rows, layers, gpu = darknet_rows(args.repeats)
+    rows, layers, breakdown, gpu = darknet_rows(args.repeats)
     if args.torch:
         rows["torch_yolov3tiny_b64_forward_layers_ms_fp16"] = torch_layers_ms(args.repeats)
     print(f"yolov3-tiny 416, batch {BATCH}, fp16, {gpu}; medians of {args.repeats}\n")
     print("| layer | type | forward ms |\n|---|---|---|")
     for index, kind, ms in layers:
         print(f"| {index} | {kind} | {ms:.3f} |")
+    print("\n| whole call, step alone (wall) | ms |\n|---|---|")
+    for name, value in breakdown.items():
+        print(f"| {name} | {value:.2f} |")
     print("\n| row | ms |\n|---|---|")
     for name, value in rows.items():
         print(f"| {name} | {value:.2f} |")

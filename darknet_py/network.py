@@ -728,53 +728,68 @@ class Network:
             self.infer(x)
         return self.layer_output(self.output_index)
 
-    # Parts a batch of photos is uploaded in: each part is converted on the device while
-    # the next one copies.
-    PHOTO_PARTS = 4
-
     def infer_photos(self, photos, letter=True):
         """infer() on photos: OpenCV BGR uint8 (H, W, 3) arrays of any sizes, or one
         (N, H, W, 3) uint8 array, for a 3-channel network. Their bytes are uploaded as they
-        are (a quarter of the float input's), in parts on the copy stream, and each part
-        is converted, letterboxed (letter) or resized into the network input on the
-        backend (letterbox_images: image.py's arithmetic) while the next one copies."""
+        are (a quarter of the float input's) on the copy stream, then converted and
+        letterboxed (letter) or resized into the network input on the backend
+        (letterbox_images: image.py's arithmetic, its bits)."""
         if self.input_shape[0] != 3 or len(self.input_shape) != 3:
             raise ValueError(f"infer_photos: the network takes {self.input_shape} inputs, "
                              f"not 3-channel images")
-        _, height, width = self.input_shape
-        n = len(photos)
-        if not n:
+        if not len(photos):
             raise ValueError("infer_photos: no images")
-        if n != self.batch:
-            self._allocate(n, self.train_buffers)
+        if len(photos) != self.batch:
+            self._allocate(len(photos), self.train_buffers)
+        staged = self._upload_photos(photos)
+        self._run_photos(staged, letter)
+        self.be.finish_upload(staged[1])
+
+    def _upload_photos(self, photos):
+        """(backend uint8 array, its upload, the photos' shapes): the photos' bytes, copied
+        on the copy stream after the work queued so far."""
+        host = (photos if isinstance(photos, np.ndarray)
+                else np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in photos]))
+        array, upload = self.be.upload_bytes_async(np.ascontiguousarray(host))
+        return array, upload, [p.shape[:2] for p in photos]
+
+    def _run_photos(self, staged, letter):
+        """The layers on the photos of staged (_upload_photos), letterboxed into the input
+        once their upload has landed."""
+        array, upload, shapes = staged
+        _, height, width = self.input_shape
         self.truth = self.truth_host = None
         buf = self._input_buf
-        if buf is None or buf.size != n * self.inputs:
-            buf = self._input_buf = self.be.zeros(n * self.inputs)
-        step = -(-n // min(n, self.PHOTO_PARTS))
-        uploads, queued = [], None
-        for start in range(0, n, step):
-            part = photos[start:start + step]
-            shapes = [p.shape[:2] for p in part]
-            host = (part if isinstance(part, np.ndarray)
-                    else np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in part]))
-            array, upload = self.be.upload_bytes_async(np.ascontiguousarray(host))
-            uploads.append(upload)
-            if queued is not None:   # the previous part, converted while this one copies
-                self._letterbox_part(*queued, height, width, letter, buf)
-            queued = (start, shapes, array, upload)
-        self._letterbox_part(*queued, height, width, letter, buf)
+        if buf is None or buf.size != len(shapes) * self.inputs:
+            buf = self._input_buf = self.be.zeros(len(shapes) * self.inputs)
+        self.be.wait_upload(upload)
+        offsets = np.cumsum([0] + [h * w * 3 for h, w in shapes[:-1]])
+        self.be.letterbox_images(array, shapes, offsets, width, height, letter, buf)
         self._run_step("predict", (self.batch, self.fold_batchnorm), buf, False,
                        lambda: self._forward_layers(buf, False))
-        for upload in uploads:
-            self.be.finish_upload(upload)
         self.collect_costs()
 
-    def _letterbox_part(self, start, shapes, array, upload, height, width, letter, buf):
-        offsets = np.cumsum([0] + [h * w * 3 for h, w in shapes[:-1]])
-        self.be.wait_upload(upload)
-        self.be.letterbox_images(array, shapes, offsets, width, height, letter,
-                                 buf[start * self.inputs:(start + len(shapes)) * self.inputs])
+    def _predict_photos_in_parts(self, photos, part):
+        """predict_in_parts for photos: part k+1's bytes copy while part k's layers run,
+        and part k's output comes back while part k+1's run."""
+        self.set_batch(part)
+        layer = self.layers[self.output_index]
+        output = layer.output[:part * layer.outputs]
+        result = np.empty(layer.output_shape(len(photos)), dtype=output.dtype)
+        rows = result.reshape(len(photos), -1)
+        parts = [photos[start:start + part] for start in range(0, len(photos), part)]
+        staged, pending = [self._upload_photos(parts[0])], None
+        for k in range(len(parts)):
+            if k + 1 < len(parts):   # queued before part k's layers: copies beside them
+                staged.append(self._upload_photos(parts[k + 1]))
+            self._run_photos(staged[k], True)
+            if pending is not None:
+                self.be.finish_download(pending)
+            pending = self.be.download_async(output, rows[k * part:(k + 1) * part])
+        self.be.finish_download(pending)
+        for _, upload, _ in staged:
+            self.be.finish_upload(upload)
+        return result.astype(self.be.dtype, copy=False)
 
     def as_photos(self, x):
         """x as a list of BGR uint8 (H, W, 3) photos (paths decoded) or an (N, H, W, 3)
@@ -802,7 +817,13 @@ class Network:
         behind the layers: while the device runs one part, the next part's input is staged
         and uploaded (prefetch, on the copy stream) and the previous part's output taken
         (download_async). Returns what predict(x) returns; the network is left at batch
-        `part` (its layers' outputs hold the last part)."""
+        `part` (its layers' outputs hold the last part). Photos (as predict takes them) go
+        up as their bytes, letterboxed on the backend (infer_photos)."""
+        photos = self.as_photos(x)
+        if photos is not None:
+            if len(photos) % part:
+                raise ValueError(f"{len(photos)} images do not split into parts of {part}")
+            return self._predict_photos_in_parts(photos, part)
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim == len(self.input_shape):
             x = x[None]

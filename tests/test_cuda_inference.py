@@ -221,6 +221,9 @@ def test_predict_from_uint8_photos_equals_predict_from_host_letterboxed(cuda):
     assert np.array_equal(got, want)
     got_list = net.predict([p for p in photos])   # a list of photos: the same
     assert np.array_equal(got_list, want)
+    # in parts (part k+1's bytes and part k-1's output copy beside part k's layers): as
+    # the float batch in the same parts
+    assert np.array_equal(net.predict_in_parts(photos, 2), net.predict_in_parts(host, 2))
 
 
 @gpu
@@ -257,6 +260,9 @@ def test_predict_from_photos_on_the_cpu_equals_predict_from_host_letterboxed():
     want = net.predict(np.stack([_host_sized(p, 20, 16, True) for p in photos]))
     got = net.predict(photos)
     assert got.shape == want.shape and np.array_equal(got, want)
+    square = [p[:16, :16] for p in photos if p.shape[0] >= 16 and p.shape[1] >= 16]
+    want = net.predict_in_parts(np.stack([_host_sized(p, 20, 16, True) for p in square]), 1)
+    assert np.array_equal(net.predict_in_parts(square, 1), want)
     assert net.as_photos(np.zeros((2, 3, 16, 20), np.float32)) is None   # float input
     with pytest.raises(ImageError, match="300 x 1 pixels letterboxed into 20 x 16 is 20 x 0"):
         net.predict(np.zeros((1, 300, 3), np.uint8))

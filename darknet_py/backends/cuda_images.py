@@ -2,6 +2,7 @@
 float input's) on the copy stream, then converted, letterboxed or resized and normalised
 into the network input by kernels/preprocess.cu. A mixin of CudaBackend."""
 import numpy as np
+import pycuda.driver as drv
 
 from ..image import sized_shape
 from .cuda_core import _BLOCK, _ceil_div
@@ -13,6 +14,12 @@ KERNELS = {
 }
 
 GEOMETRY_WORDS = 10   # G_WORDS of kernels/preprocess.cu (enum Geometry)
+# Page-locked host slots the geometry is copied from, used in turn: a copy from pageable
+# memory may wait for the stream to drain (the host could not queue the next part's
+# work ahead), one from a slot is a DMA. A slot is reused once its last copy has run;
+# _Device.close frees them. Geometry of more images goes the pageable way.
+GEOMETRY_SLOTS = 8
+GEOMETRY_SLOT_WORDS = 1024 * GEOMETRY_WORDS
 
 
 def image_geometry(shapes, offsets, width, height, letter):
@@ -55,8 +62,24 @@ class CudaImages:
         if not shapes:
             return
         words = image_geometry(shapes, offsets, width, height, letter)
-        geometry = self._scratch_buffer("image_geometry", words.nbytes)
-        self._htod(geometry, words)
+        geometry = self._scratch_buffer("image_geometry", words.nbytes)   # stream-ordered
+        if words.size <= GEOMETRY_SLOT_WORDS:
+            self._geometry_copy(geometry, words)
+        else:
+            self._htod(geometry, words)
         self._launch("letterbox_u8_kernel", (_ceil_div(height * width, _BLOCK), len(shapes)),
                      (_BLOCK,), self._ptr(src), self._ptr(geometry), int(height), int(width),
                      self._ptr(out))
+
+    def _geometry_copy(self, geometry, words):
+        """Queue words -> geometry on the stream through the next page-locked slot."""
+        slots = self._dev.__dict__.setdefault("geometry_slots", [])
+        turn = self._dev.__dict__.get("geometry_turn", 0) % GEOMETRY_SLOTS
+        self._dev.geometry_turn = turn + 1
+        if turn == len(slots):
+            slots.append((drv.pagelocked_empty(GEOMETRY_SLOT_WORDS, np.int32), drv.Event()))
+        host, copied = slots[turn]
+        copied.synchronize()   # its last copy (GEOMETRY_SLOTS calls ago) has run
+        host[:words.size] = words
+        drv.memcpy_htod_async(self._ptr(geometry), host[:words.size], self.stream)
+        copied.record(self.stream)
