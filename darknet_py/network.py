@@ -772,12 +772,7 @@ class Network:
     def _predict_photos_in_parts(self, photos, part):
         """predict_in_parts for photos: part k+1's bytes copy while part k's layers run,
         and part k's output comes back while part k+1's run."""
-        self.set_batch(part)
-        layer = self.layers[self.output_index]
-        output = layer.output[:part * layer.outputs]
-        result = np.empty(layer.output_shape(len(photos)), dtype=output.dtype)
-        rows = result.reshape(len(photos), -1)
-        parts = [photos[start:start + part] for start in range(0, len(photos), part)]
+        output, result, rows, parts = self._parts_of(photos, part)
         staged, pending = [self._upload_photos(parts[0])], None
         for k in range(len(parts)):
             if k + 1 < len(parts):   # queued before part k's layers: copies beside them
@@ -821,20 +816,11 @@ class Network:
         up as their bytes, letterboxed on the backend (infer_photos)."""
         photos = self.as_photos(x)
         if photos is not None:
-            if len(photos) % part:
-                raise ValueError(f"{len(photos)} images do not split into parts of {part}")
             return self._predict_photos_in_parts(photos, part)
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim == len(self.input_shape):
             x = x[None]
-        if len(x) % part:
-            raise ValueError(f"{len(x)} images do not split into parts of {part}")
-        self.set_batch(part)
-        layer = self.layers[self.output_index]
-        output = layer.output[:part * layer.outputs]
-        result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
-        rows = result.reshape(len(x), -1)
-        parts = [x[start:start + part] for start in range(0, len(x), part)]
+        output, result, rows, parts = self._parts_of(x, part)
         pending = None
         self.prefetch(parts[0])
         for k, images in enumerate(parts):
@@ -851,6 +837,18 @@ class Network:
         self.be.finish_download(pending)
         self.finish_prefetch()
         return result.astype(self.be.dtype, copy=False)
+
+    def _parts_of(self, x, part):
+        """predict_in_parts' start: the network at batch `part`; (the output layer's
+        output for a part, the result array for all of x, its rows per image, x's parts)."""
+        if len(x) % part:
+            raise ValueError(f"{len(x)} images do not split into parts of {part}")
+        self.set_batch(part)
+        layer = self.layers[self.output_index]
+        output = layer.output[:part * layer.outputs]
+        result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
+        parts = [x[start:start + part] for start in range(0, len(x), part)]
+        return output, result, result.reshape(len(x), -1), parts
 
     def infer(self, x=None):
         """Inference on x as predict runs it, every output left on the backend (read the
