@@ -471,7 +471,7 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
     refuse_onnx_model(cfg, weights, images, "detect")
 
     if camera is not None or any(is_video(image) for image in images):
-        if engine != "numpy":
+        if engine == "onnxruntime":
             raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
         from .video import detect_video_command
         if json_format != "darknet-py":
@@ -797,10 +797,11 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, da
               help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
                    "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
 @click.option("--quiet", is_flag=True,
-              help="No progress line (images done, images/s, ETA) on stderr.")
+              help="No progress line (images done, images/s, ETA) on stderr, and no note "
+                   "saying which engine runs.")
 @overwrite_option
 @device_options
-@engine_option
+@functools.partial(engine_option, quiet_option=False)   # map has its own --quiet
 @darknet_option
 @letter_box_option
 def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, overwrite,
@@ -921,7 +922,7 @@ def check_command(data, picture, darknet):
               help="Untimed runs before the timed ones.")
 @overwrite_option
 @device_options
-@engine_option
+@functools.partial(engine_option, default="numpy")
 @darknet_option
 def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
                   engine, darknet):
@@ -932,7 +933,8 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import format_report, prepare, run_bench
+    from .bench import check_batch, format_report, prepare, run_bench
+    check_batch(cfg, batch, darknet)
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
     if engine != "numpy" and (train or layers):

@@ -194,6 +194,13 @@ def check_flavour(darknet):
 
 class Network:
     """Build with load_network(); see docs/python-api.md for the Python API."""
+    # ONNX Runtime serving inference on the CPU (export/engine.py; load_network's engine=),
+    # else None: the backend runs it. engine_note: why NumPy serves it, where it does.
+    inference_engine = None
+    engine_note = None
+    # The layers whose outputs the last inference wrote when ONNX Runtime ran it (its
+    # outputs: the heads, or the output layer); None: every layer's (the backend ran it).
+    engine_outputs = None
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
                  darknet=None, random_init=True, precision=None):
@@ -563,6 +570,9 @@ class Network:
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
         layer_output). With train=True, batch statistics are used and deltas zeroed."""
+        if not train and truth is None and self.inference_engine is not None \
+                and self.inference_engine.infer(self, x):
+            return
         net_input = self._stage(x, truth, train)
         if train:
             self._write_step_seed()
@@ -594,6 +604,7 @@ class Network:
         return net_input
 
     def _forward_layers(self, net_input, train):
+        self.engine_outputs = None
         self.train = train
         self.input = net_input
         self.delta = None
@@ -684,6 +695,8 @@ class Network:
         inference's folded weights are stale, and with them the recorded forward passes
         that read them."""
         self.graphs.drop("predict")
+        if self.inference_engine is not None:   # it exports the new values on its next run
+            self.inference_engine.params_changed()
         for layer in self.layers:
             layer.params_changed()
 
@@ -711,6 +724,7 @@ class Network:
                     f"{self.path}: [crnn] with adam=1: pjreddie's GPU build fails here (it "
                     f"gives the inner convolutions no Adam state); darknet-py updates them "
                     f"with Adam"), stacklevel=2)
+        self.inference_engine = None   # training runs on the backend; its weights move
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True
@@ -789,8 +803,10 @@ class Network:
     def as_photos(self, x):
         """x as a list of BGR uint8 (H, W, 3) photos (paths decoded) or an (N, H, W, 3)
         uint8 array, when it is photos a 3-channel network can take from their bytes;
-        None for anything else (float input, other channel counts)."""
-        if len(self.input_shape) != 3 or self.input_shape[0] != 3:
+        None for anything else (float input, other channel counts), and where ONNX Runtime
+        serves inference (it takes the float input sized on the host)."""
+        if (len(self.input_shape) != 3 or self.input_shape[0] != 3
+                or self.inference_engine is not None):
             return None
         if isinstance(x, np.ndarray):
             if x.dtype == np.uint8 and x.ndim == 4 and x.shape[3] == 3:
@@ -854,6 +870,9 @@ class Network:
         """Inference on x as predict runs it, every output left on the backend (read the
         ones needed with layer_output): no copy back, no wait for the device. x=None runs
         again on the input staged last (what `bench` times as the GPU-only forward)."""
+        if x is not None and self.inference_engine is not None \
+                and self.inference_engine.infer(self, x):
+            return
         if x is None:
             net_input = self._net_input
             if net_input is None:
@@ -863,6 +882,14 @@ class Network:
         self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
                        lambda: self._forward_layers(net_input, False))
         self.collect_costs()
+
+    @property
+    def engine(self):
+        """What serves inference: "onnxruntime", "numpy" or the GPU backend's name ("cuda").
+        Asking makes ONNX Runtime's engine ready (its export, or the cached one)."""
+        if self.inference_engine is not None and self.inference_engine.prepare(self):
+            return self.inference_engine.name
+        return "numpy" if self.be.name == "cpu" else self.be.name
 
     @property
     def output_index(self):
@@ -968,6 +995,11 @@ class Network:
     def layer_output(self, i):
         """Layer i's output from the last forward, as a host array (N, C, H, W) or (N, n)."""
         layer = self.layers[i]
+        if self.engine_outputs is not None and layer.index not in self.engine_outputs:
+            raise NetworkError(
+                f"layer {layer.index} [{layer.type}]: ONNX Runtime ran the last inference and "
+                f"gives only the outputs of layers {sorted(self.engine_outputs)}; load the "
+                f"network with engine=\"numpy\" for every layer's")
         return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
 
     def layer_delta(self, i):
@@ -1020,8 +1052,14 @@ def host_memory_bytes():
         return None
 
 
+# export/engine.py's attach(net, engine, weights, seed, cutoff, transfer), which puts
+# load_network's engine= into effect; darknet_py's __init__ installs it (the export
+# package stands on a higher floor than this module).
+ENGINE_HOOK = {"attach": None}
+
+
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None, names=None, precision=None):
+                 transfer=False, darknet=None, names=None, precision=None, engine=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
@@ -1032,7 +1070,12 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     activations, else the original's. `names`: class names for detect/classify results, as
     a list, a names file or a .data file (its names=). `precision` ("fp32", "tf32", "fp16",
     "bf16"; None: $DARKNET_PRECISION, else the cfg's [net] precision=, else fp32) sets the
-    convolutions' arithmetic (darknet_py/precision.py)."""
+    convolutions' arithmetic (darknet_py/precision.py). `engine` serves inference on the
+    CPU: None ("auto") ONNX Runtime when it is installed and `weights` are given (the
+    network exported on the first predict, checked against NumPy and cached; NumPy where
+    it cannot export, net.engine_note saying why), "numpy" Darknet's exact arithmetic,
+    "onnxruntime" ONNX Runtime or an error (docs/onnx.md). Training always runs on the
+    backend."""
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
         raise ValueError(f"batch must be a whole number of at least 1, got {batch!r}")
     names = load_names(names)
@@ -1050,6 +1093,8 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
         if not isinstance(loaded, int):
             net.transfer_report = loaded
     net.names = names
+    if ENGINE_HOOK["attach"] is not None:
+        ENGINE_HOOK["attach"](net, engine, weights, seed, cutoff, transfer)
     return net
 
 

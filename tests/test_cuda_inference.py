@@ -238,7 +238,7 @@ def test_detect_on_photo_files_matches_the_cpu(cuda):
     nets = {}
     for device in ("cpu", "cuda"):
         net = nets[device] = dn.load_network(d / "p2_tinyyolo.cfg", d / "p2_tinyyolo.weights",
-                                             device=device)
+                                             device=device, engine="numpy")
         net.detect(images, thresh=0.25, batch=len(images))
     cpu, gpu_net = nets["cpu"], nets["cuda"]
     assert np.array_equal(gpu_net.be.to_host(gpu_net._input_buf), cpu._input_buf)

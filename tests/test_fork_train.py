@@ -29,7 +29,7 @@ def train_like_the_fixture(name, tmp_path, device):
     (tmp_path / "net.cfg").write_text(str(ref["cfg"]))
     (tmp_path / "init.weights").write_bytes(ref["init_weights"].tobytes())
     net = load_network(tmp_path / "net.cfg", tmp_path / "init.weights", device=device,
-                       darknet="alexeyab")
+                       darknet="alexeyab", engine="numpy")
     x = (ref["pixels"].astype(np.float32) / np.float32(255)).astype(np.float32)
     losses, rates = [], []
     for _ in range(int(ref["iterations"])):
