@@ -1,4 +1,5 @@
-"""The AlexeyAB fork's training step against its own C code (CPU build, 59596d78): the
+"""The AlexeyAB fork's training step against its own C code (CPU build, 59596d78, so the
+flavour "alexeyab-cpu"): the
 fixtures in tests/fixtures/fork_train were dumped by tests/fork_harness (a harness linked
 against the fork's objects, see make_fixtures.py for the cases). Each runs a few iterations
 of train_network from the fork's own random start and compares the losses, the learning
@@ -25,7 +26,7 @@ def train_like_the_fixture(name, tmp_path, device):
     (tmp_path / "net.cfg").write_text(str(ref["cfg"]))
     (tmp_path / "init.weights").write_bytes(ref["init_weights"].tobytes())
     net = load_network(tmp_path / "net.cfg", tmp_path / "init.weights", device=device,
-                       darknet="alexeyab")
+                       darknet="alexeyab-cpu")
     x = (ref["pixels"].astype(np.float32) / np.float32(255)).astype(np.float32)
     losses, rates = [], []
     for _ in range(int(ref["iterations"])):
