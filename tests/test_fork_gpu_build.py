@@ -141,6 +141,15 @@ def test_the_gpu_build_batch_norm_forward():
     np.testing.assert_allclose(net.layer_output(0), want, rtol=1e-12)
 
 
+YOLO_HEAD = """
+[yolo]
+mask=0,1,2
+anchors=2,3, 4,5, 6,7
+classes=3
+num=3
+iou_loss=ciou
+{extra}
+"""
 YOLO_BODY = """
 [convolutional]
 batch_normalize=1
@@ -155,15 +164,7 @@ size=1
 stride=1
 filters=24
 activation=linear
-
-[yolo]
-mask=0,1,2
-anchors=2,3, 4,5, 6,7
-classes=3
-num=3
-iou_loss=ciou
-{extra}
-"""
+""" + YOLO_HEAD
 
 
 def yolo_step(darknet, extra="", net_extra=""):
@@ -221,3 +222,30 @@ def test_cli_accepts_both_fork_flavours(tmp_path):
         assert result.exit_code == 0, result.output
         assert f"Darknet: {flavour} (chosen with --darknet" in result.output
     assert build_network(cfg, darknet="alexeyab-cpu").fork_cpu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("darknet", ["alexeyab", "alexeyab-cpu"])
+def test_cuda_trains_both_fork_builds_as_numpy_does(darknet, tmp_path):
+    from darknet_py.backends import cuda_available
+    from darknet_py.network import load_network
+    if not cuda_available():
+        pytest.skip("needs PyCUDA and a CUDA GPU")
+    cfg = tmp_path / "net.cfg"
+    cfg.write_text("[net]\nbatch=2\nwidth=16\nheight=16\nchannels=2\nlearning_rate=0.1\n"
+                   "momentum=0.9\ndecay=0.0005\nloss_scale=4\n"
+                   + BODY.replace("filters=2\nsize=3", "filters=24\nsize=1")
+                   + YOLO_HEAD.format(extra="delta_normalizer=0.5"))
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0, 1, (2, 2, 16, 16)).astype(np.float32)
+    truth = np.zeros((2, 200 * 6), np.float32)
+    truth[:, :5] = [0.4, 0.5, 0.3, 0.4, 1]
+    nets = [load_network(cfg, device=device, darknet=darknet, seed=4)
+            for device in ("cpu", "cuda")]
+    losses = [[net.train_iteration(x, truth) for _ in range(2)] for net in nets]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+    for a, b in zip(*(net.layers for net in nets)):
+        for (name, pa), (_, pb) in zip(a.params(), b.params()):
+            want, got = nets[0].be.to_host(pa), nets[1].be.to_host(pb)
+            assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (a.index,
+                                                                                      name)
