@@ -151,6 +151,10 @@ class NumpyBackend:
         """x *= alpha"""
         x *= self.dtype.type(alpha)
 
+    def constrain(self, limit, x):
+        """x = min(limit, max(-limit, x)) (element-wise; C's fminf/fmaxf: NaN gives a bound)"""
+        np.fmin(limit, np.fmax(-limit, x), out=x)
+
     def mul(self, x, y):
         """y *= x (element-wise)"""
         y *= x

@@ -63,6 +63,10 @@ static void dump_layer(FILE *f, network net, int i)
     if (l.type == CONVOLUTIONAL) pull_convolutional_layer(l);
     if (l.type == CONVOLUTIONAL) l.mean = l.variance = 0;
 #endif
+#ifdef GPU
+    /* cudnnBatchNormalizationBackward leaves the delta in output_gpu: no output to dump */
+    if (!l.batch_normalize && l.type != BATCHNORM)
+#endif
     record_layer(f, i, "output", l.output, n_out);
     record_layer(f, i, "delta", l.delta, n_out);
     if (l.type == CONNECTED) {
