@@ -145,7 +145,13 @@ class ConvolutionalLayer(Layer):
                 setattr(self, name, getattr(self.share, name))
             return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
-        self.weights = be.from_host(host_param(rng, self.nweights, scale, "normal"))
+        if self.darknet == "alexeyab" and self.activation.startswith("normalize_channels"):
+            self.weights = be.from_host(host_param(rng, self.nweights, kind="ones"))
+        else:
+            # The fork draws scale * uniform(-1, 1) (std scale / sqrt 3), the original
+            # scale * normal: a start of the fork's size trains as the fork's does.
+            kind = "uniform" if self.darknet == "alexeyab" else "normal"
+            self.weights = be.from_host(host_param(rng, self.nweights, scale, kind))
         self.biases = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_params(self, be, rng, self.filters)
