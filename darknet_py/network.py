@@ -6,13 +6,14 @@ and the loop sets it before each layer, exactly as forward_network/backward_netw
 """
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from . import optimizer, precision as precisions
+from .adam import Adam, read_adam
 from .backends import DeviceOutOfMemory, get_backend
-from .cfg import CfgError, parse_cfg
+from .cfg import CfgError, CfgWarning, parse_cfg
 from .errors import DarknetError
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
@@ -54,7 +55,7 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
-    adam_error: object = None   # the CfgError training raises when adam=1
+    adam_betas_eps: tuple = None   # (B1, B2, eps) with adam=1 (adam.read_adam)
     # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
     # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
     letter_box: int = 0
@@ -87,15 +88,12 @@ def parse_net_options(s, darknet="original"):
     # it and divides the rate by it (in float32 they nearly cancel); its CPU build ignores it.
     o.loss_scale = s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam and darknet == "alexeyab":
-        for key, default in (("B1", .9), ("B2", .999), ("eps", .000001)):
-            s.get_float(key, default)
-        s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
-               "Adam; its GPU build's has)", "adam")
-        o.adam = 0
-    elif o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
-        o.adam_error = s.error("the adam optimiser is not supported by darknet-py for "
-                               "training (use SGD: remove adam=1)", "adam")
+    if o.adam:   # as the GPU builds train with it (adam.py)
+        o.adam_betas_eps = read_adam(s, darknet)
+        if darknet == "alexeyab-cpu":
+            s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has "
+                   "no Adam; its GPU build's has)", "adam")
+            o.adam = 0
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
     o.channels = s.get_int("channels", 0)
@@ -200,6 +198,13 @@ def check_flavour(darknet):
 
 class Network:
     """Build with load_network(); see docs/python-api.md for the Python API."""
+    # ONNX Runtime serving inference on the CPU (export/engine.py; load_network's engine=),
+    # else None: the backend runs it. engine_note: why NumPy serves it, where it does.
+    inference_engine = None
+    engine_note = None
+    # The layers whose outputs the last inference wrote when ONNX Runtime ran it (its
+    # outputs: the heads, or the output layer); None: every layer's (the backend ran it).
+    engine_outputs = None
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
                  darknet=None, random_init=True, precision=None):
@@ -211,7 +216,7 @@ class Network:
         self.flavour = check_flavour(darknet) or cfg_flavour(sections)
         self.fork_cpu = self.flavour == FORK_CPU
         self.darknet = "alexeyab" if self.fork_cpu else self.flavour
-        self.options = parse_net_options(sections[0], self.darknet)
+        self.options = parse_net_options(sections[0], self.flavour)
         # fp32 (Darknet-exact) unless asked, the environment or [net] precision= say otherwise.
         self.net_precision = precisions.read_net_section(sections[0])
         try:
@@ -265,6 +270,7 @@ class Network:
         # as a graph sees this step's): dropout's per-step seed and the update's rate.
         self.step_seed = self.be.int_zeros(1)
         self.update_rate = self.be.zeros(1)
+        self.adam = None   # adam.Adam, made for the first training step when adam=1
         self.graphs = StepGraphs(self.be)
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
@@ -414,6 +420,37 @@ class Network:
         out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
         return out.reshape(truth.shape[0], -1)
 
+    def checked_truth(self, truth, n):
+        """truth for n images as (n, floats per image) float32 rows, or a ValueError that
+        gives the shape this network wants (a wrong one ended in NumPy's broadcast error, or
+        was read as other images' values)."""
+        truth = np.asarray(truth, dtype=np.float32)
+        per_image = truth.size // n if n else 0
+        rows_ok = truth.size == n * per_image and (truth.ndim < 2 or truth.shape[0] == n)
+        if self._is_detector():
+            head = next(l for l in reversed(self.layers) if l.type in DETECTOR_TYPES)
+            grid = getattr(head, "truths", None) if head.type == "detection" else None
+            fits = per_image > 0 and (per_image % 5 == 0 or per_image % self.truth_size == 0
+                                      or per_image == grid)
+            fields = "x, y, w, h, class" + (", track id" if self.truth_size == 6 else "")
+            want = (f"({n}, {self.max_boxes * self.truth_size}): {self.max_boxes} boxes of "
+                    f"({fields}) per image, zero padded (any whole number of boxes does)")
+        else:
+            readers = [l for l in self.layers if l.type in ("softmax", "logistic", "cost")
+                       and not getattr(l, "noloss", 0)]
+            if not readers:
+                return truth.reshape(n, -1)   # nothing reads it
+            reader = readers[-1]
+            fits = per_image == reader.outputs
+            want = (f"({n}, {reader.outputs}): per image the {reader.outputs} values its "
+                    f"[{reader.type}] layer {reader.index} is trained towards"
+                    + (" (one-hot: 1 at the image's class)" if reader.type == "softmax"
+                       and self.hierarchy is None else ""))
+        if not (rows_ok and fits):
+            raise ValueError(f"truth of shape {truth.shape} for {n} image"
+                             f"{'s' if n != 1 else ''}: this network wants {want}")
+        return truth.reshape(n, -1)
+
     @property
     def bflops(self):
         """Total BFLOPs as this network's Darknet counts them (the fork also counts maxpool,
@@ -540,6 +577,9 @@ class Network:
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
         layer_output). With train=True, batch statistics are used and deltas zeroed."""
+        if not train and truth is None and self.inference_engine is not None \
+                and self.inference_engine.infer(self, x):
+            return
         net_input = self._stage(x, truth, train)
         if train:
             self._write_step_seed()
@@ -571,6 +611,7 @@ class Network:
         return net_input
 
     def _forward_layers(self, net_input, train):
+        self.engine_outputs = None
         self.train = train
         self.input = net_input
         self.delta = None
@@ -632,6 +673,8 @@ class Network:
         else:
             rate_scaled = rate
         self.be.write(self.update_rate, [rate_scaled / self.images_per_iteration])
+        if self.adam is not None:
+            self.adam.write_step(rate_scaled, self.iteration)
         return rate
 
     @property
@@ -644,13 +687,18 @@ class Network:
         return self.options.loss_scale
 
     def _update_layers(self):
-        """Every layer's SGD step (the rate written by _write_update_rate)."""
+        """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
+        _write_update_rate)."""
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
                           decay=self.options.decay * self.fork_loss_scale,
                           batch=self.images_per_iteration)
+        # (adam_update_gpu's decay is not scaled by loss_scale)
+        adam_args = (replace(args, adam=self.adam, decay=self.options.decay)
+                     if self.adam is not None else args)
         for layer in self.layers:
             if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
-                layer.update(args)
+                layer.update(adam_args if self.adam is not None and self.adam.uses(layer)
+                             else args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that
@@ -675,6 +723,8 @@ class Network:
         inference's folded weights are stale, and with them the recorded forward passes
         that read them."""
         self.graphs.drop("predict")
+        if self.inference_engine is not None:   # it exports the new values on its next run
+            self.inference_engine.params_changed()
         for layer in self.layers:
             layer.params_changed()
 
@@ -695,8 +745,14 @@ class Network:
             step()
 
     def _prepare_training(self):
-        if self.options.adam_error is not None:
-            raise self.options.adam_error
+        if self.options.adam and self.adam is None:
+            self.adam = Adam(self.be, self.darknet, *self.options.adam_betas_eps)
+            if self.adam.rules == "original" and any(l.type == "crnn" for l in self.layers):
+                warnings.warn(CfgWarning(
+                    f"{self.path}: [crnn] with adam=1: pjreddie's GPU build fails here (it "
+                    f"gives the inner convolutions no Adam state); darknet-py updates them "
+                    f"with Adam"), stacklevel=2)
+        self.inference_engine = None   # training runs on the backend; its weights move
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True
@@ -746,6 +802,9 @@ class Network:
         """Inference on x as predict runs it, every output left on the backend (read the
         ones needed with layer_output): no copy back, no wait for the device. x=None runs
         again on the input staged last (what `bench` times as the GPU-only forward)."""
+        if x is not None and self.inference_engine is not None \
+                and self.inference_engine.infer(self, x):
+            return
         if x is None:
             net_input = self._net_input
             if net_input is None:
@@ -755,6 +814,14 @@ class Network:
         self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
                        lambda: self._forward_layers(net_input, False))
         self.collect_costs()
+
+    @property
+    def engine(self):
+        """What serves inference: "onnxruntime", "numpy" or the GPU backend's name ("cuda").
+        Asking makes ONNX Runtime's engine ready (its export, or the cached one)."""
+        if self.inference_engine is not None and self.inference_engine.prepare(self):
+            return self.inference_engine.name
+        return "numpy" if self.be.name == "cpu" else self.be.name
 
     @property
     def output_index(self):
@@ -800,7 +867,7 @@ class Network:
         (gradients accumulate), then the weight update. Returns the loss per image (the
         passes' costs summed, over N), as Darknet's train_network does."""
         x = np.asarray(x, dtype=np.float32)
-        truth = np.asarray(truth)
+        truth = self.checked_truth(truth, len(x))
         if len(x) % self.subdivisions or not len(x):
             raise ValueError(f"{len(x)} images do not split into subdivisions="
                              f"{self.subdivisions} passes")
@@ -819,6 +886,7 @@ class Network:
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
+        truth = self.checked_truth(truth, n)
         self.images_per_pass = n
         self.seen += n * self.replicas
         net_input = self._stage(x, self.truth_for_network(truth), True)
@@ -859,6 +927,11 @@ class Network:
     def layer_output(self, i):
         """Layer i's output from the last forward, as a host array (N, C, H, W) or (N, n)."""
         layer = self.layers[i]
+        if self.engine_outputs is not None and layer.index not in self.engine_outputs:
+            raise NetworkError(
+                f"layer {layer.index} [{layer.type}]: ONNX Runtime ran the last inference and "
+                f"gives only the outputs of layers {sorted(self.engine_outputs)}; load the "
+                f"network with engine=\"numpy\" for every layer's")
         return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
 
     def layer_delta(self, i):
@@ -911,8 +984,14 @@ def host_memory_bytes():
         return None
 
 
+# export/engine.py's attach(net, engine, weights, seed, cutoff, transfer), which puts
+# load_network's engine= into effect; darknet_py's __init__ installs it (the export
+# package stands on a higher floor than this module).
+ENGINE_HOOK = {"attach": None}
+
+
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None, names=None, precision=None):
+                 transfer=False, darknet=None, names=None, precision=None, engine=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
@@ -924,7 +1003,12 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     activations, else the original's. `names`: class names for detect/classify results, as
     a list, a names file or a .data file (its names=). `precision` ("fp32", "tf32", "fp16",
     "bf16"; None: $DARKNET_PRECISION, else the cfg's [net] precision=, else fp32) sets the
-    convolutions' arithmetic (darknet_py/precision.py)."""
+    convolutions' arithmetic (darknet_py/precision.py). `engine` serves inference on the
+    CPU: None ("auto") ONNX Runtime when it is installed and `weights` are given (the
+    network exported on the first predict, checked against NumPy and cached; NumPy where
+    it cannot export, net.engine_note saying why), "numpy" Darknet's exact arithmetic,
+    "onnxruntime" ONNX Runtime or an error (docs/onnx.md). Training always runs on the
+    backend."""
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
         raise ValueError(f"batch must be a whole number of at least 1, got {batch!r}")
     names = load_names(names)
@@ -942,6 +1026,8 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
         if not isinstance(loaded, int):
             net.transfer_report = loaded
     net.names = names
+    if ENGINE_HOOK["attach"] is not None:
+        ENGINE_HOOK["attach"](net, engine, weights, seed, cutoff, transfer)
     return net
 
 

@@ -28,6 +28,8 @@ from darknet_py.shapes import conv_out_size
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_BACKEND_PY = ROOT / "darknet_py" / "backends" / "cuda_backend.py"
+# Modules whose op classes CudaBackend mixes in, with their own KERNELS tables.
+CUDA_MIXIN_PYS = [ROOT / "darknet_py" / "backends" / "cuda_optimizer.py"]
 KERNEL_DIR = ROOT / "kernels"
 
 gpu = pytest.mark.gpu
@@ -61,7 +63,14 @@ def _literal(node):
 
 def test_cuda_backend_has_every_numpy_backend_op_with_the_same_parameters():
     _, cls = _cuda_backend_ast()
-    cuda_methods = {f.name: _params(f.args) for f in cls.body if isinstance(f, ast.FunctionDef)}
+    bodies = list(cls.body)
+    bases = {ast.unparse(b) for b in cls.bases}
+    for path in CUDA_MIXIN_PYS:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                assert node.name in bases, f"CudaBackend does not mix in {node.name}"
+                bodies += node.body
+    cuda_methods = {f.name: _params(f.args) for f in bodies if isinstance(f, ast.FunctionDef)}
     for name, fn in inspect.getmembers(NumpyBackend, inspect.isfunction):
         if name.startswith("_"):
             continue
@@ -98,7 +107,12 @@ def _kernel_table():
     assert table is not None, "cuda_backend.py has no _KERNELS table"
     # One namespace for all (comprehensions see only globals).
     env["__builtins__"] = {"dict": dict}
-    return eval(compile(ast.Expression(table), "_KERNELS", "eval"), env)
+    kernels = eval(compile(ast.Expression(table), "_KERNELS", "eval"), env)
+    for path in CUDA_MIXIN_PYS:   # merged into _KERNELS by cuda_backend.py
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "KERNELS":
+                kernels.update(ast.literal_eval(node.value))
+    return kernels
 
 
 _C_TYPES = {"int": "i", "unsigned int": "I", "long long": "q", "float": "f"}

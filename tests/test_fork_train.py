@@ -31,7 +31,7 @@ def train_like_the_fixture(name, tmp_path, device, fixtures=FIXTURES, darknet="a
     (tmp_path / "net.cfg").write_text(str(ref["cfg"]))
     (tmp_path / "init.weights").write_bytes(ref["init_weights"].tobytes())
     net = load_network(tmp_path / "net.cfg", tmp_path / "init.weights", device=device,
-                       darknet=darknet)
+                       darknet=darknet, engine="numpy")
     x = (ref["pixels"].astype(np.float32) / np.float32(255)).astype(np.float32)
     losses, rates = [], []
     for _ in range(int(ref["iterations"])):
@@ -98,18 +98,3 @@ def test_fixtures_cover_the_fork_training_options():
                    "policy=sgdr", "power=", "burn_in", "subdivisions=2", "mosaic=0"):
         assert option in cfgs, option
     assert all((FIXTURES / f"{name}.npz").stat().st_size < 1 << 20 for name in CASES)
-
-
-def test_adam_is_refused_by_the_original_and_trains_with_sgd_in_the_fork(tmp_path):
-    from darknet_py.cfg import CfgError, parse_cfg_text
-    from darknet_py.network import Network
-    body = ("[net]\nwidth=8\nheight=8\nchannels=3\nadam=1\n"
-            "[convolutional]\nfilters=2\nsize=1\nactivation=linear\n")
-    # The original builds it (its stock gru.cfg has adam=1; inference needs no optimiser)
-    # and refuses to train it.
-    original = Network(parse_cfg_text(body), darknet="original")
-    with pytest.raises(CfgError, match="adam"):
-        original.train_iteration(np.zeros((1, 3, 8, 8), np.float32), np.zeros((1, 1)))
-    with pytest.warns(UserWarning, match="adam: trains with SGD and momentum"):
-        net = Network(parse_cfg_text(body), darknet="alexeyab")
-    assert net.options.adam == 0

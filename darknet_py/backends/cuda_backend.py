@@ -30,6 +30,7 @@ import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
 from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
+from .cuda_optimizer import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
 from .errors import DeviceOutOfMemory, GraphCaptureError
 
 from .. import activations, precision as precisions
@@ -173,6 +174,7 @@ _KERNELS = {
 _LOSS_IMAGE_STATS = 5
 # Threads of the kernels that walk one image's truths in order (one thread an image).
 _IMAGE_THREADS = 64
+_KERNELS.update(_OPTIMIZER_KERNELS)
 _KERNEL_OPTIONS = kernel_cache.KERNEL_OPTIONS
 _YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
 
@@ -365,7 +367,7 @@ class DeviceArray:
         return f"DeviceArray({self.size} x {self.dtype}, at 0x{self.ptr:x})"
 
 
-class CudaBackend:
+class CudaBackend(CudaOptimizerOps):   # optimizer ops: cuda_optimizer.py
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
     name = "cuda"

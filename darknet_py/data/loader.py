@@ -111,7 +111,7 @@ class DataLoader:
     def __init__(self, paths, *, task, width, height, batch, classes, labels=None,
                  channels=3, augment=None, train=True, letterbox=True,
                  max_boxes=MAX_BOXES, sampling="random", seed=0, workers=None, prefetch=None,
-                 on_warning=None, start=0, pin=None, hierarchy=None):
+                 on_warning=None, start=0, pin=None, hierarchy=None, darknet="original"):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if sampling not in ("random", "shuffle"):
@@ -133,7 +133,8 @@ class DataLoader:
         self._maker = _SampleMaker(
             paths=paths, task=task, classes=classes, channels=channels, augment=augment,
             labels=list(labels)[:classes] if labels is not None else None,
-            letterbox=letterbox, max_boxes=max_boxes, seed=self.seed, hierarchy=hierarchy)
+            letterbox=letterbox, max_boxes=max_boxes, seed=self.seed, hierarchy=hierarchy,
+            darknet=darknet)
         self.sampling = sampling
         self.bad_paths = {}           # path -> message: unusable images, reported once
         self.missing_labels = []      # detector images used with no label file, in order
@@ -315,8 +316,9 @@ class _SampleMaker:
     image into the row's arrays. Picklable: each worker process holds a copy."""
 
     def __init__(self, *, paths, task, classes, channels, augment, labels, letterbox,
-                 max_boxes, seed, hierarchy=None):
+                 max_boxes, seed, hierarchy=None, darknet="original"):
         self.paths, self.task, self.classes, self.channels = paths, task, classes, channels
+        self.darknet = darknet   # whose label-path rule finds a detector image's labels
         self.hierarchy = hierarchy
         self.augment, self.labels, self.letterbox = augment, labels, letterbox
         self.max_boxes, self.seed = max_boxes, seed
@@ -387,7 +389,7 @@ class _SampleMaker:
                     out = augment_classifier_hwc(hwc, self.augment, w, h, rng)
             else:
                 try:
-                    boxes = read_image_labels(path, self.classes)
+                    boxes = read_image_labels(path, self.classes, self.darknet)
                 except MissingLabelFile as e:
                     reports.append(("missing", path, str(e)))
                     boxes = np.zeros((0, TRUTH_FIELDS), dtype=np.float32)
@@ -432,7 +434,7 @@ class _SampleMaker:
                 if self.task == "classifier":
                     return hwc, self._classifier_truth(path)
                 try:
-                    return hwc, read_image_labels(path, self.classes)
+                    return hwc, read_image_labels(path, self.classes, self.darknet)
                 except MissingLabelFile as e:
                     reports.append(("missing", path, str(e)))
                     return hwc, np.zeros((0, TRUTH_FIELDS), dtype=np.float32)

@@ -23,6 +23,7 @@ class UpdateArgs:
     momentum: float
     decay: float
     batch: int  # images per update: batch * subdivisions
+    adam: object = None   # adam.Adam where this layer's Darknet updates it with Adam
 
 
 @dataclass
@@ -201,7 +202,11 @@ def host_param(rng, n, scale=0.0, kind="zeros"):
 
 def momentum_update(be, args, param, update, weight_decay=False):
     """Darknet's SGD step for one parameter array and its accumulated update:
-    (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum."""
+    (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum.
+    With adam=1, Adam's step instead (adam.py: every parameter decays, the update is zeroed)."""
+    if args.adam is not None:
+        args.adam.update(be, args, param, update)
+        return
     if weight_decay:
         be.axpy(-args.decay * args.batch, param, update)
     be.axpy_array(args.rate, update, param)
