@@ -67,6 +67,7 @@ class NetOptions:
     blur: int = 0
     gaussian_noise: int = 0
     label_smooth_eps: float = 0.0   # the fork's classifier label smoothing
+    loss_scale: float = 1.0         # the fork's (its GPU build's gradient scale)
 
 
 def parse_net_options(s, darknet="original"):
@@ -84,9 +85,9 @@ def parse_net_options(s, darknet="original"):
         raise s.error(f"batch={batch} is smaller than subdivisions={o.subdivisions}", "batch")
     o.batch = batch // o.subdivisions * o.time_steps
     o.random = s.get_int("random", 0)
-    # The fork's loss_scale multiplies the GPU build's gradients and divides its rate:
-    # in float32 they cancel, and its CPU build never reads it.
-    s.get_float("loss_scale", 1.0)
+    # The fork's loss_scale: its GPU build multiplies the [yolo] and [softmax] gradients by
+    # it and divides the rate by it (in float32 they nearly cancel); its CPU build ignores it.
+    o.loss_scale = s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
     if o.adam:   # as the GPU builds train with it (adam.py)
         o.adam_betas_eps = read_adam(s, darknet)
@@ -138,9 +139,13 @@ class NetworkError(DarknetError):
 
 # ---- which Darknet's arithmetic ------------------------------------------------------------
 # "original": pjreddie/darknet. "alexeyab": the AlexeyAB fork (hank-ai/darknet), which
-# differs in batch-norm epsilon and momentum, trains no BN beta on the CPU, counts BFLOPs
-# its own way, writes weights headers 0.2.5 and keeps 6 x 200 truth values per image.
-DARKNET_FLAVOURS = ("original", "alexeyab")
+# differs in batch-norm epsilon and momentum, counts BFLOPs its own way, writes weights
+# headers 0.2.5 and keeps 6 x 200 truth values per image; it trains as the fork's GPU build
+# (GPU=1 CUDNN=1) does, the build its users train with. "alexeyab-cpu": the same fork
+# trained as its CPU build does (docs/fork-training.md: the col2im overwrite, no BN beta,
+# its batch-norm divisor, ...). Both have net.darknet == "alexeyab" (net.fork_cpu tells).
+DARKNET_FLAVOURS = ("original", "alexeyab", "alexeyab-cpu")
+FORK_CPU = "alexeyab-cpu"
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
 _FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo",
@@ -209,8 +214,10 @@ class Network:
                            path, sections[0].line)
         self.path = os.fspath(path)
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
-        self.darknet = check_flavour(darknet) or cfg_flavour(sections)
-        self.options = parse_net_options(sections[0], self.darknet)
+        self.flavour = check_flavour(darknet) or cfg_flavour(sections)
+        self.fork_cpu = self.flavour == FORK_CPU
+        self.darknet = "alexeyab" if self.fork_cpu else self.flavour
+        self.options = parse_net_options(sections[0], self.flavour)
         # fp32 (Darknet-exact) unless asked, the environment or [net] precision= say otherwise.
         self.net_precision = precisions.read_net_section(sections[0])
         try:
@@ -282,7 +289,8 @@ class Network:
         c, h, w = o.channels, o.height, o.width
         inputs = o.inputs
         layers = []
-        ctx = BuildContext(layers=layers, net=o, batch=self.batch, darknet=self.darknet)
+        ctx = BuildContext(layers=layers, net=o, batch=self.batch, darknet=self.darknet,
+                           fork_cpu=self.fork_cpu)
         for index, section in enumerate(sections):
             if section.type == "net":
                 raise CfgError("[net] may only be the first section", self.path, section.line)
@@ -609,8 +617,9 @@ class Network:
         self.input = net_input
         self.delta = None
         for layer in self.layers:
-            if train and layer.delta is not None and (layer.fork_train or
-                                                      layer.darknet != "alexeyab"):
+            # The fork's GPU build (and the original) clear every delta before a pass, its
+            # CPU build only those of its l.train layers (see Layer.fork_train).
+            if train and layer.delta is not None and (layer.fork_train or not self.fork_cpu):
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
@@ -621,7 +630,10 @@ class Network:
         layers without l.train: route, upsample, ...; see Layer.fork_train). Its CPU build
         keeps adding to them from iteration to iteration, so that they grow without bound
         and yolov4-tiny does not learn (mAP 1% where its GPU build reaches 96%,
-        bench/RESULTS.md); within an iteration its passes are followed as they are."""
+        bench/RESULTS.md); within an iteration its passes are followed as they are.
+        Only for "alexeyab-cpu": the GPU build clears every delta before each pass."""
+        if not self.fork_cpu:
+            return
         for layer in self.layers:
             if layer.delta is not None and not layer.fork_train and layer.darknet == "alexeyab":
                 self.be.fill(layer.delta, 0.0)
@@ -656,17 +668,34 @@ class Network:
         """Write this iteration's learning rate / images per iteration for the update;
         returns the learning rate."""
         rate = self.learning_rate
-        self.be.write(self.update_rate, [rate / self.images_per_iteration])
+        scale = self.fork_loss_scale
+        if scale != 1.0:   # the fork's GPU update: float learning_rate = rate / loss_scale
+            rate_scaled = float(np.float32(rate) / np.float32(scale))
+        else:
+            rate_scaled = rate
+        self.be.write(self.update_rate, [rate_scaled / self.images_per_iteration])
         if self.adam is not None:
-            self.adam.write_step(rate, self.iteration)
+            self.adam.write_step(rate_scaled, self.iteration)
         return rate
+
+    @property
+    def fork_loss_scale(self):
+        """The fork's [net] loss_scale as its GPU build trains with it (the [yolo] and
+        [softmax] gradients times it, the rate and the weight decay's share divided by it);
+        1 for the original, the fork's CPU build and fp16 training (whose own scaler reads it)."""
+        if self.darknet != "alexeyab" or self.fork_cpu or self.loss_scaler is not None:
+            return 1.0
+        return self.options.loss_scale
 
     def _update_layers(self):
         """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
         _write_update_rate)."""
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
-                          decay=self.options.decay, batch=self.images_per_iteration)
-        adam_args = replace(args, adam=self.adam) if self.adam is not None else args
+                          decay=self.options.decay * self.fork_loss_scale,
+                          batch=self.images_per_iteration)
+        # (adam_update_gpu's decay is not scaled by loss_scale)
+        adam_args = (replace(args, adam=self.adam, decay=self.options.decay)
+                     if self.adam is not None else args)
         for layer in self.layers:
             if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
                 layer.update(adam_args if self.adam is not None and self.adam.uses(layer)
@@ -1064,8 +1093,9 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
     shapes match are loaded, the others keep their random start; net.transfer_report
-    says which (None when the file matched the cfg). `darknet` ("original" or
-    "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
+    says which (None when the file matched the cfg). `darknet` ("original", "alexeyab" or
+    "alexeyab-cpu": the fork trained as its GPU or its CPU build does) picks which Darknet's
+    arithmetic to follow; None: the fork's (GPU build) when the
     weights header is the fork's or the cfg uses fork-only sections, options or
     activations, else the original's. `names`: class names for detect/classify results, as
     a list, a names file or a .data file (its names=). `precision` ("fp32", "tf32", "fp16",

@@ -402,6 +402,7 @@ def test_axpy_scal_mul(cuda, n):
     check(cuda, "axpy_array", np.array([-1.75e-3], np.float32), x, y)  # factor on the device
     check(cuda, "scal", 0.37, y)
     check(cuda, "mul", x, y)
+    check(cuda, "constrain", 0.5, rand(rng, n, -2.0, 2.0), exact=True)
 
 
 @gpu

@@ -14,6 +14,7 @@ KERNELS = {
         "axpy_kernel": "ifPP",
         "axpy_array_kernel": "iPPP",
         "scal_kernel": "ifP",
+        "constrain_kernel": "ifP",
         "mul_kernel": "iPP",
         "scale_add_strided": "Piiiff",
         "mul_add_kernel": "iPPP",
@@ -108,6 +109,11 @@ class CudaElementwise:
     def scal(self, alpha, x):
         """x *= alpha"""
         self._launch("scal_kernel", self._grid1d(x.size), (_BLOCK,), x.size, float(alpha), self._ptr(x))
+
+    def constrain(self, limit, x):
+        """x = min(limit, max(-limit, x)) (element-wise)"""
+        self._launch("constrain_kernel", self._grid1d(x.size), (_BLOCK,), x.size, float(limit),
+                     self._ptr(x))
 
     def mul(self, x, y):
         """y *= x (element-wise)"""

@@ -174,6 +174,10 @@ class NumpyBackend(NumpyOptimizerOps):   # optimizer ops: numpy_optimizer.py
         """x *= alpha"""
         x *= self.dtype.type(alpha)
 
+    def constrain(self, limit, x):
+        """x = min(limit, max(-limit, x)) (element-wise; C's fminf/fmaxf: NaN gives a bound)"""
+        np.fmin(limit, np.fmax(-limit, x), out=x)
+
     def mul(self, x, y):
         """y *= x (element-wise)"""
         y *= x

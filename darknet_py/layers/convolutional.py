@@ -43,8 +43,9 @@ class ConvolutionalLayer(Layer):
             self.padding = self.dilation * (self.size // 2)
         self.share = None   # the fork's share_index: the layer whose parameters this one uses
         # The fork's CPU col2im clears the image before folding into it: the deltas later
-        # layers (a route, a shortcut) left for this convolution's input are lost.
-        self.clears_input_delta = self.darknet == "alexeyab"
+        # layers (a route, a shortcut) left for this convolution's input are lost. Its GPU
+        # build (cudnnConvolutionBackwardData with beta=1) adds to them.
+        self.clears_input_delta = self.fork_cpu
         if self.darknet == "alexeyab":
             self._fork_stride_and_dilation(s, pad)
             if s.has("share_index"):
@@ -144,7 +145,13 @@ class ConvolutionalLayer(Layer):
                 setattr(self, name, getattr(self.share, name))
             return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
-        self.weights = be.from_host(host_param(rng, self.nweights, scale, "normal"))
+        if self.darknet == "alexeyab" and self.activation.startswith("normalize_channels"):
+            self.weights = be.from_host(host_param(rng, self.nweights, kind="ones"))
+        else:
+            # The fork draws scale * uniform(-1, 1) (std scale / sqrt 3), the original
+            # scale * normal: a start of the fork's size trains as the fork's does.
+            kind = "uniform" if self.darknet == "alexeyab" else "normal"
+            self.weights = be.from_host(host_param(rng, self.nweights, scale, kind))
         self.biases = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_params(self, be, rng, self.filters)
@@ -374,8 +381,9 @@ class ConvolutionalLayer(Layer):
         spatial = self.out_h * self.out_w
         self.activation_gradient(be)
         if self.batch_normalize:
-            # The fork's CPU backward leaves a convolution's BN beta untrained.
-            bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
+            # The fork's CPU backward leaves a convolution's BN beta untrained (its GPU
+            # build's cudnnBatchNormalizationBackward trains it).
+            bn_backward(self, net, self.out_c, spatial, train_beta=not self.fork_cpu)
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
         if net.delta is not None and self.clears_input_delta:
