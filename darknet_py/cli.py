@@ -186,12 +186,14 @@ class Probability(click.ParamType):
             self.fail(f"{value} is not in the range 0 to 1", param, ctx)
         return number
 def darknet_option(command):
-    """Add --darknet original|alexeyab: which Darknet's arithmetic the network follows."""
+    """Add --darknet original|alexeyab|alexeyab-cpu: which Darknet's arithmetic the network
+    follows."""
     return click.option(
         "--darknet", type=click.Choice(DARKNET_FLAVOURS), default=None,
         help="Follow the original Darknet (pjreddie) or the AlexeyAB fork (batch-norm "
-             "epsilon and momentum, BFLOPs, weights header, truth layout). [default: the "
-             "fork's when the weights header or the cfg is the fork's]")(command)
+             "epsilon and momentum, BFLOPs, weights header, truth layout), trained as its "
+             "GPU build (alexeyab) or its CPU build (alexeyab-cpu) does. [default: the "
+             "fork's GPU build when the weights header or the cfg is the fork's]")(command)
 
 
 def letter_box_option(command):
@@ -591,7 +593,7 @@ def info_command(cfg, batch, darknet):
     the activations need at --batch images.
     """
     net = build_network(cfg, batch=batch, darknet=darknet)
-    click.echo(f"Darknet: {net.darknet} ({'chosen with --darknet' if darknet else 'from the cfg'}"
+    click.echo(f"Darknet: {net.flavour} ({'chosen with --darknet' if darknet else 'from the cfg'}"
                f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
                f"'s Darknet counts them)")
     for line in net.summary():
