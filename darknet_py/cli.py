@@ -14,7 +14,6 @@ import errno
 import functools
 import json
 import os
-import signal
 import sys
 import time
 import warnings
@@ -187,12 +186,14 @@ class Probability(click.ParamType):
             self.fail(f"{value} is not in the range 0 to 1", param, ctx)
         return number
 def darknet_option(command):
-    """Add --darknet original|alexeyab: which Darknet's arithmetic the network follows."""
+    """Add --darknet original|alexeyab|alexeyab-cpu: which Darknet's arithmetic the network
+    follows."""
     return click.option(
         "--darknet", type=click.Choice(DARKNET_FLAVOURS), default=None,
         help="Follow the original Darknet (pjreddie) or the AlexeyAB fork (batch-norm "
-             "epsilon and momentum, BFLOPs, weights header, truth layout). [default: the "
-             "fork's when the weights header or the cfg is the fork's]")(command)
+             "epsilon and momentum, BFLOPs, weights header, truth layout), trained as its "
+             "GPU build (alexeyab) or its CPU build (alexeyab-cpu) does. [default: the "
+             "fork's GPU build when the weights header or the cfg is the fork's]")(command)
 
 
 def letter_box_option(command):
@@ -471,7 +472,7 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
     refuse_onnx_model(cfg, weights, images, "detect")
 
     if camera is not None or any(is_video(image) for image in images):
-        if engine != "numpy":
+        if engine == "onnxruntime":
             raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
         from .video import detect_video_command
         if json_format != "darknet-py":
@@ -592,7 +593,7 @@ def info_command(cfg, batch, darknet):
     the activations need at --batch images.
     """
     net = build_network(cfg, batch=batch, darknet=darknet)
-    click.echo(f"Darknet: {net.darknet} ({'chosen with --darknet' if darknet else 'from the cfg'}"
+    click.echo(f"Darknet: {net.flavour} ({'chosen with --darknet' if darknet else 'from the cfg'}"
                f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
                f"'s Darknet counts them)")
     for line in net.summary():
@@ -700,21 +701,59 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     points to --clear. A loss that turns NaN or infinite stops the run (exit code 2) without
     saving the diverged weights.
     """
-    from .train import Terminated, train
+    from .train import train
+    from .training.stops import exit_code, held_stop_signals
     kwargs = dict(cfg=cfg, data=data, weights=weights, clear=clear, seed=seed,
                   map_eval=map_eval, map_every=map_every, max_batches=max_batches,
                   overwrite=overwrite, verbose=not quiet, darknet=darknet)
+    cluster = cluster_rank(gpus, ranks, nodes, master)
     try:
-        if gpus is not None or ranks is not None or nodes > 1:
-            train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout,
-                                workers, device)
-        else:
-            train(device=device, workers=workers, log=log_line,
-                  **kwargs)
-    except Terminated:
-        sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
-    except KeyboardInterrupt:
-        sys.exit(130)   # the weights are saved and the resume command printed
+        with held_stop_signals():   # every stop signal: backup, one line, 128 + signal
+            if cluster is not None:
+                sys.exit(train_cluster_rank(cluster, kwargs, device, workers, comm_timeout))
+            if gpus is not None or ranks is not None or nodes > 1:
+                train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master,
+                                    comm_timeout, workers, device)
+            else:
+                train(device=device, workers=workers, log=log_line, **kwargs)
+    except KeyboardInterrupt as e:   # the weights are saved and the resume command printed
+        if not getattr(e, "reported", True):
+            from .training.loop import describe_stop
+            log_line(f"{describe_stop(e)} before training started: nothing saved")
+        sys.exit(exit_code(e))   # as a shell reports a job the signal ended
+
+
+def cluster_rank(gpus, ranks, nodes, master):
+    """The ClusterRank srun's or torchrun's variables make of this process (None without
+    them); --gpus/--ranks/--nodes/--master are refused alongside."""
+    from .distributed.cluster import (ClusterEnvironmentError, read_cluster_environment,
+                                      slurm_without_srun)
+    try:
+        cluster = read_cluster_environment()
+    except ClusterEnvironmentError as e:
+        raise UserError(str(e)) from None
+    if cluster is None:
+        if slurm_without_srun():
+            log_line(slurm_without_srun())
+        return None
+    if gpus is not None or ranks is not None or nodes > 1 or master is not None:
+        raise click.UsageError(f"{cluster.launcher} started this process as rank "
+                               f"{cluster.rank} of {cluster.world_size}: leave out --gpus, "
+                               f"--ranks, --nodes and --master")
+    return cluster
+
+
+def train_cluster_rank(cluster, kwargs, device, workers, comm_timeout):
+    """`srun/torchrun darknet-py train`: this process is one rank; its exit code."""
+    from .backends import cuda_device_count
+    from .distributed.launcher import cluster_device, cluster_workers, run_as_cluster_rank
+    try:
+        rank_device = cluster_device(cluster, device,
+                                     0 if device == "cpu" else cuda_device_count())
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    kwargs["workers"] = cluster_workers(cluster, workers)
+    return run_as_cluster_rank(cluster, kwargs, rank_device, timeout=comm_timeout)
 
 
 def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers,
@@ -797,10 +836,11 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, da
               help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
                    "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
 @click.option("--quiet", is_flag=True,
-              help="No progress line (images done, images/s, ETA) on stderr.")
+              help="No progress line (images done, images/s, ETA) on stderr, and no note "
+                   "saying which engine runs.")
 @overwrite_option
 @device_options
-@engine_option
+@functools.partial(engine_option, quiet_option=False)   # map has its own --quiet
 @darknet_option
 @letter_box_option
 def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, overwrite,
@@ -921,7 +961,7 @@ def check_command(data, picture, darknet):
               help="Untimed runs before the timed ones.")
 @overwrite_option
 @device_options
-@engine_option
+@functools.partial(engine_option, default="numpy")
 @darknet_option
 def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
                   engine, darknet):
@@ -932,7 +972,8 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import format_report, prepare, run_bench
+    from .bench import check_batch, format_report, prepare, run_bench
+    check_batch(cfg, batch, darknet)
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
     if engine != "numpy" and (train or layers):

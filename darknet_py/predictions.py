@@ -157,6 +157,20 @@ def _network_input(net, image):
     return sized, img.shape[2], img.shape[1]
 
 
+def _infer_images(net, images):
+    """Run the network on images sized as detect sizes them (letterboxes); returns each
+    image's (width, height). Photos go up as their uint8 bytes and are sized on the
+    backend (Network.infer_photos); other images are sized on the host."""
+    net.set_batch(len(images))
+    photos = net.as_photos(images)
+    if photos is not None:
+        net.infer_photos(photos, letter=letterboxes(net))
+        return [(p.shape[1], p.shape[0]) for p in photos]
+    inputs = [_network_input(net, image) for image in images]
+    net.infer(np.stack([sized for sized, _, _ in inputs]))
+    return [(img_w, img_h) for _, img_w, img_h in inputs]
+
+
 def _found(net, dets, img_w, img_h, thresh, nms, darknet_order):
     """NMS and the threshold on one image's candidates: detect()'s result."""
     classes = detector_layers(net)[-1].classes
@@ -186,9 +200,7 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     order Darknet prints them: NMS's order); boxes relative to the original image. A
     detection may have more classes above thresh: see detection_classes."""
     _check_detector(net, thresh, nms)
-    sized, img_w, img_h = _network_input(net, image)
-    net.set_batch(1)
-    net.infer(sized[None])   # the heads' outputs are read below, on their own
+    (img_w, img_h), = _infer_images(net, [image])   # the heads' outputs are read below
     dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
                              letter=letterboxes(net))
     return _found(net, dets, img_w, img_h, thresh, nms, darknet_order)
@@ -200,10 +212,8 @@ def detect_batch(net, images, thresh=0.5, hier=0.5, nms=0.45, batch=8):
     _check_detector(net, thresh, nms)
     results = []
     for start in range(0, len(images), max(1, int(batch))):
-        inputs = [_network_input(net, image) for image in images[start:start + batch]]
-        net.set_batch(len(inputs))
-        net.infer(np.stack([sized for sized, _, _ in inputs]))   # heads read per image
-        for index, (_, img_w, img_h) in enumerate(inputs):
+        sizes = _infer_images(net, images[start:start + batch])   # heads read per image
+        for index, (img_w, img_h) in enumerate(sizes):
             dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
                                      letter=letterboxes(net), image=index)
             results.append(_found(net, dets, img_w, img_h, thresh, nms, False))

@@ -211,7 +211,7 @@ def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings,
         check_output_json(json_file, overwrite)
     if camera is None:
         open_source(source)[0].release()
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet, engine="numpy")
     heads = detector_layers(net)
     if not heads:
         raise UsageError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")

@@ -102,12 +102,14 @@ def test_the_first_step_moves_every_adam_parameter_by_the_rate(darknet):
     before = [params(net, 0), params(net, 1)]
     net.train_iteration(x, truth)
     assert net.adam.step.tolist() == [np.float32(0.01), 1.0]
+    # rtol 1e-3: eps=1e-6 takes 2e-4 off a gradient of 0.005 (the fork's uniform start
+    # gives such small ones)
     for name in ("weights", "biases"):
         moved = np.abs(params(net, 0)[name] - before[0][name])
-        np.testing.assert_allclose(moved, 0.01, rtol=1e-4)
+        np.testing.assert_allclose(moved, 0.01, rtol=1e-3)
     moved = np.abs(params(net, 1)["weights"] - before[1]["weights"])
     if darknet == "original":
-        np.testing.assert_allclose(moved, 0.01, rtol=1e-4)
+        np.testing.assert_allclose(moved, 0.01, rtol=1e-3)
     else:
         assert not np.allclose(moved, 0.01, rtol=1e-2)
 

@@ -38,7 +38,8 @@ def printed_detections(out):
 # ---- -thresh: .25 in the fork's flavour, .5 in pjreddie's --------------------------------------
 @needs_weights
 def test_thresh_default_is_the_flavours(tmp_path):
-    common = [TINY_CFG, WEIGHTS, DOG, "--names", COCO_NAMES, "--out", "none", *CPU]
+    common = [TINY_CFG, WEIGHTS, DOG, "--names", COCO_NAMES, "--out", "none", *CPU,
+              "--engine", "numpy"]
     fork = run_in_process(["detect", *common, "--darknet", "alexeyab"])
     original = run_in_process(["detect", *common])
     fork_at_half = run_in_process(["detect", *common, "--darknet", "alexeyab", "--thresh", ".5"])
@@ -71,7 +72,7 @@ def test_letter_box_letterboxes_a_fork_flavour_detector(tmp_path, coco_data):
     def run(*flags, out):
         r = run_in_process(["detector", "test", coco_data, TINY_CFG, WEIGHTS, DOG, "-dont_show",
                             "-out", tmp_path / out, "--out", "none", "--darknet", "alexeyab",
-                            *flags, *CPU])
+                            *flags, *CPU, "--engine", "numpy"])
         assert r.code == 0, r
         return r, json.loads((tmp_path / out).read_text())[0]["objects"]
 
@@ -81,7 +82,8 @@ def test_letter_box_letterboxes_a_fork_flavour_detector(tmp_path, coco_data):
     coords = lambda objects: sorted(tuple(o["relative_coordinates"].values()) for o in objects)
     assert coords(letter_objects) != coords(plain_objects)
 
-    net = load_network(str(TINY_CFG), str(WEIGHTS), batch=1, device="cpu", darknet="alexeyab")
+    net = load_network(str(TINY_CFG), str(WEIGHTS), batch=1, device="cpu", darknet="alexeyab",
+                       engine="numpy")
     image = load_image(str(DOG))
     _, img_h, img_w = image.shape
     _, neth, netw = net.input_shape
@@ -198,7 +200,8 @@ def test_batch_idiom_writes_the_forks_json(tmp_path, coco_data):
     missing = tmp_path / "missing.jpg"
     listing = f"{DOG}\n{missing}\n\n{EAGLE}\n"
     r = run_in_process(["detector", "test", coco_data, TINY_CFG, WEIGHTS, "-ext_output",
-                        "-dont_show", "-out", "result.json", "--darknet", "alexeyab", *CPU],
+                        "-dont_show", "-out", "result.json", "--darknet", "alexeyab", *CPU,
+                        "--engine", "numpy"],
                        input=listing, cwd=tmp_path)
     assert r.code == 2, r   # the missing image: reported, the others done
     assert str(missing) in r.err
@@ -212,7 +215,8 @@ def test_batch_idiom_writes_the_forks_json(tmp_path, coco_data):
     assert list(first) == ["class_id", "name", "relative_coordinates", "confidence"]
     assert list(first["relative_coordinates"]) == ["center_x", "center_y", "width", "height"]
     # the values: the API's detections of the fork flavour at .25, every class of a box
-    net = load_network(str(TINY_CFG), str(WEIGHTS), batch=1, device="cpu", darknet="alexeyab")
+    net = load_network(str(TINY_CFG), str(WEIGHTS), batch=1, device="cpu", darknet="alexeyab",
+                       engine="numpy")
     for frame, image in zip(frames, (DOG, EAGLE)):
         dets = predictions.detect(net, str(image), thresh=.25, darknet_order=True)
         want = [(int(c), round(float(d.probs[c]), 6), tuple(round(float(v), 6) for v in d.box))

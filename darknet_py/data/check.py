@@ -244,11 +244,6 @@ def refuse_unlabelled(report, what="validation"):
                     f"h' line; {first})")
 
 
-def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None):
-    """Scan, warn (one line per problem, capped, and a summary), and refuse a dataset whose
-    boxes are mostly pixels or which has no box at all. Missing label files are left to the
-    data loader, which sums them up in its own warning. Returns the LabelReport."""
-    report = scan_labels(image_paths, classes)
 def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None,
                            darknet="original"):
     """Scan, say where label files were found when the flavour's rule did not find them

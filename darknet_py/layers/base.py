@@ -33,6 +33,7 @@ class BuildContext:
     net: object         # NetOptions of the [net] section
     batch: int
     darknet: str = "original"   # which Darknet's arithmetic (network.DARKNET_FLAVOURS)
+    fork_cpu: bool = False      # the fork trained as its CPU build does ("alexeyab-cpu")
 
 
 class Layer:
@@ -44,7 +45,8 @@ class Layer:
     # The fork's l.train, which only its convolutional, batchnorm, maxpool (local_avgpool)
     # and shortcut makers set: its CPU training clears only these layers' deltas before a
     # pass (the others keep adding to theirs within an iteration; darknet-py zeroes them
-    # when an iteration starts, see Network._clear_fork_deltas) and updates only these.
+    # when an iteration starts, see Network._clear_fork_deltas; its GPU build clears every
+    # delta) and both its builds update only these.
     fork_train = False
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
@@ -56,6 +58,8 @@ class Layer:
         self.outputs = inputs
         self.batch = ctx.batch
         self.darknet = ctx.darknet
+        # The fork's CPU-build rules ("alexeyab-cpu"); else its GPU build's (or the original).
+        self.fork_cpu = ctx.darknet == "alexeyab" and ctx.fork_cpu
         self.workspace_size = 0   # floats of the shared workspace this layer needs
         self.cost = None          # set by layers that compute a loss
         # A loss computed on the backend leaves its figures in `scalars` (a small device

@@ -62,14 +62,17 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     task = network_task(net)
     if task == "detector":   # before anything is written
         classes = detector_layers(net)[-1].classes
-        check_detector_dataset(paths, classes, warn=lambda m: log(
-            f"darknet-py: warning: {m}") if ranks.writer else None, darknet=net.darknet)
+        if ranks.writer:   # every label file read: once, not once per rank (its warnings
+            # are rank 0's to print; a refusal ends rank 0, which ends the others)
+            check_detector_dataset(paths, classes,
+                                   warn=lambda m: log(f"darknet-py: warning: {m}"),
+                                   darknet=net.darknet)
         check_detector_labels(paths, classes, net.darknet)
-    if map_eval:   # before iteration 1: a bad valid set stopped runs at the first evaluation
+    if map_eval and ranks.writer:   # before iteration 1 (a bad valid set stopped runs at
+        # the first evaluation), on the rank that evaluates
         check_valid_set(valid_paths, config.valid, task, labels=config.labels,
                         classes=detector_layers(net)[-1].classes if task == "detector" else None,
-                        warn=lambda m: log(f"darknet-py: warning: {m}") if ranks.writer else None,
-                        darknet=net.darknet)
+                        warn=lambda m: log(f"darknet-py: warning: {m}"), darknet=net.darknet)
     _start_from(net, weights, clear, log)
     ranks.attach(net)   # before the counts below: a replica counts every rank's images
     _check_iterations(net, cfg, weights, max_batches, log)
