@@ -35,7 +35,10 @@ def load_fixture(name, device, tmp_path):
     cfg, weights = tmp_path / f"{name}.cfg", tmp_path / f"{name}.weights"
     cfg.write_text(str(ref["cfg"]))
     weights.write_bytes(ref["weights0"].tobytes())
-    return darknet_py.load_network(cfg, weights, device=device, engine="numpy"), ref
+    # the fork's fixtures (_ab) come from its CPU build: the "alexeyab-cpu" rules
+    darknet = "alexeyab-cpu" if name.endswith("_ab") else None
+    return darknet_py.load_network(cfg, weights, device=device, engine="numpy",
+                                   darknet=darknet), ref
 
 
 def header_size(raw):
