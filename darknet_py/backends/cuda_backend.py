@@ -29,7 +29,7 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
-from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
+from . import cuda_graph, cuda_transfer, cuda_wgmma, kernel_cache, prebuilt
 from .errors import DeviceOutOfMemory, GraphCaptureError
 
 from .. import activations, precision as precisions
@@ -923,6 +923,9 @@ class CudaBackend:
         self._check_matrix("gemm B", b, 0, *((n, k) if tb else (k, n)), ldb)
         self._check_matrix("gemm C", c, 0, m, n, ldc)
         if m <= 0 or n <= 0:
+            return
+        # Hopper: wgmma + TMA where the product fills the chip (cuda_wgmma.handles).
+        if cuda_wgmma.gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
             return
         tile, splits = self.tc_plan(m, n, k)
         bm, bn, threads = _TC_TILES[tile]
