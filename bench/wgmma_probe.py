@@ -25,16 +25,9 @@ from darknet_py.precision import round_to  # noqa: E402
 from gemm_bench import half_bits  # noqa: E402
 
 
-def load_variant(path, part):
-    import pycuda.driver as drv
+def shared_bytes(stages):
     from darknet_py.backends import cuda_wgmma as w
-    stages = int(re.match(r"s(\d+)", path.stem).group(1))
-    shared = stages * (w.TILE_M + w.TILE_N) * w.TILE_K * 2 + 2 * stages * 8 + 1024
-    module = drv.module_from_buffer(path.read_bytes())
-    fn = module.get_function(f"wgmma_gemm_{part}")
-    fn.prepare(w.GEMM_ARGS)
-    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
-    return module, fn, shared
+    return stages * (w.TILE_M + w.TILE_N) * w.TILE_K * 2 + 2 * stages * 8 + 1024
 
 
 def main():
@@ -53,7 +46,6 @@ def main():
     report = {"device": be.device_name, "variants": {}}
     c = be.empty(n * n)
     for p in ("fp16", "bf16"):
-        part, data_type = w.PRECISIONS[p]
         a_host = rng.uniform(-1, 1, n * n).astype(np.float32)
         b_host = rng.uniform(-1, 1, n * n).astype(np.float32)
         a, b = be._new(n * n, np.float16), be._new(n * n, np.float16)
@@ -71,15 +63,12 @@ def main():
         print(f"shipped {p}: {ms:.3f} ms {flop / ms / 1e9:.1f} TFLOP/s err {err:.2e}", flush=True)
         if not args.variants:
             continue
-        maps = (w.tensor_map(a.ptr, n, n, n, w.TILE_M, data_type),
-                w.tensor_map(b.ptr, n, n, n, w.TILE_N, data_type))
         for path in sorted(Path(args.variants).glob("*.cubin")):
-            _, fn, shared = load_variant(path, part)
-            grid = (min((n // w.TILE_M) * (n // w.TILE_N), be.sm_count),)
+            stages = int(re.match(r"s(\d+)", path.stem).group(1))
+            kern = w._Kernels(path.read_bytes(), shared_bytes(stages))
 
             def run():
-                fn.prepared_async_call(grid, (w.THREADS,), be.stream, *maps, n, n, n, 1.0, 0.0,
-                                       c.ptr, n, 1, shared_size=shared)
+                w._multiply(be, kern, p, n, n, n, 1.0, a.ptr, n, b.ptr, n, 0.0, c.ptr, n)
             be.fill(c, np.nan)
             run()
             got = be.to_host(c).reshape(n, n)

@@ -37,9 +37,6 @@ SHARED_BYTES = STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 2 * STAGES * 8 + 1024
 MIN_K = 64
 # precision -> (kernel name part, CUtensorMapDataType)
 PRECISIONS = {"fp16": ("f16", 6), "bf16": ("bf16", 9)}
-# Two tensor maps by value (first, so 64-byte aligned), then m n k alpha beta c ldc pairs.
-GEMM_ARGS = "128s128siiiffPii"
-CONVERT_ARGS = "PiiiiPi"
 CONVERT_TILE = (32, 64)     # KM_ROWS, KM_COLS of kernels/gemm_wgmma.cu
 CONVERT_BLOCK = (32, 8)
 _ROW_ALIGN = 8              # halves: TMA wants row strides in multiples of 16 bytes
@@ -56,23 +53,34 @@ def _ceil_div(a, b):
 
 
 class _Kernels:
-    """The sm_90a module of one device, its functions prepared."""
+    """The sm_90a module of one device, loaded and launched through the driver API (ctypes):
+    PyCUDA's packed-argument launch handed this kernel zeros for every argument (its
+    64-byte-aligned tensor-map parameters), while a launch with one pointer per argument
+    lets the driver place each where the kernel declares it."""
 
-    def __init__(self):
-        with open(os.path.join(prebuilt.KERNEL_DIR, SOURCE)) as f:
-            source = f.read()
-        binaries, _ = prebuilt.binaries({SOURCE: source}, ARCH, kernel_cache.KERNEL_OPTIONS,
-                                        include_dir=prebuilt.KERNEL_DIR)
-        self.module = drv.module_from_buffer(binaries[SOURCE])
+    def __init__(self, image=None, shared_bytes=SHARED_BYTES):
+        """image: a cubin or fatbin of gemm_wgmma.cu (bench/wgmma_probe.py's variants, with
+        their own shared_bytes); by default the wheel's or the kernel cache's build."""
+        if image is None:
+            with open(os.path.join(prebuilt.KERNEL_DIR, SOURCE)) as f:
+                source = f.read()
+            binaries, _ = prebuilt.binaries({SOURCE: source}, ARCH, kernel_cache.KERNEL_OPTIONS,
+                                            include_dir=prebuilt.KERNEL_DIR)
+            image = binaries[SOURCE]
+        lib = _driver()
+        self._image = image   # kept alive as long as the module
+        self.shared_bytes = shared_bytes
+        module = ctypes.c_void_p()
+        _check(lib, "cuModuleLoadData", lib.cuModuleLoadData(ctypes.byref(module), self._image))
         self.functions = {}
         for part, _ in PRECISIONS.values():
-            fn = self.module.get_function(f"wgmma_gemm_{part}")
-            fn.prepare(GEMM_ARGS)
-            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, SHARED_BYTES)
-            self.functions[f"wgmma_gemm_{part}"] = fn
-            fn = self.module.get_function(f"to_kmajor_{part}")
-            fn.prepare(CONVERT_ARGS)
-            self.functions[f"to_kmajor_{part}"] = fn
+            for name in (f"wgmma_gemm_{part}", f"to_kmajor_{part}"):
+                fn = ctypes.c_void_p()
+                _check(lib, "cuModuleGetFunction",
+                       lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()))
+                self.functions[name] = fn
+            _check(lib, "cuFuncSetAttribute", lib.cuFuncSetAttribute(
+                self.functions[f"wgmma_gemm_{part}"], _MAX_DYNAMIC_SHARED, shared_bytes))
 
 
 _loaded = {}   # device index -> _Kernels, or None where this device cannot run them
@@ -87,7 +95,7 @@ def kernels(be):
         if be._dev.device.compute_capability() == (9, 0):
             try:
                 _loaded[index] = _Kernels()
-            except (kernel_cache.KernelCompileError, drv.Error, OSError) as e:
+            except (kernel_cache.KernelCompileError, WgmmaError, OSError) as e:
                 print(f"darknet-py: the Hopper GEMM (wgmma) is unavailable, using mma.sync: {e}",
                       file=sys.stderr)
     return _loaded[index]
@@ -104,23 +112,40 @@ def handles(be, precision, m, n, k):
     return kernels(be) is not None
 
 
-_encode = None
+_lib = None
+_MAX_DYNAMIC_SHARED = 8   # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
-def _encoder():
-    global _encode
-    if _encode is None:
-        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-        fn.restype = ctypes.c_int
-        u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
-                       u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        _encode = fn
-    return _encode
+def _driver():
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp, u32, u64p = ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)
+        u32p = ctypes.POINTER(ctypes.c_uint32)
+        for name, args in (
+                ("cuTensorMapEncodeTiled", (vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p,
+                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)),
+                ("cuModuleLoadData", (ctypes.POINTER(vp), ctypes.c_char_p)),
+                ("cuModuleGetFunction", (ctypes.POINTER(vp), vp, ctypes.c_char_p)),
+                ("cuFuncSetAttribute", (vp, ctypes.c_int, ctypes.c_int)),
+                ("cuLaunchKernel", (vp, u32, u32, u32, u32, u32, u32, u32, vp,
+                                    ctypes.POINTER(vp), ctypes.POINTER(vp))),
+                ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        _lib = lib
+    return _lib
+
+
+def _check(lib, call, code, what=""):
+    if code:
+        name = ctypes.c_char_p()
+        lib.cuGetErrorName(code, ctypes.byref(name))
+        raise WgmmaError(f"{call} failed{what}: {(name.value or b'CUDA error %d' % code).decode()}")
 
 
 def tensor_map(ptr, rows, cols, pitch, box_rows, data_type):
-    """The 128 bytes of a 2-D tensor map over a rows x cols half-precision matrix at `ptr`
+    """The 128 bytes (a ctypes array) of a 2-D tensor map over a rows x cols half-precision matrix at `ptr`
     (rows `pitch` elements apart): boxes of TILE_K columns x box_rows rows, 128-byte
     swizzle, zeros outside the matrix."""
     buf = ctypes.create_string_buffer(128 + 64)
@@ -129,19 +154,24 @@ def tensor_map(ptr, rows, cols, pitch, box_rows, data_type):
     strides = (ctypes.c_uint64 * 1)(pitch * 2)
     box = (ctypes.c_uint32 * 2)(TILE_K, box_rows)
     steps = (ctypes.c_uint32 * 2)(1, 1)
-    err = _encoder()(address, data_type, 2, ptr, dims, strides, box, steps, 0, _SWIZZLE_128B,
-                     _L2_PROMOTION_256B, 0)
+    err = _driver().cuTensorMapEncodeTiled(address, data_type, 2, ptr, dims, strides, box, steps, 0,
+                                           _SWIZZLE_128B, _L2_PROMOTION_256B, 0)
     if err:
         raise WgmmaError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a {rows} x {cols} "
                          f"matrix at 0x{ptr:x}, row pitch {pitch}")
-    return ctypes.string_at(address, 128)
+    return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(address, 128))
 
 
 def _launch(be, kern, name, grid, block, *args, shared=0):
-    try:
-        kern.functions[name].prepared_async_call(grid, block, be.stream, *args, shared_size=shared)
-    except drv.Error as e:
-        raise WgmmaError(f"CUDA error launching kernel {name} with grid={grid} block={block}: {e}") from e
+    """Queue kernel `name` on be's stream; args are ctypes values (a tensor map: 128 bytes)."""
+    grid = (*map(int, grid), 1, 1)[:3]
+    block = (*map(int, block), 1, 1)[:3]
+    pointers = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p)
+                                               for a in args))
+    lib = _driver()
+    _check(lib, "cuLaunchKernel", lib.cuLaunchKernel(kern.functions[name], *grid, *block, shared,
+                                                     be.stream.handle, pointers, None),
+           f" for kernel {name} with grid={grid} block={block}")
     be._recent.append((name, grid, block))
     if be.sync_each_launch:
         try:
@@ -157,8 +187,9 @@ def row_pitch(k):
 
 def _to_kmajor(be, kern, part, src, ld, rows, cols, transposed, dst, pitch):
     grid = (_ceil_div(rows, CONVERT_TILE[0]), _ceil_div(cols, CONVERT_TILE[1]))
-    _launch(be, kern, f"to_kmajor_{part}", grid, CONVERT_BLOCK, src, int(ld), int(rows), int(cols),
-            int(transposed), dst, int(pitch))
+    i = ctypes.c_int
+    _launch(be, kern, f"to_kmajor_{part}", grid, CONVERT_BLOCK, ctypes.c_uint64(src), i(ld), i(rows),
+            i(cols), i(int(transposed)), ctypes.c_uint64(dst), i(pitch))
 
 
 def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
@@ -167,8 +198,10 @@ def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
     b_map = tensor_map(b, n, k, ldb, TILE_N, data_type)
     tiles = _ceil_div(m, TILE_M) * _ceil_div(n, TILE_N)
     pairs = int(c % 8 == 0 and ldc % 2 == 0)   # float2 stores of C
+    i, f = ctypes.c_int, ctypes.c_float
     _launch(be, kern, f"wgmma_gemm_{part}", (min(tiles, be.sm_count),), (THREADS,), a_map, b_map,
-            int(m), int(n), int(k), float(alpha), float(beta), c, int(ldc), pairs, shared=SHARED_BYTES)
+            i(m), i(n), i(k), f(alpha), f(beta), ctypes.c_uint64(c), i(ldc), i(pairs),
+            shared=kern.shared_bytes)
 
 
 def gemm_lowp(be, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, force=False):
