@@ -56,6 +56,7 @@ gpu-test:
 # H100; its dated section is appended to bench/RESULTS.md).
 bench:
 	$(GPU_PYTHON) bench/run_all.py
+	$(GPU_PYTHON) bench/gemm_bench.py
 	$(GPU_PYTHON) bench/network_bench.py --cpu
 	$(GPU_PYTHON) bench/train_bench.py --results bench/RESULTS.md
 	$(GPU_PYTHON) bench/precision_bench.py --torch --results bench/RESULTS.md

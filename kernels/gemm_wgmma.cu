@@ -7,14 +7,18 @@
 // both K-major in half precision, rows `pitch` elements apart (a multiple of 8: TMA wants
 // 16-byte strides). Other layouts and fp32 operands are converted first by to_kmajor below.
 //
-// A block is persistent (one per SM) and walks 128 x 256 tiles of C. Its 384 threads are
-// three warpgroups: warpgroup 0 is the producer (one thread issues the TMA copies of each
-// 64-wide K slice of A and B into a 4-stage ring of shared memory), warpgroups 1 and 2 are
-// consumers, each owning 64 rows of the tile: per K slice four m64n256k16 wgmmas read both
-// operands straight from shared memory. Two mbarriers per stage: `full` (the copies landed,
-// counted in bytes by TMA) and `empty` (every consumer warp's wgmmas that read the stage
-// have completed). The producer runs ahead into the next tile while the consumers store
-// the last one, so the copies overlap the epilogue.
+// Blocks are persistent (one per SM) and come in clusters of WG_CLUSTER (2) along M: the
+// blocks of a cluster walk groups of 128 x 256 tiles
+// of C stacked along M (block rank r takes tile row WG_CLUSTER * i + r), which share their B
+// panel: each block copies its own A slice and its part of the shared B slice, multicast
+// into every block of the cluster.
+// A block's 384 threads are three warpgroups: warpgroup 0 is the producer (one thread
+// issues the TMA copies of each 64-wide K slice into a ring of WG_STAGES shared-memory stages),
+// warpgroups 1 and 2 are consumers, each owning 64 rows of the tile: per K slice four
+// m64n256k16 wgmmas read both operands straight from shared memory. Two mbarriers per
+// stage: `full` (the copies landed, counted in bytes by TMA) and `empty` (every consumer
+// warp of the cluster is done with the stage: any block's multicast overwrites it in all). The producer runs ahead into the next tile while the consumers store the last
+// one, so the copies overlap the epilogue.
 //
 // Shared-memory tiles use the 128-byte swizzle on both sides: TMA writes a row of 64 halves
 // (128 bytes) with its 16-byte chunks permuted by row % 8, and the wgmma descriptors say
@@ -26,6 +30,11 @@
 // cuTensorMapEncodeTiled); they are the first two parameters so they sit 64-byte aligned.
 
 constexpr int WG_THREADS = 384;      // producer + 2 consumer warpgroups
+// Blocks per cluster (along M), sharing B through multicast (bench/NOTES.md, T5: pairs
+// 1-4% faster than lone blocks; -D for bench/wgmma_probe.py's variants).
+#ifndef WG_CLUSTER
+#define WG_CLUSTER 2
+#endif
 
 struct __align__(64) TensorMap {
     unsigned long long opaque[16];
@@ -51,7 +60,11 @@ constexpr int WG_A_BYTES = WG_BM * WG_BK * 2;
 constexpr int WG_B_BYTES = WG_BN * WG_BK * 2;
 constexpr int WG_STAGE_BYTES = WG_A_BYTES + WG_B_BYTES;
 constexpr int WG_GROUP_M = WGMMA_GROUP_M;   // tile rows walked before moving right (L2 reuse)
-constexpr int WG_EMPTY_ARRIVALS = 8; // one per consumer warp
+constexpr int WG_EMPTY_ARRIVALS = 8 * WG_CLUSTER;   // one per consumer warp of the cluster
+// Epilogue through TMA stores: per consumer two buffers of 64 rows x 32 fp32 (one 128-byte
+// swizzled row each), filled from the registers while the other drains to C.
+constexpr int WG_OUT_COLS = 32;
+constexpr int WG_OUT_BYTES = 64 * WG_OUT_COLS * 4;
 
 __device__ __forceinline__ unsigned wg_smem(const void* p)
 {
@@ -68,9 +81,38 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive(unsigned bar)
+// Tell every producer of the cluster that this warp is done with a stage. A plain local
+// arrive for lone blocks: the cluster-scope release form cost a memory barrier per slice
+// per warp (ncu: 36% of the stalls).
+__device__ __forceinline__ void release_stage(unsigned bar)
 {
+#if WG_CLUSTER == 1
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#else
+#pragma unroll
+    for (unsigned cta = 0; cta < WG_CLUSTER; ++cta)
+        asm volatile(
+            "{\n"
+            ".reg .b32 remote;\n"
+            "mapa.shared::cluster.u32 remote, %0, %1;\n"
+            "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+            "}\n" ::"r"(bar),
+            "r"(cta)
+            : "memory");
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_rank()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+// Every thread of both blocks; orders shared memory (barrier inits) cluster-wide.
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 // Spin until the barrier's phase of this parity has completed.
@@ -96,6 +138,40 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, uns
             dst),
         "l"(map), "r"(bar), "r"(k), "r"(row)
         : "memory");
+}
+
+// The same box into the same shared-memory offset of every block in `mask`, each block's
+// barrier at `bar` counting the bytes.
+__device__ __forceinline__ void tma_load_multicast(unsigned dst, const TensorMap* map, unsigned bar, int k, int row,
+                                                   unsigned short mask)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(k), "r"(row), "h"(mask)
+        : "memory");
+}
+
+// A box of shared memory out to the tensor map at (col, row); clipped to the tensor's bounds.
+__device__ __forceinline__ void tma_store(const TensorMap* map, unsigned src, int col, int row)
+{
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map), "r"(src),
+                 "r"(col), "r"(row)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Until at most PENDING of this thread's bulk stores still read shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// The 128 threads of one consumer warpgroup (named barrier 1 + consumer).
+__device__ __forceinline__ void consumer_sync(int consumer)
+{
+    asm volatile("bar.sync %0, 128;\n" ::"r"(consumer + 1) : "memory");
 }
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
@@ -191,14 +267,15 @@ __device__ __forceinline__ void wgmma_64x256(BF16Op, float (&d)[128], unsigned l
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// The (m0, n0) origin of tile t: GROUP_M tile rows at a time, down then right.
-__device__ __forceinline__ void tile_origin(int t, int tiles_m, int tiles_n, int& m0, int& n0)
+// The (m0, n0) origin of this block's tile in the cluster's t-th pair of tiles: pairs walked
+// GROUP_M pair rows at a time, down then right; the block of rank r takes tile row 2i + r.
+__device__ __forceinline__ void tile_origin(int t, int pair_rows, int tiles_n, unsigned rank, int& m0, int& n0)
 {
     const int group = t / (WG_GROUP_M * tiles_n);
     const int first = group * WG_GROUP_M;
-    const int rows = min(tiles_m - first, WG_GROUP_M);
+    const int rows = min(pair_rows - first, WG_GROUP_M);
     const int in_group = t - group * WG_GROUP_M * tiles_n;
-    m0 = (first + in_group % rows) * WG_BM;
+    m0 = ((first + in_group % rows) * WG_CLUSTER + (int)rank) * WG_BM;
     n0 = (in_group / rows) * WG_BN;
 }
 
@@ -236,9 +313,46 @@ __device__ __forceinline__ void store_tile(const float (&d)[128], int row0, int 
     }
 }
 
+// The same 64 x 256 part through shared memory and TMA stores (C's rows 16-byte aligned,
+// beta = 0): 8 chunks of 32 columns, alternating between the consumer's two buffers; a
+// buffer is refilled only once the store issued from it two chunks ago has read it. The
+// stores drain while the consumer goes on to the next tile's MMAs.
+__device__ __forceinline__ void store_tile_tma(const float (&d)[128], const TensorMap* c_map, unsigned buffers,
+                                               int consumer, int row0, int col0, float alpha)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x >> 5) & 3;
+    const bool issuer = (threadIdx.x & 127) == 0;
+#pragma unroll
+    for (int chunk = 0; chunk < WG_BN / WG_OUT_COLS; ++chunk) {
+        const unsigned buf = buffers + (chunk & 1) * WG_OUT_BYTES;
+        if (issuer) tma_store_wait<1>();
+        consumer_sync(consumer);
+#pragma unroll
+        for (int j = 0; j < WG_OUT_COLS / 8; ++j) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = warp * 16 + (lane >> 2) + half * 8;
+                const int col = j * 8 + (lane & 3) * 2;           // within the chunk
+                const int q = (col >> 2) ^ (r & 7);                // 16-byte unit, swizzled
+                const unsigned at = buf + r * 128 + q * 16 + (col & 3) * 4;
+                const int idx = (chunk * 4 + j) * 4 + half * 2;
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(alpha * d[idx]),
+                             "f"(alpha * d[idx + 1])
+                             : "memory");
+            }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        consumer_sync(consumer);
+        if (issuer) tma_store(c_map, buf, col0 + chunk * WG_OUT_COLS, row0);
+    }
+}
+
 template <class Op>
-__device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const TensorMap* b_map, int m, int n, int k,
-                                                float alpha, float beta, float* c, int ldc, int pairs)
+// store: 0 scalar stores of C, 1 float2 stores, 2 TMA stores through c_map (beta = 0).
+__device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const TensorMap* b_map,
+                                                const TensorMap* c_map, int m, int n, int k, float alpha,
+                                                float beta, float* c, int ldc, int store)
 {
     extern __shared__ unsigned char wg_dynamic[];
     // Stage buffers 1024-byte aligned (the launcher asks for 1 KB of slack).
@@ -248,10 +362,15 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
     const unsigned b_tiles = base + WG_STAGES * WG_A_BYTES;
     const unsigned full_bar = b_tiles + WG_STAGES * WG_B_BYTES;
     const unsigned empty_bar = full_bar + WG_STAGES * 8;
+    const unsigned out_buffers = full_bar + 1024;   // after the barriers, 1024-byte aligned
 
-    const int tiles_m = (m + WG_BM - 1) / WG_BM;
+    // A tile row past M (an odd count of them) computes zeros from TMA's fill and stores
+    // nothing, but still copies and multicasts its half of B for its partner.
+    const int pair_rows = (m + WG_BM * WG_CLUSTER - 1) / (WG_BM * WG_CLUSTER);
     const int tiles_n = (n + WG_BN - 1) / WG_BN;
-    const int tiles = tiles_m * tiles_n;
+    const int pairs = pair_rows * tiles_n;
+    const unsigned rank = cluster_rank();
+    const int cluster = blockIdx.x / WG_CLUSTER, clusters = gridDim.x / WG_CLUSTER;
     const int k_blocks = (k + WG_BK - 1) / WG_BK;
     const int warpgroup = threadIdx.x / 128;
 
@@ -262,7 +381,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    cluster_sync();   // both blocks' barriers exist before either copies or arrives
 
     if (warpgroup == 0) {
         // Producer: few registers; one thread issues every copy.
@@ -270,15 +389,20 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
         if (threadIdx.x == 0) {
             int stage = 0;
             unsigned phase = 0;
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            for (int t = cluster; t < pairs; t += clusters) {
                 int m0, n0;
-                tile_origin(t, tiles_m, tiles_n, m0, n0);
+                tile_origin(t, pair_rows, tiles_n, rank, m0, n0);
                 for (int kb = 0; kb < k_blocks; ++kb) {
                     mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
                     const unsigned full = full_bar + 8 * stage;
-                    mbar_expect_tx(full, WG_STAGE_BYTES);
+                    mbar_expect_tx(full, WG_STAGE_BYTES);   // A + both halves of B
                     tma_load(a_tiles + stage * WG_A_BYTES, a_map, full, kb * WG_BK, m0);
+#if WG_CLUSTER == 1
                     tma_load(b_tiles + stage * WG_B_BYTES, b_map, full, kb * WG_BK, n0);
+#else
+                    tma_load_multicast(b_tiles + stage * WG_B_BYTES + rank * (WG_B_BYTES / WG_CLUSTER), b_map, full,
+                                       kb * WG_BK, n0 + (int)rank * (WG_BN / WG_CLUSTER), (1u << WG_CLUSTER) - 1u);
+#endif
                     if (++stage == WG_STAGES) {
                         stage = 0;
                         phase ^= 1u;
@@ -289,15 +413,15 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         const int consumer = warpgroup - 1;
-        const bool releaser = (threadIdx.x & 31) == 0;
+        const bool releaser = (threadIdx.x & 31) == 0;   // one arrival per warp and block
         float d[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) d[i] = 0.0f;
         int stage = 0;
         unsigned phase = 0;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        for (int t = cluster; t < pairs; t += clusters) {
             int m0, n0;
-            tile_origin(t, tiles_m, tiles_n, m0, n0);
+            tile_origin(t, pair_rows, tiles_n, rank, m0, n0);
             int previous = -1;
             pin_accumulators(d);
             for (int kb = 0; kb < k_blocks; ++kb) {
@@ -310,7 +434,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
                     wgmma_64x256(Op{}, d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), kb > 0 || kk > 0);
                 wgmma_commit();
                 wgmma_wait<1>();   // the previous slice's MMAs are done: its stage is free
-                if (previous >= 0 && releaser) mbar_arrive(empty_bar + 8 * previous);
+                if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
                 previous = stage;
                 if (++stage == WG_STAGES) {
                     stage = 0;
@@ -319,23 +443,30 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
             }
             wgmma_wait<0>();
             pin_accumulators(d);
-            if (previous >= 0 && releaser) mbar_arrive(empty_bar + 8 * previous);
-            store_tile(d, m0 + consumer * 64, n0, m, n, alpha, beta, c, ldc, pairs != 0);
+            if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
+            if (store == 2)
+                store_tile_tma(d, c_map, out_buffers + consumer * 2 * WG_OUT_BYTES, consumer, m0 + consumer * 64,
+                               n0, alpha);
+            else
+                store_tile(d, m0 + consumer * 64, n0, m, n, alpha, beta, c, ldc, store == 1);
         }
+        if (store == 2 && (threadIdx.x & 127) == 0) tma_store_wait<0>();   // before the block's memory goes
     }
+    cluster_sync();   // no block leaves while its partner may still arrive on its barriers
 }
 #endif   // DARKNET_WGMMA
 
 #define WGMMA_GEMM_KERNEL(NAME, OP)                                                                             \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)                                               \
-        NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map, int m, int n, \
-             int k, float alpha, float beta, float* c, int ldc, int pairs)                                    \
+    extern "C" __global__ void __cluster_dims__(WG_CLUSTER, 1, 1) __launch_bounds__(WG_THREADS, 1)            \
+        NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map,              \
+             const __grid_constant__ TensorMap c_map, int m, int n, int k, float alpha, float beta, float* c, \
+             int ldc, int store)                                                                              \
     {                                                                                                          \
         WGMMA_BODY(OP)                                                                                         \
     }
 
 #ifdef DARKNET_WGMMA
-#define WGMMA_BODY(OP) wgmma_gemm_body<OP>(&a_map, &b_map, m, n, k, alpha, beta, c, ldc, pairs);
+#define WGMMA_BODY(OP) wgmma_gemm_body<OP>(&a_map, &b_map, &c_map, m, n, k, alpha, beta, c, ldc, store);
 #else
 #define WGMMA_BODY(OP)
 #endif

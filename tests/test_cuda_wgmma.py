@@ -24,8 +24,10 @@ EMULATION_TOL = 1e-4
 PRECISION_TOL = {"fp16": 3e-3, "bf16": 2e-2}
 LAYOUTS = [(0, 0), (0, 1), (1, 0)]
 # (m, n, k): odd sizes, a single row or column, K under one 64-wide slice, tiles with edges
+# (C rows a multiple of 4 floats with beta = 0 go out through TMA stores, the others from
+# the registers: both kinds here)
 SHAPES = [(255, 3, 255), (3, 255, 3), (1, 1, 1), (129, 257, 65), (300, 520, 1000),
-          (128, 256, 64), (1000, 777, 333)]
+          (128, 256, 64), (1000, 777, 333), (255, 516, 100)]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +97,7 @@ def test_wgmma_gemm_matches_numpy(cuda, hopper, p, ta, tb, m, n, k):
 def test_gemm_lowp_takes_the_wgmma_path_for_a_large_product(cuda, hopper, p):
     """Through CudaBackend.gemm_lowp: a product that fills the chip goes to wgmma and agrees
     with the mma.sync kernels (forced by tc_override) to fp32 rounding."""
-    m, n, k = 1536, 23 * 256 - 7, 200
+    m, n, k = 1536, 23 * 256 - 7, 300
     assert hopper.handles(cuda, p, m, n, k)
     rng = np.random.default_rng(5)
     a, b = rand(rng, m * k), rand(rng, k * n)
@@ -141,6 +143,7 @@ def test_handles_declines_what_mma_sync_does_better(cuda, hopper):
     assert not hopper.handles(cuda, "tf32", 4096, 4096, 4096)
     assert not hopper.handles(cuda, "fp16", 256, 1152, 200000)   # weight gradient: split-K
     assert not hopper.handles(cuda, "fp16", 4096, 4096, 16)      # too thin for the conversion
+    assert not hopper.handles(cuda, "fp16", 288, 692224, 64)     # memory-bound data gradient
     assert hopper.handles(cuda, "fp16", 4096, 4096, 4096)
 
 

@@ -29,14 +29,27 @@ from . import kernel_cache, prebuilt
 
 SOURCE = "gemm_wgmma.cu"
 ARCH = "sm_90a"
-# kernels/gemm_wgmma.cu's WG_BM, WG_BN, WG_BK, WG_STAGES, WG_THREADS
-TILE_M, TILE_N, TILE_K, STAGES, THREADS = 128, 256, 64, 4, 384
-# The stage ring, its 2 x STAGES mbarriers, and 1 KB to align the ring to 1024 bytes.
-SHARED_BYTES = STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 2 * STAGES * 8 + 1024
-# K below this: the product is too thin for the conversion pass to pay.
-MIN_K = 64
+# kernels/gemm_wgmma.cu's WG_BM, WG_BN, WG_BK, WG_STAGES, WG_THREADS, WG_CLUSTER
+TILE_M, TILE_N, TILE_K, STAGES, THREADS, CLUSTER = 128, 256, 64, 4, 384, 2
+
+
+def shared_bytes(stages):
+    """Dynamic shared memory of the kernel: the stage ring, 1 KB for its mbarriers, the
+    epilogue's 4 buffers of 64 x 32 fp32, and 1 KB to align the ring to 1024 bytes."""
+    return stages * (TILE_M + TILE_N) * TILE_K * 2 + 1024 + 4 * 64 * 32 * 4 + 1024
+
+
+SHARED_BYTES = shared_bytes(STAGES)
+# C through TMA stores where its layout allows (rows 16-byte aligned, beta = 0); else
+# stores from the registers (bench/wgmma_probe.py times both).
+TMA_STORE = True
+# K below this: the product is memory-bound and the conversion pass does not pay (a data
+# gradient 288 x 692224 x 64 took 1.16 ms here against 0.75 with mma.sync; at K = 128,
+# 0.30 against 0.41: bench/NOTES.md, T5).
+MIN_K = 128
 # precision -> (kernel name part, CUtensorMapDataType)
 PRECISIONS = {"fp16": ("f16", 6), "bf16": ("bf16", 9)}
+_FLOAT32 = 7   # CUtensorMapDataType
 CONVERT_TILE = (32, 64)     # KM_ROWS, KM_COLS of kernels/gemm_wgmma.cu
 CONVERT_BLOCK = (32, 8)
 _ROW_ALIGN = 8              # halves: TMA wants row strides in multiples of 16 bytes
@@ -58,9 +71,10 @@ class _Kernels:
     64-byte-aligned tensor-map parameters), while a launch with one pointer per argument
     lets the driver place each where the kernel declares it."""
 
-    def __init__(self, image=None, shared_bytes=SHARED_BYTES):
+    def __init__(self, image=None, shared_bytes=SHARED_BYTES, cluster=CLUSTER):
         """image: a cubin or fatbin of gemm_wgmma.cu (bench/wgmma_probe.py's variants, with
-        their own shared_bytes); by default the wheel's or the kernel cache's build."""
+        their own shared_bytes and cluster size); by default the wheel's or the kernel
+        cache's build."""
         if image is None:
             with open(os.path.join(prebuilt.KERNEL_DIR, SOURCE)) as f:
                 source = f.read()
@@ -69,7 +83,7 @@ class _Kernels:
             image = binaries[SOURCE]
         lib = _driver()
         self._image = image   # kept alive as long as the module
-        self.shared_bytes = shared_bytes
+        self.shared_bytes, self.cluster = shared_bytes, cluster
         module = ctypes.c_void_p()
         _check(lib, "cuModuleLoadData", lib.cuModuleLoadData(ctypes.byref(module), self._image))
         self.functions = {}
@@ -81,6 +95,15 @@ class _Kernels:
                 self.functions[name] = fn
             _check(lib, "cuFuncSetAttribute", lib.cuFuncSetAttribute(
                 self.functions[f"wgmma_gemm_{part}"], _MAX_DYNAMIC_SHARED, shared_bytes))
+        # Clusters that fit on the chip at once: the persistent grid's size (a GPC with an
+        # odd count of free SMs leaves one idle).
+        config = _LaunchConfig((cluster, 1, 1), (THREADS, 1, 1), shared_bytes, None, None, 0)
+        count = ctypes.c_int()
+        _check(lib, "cuOccupancyMaxActiveClusters", lib.cuOccupancyMaxActiveClusters(
+            ctypes.byref(count), self.functions["wgmma_gemm_f16"], ctypes.byref(config)))
+        if count.value < 1:
+            raise WgmmaError("no cluster of two wgmma blocks fits on this GPU")
+        self.max_clusters = count.value
 
 
 _loaded = {}   # device index -> _Kernels, or None where this device cannot run them
@@ -112,6 +135,12 @@ def handles(be, precision, m, n, k):
     return kernels(be) is not None
 
 
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
 _lib = None
 _MAX_DYNAMIC_SHARED = 8   # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
@@ -130,6 +159,8 @@ def _driver():
                 ("cuFuncSetAttribute", (vp, ctypes.c_int, ctypes.c_int)),
                 ("cuLaunchKernel", (vp, u32, u32, u32, u32, u32, u32, u32, vp,
                                     ctypes.POINTER(vp), ctypes.POINTER(vp))),
+                ("cuOccupancyMaxActiveClusters", (ctypes.POINTER(ctypes.c_int), vp,
+                                                  ctypes.POINTER(_LaunchConfig))),
                 ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, ctypes.c_int
@@ -144,15 +175,29 @@ def _check(lib, call, code, what=""):
         raise WgmmaError(f"{call} failed{what}: {(name.value or b'CUDA error %d' % code).decode()}")
 
 
-def tensor_map(ptr, rows, cols, pitch, box_rows, data_type):
-    """The 128 bytes (a ctypes array) of a 2-D tensor map over a rows x cols half-precision matrix at `ptr`
-    (rows `pitch` elements apart): boxes of TILE_K columns x box_rows rows, 128-byte
-    swizzle, zeros outside the matrix."""
+_maps = {}   # tensor_map's arguments -> its bytes: encoding costs ~10 us of host time
+
+
+def tensor_map(ptr, rows, cols, pitch, box_rows, data_type, box_cols=TILE_K, item=2):
+    """_encode_map's tensor map, encoded once per set of arguments."""
+    key = (ptr, rows, cols, pitch, box_rows, data_type, box_cols, item)
+    found = _maps.get(key)
+    if found is None:
+        if len(_maps) >= 256:
+            _maps.clear()
+        found = _maps[key] = _encode_map(*key)
+    return found
+
+
+def _encode_map(ptr, rows, cols, pitch, box_rows, data_type, box_cols, item):
+    """The 128 bytes (a ctypes array) of a 2-D tensor map over a rows x cols matrix of
+    `item`-byte elements at `ptr` (rows `pitch` elements apart): boxes of box_cols x box_rows
+    (box_cols * item = 128 bytes), 128-byte swizzle, zeros outside the matrix."""
     buf = ctypes.create_string_buffer(128 + 64)
     address = (ctypes.addressof(buf) + 63) & ~63      # the driver wants it 64-byte aligned
     dims = (ctypes.c_uint64 * 2)(cols, rows)
-    strides = (ctypes.c_uint64 * 1)(pitch * 2)
-    box = (ctypes.c_uint32 * 2)(TILE_K, box_rows)
+    strides = (ctypes.c_uint64 * 1)(pitch * item)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     steps = (ctypes.c_uint32 * 2)(1, 1)
     err = _driver().cuTensorMapEncodeTiled(address, data_type, 2, ptr, dims, strides, box, steps, 0,
                                            _SWIZZLE_128B, _L2_PROMOTION_256B, 0)
@@ -195,13 +240,16 @@ def _to_kmajor(be, kern, part, src, ld, rows, cols, transposed, dst, pitch):
 def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     part, data_type = PRECISIONS[precision]
     a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
-    b_map = tensor_map(b, n, k, ldb, TILE_N, data_type)
-    tiles = _ceil_div(m, TILE_M) * _ceil_div(n, TILE_N)
-    pairs = int(c % 8 == 0 and ldc % 2 == 0)   # float2 stores of C
+    b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part
+    tile_pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
+    if TMA_STORE and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
+        store, c_map = 2, tensor_map(c, m, n, ldc, 64, _FLOAT32, box_cols=32, item=4)
+    else:   # float2 stores where aligned, else scalar; c_map unused
+        store, c_map = int(c % 8 == 0 and ldc % 2 == 0), a_map
     i, f = ctypes.c_int, ctypes.c_float
-    _launch(be, kern, f"wgmma_gemm_{part}", (min(tiles, be.sm_count),), (THREADS,), a_map, b_map,
-            i(m), i(n), i(k), f(alpha), f(beta), ctypes.c_uint64(c), i(ldc), i(pairs),
-            shared=kern.shared_bytes)
+    _launch(be, kern, f"wgmma_gemm_{part}", (kern.cluster * min(tile_pairs, kern.max_clusters),),
+            (THREADS,), a_map, b_map, c_map, i(m), i(n), i(k), f(alpha), f(beta), ctypes.c_uint64(c),
+            i(ldc), i(store), shared=kern.shared_bytes)
 
 
 def gemm_lowp(be, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, force=False):
