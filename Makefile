@@ -60,6 +60,7 @@ bench:
 	$(GPU_PYTHON) bench/network_bench.py --cpu
 	$(GPU_PYTHON) bench/train_bench.py --results bench/RESULTS.md
 	$(GPU_PYTHON) bench/precision_bench.py --torch --results bench/RESULTS.md
+	$(GPU_PYTHON) bench/inference_bench.py --torch --json bench/results.json
 
 # CPU inference against OpenCV 4's DNN module (OpenCV 5 dropped the Darknet importer), in
 # a virtualenv of its own; writes its section of bench/RESULTS.md.

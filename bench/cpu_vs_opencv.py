@@ -90,25 +90,28 @@ def random_weights(net, path):
     net.save_weights(path)
 
 
-def onnxruntime_engine(net):
-    """darknet-py's ONNX Runtime engine on net, or None without the onnx extra."""
+def onnxruntime_engine(cfg, weights):
+    """The network served by darknet-py's ONNX Runtime engine (its export made ready now,
+    not in the timed runs), or None without the onnx extra."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
         return None
-    from darknet_py.export.engine import OnnxRuntimeEngine
-    return OnnxRuntimeEngine(net)
+    import darknet_py as dn
+    net = dn.load_network(cfg, weights, batch=1, device="cpu", engine="onnxruntime")
+    assert net.engine == "onnxruntime"
+    return net
 
 
 def compare(name, cfg, weights, worker, tmp, repeats, warmup, pause):
     import numpy as np
 
     import darknet_py as dn
-    net = dn.load_network(cfg, weights, batch=1, device="cpu")
+    net = dn.load_network(cfg, weights, batch=1, device="cpu", engine="numpy")
     if weights is None:
         weights = tmp / f"{cfg.stem}.weights"
         random_weights(net, weights)
-    engine = onnxruntime_engine(net)
+    engine = onnxruntime_engine(cfg, weights)
     channels, height, width = net.input_shape
     x = dn.letterbox(dn.load_image(PHOTO), width, height)[None]
     np.save(tmp / "input.npy", x)

@@ -12,9 +12,14 @@ import statistics
 
 import numpy as np
 
+from .errors import DarknetError
 from .predictions import DETECTOR_TYPES
 
 MAX_BOXES = 90  # Darknet's truth buffer: 90 boxes of (x, y, w, h, class) per image
+
+
+class BenchError(DarknetError):
+    """Options a benchmark cannot run with (one line, exit code 2)."""
 
 
 def random_truth(net, rng):
@@ -41,10 +46,24 @@ def prepare(net, seed=0):
     rng = np.random.default_rng(seed)
     for layer in net.layers:
         layer.verbose = False
-        if getattr(layer, "batch_normalize", 0):
-            net.be.write(layer.rolling_mean, rng.normal(0.0, 0.1, layer.out_c))
-            net.be.write(layer.rolling_variance, rng.uniform(0.5, 2.0, layer.out_c))
+        # A recurrent layer's statistics are its inner layers' (param_owners lists them).
+        for owner in layer.param_owners():
+            if getattr(owner, "batch_normalize", 0):
+                net.be.write(owner.rolling_mean, rng.normal(0.0, 0.1, owner.out_c))
+                net.be.write(owner.rolling_variance, rng.uniform(0.5, 2.0, owner.out_c))
     net.params_changed()
+
+
+def check_batch(cfg, batch, darknet=None):
+    """Refuse in one line a --batch that a time-stepped layer cannot split into its
+    time_steps (Darknet's batch of such a cfg is sequences x time_steps)."""
+    from .network import build_network
+    for layer in build_network(cfg, batch=batch, darknet=darknet).layers:
+        steps = getattr(layer, "steps", 1)
+        if batch % steps:
+            raise BenchError(f"{cfg}: layer {layer.index} [{layer.type}] runs time_steps="
+                             f"{steps}: give --batch a multiple of {steps} (--batch {steps} "
+                             f"is one sequence), not {batch}")
 
 
 def median_seconds(be, run, warmup, repeats):
@@ -104,7 +123,7 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     prepare(net, seed)
     be = net.be
     x = rng.random((net.batch,) + net.input_shape, dtype=np.float32)
-    engine = getattr(net, "engine", None)   # an export.engine.OnnxRuntimeEngine says so
+    engine = net.engine if net.engine == "onnxruntime" else None
     device = f"{be.name} ({engine})" if engine else be.name
     result = {"cfg": net.path, "device": device, "batch": net.batch, "bflops": net.bflops,
               "precision": net.precision, "warmup": warmup, "repeats": repeats}

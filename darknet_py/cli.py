@@ -14,7 +14,6 @@ import errno
 import functools
 import json
 import os
-import signal
 import sys
 import time
 import warnings
@@ -23,7 +22,7 @@ import click
 
 from . import __version__, precision as precisions
 from .cfg import read_data_file
-from .darknet_forms import DarknetFormError, translate as translate_darknet_form
+from .darknet_forms import DarknetFormError, DarknetFormHelp, translate as translate_darknet_form
 from .errors import USER_ERRORS, USER_WARNINGS, describe_error
 from .export.command import (EXPORT_HELP, engine_option, export_options, load_with_engine,
                              run_export)
@@ -62,6 +61,9 @@ class DarknetGroup(click.Group):
     def parse_args(self, ctx, args):
         try:   # Darknet's `detector train DATA CFG` and the fork's -flags, in our form
             args, note = translate_darknet_form(args)
+        except DarknetFormHelp as e:   # `detector --help`
+            click.echo(str(e))
+            ctx.exit(0)
         except DarknetFormError as e:
             raise UserError(str(e)) from None
         if note:
@@ -116,6 +118,9 @@ def cli():
 # ---- shared options and helpers ---------------------------------------------------------
 def resolve_device(gpu, device):
     """The device string for get_backend from --gpu N and --device."""
+    # --gpu N on a machine without a GPU stays an error: asked for by name, a GPU run that
+    # silently took the CPU would be ~100x slower. Darknet's -i/-gpus are another matter:
+    # a CPU build of Darknet ignores them, and so does darknet_forms without a GPU.
     if gpu is not None:
         if device is not None:
             raise click.UsageError("give --gpu or --device, not both")
@@ -181,12 +186,30 @@ class Probability(click.ParamType):
             self.fail(f"{value} is not in the range 0 to 1", param, ctx)
         return number
 def darknet_option(command):
-    """Add --darknet original|alexeyab: which Darknet's arithmetic the network follows."""
+    """Add --darknet original|alexeyab|alexeyab-cpu: which Darknet's arithmetic the network
+    follows."""
     return click.option(
         "--darknet", type=click.Choice(DARKNET_FLAVOURS), default=None,
         help="Follow the original Darknet (pjreddie) or the AlexeyAB fork (batch-norm "
-             "epsilon and momentum, BFLOPs, weights header, truth layout). [default: the "
-             "fork's when the weights header or the cfg is the fork's]")(command)
+             "epsilon and momentum, BFLOPs, weights header, truth layout), trained as its "
+             "GPU build (alexeyab) or its CPU build (alexeyab-cpu) does. [default: the "
+             "fork's GPU build when the weights header or the cfg is the fork's]")(command)
+
+
+def letter_box_option(command):
+    """Add --letter-box (the fork's -letter_box): letterbox the images of a fork-flavour
+    detector, which the fork otherwise resizes plainly (as with [net] letter_box=1)."""
+    @functools.wraps(command)
+    def with_letter_box(*args, letter_box, **kwargs):
+        from .predictions import letterbox_forced
+        with letterbox_forced(letter_box):   # the networks load deep inside (map, valid)
+            return command(*args, **kwargs)
+
+    return click.option(
+        "--letter-box", is_flag=True,
+        help="Letterbox the images (keep their aspect, grey bars) for a network of the "
+             "fork's flavour, as the fork's -letter_box or [net] letter_box=1; pjreddie's "
+             "detectors always letterbox.")(with_letter_box)
 
 
 def load_names(names_file=None, data_file=None, data=None):
@@ -309,6 +332,7 @@ Prints, per image, the time taken and the --top most probable classes as
 @engine_option
 @darknet_option
 def classify_command(cfg, weights, images, top, names, data, device, engine, darknet):
+    refuse_onnx_model(cfg, weights, images, "test")
     if top is None:
         try:
             top = int(data.get("top", 5))
@@ -392,8 +416,10 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @click.argument("images", metavar="IMAGE...", nargs=-1)
 @click.option("--camera", type=click.IntRange(min=0), metavar="N", default=None,
               help="Detect on camera N's frames until Ctrl-C (instead of IMAGE).")
-@click.option("--thresh", type=Probability(), default=0.5, show_default=True,
-              help="Report a class when its probability is above this.")
+@click.option("--thresh", type=Probability(), default=None,
+              help="Report a class when its probability is above this. [default: .25 for a "
+                   "network of the AlexeyAB fork's flavour, as its detector test; else .5, "
+                   "as pjreddie's]")
 @click.option("--nms", type=Probability(), default=0.45, show_default=True,
               help="Drop a box overlapping a likelier one of its class by more than this "
                    "IoU; 0 turns NMS off.")
@@ -411,6 +437,11 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @click.option("--json", "json_file", metavar="FILE", default=None,
               help="Write the detections of all images (or of every video frame) to FILE "
                    "as JSON.")
+@click.option("--json-format", type=click.Choice(["darknet-py", "alexeyab"]),
+              default="darknet-py", show_default=True,
+              help="--json's layout for images: darknet-py's, or the AlexeyAB fork's "
+                   "`detector test -out` file (frame_id, filename, objects with class_id, "
+                   "name, relative_coordinates, confidence), byte for byte.")
 @click.option("--save-txt", is_flag=True,
               help="Also write each image's detections in YOLO label format beside its "
                    "drawing (predictions.jpg -> predictions.txt): \"class x y w h score\" "
@@ -427,18 +458,26 @@ line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video."""
 @device_options
 @engine_option
 @darknet_option
+@letter_box_option
 def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, json_file,
-                   save_txt, darknet_order, ext_output, overwrite, names, data, device, engine,
-                   darknet):
-    from .predictions import (detect, detection_classes, detections_to_json, detector_layers,
-                              draw_detections, ext_output_lines, pixel_box, yolo_txt)
+                   json_format, save_txt, darknet_order, ext_output, overwrite, names, data,
+                   device, engine, darknet):
+    from .predictions import (default_thresh, detect, detection_classes, detections_to_json,
+                              detector_layers, draw_detections, ext_output_lines, pixel_box,
+                              yolo_txt)
+    from . import fork_json
     from .image import decode_image, from_bgr
     from .video import is_video
 
+    refuse_onnx_model(cfg, weights, images, "detect")
+
     if camera is not None or any(is_video(image) for image in images):
-        if engine != "numpy":
+        if engine == "onnxruntime":
             raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
         from .video import detect_video_command
+        if json_format != "darknet-py":
+            raise UserError("--json-format alexeyab is for images; a video's --json is "
+                            "darknet-py's layout")
         return detect_video_command(cfg, weights, images, camera, out, json_file,
                                     dict(thresh=thresh, nms=nms, hier=hier_thresh), names,
                                     device, overwrite, darknet)
@@ -462,19 +501,22 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
                         f"classify with `{PROG} test`")
     classes = detector_layers(net)[-1].classes
     net.names = names = check_names(names, classes, weights, cfg)
-    results = []
+    thresh = default_thresh(net) if thresh is None else thresh
+    results, fork_entries = [], []
 
     def detect_one(index, path):
         output, txt = outputs[index]
         # Pixel boxes are in the file's own size, even when a huge image is decoded reduced.
         bgr, (width, height) = decode_image(path)
         start = time.perf_counter()
-        dets = detect(net, from_bgr(bgr), thresh=thresh, hier=hier_thresh, nms=nms,
-                      darknet_order=darknet_order)
+        in_nms_order = detect(net, from_bgr(bgr), thresh=thresh, hier=hier_thresh, nms=nms,
+                              darknet_order=True)
         seconds = time.perf_counter() - start
+        # The same stable sort detect() makes without darknet_order.
+        dets = in_nms_order if darknet_order else sorted(in_nms_order, key=lambda d: -d.prob)
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
         if ext_output:
-            for line in ext_output_lines(dets, width, height, names, thresh):
+            for line in ext_output_lines(in_nms_order, width, height, names, thresh):
                 click.echo(line)
         else:
             for det in dets:
@@ -495,9 +537,15 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
             click.echo(f"{PROG}: wrote {txt} (detections in {path}, YOLO format)", err=True)
         results.append({"image": path, "output": output, "width": width, "height": height,
                         "detections": detections_to_json(dets, width, height, names)})
+        # frame_id counts every path given, as the fork's does, also one that fails to read.
+        fork_entries.append(fork_json.image_entry(index + 1, path, in_nms_order, names))
 
     failed = run_on_images(paths, detect_one)
-    if json_file is not None:
+    if json_file is not None and json_format == "alexeyab":
+        write_text_atomically(json_file, fork_json.results_file(fork_entries))
+        click.echo(f"{PROG}: wrote {json_file} (the fork's layout, {len(fork_entries)} image"
+                   f"{'s' if len(fork_entries) != 1 else ''})", err=True)
+    elif json_file is not None:
         with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
             json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms,
                        "images": results}, json_out, indent=1)
@@ -506,6 +554,18 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
                    f"{'s' if len(results) != 1 else ''})", err=True)
     if failed:
         sys.exit(UserError.exit_code)
+
+
+def refuse_onnx_model(cfg, weights, images, command):
+    """`detect model.onnx IMAGE`: an .onnx file is not a cfg. One line with the command
+    that runs the network on ONNX Runtime (from its cfg and weights; the engine exports
+    and checks its own model)."""
+    if cfg.lower().endswith(".onnx"):
+        given = list(images) if weights.lower().endswith(".weights") else [weights, *images]
+        image = " ".join(given) or "IMAGE"
+        raise UserError(f"{cfg}: an ONNX model is not a cfg; ONNX Runtime runs the network "
+                        f"from the cfg and weights it was exported from: `{PROG} {command} "
+                        f"CFG WEIGHTS {image} --engine onnxruntime`")
 
 
 def files_of(outputs):
@@ -533,7 +593,7 @@ def info_command(cfg, batch, darknet):
     the activations need at --batch images.
     """
     net = build_network(cfg, batch=batch, darknet=darknet)
-    click.echo(f"Darknet: {net.darknet} ({'chosen with --darknet' if darknet else 'from the cfg'}"
+    click.echo(f"Darknet: {net.flavour} ({'chosen with --darknet' if darknet else 'from the cfg'}"
                f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
                f"'s Darknet counts them)")
     for line in net.summary():
@@ -641,21 +701,59 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     points to --clear. A loss that turns NaN or infinite stops the run (exit code 2) without
     saving the diverged weights.
     """
-    from .train import Terminated, train
+    from .train import train
+    from .training.stops import exit_code, held_stop_signals
     kwargs = dict(cfg=cfg, data=data, weights=weights, clear=clear, seed=seed,
                   map_eval=map_eval, map_every=map_every, max_batches=max_batches,
                   overwrite=overwrite, verbose=not quiet, darknet=darknet)
+    cluster = cluster_rank(gpus, ranks, nodes, master)
     try:
-        if gpus is not None or ranks is not None or nodes > 1:
-            train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout,
-                                workers, device)
-        else:
-            train(device=device, workers=workers, log=log_line,
-                  **kwargs)
-    except Terminated:
-        sys.exit(128 + signal.SIGTERM)   # as the shell reports a job stopped by SIGTERM
-    except KeyboardInterrupt:
-        sys.exit(130)   # the weights are saved and the resume command printed
+        with held_stop_signals():   # every stop signal: backup, one line, 128 + signal
+            if cluster is not None:
+                sys.exit(train_cluster_rank(cluster, kwargs, device, workers, comm_timeout))
+            if gpus is not None or ranks is not None or nodes > 1:
+                train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master,
+                                    comm_timeout, workers, device)
+            else:
+                train(device=device, workers=workers, log=log_line, **kwargs)
+    except KeyboardInterrupt as e:   # the weights are saved and the resume command printed
+        if not getattr(e, "reported", True):
+            from .training.loop import describe_stop
+            log_line(f"{describe_stop(e)} before training started: nothing saved")
+        sys.exit(exit_code(e))   # as a shell reports a job the signal ended
+
+
+def cluster_rank(gpus, ranks, nodes, master):
+    """The ClusterRank srun's or torchrun's variables make of this process (None without
+    them); --gpus/--ranks/--nodes/--master are refused alongside."""
+    from .distributed.cluster import (ClusterEnvironmentError, read_cluster_environment,
+                                      slurm_without_srun)
+    try:
+        cluster = read_cluster_environment()
+    except ClusterEnvironmentError as e:
+        raise UserError(str(e)) from None
+    if cluster is None:
+        if slurm_without_srun():
+            log_line(slurm_without_srun())
+        return None
+    if gpus is not None or ranks is not None or nodes > 1 or master is not None:
+        raise click.UsageError(f"{cluster.launcher} started this process as rank "
+                               f"{cluster.rank} of {cluster.world_size}: leave out --gpus, "
+                               f"--ranks, --nodes and --master")
+    return cluster
+
+
+def train_cluster_rank(cluster, kwargs, device, workers, comm_timeout):
+    """`srun/torchrun darknet-py train`: this process is one rank; its exit code."""
+    from .backends import cuda_device_count
+    from .distributed.launcher import cluster_device, cluster_workers, run_as_cluster_rank
+    try:
+        rank_device = cluster_device(cluster, device,
+                                     0 if device == "cpu" else cuda_device_count())
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    kwargs["workers"] = cluster_workers(cluster, workers)
+    return run_as_cluster_rank(cluster, kwargs, rank_device, timeout=comm_timeout)
 
 
 def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers,
@@ -704,6 +802,7 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
 @device_options
 @engine_option
 @darknet_option
+@letter_box_option
 def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, darknet):
     """Score CFG with WEIGHTS on the valid list of the .data file DATA.
 
@@ -736,17 +835,23 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, da
 @click.option("--plots", metavar="DIR", default=None,
               help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
                    "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
+@click.option("--quiet", is_flag=True,
+              help="No progress line (images done, images/s, ETA) on stderr, and no note "
+                   "saying which engine runs.")
 @overwrite_option
 @device_options
-@engine_option
+@functools.partial(engine_option, quiet_option=False)   # map has its own --quiet
 @darknet_option
-def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite, device,
-                engine, darknet):
+@letter_box_option
+def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, overwrite,
+                device, engine, darknet):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
     totals and "mean average precision (mAP@0.50) = ...". Every class of the network
-    counts in the mean, also those without ground truth (as in the fork).
+    counts in the mean, also those without ground truth (as in the fork). A valid set
+    without a single labelled box is refused (exit code 2), naming where the label files
+    were looked for.
     """
     if points == 1:
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
@@ -759,7 +864,8 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
         classes = heads[-1].classes if heads else 0
         claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
     detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine)
+                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine,
+                 progress=not quiet)
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
@@ -775,14 +881,27 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, overwrite
               help="The network's input height. [default: the --cfg's, else 416]")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds the k-means initialisation.")
-def anchors_command(data, cfg, num, width, height, seed):
+@click.option("--out", metavar="FILE", default=None,
+              help="Also write the anchors to FILE as the AlexeyAB fork's calc_anchors "
+                   "writes anchors.txt.")
+@overwrite_option
+def anchors_command(data, cfg, num, width, height, seed, out, overwrite):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 
     k-means on (width, height) with 1 - IoU as the distance, at the network's input
     size. Prints the cfg line ("anchors = 10,13, 16,30, ...", smallest first) on
     stdout, and on stderr how well the anchors fit the boxes.
+
+    --out FILE writes them as the fork's anchors.txt ("w,h, w,h, ..." without a line end,
+    each value padded to 3 characters, or with 4 decimals for a network 32 pixels wide or
+    less). Darknet's form `detector calc_anchors DATA` writes anchors.txt in the current
+    directory, replacing an earlier one as the fork does, and names it.
     """
-    from .data.anchors import anchor_mean_iou, anchor_settings, compute_anchors, format_anchors
+    from .data.anchors import (anchor_mean_iou, anchor_settings, compute_anchors,
+                               fork_anchors_text, format_anchors)
+    replacing = out is not None and os.path.exists(out)
+    if out is not None:
+        claim_outputs([out], overwrite)
     settings, used = anchor_settings(cfg, num=num, width=width, height=height)
     if used:
         click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
@@ -791,6 +910,11 @@ def anchors_command(data, cfg, num, width, height, seed):
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+    if out is not None:
+        write_text_atomically(out, fork_anchors_text(anchors, settings["width"]))
+        click.echo(f"{PROG}: wrote {os.path.abspath(out)} (the anchors in the fork's "
+                   f"anchors.txt form{'; it replaced an earlier file' if replacing else ''})",
+                   err=True)
 
 
 @cli.command("check", short_help="Check a detector dataset: lists, labels, boxes per class.")
@@ -799,7 +923,11 @@ def anchors_command(data, cfg, num, width, height, seed):
               help="The labels overview picture (boxes per class, centres, sizes) "
                    "[default: <data>_labels.png, numbered past an earlier one; `none`: no "
                    "picture].")
-def check_command(data, picture):
+@click.option("--darknet", type=click.Choice(DARKNET_FLAVOURS), default="original",
+              show_default=True,
+              help="Whose label-path rule to follow: the original Darknet's (images -> "
+                   "labels) or the AlexeyAB fork's (the label file beside the image).")
+def check_command(data, picture, darknet):
     """Report what the .data file DATA's train and valid lists hold: images (and missing
     ones), label files, boxes per class, and every label problem by file and line
     (pixel coordinates, values outside 0-1, class ids out of range, malformed lines).
@@ -812,7 +940,7 @@ def check_command(data, picture):
         picture = None
     else:
         claim_outputs([picture], overwrite=False)
-    if check_dataset(data, picture, log=click.echo, warn=warn):
+    if check_dataset(data, picture, log=click.echo, warn=warn, darknet=darknet):
         sys.exit(1)
 
 
@@ -833,7 +961,7 @@ def check_command(data, picture):
               help="Untimed runs before the timed ones.")
 @overwrite_option
 @device_options
-@engine_option
+@functools.partial(engine_option, default="numpy")
 @darknet_option
 def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
                   engine, darknet):
@@ -844,7 +972,8 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import format_report, prepare, run_bench
+    from .bench import check_batch, format_report, prepare, run_bench
+    check_batch(cfg, batch, darknet)
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
     if engine != "numpy" and (train or layers):

@@ -7,12 +7,13 @@ second and says what it ran; a .data/.cfg pair given in the wrong order to one o
 commands is named as such, instead of failing on the .data file read as a cfg.
 """
 import os
+import textwrap
 
 # The fork's flags (and pjreddie's) -> ours: (our option or None to drop it, takes a value).
 # Dropped flags only steer windows and servers darknet-py does not open.
 FLAGS = {
     "-thresh": ("--thresh", True),
-    "-hier": (None, True),
+    "-hier": ("--hier-thresh", True),
     "-iou_thresh": ("--iou-thresh", True),
     "-points": ("--points", True),
     "-map": ("--map", False),
@@ -42,7 +43,7 @@ FLAGS = {
     "-t": ("--top", True),
     "-save_labels": ("--save-txt", False),
     "-json_file_output": ("--json", True),
-    "-letter_box": (None, False),
+    "-letter_box": ("--letter-box", False),
     "-avgframes": (None, True),
     "-prefix": (None, True),
 }
@@ -59,9 +60,21 @@ class DarknetFormError(Exception):
     """Darknet's form given with too few arguments, or an unknown subcommand."""
 
 
-def _split(args):
-    """(positionals, our options) from Darknet-form arguments; known fork flags are mapped,
-    others (ours, or unknown ones that click then refuses) pass through."""
+WINDOW = "nothing to do without a window"
+NO_GPU = "no CUDA GPU here, so the CPU runs it, as a CPU build of Darknet ignores it"
+
+
+def gpu_present():
+    """Whether -i/-gpus can mean a GPU here (PyCUDA and a device); a CPU build of Darknet
+    ignores them, and so do Darknet's forms on a machine without one."""
+    from .backends import cuda_available
+    return cuda_available()
+
+
+def _split(args, sub=None):
+    """(positionals, our options, dropped) from Darknet-form arguments of `detector SUB`;
+    known fork flags are mapped, others (ours, or unknown ones that click then refuses)
+    pass through. dropped: (flag, why) for each flag that does nothing here."""
     positionals, options, dropped = [], [], []
     i = 0
     while i < len(args):
@@ -71,10 +84,16 @@ def _split(args):
             value = args[i + 1] if takes_value and i + 1 < len(args) else None
             if takes_value and value is None:
                 raise DarknetFormError(f"{arg} needs a value")
-            if arg == "-out" and not value.lower().endswith(".json"):
-                ours = "--out"   # pjreddie's -out names the picture; the fork's, JSON results
-            if ours is None:
-                dropped.append(arg)
+            why = _why_dropped(arg, sub)
+            if arg == "-out" and value.lower().endswith(".json"):
+                # The fork's -out: its JSON results file, in its layout.
+                ours = ["--json", value, "--json-format", "alexeyab"] if sub == "test" else ours
+            elif arg == "-out":
+                ours = "--out"   # pjreddie's -out names the picture
+            if ours is None or why:
+                dropped.append((f"{arg} {value}" if takes_value else arg, why or WINDOW))
+            elif isinstance(ours, list):
+                options += ours
             else:
                 options += [ours] + ([value] if takes_value else [])
             i += 2 if takes_value else 1
@@ -92,9 +111,22 @@ def _split(args):
     return positionals, options, dropped
 
 
+def _why_dropped(flag, sub):
+    """Why a flag the fork reads does nothing in `detector SUB` here, or None."""
+    if flag in ("-i", "-gpus") and not gpu_present():
+        return NO_GPU
+    if flag == "-gpus" and sub not in (None, "train"):
+        return "the fork reads it in train only (-i picks the GPU)"
+    if flag == "-hier" and sub not in ("test", "demo", None):
+        return f"the fork's {sub} does not read it"
+    if flag == "-letter_box" and sub in ("train", "calc_anchors"):
+        return f"the fork's {sub} does not read it ([net] letter_box=1 is the cfg's)"
+    return None
+
+
 # Our options that take no value (so the argument after them is a positional).
 FLAG_OPTIONS = {"--map", "--clear", "--overwrite", "--quiet", "--ext-output", "--darknet-order",
-                "--train", "--layers", "--save-txt", "-h", "--help"}
+                "--train", "--layers", "--save-txt", "--letter-box", "-h", "--help"}
 
 
 def _need(positionals, count, usage):
@@ -102,12 +134,20 @@ def _need(positionals, count, usage):
         raise DarknetFormError(f"Darknet's form is `{usage}`")
 
 
+STDIN_NOTE = ("no IMAGE", "image paths are read from stdin, one a line, as the fork's "
+                         "detector test does")
+LETTER_BOX_NOTE = ("-letter_box", "letterboxes as asked, though the fork's own map and valid "
+                                  "read only [net] letter_box=1")
+
+
 def _detector(sub, rest):
-    pos, opts, dropped = _split(rest)
+    pos, opts, dropped = _split(rest, sub)
     ours = DETECTOR[sub]
     if sub == "calc_anchors":
         _need(pos, 1, "detector calc_anchors DATA [-num_of_clusters N -width W -height H]")
-        return ["anchors", pos[0]] + pos[1:] + opts, dropped
+        # The fork writes (and replaces) anchors.txt in the current directory.
+        return (["anchors", pos[0]] + pos[1:] + opts + ["--out", "anchors.txt", "--overwrite"],
+                dropped)
     if sub == "train":
         _need(pos, 2, "detector train DATA CFG [WEIGHTS]")
         weights = ["--weights", pos[2]] if len(pos) > 2 else []
@@ -115,13 +155,18 @@ def _detector(sub, rest):
     _need(pos, 3, f"detector {sub} DATA CFG WEIGHTS" + (" [IMAGE]" if sub == "test" else
                                                         " [VIDEO]" if sub == "demo" else ""))
     data, cfg, weights, more = pos[0], pos[1], pos[2], pos[3:]
+    if sub in ("map", "valid") and "-letter_box" in rest:
+        dropped.append(LETTER_BOX_NOTE)
     if ours == "detect":
+        if sub == "test" and not more:   # the fork's batch idiom: `... < images.txt`
+            more = ["-"]
+            dropped.append(STDIN_NOTE)
         return ["detect", cfg, weights] + more + ["--data", data] + opts, dropped
     return [ours, cfg, data, weights] + more + opts, dropped
 
 
 def _classifier(sub, rest):
-    pos, opts, dropped = _split(rest)
+    pos, opts, dropped = _split(rest, sub)
     if sub == "train":
         _need(pos, 2, "classifier train DATA CFG [WEIGHTS]")
         weights = ["--weights", pos[2]] if len(pos) > 2 else []
@@ -181,8 +226,9 @@ def _fork_flags_only(args):
             ours, takes_value = FLAGS[arg]
             if takes_value and i + 1 >= len(args):
                 raise DarknetFormError(f"{arg} needs a value")
-            if ours is None:
-                dropped.append(arg)
+            why = _why_dropped(arg, None)
+            if ours is None or why:
+                dropped.append((f"{arg} {args[i + 1]}" if takes_value else arg, why or WINDOW))
             else:
                 out += [ours] + ([args[i + 1]] if takes_value else [])
             i += 2 if takes_value else 1
@@ -192,17 +238,72 @@ def _fork_flags_only(args):
     return out, dropped
 
 
+HELP = ("-h", "--help")
+# What `detector SUB --help` / `classifier SUB --help` says each form runs.
+FORMS = {
+    "detector": {
+        "train": ("DATA CFG [WEIGHTS]", "train CFG DATA [--weights WEIGHTS]"),
+        "test": ("DATA CFG WEIGHTS [IMAGE]", "detect CFG WEIGHTS IMAGE --data DATA "
+                                             "(no IMAGE: paths from stdin, one a line)"),
+        "demo": ("DATA CFG WEIGHTS [VIDEO] [-c N]", "detect CFG WEIGHTS VIDEO --data DATA "
+                                                    "(or --camera N)"),
+        "valid": ("DATA CFG WEIGHTS", "valid CFG DATA WEIGHTS"),
+        "map": ("DATA CFG WEIGHTS", "map CFG DATA WEIGHTS"),
+        "calc_anchors": ("DATA [-num_of_clusters N]", "anchors DATA [--num N]"),
+    },
+    "classifier": {
+        "train": ("DATA CFG [WEIGHTS]", "train CFG DATA [--weights WEIGHTS]"),
+        "predict": ("DATA CFG WEIGHTS [IMAGE]", "test CFG WEIGHTS IMAGE --data DATA"),
+        "test": ("DATA CFG WEIGHTS [IMAGE]", "test CFG WEIGHTS IMAGE --data DATA"),
+        "valid": ("DATA CFG WEIGHTS", "valid CFG DATA WEIGHTS"),
+    },
+}
+
+
+class DarknetFormHelp(DarknetFormError):
+    """`detector --help` (or classifier's): no command to run, the text to print (exit
+    code 0)."""
+
+
+def form_help(head):
+    """The help of Darknet's `detector` or `classifier` form."""
+    forms = FORMS[head]
+    width = max(len(f"{head} {sub} {usage}") for sub, (usage, _) in forms.items())
+    lines = [f"Usage: darknet-py {head} {'|'.join(forms)} DATA CFG [WEIGHTS] ... [-flags]", "",
+             f"Darknet's `{head}` forms, each run as darknet-py's own command:", ""]
+    lines += [f"  {f'{head} {sub} {usage}':<{width}}  ->  darknet-py {runs}"
+              for sub, (usage, runs) in forms.items()]
+    mapped = [f"{flag} -> {ours}" + (" (a .json file; else --out)" if flag == "-out" else "")
+              for flag, (ours, _) in FLAGS.items() if ours]
+    ignored = [flag for flag, (ours, _) in FLAGS.items() if not ours]
+    lines += [""] + textwrap.wrap("The fork's flags become darknet-py's options: " +
+                                  ", ".join(mapped) + ".", 88, break_on_hyphens=False)
+    lines += textwrap.wrap("These do nothing without a window or server: " +
+                           ", ".join(ignored) + ".", 88, break_on_hyphens=False)
+    lines += ["-i and -gpus are ignored on a machine without a CUDA GPU, as by a CPU build.",
+              "", f"`darknet-py {head} SUBCOMMAND --help` shows the options of the command "
+                  f"it runs."]
+    return "\n".join(lines)
+
+
 def translate(args):
-    """(args in darknet-py's form, a note for the user or None). Raises DarknetFormError."""
+    """(args in darknet-py's form, a note for the user or None). Raises DarknetFormError,
+    or DarknetFormHelp for `detector --help`."""
     args = list(args)
     if not args:
         return args, None
     head, rest = args[0], args[1:]
     if head in ("detector", "classifier"):
         table = DETECTOR if head == "detector" else CLASSIFIER
-        if not rest or rest[0] not in table:
+        if not rest or rest[0] in HELP:
+            raise DarknetFormHelp(form_help(head))
+        if rest[0] not in table:
             raise DarknetFormError(f"`{head}` takes one of: {', '.join(table)} "
                                    f"(Darknet's `{head} SUBCOMMAND DATA CFG ...`)")
+        if any(a in HELP for a in rest[1:]):
+            usage, runs = FORMS[head][rest[0]]
+            return [table[rest[0]], "--help"], (f"`{head} {rest[0]} {usage}` runs "
+                                                f"`darknet-py {runs}`; its options:")
         out, dropped = (_detector if head == "detector" else _classifier)(rest[0], rest[1:])
     elif head == "rnn" and rest and any(a in RNN_FLAGS for a in rest[1:]):
         out, dropped = _rnn(rest)
@@ -218,7 +319,11 @@ def translate(args):
             return args, None
     note = f"running `darknet-py {' '.join(out)}`"
     if dropped:
-        note += f" ({', '.join(dropped)}: nothing to do without a window)"
+        reasons = {}   # the flags of each reason, in the order given
+        for flag, why in dropped:
+            reasons.setdefault(why, []).append(flag)
+        note += " (" + "; ".join(f"{', '.join(flags)}: {why}"
+                                 for why, flags in reasons.items()) + ")"
     return out, note
 
 

@@ -6,7 +6,8 @@ overview picture (boxes per class, box centres, box sizes).
 import os
 from collections import Counter
 
-from .data.check import LabelProblem, LabelReport, problem_lines, scan_labels
+from .data.check import (LabelProblem, LabelReport, label_location_line, problem_lines,
+                         refuse_no_label_files, scan_labels)
 from .data.config import DataError, load_data_config
 from .data.labels import classifier_label_index
 from .files import atomic_output
@@ -35,9 +36,11 @@ def missing_images(paths):
     return [p for p in paths if not os.path.isfile(p)]
 
 
-def check_dataset(data, picture=None, log=print, warn=print):
-    """Report on DATA's train and valid lists; write the overview picture to `picture`
-    (a path, or None). Returns the number of problems found (0: the dataset looks sound)."""
+def check_dataset(data, picture=None, log=print, warn=print, darknet="original"):
+    """Report on DATA's train and valid lists (detector labels found by the label-path
+    rule of the Darknet of flavour `darknet`, see data.labels.find_label_file); write the
+    overview picture to `picture` (a path, or None). Returns the number of problems found
+    (0: the dataset looks sound); a list without a single label file is refused."""
     config = load_data_config(data)
     lists = [("train", config.train)]
     if config.valid != config.train:
@@ -51,7 +54,12 @@ def check_dataset(data, picture=None, log=print, warn=print):
         paths = config.train_paths() if what == "train" else config.valid_paths()
         absent = missing_images(paths)
         report = (classifier_report(paths, config.labels) if is_classifier_data(config)
-                  else scan_labels(paths, config.classes))
+                  else scan_labels(paths, config.classes, darknet))
+        if not is_classifier_data(config):
+            refuse_no_label_files(report, what)
+            located = label_location_line(report)
+            if located is not None:
+                warn(located)
         reports[what] = report
         log(f"{what}: {path}: {len(paths)} images ({len(absent)} missing)" +
             ("" if is_classifier_data(config) else f", {report.label_files} label files "

@@ -250,6 +250,16 @@ def letterbox_size(iw, ih, w, h):
     return (iw * h) // ih, h
 
 
+def sized_shape(iw, ih, w, h, letter=True):
+    """(new_w, new_h) an iw x ih image is resized to for a w x h input: letterbox_size
+    (letter) or w x h; ImageError when letterboxing leaves no pixel row or column."""
+    new_w, new_h = letterbox_size(iw, ih, w, h) if letter else (w, h)
+    if new_w < 1 or new_h < 1:
+        raise ImageError(f"an image of {iw} x {ih} pixels letterboxed into {w} x {h} is "
+                         f"{new_w} x {new_h} pixels")
+    return new_w, new_h
+
+
 def letterbox(img, w, h):
     """Darknet's letterbox_image: resize keeping aspect, centre on a 0.5 grey w x h canvas."""
     c, ih, iw = img.shape

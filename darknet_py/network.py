@@ -6,14 +6,16 @@ and the loop sets it before each layer, exactly as forward_network/backward_netw
 """
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from . import optimizer, precision as precisions
+from .adam import Adam, read_adam
 from .backends import DeviceOutOfMemory, get_backend
-from .cfg import CfgError, parse_cfg
+from .cfg import CfgError, CfgWarning, parse_cfg
 from .errors import DarknetError
+from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
@@ -54,7 +56,7 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
-    adam_error: object = None   # the CfgError training raises when adam=1
+    adam_betas_eps: tuple = None   # (B1, B2, eps) with adam=1 (adam.read_adam)
     # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
     # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
     letter_box: int = 0
@@ -65,6 +67,7 @@ class NetOptions:
     blur: int = 0
     gaussian_noise: int = 0
     label_smooth_eps: float = 0.0   # the fork's classifier label smoothing
+    loss_scale: float = 1.0         # the fork's (its GPU build's gradient scale)
 
 
 def parse_net_options(s, darknet="original"):
@@ -82,19 +85,16 @@ def parse_net_options(s, darknet="original"):
         raise s.error(f"batch={batch} is smaller than subdivisions={o.subdivisions}", "batch")
     o.batch = batch // o.subdivisions * o.time_steps
     o.random = s.get_int("random", 0)
-    # The fork's loss_scale multiplies the GPU build's gradients and divides its rate:
-    # in float32 they cancel, and its CPU build never reads it.
-    s.get_float("loss_scale", 1.0)
+    # The fork's loss_scale: its GPU build multiplies the [yolo] and [softmax] gradients by
+    # it and divides the rate by it (in float32 they nearly cancel); its CPU build ignores it.
+    o.loss_scale = s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam and darknet == "alexeyab":
-        for key, default in (("B1", .9), ("B2", .999), ("eps", .000001)):
-            s.get_float(key, default)
-        s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has no "
-               "Adam; its GPU build's has)", "adam")
-        o.adam = 0
-    elif o.adam:   # inference does not use it (the stock gru.cfg has adam=1); training refuses
-        o.adam_error = s.error("the adam optimiser is not supported by darknet-py for "
-                               "training (use SGD: remove adam=1)", "adam")
+    if o.adam:   # as the GPU builds train with it (adam.py)
+        o.adam_betas_eps = read_adam(s, darknet)
+        if darknet == "alexeyab-cpu":
+            s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has "
+                   "no Adam; its GPU build's has)", "adam")
+            o.adam = 0
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
     o.channels = s.get_int("channels", 0)
@@ -139,9 +139,13 @@ class NetworkError(DarknetError):
 
 # ---- which Darknet's arithmetic ------------------------------------------------------------
 # "original": pjreddie/darknet. "alexeyab": the AlexeyAB fork (hank-ai/darknet), which
-# differs in batch-norm epsilon and momentum, trains no BN beta on the CPU, counts BFLOPs
-# its own way, writes weights headers 0.2.5 and keeps 6 x 200 truth values per image.
-DARKNET_FLAVOURS = ("original", "alexeyab")
+# differs in batch-norm epsilon and momentum, counts BFLOPs its own way, writes weights
+# headers 0.2.5 and keeps 6 x 200 truth values per image; it trains as the fork's GPU build
+# (GPU=1 CUDNN=1) does, the build its users train with. "alexeyab-cpu": the same fork
+# trained as its CPU build does (docs/fork-training.md: the col2im overwrite, no BN beta,
+# its batch-norm divisor, ...). Both have net.darknet == "alexeyab" (net.fork_cpu tells).
+DARKNET_FLAVOURS = ("original", "alexeyab", "alexeyab-cpu")
+FORK_CPU = "alexeyab-cpu"
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
 _FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo",
@@ -195,6 +199,13 @@ def check_flavour(darknet):
 
 class Network:
     """Build with load_network(); see docs/python-api.md for the Python API."""
+    # ONNX Runtime serving inference on the CPU (export/engine.py; load_network's engine=),
+    # else None: the backend runs it. engine_note: why NumPy serves it, where it does.
+    inference_engine = None
+    engine_note = None
+    # The layers whose outputs the last inference wrote when ONNX Runtime ran it (its
+    # outputs: the heads, or the output layer); None: every layer's (the backend ran it).
+    engine_outputs = None
 
     def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
                  darknet=None, random_init=True, precision=None):
@@ -203,8 +214,10 @@ class Network:
                            path, sections[0].line)
         self.path = os.fspath(path)
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
-        self.darknet = check_flavour(darknet) or cfg_flavour(sections)
-        self.options = parse_net_options(sections[0], self.darknet)
+        self.flavour = check_flavour(darknet) or cfg_flavour(sections)
+        self.fork_cpu = self.flavour == FORK_CPU
+        self.darknet = "alexeyab" if self.fork_cpu else self.flavour
+        self.options = parse_net_options(sections[0], self.flavour)
         # fp32 (Darknet-exact) unless asked, the environment or [net] precision= say otherwise.
         self.net_precision = precisions.read_net_section(sections[0])
         try:
@@ -258,6 +271,7 @@ class Network:
         # as a graph sees this step's): dropout's per-step seed and the update's rate.
         self.step_seed = self.be.int_zeros(1)
         self.update_rate = self.be.zeros(1)
+        self.adam = None   # adam.Adam, made for the first training step when adam=1
         self.graphs = StepGraphs(self.be)
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
@@ -275,7 +289,8 @@ class Network:
         c, h, w = o.channels, o.height, o.width
         inputs = o.inputs
         layers = []
-        ctx = BuildContext(layers=layers, net=o, batch=self.batch, darknet=self.darknet)
+        ctx = BuildContext(layers=layers, net=o, batch=self.batch, darknet=self.darknet,
+                           fork_cpu=self.fork_cpu)
         for index, section in enumerate(sections):
             if section.type == "net":
                 raise CfgError("[net] may only be the first section", self.path, section.line)
@@ -406,6 +421,37 @@ class Network:
         out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
         return out.reshape(truth.shape[0], -1)
 
+    def checked_truth(self, truth, n):
+        """truth for n images as (n, floats per image) float32 rows, or a ValueError that
+        gives the shape this network wants (a wrong one ended in NumPy's broadcast error, or
+        was read as other images' values)."""
+        truth = np.asarray(truth, dtype=np.float32)
+        per_image = truth.size // n if n else 0
+        rows_ok = truth.size == n * per_image and (truth.ndim < 2 or truth.shape[0] == n)
+        if self._is_detector():
+            head = next(l for l in reversed(self.layers) if l.type in DETECTOR_TYPES)
+            grid = getattr(head, "truths", None) if head.type == "detection" else None
+            fits = per_image > 0 and (per_image % 5 == 0 or per_image % self.truth_size == 0
+                                      or per_image == grid)
+            fields = "x, y, w, h, class" + (", track id" if self.truth_size == 6 else "")
+            want = (f"({n}, {self.max_boxes * self.truth_size}): {self.max_boxes} boxes of "
+                    f"({fields}) per image, zero padded (any whole number of boxes does)")
+        else:
+            readers = [l for l in self.layers if l.type in ("softmax", "logistic", "cost")
+                       and not getattr(l, "noloss", 0)]
+            if not readers:
+                return truth.reshape(n, -1)   # nothing reads it
+            reader = readers[-1]
+            fits = per_image == reader.outputs
+            want = (f"({n}, {reader.outputs}): per image the {reader.outputs} values its "
+                    f"[{reader.type}] layer {reader.index} is trained towards"
+                    + (" (one-hot: 1 at the image's class)" if reader.type == "softmax"
+                       and self.hierarchy is None else ""))
+        if not (rows_ok and fits):
+            raise ValueError(f"truth of shape {truth.shape} for {n} image"
+                             f"{'s' if n != 1 else ''}: this network wants {want}")
+        return truth.reshape(n, -1)
+
     @property
     def bflops(self):
         """Total BFLOPs as this network's Darknet counts them (the fork also counts maxpool,
@@ -532,6 +578,9 @@ class Network:
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
         layer_output). With train=True, batch statistics are used and deltas zeroed."""
+        if not train and truth is None and self.inference_engine is not None \
+                and self.inference_engine.infer(self, x):
+            return
         net_input = self._stage(x, truth, train)
         if train:
             self._write_step_seed()
@@ -563,12 +612,14 @@ class Network:
         return net_input
 
     def _forward_layers(self, net_input, train):
+        self.engine_outputs = None
         self.train = train
         self.input = net_input
         self.delta = None
         for layer in self.layers:
-            if train and layer.delta is not None and (layer.fork_train or
-                                                      layer.darknet != "alexeyab"):
+            # The fork's GPU build (and the original) clear every delta before a pass, its
+            # CPU build only those of its l.train layers (see Layer.fork_train).
+            if train and layer.delta is not None and (layer.fork_train or not self.fork_cpu):
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
@@ -579,7 +630,10 @@ class Network:
         layers without l.train: route, upsample, ...; see Layer.fork_train). Its CPU build
         keeps adding to them from iteration to iteration, so that they grow without bound
         and yolov4-tiny does not learn (mAP 1% where its GPU build reaches 96%,
-        bench/RESULTS.md); within an iteration its passes are followed as they are."""
+        bench/RESULTS.md); within an iteration its passes are followed as they are.
+        Only for "alexeyab-cpu": the GPU build clears every delta before each pass."""
+        if not self.fork_cpu:
+            return
         for layer in self.layers:
             if layer.delta is not None and not layer.fork_train and layer.darknet == "alexeyab":
                 self.be.fill(layer.delta, 0.0)
@@ -614,16 +668,38 @@ class Network:
         """Write this iteration's learning rate / images per iteration for the update;
         returns the learning rate."""
         rate = self.learning_rate
-        self.be.write(self.update_rate, [rate / self.images_per_iteration])
+        scale = self.fork_loss_scale
+        if scale != 1.0:   # the fork's GPU update: float learning_rate = rate / loss_scale
+            rate_scaled = float(np.float32(rate) / np.float32(scale))
+        else:
+            rate_scaled = rate
+        self.be.write(self.update_rate, [rate_scaled / self.images_per_iteration])
+        if self.adam is not None:
+            self.adam.write_step(rate_scaled, self.iteration)
         return rate
 
+    @property
+    def fork_loss_scale(self):
+        """The fork's [net] loss_scale as its GPU build trains with it (the [yolo] and
+        [softmax] gradients times it, the rate and the weight decay's share divided by it);
+        1 for the original, the fork's CPU build and fp16 training (whose own scaler reads it)."""
+        if self.darknet != "alexeyab" or self.fork_cpu or self.loss_scaler is not None:
+            return 1.0
+        return self.options.loss_scale
+
     def _update_layers(self):
-        """Every layer's SGD step (the rate written by _write_update_rate)."""
+        """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
+        _write_update_rate)."""
         args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
-                          decay=self.options.decay, batch=self.images_per_iteration)
+                          decay=self.options.decay * self.fork_loss_scale,
+                          batch=self.images_per_iteration)
+        # (adam_update_gpu's decay is not scaled by loss_scale)
+        adam_args = (replace(args, adam=self.adam, decay=self.options.decay)
+                     if self.adam is not None else args)
         for layer in self.layers:
             if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
-                layer.update(args)
+                layer.update(adam_args if self.adam is not None and self.adam.uses(layer)
+                             else args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that
@@ -648,6 +724,8 @@ class Network:
         inference's folded weights are stale, and with them the recorded forward passes
         that read them."""
         self.graphs.drop("predict")
+        if self.inference_engine is not None:   # it exports the new values on its next run
+            self.inference_engine.params_changed()
         for layer in self.layers:
             layer.params_changed()
 
@@ -668,8 +746,14 @@ class Network:
             step()
 
     def _prepare_training(self):
-        if self.options.adam_error is not None:
-            raise self.options.adam_error
+        if self.options.adam and self.adam is None:
+            self.adam = Adam(self.be, self.darknet, *self.options.adam_betas_eps)
+            if self.adam.rules == "original" and any(l.type == "crnn" for l in self.layers):
+                warnings.warn(CfgWarning(
+                    f"{self.path}: [crnn] with adam=1: pjreddie's GPU build fails here (it "
+                    f"gives the inner convolutions no Adam state); darknet-py updates them "
+                    f"with Adam"), stacklevel=2)
+        self.inference_engine = None   # training runs on the backend; its weights move
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True
@@ -677,27 +761,111 @@ class Network:
     def predict(self, x):
         """Inference on x float32 (N, C, H, W) in [0, 1]; returns the network's output: the
         last layer that is not a [cost] layer (Darknet's get_network_output_layer; a cost
-        layer's output is its per-element error)."""
-        self.infer(x)
+        layer's output is its per-element error). Photos (a path, an OpenCV BGR uint8
+        (H, W, 3) array, a list of them, or an (N, H, W, 3) uint8 array) are letterboxed
+        to the network size: on the backend, from their uint8 bytes (infer_photos)."""
+        photos = self.as_photos(x)
+        if photos is not None:
+            self.infer_photos(photos)
+        else:
+            self.infer(x)
         return self.layer_output(self.output_index)
+
+    def infer_photos(self, photos, letter=True):
+        """infer() on photos: OpenCV BGR uint8 (H, W, 3) arrays of any sizes, or one
+        (N, H, W, 3) uint8 array, for a 3-channel network. Their bytes are uploaded as they
+        are (a quarter of the float input's) on the copy stream, then converted and
+        letterboxed (letter) or resized into the network input on the backend
+        (letterbox_images: image.py's arithmetic, its bits)."""
+        if self.input_shape[0] != 3 or len(self.input_shape) != 3:
+            raise ValueError(f"infer_photos: the network takes {self.input_shape} inputs, "
+                             f"not 3-channel images")
+        if not len(photos):
+            raise ValueError("infer_photos: no images")
+        if len(photos) != self.batch:
+            self._allocate(len(photos), self.train_buffers)
+        staged = self._upload_photos(photos)
+        self._run_photos(staged, letter)
+        self.be.finish_upload(staged[1])
+
+    def _upload_photos(self, photos):
+        """(backend uint8 array, its upload, the photos' shapes): the photos' bytes, copied
+        on the copy stream after the work queued so far."""
+        host = (photos if isinstance(photos, np.ndarray)
+                else np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in photos]))
+        array, upload = self.be.upload_bytes_async(np.ascontiguousarray(host))
+        return array, upload, [p.shape[:2] for p in photos]
+
+    def _run_photos(self, staged, letter):
+        """The layers on the photos of staged (_upload_photos), letterboxed into the input
+        once their upload has landed."""
+        array, upload, shapes = staged
+        _, height, width = self.input_shape
+        self.truth = self.truth_host = None
+        buf = self._input_buf
+        if buf is None or buf.size != len(shapes) * self.inputs:
+            buf = self._input_buf = self.be.zeros(len(shapes) * self.inputs)
+        self.be.wait_upload(upload)
+        offsets = np.cumsum([0] + [h * w * 3 for h, w in shapes[:-1]])
+        self.be.letterbox_images(array, shapes, offsets, width, height, letter, buf)
+        self._run_step("predict", (self.batch, self.fold_batchnorm), buf, False,
+                       lambda: self._forward_layers(buf, False))
+        self.collect_costs()
+
+    def _predict_photos_in_parts(self, photos, part):
+        """predict_in_parts for photos: part k+1's bytes copy while part k's layers run,
+        and part k's output comes back while part k+1's run."""
+        output, result, rows, parts = self._parts_of(photos, part)
+        staged, pending = [self._upload_photos(parts[0])], None
+        for k in range(len(parts)):
+            if k + 1 < len(parts):   # queued before part k's layers: copies beside them
+                staged.append(self._upload_photos(parts[k + 1]))
+            self._run_photos(staged[k], True)
+            if pending is not None:
+                self.be.finish_download(pending)
+            pending = self.be.download_async(output, rows[k * part:(k + 1) * part])
+        self.be.finish_download(pending)
+        for _, upload, _ in staged:
+            self.be.finish_upload(upload)
+        return result.astype(self.be.dtype, copy=False)
+
+    def as_photos(self, x):
+        """x as a list of BGR uint8 (H, W, 3) photos (paths decoded) or an (N, H, W, 3)
+        uint8 array, when it is photos a 3-channel network can take from their bytes;
+        None for anything else (float input, other channel counts), and where ONNX Runtime
+        serves inference (it takes the float input sized on the host)."""
+        if (len(self.input_shape) != 3 or self.input_shape[0] != 3
+                or self.inference_engine is not None):
+            return None
+        if isinstance(x, np.ndarray):
+            if x.dtype == np.uint8 and x.ndim == 4 and x.shape[3] == 3:
+                return x
+            return [x] if x.dtype == np.uint8 and x.ndim == 3 and x.shape[2] == 3 else None
+        items = list(x) if isinstance(x, (list, tuple)) else [x]
+        photos = []
+        for item in items:
+            if isinstance(item, (str, os.PathLike)):
+                item = decode_image(item, 3)[0]
+            if not (isinstance(item, np.ndarray) and item.dtype == np.uint8 and item.ndim == 3
+                    and item.shape[2] == 3 and item.size):
+                return None
+            photos.append(item)
+        return photos or None
 
     def predict_in_parts(self, x, part):
         """predict(x) for many images, run `part` images at a time so that the copies hide
         behind the layers: while the device runs one part, the next part's input is staged
         and uploaded (prefetch, on the copy stream) and the previous part's output taken
         (download_async). Returns what predict(x) returns; the network is left at batch
-        `part` (its layers' outputs hold the last part)."""
+        `part` (its layers' outputs hold the last part). Photos (as predict takes them) go
+        up as their bytes, letterboxed on the backend (infer_photos)."""
+        photos = self.as_photos(x)
+        if photos is not None:
+            return self._predict_photos_in_parts(photos, part)
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim == len(self.input_shape):
             x = x[None]
-        if len(x) % part:
-            raise ValueError(f"{len(x)} images do not split into parts of {part}")
-        self.set_batch(part)
-        layer = self.layers[self.output_index]
-        output = layer.output[:part * layer.outputs]
-        result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
-        rows = result.reshape(len(x), -1)
-        parts = [x[start:start + part] for start in range(0, len(x), part)]
+        output, result, rows, parts = self._parts_of(x, part)
         pending = None
         self.prefetch(parts[0])
         for k, images in enumerate(parts):
@@ -715,10 +883,25 @@ class Network:
         self.finish_prefetch()
         return result.astype(self.be.dtype, copy=False)
 
+    def _parts_of(self, x, part):
+        """predict_in_parts' start: the network at batch `part`; (the output layer's
+        output for a part, the result array for all of x, its rows per image, x's parts)."""
+        if len(x) % part:
+            raise ValueError(f"{len(x)} images do not split into parts of {part}")
+        self.set_batch(part)
+        layer = self.layers[self.output_index]
+        output = layer.output[:part * layer.outputs]
+        result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
+        parts = [x[start:start + part] for start in range(0, len(x), part)]
+        return output, result, result.reshape(len(x), -1), parts
+
     def infer(self, x=None):
         """Inference on x as predict runs it, every output left on the backend (read the
         ones needed with layer_output): no copy back, no wait for the device. x=None runs
         again on the input staged last (what `bench` times as the GPU-only forward)."""
+        if x is not None and self.inference_engine is not None \
+                and self.inference_engine.infer(self, x):
+            return
         if x is None:
             net_input = self._net_input
             if net_input is None:
@@ -728,6 +911,14 @@ class Network:
         self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
                        lambda: self._forward_layers(net_input, False))
         self.collect_costs()
+
+    @property
+    def engine(self):
+        """What serves inference: "onnxruntime", "numpy" or the GPU backend's name ("cuda").
+        Asking makes ONNX Runtime's engine ready (its export, or the cached one)."""
+        if self.inference_engine is not None and self.inference_engine.prepare(self):
+            return self.inference_engine.name
+        return "numpy" if self.be.name == "cpu" else self.be.name
 
     @property
     def output_index(self):
@@ -773,7 +964,7 @@ class Network:
         (gradients accumulate), then the weight update. Returns the loss per image (the
         passes' costs summed, over N), as Darknet's train_network does."""
         x = np.asarray(x, dtype=np.float32)
-        truth = np.asarray(truth)
+        truth = self.checked_truth(truth, len(x))
         if len(x) % self.subdivisions or not len(x):
             raise ValueError(f"{len(x)} images do not split into subdivisions="
                              f"{self.subdivisions} passes")
@@ -792,6 +983,7 @@ class Network:
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
+        truth = self.checked_truth(truth, n)
         self.images_per_pass = n
         self.seen += n * self.replicas
         net_input = self._stage(x, self.truth_for_network(truth), True)
@@ -832,6 +1024,11 @@ class Network:
     def layer_output(self, i):
         """Layer i's output from the last forward, as a host array (N, C, H, W) or (N, n)."""
         layer = self.layers[i]
+        if self.engine_outputs is not None and layer.index not in self.engine_outputs:
+            raise NetworkError(
+                f"layer {layer.index} [{layer.type}]: ONNX Runtime ran the last inference and "
+                f"gives only the outputs of layers {sorted(self.engine_outputs)}; load the "
+                f"network with engine=\"numpy\" for every layer's")
         return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
 
     def layer_delta(self, i):
@@ -884,19 +1081,31 @@ def host_memory_bytes():
         return None
 
 
+# export/engine.py's attach(net, engine, weights, seed, cutoff, transfer), which puts
+# load_network's engine= into effect; darknet_py's __init__ installs it (the export
+# package stands on a higher floor than this module).
+ENGINE_HOOK = {"attach": None}
+
+
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None, names=None, precision=None):
+                 transfer=False, darknet=None, names=None, precision=None, engine=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
     shapes match are loaded, the others keep their random start; net.transfer_report
-    says which (None when the file matched the cfg). `darknet` ("original" or
-    "alexeyab") picks which Darknet's arithmetic to follow; None: the fork's when the
+    says which (None when the file matched the cfg). `darknet` ("original", "alexeyab" or
+    "alexeyab-cpu": the fork trained as its GPU or its CPU build does) picks which Darknet's
+    arithmetic to follow; None: the fork's (GPU build) when the
     weights header is the fork's or the cfg uses fork-only sections, options or
     activations, else the original's. `names`: class names for detect/classify results, as
     a list, a names file or a .data file (its names=). `precision` ("fp32", "tf32", "fp16",
     "bf16"; None: $DARKNET_PRECISION, else the cfg's [net] precision=, else fp32) sets the
-    convolutions' arithmetic (darknet_py/precision.py)."""
+    convolutions' arithmetic (darknet_py/precision.py). `engine` serves inference on the
+    CPU: None ("auto") ONNX Runtime when it is installed and `weights` are given (the
+    network exported on the first predict, checked against NumPy and cached; NumPy where
+    it cannot export, net.engine_note saying why), "numpy" Darknet's exact arithmetic,
+    "onnxruntime" ONNX Runtime or an error (docs/onnx.md). Training always runs on the
+    backend."""
     if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
         raise ValueError(f"batch must be a whole number of at least 1, got {batch!r}")
     names = load_names(names)
@@ -914,6 +1123,8 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
         if not isinstance(loaded, int):
             net.transfer_report = loaded
     net.names = names
+    if ENGINE_HOOK["attach"] is not None:
+        ENGINE_HOOK["attach"](net, engine, weights, seed, cutoff, transfer)
     return net
 
 

@@ -4,6 +4,7 @@ The application side: src/network.c's get_network_boxes (each head decodes its o
 with its ``detections`` method), detect/classify, and src/image.c's draw_detections. Box
 arithmetic and NMS live below the layers in boxes.py.
 """
+import contextlib
 import math
 import os
 import sys
@@ -104,16 +105,40 @@ def _class_name(names, class_id):
     return None
 
 
+# Set by letterbox_forced(): the fork's -letter_box (darknet-py's --letter-box) for the
+# networks of one command, which load their networks deep inside (map, valid, video).
+_letterbox_forced = False
+
+
+@contextlib.contextmanager
+def letterbox_forced(on=True):
+    """Within the block, detect() letterboxes every [yolo]/[region] network as the fork's
+    `-letter_box` makes it do (a fork-flavour network is otherwise resized plainly)."""
+    global _letterbox_forced
+    before, _letterbox_forced = _letterbox_forced, bool(on) or _letterbox_forced
+    try:
+        yield
+    finally:
+        _letterbox_forced = before
+
+
 def letterboxes(net):
     """Whether detect letterboxes for this net: a YOLOv1 [detection] net is plainly resized
     (as Darknet's yolo.c does), and so is a net of the AlexeyAB fork's flavour without [net]
-    letter_box=1; pjreddie's [yolo]/[region] nets are letterboxed."""
+    letter_box=1 or -letter_box (letterbox_forced); pjreddie's [yolo]/[region] nets are
+    letterboxed."""
     layers = detector_layers(net)
     if layers[-1].type == "detection":
         return False
-    if is_fork_flavour(net):
+    if is_fork_flavour(net) and not _letterbox_forced:
         return bool(getattr(net.options, "letter_box", 0))
     return True
+
+
+def default_thresh(net):
+    """`detector test`'s default -thresh: .25 in the fork (its run_detector, also for demo
+    and map), .5 in pjreddie's Darknet."""
+    return 0.25 if is_fork_flavour(net) else 0.5
 
 
 def _check_detector(net, thresh, nms):
@@ -130,6 +155,20 @@ def _network_input(net, image):
     img = as_image(image, channels)
     sized = letterbox(img, netw, neth) if letterboxes(net) else resize_image(img, netw, neth)
     return sized, img.shape[2], img.shape[1]
+
+
+def _infer_images(net, images):
+    """Run the network on images sized as detect sizes them (letterboxes); returns each
+    image's (width, height). Photos go up as their uint8 bytes and are sized on the
+    backend (Network.infer_photos); other images are sized on the host."""
+    net.set_batch(len(images))
+    photos = net.as_photos(images)
+    if photos is not None:
+        net.infer_photos(photos, letter=letterboxes(net))
+        return [(p.shape[1], p.shape[0]) for p in photos]
+    inputs = [_network_input(net, image) for image in images]
+    net.infer(np.stack([sized for sized, _, _ in inputs]))
+    return [(img_w, img_h) for _, img_w, img_h in inputs]
 
 
 def _found(net, dets, img_w, img_h, thresh, nms, darknet_order):
@@ -161,9 +200,7 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     order Darknet prints them: NMS's order); boxes relative to the original image. A
     detection may have more classes above thresh: see detection_classes."""
     _check_detector(net, thresh, nms)
-    sized, img_w, img_h = _network_input(net, image)
-    net.set_batch(1)
-    net.infer(sized[None])   # the heads' outputs are read below, on their own
+    (img_w, img_h), = _infer_images(net, [image])   # the heads' outputs are read below
     dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
                              letter=letterboxes(net))
     return _found(net, dets, img_w, img_h, thresh, nms, darknet_order)
@@ -175,10 +212,8 @@ def detect_batch(net, images, thresh=0.5, hier=0.5, nms=0.45, batch=8):
     _check_detector(net, thresh, nms)
     results = []
     for start in range(0, len(images), max(1, int(batch))):
-        inputs = [_network_input(net, image) for image in images[start:start + batch]]
-        net.set_batch(len(inputs))
-        net.infer(np.stack([sized for sized, _, _ in inputs]))   # heads read per image
-        for index, (_, img_w, img_h) in enumerate(inputs):
+        sizes = _infer_images(net, images[start:start + batch])   # heads read per image
+        for index, (img_w, img_h) in enumerate(sizes):
             dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
                                      letter=letterboxes(net), image=index)
             results.append(_found(net, dets, img_w, img_h, thresh, nms, False))
@@ -340,20 +375,21 @@ def c_round(v):
 def ext_output_lines(detections, img_w, img_h, names=None, thresh=0.5):
     """The AlexeyAB fork's -ext_output text for detect()'s results: detections from the
     leftmost, each as "name: 87%\t(left_x: ... top_y: ... width: ... height: ...)" (its
-    unclamped box in pixels, rounded), then a "name: 40%" line for each other class above
-    thresh."""
+    unclamped box in pixels, rounded), then the same line for each other class above
+    thresh (the fork repeats the box since January 2020). Give the detections in NMS's
+    order (darknet_order=True) for the fork's order among boxes with the same left edge."""
     lines = []
     for d in sorted(detections, key=lambda d: d.box[0] - d.box[2] / 2):
         x, y, w, h = d.box
+        box = (f"\t(left_x: {c_round((x - w / 2) * img_w):4.0f}   top_y: "
+               f"{c_round((y - h / 2) * img_h):4.0f}   width: {c_round(w * img_w):4.0f}   "
+               f"height: {c_round(h * img_h):4.0f})")
         name = d.name if d.name is not None else _class_name(names, d.class_id)
-        lines.append(f"{name if name is not None else d.class_id}: {100 * d.prob:.0f}%\t"
-                     f"(left_x: {c_round((x - w / 2) * img_w):4.0f}   top_y: "
-                     f"{c_round((y - h / 2) * img_h):4.0f}   width: {c_round(w * img_w):4.0f}   "
-                     f"height: {c_round(h * img_h):4.0f})")
+        lines.append(f"{name if name is not None else d.class_id}: {100 * d.prob:.0f}%{box}")
         for c, p in enumerate(d.probs):
             if p > thresh and c != d.class_id:
                 other = _class_name(names, c)
-                lines.append(f"{other if other is not None else c}: {100 * p:.0f}%")
+                lines.append(f"{other if other is not None else c}: {100 * p:.0f}%{box}")
     return lines
 
 

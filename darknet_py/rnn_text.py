@@ -53,11 +53,16 @@ def read_text(path, alphabet):
 
 
 def check_char_network(net):
-    """A character network reads inputs= one-hot bytes and outputs as many probabilities."""
-    if net.inputs != net.outputs or net.layers[-1].type != "softmax":
+    """A character network reads inputs= one-hot bytes and outputs as many probabilities:
+    its output layer (the last one before any [cost], as Darknet's network output) is a
+    [softmax]. A [cost] after it trains too, as in both Darknets: its squared error joins
+    the softmax's cross-entropy in the loss and its delta adds to the softmax's."""
+    out = net.layers[net.output_index]
+    if net.inputs != out.outputs or out.type != "softmax":
         raise TextError(f"{net.path}: a character network needs [net] inputs= equal to the "
-                        f"output size and a last [softmax] layer (it has {net.inputs} inputs, "
-                        f"{net.outputs} outputs, last layer [{net.layers[-1].type}])")
+                        f"output size and a [softmax] output layer (it has {net.inputs} "
+                        f"inputs, {out.outputs} outputs, output layer {out.index} "
+                        f"[{out.type}])")
 
 
 def text_batch(text, offsets, alphabet, steps):
@@ -90,7 +95,8 @@ class Backups:
 
 
 def load_for_training(cfg, weights, clear, seed, device, darknet):
-    net = load_network(cfg, weights, device=device, seed=seed, darknet=darknet)
+    net = load_network(cfg, weights, device=device, seed=seed, darknet=darknet,
+                       engine="numpy")   # training: Darknet's arithmetic
     check_char_network(net)
     if clear:
         net.seen = 0

@@ -31,6 +31,7 @@ Files in the .data file's backup directory, named after the cfg (``cfg/yolov3.cf
 Every file is written atomically (a temporary file renamed into place), with the mode
 a plain open() would give it.
 """
+from .data.loader import start_worker_server
 from .training.chart import draw_chart  # noqa: F401 (the package's names, below)
 from .training.checkpoints import cfg_base  # noqa: F401
 from .training.loop import TrainingRun, TrainResult, make_loader
@@ -71,6 +72,8 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     count). On KeyboardInterrupt the weights are saved to <cfg>.backup, then the
     KeyboardInterrupt is re-raised. Returns a TrainResult.
     """
+    if workers != 0:   # its workers' server gets ready while the network is built
+        start_worker_server()
     plan = plan_training(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
                          map_eval=map_eval, map_every=map_every, max_batches=max_batches,
                          overwrite=overwrite, darknet=darknet, comm=comm, log=log)

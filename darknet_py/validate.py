@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .boxes import box_iou, fork_iou, results_corners
-from .data.check import check_detector_dataset
-from .data.config import load_data_config
-from .data.labels import MissingLabelFile, read_image_labels
+from .data.check import (check_detector_dataset, refuse_no_label_files, refuse_unlabelled,
+                         scan_labels)
+from .data.config import _where, load_data_config
+from .data.labels import MissingLabelFile, check_classifier_labels, read_image_labels
 from .data.loader import DataLoader
 from .errors import DarknetError
 from .export.engine import load_with_engine
@@ -60,6 +61,98 @@ def network_task(net):
         f"{net.path}: cannot tell a classifier from a detector: the network ends in "
         f"[{last.type}] (a classifier ends in [softmax], a detector has a [yolo], [region] or "
         f"[detection] layer)")
+
+
+def check_valid_images(paths, list_path, warn=None):
+    """Refuse a valid list none of whose images exists, naming the first and the count
+    (before a network is loaded, or a training run starts); warn(message) about some
+    missing."""
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if len(missing) == len(paths):
+        raise ValidationError(f"no image of the valid list could be read: all {len(paths)} "
+                              f"are missing, the first {_where(missing[0])} (listed in "
+                              f"{list_path})")
+    if missing and warn is not None:
+        warn(f"{len(missing)} of the {len(paths)} valid images are missing (the first: "
+             f"{_where(missing[0])}); they are skipped")
+
+
+def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None,
+                    darknet="original"):
+    """What `train --map` checks before iteration 1: the valid list's images exist and are
+    labelled (a detector's label files hold a box, a classifier's paths name a class), so
+    that no run stops (or ends without _best weights) at its first evaluation."""
+    check_valid_images(paths, list_path, warn)
+    if task == "detector":
+        report = scan_labels(paths, classes, darknet)
+        refuse_no_label_files(report, "validation")
+        refuse_unlabelled(report, "validation")
+        return
+    problems = check_classifier_labels(paths, labels)
+    if len(problems) == len(paths):
+        raise ValidationError(f"no image of the valid list {list_path} can be labelled: "
+                              f"{problems[0][1]}")
+
+
+class ImageProgress:
+    """A progress line on stderr for a pass over images: done/total, images/s and the ETA.
+    On a terminal the line is rewritten in place (4 times a second at most; end_line()
+    before another message); otherwise a new line every `every` seconds. finish() prints
+    the last one, with the time taken."""
+
+    def __init__(self, total, what, stream=None, every=None, clock=time.monotonic):
+        self.total, self.what, self.clock = total, what, clock
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.every = every if every is not None else (0.25 if self.tty else 5.0)
+        self.start = self.last = clock()
+        self.done = 0
+        self.open_line = False   # a terminal line written without its line end
+
+    def update(self, done):
+        self.done = done
+        now = self.clock()
+        if now - self.last >= self.every:
+            self.last = now
+            rate = done / (now - self.start)
+            eta = (self.total - done) / rate if rate > 0 else None
+            self._show(f"{rate:.1f} images/s, ETA "
+                       + (seconds_text(eta) if eta is not None else "unknown"), final=False)
+
+    def finish(self):
+        elapsed = self.clock() - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        self._show(f"{rate:.1f} images/s, in {seconds_text(elapsed)}", final=True)
+
+    def _show(self, tail, final):
+        line = f"{self.what}: {self.done}/{self.total} images, {tail}"
+        if self.tty:
+            line = "\r" + line + "\x1b[K"   # over the last one
+        self.stream.write(line + ("\n" if final or not self.tty else ""))
+        self.stream.flush()
+        self.open_line = self.tty and not final
+
+    def end_line(self):
+        """End a terminal line left open, so that a warning starts on a line of its own."""
+        if self.open_line:
+            self.stream.write("\n")
+            self.open_line = False
+
+
+def seconds_text(seconds):
+    """'42 s', '3 min 05 s', '2 h 07 min'."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def unread(skipped, total):
+    """The end of the error for a list none of whose images could be read."""
+    return f": {len(skipped)} of {total} skipped, the first: {skipped[0]}" if skipped else ""
 
 
 # ---- classifier accuracy ---------------------------------------------------------------
@@ -124,7 +217,8 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     for message in skipped[:3]:
         print(f"darknet-py: warning: {message}", file=sys.stderr)
     if count == 0:
-        raise ValidationError("no image of the valid list could be read and labelled")
+        raise ValidationError("no image of the valid list could be read and labelled"
+                              + unread(skipped, len(paths)))
     return ClassifierResult(hits1 / count, hitsk / count, k, count, len(skipped))
 
 
@@ -239,7 +333,7 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
             skipped.append(str(e))
             continue
         try:
-            truths[index] = read_image_labels(path, classes)
+            truths[index] = read_image_labels(path, classes, net.darknet)
         except MissingLabelFile:
             missing += 1
             truths[index] = np.zeros((0, 5), dtype=np.float32)
@@ -256,7 +350,8 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
         print(f"darknet-py: warning: {missing} of {len(paths)} valid images have no label file; "
               f"counted as images without objects", file=sys.stderr)
     if not truths:
-        raise ValidationError("no image of the valid list could be read")
+        raise ValidationError("no image of the valid list could be read"
+                              + unread(skipped, len(paths)))
     mean_ap, aps, counts = mean_average_precision(detections, truths, classes, iou_thresh)
     if sum(counts) == 0:
         raise ValidationError("the valid images have no labelled boxes: mAP cannot be "
@@ -479,35 +574,50 @@ def curve_ap(recall, precision, points=0):
 
 
 def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
-                 thresh=MAP_CONF_THRESH, log=print, darknet=None, plots=None, engine="numpy"):
+                 thresh=MAP_CONF_THRESH, log=print, darknet=None, plots=None, engine="numpy",
+                 progress=True):
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
-    and print fork_map's report. Returns the ForkMapResult."""
+    and print fork_map's report (with progress, an ImageProgress line on stderr while the
+    images run). A valid set without a single labelled box is refused (the fork prints
+    mAP 0). Returns the ForkMapResult."""
     config = load_data_config(data, require=("valid",))
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
+    check_valid_images(paths, config.valid)
     net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
                            darknet=darknet)
     if network_task(net) != "detector":
         raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
                               f"(use `darknet-py valid`)")
     classes = detector_layers(net)[-1].classes
-    check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
-    images = []
-    for path in paths:
+    refuse_unlabelled(check_detector_dataset(paths, classes, warn_on_stderr,
+                                             what="validation", darknet=net.darknet))
+    images, skipped = [], []
+    shown = ImageProgress(len(paths), "map") if progress else None
+    for index, path in enumerate(paths):
+        if shown is not None:
+            shown.update(index)
         try:
             image = load_image(path, net.options.channels)
         except ImageError as e:
+            if shown is not None:
+                shown.end_line()
             print(f"darknet-py: warning: {e}; skipping it", file=sys.stderr)
+            skipped.append(str(e))
             continue
         try:
-            truth = read_image_labels(path, classes)
+            truth = read_image_labels(path, classes, net.darknet)
         except MissingLabelFile:
             truth = np.zeros((0, 5), dtype=np.float32)
         images.append((image_detections(net, image), truth))
+    if shown is not None:
+        shown.done = len(paths)
+        shown.finish()
     if not images:
-        raise ValidationError("no image of the valid list could be read")
+        raise ValidationError("no image of the valid list could be read"
+                              + unread(skipped, len(paths)))
     result = fork_map(images, classes, iou_thresh, points, thresh, config.names)
     for line in result.lines():
         log(line)
@@ -529,6 +639,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
     paths = config.valid_paths()
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
+    check_valid_images(paths, config.valid)
     net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
                            darknet=darknet)
     net.names = config.names
@@ -545,7 +656,9 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
             print(f"darknet-py: warning: {data} has classes={config.classes} but the "
                   f"network's detection layer has classes={classes}; using {classes}",
                   file=sys.stderr)
-        check_detector_dataset(paths, classes, warn_on_stderr, what="validation")
+        refuse_unlabelled(check_detector_dataset(paths, classes, warn_on_stderr,
+                                                 what="validation",
+                                                 darknet=net.darknet))
         writer = (DetectionResultsWriter(results_dir, classes, config.names, overwrite)
                   if results_dir is not None else None)
         result = evaluate_detector(net, paths, classes, config.names, log=log,
@@ -562,6 +675,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
 
 
 __all__ = ["ClassifierResult", "DetectionResultsWriter", "DetectorResult", "ForkMapResult",
-           "ValidationError", "class_average_precision", "detector_map", "fork_map",
-           "evaluate_classifier", "evaluate_detector", "mean_average_precision",
-           "network_task", "top_k_hits", "top_k_indexes", "validate", "voc_ap"]
+           "ImageProgress", "ValidationError", "check_valid_set", "class_average_precision",
+           "detector_map", "fork_map", "evaluate_classifier", "evaluate_detector",
+           "mean_average_precision", "network_task", "top_k_hits", "top_k_indexes", "validate",
+           "voc_ap"]

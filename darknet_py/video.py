@@ -19,7 +19,7 @@ from .errors import DarknetError, UsageError
 from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
                     run_numbered)
 from .network import load_network
-from .predictions import _label, check_names, detector_layers, draw_detections
+from .predictions import _label, check_names, default_thresh, detector_layers, draw_detections
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".webm", ".wmv")
 # VideoWriter codecs by container; mp4v plays everywhere OpenCV's wheels can write.
@@ -211,11 +211,13 @@ def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings,
         check_output_json(json_file, overwrite)
     if camera is None:
         open_source(source)[0].release()
-    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet)
+    net = load_network(cfg, weights, batch=1, device=device, darknet=darknet, engine="numpy")
     heads = detector_layers(net)
     if not heads:
         raise UsageError(f"{cfg}: the network has no [yolo], [region] or [detection] layer")
     net.names = names = check_names(names, heads[-1].classes, weights, cfg, warn_missing=False)
+    if settings.get("thresh") is None:   # detect's default: the flavour's (.25 in the fork)
+        settings = dict(settings, thresh=default_thresh(net))
     frames = []
     result = run_video(net, source, out, names=names, classes=heads[-1].classes,
                        overwrite=overwrite, log=click.echo, **settings,

@@ -78,8 +78,10 @@ def read_header(f, path):
     return (major, minor, revision), seen, transpose, 12 + (8 if seen_is_64 else 4)
 
 
-def _read_floats(path):
-    """(header, seen, transpose, float32 data) of a weights file."""
+def _read_floats(path, need=None, at_least=False):
+    """(header, seen, transpose, float32 data, header bytes) of a weights file. need: the
+    floats the network wants (at_least: or more), for the sizes an error about a cut-off
+    file gives."""
     path = os.fspath(path)
     check_input_file(path, "weights file", WeightsError)
     with open(path, "rb") as f:
@@ -87,8 +89,17 @@ def _read_floats(path):
         body = f.read()
     if len(body) % 4:
         raise WeightsError(f"{path}: {len(body)} bytes after the header is not a whole "
-                           f"number of floats (a truncated or damaged file?)")
-    return header, seen, transpose, np.frombuffer(body, dtype="<f4")
+                           f"number of floats: a cut-off download or a damaged file"
+                           + (f" ({_sizes(offset + len(body), offset, need, at_least)})"
+                              if need is not None else ""))
+    return header, seen, transpose, np.frombuffer(body, dtype="<f4"), offset
+
+
+def _sizes(found_bytes, offset, need, at_least=False):
+    """'the file is N bytes where this cfg's weights are M': expected vs found size."""
+    expected = offset + 4 * need
+    return (f"the file is {found_bytes:,} bytes where this cfg's weights are "
+            f"{'at least ' if at_least else ''}{expected:,}")
 
 
 def peek_header(path):
@@ -114,10 +125,10 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
     a file trained for another class count (see transfer_weights) loads the layers
     whose shapes match and returns a TransferReport instead."""
     path = os.fspath(path)
-    header, seen, transpose, data = _read_floats(path)
-    have = data.size
     layers = _layers_upto(net, cutoff)
     need = floats_needed(net, cutoff)
+    header, seen, transpose, data, offset = _read_floats(path, need, cutoff is not None)
+    have = data.size
     if have != need and cutoff is None:
         layout = class_count_layout(net, have)
         if layout is not None and transfer:
@@ -133,16 +144,21 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
             boundary, covered = nxt, covered + 1
         if boundary != have:
             raise WeightsError(f"{path}: has {have} floats, which does not end on a layer "
-                               f"boundary of this network (it needs {need})")
+                               f"boundary of this network (it needs {need}): a cut-off "
+                               f"download ({_sizes(offset + 4 * have, offset, need)}), or "
+                               f"weights of another cfg?")
         layers = layers[:covered]
     elif have < need or (have > need and cutoff is None):
         more = "fewer" if have < need else "more"
+        # A download cut short is as likely as a wrong cfg: say both, with the sizes.
+        sizes = _sizes(offset + 4 * have, offset, need, cutoff is not None)
+        cut = f"a cut-off download ({sizes}), or " if have < need else ""
         raise WeightsError(
             f"{path}: has {have} floats after its header but the network "
             f"{'up to layer ' + str(cutoff) + ' ' if cutoff is not None else ''}needs {need} "
-            f"({more} than needed: is this the weights file for this cfg? To start from the "
-            f"first layers of another network's weights, cut them with `darknet-py partial "
-            f"THAT.cfg {path} OUT N`)")
+            f"({more} than needed: {cut}is this the weights file for this cfg? To start from "
+            f"the first layers of another network's weights, cut them with `darknet-py "
+            f"partial THAT.cfg {path} OUT N`)")
     pos = 0
     all_finite = bool(np.isfinite(data).all())
     for layer in layers:

@@ -28,6 +28,14 @@ extern "C" __global__ void scal_kernel(int n, float alpha, float* __restrict__ x
         x[i] *= alpha;
 }
 
+// x = min(limit, max(-limit, x)): Darknet's constrain_gpu (the fork's GPU build clips a
+// weighted [shortcut]'s updates with it)
+extern "C" __global__ void constrain_kernel(int n, float limit, float* __restrict__ x)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = fminf(limit, fmaxf(-limit, x[i]));
+}
+
 // y *= x (element-wise)
 extern "C" __global__ void mul_kernel(int n, const float* __restrict__ x, float* __restrict__ y)
 {

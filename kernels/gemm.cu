@@ -16,9 +16,49 @@
 // raw partial product to C + z * partial_stride (a workspace, ld = N) and
 // splitk_reduce folds the partials into C with alpha and beta. Deterministic.
 //
+// Epilogue of a convolution's inference forward: with `bias` non-null, C = act(alpha *
+// acc + beta * C + bias[m]) per row m (split-K: splitk_reduce applies it), so a layer's
+// bias (its batch norm folded in) and activation cost no pass of their own. The
+// activations are kernels/activations.cu's expressions, op for op: the fused result has
+// the bits of gemm followed by its bias_activate (alpha is 1 and beta 0 there, so
+// alpha * acc + bias rounds once either way).
+//
 // Full fp32 FFMA throughout: no tensor cores, no TF32.
 
 #include "gemm_core.cuh"
+
+// Activation ids (darknet_py/activations.py ACTIVATION_IDS) the epilogue applies; the
+// backend passes EPI_NONE for the rest and runs them as a pass of their own.
+enum SgemmEpilogueActivation {
+    EPI_LOGISTIC = 0,
+    EPI_RELU = 1,
+    EPI_NONE = 3,   // linear
+    EPI_LEAKY = 7,
+    EPI_SWISH = 17,
+    EPI_MISH = 18
+};
+
+__device__ __forceinline__ float sgemm_activate(float x, int act)
+{
+    switch (act) {
+    case EPI_LOGISTIC: return 1.0f / (1.0f + expf(-x));
+    case EPI_RELU: return x > 0.0f ? x : 0.0f;
+    case EPI_LEAKY: return x > 0.0f ? x : 0.1f * x;
+    case EPI_SWISH: return x * (1.0f / (1.0f + expf(-x)));
+    case EPI_MISH: {   // the fork's softplus, threshold 20 (activations.cu's softplus)
+        const float sp = x > 20.0f ? x : (x < -20.0f ? expf(x) : log1pf(expf(x)));
+        return x * tanhf(sp);
+    }
+    default: return x;
+    }
+}
+
+// v + bias[m], then the activation: what the epilogue stores for row m.
+__device__ __forceinline__ float sgemm_finish(float v, const float* __restrict__ bias, int m, int act)
+{
+    if (bias == nullptr) return v;
+    return sgemm_activate(v + bias[m], act);
+}
 
 template <int BM, int BN, int BK, int TM, int TN, int STAGES, bool TA, bool TB>
 __device__ __forceinline__ void sgemm_tile(
@@ -26,7 +66,7 @@ __device__ __forceinline__ void sgemm_tile(
     const float* __restrict__ A, int lda,
     const float* __restrict__ B, int ldb,
     float beta, float* __restrict__ C, int ldc,
-    int k_chunk, int c_vec4, long long partial_stride)
+    int k_chunk, int c_vec4, long long partial_stride, const float* __restrict__ bias, int act)
 {
     constexpr int TX = BN / TN;                 // threads along n
     constexpr int TY = BM / TM;                 // threads along m
@@ -182,6 +222,8 @@ __device__ __forceinline__ void sgemm_tile(
                     v.x = fmaf(beta, c.x, v.x); v.y = fmaf(beta, c.y, v.y);
                     v.z = fmaf(beta, c.z, v.z); v.w = fmaf(beta, c.w, v.w);
                 }
+                v.x = sgemm_finish(v.x, bias, m, act); v.y = sgemm_finish(v.y, bias, m, act);
+                v.z = sgemm_finish(v.z, bias, m, act); v.w = sgemm_finish(v.w, bias, m, act);
                 *p = v;
             } else {
 #pragma unroll
@@ -189,7 +231,7 @@ __device__ __forceinline__ void sgemm_tile(
                     if (n + j < N) {
                         float v = alpha * acc[i][r * 4 + j];
                         if (beta != 0.0f) v = fmaf(beta, row[n + j], v);
-                        row[n + j] = v;
+                        row[n + j] = sgemm_finish(v, bias, m, act);
                     }
                 }
             }
@@ -208,10 +250,11 @@ __device__ __forceinline__ void sgemm_tile(
     extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), MINB) NAME(               \
         int M, int N, int K, float alpha, const float* __restrict__ A, int lda,                    \
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,          \
-        int k_chunk, int c_vec4, long long partial_stride)                                         \
+        int k_chunk, int c_vec4, long long partial_stride, const float* __restrict__ bias, int act) \
     {                                                                                              \
         sgemm_tile<BM, BN, BK, TM, TN, STAGES, TA, TB>(M, N, K, alpha, A, lda, B, ldb, beta, C,    \
-                                                       ldc, k_chunk, c_vec4, partial_stride);      \
+                                                       ldc, k_chunk, c_vec4, partial_stride, bias, \
+                                                       act);                                       \
     }
 
 SGEMM_ENTRY(sgemm_128x128x8s4_nn, 128, 128, 8, 8, 8, 4, false, false, 2)
@@ -229,13 +272,15 @@ SGEMM_ENTRY(sgemm_32x32x8s4w_nt, 32, 32, 8, 4, 8, 4, false, true, 16)
 SGEMM_ENTRY(sgemm_32x32x8s4w_tn, 32, 32, 8, 4, 8, 4, true, false, 16)
 SGEMM_ENTRY(sgemm_32x32x8s4w_tt, 32, 32, 8, 4, 8, 4, true, true, 16)
 
-// C[m, n] = alpha * sum_z partial[z][m, n] + beta * C[m, n]; partials are M x N, ld N.
+// C[m, n] = alpha * sum_z partial[z][m, n] + beta * C[m, n] (then + bias[m] and the
+// activation where bias is non-null); partials are M x N, ld N.
 // x (blocks and threads) spans the M*N outputs, y the splits: thread y sums splits
 // y, y + blockDim.y, ... in order and row y == 0 adds the rows' sums in order, so the
 // result is the same on every run (no atomics). Thousands of splits (a weight
 // gradient's) are summed by 32 threads per output instead of one.
 extern "C" __global__ void splitk_reduce(int M, int N, int splits, const float* __restrict__ partial,
-                                         float alpha, float beta, float* __restrict__ C, int ldc)
+                                         float alpha, float beta, float* __restrict__ C, int ldc,
+                                         const float* __restrict__ bias, int act)
 {
     __shared__ float sums[256];
     const long long total = (long long)M * N;
@@ -252,5 +297,5 @@ extern "C" __global__ void splitk_reduce(int M, int N, int splits, const float* 
     float* c = C + (size_t)m * ldc + n;
     float v = alpha * s;
     if (beta != 0.0f) v = fmaf(beta, *c, v);
-    *c = v;
+    *c = sgemm_finish(v, bias, m, act);
 }

@@ -37,3 +37,18 @@ def bars(tmp_path_factory):
         (root / f"{split}.list").write_text("\n".join(lists[split]) + "\n")
     (root / "bars.names").write_text("horiz\nvert\n")
     return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def onnx_cache(tmp_path_factory):
+    """The CPU engine's exports (export/cache.py) go to a folder of this test session,
+    not the user's ~/.cache; subprocesses inherit it."""
+    import os
+    path = tmp_path_factory.mktemp("onnx-cache")
+    old = os.environ.get("DARKNET_ONNX_CACHE")
+    os.environ["DARKNET_ONNX_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("DARKNET_ONNX_CACHE", None)
+    else:
+        os.environ["DARKNET_ONNX_CACHE"] = old

@@ -3,6 +3,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 from test_cli import run_in_process
 
 from darknet_py.backends.numpy_backend import NumpyBackend
@@ -66,3 +68,79 @@ def test_numpy_timer_measures_the_wall_clock():
     timer.start()
     time.sleep(0.02)
     assert 0.02 <= timer.stop() < 1.0
+
+
+RECURRENT_CFG = """[net]
+inputs=6
+batch=4
+time_steps=4
+
+[{kind}]
+output=5
+batch_normalize=1
+activation=leaky
+
+[connected]
+output=6
+activation=linear
+
+[softmax]
+"""
+
+CRNN_CFG = """[net]
+width=4
+height=4
+channels=2
+batch=4
+time_steps=4
+
+[crnn]
+output_filters=3
+hidden_filters=3
+batch_normalize=1
+activation=leaky
+
+[connected]
+output=5
+activation=linear
+
+[softmax]
+"""
+
+
+def test_bench_trains_recurrent_layers_with_batch_norm(tmp_path):
+    """The inner layers' rolling statistics get bench's plausible values (the recurrent
+    layer itself has none): a training step is timed, not a traceback."""
+    for kind in ("rnn", "gru", "lstm", "crnn"):
+        cfg = tmp_path / f"{kind}.cfg"
+        cfg.write_text(CRNN_CFG if kind == "crnn" else RECURRENT_CFG.format(kind=kind))
+        out = tmp_path / f"{kind}.json"
+        r = run_in_process(["bench", cfg, "--device", "cpu", "--batch", "4", "--train",
+                            "--repeats", "1", "--warmup", "0", "--json", out])
+        assert r.code == 0, (kind, r.err)
+        figures = json.loads(out.read_text())
+        assert figures["train_step_ms"] > 0 and figures["forward_ms"] > 0
+
+
+def test_bench_prepare_sets_inner_batch_norm_statistics(tmp_path):
+    from darknet_py.bench import prepare
+    from darknet_py.network import load_network
+    cfg = tmp_path / "lstm.cfg"
+    cfg.write_text(RECURRENT_CFG.format(kind="lstm"))
+    net = load_network(str(cfg), batch=4, device="cpu")
+    prepare(net)
+    inner = net.layers[0].param_owners()
+    assert len(inner) == 8
+    for layer in inner:   # fresh ones are 0 and 1: prepare draws in [0.5, 2] for variance
+        assert np.all(layer.rolling_variance >= 0.5) and np.all(layer.rolling_variance <= 2)
+        assert np.any(layer.rolling_mean != 0)
+
+
+def test_bench_refuses_a_batch_that_does_not_split_into_time_steps(tmp_path):
+    cfg = tmp_path / "rnn.cfg"
+    cfg.write_text(RECURRENT_CFG.format(kind="rnn"))
+    r = run_in_process(["bench", cfg, "--device", "cpu", "--repeats", "1", "--warmup", "0"])
+    assert r.code == 2 and "Traceback" not in r.err
+    assert r.err.strip().splitlines() == [
+        f"darknet-py: error: {cfg}: layer 0 [rnn] runs time_steps=4: give --batch a multiple "
+        f"of 4 (--batch 4 is one sequence), not 1"]

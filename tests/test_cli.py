@@ -266,12 +266,12 @@ def predictions(lines):
 @needs_shared
 def test_classify_dog_prints_top5_like_darknet(run):
     detection_module()
-    r = run(["test", P1_CFG, P1_WEIGHTS, DOG, "--device", "cpu"])
+    r = run(["test", P1_CFG, P1_WEIGHTS, DOG, "--device", "cpu", "--engine", "numpy"])
     assert r.code == 0 and "Traceback" not in r.err, r
     assert len(r.lines) == 6, r  # the time, then 5 predictions
     [(image, top)] = predictions(r.lines)
     assert image == str(DOG) and len(top) == 5
-    net = load_network(P1_CFG, P1_WEIGHTS, batch=1, device="cpu")
+    net = load_network(P1_CFG, P1_WEIGHTS, batch=1, device="cpu", engine="numpy")
     expected = net.classify(str(DOG), top=5)
     assert [name for _, name in top] == [str(class_id) for class_id, _, _ in expected]
     assert [p for p, _ in top] == pytest.approx([100 * p for _, p, _ in expected], abs=0.006)
@@ -284,14 +284,15 @@ def test_classify_names_from_names_file_data_file_and_top(tmp_path):
     names = [f"class-{i} with space" for i in range(10)]
     (tmp_path / "p1.names").write_text("\n".join(names) + "\n\n")
     by_names = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG, "--device", "cpu",
-                               "--names", tmp_path / "p1.names", "--top", "3"])
+                               "--names", tmp_path / "p1.names", "--top", "3",
+                               "--engine", "numpy"])
     assert by_names.code == 0, by_names
     [(_, top)] = predictions(by_names.lines)
     assert len(top) == 3 and all(name in names for _, name in top)
     # A .data file's names= is relative to the current directory, as in Darknet.
     (tmp_path / "p1.data").write_text("classes=10\nnames = p1.names\ntop=2\n")
     by_data = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG, "--device", "cpu",
-                              "--data", "p1.data"], cwd=tmp_path)
+                              "--data", "p1.data", "--engine", "numpy"], cwd=tmp_path)
     assert by_data.code == 0, by_data
     [(_, top2)] = predictions(by_data.lines)
     assert top2 == top[:2]  # top=2 from the .data file
@@ -299,7 +300,7 @@ def test_classify_names_from_names_file_data_file_and_top(tmp_path):
     # Too few names: a warning, and the classes without one are numbered.
     (tmp_path / "two.names").write_text("first\nsecond\n")
     few = run_in_process(["test", P1_CFG, P1_WEIGHTS, DOG, "--device", "cpu",
-                          "--names", tmp_path / "two.names", "--top", "10"])
+                          "--names", tmp_path / "two.names", "--top", "10", "--engine", "numpy"])
     assert few.code == 0, few
     assert few.err.splitlines() == ["darknet-py: warning: 2 class names given, but the network "
                                     "has 10 classes; the others are shown as numbers"]
@@ -555,7 +556,7 @@ def detections_printed(lines):
 
 def p2_api_detections(image, thresh):
     detection = detection_module()
-    net = load_network(P2_CFG, P2_WEIGHTS, batch=1, device="cpu")
+    net = load_network(P2_CFG, P2_WEIGHTS, batch=1, device="cpu", engine="numpy")
     dets = net.detect(str(image), thresh=thresh, hier=0.5, nms=0.45)
     return detection, dets
 
@@ -567,7 +568,7 @@ def test_detect_prints_boxes_writes_labelled_image_and_json(run, tmp_path):
     assert dets, "p2 finds nothing on dog.jpg at this threshold: lower P2_THRESH"
     out, report = tmp_path / "pred.png", tmp_path / "dets.json"
     r = run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--thresh", P2_THRESH,
-             "--out", out, "--json", report])
+             "--out", out, "--json", report, "--engine", "numpy"])
     assert r.code == 0 and "Traceback" not in r.err, r
     # Printed: one line per class above thresh of each detection, boxes in pixels.
     original = cv2.imread(str(DOG))
@@ -595,7 +596,7 @@ def test_detect_prints_boxes_writes_labelled_image_and_json(run, tmp_path):
     # Everything else is untouched: png is lossless, so with no detection it is the input.
     plain = tmp_path / "plain.png"
     r = run(["detect", P2_CFG, P2_WEIGHTS, DOG, "--device", "cpu", "--thresh", "1",
-             "--out", plain])
+             "--out", plain, "--engine", "numpy"])
     assert r.code == 0 and r.lines[1:] == [], r
     assert np.array_equal(cv2.imread(str(plain)), original)
     # JSON: every detection of every image.
@@ -677,7 +678,7 @@ needs_real_weights = pytest.mark.skipif(not YOLOV3_TINY_WEIGHTS.is_file(),
 @needs_real_weights
 def test_detect_darknet_order_json_and_labels_carry_every_class(tmp_path):
     base = ["detect", YOLOV3_TINY_CFG, YOLOV3_TINY_WEIGHTS, DOG, "--names", COCO_NAMES,
-            "--thresh", ".25", "--device", "cpu"]
+            "--thresh", ".25", "--device", "cpu", "--engine", "numpy"]
     ordered = run_in_process(base + ["--darknet-order", "--out", "none"], cwd=tmp_path)
     assert ordered.code == 0, ordered
     assert list(tmp_path.iterdir()) == []          # --out none: no picture

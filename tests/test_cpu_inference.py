@@ -142,7 +142,8 @@ fixtures = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(),
 def test_folded_and_unfolded_inference_both_match_darknet(name):
     d = FIXTURES / name
     ref = np.load(d / f"{name}.npz")
-    net = darknet_py.load_network(d / f"{name}.cfg", d / f"{name}.weights", device="cpu")
+    net = darknet_py.load_network(d / f"{name}.cfg", d / f"{name}.weights", device="cpu",
+                                  engine="numpy")
     assert any(getattr(l, "batch_normalize", 0) for l in net.layers)
     folded = all_outputs(net, ref["input"], fold=True)
     unfolded = all_outputs(net, ref["input"], fold=False)
@@ -160,7 +161,8 @@ def test_the_fold_is_remade_after_training_and_after_loading():
     d = FIXTURES / "p3_train_classifier"
     ref = np.load(d / "p3_train_classifier.npz")
     net = darknet_py.load_network(d / "p3_train_classifier.cfg",
-                                  d / "p3_train_classifier.weights", device="cpu")
+                                  d / "p3_train_classifier.weights", device="cpu",
+                                  engine="numpy")
     x = ref["input"]
     before = all_outputs(net, x, fold=True)[-2]
     net.train_pass(x, ref["truth"])   # moves weights, biases, scales and rolling stats
@@ -198,7 +200,8 @@ def test_folded_inference_with_groups_and_chunks(monkeypatch, cap):
 
 @real_weights
 def test_folding_keeps_real_yolov3_tiny_outputs_and_detections():
-    net = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, batch=1, device="cpu")
+    net = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, batch=1, device="cpu",
+                                  engine="numpy")
     net.names = (SHARED / "weights" / "coco.names").read_text().split("\n")
     for photo in sorted((SHARED / "images").glob("*.jpg")):
         x = darknet_py.letterbox(darknet_py.load_image(photo), 416, 416)[None]

@@ -35,7 +35,8 @@ def test_a1_yolov4tiny_matches_the_fork_and_numpy():
     if not d.is_dir():
         pytest.skip(f"{d} not found")
     ref = np.load(d / "a1_yolov4tiny.npz")
-    nets = [dn.load_network(d / "a1_yolov4tiny.cfg", d / "a1_yolov4tiny.weights", device=dev)
+    nets = [dn.load_network(d / "a1_yolov4tiny.cfg", d / "a1_yolov4tiny.weights", device=dev,
+                            engine="numpy")
             for dev in ("cpu", "cuda")]
     for net in nets:
         net.predict(ref["input"])

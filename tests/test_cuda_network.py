@@ -36,7 +36,7 @@ def fixture(name):
 def test_forward_matches_darknet_and_numpy(name):
     cfg, weights, ref = fixture(name)
     gpu = dn.load_network(cfg, weights, device="cuda")
-    cpu = dn.load_network(cfg, weights, device="cpu")
+    cpu = dn.load_network(cfg, weights, device="cpu", engine="numpy")
     gpu.predict(ref["input"])
     cpu.predict(ref["input"])
     for i in ref["stored_layers"]:
@@ -144,7 +144,8 @@ def test_detect_on_gpu_equals_cpu():
     cfg, weights, _ = fixture("p2_tinyyolo")
     image = SHARED / "images" / "dog.jpg"
     gpu = dn.load_network(cfg, weights, device="cuda").detect(str(image), thresh=0.3)
-    cpu = dn.load_network(cfg, weights, device="cpu").detect(str(image), thresh=0.3)
+    cpu = dn.load_network(cfg, weights, device="cpu", engine="numpy").detect(str(image),
+                                                                             thresh=0.3)
     assert len(gpu) == len(cpu)
     for g, c in zip(gpu, cpu):
         assert g.class_id == c.class_id

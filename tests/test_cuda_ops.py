@@ -8,7 +8,8 @@ writes outside its range) shows. Error measure: max |got - ref| / max |ref| over
 the finite elements; 1e-5 for element-wise ops, 1e-4 for reductions over more
 than 1,000 terms; indexes and dropout masks must match exactly.
 
-The CPU-side tests (not marked) read cuda_backend.py and kernels/*.cu as text, so
+The CPU-side tests (not marked) read cuda_backend.py, its op-family mixins
+(backends/cuda_*.py) and kernels/*.cu as text, so
 they run without PyCUDA: every NumpyBackend op exists on CudaBackend with the
 same parameters, and every kernel's argument format matches its C signature.
 """
@@ -27,7 +28,8 @@ from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.shapes import conv_out_size
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_BACKEND_PY = ROOT / "darknet_py" / "backends" / "cuda_backend.py"
+BACKEND_DIR = ROOT / "darknet_py" / "backends"
+CUDA_BACKEND_PY = BACKEND_DIR / "cuda_backend.py"
 KERNEL_DIR = ROOT / "kernels"
 
 gpu = pytest.mark.gpu
@@ -45,6 +47,29 @@ def _cuda_backend_ast():
     raise AssertionError("cuda_backend.py defines no class CudaBackend")
 
 
+def _family_modules():
+    """{path: ast} of the CUDA backend's op-family modules (cuda_*.py but cuda_backend.py)."""
+    return {path: ast.parse(path.read_text()) for path in sorted(BACKEND_DIR.glob("cuda_*.py"))
+            if path != CUDA_BACKEND_PY}
+
+
+def _backend_methods():
+    """{name: FunctionDef} of CudaBackend and the mixins it is composed of (found in the
+    family modules by name), the class's own first as Python's lookup would take them."""
+    _, cls = _cuda_backend_ast()
+    classes = {node.name: node for tree in _family_modules().values() for node in tree.body
+               if isinstance(node, ast.ClassDef)}
+    bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
+    missing = [b for b in bases if b not in classes]
+    assert not missing, f"CudaBackend's mixins not found in backends/cuda_*.py: {missing}"
+    methods = {}
+    for klass in [cls] + [classes[b] for b in bases]:
+        for f in klass.body:
+            if isinstance(f, ast.FunctionDef):
+                methods.setdefault(f.name, f)
+    return methods
+
+
 def _params(args):
     """[(name, default value or None)] of an ast.arguments, without self."""
     positional = args.posonlyargs + args.args
@@ -60,8 +85,7 @@ def _literal(node):
 
 
 def test_cuda_backend_has_every_numpy_backend_op_with_the_same_parameters():
-    _, cls = _cuda_backend_ast()
-    cuda_methods = {f.name: _params(f.args) for f in cls.body if isinstance(f, ast.FunctionDef)}
+    cuda_methods = {name: _params(f.args) for name, f in _backend_methods().items()}
     for name, fn in inspect.getmembers(NumpyBackend, inspect.isfunction):
         if name.startswith("_"):
             continue
@@ -81,24 +105,39 @@ def test_cuda_backend_class_attributes_and_constructor():
     assert _params(init.args)[0] == ("device_index", 0)
 
 
-def _kernel_table():
-    """_KERNELS from cuda_backend.py, evaluated over the module's literal constants."""
-    tree, _ = _cuda_backend_ast()
+def _module_kernel_table(tree, where):
+    """A family module's KERNELS, evaluated over the module's literal constants (None if
+    it has none)."""
     env, table = {}, None
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
-            if name == "_KERNELS":
+            if name == "KERNELS":
                 table = node.value
             else:
                 try:
                     env[name] = ast.literal_eval(node.value)
                 except ValueError:
                     pass
-    assert table is not None, "cuda_backend.py has no _KERNELS table"
+    if table is None:
+        return None
     # One namespace for all (comprehensions see only globals).
     env["__builtins__"] = {"dict": dict}
-    return eval(compile(ast.Expression(table), "_KERNELS", "eval"), env)
+    return eval(compile(ast.Expression(table), f"{where} KERNELS", "eval"), env)
+
+
+def _kernel_table():
+    """Every family module's KERNELS merged per kernel file (as cuda_backend's _KERNELS)."""
+    merged = {}
+    for path, tree in _family_modules().items():
+        table = _module_kernel_table(tree, path.name)
+        for filename, entries in (table or {}).items():
+            into = merged.setdefault(filename, {})
+            twice = set(into) & set(entries)
+            assert not twice, f"{path.name}: kernels of {filename} listed twice: {sorted(twice)}"
+            into.update(entries)
+    assert merged, "no KERNELS table in backends/cuda_*.py"
+    return merged
 
 
 _C_TYPES = {"int": "i", "unsigned int": "I", "long long": "q", "float": "f"}
@@ -168,7 +207,8 @@ def test_activation_kernel_ids_match_activations_py():
 
 def test_copy_run_matches_the_kernel():
     kernel = re.search(r"constexpr int COPY_RUN = (\d+);", (KERNEL_DIR / "shape.cu").read_text())
-    backend = re.search(r"^_COPY_RUN = (\d+)", CUDA_BACKEND_PY.read_text(), flags=re.M)
+    backend = re.search(r"^_COPY_RUN = (\d+)", (BACKEND_DIR / "cuda_elementwise.py").read_text(),
+                        flags=re.M)
     assert kernel and backend and kernel.group(1) == backend.group(1)
 
 
@@ -362,6 +402,7 @@ def test_axpy_scal_mul(cuda, n):
     check(cuda, "axpy_array", np.array([-1.75e-3], np.float32), x, y)  # factor on the device
     check(cuda, "scal", 0.37, y)
     check(cuda, "mul", x, y)
+    check(cuda, "constrain", 0.5, rand(rng, n, -2.0, 2.0), exact=True)
 
 
 @gpu

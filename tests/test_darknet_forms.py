@@ -20,7 +20,7 @@ from test_dayone_labels import GOOD, make_dataset
     ("detector map my.data my.cfg my.weights -iou_thresh 0.75 -points 101",
      "map my.cfg my.data my.weights --iou-thresh 0.75 --points 101"),
     ("detector calc_anchors my.data -num_of_clusters 6 -width 416 -height 416",
-     "anchors my.data --num 6 --width 416 --height 416"),
+     "anchors my.data --num 6 --width 416 --height 416 --out anchors.txt --overwrite"),
     ("classifier train my.data my.cfg", "train my.cfg my.data"),
     ("classifier predict my.data my.cfg my.weights dog.jpg", "test my.cfg my.weights dog.jpg "
                                                              "--data my.data"),
@@ -29,7 +29,8 @@ from test_dayone_labels import GOOD, make_dataset
                                                                    "dog.jpg --data my.data "
                                                                    "--top 3"),
     ("detector test my.data my.cfg my.weights list.txt -out result.json",
-     "detect my.cfg my.weights list.txt --data my.data --json result.json"),
+     "detect my.cfg my.weights list.txt --data my.data --json result.json --json-format "
+     "alexeyab"),
     ("detector test my.data my.cfg my.weights dog.jpg -out boxes",
      "detect my.cfg my.weights dog.jpg --data my.data --out boxes"),
     ("detector test my.data my.cfg my.weights dog.jpg -save_labels -i 1",
@@ -39,7 +40,9 @@ from test_dayone_labels import GOOD, make_dataset
      "detect my.cfg my.weights dog.jpg --thresh 0.3"),
     ("train my.cfg my.data -map", "train my.cfg my.data --map"),
 ])
-def test_translation(darknet, ours):
+def test_translation(darknet, ours, monkeypatch):
+    # -i and -gpus as on a GPU machine (without one they are dropped: test_fork_cli.py)
+    monkeypatch.setattr("darknet_py.darknet_forms.gpu_present", lambda: True)
     out, note = translate(darknet.split())
     assert out == ours.split()
     assert note.startswith(f"running `darknet-py {ours}`")
@@ -119,7 +122,7 @@ def test_classifier_predict_matches_test(tmp_path):
 def test_calc_anchors_matches_anchors(tmp_path):
     data = make_dataset(tmp_path, [GOOD, "0 0.4 0.4 0.6 0.5\n1 .5 .5 .05 .1\n"])
     theirs = run_in_process(["detector", "calc_anchors", data, "-num_of_clusters", "3",
-                             "-width", "320", "-height", "320", "-show"])
+                             "-width", "320", "-height", "320", "-show"], cwd=tmp_path)
     ours = run_in_process(["anchors", data, "--num", "3", "--width", "320", "--height", "320"])
     assert theirs.code == ours.code == 0, (theirs, ours)
     assert theirs.out == ours.out and ours.out.startswith("anchors = ")

@@ -290,6 +290,24 @@ def bright_box_image(w=120, h=80, box=(30, 20, 70, 50)):
     return img, np.array([label], np.float32)
 
 
+def test_detection_augmentation_places_the_whole_image_as_pjreddie_does():
+    """jitter=0 keeps the aspect ratio: the 120x80 image is shrunk to 64x42.67 (placed as
+    64x42 pixels, Darknet's int conversion) at a random height on a grey canvas; the box
+    scales with it, uncut."""
+    img, boxes = bright_box_image()
+    for seed in range(4):
+        x, t = A.augment_detection_hwc(A.to_hwc(img), boxes, D.DetectorAugment(jitter=0.0),
+                                       64, 64, np.random.default_rng(seed))
+        x = A.from_hwc(x)
+        kept = truth_boxes(t)
+        assert len(kept) == 1
+        np.testing.assert_allclose(kept[0, 2:4], [40 / 120, 30 / 80 * (64 / 1.5) / 64],
+                                   rtol=1e-6)
+        rows = np.flatnonzero(~np.isclose(x[0], 0.5, atol=1e-6).all(axis=1))
+        assert len(rows) == 42 and rows[-1] - rows[0] == 41   # the placed image's rows
+        assert np.isclose(x[0, :rows[0]], 0.5).all() and np.isclose(x[0, rows[-1] + 1:], 0.5).all()
+
+
 def test_detection_augmentation_moves_boxes_with_pixels():
     img, boxes = bright_box_image()
     aug = D.DetectorAugment(jitter=0.3)
@@ -305,9 +323,13 @@ def test_detection_augmentation_moves_boxes_with_pixels():
         l, r = int(np.ceil((bx - bw / 2) * 64)) + 1, int((bx + bw / 2) * 64) - 1
         tp, bt = int(np.ceil((by - bh / 2) * 64)) + 1, int((by + bh / 2) * 64) - 1
         assert x[0, tp:bt, l:r].min() > 0.9          # inside the box: the bright square
+        # pjreddie's rule places the whole image on a grey canvas: the box is never cut,
+        # and every pixel is the dark image, the grey canvas or the box (edges blend; the
+        # truth moves by the float placement, the pixels by its int part, as in Darknet)
         outside = x[0].copy()
-        outside[max(tp - 2, 0):bt + 2, max(l - 2, 0):r + 2] = 0
-        assert outside.max() < 0.1                   # elsewhere: dark
+        outside[max(tp - 3, 0):bt + 3, max(l - 3, 0):r + 3] = 0
+        grey = np.isclose(outside, 0.5, atol=1e-6)
+        assert grey.any() and (outside[~grey] < 0.5).all()
 
 
 def test_hsv_follows_darknet_formulas():

@@ -44,7 +44,7 @@ from test_cli import DOG, P1_CFG, P1_WEIGHTS, P2_CFG, P2_WEIGHTS, needs_shared  
 @needs_shared
 def test_detect_on_a_list_is_batched_and_equals_one_at_a_time(tmp_path):
     import cv2
-    net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu")
+    net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu", engine="numpy")
     dog = cv2.imread(str(DOG))
     images = [str(DOG), dog[:300, :400].copy(), cv2.resize(dog, (200, 150))]
     one_by_one = [net.detect(image, thresh=0.4) for image in images]
@@ -110,7 +110,7 @@ def test_names_beside_the_weights_are_found_and_said(tmp_path):
 @needs_shared
 def test_predict_takes_a_photo_or_says_what_it_takes():
     import cv2
-    net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu")
+    net = load_network(str(P2_CFG), str(P2_WEIGHTS), device="cpu", engine="numpy")
     from darknet_py import letterbox, load_image
     expected = net.predict(letterbox(load_image(str(DOG)), 96, 96)).copy()
     assert np.array_equal(net.predict(cv2.imread(str(DOG))), expected)

@@ -62,15 +62,16 @@ def test_scan_names_every_kind_by_file_and_line(tmp_path):
                      ("img3.txt", 1, "range"), ("img4.txt", 1, "class"),
                      ("img5.txt", 1, "size"), ("img5.txt", 2, "format"),
                      ("no.txt", 0, "missing")}
-    assert report.boxes == 9 and report.per_class == {0: 4, 1: 2}
+    # a class id out of range, a box without size and a malformed line are no box
+    assert report.boxes == 6 and report.per_class == {0: 4, 1: 2}
     lines = problem_lines(report)
     assert any(line.endswith("img1.txt:1: x=22 y=63 w=24 h=16 look like pixels; YOLO labels "
                              "are relative: divide x and w by the image width, y and h by its "
                              "height (each 0-1)") for line in lines), lines
-    assert lines[-1] == ("labels of 7 images: 9 boxes; 1 class id out of range; 1 malformed "
-                         "line; 1 label file not found; 1 coordinates look like pixels (YOLO "
-                         "labels are 0-1); 2 coordinates outside 0-1; 1 zero or negative box "
-                         "size")
+    assert lines[-1] == ("labels of 7 images: 6 boxes (3 lines not counted); 1 class id out "
+                         "of range; 1 malformed line; 1 label file not found; 1 coordinates "
+                         "look like pixels (YOLO labels are 0-1); 2 coordinates outside 0-1; 1 "
+                         "zero or negative box size")
     refuse_pixel_labels(report)   # 1 of 9: a warning, not a refusal
 
 
@@ -133,7 +134,7 @@ def test_check_reports_lists_classes_problems_and_writes_the_overview(tmp_path):
     r = run_in_process(["check", data], cwd=tmp_path)
     assert r.code == 1, r
     assert r.out.splitlines() == [
-        f"train: {tmp_path}/train.list: 5 images (1 missing), 4 label files (0 empty), 6 boxes",
+        f"train: {tmp_path}/train.list: 5 images (1 missing), 4 label files (0 empty), 5 boxes",
         "class  name                   train",
         "    0  cat                        3",
         "    1  dog                        2",
@@ -156,6 +157,26 @@ def test_check_reports_lists_classes_problems_and_writes_the_overview(tmp_path):
     # a second check does not replace the first picture
     r = run_in_process(["check", data], cwd=tmp_path)
     assert "wrote set_labels-2.png" in r.out
+
+
+def test_check_counts_a_malformed_line_in_no_total(tmp_path):
+    """Issue 28: 82 boxes where the class table summed to 81. A malformed line (and a class
+    id out of range) is a warning naming file and line, and no box: totals and table agree."""
+    data = make_dataset(tmp_path, [GOOD, "1 .5 .5 .1\n0 .3 .3 .1 .1\n", "0 .5 .5 .1 oops\n"])
+    r = run_in_process(["check", data, "--picture", "none"], cwd=tmp_path)
+    assert r.code == 1, r
+    assert r.out.splitlines() == [
+        f"train: {tmp_path}/train.list: 3 images (0 missing), 3 label files (0 empty), 3 boxes",
+        "class  name                   train",
+        "    0  cat                        2",
+        "    1  dog                        1",
+        "2 problems found"]
+    assert r.err.splitlines() == [
+        f"darknet-py: warning: {tmp_path}/img1.txt:1: expected 'class x y w h' (5 fields), got 4",
+        f"darknet-py: warning: {tmp_path}/img2.txt:1: expected a whole class id and 4 numbers, "
+        f"got '0 .5 .5 .1 oops'",
+        "darknet-py: warning: labels of 3 images: 3 boxes (2 lines not counted); 2 malformed "
+        "line"], r
 
 
 def test_check_of_a_sound_dataset_exits_0(tmp_path):

@@ -829,7 +829,8 @@ def test_layer_table_rows_read_as_darknets():
 # ---- detect / classify on real images ---------------------------------------------------------
 def p2_net():
     d = FIXTURES / "p2_tinyyolo"
-    net = darknet_py.load_network(d / "p2_tinyyolo.cfg", d / "p2_tinyyolo.weights", device="cpu")
+    net = darknet_py.load_network(d / "p2_tinyyolo.cfg", d / "p2_tinyyolo.weights", device="cpu",
+                                  engine="numpy")
     net.names = ["cat", "dog", "bird"]
     return net
 
@@ -908,7 +909,7 @@ def test_detect_boxes_follow_darknets_letterbox_mapping():
 def test_classify_letterboxes_and_ranks_like_darknet():
     d = FIXTURES / "p1_classifier"
     net = darknet_py.load_network(d / "p1_classifier.cfg", d / "p1_classifier.weights",
-                                  device="cpu")
+                                  device="cpu", engine="numpy")
     net.names = [f"class{i}" for i in range(10)]
     path = SHARED / "images" / "eagle.jpg"
     top = classify(net, path, top=3)

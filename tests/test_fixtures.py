@@ -31,7 +31,7 @@ def load(name, cfg_name=None):
     d = FIXTURES / name
     ref = np.load(d / f"{name}.npz")
     net = darknet_py.load_network(d / f"{cfg_name or name}.cfg", d / f"{name}.weights",
-                                  device="cpu")
+                                  device="cpu", engine="numpy")
     return net, ref
 
 

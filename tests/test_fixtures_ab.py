@@ -26,12 +26,15 @@ def rel_error(actual, ref):
     return float(np.abs(actual - ref).max() / max(1e-6, np.abs(ref).max()))
 
 
-@pytest.fixture(scope="module")
-def run():
+# The flavour from the cfg (the fork trained as its GPU build does) and the fork's CPU-build
+# rules: the forward is the same in both.
+@pytest.fixture(scope="module", params=[None, "alexeyab-cpu"])
+def run(request):
     d = FIXTURES / NAME
     ref = np.load(d / f"{NAME}.npz")
     with _no_check():
-        net = darknet_py.load_network(d / f"{NAME}.cfg", d / f"{NAME}.weights", device="cpu")
+        net = darknet_py.load_network(d / f"{NAME}.cfg", d / f"{NAME}.weights", device="cpu",
+                                      darknet=request.param, engine="numpy")
     net.predict(ref["input"])
     return net, ref
 

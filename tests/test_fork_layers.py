@@ -332,7 +332,8 @@ def test_batch_norm_inference_epsilon_by_flavour(darknet):
 
 
 @pytest.mark.parametrize("darknet,keep,beta_trained", [("original", 0.99, True),
-                                                       ("alexeyab", 0.9, False)])
+                                                       ("alexeyab-cpu", 0.9, False),
+                                                       ("alexeyab", 0.99, True)])
 def test_batch_norm_training_by_flavour(darknet, keep, beta_trained):
     net = build(BN_CONV, 2, 2, 2, batch=4, darknet=darknet)
     conv = net.layers[0]

@@ -104,3 +104,27 @@ def test_a_kernel_with_a_header_compiles(tmp_path):
     got = kernel_cache.cubins({"blas.cu": source}, ARCH, directory=tmp_path,
                               include_dir=KERNEL_DIR)
     assert got["blas.cu"][:4] == b"\x7fELF"
+
+
+@needs_nvcc
+def test_processes_starting_together_compile_each_kernel_once(tmp_path):
+    """The ranks of a machine with a cold cache: one compiles, the others read its cubins."""
+    import subprocess
+    import sys
+    calls = tmp_path / "nvcc-calls"
+    counting = tmp_path / "nvcc"
+    counting.write_text(f'#!/bin/sh\necho x >> {calls}\nexec {shutil.which("nvcc")} "$@"\n')
+    counting.chmod(0o755)
+    cache = tmp_path / "cache"
+    code = ("import sys; from darknet_py.backends import kernel_cache; "
+            f"c = kernel_cache.cubins({SOURCES!r}, {ARCH!r}, nvcc={str(counting)!r}, "
+            f"directory={str(cache)!r}); sys.stdout.buffer.write(c['one.cu'])")
+    ranks = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+             for _ in range(3)]
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0, 0]
+    assert outputs[0][:4] == b"\x7fELF" and outputs.count(outputs[0]) == 3
+    assert len(calls.read_text().split()) == len(SOURCES)   # not once per process
+    assert sorted(os.listdir(cache)) == sorted(
+        kernel_cache.entry_name(src, (), ARCH) for src in SOURCES.values())

@@ -11,15 +11,15 @@ MAX_FUNCTION_LINES = 100
 # Bottom to top. A name ending in ".*" covers a package's modules (the package's own
 # __init__ too). A module may import from its floor and the floors below it.
 FLOORS = [
-    ("foundation", ["errors", "files", "cfg", "activations", "shapes", "draws", "optimizer",
-                    "image", "boxes", "tree", "names", "plots", "precision"]),
+    ("foundation", ["errors", "files", "processes", "cfg", "activations", "shapes", "draws",
+                    "optimizer", "adam", "image", "boxes", "tree", "names", "plots", "precision"]),
     ("losses", ["losses.*"]),
     ("backends", ["backends.*"]),
     ("layers", ["layers.*"]),
-    ("model", ["data.*", "predictions", "weights", "graphs", "network", "demo_data"]),
+    ("model", ["data.*", "predictions", "fork_json", "weights", "graphs", "network", "demo_data"]),
     ("applications", ["validate", "video", "bench", "distributed", "distributed.comm",
-                      "distributed.nccl", "distributed.data_parallel", "training.*", "train",
-                      "dataset_check", "map_plots", "export.*", "rnn_text"]),
+                      "distributed.nccl", "distributed.data_parallel", "distributed.cluster",
+                      "training.*", "train", "dataset_check", "map_plots", "export.*", "rnn_text"]),
     ("top", ["darknet_py", "__main__", "cli", "demo", "distributed.launcher", "darknet_forms"]),
 ]
 

@@ -26,7 +26,7 @@ C_DARKNET_DOG = [("dog", 57), ("car", 52), ("truck", 56), ("car", 62), ("truck",
 @pytest.fixture(scope="module")
 def coco_tiny():
     net = load_network(SHARED / "darknet-cfg" / "yolov3-tiny.cfg",
-                       WEIGHTS / "yolov3-tiny.weights", batch=1, device="cpu")
+                       WEIGHTS / "yolov3-tiny.weights", batch=1, device="cpu", engine="numpy")
     net.names = (WEIGHTS / "coco.names").read_text().splitlines()
     return net
 

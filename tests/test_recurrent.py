@@ -28,7 +28,8 @@ def run_case(path, tmp_path, device):
     cfg, weights = tmp_path / "case.cfg", tmp_path / "case.weights"
     cfg.write_bytes(ref["cfg"].tobytes())
     weights.write_bytes(ref["weights"].tobytes())
-    net = load_network(str(cfg), str(weights), device=device, darknet=str(ref["flavour"]))
+    net = load_network(str(cfg), str(weights), device=device, darknet=str(ref["flavour"]),
+                       engine="numpy")
     return ref, net
 
 

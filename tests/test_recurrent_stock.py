@@ -70,10 +70,10 @@ def test_stock_rnn_cfg_weights_size():
     assert floats_needed(net) == want
 
 
-def test_stock_gru_cfg_runs_and_refuses_adam_training():
-    """gru.cfg has adam=1: it runs (inference), and training it is a cfg error."""
+def test_stock_gru_cfg_runs_and_trains_with_adam():
+    """gru.cfg has adam=1: it runs (inference) and trains (tests/test_adam.py has Adam's
+    arithmetic; here the stock network learns a repeated next character)."""
     import numpy as np
-    from darknet_py.cfg import CfgError
     net = load_network(os.path.join(STOCK, "orig-gru.cfg"), device="cpu")
     # six connected layers per [gru] (no batch norm), then the [connected]
     assert floats_needed(net) == 3 * 6 * connected_floats(256, 256, False) + \
@@ -81,8 +81,10 @@ def test_stock_gru_cfg_runs_and_refuses_adam_training():
     x = np.eye(256, dtype=np.float32)[[72]]
     first, second = net.predict(x).copy(), net.predict(x)
     assert abs(first.sum() - 1) < 1e-5 and not np.allclose(first, second)   # state carried
-    with pytest.raises(CfgError, match="adam"):
-        net.train_iteration(x, x)
+    truth = np.eye(256, dtype=np.float32)[[105]]
+    losses = [net.train_iteration(x, truth) for _ in range(8)]
+    assert net.adam is not None and net.adam.updates == 8
+    assert losses[-1] < losses[0] * 0.5, losses
 
 
 def test_conv_lstm_is_the_forks(tmp_path):

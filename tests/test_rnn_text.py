@@ -144,3 +144,64 @@ def test_darknets_rnn_forms_are_translated():
     assert translate(["rnn", "train", "a.cfg", "-clear"])[0][3] == "data/shakespeare.txt"
     assert translate(["rnn", "train", "a.cfg", "t.txt"]) == (["rnn", "train", "a.cfg", "t.txt"],
                                                             None)
+
+
+CHAR_COST_CFG = """[net]
+inputs=8
+batch=4
+subdivisions=1
+time_steps=2
+learning_rate={rate}
+momentum=0
+decay=0
+max_batches=3
+policy=constant
+
+[rnn]
+output=6
+activation=tanh
+
+[connected]
+output=8
+activation=linear
+
+[softmax]
+"""
+
+
+def test_rnn_train_accepts_softmax_then_cost(tmp_path):
+    cfg = tmp_path / "char-cost.cfg"
+    cfg.write_text(CHAR_COST_CFG.format(rate=0.1) + "\n[cost]\n")
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"\x01\x02\x03\x04\x05\x06\x07" * 3)
+    result = runner().invoke(cli, ["rnn", "train", str(cfg), str(text), "--device", "cpu",
+                                   "--backup", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.stderr
+    assert [l.split(":")[0] for l in result.stderr.splitlines() if l[:1].isdigit()] == \
+        ["1", "2", "3"]
+    assert (tmp_path / "b" / "char-cost_final.weights").exists()
+
+
+def test_softmax_then_cost_trains_as_darknet(tmp_path):
+    """Darknet's [cost] after [softmax]: its sse delta (truth - p) adds to the softmax's
+    cross-entropy delta (the same truth - p), so one pass moves every weight as the
+    network without [cost] does at twice the rate (decay and momentum 0); the loss is the
+    mean of the two layers' costs."""
+    with_cost, without = tmp_path / "with.cfg", tmp_path / "without.cfg"
+    with_cost.write_text(CHAR_COST_CFG.format(rate=0.1) + "\n[cost]\n")
+    without.write_text(CHAR_COST_CFG.format(rate=0.2))
+    x = np.eye(8, dtype=np.float32)[[1, 2, 3, 4]]
+    y = np.eye(8, dtype=np.float32)[[2, 3, 4, 5]]
+    nets = [load_network(str(cfg), device="cpu", seed=3) for cfg in (with_cost, without)]
+    start = [np.array(a) for layer in nets[0].layers[:2] for _, a in layer.params()]
+    cost = nets[0].train_pass(x, y)
+    nets[1].train_pass(x, y)
+    p = nets[0].layer_output(2)
+    xent = -np.sum(y * np.log(p))
+    sse = np.sum((y - p) ** 2)
+    assert cost == pytest.approx((xent + sse) / 2, rel=1e-5)
+    moved = [np.array(a) for layer in nets[0].layers[:2] for _, a in layer.params()]
+    assert not all(np.allclose(a, b) for a, b in zip(start, moved))
+    for a, b in zip(nets[0].layers[:2], nets[1].layers[:2]):
+        for (name, pa), (_, pb) in zip(a.params(), b.params()):
+            assert np.allclose(pa, pb, rtol=1e-6, atol=1e-7), name

@@ -14,6 +14,7 @@ The cache lives in $DARKNET_KERNEL_CACHE, else $XDG_CACHE_HOME/darknet-py/kernel
 ~/.cache/darknet-py/kernels. Where it cannot be written, kernels are compiled each start.
 """
 import concurrent.futures
+import contextlib
 import hashlib
 import os
 import re
@@ -161,13 +162,41 @@ def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dir
     paths = {name: os.path.join(directory, entry_name(src, options[name], arch, include_dir))
              for name, src in sources.items()}
     found = {name: read_entry(path) for name, path in paths.items()}
-    missing = [name for name, cubin in found.items() if cubin is None]
-    if missing:
-        workers = min(len(missing), os.cpu_count() or 1)
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            built = pool.map(lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc,
-                                                     include_dir), missing)
-            for name, cubin in zip(missing, built):
-                found[name] = cubin
-                write_entry(paths[name], cubin)
+    if all(cubin is not None for cubin in found.values()):
+        return found
+    with compiling(directory):
+        # Another process (a rank of the same machine) may have stored them meanwhile.
+        found.update({name: read_entry(paths[name]) for name, c in found.items() if c is None})
+        missing = [name for name, cubin in found.items() if cubin is None]
+        if missing:
+            workers = min(len(missing), os.cpu_count() or 1)
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                built = pool.map(lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc,
+                                                         include_dir), missing)
+                for name, cubin in zip(missing, built):
+                    found[name] = cubin
+                    write_entry(paths[name], cubin)
     return found
+
+
+@contextlib.contextmanager
+def compiling(directory):
+    """One process at a time compiles into `directory` (an exclusive flock on it): the
+    ranks of a machine starting together with a cold cache compile each kernel once, the
+    others wait and read what it stored. Where the directory cannot be made or locked
+    (not on Linux, an unwritable cache, a filesystem without locks), no lock."""
+    try:
+        import fcntl
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)   # which releases the lock

@@ -22,14 +22,16 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import activations, precision as precisions
 from ..draws import uniform_hash
+from ..image import from_bgr, letterbox, resize_image, sized_shape
 from ..losses import detection as detection_loss, region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
 from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
+from .numpy_optimizer import NumpyOptimizerOps
 from .pinning import unpin_nothing
 
 
-class NumpyBackend:
+class NumpyBackend(NumpyOptimizerOps):   # optimizer ops: numpy_optimizer.py
     name = "cpu"
 
     def __init__(self, dtype=np.float32, seed=0):
@@ -87,6 +89,27 @@ class NumpyBackend:
         wait_upload(upload) see the values; `host` must stay unchanged until
         finish_upload(upload) returns. Here the array is a view of `host`, not a copy."""
         return np.asarray(host, dtype=self.dtype).reshape(-1), None
+
+    def upload_bytes_async(self, host):
+        """upload_async for a uint8 host array: the backend array holds its bytes (here a
+        view of `host`)."""
+        host = np.asarray(host)
+        if host.dtype != np.uint8:
+            raise TypeError(f"upload_bytes_async takes uint8 arrays, got {host.dtype}")
+        return host.reshape(-1), None
+
+    def letterbox_images(self, src, shapes, offsets, width, height, letter, out):
+        """out (N, 3, height, width) = the OpenCV BGR uint8 (rows, columns, 3) images in
+        `src` (a uint8 array, image i's bytes from offsets[i]) as detect sizes a photo:
+        image.from_bgr, then image.letterbox (letter) or image.resize_image. The GPU does
+        it after uploading the bytes (a quarter of the float input's)."""
+        plane = 3 * height * width
+        for i, ((ih, iw), offset) in enumerate(zip(shapes, offsets)):
+            sized_shape(iw, ih, width, height, letter)   # refuses a degenerate letterbox
+            bgr = src[int(offset):int(offset) + ih * iw * 3].reshape(ih, iw, 3)
+            img = from_bgr(bgr, 3)
+            sized = letterbox(img, width, height) if letter else resize_image(img, width, height)
+            out[i * plane:(i + 1) * plane] = sized.reshape(-1)
 
     def wait_upload(self, upload):
         """Ops queued from now on run after `upload` has landed (no wait on the host)."""
@@ -151,6 +174,10 @@ class NumpyBackend:
         """x *= alpha"""
         x *= self.dtype.type(alpha)
 
+    def constrain(self, limit, x):
+        """x = min(limit, max(-limit, x)) (element-wise; C's fminf/fmaxf: NaN gives a bound)"""
+        np.fmin(limit, np.fmax(-limit, x), out=x)
+
     def mul(self, x, y):
         """y *= x (element-wise)"""
         y *= x
@@ -194,6 +221,18 @@ class NumpyBackend:
                                C[i:i + rows, j:j + _GEMM_COLUMNS], alpha, beta)
 
         parallel(row_tiles * col_tiles, tiles, 1)
+
+    def gemm_bias_activate(self, m, n, k, a, lda, b, ldb, c, ldc, biases, activation):
+        """C = activation(A @ B + biases[row]) (A m x k, B k x n, row-major): a convolution's
+        inference forward with its bias (batch norm folded in) and activation, which the
+        GPU applies in the GEMM's epilogue. Here gemm, then bias_activate: the same values
+        as the two ops called in turn."""
+        self.gemm(False, False, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc)
+        if ldc == n:
+            self.bias_activate(c, biases, 1, m, n, activation)
+            return
+        for row in range(m):
+            self.bias_activate(c[row * ldc:], biases[row:], 1, 1, n, activation)
 
     # ---- reduced precision (tensor cores on the GPU; emulated here) ---------------
     def gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):

@@ -101,6 +101,14 @@ def format_anchors(anchors):
                                     for w, h in anchors)
 
 
+def fork_anchors_text(anchors, width):
+    """anchors.txt as the AlexeyAB fork's calc_anchors writes it: 'w,h, w,h, ...' with no
+    line end, each value "%3.0f" (so padded to 3 characters) for a network wider than 32
+    pixels, else "%2.4f"."""
+    spec = "3.0f" if width > 32 else "2.4f"
+    return ", ".join(f"{w:{spec}},{h:{spec}}" for w, h in anchors)
+
+
 DEFAULT_SETTINGS = {"num": 9, "width": 416, "height": 416}
 
 

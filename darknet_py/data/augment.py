@@ -199,8 +199,9 @@ class ClassifierAugment:
 
 @dataclass
 class DetectorAugment:
-    """Darknet's detector augmentation (load_data_detection): random crop jitter, flip and
-    HSV distortion. ``jitter`` comes from the last [yolo]/[region] layer."""
+    """pjreddie's detector augmentation (load_data_detection): aspect-ratio jitter and a
+    random placement on a grey canvas, flip and HSV distortion. ``jitter`` comes from the
+    last [yolo]/[region] layer."""
     jitter: float = 0.2
     hue: float = 0.0
     saturation: float = 1.0
@@ -225,28 +226,46 @@ def augment_classifier_hwc(hwc, augment, w, h, rng):
 
 
 def augment_detection_hwc(hwc, boxes, augment, w, h, rng, max_boxes=MAX_BOXES):
-    """One detector training (input, truth row) as Darknet's load_data_detection makes
-    it: crop the image with each side moved by a random amount in [-jitter, jitter] of its
-    size (out of bounds repeats the edge), resize to w x h, maybe mirror, distort HSV, and
-    move the boxes the same way (corrected, clipped, tiny ones dropped)."""
+    """One detector training (input, truth row) as pjreddie's load_data_detection makes it
+    (src/data.c): the whole image, its aspect ratio jittered by up to +-jitter of each
+    side, shrunk to fit w x h and placed at a random offset on a grey (0.5) canvas, its HSV
+    distorted, maybe mirrored; the boxes move the same way, so none is ever cut by the
+    crop (the fork's crop rule is augment_fork's)."""
     oh, ow = hwc.shape[:2]
-    dw, dh = int(ow * augment.jitter), int(oh * augment.jitter)
-    # int() truncates toward zero, as Darknet's float-to-int assignment does.
-    pleft = int(_rand_uniform(rng, -dw, dw))
-    pright = int(_rand_uniform(rng, -dw, dw))
-    ptop = int(_rand_uniform(rng, -dh, dh))
-    pbot = int(_rand_uniform(rng, -dh, dh))
-    # jitter >= 0.5 could leave nothing to crop; Darknet would crash there.
-    swidth = max(1, ow - pleft - pright)
-    sheight = max(1, oh - ptop - pbot)
-    sx, sy = swidth / ow, sheight / oh
+    dw, dh = augment.jitter * ow, augment.jitter * oh
+    new_ar = (ow + _rand_uniform(rng, -dw, dw)) / (oh + _rand_uniform(rng, -dh, dh))
+    if new_ar < 1:
+        nh = float(h)
+        nw = nh * new_ar
+    else:
+        nw = float(w)
+        nh = nw / new_ar
+    dx = _rand_uniform(rng, 0, w - nw)
+    dy = _rand_uniform(rng, 0, h - nh)
+    out = _place_hwc(hwc, int(nw), int(nh), int(dx), int(dy), w, h)
+    out = _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
     flip = bool(augment.flip and rng.integers(2))
-    out = _crop_resize_hwc(hwc, pleft, ptop, swidth, sheight, w, h)
     if flip:
         out = np.ascontiguousarray(out[:, ::-1])
-    out = _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
-    dx, dy = (pleft / ow) / sx, (ptop / oh) / sy
-    return out, detection_truth(boxes, max_boxes, dx, dy, 1 / sx, 1 / sy, flip, rng)
+    return out, detection_truth(boxes, max_boxes, -dx / w, -dy / h, nw / w, nh / h, flip,
+                                rng)
+
+
+def _place_hwc(hwc, pw, ph, px, py, w, h):
+    """Darknet's place_image on a w x h canvas filled with 0.5: canvas pixel (px + x,
+    py + y), 0 <= x < pw, 0 <= y < ph, is the bilinear sample of the image at
+    (x * iw / pw, y * ih / ph), pixels beyond the image counting as 0 (get_pixel_extend);
+    what falls outside the canvas is dropped."""
+    ih, iw = hwc.shape[:2]
+    canvas = np.full((h, w, hwc.shape[2]), 0.5, dtype=np.float32)
+    if pw <= 0 or ph <= 0:
+        return canvas
+    sx, sy = iw / pw, ih / ph
+    placed = _warp_hwc(hwc, [[sx, 0, -px * sx], [0, sy, -py * sy]], w, h, False)
+    x0, y0 = max(px, 0), max(py, 0)
+    x1, y1 = min(px + pw, w), min(py + ph, h)
+    canvas[y0:y1, x0:x1] = placed[y0:y1, x0:x1]
+    return canvas
 
 
 def prepare_detector_eval_image(img, w, h, letterbox_input=True):

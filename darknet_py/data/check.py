@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import DataError, _read_text
-from .labels import label_path
+from .labels import RULE_NAMES, find_label_file, is_fork_rule, label_candidates
 
 # A coordinate this far past 1 is not a rounding slip at the image border: it is pixels.
 PIXEL_LIKE = 1.5
@@ -36,6 +36,10 @@ KINDS = {
     "unreadable": "label file unreadable",
     "path": "image path names no class, or several (a classifier's label)",
 }
+# Problems whose line is still a box of its class (Darknet clips it to the image): counted
+# in the boxes and per class. A malformed line, a class id out of range and a box without
+# size are counted by neither (Darknet skips or drops them).
+BOX_KINDS = ("pixels", "range")
 
 
 @dataclass
@@ -56,11 +60,18 @@ class LabelReport:
     images: int = 0
     label_files: int = 0
     empty_files: int = 0
-    boxes: int = 0
+    boxes: int = 0            # the boxes of a class: sum(per_class.values())
     per_class: Counter = field(default_factory=Counter)
     problems: list = field(default_factory=list)
     rows: list = field(default_factory=list)     # (n, 5) float64 arrays: class x y w h
     classifier: bool = False   # labels are image paths (boxes counts the images)
+    first_label: str = None    # the label file looked for for the first image
+    darknet: str = "original"  # whose label-path rule was followed (labels.find_label_file)
+    # rule -> how many images had their label file where only that other rule puts it, and
+    # the first such (image, label path)
+    found_elsewhere: Counter = field(default_factory=Counter)
+    first_elsewhere: dict = field(default_factory=dict)
+    looked_for: list = field(default_factory=list)   # the first image's [(rule, path)]
 
     def count(self, kind):
         return sum(1 for p in self.problems if p.kind == kind)
@@ -110,13 +121,13 @@ def scan_label_file(path, classes, report):
         if not fields:
             continue
         found = check_label_line(fields, classes)
-        report.boxes += 1
         if found is not None:
             report.problems.append(LabelProblem(path, lineno, *found))
-            if found[0] in ("pixels", "range"):   # counted per class all the same
-                report.per_class[int(fields[0])] += 1
-            continue
-        good.append([float(v) for v in fields])
+            if found[0] not in BOX_KINDS:
+                continue   # no box of a class: the totals and the class table agree
+        else:
+            good.append([float(v) for v in fields])
+        report.boxes += 1
         report.per_class[int(fields[0])] += 1
     if good:
         report.rows.append(np.array(good, dtype=np.float64))
@@ -124,25 +135,56 @@ def scan_label_file(path, classes, report):
         report.empty_files += 1
 
 
-def scan_labels(image_paths, classes=None):
-    """Scan the label file of every image (Darknet's label-path rule) into a LabelReport."""
-    report = LabelReport(images=len(image_paths))
+def scan_labels(image_paths, classes=None, darknet="original"):
+    """Scan the label file of every image (found by labels.find_label_file for the Darknet
+    of flavour `darknet`) into a LabelReport."""
+    report = LabelReport(images=len(image_paths), darknet=darknet)
+    own = "alexeyab" if is_fork_rule(darknet) else "original"
     for image in image_paths:
         try:
-            path = label_path(image)
+            rule, path = find_label_file(image, darknet)
+            if not report.looked_for:
+                report.looked_for = label_candidates(image, darknet)
         except DataError as e:
             report.problems.append(LabelProblem(os.fspath(image), 0, "missing", str(e)))
             continue
+        report.first_label = report.first_label or path
         if not os.path.isfile(path):
             report.problems.append(LabelProblem(path, 0, "missing",
                                                 f"label file not found (for image {image})"))
             continue
+        if rule != own:
+            report.found_elsewhere[rule] += 1
+            report.first_elsewhere.setdefault(rule, (os.fspath(image), path))
         report.label_files += 1
         try:
             scan_label_file(path, classes, report)
         except DataError as e:
             report.problems.append(LabelProblem(path, 0, "unreadable", str(e)))
     return report
+
+
+def label_location_line(report):
+    """One line when some label files were found only where the flavour's own rule does not
+    look (with how many images have none anywhere); None when the rule found them all."""
+    if not report.found_elsewhere:
+        return None
+    own = "alexeyab" if is_fork_rule(report.darknet) else "original"
+    moved = sum(report.found_elsewhere.values())
+    places = "; ".join(f"{count} by {RULE_NAMES[rule]}, e.g. {report.first_elsewhere[rule][1]}"
+                       for rule, count in report.found_elsewhere.most_common())
+    missing = report.count("missing")
+    return (f"labels: {moved} of {report.images} images have no label file where "
+            f"{RULE_NAMES[own]} looks; found {places}; reading those; {missing} image"
+            f"{' has' if missing == 1 else 's have'} no label file anywhere")
+
+
+def refuse_no_label_files(report, what="training"):
+    """DataError when not one image of a detector list has a label file anywhere."""
+    if report.images and not report.label_files and report.looked_for:
+        where = ", ".join(f"{path} ({RULE_NAMES[rule]})" for rule, path in report.looked_for)
+        raise DataError(f"none of the {report.images} {what} images has a label file; for "
+                        f"the first image they were looked for at {where}")
 
 
 def problem_lines(report, shown=SHOWN_PER_KIND, kinds=None):
@@ -169,8 +211,10 @@ def summary_line(report, by_kind=None):
     images = f"{report.images} image{'s' if report.images != 1 else ''}"
     if report.classifier:
         return f"labels of {images}: " + "; ".join(parts)
-    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}; "
-            + "; ".join(parts))
+    skipped = sum(1 for p in report.problems if p.line and p.kind not in BOX_KINDS)
+    uncounted = f" ({skipped} line{'s' if skipped != 1 else ''} not counted)" if skipped else ""
+    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}"
+            f"{uncounted}; " + "; ".join(parts))
 
 
 def refuse_pixel_labels(report, what="training"):
@@ -183,11 +227,35 @@ def refuse_pixel_labels(report, what="training"):
                         f"`darknet-py check DATA` lists them all")
 
 
-def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None):
-    """Scan, warn (one line per problem, capped, and a summary), and refuse a dataset whose
-    boxes are mostly pixels or which has no box at all. Missing label files are left to the
-    data loader, which sums them up in its own warning. Returns the LabelReport."""
-    report = scan_labels(image_paths, classes)
+def refuse_unlabelled(report, what="validation"):
+    """DataError when the scanned images hold not one labelled box (a mAP of such a set is
+    0 whatever the weights): the line says where the label files were looked for."""
+    if report.boxes:
+        return
+    missing = sum(1 for p in report.problems if p.kind == "missing")
+    first = (f"the first image's at {report.first_label}" if report.first_label
+             else "none could be derived from the image names")
+    if missing == report.images:
+        raise DataError(f"none of the {report.images} {what} images has a label file "
+                        f"(looked for where Darknet looks: {first})")
+    raise DataError(f"none of the {report.images} {what} images has a labelled box "
+                    f"({missing} label files missing; of the {report.label_files} found, "
+                    f"{report.empty_files} empty, the others without a sound 'class x y w "
+                    f"h' line; {first})")
+
+
+def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None,
+                           darknet="original"):
+    """Scan, say where label files were found when the flavour's rule did not find them
+    (one line), warn (one line per problem, capped, and a summary), and refuse a dataset
+    without a single label file or whose boxes are mostly pixels. Missing label files are
+    otherwise left to the data loader, which sums them up in its own warning. Returns the
+    LabelReport."""
+    report = scan_labels(image_paths, classes, darknet)
+    refuse_no_label_files(report, what)
+    located = label_location_line(report)
+    if located is not None:
+        warn(located)
     kinds = kinds or set(KINDS) - {"missing"}
     for line in problem_lines(report, kinds=kinds):
         warn(line)

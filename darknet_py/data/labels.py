@@ -2,8 +2,9 @@
 
 * A classifier image's class is the class name that occurs in its path (``strstr``).
 * A detector image's labels live in a .txt file whose path is derived from the image
-  path by Darknet's substitutions (``images`` -> ``labels``, ``.jpg`` -> ``.txt``, ...),
-  one ``class x y w h`` line per box, coordinates relative to the image size.
+  path by each Darknet's own substitutions (pjreddie: ``images`` -> ``labels`` anywhere,
+  ``.jpg`` -> ``.txt``, ...; the AlexeyAB fork: beside the image, but for COCO and VOC
+  folders), one ``class x y w h`` line per box, coordinates relative to the image size.
 * A detector truth row is ``max_boxes`` (90) boxes of ``(x, y, w, h, class)``,
   zero padded: the [yolo] layer stops at the first box whose x is 0.
 """
@@ -64,9 +65,12 @@ def check_classifier_labels(paths, labels):
     return problems
 
 
-# Darknet's fill_truth_detection rewrites the image path with these substitutions, in
-# this order, each replacing only the first occurrence (its find_replace uses strstr).
-_LABEL_PATH_SUBSTITUTIONS = (
+# Where a detector image's label file is: each Darknet has its own rule.
+#
+# pjreddie's fill_truth_detection (src/data.c) rewrites the image path with these
+# substitutions, in this order, each replacing only the first occurrence (its find_replace
+# uses strstr), anywhere in the path: a folder /data/raw_photos/ becomes /data/labels_photos/.
+_ORIGINAL_SUBSTITUTIONS = (
     ("images", "labels"),
     ("JPEGImages", "labels"),
     ("raw", "labels"),
@@ -78,20 +82,124 @@ _LABEL_PATH_SUBSTITUTIONS = (
     # find no boxes; mapping it is what such a dataset means.
     (".jpeg", ".txt"),
 )
-_LABEL_EXTENSIONS = (".jpg", ".png", ".JPG", ".JPEG", ".jpeg")
+_ORIGINAL_EXTENSIONS = (".jpg", ".png", ".JPG", ".JPEG", ".jpeg")
+
+# The AlexeyAB fork's replace_image_to_label (src/utils.c) rewrites only whole COCO and VOC
+# folder names (first occurrence each, in this order; its general images -> labels and raw
+# -> labels rules are commented out), trims spaces and tabs off both ends, then replaces the
+# image extension only where it ends the path: other images keep their labels beside them.
+_FORK_FOLDERS = (
+    ("/images/train2017/", "/labels/train2017/"),
+    ("/images/val2017/", "/labels/val2017/"),
+    ("/JPEGImages/", "/labels/"),
+    ("\\images\\train2017\\", "\\labels\\train2017\\"),
+    ("\\images\\val2017\\", "\\labels\\val2017\\"),
+    ("\\images\\train2014\\", "\\labels\\train2014\\"),
+    ("\\images\\val2014\\", "\\labels\\val2014\\"),
+    ("/images/train2014/", "/labels/train2014/"),
+    ("/images/val2014/", "/labels/val2014/"),
+    ("\\JPEGImages\\", "\\labels\\"),
+)
+_FORK_EXTENSIONS = (".jpg", ".JPG", ".jpeg", ".JPEG", ".png", ".PNG", ".bmp", ".BMP", ".ppm",
+                    ".PPM", ".tiff", ".TIFF")
+
+# The folder names both rules mean when they rewrite a folder (the image's own folder).
+_IMAGE_FOLDERS = ("images", "JPEGImages", "raw")
+
+RULE_NAMES = {
+    "original": "the original Darknet's rule (images, JPEGImages, raw -> labels anywhere in "
+                "the path)",
+    "alexeyab": "the fork's rule (the label file beside the image)",
+    "folder": "the image's own folder renamed to labels",
+}
 
 
-def label_path(image_path):
-    """The label file Darknet reads for a detector image (first-occurrence substitutions:
-    images/JPEGImages/raw -> labels, then .jpg/.png/.JPG/.JPEG (and .jpeg) -> .txt)."""
+def is_fork_rule(darknet):
+    """Whether a flavour ("original", "alexeyab", "alexeyab-cpu", ...) finds labels as the
+    AlexeyAB fork does."""
+    return str(darknet or "original").startswith("alexeyab")
+
+
+def original_label_path(image_path):
+    """The label file pjreddie's Darknet reads for a detector image."""
     image_path = os.fspath(image_path)
     out = image_path
-    for find, replace in _LABEL_PATH_SUBSTITUTIONS:
+    for find, replace in _ORIGINAL_SUBSTITUTIONS:
         out = out.replace(find, replace, 1)
-    if not any(ext in image_path for ext in _LABEL_EXTENSIONS):
+    if not any(ext in image_path for ext in _ORIGINAL_EXTENSIONS):
         raise DataError(f"{image_path}: cannot derive a label file name: Darknet maps only "
-                        f"{', '.join(_LABEL_EXTENSIONS)} images to .txt labels")
+                        f"{', '.join(_ORIGINAL_EXTENSIONS)} images to .txt labels")
     return out
+
+
+def _fork_extension(path):
+    for ext in _FORK_EXTENSIONS:
+        if path.endswith(ext):
+            return path[:-len(ext)] + ".txt"
+    raise DataError(f"{path}: cannot derive a label file name: the fork maps only "
+                    f"{', '.join(_FORK_EXTENSIONS)} images to .txt labels")
+
+
+def fork_label_path(image_path):
+    """The label file the AlexeyAB fork reads for a detector image."""
+    out = os.fspath(image_path)
+    for find, replace in _FORK_FOLDERS:
+        out = out.replace(find, replace, 1)
+    return _fork_extension(out.strip(" \t"))
+
+
+def folder_label_path(image_path):
+    """The image's own folder, when it is named images, JPEGImages or raw, renamed to
+    labels, and the extension to .txt; None for an image in another folder."""
+    folder, name = os.path.split(os.fspath(image_path))
+    parent, own = os.path.split(folder)
+    if own not in _IMAGE_FOLDERS:
+        return None
+    return _fork_extension(os.path.join(parent, "labels", name))
+
+
+def label_path(image_path, darknet="original"):
+    """The label file the Darknet of flavour `darknet` reads for a detector image (its rule
+    alone; find_label_file also looks where the rule does not)."""
+    return fork_label_path(image_path) if is_fork_rule(darknet) else \
+        original_label_path(image_path)
+
+
+def label_candidates(image_path, darknet="original"):
+    """[(rule, label path)], the flavour's own rule first, then the other Darknet's, then the
+    image's own folder renamed (rules that give no name, or a name given before, left out).
+    Raises the own rule's DataError when no rule gives a name (an unknown extension)."""
+    own = "alexeyab" if is_fork_rule(darknet) else "original"
+    other = "original" if own == "alexeyab" else "alexeyab"
+    makers = {"original": original_label_path, "alexeyab": fork_label_path,
+              "folder": folder_label_path}
+    out, seen = [], {os.fspath(image_path)}   # an image is never its own label file
+    for rule in (own, other, "folder"):
+        path = _or_none(makers[rule], image_path)
+        if path is not None and path not in seen:
+            seen.add(path)
+            out.append((rule, path))
+    if not out:
+        label_path(image_path, own)   # raises the reason
+    return out
+
+
+def _or_none(fn, image_path):
+    try:
+        return fn(image_path)
+    except DataError:
+        return None
+
+
+def find_label_file(image_path, darknet="original"):
+    """(rule, path) of a detector image's label file: where the flavour's rule puts it,
+    else the first of label_candidates that exists; the first candidate (the own rule's,
+    where it gives a name) when none does. Raises DataError when no rule gives a name."""
+    candidates = label_candidates(image_path, darknet)
+    for rule, path in candidates:
+        if os.path.isfile(path):
+            return rule, path
+    return candidates[0]
 
 
 def parse_labels(text, source="<labels>", classes=None):
@@ -161,9 +269,9 @@ def read_labels(path, classes=None, image_path=None):
     return parse_labels(_read_text(path, "label file"), path, classes)
 
 
-def read_image_labels(image_path, classes=None):
-    """Boxes of a detector image, found by Darknet's label-path rule."""
-    return read_labels(label_path(image_path), classes, image_path)
+def read_image_labels(image_path, classes=None, darknet="original"):
+    """Boxes of a detector image, its label file found by find_label_file."""
+    return read_labels(find_label_file(image_path, darknet)[1], classes, image_path)
 
 
 def correct_boxes(boxes, dx=0.0, dy=0.0, sx=1.0, sy=1.0, flip=False):

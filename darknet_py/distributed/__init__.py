@@ -21,8 +21,11 @@ The package, bottom to top:
   and keeps it for barriers);
 - data_parallel.py: the policy above (`DataParallel`, the hook Network.update calls) and
   `Ranks`, what train() asks about the run it is part of;
+- cluster.py: the variables of a cluster's launcher (Slurm's srun, torchrun) that make
+  this process one rank;
 - launcher.py: `launch` starts the ranks of one node (each runs train()) and ends them
-  all, with one line naming the rank, when one fails. Only the command line imports it.
+  all, with one line naming the rank, when one fails; `run_as_cluster_rank` runs this
+  process as the rank cluster.py read. Only the command line imports it.
 
 This file imports none of them, so that train (which imports data_parallel) and the
 launcher (which imports train) do not meet in a cycle.

@@ -56,9 +56,13 @@ class Communicator:
 
     def sum_value(self, be, value):
         """The sum over the ranks of one number (a loss)."""
-        buffer = be.from_host(np.array([value], dtype=np.float32))
+        return self.sum_values(be, [value])[0]
+
+    def sum_values(self, be, values):
+        """The sums over the ranks of a few numbers, in one collective."""
+        buffer = be.from_host(np.array(values, dtype=np.float32))
         self.all_reduce_sum(be, [buffer])
-        return float(be.to_host(buffer)[0])
+        return [float(v) for v in be.to_host(buffer)]
 
 
 def _flatten(be, arrays):

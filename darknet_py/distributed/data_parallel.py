@@ -55,11 +55,14 @@ class Ranks:
     def seed(self, seed):
         return rank_seed(seed, self.rank, self.world_size)
 
-    def mean(self, net, value):
-        """The mean over the ranks of a number (each rank's loss per image)."""
+    def mean_and_any(self, net, value, flags):
+        """The mean over the ranks of `value` (a loss) and, for each of `flags` (booleans
+        every rank passes in the same order), whether it is set on any rank: the ranks
+        decide together, in the sum the loss takes anyway, whether to stop or save."""
         if self.comm is None:
-            return value
-        return self.comm.sum_value(net.be, value) / self.world_size
+            return value, [bool(f) for f in flags]
+        sums = self.comm.sum_values(net.be, [value] + [float(bool(f)) for f in flags])
+        return sums[0] / self.world_size, [s > 0 for s in sums[1:]]
 
     def wait_for_writer(self):
         """The other ranks wait (as long as it takes) while rank 0 evaluates."""

@@ -1,6 +1,8 @@
 """Launching the ranks of one node: one process per device, each training (it imports
 train, which nothing else in this package does) and reporting a failure in one line; the
-first rank to fail ends them all."""
+first rank to fail ends them all; a stop signal reaches them all, and they stop together.
+A rank that a cluster's launcher (srun, torchrun) started runs the same rank body in its
+own process (run_as_cluster_rank)."""
 import multiprocessing
 import os
 import signal
@@ -10,8 +12,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from ..backends import get_backend
+from ..data.loader import default_workers
 from ..errors import USER_ERRORS, DarknetError, describe_error
-from ..train import Terminated, train
+from ..processes import PARENT_SIGNALS, children_ignore_signals
+from ..train import train
+from ..training.loop import describe_stop
+from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
 from .comm import DEFAULT_TIMEOUT, CommError, TcpCommunicator, free_port
 from .nccl import NcclCommunicator
 
@@ -51,21 +57,25 @@ class RankSpec:
     master: tuple           # (host, port) of rank 0's rendezvous
     timeout: float
     train_kwargs: dict
+    origin: str = ""        # the start line's note on where the rank came from
 
 
 class LaunchError(DarknetError):
     """A rank failed or could not start: one line naming it."""
 
 
-def _worker(spec, errors):
-    """Body of a worker process: join, train, report a failure as one line through
-    `errors` (a Pipe end) and the exit code."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the launcher decides what Ctrl-C does
-    os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (docs/training.md)
+def run_rank(spec):
+    """Join the run as spec.rank and train: (exit code, report), report None or (kind,
+    what) for the launcher: ("error"|"peer", line) or ("signal", number) for a rank that
+    stopped with the others on a signal. The shared body of `train --gpus/--ranks`'s
+    worker processes and of a rank a cluster's launcher started."""
     comm = None
     try:
+        # Started with the signals training handles ignored and blocked (the launcher's
+        # children_ignore_signals): training's handlers are in place now (held_stop_signals).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
         print(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
-              f"{spec.device}", flush=True)
+              f"{spec.device}{spec.origin}", flush=True)
         comm = connect(spec.rank, spec.world_size, spec.device, spec.master, spec.timeout)
         kwargs = dict(spec.train_kwargs)
         if spec.rank != 0:   # one log: rank 0's
@@ -73,6 +83,10 @@ def _worker(spec, errors):
         else:
             kwargs["log"] = lambda line: print(line, flush=True)
         train(device=spec.device, comm=comm, **kwargs)
+    except Stopped as e:
+        code, report = exit_code(e), ("signal", e.signum)
+        if spec.rank == 0 and not getattr(e, "reported", False):
+            print(f"{describe_stop(e)} before training started: nothing saved", flush=True)
     except CommError as e:
         code, report = EXIT_PEER_LOST, ("peer", str(e))
     except USER_ERRORS as e:
@@ -84,14 +98,23 @@ def _worker(spec, errors):
         code, report = 1, ("error", f"{type(e).__name__}: {e}")
     else:
         code, report = 0, None
+    if comm is not None and code:
+        comm.abort()
+    sys.stdout.flush()
+    return code, report
+
+
+def _worker(spec, errors):
+    """Body of a worker process: run_rank, its report through `errors` (a Pipe end) and
+    its exit code."""
+    os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (docs/training.md)
+    with held_stop_signals():
+        code, report = run_rank(spec)
     if report is not None:
         try:
             errors.send(report)
         except OSError:   # the launcher is gone: nobody to tell
             pass
-    if comm is not None and code:
-        comm.abort()
-    sys.stdout.flush()
     os._exit(code)   # no atexit work (loader threads, CUDA teardown) may hang a failed rank
 
 
@@ -120,51 +143,63 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
            timeout=DEFAULT_TIMEOUT):
     """Run the ranks first_rank .. first_rank+len(devices)-1 of a world_size-rank run, one
     process per device, and wait for them. When one fails, the others are stopped within
-    seconds and LaunchError names the first that failed; SIGINT/SIGTERM go to rank 0
-    (which saves the backup) and then stop the rest (re-raised as KeyboardInterrupt /
-    the train module's Terminated). train_kwargs go to train() in every rank (picklable:
-    rank 0 logs to stdout, the others stay quiet)."""
+    seconds and LaunchError names the first that failed. A stop signal (to this process
+    or to the whole group) reaches every rank: they stop together at the end of a step,
+    rank 0 saves the backup, and Stopped (a KeyboardInterrupt naming the signal) is
+    raised here once all have ended; SIGUSR1 is passed on (a backup, and training goes
+    on). train_kwargs go to train() in every rank (picklable: rank 0 logs to stdout, the
+    others stay quiet)."""
     world_size = world_size or len(devices)
-    # A rank killed by a signal leaves its loader's shared memory to multiprocessing's
-    # resource tracker, which frees it and would add a warning after the one error line.
-    quiet = "ignore:resource_tracker:UserWarning"
-    if quiet not in os.environ.get("PYTHONWARNINGS", ""):
-        os.environ["PYTHONWARNINGS"] = ",".join(
-            w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
+    quiet_resource_tracker()
     if master is None:
         master = ("127.0.0.1", free_port())
     context = multiprocessing.get_context("spawn")
     workers = []   # (rank, process, errors pipe end)
-    stop_signal = None
 
-    def on_signal(signum, frame):
-        nonlocal stop_signal
-        stop_signal = signum
-        for rank, process, _ in workers:
-            if rank == 0 and process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
+    def forward(signum):
+        for _, process, _ in workers:
+            if process.is_alive():
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:
+                    pass
 
-    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for i, device in enumerate(devices):
-            rank = first_rank + i
-            receive, send = context.Pipe(duplex=False)
-            spec = RankSpec(rank, world_size, device, master, timeout, train_kwargs)
-            process = context.Process(target=_worker, args=(spec, send),
-                                      name=f"darknet-py rank {rank}")
-            process.start()
-            send.close()
-            workers.append((rank, process, receive))
-        failed = _wait(workers)
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-    if stop_signal is not None:
-        if stop_signal == signal.SIGTERM:
-            raise Terminated()
-        raise KeyboardInterrupt()
+    with held_stop_signals() as signals, signals.deferred():
+        signals.forward = forward
+        try:
+            # The ranks start ignoring the signals until their handlers are set; one
+            # that comes meanwhile is passed on again while they run (_wait).
+            with children_ignore_signals():
+                for i, device in enumerate(devices):
+                    rank = first_rank + i
+                    receive, send = context.Pipe(duplex=False)
+                    spec = RankSpec(rank, world_size, device, master, timeout, train_kwargs)
+                    process = context.Process(target=_worker, args=(spec, send),
+                                              name=f"darknet-py rank {rank}")
+                    process.start()
+                    send.close()
+                    workers.append((rank, process, receive))
+            failed, stopped_by = _wait(workers, signals)
+        finally:
+            signals.forward = None
+    stop = signals.stop or stopped_by
+    if stop is not None and not (failed and failed[0] == "error"):
+        interrupt = stopped(stop)
+        interrupt.reported = True   # rank 0 said it
+        raise interrupt
     if failed:
-        raise LaunchError(failed)
+        raise LaunchError(failed[1])
+
+
+def quiet_resource_tracker():
+    """A rank that ends at once (os._exit, or killed) leaves its loader's shared memory
+    and semaphores to multiprocessing's resource tracker, which frees them and would add
+    a warning after the one line that says why the rank ended. Set before the tracker
+    starts (it reads the variable)."""
+    quiet = "ignore:resource_tracker:UserWarning"
+    if quiet not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(
+            w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
 
 
 def _report(pipe, otherwise):
@@ -176,19 +211,27 @@ def _report(pipe, otherwise):
         return otherwise, ""
 
 
-def _wait(workers):
-    """Wait for every worker; after the first failure give the others REPORT_WAIT seconds
-    each to fail with it, then SIGKILL them, and return the line naming the rank to
-    blame: one that failed by itself rather than one that only lost its peers."""
+def _wait(workers, signals):
+    """Wait for every worker: (failure, stop signal). failure is None or (kind, the line
+    naming the rank to blame: one that failed by itself rather than one that only lost
+    its peers); the stop signal is the one ranks stopped on (else None). After the first
+    failure the others get REPORT_WAIT seconds each to fail with it, then SIGKILL; ranks
+    that stop on a signal are waited for (rank 0 is saving the backup)."""
     running = {process.sentinel: (rank, process, pipe) for rank, process, pipe in workers}
-    failures = []
+    failures, stop = [], None
     while running:
         for sentinel in wait(list(running), timeout=1.0):
             rank, process, pipe = running.pop(sentinel)
             process.join()
             if process.exitcode != 0:
                 kind, message = _report(pipe, "died")
-                failures.append((rank, process.exitcode, kind, message))
+                if kind == "signal":
+                    stop = stop or message
+                else:
+                    failures.append((rank, process.exitcode, kind, message))
+        if signals.stop is not None:
+            # Again each second: a rank still starting ignored the first one.
+            signals.forward(signals.stop)
         if failures and running:
             # Let the ranks that fail with it report in, then stop the rest with SIGKILL:
             # SIGTERM would make rank 0 save a backup, and the checkpoint must stay as
@@ -200,14 +243,67 @@ def _wait(workers):
                     process.join()
                 if process.exitcode != 0:
                     kind, message = _report(pipe, "stopped")
-                    failures.append((rank, process.exitcode, kind, message))
+                    if kind != "signal":
+                        failures.append((rank, process.exitcode, kind, message))
             running.clear()
     if not failures:
-        return None
+        return None, stop
     order = {"error": 0, "died": 1, "peer": 2, "stopped": 3}
     rank, code, kind, message = min(failures, key=lambda f: (order[f[2]], f[0]))
     if kind == "error":
-        return f"rank {rank}: {message}"
+        return ("error", f"rank {rank}: {message}"), stop
     if kind == "died":
-        return f"rank {rank} died ({_describe_exit(code)}); the other ranks were stopped"
-    return f"rank {rank}: {message}; the other ranks were stopped"
+        return (kind, f"rank {rank} died ({_describe_exit(code)}); the other ranks were "
+                      f"stopped"), stop
+    return (kind, f"rank {rank}: {message}; the other ranks were stopped"), stop
+
+
+def cluster_device(cluster, device, device_count):
+    """The device of a rank a cluster launcher started: its local rank's GPU (GPU 0 when
+    the launcher shows each rank only its own), the CPU with --device cpu or without a
+    GPU; ValueError naming what does not fit."""
+    if device == "cpu" or (device == "auto" and device_count == 0):
+        return "cpu"
+    if device != "auto":
+        raise ValueError(f"--device {device}: under {cluster.launcher} each rank trains on "
+                         f"the GPU of its local rank; leave out --gpu/--device (or give "
+                         f"--device cpu for CPU ranks)")
+    if cluster.local_rank < device_count:
+        return f"cuda:{cluster.local_rank}"
+    if device_count == 1:   # CUDA_VISIBLE_DEVICES holds this rank's GPU alone
+        return "cuda:0"
+    raise ValueError(f"{cluster.launcher}: local rank {cluster.local_rank} has no GPU: this "
+                     f"machine shows {device_count} (0-{device_count - 1})")
+
+
+def cluster_workers(cluster, workers):
+    """Loader workers of one rank: its share of the CPUs this process may use, unless the
+    launcher already gave each rank its own CPUs (an affinity smaller than the machine)."""
+    if workers is not None:
+        return workers
+    try:
+        own_cpus = len(os.sched_getaffinity(0)) < (os.cpu_count() or 1)
+    except AttributeError:   # not on Linux
+        own_cpus = False
+    return default_workers() if own_cpus else max(1, default_workers() //
+                                                  cluster.local_world_size)
+
+
+def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):
+    """Train as the rank `cluster` (a distributed.cluster.ClusterRank) describes, in this
+    process: the same path as a launched rank (run_rank). A failure is one line on stderr
+    naming the rank, and the process ends with its exit code (128 + signal after a stop
+    signal); returns 0 after a finished run."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # as launched ranks (docs/training.md)
+    quiet_resource_tracker()
+    spec = RankSpec(cluster.rank, cluster.world_size, device, cluster.master, timeout,
+                    train_kwargs, origin=f", {cluster.describe()}")
+    with held_stop_signals():
+        code, report = run_rank(spec)
+    if report is not None and report[0] != "signal":
+        print(f"darknet-py: error: rank {cluster.rank}: {report[1]}", file=sys.stderr,
+              flush=True)
+    if code:   # as a launched rank: no atexit work (loader threads, CUDA) may hang it
+        sys.stderr.flush()
+        os._exit(code)
+    return code

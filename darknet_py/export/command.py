@@ -7,7 +7,7 @@ import numpy as np
 
 from ..files import atomic_output, refuse_overwrite
 from . import ExportError, require
-from .engine import load_with_engine  # noqa: F401  (cli's, with engine_option)
+from .engine import ENGINES, QUIET_KEY, load_with_engine  # noqa: F401  (cli's)
 from .model import DEFAULT_OPSET, PRECISIONS
 
 EXPORT_HELP = """Write CFG with WEIGHTS as an ONNX model (OUT, default: the weights' name
@@ -66,7 +66,7 @@ def run_export(cfg, weights, out, opset, batch, dynamic_batch, precision, decode
     onnx = require("onnx")
     if not no_check:
         require("onnxruntime")
-    net = load_network(cfg, weights, batch=1, device="cpu", darknet=darknet)
+    net = load_network(cfg, weights, batch=1, device="cpu", darknet=darknet, engine="numpy")
     sized = network_image(net, image) if image is not None and not no_check else None
     model = export_model(net, opset=opset, batch=None if dynamic_batch else (batch or 1),
                          precision=precision, decode=decode or nms, nms=nms, names=names,
@@ -116,11 +116,21 @@ def network_image(net, path):
     return (letterbox if letterboxed(net) else resize_image)(img, netw, neth)
 
 
-def engine_option(command):
-    """Add --engine numpy|onnxruntime to an inference command (which receives `engine`)."""
+def engine_option(command, default="auto", quiet_option=True):
+    """Add --engine auto|numpy|onnxruntime (the command receives `engine`) and --quiet (no
+    note saying which engine runs; load_with_engine reads it from click's context).
+    quiet_option=False for a command with its own --quiet (that one silences the note)."""
+    def quiet(ctx, param, value):
+        ctx.meta[QUIET_KEY] = value
+
+    if quiet_option:
+        command = click.option(
+            "--quiet", is_flag=True, expose_value=False, callback=quiet,
+            help="No note saying which engine runs the inference.")(command)
     return click.option(
-        "--engine", type=click.Choice(["numpy", "onnxruntime"]), default="numpy",
-        show_default=True,
-        help="Where inference runs: darknet-py's own backends (numpy on the CPU: Darknet's "
-             "exact arithmetic; or the GPU), or ONNX Runtime on the CPU (the network "
-             "exported in memory; faster; needs the onnx extra).")(command)
+        "--engine", type=click.Choice(list(ENGINES)), default=default, show_default=True,
+        help="Where inference runs on the CPU: onnxruntime (the network exported once, "
+             "checked against NumPy and cached in ~/.cache/darknet-py/onnx; faster; needs "
+             "the onnx extra), numpy (Darknet's exact arithmetic), or auto: onnxruntime "
+             "when it is installed and the network exports, else numpy. A GPU runs "
+             "darknet-py's own backend.")(command)

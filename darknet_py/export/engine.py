@@ -1,88 +1,191 @@
-"""ONNX Runtime as a CPU engine: a network whose predict() runs an in-memory export.
+"""ONNX Runtime as the CPU engine: a network's inference served by its ONNX export.
 
-OnnxRuntimeEngine stands in for the Network the commands load: it answers everything a
-Network does (layers, input_shape, options, ...) from the network it wraps, and runs
-predict()/forward() in ONNX Runtime, writing the raw outputs (every detection head, or
-the output layer) into those layers' output buffers, where detect(), classify() and the
-validation code read them. The NumPy backend stays the reference: ONNX Runtime's float
-arithmetic differs from it in the last bits (the export test measures it)."""
+load_network(engine=...) attaches an OnnxRuntimeEngine to a CPU network (attach, which
+darknet_py installs into network.py: that module stands on a lower floor):
+  "auto" (None)  ONNX Runtime when it is installed and a weights file was loaded, else
+                 NumPy; a network ONNX cannot serve (a layer export does not cover, a
+                 difference over the check's tolerance) falls back to NumPy, saying why;
+  "onnxruntime"  ONNX Runtime or an error;
+  "numpy"        darknet-py's NumPy backend: Darknet's exact arithmetic.
+The engine is made on the first inference (training never needs it): the network is
+exported with a dynamic batch, checked against NumPy's forward on a random input (as
+`darknet-py export` checks) and cached (cache.py); a later load of the same cfg and
+weights reads the cached model and skips both. The engine writes the raw outputs (every
+detection head, or the output layer) into those layers' output buffers, where detect(),
+classify() and the validation code read them. Training leaves ONNX Runtime for good (the
+weights move); parameters changed by hand (params_changed, load_weights) are exported
+again, in memory."""
 import importlib.util
 import sys
 
+import click
 import numpy as np
 
-from . import ExportError, require
-from .check import session
+from . import PIP_EXTRA, ExportError, require
+from .cache import entry_key, entry_path, read_entry, write_entry
+from .check import CHECK_TOLERANCE, compare, session
 from .model import export_model, output_layers
 
-ENGINES = ("numpy", "onnxruntime")
+ENGINES = ("auto", "numpy", "onnxruntime")
+QUIET_KEY = "darknet_py.quiet"   # click's ctx.meta: the command's --quiet (engine_option)
 
 
 class OnnxRuntimeEngine:
-    engine = "onnxruntime"
+    """ONNX Runtime serving one network's inference (Network.inference_engine)."""
+    name = "onnxruntime"
 
-    def __init__(self, net, threads=None):
-        if net.be.name != "cpu":
-            raise ExportError("--engine onnxruntime runs on the CPU; give --device cpu")
-        self._net = net
-        self._outputs = output_layers(net)
-        self._session = session(export_model(net, batch=None).SerializeToString(), threads)
-        self._names = [name for name, _ in self._outputs]
+    def __init__(self, net, key, required, threads=None):
+        self.key = key              # the cache entry's name; None: export in memory
+        self.required = required    # --engine onnxruntime: a failure is an error
+        self.threads = threads
+        self.session = None
+        self.where = None           # how the model came: "cached", "exported", ...
+        self.shape = net.input_shape
+        self.outputs = output_layers(net)
 
-    def __getattr__(self, name):   # everything else is the wrapped network's
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._net, name)
+    def params_changed(self):
+        """The parameters are not the weights file's any more: export them again."""
+        self.key, self.session = None, None
 
-    def infer(self, x):
-        """As Network.infer: x (N, C, H, W) in [0, 1] (or a photo, letterboxed as
-        Network.predict does); every raw output left in its layer's buffer."""
-        x = np.ascontiguousarray(self._net._as_network_input(x), dtype=np.float32)
-        if len(x) != self._net.batch:
-            self._net.set_batch(len(x))
-        results = self._session.run(self._names, {"input": x})
-        for (_, layer), value in zip(self._outputs, results):
-            self._net.be.write(layer.output, value.reshape(-1))
+    def prepare(self, net):
+        """Export (or read the cached export), check, and start the session; True when
+        ONNX Runtime serves `net`. Where it cannot, the network falls back to NumPy
+        (net.engine_note says why), or with `required` an ExportError says why."""
+        if self.session is not None:
+            return True
+        net.inference_engine = None   # the check runs NumPy's forward
+        try:
+            self.session = self._session(net)
+        except Exception as e:   # the default engine falls back to NumPy, saying why
+            if self.required:
+                if isinstance(e, ExportError):
+                    raise ExportError(f"--engine onnxruntime: {e}") from None
+                raise
+            net.engine_note = f"inference on NumPy: {_reason(e)}"
+            return False
+        net.inference_engine = self
+        return True
 
-    def predict(self, x):
-        """As Network.predict: returns the last non-cost layer's output, and leaves every
-        raw output in its layer's buffer."""
-        self.infer(x)
-        return self._net.layer_output(self._outputs[-1][1].index)
+    def _session(self, net):
+        data = read_entry(self.key) if self.key else None
+        if data is not None:
+            try:
+                sess = session(data, self.threads)
+                self.where = f"its export read from {entry_path(self.key)}"
+                return sess
+            except Exception:   # a damaged entry: export again and replace it
+                pass
+        data = export_model(net, batch=None).SerializeToString()
+        sess = session(data, self.threads)
+        x = np.random.default_rng(0).random((1,) + net.input_shape, dtype=np.float32)
+        diffs = compare(net, sess, x)
+        worst = max(diffs, key=diffs.get)
+        if not diffs[worst] < CHECK_TOLERANCE:
+            raise ExportError(f"ONNX Runtime differs from NumPy by {diffs[worst]:.2e} "
+                              f"(over {CHECK_TOLERANCE:g}) on {worst}")
+        path = write_entry(self.key, data) if self.key else None
+        self.where = (f"exported, checked against NumPy and cached in {path}" if path else
+                      "exported and checked against NumPy in memory")
+        return sess
 
-    def forward(self, x, truth=None, train=False):
-        if train:
-            raise ExportError("--engine onnxruntime runs inference only")
-        self.predict(x)
+    def infer(self, net, x):
+        """As Network.infer on x; False where NumPy must run it instead (the engine could
+        not be made, or the network was resized since)."""
+        if net.input_shape != self.shape:
+            net.inference_engine = None
+            net.engine_note = "inference on NumPy: the network was resized after loading"
+            return False
+        if not self.prepare(net):
+            return False
+        x = np.ascontiguousarray(net._as_network_input(x), dtype=np.float32)
+        if len(x) != net.batch:
+            net.set_batch(len(x))
+        results = self.session.run([name for name, _ in self.outputs], {"input": x})
+        for (_, layer), value in zip(self.outputs, results):
+            net.be.write(layer.output, value.reshape(-1))
+        net.engine_outputs = {layer.index for _, layer in self.outputs}
+        return True
+
+
+def _reason(error):
+    text = str(error) if isinstance(error, ExportError) else \
+        f"ONNX Runtime could not serve the network ({type(error).__name__}: {error})"
+    return " ".join(text.split())
+
+
+def onnxruntime_installed():
+    """Whether ONNX Runtime can be imported (found, not imported: training never needs it)."""
+    if "onnxruntime" in sys.modules:   # None there: an import that failed, or was blocked
+        return sys.modules["onnxruntime"] is not None
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
+def attach(net, engine, weights=None, seed=0, cutoff=None, transfer=False):
+    """Put load_network's engine= into effect on a freshly loaded `net` (see the module
+    docstring); the engine itself is made on the first inference."""
+    if engine is None:
+        engine = "auto"
+    if engine not in ENGINES:
+        raise ExportError(f"unknown engine '{engine}' (known: {', '.join(ENGINES)})")
+    net.inference_engine = net.engine_note = None
+    required = engine == "onnxruntime"
+    if net.be.name != "cpu":
+        if required:
+            raise ExportError(f"--engine onnxruntime runs on the CPU, not on {net.be.name}")
+        return
+    if engine == "numpy":   # asked for: nothing to note
+        return
+    why = None if required else _why_numpy(net, weights)
+    if why:
+        net.engine_note = f"inference on NumPy ({why})"
+        return
+    if required:
+        require("onnxruntime")
+    net.inference_engine = OnnxRuntimeEngine(
+        net, entry_key(net, weights, seed, cutoff, transfer), required)
+
+
+def _why_numpy(net, weights):
+    """Why the default engine is NumPy for this network, or None."""
+    if not onnxruntime_installed():
+        return f"ONNX Runtime is not installed; {PIP_EXTRA} gives a faster CPU engine"
+    if weights is None:
+        return "random weights; ONNX Runtime serves a weights file"
+    if net.precision != "fp32":
+        return f"precision {net.precision} runs on NumPy"
+    return None
 
 
 def engine_device(engine, device):
     """The device to load a network on for `engine`: ONNX Runtime's is the CPU."""
     if engine != "onnxruntime":
         return device
-    if device not in ("auto", "cpu"):
+    if device not in (None, "auto", "cpu"):
         raise ExportError(f"--engine onnxruntime runs on the CPU, not on --device {device}")
     return "cpu"
 
 
-def with_engine(net, engine):
-    """net itself for the NumPy engine (or None), else an OnnxRuntimeEngine around it."""
-    if engine in (None, "numpy"):
-        return net
-    if engine != "onnxruntime":
-        raise ExportError(f"unknown engine '{engine}' (known: {', '.join(ENGINES)})")
-    return OnnxRuntimeEngine(net)
+def describe(net):
+    """The note line saying which engine serves the network's inference, made ready now
+    (so the first image is not the one that waits for the export); None off the CPU."""
+    engine = net.inference_engine
+    if engine is not None and engine.prepare(net):
+        return (f"inference on ONNX Runtime ({engine.where}; --engine numpy runs "
+                f"Darknet's exact arithmetic)")
+    return net.engine_note
 
 
-def load_with_engine(load, engine, device, **kwargs):
-    """load(device=..., **kwargs) (load_network, say), served by `engine`. NumPy stays the
-    CPU default (Darknet's exact arithmetic); when --device auto fell back to the CPU and
-    ONNX Runtime is installed, a note offers it (docs/onnx.md)."""
+def load_with_engine(load, engine, device, quiet=None, **kwargs):
+    """load(device=..., engine=..., **kwargs) (load_network, say), served by `engine`
+    ("auto", "numpy" or "onnxruntime"), with one note on stderr saying which engine runs
+    the CPU's inference (unless quiet; None: unless the command was given --quiet)."""
     if engine == "onnxruntime":
         require("onnxruntime")
-    net = with_engine(load(device=engine_device(engine, device), **kwargs), engine)
-    if engine in (None, "numpy") and device in (None, "auto") and net.be.name == "cpu" \
-            and importlib.util.find_spec("onnxruntime") is not None:
-        print("darknet-py: note: on the CPU, --engine onnxruntime runs inference faster",
-              file=sys.stderr)
+    net = load(device=engine_device(engine, device), engine=engine, **kwargs)
+    note = describe(net)
+    if quiet is None:
+        ctx = click.get_current_context(silent=True)
+        quiet = bool(ctx is not None and (ctx.meta.get(QUIET_KEY) or ctx.params.get("quiet")))
+    if note and not quiet:
+        print(f"darknet-py: note: {note}", file=sys.stderr)
     return net

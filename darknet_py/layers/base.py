@@ -23,6 +23,7 @@ class UpdateArgs:
     momentum: float
     decay: float
     batch: int  # images per update: batch * subdivisions
+    adam: object = None   # adam.Adam where this layer's Darknet updates it with Adam
 
 
 @dataclass
@@ -32,6 +33,7 @@ class BuildContext:
     net: object         # NetOptions of the [net] section
     batch: int
     darknet: str = "original"   # which Darknet's arithmetic (network.DARKNET_FLAVOURS)
+    fork_cpu: bool = False      # the fork trained as its CPU build does ("alexeyab-cpu")
 
 
 class Layer:
@@ -43,7 +45,8 @@ class Layer:
     # The fork's l.train, which only its convolutional, batchnorm, maxpool (local_avgpool)
     # and shortcut makers set: its CPU training clears only these layers' deltas before a
     # pass (the others keep adding to theirs within an iteration; darknet-py zeroes them
-    # when an iteration starts, see Network._clear_fork_deltas) and updates only these.
+    # when an iteration starts, see Network._clear_fork_deltas; its GPU build clears every
+    # delta) and both its builds update only these.
     fork_train = False
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
@@ -55,6 +58,8 @@ class Layer:
         self.outputs = inputs
         self.batch = ctx.batch
         self.darknet = ctx.darknet
+        # The fork's CPU-build rules ("alexeyab-cpu"); else its GPU build's (or the original).
+        self.fork_cpu = ctx.darknet == "alexeyab" and ctx.fork_cpu
         self.workspace_size = 0   # floats of the shared workspace this layer needs
         self.cost = None          # set by layers that compute a loss
         # A loss computed on the backend leaves its figures in `scalars` (a small device
@@ -197,7 +202,11 @@ def host_param(rng, n, scale=0.0, kind="zeros"):
 
 def momentum_update(be, args, param, update, weight_decay=False):
     """Darknet's SGD step for one parameter array and its accumulated update:
-    (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum."""
+    (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum.
+    With adam=1, Adam's step instead (adam.py: every parameter decays, the update is zeroed)."""
+    if args.adam is not None:
+        args.adam.update(be, args, param, update)
+        return
     if weight_decay:
         be.axpy(-args.decay * args.batch, param, update)
     be.axpy_array(args.rate, update, param)

@@ -3,8 +3,11 @@
 Darknet's batchnorm math (CPU formulas, quirks included: forward divides by
 sqrt(var)+1e-6, backward uses sqrt(var+1e-5); variance is unbiased; rolling
 statistics move by 0.01). The AlexeyAB fork divides by sqrt(var+1e-5) in the
-forward too, moves its rolling statistics by 0.1, and its CPU backward gives a
-convolution's BN beta no gradient (layer.darknet picks which). The
+forward too. Its CPU build ("alexeyab-cpu") moves its rolling statistics by 0.1, gives a
+convolution's BN beta no gradient and divides by sqrt(var)+1e-5 in the backward; its GPU
+build ("alexeyab": cuDNN's batch norm) normalises a training batch with the biased variance,
+moves the rolling mean and the unbiased variance by 0.01 and back-propagates the exact
+gradient, beta included (layer.darknet and layer.fork_cpu pick which). The
 functions here work on any layer carrying the BN arrays (scales, rolling stats,
 x, x_norm, mean, variance and their deltas), so convolutional and connected
 layers share them.
@@ -48,11 +51,15 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
         be.copy(out, layer.x)
         be.mean(out, batch, out_c, spatial, layer.mean)
         be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
-        keep = fork_keep if fork else ROLLING_KEEP
+        keep = fork_keep if layer.fork_cpu else ROLLING_KEEP
         be.scal(keep, layer.rolling_mean)
         be.axpy(1.0 - keep, layer.mean, layer.rolling_mean)
         be.scal(keep, layer.rolling_variance)
         be.axpy(1.0 - keep, layer.variance, layer.rolling_variance)
+        if fork and not layer.fork_cpu:
+            # cuDNN normalises (and back-propagates) with the biased variance: sum / n.
+            count = batch * spatial
+            be.scal((count - 1) / count, layer.variance)
         mean, variance = layer.mean, layer.variance
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
@@ -63,7 +70,9 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
 
 def bn_backward(layer, net, out_c, spatial, train_beta=True):
     """Turn layer.delta (w.r.t. the BN output) into the delta w.r.t. the BN input.
-    train_beta=False: the biases (BN beta) get no gradient."""
+    train_beta=False: the biases (BN beta) get no gradient. The fork's GPU build (cuDNN's
+    exact gradient with the biased variance the forward left in layer.variance) is the
+    original's formula with that variance; its CPU build has its own divisor."""
     be, delta, batch = net.be, layer.delta, layer.batch
     mean = layer.mean if net.train else layer.rolling_mean
     variance = layer.variance if net.train else layer.rolling_variance
@@ -71,7 +80,7 @@ def bn_backward(layer, net, out_c, spatial, train_beta=True):
                           layer.bias_updates if train_beta else None, layer.scale_updates)
     be.batchnorm_delta(layer.x, mean, variance, layer.scales, batch, out_c, spatial,
                        layer.mean_delta, layer.variance_delta, delta,
-                       fork=layer.darknet == "alexeyab")
+                       fork=layer.fork_cpu)
 
 
 def bn_params(layer):
@@ -113,9 +122,11 @@ class BatchnormLayer(Layer):
 
     def backward(self, net):
         fork = self.darknet == "alexeyab"
-        # The fork's backward_batchnorm_layer gives the biases no gradient and copies its
-        # delta over the previous layer's (what others left there is lost).
-        bn_backward(self, net, self.out_c, self.out_h * self.out_w, train_beta=not fork)
+        # The fork's backward_batchnorm_layer (both builds) copies its delta over the
+        # previous layer's (what others left there is lost); its CPU build gives the
+        # biases no gradient.
+        bn_backward(self, net, self.out_c, self.out_h * self.out_w,
+                    train_beta=not self.fork_cpu)
         if net.delta is not None:
             if fork:
                 net.be.copy(self.delta, net.delta[:self.batch * self.inputs])

@@ -43,8 +43,9 @@ class ConvolutionalLayer(Layer):
             self.padding = self.dilation * (self.size // 2)
         self.share = None   # the fork's share_index: the layer whose parameters this one uses
         # The fork's CPU col2im clears the image before folding into it: the deltas later
-        # layers (a route, a shortcut) left for this convolution's input are lost.
-        self.clears_input_delta = self.darknet == "alexeyab"
+        # layers (a route, a shortcut) left for this convolution's input are lost. Its GPU
+        # build (cudnnConvolutionBackwardData with beta=1) adds to them.
+        self.clears_input_delta = self.fork_cpu
         if self.darknet == "alexeyab":
             self._fork_stride_and_dilation(s, pad)
             if s.has("share_index"):
@@ -144,7 +145,13 @@ class ConvolutionalLayer(Layer):
                 setattr(self, name, getattr(self.share, name))
             return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
-        self.weights = be.from_host(host_param(rng, self.nweights, scale, "normal"))
+        if self.darknet == "alexeyab" and self.activation.startswith("normalize_channels"):
+            self.weights = be.from_host(host_param(rng, self.nweights, kind="ones"))
+        else:
+            # The fork draws scale * uniform(-1, 1) (std scale / sqrt 3), the original
+            # scale * normal: a start of the fork's size trains as the fork's does.
+            kind = "uniform" if self.darknet == "alexeyab" else "normal"
+            self.weights = be.from_host(host_param(rng, self.nweights, scale, kind))
         self.biases = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_params(self, be, rng, self.filters)
@@ -284,24 +291,42 @@ class ConvolutionalLayer(Layer):
         if self.xnor:
             be.binarize(net.input[:self.batch * self.inputs], self.binary_input)
             images = self.binary_input
+        # Bias (batch norm folded in) and activation in the GEMM's epilogue where they can
+        # be: inference, or no batch norm, and an activation that needs neither its input
+        # kept nor whole channels.
+        epilogue = biases is not None and self._activation_fuses()
         for b0, count, col, product in self._chunks(be, net):
             for g in range(self.groups):
+                group_biases = biases[g * m:] if epilogue else None
                 if count == 1:  # one image: the GEMM writes straight into the output
-                    be.gemm(False, False, m, n, k, 1.0, weights[g * m * k:], k,
-                            self._image_col(be, images, b0, g, col), n, 0.0,
-                            self.output[b0 * self.outputs + g * m * n:], n)
+                    self._forward_gemm(be, weights[g * m * k:],
+                                       self._image_col(be, images, b0, g, col), n,
+                                       self.output[b0 * self.outputs + g * m * n:], group_biases)
                     continue
                 self._im2col(be, images, b0, count, g, col)
-                be.gemm(False, False, m, count * n, k, 1.0, weights[g * m * k:], k,
-                        col, count * n, 0.0, product, count * n)
+                self._forward_gemm(be, weights[g * m * k:], col, count * n, product, group_biases)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
-        self._forward_tail(be, net, biases)
+        if not epilogue:
+            self._forward_tail(be, net, biases)
+
+    def _forward_gemm(self, be, weights, col, width, out, biases):
+        """out (m x width) = weights @ col, then biases and the activation (None: neither)."""
+        m, k, _ = self._gemm_dims()
+        if biases is None:
+            be.gemm(False, False, m, width, k, 1.0, weights, k, col, width, 0.0, out, width)
+        else:
+            be.gemm_bias_activate(m, width, k, weights, k, col, width, out, width, biases,
+                                  self.activation)
+
+    def _activation_fuses(self):
+        """Whether the activation may join the last pass over the output (it needs neither
+        its input kept for backward nor whole channels)."""
+        return self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
 
     def _forward_tail(self, be, net, biases):
         """Bias (or batch norm) and activation after the product."""
         spatial = self.out_h * self.out_w
-        # The activation joins the last pass unless it needs its input kept or whole channels.
-        fused = self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
+        fused = self._activation_fuses()
         if biases is None:
             bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear")
         elif fused:
@@ -356,8 +381,9 @@ class ConvolutionalLayer(Layer):
         spatial = self.out_h * self.out_w
         self.activation_gradient(be)
         if self.batch_normalize:
-            # The fork's CPU backward leaves a convolution's BN beta untrained.
-            bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
+            # The fork's CPU backward leaves a convolution's BN beta untrained (its GPU
+            # build's cudnnBatchNormalizationBackward trains it).
+            bn_backward(self, net, self.out_c, spatial, train_beta=not self.fork_cpu)
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
         if net.delta is not None and self.clears_input_delta:

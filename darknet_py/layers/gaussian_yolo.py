@@ -10,8 +10,9 @@ gradient of its negative log likelihood (or, with an IoU loss, the IoU's gradien
 box while σ keeps the likelihood's), computed on the host by losses/gaussian_yolo.py.
 
 Where the fork's code differs from its [yolo]: the objectness deltas are weighted by
-cls_normalizer (obj_normalizer, objectness_smooth and delta_normalizer are read and
-unused, as in the fork), counters_per_class weighs a class delta without cls_normalizer,
+cls_normalizer (obj_normalizer and objectness_smooth are read and unused, as in the fork;
+delta_normalizer, but not loss_scale, scales its GPU build's gradient), counters_per_class
+weighs a class delta without cls_normalizer,
 box deltas are always averaged over the classes a slot was told, and the statistics' IoU
 is the GIoU under an IoU loss. The fork reads this layer's truth as rows of 5 whatever
 its truth layout; darknet-py reads the network's own (net.truth_size).
@@ -26,7 +27,7 @@ from .yolo import YoloLayer
 
 YOLO_POINTS = ("center", "left_top", "right_bottom")
 # Read by the fork's parser for this layer but never used by it.
-UNUSED_BY_THE_FORK = ("obj_normalizer", "objectness_smooth", "delta_normalizer")
+UNUSED_BY_THE_FORK = ("obj_normalizer", "objectness_smooth")
 
 
 class GaussianYoloLayer(YoloLayer):
@@ -52,6 +53,10 @@ class GaussianYoloLayer(YoloLayer):
         self.parse_anchors_and_shape(s, 8 + 1 + self.classes)
         self.stats = {}
         self.stats_line = ""
+
+    def gradient_scale(self, net):
+        """backward_gaussian_yolo_layer_gpu: delta_normalizer alone (no loss_scale)."""
+        return 1.0 if self.fork_cpu else self.delta_normalizer
 
     # ---- computation --------------------------------------------------------------
     def forward(self, net):

@@ -109,7 +109,7 @@ class RecurrentLayer(Layer):
     def make_inner(self, name, ctx, section, c, h, w, inputs):
         from . import layer_class
         inner_ctx = BuildContext(layers=ctx.layers, net=ctx.net, batch=ctx.batch,
-                                 darknet=ctx.darknet)
+                                 darknet=ctx.darknet, fork_cpu=ctx.fork_cpu)
         layer = layer_class(section.type)(self.index, section, c, h, w, inputs, inner_ctx)
         return Inner(name, layer)
 

@@ -114,8 +114,14 @@ class ShortcutLayer(Layer):
         return [("weights", self.weights)] if self.weights_type != "none" else []
 
     def update(self, args):
-        if self.weights_type != "none":
+        if self.weights_type == "none":
+            return
+        if self.fork_cpu:
             momentum_update(self.be, args, self.weights, self.weight_updates, weight_decay=True)
+        else:
+            # The fork's GPU build (update_shortcut_layer_gpu): no decay, updates within ±1.
+            self.be.constrain(1.0, self.weight_updates)
+            momentum_update(self.be, args, self.weights, self.weight_updates)
 
     def _inputs(self, net):
         """(output, delta, per-image size, width added, its weights) of the previous layer

@@ -58,4 +58,6 @@ class SoftmaxLayer(Layer):
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+            # The fork's GPU build scales the gradient by its loss_scale (1 elsewhere).
+            net.be.axpy(getattr(net, "fork_loss_scale", 1.0), self.delta,
+                        net.delta[:self.batch * self.inputs])

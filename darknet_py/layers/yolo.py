@@ -106,9 +106,11 @@ class YoloLayer(Layer):
         self.resize = s.get_float("resize", 1.0)
         # show_details=0: the fork's cost is the plain Σ delta² (as with iou_loss=mse).
         self.show_details = s.get_int("show_details", 1)
-        if s.get_float("delta_normalizer", 1.0) != 1.0:
-            s.warn("has no effect: darknet-py trains as the fork's CPU build, which ignores it "
-                   "(its GPU build scales the [yolo] gradient by it)", "delta_normalizer")
+        self.delta_normalizer = s.get_float("delta_normalizer", 1.0)
+        if self.delta_normalizer != 1.0 and self.fork_cpu:
+            s.warn("has no effect with --darknet alexeyab-cpu: the fork's CPU build ignores it "
+                   "(its GPU build, the default alexeyab, scales the gradient by it)",
+                   "delta_normalizer")
         counters = s.get_int_list("counters_per_class", None)
         self.class_multipliers = None
         if counters is not None:
@@ -202,7 +204,16 @@ class YoloLayer(Layer):
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
+            net.be.axpy(self.gradient_scale(net), self.delta,
+                        net.delta[:self.batch * self.outputs])
+
+    def gradient_scale(self, net):
+        """What the delta is multiplied by on its way back: the fork's GPU build's
+        loss_scale * delta_normalizer (backward_yolo_layer_gpu); 1 elsewhere."""
+        if self.darknet != "alexeyab" or self.fork_cpu:
+            return 1.0
+        scale = getattr(net, "fork_loss_scale", 1.0)
+        return float(np.float32(scale) * np.float32(self.delta_normalizer))
 
     # ---- the loss on host arrays (losses/yolo.py) ------------------------------------------
     def decode(self, tx, ty, tw, th, col, row, anchor_w, anchor_h, netw, neth):

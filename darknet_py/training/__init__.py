@@ -1,6 +1,7 @@
 """Training, in parts a reader can hold (train.train puts them together):
 
-- stops.py: TrainError, Diverged, Terminated (SIGTERM handled as Ctrl-C);
+- stops.py: TrainError, Diverged, Stopped/Terminated and the stop signals' handling
+  (SIGINT, SIGTERM, SIGHUP stop with a backup; SIGUSR1 saves one);
 - schedule.py: Darknet's schedules (numbered weights, --map interval, multi-scale sizes)
   and the learning-rate warnings;
 - chart.py: chart_<cfg>.png and the history behind it;

@@ -2,7 +2,10 @@
 while this one trains), one line per iteration (loss, average, rate, images/s, ETA),
 checkpoints, --map evaluations and the chart; a NaN loss or Ctrl-C ends it as Darknet
 users expect (the last good backup kept; the backup saved and the resume command shown).
+Stop signals (stops.py) end a single process where they land; the ranks of a data-parallel
+run stop together at the end of a step; SIGUSR1 saves the backup and training goes on.
 """
+import contextlib
 import math
 import os
 import time
@@ -17,7 +20,8 @@ from .chart import draw_chart, load_history, save_history
 from .checkpoints import finite_weights, last_saved_backup
 from .schedule import (BACKUP_EVERY, CLASSIFIER_MULTISCALE_EVERY, MULTISCALE_EVERY,
                        detector_snapshot_due, multiscale_size, resize_network)
-from .stops import Diverged, Terminated, TrainError, sigterm_as_interrupt
+from .stops import (SAVE_SIGNAL, STOP_SIGNALS, Diverged, Stopped, TrainError, signal_name,
+                    stop_signals, stopped)
 
 
 @dataclass
@@ -42,6 +46,15 @@ def make_loader(plan, seed, workers):
                       augment=plan.augment, seed=plan.ranks.seed(seed),
                       workers=default_workers() if workers is None else workers,
                       start=net.iteration, pin=net.be.pin, **plan.loader_args)
+
+
+def describe_stop(stop):
+    """How the line about a stopped run starts: the signal's effect and name."""
+    if not isinstance(stop, Stopped):
+        return "Interrupted"   # a KeyboardInterrupt raised by code, not by a signal
+    how = {"SIGINT": "Interrupted", "SIGTERM": "Terminated", "SIGHUP": "Hung up"}
+    name = signal_name(stop.signum)
+    return f"{how.get(name, 'Stopped')} ({name})"
 
 
 def format_duration(seconds):
@@ -91,8 +104,15 @@ class TrainingRun:
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self):
+        with stop_signals() as signals:
+            # A rank stops where the ranks agree (the end of a step), never half-way
+            # through a collective its peers would wait on.
+            agreeing = self.plan.ranks.comm is not None
+            with signals.deferred() if agreeing else contextlib.nullcontext():
+                return self._run(signals)
+
+    def _run(self, signals):
         net, max_batches = self.net, self.net.options.max_batches
-        restore_sigterm = sigterm_as_interrupt()
         # Overflow in the arithmetic shows up as a non-finite loss, reported below as a
         # divergence; NumPy's own warnings about it would only be noise.
         float_errors = np.seterr(all="ignore")
@@ -109,24 +129,31 @@ class TrainingRun:
                 # Batch k+1 is handed over before iteration k runs: its upload overlaps k.
                 upcoming = self.fetch(iteration + 1) if iteration + 1 < max_batches else None
                 train_start = time.perf_counter()
-                loss = self.plan.ranks.mean(net, net.train_iteration(x, truth))
+                loss = net.train_iteration(x, truth)
+                loss, asked = self.plan.ranks.mean_and_any(
+                    net, loss, [signals.stop == s for s in STOP_SIGNALS] + [signals.take_save()])
                 if not math.isfinite(loss):
                     raise Diverged(loss)
                 self.completed_seen = net.seen
                 now = time.perf_counter()
                 self.record(loss, seconds=now - train_start, wall=now - wall_start)
+                stop = [s for s, yes in zip(STOP_SIGNALS, asked) if yes]
+                if stop:
+                    raise stopped(stop[0])
+                if asked[-1]:
+                    self.save_asked()
                 self.checkpoint(net.iteration, loss)
                 if self.on_iteration is not None:
                     self.on_iteration(self.result)
         except Diverged as e:
             self.diverged(e.loss)
         except KeyboardInterrupt as e:
-            self.interrupted(e)
+            with signals.deferred():   # a second Ctrl-C must not break the save
+                self.interrupted(e)
             raise
         finally:
             net.finish_prefetch()   # no upload may still read the slots the loader unmaps
             self.loader.close()
-            restore_sigterm()
             np.seterr(**float_errors)
         return self.finish()
 
@@ -242,15 +269,25 @@ class TrainingRun:
             f"stopped without saving the diverged weights, {kept}. Lower learning_rate "
             f"(now {o.learning_rate:g}) or raise burn_in (now {o.policy['burn_in']})") from None
 
+    def save_asked(self):
+        """SIGUSR1 (a scheduler's warning before it pre-empts the job): the backup now."""
+        net, backup = self.net, self.files.backup
+        if not self.files.writer or not finite_weights(net):
+            return   # rank 0 writes; bad weights: the next iteration's loss reports them
+        self.files.save(net, backup)
+        self.log(f"{signal_name(SAVE_SIGNAL)} at iteration {net.iteration}: saved {backup}; "
+                 f"training goes on")
+
     def interrupted(self, stop):
-        """Ctrl-C or SIGTERM: save the backup (unless the weights went bad) and say how to
-        resume; the caller re-raises."""
+        """Ctrl-C or another stop signal: save the backup (unless the weights went bad)
+        and say how to resume; the caller re-raises."""
         net, backup, result = self.net, self.files.backup, self.result
         # A half-done iteration is dropped: the resumed run repeats it whole.
         net.seen = self.completed_seen
         result.interrupted = True
         result.iterations, result.seen = net.iteration, net.seen
-        why = "Terminated (SIGTERM)" if isinstance(stop, Terminated) else "Interrupted"
+        why = describe_stop(stop)
+        stop.reported = True
         if not finite_weights(net):
             self.log(f"{why} at iteration {net.iteration}: the weights hold NaN or infinite "
                      f"values, so {backup} was not replaced")

@@ -18,7 +18,7 @@ from ..files import OverwriteError, refuse_overwrite
 from ..layers.heads import is_fork_flavour
 from ..network import load_network
 from ..predictions import detector_layers, output_layer
-from ..validate import network_task
+from ..validate import check_valid_set, network_task
 from ..weights import TransferReport, load_weights
 from .checkpoints import Checkpoints, cfg_base
 from .schedule import check_policy, default_map_interval, network_stride
@@ -62,9 +62,17 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     task = network_task(net)
     if task == "detector":   # before anything is written
         classes = detector_layers(net)[-1].classes
-        check_detector_labels(paths, classes)
-        check_detector_dataset(paths, classes, warn=lambda m: log(
-            f"darknet-py: warning: {m}") if ranks.writer else None)
+        if ranks.writer:   # every label file read: once, not once per rank (its warnings
+            # are rank 0's to print; a refusal ends rank 0, which ends the others)
+            check_detector_dataset(paths, classes,
+                                   warn=lambda m: log(f"darknet-py: warning: {m}"),
+                                   darknet=net.darknet)
+        check_detector_labels(paths, classes, net.darknet)
+    if map_eval and ranks.writer:   # before iteration 1 (a bad valid set stopped runs at
+        # the first evaluation), on the rank that evaluates
+        check_valid_set(valid_paths, config.valid, task, labels=config.labels,
+                        classes=detector_layers(net)[-1].classes if task == "detector" else None,
+                        warn=lambda m: log(f"darknet-py: warning: {m}"), darknet=net.darknet)
     _start_from(net, weights, clear, log)
     ranks.attach(net)   # before the counts below: a replica counts every rank's images
     _check_iterations(net, cfg, weights, max_batches, log)
@@ -103,18 +111,18 @@ def _lists(data, map_eval, comm):
     return config, paths, valid_paths
 
 
-def check_detector_labels(paths, classes):
+def check_detector_labels(paths, classes, darknet="original"):
     """Refuse a detector training list in which no image has a single labelled box:
     training would only teach the network that nothing is ever there."""
     for path in paths:
         try:
-            if len(read_image_labels(path, classes)):
+            if len(read_image_labels(path, classes, darknet)):
                 return
         except MissingLabelFile:
             continue
     raise TrainError(f"none of the {len(paths)} training images has a labelled box (label "
                      f"files missing or empty; the first is looked for at "
-                     f"{label_path(paths[0])})")
+                     f"{label_path(paths[0], darknet)})")
 
 
 def _start_from(net, weights, clear, log):
@@ -226,6 +234,6 @@ def _detector_data(plan, log):
     plan.classes = classes
     plan.augment = detector_augment(plan.net.options, head, fork=is_fork_flavour(plan.net),
                                     warn=lambda m: log(f"darknet-py: warning: {m}"))
-    plan.loader_args = dict(task="detector", classes=classes,
+    plan.loader_args = dict(task="detector", classes=classes, darknet=plan.net.darknet,
                             max_boxes=getattr(head, "max_boxes", 90))
     plan.multiscale = bool(getattr(head, "random", 0))

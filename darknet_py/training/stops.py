@@ -1,10 +1,30 @@
 """What stops training: TrainError (a problem found before training, or one it cannot go
 on from), Diverged (a NaN or infinite loss; the loop turns it into a TrainError) and
-Terminated (SIGTERM, handled as Ctrl-C is)."""
+Stopped (a stop signal: SIGINT, SIGTERM or SIGHUP), and the signal handling behind it.
+
+Schedulers and terminals signal the whole process group (GNU timeout, Slurm's scancel,
+Ctrl-C), or only the process they started. Either way the run ends the same: rank 0 saves
+one backup, one line names the signal, every rank ends, the exit code is 128 + signal.
+`StopSignals` records the signals instead of letting each one raise wherever it lands:
+
+* a single process (and any process before its training loop) raises Stopped at once,
+  as Ctrl-C always did, and from then on only records: a second Ctrl-C while the backup is
+  written is ignored, not a KeyboardInterrupt in the middle of the save;
+* the ranks of a data-parallel run only record it; they agree at the end of the step
+  (distributed.data_parallel.Ranks.step_end) and stop together, so rank 0 is never killed
+  by its peers' ending before it has saved.
+
+SIGUSR1 (Slurm's `--signal` warning before a pre-emption) asks for a backup and training
+goes on.
+"""
+import contextlib
 import signal
 import threading
 
 from ..errors import DarknetError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # in the order they win
+SAVE_SIGNAL = signal.SIGUSR1
 
 
 class TrainError(DarknetError):
@@ -20,19 +40,126 @@ class Diverged(Exception):
         self.loss = loss
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, which job schedulers send before killing a job: handled as Ctrl-C is."""
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP): handled as Ctrl-C is; `signum` says which,
+    and the command exits with 128 + signum, as a shell reports a job the signal ended."""
+
+    def __init__(self, signum=signal.SIGINT):
+        super().__init__(signal_name(signum))
+        self.signum = int(signum)
+        self.reported = False   # set once a line has said what the stop did
 
 
-def sigterm_as_interrupt():
-    """Turn SIGTERM into Terminated (a KeyboardInterrupt) while training, so a scheduler's
-    stop saves the backup as Ctrl-C does; returns the function that restores the old
-    handler. Signal handlers can only be set from the main thread: elsewhere, nothing."""
+class Terminated(Stopped):
+    """SIGTERM, which job schedulers send before killing a job."""
+
+    def __init__(self, signum=signal.SIGTERM):
+        super().__init__(signum)
+
+
+def stopped(signum):
+    """The exception for a stop signal (Terminated for SIGTERM)."""
+    return Terminated() if signum == signal.SIGTERM else Stopped(signum)
+
+
+def signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_code(interrupt):
+    """The exit code of a run a KeyboardInterrupt ended: 128 + the signal's number."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+
+
+class StopSignals:
+    """The stop and save signals of this process, as they arrive: `stop` (the first stop
+    signal's number, or None) and `save` (a SIGUSR1 not yet acted on). While `immediate`
+    the first stop signal raises Stopped where it lands (then only records); `forward`
+    (a callable of the signal number) is told of every signal (the launcher passes them
+    on to its ranks)."""
+
+    def __init__(self):
+        self.stop = None
+        self.save = False
+        self.immediate = True
+        self.forward = None
+        self._previous = {}
+
+    def install(self):
+        for s in STOP_SIGNALS + (SAVE_SIGNAL,):
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def uninstall(self):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.forward is not None:
+            self.forward(signum)
+        if signum == SAVE_SIGNAL:
+            self.save = True
+            return
+        if self.stop is None:
+            self.stop = signum
+            if self.immediate:
+                self.immediate = False   # a second signal must not break the save
+                raise stopped(signum)
+
+    def take_save(self):
+        """True once for each SIGUSR1 (or several that came together)."""
+        save, self.save = self.save, False
+        return save
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Record stop signals without raising for the duration (the step loop of a
+        data-parallel rank, which stops where the ranks agree)."""
+        immediate, self.immediate = self.immediate, False
+        try:
+            yield self
+        finally:
+            self.immediate = immediate and self.stop is None
+
+
+_held = None   # the StopSignals a command holds for its run (held_stop_signals)
+
+
+@contextlib.contextmanager
+def held_stop_signals():
+    """A command's StopSignals, for training to use (stop_signals) and for the command's
+    own wait (the launcher's). After a stop it stays installed: the process is about to
+    exit with 128 + signal, and a late Ctrl-C must not interrupt that exit."""
+    global _held
+    if _held is not None or threading.current_thread() is not threading.main_thread():
+        yield _held or StopSignals()
+        return
+    _held = StopSignals().install()
+    try:
+        yield _held
+    finally:
+        if _held.stop is None:
+            _held.uninstall()
+            _held = None
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """The StopSignals of a training run: the command's (held_stop_signals), else one
+    installed for the run and removed after it. Outside the main thread no handler can be
+    set: a StopSignals that never receives anything."""
+    if _held is not None:
+        yield _held
+        return
     if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def terminate(signum, frame):
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+        yield StopSignals()
+        return
+    signals = StopSignals().install()
+    try:
+        yield signals
+    finally:
+        signals.uninstall()

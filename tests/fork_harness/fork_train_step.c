@@ -1,4 +1,5 @@
-/* Reference dumps of the AlexeyAB fork's training step (CPU build), for darknet-py's tests.
+/* Reference dumps of the AlexeyAB fork's training step, for darknet-py's tests: of its CPU
+ * build, or (compiled with -DGPU -DCUDNN against a GPU=1 CUDNN=1 build) of its GPU build.
  *
  * Links against the fork's compiled objects (see build.sh); none of the fork's code is here.
  * usage: fork_train_step CFG WEIGHTS|- X.f32 Y.f32 ITERATIONS OUT.bin INIT.weights
@@ -15,6 +16,10 @@
 #include "network.h"
 #include "parser.h"
 #include "data.h"
+#ifdef GPU
+#include "dark_cuda.h"
+#include "convolutional_layer.h"
+#endif
 
 static void record(FILE *f, const char *name, const float *v, int count)
 {
@@ -50,6 +55,18 @@ static void dump_layer(FILE *f, network net, int i)
     layer l = net.layers[i];
     int n_out = l.outputs * l.batch;
     if (l.type == DROPOUT) return;   /* its output and delta are the previous layer's */
+#ifdef GPU
+    /* The GPU build keeps its numbers on the device. Its batch norm's mean and variance
+     * are cuDNN's saved mean and inverse deviation: not dumped. */
+    if (l.output_gpu && l.output) cuda_pull_array(l.output_gpu, l.output, n_out);
+    if (l.delta_gpu && l.delta) cuda_pull_array(l.delta_gpu, l.delta, n_out);
+    if (l.type == CONVOLUTIONAL) pull_convolutional_layer(l);
+    if (l.type == CONVOLUTIONAL) l.mean = l.variance = 0;
+#endif
+#ifdef GPU
+    /* cudnnBatchNormalizationBackward leaves the delta in output_gpu: no output to dump */
+    if (!l.batch_normalize && l.type != BATCHNORM)
+#endif
     record_layer(f, i, "output", l.output, n_out);
     record_layer(f, i, "delta", l.delta, n_out);
     if (l.type == CONNECTED) {
@@ -76,6 +93,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s CFG WEIGHTS|- X.f32 Y.f32 ITERATIONS OUT.bin INIT.weights\n", argv[0]);
         return 2;
     }
+#ifdef GPU
+    cuda_set_device(0);
+#endif
     network net = parse_network_cfg(argv[1]);
     if (strcmp(argv[2], "-")) load_weights(&net, argv[2]);
     save_weights(net, argv[7]);
@@ -100,12 +120,15 @@ int main(int argc, char **argv)
     float *losses = (float *)calloc(iterations, sizeof(float));
     float *rates = (float *)calloc(iterations, sizeof(float));
     for (it = 0; it < iterations; ++it) {
+#ifndef GPU
         /* darknet-py zeroes, as an iteration starts, the deltas this build lets grow from
          * iteration to iteration (layers without l.train: route, upsample, ...; they make
-         * its training diverge): the same here, so that the fixtures hold that rule. */
+         * its training diverge): the same here, so that the fixtures hold that rule. (The
+         * GPU build clears every delta before each pass.) */
         for (i = 0; i < net.n; ++i)
             if (!net.layers[i].train && net.layers[i].delta)
                 memset(net.layers[i].delta, 0, sizeof(float) * net.layers[i].outputs * net.layers[i].batch);
+#endif
         losses[it] = train_network(net, d);
         rates[it] = get_current_rate(net);
     }

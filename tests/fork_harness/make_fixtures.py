@@ -8,7 +8,13 @@ every layer's output and delta of the last pass and every parameter after the la
 
 usage: python tests/fork_harness/make_fixtures.py [HARNESS] [CASE ...]   (CASE "nms": the
 NMS fixtures, tests/fixtures/fork_nms, made with fork_detect beside HARNESS)
+
+With FORK_BUILD=gpu (a harness built against the fork's GPU=1 CUDNN=1 build, on a GPU
+machine: make_gpu_fixtures.sh) the fixtures go to tests/fixtures/fork_train_gpu, the steps of
+the GPU build that the default "alexeyab" flavour follows. DARKNET_CFG_AB: where the fork's
+stock cfgs are (default ../shared/darknet-cfg-ab).
 """
+import os
 import re
 import subprocess
 import sys
@@ -18,8 +24,11 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE.parent / "fixtures" / "fork_train"
-STOCK = HERE.parents[2] / "shared" / "darknet-cfg-ab"
+GPU_BUILD = os.environ.get("FORK_BUILD", "cpu") == "gpu"
+OUT = HERE.parent / "fixtures" / ("fork_train_gpu" if GPU_BUILD else "fork_train")
+STOCK = Path(os.environ.get("DARKNET_CFG_AB", HERE.parents[2] / "shared" / "darknet-cfg-ab"))
+# What the fixtures say they were made with.
+BUILD = "59596d78 GPU=1 CUDNN=1" if GPU_BUILD else "59596d78"
 MAX_BOXES, TRUTH_FIELDS = 200, 6
 
 NET = """[net]
@@ -234,6 +243,77 @@ CASES = {
 }
 
 
+# yolov4-tiny's block in small: convolution 0 is read by a grouped route (groups=2
+# group_id=1, feeding a convolution whose CPU col2im overwrites that route's delta) and by
+# the route closing the block; two passes per iteration.
+GROUPED_ROUTE = """
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[route]
+layers=-1
+groups=2
+group_id=1
+
+[convolutional]
+batch_normalize=1
+filters=4
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=4
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=-1,-2
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=1
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=-6,-1
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+size=1
+stride=1
+pad=1
+filters=24
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=4,6, 10,8, 12,20, 24,16, 30,34, 52,40
+classes=3
+num=6
+iou_loss=ciou
+scale_x_y=1.05
+"""
+CASES["grouped_route"] = dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01,
+                                             burn_in=2, net_extra=STEPS) + GROUPED_ROUTE,
+                              iterations=2, size=32, images=4)
+
+
 def keep(key, value, arrays):
     """What the fixture keeps (< 1 MB): parameters, losses, rates, costs, and the outputs and
     deltas of the [yolo] layers (those with a cost) and of small layers."""
@@ -277,7 +357,7 @@ def make(harness, name, case, seed, debug=None):
     arrays = {k: v for k, v in arrays.items() if keep(k, v, arrays)}
     OUT.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT / f"{name}.npz", cfg=case["cfg"], init_weights=init, pixels=pixels, truth=y,
-                        iterations=case["iterations"], darknet_commit="59596d78", **arrays)
+                        iterations=case["iterations"], darknet_commit=BUILD, **arrays)
     print(name, (OUT / f"{name}.npz").stat().st_size, "bytes, losses", arrays["losses"])
 
 

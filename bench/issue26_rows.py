@@ -1,0 +1,280 @@
+"""Issue 26's table on one GPU: darknet-py beside PyTorch (cuDNN; AMP = autocast +
+channels_last) measured in the same run, each figure also in bench/results.json.
+
+    python3 bench/issue26_rows.py [--results bench/RESULTS.md] [--json bench/results.json]
+                                  [--skip-iteration] [--only KEY_PREFIX ...]
+
+Rows (keys of results.json; ms, s or GB; each darknet-py key has its torch_ twin where
+PyTorch has the work):
+  yolov4_b32_pass_ms_{fp16,bf16,fp32}   the fork's yolov4.cfg, 3 classes, 416x416, one
+                                        forward+backward of 32 images (darknet-py: a
+                                        training step, `bench --train`)
+  yolov4_b32_peak_gb_{fp16,fp32}        peak device memory of that pass's process
+  yolov4_iteration_s_{fp16,fp32}        `darknet-py train` of 30 iterations of 64 images
+                                        (batch=64 subdivisions=2) on a synthetic 416 set,
+                                        whole process / 30 (loader, start-up included)
+  yolov3tiny_b64_step_ms_{fp16,fp32}    yolov3-tiny 416 b64 training step (torch: with an
+                                        SGD step)
+  yolov3tiny_b64_forward_layers_ms_fp16 input on the device, sum of the layers (torch: AMP
+                                        forward replayed as a CUDA graph)
+  yolov3tiny_b64_forward_whole_ms_fp16  predict() from host images, upload and download
+  gemm4096_fp16_tflops                  4096^3 fp16 GEMM (torch: cuBLAS)
+Each darknet-py and PyTorch measurement runs in a process of its own, so peak memory is
+that process's alone; medians of CUDA-event-timed runs after warm-up.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+GOALS = {   # issue 26's goals; "<=" unless the key says tflops
+    "yolov4_b32_pass_ms_fp16": 45, "yolov4_b32_pass_ms_bf16": 45,
+    "yolov4_b32_pass_ms_fp32": 200, "yolov4_b32_peak_gb_fp16": 11,
+    "yolov4_b32_peak_gb_fp32": 25, "yolov4_iteration_s_fp16": 0.12,
+    "yolov4_iteration_s_fp32": 0.38, "yolov3tiny_b64_step_ms_fp16": 15,
+    "yolov3tiny_b64_step_ms_fp32": 55, "yolov3tiny_b64_forward_layers_ms_fp16": 4,
+    "yolov3tiny_b64_forward_whole_ms_fp16": 8, "gemm4096_fp16_tflops": 600,
+}
+
+
+def three_class_cfg(name, directory, batch=None, subdivisions=None, max_batches=None):
+    """The fork's stock cfg with classes=3 (heads' filters 3 * (5 + 3)), 416x416."""
+    text = (SHARED / "darknet-cfg-ab" / name).read_text()
+    text = re.sub(r"(?m)^classes\s*=\s*80", "classes=3", text)
+    text = re.sub(r"(?m)^filters\s*=\s*255", "filters=24", text)
+    text = re.sub(r"(?m)^(width|height)\s*=\s*\d+", r"\1=416", text)
+    for key, value in (("batch", batch), ("subdivisions", subdivisions),
+                       ("max_batches", max_batches)):
+        if value is not None:
+            text = re.sub(rf"(?m)^{key}\s*=\s*\d+", f"{key}={value}", text)
+    path = Path(directory) / name
+    path.write_text(text)
+    return path
+
+
+# ---- one measurement per process ---------------------------------------------------------
+def ours(kind, cfg, precision, batch):
+    """darknet-py's figures for one (cfg, precision, batch) as a dict."""
+    from darknet_py.bench import run_bench
+    from darknet_py.network import load_network
+    net = load_network(cfg, batch=batch, device="cuda:0", precision=precision)
+    if kind == "gemm":
+        import numpy as np
+        from precision_bench import gemm_rows
+        row = [r for r in gemm_rows(net.be) if r["precision"] == precision][0]
+        return {"tflops": row["tflops"]}
+    r = run_bench(net, train=kind == "train", warmup=3, repeats=10)
+    return {"step_ms": r.get("train_step_ms"), "layers_ms": r.get("gpu_forward_ms"),
+            "whole_ms": r.get("whole_forward_ms", r.get("forward_ms")),
+            "peak_gb": (r["peak_device_memory_bytes"] or 0) / 1e9}
+
+
+def theirs(kind, cfg, precision, batch):
+    """PyTorch's figures for the same work."""
+    import torch
+    from torch_port import DarknetPort, head_loss
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda:0")
+    if kind == "gemm":
+        n = 4096
+        a = torch.randn(n, n, device=dev, dtype=torch.float16)
+        b = torch.randn(n, n, device=dev, dtype=torch.float16)
+        ms = median_ms(torch, lambda: a @ b)
+        return {"tflops": 2 * n ** 3 / ms / 1e9}
+    model = DarknetPort(cfg).to(dev)
+    amp = precision in ("fp16", "bf16")
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    fmt = torch.channels_last if amp else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    x = torch.rand((batch,) + model.input_shape, device=dev).to(memory_format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    scaler = torch.amp.GradScaler(enabled=precision == "fp16")
+
+    def pass_(step=False):
+        with torch.autocast("cuda", dtype=dtype, enabled=amp):
+            loss = head_loss(model(x))
+        scaler.scale(loss).backward()
+        if step:
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    if kind == "train":
+        torch.cuda.reset_peak_memory_stats()
+        step = "yolov3" in str(cfg)
+        ms = median_ms(torch, lambda: pass_(step))
+        return {"step_ms": ms, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+    model.eval()
+    with torch.no_grad():
+        def forward():
+            with torch.autocast("cuda", dtype=dtype, enabled=amp):
+                return model(x)
+        for _ in range(3):
+            forward()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward()
+        return {"layers_ms": median_ms(torch, graph.replay)}
+
+
+def median_ms(torch, fn, warmup=5, repeats=20):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def measure(who, kind, cfg, precision, batch):
+    """Run one measurement in a fresh process: its dict, or {"error": text}."""
+    out = subprocess.run([sys.executable, __file__, "--one", who, kind, str(cfg), precision,
+                          str(batch)], capture_output=True, text=True, cwd=ROOT)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode or not lines:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"exit {out.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+# ---- whole-process iterations ------------------------------------------------------------
+def iteration_seconds(tmp, precision, iterations=30):
+    """`darknet-py train` of `iterations` iterations of 64 images, whole process / count."""
+    from train_bench import detector_set
+    root = Path(tmp) / "set416"
+    data = next(root.glob("*.data"), None) if root.exists() else None
+    if data is None:
+        root.mkdir()
+        data = detector_set(root, count=512, size=416)
+    cfg = three_class_cfg("yolov4.cfg", tmp, batch=64, subdivisions=2, max_batches=iterations)
+    start = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "darknet_py", "train", str(cfg), str(data),
+                          "--overwrite", "--quiet", "--device", "cuda:0",
+                          "--precision", precision], capture_output=True, text=True, cwd=ROOT)
+    seconds = time.perf_counter() - start
+    if run.returncode:
+        return {"error": (run.stderr.strip().splitlines() or ["?"])[-1]}
+    return {"iteration_s": seconds / iterations}
+
+
+# ---- the table -----------------------------------------------------------------------------
+def collect(tmp, skip_iteration, only):
+    yolov4 = three_class_cfg("yolov4.cfg", tmp)
+    tiny = SHARED / "darknet-cfg" / "yolov3-tiny.cfg"
+    plan = []   # (key, who, kind, cfg, precision, batch, field)
+    for p in ("fp16", "bf16", "fp32"):
+        plan.append((f"yolov4_b32_pass_ms_{p}", "train", yolov4, p, 32, "step_ms"))
+    for p in ("fp16", "fp32"):
+        plan.append((f"yolov3tiny_b64_step_ms_{p}", "train", tiny, p, 64, "step_ms"))
+    plan.append(("yolov3tiny_b64_forward_layers_ms_fp16", "forward", tiny, "fp16", 64,
+                 "layers_ms"))
+    plan.append(("gemm4096_fp16_tflops", "gemm", tiny, "fp16", 1, "tflops"))
+    results, errors = {}, {}
+    for key, kind, cfg, p, batch, field in plan:
+        if only and not any(key.startswith(o) for o in only):
+            continue
+        for who, prefix in (("ours", ""), ("theirs", "torch_")):
+            r = measure(who, kind, cfg, p, batch)
+            if "error" in r:
+                errors[prefix + key] = r["error"]
+            else:
+                results[prefix + key] = r[field]
+                if key.startswith("yolov4_b32_pass") and p in ("fp16", "fp32"):
+                    results[f"{prefix}yolov4_b32_peak_gb_{p}"] = r["peak_gb"]
+                if key == "yolov3tiny_b64_forward_layers_ms_fp16" and who == "ours":
+                    results["yolov3tiny_b64_forward_whole_ms_fp16"] = r["whole_ms"]
+            print(f"{prefix + key}: {results.get(prefix + key, errors.get(prefix + key))}",
+                  flush=True)
+    if not skip_iteration and (not only or any("yolov4_iteration".startswith(o) or
+                                               o.startswith("yolov4_iteration") for o in only)):
+        for p in ("fp16", "fp32"):
+            r = iteration_seconds(tmp, p)
+            key = f"yolov4_iteration_s_{p}"
+            if "error" in r:
+                errors[key] = r["error"]
+            else:
+                results[key] = r["iteration_s"]
+            print(f"{key}: {results.get(key, errors.get(key))}", flush=True)
+    return results, errors
+
+
+def gpu_name():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.splitlines()[0].strip()
+    except (OSError, IndexError):
+        return "unknown GPU"
+
+
+def write_json(path, results, gpu, date):
+    data = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    data.update(results)
+    data.update({"gpu": gpu, "date": date})
+    Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def markdown(results, errors, gpu, date):
+    def fmt(key):
+        if key in results:
+            v = results[key]
+            return f"{v:.3f}" if v < 1 else f"{v:.1f}"
+        return f"failed ({errors[key]})" if key in errors else "-"
+    lines = [f"\n## {date}, issue 26's rows (bench/issue26_rows.py), {gpu}", "",
+             "| key | darknet-py | PyTorch (same run) | goal | |", "|---|---|---|---|---|"]
+    for key, goal in GOALS.items():
+        ours_v, met = results.get(key), ""
+        if ours_v is not None:
+            met = "met" if (ours_v >= goal if key.endswith("tflops") else ours_v <= goal) \
+                else "not met"
+        lines.append(f"| {key} | {fmt(key)} | {fmt('torch_' + key)} | "
+                     f"{'>=' if key.endswith('tflops') else '<='} {goal} | {met} |")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=None, help="append a dated section to this file")
+    ap.add_argument("--json", default=str(ROOT / "bench" / "results.json"))
+    ap.add_argument("--skip-iteration", action="store_true")
+    ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        who, kind, cfg, precision, batch = args.one
+        fn = ours if who == "ours" else theirs
+        print(json.dumps(fn(kind, cfg, precision, int(batch))))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        results, errors = collect(tmp, args.skip_iteration, args.only)
+    gpu = gpu_name()
+    date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    write_json(args.json, results, gpu, date)
+    lines = markdown(results, errors, gpu, date)
+    print("\n".join(lines))
+    if args.results:
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,196 @@
+"""The CUDA backend's normalisation ops: per-channel bias and scale, batch normalisation
+(forward, backward) and its per-channel reductions (kernels/batchnorm.cu, with the fused
+normalise-scale-shift-activation of kernels/activations.cu), [l2norm] and [lrn]
+(kernels/normalization.cu). A mixin of CudaBackend."""
+from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
+
+KERNELS = {
+    "batchnorm.cu": {
+        "add_bias": "PPiii",
+        "scale_bias": "PPiii",
+        "channel_sums": "PPPiiiiiPP",
+        "channel_finalize": "PiiiqPPP",
+        "normalize_kernel": "PPPiii",
+        "normalize_sqrt_eps_kernel": "PPPiiif",
+        "normalize_delta_kernel": "PPPPPiiifPPi",
+    },
+    "normalization.cu": {
+        "l2normalize_kernel": "Piii",
+        "lrn_forward_kernel": "PiiiifffPP",
+        "lrn_backward_kernel": "iPPfP",
+    },
+    "activations.cu": {
+        "batchnorm_apply_kernel": "PPPPPiiifiP",
+    },
+}
+
+# channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
+_TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
+_FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIANCE_DELTA = range(5)
+
+
+class CudaNorm:
+    """Bias/scale, batch norm and channel reductions, l2normalize, lrn."""
+
+    # ---- bias / scale (per-channel, layout batch x n x size) ----------------
+    def add_bias(self, output, biases, batch, n, size):
+        self._check_size("add_bias output", output, batch * n * size)
+        self._check_size("add_bias biases", biases, n)
+        self._launch_rows("add_bias", batch * n, size, self._ptr(output), self._ptr(biases),
+                          int(batch * n), int(n), int(size))
+
+    def scale_bias(self, output, scales, batch, n, size):
+        self._check_size("scale_bias output", output, batch * n * size)
+        self._check_size("scale_bias scales", scales, n)
+        self._launch_rows("scale_bias", batch * n, size, self._ptr(output), self._ptr(scales),
+                          int(batch * n), int(n), int(size))
+
+    def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, out,
+                        variance=None, scales=None, sum_a=None):
+        """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f),
+        the sum first multiplied by scales[f] when scales is given. sum_a = (final_op,
+        out): the same for the sum of a alone, from the same pass over a."""
+        batch, filters, spatial = int(batch), int(filters), int(spatial)
+        if filters <= 0:
+            return
+        count = batch * spatial
+        self._check_size("channel reduction input", a, batch * filters * spatial)
+        if b is not None:
+            self._check_size("channel reduction input", b, batch * filters * spatial)
+        for arr in (out, variance, scales) + ((sum_a[1],) if sum_a else ()):
+            if arr is not None:
+                self._check_size("channel reduction per-channel array", arr, filters)
+        if filters > _MAX_GRID_Y:
+            raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
+        # Enough blocks in all for 8 per SM (all 2048 threads resident: this pass is
+        # bound by memory bandwidth), each with >= 4096 terms.
+        parts = max(1, min(_ceil_div(8 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
+        plane = 8 * filters * parts
+        partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
+        ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
+        self._launch("channel_sums", (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
+                     ptr(mean), term, batch, filters, spatial, parts, partial,
+                     partial + plane if sum_a else 0)
+        for final, destination, sums in ((final_op, out, partial),) + (
+                ((sum_a[0], sum_a[1], partial + plane),) if sum_a else ()):
+            self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
+                         sums, parts, filters, final, count, ptr(variance), ptr(scales),
+                         self._ptr(destination))
+
+    def backward_bias(self, bias_updates, delta, batch, n, size):
+        """bias_updates += sum of delta over batch and space."""
+        self._channel_reduce(_TERM_A, delta, None, None, batch, n, size, _FINAL_ACCUMULATE,
+                             bias_updates)
+
+    def backward_scale(self, x_norm, delta, batch, n, size, scale_updates):
+        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
+                             _FINAL_ACCUMULATE, scale_updates)
+
+    def bias_scale_updates(self, delta, x_norm, batch, n, size, bias_updates, scale_updates):
+        """backward_bias (unless bias_updates is None) and backward_scale in one pass."""
+        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
+                             _FINAL_ACCUMULATE, scale_updates,
+                             sum_a=None if bias_updates is None else (_FINAL_ACCUMULATE,
+                                                                      bias_updates))
+
+    # ---- batch normalisation ------------------------------------------------
+    def mean(self, x, batch, filters, spatial, mean):
+        self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
+
+    def variance(self, x, mean, batch, filters, spatial, variance):
+        self._check_size("variance mean", mean, filters)
+        self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
+                             _FINAL_VARIANCE, variance)
+
+    def normalize(self, x, mean, variance, batch, filters, spatial):
+        self._check_size("normalize x", x, batch * filters * spatial)
+        self._check_size("normalize mean", mean, filters)
+        self._check_size("normalize variance", variance, filters)
+        self._launch_rows("normalize_kernel", batch * filters, spatial, self._ptr(x), self._ptr(mean),
+                          self._ptr(variance), int(batch * filters), int(filters), int(spatial))
+
+    def normalize_sqrt_eps(self, x, mean, variance, batch, filters, spatial, eps):
+        """x = (x - mean) / sqrt(variance + eps) per channel (the AlexeyAB fork's forward)."""
+        self._check_size("normalize_sqrt_eps x", x, batch * filters * spatial)
+        self._check_size("normalize_sqrt_eps mean", mean, filters)
+        self._check_size("normalize_sqrt_eps variance", variance, filters)
+        self._launch_rows("normalize_sqrt_eps_kernel", batch * filters, spatial, self._ptr(x),
+                          self._ptr(mean), self._ptr(variance), int(batch * filters), int(filters),
+                          int(spatial), float(eps))
+
+    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm):
+        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu)."""
+        total = batch * filters * spatial
+        self._check_size("batchnorm_apply x", x, total)
+        for what, arr in (("mean", mean), ("variance", variance), ("scales", scales),
+                          ("biases", biases)):
+            self._check_size(f"batchnorm_apply {what}", arr, filters)
+        if x_norm is not None:
+            self._check_size("batchnorm_apply x_norm", x_norm, total)
+        self._launch_rows("batchnorm_apply_kernel", batch * filters, spatial, self._ptr(x),
+                          self._ptr(mean), self._ptr(variance), self._ptr(scales),
+                          self._ptr(biases), int(batch * filters), int(filters), int(spatial),
+                          -1.0 if eps is None else float(eps), self._activation_id(activation),
+                          0 if x_norm is None else self._ptr(x_norm))
+
+    def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
+        self._check_size("mean_delta variance", variance, filters)
+        self._channel_reduce(_TERM_A, delta, None, None, batch, filters, spatial, _FINAL_MEAN_DELTA,
+                             mean_delta, variance=variance)
+
+    def variance_delta(self, x, delta, mean, variance, batch, filters, spatial, variance_delta):
+        self._check_size("variance_delta mean", mean, filters)
+        self._check_size("variance_delta variance", variance, filters)
+        self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
+                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
+
+    def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
+                         batch, filters, spatial, delta, fork):
+        for what, arr, need in (("x", x, batch * filters * spatial), ("delta", delta, batch * filters * spatial),
+                                ("mean", mean, filters), ("variance", variance, filters),
+                                ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
+            self._check_size(f"normalize_delta {what}", arr, need)
+        self._launch_rows("normalize_delta_kernel", batch * filters, spatial,
+                          self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
+                          self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
+                          float(batch * spatial), 0 if scales is None else self._ptr(scales),
+                          self._ptr(delta), int(bool(fork)))
+
+    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
+                        batch, filters, spatial, delta, fork=False):
+        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, None,
+                              batch, filters, spatial, delta, fork)
+
+    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                        variance_delta, delta, fork=False):
+        """NumpyBackend.batchnorm_delta in two passes over delta instead of five: one
+        reduction gives both sums of the unscaled delta (each then times the channel's
+        scale), and normalize_delta scales delta as it reads it."""
+        self._check_size("batchnorm_delta mean", mean, filters)
+        self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
+                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance,
+                             scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta))
+        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
+                              batch, filters, spatial, delta, fork)
+
+    # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
+    def l2normalize(self, x, batch, filters, spatial):
+        self._check_size("l2normalize x", x, batch * filters * spatial)
+        self._launch("l2normalize_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(filters), int(spatial))
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        n = batch * c * spatial
+        for what, arr in (("x", x), ("norms", norms), ("out", out)):
+            self._check_size(f"lrn_forward {what}", arr, n)
+        self._launch("lrn_forward_kernel", self._grid1d(batch * spatial), (_BLOCK,),
+                     self._ptr(x), int(batch), int(c), int(spatial), int(size), float(alpha),
+                     float(beta), float(kappa), self._ptr(norms), self._ptr(out))
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        n = norms.size
+        for what, arr in (("delta", delta), ("delta_in", delta_in)):
+            self._check_size(f"lrn_backward {what}", arr, n)
+        self._launch("lrn_backward_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(norms),
+                     self._ptr(delta), float(beta), self._ptr(delta_in))

@@ -1,0 +1,28 @@
+"""The NumPy reference of the optimizer ops (mixed into NumpyBackend): Adam's update as
+both Darknets' GPU builds run it (adam_update_gpu in src/blas_kernels.cu; see adam.py)."""
+import numpy as np
+
+
+class NumpyOptimizerOps:
+    def adam_update(self, w, d, m, v, step, b1, b2, eps, decay):
+        """Darknet's adam_update_gpu on parameter w, its accumulated update d and moments m,
+        v (all the same size), step = (learning rate, t) a two-element array read when the
+        op runs, decay = decay * images per iteration:
+            d += -decay * w; m = b1*m + (1-b1)*d; v = b2*v + (1-b2)*d*d;
+            w += rate * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps); d = 0
+        each step rounded to the array's dtype in Darknet's order (its kernels: scal m and
+        v, axpy d, axpy m, d *= d, axpy v, adam_kernel, fill d)."""
+        f = self.dtype.type
+        one = f(1)
+        b1, b2, eps = f(b1), f(b2), f(eps)
+        rate, t = f(step[0]), f(step[1])
+        m *= b1
+        v *= b2
+        d += f(-decay) * w
+        m += (one - b1) * d
+        np.multiply(d, d, out=d)
+        v += (one - b2) * d
+        mhat = m / (one - np.power(b1, t))
+        vhat = v / (one - np.power(b2, t))
+        w += rate * mhat / (np.sqrt(vhat) + eps)
+        d[...] = 0

@@ -1,0 +1,33 @@
+"""Child processes and the signals meant for their parent.
+
+Terminals, GNU timeout and Slurm's scancel signal a whole process group: the helper
+processes a run starts (data loader workers, multiprocessing's forkserver and resource
+tracker, the ranks while they start) would each die of a SIGTERM or SIGUSR1 meant for the
+training process, which decides what happens (training/stops.py).
+"""
+import contextlib
+import signal
+import threading
+
+# The signals training handles: the stop signals and SIGUSR1 (save a backup).
+PARENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def children_ignore_signals(signals=PARENT_SIGNALS):
+    """Processes started inside this block ignore `signals` (an ignored signal stays
+    ignored across fork and exec; a child may set its own handlers later). The ones this
+    process receives meanwhile are blocked, not lost (Linux keeps a blocked signal pending
+    even while it is ignored), and reach its own handlers at the end of the block.
+    Outside the main thread no disposition can change: nothing is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -1,0 +1,30 @@
+// Optimizer updates (backends/cuda_optimizer.py launches them; adam.py says which Darknet
+// rule each follows).
+
+// Adam as both Darknets' GPU builds apply it (adam_update_gpu, src/blas_kernels.cu), its
+// seven kernels fused into one pass: each element is rounded as theirs is. Their axpy
+// kernels contract y += a*x into an FMA; their scal and mul round the product first.
+//   d += -decay * w; m = b1*m + (1-b1)*d; v = b2*v + (1-b2)*d*d;
+//   w += rate * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps); d = 0
+// step = (learning rate, t), read from device memory so a captured graph takes the
+// values written before each replay. decay is decay * images per iteration.
+extern "C" __global__ void adam_update_kernel(int n, float* __restrict__ w, float* __restrict__ d,
+                                             float* __restrict__ m, float* __restrict__ v,
+                                             const float* __restrict__ step, float b1, float b2,
+                                             float eps, float decay)
+{
+    const float rate = step[0], t = step[1];
+    const float m_scale = 1.f - powf(b1, t), v_scale = 1.f - powf(b2, t);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float wi = w[i];
+        const float di = fmaf(-decay, wi, d[i]);
+        const float mi = fmaf(1.f - b1, di, __fmul_rn(m[i], b1));
+        const float vi = fmaf(1.f - b2, __fmul_rn(di, di), __fmul_rn(v[i], b2));
+        m[i] = mi;
+        v[i] = vi;
+        const float mhat = __fdiv_rn(mi, m_scale);
+        const float vhat = __fdiv_rn(vi, v_scale);
+        w[i] = __fadd_rn(wi, __fdiv_rn(__fmul_rn(rate, mhat), __fadd_rn(__fsqrt_rn(vhat), eps)));
+        d[i] = 0.f;
+    }
+}

@@ -1,0 +1,269 @@
+"""The default CPU engine (export/engine.py, export/cache.py): ONNX Runtime when it is
+installed (the network exported once, checked, cached outside the user's folders), NumPy
+when it is not or the network does not export, one note saying which; training and
+--engine numpy run darknet-py's own arithmetic."""
+import os
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import darknet_py
+from darknet_py.export import engine as engine_module
+from darknet_py.export.check import CHECK_TOLERANCE, relative_difference
+
+pytest.importorskip("onnx", reason="the onnx extra is not installed")
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+
+from helpers import untrained_detector   # noqa: E402
+from test_cli import run_in_process   # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+TINY_CFG = SHARED / "darknet-cfg" / "yolov3-tiny.cfg"
+TINY_WEIGHTS = SHARED / "weights" / "yolov3-tiny.weights"
+DOG = SHARED / "images" / "dog.jpg"
+
+CRNN_CFG = """[net]
+width=8
+height=8
+channels=3
+batch=1
+time_steps=1
+
+[crnn]
+output_filters=4
+hidden_filters=4
+activation=leaky
+
+[avgpool]
+
+[softmax]
+"""
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """Counts the engine's exports (a cached model is read, not exported)."""
+    calls = []
+    real = engine_module.export_model
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].path)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "export_model", counting)
+    return calls
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("DARKNET_ONNX_CACHE", str(path))
+    return path
+
+
+def photo(directory, seed=0):
+    path = directory / "photo.png"
+    cv2.imwrite(str(path), np.random.default_rng(seed).integers(0, 256, (40, 50, 3), np.uint8))
+    return str(path)
+
+
+def head_outputs(net, image):
+    net.predict(image)
+    return [net.layer_output(layer.index) for layer in net.layers if layer.type == "yolo"]
+
+
+def test_the_default_is_onnxruntime_and_agrees_with_numpy(tmp_path, cache, exports):
+    cfg, weights = untrained_detector(tmp_path)
+    image = photo(tmp_path)
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    assert exports == []   # made on the first inference, not at load (training never needs it)
+    assert net.engine == "onnxruntime" and len(exports) == 1
+    reference = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
+    assert reference.engine == "numpy"
+    got, want = head_outputs(net, image), head_outputs(reference, image)
+    assert all(relative_difference(g, w) < CHECK_TOLERANCE for g, w in zip(got, want))
+    assert not all(np.array_equal(g, w) for g, w in zip(got, want))   # another arithmetic
+    found = net.detect(image, thresh=0.1)
+    assert found and [d.name for d in found] == [d.name for d in reference.detect(image,
+                                                                                 thresh=0.1)]
+    # the cache is ours, never beside the user's files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "det.cfg", "det.weights",
+                                                          "photo.png"]
+    assert len(list(cache.glob("*.onnx"))) == 1
+
+
+def test_numpy_when_onnxruntime_is_not_installed(tmp_path, cache, monkeypatch, exports):
+    cfg, weights = untrained_detector(tmp_path)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)   # import fails as if not installed
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    assert net.engine == "numpy" and "ONNX Runtime is not installed" in net.engine_note
+    net.predict(photo(tmp_path))
+    assert exports == [] and not cache.exists()
+    r = run_in_process(["detect", cfg, weights, photo(tmp_path), "--out", "none", "--device",
+                        "cpu"])
+    assert r.code == 0, r.err
+    assert [l for l in r.err.splitlines() if "inference on" in l] == [
+        "darknet-py: note: inference on NumPy (ONNX Runtime is not installed; pip install "
+        "'darknet-cfg-runner[onnx]' gives a faster CPU engine)"]
+
+
+def test_the_cache_is_reused_and_a_changed_weights_file_is_exported_again(tmp_path, cache,
+                                                                           exports):
+    cfg, weights = untrained_detector(tmp_path)
+    image = photo(tmp_path)
+    first = head_outputs(darknet_py.load_network(cfg, weights, device="cpu"), image)
+    assert len(exports) == 1
+    second = darknet_py.load_network(cfg, weights, device="cpu")
+    assert second.engine == "onnxruntime" and len(exports) == 1   # read from the cache
+    assert all(np.array_equal(a, b) for a, b in zip(first, head_outputs(second, image)))
+    # new weights in the same file (same size): exported again, and the new ones are served
+    net = darknet_py.load_network(cfg, seed=9, engine="numpy")
+    for layer in net.layers:
+        if getattr(layer, "batch_normalize", 0):
+            net.be.write(layer.rolling_variance, np.ones(layer.out_c))
+    net.save_weights(weights)
+    changed = darknet_py.load_network(cfg, weights, device="cpu")
+    got = head_outputs(changed, image)
+    assert len(exports) == 2 and len(list(cache.glob("*.onnx"))) == 2
+    want = head_outputs(darknet_py.load_network(cfg, weights, device="cpu", engine="numpy"),
+                        image)
+    assert all(relative_difference(g, w) < CHECK_TOLERANCE for g, w in zip(got, want))
+    assert not all(np.allclose(a, b) for a, b in zip(first, got))
+
+
+def test_a_damaged_cache_entry_is_exported_again(tmp_path, cache, exports):
+    cfg, weights = untrained_detector(tmp_path)
+    assert darknet_py.load_network(cfg, weights, device="cpu").engine == "onnxruntime"
+    (entry,) = cache.glob("*.onnx")
+    entry.write_bytes(b"not a model")
+    assert darknet_py.load_network(cfg, weights, device="cpu").engine == "onnxruntime"
+    assert len(exports) == 2 and entry.stat().st_size > 1000
+
+
+def test_a_layer_onnx_cannot_export_falls_back_to_numpy_saying_why(tmp_path, cache):
+    cfg = tmp_path / "crnn.cfg"
+    cfg.write_text(CRNN_CFG)
+    weights = tmp_path / "crnn.weights"
+    darknet_py.load_network(str(cfg), seed=1).save_weights(str(weights))
+    net = darknet_py.load_network(str(cfg), str(weights), device="cpu")
+    image = photo(tmp_path)
+    want = darknet_py.load_network(str(cfg), str(weights), device="cpu",
+                                   engine="numpy").predict(image)
+    assert np.array_equal(net.predict(image), want)
+    assert net.engine == "numpy"
+    assert net.engine_note == ("inference on NumPy: layer 0 [crnn]: ONNX export does not "
+                               "cover this layer type")
+    r = run_in_process(["test", cfg, weights, image, "--device", "cpu"])
+    assert r.code == 0, r.err
+    assert [l for l in r.err.splitlines() if "inference on" in l] == [
+        f"darknet-py: note: {net.engine_note}"]
+    with pytest.raises(darknet_py.network.NetworkError, match=r"\[crnn\]"):
+        darknet_py.load_network(str(cfg), str(weights), device="cpu",
+                                engine="onnxruntime").predict(image)
+
+
+def test_training_runs_on_numpy_and_leaves_onnxruntime(tmp_path, cache):
+    cfg, weights = untrained_detector(tmp_path)
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    reference = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
+    x = np.random.default_rng(1).random((1, 3, 32, 32), dtype=np.float32)
+    truth = np.zeros((1, 90 * 5), np.float32)
+    truth[0, :5] = (0.5, 0.5, 0.3, 0.3, 2)
+    assert net.engine == "onnxruntime"
+    assert net.train_pass(x, truth) == reference.train_pass(x, truth)
+    assert net.engine == "numpy"
+    assert np.array_equal(net.predict(x), reference.predict(x))
+
+
+def test_hand_written_parameters_are_exported_again(tmp_path, cache, exports):
+    cfg, weights = untrained_detector(tmp_path)
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    x = np.random.default_rng(2).random((1, 3, 32, 32), dtype=np.float32)
+    before = net.predict(x).copy()
+    net.layers[0].weights[:] *= 0.5
+    net.params_changed()
+    after = net.predict(x)
+    assert net.engine == "onnxruntime" and len(exports) == 2
+    want = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
+    want.layers[0].weights[:] *= 0.5
+    want.params_changed()
+    assert relative_difference(after, want.predict(x)) < CHECK_TOLERANCE
+    assert not np.allclose(before, after)
+    assert len(list(cache.glob("*.onnx"))) == 1   # the changed network is not cached
+
+
+def test_the_cli_notes_the_engine_once_and_not_under_quiet(tmp_path, cache):
+    cfg, weights = untrained_detector(tmp_path)
+    images = [photo(tmp_path, 0), str(tmp_path / "second.png")]
+    os.replace(images[0], images[1])
+    images[0] = photo(tmp_path, 1)
+    args = ["detect", cfg, weights, *images, "--out", "none", "--device", "cpu"]
+    notes = {}
+    for extra in ([], ["--engine", "numpy"], ["--quiet"]):
+        r = run_in_process(args + extra)
+        assert r.code == 0, r.err
+        notes[tuple(extra)] = [l for l in r.err.splitlines() if "inference on" in l]
+    (onnx,) = notes[()]
+    assert onnx.startswith("darknet-py: note: inference on ONNX Runtime (exported, checked "
+                           "against NumPy and cached in " + str(cache))
+    assert notes[("--engine", "numpy")] == []   # what was asked for runs: nothing to note
+    assert notes[("--quiet",)] == []
+    r = run_in_process(args)
+    assert [l for l in r.err.splitlines() if "inference on" in l] == [
+        f"darknet-py: note: inference on ONNX Runtime (its export read from "
+        f"{next(cache.glob('*.onnx'))}; --engine numpy runs Darknet's exact arithmetic)"]
+
+
+def test_the_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):
+    from darknet_py.export.cache import cache_dir
+    monkeypatch.delenv("DARKNET_ONNX_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == str(tmp_path / "darknet-py" / "onnx")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "darknet-py", "onnx")
+
+
+@pytest.mark.skipif(not TINY_WEIGHTS.is_file(), reason=f"no real weights at {TINY_WEIGHTS}")
+def test_real_yolov3_tiny_default_engine_agrees_with_numpy(cache):
+    net = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, device="cpu", batch=1)
+    reference = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, device="cpu", batch=1,
+                                        engine="numpy")
+    got, want = head_outputs(net, str(DOG)), head_outputs(reference, str(DOG))
+    assert net.engine == "onnxruntime"
+    assert max(relative_difference(g, w) for g, w in zip(got, want)) < CHECK_TOLERANCE
+    found, expected = net.detect(str(DOG)), reference.detect(str(DOG))
+    assert len(found) == len(expected) >= 3
+    for a, b in zip(found, expected):
+        assert a.name == b.name and abs(a.score - b.score) < 1e-4
+        assert np.allclose(a.xyxy, b.xyxy, atol=0.01)
+
+
+def test_a_layer_onnxruntime_does_not_give_is_refused_not_stale(tmp_path, cache):
+    cfg, weights = untrained_detector(tmp_path)
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    x = np.random.default_rng(3).random((1, 3, 32, 32), dtype=np.float32)
+    net.predict(x)
+    heads = [l.index for l in net.layers if l.type == "yolo"]
+    assert net.layer_output(heads[-1]).shape[0] == 1
+    with pytest.raises(darknet_py.network.NetworkError,
+                       match=r"layer 0 \[convolutional\]: ONNX Runtime ran the last inference"
+                             r".*engine=\"numpy\""):
+        net.layer_output(0)
+    net.forward(x, train=True, truth=np.zeros((1, 450), np.float32))   # the backend's pass
+    assert net.layer_output(0).shape == (1, 4, 32, 32)
+
+
+def test_map_and_valid_note_the_engine_and_map_quiet_drops_it(tmp_path, cache):
+    from helpers import digit_set
+    cfg, weights = untrained_detector(tmp_path)
+    data = digit_set(tmp_path / "set", 1, 2)
+    for args in (["map", cfg, data, weights], ["valid", cfg, data, weights, "--results-dir",
+                                               tmp_path / "results"]):
+        r = run_in_process(args + ["--device", "cpu"])
+        assert r.code == 0, r.err
+        assert len([l for l in r.err.splitlines() if "inference on ONNX Runtime" in l]) == 1
+    quiet = run_in_process(["map", cfg, data, weights, "--device", "cpu", "--quiet"])
+    assert quiet.code == 0 and "inference on" not in quiet.err, quiet.err
