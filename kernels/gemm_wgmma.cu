@@ -8,17 +8,18 @@
 // 16-byte strides). Other layouts and fp32 operands are converted first by to_kmajor below.
 //
 // Blocks are persistent (one per SM) and come in clusters of WG_CLUSTER (2) along M: the
-// blocks of a cluster walk groups of 128 x 256 tiles
-// of C stacked along M (block rank r takes tile row WG_CLUSTER * i + r), which share their B
-// panel: each block copies its own A slice and its part of the shared B slice, multicast
-// into every block of the cluster.
+// blocks of a cluster walk groups of 128 x 256 tiles of C stacked along M (block rank r
+// takes tile row WG_CLUSTER * i + r), which share their B panel: each block copies its own
+// A slice and its part of the shared B slice, multicast into every block of the cluster.
 // A block's 384 threads are three warpgroups: warpgroup 0 is the producer (one thread
-// issues the TMA copies of each 64-wide K slice into a ring of WG_STAGES shared-memory stages),
-// warpgroups 1 and 2 are consumers, each owning 64 rows of the tile: per K slice four
-// m64n256k16 wgmmas read both operands straight from shared memory. Two mbarriers per
-// stage: `full` (the copies landed, counted in bytes by TMA) and `empty` (every consumer
-// warp of the cluster is done with the stage: any block's multicast overwrites it in all). The producer runs ahead into the next tile while the consumers store the last
-// one, so the copies overlap the epilogue.
+// issues the TMA copies of each 64-wide K slice into a ring of WG_STAGES shared-memory
+// stages), warpgroups 1 and 2 are consumers, each owning 64 rows of the tile: per K slice
+// four m64n256k16 wgmmas read both operands straight from shared memory. Two mbarriers
+// per stage: `full` (the copies landed, counted in bytes by TMA) and `empty` (every
+// consumer warp of the cluster is done with the stage: any block's multicast overwrites
+// it in all). The producer runs ahead into the next tile while the consumers store the
+// last one (through shared memory and TMA stores, which drain during the next tile's
+// MMAs), so the copies overlap the epilogue.
 //
 // Shared-memory tiles use the 128-byte swizzle on both sides: TMA writes a row of 64 halves
 // (128 bytes) with its 16-byte chunks permuted by row % 8, and the wgmma descriptors say
@@ -26,8 +27,9 @@
 // so the hardware's address-based swizzle lines up. Edges (M, N, K not multiples of the
 // tile) come back from TMA as zeros; the epilogue stores only the rows and columns inside C.
 //
-// Tensor maps come by value as __grid_constant__ parameters (built on the host with
-// cuTensorMapEncodeTiled); they are the first two parameters so they sit 64-byte aligned.
+// Tensor maps (A, B, and C for the TMA stores) come by value as __grid_constant__
+// parameters, built on the host with cuTensorMapEncodeTiled; the launcher passes one
+// pointer per argument (cuLaunchKernel), so the driver places each 64-byte aligned.
 
 constexpr int WG_THREADS = 384;      // producer + 2 consumer warpgroups
 // Blocks per cluster (along M), sharing B through multicast (bench/NOTES.md, T5: pairs
