@@ -10,6 +10,8 @@ endif
 GPU_PYTHON ?= python3
 NVCC ?= nvcc
 NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
+# The Hopper GEMM's wgmma needs sm_90a (prebuilt.FILE_ARCHS): checked for that target too.
+NVCC_FLAGS_90A := -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings -cubin -o /dev/null
 
 .PHONY: install test demo gpu-test bench bench-cpu kernels-check dist clean
 
@@ -27,6 +29,8 @@ install: .installed
 kernels-check:
 	@if command -v $(NVCC) >/dev/null; then \
 	  for f in kernels/*.cu; do echo "nvcc $$f"; $(NVCC) $(NVCC_FLAGS) $$f || exit 1; done; \
+	  echo "nvcc kernels/gemm_wgmma.cu (sm_90a)"; \
+	  $(NVCC) $(NVCC_FLAGS_90A) kernels/gemm_wgmma.cu || exit 1; \
 	else echo "kernels-check: nvcc not found, kernels not compiled"; fi
 
 test: install kernels-check
@@ -36,7 +40,7 @@ demo: install
 	$(PYTHON) -m darknet_py.demo
 
 # A wheel in dist/ (pip install dist/darknet_cfg_runner-*.whl), checked to carry every
-# CUDA kernel, its binary for sm_80/86/89/90 with their manifest (prebuilt.py: no nvcc
+# CUDA kernel, its binary for sm_80/86/89/90 (gemm_wgmma.cu: sm_90a) with their manifest (prebuilt.py: no nvcc
 # needed on those GPUs) and every bundled cfg: the CUDA backend and the demo read them.
 dist: install
 	rm -rf dist build darknet_py/kernels_bin
@@ -52,6 +56,7 @@ gpu-test:
 # H100; its dated section is appended to bench/RESULTS.md).
 bench:
 	$(GPU_PYTHON) bench/run_all.py
+	$(GPU_PYTHON) bench/gemm_bench.py
 	$(GPU_PYTHON) bench/network_bench.py --cpu
 	$(GPU_PYTHON) bench/train_bench.py --results bench/RESULTS.md
 	$(GPU_PYTHON) bench/precision_bench.py --torch --results bench/RESULTS.md

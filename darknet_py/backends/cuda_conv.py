@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import activations, precision as precisions
 from ..shapes import conv_out_size, conv_strides
+from . import cuda_wgmma
 from .cuda_core import _BLOCK, _ceil_div
 
 # Argument formats (struct codes, see cuda_core.merge_kernel_tables) of the GEMM entry points.
@@ -180,6 +181,9 @@ class CudaConv:
         self._check_matrix("gemm B", b, 0, *((n, k) if tb else (k, n)), ldb)
         self._check_matrix("gemm C", c, 0, m, n, ldc)
         if m <= 0 or n <= 0:
+            return
+        # Hopper: wgmma + TMA where the product fills the chip (cuda_wgmma.handles).
+        if cuda_wgmma.gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
             return
         tile, splits = self.tc_plan(m, n, k)
         bm, bn, threads = _TC_TILES[tile]

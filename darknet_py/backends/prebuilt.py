@@ -25,6 +25,9 @@ import zipfile
 from . import kernel_cache
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+# Files built for other architectures than ARCHS: the Hopper GEMM uses sm_90a's own
+# instructions (wgmma, setmaxnreg), which no other target has (cuda_wgmma.py loads it).
+FILE_ARCHS = {"gemm_wgmma.cu": ("sm_90a",)}
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_DIR = os.path.join(PACKAGE_DIR, "kernels")
 PREBUILT_DIR = os.path.join(PACKAGE_DIR, "kernels_bin")
@@ -57,17 +60,21 @@ def build(out_dir=PREBUILT_DIR, kernel_dir=KERNEL_DIR, archs=ARCHS, options=None
     stale = os.path.join(out_dir, MANIFEST)
     if os.path.exists(stale):
         os.unlink(stale)
-    gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
 
     def one(name):
         opts = tuple(options.get(name, ()))
+        targets = file_archs(name, archs)
+        gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in targets]
         binary = kernel_cache.run_nvcc(name, sources[name], ["--fatbin", *gencode, *opts],
-                                       kernel_dir, nvcc, f" for {', '.join(archs)}")
+                                       kernel_dir, nvcc, f" for {', '.join(targets)}")
         out = name[:-3] + ".fatbin"
         with open(os.path.join(out_dir, out), "wb") as f:
             f.write(binary)
-        return name, {"digest": kernel_cache.kernel_digest(sources[name], opts, kernel_dir),
-                      "binary": out, "sha256": _sha256(binary)}
+        entry = {"digest": kernel_cache.kernel_digest(sources[name], opts, kernel_dir),
+                 "binary": out, "sha256": _sha256(binary)}
+        if name in FILE_ARCHS:
+            entry["archs"] = list(targets)
+        return name, entry
 
     workers = min(len(sources), os.cpu_count() or 1) or 1
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -76,6 +83,11 @@ def build(out_dir=PREBUILT_DIR, kernel_dir=KERNEL_DIR, archs=ARCHS, options=None
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
     return manifest
+
+
+def file_archs(name, archs=ARCHS):
+    """The architectures a kernel file is built for: FILE_ARCHS's, else `archs`."""
+    return FILE_ARCHS.get(name, tuple(archs))
 
 
 def read_manifest(directory=PREBUILT_DIR):
@@ -97,7 +109,7 @@ def prebuilt_binary(manifest, name, source, options, arch, directory=PREBUILT_DI
     entry = (manifest or {}).get("kernels", {}).get(name)
     if entry is None:
         return None, "none"
-    if arch not in manifest.get("archs", ()):
+    if arch not in entry.get("archs", manifest.get("archs", ())):
         return None, "arch"
     if entry.get("digest") != kernel_cache.kernel_digest(source, tuple(options), include_dir):
         return None, "stale"
@@ -155,7 +167,7 @@ def check_wheel(wheel):
             return problems + [f"the wheel lacks darknet_py/kernels_bin/{MANIFEST}"]
         for name, source in kernel_sources(kernels).items():
             opts = kernel_cache.KERNEL_OPTIONS.get(name, ())
-            for arch in ARCHS:
+            for arch in file_archs(name):
                 why = prebuilt_binary(manifest, name, source, opts, arch, binaries_dir,
                                       kernels)[1]
                 if why is not None:

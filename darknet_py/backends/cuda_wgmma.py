@@ -1,0 +1,296 @@
+"""Hopper's GEMM for the CUDA backend: kernels/gemm_wgmma.cu (wgmma fed by TMA, built for
+sm_90a) and its launcher.
+
+CudaBackend.gemm_lowp offers every fp16 / bf16 product to gemm_lowp below first. It takes
+the product on a GPU of compute capability 9.0 when the product fills the chip at least
+once with 128 x 256 tiles (and K >= MIN_K); otherwise (another GPU, tf32, a small or
+split-K-shaped product, a forced tensor-core plan in tc_override, DARKNET_WGMMA=0, or the
+sm_90a build not loading) it declines and the mma.sync kernels of gemm_tc.cu run as
+before.
+
+The kernel multiplies half-precision operands laid out K-major (A as M x K rows, B as N x K
+rows, rows a multiple of 8 elements apart). gemm_lowp's operands are fp32 in any of the
+layouts Darknet's gemm takes, so they are first rounded into two scratch buffers in that
+layout (to_kmajor: one pass each, transposing where needed); gemm_half multiplies operands
+already stored that way. Both write C = alpha * A @ B^T + beta * C in fp32.
+
+The sm_90a binary comes from the wheel (prebuilt.FILE_ARCHS builds this file for sm_90a
+only) or from nvcc through the kernel cache, like the other kernel files, but is loaded
+only here, on the first product that asks for it.
+"""
+import ctypes
+import os
+import sys
+
+import numpy as np
+import pycuda.driver as drv
+
+from . import kernel_cache, prebuilt
+
+SOURCE = "gemm_wgmma.cu"
+ARCH = "sm_90a"
+# kernels/gemm_wgmma.cu's WG_BM, WG_BN, WG_BK, WG_STAGES, WG_THREADS, WG_CLUSTER
+TILE_M, TILE_N, TILE_K, STAGES, THREADS, CLUSTER = 128, 256, 64, 4, 384, 2
+
+
+def shared_bytes(stages):
+    """Dynamic shared memory of the kernel: the stage ring, 1 KB for its mbarriers, the
+    epilogue's 4 buffers of 64 x 32 fp32, and 1 KB to align the ring to 1024 bytes."""
+    return stages * (TILE_M + TILE_N) * TILE_K * 2 + 1024 + 4 * 64 * 32 * 4 + 1024
+
+
+SHARED_BYTES = shared_bytes(STAGES)
+# C through TMA stores where its layout allows (rows 16-byte aligned, beta = 0); else
+# stores from the registers (bench/wgmma_probe.py times both).
+TMA_STORE = True
+# K below this: the product is memory-bound and the conversion pass does not pay (a data
+# gradient 288 x 692224 x 64 took 1.16 ms here against 0.75 with mma.sync; at K = 128,
+# 0.30 against 0.41: bench/NOTES.md, T5).
+MIN_K = 128
+# precision -> (kernel name part, CUtensorMapDataType)
+PRECISIONS = {"fp16": ("f16", 6), "bf16": ("bf16", 9)}
+_FLOAT32 = 7   # CUtensorMapDataType
+CONVERT_TILE = (32, 64)     # KM_ROWS, KM_COLS of kernels/gemm_wgmma.cu
+CONVERT_BLOCK = (32, 8)
+_ROW_ALIGN = 8              # halves: TMA wants row strides in multiples of 16 bytes
+# cuTensorMapEncodeTiled enums (cuda.h)
+_SWIZZLE_128B, _L2_PROMOTION_256B = 3, 3
+
+
+class WgmmaError(RuntimeError):
+    """A failed wgmma launch or tensor-map encoding, naming the kernel and its arguments."""
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+class _Kernels:
+    """The sm_90a module of one device, loaded and launched through the driver API (ctypes):
+    PyCUDA's packed-argument launch handed this kernel zeros for every argument (its
+    64-byte-aligned tensor-map parameters), while a launch with one pointer per argument
+    lets the driver place each where the kernel declares it."""
+
+    def __init__(self, image=None, shared_bytes=SHARED_BYTES, cluster=CLUSTER):
+        """image: a cubin or fatbin of gemm_wgmma.cu (bench/wgmma_probe.py's variants, with
+        their own shared_bytes and cluster size); by default the wheel's or the kernel
+        cache's build."""
+        if image is None:
+            with open(os.path.join(prebuilt.KERNEL_DIR, SOURCE)) as f:
+                source = f.read()
+            binaries, _ = prebuilt.binaries({SOURCE: source}, ARCH, kernel_cache.KERNEL_OPTIONS,
+                                            include_dir=prebuilt.KERNEL_DIR)
+            image = binaries[SOURCE]
+        lib = _driver()
+        self._image = image   # kept alive as long as the module
+        self.shared_bytes, self.cluster = shared_bytes, cluster
+        module = ctypes.c_void_p()
+        _check(lib, "cuModuleLoadData", lib.cuModuleLoadData(ctypes.byref(module), self._image))
+        self.functions = {}
+        for part, _ in PRECISIONS.values():
+            for name in (f"wgmma_gemm_{part}", f"to_kmajor_{part}"):
+                fn = ctypes.c_void_p()
+                _check(lib, "cuModuleGetFunction",
+                       lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()))
+                self.functions[name] = fn
+            _check(lib, "cuFuncSetAttribute", lib.cuFuncSetAttribute(
+                self.functions[f"wgmma_gemm_{part}"], _MAX_DYNAMIC_SHARED, shared_bytes))
+        # Clusters that fit on the chip at once: the persistent grid's size (a GPC with an
+        # odd count of free SMs leaves one idle).
+        config = _LaunchConfig((cluster, 1, 1), (THREADS, 1, 1), shared_bytes, None, None, 0)
+        count = ctypes.c_int()
+        _check(lib, "cuOccupancyMaxActiveClusters", lib.cuOccupancyMaxActiveClusters(
+            ctypes.byref(count), self.functions["wgmma_gemm_f16"], ctypes.byref(config)))
+        if count.value < 1:
+            raise WgmmaError("no cluster of two wgmma blocks fits on this GPU")
+        self.max_clusters = count.value
+
+
+_loaded = {}   # device index -> _Kernels, or None where this device cannot run them
+
+
+def kernels(be):
+    """The wgmma kernels for be's device; None on a GPU other than compute capability 9.0,
+    or where the sm_90a build cannot be had (said once on stderr)."""
+    index = be.device_index
+    if index not in _loaded:
+        _loaded[index] = None
+        if be._dev.device.compute_capability() == (9, 0):
+            try:
+                _loaded[index] = _Kernels()
+            except (kernel_cache.KernelCompileError, WgmmaError, OSError) as e:
+                print(f"darknet-py: the Hopper GEMM (wgmma) is unavailable, using mma.sync: {e}",
+                      file=sys.stderr)
+    return _loaded[index]
+
+
+def handles(be, precision, m, n, k):
+    """Whether gemm_lowp takes an m x n x k product in `precision` on this backend."""
+    if precision not in PRECISIONS or be.tc_override is not None or k < MIN_K:
+        return False
+    if os.environ.get("DARKNET_WGMMA", "") == "0":
+        return False
+    if _ceil_div(m, TILE_M) * _ceil_div(n, TILE_N) < be.sm_count:
+        return False   # less than a wave: mma.sync with split-K fills the chip better
+    return kernels(be) is not None
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+_lib = None
+_MAX_DYNAMIC_SHARED = 8   # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+def _driver():
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp, u32, u64p = ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)
+        u32p = ctypes.POINTER(ctypes.c_uint32)
+        for name, args in (
+                ("cuTensorMapEncodeTiled", (vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p,
+                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)),
+                ("cuModuleLoadData", (ctypes.POINTER(vp), ctypes.c_char_p)),
+                ("cuModuleGetFunction", (ctypes.POINTER(vp), vp, ctypes.c_char_p)),
+                ("cuFuncSetAttribute", (vp, ctypes.c_int, ctypes.c_int)),
+                ("cuLaunchKernel", (vp, u32, u32, u32, u32, u32, u32, u32, vp,
+                                    ctypes.POINTER(vp), ctypes.POINTER(vp))),
+                ("cuOccupancyMaxActiveClusters", (ctypes.POINTER(ctypes.c_int), vp,
+                                                  ctypes.POINTER(_LaunchConfig))),
+                ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        _lib = lib
+    return _lib
+
+
+def _check(lib, call, code, what=""):
+    if code:
+        name = ctypes.c_char_p()
+        lib.cuGetErrorName(code, ctypes.byref(name))
+        raise WgmmaError(f"{call} failed{what}: {(name.value or b'CUDA error %d' % code).decode()}")
+
+
+_maps = {}   # tensor_map's arguments -> its bytes: encoding costs ~10 us of host time
+
+
+def tensor_map(ptr, rows, cols, pitch, box_rows, data_type, box_cols=TILE_K, item=2):
+    """_encode_map's tensor map, encoded once per set of arguments."""
+    key = (ptr, rows, cols, pitch, box_rows, data_type, box_cols, item)
+    found = _maps.get(key)
+    if found is None:
+        if len(_maps) >= 256:
+            _maps.clear()
+        found = _maps[key] = _encode_map(*key)
+    return found
+
+
+def _encode_map(ptr, rows, cols, pitch, box_rows, data_type, box_cols, item):
+    """The 128 bytes (a ctypes array) of a 2-D tensor map over a rows x cols matrix of
+    `item`-byte elements at `ptr` (rows `pitch` elements apart): boxes of box_cols x box_rows
+    (box_cols * item = 128 bytes), 128-byte swizzle, zeros outside the matrix."""
+    buf = ctypes.create_string_buffer(128 + 64)
+    address = (ctypes.addressof(buf) + 63) & ~63      # the driver wants it 64-byte aligned
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(pitch * item)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    steps = (ctypes.c_uint32 * 2)(1, 1)
+    err = _driver().cuTensorMapEncodeTiled(address, data_type, 2, ptr, dims, strides, box, steps, 0,
+                                           _SWIZZLE_128B, _L2_PROMOTION_256B, 0)
+    if err:
+        raise WgmmaError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a {rows} x {cols} "
+                         f"matrix at 0x{ptr:x}, row pitch {pitch}")
+    return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(address, 128))
+
+
+def _launch(be, kern, name, grid, block, *args, shared=0):
+    """Queue kernel `name` on be's stream; args are ctypes values (a tensor map: 128 bytes)."""
+    grid = (*map(int, grid), 1, 1)[:3]
+    block = (*map(int, block), 1, 1)[:3]
+    pointers = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p)
+                                               for a in args))
+    lib = _driver()
+    _check(lib, "cuLaunchKernel", lib.cuLaunchKernel(kern.functions[name], *grid, *block, shared,
+                                                     be.stream.handle, pointers, None),
+           f" for kernel {name} with grid={grid} block={block}")
+    be._recent.append((name, grid, block))
+    if be.sync_each_launch:
+        try:
+            be.stream.synchronize()
+        except drv.Error as e:
+            raise WgmmaError(f"CUDA error in kernel {name} with grid={grid} block={block}: {e}") from e
+
+
+def row_pitch(k):
+    """Elements between rows of a K-major half-precision operand of K columns."""
+    return _ceil_div(max(int(k), 1), _ROW_ALIGN) * _ROW_ALIGN
+
+
+def _to_kmajor(be, kern, part, src, ld, rows, cols, transposed, dst, pitch):
+    grid = (_ceil_div(rows, CONVERT_TILE[0]), _ceil_div(cols, CONVERT_TILE[1]))
+    i = ctypes.c_int
+    _launch(be, kern, f"to_kmajor_{part}", grid, CONVERT_BLOCK, ctypes.c_uint64(src), i(ld), i(rows),
+            i(cols), i(int(transposed)), ctypes.c_uint64(dst), i(pitch))
+
+
+def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    part, data_type = PRECISIONS[precision]
+    a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
+    b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part
+    tile_pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
+    if TMA_STORE and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
+        store, c_map = 2, tensor_map(c, m, n, ldc, 64, _FLOAT32, box_cols=32, item=4)
+    else:   # float2 stores where aligned, else scalar; c_map unused
+        store, c_map = int(c % 8 == 0 and ldc % 2 == 0), a_map
+    i, f = ctypes.c_int, ctypes.c_float
+    _launch(be, kern, f"wgmma_gemm_{part}", (kern.cluster * min(tile_pairs, kern.max_clusters),),
+            (THREADS,), a_map, b_map, c_map, i(m), i(n), i(k), f(alpha), f(beta), ctypes.c_uint64(c),
+            i(ldc), i(store), shared=kern.shared_bytes)
+
+
+def gemm_lowp(be, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, force=False):
+    """CudaBackend.gemm_lowp's product on the wgmma kernel (arguments already checked by the
+    caller); False, having done nothing, where handles() says no. force: take any shape
+    and K >= 1 (tests), still only on a device that can run the kernel."""
+    if force:
+        if precision not in PRECISIONS or k < 1 or kernels(be) is None:
+            return False
+    elif not handles(be, precision, m, n, k):
+        return False
+    kern = kernels(be)
+    part, _ = PRECISIONS[precision]
+    pitch = row_pitch(k)
+    a16 = be._ptr(be._scratch_buffer("wgmma_a", 2 * m * pitch))
+    b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
+    # A as M x K rows: op(A) = A (M x K, lda) or A^T (A stored K x M).
+    _to_kmajor(be, kern, part, be._ptr(a), lda, m, k, bool(ta), a16, pitch)
+    # B as N x K rows: op(B) = B^T (B stored N x K) or B (K x N, read transposed).
+    _to_kmajor(be, kern, part, be._ptr(b), ldb, n, k, not tb, b16, pitch)
+    _multiply(be, kern, precision, m, n, k, alpha, a16, pitch, b16, pitch, beta, be._ptr(c), ldc)
+    return True
+
+
+def gemm_half(be, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """C (fp32, M x N, ldc) = alpha * A @ B^T + beta * C for half-precision operands already
+    K-major: A (M x K, rows lda apart) and B (N x K, rows ldb apart) as float16 arrays
+    holding `precision`'s bits; lda and ldb multiples of 8. Needs compute capability 9.0."""
+    m, n, k, lda, ldb, ldc = (int(v) for v in (m, n, k, lda, ldb, ldc))
+    kern = kernels(be)
+    if kern is None:
+        raise WgmmaError(f"gemm_half needs the sm_90a wgmma kernels; {be.device_name} cannot run them")
+    if precision not in PRECISIONS:
+        raise ValueError(f"gemm_half multiplies {' or '.join(PRECISIONS)}, not {precision}")
+    for what, arr, rows, ld in (("A", a, m, lda), ("B", b, n, ldb)):
+        if arr.dtype != np.float16 or ld % _ROW_ALIGN or ld < k or arr.size < (rows - 1) * ld + k \
+                or arr.ptr % 16:
+            raise ValueError(f"gemm_half {what}: want a 16-byte aligned float16 array of {rows} rows "
+                             f"of {k}, {ld} apart (a multiple of {_ROW_ALIGN})")
+    if c.size < (m - 1) * ldc + n:
+        raise ValueError(f"gemm_half C: {c.size} elements for {m} x {n} rows {ldc} apart")
+    if m <= 0 or n <= 0 or k <= 0:
+        raise ValueError(f"gemm_half: empty product {m} x {n} x {k}")
+    _multiply(be, kern, precision, m, n, k, alpha, a.ptr, lda, b.ptr, ldb, beta, c.ptr, ldc)

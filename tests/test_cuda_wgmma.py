@@ -1,0 +1,172 @@
+"""The Hopper GEMM (kernels/gemm_wgmma.cu through backends/cuda_wgmma.py) against NumPy.
+
+GPU tests, skipped on a GPU other than compute capability 9.0. Every product runs on fresh
+random operands with a NaN-poisoned C (beta = 0) or a random C (beta != 0), on shapes that
+divide no tile (M, N, K of 1, 3, 255, ...), in each layout gemm_lowp takes (nn, nt, tn), in
+fp16 and bf16. Tolerances (max |got - want| / max |want|, test_precision.assert_close):
+  * 1e-4 against NumPy multiplying the same rounded operands in float64 (what is left is
+    the order of the fp32 sums);
+  * 3e-3 (fp16) and 2e-2 (bf16) against the exact product of the unrounded operands.
+CPU tests check the host side that needs no GPU: the prebuilt build's sm_90a target.
+"""
+import numpy as np
+import pytest
+
+from darknet_py.backends import prebuilt
+from darknet_py.precision import round_to
+
+from test_cuda_ops import assert_close, nan, rand
+from test_prebuilt_kernels import FAKE_NVCC
+
+gpu = pytest.mark.gpu
+HALF = ("fp16", "bf16")
+EMULATION_TOL = 1e-4
+PRECISION_TOL = {"fp16": 3e-3, "bf16": 2e-2}
+LAYOUTS = [(0, 0), (0, 1), (1, 0)]
+# (m, n, k): odd sizes, a single row or column, K under one 64-wide slice, tiles with edges
+# (C rows a multiple of 4 floats with beta = 0 go out through TMA stores, the others from
+# the registers: both kinds here)
+SHAPES = [(255, 3, 255), (3, 255, 3), (1, 1, 1), (129, 257, 65), (300, 520, 1000),
+          (128, 256, 64), (1000, 777, 333), (255, 516, 100)]
+
+
+@pytest.fixture(scope="module")
+def hopper(cuda):
+    from darknet_py.backends import cuda_wgmma
+    if cuda_wgmma.kernels(cuda) is None:
+        pytest.skip("the wgmma kernels need compute capability 9.0")
+    return cuda_wgmma
+
+
+def _product(p, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, rounded=True):
+    """alpha * op(A) @ op(B) + beta * C in float64 (rows ldc apart; other C entries kept)."""
+    def op(x, rows, cols, ld, t):
+        x = (round_to(x, p) if rounded else x).astype(np.float64)
+        return x.reshape(-1, ld)[:cols, :rows].T if t else x.reshape(-1, ld)[:rows, :cols]
+    out = c.astype(np.float64).reshape(m, ldc).copy()
+    prod = op(a, m, k, lda, ta) @ op(b, k, n, ldb, tb)
+    out[:, :n] = alpha * prod + (beta * out[:, :n] if beta != 0 else 0.0)
+    return out.reshape(-1)
+
+
+def half_bits(x, p):
+    """float32 values rounded to p, as the float16 array holding their bits."""
+    r = round_to(x, p)
+    return r.astype(np.float16) if p == "fp16" else (r.view(np.uint32) >> 16).astype(np.uint16).view(np.float16)
+
+
+def _case(rng, ta, tb, m, n, k, pad):
+    """Operands with leading dimensions `pad` past their rows' width, C rows 2 * pad wider."""
+    lda = (m if ta else k) + pad
+    ldb = (k if tb else n) + pad
+    a = rand(rng, (k if ta else m) * lda)
+    b = rand(rng, (n if tb else k) * ldb)
+    return a, lda, b, ldb, n + 2 * pad
+
+
+def _run(cuda, hopper, p, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    A, B, C = cuda.from_host(a), cuda.from_host(b), cuda.from_host(c)
+    assert hopper.gemm_lowp(cuda, p, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
+                            force=True)
+    return np.asarray(cuda.to_host(C), np.float64)
+
+
+@gpu
+@pytest.mark.parametrize("p", HALF)
+@pytest.mark.parametrize("ta,tb", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_wgmma_gemm_matches_numpy(cuda, hopper, p, ta, tb, m, n, k):
+    rng = np.random.default_rng(hash((p, ta, tb, m, n, k)) % 2**32)
+    for beta, pad in ((0.0, 0), (0.5, 5)):
+        a, lda, b, ldb, ldc = _case(rng, ta, tb, m, n, k, pad)
+        c = nan(m * ldc) if beta == 0 else rand(rng, m * ldc)
+        got = _run(cuda, hopper, p, ta, tb, m, n, k, 0.75, a, lda, b, ldb, beta, c, ldc)
+        inside = got.reshape(m, ldc)[:, :n]
+        assert not np.isnan(inside).any(), f"{p} {m}x{n}x{k}: C entries left unwritten"
+        if beta == 0 and ldc > n:   # nothing written past each row's n
+            assert np.isnan(got.reshape(m, ldc)[:, n:]).all()
+        want = _product(p, ta, tb, m, n, k, 0.75, a, lda, b, ldb, beta, np.nan_to_num(c), ldc)
+        assert_close(inside, want.reshape(m, ldc)[:, :n], EMULATION_TOL, f"{p} {m}x{n}x{k} beta {beta}")
+        if beta == 0:   # (beta * C may cancel the product: no relative bound on a few terms)
+            exact = _product(p, ta, tb, m, n, k, 0.75, a, lda, b, ldb, beta, c, ldc, rounded=False)
+            assert_close(inside, exact.reshape(m, ldc)[:, :n], PRECISION_TOL[p], f"{p} exact")
+
+
+@gpu
+@pytest.mark.parametrize("p", HALF)
+def test_gemm_lowp_takes_the_wgmma_path_for_a_large_product(cuda, hopper, p):
+    """Through CudaBackend.gemm_lowp: a product that fills the chip goes to wgmma and agrees
+    with the mma.sync kernels (forced by tc_override) to fp32 rounding."""
+    m, n, k = 1536, 23 * 256 - 7, 300
+    assert hopper.handles(cuda, p, m, n, k)
+    rng = np.random.default_rng(5)
+    a, b = rand(rng, m * k), rand(rng, k * n)
+    A, B = cuda.from_host(a), cuda.from_host(b)
+    outs = []
+    for override in (None, ("128x128", 1)):
+        cuda.tc_override = override
+        try:
+            assert hopper.handles(cuda, p, m, n, k) == (override is None)
+            C = cuda.from_host(nan(m * n))
+            cuda.gemm_lowp(p, 0, 0, m, n, k, 1.0, A, k, B, n, 0.0, C, n)
+            outs.append(np.asarray(cuda.to_host(C), np.float64))
+        finally:
+            cuda.tc_override = None
+    assert not np.isnan(outs[0]).any()
+    rows = rng.choice(m, 64, replace=False)
+    want = (round_to(a, p).astype(np.float64).reshape(m, k)[rows]
+            @ round_to(b, p).astype(np.float64).reshape(k, n))
+    assert_close(outs[0].reshape(m, n)[rows], want, EMULATION_TOL, f"{p} wgmma")
+    assert_close(outs[0], outs[1], EMULATION_TOL, f"{p} wgmma vs mma.sync")
+
+
+@gpu
+@pytest.mark.parametrize("p", HALF)
+def test_gemm_half_on_half_operands(cuda, hopper, p):
+    m, n, k = 300, 700, 190
+    rng = np.random.default_rng(9)
+    a, b = rand(rng, m * 192), rand(rng, n * 200)   # rows 192 and 200 apart (multiples of 8)
+    A, B = cuda._new(a.size, np.float16), cuda._new(b.size, np.float16)
+    cuda.write(A, half_bits(a, p))
+    cuda.write(B, half_bits(b, p))
+    C = cuda.from_host(nan(m * n))
+    hopper.gemm_half(cuda, p, m, n, k, 2.0, A, 192, B, 200, 0.0, C, n)
+    want = 2.0 * (round_to(a, p).astype(np.float64).reshape(m, 192)[:, :k]
+                  @ round_to(b, p).astype(np.float64).reshape(n, 200)[:, :k].T)
+    assert_close(np.asarray(cuda.to_host(C), np.float64), want.reshape(-1), EMULATION_TOL, p)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        hopper.gemm_half(cuda, p, m, n, k, 1.0, A, 190, B, 200, 0.0, C, n)
+
+
+@gpu
+def test_handles_declines_what_mma_sync_does_better(cuda, hopper):
+    assert not hopper.handles(cuda, "tf32", 4096, 4096, 4096)
+    assert not hopper.handles(cuda, "fp16", 256, 1152, 200000)   # weight gradient: split-K
+    assert not hopper.handles(cuda, "fp16", 4096, 4096, 16)      # too thin for the conversion
+    assert not hopper.handles(cuda, "fp16", 288, 692224, 64)     # memory-bound data gradient
+    assert hopper.handles(cuda, "fp16", 4096, 4096, 4096)
+
+
+# ---- host side (no GPU) ----------------------------------------------------------------
+
+def test_the_wgmma_file_is_built_for_sm_90a_only(tmp_path):
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    sources = {"gemm_wgmma.cu": 'extern "C" __global__ void w() {}\n',
+               "blas.cu": 'extern "C" __global__ void b() {}\n'}
+    for name, text in sources.items():
+        (kernels / name).write_text(text)
+    built = tmp_path / "bin"
+    manifest = prebuilt.build(str(built), str(kernels), options={}, nvcc=str(nvcc))
+    assert manifest["kernels"]["gemm_wgmma.cu"]["archs"] == ["sm_90a"]
+    assert "archs" not in manifest["kernels"]["blas.cu"]
+    wgmma = (built / "gemm_wgmma.fatbin").read_text()
+    assert "arch=compute_90a,code=sm_90a" in wgmma and "code=sm_90 " not in wgmma
+    assert "code=sm_90 " in (built / "blas.fatbin").read_text()
+    found = {arch: prebuilt.prebuilt_binary(manifest, "gemm_wgmma.cu", sources["gemm_wgmma.cu"], (),
+                                            arch, str(built), str(kernels))[1]
+             for arch in ("sm_90", "sm_90a")}
+    assert found == {"sm_90": "arch", "sm_90a": None}
