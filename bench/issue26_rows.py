@@ -17,8 +17,9 @@ PyTorch has the work):
                                         SGD step)
   yolov3tiny_b64_forward_layers_ms_fp16 input on the device, sum of the layers (torch: AMP
                                         forward replayed as a CUDA graph)
-  yolov3tiny_b64_forward_whole_ms_fp16  predict() from host images, upload and download
-  gemm4096_fp16_tflops                  4096^3 fp16 GEMM (torch: cuBLAS)
+The table also shows two rows other scripts measure and write into the same JSON:
+  yolov3tiny_b64_forward_whole_ms_fp16  bench/inference_bench.py (uint8 photos in)
+  gemm4096_fp16_tflops                  bench/gemm_bench.py (half operands, as cuBLAS)
 Each darknet-py and PyTorch measurement runs in a process of its own, so peak memory is
 that process's alone; medians of CUDA-event-timed runs after warm-up.
 """
@@ -69,14 +70,8 @@ def ours(kind, cfg, precision, batch):
     from darknet_py.bench import run_bench
     from darknet_py.network import load_network
     net = load_network(cfg, batch=batch, device="cuda:0", precision=precision)
-    if kind == "gemm":
-        import numpy as np
-        from precision_bench import gemm_rows
-        row = [r for r in gemm_rows(net.be) if r["precision"] == precision][0]
-        return {"tflops": row["tflops"]}
     r = run_bench(net, train=kind == "train", warmup=3, repeats=10)
     return {"step_ms": r.get("train_step_ms"), "layers_ms": r.get("gpu_forward_ms"),
-            "whole_ms": r.get("whole_forward_ms", r.get("forward_ms")),
             "peak_gb": (r["peak_device_memory_bytes"] or 0) / 1e9}
 
 
@@ -88,12 +83,6 @@ def theirs(kind, cfg, precision, batch):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda:0")
-    if kind == "gemm":
-        n = 4096
-        a = torch.randn(n, n, device=dev, dtype=torch.float16)
-        b = torch.randn(n, n, device=dev, dtype=torch.float16)
-        ms = median_ms(torch, lambda: a @ b)
-        return {"tflops": 2 * n ** 3 / ms / 1e9}
     model = DarknetPort(cfg).to(dev)
     amp = precision in ("fp16", "bf16")
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
@@ -187,7 +176,6 @@ def collect(tmp, skip_iteration, only):
         plan.append((f"yolov3tiny_b64_step_ms_{p}", "train", tiny, p, 64, "step_ms"))
     plan.append(("yolov3tiny_b64_forward_layers_ms_fp16", "forward", tiny, "fp16", 64,
                  "layers_ms"))
-    plan.append(("gemm4096_fp16_tflops", "gemm", tiny, "fp16", 1, "tflops"))
     results, errors = {}, {}
     for key, kind, cfg, p, batch, field in plan:
         if only and not any(key.startswith(o) for o in only):
@@ -200,8 +188,6 @@ def collect(tmp, skip_iteration, only):
                 results[prefix + key] = r[field]
                 if key.startswith("yolov4_b32_pass") and p in ("fp16", "fp32"):
                     results[f"{prefix}yolov4_b32_peak_gb_{p}"] = r["peak_gb"]
-                if key == "yolov3tiny_b64_forward_layers_ms_fp16" and who == "ours":
-                    results["yolov3tiny_b64_forward_whole_ms_fp16"] = r["whole_ms"]
             print(f"{prefix + key}: {results.get(prefix + key, errors.get(prefix + key))}",
                   flush=True)
     if not skip_iteration and (not only or any("yolov4_iteration".startswith(o) or
@@ -268,7 +254,9 @@ def main():
     gpu = gpu_name()
     date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
     write_json(args.json, results, gpu, date)
-    lines = markdown(results, errors, gpu, date)
+    merged = json.loads(Path(args.json).read_text())
+    lines = markdown({k: v for k, v in merged.items() if isinstance(v, (int, float))},
+                     errors, gpu, date)
     print("\n".join(lines))
     if args.results:
         with open(args.results, "a", encoding="utf-8") as f:
