@@ -188,8 +188,10 @@ class ConvolutionalLayer(Layer):
         m, k, n = self._gemm_dims()
         # The reduced-precision forward reads its input in place (implicit GEMM); only its
         # backward unfolds into the workspace.
-        reduced_inference = not train and self.precision != precisions.DEFAULT
-        self.workspace_size = 0 if reduced_inference else (k + m) * n * self._chunk(batch)
+        # Nor does its training when the backend runs the backward as implicit GEMMs.
+        reduced = self.precision != precisions.DEFAULT
+        no_workspace = reduced and (not train or self._implicit_backward(be, batch))
+        self.workspace_size = 0 if no_workspace else (k + m) * n * self._chunk(batch)
         if self.binary or self.xnor:
             self.binary_weights = be.zeros(self.nweights)
         self.binary_input = be.zeros(batch * self.inputs) if self.xnor else None
@@ -349,6 +351,32 @@ class ConvolutionalLayer(Layer):
             return be.gemm
         return lambda *args: be.gemm_lowp(self.precision, *args)
 
+    def _implicit_backward(self, be, batch):
+        """Whether the backend runs this layer's backward products as implicit GEMMs
+        (conv_weight_grad, conv_data_grad: no im2col or col2im buffer)."""
+        return be.conv_backward_implicit(self.precision, batch, self.c // self.groups, self.h,
+                                         self.w, self.size, self.stride, self.padding,
+                                         self.dilation, self.filters // self.groups)
+
+    def _backward_implicit(self, net):
+        """Per group: weight_updates += delta x input patches; the input's delta gets
+        weights^T x delta folded back, added (or written, where the fork's col2im clears
+        the image first)."""
+        be = net.be
+        m, k, n = self._gemm_dims()
+        cg, hw = self.c // self.groups, self.h * self.w
+        geometry = (cg, self.h, self.w, self.size, self.stride, self.padding, self.dilation,
+                    self.batch)
+        for g in range(self.groups):
+            be.conv_weight_grad(self.precision, self.delta[g * m * n:], self.outputs,
+                                net.input[g * cg * hw:], self.inputs, *geometry, m,
+                                self.weight_updates[g * m * k:])
+            if net.delta is not None:
+                be.conv_data_grad(self.precision, self.weights[g * m * k:], m,
+                                  self.delta[g * m * n:], self.outputs, *geometry,
+                                  net.delta[g * cg * hw:], self.inputs,
+                                  not self.clears_input_delta)
+
     def backward(self, net):
         be = net.be
         gemm = self._gemm(be)
@@ -360,6 +388,8 @@ class ConvolutionalLayer(Layer):
             bn_backward(self, net, self.out_c, spatial, train_beta=self.darknet != "alexeyab")
         else:
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
+        if self._implicit_backward(be, self.batch):
+            return self._backward_implicit(net)
         if net.delta is not None and self.clears_input_delta:
             be.fill(net.delta[:self.batch * self.inputs], 0.0)
         for b0, count, col, delta_out in self._chunks(be, net):

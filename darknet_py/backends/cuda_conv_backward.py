@@ -1,0 +1,176 @@
+"""The CUDA backend's convolution backward as implicit GEMMs (kernels/conv_backward.cu):
+the weight gradient and the data gradient read the input and the output delta where
+they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
+(tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
+import os
+
+from ..shapes import conv_out_size, conv_strides
+from .cuda_core import _BLOCK, _ceil_div
+
+# precision -> (kernel name part, bytes of a packed weight)
+_PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
+# kernels/conv_backward.cu's tiles -> (BM, BN, threads per block)
+_WGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
+                   "32x128": (32, 128, 128), "64x64": (64, 64, 128), "32x64": (32, 64, 64)}
+_DGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
+                   "32x128": (32, 128, 128)}
+_WGRAD_F32_TILES = {"128x128x8": (128, 128, 256), "64x64x16": (64, 64, 256),
+                    "32x32x16": (32, 32, 64)}
+_DGRAD_F32_TILES = {"128x128x8": (128, 128, 256), "64x64x16": (64, 64, 256)}
+# Split-K chunks are whole multiples of this many k (every tile's slice divides it).
+_K_STEP = 32
+# The most floats of split-K partials a weight gradient may take (128 MiB).
+_PARTIALS_CAP = 1 << 25
+# Indexes inside the kernels are int32 per image and over images * pixels.
+_INT32 = 2 ** 31 - 1
+
+_WGRAD_ARGS = "PqPqiiiiiiiiiiiiiPifq"
+_DGRAD_ARGS = "PiPqiiiiiiiiiiiiPqi"
+
+KERNELS = {
+    "conv_backward.cu": dict(
+        {f"conv_wgrad_{part}_{tile}": _WGRAD_ARGS for part in ("f16", "bf16", "tf32")
+         for tile in _WGRAD_TC_TILES},
+        **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for part in ("f16", "bf16", "tf32")
+           for tile in _DGRAD_TC_TILES},
+        **{f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
+        **{f"conv_dgrad_f32_{tile}": _DGRAD_ARGS for tile in _DGRAD_F32_TILES},
+        **{f"pack_transposed_{part}": "PiiiiP" for part in ("f16", "bf16", "tf32", "f32")},
+    ),
+}
+
+
+class CudaConvBackward:
+    """conv_backward_implicit, conv_weight_grad, conv_data_grad."""
+
+    # False: every convolution's backward takes im2col + GEMM + col2im (benchmarks and the
+    # tests that compare the two paths; DARKNET_IMPLICIT_BACKWARD=0 sets it for a process).
+    implicit_conv_backward = os.environ.get("DARKNET_IMPLICIT_BACKWARD", "1") != "0"
+    # Forced plans for tests and benchmarks: (tile, splits) and tile; None = heuristic.
+    wgrad_override = None
+    dgrad_override = None
+
+    def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
+                               pad, dilation, filters):
+        """True when conv_weight_grad and conv_data_grad take this convolution group (its
+        indexes fit the kernels' int32 arithmetic); False: the caller unfolds im2col."""
+        if not self.implicit_conv_backward or precision not in _PARTS:
+            return False
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        per_image = max(channels * height * width, filters * out_h * out_w)
+        return (out_h > 0 and out_w > 0 and batch * per_image <= _INT32
+                and filters * ksize * ksize * channels <= _INT32)
+
+    # ---- plans ------------------------------------------------------------------------
+    def wgrad_plan(self, precision, m, n, k):
+        """(tile, splits) for a weight gradient of m filters x n weights over k = images *
+        positions: tiles follow the filters (32x64 for a first layer's few weights); K is
+        split until about half the SMs' threads are busy (each split >= 2048 of K), the
+        partials under 128 MiB."""
+        if self.wgrad_override is not None:
+            return self.wgrad_override
+        sms = self.sm_count
+        if precision == "fp32":
+            if min(m, n) <= 32:
+                tile = "32x32x16"
+            elif min(m, n) <= 64 or _ceil_div(m, 128) * _ceil_div(n, 128) < sms:
+                tile = "64x64x16"
+            else:
+                tile = "128x128x8"
+            bm, bn, threads = _WGRAD_F32_TILES[tile]
+        else:
+            if m <= 32:
+                tile = "32x64" if n <= 64 else "32x128"
+            elif m <= 64:
+                tile = "64x64" if n <= 64 else "64x128"
+            else:
+                tile = "128x128" if _ceil_div(m, 128) * _ceil_div(n, 128) >= sms else "64x128"
+            bm, bn, threads = _WGRAD_TC_TILES[tile]
+        tiles = _ceil_div(m, bm) * _ceil_div(n, bn)
+        target = sms * (1024 // threads)
+        splits = min(_ceil_div(target, tiles), k // 2048, max(1, _PARTIALS_CAP // (m * n)), 4096)
+        return tile, max(1, splits)
+
+    def dgrad_plan(self, precision, m, n):
+        """The tile for a data gradient of m channels x n = images * pixels: rows follow
+        the channels (n is always large)."""
+        if self.dgrad_override is not None:
+            return self.dgrad_override
+        if precision == "fp32":
+            return "64x64x16" if m <= 64 else "128x128x8"
+        return "32x128" if m <= 32 else "64x128" if m <= 64 else "128x128"
+
+    # ---- the ops --------------------------------------------------------------------------
+    def _backward_geometry(self, what, delta, delta_stride, im, im_stride, channels, height,
+                           width, ksize, stride, pad, dilation, batch, filters):
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        batch, positions = int(batch), out_h * out_w
+        delta_stride = int(delta_stride) or filters * positions
+        im_stride = int(im_stride) or channels * height * width
+        self._check_size(f"{what} delta", delta, (batch - 1) * delta_stride + filters * positions)
+        self._check_size(f"{what} images", im, (batch - 1) * im_stride + channels * height * width)
+        stride_y, stride_x = conv_strides(stride)
+        geometry = (int(ksize), int(stride_y), int(stride_x), int(pad), int(dilation))
+        return out_h, out_w, delta_stride, im_stride, geometry
+
+    def conv_weight_grad(self, precision, delta, delta_stride, im, im_stride, channels, height,
+                         width, ksize, stride, pad, dilation, batch, filters, weight_updates):
+        """NumpyBackend.conv_weight_grad as one implicit GEMM (K split over images and
+        positions, partials added in a fixed order)."""
+        part, _ = _PARTS[precision]
+        channels, height, width, filters = int(channels), int(height), int(width), int(filters)
+        out_h, out_w, delta_stride, im_stride, (ksize, sy, sx, pad, dilation) = \
+            self._backward_geometry("conv_weight_grad", delta, delta_stride, im, im_stride,
+                                    channels, height, width, ksize, stride, pad, dilation,
+                                    batch, filters)
+        m, n, k = filters, channels * ksize * ksize, int(batch) * out_h * out_w
+        self._check_size("conv_weight_grad weight_updates", weight_updates, m * n)
+        if m <= 0 or n <= 0 or k <= 0:
+            return
+        tile, splits = self.wgrad_plan(precision, m, n, k)
+        bm, bn, threads = (_WGRAD_F32_TILES if precision == "fp32" else _WGRAD_TC_TILES)[tile]
+        chunk = _ceil_div(_ceil_div(k, max(1, splits)), _K_STEP) * _K_STEP
+        splits = _ceil_div(k, chunk)
+        grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
+        args = (self._ptr(delta), delta_stride, self._ptr(im), im_stride, height, width, ksize,
+                sy, sx, pad, dilation, out_h, out_w, m, n, k, chunk)
+        kernel = f"conv_wgrad_{part}_{tile}"
+        if splits == 1:
+            self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0)
+            return
+        partials = self._ptr(self._scratch_buffer("conv_wgrad", 4 * splits * m * n))
+        self._launch(kernel, grid, (threads,), *args, partials, n, 0.0, m * n)
+        # splitk_reduce (gemm.cu): one thread per output for every 16 splits, up to 32.
+        per_output = min(32, 1 << (max(1, splits // 16).bit_length() - 1))
+        width_ = _BLOCK // per_output
+        self._launch("splitk_reduce", (_ceil_div(m * n, width_),), (width_, per_output), m, n,
+                     splits, partials, 1.0, 1.0, self._ptr(weight_updates), n)
+
+    def conv_data_grad(self, precision, weights, filters, delta, delta_stride, channels, height,
+                       width, ksize, stride, pad, dilation, batch, dx, dx_stride, accumulate):
+        """NumpyBackend.conv_data_grad as one implicit GEMM per call: each input pixel
+        gathers the delta entries its taps reached (no col buffer, no atomics)."""
+        part, size = _PARTS[precision]
+        channels, height, width, filters = int(channels), int(height), int(width), int(filters)
+        out_h, out_w, delta_stride, dx_stride, (ksize, sy, sx, pad, dilation) = \
+            self._backward_geometry("conv_data_grad", delta, delta_stride, dx, dx_stride,
+                                    channels, height, width, ksize, stride, pad, dilation,
+                                    batch, filters)
+        kk = ksize * ksize
+        self._check_size("conv_data_grad weights", weights, filters * channels * kk)
+        m, k, n = channels, filters * kk, int(batch) * height * width
+        if m <= 0 or n <= 0:
+            return
+        # Wt[c][(f, ky, kx)], rows of pitch elements (16 bytes; the FFMA tiles read float4s)
+        per = 4 if part == "f32" else 16 // size
+        pitch = _ceil_div(max(k, 1), per) * per
+        packed = self._scratch_buffer("conv_dgrad_weights", m * pitch * size)
+        words = m * pitch * size // 4
+        self._launch(f"pack_transposed_{part}", self._grid1d(words), (_BLOCK,), self._ptr(weights),
+                     filters, channels, kk, pitch, self._ptr(packed))
+        tile = self.dgrad_plan(precision, m, n)
+        bm, bn, threads = (_DGRAD_F32_TILES if precision == "fp32" else _DGRAD_TC_TILES)[tile]
+        self._launch(f"conv_dgrad_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(m, bm)),
+                     (threads,), self._ptr(packed), pitch, self._ptr(delta), delta_stride,
+                     out_h, out_w, ksize, sy, sx, pad, dilation, height, width, m, k, n,
+                     self._ptr(dx), dx_stride, int(bool(accumulate)))
