@@ -127,7 +127,7 @@ def test_numpy_backward_rounds_the_operands():
 
 
 def test_the_numpy_backend_keeps_the_im2col_backward():
-    assert not REF.conv_backward_implicit("fp16", 2, 3, 8, 8, 3, 1, 1, 1, 4)
+    assert REF.conv_backward_implicit("fp16", 2, 3, 8, 8, 3, 1, 1, 1, 4) == (False, False)
 
 
 # ---- GPU: the kernels -------------------------------------------------------------------
@@ -246,7 +246,11 @@ activation=leaky
 
 @gpu
 @pytest.mark.parametrize("darknet", ("original", "alexeyab"))
-def test_training_step_matches_the_im2col_backward(cuda, tmp_path, darknet):
+@pytest.mark.parametrize("products", ("both", "weights", "data"))
+def test_training_step_matches_the_im2col_backward(cuda, tmp_path, darknet, products):
+    """A training step with the implicit products (both, or one beside the im2col path's
+    other) against the im2col path: the same updates and deltas; the fork's flavour
+    overwrites the input's delta (route and convolution both feed layer 1's)."""
     import darknet_py as dn
     from helpers import param_arrays
     cfg = tmp_path / "train.cfg"
@@ -255,17 +259,37 @@ def test_training_step_matches_the_im2col_backward(cuda, tmp_path, darknet):
     x = rng.random((4, 3, 18, 20), dtype=np.float32)
     truth = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 4)]
     results = []
-    for implicit in (False, True):
+    for mode in ("never", "always"):
         net = dn.load_network(cfg, batch=4, device="cuda", seed=3, darknet=darknet)
-        net.be.implicit_conv_backward = implicit
+        net.be.implicit_conv_backward = mode
+        if mode == "always" and products != "both":
+            net.be.conv_backward_implicit = lambda *a: (products == "weights", products == "data")
         before = param_arrays(net)
         net.train_pass(x, truth)
         steps = [after - b for after, b in zip(param_arrays(net), before)]
         results.append((steps, [net.layer_delta(i) for i in range(1, 6)]))
-        net.be.implicit_conv_backward = True
     (steps0, deltas0), (steps1, deltas1) = results
     assert max(np.max(np.abs(s)) for s in steps0) > 0
     for i, (a, b) in enumerate(zip(steps0, steps1)):
         assert_close(b, a, 1e-4, f"update of parameter array {i}")
     for i, (a, b) in enumerate(zip(deltas0, deltas1)):
         assert_close(b, a, 1e-5, f"delta of layer {i + 1}")
+
+
+@gpu
+def test_the_plans_route_yolov4s_shapes(monkeypatch):
+    """The routing rules on shapes measured in NOTES B2 (the mixin alone: cuda_core needs
+    PyCUDA to import)."""
+    from darknet_py.backends.cuda_conv_backward import CudaConvBackward
+    be = CudaConvBackward()
+    be.sm_count = 132
+    route = be.conv_backward_implicit
+    assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (True, True)     # 1x1 at 208
+    assert route("fp16", 32, 32, 416, 416, 3, 2, 1, 1, 64) == (True, False)    # stride 2
+    assert route("fp16", 32, 512, 13, 13, 3, 1, 1, 1, 1024) == (False, False)  # deep 3x3
+    assert route("fp16", 32, 256, 26, 26, 3, 1, 1, 1, 512) == (False, True)
+    assert route("tf32", 1 << 20, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)   # int32
+    monkeypatch.setattr(be, "implicit_conv_backward", "never")
+    assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)
+    assert be.wgrad_plan("fp16", 32, 27, 32 * 416 * 416) == ("32x64", 2112)
+    assert be.wgrad_plan("fp16", 1024, 4608, 32 * 169)[1] == 1

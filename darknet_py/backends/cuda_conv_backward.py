@@ -43,30 +43,45 @@ KERNELS = {
 class CudaConvBackward:
     """conv_backward_implicit, conv_weight_grad, conv_data_grad."""
 
-    # False: every convolution's backward takes im2col + GEMM + col2im (benchmarks and the
-    # tests that compare the two paths; DARKNET_IMPLICIT_BACKWARD=0 sets it for a process).
-    implicit_conv_backward = os.environ.get("DARKNET_IMPLICIT_BACKWARD", "1") != "0"
+    # "auto": each product where it measured faster (conv_backward_implicit); "always" and
+    # "never" (im2col + GEMM + col2im) for benchmarks and the tests that compare the paths.
+    # DARKNET_IMPLICIT_BACKWARD sets it for a process.
+    implicit_conv_backward = os.environ.get("DARKNET_IMPLICIT_BACKWARD", "auto")
     # Forced plans for tests and benchmarks: (tile, splits) and tile; None = heuristic.
     wgrad_override = None
     dgrad_override = None
 
     def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
                                pad, dilation, filters):
-        """True when conv_weight_grad and conv_data_grad take this convolution group (its
-        indexes fit the kernels' int32 arithmetic); False: the caller unfolds im2col."""
-        if not self.implicit_conv_backward or precision not in _PARTS:
-            return False
+        """(weight gradient, data gradient): whether conv_weight_grad and conv_data_grad
+        take them for this convolution group; False: the caller unfolds im2col. Rules from
+        timing both paths on every yolov4 shape (bench/conv_backward_bench.py; NOTES "B2"):
+          * weight gradient: 1x1 kernels over at least 52x52 outputs, or up to 128 filters
+            over at least 104x104 (past those, the gather repeated for each row of tiles
+            costs more than the im2col buffer);
+          * data gradient: unit strides, a 1x1 kernel or at least 26x26 outputs (other
+            strides gather mostly zeros: 3 of 4 taps miss at stride 2)."""
+        mode = self.implicit_conv_backward
+        if mode == "never" or precision not in _PARTS:
+            return False, False
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         per_image = max(channels * height * width, filters * out_h * out_w)
-        return (out_h > 0 and out_w > 0 and batch * per_image <= _INT32
-                and filters * ksize * ksize * channels <= _INT32)
+        if not (out_h > 0 and out_w > 0 and batch * per_image <= _INT32
+                and filters * ksize * ksize * channels <= _INT32):
+            return False, False
+        if mode == "always":
+            return True, True
+        positions = out_h * out_w
+        weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
+        data = conv_strides(stride) == (1, 1) and (ksize == 1 or positions >= 26 * 26)
+        return weights, data
 
     # ---- plans ------------------------------------------------------------------------
     def wgrad_plan(self, precision, m, n, k):
         """(tile, splits) for a weight gradient of m filters x n weights over k = images *
         positions: tiles follow the filters (32x64 for a first layer's few weights); K is
-        split until about half the SMs' threads are busy (each split >= 2048 of K), the
-        partials under 128 MiB."""
+        split toward 512 threads per SM (each split >= 1024 of K; fewer, longer splits
+        measured faster than full occupancy), the partials under 128 MiB."""
         if self.wgrad_override is not None:
             return self.wgrad_override
         sms = self.sm_count
@@ -79,16 +94,12 @@ class CudaConvBackward:
                 tile = "128x128x8"
             bm, bn, threads = _WGRAD_F32_TILES[tile]
         else:
-            if m <= 32:
-                tile = "32x64" if n <= 64 else "32x128"
-            elif m <= 64:
-                tile = "64x64" if n <= 64 else "64x128"
-            else:
-                tile = "128x128" if _ceil_div(m, 128) * _ceil_div(n, 128) >= sms else "64x128"
+            tile = "32x64" if m <= 32 and n <= 64 else "64x64" if m <= 64 else "128x128"
             bm, bn, threads = _WGRAD_TC_TILES[tile]
         tiles = _ceil_div(m, bm) * _ceil_div(n, bn)
-        target = sms * (1024 // threads)
-        splits = min(_ceil_div(target, tiles), k // 2048, max(1, _PARTIALS_CAP // (m * n)), 4096)
+        # blocks to aim for: 16 of one warp, 4 of four, 2 of eight per SM
+        target = sms * {64: 16, 128: 4, 256: 2}[threads]
+        splits = min(_ceil_div(target, tiles), k // 1024, max(1, _PARTIALS_CAP // (m * n)), 4096)
         return tile, max(1, splits)
 
     def dgrad_plan(self, precision, m, n):

@@ -24,10 +24,11 @@ class NumpyConvBackward:
 
     def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
                                pad, dilation, filters):
-        """Whether a convolution group's backward runs as conv_weight_grad + conv_data_grad
-        (no im2col buffer for the layer to size). Here never: the CPU keeps Darknet's
-        im2col + GEMM + col2im per chunk of images, whose sums the fixtures pin."""
-        return False
+        """(weight gradient, data gradient): whether a convolution group's backward runs
+        them as conv_weight_grad and conv_data_grad (no im2col buffer). Here never: the CPU
+        keeps Darknet's im2col + GEMM + col2im per chunk of images, whose sums the
+        fixtures pin."""
+        return False, False
 
     def _rounded(self, x, precision):
         if precision == precisions.DEFAULT:
