@@ -270,8 +270,11 @@ def test_training_step_matches_the_im2col_backward(cuda, tmp_path, darknet, prod
         results.append((steps, [net.layer_delta(i) for i in range(1, 6)]))
     (steps0, deltas0), (steps1, deltas1) = results
     assert max(np.max(np.abs(s)) for s in steps0) > 0
+    # 1e-3 of the largest step, as helpers.assert_same_update: a weight gradient behind
+    # batch norm (whose delta sums to zero per channel) cancels heavily, so the order of
+    # its sums shows at ~2e-4 (seen on layer 0).
     for i, (a, b) in enumerate(zip(steps0, steps1)):
-        assert_close(b, a, 1e-4, f"update of parameter array {i}")
+        assert_close(b, a, 1e-3, f"update of parameter array {i}")
     for i, (a, b) in enumerate(zip(deltas0, deltas1)):
         assert_close(b, a, 1e-5, f"delta of layer {i + 1}")
 
