@@ -33,7 +33,7 @@ PY
   shapes32) timeout 150 python3 bench/conv_backward_bench.py build/yolov4_3c.cfg --batch 32 \
             --precision fp32 2>&1 | tail -40 ;;
   shapes) timeout 250 python3 bench/conv_backward_bench.py build/yolov4_3c.cfg --batch 32 \
-            --precision ${PRECISION:-fp16} --sweep --json $OUT/shapes.json 2>&1 | tail -40 ;;
+            --precision ${PRECISION:-fp16} ${SWEEP---sweep} --json $OUT/shapes.json 2>&1 | tail -40 ;;
   bench)
     for implicit in never auto; do
       DARKNET_IMPLICIT_BACKWARD=$implicit timeout 150 python3 -m darknet_py bench build/yolov4_3c.cfg \

@@ -200,107 +200,99 @@ struct QuadLoader {
 // ---- the data gradient's delta gather: one input pixel (a column of dcol) a thread ----
 // Unit strides: the stride-1 forward gather of gemm_core.cuh over the delta with the taps
 // flipped (pad -> -pad, dilation -> -dilation: tap (ky, kx) reads delta at y + pad - ky*d).
-// Other strides: each tap tests that y + pad - ky*d divides by the stride.
 struct DgradGeometry {
-    ConvGeometry flipped;     // unit strides: the forward gather's view (see dgrad_geometry)
+    using Cursor = ColumnCursor;
+    ConvGeometry flipped;     // "image": the delta; "output": the input plane
+};
+
+__device__ __forceinline__ ColumnCursor dgrad_cursor(const DgradGeometry& g, int n)
+{
+    return column_cursor(g.flipped, n);
+}
+
+template <int RUN>
+__device__ __forceinline__ void gather_dgrad(const DgradGeometry& g, const ColumnCursor& col, int k0, float (&v)[RUN])
+{
+    gather_column<RUN>(g.flipped, col, k0, v);
+}
+
+// One parity class of a strided data gradient (conv_backward.cu launches one per class):
+// the input pixels (py + sy*y', px + sx*x') see only the taps (ky0 + i*step_y, kx0 +
+// j*step_x), i < ny, j < nx, for which y + pad - ky*d divides by the stride, and tap (i, j)
+// reads the delta at (y' + cy0 - i*dy, x' + cx0 - j*dx): a dense stride-1 gather over a
+// rectangular kernel, no zero taps and no division.
+struct ClassCursor {
+    const float* image;       // this column's delta image; null past the end
+    int oy0, ox0;             // y' + cy0, x' + cx0
+};
+
+struct DgradClassGeometry {
+    using Cursor = ClassCursor;
     const float* delta;       // first image, this group's first filter
     long long image_stride;   // floats between the delta's images
     int out_h, out_w;         // the delta's plane
-    int h, w;                 // the input's plane: columns are (image, y, x)
-    int ksize, stride_y, stride_x, pad, dilation;
-    int k_total;              // filters of the group * ksize * ksize
-    int n_total;              // images * h * w
-    bool unit;                // stride_y == stride_x == 1
+    int hc, wc;               // the class's columns: y' < hc, x' < wc
+    int ny, nx, cy0, cx0, dy, dx;
+    int k_total;              // filters of the group * ny * nx
+    int n_total;              // images * hc * wc
 };
 
-struct DgradCursor {
-    ColumnCursor flipped;     // unit strides
-    const float* image;       // this column's delta image; null past the end
-    int ty0, tx0;             // y + pad, x + pad
-};
-
-__device__ __forceinline__ DgradCursor dgrad_cursor(const DgradGeometry& g, int n)
+__device__ __forceinline__ ClassCursor dgrad_cursor(const DgradClassGeometry& g, int n)
 {
-    DgradCursor c;
+    ClassCursor c;
     c.image = nullptr;
-    c.ty0 = c.tx0 = 0;
-    if (g.unit) {
-        c.flipped = column_cursor(g.flipped, n);
-        return c;
-    }
-    c.flipped = ColumnCursor{};
+    c.oy0 = c.ox0 = 0;
     if (n >= g.n_total) return c;
-    const int plane = g.h * g.w;
+    const int plane = g.hc * g.wc;
     const int b = n / plane;
     const int p = n - b * plane;
-    const int y = p / g.w;
+    const int y = p / g.wc;
     c.image = g.delta + b * g.image_stride;
-    c.ty0 = y + g.pad;
-    c.tx0 = p - y * g.w + g.pad;
+    c.oy0 = y + g.cy0;
+    c.ox0 = p - y * g.wc + g.cx0;
     return c;
 }
 
-template <int S>
-__device__ __forceinline__ bool stride_divides(int t, int s_rt, int& q)
+template <int RUN>
+__device__ __forceinline__ void gather_dgrad(const DgradClassGeometry& g, const ClassCursor& col, int k0,
+                                             float (&v)[RUN])
 {
-    const int s = S > 0 ? S : s_rt;
-    q = t / s;
-    return t - q * s == 0;
-}
-
-// v[j] = dcol[k0 + j][column], strides other than 1 (S > 0: both strides are S).
-template <int RUN, int S>
-__device__ __forceinline__ void gather_dgrad_strided(const DgradGeometry& g, const DgradCursor& col, int k0,
-                                                     float (&v)[RUN])
-{
-    const int kk = g.ksize * g.ksize;
-    int ch = k0 / kk;
-    const int r = k0 - ch * kk;
-    int ky = r / g.ksize;
-    int kx = r - ky * g.ksize;
+    const int taps = g.ny * g.nx;
+    const int ch = taps > 0 ? k0 / taps : 0;
+    const int r = k0 - ch * taps;
+    int i = g.nx > 0 ? r / g.nx : 0;
+    int j = r - i * g.nx;
     const long long plane = (long long)g.out_h * g.out_w;
     const float* chan = (col.image != nullptr ? col.image : g.delta) + ch * plane;
 #pragma unroll
-    for (int j = 0; j < RUN; ++j) {
-        const int ty = col.ty0 - ky * g.dilation, tx = col.tx0 - kx * g.dilation;
-        int oy = 0, ox = 0;
-        const bool ok = col.image != nullptr && k0 + j < g.k_total && ty >= 0 && tx >= 0 &&
-                        stride_divides<S>(ty, g.stride_y, oy) && stride_divides<S>(tx, g.stride_x, ox) &&
-                        oy < g.out_h && ox < g.out_w;
-        v[j] = ok ? chan[oy * g.out_w + ox] : 0.0f;
-        if (++kx == g.ksize) {
-            kx = 0;
-            if (++ky == g.ksize) {
-                ky = 0;
+    for (int e = 0; e < RUN; ++e) {
+        const int oy = col.oy0 - i * g.dy, ox = col.ox0 - j * g.dx;
+        const bool ok = col.image != nullptr && k0 + e < g.k_total && (unsigned)oy < (unsigned)g.out_h &&
+                        (unsigned)ox < (unsigned)g.out_w;
+        v[e] = ok ? chan[oy * g.out_w + ox] : 0.0f;
+        if (++j == g.nx) {
+            j = 0;
+            if (++i == g.ny) {
+                i = 0;
                 chan += plane;
             }
         }
     }
 }
 
-template <int RUN>
-__device__ __forceinline__ void gather_dgrad(const DgradGeometry& g, const DgradCursor& col, int k0, float (&v)[RUN])
-{
-    if (g.unit)
-        gather_column<RUN>(g.flipped, col.flipped, k0, v);
-    else if (g.stride_y == 2 && g.stride_x == 2)
-        gather_dgrad_strided<RUN, 2>(g, col, k0, v);
-    else
-        gather_dgrad_strided<RUN, 0>(g, col, k0, v);
-}
-
 // A thread's run of consecutive k for one column (row of B): consecutive threads take
-// consecutive columns, i.e. neighbouring pixels of the delta.
-template <int ROWS, int THREADS, int BK>
+// consecutive columns, i.e. neighbouring pixels of the delta. G: DgradGeometry or
+// DgradClassGeometry.
+template <class G, int ROWS, int THREADS, int BK>
 struct DgradLoader {
     static constexpr int RUN = ROWS * BK / THREADS;
     static_assert(THREADS % ROWS == 0 && RUN * (THREADS / ROWS) == BK, "runs per column");
     float v[RUN];
-    DgradCursor cursor;
+    typename G::Cursor cursor;
     int row_local, k_off;
     bool active;
 
-    __device__ __forceinline__ void begin(const DgradGeometry& g, int row0, int tid)
+    __device__ __forceinline__ void begin(const G& g, int row0, int tid)
     {
         row_local = tid % ROWS;
         k_off = (tid / ROWS) * RUN;
@@ -308,7 +300,7 @@ struct DgradLoader {
         cursor = dgrad_cursor(g, row0 + row_local);
     }
 
-    __device__ __forceinline__ void load(const DgradGeometry& g, int k0)
+    __device__ __forceinline__ void load(const G& g, int k0)
     {
         if (active) gather_dgrad<RUN>(g, cursor, k0 + k_off, v);
     }
@@ -333,6 +325,27 @@ struct DgradEpilogue {
         if (n >= cols) return -1;
         const int b = n / plane;
         return b * image_stride + (n - b * plane);
+    }
+    __device__ __forceinline__ void store(int m, long long col, float acc) const
+    {
+        if (m >= rows || col < 0) return;
+        float* p = dx + (long long)m * plane + col;
+        *p = accumulate ? *p + acc : acc;
+    }
+};
+
+// A parity class's data gradient: column n = (image, y', x') is pixel (py + sy*y', px + sx*x').
+struct DgradClassEpilogue {
+    float* dx;
+    int rows, cols, hc, wc, w, py, px, sy, sx, plane, accumulate;
+    long long image_stride;
+    __device__ __forceinline__ long long column(int n) const
+    {
+        if (n >= cols) return -1;
+        const int b = n / (hc * wc);
+        const int p = n - b * hc * wc;
+        const int y = p / wc;
+        return b * image_stride + (long long)(py + sy * y) * w + px + sx * (p - y * wc);
     }
     __device__ __forceinline__ void store(int m, long long col, float acc) const
     {

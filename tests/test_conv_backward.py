@@ -36,7 +36,9 @@ CASES = [
     (12, 14, 13, 20, 3, (1, 2), 1, 1, 1, 2),  # the fork's stride_y != stride_x
     (5, 7, 6, 130, 5, 2, 2, 1, 1, 4),        # 5x5, stride 2
     (255, 9, 7, 36, 3, 1, 1, 1, 1, 3),       # 255 channels
-    (33, 10, 12, 17, 1, 2, 0, 1, 1, 3),      # 1x1 stride 2
+    (33, 10, 12, 17, 1, 2, 0, 1, 1, 3),      # 1x1 stride 2 (3 of 4 parity classes: no tap)
+    (8, 15, 13, 12, 3, 2, 2, 2, 1, 2),       # stride 2, dilation 2 (odd pixels: no tap)
+    (6, 16, 15, 10, 3, (2, 1), 1, 1, 2, 3),  # strides (2, 1), groups
 ]
 CASE_IDS = ["c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c) for c in CASES]
 
@@ -288,11 +290,13 @@ def test_the_plans_route_yolov4s_shapes(monkeypatch):
     be.sm_count = 132
     route = be.conv_backward_implicit
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (True, True)     # 1x1 at 208
-    assert route("fp16", 32, 32, 416, 416, 3, 2, 1, 1, 64) == (True, False)    # stride 2
+    assert route("fp16", 32, 32, 416, 416, 3, 2, 1, 1, 64) == (True, True)     # stride 2
     assert route("fp16", 32, 512, 13, 13, 3, 1, 1, 1, 1024) == (False, False)  # deep 3x3
+    assert route("fp16", 32, 512, 26, 26, 3, 2, 1, 1, 1024) == (False, True)
     assert route("fp16", 32, 256, 26, 26, 3, 1, 1, 1, 512) == (False, True)
     assert route("tf32", 1 << 20, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)   # int32
     monkeypatch.setattr(be, "implicit_conv_backward", "never")
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)
     assert be.wgrad_plan("fp16", 32, 27, 32 * 416 * 416) == ("32x64", 2112)
+    assert be.wgrad_plan("fp16", 64, 288, 32 * 208 * 208) == ("64x64", 512)
     assert be.wgrad_plan("fp16", 1024, 4608, 32 * 169)[1] == 1

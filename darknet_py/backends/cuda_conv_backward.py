@@ -9,6 +9,7 @@ from .cuda_core import _BLOCK, _ceil_div
 
 # precision -> (kernel name part, bytes of a packed weight)
 _PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
+_PARTS_BYTES = dict(_PARTS.values())
 # kernels/conv_backward.cu's tiles -> (BM, BN, threads per block)
 _WGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
                    "32x128": (32, 128, 128), "64x64": (64, 64, 128), "32x64": (32, 64, 64)}
@@ -25,7 +26,9 @@ _PARTIALS_CAP = 1 << 25
 _INT32 = 2 ** 31 - 1
 
 _WGRAD_ARGS = "PqPqiiiiiiiiiiiiiPifq"
-_DGRAD_ARGS = "PiPqiiiiiiiiiiiiPqi"
+_DGRAD_ARGS = "PiPqiiiiiiiiiiPqi"
+_DGRAD_CLASS_ARGS = "PiPqiiiiiiiiiiiiiPqiiiiiii"
+_PACK_ARGS = "PiiiiiiiiiiP"
 
 KERNELS = {
     "conv_backward.cu": dict(
@@ -34,8 +37,11 @@ KERNELS = {
         **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for part in ("f16", "bf16", "tf32")
            for tile in _DGRAD_TC_TILES},
         **{f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
+        **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for part in ("f16", "bf16", "tf32")
+           for tile in _DGRAD_TC_TILES},
         **{f"conv_dgrad_f32_{tile}": _DGRAD_ARGS for tile in _DGRAD_F32_TILES},
-        **{f"pack_transposed_{part}": "PiiiiP" for part in ("f16", "bf16", "tf32", "f32")},
+        **{f"conv_dgrad_class_f32_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_F32_TILES},
+        **{f"pack_transposed_{part}": _PACK_ARGS for part in ("f16", "bf16", "tf32", "f32")},
     ),
 }
 
@@ -59,8 +65,9 @@ class CudaConvBackward:
           * weight gradient: 1x1 kernels over at least 52x52 outputs, or up to 128 filters
             over at least 104x104 (past those, the gather repeated for each row of tiles
             costs more than the im2col buffer);
-          * data gradient: unit strides, a 1x1 kernel or at least 26x26 outputs (other
-            strides gather mostly zeros: 3 of 4 taps miss at stride 2)."""
+          * data gradient: a 1x1 kernel, at least 26x26 outputs, or strides other than 1
+            (per parity class: 1.1-2.9x); not 3x3 at unit stride over fewer outputs
+            (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75)."""
         mode = self.implicit_conv_backward
         if mode == "never" or precision not in _PARTS:
             return False, False
@@ -73,15 +80,15 @@ class CudaConvBackward:
             return True, True
         positions = out_h * out_w
         weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
-        data = conv_strides(stride) == (1, 1) and (ksize == 1 or positions >= 26 * 26)
+        data = ksize == 1 or positions >= 26 * 26 or conv_strides(stride) != (1, 1)
         return weights, data
 
     # ---- plans ------------------------------------------------------------------------
     def wgrad_plan(self, precision, m, n, k):
         """(tile, splits) for a weight gradient of m filters x n weights over k = images *
-        positions: tiles follow the filters (32x64 for a first layer's few weights); K is
-        split toward 512 threads per SM (each split >= 1024 of K; fewer, longer splits
-        measured faster than full occupancy), the partials under 128 MiB."""
+        positions: tiles follow the filters (32x64 for a first layer's few weights); K split
+        into chunks of ~2700, more where the tiles would not fill the SMs (each split >= 1024
+        of K), the partials under 128 MiB."""
         if self.wgrad_override is not None:
             return self.wgrad_override
         sms = self.sm_count
@@ -97,9 +104,11 @@ class CudaConvBackward:
             tile = "32x64" if m <= 32 and n <= 64 else "64x64" if m <= 64 else "128x128"
             bm, bn, threads = _WGRAD_TC_TILES[tile]
         tiles = _ceil_div(m, bm) * _ceil_div(n, bn)
-        # blocks to aim for: 16 of one warp, 4 of four, 2 of eight per SM
+        # at least 16 one-warp blocks per SM, 4 of four warps or 2 of eight, and splits of
+        # ~2700 of K (the sweep's best on the 3x3 layers at 208x208: 512 splits of 1.4M)
         target = sms * {64: 16, 128: 4, 256: 2}[threads]
-        splits = min(_ceil_div(target, tiles), k // 1024, max(1, _PARTIALS_CAP // (m * n)), 4096)
+        splits = min(max(_ceil_div(target, tiles), k // 2700), k // 1024,
+                     max(1, _PARTIALS_CAP // (m * n)), 4096)
         return tile, max(1, splits)
 
     def dgrad_plan(self, precision, m, n):
@@ -159,29 +168,77 @@ class CudaConvBackward:
 
     def conv_data_grad(self, precision, weights, filters, delta, delta_stride, channels, height,
                        width, ksize, stride, pad, dilation, batch, dx, dx_stride, accumulate):
-        """NumpyBackend.conv_data_grad as one implicit GEMM per call: each input pixel
-        gathers the delta entries its taps reached (no col buffer, no atomics)."""
-        part, size = _PARTS[precision]
+        """NumpyBackend.conv_data_grad as implicit GEMMs: each input pixel gathers the
+        delta entries its taps reached (no col buffer, no atomics). Unit strides: one
+        launch; others: one per parity class of the input pixels, each over only the taps
+        that reach the delta from that class (a stride-2 3x3 kernel: 1, 2, 2 and 4 taps)."""
+        part, _ = _PARTS[precision]
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
         out_h, out_w, delta_stride, dx_stride, (ksize, sy, sx, pad, dilation) = \
             self._backward_geometry("conv_data_grad", delta, delta_stride, dx, dx_stride,
                                     channels, height, width, ksize, stride, pad, dilation,
                                     batch, filters)
-        kk = ksize * ksize
-        self._check_size("conv_data_grad weights", weights, filters * channels * kk)
-        m, k, n = channels, filters * kk, int(batch) * height * width
-        if m <= 0 or n <= 0:
+        self._check_size("conv_data_grad weights", weights, filters * channels * ksize * ksize)
+        batch = int(batch)
+        if channels <= 0 or batch * height * width <= 0:
             return
-        # Wt[c][(f, ky, kx)], rows of pitch elements (16 bytes; the FFMA tiles read float4s)
-        per = 4 if part == "f32" else 16 // size
-        pitch = _ceil_div(max(k, 1), per) * per
-        packed = self._scratch_buffer("conv_dgrad_weights", m * pitch * size)
-        words = m * pitch * size // 4
-        self._launch(f"pack_transposed_{part}", self._grid1d(words), (_BLOCK,), self._ptr(weights),
-                     filters, channels, kk, pitch, self._ptr(packed))
+        common = (self._ptr(delta), delta_stride, out_h, out_w)
+        if (sy, sx) == (1, 1):
+            k, n = filters * ksize * ksize, batch * height * width
+            packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
+                                                  (0, 1, ksize), (0, 1, ksize))
+            tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
+            self._launch(f"conv_dgrad_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(channels, bm)),
+                         (threads,), packed, pitch, *common, ksize, pad, dilation, height, width,
+                         channels, k, n, self._ptr(dx), dx_stride, int(bool(accumulate)))
+            return
+        for py, *taps_y, cy0, dy, hc in _parity_classes(height, sy, pad, dilation, ksize):
+            for px, *taps_x, cx0, dx_, wc in _parity_classes(width, sx, pad, dilation, ksize):
+                ny, nx, n = taps_y[2], taps_x[2], batch * hc * wc
+                if n == 0 or (accumulate and ny * nx == 0):
+                    continue   # no pixels; or nothing to add
+                packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
+                                                      taps_y, taps_x)
+                tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
+                self._launch(f"conv_dgrad_class_{part}_{tile}",
+                             (_ceil_div(n, bn), _ceil_div(channels, bm)), (threads,), packed,
+                             pitch, *common, hc, wc, ny, nx, cy0, cx0, dy, dx_, channels,
+                             filters * ny * nx, n, self._ptr(dx), dx_stride, height, width, py,
+                             px, sy, sx, int(bool(accumulate)))
+
+    def _dgrad_tile(self, precision, m, n):
         tile = self.dgrad_plan(precision, m, n)
-        bm, bn, threads = (_DGRAD_F32_TILES if precision == "fp32" else _DGRAD_TC_TILES)[tile]
-        self._launch(f"conv_dgrad_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(m, bm)),
-                     (threads,), self._ptr(packed), pitch, self._ptr(delta), delta_stride,
-                     out_h, out_w, ksize, sy, sx, pad, dilation, height, width, m, k, n,
-                     self._ptr(dx), dx_stride, int(bool(accumulate)))
+        return (tile, *(_DGRAD_F32_TILES if precision == "fp32" else _DGRAD_TC_TILES)[tile])
+
+    def _pack_transposed(self, part, weights, filters, channels, ksize, taps_y, taps_x):
+        """(pointer, pitch) of Wt[c][(f, i, j)] = W[f][c][ky0 + i*step_y][kx0 + j*step_x]
+        (taps_*: (first tap, step, count)) in the kernel's precision, rows padded to 16
+        bytes (the FFMA tiles read float4s): a scratch buffer, reused by the next call
+        (the stream orders them)."""
+        size = _PARTS_BYTES[part]
+        k = filters * taps_y[2] * taps_x[2]
+        per = 16 // size
+        pitch = _ceil_div(max(k, 1), per) * per
+        packed = self._scratch_buffer("conv_dgrad_weights", channels * pitch * size)
+        self._launch(f"pack_transposed_{part}", self._grid1d(channels * pitch * size // 4),
+                     (_BLOCK,), self._ptr(weights), filters, channels, ksize, *taps_y, *taps_x,
+                     pitch, self._ptr(packed))
+        return self._ptr(packed), pitch
+
+
+def _parity_classes(size, stride, pad, dilation, ksize):
+    """Along one axis of a strided data gradient: per parity p < stride of the input
+    pixels (p + stride*i), (p, first tap, tap step, taps, c0, delta step, pixels): the taps
+    t with (p + pad - t*dilation) divisible by the stride (every `step`-th one), and tap j of
+    them reads the delta at i + c0 - j*(delta step)."""
+    classes = []
+    for p in range(stride):
+        pixels = max(0, _ceil_div(size - p, stride))
+        taps = [t for t in range(ksize) if (p + pad - t * dilation) % stride == 0]
+        if not taps:
+            classes.append((p, 0, 1, 0, 0, 0, pixels))
+            continue
+        step = taps[1] - taps[0] if len(taps) > 1 else 1
+        c0 = (p + pad - taps[0] * dilation) // stride
+        classes.append((p, taps[0], step, len(taps), c0, step * dilation // stride, pixels))
+    return classes
