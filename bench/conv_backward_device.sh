@@ -10,6 +10,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 for what in "$@"; do
   case $what in
   tests) timeout 200 python3 -m pytest -q -m gpu tests/test_conv_backward.py -x 2>&1 | tail -15 ;;
+  broad) timeout 240 python3 -m pytest -q -m gpu tests/test_conv_backward.py tests/test_cuda_graphs.py \
+           tests/test_cuda_fork.py tests/test_cuda_network.py tests/test_precision.py 2>&1 | tail -8 ;;
   net) timeout 200 python3 -m pytest -q -m gpu tests/test_cuda_network.py tests/test_precision.py \
          -k "training_step" -x 2>&1 | tail -8 ;;
   errors) timeout 100 python3 - <<'PY' 2>&1 | tail -12
