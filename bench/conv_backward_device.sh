@@ -32,6 +32,7 @@ for p in t.PRECISIONS:
     print(p, "max |gpu - float64 numpy| / max |numpy| over the cases:", {k: f"{v:.2e}" for k, v in worst.items()})
 PY
   ;;
+  plans) timeout 60 python3 -m pytest -q -m gpu tests/test_conv_backward.py -k "plans or training_step" 2>&1 | tail -3 ;;
   shapes32) timeout 150 python3 bench/conv_backward_bench.py build/yolov4_3c.cfg --batch 32 \
             --precision fp32 2>&1 | tail -40 ;;
   shapes) timeout 250 python3 bench/conv_backward_bench.py build/yolov4_3c.cfg --batch 32 \

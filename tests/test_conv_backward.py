@@ -295,6 +295,9 @@ def test_the_plans_route_yolov4s_shapes(monkeypatch):
     assert route("fp16", 32, 512, 26, 26, 3, 2, 1, 1, 1024) == (False, True)
     assert route("fp16", 32, 256, 26, 26, 3, 1, 1, 1, 512) == (False, True)
     assert route("tf32", 1 << 20, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)   # int32
+    assert route("fp32", 32, 3, 416, 416, 3, 1, 1, 1, 32) == (True, False)       # FFMA
+    assert route("fp32", 32, 32, 208, 208, 3, 1, 1, 1, 64) == (False, False)
+    assert route("fp32", 32, 64, 208, 208, 3, 2, 1, 1, 128) == (False, True)
     monkeypatch.setattr(be, "implicit_conv_backward", "never")
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)
     assert be.wgrad_plan("fp16", 32, 27, 32 * 416 * 416) == ("32x64", 2112)

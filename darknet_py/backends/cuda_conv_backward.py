@@ -67,7 +67,10 @@ class CudaConvBackward:
             costs more than the im2col buffer);
           * data gradient: a 1x1 kernel, at least 26x26 outputs, or strides other than 1
             (per parity class: 1.1-2.9x); not 3x3 at unit stride over fewer outputs
-            (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75)."""
+            (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75).
+        fp32 (FFMA tiles, against SGEMM): the weight gradient of 1x1 kernels over >= 52x52
+        outputs and <= 128 filters, or of <= 32 weights a filter (a first layer); the data
+        gradient of 1x1 kernels over >= 26x26 outputs, or strided over >= 52x52."""
         mode = self.implicit_conv_backward
         if mode == "never" or precision not in _PARTS:
             return False, False
@@ -78,9 +81,14 @@ class CudaConvBackward:
             return False, False
         if mode == "always":
             return True, True
-        positions = out_h * out_w
+        positions, strided = out_h * out_w, conv_strides(stride) != (1, 1)
+        if precision == "fp32":   # FFMA against im2col + SGEMM + col2im
+            weights = ((ksize == 1 and positions >= 52 * 52 and filters <= 128)
+                       or channels * ksize * ksize <= 32)
+            data = (ksize == 1 and positions >= 26 * 26) or (strided and positions >= 52 * 52)
+            return weights, data
         weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
-        data = ksize == 1 or positions >= 26 * 26 or conv_strides(stride) != (1, 1)
+        data = ksize == 1 or positions >= 26 * 26 or strided
         return weights, data
 
     # ---- plans ------------------------------------------------------------------------
