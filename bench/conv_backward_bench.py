@@ -2,6 +2,10 @@
 
     python3 bench/conv_backward_bench.py CFG [--batch 32] [--precision fp16] [--sweep]
                                          [--json FILE]
+    python3 bench/conv_backward_bench.py --make-cfg build/yolov4_3c.cfg
+
+The second form writes the fork's yolov4.cfg (../shared/darknet-cfg-ab) with 3 classes at
+416x416, as bench/issue26_rows.py measures it (the device has no copy of the cfgs).
 
 Per unique [convolutional] shape (one group): the weight gradient as im2col + GEMM (the
 layer's old path, in its workspace chunks) and as conv_weight_grad (the implicit GEMM,
@@ -14,14 +18,15 @@ both its products need.
 import argparse
 import json
 import os
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from darknet_py.backends import cuda_conv_backward as cb   # noqa: E402
-from darknet_py.network import load_network                # noqa: E402
+from darknet_py.network import load_network   # noqa: E402
 
 
 def _time(be, fn, warmup=2, repeats=5):
@@ -91,6 +96,7 @@ def bench_layer(be, l, batch, precision, sweep):
            "wgrad_plan": be.wgrad_plan(precision, m, k, batch * n),
            "dgrad_plan": be.dgrad_plan(precision, cg, batch * hw)}
     if sweep:
+        from darknet_py.backends import cuda_conv_backward as cb   # needs PyCUDA
         tc = precision != "fp32"
         wtiles = cb._WGRAD_TC_TILES if tc else cb._WGRAD_F32_TILES
         dtiles = cb._DGRAD_TC_TILES if tc else cb._DGRAD_F32_TILES
@@ -112,14 +118,31 @@ def bench_layer(be, l, batch, precision, sweep):
     return row
 
 
+def make_three_class_cfg(out):
+    """yolov4.cfg of the fork with classes=3 (heads' filters 3 * (5 + 3)), 416x416."""
+    shared = Path(__file__).resolve().parents[1].parent / "shared"
+    text = (shared / "darknet-cfg-ab" / "yolov4.cfg").read_text()
+    text = re.sub(r"(?m)^classes\s*=\s*80", "classes=3", text)
+    text = re.sub(r"(?m)^filters\s*=\s*255", "filters=24", text)
+    text = re.sub(r"(?m)^(width|height)\s*=\s*\d+", r"\1=416", text)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("cfg")
+    ap.add_argument("cfg", nargs="?")
+    ap.add_argument("--make-cfg", metavar="PATH")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.make_cfg:
+        make_three_class_cfg(args.make_cfg)
+        return
+    if not args.cfg:
+        ap.error("a cfg is needed")
     net = load_network(args.cfg, batch=1, device="cuda:0", precision=args.precision)
     be = net.be
     seen, rows = {}, []

@@ -2,6 +2,8 @@
 # The implicit-GEMM backward on a lent GPU, from /work/main with this worktree copied to
 # .wt-backward (see BRIEF): the gpu tests, then (with "bench") yolov4 3-class fp16 b32
 # training pass before (DARKNET_IMPLICIT_BACKWARD=never: im2col + GEMM + col2im) and after (auto).
+# Make the cfg here first: python3 bench/conv_backward_bench.py --make-cfg build/yolov4_3c.cfg
+# Targets: tests net plans broad errors shapes shapes32 bench (PRECISION=, SWEEP= to skip the sweep).
 ln -sfn $PWD/.shared shared && ln -sfn $PWD/.shared ../shared
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD/.wt-backward PYTHONUNBUFFERED=1

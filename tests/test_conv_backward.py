@@ -13,6 +13,7 @@ and a whole training step with the implicit backward against the im2col path.
 import numpy as np
 import pytest
 
+from darknet_py.backends import BackendError
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.shapes import conv_out_size
 
@@ -300,6 +301,9 @@ def test_the_plans_route_yolov4s_shapes(monkeypatch):
     assert route("fp32", 32, 64, 208, 208, 3, 2, 1, 1, 128) == (False, True)
     monkeypatch.setattr(be, "implicit_conv_backward", "never")
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)
+    monkeypatch.setattr(be, "implicit_conv_backward", "1")
+    with pytest.raises(BackendError, match="DARKNET_IMPLICIT_BACKWARD='1': use auto"):
+        route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64)
     assert be.wgrad_plan("fp16", 32, 27, 32 * 416 * 416) == ("32x64", 2112)
     assert be.wgrad_plan("fp16", 64, 288, 32 * 208 * 208) == ("64x64", 512)
     assert be.wgrad_plan("fp16", 1024, 4608, 32 * 169) == ("128x128", 2)

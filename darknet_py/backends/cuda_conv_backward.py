@@ -6,6 +6,7 @@ import os
 
 from ..shapes import conv_out_size, conv_strides
 from .cuda_core import _BLOCK, _ceil_div
+from .errors import BackendError
 
 # precision -> (kernel name part, bytes of a packed weight)
 _PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
@@ -72,6 +73,8 @@ class CudaConvBackward:
         outputs and <= 128 filters, or of <= 32 weights a filter (a first layer); the data
         gradient of 1x1 kernels over >= 26x26 outputs, or strided over >= 52x52."""
         mode = self.implicit_conv_backward
+        if mode not in ("auto", "always", "never"):
+            raise BackendError(f"DARKNET_IMPLICIT_BACKWARD={mode!r}: use auto, always or never")
         if mode == "never" or precision not in _PARTS:
             return False, False
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
