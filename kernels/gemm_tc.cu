@@ -431,6 +431,8 @@ __device__ __forceinline__ void tc_tile(const SrcA& src_a, const SrcB& src_b, co
     }
 }
 
+// conv_backward.cu includes this file for its tile loop, without the entry points.
+#ifndef GEMM_TC_DEVICE_ONLY
 // ---- entry points -----------------------------------------------------------------------
 // Convolution forward, one group: out = act(W (M x K, packed) @ col (K x N) + bias), N
 // = images * out_h * out_w, written into (image, filter, position) order.
@@ -542,3 +544,4 @@ extern "C" __global__ void pack_weights_tf32(const float* in, int rows, int k, i
 {
     pack_rows<TF32>(in, rows, k, pitch, static_cast<unsigned char*>(out));
 }
+#endif   // GEMM_TC_DEVICE_ONLY

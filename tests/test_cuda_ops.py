@@ -143,27 +143,34 @@ def _kernel_table():
 _C_TYPES = {"int": "i", "unsigned int": "I", "long long": "q", "float": "f"}
 
 
+def _params_format(name, params):
+    """The struct format of a C parameter list."""
+    fmt = ""
+    for p in params.split(","):
+        p = re.sub(r"\b(const|__restrict__)\b", " ", p.split("//")[0]).strip()
+        if "*" in p:
+            fmt += "P"
+        else:
+            ctype = " ".join(p.split()[:-1])
+            assert ctype in _C_TYPES, f"{name}: unexpected parameter type '{ctype}'"
+            fmt += _C_TYPES[ctype]
+    return fmt
+
+
+_ENTRY = r'extern "C" __global__ void\s+(?:__launch_bounds__\(.*?\)\s+)?(\w+)\s*\(([^)]*)\)'
+
+
 def _kernel_signatures(text):
-    """{entry point: struct format} of a .cu file's extern "C" __global__ functions
-    (the gemm entry points come from its SGEMM_ENTRY macro)."""
+    """{entry point: struct format} of a .cu file's extern "C" __global__ functions,
+    those of macros whose first parameter is the name (gemm.cu's SGEMM_ENTRY,
+    conv_backward.cu's) included: each line invoking such a macro is an entry point."""
     text = text.replace("\\\n", " ")
-    sigs = {}
-    pattern = r'extern "C" __global__ void\s+(?:__launch_bounds__\(.*?\)\s+)?(\w+)\s*\(([^)]*)\)'
-    for name, params in re.findall(pattern, text, flags=re.S):
-        fmt = ""
-        for p in params.split(","):
-            p = re.sub(r"\b(const|__restrict__)\b", " ", p.split("//")[0]).strip()
-            if "*" in p:
-                fmt += "P"
-            else:
-                ctype = " ".join(p.split()[:-1])
-                assert ctype in _C_TYPES, f"{name}: unexpected parameter type '{ctype}'"
-                fmt += _C_TYPES[ctype]
-        sigs[name] = fmt
-    if "NAME" in sigs:
-        macro = sigs.pop("NAME")
-        for entry in re.findall(r"^SGEMM_ENTRY\((\w+),", text, flags=re.M):
-            sigs[entry] = macro
+    sigs = {name: _params_format(name, params)
+            for name, params in re.findall(_ENTRY, text, flags=re.S) if name != "NAME"}
+    for macro, body in re.findall(r"^#define (\w+)\(NAME,(.*)$", text, flags=re.M):
+        entry = re.search(_ENTRY, body, flags=re.S)
+        for name in re.findall(rf"^{macro}\((\w+),", text, flags=re.M):
+            sigs[name] = _params_format(name, entry.group(2)) if entry else None
     if "ENTRY" in sigs:   # gemm_tc.cu: TC_*_ENTRY through the TC_TILES X-macro
         sigs.update(_tc_entry_signatures(text))
         sigs.pop("ENTRY")

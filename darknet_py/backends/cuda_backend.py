@@ -7,7 +7,8 @@ that hand data to the host (to_host, sum, synchronize).
 
 The ops live in one mixin per family, each family's kernel table beside its launchers:
 cuda_core (device, arrays, launches, sync, copies, graph capture), cuda_conv (GEMMs,
-tensor-core convolution, im2col/col2im), cuda_norm (bias/scale, batch norm, channel
+tensor-core convolution, im2col/col2im), cuda_conv_backward (the convolution backward
+as implicit GEMMs), cuda_norm (bias/scale, batch norm, channel
 reductions, l2norm, lrn), cuda_elementwise (vector ops, activations, pooling, shape ops,
 dropout), cuda_losses (softmax, costs, yolo/region/detection losses), cuda_images (photos
 uploaded as uint8, letterboxed on the device), cuda_optimizer (Adam's update).
@@ -38,6 +39,8 @@ import numpy as np
 # benches _TC_TILES, _KERNELS, _KERNEL_OPTIONS, KERNEL_DIR.
 from .cuda_conv import _TC_TILES, CudaConv  # noqa: F401
 from .cuda_conv import KERNELS as _CONV_KERNELS
+from .cuda_conv_backward import KERNELS as _CONV_BACKWARD_KERNELS
+from .cuda_conv_backward import CudaConvBackward
 from .cuda_core import (_KERNEL_OPTIONS, KERNEL_DIR, CudaCore, CudaError, DeviceArray,  # noqa: F401
                         _Device, merge_kernel_tables)
 from .cuda_elementwise import CudaElementwise
@@ -51,13 +54,13 @@ from .cuda_norm import KERNELS as _NORM_KERNELS
 from .cuda_optimizer import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
 
 # Every kernel file's entry points and argument formats, from the families' tables.
-_KERNELS = merge_kernel_tables(_CONV_KERNELS, _NORM_KERNELS,
+_KERNELS = merge_kernel_tables(_CONV_KERNELS, _CONV_BACKWARD_KERNELS, _NORM_KERNELS,
                                _ELEMENTWISE_KERNELS, _LOSS_KERNELS, _IMAGE_KERNELS,
                                _OPTIMIZER_KERNELS)
 
 
-class CudaBackend(CudaCore, CudaConv, CudaNorm, CudaElementwise, CudaLosses, CudaImages,
-                  CudaOptimizerOps):
+class CudaBackend(CudaCore, CudaConv, CudaConvBackward, CudaNorm, CudaElementwise, CudaLosses,
+                  CudaImages, CudaOptimizerOps):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
     name = "cuda"

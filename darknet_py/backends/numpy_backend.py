@@ -27,11 +27,12 @@ from ..losses import detection as detection_loss, region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
 from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
+from .numpy_conv_backward import NumpyConvBackward
 from .numpy_optimizer import NumpyOptimizerOps
 from .pinning import unpin_nothing
 
 
-class NumpyBackend(NumpyOptimizerOps):   # optimizer ops: numpy_optimizer.py
+class NumpyBackend(NumpyConvBackward, NumpyOptimizerOps):   # their files hold those ops
     name = "cpu"
 
     def __init__(self, dtype=np.float32, seed=0):

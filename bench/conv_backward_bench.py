@@ -1,0 +1,178 @@
+"""Each convolution shape of a cfg: the backward's two products timed both ways on the GPU.
+
+    python3 bench/conv_backward_bench.py CFG [--batch 32] [--precision fp16] [--sweep]
+                                         [--json FILE]
+    python3 bench/conv_backward_bench.py --make-cfg build/yolov4_3c.cfg
+
+The second form writes the fork's yolov4.cfg (../shared/darknet-cfg-ab) with 3 classes at
+416x416, as bench/issue26_rows.py measures it (the device has no copy of the cfgs).
+
+Per unique [convolutional] shape (one group): the weight gradient as im2col + GEMM (the
+layer's old path, in its workspace chunks) and as conv_weight_grad (the implicit GEMM,
+kernels/conv_backward.cu), the data gradient as GEMM + col2im and as conv_data_grad;
+--sweep also times every implicit tile (and splits for the weight gradient) to check the
+plans. CUDA events, medians of 5 after 2 warm-ups; ms per layer (all groups). The (move)
+column is the old path's copy of the delta into (filters, images, positions) order, which
+both its products need.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from darknet_py.network import load_network   # noqa: E402
+
+
+def _time(be, fn, warmup=2, repeats=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = be.timer()
+        t.start()
+        fn()
+        times.append(t.stop() * 1e3)
+    return float(np.median(times))
+
+
+def _shape(l):
+    return (l.c, l.h, l.w, l.filters, l.size, l.stride, l.padding, l.dilation, l.groups)
+
+
+def bench_layer(be, l, batch, precision, sweep):
+    m, k, n = l._gemm_dims()
+    cg, hw = l.c // l.groups, l.h * l.w
+    rng = np.random.default_rng(0)
+    im = be.from_host(rng.uniform(-1, 1, batch * l.c * hw).astype(np.float32))
+    delta = be.from_host(rng.uniform(-1, 1, batch * l.outputs).astype(np.float32))
+    weights = be.from_host(rng.uniform(-1, 1, l.nweights).astype(np.float32))
+    updates, dx = be.zeros(l.nweights), be.zeros(batch * l.c * hw)
+    chunk = l._chunk(batch)
+    col, prod = be.empty(k * chunk * n), be.empty(m * chunk * n)
+    gemm = be.gemm if precision == "fp32" else (lambda *a: be.gemm_lowp(precision, *a))
+    geometry = (cg, l.h, l.w, l.size, l.stride, l.padding, l.dilation, batch)
+
+    def move():
+        for b0 in range(0, batch, chunk):
+            count = min(chunk, batch - b0)
+            for g in range(l.groups):
+                be.copy_blocks(delta, b0 * l.outputs + g * m * n, n, prod, 0, count * n, n, m,
+                               planes=count, src_plane_stride=l.outputs, dst_plane_stride=n)
+
+    def old(weight):
+        for b0 in range(0, batch, chunk):
+            count = min(chunk, batch - b0)
+            for g in range(l.groups):
+                if weight:
+                    be.im2col(im[b0 * l.c * hw + g * cg * hw:], cg, l.h, l.w, l.size, l.stride,
+                              l.padding, l.dilation, col, count, l.c * hw)
+                    gemm(False, True, m, k, count * n, 1.0, prod, count * n, col, count * n,
+                         1.0, updates[g * m * k:], k)
+                else:
+                    gemm(True, False, k, count * n, m, 1.0, weights[g * m * k:], k, prod,
+                         count * n, 0.0, col, count * n)
+                    be.col2im(col, cg, l.h, l.w, l.size, l.stride, l.padding, l.dilation,
+                              dx[b0 * l.c * hw + g * cg * hw:], count, l.c * hw)
+
+    def wgrad():
+        for g in range(l.groups):
+            be.conv_weight_grad(precision, delta[g * m * n:], l.outputs, im[g * cg * hw:],
+                                l.c * hw, *geometry, m, updates[g * m * k:])
+
+    def dgrad():
+        for g in range(l.groups):
+            be.conv_data_grad(precision, weights[g * m * k:], m, delta[g * m * n:], l.outputs,
+                              *geometry, dx[g * cg * hw:], l.c * hw, True)
+
+    row = {"shape": _shape(l), "move": _time(be, move), "old_wgrad": _time(be, lambda: old(True)),
+           "old_dgrad": _time(be, lambda: old(False)), "wgrad": _time(be, wgrad),
+           "dgrad": _time(be, dgrad),
+           "wgrad_plan": be.wgrad_plan(precision, m, k, batch * n),
+           "dgrad_plan": be.dgrad_plan(precision, cg, batch * hw)}
+    if sweep:
+        from darknet_py.backends import cuda_conv_backward as cb   # needs PyCUDA
+        tc = precision != "fp32"
+        wtiles = cb._WGRAD_TC_TILES if tc else cb._WGRAD_F32_TILES
+        dtiles = cb._DGRAD_TC_TILES if tc else cb._DGRAD_F32_TILES
+        plans = {}
+        for tile in wtiles:
+            for splits in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+                if splits > max(1, batch * n // 1024):
+                    continue
+                be.wgrad_override = (tile, splits)
+                plans[f"{tile}/{splits}"] = _time(be, wgrad)
+        be.wgrad_override = None
+        row["wgrad_best"] = min(plans.items(), key=lambda kv: kv[1])
+        plans = {}
+        for tile in dtiles:
+            be.dgrad_override = tile
+            plans[tile] = _time(be, dgrad)
+        be.dgrad_override = None
+        row["dgrad_best"] = min(plans.items(), key=lambda kv: kv[1])
+    return row
+
+
+def make_three_class_cfg(out):
+    """yolov4.cfg of the fork with classes=3 (heads' filters 3 * (5 + 3)), 416x416."""
+    shared = Path(__file__).resolve().parents[1].parent / "shared"
+    text = (shared / "darknet-cfg-ab" / "yolov4.cfg").read_text()
+    text = re.sub(r"(?m)^classes\s*=\s*80", "classes=3", text)
+    text = re.sub(r"(?m)^filters\s*=\s*255", "filters=24", text)
+    text = re.sub(r"(?m)^(width|height)\s*=\s*\d+", r"\1=416", text)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cfg", nargs="?")
+    ap.add_argument("--make-cfg", metavar="PATH")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.make_cfg:
+        make_three_class_cfg(args.make_cfg)
+        return
+    if not args.cfg:
+        ap.error("a cfg is needed")
+    net = load_network(args.cfg, batch=1, device="cuda:0", precision=args.precision)
+    be = net.be
+    seen, rows = {}, []
+    for i, l in enumerate(net.layers):
+        if l.type != "convolutional":
+            continue
+        key = (_shape(l), l.precision)
+        if key in seen:
+            seen[key]["layers"].append(i)
+            continue
+        row = bench_layer(be, l, args.batch, l.precision, args.sweep)
+        row["layers"] = [i]
+        row["precision"] = l.precision
+        seen[key] = row
+        rows.append(row)
+    total = {k: sum(r[k] * len(r["layers"]) for r in rows)
+             for k in ("move", "old_wgrad", "old_dgrad", "wgrad", "dgrad")}
+    print(f"{'layers':>14} {'c h w f k s':>24} {'move':>6} {'oldW':>6} {'impW':>6} {'oldD':>6} "
+          f"{'impD':>6}  plans / best")
+    for r in rows:
+        c, h, w, f, k, s, *_ = r["shape"]
+        best = f" {r.get('wgrad_best', '')} {r.get('dgrad_best', '')}" if args.sweep else ""
+        print(f"{str(r['layers'][:3])[:14]:>14} {f'{c} {h} {w} {f} {k} {s}':>24} {r['move']:6.2f} "
+              f"{r['old_wgrad']:6.2f} {r['wgrad']:6.2f} {r['old_dgrad']:6.2f} {r['dgrad']:6.2f}  "
+              f"{r['wgrad_plan']} {r['dgrad_plan']}{best}")
+    print("totals over the network (ms):", {k: round(v, 2) for k, v in total.items()})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "totals": total}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

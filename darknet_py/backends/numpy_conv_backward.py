@@ -1,0 +1,71 @@
+"""NumpyBackend's convolution backward products as whole-batch ops: the reference of
+the CUDA backend's implicit-GEMM kernels (kernels/conv_backward.cu). A mixin of
+NumpyBackend; its layers keep Darknet's im2col + GEMM + col2im (conv_backward_implicit
+is False here)."""
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .. import precision as precisions
+from ..shapes import conv_out_size
+
+
+def _batched(flat, batch, stride, rows, cols):
+    """A writable (batch, rows, cols) view of per-image (rows x cols) blocks `stride` apart."""
+    stride = stride or rows * cols
+    if batch > 0 and flat.size < (batch - 1) * stride + rows * cols:
+        raise ValueError(f"{batch} blocks of {rows}x{cols}, {stride} apart, exceed an array "
+                         f"of {flat.size}")
+    isz = flat.itemsize
+    return as_strided(flat, (batch, rows, cols), (stride * isz, cols * isz, isz))
+
+
+class NumpyConvBackward:
+    """conv_backward_implicit, conv_weight_grad, conv_data_grad."""
+
+    def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
+                               pad, dilation, filters):
+        """(weight gradient, data gradient): whether a convolution group's backward runs
+        them as conv_weight_grad and conv_data_grad (no im2col buffer). Here never: the CPU
+        keeps Darknet's im2col + GEMM + col2im per chunk of images, whose sums the
+        fixtures pin."""
+        return False, False
+
+    def _rounded(self, x, precision):
+        if precision == precisions.DEFAULT:
+            return x
+        return precisions.round_to(x, precision).astype(self.dtype)
+
+    def _delta_matrix(self, delta, delta_stride, batch, filters, positions, precision):
+        """The delta of `batch` images as filters x (batch * positions), rounded."""
+        d = _batched(delta, batch, delta_stride, filters, positions)
+        return self._rounded(d.transpose(1, 0, 2).reshape(filters, batch * positions), precision)
+
+    def conv_weight_grad(self, precision, delta, delta_stride, im, im_stride, channels, height,
+                         width, ksize, stride, pad, dilation, batch, filters, weight_updates):
+        """weight_updates[f * k + j] += sum over images b and output positions p of
+        delta[b * delta_stride + f * positions + p] * col[j, b, p] (col: im2col of the
+        images, `im_stride` apart; k = channels * ksize * ksize; strides 0: packed), both
+        operands rounded to `precision`: one convolution group's weight gradient."""
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        positions, k = out_h * out_w, channels * ksize * ksize
+        col = np.empty(k * batch * positions, dtype=self.dtype)
+        self.im2col(im, channels, height, width, ksize, stride, pad, dilation, col, batch,
+                    im_stride)
+        d = self._delta_matrix(delta, delta_stride, batch, filters, positions, precision)
+        col = self._rounded(col.reshape(k, batch * positions), precision)
+        weight_updates[:filters * k].reshape(filters, k)[...] += d @ col.T
+
+    def conv_data_grad(self, precision, weights, filters, delta, delta_stride, channels, height,
+                       width, ksize, stride, pad, dilation, batch, dx, dx_stride, accumulate):
+        """dx (images `dx_stride` apart, `channels` of them from its start) = col2im of
+        weights^T (k x filters) @ delta, operands rounded to `precision`; accumulate: added
+        to dx, else written over it (the fork's CPU col2im clears the image first)."""
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        positions, k = out_h * out_w, channels * ksize * ksize
+        w = self._rounded(np.asarray(weights[:filters * k]).reshape(filters, k), precision)
+        d = self._delta_matrix(delta, delta_stride, batch, filters, positions, precision)
+        col = np.ascontiguousarray(w.T @ d, dtype=self.dtype).reshape(-1)
+        if not accumulate:
+            _batched(dx, batch, dx_stride, channels, height * width)[...] = 0
+        self.col2im(col, channels, height, width, ksize, stride, pad, dilation, dx, batch,
+                    dx_stride)
