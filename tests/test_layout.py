@@ -20,7 +20,7 @@ FLOORS = [
     ("applications", ["validate", "video", "bench", "distributed", "distributed.comm",
                       "distributed.nccl", "distributed.data_parallel", "distributed.cluster",
                       "training.*", "train", "dataset_check", "map_plots", "export.*", "rnn_text"]),
-    ("top", ["darknet_py", "__main__", "cli", "demo", "distributed.launcher", "darknet_forms"]),
+    ("top", ["darknet_py", "__main__", "cli_options", "cli", "demo", "distributed.launcher", "darknet_forms"]),
 ]
 
 
