@@ -302,12 +302,17 @@ class CudaCore:
         except drv.Error as e:
             raise CudaError(f"CUDA error launching kernel {name} with grid={grid} block={block}: {e}"
                             + self._recent_launches()) from e
+        self._launched(name, grid, block)
+
+    def _launched(self, name, grid, block, error=CudaError):
+        """Note a launch for error messages; with sync_each_launch, wait for it and raise
+        `error` naming the kernel if it failed."""
         self._recent.append((name, grid, block))  # formatted only if an error is reported
         if self.sync_each_launch:
             try:
                 self.stream.synchronize()
             except drv.Error as e:
-                raise CudaError(f"CUDA error in kernel {name} with grid={grid} block={block}: {e}") from e
+                raise error(f"CUDA error in kernel {name} with grid={grid} block={block}: {e}") from e
 
     def _recent_launches(self):
         if not self._recent:

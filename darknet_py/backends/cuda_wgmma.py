@@ -23,7 +23,6 @@ import os
 import sys
 
 import numpy as np
-import pycuda.driver as drv
 
 from . import kernel_cache, prebuilt
 
@@ -217,12 +216,7 @@ def _launch(be, kern, name, grid, block, *args, shared=0):
     _check(lib, "cuLaunchKernel", lib.cuLaunchKernel(kern.functions[name], *grid, *block, shared,
                                                      be.stream.handle, pointers, None),
            f" for kernel {name} with grid={grid} block={block}")
-    be._recent.append((name, grid, block))
-    if be.sync_each_launch:
-        try:
-            be.stream.synchronize()
-        except drv.Error as e:
-            raise WgmmaError(f"CUDA error in kernel {name} with grid={grid} block={block}: {e}") from e
+    be._launched(name, grid, block, WgmmaError)
 
 
 def row_pitch(k):
