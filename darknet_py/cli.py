@@ -664,8 +664,11 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, ov
 @click.option("--out", metavar="FILE", default=None,
               help="Also write the anchors to FILE as the AlexeyAB fork's calc_anchors "
                    "writes anchors.txt.")
+@click.option("--counts-out", metavar="FILE", default=None,
+              help="Also write the boxes per class to FILE as the fork's calc_anchors "
+                   "writes counters_per_class.txt.")
 @overwrite_option
-def anchors_command(data, cfg, num, width, height, seed, out, overwrite):
+def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwrite):
     """Cluster the box sizes of DATA's training labels into --num anchors.
 
     k-means on (width, height) with 1 - IoU as the distance, at the network's input
@@ -674,14 +677,15 @@ def anchors_command(data, cfg, num, width, height, seed, out, overwrite):
 
     --out FILE writes them as the fork's anchors.txt ("w,h, w,h, ..." without a line end,
     each value padded to 3 characters, or with 4 decimals for a network 32 pixels wide or
-    less). Darknet's form `detector calc_anchors DATA` writes anchors.txt in the current
-    directory, replacing an earlier one as the fork does, and names it.
+    less); --counts-out FILE the boxes per class as its counters_per_class.txt. Darknet's
+    form `detector calc_anchors DATA` writes both in the current directory, replacing
+    earlier ones as the fork does, and names them.
     """
     from .data.anchors import (anchor_mean_iou, anchor_settings, compute_anchors,
-                               fork_anchors_text, format_anchors)
-    replacing = out is not None and os.path.exists(out)
-    if out is not None:
-        claim_outputs([out], overwrite)
+                               fork_anchors_text, fork_class_counters_text, format_anchors)
+    outputs = [f for f in (out, counts_out) if f is not None]
+    replacing = {f for f in outputs if os.path.exists(f)}
+    claim_outputs(outputs, overwrite)
     settings, used = anchor_settings(cfg, num=num, width=width, height=height)
     if used:
         click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
@@ -690,11 +694,16 @@ def anchors_command(data, cfg, num, width, height, seed, out, overwrite):
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+    written = []
+    if counts_out is not None:
+        write_text_atomically(counts_out, fork_class_counters_text(data))
+        written.append((counts_out, "the boxes per class in the fork's counters_per_class.txt"))
     if out is not None:
         write_text_atomically(out, fork_anchors_text(anchors, settings["width"]))
-        click.echo(f"{PROG}: wrote {os.path.abspath(out)} (the anchors in the fork's "
-                   f"anchors.txt form{'; it replaced an earlier file' if replacing else ''})",
-                   err=True)
+        written.append((out, "the anchors in the fork's anchors.txt form"))
+    for path, what in written:
+        click.echo(f"{PROG}: wrote {os.path.abspath(path)} ({what}"
+                   f"{'; it replaced an earlier file' if path in replacing else ''})", err=True)
 
 
 @cli.command("check", short_help="Check a detector dataset: lists, labels, boxes per class.")

@@ -146,7 +146,8 @@ def _detector(sub, rest):
     if sub == "calc_anchors":
         _need(pos, 1, "detector calc_anchors DATA [-num_of_clusters N -width W -height H]")
         # The fork writes (and replaces) anchors.txt in the current directory.
-        return (["anchors", pos[0]] + pos[1:] + opts + ["--out", "anchors.txt", "--overwrite"],
+        return (["anchors", pos[0]] + pos[1:] + opts + ["--out", "anchors.txt", "--counts-out",
+                                                           "counters_per_class.txt", "--overwrite"],
                 dropped)
     if sub == "train":
         _need(pos, 2, "detector train DATA CFG [WEIGHTS]")

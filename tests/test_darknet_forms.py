@@ -20,7 +20,8 @@ from test_dayone_labels import GOOD, make_dataset
     ("detector map my.data my.cfg my.weights -iou_thresh 0.75 -points 101",
      "map my.cfg my.data my.weights --iou-thresh 0.75 --points 101"),
     ("detector calc_anchors my.data -num_of_clusters 6 -width 416 -height 416",
-     "anchors my.data --num 6 --width 416 --height 416 --out anchors.txt --overwrite"),
+     "anchors my.data --num 6 --width 416 --height 416 --out anchors.txt --counts-out "
+     "counters_per_class.txt --overwrite"),
     ("classifier train my.data my.cfg", "train my.cfg my.data"),
     ("classifier predict my.data my.cfg my.weights dog.jpg", "test my.cfg my.weights dog.jpg "
                                                              "--data my.data"),

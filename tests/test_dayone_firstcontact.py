@@ -290,6 +290,15 @@ def test_calc_anchors_writes_anchors_txt_as_the_fork_and_names_it(tmp_path):
     assert [int(v) for v in written.split(",")] == [int(v) for v in shown.split(",")]
     assert (f"darknet-py: wrote {tmp_path}/anchors.txt (the anchors in the fork's anchors.txt "
             f"form)") in r.err.splitlines(), r
+    # and the boxes per class beside it, as the fork's counters_per_class.txt
+    counters = (tmp_path / "counters_per_class.txt").read_text()
+    assert counters.startswith("counters_per_class = ") and not counters.endswith("\n")
+    counts = [int(v) for v in counters.removeprefix("counters_per_class = ").split(", ")]
+    classes = int(re.search(r"classes\s*=\s*(\d+)", open(data).read()).group(1))
+    boxes = int(re.search(r"^(\d+) boxes;", r.err, re.M).group(1))
+    assert len(counts) == classes and sum(counts) == boxes, (counts, r)
+    assert (f"darknet-py: wrote {tmp_path}/counters_per_class.txt (the boxes per class in the "
+            f"fork's counters_per_class.txt)") in r.err.splitlines(), r
     (tmp_path / "anchors.txt").write_text("mine")
     r = run_in_process(form, cwd=tmp_path)   # the fork replaces it; we say so
     assert r.code == 0 and (tmp_path / "anchors.txt").read_text() == written, r

@@ -61,28 +61,44 @@ def anchor_mean_iou(boxes_wh, anchors):
                  .max(axis=1).mean())
 
 
-def gather_label_boxes(data_path, width, height):
-    """Widths and heights, in network-input pixels, of every box in the training list of
-    a .data file: float64 (n, 2). Images without a label file are counted and summed up
+def training_label_rows(data_path):
+    """Every (class, x, y, w, h) box of a .data file's training list, float64 (n, 5), and
+    the .data file's class count. Images without a label file are counted and summed up
     in one line on stderr."""
     config = load_data_config(data_path, require=("train",))
     paths = config.train_paths()
     check_detector_dataset(paths, config.classes, what="training",
                            warn=lambda m: print(f"darknet-py: warning: {m}", file=sys.stderr))
     missing = []
-    sizes = []
+    rows = []
     for p in paths:
         try:
             b = read_image_labels(p, config.classes)
         except MissingLabelFile:
             missing.append(p)
             continue
-        sizes.append(b[:, 2:4])
+        rows.append(np.column_stack([b[:, 4], b[:, 0:4]]))
     if missing:
         print(f"darknet-py: warning: {len(missing)} of {len(paths)} training images have no label "
               f"file (first: {label_path(missing[0])})", file=sys.stderr)
-    boxes = np.concatenate(sizes) if sizes else np.zeros((0, 2), dtype=np.float32)
-    return boxes.astype(np.float64) * np.array([width, height], dtype=np.float64)
+    rows = np.concatenate(rows) if rows else np.zeros((0, 5))
+    return rows.astype(np.float64), config.classes
+
+
+def gather_label_boxes(data_path, width, height):
+    """Widths and heights, in network-input pixels, of every box in the training list of
+    a .data file: float64 (n, 2)."""
+    rows, _ = training_label_rows(data_path)
+    return rows[:, 3:5] * np.array([width, height], dtype=np.float64)
+
+
+def fork_class_counters_text(data_path):
+    """counters_per_class.txt as the fork's calc_anchors writes it beside anchors.txt:
+    'counters_per_class = n0, n1, ...' (boxes per class of the training list), no line
+    end."""
+    rows, classes = training_label_rows(data_path)
+    counts = np.bincount(rows[:, 0].astype(np.int64), minlength=classes)[:classes]
+    return "counters_per_class = " + ", ".join(str(int(c)) for c in counts)
 
 
 def compute_anchors(data_path, num, width, height, seed=0):
