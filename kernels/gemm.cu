@@ -38,7 +38,7 @@ enum SgemmEpilogueActivation {
     EPI_MISH = 18
 };
 
-__device__ __forceinline__ float sgemm_activate(float x, int act)
+__device__ __noinline__ float sgemm_activate(float x, int act)
 {
     switch (act) {
     case EPI_LOGISTIC: return 1.0f / (1.0f + expf(-x));
