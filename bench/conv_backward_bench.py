@@ -18,15 +18,16 @@ both its products need.
 import argparse
 import json
 import os
-import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from darknet_py.network import load_network   # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from precision_rows import three_class_cfg   # noqa: E402
 
 
 def _time(be, fn, warmup=2, repeats=5):
@@ -118,17 +119,6 @@ def bench_layer(be, l, batch, precision, sweep):
     return row
 
 
-def make_three_class_cfg(out):
-    """yolov4.cfg of the fork with classes=3 (heads' filters 3 * (5 + 3)), 416x416."""
-    shared = Path(__file__).resolve().parents[1].parent / "shared"
-    text = (shared / "darknet-cfg-ab" / "yolov4.cfg").read_text()
-    text = re.sub(r"(?m)^classes\s*=\s*80", "classes=3", text)
-    text = re.sub(r"(?m)^filters\s*=\s*255", "filters=24", text)
-    text = re.sub(r"(?m)^(width|height)\s*=\s*\d+", r"\1=416", text)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(text)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cfg", nargs="?")
@@ -139,7 +129,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.make_cfg:
-        make_three_class_cfg(args.make_cfg)
+        three_class_cfg("yolov4.cfg", None, path=args.make_cfg)
         return
     if not args.cfg:
         ap.error("a cfg is needed")

@@ -27,7 +27,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from precision_rows import three_class_cfg  # noqa: E402
+
 GOALS = {   # issue 26's goals; "<=" unless the key says tflops
     "yolov4_b32_pass_ms_fp16": 45, "yolov4_b32_pass_ms_bf16": 45,
     "yolov4_b32_pass_ms_fp32": 200, "yolov4_b32_peak_gb_fp16": 11,
@@ -47,21 +48,6 @@ GOALS = {   # issue 26's goals; "<=" unless the key says tflops
     "yolov3tiny_b64_step_ms_fp32": 55, "yolov3tiny_b64_forward_layers_ms_fp16": 4,
     "yolov3tiny_b64_forward_whole_ms_fp16": 8, "gemm4096_fp16_tflops": 600,
 }
-
-
-def three_class_cfg(name, directory, batch=None, subdivisions=None, max_batches=None):
-    """The fork's stock cfg with classes=3 (heads' filters 3 * (5 + 3)), 416x416."""
-    text = (SHARED / "darknet-cfg-ab" / name).read_text()
-    text = re.sub(r"(?m)^classes\s*=\s*80", "classes=3", text)
-    text = re.sub(r"(?m)^filters\s*=\s*255", "filters=24", text)
-    text = re.sub(r"(?m)^(width|height)\s*=\s*\d+", r"\1=416", text)
-    for key, value in (("batch", batch), ("subdivisions", subdivisions),
-                       ("max_batches", max_batches)):
-        if value is not None:
-            text = re.sub(rf"(?m)^{key}\s*=\s*\d+", f"{key}={value}", text)
-    path = Path(directory) / name
-    path.write_text(text)
-    return path
 
 
 # ---- one measurement per process ---------------------------------------------------------
@@ -154,7 +140,8 @@ def iteration_seconds(tmp, precision, iterations=30):
     if data is None:
         root.mkdir()
         data = detector_set(root, count=512, size=416)
-    cfg = three_class_cfg("yolov4.cfg", tmp, batch=64, subdivisions=2, max_batches=iterations)
+    cfg = three_class_cfg("yolov4.cfg", tmp, path=Path(tmp) / "yolov4-iterations.cfg", batch=64,
+                          subdivisions=2, max_batches=iterations)
     start = time.perf_counter()
     run = subprocess.run([sys.executable, "-m", "darknet_py", "train", str(cfg), str(data),
                           "--overwrite", "--quiet", "--device", "cuda:0",

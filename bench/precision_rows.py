@@ -51,13 +51,18 @@ def compare(found):
     return lines
 
 
-def three_class_cfg(name, directory):
-    """The fork's stock cfg with classes=3 (heads' filters 3 * (5 + 3)), 416x416."""
+def three_class_cfg(name, directory, path=None, **net):
+    """The fork's stock cfg with classes=3 (heads' filters 3 * (5 + 3)), 416x416, written
+    to `path` (default: `name` in `directory`); `net` overrides [net] keys (batch=64,
+    max_batches=30, ...)."""
     text = (SHARED / "darknet-cfg-ab" / name).read_text()
     text = re.sub(r"(?m)^classes\s*=\s*80", "classes=3", text)
     text = re.sub(r"(?m)^filters\s*=\s*255", "filters=24", text)
     text = re.sub(r"(?m)^(width|height)\s*=\s*\d+", r"\1=416", text)
-    path = Path(directory) / name
+    for key, value in net.items():
+        text = re.sub(rf"(?m)^{key}\s*=\s*\d+", f"{key}={value}", text)
+    path = Path(path) if path is not None else Path(directory) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
