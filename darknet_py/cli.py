@@ -24,8 +24,7 @@ from . import __version__
 from .cli_options import (IMAGE_ARGUMENT_HELP, PROG, Probability, UserError,
                           claim_outputs, class_name, darknet_option, device_options,
                           expand_images, letter_box_option, log_line, names_options,
-                          overwrite_option, resolve_device, run_on_images, same_file,
-                          warn)  # noqa: F401 (resolve_device: tests)
+                          overwrite_option, run_on_images, same_file, warn)
 from .darknet_forms import DarknetFormError, DarknetFormHelp, translate as translate_darknet_form
 from .errors import USER_ERRORS, USER_WARNINGS, describe_error
 from .export.command import (EXPORT_HELP, engine_option, export_options, load_with_engine,
@@ -682,7 +681,8 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
     earlier ones as the fork does, and names them.
     """
     from .data.anchors import (anchor_mean_iou, anchor_settings, compute_anchors,
-                               fork_anchors_text, fork_class_counters_text, format_anchors)
+                               fork_anchors_text, fork_class_counters_text, format_anchors,
+                               training_label_rows)
     outputs = [f for f in (out, counts_out) if f is not None]
     replacing = {f for f in outputs if os.path.exists(f)}
     claim_outputs(outputs, overwrite)
@@ -690,13 +690,14 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
     if used:
         click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
                    + f" from {cfg}", err=True)
-    anchors, boxes = compute_anchors(data, seed=seed, **settings)
+    labels = training_label_rows(data)   # (rows, classes): read once for both files
+    anchors, boxes = compute_anchors(data, seed=seed, labels=labels, **settings)
     click.echo(format_anchors(anchors))
     click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
     written = []
     if counts_out is not None:
-        write_text_atomically(counts_out, fork_class_counters_text(data))
+        write_text_atomically(counts_out, fork_class_counters_text(*labels))
         written.append((counts_out, "the boxes per class in the fork's counters_per_class.txt"))
     if out is not None:
         write_text_atomically(out, fork_anchors_text(anchors, settings["width"]))

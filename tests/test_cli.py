@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 from darknet_py import __version__
 from darknet_py import cli as cli_module
-from darknet_py.cli import cli, output_paths, resolve_device
+from darknet_py.cli import cli, output_paths
+from darknet_py.cli_options import resolve_device
 from darknet_py.network import build_network, load_network
 from darknet_py.weights import floats_needed
 

@@ -85,27 +85,26 @@ def training_label_rows(data_path):
     return rows.astype(np.float64), config.classes
 
 
-def gather_label_boxes(data_path, width, height):
+def gather_label_boxes(data_path, width, height, labels=None):
     """Widths and heights, in network-input pixels, of every box in the training list of
-    a .data file: float64 (n, 2)."""
-    rows, _ = training_label_rows(data_path)
+    a .data file: float64 (n, 2). `labels`: training_label_rows(data_path), if read."""
+    rows, _ = labels if labels is not None else training_label_rows(data_path)
     return rows[:, 3:5] * np.array([width, height], dtype=np.float64)
 
 
-def fork_class_counters_text(data_path):
+def fork_class_counters_text(rows, classes):
     """counters_per_class.txt as the fork's calc_anchors writes it beside anchors.txt:
-    'counters_per_class = n0, n1, ...' (boxes per class of the training list), no line
-    end."""
-    rows, classes = training_label_rows(data_path)
+    'counters_per_class = n0, n1, ...' (boxes per class of training_label_rows' rows), no
+    line end."""
     counts = np.bincount(rows[:, 0].astype(np.int64), minlength=classes)[:classes]
     return "counters_per_class = " + ", ".join(str(int(c)) for c in counts)
 
 
-def compute_anchors(data_path, num, width, height, seed=0):
+def compute_anchors(data_path, num, width, height, seed=0, labels=None):
     """Anchors for a .data file's training boxes at a width x height network input.
     Returns (anchors, boxes): [(w, h), ...] sorted by area, and the boxes' (n, 2) sizes
     they were clustered from (gather_label_boxes)."""
-    boxes = gather_label_boxes(data_path, width, height)
+    boxes = gather_label_boxes(data_path, width, height, labels)
     if len(boxes) == 0:
         raise DataError(f"{data_path}: no labelled boxes in the training list")
     return [(float(w), float(h)) for w, h in kmeans_anchors(boxes, num, seed)], boxes
