@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .boxes import box_iou, fork_iou, results_corners
-from .data.check import (check_detector_dataset, refuse_no_label_files, refuse_unlabelled,
-                         scan_labels)
+from .data.check import check_detector_dataset, refuse_unlabelled, scan_labels
 from .data.config import _where, load_data_config
 from .data.labels import MissingLabelFile, check_classifier_labels, read_image_labels
 from .data.loader import DataLoader
@@ -84,9 +83,7 @@ def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None
     that no run stops (or ends without _best weights) at its first evaluation."""
     check_valid_images(paths, list_path, warn)
     if task == "detector":
-        report = scan_labels(paths, classes, darknet)
-        refuse_no_label_files(report, "validation")
-        refuse_unlabelled(report, "validation")
+        refuse_unlabelled(scan_labels(paths, classes, darknet), "validation")
         return
     problems = check_classifier_labels(paths, labels)
     if len(problems) == len(paths):

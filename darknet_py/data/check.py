@@ -229,19 +229,19 @@ def refuse_pixel_labels(report, what="training"):
 
 def refuse_unlabelled(report, what="validation"):
     """DataError when the scanned images hold not one labelled box (a mAP of such a set is
-    0 whatever the weights): the line says where the label files were looked for."""
+    0 whatever the weights): refuse_no_label_files' line where there is no label file,
+    else one saying what the files hold."""
     if report.boxes:
         return
+    refuse_no_label_files(report, what)
+    if not report.label_files:   # not even a label path came of the image names
+        raise DataError(f"none of the {report.images} {what} images has a label file (none "
+                        f"could be derived from the image names)")
     missing = sum(1 for p in report.problems if p.kind == "missing")
-    first = (f"the first image's at {report.first_label}" if report.first_label
-             else "none could be derived from the image names")
-    if missing == report.images:
-        raise DataError(f"none of the {report.images} {what} images has a label file "
-                        f"(looked for where Darknet looks: {first})")
     raise DataError(f"none of the {report.images} {what} images has a labelled box "
                     f"({missing} label files missing; of the {report.label_files} found, "
                     f"{report.empty_files} empty, the others without a sound 'class x y w "
-                    f"h' line; {first})")
+                    f"h' line; the first image's at {report.first_label})")
 
 
 def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None,
