@@ -24,11 +24,13 @@ NVCC_FLAGS_90A := -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings -cu
 
 install: .installed
 
-# Every kernel must compile for Hopper; skipped (with a notice) where nvcc is absent.
+# Every kernel must compile for Hopper (one nvcc per core); skipped (with a notice) where
+# nvcc is absent.
 # Headers (kernels/*.cuh) are compiled as part of the .cu files that include them.
 kernels-check:
 	@if command -v $(NVCC) >/dev/null; then \
-	  for f in kernels/*.cu; do echo "nvcc $$f"; $(NVCC) $(NVCC_FLAGS) $$f || exit 1; done; \
+	  printf '%s\n' kernels/*.cu | xargs -P "$$(nproc)" -I{} sh -c \
+	    'echo "nvcc {}"; $(NVCC) $(NVCC_FLAGS) {}' || exit 1; \
 	  echo "nvcc kernels/gemm_wgmma.cu (sm_90a)"; \
 	  $(NVCC) $(NVCC_FLAGS_90A) kernels/gemm_wgmma.cu || exit 1; \
 	else echo "kernels-check: nvcc not found, kernels not compiled"; fi
