@@ -63,6 +63,7 @@ bench:
 	$(GPU_PYTHON) bench/train_bench.py --results bench/RESULTS.md
 	$(GPU_PYTHON) bench/precision_bench.py --torch --results bench/RESULTS.md
 	$(GPU_PYTHON) bench/inference_bench.py --torch --json bench/results.json
+	$(GPU_PYTHON) bench/issue26_rows.py --results bench/RESULTS.md
 
 # CPU inference against OpenCV 4's DNN module (OpenCV 5 dropped the Darknet importer), in
 # a virtualenv of its own; writes its section of bench/RESULTS.md.
