@@ -28,6 +28,9 @@ wait
 echo "phase 1: $(( $(date +%s) - T0 )) s"
 PARTS=timing bash bench/cluster_gpu_check.sh "$YOLOV4" /tmp/cluster-b > "$OUT/cluster-b.log" 2>&1
 echo "phase 2: $(( $(date +%s) - T0 )) s"
+# Every log in one file: a call brings back only a few files.
+tar czf "$OUT/logs.tgz" --exclude '*.weights' --exclude '*.backup' --exclude '*.jpg' \
+    --exclude '*.png' --exclude '*.txt' -C / tmp/cluster-a tmp/cluster-b 2>/dev/null
 echo "== gpu-test";      grep -E "^(FAILED|ERROR)" "$OUT/gpu-test.log" | head -20; tail -2 "$OUT/gpu-test.log"
 echo "== 2-GPU tests";   tail -2 "$OUT/multigpu-test.log"
 echo "== cluster";       tail -12 "$OUT/cluster-a.log"; tail -10 "$OUT/cluster-b.log"

@@ -561,7 +561,7 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
     except ValueError as e:
         raise UserError(str(e)) from None
     # The node's CPUs load images for all its ranks: each rank gets its share of workers.
-    kwargs["workers"] = max(1, default_workers() // len(devices)) if workers is None else workers
+    kwargs["workers"] = default_workers(len(devices)) if workers is None else workers
     try:
         launch(devices, kwargs, first_rank=node_rank * len(devices),
                world_size=nodes * len(devices), master=address, timeout=comm_timeout)

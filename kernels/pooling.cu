@@ -48,6 +48,42 @@ extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, i
     }
 }
 
+// The same sums as maxpool_backward_kernel for a spatial maxpool, one thread per input
+// cell gathering from the windows that hold it, in output order: deterministic (atomics
+// add in whatever order threads come) and equal, bit for bit, to adding one output after
+// another. A window of output (oh, ow) covers rows oh*stride_y - off .. + size - 1.
+extern "C" __global__ void maxpool_backward_gather_kernel(const float* __restrict__ delta_out,
+                                                          const int* __restrict__ indexes,
+                                                          int planes, int h, int w, int size,
+                                                          int stride_x, int stride_y, int padding,
+                                                          int out_h, int out_w,
+                                                          float* __restrict__ delta_in)
+{
+    const long long total = (long long)planes * h * w;
+    const int off = padding / 2;
+    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < total;
+         j += (long long)gridDim.x * blockDim.x) {
+        int x, y;
+        const long long plane = pool_position(j, w, h, &x, &y);
+        // Windows starting at or before this cell and ending at or after it.
+        const int oh0 = max(0, (y + off - size + stride_y) / stride_y);
+        const int oh1 = min(out_h - 1, (y + off) / stride_y);
+        const int ow0 = max(0, (x + off - size + stride_x) / stride_x);
+        const int ow1 = min(out_w - 1, (x + off) / stride_x);
+        float acc = delta_in[j];
+        bool hit = false;
+        for (int oh = oh0; oh <= oh1; ++oh)
+            for (int ow = ow0; ow <= ow1; ++ow) {
+                const long long o = (plane * out_h + oh) * out_w + ow;
+                if (indexes[o] == (int)j) {
+                    acc += delta_out[o];
+                    hit = true;
+                }
+            }
+        if (hit) delta_in[j] = acc;
+    }
+}
+
 // delta_in[indexes[i]] += delta_out[i]. Overlapping windows (stride < size) can
 // route several outputs to one input, hence the atomics; -1 routes nowhere.
 extern "C" __global__ void maxpool_backward_kernel(const float* __restrict__ delta_out,

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from darknet_py.data.loader import default_workers
 from darknet_py.distributed.cluster import (ClusterEnvironmentError, ClusterRank,
                                             expand_hostlist, read_cluster_environment,
                                             slurm_without_srun)
@@ -94,6 +95,14 @@ def test_each_rank_takes_its_local_gpu():
         cluster_device(ClusterRank("Slurm", 7, 8, 3, 4, ("h", 1)), "auto", 2)
     with pytest.raises(ValueError, match="leave out --gpu/--device"):
         cluster_device(rank, "cuda:0", 4)
+
+
+@pytest.mark.parametrize("cpus, ranks, workers", [
+    (64, 1, 16), (64, 4, 15), (128, 8, 15), (8, 1, 7), (8, 2, 3), (8, 4, 1), (2, 4, 1)])
+def test_ranks_of_one_machine_share_its_cpus_before_the_cap(monkeypatch, cpus, ranks, workers):
+    # 4 ranks on 64 CPUs once got 16 // 4 = 4 workers each, too few to feed a GPU.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert default_workers(ranks) == workers
 
 
 # ---- runs ---------------------------------------------------------------------------------------

@@ -682,6 +682,15 @@ def test_maxpool(cuda, batch, c, h, w, size, stride, padding):
     # Backward with the reference's indexes (overlapping windows route twice).
     indexes = want[2][:n_out].astype(np.int64)
     check(cuda, "maxpool_backward", rand(rng, n_out), indexes, n_out, rand(rng, x.size))
+    # The gathering backward adds in output order: the reference's floats, bit for bit,
+    # and the same every run.
+    delta_out, delta_in = rand(rng, n_out) * 1e3, rand(rng, x.size)
+    got = [run(cuda, "maxpool_backward_xy", delta_out, indexes, batch, c, h, w, size, stride,
+               stride, padding, delta_in.copy())[1][-1] for _ in range(2)]
+    want = run(REF, "maxpool_backward_xy", delta_out, indexes, batch, c, h, w, size, stride,
+               stride, padding, delta_in.copy())[1][-1]
+    assert_close(got[0], want, 0, "maxpool_backward_xy", exact=True)
+    assert np.array_equal(got[0], got[1])
 
 
 @gpu
@@ -698,6 +707,9 @@ def test_maxpool_xy_and_local_avgpool(cuda, batch, c, h, w, size, stride_x, stri
     _, got = run(cuda, "maxpool_forward_xy", x, *args, nan(n_out), np.full(n_out, -7, np.int64))
     assert_close(got[1], want[1], 0, "maxpool_xy out", exact=True)
     assert_close(got[2], want[2], 0, "maxpool_xy indexes", exact=True)
+    indexes = want[2][:n_out].astype(np.int64)
+    check(cuda, "maxpool_backward_xy", rand(rng, n_out), indexes, *args, rand(rng, x.size),
+          exact=True)
     check(cuda, "local_avgpool", x, *args, nan(n_out), True)
     check(cuda, "local_avgpool", rand(rng, x.size), *args, rand(rng, n_out), False)
 

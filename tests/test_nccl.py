@@ -41,6 +41,12 @@ class FakeNccl:
         return self._result("ncclBroadcast", send.value, recv.value, count, dtype, root,
                             stream.value)
 
+    def ncclGroupStart(self):
+        return self._result("ncclGroupStart")
+
+    def ncclGroupEnd(self):
+        return self._result("ncclGroupEnd")
+
     def ncclCommGetAsyncError(self, comm, state_ref):
         state_ref._obj.value = self.async_error
         return self._result("ncclCommGetAsyncError")
@@ -72,6 +78,24 @@ def test_collectives_pass_pointers_counts_float32_sum_and_the_stream():
     assert ("ncclBroadcast", 0x1000, 0x1000, 10, 7, 0, 0xABC) in lib.calls
     comm.close()
     assert lib.calls[-1] == ("ncclCommDestroy",)
+
+
+def test_collectives_go_in_groups_of_at_most_group_ops(monkeypatch):
+    monkeypatch.setattr(nccl, "GROUP_OPS", 2)
+    lib = FakeNccl()
+    comm = single(lib)
+    comm.all_reduce_sum(BACKEND, [SimpleNamespace(ptr=0x10 * (i + 1), size=4) for i in range(5)])
+    names = [c[0] for c in lib.calls if c[0] != "ncclGetUniqueId" and c[0] != "ncclCommInitRank"]
+    group = ["ncclGroupStart", "ncclAllReduce", "ncclAllReduce", "ncclGroupEnd"]
+    assert names == group + group + ["ncclGroupStart", "ncclAllReduce", "ncclGroupEnd",
+                                     "ncclCommGetAsyncError"]
+
+
+def test_a_failed_call_closes_its_group_and_names_the_call():
+    lib = FakeNccl(fail={"ncclAllReduce": 2})
+    with pytest.raises(CommError, match="ncclAllReduce failed"):
+        single(lib).all_reduce_sum(BACKEND, [SimpleNamespace(ptr=8, size=4)])
+    assert [c[0] for c in lib.calls][-2:] == ["ncclAllReduce", "ncclGroupEnd"]
 
 
 def test_errors_become_one_line_naming_rank_call_and_nccl_words():

@@ -38,6 +38,7 @@ KERNELS = {
         "local_avgpool_forward_kernel": "PiiiiiiiiiP",
         "local_avgpool_backward_kernel": "PiiiiiiiiiP",
         "maxpool_backward_kernel": "PPiP",
+        "maxpool_backward_gather_kernel": "PPiiiiiiiiiP",
         "avgpool_forward_kernel": "PiiP",
         "avgpool_backward_kernel": "PiiP",
     },
@@ -271,6 +272,22 @@ class CudaElementwise:
         self._check_size("maxpool_backward indexes", indexes, n_out)
         self._launch("maxpool_backward_kernel", self._grid1d(n_out), (_BLOCK,),
                      self._ptr(delta_out), self._ptr(indexes), int(n_out), self._ptr(delta_in))
+
+    def maxpool_backward_xy(self, delta_out, indexes, batch, c, h, w, size, stride_x, stride_y,
+                            padding, delta_in):
+        """maxpool_backward of a spatial maxpool, each input cell gathering its windows'
+        deltas in output order: deterministic, the same floats as adding in that order."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
+        if indexes.dtype != np.int32:
+            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
+        self._check_size("maxpool_backward delta_out", delta_out, batch * c * out_h * out_w)
+        self._check_size("maxpool_backward indexes", indexes, batch * c * out_h * out_w)
+        self._check_size("maxpool_backward delta_in", delta_in, batch * c * h * w)
+        self._launch("maxpool_backward_gather_kernel", self._grid1d(batch * c * h * w), (_BLOCK,),
+                     self._ptr(delta_out), self._ptr(indexes), int(batch * c), int(h), int(w),
+                     int(size), int(stride_x), int(stride_y), int(padding), int(out_h),
+                     int(out_w), self._ptr(delta_in))
 
     def maxpool_depth_forward(self, x, batch, c, spatial, out_c, out, indexes):
         """The fork's maxpool_depth: the maximum over channels g, g+out_c, ... per position."""

@@ -558,6 +558,14 @@ class NumpyBackend(NumpyConvBackward, NumpyOptimizerOps):   # their files hold t
         hit = idx >= 0
         np.add.at(delta_in, idx[hit], delta_out[:n_out][hit])
 
+    def maxpool_backward_xy(self, delta_out, indexes, batch, c, h, w, size, stride_x, stride_y,
+                            padding, delta_in):
+        """maxpool_backward of a spatial maxpool given its geometry (the CUDA backend gathers
+        per input cell there, deterministically); np.add.at adds in output order."""
+        out_h = (h + padding - size) // stride_y + 1
+        out_w = (w + padding - size) // stride_x + 1
+        self.maxpool_backward(delta_out, indexes, batch * c * out_h * out_w, delta_in)
+
     def maxpool_depth_forward(self, x, batch, c, spatial, out_c, out, indexes):
         """The fork's maxpool_depth: out[b, g, p] = max over channels g, g+out_c, g+2*out_c, ...
         of x[b, :, p]; indexes get the flat argmax (the first maximum)."""

@@ -65,15 +65,18 @@ _STOP_SECONDS = 5.0        # how long close() waits for a worker before terminat
 WORKER_NICENESS = 10       # added to the workers' nice value (lower CPU priority)
 
 
-def default_workers():
-    """Worker processes for a training run: one per CPU this process may use, less one
-    for the training loop, at most 16 (at ~10 ms of CPU per 416x416 image, 16 workers
-    make over 1,000 images/s, more than one GPU trains on with these networks)."""
+def default_workers(ranks=1):
+    """Worker processes of one training process: its share of the CPUs this process may
+    use when `ranks` training processes of one machine share them, less one CPU per rank
+    for its training loop, at most 16 (at ~10 ms of CPU per 416x416 image, 16 workers
+    make over 1,000 images/s, more than one GPU trains on with these networks). The CPUs
+    are divided before the cap: 4 ranks on 64 CPUs get 15 each, not 16 // 4."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:   # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(16, cpus - 1))
+    ranks = max(1, int(ranks))
+    return max(1, min(16, (cpus - ranks) // ranks))
 
 
 class DataLoader:

@@ -285,8 +285,7 @@ def cluster_workers(cluster, workers):
         own_cpus = len(os.sched_getaffinity(0)) < (os.cpu_count() or 1)
     except AttributeError:   # not on Linux
         own_cpus = False
-    return default_workers() if own_cpus else max(1, default_workers() //
-                                                  cluster.local_world_size)
+    return default_workers() if own_cpus else default_workers(cluster.local_world_size)
 
 
 def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):

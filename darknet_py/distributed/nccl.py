@@ -18,6 +18,7 @@ NCCL_IN_PROGRESS = 7
 NCCL_FLOAT32 = 7
 NCCL_SUM = 0
 NCCL_UNIQUE_ID_BYTES = 128
+GROUP_OPS = 256             # operations per ncclGroupStart/End (NCCL caps a group's count)
 
 
 class NcclUniqueId(ctypes.Structure):
@@ -58,8 +59,11 @@ def _declare(lib):
     lib.ncclCommGetAsyncError.argtypes = [p, ctypes.POINTER(i)]
     lib.ncclAllReduce.argtypes = [p, p, size, i, i, p, p]
     lib.ncclBroadcast.argtypes = [p, p, size, i, i, p, p]
+    lib.ncclGroupStart.argtypes = []
+    lib.ncclGroupEnd.argtypes = []
     for name in ("ncclGetUniqueId", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort",
-                 "ncclCommGetAsyncError", "ncclAllReduce", "ncclBroadcast"):
+                 "ncclCommGetAsyncError", "ncclAllReduce", "ncclBroadcast", "ncclGroupStart",
+                 "ncclGroupEnd"):
         getattr(lib, name).restype = i
     return lib
 
@@ -105,23 +109,30 @@ class NcclCommunicator(Communicator):
     def _stream(be):
         return ctypes.c_void_p(be.stream.handle)
 
-    def all_reduce_sum(self, be, arrays):
+    def _grouped(self, be, name, call, arrays, *args):
+        """`call` (ncclAllReduce or ncclBroadcast) in place on each array, GROUP_OPS arrays
+        to an NCCL group: NCCL launches a group's operations together, so a network's few
+        hundred parameter arrays cost a launch or two rather than one each. (ctypes'
+        functions carry no __name__: `name` is the call's, for errors.)"""
         stream = self._stream(be)
-        for a in arrays:
-            if a.size:
-                self._check("ncclAllReduce", self.lib.ncclAllReduce(
-                    ctypes.c_void_p(a.ptr), ctypes.c_void_p(a.ptr), a.size, NCCL_FLOAT32,
-                    NCCL_SUM, self.comm, stream))
+        arrays = [a for a in arrays if a.size]
+        for first in range(0, len(arrays), GROUP_OPS):
+            self._check("ncclGroupStart", self.lib.ncclGroupStart())
+            try:
+                for a in arrays[first:first + GROUP_OPS]:
+                    self._check(name, call(ctypes.c_void_p(a.ptr), ctypes.c_void_p(a.ptr),
+                                           a.size, NCCL_FLOAT32, *args, self.comm, stream))
+            except CommError:
+                self.lib.ncclGroupEnd()   # close the group; the first error is the one to tell
+                raise
+            self._check("ncclGroupEnd", self.lib.ncclGroupEnd())
         self._async_error()
 
+    def all_reduce_sum(self, be, arrays):
+        self._grouped(be, "ncclAllReduce", self.lib.ncclAllReduce, arrays, NCCL_SUM)
+
     def broadcast(self, be, arrays, root=0):
-        stream = self._stream(be)
-        for a in arrays:
-            if a.size:
-                self._check("ncclBroadcast", self.lib.ncclBroadcast(
-                    ctypes.c_void_p(a.ptr), ctypes.c_void_p(a.ptr), a.size, NCCL_FLOAT32,
-                    int(root), self.comm, stream))
-        self._async_error()
+        self._grouped(be, "ncclBroadcast", self.lib.ncclBroadcast, arrays, int(root))
 
     def barrier(self, timeout=None):
         self.tcp.barrier(timeout)

@@ -73,5 +73,11 @@ class MaxpoolLayer(Layer):
                                   self.indexes if net.train else None)
 
     def backward(self, net):
-        if net.delta is not None:
+        if net.delta is None:
+            return
+        if self.depth:
             net.be.maxpool_backward(self.delta, self.indexes, self.batch * self.outputs, net.delta)
+        else:   # windows known: deterministic on every backend
+            net.be.maxpool_backward_xy(self.delta, self.indexes, self.batch, self.c, self.h,
+                                       self.w, self.size, self.stride_x, self.stride_y,
+                                       self.padding, net.delta)
