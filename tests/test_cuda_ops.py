@@ -687,7 +687,7 @@ def test_maxpool(cuda, batch, c, h, w, size, stride, padding):
     delta_out, delta_in = rand(rng, n_out) * 1e3, rand(rng, x.size)
     got = [run(cuda, "maxpool_backward_xy", delta_out, indexes, batch, c, h, w, size, stride,
                stride, padding, delta_in.copy())[1][-1] for _ in range(2)]
-    want = run(REF, "maxpool_backward_xy", delta_out, indexes, batch, c, h, w, size, stride,
+    want = run(REF32, "maxpool_backward_xy", delta_out, indexes, batch, c, h, w, size, stride,
                stride, padding, delta_in.copy())[1][-1]
     assert_close(got[0], want, 0, "maxpool_backward_xy", exact=True)
     assert np.array_equal(got[0], got[1])
@@ -709,7 +709,7 @@ def test_maxpool_xy_and_local_avgpool(cuda, batch, c, h, w, size, stride_x, stri
     assert_close(got[2], want[2], 0, "maxpool_xy indexes", exact=True)
     indexes = want[2][:n_out].astype(np.int64)
     check(cuda, "maxpool_backward_xy", rand(rng, n_out), indexes, *args, rand(rng, x.size),
-          exact=True)
+          exact=True, ref=REF32)
     check(cuda, "local_avgpool", x, *args, nan(n_out), True)
     check(cuda, "local_avgpool", rand(rng, x.size), *args, rand(rng, n_out), False)
 
