@@ -565,10 +565,10 @@ class Network:
 
     @property
     def capturable(self):
-        """Whether a step may be replayed as a graph: every layer works on the backend alone,
-        and no data-parallel exchange (NCCL, between backward and update) is in it."""
-        return (self.graphs.enabled and self.data_parallel is None
-                and all(layer.capturable for layer in self.layers))
+        """Whether a step may be replayed as a graph: every layer works on the backend alone.
+        (A data-parallel pass replays its forward and backward only: the exchange between
+        backward and update stays outside the graph.)"""
+        return self.graphs.enabled and all(layer.capturable for layer in self.layers)
 
     def _run_step(self, kind, key, net_input, train, step):
         """step(): a forward (and backward, update) on net_input; replayed as a graph when
@@ -829,21 +829,24 @@ class Network:
         self.last_rate = self._write_update_rate() if update else None
         parallel, scaler = self.data_parallel, self.loss_scaler
 
+        # A data-parallel pass records its forward and backward as the first passes of an
+        # iteration are: the update waits for the replicas' gradients.
+        fused_update = update and parallel is None and scaler is None
+
         def step():
             self._forward_layers(net_input, True)
             self.backward()
-            if update and parallel is None and scaler is None:
+            if fused_update:
                 self._update_layers()
 
+        o = self.options
+        self._run_step("train", (self.batch, fused_update, o.momentum, o.decay,
+                                 self.images_per_iteration, scaler and scaler.scale),
+                       net_input, True, step)
         if parallel is None:
-            o = self.options
-            self._run_step("train", (self.batch, update, o.momentum, o.decay,
-                                     self.images_per_iteration,
-                                     scaler and scaler.scale), net_input, True, step)
             if update and scaler is not None:   # it looks at the gradients before updating
                 scaler.update(self)
         else:
-            step()
             if update:   # the replicas' gradients are summed between backward and update
                 parallel.reduce(self)
                 if scaler is not None:
