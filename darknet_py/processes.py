@@ -6,8 +6,10 @@ tracker, the ranks while they start) would each die of a SIGTERM or SIGUSR1 mean
 training process, which decides what happens (training/stops.py).
 """
 import contextlib
+import os
 import signal
 import threading
+import time
 
 # The signals training handles: the stop signals and SIGUSR1 (save a backup).
 PARENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
@@ -31,3 +33,15 @@ def children_ignore_signals(signals=PARENT_SIGNALS):
         for s, handler in handlers.items():
             signal.signal(s, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+_START = time.monotonic()
+
+
+def trace_start(event):
+    """With DARKNET_TRACE_START=1: one line naming a milestone of this process's start-up
+    (communicator ready, network built, loader started, first batch, first iteration) and
+    the seconds since this module was imported, to see where a run's start goes."""
+    if os.environ.get("DARKNET_TRACE_START") == "1":
+        print(f"darknet-py: trace pid {os.getpid()}: {event} at "
+              f"{time.monotonic() - _START:.3f} s", flush=True)

@@ -32,6 +32,7 @@ Every file is written atomically (a temporary file renamed into place), with the
 a plain open() would give it.
 """
 from .data.loader import start_worker_server
+from .processes import trace_start
 from .training.chart import draw_chart  # noqa: F401 (the package's names, below)
 from .training.checkpoints import cfg_base  # noqa: F401
 from .training.loop import TrainingRun, TrainResult, make_loader
@@ -77,7 +78,9 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     plan = plan_training(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
                          map_eval=map_eval, map_every=map_every, max_batches=max_batches,
                          overwrite=overwrite, darknet=darknet, comm=comm, log=log)
+    trace_start("network built")
     loader = make_loader(plan, seed, workers)
+    trace_start("loader started")
     plan.net.verbose = verbose
     run = TrainingRun(plan, loader, seed=seed, log=log, log_every=log_every,
                       on_iteration=on_iteration)

@@ -14,7 +14,7 @@ from multiprocessing.connection import wait
 from ..backends import get_backend
 from ..data.loader import default_workers
 from ..errors import USER_ERRORS, DarknetError, describe_error
-from ..processes import PARENT_SIGNALS, children_ignore_signals
+from ..processes import PARENT_SIGNALS, children_ignore_signals, trace_start
 from ..train import train
 from ..training.loop import describe_stop
 from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
@@ -77,6 +77,7 @@ def run_rank(spec):
         print(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
               f"{spec.device}{spec.origin}", flush=True)
         comm = connect(spec.rank, spec.world_size, spec.device, spec.master, spec.timeout)
+        trace_start(f"rank {spec.rank} communicator ready")
         kwargs = dict(spec.train_kwargs)
         if spec.rank != 0:   # one log: rank 0's
             kwargs.update(log=lambda line: None, verbose=False)

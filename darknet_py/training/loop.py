@@ -15,6 +15,7 @@ import numpy as np
 
 from ..data.loader import DataLoader, default_workers
 from ..precision import log_note as precision_log_note
+from ..processes import trace_start
 from ..validate import evaluate_classifier, evaluate_detector
 from .chart import draw_chart, load_history, save_history
 from .checkpoints import finite_weights, last_saved_backup
@@ -126,10 +127,14 @@ class TrainingRun:
                     resize_network(net, w, h)
                 wall_start = time.perf_counter()
                 x, truth = upcoming if upcoming is not None else self.fetch(iteration)
+                if iteration == self.plan.start_iteration:
+                    trace_start("first batch loaded")
                 # Batch k+1 is handed over before iteration k runs: its upload overlaps k.
                 upcoming = self.fetch(iteration + 1) if iteration + 1 < max_batches else None
                 train_start = time.perf_counter()
                 loss = net.train_iteration(x, truth)
+                if iteration == self.plan.start_iteration:
+                    trace_start("first iteration trained (passes, exchange, update)")
                 loss, asked = self.plan.ranks.mean_and_any(
                     net, loss, [signals.stop == s for s in STOP_SIGNALS] + [signals.take_save()])
                 if not math.isfinite(loss):
