@@ -8,6 +8,7 @@
 // adds each channel's partials in a fixed order (deterministic) and applies the
 // op's formula.
 
+#include "activations.cuh"
 #include "common.cuh"
 
 // Row-wise kernels: x (blocks and threads) spans a row's spatial elements, y the
@@ -40,16 +41,32 @@ enum ChannelTerm {
     TERM_A_TIMES_B_MINUS_MEAN = 3 // a[i] * (b[i] - mean[f]) (variance_delta)
 };
 
+// Channel f's term at element idx (f's arrays already offset): `a` gets what the sum_a
+// reduction adds (the term's first operand), `t` the term itself.
+template <int TERM>
+struct PlainTerm {
+    const float* __restrict__ a;
+    const float* __restrict__ b;
+    float m;
+    __device__ __forceinline__ void operator()(long long idx, float& ta, float& t) const
+    {
+        ta = a[idx];
+        if (TERM == TERM_A) t = ta;
+        else if (TERM == TERM_A_MINUS_MEAN_SQ) { const float d = ta - m; t = d * d; }
+        else if (TERM == TERM_A_TIMES_B) t = ta * b[idx];
+        else t = ta * (b[idx] - m);
+    }
+};
+
 // One thread's share of channel f's terms i = first, first + blockDim.x, ... < end; term
 // i is element (i / spatial, f, i % spatial). The (image, position) pair is carried from
 // term to term (one division per thread, not per term), and UNROLL terms are loaded
 // before any is added, so that several loads are in flight: this pass is bound by memory
 // bandwidth (a 64-bit division per term and one load at a time per thread held it to
 // ~40%: bench/NOTES.md, R1). The terms are added in the order of i, as a plain loop would.
-// SUM_A: also the sum of a[i] alone into sum_a (two reductions for one read of a).
-template <int TERM, bool SUM_A>
-__device__ __forceinline__ void accumulate_channel_terms(const float* __restrict__ a, const float* __restrict__ b,
-                                                    float m, int filters, int spatial,
+// SUM_A: also the sum of the terms' first operands into sum_a (two reductions, one read).
+template <bool SUM_A, typename Term>
+__device__ __forceinline__ void accumulate_channel_terms(const Term& term, int filters, int spatial,
                                                     long long first, long long end,
                                                     double& sum, double& sum_a)
 {
@@ -65,14 +82,7 @@ __device__ __forceinline__ void accumulate_channel_terms(const float* __restrict
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             t[u] = ta[u] = 0.0f;
-            if (i + (long long)u * step < end) {
-                const long long idx = img * image_stride + pos;
-                ta[u] = a[idx];
-                if (TERM == TERM_A) t[u] = ta[u];
-                else if (TERM == TERM_A_MINUS_MEAN_SQ) { const float d = ta[u] - m; t[u] = d * d; }
-                else if (TERM == TERM_A_TIMES_B) t[u] = ta[u] * b[idx];
-                else t[u] = ta[u] * (b[idx] - m);
-            }
+            if (i + (long long)u * step < end) term(img * image_stride + pos, ta[u], t[u]);
             img += step_images;
             pos += step_pos;
             if (pos >= spatial) { pos -= spatial; ++img; }
@@ -85,14 +95,39 @@ __device__ __forceinline__ void accumulate_channel_terms(const float* __restrict
     }
 }
 
-template <int TERM>
-__device__ __forceinline__ void channel_thread_sums(bool with_a, const float* __restrict__ a,
-                                                    const float* __restrict__ b, float m, int filters,
+template <typename Term>
+__device__ __forceinline__ void channel_thread_sums(bool with_a, const Term& term, int filters,
                                                     int spatial, long long first, long long end,
                                                     double& sum, double& sum_a)
 {
-    if (with_a) accumulate_channel_terms<TERM, true>(a, b, m, filters, spatial, first, end, sum, sum_a);
-    else accumulate_channel_terms<TERM, false>(a, b, m, filters, spatial, first, end, sum, sum_a);
+    if (with_a) accumulate_channel_terms<true>(term, filters, spatial, first, end, sum, sum_a);
+    else accumulate_channel_terms<false>(term, filters, spatial, first, end, sum, sum_a);
+}
+
+// Block p's share of channel f's terms: [p * chunk, min(count, (p + 1) * chunk)).
+struct ChannelPart {
+    long long begin, end;
+    __device__ ChannelPart(int batch, int spatial, int parts)
+    {
+        const long long count = (long long)batch * spatial;
+        const long long chunk = (count + parts - 1) / parts;
+        begin = blockIdx.x * chunk + threadIdx.x;
+        end = min(count, blockIdx.x * chunk + chunk);
+    }
+};
+
+// Block sums of s (and sa) into partial[f * parts + p] (partial_a unless null).
+__device__ __forceinline__ void store_channel_partials(double s, double sa, int parts,
+                                                       double* __restrict__ partial,
+                                                       double* __restrict__ partial_a)
+{
+    const long long at = (long long)blockIdx.y * parts + blockIdx.x;
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[at] = s;
+    if (partial_a) {
+        sa = block_sum(sa);
+        if (threadIdx.x == 0) partial_a[at] = sa;
+    }
 }
 
 // partial[f * parts + p] = block p's sum of channel f's terms; partial_a (unless null)
@@ -103,28 +138,67 @@ extern "C" __global__ void channel_sums(const float* __restrict__ a, const float
                                        double* __restrict__ partial, double* __restrict__ partial_a)
 {
     const int f = blockIdx.y;
-    const int p = blockIdx.x;
-    const long long count = (long long)batch * spatial;
-    const long long chunk = (count + parts - 1) / parts;
-    const long long begin = p * chunk + threadIdx.x;
-    const long long end = min(count, p * chunk + chunk);
+    const ChannelPart part(batch, spatial, parts);
     const float m = (term == TERM_A_MINUS_MEAN_SQ || term == TERM_A_TIMES_B_MINUS_MEAN) ? mean[f] : 0.0f;
     const float* af = a + (long long)f * spatial;
     const float* bf = b ? b + (long long)f * spatial : b;
     const bool with_a = partial_a != nullptr;
+    const long long begin = part.begin, end = part.end;
     double s = 0.0, sa = 0.0;
     switch (term) {
-    case TERM_A: channel_thread_sums<TERM_A>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
-    case TERM_A_MINUS_MEAN_SQ: channel_thread_sums<TERM_A_MINUS_MEAN_SQ>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
-    case TERM_A_TIMES_B: channel_thread_sums<TERM_A_TIMES_B>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
-    default: channel_thread_sums<TERM_A_TIMES_B_MINUS_MEAN>(with_a, af, bf, m, filters, spatial, begin, end, s, sa); break;
+    case TERM_A: channel_thread_sums(with_a, PlainTerm<TERM_A>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
+    case TERM_A_MINUS_MEAN_SQ: channel_thread_sums(with_a, PlainTerm<TERM_A_MINUS_MEAN_SQ>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
+    case TERM_A_TIMES_B: channel_thread_sums(with_a, PlainTerm<TERM_A_TIMES_B>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
+    default: channel_thread_sums(with_a, PlainTerm<TERM_A_TIMES_B_MINUS_MEAN>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
     }
-    s = block_sum(s);
-    if (threadIdx.x == 0) partial[(long long)f * parts + p] = s;
-    if (with_a) {
-        sa = block_sum(sa);
-        if (threadIdx.x == 0) partial_a[(long long)f * parts + p] = sa;
+    store_channel_partials(s, sa, parts, partial, partial_a);
+}
+
+// Batch norm's backward up to its parameter gradients, in one pass, for a layer that keeps
+// x but not x_norm nor the activation's input: per element, x_norm = (x - mean) /
+// divisor and the activation's input x_norm * scale + bias are recomputed as
+// batchnorm_apply_kernel computed them (activations.cuh), delta *= the activation's
+// gradient (from the output y, or from that input where from_input), and the sums of
+// delta (partial_a, unless null: the biases' update) and delta * x_norm (partial: the
+// scales') go out as channel_sums' TERM_A_TIMES_B would give them for the stored arrays:
+// the same terms, rounded the same, added in the same order.
+struct BatchnormActivationTerm {
+    const float* __restrict__ x;
+    const float* __restrict__ y;
+    float* __restrict__ delta;
+    float mean, divisor, scale, bias;
+    int act, from_input;
+    __device__ __forceinline__ void operator()(long long idx, float& g, float& t) const
+    {
+        const float x_norm = batchnorm_normalized(x[idx], mean, divisor);
+        g = delta[idx];
+        if (from_input) g = __fmul_rn(g, gradient_from_input(batchnorm_scaled(x_norm, scale, bias), act));
+        else if (act != LINEAR) g = __fmul_rn(g, gradient(y[idx], act));
+        delta[idx] = g;
+        t = __fmul_rn(g, x_norm);
     }
+};
+
+extern "C" __global__ void batchnorm_activation_sums(const float* __restrict__ x, const float* __restrict__ y,
+                                                    const float* __restrict__ mean,
+                                                    const float* __restrict__ variance,
+                                                    const float* __restrict__ scales,
+                                                    const float* __restrict__ biases,
+                                                    int batch, int filters, int spatial, float eps,
+                                                    int act, int from_input, int parts,
+                                                    float* __restrict__ delta,
+                                                    double* __restrict__ partial,
+                                                    double* __restrict__ partial_a)
+{
+    const int f = blockIdx.y;
+    const ChannelPart part(batch, spatial, parts);
+    const long long offset = (long long)f * spatial;
+    const BatchnormActivationTerm term{x + offset, y + offset, delta + offset, mean[f],
+                                       batchnorm_divisor(variance[f], eps), scales[f], biases[f],
+                                       act, from_input};
+    double s = 0.0, sa = 0.0;
+    channel_thread_sums(partial_a != nullptr, term, filters, spatial, part.begin, part.end, s, sa);
+    store_channel_partials(s, sa, parts, partial, partial_a);
 }
 
 // What channel_finalize does with a channel's sum S (count = batch*spatial), S first

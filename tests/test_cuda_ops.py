@@ -204,7 +204,7 @@ def test_kernel_argument_formats_match_the_kernels():
 
 
 def test_activation_kernel_ids_match_activations_py():
-    text = (KERNEL_DIR / "activations.cu").read_text()
+    text = (KERNEL_DIR / "activations.cuh").read_text()
     body = re.search(r"enum Activation\s*\{(.*?)\}", text, flags=re.S).group(1)
     enum = [(n.lower(), int(v)) for n, v in re.findall(r"(\w+)\s*=\s*(\d+)", body)]
     assert enum == [(name, activations.ACTIVATION_IDS[name]) for name in activations.ACTIVATIONS]

@@ -2,6 +2,7 @@
 (forward, backward) and its per-channel reductions (kernels/batchnorm.cu, with the fused
 normalise-scale-shift-activation of kernels/activations.cu), [l2norm] and [lrn]
 (kernels/normalization.cu). A mixin of CudaBackend."""
+from .. import activations
 from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
 
 KERNELS = {
@@ -13,6 +14,7 @@ KERNELS = {
         "normalize_kernel": "PPPiii",
         "normalize_sqrt_eps_kernel": "PPPiiif",
         "normalize_delta_kernel": "PPPPPiiifPPi",
+        "batchnorm_activation_sums": "PPPPPPiiifiiiPPP",
     },
     "normalization.cu": {
         "l2normalize_kernel": "Piii",
@@ -53,28 +55,42 @@ class CudaNorm:
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         if filters <= 0:
             return
-        count = batch * spatial
         self._check_size("channel reduction input", a, batch * filters * spatial)
         if b is not None:
             self._check_size("channel reduction input", b, batch * filters * spatial)
         for arr in (out, variance, scales) + ((sum_a[1],) if sum_a else ()):
             if arr is not None:
                 self._check_size("channel reduction per-channel array", arr, filters)
+        ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
+        parts, partial, partial_a = self._channel_partials(batch, filters, spatial, sum_a)
+        self._launch("channel_sums", (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
+                     ptr(mean), term, batch, filters, spatial, parts, partial, partial_a)
+        self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
+                               (final_op, out), sum_a, variance, scales)
+
+    def _channel_partials(self, batch, filters, spatial, two_sums):
+        """(parts, partial, partial_a) for a channel reduction: how many blocks split each
+        channel's terms and where they leave their sums (partial_a 0, null, unless
+        two_sums)."""
         if filters > _MAX_GRID_Y:
             raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
         # Enough blocks in all for 8 per SM (all 2048 threads resident: this pass is
         # bound by memory bandwidth), each with >= 4096 terms.
-        parts = max(1, min(_ceil_div(8 * self.sm_count, filters), _ceil_div(count, 4096), 1024))
+        parts = max(1, min(_ceil_div(8 * self.sm_count, filters),
+                           _ceil_div(batch * spatial, 4096), 1024))
         plane = 8 * filters * parts
         partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
+        return parts, partial, partial + plane if two_sums else 0
+
+    def _channel_finalize(self, parts, partial, partial_a, count, filters, final, final_a,
+                          variance=None, scales=None):
+        """Each channel's partial sums added in a fixed order, then (final_op, out) applied;
+        final_a likewise for partial_a's, unless None."""
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
-        self._launch("channel_sums", (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
-                     ptr(mean), term, batch, filters, spatial, parts, partial,
-                     partial + plane if sum_a else 0)
-        for final, destination, sums in ((final_op, out, partial),) + (
-                ((sum_a[0], sum_a[1], partial + plane),) if sum_a else ()):
+        for (op, destination), sums in ((final, partial),) + (
+                ((final_a, partial_a),) if final_a else ()):
             self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
-                         sums, parts, filters, final, count, ptr(variance), ptr(scales),
+                         sums, parts, filters, op, count, ptr(variance), ptr(scales),
                          self._ptr(destination))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
@@ -94,6 +110,37 @@ class CudaNorm:
                                                                       bias_updates))
 
     # ---- batch normalisation ------------------------------------------------
+    def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
+                                      filters, spatial, eps, activation, delta, bias_updates,
+                                      scale_updates):
+        """NumpyBackend.batchnorm_activation_backward in one pass over x and delta (and the
+        output, for gradients from it): kernels/batchnorm.cu's batchnorm_activation_sums,
+        whose sums are bias_scale_updates' to the bit."""
+        batch, filters, spatial = int(batch), int(filters), int(spatial)
+        if activation in activations.CHANNEL_ACTIVATIONS:
+            raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
+        act = self._activation_id(activation)
+        total = batch * filters * spatial
+        for what, arr, need in (("x", x, total), ("output", output, total), ("delta", delta, total),
+                                ("mean", mean, filters), ("variance", variance, filters),
+                                ("scales", scales, filters), ("biases", biases, filters),
+                                ("scale_updates", scale_updates, filters)) + (
+                                    () if bias_updates is None
+                                    else (("bias_updates", bias_updates, filters),)):
+            self._check_size(f"batchnorm_activation_backward {what}", arr, need)
+        if filters <= 0 or batch * spatial <= 0:
+            return
+        two_sums = bias_updates is not None
+        parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
+        self._launch("batchnorm_activation_sums", (parts, filters), (_BLOCK,), self._ptr(x),
+                     self._ptr(output), self._ptr(mean), self._ptr(variance), self._ptr(scales),
+                     self._ptr(biases), batch, filters, spatial, -1.0 if eps is None else float(eps),
+                     act, int(activation in activations.INPUT_GRADIENT), parts, self._ptr(delta),
+                     partial, partial_a)
+        self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
+                               (_FINAL_ACCUMULATE, scale_updates),
+                               (_FINAL_ACCUMULATE, bias_updates) if two_sums else None)
+
     def mean(self, x, batch, filters, spatial, mean):
         self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
 

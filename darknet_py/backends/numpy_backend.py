@@ -397,6 +397,31 @@ class NumpyBackend(NumpyConvBackward, NumpyOptimizerOps):   # their files hold t
         self.add_bias(x, biases, batch, filters, spatial)
         self.activate(x, activation)
 
+    def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
+                                      filters, spatial, eps, activation, delta, bias_updates,
+                                      scale_updates):
+        """delta *= the activation's gradient, then bias_scale_updates, with x_norm and the
+        activation's input recomputed from x as batchnorm_apply computed them (same bits):
+        a BN layer's backward keeps x only. Gradient from the output, or from the input for
+        INPUT_GRADIENT; not the normalize_channels family (mixes channels)."""
+        if activation in activations.CHANNEL_ACTIVATIONS:
+            raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
+        total = batch * filters * spatial
+        x_norm = x[:total].copy()
+        if eps is None:
+            self.normalize(x_norm, mean, variance, batch, filters, spatial)
+        else:
+            self.normalize_sqrt_eps(x_norm, mean, variance, batch, filters, spatial, eps)
+        if activation in activations.INPUT_GRADIENT:
+            activation_input = x_norm.copy()
+            self.scale_bias(activation_input, scales, batch, filters, spatial)
+            self.add_bias(activation_input, biases, batch, filters, spatial)
+            self.gradient_from_input(activation_input, activation, delta[:total])
+        else:
+            self.gradient(output[:total], activation, delta[:total])
+        self.bias_scale_updates(delta[:total], x_norm, batch, filters, spatial, bias_updates,
+                                scale_updates)
+
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
         mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))

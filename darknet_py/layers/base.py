@@ -48,6 +48,9 @@ class Layer:
     # when an iteration starts, see Network._clear_fork_deltas; its GPU build clears every
     # delta) and both its builds update only these.
     fork_train = False
+    # An inner layer of a recurrent layer (recurrent.Inner sets it): its per-image arrays
+    # are pointed at one time step's rows, its batch-norm statistics are the last step's.
+    stepped = False
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
         self.index = index
@@ -183,7 +186,15 @@ def filter_row(layer):
 
 
 def keeps_activation_input(layer):
-    return getattr(layer, "activation", "linear") in INPUT_GRADIENT + CHANNEL_ACTIVATIONS
+    """Whether training keeps the activation's input for the backward. A batch-normalised
+    layer recomputes it from x (batchnorm.bn_activation_backward) unless it is stepped
+    (its backward reads the last step's statistics, not those that made each step's input)
+    or its activation mixes channels."""
+    activation = getattr(layer, "activation", "linear")
+    if activation in CHANNEL_ACTIVATIONS:
+        return True
+    return activation in INPUT_GRADIENT and (layer.stepped
+                                             or not getattr(layer, "batch_normalize", 0))
 
 
 def host_param(rng, n, scale=0.0, kind="zeros"):

@@ -9,9 +9,13 @@ build ("alexeyab": cuDNN's batch norm) normalises a training batch with the bias
 moves the rolling mean and the unbiased variance by 0.01 and back-propagates the exact
 gradient, beta included (layer.darknet and layer.fork_cpu pick which). The
 functions here work on any layer carrying the BN arrays (scales, rolling stats,
-x, x_norm, mean, variance and their deltas), so convolutional and connected
-layers share them.
+x, mean, variance and their deltas), so convolutional and connected
+layers share them. Training keeps x (the normalisation's input), not x_norm nor the
+activation's input: the backward recomputes both, bit for bit, from x and the statistics.
+Only a recurrent layer's inner layers (Layer.stepped) keep x_norm (their backward pairs each
+step's x_norm with the last step's statistics, as Darknet's does).
 """
+from ..activations import CHANNEL_ACTIVATIONS
 from .base import Layer, host_param, momentum_update
 
 ROLLING_KEEP = 0.99        # rolling statistics: keep * old + (1 - keep) * batch
@@ -36,9 +40,11 @@ def bn_init_updates(layer, be, n):
 
 
 def bn_allocate(layer, be, batch, train):
+    """Training keeps x (the input of the normalisation); x_norm only where the layer is
+    stepped (recurrent: Layer.stepped), else the backward recomputes it from x."""
     if train:
         layer.x = be.zeros(batch * layer.outputs)
-        layer.x_norm = be.zeros(batch * layer.outputs)
+        layer.x_norm = be.zeros(batch * layer.outputs) if layer.stepped else None
 
 
 def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_ROLLING_KEEP):
@@ -64,23 +70,44 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
     be.batchnorm_apply(out, mean, variance, layer.scales, layer.biases, batch, out_c, spatial,
-                       FORK_BN_EPS if fork else None, activation,
-                       layer.x_norm if net.train else None)
+                       _forward_eps(layer), activation, layer.x_norm if net.train else None)
 
 
-def bn_backward(layer, net, out_c, spatial, train_beta=True):
-    """Turn layer.delta (w.r.t. the BN output) into the delta w.r.t. the BN input.
+def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
+    """The activation's gradient and batch norm's backward: layer.delta (w.r.t. the layer's
+    output) becomes the delta w.r.t. the BN input; the scales' and biases' updates grow.
     train_beta=False: the biases (BN beta) get no gradient. The fork's GPU build (cuDNN's
     exact gradient with the biased variance the forward left in layer.variance) is the
-    original's formula with that variance; its CPU build has its own divisor."""
-    be, delta, batch = net.be, layer.delta, layer.batch
-    mean = layer.mean if net.train else layer.rolling_mean
-    variance = layer.variance if net.train else layer.rolling_variance
-    be.bias_scale_updates(delta, layer.x_norm, batch, out_c, spatial,
-                          layer.bias_updates if train_beta else None, layer.scale_updates)
-    be.batchnorm_delta(layer.x, mean, variance, layer.scales, batch, out_c, spatial,
-                       layer.mean_delta, layer.variance_delta, delta,
+    original's formula with that variance; its CPU build has its own divisor.
+    A layer that kept no x_norm (all but stepped ones) recomputes it and the activation's
+    input from x as the forward computed them, in the pass that applies the activation's
+    gradient and adds the parameters' sums (batchnorm_activation_backward); a gradient that
+    mixes channels (normalize_channels) runs first, from its kept input."""
+    be = net.be
+    activation = getattr(layer, "activation", "linear")   # [batchnorm] has none
+    if layer.x_norm is not None or activation in CHANNEL_ACTIVATIONS:
+        if activation != "linear":
+            layer.activation_gradient(be)
+        activation = "linear"
+    mean, variance = ((layer.mean, layer.variance) if net.train
+                      else (layer.rolling_mean, layer.rolling_variance))
+    bias_updates = layer.bias_updates if train_beta else None
+    if layer.x_norm is not None:
+        be.bias_scale_updates(layer.delta, layer.x_norm, layer.batch, out_c, spatial,
+                              bias_updates, layer.scale_updates)
+    else:
+        be.batchnorm_activation_backward(layer.x, mean, variance, layer.scales, layer.biases,
+                                         layer.output, layer.batch, out_c, spatial,
+                                         _forward_eps(layer), activation, layer.delta,
+                                         bias_updates, layer.scale_updates)
+    be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
+                       layer.mean_delta, layer.variance_delta, layer.delta,
                        fork=layer.fork_cpu)
+
+
+def _forward_eps(layer):
+    """batchnorm_apply's eps: None (Darknet's sqrt(var) + 1e-6) or the fork's."""
+    return FORK_BN_EPS if layer.darknet == "alexeyab" else None
 
 
 def bn_params(layer):
@@ -125,8 +152,8 @@ class BatchnormLayer(Layer):
         # The fork's backward_batchnorm_layer (both builds) copies its delta over the
         # previous layer's (what others left there is lost); its CPU build gives the
         # biases no gradient.
-        bn_backward(self, net, self.out_c, self.out_h * self.out_w,
-                    train_beta=not self.fork_cpu)
+        bn_activation_backward(self, net, self.out_c, self.out_h * self.out_w,
+                               train_beta=not self.fork_cpu)
         if net.delta is not None:
             if fork:
                 net.be.copy(self.delta, net.delta[:self.batch * self.inputs])

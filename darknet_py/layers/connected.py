@@ -7,8 +7,8 @@ asked for) is the shared batchnorm code with one value per output (spatial 1).
 import math
 
 from .base import Layer, host_param, momentum_update, parse_activation
-from .batchnorm import (FORK_CONNECTED_ROLLING_KEEP, bn_allocate, bn_backward, bn_forward,
-                        bn_init_params, bn_init_updates, bn_params)
+from .batchnorm import (FORK_CONNECTED_ROLLING_KEEP, bn_activation_backward, bn_allocate,
+                        bn_forward, bn_init_params, bn_init_updates, bn_params)
 
 
 class ConnectedLayer(Layer):
@@ -79,10 +79,10 @@ class ConnectedLayer(Layer):
 
     def backward(self, net):
         be = net.be
-        self.activation_gradient(be)
         if self.batch_normalize:
-            bn_backward(self, net, self.outputs, 1)
+            bn_activation_backward(self, net, self.outputs, 1)
         else:
+            self.activation_gradient(be)
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.outputs, 1)
         # weight_updates (outputs x inputs) += delta^T (outputs x batch) @ input (batch x inputs)
         be.gemm(True, False, self.outputs, self.inputs, self.batch, 1.0, self.delta, self.outputs,

@@ -14,8 +14,8 @@ from ..activations import CHANNEL_ACTIVATIONS
 from ..shapes import conv_out_size, conv_strides
 from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
                    source_layer)
-from .batchnorm import (FORK_BN_EPS, bn_allocate, bn_backward, bn_forward, bn_init_params,
-                        bn_init_updates, bn_params)
+from .batchnorm import (FORK_BN_EPS, bn_activation_backward, bn_allocate, bn_forward,
+                        bn_init_params, bn_init_updates, bn_params)
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
@@ -410,12 +410,12 @@ class ConvolutionalLayer(Layer):
         gemm = self._gemm(be)
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
-        self.activation_gradient(be)
         if self.batch_normalize:
             # The fork's CPU backward leaves a convolution's BN beta untrained (its GPU
             # build's cudnnBatchNormalizationBackward trains it).
-            bn_backward(self, net, self.out_c, spatial, train_beta=not self.fork_cpu)
+            bn_activation_backward(self, net, self.out_c, spatial, train_beta=not self.fork_cpu)
         else:
+            self.activation_gradient(be)
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
         implicit_weights, implicit_data = self._implicit_backward(be, self.batch)
         if net.delta is None:

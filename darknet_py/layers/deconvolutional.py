@@ -13,8 +13,8 @@ loader divides by the layer's groups, 0 for a deconvolution); darknet-py reads w
 """
 from ..activations import CHANNEL_ACTIVATIONS
 from .base import Layer, filter_row, host_param, momentum_update, parse_activation
-from .batchnorm import (bn_allocate, bn_backward, bn_forward, bn_init_params, bn_init_updates,
-                        bn_params)
+from .batchnorm import (bn_activation_backward, bn_allocate, bn_forward, bn_init_params,
+                        bn_init_updates, bn_params)
 
 INIT_SCALE = 0.02   # Darknet's deconvolution weights: 0.02 * normal * (output area / input area)
 
@@ -117,10 +117,10 @@ class DeconvolutionalLayer(Layer):
         be = net.be
         m, k, n = self._col_rows(), self.c, self.h * self.w
         col = net.workspace[:m * n]
-        self.activation_gradient(be)
         if self.batch_normalize:
-            bn_backward(self, net, self.out_c, self.out_h * self.out_w)
+            bn_activation_backward(self, net, self.out_c, self.out_h * self.out_w)
         else:
+            self.activation_gradient(be)
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c,
                              self.out_h * self.out_w)
         for b in range(self.batch):

@@ -30,6 +30,7 @@ class Inner:
     def __init__(self, name, layer):
         self.name = name
         self.layer = layer
+        layer.stepped = True   # keeps x_norm and the activation's input per step
         self.full = {}
 
     def allocate(self, be, batch, steps, train):
