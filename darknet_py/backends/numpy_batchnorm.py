@@ -1,0 +1,104 @@
+"""The NumPy reference of batch normalisation's ops (mixed into NumpyBackend): Darknet's CPU
+formulas, quirks included (the forward divides by sqrt(var) + 1e-6, the backward uses
+sqrt(var + 1e-5), the variance is unbiased), and the AlexeyAB fork's sqrt(var + eps)."""
+import numpy as np
+
+from .. import activations
+
+
+class NumpyBatchnorm:
+    def mean(self, x, batch, filters, spatial, mean):
+        mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
+
+    def variance(self, x, mean, batch, filters, spatial, variance):
+        # Darknet divides by (batch*spatial - 1).
+        d = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
+        variance[:filters] = (d * d).sum(axis=(0, 2)) / (batch * spatial - 1)
+
+    def normalize(self, x, mean, variance, batch, filters, spatial):
+        # Darknet's CPU forward divides by sqrt(var) + 1e-6 (its backward uses sqrt(var + 1e-5)).
+        v = x.reshape(batch, filters, spatial)
+        v -= mean[:filters].reshape(1, filters, 1)
+        v /= (np.sqrt(variance[:filters]) + self.dtype.type(1e-6)).reshape(1, filters, 1)
+
+    def normalize_sqrt_eps(self, x, mean, variance, batch, filters, spatial, eps):
+        """x = (x - mean) / sqrt(variance + eps) per channel (the AlexeyAB fork's forward)."""
+        v = x.reshape(batch, filters, spatial)
+        v -= mean[:filters].reshape(1, filters, 1)
+        v /= np.sqrt(variance[:filters] + self.dtype.type(eps)).reshape(1, filters, 1)
+
+    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm):
+        """Batch norm's forward after its statistics, in place on x: normalize (eps None:
+        Darknet's / (sqrt(var) + 1e-6); else the fork's / sqrt(var + eps)), copy the result
+        into x_norm unless it is None, scale, add biases, then the activation."""
+        if eps is None:
+            self.normalize(x, mean, variance, batch, filters, spatial)
+        else:
+            self.normalize_sqrt_eps(x, mean, variance, batch, filters, spatial, eps)
+        if x_norm is not None:
+            self.copy(x, x_norm)
+        self.scale_bias(x, scales, batch, filters, spatial)
+        self.add_bias(x, biases, batch, filters, spatial)
+        self.activate(x, activation)
+
+    def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
+                                      filters, spatial, eps, activation, delta, bias_updates,
+                                      scale_updates):
+        """delta *= the activation's gradient, then bias_scale_updates, with x_norm and the
+        activation's input recomputed from x as batchnorm_apply computed them (same bits):
+        a BN layer's backward keeps x only. Gradient from the output, or from the input for
+        INPUT_GRADIENT; not the normalize_channels family (mixes channels)."""
+        if activation in activations.CHANNEL_ACTIVATIONS:
+            raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
+        total = batch * filters * spatial
+        x_norm = x[:total].copy()
+        if eps is None:
+            self.normalize(x_norm, mean, variance, batch, filters, spatial)
+        else:
+            self.normalize_sqrt_eps(x_norm, mean, variance, batch, filters, spatial, eps)
+        if activation in activations.INPUT_GRADIENT:
+            activation_input = x_norm.copy()
+            self.scale_bias(activation_input, scales, batch, filters, spatial)
+            self.add_bias(activation_input, biases, batch, filters, spatial)
+            self.gradient_from_input(activation_input, activation, delta[:total])
+        else:
+            self.gradient(output[:total], activation, delta[:total])
+        self.bias_scale_updates(delta[:total], x_norm, batch, filters, spatial, bias_updates,
+                                scale_updates)
+
+    def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
+        d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
+        mean_delta[:filters] = d * (-1.0 / np.sqrt(variance[:filters] + 1e-5))
+
+    def variance_delta(self, x, delta, mean, variance, batch, filters, spatial, variance_delta):
+        xc = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
+        s = (delta.reshape(batch, filters, spatial) * xc).sum(axis=(0, 2))
+        variance_delta[:filters] = s * -0.5 * np.power(variance[:filters] + 1e-5, -1.5)
+
+    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
+                        batch, filters, spatial, delta, fork=False):
+        """delta / sqrt(var + 1e-5) + the mean and variance terms; fork: the AlexeyAB fork's
+        CPU divisor sqrt(var) + 1e-5 (its forward and other terms keep sqrt(var + 1e-5))."""
+        shape = (1, filters, 1)
+        n = batch * spatial
+        xc = x.reshape(batch, filters, spatial) - mean[:filters].reshape(shape)
+        d = delta.reshape(batch, filters, spatial)
+        if fork:
+            divisor = (np.sqrt(variance[:filters]) + self.dtype.type(1e-5)).reshape(shape)
+        else:
+            divisor = np.sqrt(variance[:filters] + 1e-5).reshape(shape)
+        d[...] = (d / divisor
+                  + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
+                  + mean_delta[:filters].reshape(shape) / n)
+
+    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                        variance_delta, delta, fork=False):
+        """Batch norm's backward from its scaled output to its input, in place on delta:
+        delta *= scales, then mean_delta, variance_delta and normalize_delta (fork: see
+        normalize_delta)."""
+        self.scale_bias(delta, scales, batch, filters, spatial)
+        self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
+        self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)
+        self.normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
+                             spatial, delta, fork)
