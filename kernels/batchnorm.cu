@@ -172,8 +172,10 @@ struct BatchnormActivationTerm {
     {
         const float x_norm = batchnorm_normalized(x[idx], mean, divisor);
         g = delta[idx];
-        if (from_input) g = __fmul_rn(g, gradient_from_input(batchnorm_scaled(x_norm, scale, bias), act));
-        else if (act != LINEAR) g = __fmul_rn(g, gradient(y[idx], act));
+        if (from_input)
+            g = __fmul_rn(g, gradient_from_input(batchnorm_scaled(x_norm, scale, bias), act));
+        else if (act != LINEAR)
+            g = __fmul_rn(g, gradient(y[idx], act));
         delta[idx] = g;
         t = __fmul_rn(g, x_norm);
     }

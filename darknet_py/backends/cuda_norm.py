@@ -134,8 +134,9 @@ class CudaNorm:
         parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
         self._launch("batchnorm_activation_sums", (parts, filters), (_BLOCK,), self._ptr(x),
                      self._ptr(output), self._ptr(mean), self._ptr(variance), self._ptr(scales),
-                     self._ptr(biases), batch, filters, spatial, -1.0 if eps is None else float(eps),
-                     act, int(activation in activations.INPUT_GRADIENT), parts, self._ptr(delta),
+                     self._ptr(biases), batch, filters, spatial,
+                     -1.0 if eps is None else float(eps), act,
+                     int(activation in activations.INPUT_GRADIENT), parts, self._ptr(delta),
                      partial, partial_a)
         self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
                                (_FINAL_ACCUMULATE, scale_updates),
