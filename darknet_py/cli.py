@@ -554,9 +554,12 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
                                f"0..{nodes - 1}")
     if nodes > 1 and master is None:
         raise click.UsageError("--nodes > 1 needs --master HOST:PORT (node 0's address)")
+    # An explicit GPU list is checked against the GPUs while the ranks start: CUDA's start
+    # in this process (up to a second on a machine of several GPUs) then delays none of them.
+    listed = gpus is not None and str(gpus).strip() != "all"
     try:
-        devices = parse_gpus(gpus, cuda_device_count()) if gpus is not None else \
-            ["cpu"] * ranks
+        devices = parse_gpus(gpus, None if listed else cuda_device_count()) \
+            if gpus is not None else ["cpu"] * ranks
         address = parse_master(master) if master is not None else None
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -564,7 +567,8 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
     kwargs["workers"] = default_workers(len(devices)) if workers is None else workers
     try:
         launch(devices, kwargs, first_rank=node_rank * len(devices),
-               world_size=nodes * len(devices), master=address, timeout=comm_timeout)
+               world_size=nodes * len(devices), master=address, timeout=comm_timeout,
+               check=(lambda: parse_gpus(gpus, cuda_device_count())) if listed else None)
     except LaunchError as e:
         raise UserError(str(e)) from None
 

@@ -11,7 +11,8 @@ import pytest
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.distributed.comm import CommError, TcpCommunicator, free_port, parse_master
 from darknet_py.distributed.data_parallel import DataParallel, rank_seed, shard
-from darknet_py.distributed.launcher import parse_gpus
+from darknet_py.backends.numpy_backend import NumpyBackend
+from darknet_py.distributed.launcher import PendingCommunicator, parse_gpus
 from darknet_py.network import Network
 from darknet_py.optimizer import current_rate
 
@@ -101,6 +102,31 @@ def test_a_silent_rank_times_out_with_its_number():
             release.set()
 
     run_ranks(2, body, timeout=1)
+
+
+def test_a_pending_communicator_connects_behind_the_caller_and_sums():
+    # The ranks connect on threads of their own; their first collective waits for that.
+    master = ("127.0.0.1", free_port())
+    comms = [PendingCommunicator(r, 2, "cpu", master, timeout=30) for r in range(2)]
+    assert [c.rank for c in comms] == [0, 1] and comms[1].world_size == 2   # at once
+    sums = [None, None]
+    threads = [threading.Thread(target=lambda r=r: sums.__setitem__(
+        r, comms[r].sum_values(NumpyBackend(), [r + 1.0, 2.0]))) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sums == [[3.0, 4.0], [3.0, 4.0]]
+    for c in comms:
+        c.close()
+
+
+def test_a_pending_communicator_raises_its_connect_error_at_first_use():
+    comm = PendingCommunicator(0, 2, "cpu", ("127.0.0.1", free_port()), timeout=5,
+                               connect_timeout=0.5)
+    with pytest.raises(CommError, match="rank 1"):
+        comm.barrier()
+    comm.abort()   # after a failed start: nothing to abort, no error
 
 
 def test_options_are_checked():

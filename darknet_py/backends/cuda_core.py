@@ -227,6 +227,12 @@ class CudaCore:
 
     # ---- infrastructure ------------------------------------------------------
     @property
+    def context(self):
+        """The device's primary CUDA context (PyCUDA's): another thread that works on this
+        device (NCCL starting) pushes it."""
+        return self._dev.context
+
+    @property
     def allocated_bytes(self):
         """Bytes held by live arrays (the pool's active bytes)."""
         return int(self.pool.active_bytes)

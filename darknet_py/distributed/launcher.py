@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -18,7 +19,8 @@ from ..processes import PARENT_SIGNALS, children_ignore_signals, trace_start
 from ..train import train
 from ..training.loop import describe_stop
 from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
-from .comm import DEFAULT_TIMEOUT, CommError, TcpCommunicator, free_port
+from .comm import (CONNECT_TIMEOUT, DEFAULT_TIMEOUT, CommError, Communicator, TcpCommunicator,
+                   free_port)
 from .nccl import NcclCommunicator
 
 EXIT_PEER_LOST = 3             # a rank that stopped because another one failed
@@ -26,9 +28,13 @@ REPORT_WAIT = 0.5              # seconds a rank gets to report its own failure
 
 
 def parse_gpus(text, device_count):
-    """--gpus 0,1 or all -> ["cuda:0", "cuda:1"]; ValueError naming what is wrong."""
+    """--gpus 0,1 or all -> ["cuda:0", "cuda:1"]; ValueError naming what is wrong.
+    device_count None: the list's form only (the GPUs are counted later: see launch's
+    `check`); "all" needs the count."""
     text = str(text).strip()
     if text == "all":
+        if device_count is None:
+            raise ValueError("--gpus all: the GPUs must be counted first")
         if device_count < 1:
             raise ValueError("--gpus all: no CUDA GPU (or PyCUDA) found on this machine")
         return [f"cuda:{i}" for i in range(device_count)]
@@ -39,7 +45,7 @@ def parse_gpus(text, device_count):
     if len(set(indices)) != len(indices):
         raise ValueError(f"--gpus {text}: a GPU is listed twice")
     for rank, index in enumerate(indices):
-        if not 0 <= index < device_count:
+        if device_count is not None and not 0 <= index < device_count:
             have = (f"{device_count} GPU{'s' if device_count != 1 else ''} "
                     f"(0-{device_count - 1})" if device_count else "no CUDA GPU (or PyCUDA)")
             raise ValueError(f"--gpus {text}: GPU {index} (local rank {rank}) does not exist; "
@@ -76,8 +82,8 @@ def run_rank(spec):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
         print(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
               f"{spec.device}{spec.origin}", flush=True)
-        comm = connect(spec.rank, spec.world_size, spec.device, spec.master, spec.timeout)
-        trace_start(f"rank {spec.rank} communicator ready")
+        comm = PendingCommunicator(spec.rank, spec.world_size, spec.device, spec.master,
+                                   spec.timeout)
         kwargs = dict(spec.train_kwargs)
         if spec.rank != 0:   # one log: rank 0's
             kwargs.update(log=lambda line: None, verbose=False)
@@ -119,6 +125,72 @@ def _worker(spec, errors):
     os._exit(code)   # no atexit work (loader threads, CUDA teardown) may hang a failed rank
 
 
+class PendingCommunicator(Communicator):
+    """A rank's communicator made on a thread of its own (the rendezvous, and for a GPU
+    ncclCommInitRank, ~0.6 s) while the rank builds its network; its first collective waits
+    for it and raises what making it raised. The CUDA context is made here first: the
+    network is built in it and NCCL binds to it."""
+
+    def __init__(self, rank, world_size, device, master, timeout=DEFAULT_TIMEOUT,
+                 connect_timeout=CONNECT_TIMEOUT):
+        self.rank, self.world_size = rank, world_size
+        self._comm, self._error, self._aborted = None, None, False
+        context = None
+        if str(device).startswith("cuda"):
+            context = get_backend(device).context
+        self._thread = threading.Thread(
+            target=self._connect,
+            args=(rank, world_size, device, master, (timeout, connect_timeout), context),
+            name=f"darknet-py rank {rank} communicator", daemon=True)
+        self._thread.start()
+
+    def _connect(self, rank, world_size, device, master, timeouts, context):
+        if context is not None:
+            context.push()   # current on this thread too: NCCL starts in it
+        try:
+            tcp = TcpCommunicator(rank, world_size, master, timeout=timeouts[0],
+                                  connect_timeout=timeouts[1])
+            self._comm = tcp if context is None else \
+                NcclCommunicator(tcp, int(str(device).partition(":")[2] or 0))
+            trace_start(f"rank {rank} communicator ready")
+            if self._aborted:
+                self._comm.abort()
+        except BaseException as e:   # raised again at the first use
+            self._error = e
+        finally:
+            if context is not None:
+                context.pop()
+
+    def ready(self):
+        """The communicator, once made (waits for it)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._comm
+
+    def all_reduce_sum(self, be, arrays):
+        self.ready().all_reduce_sum(be, arrays)
+
+    def broadcast(self, be, arrays, root=0):
+        self.ready().broadcast(be, arrays, root)
+
+    def barrier(self, timeout=None):
+        self.ready().barrier(timeout)
+
+    def sum_values(self, be, values):
+        return self.ready().sum_values(be, values)
+
+    def abort(self):
+        # Still connecting (peers may never come): abort once made, without waiting.
+        self._aborted = True
+        if not self._thread.is_alive() and self._comm is not None:
+            self._comm.abort()
+
+    def close(self):
+        if self._comm is not None or self._thread.is_alive():
+            self.ready().close()
+
+
 def connect(rank, world_size, device, master, timeout=DEFAULT_TIMEOUT):
     """The communicator for one rank: NCCL for CUDA devices, TCP for the CPU."""
     tcp = TcpCommunicator(rank, world_size, master, timeout=timeout)
@@ -141,7 +213,7 @@ def _describe_exit(code):
 
 
 def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
-           timeout=DEFAULT_TIMEOUT):
+           timeout=DEFAULT_TIMEOUT, check=None):
     """Run the ranks first_rank .. first_rank+len(devices)-1 of a world_size-rank run, one
     process per device, and wait for them. When one fails, the others are stopped within
     seconds and LaunchError names the first that failed. A stop signal (to this process
@@ -149,12 +221,15 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
     rank 0 saves the backup, and Stopped (a KeyboardInterrupt naming the signal) is
     raised here once all have ended; SIGUSR1 is passed on (a backup, and training goes
     on). train_kwargs go to train() in every rank (picklable: rank 0 logs to stdout, the
-    others stay quiet)."""
+    others stay quiet). check: called once the ranks are starting; a ValueError from it
+    ends them and becomes the LaunchError (the launcher's own CUDA start, to count the
+    GPUs, then runs while the ranks import rather than before them)."""
     world_size = world_size or len(devices)
     quiet_resource_tracker()
     if master is None:
         master = ("127.0.0.1", free_port())
     context = multiprocessing.get_context("spawn")
+    trace_start("launching the ranks")
     workers = []   # (rank, process, errors pipe end)
 
     def forward(signum):
@@ -180,6 +255,14 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
                     process.start()
                     send.close()
                     workers.append((rank, process, receive))
+            if check is not None:
+                try:
+                    check()
+                except ValueError as e:
+                    for _, process, _ in workers:
+                        process.kill()
+                        process.join()
+                    raise LaunchError(str(e)) from None
             failed, stopped_by = _wait(workers, signals)
         finally:
             signals.forward = None
