@@ -1,0 +1,213 @@
+"""Training deltas shared between layers whose lifetimes do not meet (delta_plan.py): the
+plan on real cfgs never puts two live deltas in one array, and training with it gives the
+weights of training without it, bit for bit, in every flavour."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from darknet_py.backends import get_backend
+from darknet_py.cfg import parse_cfg, parse_cfg_text
+from darknet_py.delta_plan import first_writers, overlapping_users, plan_deltas
+from darknet_py.network import Network, NetworkError, load_network
+from darknet_py.training.plan import plan_training
+from helpers import data_file, write_classifier_cfg
+
+CFG_AB = Path(__file__).resolve().parents[2] / "shared" / "darknet-cfg-ab"
+
+
+def stock(tmp_path, name, classes=3, size=416):
+    """A stock fork cfg with `classes` classes (heads' filters to match) at size x size."""
+    text = (CFG_AB / name).read_text()
+    text = re.sub(r"(?m)^classes=\d+", f"classes={classes}", text)
+    text = re.sub(r"(?m)^filters=255", f"filters={3 * (classes + 5)}", text)
+    text = re.sub(r"(?m)^(width|height)=\d+", lambda m: f"{m.group(1)}={size}", text)
+    path = tmp_path / name
+    path.write_text(text)
+    return Network(parse_cfg(path), path, batch=1, allocate=False)
+
+
+def head(classes=2, mask="0,1,2"):
+    return (f"[convolutional]\nfilters={3 * (classes + 5)}\nsize=1\nactivation=linear\n"
+            f"[yolo]\nmask={mask}\nanchors=6,6, 9,9, 12,12, 16,16, 20,20, 24,24\n"
+            f"classes={classes}\nnum=6\njitter=0\nrandom=0\n")
+
+
+def conv(filters, size=3, stride=1, bn=1, activation="leaky"):
+    return (f"[convolutional]\nbatch_normalize={bn}\nfilters={filters}\nsize={size}\n"
+            f"stride={stride}\npad=1\nactivation={activation}\n")
+
+
+NET = "[net]\nbatch=4\nsubdivisions=2\nwidth=32\nheight=32\nchannels=3\nlearning_rate=0.01\n" \
+      "momentum=0.9\ndecay=0.0005\nburn_in=0\nmax_batches=100\npolicy=constant\n"
+# Both Darknets: shortcuts, routes of one and two layers, upsample, dropout, two heads.
+GENERIC = (NET + conv(8) + conv(16, stride=2) + conv(8, 1) + conv(16)
+           + "[shortcut]\nfrom=-3\nactivation=linear\n" + "[dropout]\nprobability=0.2\n"
+           + conv(16, stride=2) + head(mask="3,4,5") + "[route]\nlayers=-3\n" + conv(8, 1)
+           + "[upsample]\nstride=2\n" + "[route]\nlayers=-1,-8\n" + conv(16) + head())
+# The fork's sections: a route with groups, mish, sam, scale_channels, maxpool, a
+# weighted shortcut of two sources.
+FORK = (NET + conv(8, activation="mish") + conv(16, stride=2)
+        + "[route]\nlayers=-1\ngroups=2\ngroup_id=1\n" + conv(8) + conv(8)
+        + "[route]\nlayers=-1,-2\n" + conv(16, 1, bn=0, activation="logistic")
+        + "[sam]\nfrom=-2\n" + "[avgpool]\n" + conv(16, 1, bn=0, activation="logistic")
+        + "[scale_channels]\nfrom=-3\n"
+        + "[shortcut]\nfrom=-10,-1\nweights_type=per_channel\nactivation=linear\n"
+        + "[maxpool]\nsize=2\nstride=2\n" + head(mask="3,4,5") + "[route]\nlayers=-4\n"
+        + conv(16) + head())
+
+
+def assert_sound(plan, layers):
+    """No array holds two deltas live at once; every shared delta's interval is its own
+    backward up to its first writer's, zeroed right before that one."""
+    assert overlapping_users(plan) == []
+    first = first_writers(layers)
+    for i, (low, high) in plan.live.items():
+        assert (low, high) == (i, first[i])
+        assert i in plan.zero_before[high]
+        assert plan.buffer_floats[plan.buffer_of[i]] >= plan.floats[i]
+    for layer in layers:
+        if layer.type in ("yolo", "region", "detection", "softmax", "cost"):
+            assert layer.index in plan.private
+
+
+@pytest.mark.parametrize("name", ["yolov3-tiny.cfg", "yolov4-tiny.cfg", "yolov4.cfg"])
+def test_stock_cfg_plans_never_share_live_deltas(tmp_path, name):
+    net = stock(tmp_path, name)
+    plan = plan_deltas(net.layers)
+    assert_sound(plan, net.layers)
+    assert plan.buffer_of and plan.saved_floats > 0
+    # yolov4-tiny's routes with groups=2 read half of a layer; its delta lives until then.
+    for layer in net.layers:
+        for src in getattr(layer, "sources", []):
+            if src.index in plan.live:
+                assert plan.live[src.index][1] >= layer.index
+
+
+@pytest.mark.parametrize("text", [GENERIC, FORK], ids=["generic", "fork"])
+def test_excerpt_plans_are_sound_and_the_fork_cpu_flavour_shares_nothing(text):
+    net = Network(parse_cfg_text(text), batch=1, allocate=False)
+    assert_sound(plan_deltas(net.layers), net.layers)
+    assert plan_deltas(net.layers, share=False).buffer_of == {}
+    cpu = Network(parse_cfg_text(text), batch=1, allocate=False, darknet="alexeyab-cpu")
+    cpu.share_deltas = True
+    assert cpu.memory_bytes(1, True) == Network(parse_cfg_text(text), batch=1,
+                                                allocate=False).memory_bytes(1, True)
+
+
+def test_layers_below_a_stopbackward_and_before_an_unknown_consumer_keep_their_own():
+    text = GENERIC.replace("[dropout]\n", "[dropout]\nstopbackward=1\n")
+    net = Network(parse_cfg_text(text), batch=1, allocate=False)
+    stop = next(l.index for l in net.layers if l.stopbackward)
+    plan = plan_deltas(net.layers)
+    assert all(i in plan.private for i in range(stop + 1))
+    connected = "[connected]\noutput=8\nactivation=leaky\n"
+    text = (NET.replace("width=32\nheight=32\nchannels=3", "inputs=8") + connected * 2
+            + "[rnn]\noutput=8\nhidden=8\nactivation=leaky\n" + connected * 2)
+    plan = plan_deltas(Network(parse_cfg_text(text), batch=1, allocate=False).layers)
+    assert plan.private == [1, 2] and sorted(plan.buffer_of) == [0, 3, 4]
+
+
+def yolov4_delta_bytes(tmp_path, batch):
+    net = stock(tmp_path, "yolov4.cfg")
+    plan = plan_deltas(net.layers)
+    return 4 * batch * sum(plan.floats), 4 * batch * plan.saved_floats
+
+
+def test_yolov4_at_batch_32_saves_more_than_5_gb(tmp_path):
+    total, saved = yolov4_delta_bytes(tmp_path, 32)
+    print(f"yolov4 b32 (416, 3 classes): deltas {total / 1e9:.2f} GB, shared saves "
+          f"{saved / 1e9:.2f} GB")
+    assert saved > 5e9
+
+
+def delta_bytes(net):
+    """Bytes of the distinct arrays holding the layers' deltas (NumPy views: their base)."""
+    arrays = {}
+    for layer in net.layers:
+        if layer.delta is not None:
+            base = layer.delta if layer.delta.base is None else layer.delta.base
+            arrays[id(base)] = base.nbytes
+    return sum(arrays.values())
+
+
+def data(net, count, seed=0):
+    rng = np.random.default_rng(seed)
+    n = net.images_per_pass * net.subdivisions
+    for _ in range(count):
+        x = rng.random((n,) + net.input_shape, dtype=np.float32)
+        truth = np.zeros((n, 90 * 5), dtype=np.float32)
+        for b in range(n):
+            for k in range(2):
+                w, h = rng.uniform(0.15, 0.5, 2)
+                truth[b, 5 * k:5 * k + 5] = (*rng.uniform(0.3, 0.7, 2), w, h, rng.integers(2))
+        yield x, truth
+
+
+def trained(text, darknet, share, backend="cpu", iterations=2):
+    net = Network(parse_cfg_text(text), backend=get_backend(backend), seed=5, darknet=darknet)
+    net.share_deltas = share
+    losses = [net.train_iteration(x, truth) for x, truth in data(net, iterations)]
+    params = [net.be.to_host(a) for l in net.layers for _, a in l.params()]
+    return net, losses, params
+
+
+def assert_same_training(text, darknet, backend="cpu"):
+    private, losses, params = trained(text, darknet, False, backend)
+    shared, shared_losses, shared_params = trained(text, darknet, True, backend)
+    assert shared_losses == losses
+    assert len(shared_params) == len(params)
+    for i, (a, b) in enumerate(zip(shared_params, params)):
+        np.testing.assert_array_equal(a, b, err_msg=f"parameter array {i}")
+    return private, shared
+
+
+@pytest.mark.parametrize("text,darknet", [(GENERIC, "original"), (GENERIC, "alexeyab"),
+                                          (GENERIC, "alexeyab-cpu"), (FORK, "alexeyab"),
+                                          (FORK, "alexeyab-cpu")])
+def test_training_with_shared_deltas_gives_the_same_weights(text, darknet):
+    """Two iterations of subdivisions=2: four passes, two updates."""
+    private, shared = assert_same_training(text, darknet)
+    if darknet == "alexeyab-cpu":
+        assert shared.delta_plan.buffer_of == {}
+        assert delta_bytes(shared) == delta_bytes(private)
+    else:
+        plan = shared.delta_plan
+        assert plan.buffer_of and overlapping_users(plan) == []
+        saved = 4 * shared.batch * plan.saved_floats
+        assert delta_bytes(private) - delta_bytes(shared) == saved > 0
+
+
+def test_layer_delta_refuses_a_shared_delta_and_reads_again_once_sharing_is_off():
+    net, _, _ = trained(GENERIC, "alexeyab", True, iterations=1)
+    i = next(iter(net.delta_plan.buffer_of))
+    with pytest.raises(NetworkError, match="share_deltas"):
+        net.layer_delta(i)
+    private = next(j for j in net.delta_plan.private if net.layers[j].delta is not None)
+    assert net.layer_delta(private).size
+    net.share_deltas = False   # re-allocates: every delta its own array
+    assert net.delta_plan.buffer_of == {}
+    assert net.layer_delta(i).shape == net.layers[i].output_shape(net.batch)
+
+
+def test_load_network_does_not_share_and_training_plans_do(bars, tmp_path):
+    path = tmp_path / "net.cfg"
+    path.write_text(GENERIC)
+    assert load_network(path).share_deltas is False
+    cfg = write_classifier_cfg(tmp_path)
+    (tmp_path / "backup").mkdir()
+    plan = plan_training(cfg, data_file(bars, tmp_path / "backup"), device="cpu")
+    assert plan.net.share_deltas is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text,darknet", [(GENERIC, "original"), (FORK, "alexeyab")])
+def test_training_with_shared_deltas_gives_the_same_weights_on_cuda(cuda, text, darknet):
+    private, shared = assert_same_training(text, darknet, backend="cuda")
+    assert shared.delta_plan.buffer_of
+    saved = 4 * shared.batch * shared.delta_plan.saved_floats
+    held = shared.be.allocated_bytes
+    shared.share_deltas = False   # every delta its own array again: the device holds more
+    grown = shared.be.allocated_bytes - held
+    assert abs(grown - saved) <= 0.05 * saved, (grown, saved)
