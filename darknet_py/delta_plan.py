@@ -131,6 +131,28 @@ def plan_deltas(layers, share=True):
     return plan
 
 
+def share_delta_arrays(layers, be, batch, share):
+    """The DeltaPlan of `layers` (share=False: every delta private), its arrays made on
+    `be` for `batch` images, each shared layer given its view as Layer.shared_delta (its
+    allocate takes it as its delta). The old shared arrays are let go first."""
+    plan = plan_deltas(layers, share)
+    for layer in layers:
+        if layer.shared_delta is not None:
+            layer.delta = None
+        layer.shared_delta = None   # set on each layer: Network.resize copies what one lacks
+    arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
+    for i, number in plan.buffer_of.items():
+        layer = layers[i]
+        layer.delta = None   # its old private delta, before the next layers allocate
+        layer.shared_delta = arrays[number][:batch * layer.outputs]
+    return plan
+
+
+def zeroing_steps(layers, plan):
+    """{backward step: the allocated shared deltas to zero right before it}."""
+    return {step: [layers[i].delta for i in shared] for step, shared in plan.zero_before.items()}
+
+
 def overlapping_users(plan):
     """Pairs of layers placed in one array whose live intervals meet (none, if the plan is
     right)."""

@@ -14,7 +14,7 @@ from . import optimizer, precision as precisions
 from .adam import Adam
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, CfgWarning, parse_cfg
-from .delta_plan import plan_deltas
+from .delta_plan import plan_deltas, share_delta_arrays, zeroing_steps
 from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
@@ -111,9 +111,7 @@ class Network:
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
         self.fold_batchnorm = True
-        # Training deltas shared between layers whose lifetimes do not meet (share_deltas).
-        self._share_deltas = False
-        self.delta_plan = None
+        self._share_deltas, self.delta_plan = False, None   # see share_deltas
         self._zero_before = {}    # backward step -> the shared deltas zeroed before it
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
@@ -150,11 +148,11 @@ class Network:
             self._check_host_memory(batch, train)
         try:
             self.workspace = None  # free the old one before sizing the new
-            self._share_delta_arrays(batch, train)
+            self.delta_plan = share_delta_arrays(self.layers, be, batch, train and
+                                                 self._share_deltas and not self.fork_cpu)
             for layer in self.layers:
                 layer.allocate(be, batch, train)  # may size its workspace for this batch
-            self._zero_before = {step: [self.layers[i].delta for i in shared]
-                                 for step, shared in self.delta_plan.zero_before.items()}
+            self._zero_before = zeroing_steps(self.layers, self.delta_plan)
             self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
         except DeviceOutOfMemory:
             need = self.memory_bytes(batch, train)
@@ -168,39 +166,22 @@ class Network:
         self._truth_buf = None
         self.graphs.drop()
 
-    def _share_delta_arrays(self, batch, train):
-        """Plan the training deltas (delta_plan.py) and make the shared arrays; each
-        shared layer's Layer.allocate takes its view (Layer.shared_delta)."""
-        self.delta_plan = plan_deltas(self.layers, train and self._share_deltas
-                                      and not self.fork_cpu)
-        self._zero_before = {}
-        for layer in self.layers:
-            if layer.shared_delta is not None:
-                layer.shared_delta = layer.delta = None   # free the old arrays first
-        arrays = [self.be.zeros(batch * n) for n in self.delta_plan.buffer_floats]
-        for i, number in self.delta_plan.buffer_of.items():
-            layer = self.layers[i]
-            layer.delta = None
-            layer.shared_delta = arrays[number][:batch * layer.outputs]
-
     @property
     def share_deltas(self):
         """Whether training shares delta arrays between layers whose deltas are never
         live at once (delta_plan.py): the same arithmetic, bit for bit, in less memory
-        (yolov4 at batch 32: several GB). Off for load_network's networks, so that
-        layer_delta reads every layer's delta after a backward; `darknet-py train`
-        (training.plan) and `bench --train` turn it on. A shared layer's delta holds its
-        values only during the backward (layer_delta refuses it); the fork's CPU flavour
-        ("alexeyab-cpu") never shares. Setting it re-allocates trained buffers."""
+        (yolov4 b32: 8.3 GB). Off for load_network's networks, so that layer_delta reads
+        every delta after a backward (it refuses a shared one: its values last only through
+        the backward); on in `darknet-py train` and `bench --train`; never in the
+        "alexeyab-cpu" flavour. Setting it re-allocates trained buffers."""
         return self._share_deltas
 
     @share_deltas.setter
     def share_deltas(self, on):
-        if bool(on) == self._share_deltas:
-            return
-        self._share_deltas = bool(on)
-        if getattr(self, "train_buffers", False):
-            self._allocate(self.batch, True)
+        if bool(on) != self._share_deltas:
+            self._share_deltas = bool(on)
+            if getattr(self, "train_buffers", False):
+                self._allocate(self.batch, True)
 
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take."""
@@ -496,8 +477,8 @@ class Network:
         self.delta = None
         for layer in self.layers:
             # The fork's GPU build (and the original) clear every delta before a pass, its
-            # CPU build only those of its l.train layers (see Layer.fork_train).
-            # A shared delta is zeroed in the backward instead, before its first writer.
+            # CPU build only those of its l.train layers (see Layer.fork_train); a shared
+            # delta is zeroed in the backward instead, before its first writer's.
             if train and layer.delta is not None and layer.shared_delta is None \
                     and (layer.fork_train or not self.fork_cpu):
                 self.be.fill(layer.delta, 0.0)
@@ -921,10 +902,9 @@ class Network:
         if layer.delta is None:
             raise NetworkError(f"layer {i} has no delta: the network has not been trained")
         if layer.shared_delta is not None:
-            raise NetworkError(
-                f"layer {i} [{layer.type}]: its delta shares an array with other layers' "
-                f"(net.share_deltas is on) and holds its values only during the backward; "
-                f"set net.share_deltas = False before training to read it")
+            raise NetworkError(f"layer {i}: its delta shares an array with other layers' and "
+                               f"lasts only through the backward; set net.share_deltas = "
+                               f"False before training to read it")
         return self.be.to_host(layer.delta).reshape(layer.output_shape(self.batch))
 
     # ---- applications ---------------------------------------------------------------
