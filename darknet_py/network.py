@@ -14,6 +14,7 @@ from . import optimizer, precision as precisions
 from .adam import Adam
 from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, CfgWarning, parse_cfg
+from .delta_plan import plan_deltas, share_delta_arrays, zeroing_steps
 from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
@@ -110,6 +111,8 @@ class Network:
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
         self.fold_batchnorm = True
+        self._share_deltas, self.delta_plan = False, None   # see share_deltas
+        self._zero_before = {}    # backward step -> the shared deltas zeroed before it
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
             # random_init=False: the caller loads every parameter next (no draws to waste).
@@ -145,8 +148,11 @@ class Network:
             self._check_host_memory(batch, train)
         try:
             self.workspace = None  # free the old one before sizing the new
+            self.delta_plan = share_delta_arrays(self.layers, be, batch, train and
+                                                 self._share_deltas and not self.fork_cpu)
             for layer in self.layers:
                 layer.allocate(be, batch, train)  # may size its workspace for this batch
+            self._zero_before = zeroing_steps(self.layers, self.delta_plan)
             self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
         except DeviceOutOfMemory:
             need = self.memory_bytes(batch, train)
@@ -160,11 +166,30 @@ class Network:
         self._truth_buf = None
         self.graphs.drop()
 
+    @property
+    def share_deltas(self):
+        """Whether training shares delta arrays between layers whose deltas are never
+        live at once (delta_plan.py): the same arithmetic, bit for bit, in less memory
+        (yolov4 b32: 8.3 GB). Off for load_network's networks, so that layer_delta reads
+        every delta after a backward (it refuses a shared one: its values last only through
+        the backward); on in `darknet-py train` and `bench --train`; never in the
+        "alexeyab-cpu" flavour. Setting it re-allocates trained buffers."""
+        return self._share_deltas
+
+    @share_deltas.setter
+    def share_deltas(self, on):
+        if bool(on) != self._share_deltas:
+            self._share_deltas = bool(on)
+            if getattr(self, "train_buffers", False):
+                self._allocate(self.batch, True)
+
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take."""
         # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
         per_image = sum(l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
                         for l in self.layers) * (3 if train else 1)
+        if train and self._share_deltas and not self.fork_cpu:
+            per_image -= plan_deltas(self.layers).saved_floats
         try:
             params = sum(a.size for l in self.layers for _, a in l.params())
         except AttributeError:  # parameters not created yet
@@ -452,8 +477,10 @@ class Network:
         self.delta = None
         for layer in self.layers:
             # The fork's GPU build (and the original) clear every delta before a pass, its
-            # CPU build only those of its l.train layers (see Layer.fork_train).
-            if train and layer.delta is not None and (layer.fork_train or not self.fork_cpu):
+            # CPU build only those of its l.train layers (see Layer.fork_train); a shared
+            # delta is zeroed in the backward instead, before its first writer's.
+            if train and layer.delta is not None and layer.shared_delta is None \
+                    and (layer.fork_train or not self.fork_cpu):
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
@@ -491,6 +518,8 @@ class Network:
             layer = self.layers[i]
             if layer.stopbackward:
                 break
+            for delta in self._zero_before.get(i, ()):   # shared: zeroed as the forward did
+                self.be.fill(delta, 0.0)
             if i == 0:
                 self.input, self.delta = self._net_input, None
             else:
@@ -872,6 +901,10 @@ class Network:
         layer = self.layers[i]
         if layer.delta is None:
             raise NetworkError(f"layer {i} has no delta: the network has not been trained")
+        if layer.shared_delta is not None:
+            raise NetworkError(f"layer {i}: its delta shares an array with other layers' and "
+                               f"lasts only through the backward; set net.share_deltas = "
+                               f"False before training to read it")
         return self.be.to_host(layer.delta).reshape(layer.output_shape(self.batch))
 
     # ---- applications ---------------------------------------------------------------

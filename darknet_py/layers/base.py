@@ -51,6 +51,9 @@ class Layer:
     # An inner layer of a recurrent layer (recurrent.Inner sets it): its per-image arrays
     # are pointed at one time step's rows, its batch-norm statistics are the last step's.
     stepped = False
+    # Where the network shares delta arrays between layers (network.share_deltas): this
+    # layer's view of one, which allocate takes as its delta; None: a delta of its own.
+    shared_delta = None
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
         self.index = index
@@ -107,7 +110,12 @@ class Layer:
         self.be = be
         self.batch = batch
         self.output = be.zeros(batch * self.outputs)
-        self.delta = be.zeros(batch * self.outputs) if train else None
+        if not train:
+            self.delta = None
+        elif self.shared_delta is not None:
+            self.delta = self.shared_delta
+        else:
+            self.delta = be.zeros(batch * self.outputs)
         # The input of an activation whose gradient needs it (see activations.py).
         self.activation_input = (be.zeros(batch * self.outputs)
                                  if train and keeps_activation_input(self) else None)

@@ -58,6 +58,7 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     config, paths, valid_paths = _lists(data, map_eval, comm)
     ranks = Ranks(comm)
     net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
+    net.share_deltas = True   # the same training in less memory (delta_plan.py)
     net.names = config.names
     task = network_task(net)
     if task == "detector":   # before anything is written

@@ -1,0 +1,167 @@
+"""Deltas shared between layers whose lifetimes do not overlap (training memory).
+
+Numbering the backward's steps by the layer whose backward runs (they run from the last
+layer down), layer i's delta is live from the step of its first writer, the highest-index
+layer whose backward writes into it (i + 1, which gets it as net.delta, and the [route],
+[shortcut], [sam], [scale_channels] layers that name it), down to step i, its own backward;
+outside these steps nothing reads or writes it. Layers whose intervals do not meet can
+keep their deltas in one array (each a view of its first batch * outputs floats).
+
+Darknet zeroes every delta before a pass (Network._forward_layers); a shared delta is
+zeroed instead right before the backward of its first writer, so that every layer reads
+the values it read from a private delta, bit for bit.
+
+A layer keeps a private delta where this is not known to hold: loss layers (their forward
+writes the delta), recurrent layers (their steps carry deltas), layers whose type is not
+in SHARED_TYPES, the previous layer of a layer whose type is not in CONSUMER_TYPES (its
+backward may touch net.delta outside the plan's rules) and every layer such a layer
+refers to, layers at or below a stopbackward (the backward never reaches them), and all of
+them in the fork's CPU flavour (its passes keep adding to some deltas, Layer.fork_train).
+"""
+from dataclasses import dataclass, field
+
+from .layers.base import Layer
+
+# Layers whose forward and update never touch their own delta and whose delta is
+# Layer.allocate's batch * outputs floats.
+SHARED_TYPES = frozenset({
+    "convolutional", "connected", "batchnorm", "maxpool", "local_avgpool", "avgpool", "route",
+    "shortcut", "upsample", "dropout", "activation", "empty", "sam", "scale_channels",
+    "reorg", "reorg3d", "l2norm", "normalization", "deconvolutional", "local", "implicit"})
+# Layers whose backward writes only into net.delta and the deltas of the layers they name
+# (named_sources), and whose forward touches no delta but maybe their own.
+CONSUMER_TYPES = SHARED_TYPES | {"yolo", "gaussian_yolo", "region", "detection", "softmax",
+                                 "cost", "logistic"}
+
+
+@dataclass
+class DeltaPlan:
+    """Which layers share which array, and where a shared delta is zeroed. Indices are
+    layer indices; sizes are floats per image (times the batch on the backend)."""
+    floats: list                     # each layer's delta, per image
+    live: dict = field(default_factory=dict)       # shared layer -> (own step, first writer)
+    buffer_of: dict = field(default_factory=dict)  # shared layer -> its array's number
+    buffer_floats: list = field(default_factory=list)   # each array's size, per image
+    zero_before: dict = field(default_factory=dict)  # step -> layers zeroed before it
+
+    @property
+    def private(self):
+        """The layers keeping a delta of their own."""
+        return [i for i in range(len(self.floats)) if i not in self.buffer_of]
+
+    @property
+    def saved_floats(self):
+        """Floats per image the sharing saves against a private delta for every layer."""
+        return sum(self.floats[i] for i in self.buffer_of) - sum(self.buffer_floats)
+
+    def users(self, buffer):
+        return sorted(i for i, b in self.buffer_of.items() if b == buffer)
+
+
+def named_sources(layer):
+    """The earlier layers (besides the previous one) whose deltas a CONSUMER_TYPES layer's
+    backward writes into."""
+    sources = list(getattr(layer, "sources", None) or [])
+    source = getattr(layer, "source", None)
+    if isinstance(source, Layer) and source not in sources:
+        sources.append(source)
+    return sources
+
+
+def referred_layers(layer):
+    """Every layer a layer holds in an attribute (alone, or in a list or tuple)."""
+    found = []
+    for value in vars(layer).values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found += [v for v in items if isinstance(v, Layer) and v is not layer]
+    return found
+
+
+def _private_layers(layers):
+    """Indices of the layers that must keep a private delta (see the module's docstring)."""
+    private = {l.index for l in layers if l.type not in SHARED_TYPES or l.stepped}
+    stops = [l.index for l in layers if l.stopbackward]
+    if stops:
+        private.update(range(max(stops) + 1))
+    for layer in layers:
+        if layer.type not in CONSUMER_TYPES:
+            private.update(l.index for l in referred_layers(layer))
+            if layer.index:
+                private.add(layer.index - 1)
+    return private
+
+
+def first_writers(layers):
+    """For each layer, the highest index whose backward writes into its delta (its own
+    index where none does)."""
+    first = [l.index for l in layers]
+    for layer in layers:
+        targets = named_sources(layer) if layer.type in CONSUMER_TYPES else referred_layers(layer)
+        if layer.index:
+            targets = targets + [layers[layer.index - 1]]
+        for target in targets:
+            first[target.index] = max(first[target.index], layer.index)
+    return first
+
+
+def plan_deltas(layers, share=True):
+    """The DeltaPlan of `layers` (a Network's, in order). share=False: every delta private.
+    Arrays are coloured largest user first: each goes to the first array whose users'
+    intervals it does not meet, or a new one, so an array's size is its first user's."""
+    plan = DeltaPlan(floats=[l.outputs for l in layers])
+    if not share:
+        return plan
+    private = _private_layers(layers)
+    first = first_writers(layers)
+    users = []   # per array: the (own step, first writer) intervals placed in it
+    for i in sorted((i for i in range(len(layers)) if i not in private),
+                    key=lambda i: (-plan.floats[i], i)):
+        low, high = i, first[i]
+        for number, intervals in enumerate(users):
+            if all(high < a or b < low for a, b in intervals):
+                break
+        else:
+            number = len(users)
+            users.append([])
+            plan.buffer_floats.append(plan.floats[i])
+        users[number].append((low, high))
+        plan.buffer_of[i] = number
+        plan.live[i] = (low, high)
+        plan.zero_before.setdefault(high, []).append(i)
+    return plan
+
+
+def share_delta_arrays(layers, be, batch, share):
+    """The DeltaPlan of `layers` (share=False: every delta private), its arrays made on
+    `be` for `batch` images, each shared layer given its view as Layer.shared_delta (its
+    allocate takes it as its delta). The old shared arrays are let go first."""
+    plan = plan_deltas(layers, share)
+    for layer in layers:
+        if layer.shared_delta is not None:
+            layer.delta = None
+        layer.shared_delta = None   # set on each layer: Network.resize copies what one lacks
+    arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
+    for i, number in plan.buffer_of.items():
+        layer = layers[i]
+        layer.delta = None   # its old private delta, before the next layers allocate
+        layer.shared_delta = arrays[number][:batch * layer.outputs]
+    return plan
+
+
+def zeroing_steps(layers, plan):
+    """{backward step: the allocated shared deltas to zero right before it}."""
+    return {step: [layers[i].delta for i in shared] for step, shared in plan.zero_before.items()}
+
+
+def overlapping_users(plan):
+    """Pairs of layers placed in one array whose live intervals meet (none, if the plan is
+    right)."""
+    pairs = []
+    for number in range(len(plan.buffer_floats)):
+        members = plan.users(number)
+        for k, i in enumerate(members):
+            for j in members[k + 1:]:
+                (a, b), (c, d) = plan.live[i], plan.live[j]
+                if a <= d and c <= b:
+                    pairs.append((i, j))
+    return pairs
