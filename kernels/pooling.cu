@@ -70,13 +70,13 @@ extern "C" __global__ void maxpool_backward_gather_kernel(const float* __restric
         const int oh1 = min(out_h - 1, (y + off) / stride_y);
         const int ow0 = max(0, (x + off - size + stride_x) / stride_x);
         const int ow1 = min(out_w - 1, (x + off) / stride_x);
-        float acc = delta_in[j];
+        float acc = 0.0f;
         bool hit = false;
         for (int oh = oh0; oh <= oh1; ++oh)
             for (int ow = ow0; ow <= ow1; ++ow) {
                 const long long o = (plane * out_h + oh) * out_w + ow;
                 if (indexes[o] == (int)j) {
-                    acc += delta_out[o];
+                    acc = (hit ? acc : delta_in[j]) + delta_out[o];   // read only when hit
                     hit = true;
                 }
             }
