@@ -185,9 +185,9 @@ def test_launcher_options_are_refused_under_a_launcher(bars, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-def start_and_wait_for(args, first_line="3, "):
+def start_and_wait_for(args, first_line="3, ", env=None):
     """A training run (its own process group) and its pids, once `first_line` shows."""
-    run = darknet_py_process(*args)
+    run = darknet_py_process(*args, env=env)
     pids, lines = [run.pid], []
     for line in run.stdout:
         lines.append(line)
@@ -214,9 +214,12 @@ def assert_one_complete_backup(backup_dir, ranks=2):
     return seen, floats
 
 
-def test_group_sigterm_of_two_ranks_saves_one_backup_and_exits_143(bars, tmp_path):
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_group_sigterm_of_two_ranks_saves_one_backup_and_exits_143(bars, tmp_path, start):
+    # Forked ranks (GPU ranks' default) once inherited the launcher's ignored signals.
     cfg, data = write_run_cfg(tmp_path, max_batches=100000), data_file(bars, tmp_path / "b")
-    run, pids, _ = start_and_wait_for(["train", cfg, data, "--ranks", 2])
+    run, pids, _ = start_and_wait_for(["train", cfg, data, "--ranks", 2],
+                                      env=dict(os.environ, DARKNET_RANK_START=start))
     os.killpg(run.pid, signal.SIGTERM)   # what timeout and scancel do
     code, out, err = finish(run, timeout=30)
     assert code == 128 + signal.SIGTERM, err

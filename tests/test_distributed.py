@@ -2,6 +2,7 @@
 hook, the launcher's fault handling, resume, and two "nodes" meeting over 127.0.0.1."""
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -12,7 +13,8 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.distributed.comm import CommError, TcpCommunicator, free_port, parse_master
 from darknet_py.distributed.data_parallel import DataParallel, rank_seed, shard
 from darknet_py.backends.numpy_backend import NumpyBackend
-from darknet_py.distributed.launcher import PendingCommunicator, parse_gpus
+from darknet_py.distributed.launcher import (LaunchError, PendingCommunicator, parse_gpus,
+                                            rank_start_method)
 from darknet_py.network import Network
 from darknet_py.optimizer import current_rate
 
@@ -257,6 +259,32 @@ def test_resume_on_two_ranks_continues_seen_and_rate(two_rank_run, bars, tmp_pat
     # Momentum 0 and the loader's batches depend only on (seed, rank, iteration): the
     # resumed run is the uninterrupted one.
     np.testing.assert_array_equal(resumed, whole)
+
+
+def test_gpu_ranks_fork_until_cuda_started_here_and_cpu_ranks_spawn(monkeypatch):
+    monkeypatch.delenv("DARKNET_RANK_START", raising=False)
+    monkeypatch.delitem(sys.modules, "pycuda.driver", raising=False)
+    assert rank_start_method(["cuda:0", "cuda:1"]) == "fork"
+    assert rank_start_method(["cpu", "cpu"]) == "spawn"
+    monkeypatch.setitem(sys.modules, "pycuda.driver", object())   # CUDA may have started
+    assert rank_start_method(["cuda:0", "cuda:1"]) == "spawn"
+    monkeypatch.setenv("DARKNET_RANK_START", "fork")
+    assert rank_start_method(["cpu"]) == "fork"
+    assert rank_start_method(["cuda:0"]) == "spawn"   # a fork could not use CUDA
+    monkeypatch.setenv("DARKNET_RANK_START", "thread")
+    with pytest.raises(LaunchError, match="DARKNET_RANK_START=thread: expected fork or spawn"):
+        rank_start_method(["cpu"])
+
+
+def test_forked_ranks_train_as_spawned_ones(two_rank_run, bars, tmp_path):
+    reference, _ = two_rank_run
+    cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "backup")
+    code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2, "--seed", 3,
+                                       env=dict(os.environ, DARKNET_RANK_START="fork")))
+    assert code == 0, err
+    assert "on the CPU x 2 ranks" in out and "Traceback" not in err
+    np.testing.assert_array_equal(weights_floats(tmp_path / "backup" / "tiny_final.weights")[1],
+                                  weights_floats(reference / "backup" / "tiny_final.weights")[1])
 
 
 def test_two_nodes_of_one_rank_meet_over_localhost(two_rank_run, bars, tmp_path):

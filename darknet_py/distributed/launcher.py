@@ -18,13 +18,15 @@ from ..errors import USER_ERRORS, DarknetError, describe_error
 from ..processes import PARENT_SIGNALS, children_ignore_signals, trace_start
 from ..train import train
 from ..training.loop import describe_stop
-from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
+from ..training.stops import (Stopped, exit_code, forget_held_signals, held_stop_signals,
+                              stopped)
 from .comm import (CONNECT_TIMEOUT, DEFAULT_TIMEOUT, CommError, Communicator, TcpCommunicator,
                    free_port)
 from .nccl import NcclCommunicator
 
 EXIT_PEER_LOST = 3             # a rank that stopped because another one failed
 REPORT_WAIT = 0.5              # seconds a rank gets to report its own failure
+RANK_START_ENV = "DARKNET_RANK_START"   # fork or spawn: see rank_start_method
 
 
 def parse_gpus(text, device_count):
@@ -115,6 +117,7 @@ def _worker(spec, errors):
     """Body of a worker process: run_rank, its report through `errors` (a Pipe end) and
     its exit code."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (docs/training.md)
+    forget_held_signals()   # forked: the launcher's are not this rank's
     with held_stop_signals():
         code, report = run_rank(spec)
     if report is not None:
@@ -228,7 +231,7 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
     quiet_resource_tracker()
     if master is None:
         master = ("127.0.0.1", free_port())
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context(rank_start_method(devices))
     trace_start("launching the ranks")
     workers = []   # (rank, process, errors pipe end)
 
@@ -273,6 +276,23 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
         raise interrupt
     if failed:
         raise LaunchError(failed[1])
+
+
+def rank_start_method(devices):
+    """How the ranks' processes start. GPU ranks are forked while this process has not
+    started CUDA (a forked child cannot use its parent's CUDA): they begin with darknet-py
+    imported, ~0.5 s sooner than spawned ones, which import it again. CPU ranks, and GPU
+    ranks after CUDA started here, are spawned (a fresh interpreter: no state of the caller
+    comes along). DARKNET_RANK_START=spawn or fork chooses (fork only where it can work)."""
+    asked = os.environ.get(RANK_START_ENV, "")
+    if asked not in ("", "fork", "spawn"):
+        raise LaunchError(f"{RANK_START_ENV}={asked}: expected fork or spawn")
+    cuda = any(str(d).startswith("cuda") for d in devices)
+    can_fork = ("fork" in multiprocessing.get_all_start_methods()
+                and not (cuda and "pycuda.driver" in sys.modules))
+    if asked == "spawn" or not can_fork:
+        return "spawn"
+    return "fork" if asked == "fork" or cuda else "spawn"
 
 
 def quiet_resource_tracker():

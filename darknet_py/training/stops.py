@@ -147,6 +147,14 @@ def held_stop_signals():
             _held = None
 
 
+def forget_held_signals():
+    """In a process forked from one that holds its StopSignals (the launcher forks its
+    ranks inside held_stop_signals, with the signals ignored): start without the parent's,
+    so that the child's held_stop_signals installs handlers of its own."""
+    global _held
+    _held = None
+
+
 @contextlib.contextmanager
 def stop_signals():
     """The StopSignals of a training run: the command's (held_stop_signals), else one
