@@ -216,7 +216,7 @@ def assert_one_complete_backup(backup_dir, ranks=2):
 
 @pytest.mark.parametrize("start", ["spawn", "fork"])
 def test_group_sigterm_of_two_ranks_saves_one_backup_and_exits_143(bars, tmp_path, start):
-    # Forked ranks (GPU ranks' default) once inherited the launcher's ignored signals.
+    # Forked ranks (DARKNET_RANK_START=fork) once inherited the launcher's ignored signals.
     cfg, data = write_run_cfg(tmp_path, max_batches=100000), data_file(bars, tmp_path / "b")
     run, pids, _ = start_and_wait_for(["train", cfg, data, "--ranks", 2],
                                       env=dict(os.environ, DARKNET_RANK_START=start))
