@@ -26,7 +26,7 @@ ENV = "DARKNET_PRECISION"
 # output heads' inputs, which thresholds and losses read).
 HEAD_TYPES = ("yolo", "gaussian_yolo", "region", "detection", "softmax", "cost")
 
-# Activations a tensor-core convolution applies in its epilogue (kernels/gemm_tc.cu,
+# Activations a tensor-core convolution applies in its epilogue (kernels/gemm_tc.cuh,
 # EpilogueActivation); any other runs as a pass of its own after.
 EPILOGUE_ACTIVATIONS = ("linear", "logistic", "relu", "leaky", "swish", "mish")
 

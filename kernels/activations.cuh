@@ -96,6 +96,11 @@ __device__ __forceinline__ float activate(float x, int act)
     }
 }
 
+// A GEMM epilogue's activation (gemm.cu, gemm_tc.cuh): activate, kept out of line so that
+// their many tile instantiations each call one copy rather than inline the whole switch
+// (which tripled their compile time), and the same floats as the activation pass.
+__device__ __noinline__ float epilogue_activate(float x, int act) { return activate(x, act); }
+
 __device__ __forceinline__ float gradient(float y, int act)
 {
     switch (act) {

@@ -1,6 +1,6 @@
 // A convolution's backward as implicit GEMMs: the operand loaders (the input patch and
 // the output delta gathered in place, no im2col or col2im buffer) and the fp32 FFMA tile
-// loop; conv_backward.cu puts them together with gemm_tc.cu's tensor-core tile loop.
+// loop; conv_backward_entries.cuh puts them together with gemm_tc.cuh's tensor-core tile loop.
 //
 //   weight gradient  dW[f][kidx] += sum_n delta[f][n] * col[kidx][n]
 //                    M = filters, N = channels * k * k, K = images * out positions;
@@ -216,7 +216,7 @@ __device__ __forceinline__ void gather_dgrad(const DgradGeometry& g, const Colum
     gather_column<RUN>(g.flipped, col, k0, v);
 }
 
-// One parity class of a strided data gradient (conv_backward.cu launches one per class):
+// One parity class of a strided data gradient (conv_backward_entries.cuh launches one per class):
 // the input pixels (py + sy*y', px + sx*x') see only the taps (ky0 + i*step_y, kx0 +
 // j*step_x), i < ny, j < nx, for which y + pad - ky*d divides by the stride, and tap (i, j)
 // reads the delta at (y' + cy0 - i*dy, x' + cx0 - j*dx): a dense stride-1 gather over a

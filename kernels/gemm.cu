@@ -25,39 +25,14 @@
 //
 // Full fp32 FFMA throughout: no tensor cores, no TF32.
 
+#include "activations.cuh"
 #include "gemm_core.cuh"
-
-// Activation ids (darknet_py/activations.py ACTIVATION_IDS) the epilogue applies; the
-// backend passes EPI_NONE for the rest and runs them as a pass of their own.
-enum SgemmEpilogueActivation {
-    EPI_LOGISTIC = 0,
-    EPI_RELU = 1,
-    EPI_NONE = 3,   // linear
-    EPI_LEAKY = 7,
-    EPI_SWISH = 17,
-    EPI_MISH = 18
-};
-
-__device__ __noinline__ float sgemm_activate(float x, int act)
-{
-    switch (act) {
-    case EPI_LOGISTIC: return 1.0f / (1.0f + expf(-x));
-    case EPI_RELU: return x > 0.0f ? x : 0.0f;
-    case EPI_LEAKY: return x > 0.0f ? x : 0.1f * x;
-    case EPI_SWISH: return x * (1.0f / (1.0f + expf(-x)));
-    case EPI_MISH: {   // the fork's softplus, threshold 20 (activations.cu's softplus)
-        const float sp = x > 20.0f ? x : (x < -20.0f ? expf(x) : log1pf(expf(x)));
-        return x * tanhf(sp);
-    }
-    default: return x;
-    }
-}
 
 // v + bias[m], then the activation: what the epilogue stores for row m.
 __device__ __forceinline__ float sgemm_finish(float v, const float* __restrict__ bias, int m, int act)
 {
     if (bias == nullptr) return v;
-    return sgemm_activate(v + bias[m], act);
+    return epilogue_activate(v + bias[m], act);
 }
 
 template <int BM, int BN, int BK, int TM, int TN, int STAGES, bool TA, bool TB>

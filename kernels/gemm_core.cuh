@@ -1,5 +1,5 @@
 // The GEMM core shared by the fp32 FFMA kernels (gemm.cu) and the tensor-core kernels
-// (gemm_tc.cu): cp.async staging, the block-order swizzle, and the implicit-GEMM gather
+// (gemm_tc.cuh): cp.async staging, the block-order swizzle, and the implicit-GEMM gather
 // of a convolution's input (the im2col matrix read in place, never written out).
 //
 // The CUDA backend inlines this file into each .cu that includes it before compiling,

@@ -160,10 +160,28 @@ def _params_format(name, params):
 _ENTRY = r'extern "C" __global__ void\s+(?:__launch_bounds__\(.*?\)\s+)?(\w+)\s*\(([^)]*)\)'
 
 
+def _kernel_source(filename):
+    """A kernel file as the compiler reads it, as far as its entry points go: the
+    kernels/ headers it includes, then its own text, then each invocation of a
+    one-precision macro (`#define NAME(PREC, P)`: gemm_tc.cuh's TC_PRECISION_ENTRIES,
+    conv_backward_entries.cuh's CONV_BACKWARD_TC_ENTRIES) written out a line per
+    macro line, PREC and P replaced."""
+    text = (KERNEL_DIR / filename).read_text()
+    full = "\n".join(h for _, h in kernel_cache.included_headers(text, KERNEL_DIR)) + "\n" + text
+    for macro, body in re.findall(r"^#define (\w+)\(PREC, P\)\s*\\\n((?:.*\\\n)*.*)$", full,
+                                  flags=re.M):
+        lines = [line.rstrip("\\").strip() for line in body.splitlines()]
+        for prec, p in re.findall(rf"^{macro}\((\w+), (\w+)\)$", text, flags=re.M):
+            full += "\n" + "\n".join(re.sub(r"\bP\b", p, re.sub(r"(##)?PREC(##)?", prec, line))
+                                      for line in lines if line)
+    return full
+
+
 def _kernel_signatures(text):
     """{entry point: struct format} of a .cu file's extern "C" __global__ functions,
     those of macros whose first parameter is the name (gemm.cu's SGEMM_ENTRY,
-    conv_backward.cu's) included: each line invoking such a macro is an entry point."""
+    conv_backward_entries.cuh's) included: each line invoking such a macro is an entry
+    point."""
     text = text.replace("\\\n", " ")
     sigs = {name: _params_format(name, params)
             for name, params in re.findall(_ENTRY, text, flags=re.S) if name != "NAME"}
@@ -171,14 +189,14 @@ def _kernel_signatures(text):
         entry = re.search(_ENTRY, body, flags=re.S)
         for name in re.findall(rf"^{macro}\((\w+),", text, flags=re.M):
             sigs[name] = _params_format(name, entry.group(2)) if entry else None
-    if "ENTRY" in sigs:   # gemm_tc.cu: TC_*_ENTRY through the TC_TILES X-macro
+    if "ENTRY" in sigs:   # gemm_tc.cuh: TC_*_ENTRY through the TC_TILES X-macro
         sigs.update(_tc_entry_signatures(text))
         sigs.pop("ENTRY")
     return sigs
 
 
 def _tc_entry_signatures(text):
-    """gemm_tc.cu's entry points: TC_TILES(TC_CONV_X or TC_GEMM_X, precision, P) expanded."""
+    """gemm_tc.cuh's entry points: TC_TILES(TC_CONV_X or TC_GEMM_X, precision, P) expanded."""
     formats = {}
     for macro in ("TC_CONV_ENTRY", "TC_GEMM_ENTRY"):
         body = re.search(rf"#define {macro}\(.*?ENTRY\((.*?)\)\s*\{{", text, flags=re.S).group(1)
@@ -197,7 +215,7 @@ def _tc_entry_signatures(text):
 
 def test_kernel_argument_formats_match_the_kernels():
     for filename, entries in _kernel_table().items():
-        sigs = _kernel_signatures((KERNEL_DIR / filename).read_text())
+        sigs = _kernel_signatures(_kernel_source(filename))
         for name, fmt in entries.items():
             assert name in sigs, f"{filename} has no kernel {name}"
             assert sigs[name] == fmt, f"{name}: backend passes '{fmt}', kernel takes '{sigs[name]}'"

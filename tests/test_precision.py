@@ -1,4 +1,4 @@
-"""Reduced precision: the tensor-core kernels (kernels/gemm_tc.cu) against NumPy, the NumPy
+"""Reduced precision: the tensor-core kernels (kernels/gemm_tc_*.cu) against NumPy, the NumPy
 emulation (precision.round_to), and the precision switches (--precision, precision=,
 [net] precision=).
 

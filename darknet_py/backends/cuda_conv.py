@@ -1,5 +1,5 @@
 """The CUDA backend's convolution path: SGEMM (kernels/gemm.cu), the tensor-core GEMM and
-implicit-GEMM convolution forward with its weight packing (kernels/gemm_tc.cu,
+implicit-GEMM convolution forward with its weight packing (kernels/gemm_tc_*.cu,
 gemm_core.cuh), im2col/col2im (kernels/im2col.cu). A mixin of CudaBackend."""
 import numpy as np
 
@@ -15,7 +15,7 @@ _GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per blo
     "64x64x8s4r8": (64, 64, 8, 64),
     "32x32x8s4w": (32, 32, 8, 32),
 }
-# Tensor-core tiles (kernels/gemm_tc.cu's TC_TILES) -> (BM, BN, threads per block).
+# Tensor-core tiles (kernels/gemm_tc.cuh's TC_TILES) -> (BM, BN, threads per block).
 _TC_TILES = {
     "128x128": (128, 128, 256),
     "64x128": (64, 128, 256),
@@ -26,7 +26,7 @@ _TC_TILES = {
 # precision -> (kernel name part, bytes of an operand element)
 _TC_PRECISIONS = {"fp16": ("f16", 2), "bf16": ("bf16", 2), "tf32": ("tf32", 4)}
 _TC_CONV_ARGS = "PiPqiiiiiiiiiiiiPiPq"
-_TC_SLICE_BYTES = 64   # SLICE_BYTES of kernels/gemm_tc.cu: K advances by this many bytes a row
+_TC_SLICE_BYTES = 64   # SLICE_BYTES of kernels/gemm_tc.cuh: K advances by this many bytes a row
 # The sgemm / splitk_reduce epilogue's (bias, activation) when there is none: a null
 # pointer, and linear (kernels/gemm.cu EPI_NONE).
 _NO_EPILOGUE = (0, activations.ACTIVATION_IDS["linear"])
@@ -36,13 +36,13 @@ KERNELS = {
         {f"sgemm_{tile}_{case}": _GEMM_ARGS for tile in _GEMM_TILES for case in ("nn", "nt", "tn", "tt")},
         splitk_reduce="iiiPffPiPi",
     ),
-    "gemm_tc.cu": dict(
-        {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for p, _ in _TC_PRECISIONS.values()
-         for tile in _TC_TILES},
-        **{f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq" for p, _ in _TC_PRECISIONS.values()
-           for tile in _TC_TILES for case in ("nn", "nt", "tn")},
-        **{f"pack_weights_{p}": "PiiiP" for p, _ in _TC_PRECISIONS.values()},
-    ),
+    # One file a precision (gemm_tc.cuh's TC_PRECISION_ENTRIES): a third of the compile each.
+    **{f"gemm_tc_{p}.cu": dict(
+        {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for tile in _TC_TILES},
+        **{f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq" for tile in _TC_TILES
+           for case in ("nn", "nt", "tn")},
+        **{f"pack_weights_{p}": "PiiiP"},
+    ) for p, _ in _TC_PRECISIONS.values()},
     "im2col.cu": {
         "im2col_kernel": "PiiiiiiiiiiPiq",
         "col2im_kernel": "PiiiiiiiiiiPiq",
@@ -142,7 +142,7 @@ class CudaConv:
                      splits, ws, float(alpha), float(beta), pc, ldc,
                      *(epilogue or _NO_EPILOGUE))
 
-    # ---- reduced precision: tensor cores (kernels/gemm_tc.cu) ---------------------
+    # ---- reduced precision: tensor cores (kernels/gemm_tc_*.cu) -------------------
     def tc_plan(self, m, n, k, split=True):
         """(tile, splits) for an m x n x k tensor-core product: the tile's rows follow m
         (few filters: 16 or 32 rows), 64x64 where wider tiles would not fill the SMs

@@ -1,4 +1,4 @@
-"""The CUDA backend's convolution backward as implicit GEMMs (kernels/conv_backward.cu):
+"""The CUDA backend's convolution backward as implicit GEMMs (kernels/conv_backward_*.cu):
 the weight gradient and the data gradient read the input and the output delta where
 they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 (tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
@@ -11,7 +11,7 @@ from .errors import BackendError
 # precision -> (kernel name part, bytes of a packed weight)
 _PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
 _PARTS_BYTES = dict(_PARTS.values())
-# kernels/conv_backward.cu's tiles -> (BM, BN, threads per block)
+# kernels/conv_backward_entries.cuh's tiles -> (BM, BN, threads per block)
 _WGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
                    "32x128": (32, 128, 128), "64x64": (64, 64, 128), "32x64": (32, 64, 64)}
 _DGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
@@ -31,18 +31,19 @@ _DGRAD_ARGS = "PiPqiiiiiiiiiiPqi"
 _DGRAD_CLASS_ARGS = "PiPqiiiiiiiiiiiiiPqiiiiiii"
 _PACK_ARGS = "PiiiiiiiiiiP"
 
+# One file a precision (conv_backward_entries.cuh): a quarter of the compile each.
 KERNELS = {
-    "conv_backward.cu": dict(
-        {f"conv_wgrad_{part}_{tile}": _WGRAD_ARGS for part in ("f16", "bf16", "tf32")
-         for tile in _WGRAD_TC_TILES},
-        **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for part in ("f16", "bf16", "tf32")
-           for tile in _DGRAD_TC_TILES},
-        **{f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
-        **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for part in ("f16", "bf16", "tf32")
-           for tile in _DGRAD_TC_TILES},
+    **{f"conv_backward_{part}.cu": dict(
+        {f"conv_wgrad_{part}_{tile}": _WGRAD_ARGS for tile in _WGRAD_TC_TILES},
+        **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
+        **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
+        **{f"pack_transposed_{part}": _PACK_ARGS},
+    ) for part in ("f16", "bf16", "tf32")},
+    "conv_backward_f32.cu": dict(
+        {f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
         **{f"conv_dgrad_f32_{tile}": _DGRAD_ARGS for tile in _DGRAD_F32_TILES},
         **{f"conv_dgrad_class_f32_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_F32_TILES},
-        **{f"pack_transposed_{part}": _PACK_ARGS for part in ("f16", "bf16", "tf32", "f32")},
+        pack_transposed_f32=_PACK_ARGS,
     ),
 }
 

@@ -5,7 +5,7 @@ CudaBackend.gemm_lowp offers every fp16 / bf16 product to gemm_lowp below first.
 the product on a GPU of compute capability 9.0 when the product fills the chip at least
 once with 128 x 256 tiles (and K >= MIN_K); otherwise (another GPU, tf32, a small or
 split-K-shaped product, a forced tensor-core plan in tc_override, DARKNET_WGMMA=0, or the
-sm_90a build not loading) it declines and the mma.sync kernels of gemm_tc.cu run as
+sm_90a build not loading) it declines and the mma.sync kernels of gemm_tc_*.cu run as
 before.
 
 The kernel multiplies half-precision operands laid out K-major (A as M x K rows, B as N x K

@@ -1,6 +1,6 @@
 // A convolution's backward without im2col or col2im buffers: the weight gradient and
 // the data gradient as implicit GEMMs (conv_backward.cuh says which products), on the
-// tensor cores (gemm_tc.cu's tile loop: fp16 / bf16 / tf32 operands, fp32 sums) and in
+// tensor cores (gemm_tc.cuh's tile loop: fp16 / bf16 / tf32 operands, fp32 sums) and in
 // fp32 FFMA.
 //
 // Weight gradient: K (images * output positions) is huge and M x N (filters x weights)
@@ -10,12 +10,15 @@
 // Data gradient: written (accumulate 0) or added (1) into dx; unit strides in one launch
 // (the forward's gather over the delta, taps flipped), other strides in one launch per
 // parity class of the input pixels over only the taps that reach the delta from it.
-#define GEMM_TC_DEVICE_ONLY
-#include "gemm_tc.cu"
+//
+// The entry points are instantiated one precision a file: conv_backward_f16.cu, _bf16.cu,
+// _tf32.cu (tensor cores) and conv_backward_f32.cu (FFMA).
+#pragma once
+#include "gemm_tc.cuh"
 #include "conv_backward.cuh"
 
 // ---- tensor-core stagers for the backward's operands -------------------------------------
-// Quads of a k-contiguous operand (the delta, the transposed im2col), stored as gemm_tc.cu's
+// Quads of a k-contiguous operand (the delta, the transposed im2col), stored as gemm_tc.cuh's
 // [row][k] tiles.
 template <class P, class Src, int ROWS, int THREADS>
 struct TcQuadStager {
@@ -39,7 +42,7 @@ struct TcQuadStager {
     }
 };
 
-// The data gradient's delta gather, a column per thread: gemm_tc.cu's Stager with the
+// The data gradient's delta gather, a column per thread: gemm_tc.cuh's Stager with the
 // dgrad gather (G: DgradGeometry or DgradClassGeometry) in place of the forward's.
 template <class P, class G, int ROWS, int THREADS>
 struct TcDgradStager : Stager<P, RowMajorKSource, ROWS, THREADS> {
@@ -121,7 +124,8 @@ __device__ __forceinline__ DgradGeometry dgrad_geometry(const float* delta, long
 
 // ---- entry points --------------------------------------------------------------------------
 // Tensor cores. Weight gradient tiles: BM follows the filters, 32x64 for a first layer's
-// few weights; data gradient tiles: BM follows the channels.
+// few weights; data gradient tiles: BM follows the channels. CONV_BACKWARD_TC_ENTRIES below
+// names every tile of one precision.
 #define CONV_WGRAD_TC(NAME, P, BM, BN, WM, WN)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
         const float* delta, long long delta_stride, const float* im, long long im_stride, int h, int w,         \
@@ -155,40 +159,7 @@ __device__ __forceinline__ DgradGeometry dgrad_geometry(const float* delta, long
         tc_tile<P, BM, BN, WM, WN>(a, CLASS_GEOMETRY, CLASS_EPILOGUE, 0, k_total);                              \
     }
 
-CONV_WGRAD_TC(conv_wgrad_f16_128x128, F16, 128, 128, 2, 4)
-CONV_WGRAD_TC(conv_wgrad_f16_64x128, F16, 64, 128, 2, 4)
-CONV_WGRAD_TC(conv_wgrad_f16_32x128, F16, 32, 128, 1, 4)
-CONV_WGRAD_TC(conv_wgrad_f16_64x64, F16, 64, 64, 2, 2)
-CONV_WGRAD_TC(conv_wgrad_f16_32x64, F16, 32, 64, 1, 2)
-CONV_DGRAD_TC(conv_dgrad_f16_128x128, F16, 128, 128, 2, 4)
-CONV_DGRAD_TC(conv_dgrad_f16_64x128, F16, 64, 128, 2, 4)
-CONV_DGRAD_TC(conv_dgrad_f16_32x128, F16, 32, 128, 1, 4)
-CONV_WGRAD_TC(conv_wgrad_bf16_128x128, BF16, 128, 128, 2, 4)
-CONV_WGRAD_TC(conv_wgrad_bf16_64x128, BF16, 64, 128, 2, 4)
-CONV_WGRAD_TC(conv_wgrad_bf16_32x128, BF16, 32, 128, 1, 4)
-CONV_WGRAD_TC(conv_wgrad_bf16_64x64, BF16, 64, 64, 2, 2)
-CONV_WGRAD_TC(conv_wgrad_bf16_32x64, BF16, 32, 64, 1, 2)
-CONV_DGRAD_TC(conv_dgrad_bf16_128x128, BF16, 128, 128, 2, 4)
-CONV_DGRAD_TC(conv_dgrad_bf16_64x128, BF16, 64, 128, 2, 4)
-CONV_DGRAD_TC(conv_dgrad_bf16_32x128, BF16, 32, 128, 1, 4)
-CONV_WGRAD_TC(conv_wgrad_tf32_128x128, TF32, 128, 128, 2, 4)
-CONV_WGRAD_TC(conv_wgrad_tf32_64x128, TF32, 64, 128, 2, 4)
-CONV_WGRAD_TC(conv_wgrad_tf32_32x128, TF32, 32, 128, 1, 4)
-CONV_WGRAD_TC(conv_wgrad_tf32_64x64, TF32, 64, 64, 2, 2)
-CONV_WGRAD_TC(conv_wgrad_tf32_32x64, TF32, 32, 64, 1, 2)
-CONV_DGRAD_TC(conv_dgrad_tf32_128x128, TF32, 128, 128, 2, 4)
-CONV_DGRAD_TC(conv_dgrad_tf32_64x128, TF32, 64, 128, 2, 4)
-CONV_DGRAD_TC(conv_dgrad_tf32_32x128, TF32, 32, 128, 1, 4)
 
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_f16_128x128, F16, 128, 128, 2, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_f16_64x128, F16, 64, 128, 2, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_f16_32x128, F16, 32, 128, 1, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_bf16_128x128, BF16, 128, 128, 2, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_bf16_64x128, BF16, 64, 128, 2, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_bf16_32x128, BF16, 32, 128, 1, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_tf32_128x128, TF32, 128, 128, 2, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_tf32_64x128, TF32, 64, 128, 2, 4)
-CONV_DGRAD_CLASS_TC(conv_dgrad_class_tf32_32x128, TF32, 32, 128, 1, 4)
 
 // fp32 FFMA (BM x BN x BK, TM x TN outputs a thread, least blocks per SM).
 #define CONV_WGRAD_F32(NAME, BM, BN, BK, TM, TN, MINB)                                                          \
@@ -230,13 +201,6 @@ CONV_DGRAD_CLASS_TC(conv_dgrad_class_tf32_32x128, TF32, 32, 128, 1, 4)
                                                                                   CLASS_EPILOGUE, 0, k_total);  \
     }
 
-CONV_WGRAD_F32(conv_wgrad_f32_128x128x8, 128, 128, 8, 8, 8, 2)
-CONV_WGRAD_F32(conv_wgrad_f32_64x64x16, 64, 64, 16, 4, 4, 3)
-CONV_WGRAD_F32(conv_wgrad_f32_32x32x16, 32, 32, 16, 4, 4, 8)
-CONV_DGRAD_F32(conv_dgrad_f32_128x128x8, 128, 128, 8, 8, 8, 2)
-CONV_DGRAD_F32(conv_dgrad_f32_64x64x16, 64, 64, 16, 4, 4, 3)
-CONV_DGRAD_CLASS_F32(conv_dgrad_class_f32_128x128x8, 128, 128, 8, 8, 8, 2)
-CONV_DGRAD_CLASS_F32(conv_dgrad_class_f32_64x64x16, 64, 64, 16, 4, 4, 3)
 
 // ---- the data gradient's weights, transposed -------------------------------------------------
 // out[c][f * ny * nx + i * nx + j] = in[((f * channels + c) * ksize + ky0 + i * step_y) * ksize
@@ -286,7 +250,17 @@ __device__ __forceinline__ void pack_transposed(const float* in, int filters, in
                                 static_cast<unsigned*>(out));                                                 \
     }
 
-PACK_TRANSPOSED(pack_transposed_f16, F16, false)
-PACK_TRANSPOSED(pack_transposed_bf16, BF16, false)
-PACK_TRANSPOSED(pack_transposed_tf32, TF32, false)
-PACK_TRANSPOSED(pack_transposed_f32, TF32, true)
+// Every tensor-core entry point of one precision (PREC f16, bf16 or tf32; P its type).
+#define CONV_BACKWARD_TC_ENTRIES(PREC, P)                                         \
+    CONV_WGRAD_TC(conv_wgrad_##PREC##_128x128, P, 128, 128, 2, 4)                 \
+    CONV_WGRAD_TC(conv_wgrad_##PREC##_64x128, P, 64, 128, 2, 4)                   \
+    CONV_WGRAD_TC(conv_wgrad_##PREC##_32x128, P, 32, 128, 1, 4)                   \
+    CONV_WGRAD_TC(conv_wgrad_##PREC##_64x64, P, 64, 64, 2, 2)                     \
+    CONV_WGRAD_TC(conv_wgrad_##PREC##_32x64, P, 32, 64, 1, 2)                     \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128, P, 128, 128, 2, 4)                 \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128, P, 64, 128, 2, 4)                   \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128, P, 32, 128, 1, 4)                   \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_128x128, P, 128, 128, 2, 4)     \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128, P, 64, 128, 2, 4)       \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128, P, 32, 128, 1, 4)       \
+    PACK_TRANSPOSED(pack_transposed_##PREC, P, false)

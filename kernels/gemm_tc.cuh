@@ -18,6 +18,8 @@
 // Epilogues: C = alpha * acc + beta * C (split-K: raw partials, reduced by gemm.cu's
 // splitk_reduce), or a convolution's output act(acc + bias) in (image, filter, position)
 // order.
+#pragma once
+#include "activations.cuh"
 #include "gemm_core.cuh"
 
 template <class X, class Y> struct same_type { static constexpr bool value = false; };
@@ -280,25 +282,9 @@ struct StagerFor<P, RowMajorRowSource, ROWS, THREADS> {
 };
 
 // ---- epilogues ------------------------------------------------------------------------
-// Activations the convolution epilogue applies (ids of darknet_py/activations.py); the
-// backend runs any other one as a pass of its own after.
-enum EpilogueActivation { EPI_LOGISTIC = 0, EPI_RELU = 1, EPI_LINEAR = 3, EPI_LEAKY = 7, EPI_SWISH = 17, EPI_MISH = 18 };
-
-__device__ __forceinline__ float epilogue_activate(float x, int act)
-{
-    switch (act) {
-    case EPI_LOGISTIC: return 1.0f / (1.0f + expf(-x));
-    case EPI_RELU: return x * (x > 0.0f);
-    case EPI_LEAKY: return x > 0.0f ? x : 0.1f * x;
-    case EPI_SWISH: return x / (1.0f + expf(-x));
-    case EPI_MISH: {
-        // the fork's softplus threshold (kernels/activations.cu)
-        const float sp = x > 20.0f ? x : (x < -20.0f ? expf(x) : log1pf(expf(x)));
-        return x * tanhf(sp);
-    }
-    default: return x;
-    }
-}
+// The convolution epilogue applies activations.cuh's epilogue_activate (ids of
+// darknet_py/activations.py); the backend runs the ones it does not fuse as a pass of their
+// own after.
 
 // C[m * ldc + n] = alpha * acc + beta * C (C not read when beta == 0).
 struct GemmEpilogue {
@@ -431,9 +417,7 @@ __device__ __forceinline__ void tc_tile(const SrcA& src_a, const SrcB& src_b, co
     }
 }
 
-// conv_backward.cu includes this file for its tile loop, without the entry points.
-#ifndef GEMM_TC_DEVICE_ONLY
-// ---- entry points -----------------------------------------------------------------------
+// ---- entry points (instantiated per precision: gemm_tc_f16.cu, _bf16.cu, _tf32.cu) -------
 // Convolution forward, one group: out = act(W (M x K, packed) @ col (K x N) + bias), N
 // = images * out_h * out_w, written into (image, filter, position) order.
 template <class P, int BM, int BN, int WARPS_M, int WARPS_N>
@@ -503,12 +487,6 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, float alpha, cons
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_nt, P, BM, BN, WM, WN, false, true)  \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_tn, P, BM, BN, WM, WN, true, false)
 
-TC_TILES(TC_CONV_X, f16, F16)
-TC_TILES(TC_CONV_X, bf16, BF16)
-TC_TILES(TC_CONV_X, tf32, TF32)
-TC_TILES(TC_GEMM_X, f16, F16)
-TC_TILES(TC_GEMM_X, bf16, BF16)
-TC_TILES(TC_GEMM_X, tf32, TF32)
 
 // ---- weight packing ---------------------------------------------------------------------
 // out (rows x pitch elements of P) = in (rows x k fp32), zero in columns k..pitch.
@@ -530,18 +508,14 @@ __device__ __forceinline__ void pack_rows(const float* in, int rows, int k, int 
     }
 }
 
-extern "C" __global__ void pack_weights_f16(const float* in, int rows, int k, int pitch, void* out)
-{
-    pack_rows<F16>(in, rows, k, pitch, static_cast<unsigned char*>(out));
-}
-
-extern "C" __global__ void pack_weights_bf16(const float* in, int rows, int k, int pitch, void* out)
-{
-    pack_rows<BF16>(in, rows, k, pitch, static_cast<unsigned char*>(out));
-}
-
-extern "C" __global__ void pack_weights_tf32(const float* in, int rows, int k, int pitch, void* out)
-{
-    pack_rows<TF32>(in, rows, k, pitch, static_cast<unsigned char*>(out));
-}
-#endif   // GEMM_TC_DEVICE_ONLY
+// Every entry point of one precision: the convolution forward and the GEMMs of each tile,
+// and the weight packing. One precision a file, so that each compiles in a third of the
+// time (the three in parallel).
+#define TC_PRECISION_ENTRIES(PREC, P)                                                              \
+    TC_TILES(TC_CONV_X, PREC, P)                                                                   \
+    TC_TILES(TC_GEMM_X, PREC, P)                                                                   \
+    extern "C" __global__ void pack_weights_##PREC(const float* in, int rows, int k, int pitch,    \
+                                                   void* out)                                      \
+    {                                                                                              \
+        pack_rows<P>(in, rows, k, pitch, static_cast<unsigned char*>(out));                        \
+    }

@@ -1,0 +1,5 @@
+// A convolution's backward as implicit GEMMs on the tensor cores, f16 operands
+// (conv_backward_entries.cuh).
+#include "conv_backward_entries.cuh"
+
+CONV_BACKWARD_TC_ENTRIES(f16, F16)
