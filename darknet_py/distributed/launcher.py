@@ -18,8 +18,7 @@ from ..errors import USER_ERRORS, DarknetError, describe_error
 from ..processes import PARENT_SIGNALS, children_ignore_signals, trace_start
 from ..train import train
 from ..training.loop import describe_stop
-from ..training.stops import (Stopped, exit_code, forget_held_signals, held_stop_signals,
-                              stopped)
+from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
 from .comm import (CONNECT_TIMEOUT, DEFAULT_TIMEOUT, CommError, Communicator, TcpCommunicator,
                    free_port)
 from .nccl import NcclCommunicator
@@ -117,7 +116,6 @@ def _worker(spec, errors):
     """Body of a worker process: run_rank, its report through `errors` (a Pipe end) and
     its exit code."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (docs/training.md)
-    forget_held_signals()   # forked: the launcher's are not this rank's
     with held_stop_signals():
         code, report = run_rank(spec)
     if report is not None:

@@ -18,6 +18,7 @@ SIGUSR1 (Slurm's `--signal` warning before a pre-emption) asks for a backup and 
 goes on.
 """
 import contextlib
+import os
 import signal
 import threading
 
@@ -87,6 +88,7 @@ class StopSignals:
         self.immediate = True
         self.forward = None
         self._previous = {}
+        self.pid = os.getpid()   # a forked child holds a copy that is not its own
 
     def install(self):
         for s in STOP_SIGNALS + (SAVE_SIGNAL,):
@@ -129,13 +131,22 @@ class StopSignals:
 _held = None   # the StopSignals a command holds for its run (held_stop_signals)
 
 
+def _held_here():
+    """The StopSignals this process holds: None in a child forked from a holder (the
+    launcher forks its ranks with the signals ignored; each installs handlers of its own)."""
+    global _held
+    if _held is not None and _held.pid != os.getpid():
+        _held = None
+    return _held
+
+
 @contextlib.contextmanager
 def held_stop_signals():
     """A command's StopSignals, for training to use (stop_signals) and for the command's
     own wait (the launcher's). After a stop it stays installed: the process is about to
     exit with 128 + signal, and a late Ctrl-C must not interrupt that exit."""
     global _held
-    if _held is not None or threading.current_thread() is not threading.main_thread():
+    if _held_here() is not None or threading.current_thread() is not threading.main_thread():
         yield _held or StopSignals()
         return
     _held = StopSignals().install()
@@ -147,20 +158,12 @@ def held_stop_signals():
             _held = None
 
 
-def forget_held_signals():
-    """In a process forked from one that holds its StopSignals (the launcher forks its
-    ranks inside held_stop_signals, with the signals ignored): start without the parent's,
-    so that the child's held_stop_signals installs handlers of its own."""
-    global _held
-    _held = None
-
-
 @contextlib.contextmanager
 def stop_signals():
     """The StopSignals of a training run: the command's (held_stop_signals), else one
     installed for the run and removed after it. Outside the main thread no handler can be
     set: a StopSignals that never receives anything."""
-    if _held is not None:
+    if _held_here() is not None:
         yield _held
         return
     if threading.current_thread() is not threading.main_thread():
