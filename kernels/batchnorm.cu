@@ -28,6 +28,14 @@ struct XF16 {
         asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(p[i]));
         return r;
     }
+    // v rounded to nearest even (precision.round_to's fp16): overflow to infinity,
+    // subnormals kept.
+    static __device__ __forceinline__ unsigned short rounded(float v)
+    {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
 };
 struct XBF16 {   // bf16: the upper 16 bits of an fp32
     const unsigned short* __restrict__ p;
@@ -35,31 +43,25 @@ struct XBF16 {   // bf16: the upper 16 bits of an fp32
     {
         return __uint_as_float((unsigned)p[i] << 16);
     }
+    static __device__ __forceinline__ unsigned short rounded(float v)   // nearest even
+    {
+        unsigned short h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
 };
 
-// dst[i] = src[i] rounded to nearest even (precision.round_to's fp16/bf16): overflow goes
-// to infinity, fp16 keeps subnormals.
-extern "C" __global__ void round_copy_f16(const float* __restrict__ src,
-                                          unsigned short* __restrict__ dst, long long n)
-{
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(src[i]));
-        dst[i] = h;
+// dst[i] = src[i] rounded to X's 16 bits (x kept for the backward).
+#define ROUND_COPY(NAME, X)                                                                      \
+    extern "C" __global__ void NAME(const float* __restrict__ src,                               \
+                                    unsigned short* __restrict__ dst, long long n)               \
+    {                                                                                            \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x)                                             \
+            dst[i] = X::rounded(src[i]);                                                         \
     }
-}
-
-extern "C" __global__ void round_copy_bf16(const float* __restrict__ src,
-                                           unsigned short* __restrict__ dst, long long n)
-{
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(src[i]));
-        dst[i] = h;
-    }
-}
+ROUND_COPY(round_copy_f16, XF16)
+ROUND_COPY(round_copy_bf16, XBF16)
 
 // Row-wise kernels: x (blocks and threads) spans a row's spatial elements, y the
 // batch*filters rows; a 1-wide row (connected layers) still fills whole warps.
