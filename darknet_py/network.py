@@ -185,7 +185,8 @@ class Network:
                 self._allocate(self.batch, True)
 
     def memory_bytes(self, batch, train):
-        """A close estimate of the device memory the network's arrays take."""
+        """A close estimate of the device memory the network's arrays take (a BN layer's
+        x at 2 bytes a value under fp16/bf16, as the CUDA backend keeps it)."""
         # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
         per_image = sum(l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
                         for l in self.layers) * (3 if train else 1)
