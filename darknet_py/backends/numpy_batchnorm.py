@@ -72,6 +72,7 @@ class NumpyBatchnorm:
         INPUT_GRADIENT; not the normalize_channels family (mixes channels).
         x_precision: how x is kept (storage_zeros / copy_rounded's precision); here its
         values are already the rounded ones, read as they are."""
+        precisions.storage(x_precision)   # a known precision, as on CUDA
         if activation in activations.CHANNEL_ACTIVATIONS:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
         total = batch * filters * spatial
@@ -120,6 +121,7 @@ class NumpyBatchnorm:
         """Batch norm's backward from its scaled output to its input, in place on delta:
         delta *= scales, then mean_delta, variance_delta and normalize_delta (fork: see
         normalize_delta). x_precision: as batchnorm_activation_backward's."""
+        precisions.storage(x_precision)
         self.scale_bias(delta, scales, batch, filters, spatial)
         self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
         self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)
