@@ -189,8 +189,8 @@ class CudaNorm:
         two_sums = bias_updates is not None
         parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
         self._launch("batchnorm_activation_sums" + suffix, (parts, filters), (_BLOCK,),
-                     self._ptr(x), self._ptr(output), self._ptr(mean), self._ptr(variance), self._ptr(scales),
-                     self._ptr(biases), batch, filters, spatial,
+                     self._ptr(x), self._ptr(output), self._ptr(mean), self._ptr(variance),
+                     self._ptr(scales), self._ptr(biases), batch, filters, spatial,
                      -1.0 if eps is None else float(eps), act,
                      int(activation in activations.INPUT_GRADIENT), parts, self._ptr(delta),
                      partial, partial_a)
