@@ -19,6 +19,7 @@ from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
+from .layers.batchnorm import x_precision
 from .names import load_names
 from .predictions import (DETECTOR_TYPES, as_image, classify, detect, detect_batch,
                           detector_layers)
@@ -184,18 +185,22 @@ class Network:
                 self._allocate(self.batch, True)
 
     def memory_bytes(self, batch, train):
-        """A close estimate of the device memory the network's arrays take."""
+        """A close estimate of the device memory the network's arrays take (a BN layer's
+        x at 2 bytes a value under fp16/bf16, as the CUDA backend keeps it)."""
         # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
         per_image = sum(l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
                         for l in self.layers) * (3 if train else 1)
         if train and self._share_deltas and not self.fork_cpu:
             per_image -= plan_deltas(self.layers).saved_floats
+        if train:   # a BN layer's x kept at 16 bits (fp16/bf16): half a float a value
+            per_image -= sum(l.outputs for l in self.layers if getattr(l, "batch_normalize", 0)
+                             and x_precision(l) != precisions.DEFAULT) / 2
         try:
             params = sum(a.size for l in self.layers for _, a in l.params())
         except AttributeError:  # parameters not created yet
             params = 0
         ws = max([1] + [l.workspace_size for l in self.layers])
-        return 4 * (batch * per_image + params * (2 if train else 1) + ws)
+        return int(4 * (batch * per_image + params * (2 if train else 1) + ws))
 
     def _check_host_memory(self, batch, train):
         """Refuse, before allocating, a network whose arrays cannot fit in this machine's

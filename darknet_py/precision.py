@@ -26,8 +26,13 @@ ENV = "DARKNET_PRECISION"
 # output heads' inputs, which thresholds and losses read).
 HEAD_TYPES = ("yolo", "gaussian_yolo", "region", "detection", "softmax", "cost")
 
+# Precisions whose batch-normalised layers keep x (the normalisation's input, read by the
+# backward only) at 16 bits: the backends' storage_zeros / copy_rounded, and the x_precision
+# of batchnorm_activation_backward and batchnorm_delta. Every other keeps an fp32 x.
+HALF_STORAGE = ("fp16", "bf16")
+
 # Activations a tensor-core convolution applies in its epilogue (kernels/gemm_tc.cuh,
-# EpilogueActivation); any other runs as a pass of its own after.
+# through activations.cuh's epilogue_activate); any other runs as a pass of its own after.
 EPILOGUE_ACTIVATIONS = ("linear", "logistic", "relu", "leaky", "swish", "mish")
 
 
@@ -119,6 +124,13 @@ def round_to(x, precision):
     out = bits.astype(np.uint32).view(np.float32)
     finite = np.isfinite(x)
     return np.where(finite, out, x)
+
+
+def storage(precision):
+    """How a layer of `precision` keeps its batch norm's x: fp16 or bf16 (HALF_STORAGE),
+    else fp32 (PrecisionError for a name not in PRECISIONS)."""
+    precision = check(precision)
+    return precision if precision in HALF_STORAGE else DEFAULT
 
 
 @dataclass

@@ -11,6 +11,58 @@
 #include "activations.cuh"
 #include "common.cuh"
 
+// ---- x kept at 16 bits (fp16/bf16 training) -------------------------------------------------
+// A batch-normalised layer's x (the normalisation's input, read by its backward only) is
+// kept as fp32 or, under fp16/bf16, as 16-bit storage written by round_copy_*. The kernels
+// that read x take it through one of these loaders; widening 16 bits to fp32 is exact, so
+// the math after the load is the fp32 kernels' (one source: templates over the loader).
+struct XF32 {
+    const float* __restrict__ p;
+    __device__ __forceinline__ float operator[](long long i) const { return p[i]; }
+};
+struct XF16 {
+    const unsigned short* __restrict__ p;
+    __device__ __forceinline__ float operator[](long long i) const
+    {
+        float r;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(p[i]));
+        return r;
+    }
+    // v rounded to nearest even (precision.round_to's fp16): overflow to infinity,
+    // subnormals kept.
+    static __device__ __forceinline__ unsigned short rounded(float v)
+    {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+};
+struct XBF16 {   // bf16: the upper 16 bits of an fp32
+    const unsigned short* __restrict__ p;
+    __device__ __forceinline__ float operator[](long long i) const
+    {
+        return __uint_as_float((unsigned)p[i] << 16);
+    }
+    static __device__ __forceinline__ unsigned short rounded(float v)   // nearest even
+    {
+        unsigned short h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+};
+
+// dst[i] = src[i] rounded to X's 16 bits (x kept for the backward).
+#define ROUND_COPY(NAME, X)                                                                      \
+    extern "C" __global__ void NAME(const float* __restrict__ src,                               \
+                                    unsigned short* __restrict__ dst, long long n)               \
+    {                                                                                            \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x)                                             \
+            dst[i] = X::rounded(src[i]);                                                         \
+    }
+ROUND_COPY(round_copy_f16, XF16)
+ROUND_COPY(round_copy_bf16, XBF16)
+
 // Row-wise kernels: x (blocks and threads) spans a row's spatial elements, y the
 // batch*filters rows; a 1-wide row (connected layers) still fills whole warps.
 // out[row, s] += biases[row % n]
@@ -43,10 +95,10 @@ enum ChannelTerm {
 
 // Channel f's term at element idx (f's arrays already offset): `a` gets what the sum_a
 // reduction adds (the term's first operand), `t` the term itself.
-template <int TERM>
+template <int TERM, class B>
 struct PlainTerm {
     const float* __restrict__ a;
-    const float* __restrict__ b;
+    B b;
     float m;
     __device__ __forceinline__ void operator()(long long idx, float& ta, float& t) const
     {
@@ -131,28 +183,43 @@ __device__ __forceinline__ void store_channel_partials(double s, double sa, int 
 }
 
 // partial[f * parts + p] = block p's sum of channel f's terms; partial_a (unless null)
-// likewise for the sum of a alone.
-extern "C" __global__ void channel_sums(const float* __restrict__ a, const float* __restrict__ b,
-                                       const float* __restrict__ mean, int term,
-                                       int batch, int filters, int spatial, int parts,
-                                       double* __restrict__ partial, double* __restrict__ partial_a)
+// likewise for the sum of a alone. B: how b is read (XF32; XF16/XBF16 for a kept 16-bit x,
+// the `_x_f16`/`_x_bf16` kernels).
+template <class B>
+__device__ __forceinline__ void channel_sums_of(const float* __restrict__ a, B b,
+                                                const float* __restrict__ mean, int term,
+                                                int batch, int filters, int spatial, int parts,
+                                                double* __restrict__ partial,
+                                                double* __restrict__ partial_a)
 {
     const int f = blockIdx.y;
     const ChannelPart part(batch, spatial, parts);
     const float m = (term == TERM_A_MINUS_MEAN_SQ || term == TERM_A_TIMES_B_MINUS_MEAN) ? mean[f] : 0.0f;
     const float* af = a + (long long)f * spatial;
-    const float* bf = b ? b + (long long)f * spatial : b;
+    const B bf{b.p ? b.p + (long long)f * spatial : b.p};
     const bool with_a = partial_a != nullptr;
     const long long begin = part.begin, end = part.end;
     double s = 0.0, sa = 0.0;
     switch (term) {
-    case TERM_A: channel_thread_sums(with_a, PlainTerm<TERM_A>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
-    case TERM_A_MINUS_MEAN_SQ: channel_thread_sums(with_a, PlainTerm<TERM_A_MINUS_MEAN_SQ>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
-    case TERM_A_TIMES_B: channel_thread_sums(with_a, PlainTerm<TERM_A_TIMES_B>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
-    default: channel_thread_sums(with_a, PlainTerm<TERM_A_TIMES_B_MINUS_MEAN>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
+    case TERM_A: channel_thread_sums(with_a, PlainTerm<TERM_A, B>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
+    case TERM_A_MINUS_MEAN_SQ: channel_thread_sums(with_a, PlainTerm<TERM_A_MINUS_MEAN_SQ, B>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
+    case TERM_A_TIMES_B: channel_thread_sums(with_a, PlainTerm<TERM_A_TIMES_B, B>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
+    default: channel_thread_sums(with_a, PlainTerm<TERM_A_TIMES_B_MINUS_MEAN, B>{af, bf, m}, filters, spatial, begin, end, s, sa); break;
     }
     store_channel_partials(s, sa, parts, partial, partial_a);
 }
+
+#define CHANNEL_SUMS(NAME, B, BTYPE)                                                              \
+    extern "C" __global__ void NAME(const float* __restrict__ a, const BTYPE* __restrict__ b,     \
+                                    const float* __restrict__ mean, int term, int batch,          \
+                                    int filters, int spatial, int parts,                          \
+                                    double* __restrict__ partial, double* __restrict__ partial_a) \
+    {                                                                                             \
+        channel_sums_of(a, B{b}, mean, term, batch, filters, spatial, parts, partial, partial_a); \
+    }
+CHANNEL_SUMS(channel_sums, XF32, float)
+CHANNEL_SUMS(channel_sums_x_f16, XF16, unsigned short)
+CHANNEL_SUMS(channel_sums_x_bf16, XBF16, unsigned short)
 
 // Batch norm's backward up to its parameter gradients, in one pass, for a layer that keeps
 // x but not x_norm nor the activation's input: per element, x_norm = (x - mean) /
@@ -162,8 +229,9 @@ extern "C" __global__ void channel_sums(const float* __restrict__ a, const float
 // delta (partial_a, unless null: the biases' update) and delta * x_norm (partial: the
 // scales') go out as channel_sums' TERM_A_TIMES_B would give them for the stored arrays:
 // the same terms, rounded the same, added in the same order.
+template <class X>
 struct BatchnormActivationTerm {
-    const float* __restrict__ x;
+    X x;
     const float* __restrict__ y;
     float* __restrict__ delta;
     float mean, divisor, scale, bias;
@@ -181,27 +249,46 @@ struct BatchnormActivationTerm {
     }
 };
 
-extern "C" __global__ void batchnorm_activation_sums(const float* __restrict__ x, const float* __restrict__ y,
-                                                    const float* __restrict__ mean,
-                                                    const float* __restrict__ variance,
-                                                    const float* __restrict__ scales,
-                                                    const float* __restrict__ biases,
-                                                    int batch, int filters, int spatial, float eps,
-                                                    int act, int from_input, int parts,
-                                                    float* __restrict__ delta,
-                                                    double* __restrict__ partial,
-                                                    double* __restrict__ partial_a)
+template <class X>
+__device__ __forceinline__ void batchnorm_activation_sums_of(X x, const float* __restrict__ y,
+                                                             const float* __restrict__ mean,
+                                                             const float* __restrict__ variance,
+                                                             const float* __restrict__ scales,
+                                                             const float* __restrict__ biases,
+                                                             int batch, int filters, int spatial,
+                                                             float eps, int act, int from_input,
+                                                             int parts, float* __restrict__ delta,
+                                                             double* __restrict__ partial,
+                                                             double* __restrict__ partial_a)
 {
     const int f = blockIdx.y;
     const ChannelPart part(batch, spatial, parts);
     const long long offset = (long long)f * spatial;
-    const BatchnormActivationTerm term{x + offset, y + offset, delta + offset, mean[f],
-                                       batchnorm_divisor(variance[f], eps), scales[f], biases[f],
-                                       act, from_input};
+    const BatchnormActivationTerm<X> term{X{x.p + offset}, y + offset, delta + offset, mean[f],
+                                          batchnorm_divisor(variance[f], eps), scales[f],
+                                          biases[f], act, from_input};
     double s = 0.0, sa = 0.0;
     channel_thread_sums(partial_a != nullptr, term, filters, spatial, part.begin, part.end, s, sa);
     store_channel_partials(s, sa, parts, partial, partial_a);
 }
+
+#define BATCHNORM_ACTIVATION_SUMS(NAME, X, XTYPE)                                                 \
+    extern "C" __global__ void NAME(const XTYPE* __restrict__ x, const float* __restrict__ y,     \
+                                    const float* __restrict__ mean,                               \
+                                    const float* __restrict__ variance,                           \
+                                    const float* __restrict__ scales,                             \
+                                    const float* __restrict__ biases, int batch, int filters,     \
+                                    int spatial, float eps, int act, int from_input, int parts,   \
+                                    float* __restrict__ delta, double* __restrict__ partial,      \
+                                    double* __restrict__ partial_a)                               \
+    {                                                                                             \
+        batchnorm_activation_sums_of(X{x}, y, mean, variance, scales, biases, batch, filters,     \
+                                     spatial, eps, act, from_input, parts, delta, partial,        \
+                                     partial_a);                                                  \
+    }
+BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums, XF32, float)
+BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_f16, XF16, unsigned short)
+BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_bf16, XBF16, unsigned short)
 
 // What channel_finalize does with a channel's sum S (count = batch*spatial), S first
 // multiplied by scales[f] when scales is not null (the delta summed was not yet scaled):
@@ -264,13 +351,15 @@ extern "C" __global__ void normalize_sqrt_eps_kernel(float* __restrict__ x, cons
 // n = batch * spatial; delta is first multiplied by scales[f] (rounded, as scale_bias
 // would) when scales is not null. fork: the AlexeyAB fork's CPU divisor sqrt(var) + 1e-5
 // in place of sqrt(var + 1e-5).
-extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, const float* __restrict__ mean,
-                                                 const float* __restrict__ variance,
-                                                 const float* __restrict__ mean_delta,
-                                                 const float* __restrict__ variance_delta,
-                                                 int rows, int filters, int spatial, float n,
-                                                 const float* __restrict__ scales,
-                                                 float* __restrict__ delta, int fork)
+// X: how x is read (XF32; XF16/XBF16 for a kept 16-bit x, the `_x_f16`/`_x_bf16` kernels).
+template <class X>
+__device__ __forceinline__ void normalize_delta_of(X x, const float* __restrict__ mean,
+                                                   const float* __restrict__ variance,
+                                                   const float* __restrict__ mean_delta,
+                                                   const float* __restrict__ variance_delta,
+                                                   int rows, int filters, int spatial, float n,
+                                                   const float* __restrict__ scales,
+                                                   float* __restrict__ delta, int fork)
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= spatial) return;
@@ -285,3 +374,19 @@ extern "C" __global__ void normalize_delta_kernel(const float* __restrict__ x, c
                  + mean_delta[f] / n;
     }
 }
+
+#define NORMALIZE_DELTA(NAME, X, XTYPE)                                                           \
+    extern "C" __global__ void NAME(const XTYPE* __restrict__ x, const float* __restrict__ mean,  \
+                                    const float* __restrict__ variance,                           \
+                                    const float* __restrict__ mean_delta,                         \
+                                    const float* __restrict__ variance_delta, int rows,           \
+                                    int filters, int spatial, float n,                            \
+                                    const float* __restrict__ scales, float* __restrict__ delta,  \
+                                    int fork)                                                     \
+    {                                                                                             \
+        normalize_delta_of(X{x}, mean, variance, mean_delta, variance_delta, rows, filters,       \
+                           spatial, n, scales, delta, fork);                                      \
+    }
+NORMALIZE_DELTA(normalize_delta_kernel, XF32, float)
+NORMALIZE_DELTA(normalize_delta_kernel_x_f16, XF16, unsigned short)
+NORMALIZE_DELTA(normalize_delta_kernel_x_bf16, XBF16, unsigned short)

@@ -1,8 +1,16 @@
 """The CUDA backend's normalisation ops: per-channel bias and scale, batch normalisation
 (forward, backward) and its per-channel reductions (kernels/batchnorm.cu, with the fused
 normalise-scale-shift-activation of kernels/activations.cu), [l2norm] and [lrn]
-(kernels/normalization.cu). A mixin of CudaBackend."""
-from .. import activations
+(kernels/normalization.cu). A mixin of CudaBackend.
+
+A BN layer's x kept at 16 bits under fp16/bf16 (precision.HALF_STORAGE): storage_zeros
+makes the array (float16 for fp16, uint16 holding bf16 bits for bf16), copy_rounded writes
+it, and the kernels that read x have `_x_f16` / `_x_bf16` twins (batchnorm.cu's loaders)
+picked by the ops' x_precision."""
+import numpy as np
+import pycuda.driver as drv
+
+from .. import activations, precision as precisions
 from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
 
 KERNELS = {
@@ -15,6 +23,13 @@ KERNELS = {
         "normalize_sqrt_eps_kernel": "PPPiiif",
         "normalize_delta_kernel": "PPPPPiiifPPi",
         "batchnorm_activation_sums": "PPPPPPiiifiiiPPP",
+        "round_copy_f16": "PPq",
+        "round_copy_bf16": "PPq",
+        **{f"{kernel}{suffix}": signature
+           for kernel, signature in (("channel_sums", "PPPiiiiiPP"),
+                                     ("normalize_delta_kernel", "PPPPPiiifPPi"),
+                                     ("batchnorm_activation_sums", "PPPPPPiiifiiiPPP"))
+           for suffix in ("_x_f16", "_x_bf16")},
     },
     "normalization.cu": {
         "l2normalize_kernel": "Piii",
@@ -29,6 +44,11 @@ KERNELS = {
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
 _TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
 _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIANCE_DELTA = range(5)
+
+# How x is kept, per storage precision: the array's dtype and the suffix of the kernels
+# that read it.
+_X_STORAGE = {"fp32": (np.float32, ""), "fp16": (np.float16, "_x_f16"),
+              "bf16": (np.uint16, "_x_bf16")}
 
 
 class CudaNorm:
@@ -48,10 +68,11 @@ class CudaNorm:
                           int(batch * n), int(n), int(size))
 
     def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, out,
-                        variance=None, scales=None, sum_a=None):
+                        variance=None, scales=None, sum_a=None, b_suffix=""):
         """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f),
         the sum first multiplied by scales[f] when scales is given. sum_a = (final_op,
-        out): the same for the sum of a alone, from the same pass over a."""
+        out): the same for the sum of a alone, from the same pass over a. b_suffix: b is a
+        16-bit x (_x_suffix)."""
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         if filters <= 0:
             return
@@ -63,7 +84,7 @@ class CudaNorm:
                 self._check_size("channel reduction per-channel array", arr, filters)
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
         parts, partial, partial_a = self._channel_partials(batch, filters, spatial, sum_a)
-        self._launch("channel_sums", (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
+        self._launch("channel_sums" + b_suffix, (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
                      ptr(mean), term, batch, filters, spatial, parts, partial, partial_a)
         self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
                                (final_op, out), sum_a, variance, scales)
@@ -110,12 +131,47 @@ class CudaNorm:
                                                                       bias_updates))
 
     # ---- batch normalisation ------------------------------------------------
+    def storage_zeros(self, n, precision):
+        """NumpyBackend.storage_zeros: fp16/bf16 as 16 bits a value (float16, or uint16
+        holding bf16 bits), else zeros(n)."""
+        dtype, _ = _X_STORAGE[precisions.storage(precision)]
+        if dtype == np.float32:
+            return self.zeros(n)
+        a = self._new(n, dtype)
+        if a.size:
+            drv.memset_d16_async(self._ptr(a), 0, a.size, self.stream)
+        return a
+
+    def copy_rounded(self, src, dst, precision):
+        """NumpyBackend.copy_rounded into storage_zeros(n, precision)'s array: fp16/bf16
+        rounded to nearest even (round_copy_*), else a plain copy."""
+        stored = precisions.storage(precision)
+        if stored == precisions.DEFAULT:
+            self.copy(src, dst)
+            return
+        self._sizes_match("copy_rounded", src, dst)
+        self._x_suffix(dst, stored)
+        self._launch(f"round_copy_{stored.replace('fp', 'f')}", self._grid1d(src.size),
+                     (_BLOCK,), self._ptr(src), self._ptr(dst), int(src.size))
+
+    @staticmethod
+    def _x_suffix(x, x_precision):
+        """The suffix of the kernels that read x kept at x_precision (TypeError when x's
+        dtype is not storage_zeros')."""
+        dtype, suffix = _X_STORAGE[precisions.storage(x_precision)]
+        if x.dtype != dtype:
+            raise TypeError(f"x kept at {x_precision} is a {np.dtype(dtype).name} array, "
+                            f"got {x.dtype}")
+        return suffix
+
     def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
                                       filters, spatial, eps, activation, delta, bias_updates,
-                                      scale_updates):
+                                      scale_updates, x_precision="fp32"):
         """NumpyBackend.batchnorm_activation_backward in one pass over x and delta (and the
         output, for gradients from it): kernels/batchnorm.cu's batchnorm_activation_sums,
-        whose sums are bias_scale_updates' to the bit."""
+        whose sums are bias_scale_updates' to the bit. x_precision: how x is kept
+        (storage_zeros); a 16-bit x is widened to fp32 as it is read."""
+        suffix = self._x_suffix(x, x_precision)
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         if activation in activations.CHANNEL_ACTIVATIONS:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
@@ -132,9 +188,9 @@ class CudaNorm:
             return
         two_sums = bias_updates is not None
         parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
-        self._launch("batchnorm_activation_sums", (parts, filters), (_BLOCK,), self._ptr(x),
-                     self._ptr(output), self._ptr(mean), self._ptr(variance), self._ptr(scales),
-                     self._ptr(biases), batch, filters, spatial,
+        self._launch("batchnorm_activation_sums" + suffix, (parts, filters), (_BLOCK,),
+                     self._ptr(x), self._ptr(output), self._ptr(mean), self._ptr(variance),
+                     self._ptr(scales), self._ptr(biases), batch, filters, spatial,
                      -1.0 if eps is None else float(eps), act,
                      int(activation in activations.INPUT_GRADIENT), parts, self._ptr(delta),
                      partial, partial_a)
@@ -194,12 +250,12 @@ class CudaNorm:
                              _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
 
     def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
-                         batch, filters, spatial, delta, fork):
+                         batch, filters, spatial, delta, fork, x_suffix=""):
         for what, arr, need in (("x", x, batch * filters * spatial), ("delta", delta, batch * filters * spatial),
                                 ("mean", mean, filters), ("variance", variance, filters),
                                 ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
             self._check_size(f"normalize_delta {what}", arr, need)
-        self._launch_rows("normalize_delta_kernel", batch * filters, spatial,
+        self._launch_rows("normalize_delta_kernel" + x_suffix, batch * filters, spatial,
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
                           self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
                           float(batch * spatial), 0 if scales is None else self._ptr(scales),
@@ -211,16 +267,19 @@ class CudaNorm:
                               batch, filters, spatial, delta, fork)
 
     def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
-                        variance_delta, delta, fork=False):
+                        variance_delta, delta, fork=False, x_precision="fp32"):
         """NumpyBackend.batchnorm_delta in two passes over delta instead of five: one
         reduction gives both sums of the unscaled delta (each then times the channel's
-        scale), and normalize_delta scales delta as it reads it."""
+        scale), and normalize_delta scales delta as it reads it. x_precision: as
+        batchnorm_activation_backward's."""
+        suffix = self._x_suffix(x, x_precision)
         self._check_size("batchnorm_delta mean", mean, filters)
         self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
                              _FINAL_VARIANCE_DELTA, variance_delta, variance=variance,
-                             scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta))
+                             scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta),
+                             b_suffix=suffix)
         self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
-                              batch, filters, spatial, delta, fork)
+                              batch, filters, spatial, delta, fork, suffix)
 
     # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
     def l2normalize(self, x, batch, filters, spatial):

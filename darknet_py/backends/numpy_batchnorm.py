@@ -1,9 +1,14 @@
 """The NumPy reference of batch normalisation's ops (mixed into NumpyBackend): Darknet's CPU
 formulas, quirks included (the forward divides by sqrt(var) + 1e-6, the backward uses
-sqrt(var + 1e-5), the variance is unbiased), and the AlexeyAB fork's sqrt(var + eps)."""
+sqrt(var + 1e-5), the variance is unbiased), and the AlexeyAB fork's sqrt(var + eps).
+
+A BN layer's x kept at 16 bits under fp16/bf16 (precision.HALF_STORAGE) is emulated here:
+float values rounded with precision.round_to (storage_zeros, copy_rounded); the ops that
+read x take its x_precision and do their usual math on those values, as the CUDA kernels
+do on the widened 16-bit values."""
 import numpy as np
 
-from .. import activations
+from .. import activations, precision as precisions
 
 
 class NumpyBatchnorm:
@@ -27,6 +32,22 @@ class NumpyBatchnorm:
         v -= mean[:filters].reshape(1, filters, 1)
         v /= np.sqrt(variance[:filters] + self.dtype.type(eps)).reshape(1, filters, 1)
 
+    def storage_zeros(self, n, precision):
+        """An array for n values kept at precision.storage(precision) (a BN layer's x): here
+        the backend's float array (fp16/bf16 hold values rounded by copy_rounded); on CUDA
+        16-bit storage for fp16/bf16."""
+        precisions.storage(precision)
+        return self.zeros(n)
+
+    def copy_rounded(self, src, dst, precision):
+        """dst <- src rounded to precision.storage(precision) (round_to: fp16, bf16 to
+        nearest even; fp32 and tf32: a plain copy, the bits unchanged)."""
+        stored = precisions.storage(precision)
+        if stored == precisions.DEFAULT:
+            self.copy(src, dst)
+        else:
+            dst[...] = precisions.round_to(src, stored)
+
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
                         activation, x_norm):
         """Batch norm's forward after its statistics, in place on x: normalize (eps None:
@@ -44,11 +65,14 @@ class NumpyBatchnorm:
 
     def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
                                       filters, spatial, eps, activation, delta, bias_updates,
-                                      scale_updates):
+                                      scale_updates, x_precision="fp32"):
         """delta *= the activation's gradient, then bias_scale_updates, with x_norm and the
         activation's input recomputed from x as batchnorm_apply computed them (same bits):
         a BN layer's backward keeps x only. Gradient from the output, or from the input for
-        INPUT_GRADIENT; not the normalize_channels family (mixes channels)."""
+        INPUT_GRADIENT; not the normalize_channels family (mixes channels).
+        x_precision: how x is kept (storage_zeros / copy_rounded's precision); here its
+        values are already the rounded ones, read as they are."""
+        precisions.storage(x_precision)   # a known precision, as on CUDA
         if activation in activations.CHANNEL_ACTIVATIONS:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
         total = batch * filters * spatial
@@ -93,10 +117,11 @@ class NumpyBatchnorm:
                   + mean_delta[:filters].reshape(shape) / n)
 
     def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
-                        variance_delta, delta, fork=False):
+                        variance_delta, delta, fork=False, x_precision="fp32"):
         """Batch norm's backward from its scaled output to its input, in place on delta:
         delta *= scales, then mean_delta, variance_delta and normalize_delta (fork: see
-        normalize_delta)."""
+        normalize_delta). x_precision: as batchnorm_activation_backward's."""
+        precisions.storage(x_precision)
         self.scale_bias(delta, scales, batch, filters, spatial)
         self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
         self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)

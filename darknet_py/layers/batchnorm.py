@@ -14,7 +14,11 @@ layers share them. Training keeps x (the normalisation's input), not x_norm nor 
 activation's input: the backward recomputes both, bit for bit, from x and the statistics.
 Only a recurrent layer's inner layers (Layer.stepped) keep x_norm (their backward pairs each
 step's x_norm with the last step's statistics, as Darknet's does).
+Under fp16/bf16 (the layer's precision, precision.HALF_STORAGE) x is kept at 16 bits, rounded
+to nearest even as the forward copies it (x_precision): its convolution's operands were
+rounded so already; fp32 and tf32 layers, and stepped ones, keep an fp32 x.
 """
+from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
 from .base import Layer, host_param, momentum_update
 
@@ -39,11 +43,19 @@ def bn_init_updates(layer, be, n):
     layer.variance_delta = be.zeros(n)
 
 
+def x_precision(layer):
+    """How the layer keeps x: at its precision's 16 bits under fp16/bf16, unless stepped
+    (precision.storage); else fp32."""
+    if layer.stepped:
+        return precisions.DEFAULT
+    return precisions.storage(getattr(layer, "precision", precisions.DEFAULT))
+
+
 def bn_allocate(layer, be, batch, train):
-    """Training keeps x (the input of the normalisation); x_norm only where the layer is
-    stepped (recurrent: Layer.stepped), else the backward recomputes it from x."""
+    """Training keeps x (the input of the normalisation, at x_precision); x_norm only where
+    the layer is stepped (recurrent: Layer.stepped), else the backward recomputes it from x."""
     if train:
-        layer.x = be.zeros(batch * layer.outputs)
+        layer.x = be.storage_zeros(batch * layer.outputs, x_precision(layer))
         layer.x_norm = be.zeros(batch * layer.outputs) if layer.stepped else None
 
 
@@ -54,7 +66,7 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
-        be.copy(out, layer.x)
+        be.copy_rounded(out, layer.x, x_precision(layer))
         be.mean(out, batch, out_c, spatial, layer.mean)
         be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
         keep = fork_keep if layer.fork_cpu else ROLLING_KEEP
@@ -99,10 +111,11 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
         be.batchnorm_activation_backward(layer.x, mean, variance, layer.scales, layer.biases,
                                          layer.output, layer.batch, out_c, spatial,
                                          _forward_eps(layer), activation, layer.delta,
-                                         bias_updates, layer.scale_updates)
+                                         bias_updates, layer.scale_updates,
+                                         x_precision=x_precision(layer))
     be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
                        layer.mean_delta, layer.variance_delta, layer.delta,
-                       fork=layer.fork_cpu)
+                       fork=layer.fork_cpu, x_precision=x_precision(layer))
 
 
 def _forward_eps(layer):

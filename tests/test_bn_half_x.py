@@ -1,0 +1,313 @@
+"""A batch-normalised layer's x kept at 16 bits under fp16/bf16 (precision.HALF_STORAGE).
+
+The forward copies x rounded to nearest even (copy_rounded); the backward reads it widened
+to fp32. On NumPy x holds float values rounded with precision.round_to: the emulation the
+CUDA kernels (16-bit storage) are tested against. fp32 and tf32 keep an fp32 x (the fixture
+tests hold their bits to the C code). Measured on CPU (NET_CFG, 4 training passes, `train`,
+the three flavours): with a 16-bit x against an fp32 x the per-pass loss differs by at most
+6e-6 relative under fp16 and 5.3e-5 under bf16; what the 4 updates added to each BN
+layer's weights, scales and biases by at most 1.1e-3 and 1.5e-2 of its largest element (the
+formats' unit roundoff, 2^-11 and 2^-8, passed through the gradient); the weights
+themselves by 2.6e-5 and 2.1e-4 of their largest.
+"""
+import numpy as np
+import pytest
+
+from darknet_py import precision as precisions
+from darknet_py.backends.numpy_backend import NumpyBackend
+from darknet_py.cfg import parse_cfg_text
+from darknet_py.layers import batchnorm
+from darknet_py.network import Network
+from test_bn_fused import FLAVOURS, SHAPES, bn_case, poison_channel_scratch
+from test_cuda_ops import REF, assert_close, rand, reduction_tol
+
+gpu = pytest.mark.gpu
+HALF = precisions.HALF_STORAGE
+# With a 16-bit x against an fp32 x after `train`'s passes: the loss (relative) and what
+# the updates added to each parameter array (relative to its largest element); a few times
+# what was measured (see above).
+LOSS_TOL = {"fp16": 1e-4, "bf16": 1e-3}
+UPDATE_TOL = {"fp16": 5e-3, "bf16": 5e-2}
+PARAMS = ("weights", "scales", "biases")
+
+NET_CFG = """[net]
+batch=4
+subdivisions=1
+width=16
+height=16
+channels=3
+learning_rate=0.05
+momentum=0.9
+decay=0.0005
+max_batches=10
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=12
+size=3
+stride=1
+pad=1
+activation=mish
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=1
+stride=1
+activation=swish
+
+[shortcut]
+from=-3
+activation=linear
+
+[convolutional]
+batch_normalize=1
+filters=5
+size=3
+stride=2
+pad=1
+activation=logistic
+
+[avgpool]
+
+[softmax]
+"""
+
+
+def bn_layers(net):
+    return [l for l in net.layers if getattr(l, "batch_normalize", 0)]
+
+
+def train(precision, flavour, half_x, iterations=4):
+    """(net, per-pass costs, {(layer index, name): the BN layers' PARAMS before training})
+    after `iterations` training passes at `precision`; half_x False: every BN layer keeps an
+    fp32 x (the layers' x_precision patched)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not half_x:
+            patch.setattr(batchnorm, "x_precision", lambda layer: precisions.DEFAULT)
+        net = Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), seed=3, darknet=flavour,
+                      precision=precision)
+        initial = {(l.index, name): net.be.to_host(getattr(l, name)).copy()
+                   for l in bn_layers(net) for name in PARAMS}
+        rng = np.random.default_rng(17)
+        costs = []
+        for _ in range(iterations):
+            x = rng.random((net.images_per_pass,) + net.input_shape, dtype=np.float32)
+            truth = np.eye(5, dtype=np.float32)[rng.integers(0, 5, net.images_per_pass)]
+            costs.append(net.train_pass(x, truth))
+    return net, np.array(costs, np.float64), initial
+
+
+def relative(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("precision", HALF)
+def test_half_x_training_follows_fp32_x_numpy(precision, flavour, monkeypatch):
+    monkeypatch.delenv(precisions.ENV, raising=False)
+    half, half_costs, initial = train(precision, flavour, True)
+    full, full_costs, _ = train(precision, flavour, False)
+    assert all(batchnorm.x_precision(l) == precision for l in bn_layers(half))
+    assert np.isfinite(half_costs).all() and np.isfinite(full_costs).all()
+    assert relative(half_costs, full_costs) < LOSS_TOL[precision]
+    changed = False
+    for a, b in zip(bn_layers(half), bn_layers(full)):
+        for name in PARAMS:
+            got, want = half.be.to_host(getattr(a, name)), full.be.to_host(getattr(b, name))
+            start = initial[a.index, name]
+            if flavour == "alexeyab-cpu" and name == "biases":
+                np.testing.assert_array_equal(got, start)   # no BN beta gradient
+                continue
+            assert relative(got - start, want - start) < UPDATE_TOL[precision], (a.index, name)
+            changed |= not np.array_equal(got, want)
+    assert changed   # the rounding reaches the weights: the two runs are not the same one
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_kept_x_is_the_rounded_input_of_the_normalisation_numpy(precision, monkeypatch):
+    """The forward does not read x: after one pass each layer's x is exactly round_to of
+    the fp32 x the same pass kept with the storage patched to fp32."""
+    monkeypatch.delenv(precisions.ENV, raising=False)
+    half = train(precision, "original", True, iterations=1)[0]
+    full = train(precision, "original", False, iterations=1)[0]
+    for a, b in zip(bn_layers(half), bn_layers(full)):
+        fp32_x = full.be.to_host(b.x)
+        np.testing.assert_array_equal(half.be.to_host(a.x),
+                                      precisions.round_to(fp32_x, precision))
+        assert not np.array_equal(precisions.round_to(fp32_x, precision), fp32_x)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_fp32_and_tf32_keep_x_unrounded(precision, monkeypatch):
+    monkeypatch.delenv(precisions.ENV, raising=False)
+    net = Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), precision=precision)
+    assert [batchnorm.x_precision(l) for l in bn_layers(net)] == ["fp32"] * 4
+    be, src = NumpyBackend(), np.array([1.0 + 2.0 ** -20, 3.14159265], np.float32)
+    dst = be.storage_zeros(2, precision)
+    be.copy_rounded(be.from_host(src), dst, precision)
+    np.testing.assert_array_equal(dst, src)
+
+
+def test_stepped_layers_keep_an_fp32_x(monkeypatch):
+    monkeypatch.delenv(precisions.ENV, raising=False)
+    net = Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), precision="fp16")
+    layer = bn_layers(net)[0]
+    assert batchnorm.x_precision(layer) == "fp16"
+    monkeypatch.setattr(layer, "stepped", True)
+    assert batchnorm.x_precision(layer) == "fp32"
+
+
+def test_memory_estimate_counts_x_at_two_bytes(monkeypatch):
+    monkeypatch.delenv(precisions.ENV, raising=False)
+    # Against tf32: a reduced precision like them (the same workspace), x kept in fp32.
+    nets = {p: Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), precision=p)
+            for p in ("tf32", "fp16", "bf16")}
+    x_values = 32 * sum(l.outputs for l in bn_layers(nets["tf32"]))
+    for p in HALF:
+        assert nets["tf32"].memory_bytes(32, True) - nets[p].memory_bytes(32, True) \
+            == 2 * x_values
+        assert nets[p].memory_bytes(32, False) == nets["tf32"].memory_bytes(32, False)
+
+
+def test_storage_refuses_an_unknown_precision():
+    with pytest.raises(precisions.PrecisionError, match="fp64"):
+        NumpyBackend().storage_zeros(4, "fp64")
+
+
+# =============================================================================
+# GPU: the 16-bit kernels against the emulation
+# =============================================================================
+
+SPECIAL = np.array([0.0, -0.0, 1.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,   # fp16 ties
+                    1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8,                        # bf16 ties
+                    65504.0, 65520.0, 1e6, -1e6, 3e38, 6e-8, 3e-8, -1e-6, 1e-40,
+                    np.inf, -np.inf, np.nan], np.float32)
+
+
+def widened(cuda, x, precision):
+    """A 16-bit x as the kernels read it: float32 values."""
+    host = cuda.to_host(x)
+    if precision == "fp16":
+        assert host.dtype == np.float16
+        return host.astype(np.float32)
+    assert host.dtype == np.uint16
+    return (host.astype(np.uint32) << 16).view(np.float32)
+
+
+def kept_x(be, values, precision):
+    x = be.storage_zeros(values.size, precision)
+    be.copy_rounded(be.from_host(values), x, precision)
+    return x
+
+
+@gpu
+@pytest.mark.parametrize("precision", HALF)
+def test_copy_rounded_is_round_to_bit_for_bit_cuda(cuda, precision):
+    rng = np.random.default_rng(5)
+    values = np.concatenate([SPECIAL, rand(rng, 100_003, -70.0, 70.0),
+                             rand(rng, 4099, -1e-4, 1e-4)])
+    x = kept_x(cuda, values, precision)
+    assert x.nbytes == 2 * values.size
+    got, want = widened(cuda, x, precision), precisions.round_to(values, precision)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+
+
+@gpu
+def test_half_x_ops_refuse_a_mismatched_array_cuda(cuda):
+    x = kept_x(cuda, np.ones(12, np.float32), "fp16")
+    stats = [cuda.from_host(np.ones(3, np.float32)) for _ in range(4)]
+    delta = cuda.from_host(np.ones(12, np.float32))
+    with pytest.raises(TypeError, match="bf16"):
+        cuda.batchnorm_delta(x, stats[0], stats[1], stats[2], 1, 3, 4, stats[3],
+                             cuda.zeros(3), delta, x_precision="bf16")
+    with pytest.raises(TypeError, match="fp32"):
+        cuda.batchnorm_activation_backward(x, *stats, delta, 1, 3, 4, None, "leaky", delta,
+                                           None, cuda.zeros(3))
+
+
+def run_half_x_op(be, op, precision, x, args, poison=lambda be: None):
+    """be.<op> with x kept at `precision` (from float32 values x) and the other arguments
+    host arrays (made backend arrays) or scalars; host copies of the arrays afterwards."""
+    poison(be)
+    arrays = [be.from_host(a) if isinstance(a, np.ndarray) else a for a in args]
+    getattr(be, op)(kept_x(be, x, precision), *arrays, x_precision=precision)
+    return [np.asarray(be.to_host(a), np.float64) for a, h in zip(arrays, args)
+            if isinstance(h, np.ndarray)]
+
+
+def half_x_cases(rng, shape, eps, activation, train_beta):
+    """(x, batchnorm_activation_backward's arguments after x, batchnorm_delta's)."""
+    batch, filters, spatial = shape
+    x, mean, variance, scales, biases, delta, bias_updates, scale_updates = bn_case(rng, *shape)
+    tail = np.full(37, np.nan, np.float32)   # past the layer: never read nor written
+    activation_args = [mean, variance, scales, biases, rand(rng, x.size, -3.0, 3.0), batch,
+                       filters, spatial, eps, activation, np.concatenate([delta, tail]),
+                       bias_updates if train_beta else None, scale_updates]
+    delta_args = [mean, variance, scales, batch, filters, spatial, rand(rng, filters),
+                  rand(rng, filters), delta]
+    return x, activation_args, delta_args
+
+
+@gpu
+@pytest.mark.parametrize("precision", HALF)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("activation", ["leaky", "mish", "logistic"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_half_x_backward_against_the_emulation_cuda(cuda, precision, flavour, activation,
+                                                    shape):
+    """CUDA with a 16-bit x against NumPy (float64) on the rounded values, at the fp32 x
+    tests' tolerance (reduction_tol: 1e-5, 1e-4 past 1000 terms a channel); and against
+    CUDA's fp32 kernels given the rounded values as an fp32 x: the same bits (widening is
+    exact, the math is one template)."""
+    eps, train_beta = FLAVOURS[flavour]
+    fork = flavour == "alexeyab-cpu"
+    rng = np.random.default_rng(sum(shape) + len(activation) + len(precision))
+    x, activation_args, delta_args = half_x_cases(rng, shape, eps, activation, train_beta)
+    rounded = precisions.round_to(x, precision)
+    tol = reduction_tol(shape[0] * shape[2])
+    for op, args in (("batchnorm_activation_backward", activation_args),
+                     ("batchnorm_delta", delta_args + [fork])):
+        got = run_half_x_op(cuda, op, precision, x, args, poison_channel_scratch)
+        want = run_half_x_op(REF, op, precision, x, args)
+        fp32 = run_half_x_op(cuda, op, "fp32", rounded, args, poison_channel_scratch)
+        for i, (g, w, f) in enumerate(zip(got, want, fp32)):
+            assert_close(g, w, tol, f"{op} {precision}: array argument {i}")
+            assert_close(g, f, 0, f"{op} {precision} vs fp32 x: array argument {i}",
+                         exact=True)
+
+
+@gpu
+@pytest.mark.parametrize("precision", HALF)
+def test_network_keeps_x_at_16_bits_cuda(cuda, precision, monkeypatch):
+    """Each BN layer's x is a 16-bit array on CUDA, and one training pass leaves in it the
+    bits the NumPy emulation's x holds, to the forward's tolerance."""
+    monkeypatch.delenv(precisions.ENV, raising=False)
+    rng = np.random.default_rng(2)
+    x = rng.random((4, 3, 16, 16), dtype=np.float32)
+    truth = np.eye(5, dtype=np.float32)[[0, 1, 2, 3]]
+    kept = {}
+    for be in (cuda, NumpyBackend()):
+        net = Network(parse_cfg_text(NET_CFG), backend=be, seed=3, precision=precision)
+        net.train_pass(x, truth)
+        layers = bn_layers(net)
+        if be is cuda:
+            assert all(l.x.nbytes == 2 * l.x.size for l in layers)
+            kept["cuda"] = [widened(cuda, l.x, precision) for l in layers]
+        else:
+            kept["numpy"] = [be.to_host(l.x) for l in layers]
+    for i, (g, w) in enumerate(zip(kept["cuda"], kept["numpy"])):
+        assert_close(g.astype(np.float64), w.astype(np.float64), 1e-2, f"layer x {i}")
