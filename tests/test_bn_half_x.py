@@ -199,11 +199,11 @@ SPECIAL = np.array([0.0, -0.0, 1.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,   # 
 
 def widened(cuda, x, precision):
     """A 16-bit x as the kernels read it: float32 values."""
-    host = cuda.to_host(x)
+    host = cuda.to_host(x)          # float32 for a float array, int64 for an integer one
     if precision == "fp16":
-        assert host.dtype == np.float16
+        assert x.dtype == np.float16
         return host.astype(np.float32)
-    assert host.dtype == np.uint16
+    assert x.dtype == np.uint16
     return (host.astype(np.uint32) << 16).view(np.float32)
 
 
