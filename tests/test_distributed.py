@@ -261,26 +261,30 @@ def test_resume_on_two_ranks_continues_seen_and_rate(two_rank_run, bars, tmp_pat
     np.testing.assert_array_equal(resumed, whole)
 
 
-def test_ranks_are_spawned_unless_a_fork_is_asked_for_and_can_work(monkeypatch):
+def test_ranks_are_forked_where_a_fork_can_work_unless_spawn_is_asked_for(monkeypatch):
     monkeypatch.delenv("DARKNET_RANK_START", raising=False)
     monkeypatch.delitem(sys.modules, "pycuda.driver", raising=False)
-    assert rank_start_method(["cuda:0", "cuda:1"]) == "spawn"
-    assert rank_start_method(["cpu", "cpu"]) == "spawn"
-    monkeypatch.setenv("DARKNET_RANK_START", "fork")
-    assert rank_start_method(["cpu"]) == "fork"
-    assert rank_start_method(["cuda:0"]) == "fork"
+    assert rank_start_method(["cuda:0", "cuda:1"]) == "fork"
+    assert rank_start_method(["cpu", "cpu"]) == "fork"
     monkeypatch.setitem(sys.modules, "pycuda.driver", object())   # CUDA may have started
     assert rank_start_method(["cuda:0"]) == "spawn"   # a fork could not use CUDA
+    assert rank_start_method(["cpu"]) == "fork"
+    monkeypatch.setenv("DARKNET_RANK_START", "spawn")
+    assert rank_start_method(["cpu"]) == "spawn"
+    monkeypatch.delitem(sys.modules, "pycuda.driver")
+    assert rank_start_method(["cuda:0"]) == "spawn"
+    monkeypatch.setenv("DARKNET_RANK_START", "fork")
+    assert rank_start_method(["cuda:0"]) == "fork"
     monkeypatch.setenv("DARKNET_RANK_START", "thread")
     with pytest.raises(LaunchError, match="DARKNET_RANK_START=thread: expected fork or spawn"):
         rank_start_method(["cpu"])
 
 
-def test_forked_ranks_train_as_spawned_ones(two_rank_run, bars, tmp_path):
-    reference, _ = two_rank_run
+def test_spawned_ranks_train_as_forked_ones(two_rank_run, bars, tmp_path):
+    reference, _ = two_rank_run   # forked: the default
     cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "backup")
     code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2, "--seed", 3,
-                                       env=dict(os.environ, DARKNET_RANK_START="fork")))
+                                       env=dict(os.environ, DARKNET_RANK_START="spawn")))
     assert code == 0, err
     assert "on the CPU x 2 ranks" in out and "Traceback" not in err
     np.testing.assert_array_equal(weights_floats(tmp_path / "backup" / "tiny_final.weights")[1],

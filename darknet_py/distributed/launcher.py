@@ -277,19 +277,19 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
 
 
 def rank_start_method(devices):
-    """How the ranks' processes start: spawned (a fresh interpreter that imports darknet-py
-    again: no state of the caller comes along), unless DARKNET_RANK_START=fork, which
-    forks them with darknet-py already imported (~0.5 s sooner each, from the 4-GPU start
-    trace; the CPU ranks' tests pass that way, the GPU ranks' start has not been timed so).
-    A fork is refused where it cannot work: GPU ranks after this process started CUDA (a
-    forked child cannot use its parent's CUDA)."""
+    """How the ranks' processes start: forked, with darknet-py already imported (0.3 s
+    sooner a run on 2 H200s, 0.55 s on 4 by the start trace: bench/NOTES.md C5), where a
+    fork can work; else spawned (a fresh interpreter that imports darknet-py again). A fork
+    cannot work for GPU ranks once this process has started CUDA (a forked child cannot
+    use its parent's CUDA), nor where the platform has no fork. DARKNET_RANK_START=spawn
+    asks for spawned ranks whatever the case (fork: the default, stated)."""
     asked = os.environ.get(RANK_START_ENV, "")
     if asked not in ("", "fork", "spawn"):
         raise LaunchError(f"{RANK_START_ENV}={asked}: expected fork or spawn")
     cuda = any(str(d).startswith("cuda") for d in devices)
     can_fork = ("fork" in multiprocessing.get_all_start_methods()
                 and not (cuda and "pycuda.driver" in sys.modules))
-    return "fork" if asked == "fork" and can_fork else "spawn"
+    return "fork" if asked != "spawn" and can_fork else "spawn"
 
 
 def quiet_resource_tracker():
