@@ -39,9 +39,10 @@ def main():
     x16 = be.storage_zeros(n, "fp16")
     be.copy_rounded(x, x16, "fp16")
 
-    def apply(act):
+    def apply(act, keep=None):
         be.copy(y, dst)   # untimed-size note: batchnorm_apply works in place
-        be.batchnorm_apply(dst, mean, var, scales, biases, b, c, spatial, 1e-5, act, None)
+        be.batchnorm_apply(dst, mean, var, scales, biases, b, c, spatial, 1e-5, act, None,
+                           keep=keep, keep_precision="fp16")
 
     ops = [   # (name, run, bytes at the least)
         ("copy (roofline)", lambda: be.copy(x, dst), 8 * n),
@@ -51,6 +52,8 @@ def main():
     ]
     for act in ("linear", "leaky", "mish"):
         ops.append((f"copy + batchnorm_apply {act}", lambda a=act: apply(a), 16 * n))
+    ops.append(("copy + batchnorm_apply leaky, keep x16 (E1a)",
+                lambda: apply("leaky", x16), 18 * n))
     for act, from_y in (("leaky", True), ("mish", False)):
         ops.append((f"batchnorm_activation_backward {act} x16",
                     lambda a=act: be.batchnorm_activation_backward(

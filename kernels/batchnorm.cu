@@ -10,47 +10,9 @@
 
 #include "activations.cuh"
 #include "common.cuh"
+#include "x_storage.cuh"
 
-// ---- x kept at 16 bits (fp16/bf16 training) -------------------------------------------------
-// A batch-normalised layer's x (the normalisation's input, read by its backward only) is
-// kept as fp32 or, under fp16/bf16, as 16-bit storage written by round_copy_*. The kernels
-// that read x take it through one of these loaders; widening 16 bits to fp32 is exact, so
-// the math after the load is the fp32 kernels' (one source: templates over the loader).
-struct XF32 {
-    const float* __restrict__ p;
-    __device__ __forceinline__ float operator[](long long i) const { return p[i]; }
-};
-struct XF16 {
-    const unsigned short* __restrict__ p;
-    __device__ __forceinline__ float operator[](long long i) const
-    {
-        float r;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(p[i]));
-        return r;
-    }
-    // v rounded to nearest even (precision.round_to's fp16): overflow to infinity,
-    // subnormals kept.
-    static __device__ __forceinline__ unsigned short rounded(float v)
-    {
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    }
-};
-struct XBF16 {   // bf16: the upper 16 bits of an fp32
-    const unsigned short* __restrict__ p;
-    __device__ __forceinline__ float operator[](long long i) const
-    {
-        return __uint_as_float((unsigned)p[i] << 16);
-    }
-    static __device__ __forceinline__ unsigned short rounded(float v)   // nearest even
-    {
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    }
-};
-
+// ---- x kept at 16 bits (fp16/bf16 training): x_storage.cuh's XF32/XF16/XBF16 -------------
 // dst[i] = src[i] rounded to X's 16 bits (x kept for the backward).
 #define ROUND_COPY(NAME, X)                                                                      \
     extern "C" __global__ void NAME(const float* __restrict__ src,                               \

@@ -37,7 +37,7 @@ KERNELS = {
         "lrn_backward_kernel": "iPPfP",
     },
     "activations.cu": {
-        "batchnorm_apply_kernel": "PPPPPiiifiP",
+        f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP" for suffix in ("", "_x_f16", "_x_bf16")
     },
 }
 
@@ -223,20 +223,24 @@ class CudaNorm:
                           int(spatial), float(eps))
 
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
-                        activation, x_norm):
-        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu)."""
+                        activation, x_norm, keep=None, keep_precision="fp32"):
+        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu), keep (unless
+        None: storage_zeros(n, keep_precision)'s array) written as x is read."""
         total = batch * filters * spatial
         self._check_size("batchnorm_apply x", x, total)
         for what, arr in (("mean", mean), ("variance", variance), ("scales", scales),
                           ("biases", biases)):
             self._check_size(f"batchnorm_apply {what}", arr, filters)
-        if x_norm is not None:
-            self._check_size("batchnorm_apply x_norm", x_norm, total)
-        self._launch_rows("batchnorm_apply_kernel", batch * filters, spatial, self._ptr(x),
-                          self._ptr(mean), self._ptr(variance), self._ptr(scales),
+        for what, arr in (("x_norm", x_norm), ("keep", keep)):
+            if arr is not None:
+                self._check_size(f"batchnorm_apply {what}", arr, total)
+        suffix = "" if keep is None else self._x_suffix(keep, keep_precision)
+        ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
+        self._launch_rows("batchnorm_apply_kernel" + suffix, batch * filters, spatial,
+                          self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(scales),
                           self._ptr(biases), int(batch * filters), int(filters), int(spatial),
                           -1.0 if eps is None else float(eps), self._activation_id(activation),
-                          0 if x_norm is None else self._ptr(x_norm))
+                          ptr(x_norm), ptr(keep))
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)

@@ -49,10 +49,15 @@ class NumpyBatchnorm:
             dst[...] = precisions.round_to(src, stored)
 
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
-                        activation, x_norm):
-        """Batch norm's forward after its statistics, in place on x: normalize (eps None:
+                        activation, x_norm, keep=None, keep_precision="fp32"):
+        """Batch norm's forward after its statistics, in place on x: copy x into keep
+        unless it is None, as copy_rounded(x, keep, keep_precision) would (keep:
+        storage_zeros' array; the x a training layer keeps), normalize (eps None:
         Darknet's / (sqrt(var) + 1e-6); else the fork's / sqrt(var + eps)), copy the result
         into x_norm unless it is None, scale, add biases, then the activation."""
+        if keep is not None:
+            total = batch * filters * spatial
+            self.copy_rounded(x[:total], keep[:total], keep_precision)
         if eps is None:
             self.normalize(x, mean, variance, batch, filters, spatial)
         else:

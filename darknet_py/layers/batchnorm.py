@@ -66,7 +66,6 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
-        be.copy_rounded(out, layer.x, x_precision(layer))
         be.mean(out, batch, out_c, spatial, layer.mean)
         be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
         keep = fork_keep if layer.fork_cpu else ROLLING_KEEP
@@ -81,8 +80,10 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
         mean, variance = layer.mean, layer.variance
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
+    # Training keeps x (the input, at x_precision) in the same pass.
     be.batchnorm_apply(out, mean, variance, layer.scales, layer.biases, batch, out_c, spatial,
-                       _forward_eps(layer), activation, layer.x_norm if net.train else None)
+                       _forward_eps(layer), activation, layer.x_norm if net.train else None,
+                       keep=layer.x if net.train else None, keep_precision=x_precision(layer))
 
 
 def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
