@@ -59,6 +59,7 @@ enum ChannelTerm {
 // reduction adds (the term's first operand), `t` the term itself.
 template <int TERM, class B>
 struct PlainTerm {
+    using Value = float;   // what a term is computed in (each added to a double sum)
     const float* __restrict__ a;
     B b;
     float m;
@@ -92,10 +93,10 @@ __device__ __forceinline__ void accumulate_channel_terms(const Term& term, int f
     long long img = first / spatial;
     int pos = (int)(first - img * spatial);
     for (long long i = first; i < end; i += UNROLL * step) {
-        float t[UNROLL], ta[UNROLL];
+        typename Term::Value t[UNROLL], ta[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            t[u] = ta[u] = 0.0f;
+            t[u] = ta[u] = 0;
             if (i + (long long)u * step < end) term(img * image_stride + pos, ta[u], t[u]);
             img += step_images;
             pos += step_pos;
@@ -183,6 +184,54 @@ CHANNEL_SUMS(channel_sums, XF32, float)
 CHANNEL_SUMS(channel_sums_x_f16, XF16, unsigned short)
 CHANNEL_SUMS(channel_sums_x_bf16, XBF16, unsigned short)
 
+// A training batch's statistics in one read of x (mean_variance, tf32/fp16/bf16 layers):
+// partial_a gets the sums of x, partial those of x^2, both in double (the square of a
+// float is exact in a double), for mean_variance_finalize.
+struct MomentTerm {
+    using Value = double;
+    const float* __restrict__ a;
+    __device__ __forceinline__ void operator()(long long idx, double& ta, double& t) const
+    {
+        ta = (double)a[idx];
+        t = ta * ta;
+    }
+};
+
+extern "C" __global__ void channel_moments(const float* __restrict__ x, int batch, int filters,
+                                          int spatial, int parts, double* __restrict__ partial,
+                                          double* __restrict__ partial_a)
+{
+    const ChannelPart part(batch, spatial, parts);
+    double s = 0.0, sa = 0.0;
+    accumulate_channel_terms<true>(MomentTerm{x + (long long)blockIdx.y * spatial}, filters,
+                                   spatial, part.begin, part.end, s, sa);
+    store_channel_partials(s, sa, parts, partial, partial_a);
+}
+
+// mean[f] = S / n rounded to float (as FINAL_MEAN) and Darknet's unbiased variance around
+// that float mean m, from the sums S of x (partial_a) and Q of x^2 (partial):
+// sum (x - m)^2 = Q - 2 m S + n m^2, / (n - 1), in double; clamped at 0 (the exact value is
+// never negative, the rounded one might be: a constant channel).
+extern "C" __global__ void mean_variance_finalize(const double* __restrict__ partial,
+                                                 const double* __restrict__ partial_a, int parts,
+                                                 int filters, long long count,
+                                                 float* __restrict__ mean,
+                                                 float* __restrict__ variance)
+{
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= filters) return;
+    double q = 0.0, s = 0.0;
+    for (int p = 0; p < parts; ++p) {
+        q += partial[(long long)f * parts + p];
+        s += partial_a[(long long)f * parts + p];
+    }
+    const float m = (float)(s / (double)count);
+    const double md = m, n = (double)count;
+    const double v = (q - 2.0 * md * s + n * md * md) / (n - 1.0);
+    mean[f] = m;
+    variance[f] = (float)(v < 0.0 ? 0.0 : v);   // NaN (n = 1) stays NaN, as FINAL_VARIANCE's
+}
+
 // Batch norm's backward up to its parameter gradients, in one pass, for a layer that keeps
 // x but not x_norm nor the activation's input: per element, x_norm = (x - mean) /
 // divisor and the activation's input x_norm * scale + bias are recomputed as
@@ -193,6 +242,7 @@ CHANNEL_SUMS(channel_sums_x_bf16, XBF16, unsigned short)
 // the same terms, rounded the same, added in the same order.
 template <class X>
 struct BatchnormActivationTerm {
+    using Value = float;
     X x;
     const float* __restrict__ y;
     float* __restrict__ delta;

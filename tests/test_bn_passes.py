@@ -3,21 +3,39 @@
 E1a: batchnorm_apply writes the kept x (keep=, rounded as copy_rounded would) as it reads x,
 so a training forward makes no copy pass; every precision, the same bits as copy_rounded
 then batchnorm_apply.
+E1b: tf32/fp16/bf16 layers take the batch's mean and variance from one read (mean_variance:
+double sums of x and x^2) instead of mean's and variance's two; fp32 keeps Darknet's two
+passes. Measured on NumPy (MEAN_STD_RATIOS, 3 seeds, per-channel std 0.01..100, 131 k and
+1.38 M terms a channel): the one-pass variance is within 5.4e-8 relative of the exact
+float64 one (about its float32 rounding), the float32 two-pass within 1.7e-7, the two apart
+by at most 1.7e-7. VARIANCE_TOL asserts a few times that.
 """
 import numpy as np
 import pytest
 
 from darknet_py import precision as precisions
 from darknet_py.backends.numpy_backend import NumpyBackend
-from test_bn_fused import bn_case
-from test_bn_half_x import SPECIAL, widened
-from test_cuda_ops import REF, assert_close, rand
+from darknet_py.cfg import parse_cfg_text
+from darknet_py.network import Network
+from test_bn_fused import FLAVOURS, bn_case, poison_channel_scratch
+from test_bn_half_x import NET_CFG, SPECIAL, bn_layers, relative, widened
+from test_cuda_ops import REF, assert_close, check, nan, rand
 
 gpu = pytest.mark.gpu
 STORAGE = ("fp32",) + precisions.HALF_STORAGE
 # batch, filters, spatial: filters 3 and 255, spatial 1, 169, a yolov4 plane and an odd one.
 ODD_SHAPES = [(2, 3, 169), (1, 255, 169), (5, 255, 1), (2, 3, 173056), (1, 3, 173057)]
 EPS = (None, 1e-5)   # Darknet's divisor, the fork's
+MEAN_STD_RATIOS = (0, 1, 10, 100)
+# mean_variance's variance against the exact one (float64 around the float mean) and against
+# the float32 two passes (NumPy's; CUDA's sums are in double), relative per channel.
+VARIANCE_TOL = {"exact": 1e-7, "two_pass": 5e-7}
+# A network trained with the fused passes against the unfused ones (tf32/fp16/bf16, 2
+# passes): the per-pass loss (relative) and each BN layer's parameters (relative to the
+# array's largest). One pass moves them by float32 roundings (4e-7); the next carries each
+# 16-bit (or tf32) operand whose rounding that flipped: measured at most 1.3e-5 and 3.3e-3
+# (bf16, the BN biases, which start at 0), about the format's unit roundoff.
+PASSES_TOL = {"loss": 1e-4, "params": 2e-2}
 
 
 # SPECIAL's rounding ties, fp16 overflows, subnormals and NaN; not the values whose
@@ -70,6 +88,134 @@ def test_apply_keeps_what_copy_rounded_keeps_numpy(precision, eps):
     assert_same_bits(norm, plain_norm, "x_norm")
     if precision != "fp32":   # the rounding is there: keep is not x
         assert not np.array_equal(kept, case[0], equal_nan=True)
+
+
+def moments_case(rng, shape, ratio):
+    """x of each channel: mean ratio * std, std from 0.01 to 100 across the channels."""
+    batch, filters, spatial = shape
+    std = rng.uniform(0.01, 100.0, filters)[None, :, None]
+    return (std * (ratio + rng.standard_normal((batch, filters, spatial)))).astype(
+        np.float32).ravel()
+
+
+def exact_variance(x, mean, shape):
+    """Darknet's unbiased variance around the float mean, in float64."""
+    batch, filters, spatial = shape
+    d = x.reshape(shape).astype(np.float64) - np.asarray(mean, np.float64)[None, :, None]
+    return (d * d).sum(axis=(0, 2)) / (batch * spatial - 1)
+
+
+def statistics(be, x, shape, one_pass):
+    """(mean, variance) host copies from mean_variance or from mean then variance."""
+    filters = shape[1]
+    mean, variance, x = be.zeros(filters), be.zeros(filters), be.from_host(x)
+    if one_pass:
+        be.mean_variance(x, *shape, mean, variance)
+    else:
+        be.mean(x, *shape, mean)
+        be.variance(x, mean, *shape, variance)
+    return be.to_host(mean), be.to_host(variance)
+
+
+def per_channel_relative(got, want):
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want) / np.abs(want)))
+
+
+@pytest.mark.parametrize("ratio", MEAN_STD_RATIOS)
+def test_one_pass_statistics_against_exact_and_two_pass_numpy(ratio):
+    be, shape = NumpyBackend(), (4, 8, 4099)
+    x = moments_case(np.random.default_rng(ratio), shape, ratio)
+    mean, variance = statistics(be, x, shape, True)
+    two_mean, two_variance = statistics(be, x, shape, False)
+    # The mean is the float64 sum's, rounded once to float32.
+    np.testing.assert_array_equal(
+        mean, (x.reshape(shape).astype(np.float64).sum(axis=(0, 2)) / (4 * 4099)).astype(
+            np.float32))
+    assert per_channel_relative(variance, exact_variance(x, mean, shape)) < VARIANCE_TOL["exact"]
+    assert per_channel_relative(variance, two_variance) < VARIANCE_TOL["two_pass"]
+    # The two means a float32 ulp or two apart (NumPy's float32 mean rounds its sum).
+    assert np.max(np.abs(mean - two_mean) / (np.abs(mean) + np.sqrt(variance))) < 2.5e-7
+
+
+def test_one_pass_variance_of_a_constant_channel_is_not_negative_numpy():
+    be, shape = NumpyBackend(), (3, 2, 1001)
+    x = np.concatenate([np.full(1001, 0.1, np.float32), np.full(1001, -7.3, np.float32)] * 3)
+    mean, variance = statistics(be, x, shape, True)
+    np.testing.assert_array_equal(mean, np.float32([0.1, -7.3]))
+    assert (variance >= 0).all() and (variance <= 1e-12).all()
+
+
+# ---- whole networks: the fused passes against the compositions they replace ------------
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PARAMS = ("weights", "scales", "biases", "rolling_mean", "rolling_variance")
+
+
+def unfused(be, patch):
+    """Patch the backend instance `be` so that the layers' fused batch-norm ops run as the
+    compositions they replace (the passes before E1/E2); returns {op: calls} of the fused
+    ops the layers asked for."""
+    calls = {"keep": 0, "mean_variance": 0}
+    apply = be.batchnorm_apply
+
+    def batchnorm_apply(x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm, keep=None, keep_precision="fp32"):
+        if keep is not None:
+            calls["keep"] += 1
+            be.copy_rounded(x, keep, keep_precision)
+        apply(x, mean, variance, scales, biases, batch, filters, spatial, eps, activation,
+              x_norm)
+
+    def mean_variance(x, batch, filters, spatial, mean, variance):
+        calls["mean_variance"] += 1
+        be.mean(x, batch, filters, spatial, mean)
+        be.variance(x, mean, batch, filters, spatial, variance)
+
+    patch.setattr(be, "batchnorm_apply", batchnorm_apply)
+    patch.setattr(be, "mean_variance", mean_variance)
+    return calls
+
+
+def train(be, precision, flavour, fused, iterations=2):
+    """(per-pass costs, {(layer index, name): host copy of PARAMS}, calls or None) after
+    `iterations` training passes of test_bn_half_x's network; fused False: through
+    unfused(be)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(precisions.ENV, raising=False)
+        calls = None if fused else unfused(be, patch)
+        net = Network(parse_cfg_text(NET_CFG), backend=be, seed=3, darknet=flavour,
+                      precision=precision)
+        rng = np.random.default_rng(17)
+        costs = []
+        for _ in range(iterations):
+            x = rng.random((net.images_per_pass,) + net.input_shape, dtype=np.float32)
+            truth = np.eye(5, dtype=np.float32)[rng.integers(0, 5, net.images_per_pass)]
+            costs.append(net.train_pass(x, truth))
+        params = {(l.index, name): be.to_host(getattr(l, name)).copy()
+                  for l in bn_layers(net) for name in PARAMS}
+    return np.array(costs, np.float64), params, calls
+
+
+def assert_fused_follows_unfused(be, precision, flavour):
+    """fp32: the same bits (and no one-pass statistics); else within PASSES_TOL."""
+    costs, params, _ = train(be, precision, flavour, True)
+    want_costs, want_params, calls = train(be, precision, flavour, False)
+    assert calls["keep"] > 0 and np.isfinite(want_costs).all()
+    if precision == "fp32":
+        assert calls["mean_variance"] == 0
+        np.testing.assert_array_equal(costs, want_costs)
+        for key, want in want_params.items():
+            np.testing.assert_array_equal(params[key], want, err_msg=str(key))
+        return
+    assert calls["mean_variance"] > 0
+    assert relative(costs, want_costs) < PASSES_TOL["loss"]
+    for key, want in want_params.items():
+        assert relative(params[key], want) < PASSES_TOL["params"], key
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_networks_train_as_before_numpy(precision, flavour):
+    assert_fused_follows_unfused(NumpyBackend(), precision, flavour)
 
 
 # =============================================================================
@@ -125,3 +271,36 @@ def test_apply_refuses_a_keep_of_another_precision_cuda(cuda):
     with pytest.raises(TypeError, match="bf16"):
         cuda.batchnorm_apply(*case, 1, 3, 4, None, "leaky", None,
                              keep=cuda.storage_zeros(12, "fp16"), keep_precision="bf16")
+
+
+@gpu
+@pytest.mark.parametrize("ratio", MEAN_STD_RATIOS)
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(32, 3, 43264)])
+def test_one_pass_statistics_cuda(cuda, shape, ratio):
+    """mean_variance on CUDA: its mean is mean()'s bit for bit (the same double sum, in the
+    same order); its variance within VARIANCE_TOL of the exact one and of CUDA's two passes;
+    both against NumPy float64's one pass. Outputs poisoned with NaN."""
+    x = moments_case(np.random.default_rng(shape[2] + ratio), shape, ratio)
+    poison_channel_scratch(cuda)
+    mean, variance = statistics(cuda, x, shape, True)
+    two_mean, two_variance = statistics(cuda, x, shape, False)
+    assert_same_bits(mean, two_mean, "mean")
+    assert per_channel_relative(variance, exact_variance(x, mean, shape)) < VARIANCE_TOL["exact"]
+    assert per_channel_relative(variance, two_variance) < VARIANCE_TOL["two_pass"]
+    check(cuda, "mean_variance", x, *shape, nan(shape[1]), nan(shape[1]), tol=1e-6)
+
+
+@gpu
+def test_one_pass_variance_of_a_constant_channel_is_not_negative_cuda(cuda):
+    shape = (3, 2, 1001)
+    x = np.concatenate([np.full(1001, 0.1, np.float32), np.full(1001, -7.3, np.float32)] * 3)
+    mean, variance = statistics(cuda, x, shape, True)
+    np.testing.assert_array_equal(mean, np.float32([0.1, -7.3]))
+    assert (variance >= 0).all() and (variance <= 1e-12).all()
+
+
+@gpu
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_networks_train_as_before_cuda(cuda, precision, flavour):
+    assert_fused_follows_unfused(cuda, precision, flavour)

@@ -23,6 +23,8 @@ KERNELS = {
         "normalize_sqrt_eps_kernel": "PPPiiif",
         "normalize_delta_kernel": "PPPPPiiifPPi",
         "batchnorm_activation_sums": "PPPPPPiiifiiiPPP",
+        "channel_moments": "PiiiiPP",
+        "mean_variance_finalize": "PPiiqPP",
         "round_copy_f16": "PPq",
         "round_copy_bf16": "PPq",
         **{f"{kernel}{suffix}": signature
@@ -205,6 +207,22 @@ class CudaNorm:
         self._check_size("variance mean", mean, filters)
         self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
                              _FINAL_VARIANCE, variance)
+
+    def mean_variance(self, x, batch, filters, spatial, mean, variance):
+        """NumpyBackend.mean_variance in one read of x: channel_moments' double sums of x and
+        x^2, then mean_variance_finalize."""
+        batch, filters, spatial = int(batch), int(filters), int(spatial)
+        self._check_size("mean_variance x", x, batch * filters * spatial)
+        self._check_size("mean_variance mean", mean, filters)
+        self._check_size("mean_variance variance", variance, filters)
+        if filters <= 0:
+            return
+        parts, partial, partial_a = self._channel_partials(batch, filters, spatial, True)
+        self._launch("channel_moments", (parts, filters), (_BLOCK,), self._ptr(x), batch,
+                     filters, spatial, parts, partial, partial_a)
+        self._launch("mean_variance_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
+                     partial, partial_a, parts, filters, batch * spatial, self._ptr(mean),
+                     self._ptr(variance))
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         self._check_size("normalize x", x, batch * filters * spatial)

@@ -20,6 +20,19 @@ class NumpyBatchnorm:
         d = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
         variance[:filters] = (d * d).sum(axis=(0, 2)) / (batch * spatial - 1)
 
+    def mean_variance(self, x, batch, filters, spatial, mean, variance):
+        """mean's and variance's statistics from one read of x (tf32/fp16/bf16 layers):
+        per-channel float64 sums S of x and Q of x^2; the mean S / n rounded to the
+        backend's float m, and Darknet's unbiased variance around it, sum (x - m)^2 =
+        Q - 2 m S + n m^2, / (n - 1), clamped at 0 (rounding may take a constant channel's
+        below). Against the two passes: bench/NOTES.md E1b."""
+        n = batch * spatial
+        v = x[:batch * filters * spatial].reshape(batch, filters, spatial).astype(np.float64)
+        s, q = v.sum(axis=(0, 2)), (v * v).sum(axis=(0, 2))
+        m = (s / n).astype(self.dtype).astype(np.float64)
+        mean[:filters] = m
+        variance[:filters] = np.maximum((q - 2.0 * m * s + n * m * m) / (n - 1), 0.0)
+
     def normalize(self, x, mean, variance, batch, filters, spatial):
         # Darknet's CPU forward divides by sqrt(var) + 1e-6 (its backward uses sqrt(var + 1e-5)).
         v = x.reshape(batch, filters, spatial)

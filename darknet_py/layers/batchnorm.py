@@ -66,8 +66,12 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
-        be.mean(out, batch, out_c, spatial, layer.mean)
-        be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
+        if getattr(layer, "precision", precisions.DEFAULT) == precisions.DEFAULT:
+            be.mean(out, batch, out_c, spatial, layer.mean)
+            be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
+        else:   # one read for both; the variance within 2e-7 of the two passes'
+            # (bench/NOTES.md E1b); fp32 keeps Darknet's two passes, bit for bit
+            be.mean_variance(out, batch, out_c, spatial, layer.mean, layer.variance)
         keep = fork_keep if layer.fork_cpu else ROLLING_KEEP
         be.scal(keep, layer.rolling_mean)
         be.axpy(1.0 - keep, layer.mean, layer.rolling_mean)
