@@ -303,7 +303,8 @@ BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_f16, XF16, unsigned short)
 BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_bf16, XBF16, unsigned short)
 
 // What channel_finalize does with a channel's sum S (count = batch*spatial), S first
-// multiplied by scales[f] when scales is not null (the delta summed was not yet scaled):
+// multiplied by scales[f] when scales is not null (the delta summed was not yet scaled);
+// sum_out[f] = S itself (unless null; before scales), and nothing else where out is null:
 enum ChannelFinal {
     FINAL_MEAN = 0,           // out[f] = S / count
     FINAL_VARIANCE = 1,       // out[f] = S / (count - 1)
@@ -315,12 +316,15 @@ enum ChannelFinal {
 extern "C" __global__ void channel_finalize(const double* __restrict__ partial, int parts, int filters,
                                            int final_op, long long count,
                                            const float* __restrict__ variance,
-                                           const float* __restrict__ scales, float* __restrict__ out)
+                                           const float* __restrict__ scales, float* __restrict__ out,
+                                           float* __restrict__ sum_out)
 {
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f >= filters) return;
     double s = 0.0;
     for (int p = 0; p < parts; ++p) s += partial[(long long)f * parts + p];
+    if (sum_out) sum_out[f] = (float)s;
+    if (!out) return;
     if (scales) s *= (double)scales[f];
     switch (final_op) {
     case FINAL_MEAN: out[f] = (float)(s / (double)count); break;
@@ -329,6 +333,32 @@ extern "C" __global__ void channel_finalize(const double* __restrict__ partial, 
     case FINAL_MEAN_DELTA: out[f] = (float)(s * (-1.0 / sqrt((double)variance[f] + 1e-5))); break;
     default: out[f] = (float)(s * -0.5 * pow((double)variance[f] + 1e-5, -1.5)); break;
     }
+}
+
+// mean_delta and variance_delta from the sums of this backward's g (the delta after the
+// activation's gradient, before the scales) that batchnorm_activation_sums left:
+// delta_sum[f] = sum g and delta_x_norm_sum[f] = sum g * x_norm, x_norm = (x - m) / D with
+// D the forward's divisor (batchnorm_divisor: sqrt(v) + 1e-6, or sqrt(v + eps)). With
+// d = scale * g the delta batchnorm_delta's reduction would sum,
+//   mean_delta     = sum d * -1 / sqrt(v + 1e-5)                = -scale * sum g / sqrt(v + 1e-5)
+//   variance_delta = sum d * (x - m) * -1/2 * (v + 1e-5)^-3/2
+//                  = -1/2 * scale * (v + 1e-5)^-3/2 * D * sum g * x_norm,
+// since sum g (x - m) = D sum g x_norm: the same sums up to each x_norm's rounding (a float
+// division: half an ulp of each term). One thread per channel, in double, as
+// channel_finalize's FINAL_MEAN_DELTA and FINAL_VARIANCE_DELTA.
+extern "C" __global__ void batchnorm_delta_factors(const float* __restrict__ delta_sum,
+                                                  const float* __restrict__ delta_x_norm_sum,
+                                                  const float* __restrict__ variance,
+                                                  const float* __restrict__ scales, int filters,
+                                                  float eps, float* __restrict__ mean_delta,
+                                                  float* __restrict__ variance_delta)
+{
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= filters) return;
+    const double v = (double)variance[f] + 1e-5, scale = scales[f];
+    const double divisor = batchnorm_divisor(variance[f], eps);
+    mean_delta[f] = (float)((double)delta_sum[f] * scale * (-1.0 / sqrt(v)));
+    variance_delta[f] = (float)((double)delta_x_norm_sum[f] * scale * divisor * -0.5 * pow(v, -1.5));
 }
 
 // x = (x - mean[f]) / (sqrt(variance[f]) + 1e-6), per row as add_bias.

@@ -19,7 +19,7 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
 from test_bn_fused import FLAVOURS, bn_case, poison_channel_scratch
 from test_bn_half_x import NET_CFG, SPECIAL, bn_layers, relative, widened
-from test_cuda_ops import REF, assert_close, check, nan, rand
+from test_cuda_ops import REF, assert_close, check, nan, rand, reduction_tol
 
 gpu = pytest.mark.gpu
 STORAGE = ("fp32",) + precisions.HALF_STORAGE
@@ -36,6 +36,10 @@ VARIANCE_TOL = {"exact": 1e-7, "two_pass": 5e-7}
 # 16-bit (or tf32) operand whose rounding that flipped: measured at most 1.3e-5 and 3.3e-3
 # (bf16, the BN biases, which start at 0), about the format's unit roundoff.
 PASSES_TOL = {"loss": 1e-4, "params": 2e-2}
+# batchnorm_delta_from_sums against batchnorm_delta, both float32 (NumPy), relative to each
+# array's largest element: measured at most 7e-7 (variance_delta; each within 4.6e-7 of
+# float64), bench/NOTES.md E2.
+E2_TOL = 5e-6
 
 
 # SPECIAL's rounding ties, fp16 overflows, subnormals and NaN; not the values whose
@@ -145,6 +149,89 @@ def test_one_pass_variance_of_a_constant_channel_is_not_negative_numpy():
     assert (variance >= 0).all() and (variance <= 1e-12).all()
 
 
+# ---- E2: batchnorm_delta from the activation pass's sums --------------------------------
+def delta_paths(be, case, shape, flavour, activation, precision, poison=lambda be: None):
+    """{path: {array: host copy}} of batch norm's backward on `be` from x kept at
+    `precision`: "reduction" (batchnorm_activation_backward, then batchnorm_delta) and
+    "sums" (the same pass writing delta_sum and delta_x_norm_sum, NaN before, then
+    batchnorm_delta_from_sums). The updates start at 0, so that they are the sums."""
+    x, mean, variance, scales, biases, output, delta = case
+    eps, train_beta = FLAVOURS[flavour]
+    filters = shape[1]
+    results = {}
+    for path in ("reduction", "sums"):
+        poison(be)
+        a = {name: be.from_host(v) for name, v in (
+            ("mean", mean), ("variance", variance), ("scales", scales), ("biases", biases),
+            ("output", output), ("delta", delta), ("bias_updates", np.zeros(filters, np.float32)),
+            ("scale_updates", np.zeros(filters, np.float32)), ("mean_delta", nan(filters)),
+            ("variance_delta", nan(filters)), ("delta_sum", nan(filters)),
+            ("delta_x_norm_sum", nan(filters)))}
+        kept = be.storage_zeros(x.size, precision)
+        be.copy_rounded(be.from_host(x), kept, precision)
+        stats = (a["mean"], a["variance"], a["scales"])
+        sums = (a["delta_sum"], a["delta_x_norm_sum"]) if path == "sums" else (None, None)
+        be.batchnorm_activation_backward(
+            kept, *stats, a["biases"], a["output"], *shape, eps, activation, a["delta"],
+            a["bias_updates"] if train_beta else None, a["scale_updates"],
+            x_precision=precision, delta_sum=sums[0], delta_x_norm_sum=sums[1])
+        if path == "sums":
+            be.batchnorm_delta_from_sums(kept, *stats, *shape, eps, *sums, a["mean_delta"],
+                                         a["variance_delta"], a["delta"],
+                                         fork=flavour == "alexeyab-cpu", x_precision=precision)
+        else:
+            be.batchnorm_delta(kept, *stats, *shape, a["mean_delta"], a["variance_delta"],
+                               a["delta"], fork=flavour == "alexeyab-cpu",
+                               x_precision=precision)
+        results[path] = {name: np.asarray(be.to_host(arr), np.float64) for name, arr in a.items()}
+    return results
+
+
+def delta_case(rng, shape):
+    """x, mean, variance, scales, biases, output, delta (host float32); mean and variance
+    x's own, as a training pass has them."""
+    x, _, _, scales, biases, delta = bn_case(rng, *shape)[:6]
+    batch, filters, spatial = shape
+    planes = x.reshape(shape).astype(np.float64)
+    mean = planes.mean(axis=(0, 2)).astype(np.float32)
+    variance = (planes.var(axis=(0, 2), ddof=1) + 0.01).astype(np.float32)
+    return x, mean, variance, scales, biases, rand(rng, x.size, -3.0, 3.0), delta
+
+
+BACKWARD_OUTPUTS = ("delta", "mean_delta", "variance_delta", "bias_updates", "scale_updates")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("activation", ["leaky", "mish", "linear"])
+def test_delta_from_sums_is_the_identity_numpy(flavour, activation):
+    """In float64 the two paths differ only by float64 roundings (the identity holds: any
+    wrong divisor would show at 1e-6); in float32 within E2_TOL, x kept at fp16 and bf16."""
+    for shape in ((2, 3, 169), (3, 255, 13), (5, 7, 1)):
+        case = delta_case(np.random.default_rng(sum(shape) + len(activation)), shape)
+        for precision in precisions.HALF_STORAGE:
+            for be, tol in ((REF, 1e-12), (NumpyBackend(), E2_TOL)):
+                got = delta_paths(be, case, shape, flavour, activation, precision)
+                sums, reduction = got["sums"], got["reduction"]
+                for name in BACKWARD_OUTPUTS:
+                    assert_close(sums[name], reduction[name], tol, f"{name} {precision}")
+                # The sums are set, not added to: the updates started at 0.
+                np.testing.assert_array_equal(sums["delta_x_norm_sum"], sums["scale_updates"])
+                if FLAVOURS[flavour][1]:
+                    np.testing.assert_array_equal(sums["delta_sum"], sums["bias_updates"])
+                else:
+                    assert np.isfinite(sums["delta_sum"]).all()
+
+
+def test_activation_backward_takes_both_sums_or_neither():
+    be = NumpyBackend()
+    case = [be.from_host(a) for a in bn_case(np.random.default_rng(0), 1, 3, 4)]
+    x, mean, variance, scales, biases, delta, bias_updates, scale_updates = case
+    with pytest.raises(ValueError, match="both or neither"):
+        be.batchnorm_activation_backward(x, mean, variance, scales, biases, x, 1, 3, 4, None,
+                                         "leaky", delta, bias_updates, scale_updates,
+                                         delta_sum=be.zeros(3))
+
+
 # ---- whole networks: the fused passes against the compositions they replace ------------
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PARAMS = ("weights", "scales", "biases", "rolling_mean", "rolling_variance")
@@ -154,8 +241,8 @@ def unfused(be, patch):
     """Patch the backend instance `be` so that the layers' fused batch-norm ops run as the
     compositions they replace (the passes before E1/E2); returns {op: calls} of the fused
     ops the layers asked for."""
-    calls = {"keep": 0, "mean_variance": 0}
-    apply = be.batchnorm_apply
+    calls = {"keep": 0, "mean_variance": 0, "sums": 0, "from_sums": 0}
+    apply, activation_backward = be.batchnorm_apply, be.batchnorm_activation_backward
 
     def batchnorm_apply(x, mean, variance, scales, biases, batch, filters, spatial, eps,
                         activation, x_norm, keep=None, keep_precision="fp32"):
@@ -170,8 +257,21 @@ def unfused(be, patch):
         be.mean(x, batch, filters, spatial, mean)
         be.variance(x, mean, batch, filters, spatial, variance)
 
-    patch.setattr(be, "batchnorm_apply", batchnorm_apply)
-    patch.setattr(be, "mean_variance", mean_variance)
+    def batchnorm_activation_backward(*args, x_precision="fp32", delta_sum=None,
+                                      delta_x_norm_sum=None):
+        calls["sums"] += delta_sum is not None
+        activation_backward(*args, x_precision=x_precision)
+
+    def batchnorm_delta_from_sums(x, mean, variance, scales, batch, filters, spatial, eps,
+                                  delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
+                                  delta, fork=False, x_precision="fp32"):
+        calls["from_sums"] += 1
+        be.batchnorm_delta(x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                           variance_delta, delta, fork, x_precision)
+
+    for op in (batchnorm_apply, mean_variance, batchnorm_activation_backward,
+               batchnorm_delta_from_sums):
+        patch.setattr(be, op.__name__, op)
     return calls
 
 
@@ -200,6 +300,8 @@ def assert_fused_follows_unfused(be, precision, flavour):
     costs, params, _ = train(be, precision, flavour, True)
     want_costs, want_params, calls = train(be, precision, flavour, False)
     assert calls["keep"] > 0 and np.isfinite(want_costs).all()
+    half = precision in precisions.HALF_STORAGE   # E2: a 16-bit x only
+    assert calls["sums"] == calls["from_sums"] == (calls["keep"] if half else 0)
     if precision == "fp32":
         assert calls["mean_variance"] == 0
         np.testing.assert_array_equal(costs, want_costs)
@@ -304,3 +406,31 @@ def test_one_pass_variance_of_a_constant_channel_is_not_negative_cuda(cuda):
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_networks_train_as_before_cuda(cuda, precision, flavour):
     assert_fused_follows_unfused(cuda, precision, flavour)
+
+
+@gpu
+@pytest.mark.parametrize("precision", STORAGE)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("activation", ["leaky", "mish"])
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(1, 4, 4099)])
+def test_delta_from_sums_cuda(cuda, precision, flavour, activation, shape):
+    """CUDA's sums path against NumPy float64's reduction path (reduction_tol, as the
+    reduction path's own gpu tests) and against CUDA's reduction path; the parameters'
+    updates are the same bits on both (the same partial sums, finalised alike), and the
+    sums are those updates (set, not added: the NaN they held is gone)."""
+    case = delta_case(np.random.default_rng(sum(shape) + len(flavour)), shape)
+    tol = reduction_tol(shape[0] * shape[2])
+    got = delta_paths(cuda, case, shape, flavour, activation, precision, poison_channel_scratch)
+    want = delta_paths(REF, case, shape, flavour, activation, precision)["reduction"]
+    sums, reduction = got["sums"], got["reduction"]
+    for name in BACKWARD_OUTPUTS:
+        assert_close(sums[name], want[name], tol, f"{name} against NumPy")
+        assert_close(sums[name], reduction[name], tol, f"{name} against CUDA's reduction")
+    for name in ("bias_updates", "scale_updates"):
+        assert_same_bits(sums[name].astype(np.float32), reduction[name].astype(np.float32), name)
+    assert_same_bits(sums["delta_x_norm_sum"].astype(np.float32),
+                     sums["scale_updates"].astype(np.float32), "delta_x_norm_sum")
+    if FLAVOURS[flavour][1]:
+        assert_same_bits(sums["delta_sum"].astype(np.float32),
+                         sums["bias_updates"].astype(np.float32), "delta_sum")
+    assert np.isfinite(sums["delta_sum"]).all()

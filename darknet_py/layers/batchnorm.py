@@ -41,6 +41,9 @@ def bn_init_updates(layer, be, n):
     layer.variance = be.zeros(n)
     layer.mean_delta = be.zeros(n)
     layer.variance_delta = be.zeros(n)
+    # A 16-bit x's backward: batchnorm_activation_backward's per-channel sums (E2).
+    layer.delta_sum = be.zeros(n)
+    layer.delta_x_norm_sum = be.zeros(n)
 
 
 def x_precision(layer):
@@ -109,6 +112,12 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
     mean, variance = ((layer.mean, layer.variance) if net.train
                       else (layer.rolling_mean, layer.rolling_variance))
     bias_updates = layer.bias_updates if train_beta else None
+    x_at = x_precision(layer)
+    # A 16-bit x (fp16/bf16): batchnorm_delta's two per-channel sums are the activation
+    # pass's own (delta_sum, delta_x_norm_sum: E2), not a reduction pass of their own; fp32
+    # and tf32 keep Darknet's, bit for bit.
+    from_sums = layer.x_norm is None and x_at != precisions.DEFAULT
+    sums = (layer.delta_sum, layer.delta_x_norm_sum) if from_sums else (None, None)
     if layer.x_norm is not None:
         be.bias_scale_updates(layer.delta, layer.x_norm, layer.batch, out_c, spatial,
                               bias_updates, layer.scale_updates)
@@ -116,11 +125,17 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
         be.batchnorm_activation_backward(layer.x, mean, variance, layer.scales, layer.biases,
                                          layer.output, layer.batch, out_c, spatial,
                                          _forward_eps(layer), activation, layer.delta,
-                                         bias_updates, layer.scale_updates,
-                                         x_precision=x_precision(layer))
-    be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
-                       layer.mean_delta, layer.variance_delta, layer.delta,
-                       fork=layer.fork_cpu, x_precision=x_precision(layer))
+                                         bias_updates, layer.scale_updates, x_precision=x_at,
+                                         delta_sum=sums[0], delta_x_norm_sum=sums[1])
+    if from_sums:
+        be.batchnorm_delta_from_sums(layer.x, mean, variance, layer.scales, layer.batch, out_c,
+                                     spatial, _forward_eps(layer), *sums, layer.mean_delta,
+                                     layer.variance_delta, layer.delta, fork=layer.fork_cpu,
+                                     x_precision=x_at)
+    else:
+        be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
+                           layer.mean_delta, layer.variance_delta, layer.delta,
+                           fork=layer.fork_cpu, x_precision=x_at)
 
 
 def _forward_eps(layer):
