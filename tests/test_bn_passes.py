@@ -18,7 +18,7 @@ from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
 from test_bn_fused import FLAVOURS, bn_case, poison_channel_scratch
-from test_bn_half_x import NET_CFG, SPECIAL, bn_layers, relative, widened
+from test_bn_half_x import NET_CFG, SPECIAL, bn_layers, relative, train_passes, widened
 from test_cuda_ops import REF, assert_close, check, nan, rand, reduction_tol
 
 gpu = pytest.mark.gpu
@@ -284,15 +284,10 @@ def train(be, precision, flavour, fused, iterations=2):
         calls = None if fused else unfused(be, patch)
         net = Network(parse_cfg_text(NET_CFG), backend=be, seed=3, darknet=flavour,
                       precision=precision)
-        rng = np.random.default_rng(17)
-        costs = []
-        for _ in range(iterations):
-            x = rng.random((net.images_per_pass,) + net.input_shape, dtype=np.float32)
-            truth = np.eye(5, dtype=np.float32)[rng.integers(0, 5, net.images_per_pass)]
-            costs.append(net.train_pass(x, truth))
+        costs = train_passes(net, iterations)
         params = {(l.index, name): be.to_host(getattr(l, name)).copy()
                   for l in bn_layers(net) for name in PARAMS}
-    return np.array(costs, np.float64), params, calls
+    return costs, params, calls
 
 
 def assert_fused_follows_unfused(be, precision, flavour):

@@ -15,8 +15,12 @@ activation's input: the backward recomputes both, bit for bit, from x and the st
 Only a recurrent layer's inner layers (Layer.stepped) keep x_norm (their backward pairs each
 step's x_norm with the last step's statistics, as Darknet's does).
 Under fp16/bf16 (the layer's precision, precision.HALF_STORAGE) x is kept at 16 bits, rounded
-to nearest even as the forward copies it (x_precision): its convolution's operands were
-rounded so already; fp32 and tf32 layers, and stepped ones, keep an fp32 x.
+to nearest even as the forward's batchnorm_apply reads it (keep=, x_precision): its
+convolution's operands were rounded so already; fp32 and tf32 layers, and stepped ones, keep
+an fp32 x. Passes cut for reduced precisions (bench/NOTES.md E1/E2): a layer whose precision
+is not fp32 takes its batch statistics from one read (mean_variance); one that keeps a
+16-bit x takes batchnorm_delta's sums from its activation pass (batchnorm_delta_from_sums).
+fp32 keeps Darknet's passes, bit for bit.
 """
 from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
