@@ -9,6 +9,11 @@ passes. Measured on NumPy (MEAN_STD_RATIOS, 3 seeds, per-channel std 0.01..100, 
 1.38 M terms a channel): the one-pass variance is within 5.4e-8 relative of the exact
 float64 one (about its float32 rounding), the float32 two-pass within 1.7e-7, the two apart
 by at most 1.7e-7. VARIANCE_TOL asserts a few times that.
+E2: layers that keep a 16-bit x (fp16/bf16) make batchnorm_delta's mean_delta and
+variance_delta from the sums their activation pass already makes (delta_sum,
+delta_x_norm_sum: batchnorm_delta_from_sums), not from a reduction pass; the same up to each
+x_norm's rounding (E2_TOL; 1e-12 in float64). Whole networks: the fused passes against the
+compositions they replace (unfused), fp32 bit for bit, else within PASSES_TOL.
 """
 import numpy as np
 import pytest
