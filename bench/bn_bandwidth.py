@@ -36,21 +36,26 @@ def main():
     mean, var = be.zeros(c), be.from_host(np.ones(c, np.float32))
     scales, biases = be.from_host(np.ones(c, np.float32)), be.zeros(c)
     upd_a, upd_b, md, vd = be.zeros(c), be.zeros(c), be.zeros(c), be.zeros(c)
+    sum_g, sum_gx = be.zeros(c), be.zeros(c)
     x16 = be.storage_zeros(n, "fp16")
     be.copy_rounded(x, x16, "fp16")
 
-    def apply(act):
+    def apply(act, keep=None):
         be.copy(y, dst)   # untimed-size note: batchnorm_apply works in place
-        be.batchnorm_apply(dst, mean, var, scales, biases, b, c, spatial, 1e-5, act, None)
+        be.batchnorm_apply(dst, mean, var, scales, biases, b, c, spatial, 1e-5, act, None,
+                           keep=keep, keep_precision="fp16")
 
     ops = [   # (name, run, bytes at the least)
         ("copy (roofline)", lambda: be.copy(x, dst), 8 * n),
         ("mean", lambda: be.mean(x, b, c, spatial, mean), 4 * n),
         ("variance", lambda: be.variance(x, mean, b, c, spatial, var), 4 * n),
+        ("mean_variance (E1b)", lambda: be.mean_variance(x, b, c, spatial, mean, var), 4 * n),
         ("copy_rounded fp16", lambda: be.copy_rounded(x, x16, "fp16"), 6 * n),
     ]
     for act in ("linear", "leaky", "mish"):
         ops.append((f"copy + batchnorm_apply {act}", lambda a=act: apply(a), 16 * n))
+    ops.append(("copy + batchnorm_apply leaky, keep x16 (E1a)",
+                lambda: apply("leaky", x16), 18 * n))
     for act, from_y in (("leaky", True), ("mish", False)):
         ops.append((f"batchnorm_activation_backward {act} x16",
                     lambda a=act: be.batchnorm_activation_backward(
@@ -61,6 +66,18 @@ def main():
                 lambda: be.batchnorm_delta(x16, mean, var, scales, b, c, spatial, md, vd,
                                            delta, fork=True, x_precision="fp16"),
                 (6 + 10) * n))
+    ops.append(("batchnorm_activation_backward leaky x16 E2",
+                lambda: be.batchnorm_activation_backward(
+                    x16, mean, var, scales, biases, y, b, c, spatial, 1e-5, "leaky", delta,
+                    upd_a, upd_b, x_precision="fp16", delta_sum=sum_g,
+                    delta_x_norm_sum=sum_gx),
+                14 * n))
+    ops.append(("batchnorm_delta_from_sums x16 (E2)",
+                lambda: be.batchnorm_delta_from_sums(x16, mean, var, scales, b, c, spatial,
+                                                     1e-5, sum_g, sum_gx, md, vd, delta,
+                                                     fork=True,
+                                                     x_precision="fp16"),
+                10 * n))
     print(f"shape {b}x{c}x{h}x{w} ({n * 4 / 1e9:.2f} GB fp32) on {be.name}")
     for name, run, nbytes in ops:
         s = median_seconds(be, run, 3, args.repeats)

@@ -2,6 +2,7 @@
 // batch-norm forward's last pass and the fork's normalize_channels family.
 
 #include "activations.cuh"
+#include "x_storage.cuh"
 
 // x[i] = act(x[i]) for i < n
 extern "C" __global__ void activate_array(float* __restrict__ x, int n, int act)
@@ -25,28 +26,49 @@ extern "C" __global__ void bias_activate(float* __restrict__ out, const float* _
 }
 
 // Batch norm's forward after its statistics, per element of rows = batch * filters rows:
+// keep = x rounded to X's storage when keep is not null (the x a training layer keeps for
+// its backward: what copy_rounded would write, in this pass's read of x),
 // v = (x - mean[f]) / (sqrt(var[f]) + 1e-6) (Darknet; eps < 0) or / sqrt(var[f] + eps)
 // (the fork), x_norm = v when x_norm is not null, x = act(v * scales[f] + biases[f]). One
-// pass for what normalize, a copy, scale_bias, add_bias and the activation did in five;
-// each step rounds as its own pass did (no fused multiply-add, activations.cuh), so the
-// bits are theirs, and batchnorm_activation_sums recomputes them in the backward.
-extern "C" __global__ void batchnorm_apply_kernel(float* __restrict__ x, const float* __restrict__ mean,
-                                                 const float* __restrict__ variance,
-                                                 const float* __restrict__ scales,
-                                                 const float* __restrict__ biases,
-                                                 int rows, int filters, int spatial, float eps, int act,
-                                                 float* __restrict__ x_norm)
+// pass for what a copy, normalize, a copy, scale_bias, add_bias and the activation did in
+// six; each step rounds as its own pass did (no fused multiply-add, activations.cuh), so
+// the bits are theirs, and batchnorm_activation_sums recomputes them in the backward.
+template <class X>
+__device__ __forceinline__ void batchnorm_apply_of(float* __restrict__ x, const float* __restrict__ mean,
+                                                   const float* __restrict__ variance,
+                                                   const float* __restrict__ scales,
+                                                   const float* __restrict__ biases,
+                                                   int rows, int filters, int spatial, float eps,
+                                                   int act, float* __restrict__ x_norm,
+                                                   typename X::Storage* __restrict__ keep)
 {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= spatial) return;
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const int f = r % filters;
         const long long i = (long long)r * spatial + s;
-        const float v = batchnorm_normalized(x[i], mean[f], batchnorm_divisor(variance[f], eps));
+        const float in = x[i];
+        if (keep) keep[i] = X::rounded(in);
+        const float v = batchnorm_normalized(in, mean[f], batchnorm_divisor(variance[f], eps));
         if (x_norm) x_norm[i] = v;
         x[i] = activate(batchnorm_scaled(v, scales[f], biases[f]), act);
     }
 }
+
+#define BATCHNORM_APPLY(NAME, X)                                                                  \
+    extern "C" __global__ void NAME(float* __restrict__ x, const float* __restrict__ mean,        \
+                                    const float* __restrict__ variance,                           \
+                                    const float* __restrict__ scales,                             \
+                                    const float* __restrict__ biases, int rows, int filters,      \
+                                    int spatial, float eps, int act, float* __restrict__ x_norm,  \
+                                    X::Storage* __restrict__ keep)                                \
+    {                                                                                             \
+        batchnorm_apply_of<X>(x, mean, variance, scales, biases, rows, filters, spatial, eps,     \
+                              act, x_norm, keep);                                                 \
+    }
+BATCHNORM_APPLY(batchnorm_apply_kernel, XF32)
+BATCHNORM_APPLY(batchnorm_apply_kernel_x_f16, XF16)
+BATCHNORM_APPLY(batchnorm_apply_kernel_x_bf16, XBF16)
 
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
 // x (blocks and threads) spans the width, y the rows.

@@ -10,47 +10,9 @@
 
 #include "activations.cuh"
 #include "common.cuh"
+#include "x_storage.cuh"
 
-// ---- x kept at 16 bits (fp16/bf16 training) -------------------------------------------------
-// A batch-normalised layer's x (the normalisation's input, read by its backward only) is
-// kept as fp32 or, under fp16/bf16, as 16-bit storage written by round_copy_*. The kernels
-// that read x take it through one of these loaders; widening 16 bits to fp32 is exact, so
-// the math after the load is the fp32 kernels' (one source: templates over the loader).
-struct XF32 {
-    const float* __restrict__ p;
-    __device__ __forceinline__ float operator[](long long i) const { return p[i]; }
-};
-struct XF16 {
-    const unsigned short* __restrict__ p;
-    __device__ __forceinline__ float operator[](long long i) const
-    {
-        float r;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(p[i]));
-        return r;
-    }
-    // v rounded to nearest even (precision.round_to's fp16): overflow to infinity,
-    // subnormals kept.
-    static __device__ __forceinline__ unsigned short rounded(float v)
-    {
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    }
-};
-struct XBF16 {   // bf16: the upper 16 bits of an fp32
-    const unsigned short* __restrict__ p;
-    __device__ __forceinline__ float operator[](long long i) const
-    {
-        return __uint_as_float((unsigned)p[i] << 16);
-    }
-    static __device__ __forceinline__ unsigned short rounded(float v)   // nearest even
-    {
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    }
-};
-
+// ---- x kept at 16 bits (fp16/bf16 training): x_storage.cuh's XF32/XF16/XBF16 -------------
 // dst[i] = src[i] rounded to X's 16 bits (x kept for the backward).
 #define ROUND_COPY(NAME, X)                                                                      \
     extern "C" __global__ void NAME(const float* __restrict__ src,                               \
@@ -97,6 +59,7 @@ enum ChannelTerm {
 // reduction adds (the term's first operand), `t` the term itself.
 template <int TERM, class B>
 struct PlainTerm {
+    using Value = float;   // what a term is computed in (each added to a double sum)
     const float* __restrict__ a;
     B b;
     float m;
@@ -130,10 +93,10 @@ __device__ __forceinline__ void accumulate_channel_terms(const Term& term, int f
     long long img = first / spatial;
     int pos = (int)(first - img * spatial);
     for (long long i = first; i < end; i += UNROLL * step) {
-        float t[UNROLL], ta[UNROLL];
+        typename Term::Value t[UNROLL], ta[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            t[u] = ta[u] = 0.0f;
+            t[u] = ta[u] = 0;
             if (i + (long long)u * step < end) term(img * image_stride + pos, ta[u], t[u]);
             img += step_images;
             pos += step_pos;
@@ -221,6 +184,54 @@ CHANNEL_SUMS(channel_sums, XF32, float)
 CHANNEL_SUMS(channel_sums_x_f16, XF16, unsigned short)
 CHANNEL_SUMS(channel_sums_x_bf16, XBF16, unsigned short)
 
+// A training batch's statistics in one read of x (mean_variance, tf32/fp16/bf16 layers):
+// partial_a gets the sums of x, partial those of x^2, both in double (the square of a
+// float is exact in a double), for mean_variance_finalize.
+struct MomentTerm {
+    using Value = double;
+    const float* __restrict__ a;
+    __device__ __forceinline__ void operator()(long long idx, double& ta, double& t) const
+    {
+        ta = (double)a[idx];
+        t = ta * ta;
+    }
+};
+
+extern "C" __global__ void channel_moments(const float* __restrict__ x, int batch, int filters,
+                                          int spatial, int parts, double* __restrict__ partial,
+                                          double* __restrict__ partial_a)
+{
+    const ChannelPart part(batch, spatial, parts);
+    double s = 0.0, sa = 0.0;
+    accumulate_channel_terms<true>(MomentTerm{x + (long long)blockIdx.y * spatial}, filters,
+                                   spatial, part.begin, part.end, s, sa);
+    store_channel_partials(s, sa, parts, partial, partial_a);
+}
+
+// mean[f] = S / n rounded to float (as FINAL_MEAN) and Darknet's unbiased variance around
+// that float mean m, from the sums S of x (partial_a) and Q of x^2 (partial):
+// sum (x - m)^2 = Q - 2 m S + n m^2, / (n - 1), in double; clamped at 0 (the exact value is
+// never negative, the rounded one might be: a constant channel).
+extern "C" __global__ void mean_variance_finalize(const double* __restrict__ partial,
+                                                 const double* __restrict__ partial_a, int parts,
+                                                 int filters, long long count,
+                                                 float* __restrict__ mean,
+                                                 float* __restrict__ variance)
+{
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= filters) return;
+    double q = 0.0, s = 0.0;
+    for (int p = 0; p < parts; ++p) {
+        q += partial[(long long)f * parts + p];
+        s += partial_a[(long long)f * parts + p];
+    }
+    const float m = (float)(s / (double)count);
+    const double md = m, n = (double)count;
+    const double v = (q - 2.0 * md * s + n * md * md) / (n - 1.0);
+    mean[f] = m;
+    variance[f] = (float)(v < 0.0 ? 0.0 : v);   // NaN (n = 1) stays NaN, as FINAL_VARIANCE's
+}
+
 // Batch norm's backward up to its parameter gradients, in one pass, for a layer that keeps
 // x but not x_norm nor the activation's input: per element, x_norm = (x - mean) /
 // divisor and the activation's input x_norm * scale + bias are recomputed as
@@ -231,6 +242,7 @@ CHANNEL_SUMS(channel_sums_x_bf16, XBF16, unsigned short)
 // the same terms, rounded the same, added in the same order.
 template <class X>
 struct BatchnormActivationTerm {
+    using Value = float;
     X x;
     const float* __restrict__ y;
     float* __restrict__ delta;
@@ -291,7 +303,8 @@ BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_f16, XF16, unsigned short)
 BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_bf16, XBF16, unsigned short)
 
 // What channel_finalize does with a channel's sum S (count = batch*spatial), S first
-// multiplied by scales[f] when scales is not null (the delta summed was not yet scaled):
+// multiplied by scales[f] when scales is not null (the delta summed was not yet scaled);
+// sum_out[f] = S itself (unless null; before scales), and nothing else where out is null:
 enum ChannelFinal {
     FINAL_MEAN = 0,           // out[f] = S / count
     FINAL_VARIANCE = 1,       // out[f] = S / (count - 1)
@@ -303,12 +316,15 @@ enum ChannelFinal {
 extern "C" __global__ void channel_finalize(const double* __restrict__ partial, int parts, int filters,
                                            int final_op, long long count,
                                            const float* __restrict__ variance,
-                                           const float* __restrict__ scales, float* __restrict__ out)
+                                           const float* __restrict__ scales, float* __restrict__ out,
+                                           float* __restrict__ sum_out)
 {
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f >= filters) return;
     double s = 0.0;
     for (int p = 0; p < parts; ++p) s += partial[(long long)f * parts + p];
+    if (sum_out) sum_out[f] = (float)s;
+    if (!out) return;
     if (scales) s *= (double)scales[f];
     switch (final_op) {
     case FINAL_MEAN: out[f] = (float)(s / (double)count); break;
@@ -317,6 +333,32 @@ extern "C" __global__ void channel_finalize(const double* __restrict__ partial, 
     case FINAL_MEAN_DELTA: out[f] = (float)(s * (-1.0 / sqrt((double)variance[f] + 1e-5))); break;
     default: out[f] = (float)(s * -0.5 * pow((double)variance[f] + 1e-5, -1.5)); break;
     }
+}
+
+// mean_delta and variance_delta from the sums of this backward's g (the delta after the
+// activation's gradient, before the scales) that batchnorm_activation_sums left:
+// delta_sum[f] = sum g and delta_x_norm_sum[f] = sum g * x_norm, x_norm = (x - m) / D with
+// D the forward's divisor (batchnorm_divisor: sqrt(v) + 1e-6, or sqrt(v + eps)). With
+// d = scale * g the delta batchnorm_delta's reduction would sum,
+//   mean_delta     = sum d * -1 / sqrt(v + 1e-5)                = -scale * sum g / sqrt(v + 1e-5)
+//   variance_delta = sum d * (x - m) * -1/2 * (v + 1e-5)^-3/2
+//                  = -1/2 * scale * (v + 1e-5)^-3/2 * D * sum g * x_norm,
+// since sum g (x - m) = D sum g x_norm: the same sums up to each x_norm's rounding (a float
+// division: half an ulp of each term). One thread per channel, in double, as
+// channel_finalize's FINAL_MEAN_DELTA and FINAL_VARIANCE_DELTA.
+extern "C" __global__ void batchnorm_delta_factors(const float* __restrict__ delta_sum,
+                                                  const float* __restrict__ delta_x_norm_sum,
+                                                  const float* __restrict__ variance,
+                                                  const float* __restrict__ scales, int filters,
+                                                  float eps, float* __restrict__ mean_delta,
+                                                  float* __restrict__ variance_delta)
+{
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= filters) return;
+    const double v = (double)variance[f] + 1e-5, scale = scales[f];
+    const double divisor = batchnorm_divisor(variance[f], eps);
+    mean_delta[f] = (float)((double)delta_sum[f] * scale * (-1.0 / sqrt(v)));
+    variance_delta[f] = (float)((double)delta_x_norm_sum[f] * scale * divisor * -0.5 * pow(v, -1.5));
 }
 
 // x = (x - mean[f]) / (sqrt(variance[f]) + 1e-6), per row as add_bias.

@@ -101,13 +101,20 @@ def train(precision, flavour, half_x, iterations=4):
                       precision=precision)
         initial = {(l.index, name): net.be.to_host(getattr(l, name)).copy()
                    for l in bn_layers(net) for name in PARAMS}
-        rng = np.random.default_rng(17)
-        costs = []
-        for _ in range(iterations):
-            x = rng.random((net.images_per_pass,) + net.input_shape, dtype=np.float32)
-            truth = np.eye(5, dtype=np.float32)[rng.integers(0, 5, net.images_per_pass)]
-            costs.append(net.train_pass(x, truth))
-    return net, np.array(costs, np.float64), initial
+        costs = train_passes(net, iterations)
+    return net, costs, initial
+
+
+def train_passes(net, iterations):
+    """The per-pass costs of `iterations` training passes of NET_CFG's network on random
+    images and classes (the same each call)."""
+    rng = np.random.default_rng(17)
+    costs = []
+    for _ in range(iterations):
+        x = rng.random((net.images_per_pass,) + net.input_shape, dtype=np.float32)
+        truth = np.eye(5, dtype=np.float32)[rng.integers(0, 5, net.images_per_pass)]
+        costs.append(net.train_pass(x, truth))
+    return np.array(costs, np.float64)
 
 
 def relative(a, b):

@@ -12,17 +12,21 @@ import pycuda.driver as drv
 
 from .. import activations, precision as precisions
 from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
+from .numpy_batchnorm import delta_sums_given
 
 KERNELS = {
     "batchnorm.cu": {
         "add_bias": "PPiii",
         "scale_bias": "PPiii",
         "channel_sums": "PPPiiiiiPP",
-        "channel_finalize": "PiiiqPPP",
+        "channel_finalize": "PiiiqPPPP",
+        "batchnorm_delta_factors": "PPPPifPP",
         "normalize_kernel": "PPPiii",
         "normalize_sqrt_eps_kernel": "PPPiiif",
         "normalize_delta_kernel": "PPPPPiiifPPi",
         "batchnorm_activation_sums": "PPPPPPiiifiiiPPP",
+        "channel_moments": "PiiiiPP",
+        "mean_variance_finalize": "PPiiqPP",
         "round_copy_f16": "PPq",
         "round_copy_bf16": "PPq",
         **{f"{kernel}{suffix}": signature
@@ -37,7 +41,7 @@ KERNELS = {
         "lrn_backward_kernel": "iPPfP",
     },
     "activations.cu": {
-        "batchnorm_apply_kernel": "PPPPPiiifiP",
+        f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP" for suffix in ("", "_x_f16", "_x_bf16")
     },
 }
 
@@ -104,15 +108,16 @@ class CudaNorm:
         return parts, partial, partial + plane if two_sums else 0
 
     def _channel_finalize(self, parts, partial, partial_a, count, filters, final, final_a,
-                          variance=None, scales=None):
-        """Each channel's partial sums added in a fixed order, then (final_op, out) applied;
-        final_a likewise for partial_a's, unless None."""
+                          variance=None, scales=None, sum_outs=(None, None)):
+        """Each channel's partial sums added in a fixed order, then (final_op, out) applied
+        (out None: nothing); final_a likewise for partial_a's, unless None. sum_outs: arrays
+        that get each channel's plain sum (partial's, partial_a's), unless None."""
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
-        for (op, destination), sums in ((final, partial),) + (
-                ((final_a, partial_a),) if final_a else ()):
+        for (op, destination), sums, sum_out in ((final, partial, sum_outs[0]),) + (
+                ((final_a, partial_a, sum_outs[1]),) if final_a else ()):
             self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
                          sums, parts, filters, op, count, ptr(variance), ptr(scales),
-                         self._ptr(destination))
+                         ptr(destination), ptr(sum_out))
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
@@ -166,12 +171,15 @@ class CudaNorm:
 
     def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
                                       filters, spatial, eps, activation, delta, bias_updates,
-                                      scale_updates, x_precision="fp32"):
+                                      scale_updates, x_precision="fp32", delta_sum=None,
+                                      delta_x_norm_sum=None):
         """NumpyBackend.batchnorm_activation_backward in one pass over x and delta (and the
         output, for gradients from it): kernels/batchnorm.cu's batchnorm_activation_sums,
-        whose sums are bias_scale_updates' to the bit. x_precision: how x is kept
+        whose sums are bias_scale_updates' to the bit (and delta_sum's and
+        delta_x_norm_sum's, rounded to float, where given). x_precision: how x is kept
         (storage_zeros); a 16-bit x is widened to fp32 as it is read."""
         suffix = self._x_suffix(x, x_precision)
+        sums = delta_sums_given(delta_sum, delta_x_norm_sum)
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         if activation in activations.CHANNEL_ACTIVATIONS:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
@@ -180,13 +188,15 @@ class CudaNorm:
         for what, arr, need in (("x", x, total), ("output", output, total), ("delta", delta, total),
                                 ("mean", mean, filters), ("variance", variance, filters),
                                 ("scales", scales, filters), ("biases", biases, filters),
-                                ("scale_updates", scale_updates, filters)) + (
-                                    () if bias_updates is None
-                                    else (("bias_updates", bias_updates, filters),)):
+                                ("scale_updates", scale_updates, filters)) + tuple(
+                                    (what, arr, filters) for what, arr in (
+                                        ("bias_updates", bias_updates), ("delta_sum", delta_sum),
+                                        ("delta_x_norm_sum", delta_x_norm_sum))
+                                    if arr is not None):
             self._check_size(f"batchnorm_activation_backward {what}", arr, need)
         if filters <= 0 or batch * spatial <= 0:
             return
-        two_sums = bias_updates is not None
+        two_sums = bias_updates is not None or sums
         parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
         self._launch("batchnorm_activation_sums" + suffix, (parts, filters), (_BLOCK,),
                      self._ptr(x), self._ptr(output), self._ptr(mean), self._ptr(variance),
@@ -196,7 +206,8 @@ class CudaNorm:
                      partial, partial_a)
         self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
                                (_FINAL_ACCUMULATE, scale_updates),
-                               (_FINAL_ACCUMULATE, bias_updates) if two_sums else None)
+                               (_FINAL_ACCUMULATE, bias_updates) if two_sums else None,
+                               sum_outs=(delta_x_norm_sum, delta_sum))
 
     def mean(self, x, batch, filters, spatial, mean):
         self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
@@ -205,6 +216,22 @@ class CudaNorm:
         self._check_size("variance mean", mean, filters)
         self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
                              _FINAL_VARIANCE, variance)
+
+    def mean_variance(self, x, batch, filters, spatial, mean, variance):
+        """NumpyBackend.mean_variance in one read of x: channel_moments' double sums of x and
+        x^2, then mean_variance_finalize."""
+        batch, filters, spatial = int(batch), int(filters), int(spatial)
+        self._check_size("mean_variance x", x, batch * filters * spatial)
+        self._check_size("mean_variance mean", mean, filters)
+        self._check_size("mean_variance variance", variance, filters)
+        if filters <= 0:
+            return
+        parts, partial, partial_a = self._channel_partials(batch, filters, spatial, True)
+        self._launch("channel_moments", (parts, filters), (_BLOCK,), self._ptr(x), batch,
+                     filters, spatial, parts, partial, partial_a)
+        self._launch("mean_variance_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
+                     partial, partial_a, parts, filters, batch * spatial, self._ptr(mean),
+                     self._ptr(variance))
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         self._check_size("normalize x", x, batch * filters * spatial)
@@ -223,20 +250,24 @@ class CudaNorm:
                           int(spatial), float(eps))
 
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
-                        activation, x_norm):
-        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu)."""
+                        activation, x_norm, keep=None, keep_precision="fp32"):
+        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu), keep (unless
+        None: storage_zeros(n, keep_precision)'s array) written as x is read."""
         total = batch * filters * spatial
         self._check_size("batchnorm_apply x", x, total)
         for what, arr in (("mean", mean), ("variance", variance), ("scales", scales),
                           ("biases", biases)):
             self._check_size(f"batchnorm_apply {what}", arr, filters)
-        if x_norm is not None:
-            self._check_size("batchnorm_apply x_norm", x_norm, total)
-        self._launch_rows("batchnorm_apply_kernel", batch * filters, spatial, self._ptr(x),
-                          self._ptr(mean), self._ptr(variance), self._ptr(scales),
+        for what, arr in (("x_norm", x_norm), ("keep", keep)):
+            if arr is not None:
+                self._check_size(f"batchnorm_apply {what}", arr, total)
+        suffix = "" if keep is None else self._x_suffix(keep, keep_precision)
+        ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
+        self._launch_rows("batchnorm_apply_kernel" + suffix, batch * filters, spatial,
+                          self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(scales),
                           self._ptr(biases), int(batch * filters), int(filters), int(spatial),
                           -1.0 if eps is None else float(eps), self._activation_id(activation),
-                          0 if x_norm is None else self._ptr(x_norm))
+                          ptr(x_norm), ptr(keep))
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)
@@ -278,6 +309,26 @@ class CudaNorm:
                              _FINAL_VARIANCE_DELTA, variance_delta, variance=variance,
                              scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta),
                              b_suffix=suffix)
+        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
+                              batch, filters, spatial, delta, fork, suffix)
+
+    def batchnorm_delta_from_sums(self, x, mean, variance, scales, batch, filters, spatial, eps,
+                                  delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
+                                  delta, fork=False, x_precision="fp32"):
+        """NumpyBackend.batchnorm_delta_from_sums: batchnorm_delta_factors (a thread a
+        channel), then normalize_delta scaling delta as it reads it; no pass over delta
+        for the sums."""
+        suffix = self._x_suffix(x, x_precision)
+        for what, arr in (("variance", variance), ("scales", scales), ("delta_sum", delta_sum),
+                          ("delta_x_norm_sum", delta_x_norm_sum), ("mean_delta", mean_delta),
+                          ("variance_delta", variance_delta)):
+            self._check_size(f"batchnorm_delta_from_sums {what}", arr, filters)
+        if filters <= 0:
+            return
+        self._launch("batchnorm_delta_factors", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
+                     self._ptr(delta_sum), self._ptr(delta_x_norm_sum), self._ptr(variance),
+                     self._ptr(scales), int(filters), -1.0 if eps is None else float(eps),
+                     self._ptr(mean_delta), self._ptr(variance_delta))
         self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
                               batch, filters, spatial, delta, fork, suffix)
 

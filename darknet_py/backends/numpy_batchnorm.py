@@ -11,6 +11,13 @@ import numpy as np
 from .. import activations, precision as precisions
 
 
+def delta_sums_given(delta_sum, delta_x_norm_sum):
+    """Whether batchnorm_activation_backward writes its sums: both arrays or neither."""
+    if (delta_sum is None) != (delta_x_norm_sum is None):
+        raise ValueError("delta_sum and delta_x_norm_sum: both or neither")
+    return delta_sum is not None
+
+
 class NumpyBatchnorm:
     def mean(self, x, batch, filters, spatial, mean):
         mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
@@ -19,6 +26,19 @@ class NumpyBatchnorm:
         # Darknet divides by (batch*spatial - 1).
         d = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
         variance[:filters] = (d * d).sum(axis=(0, 2)) / (batch * spatial - 1)
+
+    def mean_variance(self, x, batch, filters, spatial, mean, variance):
+        """mean's and variance's statistics from one read of x (tf32/fp16/bf16 layers):
+        per-channel float64 sums S of x and Q of x^2; the mean S / n rounded to the
+        backend's float m, and Darknet's unbiased variance around it, sum (x - m)^2 =
+        Q - 2 m S + n m^2, / (n - 1), clamped at 0 (rounding may take a constant channel's
+        below). Against the two passes: bench/NOTES.md E1b."""
+        n = batch * spatial
+        v = x[:batch * filters * spatial].reshape(batch, filters, spatial).astype(np.float64)
+        s, q = v.sum(axis=(0, 2)), (v * v).sum(axis=(0, 2))
+        m = (s / n).astype(self.dtype).astype(np.float64)
+        mean[:filters] = m
+        variance[:filters] = np.maximum((q - 2.0 * m * s + n * m * m) / (n - 1), 0.0)
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         # Darknet's CPU forward divides by sqrt(var) + 1e-6 (its backward uses sqrt(var + 1e-5)).
@@ -49,10 +69,15 @@ class NumpyBatchnorm:
             dst[...] = precisions.round_to(src, stored)
 
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
-                        activation, x_norm):
-        """Batch norm's forward after its statistics, in place on x: normalize (eps None:
+                        activation, x_norm, keep=None, keep_precision="fp32"):
+        """Batch norm's forward after its statistics, in place on x: copy x into keep
+        unless it is None, as copy_rounded(x, keep, keep_precision) would (keep:
+        storage_zeros' array; the x a training layer keeps), normalize (eps None:
         Darknet's / (sqrt(var) + 1e-6); else the fork's / sqrt(var + eps)), copy the result
         into x_norm unless it is None, scale, add biases, then the activation."""
+        if keep is not None:
+            total = batch * filters * spatial
+            self.copy_rounded(x[:total], keep[:total], keep_precision)
         if eps is None:
             self.normalize(x, mean, variance, batch, filters, spatial)
         else:
@@ -65,14 +90,18 @@ class NumpyBatchnorm:
 
     def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
                                       filters, spatial, eps, activation, delta, bias_updates,
-                                      scale_updates, x_precision="fp32"):
+                                      scale_updates, x_precision="fp32", delta_sum=None,
+                                      delta_x_norm_sum=None):
         """delta *= the activation's gradient, then bias_scale_updates, with x_norm and the
         activation's input recomputed from x as batchnorm_apply computed them (same bits):
         a BN layer's backward keeps x only. Gradient from the output, or from the input for
         INPUT_GRADIENT; not the normalize_channels family (mixes channels).
         x_precision: how x is kept (storage_zeros / copy_rounded's precision); here its
-        values are already the rounded ones, read as they are."""
+        values are already the rounded ones, read as they are. delta_sum and
+        delta_x_norm_sum (both or neither): set to this pass's sums of delta and of
+        delta * x_norm per channel (not accumulated; batchnorm_delta_from_sums reads them)."""
         precisions.storage(x_precision)   # a known precision, as on CUDA
+        sums = delta_sums_given(delta_sum, delta_x_norm_sum)
         if activation in activations.CHANNEL_ACTIVATIONS:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
         total = batch * filters * spatial
@@ -88,8 +117,17 @@ class NumpyBatchnorm:
             self.gradient_from_input(activation_input, activation, delta[:total])
         else:
             self.gradient(output[:total], activation, delta[:total])
-        self.bias_scale_updates(delta[:total], x_norm, batch, filters, spatial, bias_updates,
-                                scale_updates)
+        if not sums:
+            self.bias_scale_updates(delta[:total], x_norm, batch, filters, spatial,
+                                    bias_updates, scale_updates)
+            return
+        delta_sum[:filters] = 0
+        delta_x_norm_sum[:filters] = 0
+        self.bias_scale_updates(delta[:total], x_norm, batch, filters, spatial, delta_sum,
+                                delta_x_norm_sum)
+        if bias_updates is not None:   # the same sums added: bias_scale_updates' bits
+            bias_updates[:filters] += delta_sum[:filters]
+        scale_updates[:filters] += delta_x_norm_sum[:filters]
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         d = delta.reshape(batch, filters, spatial).sum(axis=(0, 2))
@@ -115,6 +153,29 @@ class NumpyBatchnorm:
         d[...] = (d / divisor
                   + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
                   + mean_delta[:filters].reshape(shape) / n)
+
+    def batchnorm_delta_from_sums(self, x, mean, variance, scales, batch, filters, spatial, eps,
+                                  delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
+                                  delta, fork=False, x_precision="fp32"):
+        """batchnorm_delta without its pass over delta for the sums: mean_delta and
+        variance_delta from the per-channel sums of delta (g, not yet scaled) and of
+        g * x_norm that batchnorm_activation_backward left in delta_sum and
+        delta_x_norm_sum, then delta *= scales and normalize_delta. eps: the forward's
+        (batchnorm_apply's: its divisor D). The identity (kernels/batchnorm.cu,
+        batchnorm_delta_factors): sum d (x - m) = scale * D * sum g x_norm, so the results
+        are batchnorm_delta's up to each x_norm's rounding (bench/NOTES.md E2)."""
+        precisions.storage(x_precision)
+        v = np.asarray(variance[:filters], np.float64) + 1e-5
+        scale = np.asarray(scales[:filters], np.float64)
+        vf = variance[:filters]   # the forward's divisor, rounded as normalize rounded it
+        divisor = (np.sqrt(vf) + self.dtype.type(1e-6) if eps is None
+                   else np.sqrt(vf + self.dtype.type(eps))).astype(np.float64)
+        mean_delta[:filters] = delta_sum[:filters] * scale * (-1.0 / np.sqrt(v))
+        variance_delta[:filters] = (delta_x_norm_sum[:filters] * scale * divisor * -0.5
+                                    * np.power(v, -1.5))
+        self.scale_bias(delta, scales, batch, filters, spatial)
+        self.normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
+                             spatial, delta, fork)
 
     def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
                         variance_delta, delta, fork=False, x_precision="fp32"):

@@ -15,8 +15,12 @@ activation's input: the backward recomputes both, bit for bit, from x and the st
 Only a recurrent layer's inner layers (Layer.stepped) keep x_norm (their backward pairs each
 step's x_norm with the last step's statistics, as Darknet's does).
 Under fp16/bf16 (the layer's precision, precision.HALF_STORAGE) x is kept at 16 bits, rounded
-to nearest even as the forward copies it (x_precision): its convolution's operands were
-rounded so already; fp32 and tf32 layers, and stepped ones, keep an fp32 x.
+to nearest even as the forward's batchnorm_apply reads it (keep=, x_precision): its
+convolution's operands were rounded so already; fp32 and tf32 layers, and stepped ones, keep
+an fp32 x. Passes cut for reduced precisions (bench/NOTES.md E1/E2): a layer whose precision
+is not fp32 takes its batch statistics from one read (mean_variance); one that keeps a
+16-bit x takes batchnorm_delta's sums from its activation pass (batchnorm_delta_from_sums).
+fp32 keeps Darknet's passes, bit for bit.
 """
 from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
@@ -41,6 +45,9 @@ def bn_init_updates(layer, be, n):
     layer.variance = be.zeros(n)
     layer.mean_delta = be.zeros(n)
     layer.variance_delta = be.zeros(n)
+    # A 16-bit x's backward: batchnorm_activation_backward's per-channel sums (E2).
+    layer.delta_sum = be.zeros(n)
+    layer.delta_x_norm_sum = be.zeros(n)
 
 
 def x_precision(layer):
@@ -66,9 +73,12 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
-        be.copy_rounded(out, layer.x, x_precision(layer))
-        be.mean(out, batch, out_c, spatial, layer.mean)
-        be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
+        if getattr(layer, "precision", precisions.DEFAULT) == precisions.DEFAULT:
+            be.mean(out, batch, out_c, spatial, layer.mean)
+            be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
+        else:   # one read for both; the variance within 2e-7 of the two passes'
+            # (bench/NOTES.md E1b); fp32 keeps Darknet's two passes, bit for bit
+            be.mean_variance(out, batch, out_c, spatial, layer.mean, layer.variance)
         keep = fork_keep if layer.fork_cpu else ROLLING_KEEP
         be.scal(keep, layer.rolling_mean)
         be.axpy(1.0 - keep, layer.mean, layer.rolling_mean)
@@ -81,8 +91,10 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
         mean, variance = layer.mean, layer.variance
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
+    # Training keeps x (the input, at x_precision) in the same pass.
     be.batchnorm_apply(out, mean, variance, layer.scales, layer.biases, batch, out_c, spatial,
-                       _forward_eps(layer), activation, layer.x_norm if net.train else None)
+                       _forward_eps(layer), activation, layer.x_norm if net.train else None,
+                       keep=layer.x if net.train else None, keep_precision=x_precision(layer))
 
 
 def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
@@ -104,6 +116,12 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
     mean, variance = ((layer.mean, layer.variance) if net.train
                       else (layer.rolling_mean, layer.rolling_variance))
     bias_updates = layer.bias_updates if train_beta else None
+    x_at = x_precision(layer)
+    # A 16-bit x (fp16/bf16): batchnorm_delta's two per-channel sums are the activation
+    # pass's own (delta_sum, delta_x_norm_sum: E2), not a reduction pass of their own; fp32
+    # and tf32 keep Darknet's, bit for bit.
+    from_sums = layer.x_norm is None and x_at != precisions.DEFAULT
+    sums = (layer.delta_sum, layer.delta_x_norm_sum) if from_sums else (None, None)
     if layer.x_norm is not None:
         be.bias_scale_updates(layer.delta, layer.x_norm, layer.batch, out_c, spatial,
                               bias_updates, layer.scale_updates)
@@ -111,11 +129,17 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
         be.batchnorm_activation_backward(layer.x, mean, variance, layer.scales, layer.biases,
                                          layer.output, layer.batch, out_c, spatial,
                                          _forward_eps(layer), activation, layer.delta,
-                                         bias_updates, layer.scale_updates,
-                                         x_precision=x_precision(layer))
-    be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
-                       layer.mean_delta, layer.variance_delta, layer.delta,
-                       fork=layer.fork_cpu, x_precision=x_precision(layer))
+                                         bias_updates, layer.scale_updates, x_precision=x_at,
+                                         delta_sum=sums[0], delta_x_norm_sum=sums[1])
+    if from_sums:
+        be.batchnorm_delta_from_sums(layer.x, mean, variance, layer.scales, layer.batch, out_c,
+                                     spatial, _forward_eps(layer), *sums, layer.mean_delta,
+                                     layer.variance_delta, layer.delta, fork=layer.fork_cpu,
+                                     x_precision=x_at)
+    else:
+        be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
+                           layer.mean_delta, layer.variance_delta, layer.delta,
+                           fork=layer.fork_cpu, x_precision=x_at)
 
 
 def _forward_eps(layer):

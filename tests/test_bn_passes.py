@@ -1,0 +1,436 @@
+"""Batch norm's element-wise passes cut (bench/NOTES.md E1/E2, issue 26).
+
+E1a: batchnorm_apply writes the kept x (keep=, rounded as copy_rounded would) as it reads x,
+so a training forward makes no copy pass; every precision, the same bits as copy_rounded
+then batchnorm_apply.
+E1b: tf32/fp16/bf16 layers take the batch's mean and variance from one read (mean_variance:
+double sums of x and x^2) instead of mean's and variance's two; fp32 keeps Darknet's two
+passes. Measured on NumPy (MEAN_STD_RATIOS, 3 seeds, per-channel std 0.01..100, 131 k and
+1.38 M terms a channel): the one-pass variance is within 5.4e-8 relative of the exact
+float64 one (about its float32 rounding), the float32 two-pass within 1.7e-7, the two apart
+by at most 1.7e-7. VARIANCE_TOL asserts a few times that.
+E2: layers that keep a 16-bit x (fp16/bf16) make batchnorm_delta's mean_delta and
+variance_delta from the sums their activation pass already makes (delta_sum,
+delta_x_norm_sum: batchnorm_delta_from_sums), not from a reduction pass; the same up to each
+x_norm's rounding (E2_TOL; 1e-12 in float64). Whole networks: the fused passes against the
+compositions they replace (unfused), fp32 bit for bit, else within PASSES_TOL.
+"""
+import numpy as np
+import pytest
+
+from darknet_py import precision as precisions
+from darknet_py.backends.numpy_backend import NumpyBackend
+from darknet_py.cfg import parse_cfg_text
+from darknet_py.network import Network
+from test_bn_fused import FLAVOURS, bn_case, poison_channel_scratch
+from test_bn_half_x import NET_CFG, SPECIAL, bn_layers, relative, train_passes, widened
+from test_cuda_ops import REF, assert_close, check, nan, rand, reduction_tol
+
+gpu = pytest.mark.gpu
+STORAGE = ("fp32",) + precisions.HALF_STORAGE
+# batch, filters, spatial: filters 3 and 255, spatial 1, 169, a yolov4 plane and an odd one.
+ODD_SHAPES = [(2, 3, 169), (1, 255, 169), (5, 255, 1), (2, 3, 173056), (1, 3, 173057)]
+EPS = (None, 1e-5)   # Darknet's divisor, the fork's
+MEAN_STD_RATIOS = (0, 1, 10, 100)
+# mean_variance's variance against the exact one (float64 around the float mean) and against
+# the float32 two passes (NumPy's; CUDA's sums are in double), relative per channel.
+VARIANCE_TOL = {"exact": 1e-7, "two_pass": 5e-7}
+# A network trained with the fused passes against the unfused ones (tf32/fp16/bf16, 2
+# passes): the per-pass loss (relative) and each BN layer's parameters (relative to the
+# array's largest). One pass moves them by float32 roundings (4e-7); the next carries each
+# 16-bit (or tf32) operand whose rounding that flipped: measured at most 1.3e-5 and 3.3e-3
+# (bf16, the BN biases, which start at 0), about the format's unit roundoff.
+PASSES_TOL = {"loss": 1e-4, "params": 2e-2}
+# batchnorm_delta_from_sums against batchnorm_delta, both float32 (NumPy), relative to each
+# array's largest element: measured at most 7e-7 (variance_delta; each within 4.6e-7 of
+# float64), bench/NOTES.md E2.
+E2_TOL = 5e-6
+
+
+# SPECIAL's rounding ties, fp16 overflows, subnormals and NaN; not the values whose
+# normalised float32 result overflows where float64's does not.
+KEEP_SPECIAL = SPECIAL[np.isnan(SPECIAL) | (np.abs(SPECIAL) < 1e7)]
+
+
+def apply_case(rng, shape):
+    """x (KEEP_SPECIAL among it), mean, variance, scales, biases (host float32)."""
+    x, mean, variance, scales, biases = bn_case(rng, *shape)[:5]
+    n = min(x.size, KEEP_SPECIAL.size)
+    x[rng.choice(x.size, n, replace=False)] = KEEP_SPECIAL[:n]
+    return x, mean, variance, scales, biases
+
+
+def apply(be, case, shape, eps, activation, x_norm, keep, precision):
+    """be.batchnorm_apply on `case` (keep=None or True: storage_zeros(precision), or a
+    ready array); host copies of x, x_norm (or None) and the kept x (widened; or None)."""
+    x, mean, variance, scales, biases = (be.from_host(a) for a in case)
+    norm = be.zeros(x.size) if x_norm else None
+    if keep is True:
+        keep = be.storage_zeros(x.size, precision)
+    be.batchnorm_apply(x, mean, variance, scales, biases, *shape, eps, activation, norm,
+                       keep=keep, keep_precision=precision)
+    kept = None
+    if keep is not None:
+        kept = (be.to_host(keep) if isinstance(be, NumpyBackend)
+                else widened(be, keep, precision) if precision != "fp32" else be.to_host(keep))
+    return be.to_host(x), None if norm is None else be.to_host(norm), kept
+
+
+def assert_same_bits(got, want, what):
+    assert got.shape == want.shape, what
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), f"{what}: {np.count_nonzero(~same)} elements differ"
+
+
+@pytest.mark.parametrize("precision", STORAGE)
+@pytest.mark.parametrize("eps", EPS)
+def test_apply_keeps_what_copy_rounded_keeps_numpy(precision, eps):
+    """keep= is copy_rounded of the x read, and x and x_norm are what they are without it."""
+    be, shape = NumpyBackend(), (2, 3, 7)
+    case = apply_case(np.random.default_rng(1), shape)
+    out, norm, kept = apply(be, case, shape, eps, "leaky", True, True, precision)
+    want = be.storage_zeros(case[0].size, precision)
+    be.copy_rounded(be.from_host(case[0]), want, precision)
+    assert_same_bits(kept, be.to_host(want), "keep")
+    plain_out, plain_norm, _ = apply(be, case, shape, eps, "leaky", True, None, precision)
+    assert_same_bits(out, plain_out, "x")
+    assert_same_bits(norm, plain_norm, "x_norm")
+    if precision != "fp32":   # the rounding is there: keep is not x
+        assert not np.array_equal(kept, case[0], equal_nan=True)
+
+
+def moments_case(rng, shape, ratio):
+    """x of each channel: mean ratio * std, std from 0.01 to 100 across the channels."""
+    batch, filters, spatial = shape
+    std = rng.uniform(0.01, 100.0, filters)[None, :, None]
+    return (std * (ratio + rng.standard_normal((batch, filters, spatial)))).astype(
+        np.float32).ravel()
+
+
+def exact_variance(x, mean, shape):
+    """Darknet's unbiased variance around the float mean, in float64."""
+    batch, filters, spatial = shape
+    d = x.reshape(shape).astype(np.float64) - np.asarray(mean, np.float64)[None, :, None]
+    return (d * d).sum(axis=(0, 2)) / (batch * spatial - 1)
+
+
+def statistics(be, x, shape, one_pass):
+    """(mean, variance) host copies from mean_variance or from mean then variance."""
+    filters = shape[1]
+    mean, variance, x = be.zeros(filters), be.zeros(filters), be.from_host(x)
+    if one_pass:
+        be.mean_variance(x, *shape, mean, variance)
+    else:
+        be.mean(x, *shape, mean)
+        be.variance(x, mean, *shape, variance)
+    return be.to_host(mean), be.to_host(variance)
+
+
+def per_channel_relative(got, want):
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want) / np.abs(want)))
+
+
+@pytest.mark.parametrize("ratio", MEAN_STD_RATIOS)
+def test_one_pass_statistics_against_exact_and_two_pass_numpy(ratio):
+    be, shape = NumpyBackend(), (4, 8, 4099)
+    x = moments_case(np.random.default_rng(ratio), shape, ratio)
+    mean, variance = statistics(be, x, shape, True)
+    two_mean, two_variance = statistics(be, x, shape, False)
+    # The mean is the float64 sum's, rounded once to float32.
+    np.testing.assert_array_equal(
+        mean, (x.reshape(shape).astype(np.float64).sum(axis=(0, 2)) / (4 * 4099)).astype(
+            np.float32))
+    assert per_channel_relative(variance, exact_variance(x, mean, shape)) < VARIANCE_TOL["exact"]
+    assert per_channel_relative(variance, two_variance) < VARIANCE_TOL["two_pass"]
+    # The two means a float32 ulp or two apart (NumPy's float32 mean rounds its sum).
+    assert np.max(np.abs(mean - two_mean) / (np.abs(mean) + np.sqrt(variance))) < 2.5e-7
+
+
+def test_one_pass_variance_of_a_constant_channel_is_not_negative_numpy():
+    be, shape = NumpyBackend(), (3, 2, 1001)
+    x = np.concatenate([np.full(1001, 0.1, np.float32), np.full(1001, -7.3, np.float32)] * 3)
+    mean, variance = statistics(be, x, shape, True)
+    np.testing.assert_array_equal(mean, np.float32([0.1, -7.3]))
+    assert (variance >= 0).all() and (variance <= 1e-12).all()
+
+
+# ---- E2: batchnorm_delta from the activation pass's sums --------------------------------
+def delta_paths(be, case, shape, flavour, activation, precision, poison=lambda be: None):
+    """{path: {array: host copy}} of batch norm's backward on `be` from x kept at
+    `precision`: "reduction" (batchnorm_activation_backward, then batchnorm_delta) and
+    "sums" (the same pass writing delta_sum and delta_x_norm_sum, NaN before, then
+    batchnorm_delta_from_sums). The updates start at 0, so that they are the sums."""
+    x, mean, variance, scales, biases, output, delta = case
+    eps, train_beta = FLAVOURS[flavour]
+    filters = shape[1]
+    results = {}
+    for path in ("reduction", "sums"):
+        poison(be)
+        a = {name: be.from_host(v) for name, v in (
+            ("mean", mean), ("variance", variance), ("scales", scales), ("biases", biases),
+            ("output", output), ("delta", delta), ("bias_updates", np.zeros(filters, np.float32)),
+            ("scale_updates", np.zeros(filters, np.float32)), ("mean_delta", nan(filters)),
+            ("variance_delta", nan(filters)), ("delta_sum", nan(filters)),
+            ("delta_x_norm_sum", nan(filters)))}
+        kept = be.storage_zeros(x.size, precision)
+        be.copy_rounded(be.from_host(x), kept, precision)
+        stats = (a["mean"], a["variance"], a["scales"])
+        sums = (a["delta_sum"], a["delta_x_norm_sum"]) if path == "sums" else (None, None)
+        be.batchnorm_activation_backward(
+            kept, *stats, a["biases"], a["output"], *shape, eps, activation, a["delta"],
+            a["bias_updates"] if train_beta else None, a["scale_updates"],
+            x_precision=precision, delta_sum=sums[0], delta_x_norm_sum=sums[1])
+        if path == "sums":
+            be.batchnorm_delta_from_sums(kept, *stats, *shape, eps, *sums, a["mean_delta"],
+                                         a["variance_delta"], a["delta"],
+                                         fork=flavour == "alexeyab-cpu", x_precision=precision)
+        else:
+            be.batchnorm_delta(kept, *stats, *shape, a["mean_delta"], a["variance_delta"],
+                               a["delta"], fork=flavour == "alexeyab-cpu",
+                               x_precision=precision)
+        results[path] = {name: np.asarray(be.to_host(arr), np.float64) for name, arr in a.items()}
+    return results
+
+
+def delta_case(rng, shape):
+    """x, mean, variance, scales, biases, output, delta (host float32); mean and variance
+    x's own, as a training pass has them."""
+    x, _, _, scales, biases, delta = bn_case(rng, *shape)[:6]
+    batch, filters, spatial = shape
+    planes = x.reshape(shape).astype(np.float64)
+    mean = planes.mean(axis=(0, 2)).astype(np.float32)
+    variance = (planes.var(axis=(0, 2), ddof=1) + 0.01).astype(np.float32)
+    return x, mean, variance, scales, biases, rand(rng, x.size, -3.0, 3.0), delta
+
+
+BACKWARD_OUTPUTS = ("delta", "mean_delta", "variance_delta", "bias_updates", "scale_updates")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("activation", ["leaky", "mish", "linear"])
+def test_delta_from_sums_is_the_identity_numpy(flavour, activation):
+    """In float64 the two paths differ only by float64 roundings (the identity holds: any
+    wrong divisor would show at 1e-6); in float32 within E2_TOL, x kept at fp16 and bf16."""
+    for shape in ((2, 3, 169), (3, 255, 13), (5, 7, 1)):
+        case = delta_case(np.random.default_rng(sum(shape) + len(activation)), shape)
+        for precision in precisions.HALF_STORAGE:
+            for be, tol in ((REF, 1e-12), (NumpyBackend(), E2_TOL)):
+                got = delta_paths(be, case, shape, flavour, activation, precision)
+                sums, reduction = got["sums"], got["reduction"]
+                for name in BACKWARD_OUTPUTS:
+                    assert_close(sums[name], reduction[name], tol, f"{name} {precision}")
+                # The sums are set, not added to: the updates started at 0.
+                np.testing.assert_array_equal(sums["delta_x_norm_sum"], sums["scale_updates"])
+                if FLAVOURS[flavour][1]:
+                    np.testing.assert_array_equal(sums["delta_sum"], sums["bias_updates"])
+                else:
+                    assert np.isfinite(sums["delta_sum"]).all()
+
+
+def test_activation_backward_takes_both_sums_or_neither():
+    be = NumpyBackend()
+    case = [be.from_host(a) for a in bn_case(np.random.default_rng(0), 1, 3, 4)]
+    x, mean, variance, scales, biases, delta, bias_updates, scale_updates = case
+    with pytest.raises(ValueError, match="both or neither"):
+        be.batchnorm_activation_backward(x, mean, variance, scales, biases, x, 1, 3, 4, None,
+                                         "leaky", delta, bias_updates, scale_updates,
+                                         delta_sum=be.zeros(3))
+
+
+# ---- whole networks: the fused passes against the compositions they replace ------------
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PARAMS = ("weights", "scales", "biases", "rolling_mean", "rolling_variance")
+
+
+def unfused(be, patch):
+    """Patch the backend instance `be` so that the layers' fused batch-norm ops run as the
+    compositions they replace (the passes before E1/E2); returns {op: calls} of the fused
+    ops the layers asked for."""
+    calls = {"keep": 0, "mean_variance": 0, "sums": 0, "from_sums": 0}
+    apply, activation_backward = be.batchnorm_apply, be.batchnorm_activation_backward
+
+    def batchnorm_apply(x, mean, variance, scales, biases, batch, filters, spatial, eps,
+                        activation, x_norm, keep=None, keep_precision="fp32"):
+        if keep is not None:
+            calls["keep"] += 1
+            be.copy_rounded(x, keep, keep_precision)
+        apply(x, mean, variance, scales, biases, batch, filters, spatial, eps, activation,
+              x_norm)
+
+    def mean_variance(x, batch, filters, spatial, mean, variance):
+        calls["mean_variance"] += 1
+        be.mean(x, batch, filters, spatial, mean)
+        be.variance(x, mean, batch, filters, spatial, variance)
+
+    def batchnorm_activation_backward(*args, x_precision="fp32", delta_sum=None,
+                                      delta_x_norm_sum=None):
+        calls["sums"] += delta_sum is not None
+        activation_backward(*args, x_precision=x_precision)
+
+    def batchnorm_delta_from_sums(x, mean, variance, scales, batch, filters, spatial, eps,
+                                  delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
+                                  delta, fork=False, x_precision="fp32"):
+        calls["from_sums"] += 1
+        be.batchnorm_delta(x, mean, variance, scales, batch, filters, spatial, mean_delta,
+                           variance_delta, delta, fork, x_precision)
+
+    for op in (batchnorm_apply, mean_variance, batchnorm_activation_backward,
+               batchnorm_delta_from_sums):
+        patch.setattr(be, op.__name__, op)
+    return calls
+
+
+def train(be, precision, flavour, fused, iterations=2):
+    """(per-pass costs, {(layer index, name): host copy of PARAMS}, calls or None) after
+    `iterations` training passes of test_bn_half_x's network; fused False: through
+    unfused(be)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(precisions.ENV, raising=False)
+        calls = None if fused else unfused(be, patch)
+        net = Network(parse_cfg_text(NET_CFG), backend=be, seed=3, darknet=flavour,
+                      precision=precision)
+        costs = train_passes(net, iterations)
+        params = {(l.index, name): be.to_host(getattr(l, name)).copy()
+                  for l in bn_layers(net) for name in PARAMS}
+    return costs, params, calls
+
+
+def assert_fused_follows_unfused(be, precision, flavour):
+    """fp32: the same bits (and no one-pass statistics); else within PASSES_TOL."""
+    costs, params, _ = train(be, precision, flavour, True)
+    want_costs, want_params, calls = train(be, precision, flavour, False)
+    assert calls["keep"] > 0 and np.isfinite(want_costs).all()
+    half = precision in precisions.HALF_STORAGE   # E2: a 16-bit x only
+    assert calls["sums"] == calls["from_sums"] == (calls["keep"] if half else 0)
+    if precision == "fp32":
+        assert calls["mean_variance"] == 0
+        np.testing.assert_array_equal(costs, want_costs)
+        for key, want in want_params.items():
+            np.testing.assert_array_equal(params[key], want, err_msg=str(key))
+        return
+    assert calls["mean_variance"] > 0
+    assert relative(costs, want_costs) < PASSES_TOL["loss"]
+    for key, want in want_params.items():
+        assert relative(params[key], want) < PASSES_TOL["params"], key
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_networks_train_as_before_numpy(precision, flavour):
+    assert_fused_follows_unfused(NumpyBackend(), precision, flavour)
+
+
+# =============================================================================
+# GPU
+# =============================================================================
+
+def poisoned_storage(cuda, n, precision):
+    """storage_zeros(n, precision) filled with NaN (each format's quiet NaN)."""
+    import pycuda.driver as drv
+    a = cuda.storage_zeros(n, precision)
+    if precision == "fp32":
+        drv.memset_d32_async(cuda._ptr(a), 0x7FC00000, n, cuda.stream)
+    else:
+        drv.memset_d16_async(cuda._ptr(a), 0x7E00 if precision == "fp16" else 0x7FC0, n,
+                             cuda.stream)
+    return a
+
+
+@gpu
+@pytest.mark.parametrize("precision", STORAGE)
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+@pytest.mark.parametrize("eps", EPS)
+def test_apply_keeps_copy_rounded_bits_cuda(cuda, precision, shape, eps):
+    """The kept x (into NaN-poisoned storage) is copy_rounded's, on CUDA and NumPy, bit for
+    bit; x and x_norm are the kernel's own without keep, bit for bit, and NumPy float64's
+    within test_batchnorm_apply's 1e-5."""
+    rng = np.random.default_rng(sum(shape) + len(precision))
+    case = apply_case(rng, shape)
+    total = case[0].size
+    for activation, x_norm in (("leaky", True), ("mish", False)):
+        out, norm, kept = apply(cuda, case, shape, eps, activation, x_norm,
+                                poisoned_storage(cuda, total, precision), precision)
+        assert_same_bits(kept, precisions.round_to(case[0], precisions.storage(precision)),
+                         "keep against round_to")
+        copied = poisoned_storage(cuda, total, precision)
+        cuda.copy_rounded(cuda.from_host(case[0]), copied, precision)
+        assert_same_bits(kept, widened(cuda, copied, precision) if precision != "fp32"
+                         else cuda.to_host(copied), "keep against copy_rounded")
+        plain_out, plain_norm, _ = apply(cuda, case, shape, eps, activation, x_norm, None,
+                                         precision)
+        assert_same_bits(out, plain_out, "x")
+        ref_out, ref_norm, _ = apply(REF, case, shape, eps, activation, x_norm, None,
+                                     precision)
+        assert_close(out.astype(np.float64), ref_out, 1e-5, "x against NumPy float64")
+        if x_norm:
+            assert_same_bits(norm, plain_norm, "x_norm")
+            assert_close(norm.astype(np.float64), ref_norm, 1e-5, "x_norm against NumPy")
+
+
+@gpu
+def test_apply_refuses_a_keep_of_another_precision_cuda(cuda):
+    case = [cuda.from_host(a) for a in apply_case(np.random.default_rng(0), (1, 3, 4))]
+    with pytest.raises(TypeError, match="bf16"):
+        cuda.batchnorm_apply(*case, 1, 3, 4, None, "leaky", None,
+                             keep=cuda.storage_zeros(12, "fp16"), keep_precision="bf16")
+
+
+@gpu
+@pytest.mark.parametrize("ratio", MEAN_STD_RATIOS)
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(32, 3, 43264)])
+def test_one_pass_statistics_cuda(cuda, shape, ratio):
+    """mean_variance on CUDA: its mean is mean()'s bit for bit (the same double sum, in the
+    same order); its variance within VARIANCE_TOL of the exact one and of CUDA's two passes;
+    both against NumPy float64's one pass. Outputs poisoned with NaN."""
+    x = moments_case(np.random.default_rng(shape[2] + ratio), shape, ratio)
+    poison_channel_scratch(cuda)
+    mean, variance = statistics(cuda, x, shape, True)
+    two_mean, two_variance = statistics(cuda, x, shape, False)
+    assert_same_bits(mean, two_mean, "mean")
+    assert per_channel_relative(variance, exact_variance(x, mean, shape)) < VARIANCE_TOL["exact"]
+    assert per_channel_relative(variance, two_variance) < VARIANCE_TOL["two_pass"]
+    check(cuda, "mean_variance", x, *shape, nan(shape[1]), nan(shape[1]), tol=1e-6)
+
+
+@gpu
+def test_one_pass_variance_of_a_constant_channel_is_not_negative_cuda(cuda):
+    shape = (3, 2, 1001)
+    x = np.concatenate([np.full(1001, 0.1, np.float32), np.full(1001, -7.3, np.float32)] * 3)
+    mean, variance = statistics(cuda, x, shape, True)
+    np.testing.assert_array_equal(mean, np.float32([0.1, -7.3]))
+    assert (variance >= 0).all() and (variance <= 1e-12).all()
+
+
+@gpu
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_networks_train_as_before_cuda(cuda, precision, flavour):
+    assert_fused_follows_unfused(cuda, precision, flavour)
+
+
+@gpu
+@pytest.mark.parametrize("precision", STORAGE)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("activation", ["leaky", "mish"])
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(1, 4, 4099)])
+def test_delta_from_sums_cuda(cuda, precision, flavour, activation, shape):
+    """CUDA's sums path against NumPy float64's reduction path (reduction_tol, as the
+    reduction path's own gpu tests) and against CUDA's reduction path; the parameters'
+    updates are the same bits on both (the same partial sums, finalised alike), and the
+    sums are those updates (set, not added: the NaN they held is gone)."""
+    case = delta_case(np.random.default_rng(sum(shape) + len(flavour)), shape)
+    tol = reduction_tol(shape[0] * shape[2])
+    got = delta_paths(cuda, case, shape, flavour, activation, precision, poison_channel_scratch)
+    want = delta_paths(REF, case, shape, flavour, activation, precision)["reduction"]
+    sums, reduction = got["sums"], got["reduction"]
+    for name in BACKWARD_OUTPUTS:
+        assert_close(sums[name], want[name], tol, f"{name} against NumPy")
+        assert_close(sums[name], reduction[name], tol, f"{name} against CUDA's reduction")
+    for name in ("bias_updates", "scale_updates"):
+        assert_same_bits(sums[name].astype(np.float32), reduction[name].astype(np.float32), name)
+    assert_same_bits(sums["delta_x_norm_sum"].astype(np.float32),
+                     sums["scale_updates"].astype(np.float32), "delta_x_norm_sum")
+    if FLAVOURS[flavour][1]:
+        assert_same_bits(sums["delta_sum"].astype(np.float32),
+                         sums["bias_updates"].astype(np.float32), "delta_sum")
+    assert np.isfinite(sums["delta_sum"]).all()
