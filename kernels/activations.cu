@@ -42,16 +42,23 @@ __device__ __forceinline__ void batchnorm_apply_of(float* __restrict__ x, const 
                                                    int act, float* __restrict__ x_norm,
                                                    typename X::Storage* __restrict__ keep)
 {
-    const int s = blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= spatial) return;
+    // A thread takes several elements of a row (the launcher's per_thread), so that the
+    // channel's constants (the divisor's sqrt) are worked out once for them: the pass is
+    // bound by its arithmetic as much as by its bytes (bench/NOTES.md E3). Same bits.
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const int f = r % filters;
-        const long long i = (long long)r * spatial + s;
-        const float in = x[i];
-        if (keep) keep[i] = X::rounded(in);
-        const float v = batchnorm_normalized(in, mean[f], batchnorm_divisor(variance[f], eps));
-        if (x_norm) x_norm[i] = v;
-        x[i] = activate(batchnorm_scaled(v, scales[f], biases[f]), act);
+        const float m = mean[f], divisor = batchnorm_divisor(variance[f], eps);
+        const float scale = scales[f], bias = biases[f];
+        const long long row = (long long)r * spatial;
+        for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
+             s += gridDim.x * blockDim.x) {
+            const long long i = row + s;
+            const float in = x[i];
+            if (keep) keep[i] = X::rounded(in);
+            const float v = batchnorm_normalized(in, m, divisor);
+            if (x_norm) x_norm[i] = v;
+            x[i] = activate(batchnorm_scaled(v, scale, bias), act);
+        }
     }
 }
 

@@ -403,17 +403,25 @@ __device__ __forceinline__ void normalize_delta_of(X x, const float* __restrict_
                                                    const float* __restrict__ scales,
                                                    float* __restrict__ delta, int fork)
 {
-    const int s = blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= spatial) return;
+    // Several elements of a row a thread, the channel's constants worked out once for them
+    // (as batchnorm_apply_of: bench/NOTES.md E3); each is what the per-element expression
+    // d / divisor + variance_delta * 2 * xc / n + mean_delta / n rounds to, left to right.
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const int f = r % filters;
-        const long long i = (long long)r * spatial + s;
-        const float xc = x[i] - mean[f];
-        const float d = scales ? __fmul_rn(delta[i], scales[f]) : delta[i];
+        const float m = mean[f], scale = scales ? scales[f] : 1.0f;
         const float divisor = fork ? sqrtf(variance[f]) + 1e-5f : sqrtf(variance[f] + 1e-5f);
-        delta[i] = d / divisor
-                 + variance_delta[f] * 2.0f * xc / n
-                 + mean_delta[f] / n;
+        const float twice_variance_delta = variance_delta[f] * 2.0f;
+        const float mean_term = mean_delta[f] / n;
+        const long long row = (long long)r * spatial;
+        for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
+             s += gridDim.x * blockDim.x) {
+            const long long i = row + s;
+            const float xc = x[i] - m;
+            const float d = scales ? __fmul_rn(delta[i], scale) : delta[i];
+            delta[i] = __fadd_rn(__fadd_rn(__fdiv_rn(d, divisor),
+                                           __fdiv_rn(__fmul_rn(twice_variance_delta, xc), n)),
+                                 mean_term);
+        }
     }
 }
 

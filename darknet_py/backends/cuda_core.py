@@ -337,15 +337,16 @@ class CudaCore:
         """Blocks for a grid-stride kernel over n elements."""
         return (max(0, min((int(n) + block - 1) // block, self._max_blocks)),)
 
-    def _launch_rows(self, name, rows, width, *args):
+    def _launch_rows(self, name, rows, width, *args, per_thread=1):
         """Launch a row-wise kernel: x (blocks and threads) spans `width`, y spans `rows`.
-        Narrow rows get several rows per block so warps stay full."""
+        Narrow rows get several rows per block so warps stay full. per_thread: elements of
+        a row a thread takes (for kernels that stride over the row by the grid's width)."""
         rows, width = int(rows), int(width)
         if rows <= 0 or width <= 0:
             return
         bx = min(_BLOCK, 1 << (width - 1).bit_length())
         by = _BLOCK // bx
-        grid = ((width + bx - 1) // bx, min((rows + by - 1) // by, _MAX_GRID_Y))
+        grid = (_ceil_div(width, bx * per_thread), min((rows + by - 1) // by, _MAX_GRID_Y))
         self._launch(name, grid, (bx, by), *args)
 
     @staticmethod

@@ -14,6 +14,10 @@ from .. import activations, precision as precisions
 from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
 from .numpy_batchnorm import delta_sums_given
 
+# Elements of a row each thread of batchnorm_apply and normalize_delta takes, the channel's
+# constants worked out once for them (bench/NOTES.md E3).
+_ROW_ELEMENTS = 4
+
 KERNELS = {
     "batchnorm.cu": {
         "add_bias": "PPiii",
@@ -267,7 +271,7 @@ class CudaNorm:
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(scales),
                           self._ptr(biases), int(batch * filters), int(filters), int(spatial),
                           -1.0 if eps is None else float(eps), self._activation_id(activation),
-                          ptr(x_norm), ptr(keep))
+                          ptr(x_norm), ptr(keep), per_thread=_ROW_ELEMENTS)
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)
@@ -290,7 +294,7 @@ class CudaNorm:
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
                           self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
                           float(batch * spatial), 0 if scales is None else self._ptr(scales),
-                          self._ptr(delta), int(bool(fork)))
+                          self._ptr(delta), int(bool(fork)), per_thread=_ROW_ELEMENTS)
 
     def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
                         batch, filters, spatial, delta, fork=False):
