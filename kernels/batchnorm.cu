@@ -60,6 +60,7 @@ enum ChannelTerm {
 template <int TERM, class B>
 struct PlainTerm {
     using Value = float;   // what a term is computed in (each added to a double sum)
+    static constexpr bool writes = false;   // stores nothing: its loads may run ahead
     const float* __restrict__ a;
     B b;
     float m;
@@ -94,13 +95,35 @@ __device__ __forceinline__ void accumulate_channel_terms(const Term& term, int f
     int pos = (int)(first - img * spatial);
     for (long long i = first; i < end; i += UNROLL * step) {
         typename Term::Value t[UNROLL], ta[UNROLL];
+        if constexpr (Term::writes) {
+            // A term that stores (delta) would keep the compiler from loading the next
+            // terms before that store (the same array): all UNROLL terms' loads go first,
+            // then their math and stores, so that they are in flight together (a term at
+            // a time held batchnorm_activation_sums to ~1.6 TB/s: bench/NOTES.md E5).
+            typename Term::Loaded in[UNROLL];
+            long long at[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            t[u] = ta[u] = 0;
-            if (i + (long long)u * step < end) term(img * image_stride + pos, ta[u], t[u]);
-            img += step_images;
-            pos += step_pos;
-            if (pos >= spatial) { pos -= spatial; ++img; }
+            for (int u = 0; u < UNROLL; ++u) {
+                at[u] = img * image_stride + pos;
+                if (i + (long long)u * step < end) in[u] = term.load(at[u]);
+                img += step_images;
+                pos += step_pos;
+                if (pos >= spatial) { pos -= spatial; ++img; }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                t[u] = ta[u] = 0;
+                if (i + (long long)u * step < end) term.apply(at[u], in[u], ta[u], t[u]);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                t[u] = ta[u] = 0;
+                if (i + (long long)u * step < end) term(img * image_stride + pos, ta[u], t[u]);
+                img += step_images;
+                pos += step_pos;
+                if (pos >= spatial) { pos -= spatial; ++img; }
+            }
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -189,6 +212,7 @@ CHANNEL_SUMS(channel_sums_x_bf16, XBF16, unsigned short)
 // float is exact in a double), for mean_variance_finalize.
 struct MomentTerm {
     using Value = double;
+    static constexpr bool writes = false;
     const float* __restrict__ a;
     __device__ __forceinline__ void operator()(long long idx, double& ta, double& t) const
     {
@@ -248,14 +272,23 @@ struct BatchnormActivationTerm {
     float* __restrict__ delta;
     float mean, divisor, scale, bias;
     int act, from_input;
-    __device__ __forceinline__ void operator()(long long idx, float& g, float& t) const
+    static constexpr bool writes = true;   // delta: loads first (accumulate_channel_terms)
+    struct Loaded {
+        float x, delta, y;
+    };
+    __device__ __forceinline__ Loaded load(long long idx) const
     {
-        const float x_norm = batchnorm_normalized(x[idx], mean, divisor);
-        g = delta[idx];
+        return {x[idx], delta[idx], (from_input || act == LINEAR) ? 0.0f : y[idx]};
+    }
+    __device__ __forceinline__ void apply(long long idx, const Loaded& in, float& g,
+                                          float& t) const
+    {
+        const float x_norm = batchnorm_normalized(in.x, mean, divisor);
+        g = in.delta;
         if (from_input)
             g = __fmul_rn(g, gradient_from_input(batchnorm_scaled(x_norm, scale, bias), act));
         else if (act != LINEAR)
-            g = __fmul_rn(g, gradient(y[idx], act));
+            g = __fmul_rn(g, gradient(in.y, act));
         delta[idx] = g;
         t = __fmul_rn(g, x_norm);
     }
