@@ -8,6 +8,7 @@ training process, which decides what happens (training/stops.py).
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -38,10 +39,20 @@ def children_ignore_signals(signals=PARENT_SIGNALS):
 _START = time.monotonic()
 
 
+def say(line, stream=None):
+    """Write `line` and its newline in one write, then flush: processes that share a stdout
+    (a run's ranks, forked at one moment) never interleave their lines. print() writes the
+    text and the newline apart where the stream writes through (python -u,
+    PYTHONUNBUFFERED), and two ranks' start lines came out as one."""
+    stream = sys.stdout if stream is None else stream
+    stream.write(f"{line}\n")
+    stream.flush()
+
+
 def trace_start(event):
     """With DARKNET_TRACE_START=1: one line naming a milestone of this process's start-up
     (communicator ready, network built, loader started, first batch, first iteration) and
     the seconds since this module was imported, to see where a run's start goes."""
     if os.environ.get("DARKNET_TRACE_START") == "1":
-        print(f"darknet-py: trace pid {os.getpid()}: {event} at "
-              f"{time.monotonic() - _START:.3f} s", flush=True)
+        say(f"darknet-py: trace pid {os.getpid()}: {event} at "
+            f"{time.monotonic() - _START:.3f} s")

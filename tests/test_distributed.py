@@ -13,6 +13,7 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.distributed.comm import CommError, TcpCommunicator, free_port, parse_master
 from darknet_py.distributed.data_parallel import DataParallel, rank_seed, shard
 from darknet_py.backends.numpy_backend import NumpyBackend
+from darknet_py.processes import say
 from darknet_py.distributed.launcher import (LaunchError, PendingCommunicator, parse_gpus,
                                             rank_start_method)
 from darknet_py.network import Network
@@ -408,3 +409,19 @@ def test_a_rank_that_stops_answering_ends_the_run_at_the_timeout(bars, tmp_path)
                            "5 s (communication timeout); the other ranks were stopped")
     assert not os.path.exists(f"/proc/{pids[1]}") or \
         open(f"/proc/{pids[1]}/stat").read().split()[2] == "Z"
+
+
+def test_a_ranks_line_goes_out_in_one_write():
+    # Forked ranks print their start line at one moment into one pipe; print() wrote the
+    # text and the newline apart on a write-through stream, and the lines interleaved.
+    writes = []
+
+    class Stream:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            writes.append("<flush>")
+
+    say("darknet-py: rank 1 of 2: pid 7, cpu", Stream())
+    assert writes == ["darknet-py: rank 1 of 2: pid 7, cpu\n", "<flush>"]

@@ -15,7 +15,7 @@ from multiprocessing.connection import wait
 from ..backends import get_backend
 from ..data.loader import default_workers
 from ..errors import USER_ERRORS, DarknetError, describe_error
-from ..processes import PARENT_SIGNALS, children_ignore_signals, trace_start
+from ..processes import PARENT_SIGNALS, children_ignore_signals, say, trace_start
 from ..train import train
 from ..training.loop import describe_stop
 from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
@@ -81,20 +81,20 @@ def run_rank(spec):
         # Started with the signals training handles ignored and blocked (the launcher's
         # children_ignore_signals): training's handlers are in place now (held_stop_signals).
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
-        print(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
-              f"{spec.device}{spec.origin}", flush=True)
+        say(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
+            f"{spec.device}{spec.origin}")
         comm = PendingCommunicator(spec.rank, spec.world_size, spec.device, spec.master,
                                    spec.timeout)
         kwargs = dict(spec.train_kwargs)
         if spec.rank != 0:   # one log: rank 0's
             kwargs.update(log=lambda line: None, verbose=False)
         else:
-            kwargs["log"] = lambda line: print(line, flush=True)
+            kwargs["log"] = say
         train(device=spec.device, comm=comm, **kwargs)
     except Stopped as e:
         code, report = exit_code(e), ("signal", e.signum)
         if spec.rank == 0 and not getattr(e, "reported", False):
-            print(f"{describe_stop(e)} before training started: nothing saved", flush=True)
+            say(f"{describe_stop(e)} before training started: nothing saved")
     except CommError as e:
         code, report = EXIT_PEER_LOST, ("peer", str(e))
     except USER_ERRORS as e:
@@ -401,8 +401,7 @@ def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):
     with held_stop_signals():
         code, report = run_rank(spec)
     if report is not None and report[0] != "signal":
-        print(f"darknet-py: error: rank {cluster.rank}: {report[1]}", file=sys.stderr,
-              flush=True)
+        say(f"darknet-py: error: rank {cluster.rank}: {report[1]}", sys.stderr)
     if code:   # as a launched rank: no atexit work (loader threads, CUDA) may hang it
         sys.stderr.flush()
         os._exit(code)
