@@ -282,7 +282,7 @@ def rank_start_method(devices):
     fork can work; else spawned (a fresh interpreter that imports darknet-py again). A fork
     cannot work for GPU ranks once this process has started CUDA (a forked child cannot
     use its parent's CUDA), nor where the platform has no fork. DARKNET_RANK_START=spawn
-    asks for spawned ranks whatever the case (fork: the default, stated)."""
+    spawns them whatever the case; =fork asks for the default."""
     asked = os.environ.get(RANK_START_ENV, "")
     if asked not in ("", "fork", "spawn"):
         raise LaunchError(f"{RANK_START_ENV}={asked}: expected fork or spawn")
