@@ -11,6 +11,7 @@
 #   WORK_DIR    scratch space [default: /tmp/cluster-gpu-check]; removed and made again.
 #   PARTS       environment: which parts run [default: "torchrun signals timing"].
 #   ITERATIONS  iterations of the timed runs [default: 30].
+#   COUNTS      the GPU counts the timing part runs [default: "1 2 4", those present].
 #   CPU_DRY_RUN=1  check this script on a machine without GPUs: CPU ranks (--ranks N,
 #               --device cpu) stand in for the GPUs, the small detector for yolov4 (the
 #               figures mean nothing; every check must still pass).
@@ -37,6 +38,7 @@ YOLOV4=$(realpath "${1:-../shared/darknet-cfg-ab/yolov4.cfg}" 2>/dev/null || ech
 WORK=${2:-/tmp/cluster-gpu-check}
 PARTS=${PARTS:-torchrun signals timing}
 ITERATIONS=${ITERATIONS:-30}
+COUNTS=${COUNTS:-1 2 4}
 RESULTS=()            # lines of the table
 FAILED=0
 
@@ -197,7 +199,7 @@ EOF
     record "yolov4 warm-up (kernel cache), 1 iteration" "$([ $rc = 0 ] && echo ok || echo FAIL)" \
         "$(calc "$t1 - $t0") s ($WORK/warm.log)"
     local one=""
-    for g in 1 2 4; do
+    for g in $COUNTS; do
         [ "$g" -le "$GPUS" ] || continue
         data=$(data_file "yolov4-$g")
         t0=$(date +%s.%N)

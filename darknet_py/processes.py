@@ -51,8 +51,9 @@ def say(line, stream=None):
 
 def trace_start(event):
     """With DARKNET_TRACE_START=1: one line naming a milestone of this process's start-up
-    (communicator ready, network built, loader started, first batch, first iteration) and
-    the seconds since this module was imported, to see where a run's start goes."""
+    (CUDA started, communicator ready, network built, loader started, first batch, first
+    iteration) and the seconds since this module was imported, to see where a run's start
+    goes."""
     if os.environ.get("DARKNET_TRACE_START") == "1":
         say(f"darknet-py: trace pid {os.getpid()}: {event} at "
             f"{time.monotonic() - _START:.3f} s")

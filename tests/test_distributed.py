@@ -216,6 +216,40 @@ def test_batch_norm_replicas_stay_identical():
     assert np.abs(r0.layers[0].rolling_mean).max() > 0   # the statistics did move
 
 
+def test_parameters_sent_ahead_arrive_before_the_first_pass():
+    # train()'s form of attach: the broadcast runs on its own thread while the rank starts
+    # its loader; arrived() waits for it. Rank 1 starts from other weights and ends with
+    # rank 0's, and an update before arrived() is refused rather than summing gradients
+    # of other weights.
+    def body(comm):
+        net = Network(parse_cfg_text(CLASSIFIER_CFG.format(batch=2, subdivisions=1,
+                                                           momentum=0.9, max_batches=10)),
+                      "ahead.cfg", seed=5 if comm.rank == 0 else 6)
+        early = Network(parse_cfg_text(CLASSIFIER_CFG.format(batch=2, subdivisions=1,
+                                                             momentum=0.9, max_batches=10)),
+                        "early.cfg", seed=5)
+        hurried = DataParallel(comm)
+        hurried.send_parameters(early)
+        with pytest.raises(RuntimeError, match="without arrived"):
+            hurried.reduce(early)
+        hurried.arrived(early)
+        parallel = DataParallel(comm)
+        parallel.send_parameters(net)
+        parallel.arrived(net)
+        return {name: a.copy() for name, a in net.layers[0].params()}
+
+    r0, r1 = run_ranks(2, body)
+    first = Network(parse_cfg_text(CLASSIFIER_CFG.format(batch=2, subdivisions=1, momentum=0.9,
+                                                         max_batches=10)), "r0.cfg", seed=5)
+    for name, c in first.layers[0].params():
+        np.testing.assert_array_equal(r1[name], c, err_msg=name)
+        np.testing.assert_array_equal(r0[name], c, err_msg=name)
+    other = dict(Network(parse_cfg_text(CLASSIFIER_CFG.format(
+        batch=2, subdivisions=1, momentum=0.9, max_batches=10)), "r1.cfg",
+        seed=6).layers[0].params())
+    assert not np.array_equal(r1["weights"], other["weights"])   # rank 1 did start elsewhere
+
+
 # ---- whole runs: the command starts the ranks ---------------------------------------------
 @pytest.fixture(scope="module")
 def two_rank_run(bars, tmp_path_factory):

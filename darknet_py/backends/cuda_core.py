@@ -16,6 +16,7 @@ from pycuda.tools import DeviceMemoryPool
 from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
 from .errors import DeviceOutOfMemory, GraphCaptureError
 from .pinning import unpin_nothing
+from ..processes import trace_start
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 _KERNEL_OPTIONS = kernel_cache.KERNEL_OPTIONS
@@ -88,7 +89,9 @@ class _Device:
         return dev
 
     def __init__(self, index, kernels):
+        trace_start(f"CUDA start on device {index}")
         drv.init()
+        trace_start("cuInit done")
         count = drv.Device.count()
         if not 0 <= index < count:
             raise CudaError(f"no CUDA device {index}: {count} device(s) present")
@@ -96,6 +99,7 @@ class _Device:
         self.device = drv.Device(index)
         self.context = self.device.retain_primary_context()
         self.context.push()
+        trace_start(f"CUDA context of device {index} current")
         self.closed = False
         atexit.register(self.close)
         self.stream = drv.Stream()
@@ -128,6 +132,7 @@ class _Device:
                 fn = module.get_function(name)
                 fn.prepare(fmt)
                 self.functions[name] = fn
+        trace_start(f"kernels of device {index} loaded")
 
     def close(self):
         if self.closed:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..boxes import TRUTH_FIELDS
 from ..image import ImageError
-from ..processes import children_ignore_signals
+from ..processes import children_ignore_signals, trace_start
 from ..tree import fill_hierarchy
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
                       augment_detection_hwc, center_crop_hwc, from_hwc,
@@ -547,6 +547,7 @@ class _WorkerPool:
                         args=(maker, self.jobs, self.results, current, self.stopping, alive))
                     process.start()
                     self.processes.append((process, current))
+            trace_start(f"loader's {workers} workers started")
         except BaseException:
             self.close()
             raise
@@ -581,6 +582,7 @@ class _WorkerPool:
             self.slots[slot.index] = _Slot(slot.index, nbytes, self.pin)
             return self.slots[slot.index]
         self.slots.append(_Slot(len(self.slots), nbytes, self.pin))
+        trace_start(f"loader slot {len(self.slots) - 1} made ({nbytes >> 20} MB)")
         return self.slots[-1]
 
     def drop_queued(self):

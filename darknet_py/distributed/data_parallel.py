@@ -1,6 +1,8 @@
 """The data-parallel policy training follows (see the package docstring): the update
 hook that sums the ranks' gradients, and what train() asks about the run it is part of
 (which rank writes, its shard of the images, its loader seed)."""
+import threading
+
 import numpy as np
 
 
@@ -12,15 +14,35 @@ class DataParallel:
     def __init__(self, comm):
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
+        self._sending = None   # the _Broadcast of send_parameters, until arrived()
 
     def attach(self, net):
         """Make `net` a replica: rank 0's parameters on every rank, updates summed from
         now on. Call after loading weights and before training."""
-        self.comm.broadcast(net.be, [a for layer in net.layers for _, a in layer.params()])
-        net.params_changed()
+        self.send_parameters(net)
+        self.arrived(net)
+
+    def send_parameters(self, net):
+        """attach() in two halves, for a rank whose communicator may still be connecting
+        (NCCL's start and its first connections take ~1.2 s on 4 GPUs): rank 0's
+        parameters are broadcast from a thread of its own while the rank starts its data
+        loader, and arrived() waits for them before the first pass (bench/NOTES.md C6).
+        Nothing may read or write the parameters in between."""
         net.data_parallel = self
+        self._sending = _Broadcast(self.comm, net.be,
+                                   [a for layer in net.layers for _, a in layer.params()])
+
+    def arrived(self, net):
+        """Wait for send_parameters' broadcast to be queued (later work on the backend's
+        stream runs after it) and raise what it raised."""
+        if self._sending is not None:
+            sending, self._sending = self._sending, None
+            sending.wait()
+            net.params_changed()
 
     def reduce(self, net):
+        if self._sending is not None:   # a pass ran on parameters not yet rank 0's
+            raise RuntimeError("send_parameters() without arrived() before training")
         updates, statistics = net.update_buffers()
         self.comm.all_reduce_sum(net.be, updates + statistics)
         for array in statistics:
@@ -39,6 +61,7 @@ class Ranks:
         self.comm = comm
         self.rank = comm.rank if comm is not None else 0
         self.world_size = comm.world_size if comm is not None else 1
+        self.data_parallel = None   # attach()'s, for a rank of a data-parallel run
 
     @property
     def writer(self):
@@ -46,8 +69,15 @@ class Ranks:
         return self.rank == 0
 
     def attach(self, net):
+        """Start making `net` a replica (DataParallel.send_parameters); arrived() before
+        its first pass."""
         if self.comm is not None:
-            DataParallel(self.comm).attach(net)
+            self.data_parallel = DataParallel(self.comm)
+            self.data_parallel.send_parameters(net)
+
+    def arrived(self, net):
+        if self.comm is not None:
+            self.data_parallel.arrived(net)
 
     def shard(self, paths):
         return shard(paths, self.rank, self.world_size)
@@ -82,3 +112,30 @@ def rank_seed(seed, rank, world_size):
         return int(seed)
     return int(np.random.SeedSequence([int(seed), 0x5EED, int(rank)]).generate_state(1)[0])
 
+
+class _Broadcast:
+    """comm.broadcast(be, arrays) from rank 0 on a thread of its own (the backend's CUDA
+    context current there too); wait() joins it and raises what it raised."""
+
+    def __init__(self, comm, be, arrays):
+        self._error = None
+        self._thread = threading.Thread(target=self._run, args=(comm, be, arrays),
+                                        name="darknet-py parameters from rank 0", daemon=True)
+        self._thread.start()
+
+    def _run(self, comm, be, arrays):
+        context = getattr(be, "context", None)
+        if context is not None:
+            context.push()
+        try:
+            comm.broadcast(be, arrays)
+        except BaseException as e:   # raised again in wait()
+            self._error = e
+        finally:
+            if context is not None:
+                context.pop()
+
+    def wait(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error

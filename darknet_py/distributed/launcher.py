@@ -83,6 +83,7 @@ def run_rank(spec):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
         say(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
             f"{spec.device}{spec.origin}")
+        trace_start(f"rank {spec.rank} started")
         comm = PendingCommunicator(spec.rank, spec.world_size, spec.device, spec.master,
                                    spec.timeout)
         kwargs = dict(spec.train_kwargs)
@@ -151,6 +152,7 @@ class PendingCommunicator(Communicator):
         try:
             tcp = TcpCommunicator(rank, world_size, master, timeout=timeouts[0],
                                   connect_timeout=timeouts[1])
+            trace_start(f"rank {rank} rendezvous done")
             self._comm = tcp if context is None else \
                 NcclCommunicator(tcp, int(str(device).partition(":")[2] or 0))
             trace_start(f"rank {rank} communicator ready")

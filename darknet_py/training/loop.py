@@ -131,6 +131,9 @@ class TrainingRun:
                     trace_start("first batch loaded")
                 # Batch k+1 is handed over before iteration k runs: its upload overlaps k.
                 upcoming = self.fetch(iteration + 1) if iteration + 1 < max_batches else None
+                if iteration == self.plan.start_iteration:
+                    self.plan.ranks.arrived(net)   # rank 0's parameters (Ranks.attach)
+                    trace_start("parameters from rank 0 arrived")
                 train_start = time.perf_counter()
                 loss = net.train_iteration(x, truth)
                 if iteration == self.plan.start_iteration:

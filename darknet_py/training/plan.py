@@ -18,6 +18,7 @@ from ..files import OverwriteError, refuse_overwrite
 from ..layers.heads import is_fork_flavour
 from ..network import load_network
 from ..predictions import detector_layers, output_layer
+from ..processes import trace_start
 from ..validate import check_valid_set, network_task
 from ..weights import TransferReport, load_weights
 from .checkpoints import Checkpoints, cfg_base
@@ -58,6 +59,7 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     config, paths, valid_paths = _lists(data, map_eval, comm)
     ranks = Ranks(comm)
     net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
+    trace_start("network loaded")
     net.share_deltas = True   # the same training in less memory (delta_plan.py)
     net.names = config.names
     task = network_task(net)
@@ -74,8 +76,10 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
         check_valid_set(valid_paths, config.valid, task, labels=config.labels,
                         classes=detector_layers(net)[-1].classes if task == "detector" else None,
                         warn=lambda m: log(f"darknet-py: warning: {m}"), darknet=net.darknet)
+    trace_start("labels checked")
     _start_from(net, weights, clear, log)
     ranks.attach(net)   # before the counts below: a replica counts every rank's images
+    trace_start("parameters from rank 0 on their way")
     _check_iterations(net, cfg, weights, max_batches, log)
     plan = TrainPlan(cfg=cfg, data=data, config=config, paths=paths, valid_paths=valid_paths,
                      ranks=ranks, net=net, task=task, weights=weights,
