@@ -7,6 +7,7 @@ transport; CUDA ranks rendezvous through one and keep it for barriers, see nccl.
 import selectors
 import socket
 import struct
+import threading
 import time
 
 import numpy as np
@@ -63,6 +64,37 @@ class Communicator:
         buffer = be.from_host(np.array(values, dtype=np.float32))
         self.all_reduce_sum(be, [buffer])
         return [float(v) for v in be.to_host(buffer)]
+
+
+class DeviceThread:
+    """work() on a thread of its own, with `context` (a CUDA context, or None) current
+    there too: communication started while the rank's main thread goes on. wait() joins
+    it and raises what work() raised."""
+
+    def __init__(self, work, context, name):
+        self._error = None
+        self._thread = threading.Thread(target=self._run, args=(work, context), name=name,
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, work, context):
+        if context is not None:
+            context.push()
+        try:
+            work()
+        except BaseException as e:   # raised again in wait()
+            self._error = e
+        finally:
+            if context is not None:
+                context.pop()
+
+    def is_alive(self):
+        return self._thread.is_alive()
+
+    def wait(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _flatten(be, arrays):

@@ -1,9 +1,9 @@
 """The data-parallel policy training follows (see the package docstring): the update
 hook that sums the ranks' gradients, and what train() asks about the run it is part of
 (which rank writes, its shard of the images, its loader seed)."""
-import threading
-
 import numpy as np
+
+from .comm import DeviceThread
 
 
 class DataParallel:
@@ -14,7 +14,7 @@ class DataParallel:
     def __init__(self, comm):
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
-        self._sending = None   # the _Broadcast of send_parameters, until arrived()
+        self._sending = None   # send_parameters' broadcast (a DeviceThread), until arrived()
 
     def attach(self, net):
         """Make `net` a replica: rank 0's parameters on every rank, updates summed from
@@ -29,8 +29,10 @@ class DataParallel:
         loader, and arrived() waits for them before the first pass (bench/NOTES.md C6).
         Nothing may read or write the parameters in between."""
         net.data_parallel = self
-        self._sending = _Broadcast(self.comm, net.be,
-                                   [a for layer in net.layers for _, a in layer.params()])
+        arrays = [a for layer in net.layers for _, a in layer.params()]
+        self._sending = DeviceThread(lambda: self.comm.broadcast(net.be, arrays),
+                                     getattr(net.be, "context", None),
+                                     name="darknet-py parameters from rank 0")
 
     def arrived(self, net):
         """Wait for send_parameters' broadcast to be queued (later work on the backend's
@@ -112,30 +114,3 @@ def rank_seed(seed, rank, world_size):
         return int(seed)
     return int(np.random.SeedSequence([int(seed), 0x5EED, int(rank)]).generate_state(1)[0])
 
-
-class _Broadcast:
-    """comm.broadcast(be, arrays) from rank 0 on a thread of its own (the backend's CUDA
-    context current there too); wait() joins it and raises what it raised."""
-
-    def __init__(self, comm, be, arrays):
-        self._error = None
-        self._thread = threading.Thread(target=self._run, args=(comm, be, arrays),
-                                        name="darknet-py parameters from rank 0", daemon=True)
-        self._thread.start()
-
-    def _run(self, comm, be, arrays):
-        context = getattr(be, "context", None)
-        if context is not None:
-            context.push()
-        try:
-            comm.broadcast(be, arrays)
-        except BaseException as e:   # raised again in wait()
-            self._error = e
-        finally:
-            if context is not None:
-                context.pop()
-
-    def wait(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error

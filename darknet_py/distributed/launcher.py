@@ -7,7 +7,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -19,8 +18,8 @@ from ..processes import PARENT_SIGNALS, children_ignore_signals, say, trace_star
 from ..train import train
 from ..training.loop import describe_stop
 from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
-from .comm import (CONNECT_TIMEOUT, DEFAULT_TIMEOUT, CommError, Communicator, TcpCommunicator,
-                   free_port)
+from .comm import (CONNECT_TIMEOUT, DEFAULT_TIMEOUT, CommError, Communicator, DeviceThread,
+                   TcpCommunicator, free_port)
 from .nccl import NcclCommunicator
 
 EXIT_PEER_LOST = 3             # a rank that stopped because another one failed
@@ -136,39 +135,27 @@ class PendingCommunicator(Communicator):
     def __init__(self, rank, world_size, device, master, timeout=DEFAULT_TIMEOUT,
                  connect_timeout=CONNECT_TIMEOUT):
         self.rank, self.world_size = rank, world_size
-        self._comm, self._error, self._aborted = None, None, False
-        context = None
-        if str(device).startswith("cuda"):
-            context = get_backend(device).context
-        self._thread = threading.Thread(
-            target=self._connect,
-            args=(rank, world_size, device, master, (timeout, connect_timeout), context),
-            name=f"darknet-py rank {rank} communicator", daemon=True)
-        self._thread.start()
+        self._comm, self._aborted = None, False
+        gpu = str(device).startswith("cuda")
+        context = get_backend(device).context if gpu else None
+        self._making = DeviceThread(
+            lambda: self._connect(rank, world_size, device if gpu else None, master,
+                                  (timeout, connect_timeout)),
+            context, name=f"darknet-py rank {rank} communicator")
 
-    def _connect(self, rank, world_size, device, master, timeouts, context):
-        if context is not None:
-            context.push()   # current on this thread too: NCCL starts in it
-        try:
-            tcp = TcpCommunicator(rank, world_size, master, timeout=timeouts[0],
-                                  connect_timeout=timeouts[1])
-            trace_start(f"rank {rank} rendezvous done")
-            self._comm = tcp if context is None else \
-                NcclCommunicator(tcp, int(str(device).partition(":")[2] or 0))
-            trace_start(f"rank {rank} communicator ready")
-            if self._aborted:
-                self._comm.abort()
-        except BaseException as e:   # raised again at the first use
-            self._error = e
-        finally:
-            if context is not None:
-                context.pop()
+    def _connect(self, rank, world_size, gpu, master, timeouts):
+        tcp = TcpCommunicator(rank, world_size, master, timeout=timeouts[0],
+                              connect_timeout=timeouts[1])
+        trace_start(f"rank {rank} rendezvous done")
+        self._comm = tcp if gpu is None else \
+            NcclCommunicator(tcp, int(str(gpu).partition(":")[2] or 0))
+        trace_start(f"rank {rank} communicator ready")
+        if self._aborted:
+            self._comm.abort()
 
     def ready(self):
         """The communicator, once made (waits for it)."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self._making.wait()
         return self._comm
 
     def all_reduce_sum(self, be, arrays):
@@ -186,11 +173,11 @@ class PendingCommunicator(Communicator):
     def abort(self):
         # Still connecting (peers may never come): abort once made, without waiting.
         self._aborted = True
-        if not self._thread.is_alive() and self._comm is not None:
+        if not self._making.is_alive() and self._comm is not None:
             self._comm.abort()
 
     def close(self):
-        if self._comm is not None or self._thread.is_alive():
+        if self._comm is not None or self._making.is_alive():
             self.ready().close()
 
 
