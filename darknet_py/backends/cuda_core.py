@@ -13,10 +13,10 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
+from ..processes import trace_start
 from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
 from .errors import DeviceOutOfMemory, GraphCaptureError
 from .pinning import unpin_nothing
-from ..processes import trace_start
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 _KERNEL_OPTIONS = kernel_cache.KERNEL_OPTIONS
