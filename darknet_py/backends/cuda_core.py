@@ -91,7 +91,6 @@ class _Device:
     def __init__(self, index, kernels):
         trace_start(f"CUDA start on device {index}")
         drv.init()
-        trace_start("cuInit done")
         count = drv.Device.count()
         if not 0 <= index < count:
             raise CudaError(f"no CUDA device {index}: {count} device(s) present")

@@ -3,6 +3,7 @@ hook that sums the ranks' gradients, and what train() asks about the run it is p
 (which rank writes, its shard of the images, its loader seed)."""
 import numpy as np
 
+from ..processes import trace_start
 from .comm import DeviceThread
 
 
@@ -76,10 +77,12 @@ class Ranks:
         if self.comm is not None:
             self.data_parallel = DataParallel(self.comm)
             self.data_parallel.send_parameters(net)
+            trace_start("parameters from rank 0 on their way")
 
     def arrived(self, net):
         if self.comm is not None:
             self.data_parallel.arrived(net)
+            trace_start("parameters from rank 0 arrived")
 
     def shard(self, paths):
         return shard(paths, self.rank, self.world_size)

@@ -143,12 +143,13 @@ class PendingCommunicator(Communicator):
                                   (timeout, connect_timeout)),
             context, name=f"darknet-py rank {rank} communicator")
 
-    def _connect(self, rank, world_size, gpu, master, timeouts):
+    def _connect(self, rank, world_size, gpu_device, master, timeouts):
+        """The rendezvous, then NCCL on `gpu_device` ("cuda:N"; None: TCP alone)."""
         tcp = TcpCommunicator(rank, world_size, master, timeout=timeouts[0],
                               connect_timeout=timeouts[1])
         trace_start(f"rank {rank} rendezvous done")
-        self._comm = tcp if gpu is None else \
-            NcclCommunicator(tcp, int(str(gpu).partition(":")[2] or 0))
+        self._comm = tcp if gpu_device is None else \
+            NcclCommunicator(tcp, int(str(gpu_device).partition(":")[2] or 0))
         trace_start(f"rank {rank} communicator ready")
         if self._aborted:
             self._comm.abort()

@@ -127,16 +127,16 @@ class TrainingRun:
                     resize_network(net, w, h)
                 wall_start = time.perf_counter()
                 x, truth = upcoming if upcoming is not None else self.fetch(iteration)
-                if iteration == self.plan.start_iteration:
+                first = iteration == self.plan.start_iteration
+                if first:
                     trace_start("first batch loaded")
                 # Batch k+1 is handed over before iteration k runs: its upload overlaps k.
                 upcoming = self.fetch(iteration + 1) if iteration + 1 < max_batches else None
-                if iteration == self.plan.start_iteration:
+                if first:
                     self.plan.ranks.arrived(net)   # rank 0's parameters (Ranks.attach)
-                    trace_start("parameters from rank 0 arrived")
                 train_start = time.perf_counter()
                 loss = net.train_iteration(x, truth)
-                if iteration == self.plan.start_iteration:
+                if first:
                     trace_start("first iteration trained (passes, exchange, update)")
                 loss, asked = self.plan.ranks.mean_and_any(
                     net, loss, [signals.stop == s for s in STOP_SIGNALS] + [signals.take_save()])

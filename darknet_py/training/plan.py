@@ -79,7 +79,6 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     trace_start("labels checked")
     _start_from(net, weights, clear, log)
     ranks.attach(net)   # before the counts below: a replica counts every rank's images
-    trace_start("parameters from rank 0 on their way")
     _check_iterations(net, cfg, weights, max_batches, log)
     plan = TrainPlan(cfg=cfg, data=data, config=config, paths=paths, valid_paths=valid_paths,
                      ranks=ranks, net=net, task=task, weights=weights,
