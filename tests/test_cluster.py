@@ -16,6 +16,7 @@ from darknet_py.distributed.cluster import (ClusterEnvironmentError, ClusterRank
                                             slurm_without_srun)
 from darknet_py.distributed.comm import free_port
 from darknet_py.distributed.launcher import cluster_device
+from darknet_py.training import stops
 from darknet_py.weights import read_header
 
 from helpers import data_file, finish, weights_floats, write_run_cfg
@@ -259,6 +260,24 @@ def test_sigterm_to_a_single_process_names_it_and_saves(bars, tmp_path):
     assert code == 128 + signal.SIGHUP, err
     assert [l for l in out.splitlines() if "(SIG" in l][0].startswith("Hung up (SIGHUP)")
     assert_one_complete_backup(tmp_path / "b", ranks=1)
+
+
+def test_one_backup_answers_a_sigusr1_that_reaches_a_rank_twice(monkeypatch):
+    # A group SIGUSR1 reaches each rank directly and again through the launcher, and the
+    # ranks take it on either side of a step's end: the backup they agree on answers the
+    # copies still pending and those arriving just after; a later SIGUSR1 asks again.
+    now = [100.0]
+    monkeypatch.setattr(stops.time, "monotonic", lambda: now[0])
+    signals = stops.StopSignals()
+    signals._handle(signal.SIGUSR1, None)          # pending here: another rank asked first
+    signals.saved()                                # the ranks agreed: backup written
+    assert not signals.take_save()
+    now[0] += 0.01
+    signals._handle(signal.SIGUSR1, None)          # the launcher's copy, just after
+    assert not signals.take_save()
+    now[0] += stops.SAVE_REPEAT_SECONDS
+    signals._handle(signal.SIGUSR1, None)          # a new warning
+    assert signals.take_save() and not signals.take_save()
 
 
 def test_sigusr1_saves_a_backup_and_training_goes_on(bars, tmp_path):

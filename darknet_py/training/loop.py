@@ -150,6 +150,7 @@ class TrainingRun:
                     raise stopped(stop[0])
                 if asked[-1]:
                     self.save_asked()
+                    signals.saved()
                 self.checkpoint(net.iteration, loss)
                 if self.on_iteration is not None:
                     self.on_iteration(self.result)

@@ -15,17 +15,23 @@ one backup, one line names the signal, every rank ends, the exit code is 128 + s
   by its peers' ending before it has saved.
 
 SIGUSR1 (Slurm's `--signal` warning before a pre-emption) asks for a backup and training
-goes on.
+goes on. One SIGUSR1 to a run's process group reaches each rank twice (directly, and
+passed on by the launcher) and lands on either side of a step's end on different ranks:
+one backup answers every SIGUSR1 that came before it or within SAVE_REPEAT_SECONDS after.
 """
 import contextlib
 import os
 import signal
 import threading
+import time
 
 from ..errors import DarknetError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # in the order they win
 SAVE_SIGNAL = signal.SIGUSR1
+# A SIGUSR1 this soon after a backup is the same request (a copy passed on, or the group's
+# signal reaching this rank after the others agreed on the backup).
+SAVE_REPEAT_SECONDS = 1.0
 
 
 class TrainError(DarknetError):
@@ -85,6 +91,7 @@ class StopSignals:
     def __init__(self):
         self.stop = None
         self.save = False
+        self.saved_at = None   # time.monotonic() of the last backup a SIGUSR1 asked for
         self.immediate = True
         self.forward = None
         self._previous = {}
@@ -104,7 +111,9 @@ class StopSignals:
         if self.forward is not None:
             self.forward(signum)
         if signum == SAVE_SIGNAL:
-            self.save = True
+            if (self.saved_at is None
+                    or time.monotonic() - self.saved_at >= SAVE_REPEAT_SECONDS):
+                self.save = True
             return
         if self.stop is None:
             self.stop = signum
@@ -116,6 +125,12 @@ class StopSignals:
         """True once for each SIGUSR1 (or several that came together)."""
         save, self.save = self.save, False
         return save
+
+    def saved(self):
+        """A backup a SIGUSR1 asked for was made (on any rank's asking): it answers the
+        ones still pending here and those within SAVE_REPEAT_SECONDS."""
+        self.save = False
+        self.saved_at = time.monotonic()
 
     @contextlib.contextmanager
     def deferred(self):
