@@ -190,6 +190,9 @@ class Network:
         # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
         per_image = sum(l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
                         for l in self.layers) * (3 if train else 1)
+        # A [route] of one whole input shares its output array (route.py).
+        per_image -= sum(l.outputs for l in self.layers
+                         if l.type == "route" and l.views_its_input())
         if train and self._share_deltas and not self.fork_cpu:
             per_image -= plan_deltas(self.layers).saved_floats
         if train:   # a BN layer's x kept at 16 bits (fp16/bf16): half a float a value

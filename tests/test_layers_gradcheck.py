@@ -19,6 +19,7 @@ import pytest
 
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
+from darknet_py.layers.route import RouteLayer
 from darknet_py.network import Network
 
 EPS = 1e-5          # finite-difference step
@@ -399,6 +400,48 @@ stride=1
 activation=linear
 """
     GradCheck(net_text(4, 4, 2, body)).check(expect=["input", "0.weights", "1.weights"])
+
+
+def test_route_of_one_input_is_that_inputs_output(monkeypatch):
+    # yolov3's and yolov4's [route] layers=-N of one whole input: the route's output is its
+    # input's array (no copy, no second buffer); the gradient still flows through it.
+    body = """
+[convolutional]
+filters=3
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+filters=3
+size=1
+stride=1
+activation=logistic
+
+[route]
+layers=-2
+
+[shortcut]
+from=-2
+activation=linear
+
+[convolutional]
+filters=2
+size=1
+stride=1
+activation=linear
+"""
+    check = GradCheck(net_text(4, 4, 2, body))
+    check.check(expect=["input", "0.weights", "1.weights", "4.weights"])
+    route = check.net.layers[2]
+    assert route.is_view and route.output is check.net.layers[0].output
+    # The estimate counts its output once: 48 floats an image fewer than a copy's.
+    viewed = Network(parse_cfg_text(net_text(4, 4, 2, body))).memory_bytes(2, True)
+    monkeypatch.setattr(RouteLayer, "views_its_input", lambda layer: False)
+    copied = Network(parse_cfg_text(net_text(4, 4, 2, body)))
+    assert not copied.layers[2].is_view
+    assert copied.memory_bytes(2, True) - viewed == 4 * 2 * 48
 
 
 def test_shortcut_same_shape():

@@ -109,7 +109,7 @@ class Layer:
         are created once by init_params and survive re-allocation."""
         self.be = be
         self.batch = batch
-        self.output = be.zeros(batch * self.outputs)
+        self.output = self.new_output(be, batch)
         if not train:
             self.delta = None
         elif self.shared_delta is not None:
@@ -119,6 +119,11 @@ class Layer:
         # The input of an activation whose gradient needs it (see activations.py).
         self.activation_input = (be.zeros(batch * self.outputs)
                                  if train and keeps_activation_input(self) else None)
+
+    def new_output(self, be, batch):
+        """The array the layer's output lives in: one of its own unless a layer type
+        shares an earlier layer's (a [route] of one whole input)."""
+        return be.zeros(batch * self.outputs)
 
     def check_truth(self, net, truth_host):
         """Refuse a step's truth (host array, one row per image) this layer cannot train on,

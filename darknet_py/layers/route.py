@@ -7,6 +7,7 @@ from .base import Layer, source_layers
 
 class RouteLayer(Layer):
     type = "route"
+    is_view = False   # set by allocate: the output is the one source's output array
 
     def parse(self, s, ctx):
         self.sources = source_layers(self, s, ctx, "layers")
@@ -37,6 +38,19 @@ class RouteLayer(Layer):
         group = f"  {self.group_id}/{self.groups}" if self.groups > 1 else ""
         return " " + " ".join(f"{src.index:d}" for src in self.sources) + group
 
+    def views_its_input(self):
+        """One whole input (groups=1): the output is that input's output array itself, so
+        the forward copies nothing and the memory is not spent twice (bench/NOTES.md R1).
+        The backward still adds this layer's delta into the input's, in Darknet's order."""
+        return len(self.sources) == 1 and self.groups == 1
+
+    def new_output(self, be, batch):
+        source = self.sources[0].output
+        # A source that keeps more than this batch (a recurrent layer's steps) is copied.
+        self.is_view = (self.views_its_input() and source is not None
+                        and source.size == batch * self.outputs)
+        return source if self.is_view else super().new_output(be, batch)
+
     def _parts(self):
         """(source, offset of its slice in its image, slice length, offset in ours)."""
         offset = 0
@@ -46,6 +60,8 @@ class RouteLayer(Layer):
             offset += part
 
     def forward(self, net):
+        if self.is_view:
+            return
         for src, start, part, offset in self._parts():
             net.be.copy_blocks(src.output, start, src.outputs, self.output, offset, self.outputs,
                                part, self.batch)
