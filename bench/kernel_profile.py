@@ -38,6 +38,7 @@ def main():
     rng = np.random.default_rng(0)
     prepare(net, 0)
     net.share_deltas = True
+    net.share_outputs = True
     x = rng.random((net.batch,) + net.input_shape, dtype=np.float32)
     truth = random_truth(net, rng)
     for _ in range(3):

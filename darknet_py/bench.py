@@ -140,7 +140,8 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
         net.set_batch(batch)
     truth = None
     if train:
-        net.share_deltas = True   # as `darknet-py train` trains (delta_plan.py)
+        net.share_deltas = True   # as `darknet-py train` trains (delta_plan.py,
+        net.share_outputs = True  # output_plan.py)
         truth = random_truth(net, rng)
         step_s = median_seconds(be, lambda: net.train_pass(x, truth), warmup, repeats)
         result["train_step_ms"] = 1e3 * step_s

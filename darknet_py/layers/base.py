@@ -54,6 +54,7 @@ class Layer:
     # Where the network shares delta arrays between layers (network.share_deltas): this
     # layer's view of one, which allocate takes as its delta; None: a delta of its own.
     shared_delta = None
+    shared_output = None   # a view of an array other layers' outputs use too (output_plan.py)
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
         self.index = index
@@ -121,8 +122,11 @@ class Layer:
                                  if train and keeps_activation_input(self) else None)
 
     def new_output(self, be, batch):
-        """The array the layer's output lives in: one of its own unless a layer type
-        shares an earlier layer's (a [route] of one whole input)."""
+        """The array the layer's output lives in: one of its own unless the network's
+        output plan shares one (output_plan.py) or a layer type takes an earlier layer's
+        (a [route] of one whole input)."""
+        if self.shared_output is not None:
+            return self.shared_output
         return be.zeros(batch * self.outputs)
 
     def check_truth(self, net, truth_host):

@@ -63,7 +63,8 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     net = load_network(cfg, None, device=device, seed=seed, darknet=darknet,
                        random_start=ranks.rank == 0)
     trace_start("network loaded")
-    net.share_deltas = True   # the same training in less memory (delta_plan.py)
+    net.share_deltas = True   # the same training in less memory (delta_plan.py,
+    net.share_outputs = True  # output_plan.py)
     net.names = config.names
     task = network_task(net)
     if task == "detector":   # before anything is written

@@ -1,0 +1,143 @@
+"""Outputs shared between layers whose lifetimes do not overlap (training memory, NOTES R2).
+
+A layer's output is written by its forward and read by the forward of its readers: the next
+layer (net.input) and the layers that name it ([route], [shortcut], ...). Most outputs are
+also read in the backward: a convolution's weight gradient reads its input, an activation's
+gradient its own output. An output that nothing reads in the backward is live only from
+its own forward step to its last reader's, so outputs whose forward intervals do not meet
+can live in one array (each a view of its first batch * outputs floats). Every layer
+computes from the same values as with a private output, so training is the same bit for
+bit.
+
+Only what is known to hold is shared; anything else keeps a private output:
+  * a layer of a type outside SHARED_TYPES, a stepped (recurrent) layer, the network's
+    output layer, and everything in the fork's CPU flavour;
+  * an output read in the backward: by its own layer (reads_own_output) or by a reader
+    that reads its input values there (reads_input_in_backward);
+  * an output a [route] of one whole input takes as its own (route.views_its_input) is
+    planned with that route's readers as its own.
+"""
+from dataclasses import dataclass, field
+
+from .activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
+from .delta_plan import referred_layers
+
+# Layers whose forward writes every float of Layer.allocate's output before reading it.
+SHARED_TYPES = frozenset({"convolutional", "shortcut", "route", "maxpool", "upsample"})
+
+
+@dataclass
+class OutputPlan:
+    """Which layers share which output array. Indices are layer indices; sizes are floats
+    per image (times the batch on the backend)."""
+    floats: list                                        # each layer's output, per image
+    live: dict = field(default_factory=dict)            # shared layer -> (own step, last reader)
+    buffer_of: dict = field(default_factory=dict)       # shared layer -> its array's number
+    buffer_floats: list = field(default_factory=list)   # each array's size, per image
+
+    @property
+    def saved_floats(self):
+        """Floats per image the sharing saves against a private output for every layer."""
+        return sum(self.floats[i] for i in self.buffer_of) - sum(self.buffer_floats)
+
+
+def reads_input_in_backward(layer):
+    """Whether a layer's backward reads the values of its inputs (conservatively yes for
+    every type not listed): [route], [upsample], [maxpool] (its kept indexes) and [yolo]
+    pass deltas only; a [shortcut] reads its inputs only for the fork's weights."""
+    if layer.type in ("route", "upsample", "maxpool", "yolo"):
+        return False
+    if layer.type == "shortcut":
+        return getattr(layer, "weights_type", "none") != "none"
+    return True
+
+
+def reads_own_output(layer):
+    """Whether a layer's backward reads its own output (conservatively yes for every type
+    not listed): an activation's gradient from the output (leaky, logistic, ...) does; a
+    batch-normalised layer's gradient for mish/swish-like activations is recomputed from x
+    (batchnorm.bn_activation_backward), and a linear one reads nothing."""
+    if layer.type in ("route", "upsample", "maxpool"):
+        return False
+    activation = getattr(layer, "activation", None)
+    if layer.type == "shortcut":
+        return activation != "linear"
+    if layer.type == "convolutional":
+        if activation == "linear":
+            return False
+        return not (layer.batch_normalize and not layer.stepped
+                    and activation in INPUT_GRADIENT and activation not in CHANNEL_ACTIVATIONS)
+    return True
+
+
+def readers(layers):
+    """For each layer, the layers whose forward reads its output: the next layer and those
+    that name it; a [route] that views its one input passes on its own readers."""
+    found = [set() for _ in layers]
+    for layer in layers:
+        if layer.index + 1 < len(layers):
+            found[layer.index].add(layer.index + 1)
+        for named in referred_layers(layer):
+            found[named.index].add(layer.index)
+    for layer in reversed(layers):   # a view's readers, through chains of views
+        if _is_view(layer):
+            found[layer.sources[0].index] |= found[layer.index]
+    return found
+
+
+def _is_view(layer):
+    return layer.type == "route" and layer.views_its_input()
+
+
+def plan_outputs(layers, output_index, share=True):
+    """The OutputPlan of `layers` (a Network's, in order). share=False: every output private.
+    Arrays are coloured largest user first, as delta_plan.plan_deltas does."""
+    plan = OutputPlan(floats=[l.outputs for l in layers])
+    if not share:
+        return plan
+    read_by = readers(layers)
+    candidates = []
+    for layer in layers:
+        i = layer.index
+        if layer.type not in SHARED_TYPES or layer.stepped or i == output_index \
+                or _is_view(layer) or not read_by[i] or reads_own_output(layer) \
+                or any(reads_input_in_backward(layers[r]) for r in read_by[i]):
+            continue
+        candidates.append(i)
+    users = []   # per array: the (own step, last reader) intervals placed in it
+    for i in sorted(candidates, key=lambda i: (-plan.floats[i], i)):
+        low, high = i, max(read_by[i])
+        for number, intervals in enumerate(users):
+            if all(high < a or b < low for a, b in intervals):
+                break
+        else:
+            number = len(users)
+            users.append([])
+            plan.buffer_floats.append(plan.floats[i])
+        users[number].append((low, high))
+        plan.buffer_of[i] = number
+        plan.live[i] = (low, high)
+    return plan
+
+
+def share_output_arrays(layers, be, batch, share, output_index):
+    """The OutputPlan of `layers` (share=False: every output private), its arrays made on
+    `be` for `batch` images, each shared layer given its view as Layer.shared_output (its
+    allocate takes it as its output). The old shared arrays are let go first."""
+    plan = plan_outputs(layers, output_index, share)
+    for layer in layers:
+        if layer.shared_output is not None or layer.index in plan.buffer_of:
+            layer.output = None
+        layer.shared_output = None
+    arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
+    for i, number in plan.buffer_of.items():
+        layers[i].shared_output = arrays[number][:batch * layers[i].outputs]
+    return plan
+
+
+def output_is_shared(layer):
+    """Whether a layer's output array is shared with other layers' (directly, or as a
+    [route] viewing such an output)."""
+    while layer.type == "route" and layer.views_its_input():
+        layer = layer.sources[0]
+    return layer.shared_output is not None

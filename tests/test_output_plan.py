@@ -1,0 +1,161 @@
+"""Training outputs shared between layers whose outputs nothing reads in the backward
+(output_plan.py): the plan never puts two live outputs in one array nor shares one a
+backward reads, and training with it gives the weights of training without it, bit for bit
+(a backward that read a shared output would read another layer's values)."""
+import numpy as np
+import pytest
+
+from darknet_py.backends import get_backend
+from darknet_py.cfg import parse_cfg_text
+from darknet_py.network import Network, NetworkError, load_network
+from darknet_py.output_plan import (plan_outputs, readers, reads_input_in_backward,
+                                    reads_own_output)
+from darknet_py.training.plan import plan_training
+from helpers import data_file, write_classifier_cfg
+from test_delta_plan import FORK, GENERIC, MISC, MISC_FORK, NET, conv, data, head, stock
+
+# yolov4's patterns: CSP blocks of mish layers, a route of one layer, a shortcut, SPP's
+# maxpools gathered by a route, and a head.
+CSP = (NET + conv(8, activation="mish") + conv(16, stride=2, activation="mish")
+       + conv(8, 1, activation="mish") + "[route]\nlayers=-2\n" + conv(8, 1, activation="mish")
+       + conv(8, 1, activation="mish") + conv(8, activation="mish")
+       + "[shortcut]\nfrom=-2\nactivation=linear\n" + conv(8, 1, activation="mish")
+       + "[route]\nlayers=-1,-7\n" + conv(16, 1, activation="mish")
+       + "[maxpool]\nsize=5\nstride=1\n" + "[route]\nlayers=-2\n"
+       + "[maxpool]\nsize=9\nstride=1\n" + "[route]\nlayers=-1,-3,-4\n" + conv(16, 1)
+       + head())
+EXCERPTS = {"csp": CSP, "generic": GENERIC, "fork": FORK, "misc": MISC, "misc-fork": MISC_FORK}
+
+
+def assert_sound(plan, layers):
+    """No array holds two outputs live at once; a shared output lives from its layer's
+    forward to its last reader's and nothing reads it in the backward."""
+    read_by = readers(layers)
+    for number in range(len(plan.buffer_floats)):
+        users = sorted(plan.live[i] for i, b in plan.buffer_of.items() if b == number)
+        assert all(b < c for (_, b), (c, _) in zip(users, users[1:])), users
+    for i, (low, high) in plan.live.items():
+        assert (low, high) == (i, max(read_by[i]))
+        assert plan.buffer_floats[plan.buffer_of[i]] >= plan.floats[i]
+        assert not reads_own_output(layers[i])
+        assert not any(reads_input_in_backward(layers[r]) for r in read_by[i])
+    for layer in layers:
+        if layer.type in ("yolo", "region", "detection", "softmax", "cost") or layer.stepped:
+            assert layer.index not in plan.buffer_of
+
+
+@pytest.mark.parametrize("name", ["yolov3-tiny.cfg", "yolov4-tiny.cfg", "yolov4.cfg"])
+def test_stock_cfg_plans_are_sound(tmp_path, name):
+    net = stock(tmp_path, name)
+    plan = plan_outputs(net.layers, net.output_index)
+    assert_sound(plan, net.layers)
+    assert plan.buffer_of and plan.saved_floats > 0
+    assert plan_outputs(net.layers, net.output_index, share=False).buffer_of == {}
+
+
+def test_csp_excerpt_shares_what_only_forwards_read():
+    net = Network(parse_cfg_text(CSP), batch=1, allocate=False)
+    plan = plan_outputs(net.layers, net.output_index)
+    assert_sound(plan, net.layers)
+    # The mish layers only shortcuts and routes read (2 through the route view 3 and route
+    # 9), SPP's input and maxpools, the head's convolution; not the mish layers that
+    # convolutions read (their weight gradient), the shortcut a convolution reads, the
+    # leaky layer (its gradient reads its output), the views (their source holds the array).
+    assert sorted(plan.buffer_of) == [2, 6, 8, 10, 11, 13, 16]
+    assert plan.live[2] == (2, 9) and plan.live[10] == (10, 14)
+
+
+def test_yolov4_at_batch_32_saves_more_than_1_4_gb(tmp_path):
+    plan = plan_outputs(*(lambda n: (n.layers, n.output_index))(stock(tmp_path, "yolov4.cfg")))
+    saved = 4 * 32 * plan.saved_floats
+    print(f"yolov4 b32 (416, 3 classes): shared outputs save {saved / 1e9:.2f} GB")
+    assert saved > 1.4e9
+
+
+def output_bytes(net):
+    """Bytes of the distinct arrays holding the layers' outputs (views of one array count
+    once, as their largest)."""
+    arrays = {}
+    for layer in net.layers:
+        out = layer.output
+        key = id(out if out.base is None else out.base)
+        arrays[key] = max(arrays.get(key, 0), out.nbytes)
+    return sum(arrays.values())
+
+
+def trained(text, darknet, share, backend="cpu", iterations=2):
+    backend = get_backend(backend) if isinstance(backend, str) else backend
+    net = Network(parse_cfg_text(text), backend=backend, seed=5, darknet=darknet)
+    net.share_deltas = True   # as training runs: both plans at once
+    net.share_outputs = share
+    losses = [net.train_iteration(x, truth) for x, truth in data(net, iterations)]
+    params = [net.be.to_host(a) for l in net.layers for _, a in l.params()]
+    return net, losses, params
+
+
+def assert_same_training(text, darknet, backend="cpu"):
+    private, losses, params = trained(text, darknet, False, backend)
+    shared, shared_losses, shared_params = trained(text, darknet, True, backend)
+    assert np.all(np.isfinite(losses)) and shared_losses == losses
+    for i, (a, b) in enumerate(zip(shared_params, params)):
+        np.testing.assert_array_equal(a, b, err_msg=f"parameter array {i}")
+    return private, shared
+
+
+@pytest.mark.parametrize("text,darknet", [
+    (CSP, "alexeyab"), (CSP, "original"), (CSP, "alexeyab-cpu"), (GENERIC, "original"),
+    (GENERIC, "alexeyab"), (FORK, "alexeyab"), (MISC, "original"), (MISC_FORK, "alexeyab")])
+def test_training_with_shared_outputs_gives_the_same_weights(text, darknet):
+    """Two iterations of subdivisions=2: four passes, two updates."""
+    private, shared = assert_same_training(text, darknet)
+    plan = shared.output_plan
+    if darknet == "alexeyab-cpu" or text in (MISC, MISC_FORK):
+        assert plan.buffer_of == {} and output_bytes(shared) == output_bytes(private)
+        return
+    assert plan.buffer_of
+    assert all(shared.layers[i].output is shared.layers[i].shared_output for i in plan.buffer_of)
+    saved = 4 * shared.batch * plan.saved_floats
+    assert output_bytes(private) - output_bytes(shared) == saved > 0
+    # memory_bytes counts it
+    assert private.memory_bytes(shared.batch, True) - shared.memory_bytes(shared.batch, True) \
+        == saved
+
+
+def test_layer_output_refuses_a_shared_output_and_reads_again_once_sharing_is_off():
+    net, _, _ = trained(CSP, "alexeyab", True, iterations=1)
+    with pytest.raises(NetworkError, match="share_outputs"):
+        net.layer_output(2)
+    with pytest.raises(NetworkError, match="share_outputs"):
+        net.layer_output(12)   # a [route] viewing layer 10's shared output
+    assert net.layer_output(5).shape == net.layers[5].output_shape(net.batch)
+    net.share_outputs = False   # re-allocates: every output its own array
+    assert net.output_plan.buffer_of == {}
+    assert net.layer_output(2).shape == net.layers[2].output_shape(net.batch)
+
+
+def test_load_network_does_not_share_and_training_plans_do(bars, tmp_path):
+    path = tmp_path / "net.cfg"
+    path.write_text(CSP)
+    assert load_network(path).share_outputs is False
+    cfg = write_classifier_cfg(tmp_path)
+    (tmp_path / "backup").mkdir()
+    plan = plan_training(cfg, data_file(bars, tmp_path / "backup"), device="cpu")
+    assert plan.net.share_outputs is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text,darknet", [(CSP, "alexeyab"), (GENERIC, "original")])
+def test_training_with_shared_outputs_gives_the_same_weights_on_cuda(cuda, text, darknet):
+    private, shared = assert_same_training(text, darknet, backend=cuda)
+    assert shared.output_plan.buffer_of
+    assert shared.memory_bytes(shared.batch, True) < private.memory_bytes(shared.batch, True)
+
+
+def test_replayed_training_with_shared_outputs_equals_eager_private_training():
+    from test_cuda_graphs import RecordingBackend
+    replayed, losses, params = trained(CSP, "alexeyab", True, RecordingBackend(), 3)
+    _, eager_losses, eager_params = trained(CSP, "alexeyab", False, iterations=3)
+    assert replayed.output_plan.buffer_of and replayed.graphs.replayed > 0
+    assert losses == eager_losses
+    for a, b in zip(params, eager_params):
+        np.testing.assert_array_equal(a, b)
