@@ -20,7 +20,7 @@ from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs
-from .layers.batchnorm import x_precision
+from .layers.batchnorm import bn_rebuild_output, x_precision
 from .names import load_names
 from .predictions import (DETECTOR_TYPES, as_image, classify, detect, detect_batch,
                           detector_layers)
@@ -116,6 +116,7 @@ class Network:
         self._share_deltas, self.delta_plan = False, None   # see share_deltas
         self._share_outputs, self.output_plan = False, None   # see share_outputs
         self._zero_before = {}    # backward step -> the shared deltas zeroed before it
+        self._rebuild_before = {}   # backward step -> the layers whose output is made again
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
             # random_init=False: the caller loads every parameter next (no draws to waste).
@@ -159,6 +160,8 @@ class Network:
             for layer in self.layers:
                 layer.allocate(be, batch, train)  # may size its workspace for this batch
             self._zero_before = zeroing_steps(self.layers, self.delta_plan)
+            self._rebuild_before = {step: [self.layers[i] for i in rebuilt] for step, rebuilt
+                                    in self.output_plan.rebuild_before.items()}
             self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
         except DeviceOutOfMemory:
             need = self.memory_bytes(batch, train)
@@ -191,9 +194,11 @@ class Network:
 
     @property
     def share_outputs(self):
-        """Whether training shares output arrays between layers whose outputs nothing
-        reads in the backward and whose forward lifetimes do not meet (output_plan.py):
-        the same training, bit for bit, in less memory (yolov4 b32: 1.5 GB). Off for
+        """Whether training shares output arrays between layers whose lifetimes do not meet
+        (output_plan.py): outputs nothing reads in the backward, and batch-normalised outputs
+        made again from x right before the backward reads them: the same training, bit for
+        bit in fp32 (fp16/bf16: remade from x's 16 bits), in less memory (yolov4 b32: 5.2
+        GB; the remaking costs one light pass per such layer). Off for
         load_network's networks, so that layer_output reads every layer's output after a
         pass (it refuses a shared one); on in `darknet-py train` and `bench --train`;
         never in the "alexeyab-cpu" flavour. Setting it re-allocates trained buffers."""
@@ -552,6 +557,8 @@ class Network:
                 break
             for delta in self._zero_before.get(i, ()):   # shared: zeroed as the forward did
                 self.be.fill(delta, 0.0)
+            for rebuilt in self._rebuild_before.get(i, ()):   # output_plan.py (R3)
+                bn_rebuild_output(rebuilt, self)
             if i == 0:
                 self.input, self.delta = self._net_input, None
             else:
@@ -929,7 +936,7 @@ class Network:
                 f"network with engine=\"numpy\" for every layer's")
         if getattr(self, "train_buffers", False) and output_is_shared(layer):
             raise NetworkError(f"layer {i}: its output shares an array with other layers' and "
-                               f"lasts only until its last reader's forward; set "
+                               f"lives only while its readers use it; set "
                                f"net.share_outputs = False before training to read it")
         return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
 

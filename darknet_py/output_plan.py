@@ -1,13 +1,19 @@
-"""Outputs shared between layers whose lifetimes do not overlap (training memory, NOTES R2).
+"""Outputs shared between layers whose lifetimes do not overlap (training memory, NOTES R2
+and R3).
 
 A layer's output is written by its forward and read by the forward of its readers: the next
 layer (net.input) and the layers that name it ([route], [shortcut], ...). Most outputs are
 also read in the backward: a convolution's weight gradient reads its input, an activation's
 gradient its own output. An output that nothing reads in the backward is live only from
-its own forward step to its last reader's, so outputs whose forward intervals do not meet
-can live in one array (each a view of its first batch * outputs floats). Every layer
-computes from the same values as with a private output, so training is the same bit for
-bit.
+its own forward step to its last reader's (R2). A batch-normalised convolution's output
+that the backward does read is made again from what its layer keeps anyway (x and the
+pass's statistics, batchnorm.bn_rebuild_output) right before the first backward step that
+reads it, and lives from there to the last one (R3), instead of from the forward to the
+backward. Time runs through the forward's steps and then the backward's, so outputs whose
+intervals do not meet can live in one array (each a view of its first batch * outputs
+floats). Every layer computes from the same values as with a private output, so training
+is the same bit for bit; under fp16/bf16 a rebuilt output is made from x's 16 bits (the
+values batch norm's backward reads), within the formats' rounding of the forward's.
 
 Only what is known to hold is shared; anything else keeps a private output:
   * a layer of a type outside SHARED_TYPES, a stepped (recurrent) layer, the network's
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 
 from .activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
 from .delta_plan import referred_layers
+from .layers.base import keeps_activation_input
 
 # Layers whose forward writes every float of Layer.allocate's output before reading it.
 SHARED_TYPES = frozenset({"convolutional", "shortcut", "route", "maxpool", "upsample"})
@@ -31,9 +38,10 @@ class OutputPlan:
     """Which layers share which output array. Indices are layer indices; sizes are floats
     per image (times the batch on the backend)."""
     floats: list                                        # each layer's output, per image
-    live: dict = field(default_factory=dict)            # shared layer -> (own step, last reader)
+    live: dict = field(default_factory=dict)            # shared layer -> its time intervals
     buffer_of: dict = field(default_factory=dict)       # shared layer -> its array's number
     buffer_floats: list = field(default_factory=list)   # each array's size, per image
+    rebuild_before: dict = field(default_factory=dict)  # backward step -> layers made again
 
     @property
     def saved_floats(self):
@@ -89,6 +97,20 @@ def _is_view(layer):
     return layer.type == "route" and layer.views_its_input()
 
 
+def rebuildable(layer):
+    """Whether a layer's output can be made again from what its training keeps: a
+    batch-normalised convolution, not stepped, whose forward ends in batchnorm_apply with
+    its activation (none that mixes channels, no activation input kept)."""
+    return (layer.type == "convolutional" and layer.batch_normalize and not layer.stepped
+            and layer.activation not in CHANNEL_ACTIVATIONS and not keeps_activation_input(layer))
+
+
+def backward_time(step, count):
+    """The backward's steps after the forward's on one time line (the backward runs from
+    the last layer down)."""
+    return 2 * count - 1 - step
+
+
 def plan_outputs(layers, output_index, share=True):
     """The OutputPlan of `layers` (a Network's, in order). share=False: every output private.
     Arrays are coloured largest user first, as delta_plan.plan_deltas does."""
@@ -96,27 +118,35 @@ def plan_outputs(layers, output_index, share=True):
     if not share:
         return plan
     read_by = readers(layers)
-    candidates = []
+    count = len(layers)
+    intervals = {}   # layer -> the times its output is live
     for layer in layers:
         i = layer.index
         if layer.type not in SHARED_TYPES or layer.stepped or i == output_index \
-                or _is_view(layer) or not read_by[i] or reads_own_output(layer) \
-                or any(reads_input_in_backward(layers[r]) for r in read_by[i]):
+                or _is_view(layer) or not read_by[i]:
             continue
-        candidates.append(i)
-    users = []   # per array: the (own step, last reader) intervals placed in it
-    for i in sorted(candidates, key=lambda i: (-plan.floats[i], i)):
-        low, high = i, max(read_by[i])
-        for number, intervals in enumerate(users):
-            if all(high < a or b < low for a, b in intervals):
+        needs = [r for r in read_by[i] if reads_input_in_backward(layers[r])]
+        if reads_own_output(layer):
+            needs.append(i)
+        forward = (i, max(read_by[i]))
+        if not needs:
+            intervals[i] = (forward,)
+        elif rebuildable(layer):
+            first, last = max(needs), min(needs)
+            intervals[i] = (forward, (backward_time(first, count), backward_time(last, count)))
+            plan.rebuild_before.setdefault(first, []).append(i)
+    users = []   # per array: the intervals of the outputs placed in it
+    for i in sorted(intervals, key=lambda i: (-plan.floats[i], i)):
+        for number, taken in enumerate(users):
+            if all(high < a or b < low for low, high in intervals[i] for a, b in taken):
                 break
         else:
             number = len(users)
             users.append([])
             plan.buffer_floats.append(plan.floats[i])
-        users[number].append((low, high))
+        users[number].extend(intervals[i])
         plan.buffer_of[i] = number
-        plan.live[i] = (low, high)
+        plan.live[i] = intervals[i]
     return plan
 
 

@@ -77,6 +77,48 @@ BATCHNORM_APPLY(batchnorm_apply_kernel, XF32)
 BATCHNORM_APPLY(batchnorm_apply_kernel_x_f16, XF16)
 BATCHNORM_APPLY(batchnorm_apply_kernel_x_bf16, XBF16)
 
+// A training layer's output made again from its kept x right before the backward reads it
+// (darknet_py/output_plan.py, bench/NOTES.md R3): out = act(v * scales[f] + biases[f]) with
+// v normalised from X{x}[i] (a 16-bit x widened, exactly), in batchnorm_apply_of's steps
+// and roundings: from an fp32 x, the bits that pass wrote.
+template <class X>
+__device__ __forceinline__ void batchnorm_rebuild_of(X x, float* __restrict__ out,
+                                                     const float* __restrict__ mean,
+                                                     const float* __restrict__ variance,
+                                                     const float* __restrict__ scales,
+                                                     const float* __restrict__ biases,
+                                                     int rows, int filters, int spatial, float eps,
+                                                     int act)
+{
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        const int f = r % filters;
+        const float m = mean[f], divisor = batchnorm_divisor(variance[f], eps);
+        const float scale = scales[f], bias = biases[f];
+        const long long row = (long long)r * spatial;
+        for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
+             s += gridDim.x * blockDim.x) {
+            const long long i = row + s;
+            const float v = batchnorm_normalized(x[i], m, divisor);
+            out[i] = activate(batchnorm_scaled(v, scale, bias), act);
+        }
+    }
+}
+
+#define BATCHNORM_REBUILD(NAME, X)                                                                \
+    extern "C" __global__ void NAME(const typename X::Storage* __restrict__ x,                    \
+                                    float* __restrict__ out, const float* __restrict__ mean,      \
+                                    const float* __restrict__ variance,                           \
+                                    const float* __restrict__ scales,                             \
+                                    const float* __restrict__ biases, int rows, int filters,      \
+                                    int spatial, float eps, int act)                              \
+    {                                                                                             \
+        batchnorm_rebuild_of<X>(X{x}, out, mean, variance, scales, biases, rows, filters,         \
+                                spatial, eps, act);                                               \
+    }
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel, XF32)
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_f16, XF16)
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_bf16, XBF16)
+
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
 // x (blocks and threads) spans the width, y the rows.
 extern "C" __global__ void activate_strided(float* __restrict__ x, int rows, int row_stride,

@@ -99,6 +99,31 @@ def test_apply_keeps_what_copy_rounded_keeps_numpy(precision, eps):
         assert not np.array_equal(kept, case[0], equal_nan=True)
 
 
+def rebuilt(be, kept, case, shape, eps, activation, precision):
+    """be.batchnorm_rebuild from a kept x into a NaN-poisoned output; its host copy."""
+    out = be.from_host(np.full(case[0].size, np.nan, np.float32))
+    be.batchnorm_rebuild(kept, out, *(be.from_host(a) for a in case[1:]), *shape, eps,
+                         activation, precision)
+    return be.to_host(out)
+
+
+@pytest.mark.parametrize("precision", STORAGE)
+@pytest.mark.parametrize("eps", EPS)
+def test_rebuild_makes_the_training_output_again_numpy(precision, eps):
+    """The output made again from the kept x alone (output_plan's rebuilt outputs): fp32 the
+    forward's bit for bit; fp16/bf16 the forward's of the kept (rounded) values."""
+    be, shape = NumpyBackend(), (2, 3, 7)
+    case = apply_case(np.random.default_rng(2), shape)
+    rounded = (precisions.round_to(case[0], precisions.storage(precision)),) + case[1:]
+    for activation in ("leaky", "mish", "logistic"):
+        keep = be.storage_zeros(case[0].size, precision)
+        out, _, _ = apply(be, case, shape, eps, activation, False, keep, precision)
+        again = rebuilt(be, keep, case, shape, eps, activation, precision)
+        want = out if precision == "fp32" else apply(be, rounded, shape, eps, activation,
+                                                     False, None, precision)[0]
+        assert_same_bits(again, want, f"{activation}: rebuilt")
+
+
 def moments_case(rng, shape, ratio):
     """x of each channel: mean ratio * std, std from 0.01 to 100 across the channels."""
     batch, filters, spatial = shape
@@ -365,6 +390,28 @@ def test_apply_keeps_copy_rounded_bits_cuda(cuda, precision, shape, eps):
         if x_norm:
             assert_same_bits(norm, plain_norm, "x_norm")
             assert_close(norm.astype(np.float64), ref_norm, 1e-5, "x_norm against NumPy")
+
+
+@gpu
+@pytest.mark.parametrize("precision", STORAGE)
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+@pytest.mark.parametrize("eps", EPS)
+def test_rebuild_makes_the_training_output_again_cuda(cuda, precision, shape, eps):
+    """batchnorm_rebuild from the kept x: fp32 the forward's output bit for bit; fp16/bf16
+    the forward's of the kept values (batchnorm_apply on round_to(x)), bit for bit."""
+    case = apply_case(np.random.default_rng(sum(shape) + 7), shape)
+    rounded = (precisions.round_to(case[0], precisions.storage(precision)),) + case[1:]
+    for activation in ("leaky", "mish"):
+        keep = poisoned_storage(cuda, case[0].size, precision)
+        out, _, _ = apply(cuda, case, shape, eps, activation, False, keep, precision)
+        again = rebuilt(cuda, keep, case, shape, eps, activation, precision)
+        want = out if precision == "fp32" else apply(cuda, rounded, shape, eps, activation,
+                                                     False, None, precision)[0]
+        assert_same_bits(again, want, f"{activation}: rebuilt")
+    with pytest.raises(TypeError):
+        cuda.batchnorm_rebuild(keep, cuda.zeros(case[0].size),
+                               *(cuda.from_host(a) for a in case[1:]), *shape, eps, "leaky",
+                               "bf16" if precision == "fp16" else "fp16")
 
 
 @gpu

@@ -45,7 +45,10 @@ KERNELS = {
         "lrn_backward_kernel": "iPPfP",
     },
     "activations.cu": {
-        f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP" for suffix in ("", "_x_f16", "_x_bf16")
+        **{f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP"
+           for suffix in ("", "_x_f16", "_x_bf16")},
+        **{f"batchnorm_rebuild_kernel{suffix}": "PPPPPPiiifi"
+           for suffix in ("", "_x_f16", "_x_bf16")},
     },
 }
 
@@ -272,6 +275,22 @@ class CudaNorm:
                           self._ptr(biases), int(batch * filters), int(filters), int(spatial),
                           -1.0 if eps is None else float(eps), self._activation_id(activation),
                           ptr(x_norm), ptr(keep), per_thread=_ROW_ELEMENTS)
+
+    def batchnorm_rebuild(self, x, out, mean, variance, scales, biases, batch, filters,
+                          spatial, eps, activation, x_precision="fp32"):
+        """NumpyBackend.batchnorm_rebuild in one pass (kernels/activations.cu), x kept at
+        x_precision (storage_zeros' array, widened as it is read)."""
+        total = batch * filters * spatial
+        for what, arr, need in (("x", x, total), ("out", out, total), ("mean", mean, filters),
+                                ("variance", variance, filters), ("scales", scales, filters),
+                                ("biases", biases, filters)):
+            self._check_size(f"batchnorm_rebuild {what}", arr, need)
+        self._launch_rows("batchnorm_rebuild_kernel" + self._x_suffix(x, x_precision),
+                          batch * filters, spatial, self._ptr(x), self._ptr(out),
+                          self._ptr(mean), self._ptr(variance), self._ptr(scales),
+                          self._ptr(biases), int(batch * filters), int(filters), int(spatial),
+                          -1.0 if eps is None else float(eps), self._activation_id(activation),
+                          per_thread=_ROW_ELEMENTS)
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)

@@ -68,6 +68,17 @@ class NumpyBatchnorm:
         else:
             dst[...] = precisions.round_to(src, stored)
 
+    def batchnorm_rebuild(self, x, out, mean, variance, scales, biases, batch, filters,
+                          spatial, eps, activation, x_precision="fp32"):
+        """out <- what batchnorm_apply made of x in training (keep=x, no x_norm), made again
+        from the kept x alone (storage_zeros(n, x_precision)'s array; here its values are
+        already the rounded ones): fp32 bit for bit; fp16/bf16 from x's 16 bits."""
+        precisions.storage(x_precision)   # a known precision, as on CUDA
+        total = batch * filters * spatial
+        out[:total] = x[:total]
+        self.batchnorm_apply(out, mean, variance, scales, biases, batch, filters, spatial, eps,
+                             activation, None)
+
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
                         activation, x_norm, keep=None, keep_precision="fp32"):
         """Batch norm's forward after its statistics, in place on x: copy x into keep

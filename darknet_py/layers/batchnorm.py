@@ -97,6 +97,17 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
                        keep=layer.x if net.train else None, keep_precision=x_precision(layer))
 
 
+def bn_rebuild_output(layer, net):
+    """Make the output this pass's forward made again from what training keeps (x, the
+    pass's mean and variance, scales and biases), in the same batchnorm_apply: fp32/tf32
+    bit for bit; fp16/bf16 from x's 16 bits, the values batch norm's backward reads
+    (output_plan.py, bench/NOTES.md R3). For a layer whose activation joins
+    batchnorm_apply (output_plan.rebuildable)."""
+    net.be.batchnorm_rebuild(layer.x, layer.output, layer.mean, layer.variance, layer.scales,
+                             layer.biases, layer.batch, layer.out_c, layer.out_h * layer.out_w,
+                             _forward_eps(layer), layer.activation, x_precision(layer))
+
+
 def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
     """The activation's gradient and batch norm's backward: layer.delta (w.r.t. the layer's
     output) becomes the delta w.r.t. the BN input; the scales' and biases' updates grow.
