@@ -143,9 +143,12 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
         net.share_deltas = True   # as `darknet-py train` trains (delta_plan.py,
         net.share_outputs = True  # output_plan.py)
         truth = random_truth(net, rng)
+        be.reset_peak_allocated()   # training's own peak, its re-allocation included
         step_s = median_seconds(be, lambda: net.train_pass(x, truth), warmup, repeats)
         result["train_step_ms"] = 1e3 * step_s
         result["train_images_per_s"] = net.batch / step_s
+        peak = be.peak_allocated_bytes
+        result["train_peak_device_memory_bytes"] = None if peak is None else int(peak)
     if layers:
         net.forward(x, truth, train=train)   # the state each layer's timed runs start from
         if train:
@@ -188,6 +191,9 @@ def format_report(r):
     peak = r["peak_device_memory_bytes"]
     lines.append("peak device memory: " + ("not known (CPU)" if peak is None
                                            else f"{peak / 2**20:.1f} MiB"))
+    if r.get("train_peak_device_memory_bytes") is not None:
+        lines.append("peak device memory while training: "
+                     f"{r['train_peak_device_memory_bytes'] / 2**20:.1f} MiB")
     if "layers" in r:
         train = "train_step_ms" in r
         lines.append("")

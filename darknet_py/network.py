@@ -152,6 +152,9 @@ class Network:
             self._check_host_memory(batch, train)
         try:
             self.workspace = None  # free the old one before sizing the new
+            for layer in self.layers:   # and the old outputs and deltas before the new are
+                layer.output = layer.delta = None   # made (not both at once at the peak)
+            self.input = self.delta = None
             self.delta_plan = share_delta_arrays(self.layers, be, batch, train and
                                                  self._share_deltas and not self.fork_cpu)
             self.output_plan = share_output_arrays(self.layers, be, batch, train and

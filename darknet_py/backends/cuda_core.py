@@ -250,6 +250,10 @@ class CudaCore:
     def peak_allocated_bytes(self):
         return self._dev.peak_allocated_bytes
 
+    def reset_peak_allocated(self):
+        """Start peak_allocated_bytes again from the bytes live now (one part of a run)."""
+        self._dev.peak_allocated_bytes = self.allocated_bytes
+
     def _out_of_memory(self, nbytes):
         try:
             free, total = drv.mem_get_info()
