@@ -400,6 +400,8 @@ class Network:
         except Exception:
             o.width, o.height, o.inputs = old_size
             raise
+        for layer in old:   # the old size's outputs and deltas go before the new are made
+            layer.output = layer.delta = None
         self.layers = layers
         self._allocate(self.batch, self.train_buffers)
         for new, prev in _layer_pairs(layers, old):
