@@ -190,8 +190,12 @@ class Network:
 
     @share_deltas.setter
     def share_deltas(self, on):
-        if bool(on) != self._share_deltas:
-            self._share_deltas = bool(on)
+        self._set_sharing("_share_deltas", on)
+
+    def _set_sharing(self, name, on):
+        """Switch one of the share_* plans, re-allocating trained buffers on a change."""
+        if bool(on) != getattr(self, name):
+            setattr(self, name, bool(on))
             if getattr(self, "train_buffers", False):
                 self._allocate(self.batch, True)
 
@@ -209,10 +213,7 @@ class Network:
 
     @share_outputs.setter
     def share_outputs(self, on):
-        if bool(on) != self._share_outputs:
-            self._share_outputs = bool(on)
-            if getattr(self, "train_buffers", False):
-                self._allocate(self.batch, True)
+        self._set_sharing("_share_outputs", on)
 
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take (a BN layer's

@@ -25,14 +25,37 @@ extern "C" __global__ void bias_activate(float* __restrict__ out, const float* _
     }
 }
 
-// Batch norm's forward after its statistics, per element of rows = batch * filters rows:
-// keep = x rounded to X's storage when keep is not null (the x a training layer keeps for
-// its backward: what copy_rounded would write, in this pass's read of x),
-// v = (x - mean[f]) / (sqrt(var[f]) + 1e-6) (Darknet; eps < 0) or / sqrt(var[f] + eps)
-// (the fork), x_norm = v when x_norm is not null, x = act(v * scales[f] + biases[f]). One
-// pass for what a copy, normalize, a copy, scale_bias, add_bias and the activation did in
-// six; each step rounds as its own pass did (no fused multiply-add, activations.cuh), so
-// the bits are theirs, and batchnorm_activation_sums recomputes them in the backward.
+// Visits every element of rows = batch * filters rows of `spatial` elements with its
+// channel's constants: body(i, mean, divisor, scale, bias) (batchnorm_divisor: Darknet's
+// sqrt(var) + 1e-6 for eps < 0, the fork's sqrt(var + eps)). A thread takes several
+// elements of a row (the launcher's per_thread), so that the channel's constants (the
+// divisor's sqrt) are worked out once for them: the passes are bound by their arithmetic as
+// much as by their bytes (bench/NOTES.md E3).
+template <class Body>
+__device__ __forceinline__ void batchnorm_rows(const float* __restrict__ mean,
+                                               const float* __restrict__ variance,
+                                               const float* __restrict__ scales,
+                                               const float* __restrict__ biases, int rows,
+                                               int filters, int spatial, float eps, Body body)
+{
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        const int f = r % filters;
+        const float m = mean[f], divisor = batchnorm_divisor(variance[f], eps);
+        const float scale = scales[f], bias = biases[f];
+        const long long row = (long long)r * spatial;
+        for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
+             s += gridDim.x * blockDim.x)
+            body(row + s, m, divisor, scale, bias);
+    }
+}
+
+// Batch norm's forward after its statistics, per element: keep = x rounded to X's storage
+// when keep is not null (the x a training layer keeps for its backward: what copy_rounded
+// would write, in this pass's read of x), v = (x - mean[f]) / divisor, x_norm = v when
+// x_norm is not null, x = act(v * scales[f] + biases[f]). One pass for what a copy,
+// normalize, a copy, scale_bias, add_bias and the activation did in six; each step rounds
+// as its own pass did (no fused multiply-add, activations.cuh), so the bits are theirs,
+// and batchnorm_activation_sums recomputes them in the backward.
 template <class X>
 __device__ __forceinline__ void batchnorm_apply_of(float* __restrict__ x, const float* __restrict__ mean,
                                                    const float* __restrict__ variance,
@@ -42,24 +65,14 @@ __device__ __forceinline__ void batchnorm_apply_of(float* __restrict__ x, const 
                                                    int act, float* __restrict__ x_norm,
                                                    typename X::Storage* __restrict__ keep)
 {
-    // A thread takes several elements of a row (the launcher's per_thread), so that the
-    // channel's constants (the divisor's sqrt) are worked out once for them: the pass is
-    // bound by its arithmetic as much as by its bytes (bench/NOTES.md E3). Same bits.
-    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
-        const int f = r % filters;
-        const float m = mean[f], divisor = batchnorm_divisor(variance[f], eps);
-        const float scale = scales[f], bias = biases[f];
-        const long long row = (long long)r * spatial;
-        for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
-             s += gridDim.x * blockDim.x) {
-            const long long i = row + s;
-            const float in = x[i];
-            if (keep) keep[i] = X::rounded(in);
-            const float v = batchnorm_normalized(in, m, divisor);
-            if (x_norm) x_norm[i] = v;
-            x[i] = activate(batchnorm_scaled(v, scale, bias), act);
-        }
-    }
+    batchnorm_rows(mean, variance, scales, biases, rows, filters, spatial, eps,
+                   [&](long long i, float m, float divisor, float scale, float bias) {
+                       const float in = x[i];
+                       if (keep) keep[i] = X::rounded(in);
+                       const float v = batchnorm_normalized(in, m, divisor);
+                       if (x_norm) x_norm[i] = v;
+                       x[i] = activate(batchnorm_scaled(v, scale, bias), act);
+                   });
 }
 
 #define BATCHNORM_APPLY(NAME, X)                                                                  \
@@ -90,18 +103,11 @@ __device__ __forceinline__ void batchnorm_rebuild_of(X x, float* __restrict__ ou
                                                      int rows, int filters, int spatial, float eps,
                                                      int act)
 {
-    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
-        const int f = r % filters;
-        const float m = mean[f], divisor = batchnorm_divisor(variance[f], eps);
-        const float scale = scales[f], bias = biases[f];
-        const long long row = (long long)r * spatial;
-        for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
-             s += gridDim.x * blockDim.x) {
-            const long long i = row + s;
-            const float v = batchnorm_normalized(x[i], m, divisor);
-            out[i] = activate(batchnorm_scaled(v, scale, bias), act);
-        }
-    }
+    batchnorm_rows(mean, variance, scales, biases, rows, filters, spatial, eps,
+                   [&](long long i, float m, float divisor, float scale, float bias) {
+                       const float v = batchnorm_normalized(x[i], m, divisor);
+                       out[i] = activate(batchnorm_scaled(v, scale, bias), act);
+                   });
 }
 
 #define BATCHNORM_REBUILD(NAME, X)                                                                \

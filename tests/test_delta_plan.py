@@ -164,19 +164,23 @@ def data(net, count, seed=0):
         yield x, truth
 
 
-def trained(text, darknet, share, backend="cpu", iterations=2):
+def trained(text, darknet, share, backend="cpu", iterations=2, switch="share_deltas"):
+    """A network trained `iterations` iterations with the plan `switch` names on or off
+    (test_output_plan's: share_outputs, deltas shared as training shares them)."""
     backend = get_backend(backend) if isinstance(backend, str) else backend
     net = Network(parse_cfg_text(text), backend=backend, seed=5, darknet=darknet)
-    net.share_deltas = share
+    net.share_deltas = True
+    setattr(net, switch, share)
     losses = [net.train_iteration(x, truth) for x, truth in data(net, iterations)]
     params = [net.be.to_host(a) for l in net.layers for _, a in l.params()]
     return net, losses, params
 
 
-def assert_same_training(text, darknet, backend="cpu"):
-    """Train with private and with shared deltas; the losses and weights are the same."""
-    private, losses, params = trained(text, darknet, False, backend)
-    shared, shared_losses, shared_params = trained(text, darknet, True, backend)
+def assert_same_training(text, darknet, backend="cpu", switch="share_deltas"):
+    """Train with private and with shared deltas (or the plan `switch` names); the losses
+    and weights are the same."""
+    private, losses, params = trained(text, darknet, False, backend, switch=switch)
+    shared, shared_losses, shared_params = trained(text, darknet, True, backend, switch=switch)
     assert np.all(np.isfinite(losses)) and shared_losses == losses
     assert len(shared_params) == len(params)
     for i, (a, b) in enumerate(zip(shared_params, params)):
@@ -217,11 +221,12 @@ def test_layer_delta_refuses_a_shared_delta_and_reads_again_once_sharing_is_off(
 def test_load_network_does_not_share_and_training_plans_do(bars, tmp_path):
     path = tmp_path / "net.cfg"
     path.write_text(GENERIC)
-    assert load_network(path).share_deltas is False
+    net = load_network(path)
+    assert net.share_deltas is False and net.share_outputs is False   # (output_plan.py)
     cfg = write_classifier_cfg(tmp_path)
     (tmp_path / "backup").mkdir()
     plan = plan_training(cfg, data_file(bars, tmp_path / "backup"), device="cpu")
-    assert plan.net.share_deltas is True
+    assert plan.net.share_deltas is True and plan.net.share_outputs is True
 
 
 @pytest.mark.gpu

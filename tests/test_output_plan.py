@@ -8,12 +8,11 @@ import pytest
 
 from darknet_py.backends import get_backend
 from darknet_py.cfg import parse_cfg_text
-from darknet_py.network import Network, NetworkError, load_network
+from darknet_py.network import Network, NetworkError
 from darknet_py.output_plan import (backward_time, plan_outputs, readers, rebuildable,
                                     reads_input_in_backward, reads_own_output)
-from darknet_py.training.plan import plan_training
-from helpers import data_file, write_classifier_cfg
-from test_delta_plan import FORK, GENERIC, MISC, MISC_FORK, NET, conv, data, head, stock
+import test_delta_plan as delta_plan_tests
+from test_delta_plan import FORK, GENERIC, MISC, MISC_FORK, NET, conv, head, stock
 
 # yolov4's patterns: CSP blocks of mish layers, a route of one layer, a shortcut, SPP's
 # maxpools gathered by a route, and a head.
@@ -98,22 +97,11 @@ def output_bytes(net):
 
 
 def trained(text, darknet, share, backend="cpu", iterations=2):
-    backend = get_backend(backend) if isinstance(backend, str) else backend
-    net = Network(parse_cfg_text(text), backend=backend, seed=5, darknet=darknet)
-    net.share_deltas = True   # as training runs: both plans at once
-    net.share_outputs = share
-    losses = [net.train_iteration(x, truth) for x, truth in data(net, iterations)]
-    params = [net.be.to_host(a) for l in net.layers for _, a in l.params()]
-    return net, losses, params
+    return delta_plan_tests.trained(text, darknet, share, backend, iterations, "share_outputs")
 
 
 def assert_same_training(text, darknet, backend="cpu"):
-    private, losses, params = trained(text, darknet, False, backend)
-    shared, shared_losses, shared_params = trained(text, darknet, True, backend)
-    assert np.all(np.isfinite(losses)) and shared_losses == losses
-    for i, (a, b) in enumerate(zip(shared_params, params)):
-        np.testing.assert_array_equal(a, b, err_msg=f"parameter array {i}")
-    return private, shared
+    return delta_plan_tests.assert_same_training(text, darknet, backend, "share_outputs")
 
 
 @pytest.mark.parametrize("text,darknet", [
@@ -173,16 +161,6 @@ def test_layer_output_refuses_a_shared_output_and_reads_again_once_sharing_is_of
     net.share_outputs = False   # re-allocates: every output its own array
     assert net.output_plan.buffer_of == {}
     assert net.layer_output(2).shape == net.layers[2].output_shape(net.batch)
-
-
-def test_load_network_does_not_share_and_training_plans_do(bars, tmp_path):
-    path = tmp_path / "net.cfg"
-    path.write_text(CSP)
-    assert load_network(path).share_outputs is False
-    cfg = write_classifier_cfg(tmp_path)
-    (tmp_path / "backup").mkdir()
-    plan = plan_training(cfg, data_file(bars, tmp_path / "backup"), device="cpu")
-    assert plan.net.share_outputs is True
 
 
 @pytest.mark.gpu
