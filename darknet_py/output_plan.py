@@ -119,10 +119,13 @@ def plan_outputs(layers, output_index, share=True):
         return plan
     read_by = readers(layers)
     count = len(layers)
+    network_output = layers[output_index]   # read after every pass: its array is its own
+    while _is_view(network_output):
+        network_output = network_output.sources[0]
     intervals = {}   # layer -> the times its output is live
     for layer in layers:
         i = layer.index
-        if layer.type not in SHARED_TYPES or layer.stepped or i == output_index \
+        if layer.type not in SHARED_TYPES or layer.stepped or layer is network_output \
                 or _is_view(layer) or not read_by[i]:
             continue
         needs = [r for r in read_by[i] if reads_input_in_backward(layers[r])]

@@ -77,6 +77,19 @@ def test_csp_excerpt_shares_what_only_forwards_read():
     assert 7 not in plan.buffer_of and 17 not in plan.buffer_of
 
 
+def test_the_networks_output_keeps_its_own_array_also_through_a_route():
+    # predict reads the output layer after a pass; a cfg ending in a [route] of one layer
+    # reads that layer's array.
+    text = CSP.replace("[route]\nlayers=-1,-3,-4\n" + conv(16, 1) + head(),
+                       "[route]\nlayers=-1,-3,-4\n" + conv(16, 1, activation="mish")
+                       + conv(8, 1, activation="mish") + "[route]\nlayers=-2\n")
+    net = Network(parse_cfg_text(text), batch=1, allocate=False)
+    assert net.layers[-1].views_its_input() and net.layers[-1].sources[0].index == 15
+    plan = plan_outputs(net.layers, net.output_index)
+    assert_sound(plan, net.layers)
+    assert 15 not in plan.buffer_of and 16 in plan.buffer_of
+
+
 def test_yolov4_at_batch_32_saves_more_than_5_gb(tmp_path):
     net = stock(tmp_path, "yolov4.cfg")
     plan = plan_outputs(net.layers, net.output_index)
