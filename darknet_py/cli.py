@@ -369,7 +369,8 @@ def info_command(cfg, batch, darknet):
 
     Works out every layer's shape from CFG without allocating anything or loading
     weights, so it is quick even for large networks. The last line estimates the memory
-    the activations need at --batch images.
+    the activations need at --batch images (for training, with the arrays `train` shares
+    between layers).
     """
     net = build_network(cfg, batch=batch, darknet=darknet)
     click.echo(f"Darknet: {net.flavour} ({'chosen with --darknet' if darknet else 'from the cfg'}"
@@ -378,6 +379,7 @@ def info_command(cfg, batch, darknet):
     for line in net.summary():
         click.echo(line)
     batch = net.batch
+    net.share_deltas = net.share_outputs = True   # as `darknet-py train` trains
     click.echo(f"Activations and workspace at batch {batch}: "
                f"{net.memory_bytes(batch, train=False) / 2**20:.1f} MiB for inference, "
                f"{net.memory_bytes(batch, train=True) / 2**20:.1f} MiB for training "

@@ -214,6 +214,9 @@ def test_info_fixture_and_batch_memory_estimate():
     # Three more images of p1's activations: 8192 + 2048 + 4096 + 2560 + 10 + 10 floats each.
     net = build_network(P1_CFG)
     assert net.memory_bytes(4, train=False) - net.memory_bytes(1, train=False) == 3 * 4 * 16916
+    private = net.memory_bytes(4, train=True)
+    net.share_deltas = net.share_outputs = True   # training's estimate: as `train` trains
+    assert net.memory_bytes(4, train=True) < private
     for m, batch in ((m1, 1), (m4, 4)):
         assert float(m.group(2)) == round(net.memory_bytes(batch, train=False) / 2**20, 1)
         assert float(m.group(3)) == round(net.memory_bytes(batch, train=True) / 2**20, 1)
