@@ -19,7 +19,7 @@ from .output_plan import output_is_shared, plan_outputs, share_output_arrays
 from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
-from .layers.base import BuildContext, UpdateArgs
+from .layers.base import BuildContext, UpdateArgs, keeps_activation_input
 from .layers.batchnorm import bn_rebuild_output, x_precision
 from .names import load_names
 from .predictions import (DETECTOR_TYPES, as_image, classify, detect, detect_batch,
@@ -219,8 +219,12 @@ class Network:
         """A close estimate of the device memory the network's arrays take (a BN layer's
         x at 2 bytes a value under fp16/bf16, as the CUDA backend keeps it)."""
         # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
-        per_image = sum(l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
-                        for l in self.layers) * (3 if train else 1)
+        sizes = [l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
+                 for l in self.layers]
+        per_image = sum(sizes)
+        if train:   # deltas, and a third array where a layer may keep one
+            per_image += sum(sizes) + sum(n for l, n in zip(self.layers, sizes)
+                                          if keeps_a_third_array(l))
         # A [route] of one whole input shares its output array (route.py).
         per_image -= sum(l.outputs for l in self.layers
                          if l.type == "route" and l.views_its_input())
@@ -1004,6 +1008,18 @@ def host_memory_bytes():
 # load_network's engine= into effect; darknet_py's __init__ installs it (the export
 # package stands on a higher floor than this module).
 ENGINE_HOOK = {"attach": None}
+
+
+# Layer types whose training keeps only an output and a delta of the layer's size.
+OUTPUT_AND_DELTA_ONLY = frozenset({"convolutional", "route", "shortcut", "upsample", "yolo"})
+
+
+def keeps_a_third_array(layer):
+    """Whether training may keep a third array of a layer's size besides its output and
+    delta (memory_bytes): a batch-normalised layer's x, an activation's kept input,
+    maxpool's indexes, and, to be safe, any type not known to keep none."""
+    return (layer.type not in OUTPUT_AND_DELTA_ONLY or bool(getattr(layer, "batch_normalize", 0))
+            or keeps_activation_input(layer))
 
 
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
