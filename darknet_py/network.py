@@ -1023,8 +1023,7 @@ def keeps_a_third_array(layer):
 
 
 def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None, names=None, precision=None, engine=None,
-                 random_start=True):
+                 transfer=False, darknet=None, names=None, precision=None, engine=None):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
@@ -1051,8 +1050,7 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
         darknet = weights_flavour(weights)
     backend = get_backend(device)
     net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
-                  random_init=random_start and (weights is None or cutoff is not None
-                                                or transfer),
+                  random_init=weights is None or cutoff is not None or transfer,
                   precision=precision)
     net.transfer_report = None
     if weights is not None:

@@ -250,37 +250,6 @@ def test_parameters_sent_ahead_arrive_before_the_first_pass():
     assert not np.array_equal(r1["weights"], other["weights"])   # rank 1 did start elsewhere
 
 
-def test_only_rank_0_draws_the_parameters_it_sends(bars, tmp_path, monkeypatch):
-    # The other ranks' random start would be overwritten by rank 0's: they start at zero
-    # and draw nothing, then hold exactly rank 0's parameters.
-    from darknet_py.training import plan as plan_module
-    starts = {}
-
-    def recording_load(cfg, weights=None, **options):
-        net = load_network(cfg, weights, **options)
-        starts[options.get("seed")] = (options.get("random_start", True),
-                                       dict((n, a.copy()) for n, a in net.layers[0].params()))
-        return net
-
-    load_network = plan_module.load_network
-    monkeypatch.setattr(plan_module, "load_network", recording_load)
-    cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "backup")
-
-    def body(comm):
-        plan = plan_module.plan_training(cfg, data, device="cpu", seed=comm.rank, comm=comm,
-                                         log=lambda line: None)
-        plan.ranks.arrived(plan.net)
-        return {name: a.copy() for name, a in plan.net.layers[0].params()}
-
-    r0, r1 = run_ranks(2, body)
-    assert starts[0][0] is True and starts[1][0] is False
-    assert np.abs(starts[0][1]["weights"]).max() > 0
-    np.testing.assert_array_equal(starts[1][1]["weights"], 0.0)
-    for name in r0:
-        np.testing.assert_array_equal(r1[name], r0[name], err_msg=name)
-    np.testing.assert_array_equal(r0["weights"], starts[0][1]["weights"])
-
-
 # ---- whole runs: the command starts the ranks ---------------------------------------------
 @pytest.fixture(scope="module")
 def two_rank_run(bars, tmp_path_factory):

@@ -58,10 +58,7 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     """The TrainPlan of train()'s arguments (see train.train), or the error that stops it."""
     config, paths, valid_paths = _lists(data, map_eval, comm)
     ranks = Ranks(comm)
-    # Rank 0's parameters overwrite the others' (send_parameters): their random draws, ~0.5 s
-    # of CPU a rank while every rank starts at once, would be thrown away (NOTES.md C8).
-    net = load_network(cfg, None, device=device, seed=seed, darknet=darknet,
-                       random_start=ranks.rank == 0)
+    net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
     trace_start("network loaded")
     net.share_deltas = True   # the same training in less memory (delta_plan.py,
     net.share_outputs = True  # output_plan.py)
