@@ -134,17 +134,13 @@ def plan_deltas(layers, share=True):
 def share_delta_arrays(layers, be, batch, share):
     """The DeltaPlan of `layers` (share=False: every delta private), its arrays made on
     `be` for `batch` images, each shared layer given its view as Layer.shared_delta (its
-    allocate takes it as its delta). The old shared arrays are let go first."""
+    allocate takes it as its delta)."""
     plan = plan_deltas(layers, share)
-    for layer in layers:
-        if layer.shared_delta is not None:
-            layer.delta = None
+    for layer in layers:   # (Network._allocate let the old deltas go)
         layer.shared_delta = None   # set on each layer: Network.resize copies what one lacks
     arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
     for i, number in plan.buffer_of.items():
-        layer = layers[i]
-        layer.delta = None   # its old private delta, before the next layers allocate
-        layer.shared_delta = arrays[number][:batch * layer.outputs]
+        layers[i].shared_delta = arrays[number][:batch * layers[i].outputs]
     return plan
 
 

@@ -226,8 +226,7 @@ class Network:
             per_image += sum(sizes) + sum(n for l, n in zip(self.layers, sizes)
                                           if keeps_a_third_array(l))
         # A [route] of one whole input shares its output array (route.py).
-        per_image -= sum(l.outputs for l in self.layers
-                         if l.type == "route" and l.views_its_input())
+        per_image -= sum(l.outputs for l in self.layers if l.views_its_input())
         if train and self._share_deltas and not self.fork_cpu:
             per_image -= plan_deltas(self.layers).saved_floats
         if train and self._share_outputs and not self.fork_cpu:

@@ -88,13 +88,9 @@ def readers(layers):
         for named in referred_layers(layer):
             found[named.index].add(layer.index)
     for layer in reversed(layers):   # a view's readers, through chains of views
-        if _is_view(layer):
+        if layer.views_its_input():
             found[layer.sources[0].index] |= found[layer.index]
     return found
-
-
-def _is_view(layer):
-    return layer.type == "route" and layer.views_its_input()
 
 
 def rebuildable(layer):
@@ -120,13 +116,13 @@ def plan_outputs(layers, output_index, share=True):
     read_by = readers(layers)
     count = len(layers)
     network_output = layers[output_index]   # read after every pass: its array is its own
-    while _is_view(network_output):
+    while network_output.views_its_input():
         network_output = network_output.sources[0]
     intervals = {}   # layer -> the times its output is live
     for layer in layers:
         i = layer.index
         if layer.type not in SHARED_TYPES or layer.stepped or layer is network_output \
-                or _is_view(layer) or not read_by[i]:
+                or layer.views_its_input() or not read_by[i]:
             continue
         needs = [r for r in read_by[i] if reads_input_in_backward(layers[r])]
         if reads_own_output(layer):
@@ -156,12 +152,10 @@ def plan_outputs(layers, output_index, share=True):
 def share_output_arrays(layers, be, batch, share, output_index):
     """The OutputPlan of `layers` (share=False: every output private), its arrays made on
     `be` for `batch` images, each shared layer given its view as Layer.shared_output (its
-    allocate takes it as its output). The old shared arrays are let go first."""
+    allocate takes it as its output)."""
     plan = plan_outputs(layers, output_index, share)
-    for layer in layers:
-        if layer.shared_output is not None or layer.index in plan.buffer_of:
-            layer.output = None
-        layer.shared_output = None
+    for layer in layers:   # (Network._allocate let the old outputs go)
+        layer.shared_output = None   # set on each layer: Network.resize copies what one lacks
     arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
     for i, number in plan.buffer_of.items():
         layers[i].shared_output = arrays[number][:batch * layers[i].outputs]
@@ -171,6 +165,6 @@ def share_output_arrays(layers, be, batch, share, output_index):
 def output_is_shared(layer):
     """Whether a layer's output array is shared with other layers' (directly, or as a
     [route] viewing such an output)."""
-    while layer.type == "route" and layer.views_its_input():
+    while layer.views_its_input():
         layer = layer.sources[0]
     return layer.shared_output is not None

@@ -239,13 +239,20 @@ def test_training_with_shared_deltas_gives_the_same_weights_on_cuda(cuda, text, 
     assert delta_bytes(private) - delta_bytes(shared) == saved > 0
 
 
-def test_replayed_training_with_shared_deltas_equals_eager_private_training():
-    """The fills a shared delta gets in the backward are part of the recorded step (a
-    NumPy backend that records steps as CUDA graphs do: test_cuda_graphs)."""
+@pytest.mark.parametrize("switch, plan", [("share_deltas", "delta_plan"),
+                                          ("share_outputs", "output_plan")])
+def test_replayed_training_with_shared_arrays_equals_eager_private_training(switch, plan):
+    """The fills a shared delta gets and the outputs made again in the backward
+    (output_plan.py) are part of the recorded step (a NumPy backend that records steps as
+    CUDA graphs do: test_cuda_graphs)."""
     from test_cuda_graphs import RecordingBackend
-    replayed, losses, params = trained(GENERIC, "alexeyab", True, RecordingBackend(), 3)
-    _, eager_losses, eager_params = trained(GENERIC, "alexeyab", False, iterations=3)
-    assert replayed.delta_plan.buffer_of and replayed.graphs.replayed > 0
+    replayed, losses, params = trained(GENERIC, "alexeyab", True, RecordingBackend(), 3,
+                                       switch)
+    _, eager_losses, eager_params = trained(GENERIC, "alexeyab", False, iterations=3,
+                                            switch=switch)
+    assert getattr(replayed, plan).buffer_of and replayed.graphs.replayed > 0
+    if plan == "output_plan":
+        assert replayed.output_plan.rebuild_before
     assert losses == eager_losses
     for a, b in zip(params, eager_params):
         np.testing.assert_array_equal(a, b)

@@ -121,6 +121,11 @@ class Layer:
         self.activation_input = (be.zeros(batch * self.outputs)
                                  if train and keeps_activation_input(self) else None)
 
+    def views_its_input(self):
+        """Whether the layer's output is an earlier layer's output array (new_output): a
+        [route] of one whole input."""
+        return False
+
     def new_output(self, be, batch):
         """The array the layer's output lives in: one of its own unless the network's
         output plan shares one (output_plan.py) or a layer type takes an earlier layer's
