@@ -115,9 +115,7 @@ def plan_outputs(layers, output_index, share=True):
         return plan
     read_by = readers(layers)
     count = len(layers)
-    network_output = layers[output_index]   # read after every pass: its array is its own
-    while network_output.views_its_input():
-        network_output = network_output.sources[0]
+    network_output = array_owner(layers[output_index])   # read after every pass: its own
     intervals = {}   # layer -> the times its output is live
     for layer in layers:
         i = layer.index
@@ -162,9 +160,15 @@ def share_output_arrays(layers, be, batch, share, output_index):
     return plan
 
 
+def array_owner(layer):
+    """The layer whose output array `layer`'s output is: itself, or the source of a
+    [route] viewing one (through chains of them)."""
+    while layer.views_its_input():
+        layer = layer.sources[0]
+    return layer
+
+
 def output_is_shared(layer):
     """Whether a layer's output array is shared with other layers' (directly, or as a
     [route] viewing such an output)."""
-    while layer.views_its_input():
-        layer = layer.sources[0]
-    return layer.shared_output is not None
+    return array_owner(layer).shared_output is not None
