@@ -136,12 +136,19 @@ def share_delta_arrays(layers, be, batch, share):
     `be` for `batch` images, each shared layer given its view as Layer.shared_delta (its
     allocate takes it as its delta)."""
     plan = plan_deltas(layers, share)
-    for layer in layers:   # (Network._allocate let the old deltas go)
-        layer.shared_delta = None   # set on each layer: Network.resize copies what one lacks
-    arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
-    for i, number in plan.buffer_of.items():
-        layers[i].shared_delta = arrays[number][:batch * layers[i].outputs]
+    give_views(layers, be, batch, plan, "shared_delta")
     return plan
+
+
+def give_views(layers, be, batch, plan, attribute):
+    """Make a plan's arrays (buffer_floats) on `be` for `batch` images and set `attribute`
+    of each layer in it (buffer_of) to its view, of every other layer to None (set on each
+    layer: Network.resize copies what one lacks). Network._allocate let the old go."""
+    arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
+    for layer in layers:
+        number = plan.buffer_of.get(layer.index)
+        setattr(layer, attribute, None if number is None
+                else arrays[number][:batch * layer.outputs])
 
 
 def zeroing_steps(layers, plan):

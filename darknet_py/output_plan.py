@@ -26,7 +26,7 @@ Only what is known to hold is shared; anything else keeps a private output:
 from dataclasses import dataclass, field
 
 from .activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
-from .delta_plan import referred_layers
+from .delta_plan import give_views, referred_layers
 from .layers.base import keeps_activation_input
 
 # Layers whose forward writes every float of Layer.allocate's output before reading it.
@@ -152,11 +152,7 @@ def share_output_arrays(layers, be, batch, share, output_index):
     `be` for `batch` images, each shared layer given its view as Layer.shared_output (its
     allocate takes it as its output)."""
     plan = plan_outputs(layers, output_index, share)
-    for layer in layers:   # (Network._allocate let the old outputs go)
-        layer.shared_output = None   # set on each layer: Network.resize copies what one lacks
-    arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
-    for i, number in plan.buffer_of.items():
-        layers[i].shared_output = arrays[number][:batch * layers[i].outputs]
+    give_views(layers, be, batch, plan, "shared_output")
     return plan
 
 
