@@ -26,12 +26,12 @@ extern "C" __global__ void bias_activate(float* __restrict__ out, const float* _
 }
 
 // Visits every element of rows = batch * filters rows of `spatial` elements with its
-// channel's constants: body(i, mean, divisor, scale, bias) (batchnorm_divisor: Darknet's
-// sqrt(var) + 1e-6 for eps < 0, the fork's sqrt(var + eps)). A thread takes several
-// elements of a row (the launcher's per_thread), so that the channel's constants (the
-// divisor's sqrt) are worked out once for them: the passes are bound by their arithmetic as
-// much as by their bytes (bench/NOTES.md E3).
-template <class Body>
+// channel's constants: body(i, channel), channel a BatchnormChannel<EXACT> (its divisor:
+// Darknet's sqrt(var) + 1e-6 for eps < 0, the fork's sqrt(var + eps)). A thread takes
+// several elements of a row (the launcher's per_thread), so that the channel's constants
+// (the divisor's sqrt) are worked out once for them: the passes are bound by their
+// arithmetic as much as by their bytes (bench/NOTES.md E3).
+template <bool EXACT, class Body>
 __device__ __forceinline__ void batchnorm_rows(const float* __restrict__ mean,
                                                const float* __restrict__ variance,
                                                const float* __restrict__ scales,
@@ -40,12 +40,11 @@ __device__ __forceinline__ void batchnorm_rows(const float* __restrict__ mean,
 {
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const int f = r % filters;
-        const float m = mean[f], divisor = batchnorm_divisor(variance[f], eps);
-        const float scale = scales[f], bias = biases[f];
+        const BatchnormChannel<EXACT> channel(mean[f], variance[f], eps, scales[f], biases[f]);
         const long long row = (long long)r * spatial;
         for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
              s += gridDim.x * blockDim.x)
-            body(row + s, m, divisor, scale, bias);
+            body(row + s, channel);
     }
 }
 
@@ -53,9 +52,10 @@ __device__ __forceinline__ void batchnorm_rows(const float* __restrict__ mean,
 // when keep is not null (the x a training layer keeps for its backward: what copy_rounded
 // would write, in this pass's read of x), v = (x - mean[f]) / divisor, x_norm = v when
 // x_norm is not null, x = act(v * scales[f] + biases[f]). One pass for what a copy,
-// normalize, a copy, scale_bias, add_bias and the activation did in six; each step rounds
-// as its own pass did (no fused multiply-add, activations.cuh), so the bits are theirs,
-// and batchnorm_activation_sums recomputes them in the backward.
+// normalize, a copy, scale_bias, add_bias and the activation did in six. With an fp32 x
+// each step rounds as its own pass did (no fused multiply-add: BatchnormChannel<true>), so
+// the bits are theirs; with a 16-bit x (fp16/bf16) the steps are its fast ones. Either way
+// batchnorm_activation_sums recomputes them in the backward as this pass made them.
 template <class X>
 __device__ __forceinline__ void batchnorm_apply_of(float* __restrict__ x, const float* __restrict__ mean,
                                                    const float* __restrict__ variance,
@@ -65,14 +65,15 @@ __device__ __forceinline__ void batchnorm_apply_of(float* __restrict__ x, const 
                                                    int act, float* __restrict__ x_norm,
                                                    typename X::Storage* __restrict__ keep)
 {
-    batchnorm_rows(mean, variance, scales, biases, rows, filters, spatial, eps,
-                   [&](long long i, float m, float divisor, float scale, float bias) {
-                       const float in = x[i];
-                       if (keep) keep[i] = X::rounded(in);
-                       const float v = batchnorm_normalized(in, m, divisor);
-                       if (x_norm) x_norm[i] = v;
-                       x[i] = activate(batchnorm_scaled(v, scale, bias), act);
-                   });
+    using Channel = BatchnormChannel<X::exact>;
+    batchnorm_rows<X::exact>(mean, variance, scales, biases, rows, filters, spatial, eps,
+                             [&](long long i, const Channel& c) {
+                                 const float in = x[i];
+                                 if (keep) keep[i] = X::rounded(in);
+                                 const float v = c.normalized(in);
+                                 if (x_norm) x_norm[i] = v;
+                                 x[i] = Channel::activated(c.scaled(v), act);
+                             });
 }
 
 #define BATCHNORM_APPLY(NAME, X)                                                                  \
@@ -93,7 +94,7 @@ BATCHNORM_APPLY(batchnorm_apply_kernel_x_bf16, XBF16)
 // A training layer's output made again from its kept x right before the backward reads it
 // (darknet_py/output_plan.py, bench/NOTES.md R3): out = act(v * scales[f] + biases[f]) with
 // v normalised from X{x}[i] (a 16-bit x widened, exactly), in batchnorm_apply_of's steps
-// and roundings: from an fp32 x, the bits that pass wrote.
+// (BatchnormChannel<X::exact>): from an fp32 x, the bits that pass wrote.
 template <class X>
 __device__ __forceinline__ void batchnorm_rebuild_of(X x, float* __restrict__ out,
                                                      const float* __restrict__ mean,
@@ -103,11 +104,11 @@ __device__ __forceinline__ void batchnorm_rebuild_of(X x, float* __restrict__ ou
                                                      int rows, int filters, int spatial, float eps,
                                                      int act)
 {
-    batchnorm_rows(mean, variance, scales, biases, rows, filters, spatial, eps,
-                   [&](long long i, float m, float divisor, float scale, float bias) {
-                       const float v = batchnorm_normalized(x[i], m, divisor);
-                       out[i] = activate(batchnorm_scaled(v, scale, bias), act);
-                   });
+    using Channel = BatchnormChannel<X::exact>;
+    batchnorm_rows<X::exact>(mean, variance, scales, biases, rows, filters, spatial, eps,
+                             [&](long long i, const Channel& c) {
+                                 out[i] = Channel::activated(c.scaled(c.normalized(x[i])), act);
+                             });
 }
 
 #define BATCHNORM_REBUILD(NAME, X)                                                                \

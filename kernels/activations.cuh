@@ -171,3 +171,86 @@ __device__ __forceinline__ float batchnorm_scaled(float x_norm, float scale, flo
 {
     return __fadd_rn(__fmul_rn(x_norm, scale), bias);
 }
+
+// Under fp16/bf16 the activations batch norm's passes apply (the layers that keep a 16-bit
+// x) in fast forms, each from one hardware exponential (__expf) and approximate divisions:
+// within a few units in the last place of fp32 where the exact forms above cost three
+// library calls (mish's expf, log1pf and tanhf), far under the 2^-11 / 2^-8 of the 16-bit x
+// they start from (bench/NOTES.md F1). The others are the exact forms.
+//   mish(x) = x tanh(softplus(x)) = x n / (n + 2) with n = e^x (e^x + 2),
+//   mish'(x) = t + x (1 - t^2) sigmoid(x), t = n / (n + 2), 1 - t = 2 / (n + 2),
+// both x (and 1) above the fork's threshold, as the exact forms give there.
+__device__ __forceinline__ float sigmoid_fast(float x)
+{
+    return __fdividef(1.0f, 1.0f + __expf(-x));   // 1 / inf = 0 below -88
+}
+
+__device__ __forceinline__ float activate_fast(float x, int act)
+{
+    switch (act) {
+    case LOGISTIC: return sigmoid_fast(x);
+    case SWISH:    return x * sigmoid_fast(x);
+    case MISH: {
+        if (x > MISH_THRESHOLD) return x;
+        const float e = __expf(x);
+        const float n = e * (e + 2.0f);
+        return x * __fdividef(n, n + 2.0f);
+    }
+    default:       return activate(x, act);
+    }
+}
+
+__device__ __forceinline__ float gradient_from_input_fast(float x, int act)
+{
+    switch (act) {
+    case SWISH: {
+        const float s = sigmoid_fast(x);
+        return s * (1.0f + x * (1.0f - s));
+    }
+    case MISH: {
+        if (x > MISH_THRESHOLD) return 1.0f;
+        const float e = __expf(x);
+        const float n = e * (e + 2.0f);
+        const float inverse = __fdividef(1.0f, n + 2.0f);
+        const float t = n * inverse, one_minus_t = 2.0f * inverse;
+        return t + x * (one_minus_t * (1.0f + t)) * __fdividef(e, 1.0f + e);
+    }
+    default:       return gradient_from_input(x, act);
+    }
+}
+
+// A channel's batch norm constants and the per-element steps its passes share (forward,
+// rebuild, the backward's recompute). EXACT (an fp32 x: fp32 and tf32): each IEEE step
+// rounded on its own, no contraction, the C code's bits. Else (a 16-bit x: fp16, bf16):
+// x_norm by the divisor's reciprocal, scale and bias in one fused multiply-add, the fast
+// activations above.
+template <bool EXACT>
+struct BatchnormChannel {
+    float mean, divisor, inverse, scale, bias;
+    __device__ __forceinline__ BatchnormChannel(float mean_, float variance, float eps,
+                                                float scale_, float bias_)
+        : mean(mean_), divisor(batchnorm_divisor(variance, eps)), scale(scale_), bias(bias_)
+    {
+        inverse = EXACT ? 0.0f : __frcp_rn(divisor);
+    }
+    __device__ __forceinline__ float normalized(float x) const
+    {
+        if constexpr (EXACT) return batchnorm_normalized(x, mean, divisor);
+        else return (x - mean) * inverse;
+    }
+    __device__ __forceinline__ float scaled(float x_norm) const
+    {
+        if constexpr (EXACT) return batchnorm_scaled(x_norm, scale, bias);
+        else return fmaf(x_norm, scale, bias);
+    }
+    static __device__ __forceinline__ float activated(float v, int act)
+    {
+        if constexpr (EXACT) return activate(v, act);
+        else return activate_fast(v, act);
+    }
+    static __device__ __forceinline__ float input_gradient(float v, int act)
+    {
+        if constexpr (EXACT) return gradient_from_input(v, act);
+        else return gradient_from_input_fast(v, act);
+    }
+};

@@ -261,7 +261,8 @@ extern "C" __global__ void mean_variance_finalize(const double* __restrict__ par
 // Batch norm's backward up to its parameter gradients, in one pass, for a layer that keeps
 // x but not x_norm nor the activation's input: per element, x_norm = (x - mean) /
 // divisor and the activation's input x_norm * scale + bias are recomputed as
-// batchnorm_apply_kernel computed them (activations.cuh), delta *= the activation's
+// batchnorm_apply_kernel computed them (activations.cuh's BatchnormChannel: exact for an
+// fp32 x, the fast steps for a 16-bit one), delta *= the activation's
 // gradient (from the output y, or from that input where from_input), and the sums of
 // delta (partial_a, unless null: the biases' update) and delta * x_norm (partial: the
 // scales') go out as channel_sums' TERM_A_TIMES_B would give them for the stored arrays:
@@ -269,10 +270,11 @@ extern "C" __global__ void mean_variance_finalize(const double* __restrict__ par
 template <class X>
 struct BatchnormActivationTerm {
     using Value = float;
+    using Channel = BatchnormChannel<X::exact>;   // an fp32 x: the forward's exact steps
     X x;
     const float* __restrict__ y;
     float* __restrict__ delta;
-    float mean, divisor, scale, bias;
+    Channel channel;
     int act, from_input;
     static constexpr bool writes = true;   // delta: loads first (accumulate_channel_terms)
     struct Loaded {
@@ -285,10 +287,10 @@ struct BatchnormActivationTerm {
     __device__ __forceinline__ void apply(long long idx, const Loaded& in, float& g,
                                           float& t) const
     {
-        const float x_norm = batchnorm_normalized(in.x, mean, divisor);
+        const float x_norm = channel.normalized(in.x);
         g = in.delta;
         if (from_input)
-            g = __fmul_rn(g, gradient_from_input(batchnorm_scaled(x_norm, scale, bias), act));
+            g = __fmul_rn(g, Channel::input_gradient(channel.scaled(x_norm), act));
         else if (act != LINEAR)
             g = __fmul_rn(g, gradient(in.y, act));
         delta[idx] = g;
@@ -311,9 +313,10 @@ __device__ __forceinline__ void batchnorm_activation_sums_of(X x, const float* _
     const int f = blockIdx.y;
     const ChannelPart part(batch, spatial, parts);
     const long long offset = (long long)f * spatial;
-    const BatchnormActivationTerm<X> term{X{x.p + offset}, y + offset, delta + offset, mean[f],
-                                          batchnorm_divisor(variance[f], eps), scales[f],
-                                          biases[f], act, from_input};
+    const BatchnormActivationTerm<X> term{
+        X{x.p + offset}, y + offset, delta + offset,
+        BatchnormChannel<X::exact>(mean[f], variance[f], eps, scales[f], biases[f]), act,
+        from_input};
     double s = 0.0, sa = 0.0;
     channel_thread_sums(partial_a != nullptr, term, filters, spatial, part.begin, part.end, s, sa);
     store_channel_partials(s, sa, parts, partial, partial_a);
@@ -447,15 +450,22 @@ __device__ __forceinline__ void normalize_delta_of(X x, const float* __restrict_
         const float divisor = fork ? sqrtf(variance[f]) + 1e-5f : sqrtf(variance[f] + 1e-5f);
         const float twice_variance_delta = variance_delta[f] * 2.0f;
         const float mean_term = mean_delta[f] / n;
+        // A 16-bit x (fp16/bf16): multiplications by the two divisors' reciprocals and
+        // fused multiply-adds in place of the exact steps (activations.cuh, BatchnormChannel).
+        const float inverse = X::exact ? 0.0f : __frcp_rn(divisor);
+        const float x_factor = X::exact ? 0.0f : twice_variance_delta / n;
         const long long row = (long long)r * spatial;
         for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < spatial;
              s += gridDim.x * blockDim.x) {
             const long long i = row + s;
             const float xc = x[i] - m;
             const float d = scales ? __fmul_rn(delta[i], scale) : delta[i];
-            delta[i] = __fadd_rn(__fadd_rn(__fdiv_rn(d, divisor),
-                                           __fdiv_rn(__fmul_rn(twice_variance_delta, xc), n)),
-                                 mean_term);
+            if constexpr (X::exact)
+                delta[i] = __fadd_rn(__fadd_rn(__fdiv_rn(d, divisor),
+                                               __fdiv_rn(__fmul_rn(twice_variance_delta, xc), n)),
+                                     mean_term);
+            else
+                delta[i] = fmaf(d, inverse, fmaf(x_factor, xc, mean_term));
         }
     }
 }

@@ -8,12 +8,14 @@
 
 struct XF32 {
     using Storage = float;
+    static constexpr bool exact = true;   // the passes' arithmetic: BatchnormChannel<exact>
     const float* __restrict__ p;
     __device__ __forceinline__ float operator[](long long i) const { return p[i]; }
     static __device__ __forceinline__ float rounded(float v) { return v; }
 };
 struct XF16 {
     using Storage = unsigned short;
+    static constexpr bool exact = false;
     const unsigned short* __restrict__ p;
     __device__ __forceinline__ float operator[](long long i) const
     {
@@ -31,6 +33,7 @@ struct XF16 {
 };
 struct XBF16 {   // bf16: the upper 16 bits of an fp32
     using Storage = unsigned short;
+    static constexpr bool exact = false;
     const unsigned short* __restrict__ p;
     __device__ __forceinline__ float operator[](long long i) const
     {

@@ -28,6 +28,9 @@ HALF = precisions.HALF_STORAGE
 # what was measured (see above).
 LOSS_TOL = {"fp16": 1e-4, "bf16": 1e-3}
 UPDATE_TOL = {"fp16": 5e-3, "bf16": 5e-2}
+# The 16-bit kernels' fast forms (activations.cuh: BatchnormChannel<false>) against the
+# exact fp32 steps on the same values, relative to the array's largest element.
+FAST_TOL = 1e-5
 PARAMS = ("weights", "scales", "biases")
 
 NET_CFG = """[net]
@@ -278,8 +281,8 @@ def test_half_x_backward_against_the_emulation_cuda(cuda, precision, flavour, ac
                                                     shape):
     """CUDA with a 16-bit x against NumPy (float64) on the rounded values, at the fp32 x
     tests' tolerance (reduction_tol: 1e-5, 1e-4 past 1000 terms a channel); and against
-    CUDA's fp32 kernels given the rounded values as an fp32 x: the same bits (widening is
-    exact, the math is one template)."""
+    CUDA's fp32 kernels given the rounded values as an fp32 x: within FAST_TOL (widening is
+    exact; the 16-bit kernels' fast forms differ from the exact steps by a few ulp)."""
     eps, train_beta = FLAVOURS[flavour]
     fork = flavour == "alexeyab-cpu"
     rng = np.random.default_rng(sum(shape) + len(activation) + len(precision))
@@ -293,8 +296,7 @@ def test_half_x_backward_against_the_emulation_cuda(cuda, precision, flavour, ac
         fp32 = run_half_x_op(cuda, op, "fp32", rounded, args, poison_channel_scratch)
         for i, (g, w, f) in enumerate(zip(got, want, fp32)):
             assert_close(g, w, tol, f"{op} {precision}: array argument {i}")
-            assert_close(g, f, 0, f"{op} {precision} vs fp32 x: array argument {i}",
-                         exact=True)
+            assert_close(g, f, FAST_TOL, f"{op} {precision} vs fp32 x: array argument {i}")
 
 
 @gpu
@@ -318,3 +320,56 @@ def test_network_keeps_x_at_16_bits_cuda(cuda, precision, monkeypatch):
             kept["numpy"] = [be.to_host(l.x) for l in layers]
     for i, (g, w) in enumerate(zip(kept["cuda"], kept["numpy"])):
         assert_close(g.astype(np.float64), w.astype(np.float64), 1e-2, f"layer x {i}")
+
+
+def exact_activation(x, activation):
+    """mish, swish, logistic and their derivatives in float64 (the fork's mish: softplus
+    is x above 20)."""
+    x = x.astype(np.float64)
+    sig = 1.0 / (1.0 + np.exp(-x))
+    if activation == "logistic":
+        return sig, sig * (1.0 - sig)
+    if activation == "swish":
+        return x * sig, sig * (1.0 + x * (1.0 - sig))
+    softplus = np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+    t = np.tanh(softplus)
+    return x * t, t + x * (1.0 - t * t) * sig
+
+
+@gpu
+@pytest.mark.parametrize("precision", HALF)
+@pytest.mark.parametrize("activation", ["mish", "swish", "logistic"])
+def test_fast_activations_are_within_a_few_ulp_cuda(cuda, precision, activation):
+    """The 16-bit kernels' fast activations (one __expf each) against float64, element by
+    element over x in [-40, 40]: batchnorm_apply (the value) and
+    batchnorm_activation_backward (the derivative, as delta = 1 times it) on a channel
+    whose normalisation is the identity (mean 0, variance 1, eps 0, scale 1, bias 0)."""
+    x = np.linspace(-40.0, 40.0, 80_001, dtype=np.float32)
+    x = np.concatenate([x, np.float32([-20.0, 20.0, np.nextafter(np.float32(20.0), 30),
+                                       -1e-30, 0.0])])
+    one = lambda v: cuda.from_host(np.float32([v]))  # noqa: E731
+    mean, variance, scales, biases = one(0.0), one(1.0), one(1.0), one(0.0)
+    out = cuda.from_host(x)
+    cuda.batchnorm_apply(out, mean, variance, scales, biases, 1, 1, x.size, 0.0, activation,
+                         None, keep_precision=precision)
+    delta = cuda.from_host(np.ones_like(x))
+    # The derivative from the input (mish, swish) or from the output (logistic).
+    cuda.batchnorm_activation_backward(kept_x(cuda, x, precision), mean, variance, scales,
+                                       biases, out, 1, 1, x.size, 0.0, activation, delta,
+                                       None, cuda.zeros(1), x_precision=precision)
+    _, derivative = exact_activation(precisions.round_to(x, precision), activation)
+    got_value = cuda.to_host(out).astype(np.float64)
+    want_value, _ = exact_activation(x, activation)
+    # The value is computed from the fp32 x; the derivative from the kept (rounded) x.
+    # Relative error, with an absolute floor where the derivative crosses zero (its
+    # terms are of order 1) and where the values all but vanish (x below -25: __expf's
+    # error grows with |x|, 2 + 1.17 |x| ulp).
+    err = np.abs(got_value - want_value)
+    assert np.all(err <= 4e-6 * np.abs(want_value) + 1e-12), (
+        f"value: largest error {err.max():.3g} at x = {x[np.argmax(err)]}")
+    got = cuda.to_host(delta).astype(np.float64)
+    if activation == "logistic":   # from the output the fast value gave
+        derivative = got_value * (1.0 - got_value)
+    err = np.abs(got - derivative)
+    assert np.all(err <= 4e-6 * np.abs(derivative) + 5e-7), (
+        f"derivative: largest error {err.max():.3g} at x = {x[np.argmax(err)]}")

@@ -6,7 +6,9 @@ normalise-scale-shift-activation of kernels/activations.cu), [l2norm] and [lrn]
 A BN layer's x kept at 16 bits under fp16/bf16 (precision.HALF_STORAGE): storage_zeros
 makes the array (float16 for fp16, uint16 holding bf16 bits for bf16), copy_rounded writes
 it, and the kernels that read x have `_x_f16` / `_x_bf16` twins (batchnorm.cu's loaders)
-picked by the ops' x_precision."""
+picked by the ops' x_precision. Those twins also compute in fast forms (the divisor's
+reciprocal, fused multiply-adds, mish/swish/logistic from one __expf: activations.cuh's
+BatchnormChannel, bench/NOTES.md F1); an fp32 x keeps the exact steps, the C code's bits."""
 import numpy as np
 import pycuda.driver as drv
 
@@ -259,7 +261,9 @@ class CudaNorm:
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
                         activation, x_norm, keep=None, keep_precision="fp32"):
         """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu), keep (unless
-        None: storage_zeros(n, keep_precision)'s array) written as x is read."""
+        None: storage_zeros(n, keep_precision)'s array) written as x is read. Under a
+        keep_precision of fp16/bf16 the normalisation, scale, bias and activation take
+        their fast forms (activations.cuh's BatchnormChannel; within ~1e-6 of the exact)."""
         total = batch * filters * spatial
         self._check_size("batchnorm_apply x", x, total)
         for what, arr in (("mean", mean), ("variance", variance), ("scales", scales),
@@ -268,7 +272,10 @@ class CudaNorm:
         for what, arr in (("x_norm", x_norm), ("keep", keep)):
             if arr is not None:
                 self._check_size(f"batchnorm_apply {what}", arr, total)
-        suffix = "" if keep is None else self._x_suffix(keep, keep_precision)
+        # keep_precision picks the kernel with or without keep: a layer's forward under
+        # fp16/bf16 takes the fast steps whether it keeps x (training) or not (activations.cuh).
+        suffix = (_X_STORAGE[precisions.storage(keep_precision)][1] if keep is None
+                  else self._x_suffix(keep, keep_precision))
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
         self._launch_rows("batchnorm_apply_kernel" + suffix, batch * filters, spatial,
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(scales),
