@@ -333,9 +333,15 @@ __device__ __forceinline__ void store_tile_tma(const float (&d)[128], const Tens
 
 template <class Op>
 // store: 0 scalar stores of C, 1 float2 stores, 2 TMA stores through c_map (beta = 0).
+// Split K: K's 64-wide slices go in runs of split_blocks, and run s of a tile is a work
+// item of its own that stores its partial product into c + s * split_stride (store 0 or
+// 1, beta = 0; the launcher adds the partials up after): a product of few tiles and a long
+// K (a weight gradient over a batch of positions) then fills the SMs. split_blocks >= K's
+// slices: one run, c itself.
 __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const TensorMap* b_map,
                                                 const TensorMap* c_map, int m, int n, int k, float alpha,
-                                                float beta, float* c, int ldc, int store)
+                                                float beta, float* c, int ldc, int store, int split_blocks,
+                                                long long split_stride)
 {
     extern __shared__ unsigned char wg_dynamic[];
     // Stage buffers 1024-byte aligned (the launcher asks for 1 KB of slack).
@@ -355,6 +361,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
     const unsigned rank = cluster_rank();
     const int cluster = blockIdx.x / WG_CLUSTER, clusters = gridDim.x / WG_CLUSTER;
     const int k_blocks = (k + WG_BK - 1) / WG_BK;
+    const int items = pairs * ((k_blocks + split_blocks - 1) / split_blocks);
     const int warpgroup = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -372,10 +379,11 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
         if (threadIdx.x == 0) {
             int stage = 0;
             unsigned phase = 0;
-            for (int t = cluster; t < pairs; t += clusters) {
+            for (int t = cluster; t < items; t += clusters) {
                 int m0, n0;
-                tile_origin(t, pair_rows, tiles_n, rank, m0, n0);
-                for (int kb = 0; kb < k_blocks; ++kb) {
+                tile_origin(t % pairs, pair_rows, tiles_n, rank, m0, n0);
+                const int first = (t / pairs) * split_blocks, last = min(k_blocks, first + split_blocks);
+                for (int kb = first; kb < last; ++kb) {
                     mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
                     const unsigned full = full_bar + 8 * stage;
                     mbar_expect_tx(full, WG_STAGE_BYTES);   // A + both halves of B
@@ -402,19 +410,21 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
         for (int i = 0; i < 128; ++i) d[i] = 0.0f;
         int stage = 0;
         unsigned phase = 0;
-        for (int t = cluster; t < pairs; t += clusters) {
+        for (int t = cluster; t < items; t += clusters) {
             int m0, n0;
-            tile_origin(t, pair_rows, tiles_n, rank, m0, n0);
+            tile_origin(t % pairs, pair_rows, tiles_n, rank, m0, n0);
+            const int first = (t / pairs) * split_blocks, last = min(k_blocks, first + split_blocks);
+            float* const out = c + (t / pairs) * split_stride;
             int previous = -1;
             pin_accumulators(d);
-            for (int kb = 0; kb < k_blocks; ++kb) {
+            for (int kb = first; kb < last; ++kb) {
                 mbar_wait(full_bar + 8 * stage, phase);
                 const unsigned a = a_tiles + stage * WG_A_BYTES + consumer * (WG_A_BYTES / 2);
                 const unsigned b = b_tiles + stage * WG_B_BYTES;
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; ++kk)   // 16 halves = 32 bytes along K
-                    wgmma_64x256(Op{}, d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), kb > 0 || kk > 0);
+                    wgmma_64x256(Op{}, d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), kb > first || kk > 0);
                 wgmma_commit();
                 wgmma_wait<1>();   // the previous slice's MMAs are done: its stage is free
                 if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
@@ -431,7 +441,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
                 store_tile_tma(d, c_map, out_buffers + consumer * 2 * WG_OUT_BYTES, consumer, m0 + consumer * 64,
                                n0, alpha);
             else
-                store_tile(d, m0 + consumer * 64, n0, m, n, alpha, beta, c, ldc, store == 1);
+                store_tile(d, m0 + consumer * 64, n0, m, n, alpha, beta, out, ldc, store == 1);
         }
         if (store == 2 && (threadIdx.x & 127) == 0) tma_store_wait<0>();   // before the block's memory goes
     }
@@ -443,13 +453,14 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
     extern "C" __global__ void __cluster_dims__(WG_CLUSTER, 1, 1) __launch_bounds__(WG_THREADS, 1)            \
         NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map,              \
              const __grid_constant__ TensorMap c_map, int m, int n, int k, float alpha, float beta, float* c, \
-             int ldc, int store)                                                                              \
+             int ldc, int store, int split_blocks, long long split_stride)                                    \
     {                                                                                                          \
         WGMMA_BODY(OP)                                                                                         \
     }
 
 #ifdef DARKNET_WGMMA
-#define WGMMA_BODY(OP) wgmma_gemm_body<OP>(&a_map, &b_map, &c_map, m, n, k, alpha, beta, c, ldc, store);
+#define WGMMA_BODY(OP)                                                                                     \
+    wgmma_gemm_body<OP>(&a_map, &b_map, &c_map, m, n, k, alpha, beta, c, ldc, store, split_blocks, split_stride);
 #else
 #define WGMMA_BODY(OP)
 #endif

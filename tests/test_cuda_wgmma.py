@@ -141,10 +141,49 @@ def test_gemm_half_on_half_operands(cuda, hopper, p):
 @gpu
 def test_handles_declines_what_mma_sync_does_better(cuda, hopper):
     assert not hopper.handles(cuda, "tf32", 4096, 4096, 4096)
-    assert not hopper.handles(cuda, "fp16", 256, 1152, 200000)   # weight gradient: split-K
     assert not hopper.handles(cuda, "fp16", 4096, 4096, 16)      # too thin for the conversion
     assert not hopper.handles(cuda, "fp16", 288, 692224, 64)     # memory-bound data gradient
     assert hopper.handles(cuda, "fp16", 4096, 4096, 4096)
+    assert hopper.handles(cuda, "fp16", 256, 1152, 200000)       # weight gradient: split K
+    assert not hopper.handles(cuda, "fp16", 1, 1000, 4096)       # a batch of 1: mma.sync
+
+
+@gpu
+def test_split_plan_splits_only_products_of_few_tiles(cuda, hopper):
+    kern = hopper.kernels(cuda)
+    assert hopper.split_plan(kern, 4096, 4096, 4096) == (64, 1)       # 128 pairs of tiles
+    per, runs = hopper.split_plan(kern, 256, 1152, 86528)            # 5 pairs
+    assert runs > 1 and per * runs >= 86528 // 64 and (runs - 1) * per < -(-86528 // 64)
+    assert 5 * runs <= 2 * kern.max_clusters                         # at most two waves
+    per, runs = hopper.split_plan(kern, 24, 1024, 5408)              # a head's 24 filters
+    assert runs > 1
+
+
+@gpu
+@pytest.mark.parametrize("p", HALF)
+@pytest.mark.parametrize("runs", [2, 3, 7])
+@pytest.mark.parametrize("m,n,k", [(255, 3, 1000), (129, 257, 700), (300, 520, 1000),
+                                   (64, 1152, 4100)])
+def test_split_k_matches_numpy(cuda, hopper, p, runs, m, n, k):
+    """K split into runs (forced by split_override), the partials added by splitk_reduce:
+    alpha and beta applied once, nothing written past each row of C, the same tolerances."""
+    rng = np.random.default_rng(hash((p, runs, m, n, k)) % 2**32)
+    hopper.split_override = runs
+    try:
+        assert 1 < hopper.split_plan(hopper.kernels(cuda), m, n, k)[1] <= runs
+        for beta, pad in ((0.0, 3), (0.5, 5)):
+            a, lda, b, ldb, ldc = _case(rng, 0, 1, m, n, k, pad)
+            c = nan(m * ldc) if beta == 0 else rand(rng, m * ldc)
+            got = _run(cuda, hopper, p, 0, 1, m, n, k, 0.75, a, lda, b, ldb, beta, c, ldc)
+            rows = got.reshape(m, ldc)
+            assert not np.isnan(rows[:, :n]).any()
+            if beta == 0:
+                assert np.isnan(rows[:, n:]).all()
+            want = _product(p, 0, 1, m, n, k, 0.75, a, lda, b, ldb, beta, np.nan_to_num(c), ldc)
+            assert_close(rows[:, :n], want.reshape(m, ldc)[:, :n], EMULATION_TOL,
+                         f"{p} {m}x{n}x{k} in {runs} runs, beta {beta}")
+    finally:
+        hopper.split_override = None
 
 
 # ---- host side (no GPU) ----------------------------------------------------------------

@@ -2,11 +2,12 @@
 sm_90a) and its launcher.
 
 CudaBackend.gemm_lowp offers every fp16 / bf16 product to gemm_lowp below first. It takes
-the product on a GPU of compute capability 9.0 when the product fills the chip at least
-once with 128 x 256 tiles (and K >= MIN_K); otherwise (another GPU, tf32, a small or
-split-K-shaped product, a forced tensor-core plan in tc_override, DARKNET_WGMMA=0, or the
-sm_90a build not loading) it declines and the mma.sync kernels of gemm_tc_*.cu run as
-before.
+the product on a GPU of compute capability 9.0 when K >= MIN_K; a product whose 128 x 256
+tiles do not fill the chip splits its K into runs (split_plan: a weight gradient's few
+tiles over a long batch of positions), whose partial products splitk_reduce adds up in a
+fixed order. Otherwise (another GPU, tf32, a short K, a forced tensor-core plan in
+tc_override, DARKNET_WGMMA=0, or the sm_90a build not loading) it declines and the
+mma.sync kernels of gemm_tc_*.cu run as before.
 
 The kernel multiplies half-precision operands laid out K-major (A as M x K rows, B as N x K
 rows, rows a multiple of 8 elements apart). gemm_lowp's operands are fp32 in any of the
@@ -46,6 +47,9 @@ TMA_STORE = True
 # gradient 288 x 692224 x 64 took 1.16 ms here against 0.75 with mma.sync; at K = 128,
 # 0.30 against 0.41: bench/NOTES.md, T5).
 MIN_K = 128
+# Below this many multiply-adds, a product of fewer pairs of tiles than the chip's clusters
+# stays on mma.sync (its conversion passes and launches would cost more than they save).
+MIN_SPLIT_MACS = 1 << 26
 # precision -> (kernel name part, CUtensorMapDataType)
 PRECISIONS = {"fp16": ("f16", 6), "bf16": ("bf16", 9)}
 _FLOAT32 = 7   # CUtensorMapDataType
@@ -124,14 +128,56 @@ def kernels(be):
 
 
 def handles(be, precision, m, n, k):
-    """Whether gemm_lowp takes an m x n x k product in `precision` on this backend."""
+    """Whether gemm_lowp takes an m x n x k product in `precision` on this backend: K >=
+    MIN_K, and a product that does not fill the chip's clusters with pairs of tiles has at
+    least MIN_SPLIT_MACS multiply-adds (it splits its K: split_plan); a smaller one (a
+    [connected] layer at batch 1) is the mma.sync kernels' small tiles' work."""
     if precision not in PRECISIONS or be.tc_override is not None or k < MIN_K:
         return False
     if os.environ.get("DARKNET_WGMMA", "") == "0":
         return False
-    if _ceil_div(m, TILE_M) * _ceil_div(n, TILE_N) < be.sm_count:
-        return False   # less than a wave: mma.sync with split-K fills the chip better
-    return kernels(be) is not None
+    kern = kernels(be)
+    if kern is None:
+        return False
+    pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
+    return pairs >= kern.max_clusters or m * n * k >= MIN_SPLIT_MACS
+
+
+# split_plan's cost model, in microseconds on an H100/H200: one 64-wide K slice of a
+# cluster's pair of 128 x 256 tiles (2 x 4.2 MFLOP at ~75% of the tensor cores' peak), a
+# work item's fixed cost (pipeline fill, epilogue) in slices, and the partials' traffic
+# (written by the items, read by the reduction).
+_SLICE_US, _ITEM_SLICES, _PARTIAL_BYTES_PER_US = 0.75, 5, 3e6
+_PARTIALS_CAP = 1 << 25     # floats of partial products (128 MiB)
+_MAX_RUNS = 64
+split_override = None       # runs of K for every product (tests); None: split_plan's
+
+
+def split_plan(kern, m, n, k):
+    """(slices per run, runs): K's 64-wide slices in runs, each run of each pair of tiles a
+    work item of the persistent grid, the runs' partial products then added up. One run
+    where the pairs of tiles fill the clusters; else the count the cost model (waves of
+    items x their slices, plus the partials' bytes) finds cheapest: the weight gradient of
+    a 3x3 layer at 13x13 (512 x 4608 x 5408: 36 pairs on 66 clusters) keeps one run, one
+    at 52x52 (256 x 1152 x 86528: 5 pairs) takes 13."""
+    slices = _ceil_div(k, TILE_K)
+    pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
+    if split_override is not None:
+        per = _ceil_div(slices, min(split_override, slices))
+        return per, _ceil_div(slices, per)
+    if pairs >= kern.max_clusters:
+        return slices, 1
+    best = None
+    for runs in range(1, min(_MAX_RUNS, slices, max(1, _PARTIALS_CAP // (m * n))) + 1):
+        per = _ceil_div(slices, runs)
+        runs = _ceil_div(slices, per)
+        waves = _ceil_div(pairs * runs, kern.max_clusters)
+        cost = waves * (per + _ITEM_SLICES) * _SLICE_US
+        if runs > 1:
+            cost += (runs + 1) * m * n * 4 / _PARTIAL_BYTES_PER_US
+        if best is None or cost < best[0]:
+            best = (cost, per, runs)
+    return best[1], best[2]
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -236,14 +282,22 @@ def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
     a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
     b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part
     tile_pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
-    if TMA_STORE and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
+    per, runs = split_plan(kern, m, n, k)
+    out, out_ld, out_alpha, out_beta = c, ldc, alpha, beta
+    if runs > 1:   # each run's partial product (m x n, rows n apart), added up below
+        out = be._ptr(be._scratch_buffer("gemm", 4 * runs * m * n))
+        out_ld, out_alpha, out_beta = n, 1.0, 0.0
+    if TMA_STORE and runs == 1 and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
         store, c_map = 2, tensor_map(c, m, n, ldc, 64, _FLOAT32, box_cols=32, item=4)
     else:   # float2 stores where aligned, else scalar; c_map unused
-        store, c_map = int(c % 8 == 0 and ldc % 2 == 0), a_map
+        store, c_map = int(out % 8 == 0 and out_ld % 2 == 0 and (runs == 1 or m * n % 2 == 0)), a_map
     i, f = ctypes.c_int, ctypes.c_float
-    _launch(be, kern, f"wgmma_gemm_{part}", (kern.cluster * min(tile_pairs, kern.max_clusters),),
-            (THREADS,), a_map, b_map, c_map, i(m), i(n), i(k), f(alpha), f(beta), ctypes.c_uint64(c),
-            i(ldc), i(store), shared=kern.shared_bytes)
+    _launch(be, kern, f"wgmma_gemm_{part}",
+            (kern.cluster * min(tile_pairs * runs, kern.max_clusters),), (THREADS,), a_map, b_map,
+            c_map, i(m), i(n), i(k), f(out_alpha), f(out_beta), ctypes.c_uint64(out), i(out_ld),
+            i(store), i(per), ctypes.c_int64(m * n), shared=kern.shared_bytes)
+    if runs > 1:
+        be._splitk_reduce(m, n, runs, out, alpha, beta, c, ldc)
 
 
 def gemm_lowp(be, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, force=False):
