@@ -5,13 +5,29 @@
 // for every output position (oh, ow), so one GEMM covers the whole batch. With
 // batch 1 this is Darknet's im2col. Groups are the caller's business (it offsets im).
 
+#include "x_storage.cuh"
+
+// What a col entry is stored as: fp32 as read (im2col_kernel), or rounded to nearest even
+// into fp16 / bf16 bits (im2col_f16_kernel, im2col_bf16_kernel: the Hopper GEMM's
+// K-major operand, cuda_wgmma.py).
+struct ColF32 {
+    using Storage = float;
+    static __device__ __forceinline__ float stored(float v) { return v; }
+};
+template <class X>
+struct ColHalf {
+    using Storage = unsigned short;
+    static __device__ __forceinline__ unsigned short stored(float v) { return X::rounded(v); }
+};
+
 // Writes the ksize^2 col entries of one (channel, output position). KS > 0 fixes
 // ksize at compile time, so the loops unroll and all the loads issue before the
 // stores (KS == 0: ksize at run time).
-template <int KS>
+template <int KS, class Col>
 __device__ __forceinline__ void im2col_position(const float* __restrict__ img, int ksize_rt, int height,
                                                 int width, int dilation, int h0, int w0,
-                                                float* __restrict__ out, long long row_stride)
+                                                typename Col::Storage* __restrict__ out,
+                                                long long row_stride)
 {
     const int ksize = KS > 0 ? KS : ksize_rt;
     for (int ki = 0; ki < ksize; ++ki) {
@@ -19,7 +35,8 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
         const bool h_in = h >= 0 && h < height;
         for (int kj = 0; kj < ksize; ++kj) {
             const int w = w0 + kj * dilation;
-            out[(ki * ksize + kj) * row_stride] = (h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f;
+            out[(ki * ksize + kj) * row_stride] =
+                Col::stored((h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f);
         }
     }
 }
@@ -27,11 +44,13 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
 // One thread per (channel, image, output position): x (blocks and threads) spans
 // the positions, y the (channel, image) pairs. Consecutive threads write
 // consecutive addresses of each col row and read neighbouring pixels; the index
-// arithmetic is paid once per ksize^2 elements.
-extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
-                                        int ksize, int stride_y, int stride_x, int pad, int dilation,
-                                        int out_h, int out_w, float* __restrict__ col,
-                                        int batch, long long im_stride)
+// arithmetic is paid once per ksize^2 elements. Col rows are row_stride entries apart.
+template <class Col>
+__device__ __forceinline__ void im2col_of(const float* __restrict__ im, int channels, int height,
+                                          int width, int ksize, int stride_y, int stride_x, int pad,
+                                          int dilation, int out_h, int out_w,
+                                          typename Col::Storage* __restrict__ col, int batch,
+                                          long long im_stride, long long row_stride)
 {
     const int out_hw = out_h * out_w;
     const int pos = blockIdx.x * blockDim.x + threadIdx.x;
@@ -40,19 +59,43 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
     const int ow = pos - oh * out_w;
     const int h0 = oh * stride_y - pad;
     const int w0 = ow * stride_x - pad;
-    const long long row_stride = (long long)batch * out_hw;
     for (int cb = blockIdx.y * blockDim.y + threadIdx.y; cb < channels * batch; cb += gridDim.y * blockDim.y) {
         const int c = cb / batch;
         const int b = cb - c * batch;
         const float* img = im + b * im_stride + (long long)c * height * width;
-        float* out = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_hw + pos;
+        typename Col::Storage* out = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_hw + pos;
         switch (ksize) {
-        case 1: im2col_position<1>(img, 1, height, width, dilation, h0, w0, out, row_stride); break;
-        case 3: im2col_position<3>(img, 3, height, width, dilation, h0, w0, out, row_stride); break;
-        default: im2col_position<0>(img, ksize, height, width, dilation, h0, w0, out, row_stride); break;
+        case 1: im2col_position<1, Col>(img, 1, height, width, dilation, h0, w0, out, row_stride); break;
+        case 3: im2col_position<3, Col>(img, 3, height, width, dilation, h0, w0, out, row_stride); break;
+        default: im2col_position<0, Col>(img, ksize, height, width, dilation, h0, w0, out, row_stride); break;
         }
     }
 }
+
+// col rows packed: batch * out_h * out_w entries each.
+extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
+                                        int ksize, int stride_y, int stride_x, int pad, int dilation,
+                                        int out_h, int out_w, float* __restrict__ col,
+                                        int batch, long long im_stride)
+{
+    im2col_of<ColF32>(im, channels, height, width, ksize, stride_y, stride_x, pad, dilation, out_h,
+                      out_w, col, batch, im_stride, (long long)batch * out_h * out_w);
+}
+
+// col in 16 bits, rows row_pitch entries apart (the entries past batch * out_h * out_w
+// are left as they are).
+#define IM2COL_HALF(NAME, X)                                                                      \
+    extern "C" __global__ void NAME(const float* __restrict__ im, int channels, int height,       \
+                                    int width, int ksize, int stride_y, int stride_x, int pad,    \
+                                    int dilation, int out_h, int out_w,                           \
+                                    unsigned short* __restrict__ col, int batch,                  \
+                                    long long im_stride, long long row_pitch)                     \
+    {                                                                                             \
+        im2col_of<ColHalf<X>>(im, channels, height, width, ksize, stride_y, stride_x, pad,        \
+                              dilation, out_h, out_w, col, batch, im_stride, row_pitch);          \
+    }
+IM2COL_HALF(im2col_f16_kernel, XF16)
+IM2COL_HALF(im2col_bf16_kernel, XBF16)
 
 // Sum of the col entries that im2col read from pixel (h, w) of one channel.
 // KS > 0 fixes ksize at compile time, so the loops unroll and the loads issue

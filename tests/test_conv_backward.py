@@ -129,6 +129,33 @@ def test_numpy_backward_rounds_the_operands():
         assert 0 < err < tol, (p, err)
 
 
+def _unfolded_weight_grad(backend, p, case, a):
+    """conv_weight_grad_unfolded group by group over a batched delta (filters x images *
+    positions, as the layer moves it), added to a.updates."""
+    c, h, w, filters, size, stride, pad, dilation, groups, batch = case
+    dt = np.float64 if backend is REF else np.float32
+    out_h, out_w = conv_out_size(h, w, size, stride, pad, dilation)
+    cg, m, n = c // groups, filters // groups, out_h * out_w
+    k = cg * size * size
+    batched = a["delta"].reshape(batch, filters, n).transpose(1, 0, 2)   # (filters, images, n)
+    X, U = backend.from_host(a["im"].astype(dt)), backend.from_host(a["updates"].astype(dt))
+    col = backend.from_host(nan(k * batch * n).astype(dt))
+    for g in range(groups):
+        D = backend.from_host(np.ascontiguousarray(batched[g * m:(g + 1) * m]).ravel().astype(dt))
+        backend.conv_weight_grad_unfolded(p, X[g * cg * h * w:], cg, h, w, size, stride, pad,
+                                          dilation, batch, c * h * w, D, m, U[g * m * k:], col)
+    return np.asarray(backend.to_host(U), np.float64)
+
+
+@pytest.mark.parametrize("p", PRECISIONS)
+@pytest.mark.parametrize("case", CASES[:8], ids=CASE_IDS[:8])
+def test_numpy_unfolded_weight_grad_is_the_implicit_ones(p, case):
+    """The im2col path's op (im2col + gemm / gemm_lowp) gives what conv_weight_grad gives."""
+    a = _arrays(case, 8)
+    np.testing.assert_allclose(_unfolded_weight_grad(REF, p, case, a),
+                               _weight_grad(REF, p, case, a), rtol=1e-12, atol=1e-12)
+
+
 def test_the_numpy_backend_keeps_the_im2col_backward():
     assert REF.conv_backward_implicit("fp16", 2, 3, 8, 8, 3, 1, 1, 1, 4) == (False, False)
 
@@ -155,6 +182,39 @@ def _compare(cuda, p, case, seed, what):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_backward_products_against_numpy(cuda, p, case):
     _compare(cuda, p, case, abs(hash((p, str(case)))) % 2**32, p)
+
+
+# Large enough for the Hopper GEMM (cuda_wgmma.handles: >= 2^26 multiply-adds), with
+# edges: 130 filters, 3x3 over 67 channels, stride 2 and dilation among them.
+WGMMA_CASES = [
+    (67, 27, 25, 130, 3, 1, 1, 1, 1, 5),
+    (40, 41, 39, 96, 3, 2, 1, 1, 1, 6),
+    (64, 26, 26, 257, 1, 1, 0, 1, 1, 7),
+    (48, 29, 31, 128, 3, 1, 2, 2, 2, 8),
+]
+
+
+@gpu
+@pytest.mark.parametrize("p", PRECISIONS)
+@pytest.mark.parametrize("case", CASES[:4] + WGMMA_CASES,
+                         ids=CASE_IDS[:4] + [f"wgmma{i}" for i in range(len(WGMMA_CASES))])
+def test_unfolded_weight_grad_against_numpy(cuda, p, case):
+    """conv_weight_grad_unfolded on CUDA (fp16/bf16 on Hopper: im2col into the wgmma
+    operand, for the products handles() takes) against NumPy's im2col + gemm_lowp."""
+    from darknet_py.backends import cuda_wgmma
+    a = _arrays(case, 11)
+    got = _unfolded_weight_grad(cuda, p, case, a)
+    assert np.isfinite(got).all()
+    if p == "fp32":
+        assert_close(got, _unfolded_weight_grad(REF, p, case, a), FP32_TOL, p)
+        return
+    c, h, w, filters, size, stride, pad, dilation, groups, batch = case
+    out_h, out_w = conv_out_size(h, w, size, stride, pad, dilation)
+    if case in WGMMA_CASES and p in cuda_wgmma.PRECISIONS and cuda_wgmma.kernels(cuda):
+        assert cuda_wgmma.handles(cuda, p, filters // groups, c // groups * size * size,
+                                  batch * out_h * out_w)
+    assert_close(got, _unfolded_weight_grad(REF, p, case, a), EMULATION_TOL, f"{p} emulated")
+    assert_close(got, _unfolded_weight_grad(REF, "fp32", case, a), PRECISION_TOL[p], f"{p} exact")
 
 
 def _tiles(p):

@@ -45,6 +45,8 @@ KERNELS = {
     ) for p, _ in _TC_PRECISIONS.values()},
     "im2col.cu": {
         "im2col_kernel": "PiiiiiiiiiiPiq",
+        "im2col_f16_kernel": "PiiiiiiiiiiPiqq",
+        "im2col_bf16_kernel": "PiiiiiiiiiiPiqq",
         "col2im_kernel": "PiiiiiiiiiiPiq",
     },
 }

@@ -5,8 +5,10 @@ they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 import os
 
 from ..shapes import conv_out_size, conv_strides
+from . import cuda_wgmma
 from .cuda_core import _BLOCK, _ceil_div
 from .errors import BackendError
+from .numpy_conv_backward import unfolded_weight_grad
 
 # precision -> (kernel name part, bytes of a packed weight)
 _PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
@@ -49,7 +51,29 @@ KERNELS = {
 
 
 class CudaConvBackward:
-    """conv_backward_implicit, conv_weight_grad, conv_data_grad."""
+    """conv_backward_implicit, conv_weight_grad, conv_data_grad, conv_weight_grad_unfolded."""
+
+    def conv_weight_grad_unfolded(self, precision, im, channels, height, width, ksize,
+                                  stride, pad, dilation, batch, im_stride, delta, filters,
+                                  weight_updates, col):
+        """NumpyBackend.conv_weight_grad_unfolded. Where the Hopper GEMM takes the product
+        (fp16/bf16, cuda_wgmma.handles), im2col unfolds the images straight into its
+        half-precision K-major operand (no fp32 col, no conversion pass: bench/NOTES.md
+        W2); else im2col into col and gemm / gemm_lowp, as Darknet."""
+        out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+        n, k = channels * ksize * ksize, batch * out_h * out_w
+        im_stride = int(im_stride) or channels * height * width
+        if precision in cuda_wgmma.PRECISIONS and cuda_wgmma.handles(self, precision, filters, n, k):
+            self._check_size("conv_weight_grad_unfolded delta", delta, filters * k)
+            self._check_size("conv_weight_grad_unfolded weight_updates", weight_updates, filters * n)
+            self._check_size("conv_weight_grad_unfolded im", im,
+                             (batch - 1) * im_stride + channels * height * width)
+            cuda_wgmma.weight_grad_unfolded(self, precision, im, channels, height, width, ksize,
+                                            stride, pad, dilation, batch, im_stride, delta,
+                                            filters, weight_updates)
+            return
+        unfolded_weight_grad(self, precision, im, channels, height, width, ksize, stride, pad,
+                             dilation, batch, im_stride, delta, filters, weight_updates, col)
 
     # "auto": each product where it measured faster (conv_backward_implicit); "always" and
     # "never" (im2col + GEMM + col2im) for benchmarks and the tests that compare the paths.

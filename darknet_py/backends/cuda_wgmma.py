@@ -25,6 +25,7 @@ import sys
 
 import numpy as np
 
+from ..shapes import conv_out_size, conv_strides
 from . import kernel_cache, prebuilt
 
 SOURCE = "gemm_wgmma.cu"
@@ -320,6 +321,30 @@ def gemm_lowp(be, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ld
     _to_kmajor(be, kern, part, be._ptr(b), ldb, n, k, not tb, b16, pitch)
     _multiply(be, kern, precision, m, n, k, alpha, a16, pitch, b16, pitch, beta, be._ptr(c), ldc)
     return True
+
+
+def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stride, pad,
+                         dilation, batch, im_stride, delta, filters, weight_updates):
+    """CudaBackend.conv_weight_grad_unfolded on the wgmma kernel (arguments checked by the
+    caller, handles() true): delta (filters x batch*positions fp32) rounded into the A
+    operand by to_kmajor, the images unfolded by im2col_{f16,bf16}_kernel (im2col.cu)
+    straight into the B operand (channels*ksize^2 rows of batch*positions), then
+    weight_updates += A @ B^T."""
+    kern = kernels(be)
+    part, _ = PRECISIONS[precision]
+    out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+    stride_y, stride_x = conv_strides(stride)
+    m, n, k = int(filters), channels * ksize * ksize, batch * out_h * out_w
+    pitch = row_pitch(k)
+    a16 = be._ptr(be._scratch_buffer("wgmma_a", 2 * m * pitch))
+    b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
+    _to_kmajor(be, kern, part, be._ptr(delta), k, m, k, False, a16, pitch)
+    be._launch_rows(f"im2col_{part}_kernel", channels * batch, out_h * out_w, be._ptr(im),
+                    int(channels), int(height), int(width), int(ksize), int(stride_y),
+                    int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), b16,
+                    int(batch), int(im_stride), int(pitch))
+    _multiply(be, kern, precision, m, n, k, 1.0, a16, pitch, b16, pitch, 1.0,
+              be._ptr(weight_updates), n)
 
 
 def gemm_half(be, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):

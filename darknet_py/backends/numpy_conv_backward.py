@@ -19,8 +19,23 @@ def _batched(flat, batch, stride, rows, cols):
     return as_strided(flat, (batch, rows, cols), (stride * isz, cols * isz, isz))
 
 
+def unfolded_weight_grad(be, precision, im, channels, height, width, ksize, stride, pad,
+                         dilation, batch, im_stride, delta, filters, weight_updates, col):
+    """conv_weight_grad_unfolded as Darknet computes it, on any backend: im2col into col,
+    then weight_updates += delta @ col^T in gemm (fp32) or gemm_lowp."""
+    out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+    n, k = channels * ksize * ksize, batch * out_h * out_w
+    be.im2col(im, channels, height, width, ksize, stride, pad, dilation, col, batch, im_stride)
+    if precision == precisions.DEFAULT:
+        be.gemm(False, True, filters, n, k, 1.0, delta, k, col, k, 1.0, weight_updates, n)
+    else:
+        be.gemm_lowp(precision, False, True, filters, n, k, 1.0, delta, k, col, k, 1.0,
+                     weight_updates, n)
+
+
 class NumpyConvBackward:
-    """conv_backward_implicit, conv_weight_grad, conv_data_grad."""
+    """conv_backward_implicit, conv_weight_grad, conv_data_grad,
+    conv_weight_grad_unfolded."""
 
     def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
                                pad, dilation, filters):
@@ -29,6 +44,18 @@ class NumpyConvBackward:
         keeps Darknet's im2col + GEMM + col2im per chunk of images, whose sums the
         fixtures pin."""
         return False, False
+
+    def conv_weight_grad_unfolded(self, precision, im, channels, height, width, ksize,
+                                  stride, pad, dilation, batch, im_stride, delta, filters,
+                                  weight_updates, col):
+        """A convolution group's weight gradient over `batch` images through im2col (the
+        path conv_backward_implicit does not take): weight_updates (filters x
+        channels*ksize^2) += delta (filters x batch*positions: the images' deltas side by
+        side, as the layer moves them) @ im2col(images)^T, the operands rounded to
+        `precision` (fp32: Darknet's gemm). col: an fp32 workspace of at least
+        channels*ksize^2 x batch*positions, which this may unfold the images into."""
+        unfolded_weight_grad(self, precision, im, channels, height, width, ksize, stride, pad,
+                             dilation, batch, im_stride, delta, filters, weight_updates, col)
 
     def _rounded(self, x, precision):
         if precision == precisions.DEFAULT:

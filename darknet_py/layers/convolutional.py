@@ -430,10 +430,13 @@ class ConvolutionalLayer(Layer):
             for g in range(self.groups):
                 self._move(be, delta_out, self.delta, b0, count, g, to_batched=False)
                 if not implicit_weights:
-                    self._im2col(be, net.input, b0, count, g, col)
-                    # weight_updates += delta (m x count*n) @ col^T (count*n x k)
-                    gemm(False, True, m, k, count * n, 1.0, delta_out, count * n, col,
-                         count * n, 1.0, self.weight_updates[g * m * k:], k)
+                    # weight_updates += delta (m x count*n) @ im2col(input)^T (count*n x k)
+                    cg = self.c // self.groups
+                    offset = b0 * self.c * self.h * self.w + g * cg * self.h * self.w
+                    be.conv_weight_grad_unfolded(
+                        self.precision, net.input[offset:], cg, self.h, self.w, self.size,
+                        self.stride, self.padding, self.dilation, count, self.c * self.h * self.w,
+                        delta_out, m, self.weight_updates[g * m * k:], col)
                 if not implicit_data:
                     # d(col) = weights^T (k x m) @ delta (m x count*n), folded back and
                     # added (Darknet's 1x1 path overwrites here, losing shortcut deltas).
