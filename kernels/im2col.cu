@@ -7,27 +7,13 @@
 
 #include "x_storage.cuh"
 
-// What a col entry is stored as: fp32 as read (im2col_kernel), or rounded to nearest even
-// into fp16 / bf16 bits (im2col_f16_kernel, im2col_bf16_kernel: the Hopper GEMM's
-// K-major operand, cuda_wgmma.py).
-struct ColF32 {
-    using Storage = float;
-    static __device__ __forceinline__ float stored(float v) { return v; }
-};
-template <class X>
-struct ColHalf {
-    using Storage = unsigned short;
-    static __device__ __forceinline__ unsigned short stored(float v) { return X::rounded(v); }
-};
-
 // Writes the ksize^2 col entries of one (channel, output position). KS > 0 fixes
 // ksize at compile time, so the loops unroll and all the loads issue before the
 // stores (KS == 0: ksize at run time).
-template <int KS, class Col>
+template <int KS>
 __device__ __forceinline__ void im2col_position(const float* __restrict__ img, int ksize_rt, int height,
                                                 int width, int dilation, int h0, int w0,
-                                                typename Col::Storage* __restrict__ out,
-                                                long long row_stride)
+                                                float* __restrict__ out, long long row_stride)
 {
     const int ksize = KS > 0 ? KS : ksize_rt;
     for (int ki = 0; ki < ksize; ++ki) {
@@ -35,8 +21,7 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
         const bool h_in = h >= 0 && h < height;
         for (int kj = 0; kj < ksize; ++kj) {
             const int w = w0 + kj * dilation;
-            out[(ki * ksize + kj) * row_stride] =
-                Col::stored((h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f);
+            out[(ki * ksize + kj) * row_stride] = (h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f;
         }
     }
 }
@@ -44,13 +29,11 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
 // One thread per (channel, image, output position): x (blocks and threads) spans
 // the positions, y the (channel, image) pairs. Consecutive threads write
 // consecutive addresses of each col row and read neighbouring pixels; the index
-// arithmetic is paid once per ksize^2 elements. Col rows are row_stride entries apart.
-template <class Col>
-__device__ __forceinline__ void im2col_of(const float* __restrict__ im, int channels, int height,
-                                          int width, int ksize, int stride_y, int stride_x, int pad,
-                                          int dilation, int out_h, int out_w,
-                                          typename Col::Storage* __restrict__ col, int batch,
-                                          long long im_stride, long long row_stride)
+// arithmetic is paid once per ksize^2 elements.
+extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
+                                        int ksize, int stride_y, int stride_x, int pad, int dilation,
+                                        int out_h, int out_w, float* __restrict__ col,
+                                        int batch, long long im_stride)
 {
     const int out_hw = out_h * out_w;
     const int pos = blockIdx.x * blockDim.x + threadIdx.x;
@@ -59,31 +42,76 @@ __device__ __forceinline__ void im2col_of(const float* __restrict__ im, int chan
     const int ow = pos - oh * out_w;
     const int h0 = oh * stride_y - pad;
     const int w0 = ow * stride_x - pad;
+    const long long row_stride = (long long)batch * out_hw;
     for (int cb = blockIdx.y * blockDim.y + threadIdx.y; cb < channels * batch; cb += gridDim.y * blockDim.y) {
         const int c = cb / batch;
         const int b = cb - c * batch;
         const float* img = im + b * im_stride + (long long)c * height * width;
-        typename Col::Storage* out = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_hw + pos;
+        float* out = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_hw + pos;
         switch (ksize) {
-        case 1: im2col_position<1, Col>(img, 1, height, width, dilation, h0, w0, out, row_stride); break;
-        case 3: im2col_position<3, Col>(img, 3, height, width, dilation, h0, w0, out, row_stride); break;
-        default: im2col_position<0, Col>(img, ksize, height, width, dilation, h0, w0, out, row_stride); break;
+        case 1: im2col_position<1>(img, 1, height, width, dilation, h0, w0, out, row_stride); break;
+        case 3: im2col_position<3>(img, 3, height, width, dilation, h0, w0, out, row_stride); break;
+        default: im2col_position<0>(img, ksize, height, width, dilation, h0, w0, out, row_stride); break;
         }
     }
 }
 
-// col rows packed: batch * out_h * out_w entries each.
-extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
-                                        int ksize, int stride_y, int stride_x, int pad, int dilation,
-                                        int out_h, int out_w, float* __restrict__ col,
-                                        int batch, long long im_stride)
+// col in 16 bits (X: XF16 or XBF16 rounding), rows row_pitch entries apart (a multiple of
+// 8: the wgmma operand's), the entries past batch * out_h * out_w left as they are. A
+// thread takes two neighbouring columns n, n + 1 of col (n = image * out_hw + position;
+// they may lie in two images) for one channel at a time and stores each tap's pair as one
+// 4-byte word: a warp writes 128 contiguous bytes of a row, where one column a thread
+// wrote 2-byte entries (bench/NOTES.md W3). x (blocks and threads) spans the column
+// pairs, y the channels. KS > 0 fixes ksize at compile time (KS == 0: ksize_rt).
+template <class X, int KS>
+__device__ __forceinline__ void im2col_half_pairs(const float* __restrict__ im, int channels,
+                                                  int height, int width, int ksize_rt, int stride_y,
+                                                  int stride_x, int pad, int dilation, int out_h,
+                                                  int out_w, unsigned short* __restrict__ col,
+                                                  int batch, long long im_stride,
+                                                  long long row_pitch)
 {
-    im2col_of<ColF32>(im, channels, height, width, ksize, stride_y, stride_x, pad, dilation, out_h,
-                      out_w, col, batch, im_stride, (long long)batch * out_h * out_w);
+    const int ksize = KS > 0 ? KS : ksize_rt;
+    const long long out_hw = (long long)out_h * out_w, columns = batch * out_hw;
+    const long long n = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (n >= columns) return;
+    const bool second = n + 1 < columns;
+    // Each column's image and window origin, worked out once for every channel.
+    long long base[2];
+    int h0[2], w0[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const long long nj = second || j == 0 ? n + j : n;
+        const long long b = nj / out_hw;
+        const int pos = (int)(nj - b * out_hw);
+        const int oh = pos / out_w;
+        h0[j] = oh * stride_y - pad;
+        w0[j] = (pos - oh * out_w) * stride_x - pad;
+        base[j] = b * im_stride;
+    }
+    const int taps = ksize * ksize;
+    for (int c = blockIdx.y * blockDim.y + threadIdx.y; c < channels; c += gridDim.y * blockDim.y) {
+        const long long plane = (long long)c * height * width;
+        unsigned short* out = col + (long long)c * taps * row_pitch + n;
+        for (int ki = 0; ki < ksize; ++ki) {
+            for (int kj = 0; kj < ksize; ++kj) {
+                unsigned short v[2];
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int h = h0[j] + ki * dilation, w = w0[j] + kj * dilation;
+                    v[j] = X::rounded((h >= 0 && h < height && w >= 0 && w < width)
+                                          ? im[base[j] + plane + h * width + w] : 0.0f);
+                }
+                unsigned short* at = out + (ki * ksize + kj) * row_pitch;
+                if (second)   // n even, row_pitch a multiple of 8: 4-byte aligned
+                    *reinterpret_cast<unsigned*>(at) = (unsigned)v[0] | ((unsigned)v[1] << 16);
+                else
+                    *at = v[0];
+            }
+        }
+    }
 }
 
-// col in 16 bits, rows row_pitch entries apart (the entries past batch * out_h * out_w
-// are left as they are).
 #define IM2COL_HALF(NAME, X)                                                                      \
     extern "C" __global__ void NAME(const float* __restrict__ im, int channels, int height,       \
                                     int width, int ksize, int stride_y, int stride_x, int pad,    \
@@ -91,8 +119,17 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
                                     unsigned short* __restrict__ col, int batch,                  \
                                     long long im_stride, long long row_pitch)                     \
     {                                                                                             \
-        im2col_of<ColHalf<X>>(im, channels, height, width, ksize, stride_y, stride_x, pad,        \
-                              dilation, out_h, out_w, col, batch, im_stride, row_pitch);          \
+        switch (ksize) {                                                                          \
+        case 1: im2col_half_pairs<X, 1>(im, channels, height, width, 1, stride_y, stride_x, pad,  \
+                                        dilation, out_h, out_w, col, batch, im_stride,            \
+                                        row_pitch); break;                                        \
+        case 3: im2col_half_pairs<X, 3>(im, channels, height, width, 3, stride_y, stride_x, pad,  \
+                                        dilation, out_h, out_w, col, batch, im_stride,            \
+                                        row_pitch); break;                                        \
+        default: im2col_half_pairs<X, 0>(im, channels, height, width, ksize, stride_y, stride_x,  \
+                                         pad, dilation, out_h, out_w, col, batch, im_stride,      \
+                                         row_pitch); break;                                       \
+        }                                                                                         \
     }
 IM2COL_HALF(im2col_f16_kernel, XF16)
 IM2COL_HALF(im2col_bf16_kernel, XBF16)

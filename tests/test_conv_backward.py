@@ -217,6 +217,37 @@ def test_unfolded_weight_grad_against_numpy(cuda, p, case):
     assert_close(got, _unfolded_weight_grad(REF, "fp32", case, a), PRECISION_TOL[p], f"{p} exact")
 
 
+@gpu
+@pytest.mark.parametrize("p", ("fp16", "bf16"))
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[6], CASES[7], CASES[9]],
+                         ids=[CASE_IDS[i] for i in (0, 1, 3, 6, 7, 9)])
+def test_im2col_half_is_the_rounded_im2col(cuda, p, case):
+    """im2col_{f16,bf16}_kernel (the wgmma operand, rows `pitch` apart) holds NumPy's
+    im2col rounded to p, bit for bit; the entries past each row's columns untouched."""
+    from darknet_py.backends import cuda_wgmma
+    from darknet_py.precision import round_to
+    from darknet_py.shapes import conv_strides
+    from test_bn_passes import poisoned_storage
+    from test_bn_half_x import widened
+    c, h, w, filters, size, stride, pad, dilation, groups, batch = case
+    out_h, out_w = conv_out_size(h, w, size, stride, pad, dilation)
+    rows, columns = c * size * size, batch * out_h * out_w
+    pitch = cuda_wgmma.row_pitch(columns + 1)   # room past the columns
+    im = _arrays(case, 3)["im"]
+    want = np.empty(rows * columns)
+    REF.im2col(im.astype(np.float64), c, h, w, size, stride, pad, dilation, want, batch)
+    col = poisoned_storage(cuda, rows * pitch, p)
+    sy, sx = conv_strides(stride)
+    part = cuda_wgmma.PRECISIONS[p][0]
+    cuda._launch_rows(f"im2col_{part}_kernel", -(-c // 4),
+                      -(-columns // 2), cuda._ptr(cuda.from_host(im)), c, h, w, size, sy, sx,
+                      pad, dilation, out_h, out_w, cuda._ptr(col), batch, c * h * w, pitch)
+    got = widened(cuda, col, p).reshape(rows, pitch)
+    np.testing.assert_array_equal(got[:, :columns],
+                                  round_to(want.astype(np.float32), p).reshape(rows, columns))
+    assert np.isnan(got[:, columns:]).all()
+
+
 def _tiles(p):
     from darknet_py.backends import cuda_conv_backward as cb
     if p == "fp32":

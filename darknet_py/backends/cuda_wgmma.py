@@ -339,7 +339,9 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
     a16 = be._ptr(be._scratch_buffer("wgmma_a", 2 * m * pitch))
     b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
     _to_kmajor(be, kern, part, be._ptr(delta), k, m, k, False, a16, pitch)
-    be._launch_rows(f"im2col_{part}_kernel", channels * batch, out_h * out_w, be._ptr(im),
+    # A thread: two columns of col (4-byte stores), ~4 channels (its columns' image and
+    # window origin worked out once for them).
+    be._launch_rows(f"im2col_{part}_kernel", _ceil_div(channels, 4), _ceil_div(k, 2), be._ptr(im),
                     int(channels), int(height), int(width), int(ksize), int(stride_y),
                     int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), b16,
                     int(batch), int(im_stride), int(pitch))
