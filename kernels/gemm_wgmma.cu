@@ -296,6 +296,37 @@ __device__ __forceinline__ void store_tile(const float (&d)[128], int row0, int 
     }
 }
 
+// One consumer's part of a convolution's output, C's column j being position j % positions
+// of image j / positions: c[image * image_stride + row * positions + position] = alpha *
+// acc + bias[row] (bias unless null). The layer's NCHW layout straight from the tile (the
+// forward convolution, cuda_wgmma.conv_forward).
+__device__ __forceinline__ void store_tile_images(const float (&d)[128], int row0, int col0, int m, int n,
+                                                  float alpha, float* c, int positions, long long image_stride,
+                                                  const float* __restrict__ bias)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x >> 5) & 3;
+    const int r_base = row0 + warp * 16 + (lane >> 2);
+    const int c_base = col0 + (lane & 3) * 2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = r_base + half * 8;
+        if (r >= m) continue;
+        const float b = bias ? bias[r] : 0.0f;
+        float* const row = c + (long long)r * positions;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = c_base + j * 8 + e;
+                if (col >= n) continue;
+                const int image = col / positions;
+                row[image * image_stride + (col - image * positions)] = alpha * d[j * 4 + half * 2 + e] + b;
+            }
+        }
+    }
+}
+
 // The same 64 x 256 part through shared memory and TMA stores (C's rows 16-byte aligned,
 // beta = 0): 8 chunks of 32 columns, alternating between the consumer's two buffers; a
 // buffer is refilled only once the store issued from it two chunks ago has read it. The
@@ -332,7 +363,8 @@ __device__ __forceinline__ void store_tile_tma(const float (&d)[128], const Tens
 }
 
 template <class Op>
-// store: 0 scalar stores of C, 1 float2 stores, 2 TMA stores through c_map (beta = 0).
+// store: 0 scalar stores of C, 1 float2 stores, 2 TMA stores through c_map (beta = 0),
+// 3 a convolution's images (store_tile_images: positions, image_stride, bias; one run).
 // Split K: K's 64-wide slices go in runs of split_blocks, and run s of a tile is a work
 // item of its own that stores its partial product into c + s * split_stride (store 0 or
 // 1, beta = 0; the launcher adds the partials up after): a product of few tiles and a long
@@ -341,7 +373,8 @@ template <class Op>
 __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const TensorMap* b_map,
                                                 const TensorMap* c_map, int m, int n, int k, float alpha,
                                                 float beta, float* c, int ldc, int store, int split_blocks,
-                                                long long split_stride)
+                                                long long split_stride, int positions, long long image_stride,
+                                                const float* bias)
 {
     extern __shared__ unsigned char wg_dynamic[];
     // Stage buffers 1024-byte aligned (the launcher asks for 1 KB of slack).
@@ -437,7 +470,9 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
             wgmma_wait<0>();
             pin_accumulators(d);
             if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
-            if (store == 2)
+            if (store == 3)
+                store_tile_images(d, m0 + consumer * 64, n0, m, n, alpha, c, positions, image_stride, bias);
+            else if (store == 2)
                 store_tile_tma(d, c_map, out_buffers + consumer * 2 * WG_OUT_BYTES, consumer, m0 + consumer * 64,
                                n0, alpha);
             else
@@ -453,14 +488,16 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
     extern "C" __global__ void __cluster_dims__(WG_CLUSTER, 1, 1) __launch_bounds__(WG_THREADS, 1)            \
         NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map,              \
              const __grid_constant__ TensorMap c_map, int m, int n, int k, float alpha, float beta, float* c, \
-             int ldc, int store, int split_blocks, long long split_stride)                                    \
+             int ldc, int store, int split_blocks, long long split_stride, int positions,                     \
+             long long image_stride, const float* bias)                                                       \
     {                                                                                                          \
         WGMMA_BODY(OP)                                                                                         \
     }
 
 #ifdef DARKNET_WGMMA
 #define WGMMA_BODY(OP)                                                                                     \
-    wgmma_gemm_body<OP>(&a_map, &b_map, &c_map, m, n, k, alpha, beta, c, ldc, store, split_blocks, split_stride);
+    wgmma_gemm_body<OP>(&a_map, &b_map, &c_map, m, n, k, alpha, beta, c, ldc, store, split_blocks, split_stride, \
+                        positions, image_stride, bias);
 #else
 #define WGMMA_BODY(OP)
 #endif

@@ -134,6 +134,70 @@ __device__ __forceinline__ void im2col_half_pairs(const float* __restrict__ im, 
 IM2COL_HALF(im2col_f16_kernel, XF16)
 IM2COL_HALF(im2col_bf16_kernel, XBF16)
 
+// The wgmma forward's B operand, position-major: row n (n = image * out_hw + position)
+// holds that position's ksize^2 taps of every channel, col[n * row_pitch + c * ksize^2 +
+// tap], in 16 bits (X's rounding); the entries past channels * ksize^2 are left as they
+// are. A block takes IM2COL_ROWS_N rows and the channels of one slice (IM2COL_ROW_ENTRIES
+// entries of a row): it reads the input along the positions (coalesced), turns the tile
+// in shared memory and writes each row's slice contiguously. ksize^2 <= IM2COL_ROW_ENTRIES
+// (the launcher's condition). x spans the rows, y the channel slices.
+constexpr int IM2COL_ROWS_N = 32;
+constexpr int IM2COL_ROW_ENTRIES = 72;   // 8 channels of 3x3, 2 of 5x5, 1 of 7x7
+
+template <class X>
+__device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int channels,
+                                               int height, int width, int ksize, int stride_y,
+                                               int stride_x, int pad, int dilation, int out_h,
+                                               int out_w, unsigned short* __restrict__ col,
+                                               int batch, long long im_stride,
+                                               long long row_pitch)
+{
+    __shared__ unsigned short tile[IM2COL_ROWS_N][IM2COL_ROW_ENTRIES];
+    const int taps = ksize * ksize;
+    const int slice = IM2COL_ROW_ENTRIES / taps;             // channels a block
+    const int c0 = blockIdx.y * slice;
+    const int cs = min(slice, channels - c0);
+    const int entries = cs * taps;
+    const long long out_hw = (long long)out_h * out_w, rows = batch * out_hw;
+    const long long n0 = (long long)blockIdx.x * IM2COL_ROWS_N;
+    for (int i = threadIdx.x; i < IM2COL_ROWS_N * entries; i += blockDim.x) {
+        const int nl = i % IM2COL_ROWS_N, e = i / IM2COL_ROWS_N;
+        const long long n = n0 + nl;
+        float v = 0.0f;
+        if (n < rows) {
+            const int cl = e / taps, tap = e - cl * taps;
+            const int ki = tap / ksize, kj = tap - ki * ksize;
+            const long long b = n / out_hw;
+            const int pos = (int)(n - b * out_hw);
+            const int oh = pos / out_w, ow = pos - oh * out_w;
+            const int h = oh * stride_y - pad + ki * dilation;
+            const int w = ow * stride_x - pad + kj * dilation;
+            if (h >= 0 && h < height && w >= 0 && w < width)
+                v = im[b * im_stride + (long long)(c0 + cl) * height * width + h * width + w];
+        }
+        tile[nl][e] = X::rounded(v);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < IM2COL_ROWS_N * entries; i += blockDim.x) {
+        const int nl = i / entries, e = i - nl * entries;
+        const long long n = n0 + nl;
+        if (n < rows) col[n * row_pitch + (long long)c0 * taps + e] = tile[nl][e];
+    }
+}
+
+#define IM2COL_ROWS(NAME, X)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                             \
+        NAME(const float* __restrict__ im, int channels, int height, int width, int ksize,        \
+             int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w,             \
+             unsigned short* __restrict__ col, int batch, long long im_stride,                    \
+             long long row_pitch)                                                                 \
+    {                                                                                             \
+        im2col_rows_of<X>(im, channels, height, width, ksize, stride_y, stride_x, pad, dilation,  \
+                          out_h, out_w, col, batch, im_stride, row_pitch);                        \
+    }
+IM2COL_ROWS(im2col_rows_f16_kernel, XF16)
+IM2COL_ROWS(im2col_rows_bf16_kernel, XBF16)
+
 // Sum of the col entries that im2col read from pixel (h, w) of one channel.
 // KS > 0 fixes ksize at compile time, so the loops unroll and the loads issue
 // together; KS == 0 takes ksize at run time. UNIT_STRIDE (strides 1) drops the

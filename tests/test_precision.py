@@ -240,6 +240,48 @@ def test_conv_forward_against_numpy(cuda, p, case):
     assert_close(got, exact, PRECISION_TOL[p], f"{p} against fp32")
 
 
+# Forward products the Hopper GEMM takes (cuda_wgmma.conv_forward: linear activation, 2x2
+# to 8x8 kernels over <= 52x52 outputs, enough multiply-adds): 3x3, stride 2, 5x5, 7x7,
+# dilation 2 with groups; edges everywhere.
+WGMMA_CONV_CASES = [
+    (128, 13, 13, 260, 3, 1, 1, 1, 1, 8),
+    (64, 27, 25, 96, 3, 2, 1, 1, 1, 8),
+    (48, 21, 23, 130, 5, 1, 2, 1, 1, 5),
+    (64, 19, 17, 128, 3, 1, 2, 2, 2, 16),
+    (16, 15, 15, 72, 7, 1, 3, 1, 1, 24),
+]
+
+
+@gpu
+@pytest.mark.parametrize("p", ("fp16", "bf16"))
+@pytest.mark.parametrize("case", WGMMA_CONV_CASES,
+                         ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c))
+def test_conv_forward_on_wgmma_against_numpy(cuda, p, case, monkeypatch):
+    """The training forward (linear, with or without biases) through cuda_wgmma.conv_forward
+    (taken once per group, checked), into the layer's layout with outputs poisoned with
+    NaN; a leaky forward of the same case stays on the mma.sync kernel."""
+    from darknet_py.backends import cuda_wgmma
+    if cuda_wgmma.kernels(cuda) is None:
+        pytest.skip("the wgmma kernels need compute capability 9.0")
+    taken = []
+    original = cuda_wgmma.conv_forward
+    monkeypatch.setattr(cuda_wgmma, "conv_forward",
+                        lambda *a: taken.append(original(*a)) or taken[-1])
+    c, h, w, filters, size, stride, pad, dilation, groups, batch = case
+    rng = np.random.default_rng(abs(hash((p, str(case)))) % 2**32)
+    weights = rand(rng, filters * c // groups * size * size)
+    im, biases = rand(rng, batch * c * h * w), rand(rng, filters)
+    for act, bias in (("linear", None), ("linear", biases), ("leaky", biases)):
+        taken.clear()
+        got = _conv(cuda, p, case, weights, im, bias, act)
+        assert taken == [act == "linear"] * groups
+        assert np.isfinite(got).all()
+        assert_close(got, _conv(REF, p, case, weights, im, bias, act), EMULATION_TOL, f"{p} {act}")
+    exact = _conv(REF, "fp32", case, weights, im, None, "linear")
+    assert_close(_conv(cuda, p, case, weights, im, None, "linear"), exact, PRECISION_TOL[p],
+                 f"{p} against fp32")
+
+
 @gpu
 def test_conv_forward_every_tile(cuda):
     case = (19, 17, 15, 33, 3, 2, 1, 1, 1, 2)

@@ -45,8 +45,8 @@ KERNELS = {
     ) for p, _ in _TC_PRECISIONS.values()},
     "im2col.cu": {
         "im2col_kernel": "PiiiiiiiiiiPiq",
-        "im2col_f16_kernel": "PiiiiiiiiiiPiqq",
-        "im2col_bf16_kernel": "PiiiiiiiiiiPiqq",
+        **{f"im2col{kind}_{part}_kernel": "PiiiiiiiiiiPiqq"
+           for kind in ("", "_rows") for part in ("f16", "bf16")},
         "col2im_kernel": "PiiiiiiiiiiPiq",
     },
 }
@@ -236,6 +236,11 @@ class CudaConv:
                          (batch - 1) * out_stride + packed.rows * positions)
         if biases is not None:
             self._check_size("conv_forward biases", biases, packed.rows)
+        # Hopper: the layers whose implicit GEMM is bound by its math go to wgmma.
+        if cuda_wgmma.conv_forward(self, packed, im, channels, height, width, ksize, stride,
+                                   pad, dilation, batch, im_stride, biases, activation, out,
+                                   out_stride):
+            return
         n = batch * positions
         tile, _ = self.tc_plan(packed.rows, n, packed.k, split=False)
         bm, bn, threads = _TC_TILES[tile]

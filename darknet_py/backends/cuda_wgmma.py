@@ -278,25 +278,35 @@ def _to_kmajor(be, kern, part, src, ld, rows, cols, transposed, dst, pitch):
             i(cols), i(int(transposed)), ctypes.c_uint64(dst), i(pitch))
 
 
-def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, images=None,
+              bias=0):
+    """C = alpha * A @ B^T + beta * C on the wgmma kernel, A and B already K-major. images:
+    (positions, image_stride): C is a convolution's output, column j going to position
+    j % positions of image j / positions (ldc and beta unused, bias a pointer or 0: one
+    run, no split)."""
     part, data_type = PRECISIONS[precision]
     a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
     b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part
     tile_pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
-    per, runs = split_plan(kern, m, n, k)
+    per, runs = (_ceil_div(k, TILE_K), 1) if images else split_plan(kern, m, n, k)
     out, out_ld, out_alpha, out_beta = c, ldc, alpha, beta
     if runs > 1:   # each run's partial product (m x n, rows n apart), added up below
         out = be._ptr(be._scratch_buffer("gemm", 4 * runs * m * n))
         out_ld, out_alpha, out_beta = n, 1.0, 0.0
-    if TMA_STORE and runs == 1 and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
+    c_map = a_map   # unused but by TMA stores
+    if images:
+        store = 3
+    elif TMA_STORE and runs == 1 and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
         store, c_map = 2, tensor_map(c, m, n, ldc, 64, _FLOAT32, box_cols=32, item=4)
-    else:   # float2 stores where aligned, else scalar; c_map unused
-        store, c_map = int(out % 8 == 0 and out_ld % 2 == 0 and (runs == 1 or m * n % 2 == 0)), a_map
+    else:   # float2 stores where aligned, else scalar
+        store = int(out % 8 == 0 and out_ld % 2 == 0 and (runs == 1 or m * n % 2 == 0))
+    positions, image_stride = images or (0, 0)
     i, f = ctypes.c_int, ctypes.c_float
     _launch(be, kern, f"wgmma_gemm_{part}",
             (kern.cluster * min(tile_pairs * runs, kern.max_clusters),), (THREADS,), a_map, b_map,
             c_map, i(m), i(n), i(k), f(out_alpha), f(out_beta), ctypes.c_uint64(out), i(out_ld),
-            i(store), i(per), ctypes.c_int64(m * n), shared=kern.shared_bytes)
+            i(store), i(per), ctypes.c_int64(m * n), i(positions), ctypes.c_int64(image_stride),
+            ctypes.c_uint64(bias), shared=kern.shared_bytes)
     if runs > 1:
         be._splitk_reduce(m, n, runs, out, alpha, beta, c, ldc)
 
@@ -347,6 +357,49 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
                     int(batch), int(im_stride), int(pitch))
     _multiply(be, kern, precision, m, n, k, 1.0, a16, pitch, b16, pitch, 1.0,
               be._ptr(weight_updates), n)
+
+
+# The forward convolutions conv_forward takes: kernels of 2x2 to 8x8 (a position's taps of
+# one channel fit a slice of im2col_rows) over at most this many output positions, where
+# the implicit mma.sync kernel is bound by its math (the 3x3 layers at 13x13-52x52 ran at
+# 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as small as the weight
+# gradients' (the same scratch).
+FORWARD_MAX_POSITIONS = 52 * 52
+_ROWS_N, _ROW_ENTRIES = 32, 72   # im2col.cu's IM2COL_ROWS_N, IM2COL_ROW_ENTRIES
+
+
+def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
+                 im_stride, biases, activation, out, out_stride):
+    """CudaBackend.conv_forward on the wgmma kernel where it pays (arguments checked by the
+    caller); False, having done nothing, elsewhere: fp16/bf16, a linear activation (the
+    training forward of a batch-normalised layer, or bias only), a ksize of 2-8 over at most
+    FORWARD_MAX_POSITIONS positions, and a product handles() takes. The images are unfolded
+    position by position (im2col_rows_{f16,bf16}_kernel) into the B operand; the packed
+    weights are the A operand as they are; the tiles go out in the layer's layout."""
+    precision = packed.precision
+    out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
+    positions = out_h * out_w
+    taps = ksize * ksize
+    if (precision not in PRECISIONS or activation != "linear" or not 1 < taps <= _ROW_ENTRIES
+            or positions > FORWARD_MAX_POSITIONS or positions <= 0):
+        return False
+    m, n, k = packed.rows, batch * positions, packed.k
+    if not handles(be, precision, m, n, k) or packed.pitch % _ROW_ALIGN:
+        return False
+    kern = kernels(be)
+    part, _ = PRECISIONS[precision]
+    stride_y, stride_x = conv_strides(stride)
+    pitch = row_pitch(k)
+    b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
+    be._launch("im2col_rows_%s_kernel" % part,
+               (_ceil_div(n, _ROWS_N), _ceil_div(channels, _ROW_ENTRIES // taps)), (256,),
+               be._ptr(im), int(channels), int(height), int(width), int(ksize), int(stride_y),
+               int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), b16, int(batch),
+               int(im_stride), int(pitch))
+    _multiply(be, kern, precision, m, n, k, 1.0, be._ptr(packed.data), packed.pitch, b16, pitch,
+              0.0, be._ptr(out), 0, images=(positions, int(out_stride)),
+              bias=0 if biases is None else be._ptr(biases))
+    return True
 
 
 def gemm_half(be, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
