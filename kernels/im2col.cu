@@ -153,35 +153,53 @@ __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int
                                                long long row_pitch)
 {
     __shared__ unsigned short tile[IM2COL_ROWS_N][IM2COL_ROW_ENTRIES];
+    // Per row: the image's offset and the window's origin (h0 past the map: no row); per
+    // entry of the slice: its channel plane's offset and its tap's displacement. Worked out
+    // once a block, so that an element costs additions and one bounds test (divisions per
+    // element, 64-bit ones among them, held a first version to 0.3 TB/s: NOTES W4).
+    __shared__ long long row_base[IM2COL_ROWS_N];
+    __shared__ int row_h0[IM2COL_ROWS_N], row_w0[IM2COL_ROWS_N];
+    __shared__ int entry_plane[IM2COL_ROW_ENTRIES], entry_dy[IM2COL_ROW_ENTRIES],
+        entry_dx[IM2COL_ROW_ENTRIES];
     const int taps = ksize * ksize;
     const int slice = IM2COL_ROW_ENTRIES / taps;             // channels a block
     const int c0 = blockIdx.y * slice;
-    const int cs = min(slice, channels - c0);
-    const int entries = cs * taps;
+    const int entries = min(slice, channels - c0) * taps;
     const long long out_hw = (long long)out_h * out_w, rows = batch * out_hw;
     const long long n0 = (long long)blockIdx.x * IM2COL_ROWS_N;
-    for (int i = threadIdx.x; i < IM2COL_ROWS_N * entries; i += blockDim.x) {
+    const int t = threadIdx.x;
+    if (t < IM2COL_ROWS_N) {
+        const long long n = n0 + t;
+        const long long b = n / out_hw;
+        const int pos = (int)(n - b * out_hw);
+        const int oh = pos / out_w;
+        row_base[t] = b * im_stride;
+        row_h0[t] = n < rows ? oh * stride_y - pad : -(1 << 30);
+        row_w0[t] = (pos - oh * out_w) * stride_x - pad;
+    } else if (t - IM2COL_ROWS_N < entries) {
+        const int e = t - IM2COL_ROWS_N, cl = e / taps, tap = e - cl * taps;
+        const int ki = tap / ksize;
+        entry_plane[e] = (c0 + cl) * height * width;
+        entry_dy[e] = ki * dilation;
+        entry_dx[e] = (tap - ki * ksize) * dilation;
+    }
+    __syncthreads();
+    for (int i = t; i < IM2COL_ROWS_N * entries; i += blockDim.x) {
         const int nl = i % IM2COL_ROWS_N, e = i / IM2COL_ROWS_N;
-        const long long n = n0 + nl;
-        float v = 0.0f;
-        if (n < rows) {
-            const int cl = e / taps, tap = e - cl * taps;
-            const int ki = tap / ksize, kj = tap - ki * ksize;
-            const long long b = n / out_hw;
-            const int pos = (int)(n - b * out_hw);
-            const int oh = pos / out_w, ow = pos - oh * out_w;
-            const int h = oh * stride_y - pad + ki * dilation;
-            const int w = ow * stride_x - pad + kj * dilation;
-            if (h >= 0 && h < height && w >= 0 && w < width)
-                v = im[b * im_stride + (long long)(c0 + cl) * height * width + h * width + w];
-        }
+        const int h = row_h0[nl] + entry_dy[e], w = row_w0[nl] + entry_dx[e];
+        const float v = (h >= 0 && h < height && w >= 0 && w < width)
+                            ? im[row_base[nl] + entry_plane[e] + h * width + w] : 0.0f;
         tile[nl][e] = X::rounded(v);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < IM2COL_ROWS_N * entries; i += blockDim.x) {
-        const int nl = i / entries, e = i - nl * entries;
-        const long long n = n0 + nl;
-        if (n < rows) col[n * row_pitch + (long long)c0 * taps + e] = tile[nl][e];
+    // Rows out: each thread keeps one entry of the slice and steps down the rows.
+    const int per_pass = blockDim.x / entries;
+    const int e = t % entries, first = t / entries;
+    if (first < per_pass) {
+        for (int nl = first; nl < IM2COL_ROWS_N; nl += per_pass) {
+            const long long n = n0 + nl;
+            if (n < rows) col[n * row_pitch + (long long)c0 * taps + e] = tile[nl][e];
+        }
     }
 }
 
