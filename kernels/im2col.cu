@@ -134,84 +134,70 @@ __device__ __forceinline__ void im2col_half_pairs(const float* __restrict__ im, 
 IM2COL_HALF(im2col_f16_kernel, XF16)
 IM2COL_HALF(im2col_bf16_kernel, XBF16)
 
-// The wgmma forward's B operand, position-major: row n (n = image * out_hw + position)
-// holds that position's ksize^2 taps of every channel, col[n * row_pitch + c * ksize^2 +
-// tap], in 16 bits (X's rounding); the entries past channels * ksize^2 are left as they
-// are. A block takes IM2COL_ROWS_N rows and the channels of one slice (IM2COL_ROW_ENTRIES
-// entries of a row): it reads the input along the positions (coalesced), turns the tile
-// in shared memory and writes each row's slice contiguously. ksize^2 <= IM2COL_ROW_ENTRIES
-// (the launcher's condition). x spans the rows, y the channel slices.
-constexpr int IM2COL_ROWS_N = 32;
-constexpr int IM2COL_ROW_ENTRIES = 72;   // 8 channels of 3x3, 2 of 5x5, 1 of 7x7
+// The wgmma forward's B operand for a 3x3 kernel, position-major: row n (n = image *
+// out_hw + position) holds that position's 9 taps of every channel, col[n * row_pitch + c *
+// 9 + tap], in 16 bits (X's rounding); the entries past channels * 9 are left as they are.
+// A thread takes one row and a slice of 8 channels (72 entries, 144 bytes: a multiple of
+// 16): its loads run along the positions across the warp (coalesced), and the row's slice
+// goes out as nine 16-byte stores from registers (bench/NOTES.md W4: a shared-memory
+// transpose with 2-byte stores reached 0.6 TB/s). x spans the rows, y the channel slices.
+constexpr int IM2COL_ROW_CHANNELS = 8;
 
 template <class X>
 __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int channels,
-                                               int height, int width, int ksize, int stride_y,
-                                               int stride_x, int pad, int dilation, int out_h,
-                                               int out_w, unsigned short* __restrict__ col,
-                                               int batch, long long im_stride,
-                                               long long row_pitch)
+                                               int height, int width, int stride_y, int stride_x,
+                                               int pad, int dilation, int out_h, int out_w,
+                                               unsigned short* __restrict__ col, int rows,
+                                               long long im_stride, long long row_pitch)
 {
-    __shared__ unsigned short tile[IM2COL_ROWS_N][IM2COL_ROW_ENTRIES];
-    // Per row: the image's offset and the window's origin (h0 past the map: no row); per
-    // entry of the slice: its channel plane's offset and its tap's displacement. Worked out
-    // once a block, so that an element costs additions and one bounds test (divisions per
-    // element, 64-bit ones among them, held a first version to 0.3 TB/s: NOTES W4).
-    __shared__ long long row_base[IM2COL_ROWS_N];
-    __shared__ int row_h0[IM2COL_ROWS_N], row_w0[IM2COL_ROWS_N];
-    __shared__ int entry_plane[IM2COL_ROW_ENTRIES], entry_dy[IM2COL_ROW_ENTRIES],
-        entry_dx[IM2COL_ROW_ENTRIES];
-    const int taps = ksize * ksize;
-    const int slice = IM2COL_ROW_ENTRIES / taps;             // channels a block
-    const int c0 = blockIdx.y * slice;
-    const int entries = min(slice, channels - c0) * taps;
-    const long long out_hw = (long long)out_h * out_w, rows = batch * out_hw;
-    const long long n0 = (long long)blockIdx.x * IM2COL_ROWS_N;
-    const int t = threadIdx.x;
-    if (t < IM2COL_ROWS_N) {
-        const long long n = n0 + t;
-        const long long b = n / out_hw;
-        const int pos = (int)(n - b * out_hw);
-        const int oh = pos / out_w;
-        row_base[t] = b * im_stride;
-        row_h0[t] = n < rows ? oh * stride_y - pad : -(1 << 30);
-        row_w0[t] = (pos - oh * out_w) * stride_x - pad;
-    } else if (t - IM2COL_ROWS_N < entries) {
-        const int e = t - IM2COL_ROWS_N, cl = e / taps, tap = e - cl * taps;
-        const int ki = tap / ksize;
-        entry_plane[e] = (c0 + cl) * height * width;
-        entry_dy[e] = ki * dilation;
-        entry_dx[e] = (tap - ki * ksize) * dilation;
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= rows) return;
+    const int out_hw = out_h * out_w;
+    const int b = n / out_hw, pos = n - b * out_hw;
+    const int oh = pos / out_w;
+    const int h0 = oh * stride_y - pad, w0 = (pos - oh * out_w) * stride_x - pad;
+    const int c0 = blockIdx.y * IM2COL_ROW_CHANNELS;
+    const int cs = min(IM2COL_ROW_CHANNELS, channels - c0);
+    const long long plane = (long long)height * width;
+    const float* img = im + b * im_stride + c0 * plane;
+    // Which of the 9 taps fall inside the image: the same for every channel.
+    unsigned inside = 0;
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap) {
+        const int h = h0 + (tap / 3) * dilation, w = w0 + (tap % 3) * dilation;
+        if (h >= 0 && h < height && w >= 0 && w < width) inside |= 1u << tap;
     }
-    __syncthreads();
-    for (int i = t; i < IM2COL_ROWS_N * entries; i += blockDim.x) {
-        const int nl = i % IM2COL_ROWS_N, e = i / IM2COL_ROWS_N;
-        const int h = row_h0[nl] + entry_dy[e], w = row_w0[nl] + entry_dx[e];
-        const float v = (h >= 0 && h < height && w >= 0 && w < width)
-                            ? im[row_base[nl] + entry_plane[e] + h * width + w] : 0.0f;
-        tile[nl][e] = X::rounded(v);
-    }
-    __syncthreads();
-    // Rows out: each thread keeps one entry of the slice and steps down the rows.
-    const int per_pass = blockDim.x / entries;
-    const int e = t % entries, first = t / entries;
-    if (first < per_pass) {
-        for (int nl = first; nl < IM2COL_ROWS_N; nl += per_pass) {
-            const long long n = n0 + nl;
-            if (n < rows) col[n * row_pitch + (long long)c0 * taps + e] = tile[nl][e];
+    unsigned short* out = col + (long long)n * row_pitch + c0 * 9;
+    const bool whole = cs == IM2COL_ROW_CHANNELS;   // else the last, partial slice
+    unsigned words[IM2COL_ROW_CHANNELS * 9 / 2];
+#pragma unroll
+    for (int e = 0; e < IM2COL_ROW_CHANNELS * 9; e += 2) {
+        unsigned short v[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int c = (e + j) / 9, tap = (e + j) % 9;
+            const int h = h0 + (tap / 3) * dilation, w = w0 + (tap % 3) * dilation;
+            v[j] = X::rounded(c < cs && (inside >> tap & 1u) ? img[c * plane + h * width + w] : 0.0f);
+            if (!whole && c < cs) out[e + j] = v[j];
         }
+        words[e / 2] = (unsigned)v[0] | ((unsigned)v[1] << 16);
+    }
+    if (whole) {   // 144 bytes from a 16-byte aligned start
+#pragma unroll
+        for (int q = 0; q < IM2COL_ROW_CHANNELS * 9 / 8; ++q)
+            reinterpret_cast<uint4*>(out)[q] =
+                make_uint4(words[4 * q], words[4 * q + 1], words[4 * q + 2], words[4 * q + 3]);
     }
 }
 
 #define IM2COL_ROWS(NAME, X)                                                                      \
-    extern "C" __global__ void __launch_bounds__(256)                                             \
-        NAME(const float* __restrict__ im, int channels, int height, int width, int ksize,        \
-             int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w,             \
-             unsigned short* __restrict__ col, int batch, long long im_stride,                    \
-             long long row_pitch)                                                                 \
+    extern "C" __global__ void NAME(const float* __restrict__ im, int channels, int height,       \
+                                    int width, int stride_y, int stride_x, int pad, int dilation, \
+                                    int out_h, int out_w, unsigned short* __restrict__ col,       \
+                                    int rows, long long im_stride, long long row_pitch)           \
     {                                                                                             \
-        im2col_rows_of<X>(im, channels, height, width, ksize, stride_y, stride_x, pad, dilation,  \
-                          out_h, out_w, col, batch, im_stride, row_pitch);                        \
+        im2col_rows_of<X>(im, channels, height, width, stride_y, stride_x, pad, dilation, out_h,  \
+                          out_w, col, rows, im_stride, row_pitch);                                \
     }
 IM2COL_ROWS(im2col_rows_f16_kernel, XF16)
 IM2COL_ROWS(im2col_rows_bf16_kernel, XBF16)

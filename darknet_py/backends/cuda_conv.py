@@ -45,8 +45,8 @@ KERNELS = {
     ) for p, _ in _TC_PRECISIONS.values()},
     "im2col.cu": {
         "im2col_kernel": "PiiiiiiiiiiPiq",
-        **{f"im2col{kind}_{part}_kernel": "PiiiiiiiiiiPiqq"
-           for kind in ("", "_rows") for part in ("f16", "bf16")},
+        **{f"im2col_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
+        **{f"im2col_rows_{part}_kernel": "PiiiiiiiiiPiqq" for part in ("f16", "bf16")},
         "col2im_kernel": "PiiiiiiiiiiPiq",
     },
 }

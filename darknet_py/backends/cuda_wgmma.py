@@ -359,29 +359,27 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
               be._ptr(weight_updates), n)
 
 
-# The forward convolutions conv_forward takes: kernels of 2x2 to 8x8 (a position's taps of
-# one channel fit a slice of im2col_rows) over at most this many output positions, where
-# the implicit mma.sync kernel is bound by its math (the 3x3 layers at 13x13-52x52 ran at
-# 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as small as the weight
-# gradients' (the same scratch).
+# The forward convolutions conv_forward takes: 3x3 kernels over at most this many output
+# positions, where the implicit mma.sync kernel is bound by its math (the 3x3 layers at
+# 13x13-52x52 ran at 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as
+# small as the weight gradients' (the same scratch).
 FORWARD_MAX_POSITIONS = 52 * 52
-_ROWS_N, _ROW_ENTRIES = 32, 72   # im2col.cu's IM2COL_ROWS_N, IM2COL_ROW_ENTRIES
+_ROW_CHANNELS, _ROWS_BLOCK = 8, 256   # im2col.cu's IM2COL_ROW_CHANNELS; threads a block
 
 
 def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
                  im_stride, biases, activation, out, out_stride):
     """CudaBackend.conv_forward on the wgmma kernel where it pays (arguments checked by the
     caller); False, having done nothing, elsewhere: fp16/bf16, a linear activation (the
-    training forward of a batch-normalised layer, or bias only), a ksize of 2-8 over at most
+    training forward of a batch-normalised layer, or bias only), a 3x3 kernel over at most
     FORWARD_MAX_POSITIONS positions, and a product handles() takes. The images are unfolded
     position by position (im2col_rows_{f16,bf16}_kernel) into the B operand; the packed
     weights are the A operand as they are; the tiles go out in the layer's layout."""
     precision = packed.precision
     out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
     positions = out_h * out_w
-    taps = ksize * ksize
-    if (precision not in PRECISIONS or activation != "linear" or not 1 < taps <= _ROW_ENTRIES
-            or positions > FORWARD_MAX_POSITIONS or positions <= 0):
+    if (precision not in PRECISIONS or activation != "linear" or ksize != 3
+            or not 0 < positions <= FORWARD_MAX_POSITIONS):
         return False
     m, n, k = packed.rows, batch * positions, packed.k
     if not handles(be, precision, m, n, k) or packed.pitch % _ROW_ALIGN:
@@ -391,11 +389,11 @@ def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, di
     stride_y, stride_x = conv_strides(stride)
     pitch = row_pitch(k)
     b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
-    be._launch("im2col_rows_%s_kernel" % part,
-               (_ceil_div(n, _ROWS_N), _ceil_div(channels, _ROW_ENTRIES // taps)), (256,),
-               be._ptr(im), int(channels), int(height), int(width), int(ksize), int(stride_y),
-               int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), b16, int(batch),
-               int(im_stride), int(pitch))
+    be._launch(f"im2col_rows_{part}_kernel",
+               (_ceil_div(n, _ROWS_BLOCK), _ceil_div(channels, _ROW_CHANNELS)), (_ROWS_BLOCK,),
+               be._ptr(im), int(channels), int(height), int(width), int(stride_y), int(stride_x),
+               int(pad), int(dilation), int(out_h), int(out_w), b16, int(n), int(im_stride),
+               int(pitch))
     _multiply(be, kern, precision, m, n, k, 1.0, be._ptr(packed.data), packed.pitch, b16, pitch,
               0.0, be._ptr(out), 0, images=(positions, int(out_stride)),
               bias=0 if biases is None else be._ptr(biases))
