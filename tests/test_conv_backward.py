@@ -380,7 +380,6 @@ def test_the_plans_route_yolov4s_shapes(monkeypatch):
     from darknet_py.backends.cuda_conv_backward import CudaConvBackward
     be = CudaConvBackward()
     be.sm_count = 132
-    monkeypatch.setattr(be, "_hopper_gemm", lambda precision: False, raising=False)
     route = be.conv_backward_implicit
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (True, True)     # 1x1 at 208
     assert route("fp16", 32, 32, 416, 416, 3, 2, 1, 1, 64) == (True, True)     # stride 2
@@ -391,15 +390,6 @@ def test_the_plans_route_yolov4s_shapes(monkeypatch):
     assert route("fp32", 32, 3, 416, 416, 3, 1, 1, 1, 32) == (True, False)       # FFMA
     assert route("fp32", 32, 32, 208, 208, 3, 1, 1, 1, 64) == (False, False)
     assert route("fp32", 32, 64, 208, 208, 3, 2, 1, 1, 128) == (False, True)
-    # On Hopper (wgmma for fp16/bf16) the unit-stride 3x3 data gradients up to 52x52 take
-    # the im2col path; strided ones, 1x1 and the larger maps stay implicit.
-    monkeypatch.setattr(be, "_hopper_gemm", lambda precision: precision in ("fp16", "bf16"))
-    assert route("fp16", 32, 256, 26, 26, 3, 1, 1, 1, 512) == (False, False)
-    assert route("bf16", 32, 128, 52, 52, 3, 1, 1, 1, 256) == (False, False)
-    assert route("tf32", 32, 256, 26, 26, 3, 1, 1, 1, 512) == (False, True)
-    assert route("fp16", 32, 512, 26, 26, 3, 2, 1, 1, 1024) == (False, True)
-    assert route("fp16", 32, 64, 104, 104, 3, 1, 1, 1, 64) == (True, True)
-    assert route("fp16", 32, 256, 52, 52, 1, 1, 0, 1, 128) == (True, True)
     monkeypatch.setattr(be, "implicit_conv_backward", "never")
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)
     monkeypatch.setattr(be, "implicit_conv_backward", "1")

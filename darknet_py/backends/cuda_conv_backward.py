@@ -93,8 +93,7 @@ class CudaConvBackward:
             costs more than the im2col buffer);
           * data gradient: a 1x1 kernel, at least 26x26 outputs, or strides other than 1
             (per parity class: 1.1-2.9x); not 3x3 at unit stride over fewer outputs
-            (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75), nor, where the
-            Hopper GEMM runs fp16/bf16, larger kernels at unit stride over up to 52x52.
+            (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75).
         fp32 (FFMA tiles, against SGEMM): the weight gradient of 1x1 kernels over >= 52x52
         outputs and <= 128 filters, or of <= 32 weights a filter (a first layer); the data
         gradient of 1x1 kernels over >= 26x26 outputs, or strided over >= 52x52."""
@@ -118,17 +117,7 @@ class CudaConvBackward:
             return weights, data
         weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
         data = ksize == 1 or positions >= 26 * 26 or strided
-        if data and not strided and ksize > 1 and positions <= 52 * 52 and not weights \
-                and self._hopper_gemm(precision):
-            # Hopper: at these sizes the product on wgmma plus col2im beats the implicit
-            # kernel (bench/NOTES.md W5), and the weight gradient's im2col workspace is
-            # there already for its col.
-            data = False
         return weights, data
-
-    def _hopper_gemm(self, precision):
-        """Whether gemm_lowp's products in `precision` can run on the wgmma kernel here."""
-        return precision in cuda_wgmma.PRECISIONS and cuda_wgmma.kernels(self) is not None
 
     # ---- plans ------------------------------------------------------------------------
     def wgrad_plan(self, precision, m, n, k):
