@@ -37,6 +37,9 @@ def children_ignore_signals(signals=PARENT_SIGNALS):
 
 
 _START = time.monotonic()
+if os.environ.get("DARKNET_TRACE_START") == "1":   # the end of a process's run as well
+    import atexit
+    atexit.register(lambda: _trace_exit())
 
 
 def say(line, stream=None):
@@ -47,6 +50,10 @@ def say(line, stream=None):
     stream = sys.stdout if stream is None else stream
     stream.write(f"{line}\n")
     stream.flush()
+
+
+def _trace_exit():
+    trace_start("interpreter exiting (after the other exit handlers)")
 
 
 def trace_start(event):

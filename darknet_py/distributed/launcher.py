@@ -255,6 +255,7 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
                         process.join()
                     raise LaunchError(str(e)) from None
             failed, stopped_by = _wait(workers, signals)
+            trace_start("every rank ended")
         finally:
             signals.forward = None
     stop = signals.stop or stopped_by

@@ -161,10 +161,14 @@ class TrainingRun:
                 self.interrupted(e)
             raise
         finally:
+            trace_start("last iteration done")
             net.finish_prefetch()   # no upload may still read the slots the loader unmaps
             self.loader.close()
+            trace_start("loader closed")
             np.seterr(**float_errors)
-        return self.finish()
+        result = self.finish()
+        trace_start("training finished (final weights written)")
+        return result
 
     def input_size(self, iteration):
         """The input (width, height) of an iteration: with random=1, the size drawn at
