@@ -31,6 +31,8 @@
 // parameters, built on the host with cuTensorMapEncodeTiled; the launcher passes one
 // pointer per argument (cuLaunchKernel), so the driver places each 64-byte aligned.
 
+#include "activations.cuh"   // the convolution epilogue's activation (store_tile_images)
+
 constexpr int WG_THREADS = 384;      // producer + 2 consumer warpgroups
 // Blocks per cluster (along M), sharing B through multicast (bench/NOTES.md, T5: pairs
 // 1-4% faster than lone blocks; -D for bench/wgmma_probe.py's variants).
@@ -297,12 +299,13 @@ __device__ __forceinline__ void store_tile(const float (&d)[128], int row0, int 
 }
 
 // One consumer's part of a convolution's output, C's column j being position j % positions
-// of image j / positions: c[image * image_stride + row * positions + position] = alpha *
-// acc + bias[row] (bias unless null). The layer's NCHW layout straight from the tile (the
-// forward convolution, cuda_wgmma.conv_forward).
+// of image j / positions: c[image * image_stride + row * positions + position] = act(alpha *
+// acc + bias[row]) (bias unless null; act an activations.cuh id, as conv_tc's epilogue
+// applies it). The layer's NCHW layout straight from the tile (the forward convolution,
+// cuda_wgmma.conv_forward).
 __device__ __forceinline__ void store_tile_images(const float (&d)[128], int row0, int col0, int m, int n,
                                                   float alpha, float* c, int positions, long long image_stride,
-                                                  const float* __restrict__ bias)
+                                                  const float* __restrict__ bias, int act)
 {
     const int lane = threadIdx.x & 31;
     const int warp = (threadIdx.x >> 5) & 3;
@@ -321,7 +324,8 @@ __device__ __forceinline__ void store_tile_images(const float (&d)[128], int row
                 const int col = c_base + j * 8 + e;
                 if (col >= n) continue;
                 const int image = col / positions;
-                row[image * image_stride + (col - image * positions)] = alpha * d[j * 4 + half * 2 + e] + b;
+                const float v = alpha * d[j * 4 + half * 2 + e] + b;
+                row[image * image_stride + (col - image * positions)] = act == LINEAR ? v : epilogue_activate(v, act);
             }
         }
     }
@@ -364,7 +368,7 @@ __device__ __forceinline__ void store_tile_tma(const float (&d)[128], const Tens
 
 template <class Op>
 // store: 0 scalar stores of C, 1 float2 stores, 2 TMA stores through c_map (beta = 0),
-// 3 a convolution's images (store_tile_images: positions, image_stride, bias; one run).
+// 3 a convolution's images (store_tile_images: positions, image_stride, bias, act; one run).
 // Split K: K's 64-wide slices go in runs of split_blocks, and run s of a tile is a work
 // item of its own that stores its partial product into c + s * split_stride (store 0 or
 // 1, beta = 0; the launcher adds the partials up after): a product of few tiles and a long
@@ -374,7 +378,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
                                                 const TensorMap* c_map, int m, int n, int k, float alpha,
                                                 float beta, float* c, int ldc, int store, int split_blocks,
                                                 long long split_stride, int positions, long long image_stride,
-                                                const float* bias)
+                                                const float* bias, int act)
 {
     extern __shared__ unsigned char wg_dynamic[];
     // Stage buffers 1024-byte aligned (the launcher asks for 1 KB of slack).
@@ -471,7 +475,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
             pin_accumulators(d);
             if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
             if (store == 3)
-                store_tile_images(d, m0 + consumer * 64, n0, m, n, alpha, c, positions, image_stride, bias);
+                store_tile_images(d, m0 + consumer * 64, n0, m, n, alpha, c, positions, image_stride, bias, act);
             else if (store == 2)
                 store_tile_tma(d, c_map, out_buffers + consumer * 2 * WG_OUT_BYTES, consumer, m0 + consumer * 64,
                                n0, alpha);
@@ -489,7 +493,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
         NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map,              \
              const __grid_constant__ TensorMap c_map, int m, int n, int k, float alpha, float beta, float* c, \
              int ldc, int store, int split_blocks, long long split_stride, int positions,                     \
-             long long image_stride, const float* bias)                                                       \
+             long long image_stride, const float* bias, int act)                                              \
     {                                                                                                          \
         WGMMA_BODY(OP)                                                                                         \
     }
@@ -497,7 +501,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
 #ifdef DARKNET_WGMMA
 #define WGMMA_BODY(OP)                                                                                     \
     wgmma_gemm_body<OP>(&a_map, &b_map, &c_map, m, n, k, alpha, beta, c, ldc, store, split_blocks, split_stride, \
-                        positions, image_stride, bias);
+                        positions, image_stride, bias, act);
 #else
 #define WGMMA_BODY(OP)
 #endif

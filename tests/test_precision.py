@@ -240,15 +240,16 @@ def test_conv_forward_against_numpy(cuda, p, case):
     assert_close(got, exact, PRECISION_TOL[p], f"{p} against fp32")
 
 
-# Forward products the Hopper GEMM takes (cuda_wgmma.conv_forward: linear activation, 3x3
-# kernels over <= 52x52 outputs, enough multiply-adds): stride 2, dilation 2 with groups,
-# channels not a multiple of im2col_rows' slice of 8; edges everywhere.
+# Forward products the Hopper GEMM takes (cuda_wgmma.conv_forward: 3x3 kernels over <= 52x52
+# outputs, enough multiply-adds and at least half as many pairs of 128 x 256 tiles as the
+# chip's 66 clusters): stride 2, dilation 2 with groups, channels not a multiple of
+# im2col_rows' slice of 16; edges everywhere.
 WGMMA_CONV_CASES = [
-    (128, 13, 13, 260, 3, 1, 1, 1, 1, 8),
-    (64, 27, 25, 96, 3, 2, 1, 1, 1, 8),
-    (61, 21, 23, 130, 3, 1, 1, 1, 1, 5),
-    (64, 19, 17, 128, 3, 1, 2, 2, 2, 16),
-    (21, 15, 15, 272, 3, 1, 1, 1, 1, 24),
+    (128, 13, 13, 260, 3, 1, 1, 1, 1, 26),
+    (64, 27, 25, 96, 3, 2, 1, 1, 1, 48),
+    (61, 21, 23, 130, 3, 1, 1, 1, 1, 19),
+    (64, 19, 17, 128, 3, 1, 2, 2, 2, 28),
+    (21, 15, 15, 272, 3, 1, 1, 1, 1, 40),
 ]
 
 
@@ -257,9 +258,9 @@ WGMMA_CONV_CASES = [
 @pytest.mark.parametrize("case", WGMMA_CONV_CASES,
                          ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c))
 def test_conv_forward_on_wgmma_against_numpy(cuda, p, case, monkeypatch):
-    """The training forward (linear, with or without biases) through cuda_wgmma.conv_forward
-    (taken once per group, checked), into the layer's layout with outputs poisoned with
-    NaN; a leaky forward of the same case stays on the mma.sync kernel."""
+    """The forward through cuda_wgmma.conv_forward (taken once per group, checked), into
+    the layer's layout with outputs poisoned with NaN, each epilogue activation with and
+    without biases, against NumPy; the same layer on one image stays on conv_tc."""
     from darknet_py.backends import cuda_wgmma
     if cuda_wgmma.kernels(cuda) is None:
         pytest.skip("the wgmma kernels need compute capability 9.0")
@@ -271,15 +272,22 @@ def test_conv_forward_on_wgmma_against_numpy(cuda, p, case, monkeypatch):
     rng = np.random.default_rng(abs(hash((p, str(case)))) % 2**32)
     weights = rand(rng, filters * c // groups * size * size)
     im, biases = rand(rng, batch * c * h * w), rand(rng, filters)
-    for act, bias in (("linear", None), ("linear", biases), ("leaky", biases)):
+    for act, bias in (("linear", None), ("linear", biases), ("leaky", biases),
+                      ("mish", biases), ("logistic", None)):
         taken.clear()
         got = _conv(cuda, p, case, weights, im, bias, act)
-        assert taken == [act == "linear"] * groups
+        assert taken == [True] * groups
         assert np.isfinite(got).all()
         assert_close(got, _conv(REF, p, case, weights, im, bias, act), EMULATION_TOL, f"{p} {act}")
     exact = _conv(REF, "fp32", case, weights, im, None, "linear")
     assert_close(_conv(cuda, p, case, weights, im, None, "linear"), exact, PRECISION_TOL[p],
                  f"{p} against fp32")
+    one = case[:-1] + (1,)
+    taken.clear()
+    got = _conv(cuda, p, one, weights, im[:c * h * w], biases, "leaky")
+    assert taken == [False] * groups
+    assert_close(got, _conv(REF, p, one, weights, im[:c * h * w], biases, "leaky"),
+                 EMULATION_TOL, f"{p} one image")
 
 
 @gpu

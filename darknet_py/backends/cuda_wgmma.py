@@ -25,6 +25,7 @@ import sys
 
 import numpy as np
 
+from ..activations import ACTIVATION_IDS
 from ..shapes import conv_out_size, conv_strides
 from . import kernel_cache, prebuilt
 
@@ -48,6 +49,7 @@ TMA_STORE = True
 # gradient 288 x 692224 x 64 took 1.16 ms here against 0.75 with mma.sync; at K = 128,
 # 0.30 against 0.41: bench/NOTES.md, T5).
 MIN_K = 128
+_LINEAR = ACTIVATION_IDS["linear"]
 # Below this many multiply-adds, a product of fewer pairs of tiles than the chip's clusters
 # stays on mma.sync (its conversion passes and launches would cost more than they save).
 MIN_SPLIT_MACS = 1 << 26
@@ -279,11 +281,12 @@ def _to_kmajor(be, kern, part, src, ld, rows, cols, transposed, dst, pitch):
 
 
 def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, images=None,
-              bias=0):
+              bias=0, act=_LINEAR):
     """C = alpha * A @ B^T + beta * C on the wgmma kernel, A and B already K-major. images:
     (positions, image_stride): C is a convolution's output, column j going to position
-    j % positions of image j / positions (ldc and beta unused, bias a pointer or 0: one
-    run, no split)."""
+    j % positions of image j / positions, bias (a pointer or 0) added and the activation
+    act (an activations.ACTIVATION_IDS value) applied (ldc and beta unused: one run, no
+    split)."""
     part, data_type = PRECISIONS[precision]
     a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
     b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part
@@ -306,7 +309,7 @@ def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
             (kern.cluster * min(tile_pairs * runs, kern.max_clusters),), (THREADS,), a_map, b_map,
             c_map, i(m), i(n), i(k), f(out_alpha), f(out_beta), ctypes.c_uint64(out), i(out_ld),
             i(store), i(per), ctypes.c_int64(m * n), i(positions), ctypes.c_int64(image_stride),
-            ctypes.c_uint64(bias), shared=kern.shared_bytes)
+            ctypes.c_uint64(bias), i(act), shared=kern.shared_bytes)
     if runs > 1:
         be._splitk_reduce(m, n, runs, out, alpha, beta, c, ldc)
 
@@ -364,27 +367,31 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
 # 13x13-52x52 ran at 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as
 # small as the weight gradients' (the same scratch).
 FORWARD_MAX_POSITIONS = 52 * 52
-_ROW_CHANNELS, _ROWS_BLOCK = 8, 256   # im2col.cu's IM2COL_ROW_CHANNELS; threads a block
+_ROW_CHANNELS, _ROWS_BLOCK = 16, 256   # im2col.cu's IM2COL_ROW_CHANNELS; threads a block
 
 
 def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
                  im_stride, biases, activation, out, out_stride):
     """CudaBackend.conv_forward on the wgmma kernel where it pays (arguments checked by the
-    caller); False, having done nothing, elsewhere: fp16/bf16, a linear activation (the
-    training forward of a batch-normalised layer, or bias only), a 3x3 kernel over at most
-    FORWARD_MAX_POSITIONS positions, and a product handles() takes. The images are unfolded
-    position by position (im2col_rows_{f16,bf16}_kernel) into the B operand; the packed
-    weights are the A operand as they are; the tiles go out in the layer's layout."""
+    caller, activation one of precision.EPILOGUE_ACTIVATIONS); False, having done nothing,
+    elsewhere: fp16/bf16, a 3x3 kernel over at most FORWARD_MAX_POSITIONS positions, and a
+    product handles() takes with at least half as many pairs of tiles as the chip has
+    clusters (no split K here: a batch of one image stays on conv_tc). The images are
+    unfolded position by position (im2col_rows_{f16,bf16}_kernel) into the B operand; the
+    packed weights are the A operand as they are; the tiles go out in the layer's layout,
+    bias and activation applied as conv_tc's epilogue applies them."""
     precision = packed.precision
     out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
     positions = out_h * out_w
-    if (precision not in PRECISIONS or activation != "linear" or ksize != 3
+    if (precision not in PRECISIONS or ksize != 3
             or not 0 < positions <= FORWARD_MAX_POSITIONS):
         return False
     m, n, k = packed.rows, batch * positions, packed.k
     if not handles(be, precision, m, n, k) or packed.pitch % _ROW_ALIGN:
         return False
     kern = kernels(be)
+    if _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N) < kern.max_clusters // 2:
+        return False
     part, _ = PRECISIONS[precision]
     stride_y, stride_x = conv_strides(stride)
     pitch = row_pitch(k)
@@ -396,7 +403,7 @@ def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, di
                int(pitch))
     _multiply(be, kern, precision, m, n, k, 1.0, be._ptr(packed.data), packed.pitch, b16, pitch,
               0.0, be._ptr(out), 0, images=(positions, int(out_stride)),
-              bias=0 if biases is None else be._ptr(biases))
+              bias=0 if biases is None else be._ptr(biases), act=ACTIVATION_IDS[activation])
     return True
 
 
