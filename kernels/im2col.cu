@@ -137,12 +137,12 @@ IM2COL_HALF(im2col_bf16_kernel, XBF16)
 // The wgmma forward's B operand for a 3x3 kernel, position-major: row n (n = image *
 // out_hw + position) holds that position's 9 taps of every channel, col[n * row_pitch + c *
 // 9 + tap], in 16 bits (X's rounding); the entries past channels * 9 are left as they are.
-// A thread takes one row and a slice of 8 channels (72 entries, 144 bytes: a multiple of
+// A thread takes one row and a slice of 16 channels (144 entries, 288 bytes: a multiple of
 // 16): its loads run along the positions across the warp (coalesced), and the row's slice
-// goes out as nine 16-byte stores from registers (bench/NOTES.md W4: a shared-memory
-// transpose with 2-byte stores reached 0.6 TB/s; W6: 16 channels a thread gained nothing).
-// x spans the rows, y the channel slices.
-constexpr int IM2COL_ROW_CHANNELS = 8;
+// goes out as 18 16-byte stores from registers (bench/NOTES.md W4: a shared-memory
+// transpose with 2-byte stores reached 0.6 TB/s; W6: 16 channels rather than 8, half as
+// many scattered row segments). x spans the rows, y the channel slices.
+constexpr int IM2COL_ROW_CHANNELS = 16;
 
 template <class X>
 __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int channels,
@@ -183,7 +183,7 @@ __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int
         }
         words[e / 2] = (unsigned)v[0] | ((unsigned)v[1] << 16);
     }
-    if (whole) {   // 144 bytes from a 16-byte aligned start
+    if (whole) {   // 288 bytes from a 16-byte aligned start
 #pragma unroll
         for (int q = 0; q < IM2COL_ROW_CHANNELS * 9 / 8; ++q)
             reinterpret_cast<uint4*>(out)[q] =

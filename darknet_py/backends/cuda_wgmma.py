@@ -367,7 +367,7 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
 # 13x13-52x52 ran at 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as
 # small as the weight gradients' (the same scratch).
 FORWARD_MAX_POSITIONS = 52 * 52
-_ROW_CHANNELS, _ROWS_BLOCK = 8, 256   # im2col.cu's IM2COL_ROW_CHANNELS; threads a block
+_ROW_CHANNELS, _ROWS_BLOCK = 16, 256   # im2col.cu's IM2COL_ROW_CHANNELS; threads a block
 
 
 def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
