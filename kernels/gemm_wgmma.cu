@@ -264,14 +264,26 @@ __device__ __forceinline__ void tile_origin(int t, int pair_rows, int tiles_n, u
     n0 = (in_group / rows) * WG_BN;
 }
 
+// Where a consumer thread's accumulators lie in its 64 x 256 part of a tile (the wgmma
+// m64n256 fragment): d[j * 4 + half * 2 + e] is row r_base + 8 * half, column c_base + 8 * j
+// + e.
+struct Fragment {
+    int r_base, c_base;
+    __device__ __forceinline__ Fragment(int row0, int col0)
+    {
+        const int lane = threadIdx.x & 31;
+        const int warp = (threadIdx.x >> 5) & 3;
+        r_base = row0 + warp * 16 + (lane >> 2);
+        c_base = col0 + (lane & 3) * 2;
+    }
+};
+
 // One consumer's 64 x 256 part of a tile: c = alpha * acc + beta * c inside M x N.
 __device__ __forceinline__ void store_tile(const float (&d)[128], int row0, int col0, int m, int n, float alpha,
                                            float beta, float* c, int ldc, bool pairs)
 {
-    const int lane = threadIdx.x & 31;
-    const int warp = (threadIdx.x >> 5) & 3;
-    const int r_base = row0 + warp * 16 + (lane >> 2);
-    const int c_base = col0 + (lane & 3) * 2;
+    const Fragment f(row0, col0);
+    const int r_base = f.r_base, c_base = f.c_base;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = r_base + half * 8;
@@ -307,10 +319,8 @@ __device__ __forceinline__ void store_tile_images(const float (&d)[128], int row
                                                   float alpha, float* c, int positions, long long image_stride,
                                                   const float* __restrict__ bias, int act)
 {
-    const int lane = threadIdx.x & 31;
-    const int warp = (threadIdx.x >> 5) & 3;
-    const int r_base = row0 + warp * 16 + (lane >> 2);
-    const int c_base = col0 + (lane & 3) * 2;
+    const Fragment f(row0, col0);
+    const int r_base = f.r_base, c_base = f.c_base;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = r_base + half * 8;
