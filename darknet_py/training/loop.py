@@ -167,7 +167,7 @@ class TrainingRun:
             trace_start("loader closed")
             np.seterr(**float_errors)
         result = self.finish()
-        trace_start("training finished (final weights written)")
+        trace_start("training finished (the final weights written where this process writes)")
         return result
 
     def input_size(self, iteration):
