@@ -113,22 +113,31 @@ def plan_deltas(layers, share=True):
         return plan
     private = _private_layers(layers)
     first = first_writers(layers)
-    users = []   # per array: the (own step, first writer) intervals placed in it
-    for i in sorted((i for i in range(len(layers)) if i not in private),
-                    key=lambda i: (-plan.floats[i], i)):
-        low, high = i, first[i]
-        for number, intervals in enumerate(users):
-            if all(high < a or b < low for a, b in intervals):
+    plan.live = {i: (i, first[i]) for i in range(len(layers)) if i not in private}
+    plan.buffer_of, plan.buffer_floats = place_in_arrays(
+        {i: (live,) for i, live in plan.live.items()}, plan.floats)
+    for i in plan.buffer_of:   # in the order they were placed
+        plan.zero_before.setdefault(first[i], []).append(i)
+    return plan
+
+
+def place_in_arrays(intervals, floats):
+    """(buffer_of, buffer_floats): layers placed in shared arrays by their time intervals
+    ({layer index: tuple of (low, high)}), largest first (floats: per layer): each goes to
+    the first array whose users' intervals it meets none of, or a new one, so an array's
+    size is its first user's. The delta and output plans' colouring."""
+    buffer_of, buffer_floats, users = {}, [], []   # users: per array, the intervals in it
+    for i in sorted(intervals, key=lambda i: (-floats[i], i)):
+        for number, taken in enumerate(users):
+            if all(high < a or b < low for low, high in intervals[i] for a, b in taken):
                 break
         else:
             number = len(users)
             users.append([])
-            plan.buffer_floats.append(plan.floats[i])
-        users[number].append((low, high))
-        plan.buffer_of[i] = number
-        plan.live[i] = (low, high)
-        plan.zero_before.setdefault(high, []).append(i)
-    return plan
+            buffer_floats.append(floats[i])
+        users[number].extend(intervals[i])
+        buffer_of[i] = number
+    return buffer_of, buffer_floats
 
 
 def share_delta_arrays(layers, be, batch, share):

@@ -26,7 +26,7 @@ Only what is known to hold is shared; anything else keeps a private output:
 from dataclasses import dataclass, field
 
 from .activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
-from .delta_plan import give_views, referred_layers
+from .delta_plan import give_views, place_in_arrays, referred_layers
 from .layers.base import keeps_activation_input
 
 # Layers whose forward writes every float of Layer.allocate's output before reading it.
@@ -109,7 +109,7 @@ def backward_time(step, count):
 
 def plan_outputs(layers, output_index, share=True):
     """The OutputPlan of `layers` (a Network's, in order). share=False: every output private.
-    Arrays are coloured largest user first, as delta_plan.plan_deltas does."""
+    Arrays are coloured as the deltas' are (delta_plan.place_in_arrays)."""
     plan = OutputPlan(floats=[l.outputs for l in layers])
     if not share:
         return plan
@@ -132,18 +132,8 @@ def plan_outputs(layers, output_index, share=True):
             first, last = max(needs), min(needs)
             intervals[i] = (forward, (backward_time(first, count), backward_time(last, count)))
             plan.rebuild_before.setdefault(first, []).append(i)
-    users = []   # per array: the intervals of the outputs placed in it
-    for i in sorted(intervals, key=lambda i: (-plan.floats[i], i)):
-        for number, taken in enumerate(users):
-            if all(high < a or b < low for low, high in intervals[i] for a, b in taken):
-                break
-        else:
-            number = len(users)
-            users.append([])
-            plan.buffer_floats.append(plan.floats[i])
-        users[number].extend(intervals[i])
-        plan.buffer_of[i] = number
-        plan.live[i] = intervals[i]
+    plan.buffer_of, plan.buffer_floats = place_in_arrays(intervals, plan.floats)
+    plan.live = intervals
     return plan
 
 
