@@ -188,6 +188,25 @@ def test_split_k_matches_numpy(cuda, hopper, p, runs, m, n, k):
 
 # ---- host side (no GPU) ----------------------------------------------------------------
 
+def test_split_plan_cost_model_on_an_h100_or_h200_shape():
+    """split_plan's choices for a chip of 66 clusters of 2 (what H100 and H200 report):
+    one run where the pairs of tiles fill the clusters, the runs the cost model prices
+    cheapest elsewhere (each run non-empty, K covered), the same answer asked twice."""
+    from types import SimpleNamespace
+    from darknet_py.backends import cuda_wgmma
+    kern = SimpleNamespace(cluster=2, max_clusters=66)
+    assert cuda_wgmma.split_plan(kern, 4096, 4096, 4096) == (64, 1)      # 256 pairs
+    assert cuda_wgmma.split_plan(kern, 1024, 4608, 5408) == (85, 1)      # 72 pairs
+    assert cuda_wgmma.split_plan(kern, 512, 4608, 5408) == (29, 3)       # 36 pairs
+    assert cuda_wgmma.split_plan(kern, 256, 1152, 86528) == (104, 13)    # 5 pairs
+    assert cuda_wgmma.split_plan(kern, 24, 1024, 5408) == (6, 15)        # 4 pairs
+    for m, n, k in ((512, 4608, 5408), (256, 1152, 86528), (24, 1024, 5408), (3, 5, 64 * 7 + 1)):
+        per, runs = cuda_wgmma.split_plan(kern, m, n, k)
+        slices = -(-k // 64)
+        assert per * runs >= slices > per * (runs - 1)
+        assert cuda_wgmma.split_plan(kern, m, n, k) == (per, runs)
+
+
 def test_the_wgmma_file_is_built_for_sm_90a_only(tmp_path):
     nvcc = tmp_path / "nvcc"
     nvcc.write_text(FAKE_NVCC)

@@ -63,7 +63,7 @@ class CudaConvBackward:
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         n, k = channels * ksize * ksize, batch * out_h * out_w
         im_stride = int(im_stride) or channels * height * width
-        if precision in cuda_wgmma.PRECISIONS and cuda_wgmma.handles(self, precision, filters, n, k):
+        if cuda_wgmma.handles(self, precision, filters, n, k):
             self._check_size("conv_weight_grad_unfolded delta", delta, filters * k)
             self._check_size("conv_weight_grad_unfolded weight_updates", weight_updates, filters * n)
             self._check_size("conv_weight_grad_unfolded im", im,

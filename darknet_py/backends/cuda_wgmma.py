@@ -20,6 +20,7 @@ only) or from nvcc through the kernel cache, like the other kernel files, but is
 only here, on the first product that asks for it.
 """
 import ctypes
+import functools
 import os
 import sys
 
@@ -161,25 +162,32 @@ def split_plan(kern, m, n, k):
     work item of the persistent grid, the runs' partial products then added up. One run
     where the pairs of tiles fill the clusters; else the count the cost model (waves of
     items x their slices, plus the partials' bytes) finds cheapest: the weight gradient of
-    a 3x3 layer at 13x13 (512 x 4608 x 5408: 36 pairs on 66 clusters) keeps one run, one
-    at 52x52 (256 x 1152 x 86528: 5 pairs) takes 13."""
-    slices = _ceil_div(k, TILE_K)
-    pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
+    a 3x3 layer at 13x13 (512 x 4608 x 5408: 36 pairs on 66 clusters) takes 3 runs, one at
+    52x52 (256 x 1152 x 86528: 5 pairs) 13."""
     if split_override is not None:
+        slices = _ceil_div(k, TILE_K)
         per = _ceil_div(slices, min(split_override, slices))
         return per, _ceil_div(slices, per)
-    if pairs >= kern.max_clusters:
+    return _cheapest_split(kern.cluster, kern.max_clusters, m, n, k)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cheapest_split(cluster, clusters, m, n, k):
+    """split_plan's search, once per shape (an eager pass asks it for every GEMM)."""
+    slices = _ceil_div(k, TILE_K)
+    pairs = _ceil_div(m, TILE_M * cluster) * _ceil_div(n, TILE_N)
+    if pairs >= clusters:
         return slices, 1
     best = None
     for runs in range(1, min(_MAX_RUNS, slices, max(1, _PARTIALS_CAP // (m * n))) + 1):
         per = _ceil_div(slices, runs)
-        runs = _ceil_div(slices, per)
-        waves = _ceil_div(pairs * runs, kern.max_clusters)
+        used = _ceil_div(slices, per)   # runs of `per` slices that K fills
+        waves = _ceil_div(pairs * used, clusters)
         cost = waves * (per + _ITEM_SLICES) * _SLICE_US
-        if runs > 1:
-            cost += (runs + 1) * m * n * 4 / _PARTIAL_BYTES_PER_US
+        if used > 1:
+            cost += (used + 1) * m * n * 4 / _PARTIAL_BYTES_PER_US
         if best is None or cost < best[0]:
-            best = (cost, per, runs)
+            best = (cost, per, used)
     return best[1], best[2]
 
 
