@@ -171,9 +171,9 @@ class CudaNorm:
     @staticmethod
     def _x_suffix(x, x_precision):
         """The suffix of the kernels that read x kept at x_precision (TypeError when x's
-        dtype is not storage_zeros')."""
+        dtype is not storage_zeros'; x None: the suffix alone)."""
         dtype, suffix = _X_STORAGE[precisions.storage(x_precision)]
-        if x.dtype != dtype:
+        if x is not None and x.dtype != dtype:
             raise TypeError(f"x kept at {x_precision} is a {np.dtype(dtype).name} array, "
                             f"got {x.dtype}")
         return suffix
@@ -274,8 +274,7 @@ class CudaNorm:
                 self._check_size(f"batchnorm_apply {what}", arr, total)
         # keep_precision picks the kernel with or without keep: a layer's forward under
         # fp16/bf16 takes the fast steps whether it keeps x (training) or not (activations.cuh).
-        suffix = (_X_STORAGE[precisions.storage(keep_precision)][1] if keep is None
-                  else self._x_suffix(keep, keep_precision))
+        suffix = self._x_suffix(keep, keep_precision)
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
         self._launch_rows("batchnorm_apply_kernel" + suffix, batch * filters, spatial,
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(scales),
