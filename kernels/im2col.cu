@@ -137,12 +137,25 @@ IM2COL_HALF(im2col_bf16_kernel, XBF16)
 // The wgmma forward's B operand for a 3x3 kernel, position-major: row n (n = image *
 // out_hw + position) holds that position's 9 taps of every channel, col[n * row_pitch + c *
 // 9 + tap], in 16 bits (X's rounding); the entries past channels * 9 are left as they are.
-// A thread takes one row and a slice of 16 channels (144 entries, 288 bytes: a multiple of
-// 16): its loads run along the positions across the warp (coalesced), and the row's slice
-// goes out as 18 16-byte stores from registers (bench/NOTES.md W4: a shared-memory
-// transpose with 2-byte stores reached 0.6 TB/s; W6: 16 channels rather than 8, half as
-// many scattered row segments). x spans the rows, y the channel slices.
-constexpr int IM2COL_ROW_CHANNELS = 16;
+// Staged in shared memory so that the global stores are coalesced (bench/NOTES.md W7: a
+// thread storing its own row's slice from registers made each warp store touch 32 rows
+// row_pitch apart, 0.7 TB/s). A block takes IM2COL_ROWS_TILE consecutive rows and a chunk
+// of IM2COL_ROW_CHANNELS channels, in two phases:
+//   1. a thread takes a row and 8 of the chunk's channels: its 72 loads run along the
+//      positions across the warp (coalesced), and the 72 rounded entries (144 bytes) go to
+//      the row's place in shared memory as nine 16-byte stores;
+//   2. the block stores the tile's rows, consecutive threads taking consecutive 16-byte
+//      pieces of a row's slice (18 pieces, 288 bytes), so that a warp store covers about
+//      two rows' whole slices.
+// x spans (row tile, channel chunk), the chunks fastest: the blocks in flight together
+// fill whole rows. 3x3 kernels only.
+constexpr int IM2COL_ROWS_TILE = 64;       // rows (positions) a block
+constexpr int IM2COL_ROW_CHANNELS = 16;    // channels a block: a multiple of 8 (aligned slices)
+constexpr int IM2COL_ROWS_THREADS = IM2COL_ROWS_TILE * IM2COL_ROW_CHANNELS / 8;   // 128
+constexpr int IM2COL_SLICE_PIECES = IM2COL_ROW_CHANNELS * 9 / 8;   // 16-byte pieces a row's slice
+// The staged rows lie this many pieces apart: an odd count, so that a quarter warp's
+// 16-byte stores of one piece of 8 consecutive rows (phase 1) hit 8 different bank quads.
+constexpr int IM2COL_STAGE_PITCH = IM2COL_SLICE_PIECES | 1;
 
 template <class X>
 __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int channels,
@@ -151,51 +164,87 @@ __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int
                                                unsigned short* __restrict__ col, int rows,
                                                long long im_stride, long long row_pitch)
 {
-    const int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= rows) return;
-    const int out_hw = out_h * out_w;
-    const int b = n / out_hw, pos = n - b * out_hw;
-    const int oh = pos / out_w;
-    const int h0 = oh * stride_y - pad, w0 = (pos - oh * out_w) * stride_x - pad;
-    const int c0 = blockIdx.y * IM2COL_ROW_CHANNELS;
-    const int cs = min(IM2COL_ROW_CHANNELS, channels - c0);
-    const long long plane = (long long)height * width;
-    const float* img = im + b * im_stride + c0 * plane;
-    // Which of the 9 taps fall inside the image: the same for every channel.
-    unsigned inside = 0;
+    __shared__ uint4 stage[IM2COL_ROWS_TILE * IM2COL_STAGE_PITCH];   // 19 KB
+    const int chunks = (channels + IM2COL_ROW_CHANNELS - 1) / IM2COL_ROW_CHANNELS;
+    const int n0 = (blockIdx.x / chunks) * IM2COL_ROWS_TILE;
+    const int c0 = (blockIdx.x % chunks) * IM2COL_ROW_CHANNELS;
+    const int tile_rows = min(IM2COL_ROWS_TILE, rows - n0);
+
+    // Phase 1: thread (r, group) stages row n0 + r's entries of channels c0 + 8 * group + 0..7.
+    const int r = threadIdx.x % IM2COL_ROWS_TILE, group = threadIdx.x / IM2COL_ROWS_TILE;
+    const int cg = c0 + 8 * group;
+    if (r < tile_rows && cg < channels) {
+        const int n = n0 + r, out_hw = out_h * out_w;
+        const int b = n / out_hw, pos = n - b * out_hw;
+        const int oh = pos / out_w;
+        const int h0 = oh * stride_y - pad, w0 = (pos - oh * out_w) * stride_x - pad;
+        const int plane = height * width;
+        const float* img = im + b * im_stride + (long long)cg * plane;
+        // Each tap's offset in a channel and which taps fall inside the image, the same for
+        // every channel. A tap outside reads the channel's first pixel, then takes 0, and a
+        // channel past the last one (cs) reads the last one again, never stored: no load
+        // needs a predicate (48 registers against 78 with them).
+        int at[9];
+        unsigned inside = 0;
 #pragma unroll
-    for (int tap = 0; tap < 9; ++tap) {
-        const int h = h0 + (tap / 3) * dilation, w = w0 + (tap % 3) * dilation;
-        if (h >= 0 && h < height && w >= 0 && w < width) inside |= 1u << tap;
-    }
-    unsigned short* out = col + (long long)n * row_pitch + c0 * 9;
-    const bool whole = cs == IM2COL_ROW_CHANNELS;   // else the last, partial slice
-    unsigned words[IM2COL_ROW_CHANNELS * 9 / 2];
-#pragma unroll
-    for (int e = 0; e < IM2COL_ROW_CHANNELS * 9; e += 2) {
-        unsigned short v[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int c = (e + j) / 9, tap = (e + j) % 9;
+        for (int tap = 0; tap < 9; ++tap) {
             const int h = h0 + (tap / 3) * dilation, w = w0 + (tap % 3) * dilation;
-            v[j] = X::rounded(c < cs && (inside >> tap & 1u) ? img[c * plane + h * width + w] : 0.0f);
-            if (!whole && c < cs) out[e + j] = v[j];
+            const bool in = h >= 0 && h < height && w >= 0 && w < width;
+            at[tap] = in ? h * width + w : 0;
+            inside |= (unsigned)in << tap;
         }
-        words[e / 2] = (unsigned)v[0] | ((unsigned)v[1] << 16);
-    }
-    if (whole) {   // 288 bytes from a 16-byte aligned start
+        const int cs = min(8, channels - cg);
+        unsigned words[36];
 #pragma unroll
-        for (int q = 0; q < IM2COL_ROW_CHANNELS * 9 / 8; ++q)
-            reinterpret_cast<uint4*>(out)[q] =
-                make_uint4(words[4 * q], words[4 * q + 1], words[4 * q + 2], words[4 * q + 3]);
+        for (int e = 0; e < 72; e += 2) {
+            unsigned short v[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int c = (e + j) / 9, tap = (e + j) % 9;
+                const float x = img[min(c, cs - 1) * plane + at[tap]];
+                v[j] = X::rounded(inside >> tap & 1u ? x : 0.0f);
+            }
+            words[e / 2] = (unsigned)v[0] | ((unsigned)v[1] << 16);
+        }
+        uint4* staged = stage + r * IM2COL_STAGE_PITCH + 9 * group;
+#pragma unroll
+        for (int q = 0; q < 9; ++q)
+            staged[q] = make_uint4(words[4 * q], words[4 * q + 1], words[4 * q + 2],
+                                   words[4 * q + 3]);
+    }
+    __syncthreads();
+
+    // Phase 2: consecutive threads store consecutive 16-byte pieces of the rows' slices
+    // (c0 * 9 and row_pitch multiples of 8: every piece 16-byte aligned).
+    unsigned short* out = col + (long long)n0 * row_pitch + c0 * 9;
+    const int entries = min(IM2COL_ROW_CHANNELS, channels - c0) * 9;
+    if (entries == IM2COL_ROW_CHANNELS * 9) {
+        for (int i = threadIdx.x; i < tile_rows * IM2COL_SLICE_PIECES; i += IM2COL_ROWS_THREADS) {
+            const int row = i / IM2COL_SLICE_PIECES, q = i - row * IM2COL_SLICE_PIECES;
+            uint4* dst = reinterpret_cast<uint4*>(out + row * row_pitch);
+            dst[q] = stage[row * IM2COL_STAGE_PITCH + q];
+        }
+    } else {   // the last chunk, partial: only its entries, the last piece entry by entry
+        const int pieces = (entries + 7) / 8;
+        for (int i = threadIdx.x; i < tile_rows * pieces; i += IM2COL_ROWS_THREADS) {
+            const int row = i / pieces, q = i - row * pieces;
+            unsigned short* dst = out + row * row_pitch + 8 * q;
+            const uint4* src = stage + row * IM2COL_STAGE_PITCH + q;
+            if (8 * q + 8 <= entries) {
+                *reinterpret_cast<uint4*>(dst) = *src;
+            } else {
+                for (int e = 0; e < entries - 8 * q; ++e)
+                    dst[e] = reinterpret_cast<const unsigned short*>(src)[e];
+            }
+        }
     }
 }
 
 #define IM2COL_ROWS(NAME, X)                                                                      \
-    extern "C" __global__ void NAME(const float* __restrict__ im, int channels, int height,       \
-                                    int width, int stride_y, int stride_x, int pad, int dilation, \
-                                    int out_h, int out_w, unsigned short* __restrict__ col,       \
-                                    int rows, long long im_stride, long long row_pitch)           \
+    extern "C" __global__ void __launch_bounds__(IM2COL_ROWS_THREADS)                             \
+    NAME(const float* __restrict__ im, int channels, int height, int width, int stride_y,         \
+         int stride_x, int pad, int dilation, int out_h, int out_w,                               \
+         unsigned short* __restrict__ col, int rows, long long im_stride, long long row_pitch)    \
     {                                                                                             \
         im2col_rows_of<X>(im, channels, height, width, stride_y, stride_x, pad, dilation, out_h,  \
                           out_w, col, rows, im_stride, row_pitch);                                \

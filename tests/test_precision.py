@@ -243,7 +243,8 @@ def test_conv_forward_against_numpy(cuda, p, case):
 # Forward products the Hopper GEMM takes (cuda_wgmma.conv_forward: 3x3 kernels over <= 52x52
 # outputs, enough multiply-adds and at least half as many pairs of 128 x 256 tiles as the
 # chip's 66 clusters): stride 2, dilation 2 with groups, channels not a multiple of
-# im2col_rows' slice of 16; edges everywhere.
+# im2col_rows' chunk of 16 (nor of its thread's 8), row counts not a multiple of its tile of
+# 64; edges everywhere.
 WGMMA_CONV_CASES = [
     (128, 13, 13, 260, 3, 1, 1, 1, 1, 26),
     (64, 27, 25, 96, 3, 2, 1, 1, 1, 48),

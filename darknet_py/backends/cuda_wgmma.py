@@ -375,7 +375,10 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
 # 13x13-52x52 ran at 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as
 # small as the weight gradients' (the same scratch).
 FORWARD_MAX_POSITIONS = 52 * 52
-_ROW_CHANNELS, _ROWS_BLOCK = 16, 256   # im2col.cu's IM2COL_ROW_CHANNELS; threads a block
+# im2col.cu's IM2COL_ROW_CHANNELS and IM2COL_ROWS_TILE: a block stages a tile of rows x a
+# chunk of channels (a thread a row and 8 channels), then stores the rows coalesced.
+_ROW_CHANNELS, _ROWS_TILE = 16, 64
+_ROWS_THREADS = _ROWS_TILE * _ROW_CHANNELS // 8
 
 
 def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
@@ -405,7 +408,7 @@ def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, di
     pitch = row_pitch(k)
     b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
     be._launch(f"im2col_rows_{part}_kernel",
-               (_ceil_div(n, _ROWS_BLOCK), _ceil_div(channels, _ROW_CHANNELS)), (_ROWS_BLOCK,),
+               (_ceil_div(n, _ROWS_TILE) * _ceil_div(channels, _ROW_CHANNELS),), (_ROWS_THREADS,),
                be._ptr(im), int(channels), int(height), int(width), int(stride_y), int(stride_x),
                int(pad), int(dilation), int(out_h), int(out_w), b16, int(n), int(im_stride),
                int(pitch))
