@@ -481,3 +481,22 @@ def test_delta_from_sums_cuda(cuda, precision, flavour, activation, shape):
         assert_same_bits(sums["delta_sum"].astype(np.float32),
                          sums["bias_updates"].astype(np.float32), "delta_sum")
     assert np.isfinite(sums["delta_sum"]).all()
+
+
+# ---- E7: channel reductions split to fill whole waves ----------------------------------
+@gpu
+def test_reduction_parts_fill_whole_waves(cuda):
+    """yolov4's batch-32 layers on 132 SMs of 4 resident blocks (528): one wave of blocks
+    where 17 parts of 64 channels (the split before E7) made 2.06 waves; every split within
+    the bounds (>= 4096 terms a part, <= 1024 parts); the device's capacity a whole number
+    of blocks an SM."""
+    from darknet_py.backends.cuda_norm import reduction_parts
+    for filters, spatial, parts in ((64, 208 * 208, 8), (32, 208 * 208, 16), (128, 104 * 104, 4),
+                                    (256, 52 * 52, 2), (512, 26 * 26, 1), (1024, 13 * 13, 1),
+                                    (3, 169, 2)):
+        assert reduction_parts(filters, 32 * spatial, 528) == parts, (filters, spatial)
+    for filters, count in ((1, 1), (7, 5000), (300, 86528), (65, 10 ** 7), (2, 10 ** 9)):
+        p = reduction_parts(filters, count, 660)
+        assert 1 <= p <= min(-(-count // 4096), 1024) or p == 1
+    capacity = cuda._reduction_capacity()
+    assert capacity % cuda.sm_count == 0 and 1 <= capacity // cuda.sm_count <= 8

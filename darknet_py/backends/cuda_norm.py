@@ -9,6 +9,8 @@ it, and the kernels that read x have `_x_f16` / `_x_bf16` twins (batchnorm.cu's 
 picked by the ops' x_precision. Those twins also compute in fast forms (the divisor's
 reciprocal, fused multiply-adds, mish/swish/logistic from one __expf: activations.cuh's
 BatchnormChannel, bench/NOTES.md F1); an fp32 x keeps the exact steps, the C code's bits."""
+import functools
+
 import numpy as np
 import pycuda.driver as drv
 
@@ -53,6 +55,28 @@ KERNELS = {
            for suffix in ("", "_x_f16", "_x_bf16")},
     },
 }
+
+# The channel reductions, whose blocks split each channel's terms alike (_channel_partials):
+# paired paths (a pass's own sums against channel_sums over the stored arrays) must add the
+# same partial sums to give the same bits.
+_CHANNEL_REDUCTIONS = ("channel_sums", "channel_moments", "batchnorm_activation_sums")
+# A block's least share of a channel's terms.
+_MIN_PART_TERMS = 4096
+
+
+@functools.lru_cache(maxsize=4096)
+def reduction_parts(filters, count, capacity):
+    """How many blocks split each of `filters` channels of `count` terms, `capacity` blocks
+    resident on the whole GPU at once: blocks of equal work take ceil(filters * parts /
+    capacity) waves of count / parts terms each, so the fewest parts within 5% of the
+    least waves x work (bench/NOTES.md E7: 17 parts of 64 channels made 2.06 waves of 4
+    resident blocks an SM, a third wave nearly empty). Each part >= _MIN_PART_TERMS terms
+    (the block's sums cost as much as that many), at most 1024."""
+    most = max(1, min(_ceil_div(count, _MIN_PART_TERMS), 1024))
+    cost = {p: _ceil_div(filters * p, capacity) / p for p in range(1, most + 1)}
+    best = min(cost.values())
+    return next(p for p in range(1, most + 1) if cost[p] <= best * 1.05)
+
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
 _TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
@@ -108,13 +132,30 @@ class CudaNorm:
         two_sums)."""
         if filters > _MAX_GRID_Y:
             raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
-        # Enough blocks in all for 8 per SM (all 2048 threads resident: this pass is
-        # bound by memory bandwidth), each with >= 4096 terms.
-        parts = max(1, min(_ceil_div(8 * self.sm_count, filters),
-                           _ceil_div(batch * spatial, 4096), 1024))
+        parts = reduction_parts(int(filters), int(batch * spatial), self._reduction_capacity())
         plane = 8 * filters * parts
         partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
         return parts, partial, partial + plane if two_sums else 0
+
+    def _reduction_capacity(self):
+        """Blocks of _BLOCK threads of every channel reduction resident on the GPU at once:
+        the family's tightest kernel (its registers) on each SM, times the SMs."""
+        capacity = self.__dict__.get("_channel_reduction_capacity")
+        if capacity is None:
+            attribute = drv.device_attribute
+            device = self._dev.device
+            registers = device.get_attribute(attribute.MAX_REGISTERS_PER_MULTIPROCESSOR)
+            threads = device.get_attribute(attribute.MAX_THREADS_PER_MULTIPROCESSOR)
+            blocks = device.get_attribute(attribute.MAX_BLOCKS_PER_MULTIPROCESSOR)
+            warps = _BLOCK // 32
+            per_sm = min(threads // _BLOCK, blocks)
+            for name, fn in self._fn.items():
+                if name.startswith(_CHANNEL_REDUCTIONS):
+                    # registers go to warps in units of 256
+                    warp_registers = _ceil_div(fn.num_regs * 32, 256) * 256
+                    per_sm = min(per_sm, registers // warp_registers // warps)
+            capacity = self._channel_reduction_capacity = max(1, per_sm) * self.sm_count
+        return capacity
 
     def _channel_finalize(self, parts, partial, partial_a, count, filters, final, final_a,
                           variance=None, scales=None, sum_outs=(None, None)):
