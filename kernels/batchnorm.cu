@@ -336,9 +336,114 @@ __device__ __forceinline__ void batchnorm_activation_sums_of(X x, const float* _
                                      spatial, eps, act, from_input, parts, delta, partial,        \
                                      partial_a);                                                  \
     }
-BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums, XF32, float)
-BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_f16, XF16, unsigned short)
-BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums_x_bf16, XBF16, unsigned short)
+BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums, XF32, float)   // a 16-bit x: the rows below
+
+// batchnorm_activation_sums row by row, for a 16-bit x (the fast steps; bench/NOTES.md E8):
+// row r = image b * filters + f holds `spatial` contiguous elements of channel f, cut into
+// `chunks` pieces of `chunk` elements (the last one shorter). A piece goes to ROW_THREADS
+// threads (32, 64, 128 or 256: 256 / ROW_THREADS pieces a block), which sweep it UNROLL
+// terms at a time, loading them all before any delta is stored (E5), and leave its two sums
+// in partial[(f * batch + b) * chunks + piece] (partial_a likewise, unless null):
+// channel_finalize then adds each channel's pieces in a fixed order. Against the
+// channel-wise pass: no (image, position) arithmetic a term, the loads contiguous, and
+// many blocks of equal work (no wave left nearly empty, E7).
+template <int ROW_THREADS, class X>
+__device__ __forceinline__ void batchnorm_activation_rows_of(
+    X x, const float* __restrict__ y, const float* __restrict__ mean,
+    const float* __restrict__ variance, const float* __restrict__ scales,
+    const float* __restrict__ biases, int batch, int filters, int spatial, float eps, int act,
+    int from_input, int chunk, int chunks, float* __restrict__ delta,
+    double* __restrict__ partial, double* __restrict__ partial_a)
+{
+    constexpr int UNROLL = 4, PIECES = 256 / ROW_THREADS;
+    const long long piece = (long long)blockIdx.x * PIECES + threadIdx.x / ROW_THREADS;
+    const int lane = threadIdx.x % ROW_THREADS;
+    double s = 0.0, sa = 0.0;
+    const bool live = piece < (long long)batch * filters * chunks;
+    const int row = (int)(piece / chunks), part = (int)(piece - (long long)row * chunks);
+    const int f = live ? row % filters : 0;
+    if (live) {
+        const long long offset = (long long)row * spatial + (long long)part * chunk;
+        const int end = min(chunk, spatial - part * chunk);
+        const BatchnormActivationTerm<X> term{
+            X{x.p + offset}, y + offset, delta + offset,
+            BatchnormChannel<X::exact>(mean[f], variance[f], eps, scales[f], biases[f]), act,
+            from_input};
+        for (int i = lane; i < end; i += UNROLL * ROW_THREADS) {
+            typename BatchnormActivationTerm<X>::Loaded in[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (i + u * ROW_THREADS < end) in[u] = term.load(i + u * ROW_THREADS);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (i + u * ROW_THREADS >= end) break;
+                float g, t;
+                term.apply(i + u * ROW_THREADS, in[u], g, t);
+                s += (double)t;
+                sa += (double)g;
+            }
+        }
+    }
+    // The row's threads' sums: within each warp, then (rows wider than a warp) across them.
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_down_sync(0xffffffffu, s, o);
+        sa += __shfl_down_sync(0xffffffffu, sa, o);
+    }
+    if constexpr (ROW_THREADS > 32) {
+        __shared__ double warp_s[8], warp_sa[8];
+        const int warp = threadIdx.x / 32;
+        if (threadIdx.x % 32 == 0) {
+            warp_s[warp] = s;
+            warp_sa[warp] = sa;
+        }
+        __syncthreads();
+        if (lane == 0) {
+            for (int w = 1; w < ROW_THREADS / 32; ++w) {
+                s += warp_s[warp + w];
+                sa += warp_sa[warp + w];
+            }
+        }
+    }
+    if (live && lane == 0) {
+        const long long at = ((long long)f * batch + row / filters) * chunks + part;
+        partial[at] = s;
+        if (partial_a) partial_a[at] = sa;
+    }
+}
+
+#define BATCHNORM_ACTIVATION_ROWS(NAME, X, XTYPE)                                                 \
+    extern "C" __global__ void NAME(const XTYPE* __restrict__ x, const float* __restrict__ y,     \
+                                    const float* __restrict__ mean,                               \
+                                    const float* __restrict__ variance,                           \
+                                    const float* __restrict__ scales,                             \
+                                    const float* __restrict__ biases, int batch, int filters,     \
+                                    int spatial, float eps, int act, int from_input,              \
+                                    int row_threads, int chunk, int chunks,                       \
+                                    float* __restrict__ delta,                                    \
+                                    double* __restrict__ partial, double* __restrict__ partial_a) \
+    {                                                                                             \
+        switch (row_threads) {                                                                    \
+        case 32: batchnorm_activation_rows_of<32>(X{x}, y, mean, variance, scales, biases,       \
+                                                  batch, filters, spatial, eps, act, from_input, \
+                                                  chunk, chunks, delta, partial, partial_a);     \
+            break;                                                                                \
+        case 64: batchnorm_activation_rows_of<64>(X{x}, y, mean, variance, scales, biases,       \
+                                                  batch, filters, spatial, eps, act, from_input, \
+                                                  chunk, chunks, delta, partial, partial_a);     \
+            break;                                                                                \
+        case 128: batchnorm_activation_rows_of<128>(X{x}, y, mean, variance, scales, biases,     \
+                                                    batch, filters, spatial, eps, act,           \
+                                                    from_input, chunk, chunks, delta, partial,   \
+                                                    partial_a);                                  \
+            break;                                                                                \
+        default: batchnorm_activation_rows_of<256>(X{x}, y, mean, variance, scales, biases,      \
+                                                   batch, filters, spatial, eps, act, from_input, \
+                                                   chunk, chunks, delta, partial, partial_a);    \
+            break;                                                                                \
+        }                                                                                         \
+    }
+BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_f16, XF16, unsigned short)
+BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_bf16, XBF16, unsigned short)
 
 // What channel_finalize does with a channel's sum S (count = batch*spatial), S first
 // multiplied by scales[f] when scales is not null (the delta summed was not yet scaled);

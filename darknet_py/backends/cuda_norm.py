@@ -39,8 +39,9 @@ KERNELS = {
         "round_copy_bf16": "PPq",
         **{f"{kernel}{suffix}": signature
            for kernel, signature in (("channel_sums", "PPPiiiiiPP"),
-                                     ("normalize_delta_kernel", "PPPPPiiifPPi"),
-                                     ("batchnorm_activation_sums", "PPPPPPiiifiiiPPP"))
+                                     ("normalize_delta_kernel", "PPPPPiiifPPi"))
+           for suffix in ("_x_f16", "_x_bf16")},
+        **{f"batchnorm_activation_rows{suffix}": "PPPPPPiiifiiiiiPPP"
            for suffix in ("_x_f16", "_x_bf16")},
     },
     "normalization.cu": {
@@ -60,6 +61,7 @@ KERNELS = {
 # paired paths (a pass's own sums against channel_sums over the stored arrays) must add the
 # same partial sums to give the same bits.
 _CHANNEL_REDUCTIONS = ("channel_sums", "channel_moments", "batchnorm_activation_sums")
+# (batchnorm_activation_rows, a 16-bit x's, splits by rows: its partials pair with none.)
 # A block's least share of a channel's terms.
 _MIN_PART_TERMS = 4096
 
@@ -76,6 +78,18 @@ def reduction_parts(filters, count, capacity):
     cost = {p: _ceil_div(filters * p, capacity) / p for p in range(1, most + 1)}
     best = min(cost.values())
     return next(p for p in range(1, most + 1) if cost[p] <= best * 1.05)
+
+
+def activation_rows_plan(spatial):
+    """(threads a piece, piece length) for batchnorm_activation_rows (E8): rows over 2048
+    elements go in pieces of 4096 to 256 threads; shorter ones whole, to the fewest of 32,
+    64, 128 or 256 threads that leave each at most 16 elements."""
+    if spatial > 2048:
+        return 256, 4096
+    threads = 32
+    while threads < 256 and spatial > 16 * threads:
+        threads *= 2
+    return threads, max(1, spatial)
 
 
 # channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
@@ -227,7 +241,8 @@ class CudaNorm:
         output, for gradients from it): kernels/batchnorm.cu's batchnorm_activation_sums,
         whose sums are bias_scale_updates' to the bit (and delta_sum's and
         delta_x_norm_sum's, rounded to float, where given). x_precision: how x is kept
-        (storage_zeros); a 16-bit x is widened to fp32 as it is read."""
+        (storage_zeros); a 16-bit x is widened to fp32 as it is read, and goes row by row
+        (batchnorm_activation_rows: each row's sums, then the rows' per channel; E8)."""
         suffix = self._x_suffix(x, x_precision)
         sums = delta_sums_given(delta_sum, delta_x_norm_sum)
         batch, filters, spatial = int(batch), int(filters), int(spatial)
@@ -247,13 +262,24 @@ class CudaNorm:
         if filters <= 0 or batch * spatial <= 0:
             return
         two_sums = bias_updates is not None or sums
-        parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
-        self._launch("batchnorm_activation_sums" + suffix, (parts, filters), (_BLOCK,),
-                     self._ptr(x), self._ptr(output), self._ptr(mean), self._ptr(variance),
-                     self._ptr(scales), self._ptr(biases), batch, filters, spatial,
-                     -1.0 if eps is None else float(eps), act,
-                     int(activation in activations.INPUT_GRADIENT), parts, self._ptr(delta),
-                     partial, partial_a)
+        args = (self._ptr(x), self._ptr(output), self._ptr(mean), self._ptr(variance),
+                self._ptr(scales), self._ptr(biases), batch, filters, spatial,
+                -1.0 if eps is None else float(eps), act,
+                int(activation in activations.INPUT_GRADIENT))
+        if suffix:   # a 16-bit x: row by row (E8), each row's pieces a part
+            threads, chunk = activation_rows_plan(spatial)
+            chunks = _ceil_div(spatial, chunk)
+            parts = batch * chunks
+            plane = 8 * filters * parts
+            partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
+            partial_a = partial + plane if two_sums else 0
+            self._launch("batchnorm_activation_rows" + suffix,
+                         (_ceil_div(filters * parts, _BLOCK // threads),), (_BLOCK,), *args,
+                         threads, chunk, chunks, self._ptr(delta), partial, partial_a)
+        else:
+            parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
+            self._launch("batchnorm_activation_sums", (parts, filters), (_BLOCK,), *args, parts,
+                         self._ptr(delta), partial, partial_a)
         self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
                                (_FINAL_ACCUMULATE, scale_updates),
                                (_FINAL_ACCUMULATE, bias_updates) if two_sums else None,
