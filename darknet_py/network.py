@@ -223,8 +223,8 @@ class Network:
                  for l in self.layers]
         per_image = sum(sizes)
         if train:   # deltas, and a third array where a layer may keep one
-            per_image += sum(sizes) + sum(n for l, n in zip(self.layers, sizes)
-                                          if keeps_a_third_array(l))
+            per_image = 2 * per_image + sum(n for l, n in zip(self.layers, sizes)
+                                            if keeps_a_third_array(l))
         # A [route] of one whole input shares its output array (route.py).
         per_image -= sum(l.outputs for l in self.layers if l.views_its_input())
         if train and self._share_deltas and not self.fork_cpu:

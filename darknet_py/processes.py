@@ -37,9 +37,6 @@ def children_ignore_signals(signals=PARENT_SIGNALS):
 
 
 _START = time.monotonic()
-if os.environ.get("DARKNET_TRACE_START") == "1":   # the end of a process's run as well
-    import atexit
-    atexit.register(lambda: _trace_exit())
 
 
 def say(line, stream=None):
@@ -54,6 +51,11 @@ def say(line, stream=None):
 
 def _trace_exit():
     trace_start("interpreter exiting (after the other exit handlers)")
+
+
+if os.environ.get("DARKNET_TRACE_START") == "1":   # the end of a process's run as well
+    import atexit
+    atexit.register(_trace_exit)   # registered first (at import): it runs last
 
 
 def trace_start(event):

@@ -147,9 +147,14 @@ class CudaNorm:
         if filters > _MAX_GRID_Y:
             raise ValueError(f"{filters} channels: at most {_MAX_GRID_Y}")
         parts = reduction_parts(int(filters), int(batch * spatial), self._reduction_capacity())
+        return (parts, *self._partial_buffers(filters, parts, two_sums))
+
+    def _partial_buffers(self, filters, parts, two_sums):
+        """(partial, partial_a): the scratch doubles a reduction's blocks leave their sums in,
+        filters * parts of each (partial_a 0, null, unless two_sums)."""
         plane = 8 * filters * parts
         partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
-        return parts, partial, partial + plane if two_sums else 0
+        return partial, partial + plane if two_sums else 0
 
     def _reduction_capacity(self):
         """Blocks of _BLOCK threads of every channel reduction resident on the GPU at once:
@@ -270,9 +275,7 @@ class CudaNorm:
             threads, chunk = activation_rows_plan(spatial)
             chunks = _ceil_div(spatial, chunk)
             parts = batch * chunks
-            plane = 8 * filters * parts
-            partial = self._ptr(self._scratch_buffer("channels", 2 * plane))
-            partial_a = partial + plane if two_sums else 0
+            partial, partial_a = self._partial_buffers(filters, parts, two_sums)
             self._launch("batchnorm_activation_rows" + suffix,
                          (_ceil_div(filters * parts, _BLOCK // threads),), (_BLOCK,), *args,
                          threads, chunk, chunks, self._ptr(delta), partial, partial_a)
