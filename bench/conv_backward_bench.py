@@ -91,9 +91,19 @@ def bench_layer(be, l, batch, precision, sweep):
             be.conv_data_grad(precision, weights[g * m * k:], m, delta[g * m * n:], l.outputs,
                               *geometry, dx[g * cg * hw:], l.c * hw, True)
 
+    # The data gradient as the wgmma forward of the deltas (E10) where it is taken, and
+    # as the implicit kernel (that route switched off for this instance).
+    as_forward = be._data_grad_takes_forward(precision, batch, cg, l.h, l.w, l.size,
+                                             l.padding, l.dilation, m) and l.stride == 1
+    forward_ms = _time(be, dgrad) if as_forward else None
+    be._data_grad_takes_forward = lambda *args: False
+    try:
+        implicit_ms = _time(be, dgrad)
+    finally:
+        del be._data_grad_takes_forward
     row = {"shape": _shape(l), "move": _time(be, move), "old_wgrad": _time(be, lambda: old(True)),
            "old_dgrad": _time(be, lambda: old(False)), "wgrad": _time(be, wgrad),
-           "dgrad": _time(be, dgrad),
+           "dgrad": implicit_ms, "dgrad_forward": forward_ms,
            "wgrad_plan": be.wgrad_plan(precision, m, k, batch * n),
            "dgrad_plan": be.dgrad_plan(precision, cg, batch * hw)}
     if sweep:
@@ -150,13 +160,16 @@ def main():
         rows.append(row)
     total = {k: sum(r[k] * len(r["layers"]) for r in rows)
              for k in ("move", "old_wgrad", "old_dgrad", "wgrad", "dgrad")}
+    total["dgrad_forward"] = sum((r["dgrad_forward"] or r["dgrad"]) * len(r["layers"])
+                                 for r in rows)
     print(f"{'layers':>14} {'c h w f k s':>24} {'move':>6} {'oldW':>6} {'impW':>6} {'oldD':>6} "
-          f"{'impD':>6}  plans / best")
+          f"{'impD':>6} {'fwdD':>6}  plans / best")
     for r in rows:
         c, h, w, f, k, s, *_ = r["shape"]
         best = f" {r.get('wgrad_best', '')} {r.get('dgrad_best', '')}" if args.sweep else ""
         print(f"{str(r['layers'][:3])[:14]:>14} {f'{c} {h} {w} {f} {k} {s}':>24} {r['move']:6.2f} "
-              f"{r['old_wgrad']:6.2f} {r['wgrad']:6.2f} {r['old_dgrad']:6.2f} {r['dgrad']:6.2f}  "
+              f"{r['old_wgrad']:6.2f} {r['wgrad']:6.2f} {r['old_dgrad']:6.2f} {r['dgrad']:6.2f} "
+              f"{'-' if r['dgrad_forward'] is None else format(r['dgrad_forward'], '6.2f'):>6}  "
               f"{r['wgrad_plan']} {r['dgrad_plan']}{best}")
     print("totals over the network (ms):", {k: round(v, 2) for k, v in total.items()})
     if args.json:

@@ -6,7 +6,8 @@
 // GPU: channel_sums splits each channel's batch*spatial terms over `parts`
 // blocks (grid parts x filters) and writes double partial sums; channel_finalize
 // adds each channel's partials in a fixed order (deterministic) and applies the
-// op's formula.
+// op's formula (channel_finalize_wide: a block a channel, for the row kernels' many
+// partials).
 
 #include "activations.cuh"
 #include "common.cuh"
@@ -238,6 +239,17 @@ extern "C" __global__ void channel_moments(const float* __restrict__ x, int batc
 // that float mean m, from the sums S of x (partial_a) and Q of x^2 (partial):
 // sum (x - m)^2 = Q - 2 m S + n m^2, / (n - 1), in double; clamped at 0 (the exact value is
 // never negative, the rounded one might be: a constant channel).
+__device__ __forceinline__ void store_mean_variance(double q, double s, long long count, int f,
+                                                    float* __restrict__ mean,
+                                                    float* __restrict__ variance)
+{
+    const float m = (float)(s / (double)count);
+    const double md = m, n = (double)count;
+    const double v = (q - 2.0 * md * s + n * md * md) / (n - 1.0);
+    mean[f] = m;
+    variance[f] = (float)(v < 0.0 ? 0.0 : v);   // NaN (n = 1) stays NaN, as FINAL_VARIANCE's
+}
+
 extern "C" __global__ void mean_variance_finalize(const double* __restrict__ partial,
                                                  const double* __restrict__ partial_a, int parts,
                                                  int filters, long long count,
@@ -251,11 +263,34 @@ extern "C" __global__ void mean_variance_finalize(const double* __restrict__ par
         q += partial[(long long)f * parts + p];
         s += partial_a[(long long)f * parts + p];
     }
-    const float m = (float)(s / (double)count);
-    const double md = m, n = (double)count;
-    const double v = (q - 2.0 * md * s + n * md * md) / (n - 1.0);
-    mean[f] = m;
-    variance[f] = (float)(v < 0.0 ? 0.0 : v);   // NaN (n = 1) stays NaN, as FINAL_VARIANCE's
+    store_mean_variance(q, s, count, f, mean, variance);
+}
+
+// Channel f's partial[f * parts + p] added by a whole block (the _wide finalizes): thread t
+// adds p = t, t + blockDim.x, ... in that order (consecutive threads, consecutive partials:
+// coalesced), then block_sum's fixed tree; valid in thread 0. The same bits every run (for a
+// given blockDim), not those of the one-thread loop: another order of the additions.
+__device__ __forceinline__ double wide_channel_sum(const double* __restrict__ partial, int parts,
+                                                   int f)
+{
+    const double* __restrict__ own = partial + (long long)f * parts;
+    double s = 0.0;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) s += own[p];
+    return block_sum(s);
+}
+
+// mean_variance_finalize with a block a channel (grid: filters blocks), for many parts.
+extern "C" __global__ void mean_variance_finalize_wide(const double* __restrict__ partial,
+                                                      const double* __restrict__ partial_a,
+                                                      int parts, int filters, long long count,
+                                                      float* __restrict__ mean,
+                                                      float* __restrict__ variance)
+{
+    const int f = blockIdx.x;
+    if (f >= filters) return;   // the whole block: block_sum's barriers stay uniform
+    const double q = wide_channel_sum(partial, parts, f);
+    const double s = wide_channel_sum(partial_a, parts, f);
+    if (threadIdx.x == 0) store_mean_variance(q, s, count, f, mean, variance);
 }
 
 // Batch norm's backward up to its parameter gradients, in one pass, for a layer that keeps
@@ -338,53 +373,44 @@ __device__ __forceinline__ void batchnorm_activation_sums_of(X x, const float* _
     }
 BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums, XF32, float)   // a 16-bit x: the rows below
 
-// batchnorm_activation_sums row by row, for a 16-bit x (the fast steps; bench/NOTES.md E8):
-// row r = image b * filters + f holds `spatial` contiguous elements of channel f, cut into
-// `chunks` pieces of `chunk` elements (the last one shorter). A piece goes to ROW_THREADS
-// threads (32, 64, 128 or 256: 256 / ROW_THREADS pieces a block), which sweep it UNROLL
-// terms at a time, loading them all before any delta is stored (E5), and leave its two sums
-// in partial[(f * batch + b) * chunks + piece] (partial_a likewise, unless null):
-// channel_finalize then adds each channel's pieces in a fixed order. Against the
-// channel-wise pass: no (image, position) arithmetic a term, the loads contiguous, and
-// many blocks of equal work (no wave left nearly empty, E7).
-template <int ROW_THREADS, class X>
-__device__ __forceinline__ void batchnorm_activation_rows_of(
-    X x, const float* __restrict__ y, const float* __restrict__ mean,
-    const float* __restrict__ variance, const float* __restrict__ scales,
-    const float* __restrict__ biases, int batch, int filters, int spatial, float eps, int act,
-    int from_input, int chunk, int chunks, float* __restrict__ delta,
-    double* __restrict__ partial, double* __restrict__ partial_a)
-{
-    constexpr int UNROLL = 4, PIECES = 256 / ROW_THREADS;
-    const long long piece = (long long)blockIdx.x * PIECES + threadIdx.x / ROW_THREADS;
-    const int lane = threadIdx.x % ROW_THREADS;
-    double s = 0.0, sa = 0.0;
-    const bool live = piece < (long long)batch * filters * chunks;
-    const int row = (int)(piece / chunks), part = (int)(piece - (long long)row * chunks);
-    const int f = live ? row % filters : 0;
-    if (live) {
-        const long long offset = (long long)row * spatial + (long long)part * chunk;
-        const int end = min(chunk, spatial - part * chunk);
-        const BatchnormActivationTerm<X> term{
-            X{x.p + offset}, y + offset, delta + offset,
-            BatchnormChannel<X::exact>(mean[f], variance[f], eps, scales[f], biases[f]), act,
-            from_input};
-        for (int i = lane; i < end; i += UNROLL * ROW_THREADS) {
-            typename BatchnormActivationTerm<X>::Loaded in[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (i + u * ROW_THREADS < end) in[u] = term.load(i + u * ROW_THREADS);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (i + u * ROW_THREADS >= end) break;
-                float g, t;
-                term.apply(i + u * ROW_THREADS, in[u], g, t);
-                s += (double)t;
-                sa += (double)g;
-            }
-        }
+// The row kernels (a 16-bit x; bench/NOTES.md E8, E9b): row r = image b * filters + f holds
+// `spatial` contiguous elements of channel f, cut into `chunks` pieces of `chunk` elements
+// (the last one shorter). A piece goes to ROW_THREADS threads (32, 64, 128 or 256: 256 /
+// ROW_THREADS pieces a block), and its sums to partial[(f * batch + b) * chunks + piece]:
+// channel f's batch * chunks parts together, for channel_finalize(_wide) and
+// mean_variance_finalize(_wide), which add them in a fixed order.
+template <int ROW_THREADS>
+struct RowPiece {
+    bool live;          // false: past the last row (the grid's tail)
+    int row, part, f;   // the piece's row, its place in the row, the row's channel
+    __device__ __forceinline__ RowPiece(int batch, int filters, int chunks)
+    {
+        const long long piece =
+            (long long)blockIdx.x * (256 / ROW_THREADS) + threadIdx.x / ROW_THREADS;
+        live = piece < (long long)batch * filters * chunks;
+        row = (int)(piece / chunks);
+        part = (int)(piece - (long long)row * chunks);
+        f = live ? row % filters : 0;
     }
-    // The row's threads' sums: within each warp, then (rows wider than a warp) across them.
+    __device__ __forceinline__ long long offset(int spatial, int chunk) const   // its first element
+    {
+        return (long long)row * spatial + (long long)part * chunk;
+    }
+    __device__ __forceinline__ int length(int spatial, int chunk) const
+    {
+        return min(chunk, spatial - part * chunk);
+    }
+    __device__ __forceinline__ long long at(int batch, int filters, int chunks) const   // its sums'
+    {
+        return ((long long)f * batch + row / filters) * chunks + part;
+    }
+};
+
+// A piece's threads' sums, valid in its first thread (lane 0): within each warp, then
+// (pieces wider than a warp) across them, in a fixed order. Every thread of the block calls it.
+template <int ROW_THREADS>
+__device__ __forceinline__ void piece_sums(double& s, double& sa, int lane)
+{
     for (int o = 16; o > 0; o >>= 1) {
         s += __shfl_down_sync(0xffffffffu, s, o);
         sa += __shfl_down_sync(0xffffffffu, sa, o);
@@ -404,8 +430,50 @@ __device__ __forceinline__ void batchnorm_activation_rows_of(
             }
         }
     }
-    if (live && lane == 0) {
-        const long long at = ((long long)f * batch + row / filters) * chunks + part;
+}
+
+// batchnorm_activation_sums row by row, for a 16-bit x (the fast steps; E8): a piece's
+// threads sweep it UNROLL terms at a time, loading them all before any delta is stored (E5),
+// and leave its two sums (partial_a unless null). Against the channel-wise pass: no
+// (image, position) arithmetic a term, the loads contiguous, and many blocks of equal work
+// (no wave left nearly empty, E7).
+template <int ROW_THREADS, class X>
+__device__ __forceinline__ void batchnorm_activation_rows_of(
+    X x, const float* __restrict__ y, const float* __restrict__ mean,
+    const float* __restrict__ variance, const float* __restrict__ scales,
+    const float* __restrict__ biases, int batch, int filters, int spatial, float eps, int act,
+    int from_input, int chunk, int chunks, float* __restrict__ delta,
+    double* __restrict__ partial, double* __restrict__ partial_a)
+{
+    constexpr int UNROLL = 4;
+    const RowPiece<ROW_THREADS> piece(batch, filters, chunks);
+    const int lane = threadIdx.x % ROW_THREADS;
+    double s = 0.0, sa = 0.0;
+    if (piece.live) {
+        const int f = piece.f, end = piece.length(spatial, chunk);
+        const long long offset = piece.offset(spatial, chunk);
+        const BatchnormActivationTerm<X> term{
+            X{x.p + offset}, y + offset, delta + offset,
+            BatchnormChannel<X::exact>(mean[f], variance[f], eps, scales[f], biases[f]), act,
+            from_input};
+        for (int i = lane; i < end; i += UNROLL * ROW_THREADS) {
+            typename BatchnormActivationTerm<X>::Loaded in[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (i + u * ROW_THREADS < end) in[u] = term.load(i + u * ROW_THREADS);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (i + u * ROW_THREADS >= end) break;
+                float g, t;
+                term.apply(i + u * ROW_THREADS, in[u], g, t);
+                s += (double)t;
+                sa += (double)g;
+            }
+        }
+    }
+    piece_sums<ROW_THREADS>(s, sa, lane);
+    if (piece.live && lane == 0) {
+        const long long at = piece.at(batch, filters, chunks);
         partial[at] = s;
         if (partial_a) partial_a[at] = sa;
     }
@@ -445,6 +513,69 @@ __device__ __forceinline__ void batchnorm_activation_rows_of(
 BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_f16, XF16, unsigned short)
 BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_bf16, XBF16, unsigned short)
 
+// channel_moments row by row, for a 16-bit x (the statistics of the x a convolution wrote
+// straight into 16-bit storage; E9b): a piece's sums of x (partial_a) and of x^2 (partial),
+// in double as channel_moments' (the square of a widened 16-bit value is exact), for
+// mean_variance_finalize(_wide). One 2-byte load a term, so UNROLL = 8 of them are issued
+// before any is added (the activation rows keep 4 terms of three loads in flight): the
+// pass is bound by its loads (E5).
+template <int ROW_THREADS, class X>
+__device__ __forceinline__ void channel_moments_rows_of(X x, int batch, int filters, int spatial,
+                                                        int chunk, int chunks,
+                                                        double* __restrict__ partial,
+                                                        double* __restrict__ partial_a)
+{
+    constexpr int UNROLL = 8;
+    const RowPiece<ROW_THREADS> piece(batch, filters, chunks);
+    const int lane = threadIdx.x % ROW_THREADS;
+    double s = 0.0, sa = 0.0;
+    if (piece.live) {
+        const X own{x.p + piece.offset(spatial, chunk)};
+        const int end = piece.length(spatial, chunk);
+        for (int i = lane; i < end; i += UNROLL * ROW_THREADS) {
+            float v[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                v[u] = i + u * ROW_THREADS < end ? own[i + u * ROW_THREADS] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {   // the zeros past the end add nothing
+                const double d = v[u];
+                sa += d;
+                s += d * d;
+            }
+        }
+    }
+    piece_sums<ROW_THREADS>(s, sa, lane);
+    if (piece.live && lane == 0) {
+        const long long at = piece.at(batch, filters, chunks);
+        partial[at] = s;
+        partial_a[at] = sa;
+    }
+}
+
+#define CHANNEL_MOMENTS_ROWS(NAME, X, XTYPE)                                                      \
+    extern "C" __global__ void NAME(const XTYPE* __restrict__ x, int batch, int filters,          \
+                                    int spatial, int row_threads, int chunk, int chunks,          \
+                                    double* __restrict__ partial, double* __restrict__ partial_a) \
+    {                                                                                             \
+        switch (row_threads) {                                                                    \
+        case 32: channel_moments_rows_of<32>(X{x}, batch, filters, spatial, chunk, chunks,       \
+                                             partial, partial_a);                                \
+            break;                                                                                \
+        case 64: channel_moments_rows_of<64>(X{x}, batch, filters, spatial, chunk, chunks,       \
+                                             partial, partial_a);                                \
+            break;                                                                                \
+        case 128: channel_moments_rows_of<128>(X{x}, batch, filters, spatial, chunk, chunks,     \
+                                               partial, partial_a);                              \
+            break;                                                                                \
+        default: channel_moments_rows_of<256>(X{x}, batch, filters, spatial, chunk, chunks,      \
+                                              partial, partial_a);                               \
+            break;                                                                                \
+        }                                                                                         \
+    }
+CHANNEL_MOMENTS_ROWS(channel_moments_rows_x_f16, XF16, unsigned short)
+CHANNEL_MOMENTS_ROWS(channel_moments_rows_x_bf16, XBF16, unsigned short)
+
 // What channel_finalize does with a channel's sum S (count = batch*spatial), S first
 // multiplied by scales[f] when scales is not null (the delta summed was not yet scaled);
 // sum_out[f] = S itself (unless null; before scales), and nothing else where out is null:
@@ -456,16 +587,13 @@ enum ChannelFinal {
     FINAL_VARIANCE_DELTA = 4  // out[f] = S * -0.5 * (var[f] + 1e-5)^-1.5
 };
 
-extern "C" __global__ void channel_finalize(const double* __restrict__ partial, int parts, int filters,
-                                           int final_op, long long count,
-                                           const float* __restrict__ variance,
-                                           const float* __restrict__ scales, float* __restrict__ out,
-                                           float* __restrict__ sum_out)
+// The op on channel f's sum s (both finalizes alike).
+__device__ __forceinline__ void apply_channel_final(double s, int f, int final_op, long long count,
+                                                    const float* __restrict__ variance,
+                                                    const float* __restrict__ scales,
+                                                    float* __restrict__ out,
+                                                    float* __restrict__ sum_out)
 {
-    const int f = blockIdx.x * blockDim.x + threadIdx.x;
-    if (f >= filters) return;
-    double s = 0.0;
-    for (int p = 0; p < parts; ++p) s += partial[(long long)f * parts + p];
     if (sum_out) sum_out[f] = (float)s;
     if (!out) return;
     if (scales) s *= (double)scales[f];
@@ -476,6 +604,36 @@ extern "C" __global__ void channel_finalize(const double* __restrict__ partial, 
     case FINAL_MEAN_DELTA: out[f] = (float)(s * (-1.0 / sqrt((double)variance[f] + 1e-5))); break;
     default: out[f] = (float)(s * -0.5 * pow((double)variance[f] + 1e-5, -1.5)); break;
     }
+}
+
+extern "C" __global__ void channel_finalize(const double* __restrict__ partial, int parts, int filters,
+                                           int final_op, long long count,
+                                           const float* __restrict__ variance,
+                                           const float* __restrict__ scales, float* __restrict__ out,
+                                           float* __restrict__ sum_out)
+{
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= filters) return;
+    double s = 0.0;
+    for (int p = 0; p < parts; ++p) s += partial[(long long)f * parts + p];
+    apply_channel_final(s, f, final_op, count, variance, scales, out, sum_out);
+}
+
+// channel_finalize with a block a channel (grid: filters blocks; wide_channel_sum), for the
+// row kernels' batch x pieces partials a channel (bench/NOTES.md E8: a thread adding 1376
+// of them one after another made channel_finalize 0.41 -> 1.71 ms a yolov4 fp16 pass).
+extern "C" __global__ void channel_finalize_wide(const double* __restrict__ partial, int parts,
+                                                int filters, int final_op, long long count,
+                                                const float* __restrict__ variance,
+                                                const float* __restrict__ scales,
+                                                float* __restrict__ out,
+                                                float* __restrict__ sum_out)
+{
+    const int f = blockIdx.x;
+    if (f >= filters) return;   // the whole block: block_sum's barriers stay uniform
+    const double s = wide_channel_sum(partial, parts, f);
+    if (threadIdx.x == 0)
+        apply_channel_final(s, f, final_op, count, variance, scales, out, sum_out);
 }
 
 // mean_delta and variance_delta from the sums of this backward's g (the delta after the

@@ -17,10 +17,12 @@
 //     stored as 16-byte vectors after the current slice's mmas.
 // Epilogues: C = alpha * acc + beta * C (split-K: raw partials, reduced by gemm.cu's
 // splitk_reduce), or a convolution's output act(acc + bias) in (image, filter, position)
-// order.
+// order, as fp32 or (the `_h` entries) rounded to the precision's own 16 bits: a
+// batch-normalised layer's x under fp16/bf16 training, which batch norm then reads.
 #pragma once
 #include "activations.cuh"
 #include "gemm_core.cuh"
+#include "x_storage.cuh"
 
 template <class X, class Y> struct same_type { static constexpr bool value = false; };
 template <class X> struct same_type<X, X> { static constexpr bool value = true; };
@@ -37,6 +39,10 @@ struct BF16 {
 struct TF32 {
     static constexpr int BYTES = 4;
 };
+// The 16-bit storage (x_storage.cuh) a precision's `_h` convolution entries write.
+template <class P> struct HalfStorage;
+template <> struct HalfStorage<F16> { using type = XF16; };
+template <> struct HalfStorage<BF16> { using type = XBF16; };
 
 // One 32-bit word holding lo (lower address) and hi, rounded to nearest even.
 __device__ __forceinline__ unsigned pack_pair(F16, float lo, float hi)
@@ -302,9 +308,11 @@ struct GemmEpilogue {
     }
 };
 
-// out[image * image_stride + m * positions + p] = act(acc + bias[m]), n = image * positions + p.
+// out[image * image_stride + m * positions + p] = act(acc + bias[m]), n = image * positions + p,
+// stored as Out (x_storage.cuh's XF32, XF16 or XBF16) rounds it.
+template <class Out>
 struct ConvEpilogue {
-    float* out;
+    typename Out::Storage* out;
     const float* bias;   // null: none
     int rows, cols, positions, act;
     long long image_stride;
@@ -318,7 +326,7 @@ struct ConvEpilogue {
     {
         if (m >= rows || col < 0) return;
         const float x = bias != nullptr ? acc + bias[m] : acc;
-        out[(size_t)m * positions + col] = epilogue_activate(x, act);
+        out[(size_t)m * positions + col] = Out::rounded(epilogue_activate(x, act));
     }
 };
 
@@ -420,27 +428,28 @@ __device__ __forceinline__ void tc_tile(const SrcA& src_a, const SrcB& src_b, co
 // ---- entry points (instantiated per precision: gemm_tc_f16.cu, _bf16.cu, _tf32.cu) -------
 // Convolution forward, one group: out = act(W (M x K, packed) @ col (K x N) + bias), N
 // = images * out_h * out_w, written into (image, filter, position) order.
-template <class P, int BM, int BN, int WARPS_M, int WARPS_N>
+template <class P, int BM, int BN, int WARPS_M, int WARPS_N, class Out>
 __device__ __forceinline__ void conv_forward_tile(const void* weights, int pitch, const float* im, long long im_stride,
                                                   int h, int w, int ksize, int stride_y, int stride_x, int pad,
                                                   int dilation, int out_h, int out_w, int filters, int k_total,
-                                                  int n_total, const float* bias, int act, float* out,
+                                                  int n_total, const float* bias, int act, void* out,
                                                   long long out_image_stride)
 {
     const PackedSource a{static_cast<const unsigned char*>(weights), filters, pitch};
     const ConvColumnSource b{{im, im_stride, h, w, ksize, stride_y, stride_x, pad, dilation, out_h, out_w, k_total,
                               n_total}};
-    const ConvEpilogue epi{out, bias, filters, n_total, out_h * out_w, act, out_image_stride};
+    const ConvEpilogue<Out> epi{static_cast<typename Out::Storage*>(out), bias, filters, n_total, out_h * out_w, act,
+                                out_image_stride};
     tc_tile<P, BM, BN, WARPS_M, WARPS_N>(a, b, epi, 0, k_total);
 }
 
-#define TC_CONV_ENTRY(ENTRY, P, BM, BN, WARPS_M, WARPS_N)                                                       \
+#define TC_CONV_ENTRY(ENTRY, P, BM, BN, WARPS_M, WARPS_N, OUT)                                                  \
     extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 512 / (32 * WARPS_M * WARPS_N)) ENTRY(                                 \
         const void* weights, int pitch, const float* im, long long im_stride, int h, int w, int ksize,          \
         int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w, int filters, int k_total,     \
-        int n_total, const float* bias, int act, float* out, long long out_image_stride)                       \
+        int n_total, const float* bias, int act, void* out, long long out_image_stride)                        \
     {                                                                                                          \
-        conv_forward_tile<P, BM, BN, WARPS_M, WARPS_N>(weights, pitch, im, im_stride, h, w, ksize, stride_y,    \
+        conv_forward_tile<P, BM, BN, WARPS_M, WARPS_N, OUT>(weights, pitch, im, im_stride, h, w, ksize, stride_y, \
                                                        stride_x, pad, dilation, out_h, out_w, filters, k_total, \
                                                        n_total, bias, act, out, out_image_stride);              \
     }
@@ -481,7 +490,10 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, float alpha, cons
     X(PREC, P, 16x128, 16, 128, 1, 4)        \
     X(PREC, P, 64x64, 64, 64, 2, 2)
 
-#define TC_CONV_X(PREC, P, TILE, BM, BN, WM, WN) TC_CONV_ENTRY(conv_tc_##PREC##_##TILE, P, BM, BN, WM, WN)
+#define TC_CONV_X(PREC, P, TILE, BM, BN, WM, WN) TC_CONV_ENTRY(conv_tc_##PREC##_##TILE, P, BM, BN, WM, WN, XF32)
+// The output at the precision's 16 bits (fp16 and bf16 only).
+#define TC_CONV_HALF_X(PREC, P, TILE, BM, BN, WM, WN) \
+    TC_CONV_ENTRY(conv_tc_##PREC##_##TILE##_h, P, BM, BN, WM, WN, HalfStorage<P>::type)
 #define TC_GEMM_X(PREC, P, TILE, BM, BN, WM, WN)                               \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_nn, P, BM, BN, WM, WN, false, false) \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_nt, P, BM, BN, WM, WN, false, true)  \

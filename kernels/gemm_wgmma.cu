@@ -310,14 +310,43 @@ __device__ __forceinline__ void store_tile(const float (&d)[128], int row0, int 
     }
 }
 
+// How store_tile_images writes a value: as fp32, added to the fp32 there (a data gradient
+// adding into the input's delta), or rounded to the operands' own 16 bits (a
+// batch-normalised layer's x under fp16/bf16 training, x_storage.cuh's layout).
+struct ImagesF32 {
+    using Storage = float;
+    static __device__ __forceinline__ void put(float* p, float v) { *p = v; }
+};
+struct ImagesF32Add {
+    using Storage = float;
+    static __device__ __forceinline__ void put(float* p, float v) { *p += v; }
+};
+__device__ __forceinline__ unsigned short rounded_to(F16Op, float v)   // nearest even
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    return h;
+}
+__device__ __forceinline__ unsigned short rounded_to(BF16Op, float v)
+{
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    return h;
+}
+template <class Op> struct Images16 {
+    using Storage = unsigned short;
+    static __device__ __forceinline__ void put(unsigned short* p, float v) { *p = rounded_to(Op{}, v); }
+};
+
 // One consumer's part of a convolution's output, C's column j being position j % positions
 // of image j / positions: c[image * image_stride + row * positions + position] = act(alpha *
 // acc + bias[row]) (bias unless null; act an activations.cuh id, as conv_tc's epilogue
-// applies it). The layer's NCHW layout straight from the tile (the forward convolution,
-// cuda_wgmma.conv_forward).
+// applies it), stored as Out says. The layer's NCHW layout straight from the tile (the
+// forward convolution, cuda_wgmma.conv_forward).
+template <class Out>
 __device__ __forceinline__ void store_tile_images(const float (&d)[128], int row0, int col0, int m, int n,
-                                                  float alpha, float* c, int positions, long long image_stride,
-                                                  const float* __restrict__ bias, int act)
+                                                  float alpha, typename Out::Storage* c, int positions,
+                                                  long long image_stride, const float* __restrict__ bias, int act)
 {
     const Fragment f(row0, col0);
     const int r_base = f.r_base, c_base = f.c_base;
@@ -326,7 +355,7 @@ __device__ __forceinline__ void store_tile_images(const float (&d)[128], int row
         const int r = r_base + half * 8;
         if (r >= m) continue;
         const float b = bias ? bias[r] : 0.0f;
-        float* const row = c + (long long)r * positions;
+        typename Out::Storage* const row = c + (long long)r * positions;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
 #pragma unroll
@@ -335,7 +364,8 @@ __device__ __forceinline__ void store_tile_images(const float (&d)[128], int row
                 if (col >= n) continue;
                 const int image = col / positions;
                 const float v = alpha * d[j * 4 + half * 2 + e] + b;
-                row[image * image_stride + (col - image * positions)] = act == LINEAR ? v : epilogue_activate(v, act);
+                Out::put(row + image * image_stride + (col - image * positions),
+                         act == LINEAR ? v : epilogue_activate(v, act));
             }
         }
     }
@@ -378,7 +408,9 @@ __device__ __forceinline__ void store_tile_tma(const float (&d)[128], const Tens
 
 template <class Op>
 // store: 0 scalar stores of C, 1 float2 stores, 2 TMA stores through c_map (beta = 0),
-// 3 a convolution's images (store_tile_images: positions, image_stride, bias, act; one run).
+// 3 a convolution's images (store_tile_images: positions, image_stride, bias, act; one run),
+// 4 the same rounded to the operands' 16 bits (c then holds 16-bit values), 5 the same
+// added to the fp32 values there.
 // Split K: K's 64-wide slices go in runs of split_blocks, and run s of a tile is a work
 // item of its own that stores its partial product into c + s * split_stride (store 0 or
 // 1, beta = 0; the launcher adds the partials up after): a product of few tiles and a long
@@ -485,7 +517,15 @@ __device__ __forceinline__ void wgmma_gemm_body(const TensorMap* a_map, const Te
             pin_accumulators(d);
             if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
             if (store == 3)
-                store_tile_images(d, m0 + consumer * 64, n0, m, n, alpha, c, positions, image_stride, bias, act);
+                store_tile_images<ImagesF32>(d, m0 + consumer * 64, n0, m, n, alpha, c, positions, image_stride, bias,
+                                             act);
+            else if (store == 5)
+                store_tile_images<ImagesF32Add>(d, m0 + consumer * 64, n0, m, n, alpha, c, positions, image_stride,
+                                                bias, act);
+            else if (store == 4)
+                store_tile_images<Images16<Op>>(d, m0 + consumer * 64, n0, m, n, alpha,
+                                                reinterpret_cast<unsigned short*>(c), positions, image_stride, bias,
+                                                act);
             else if (store == 2)
                 store_tile_tma(d, c_map, out_buffers + consumer * 2 * WG_OUT_BYTES, consumer, m0 + consumer * 64,
                                n0, alpha);

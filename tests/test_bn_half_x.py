@@ -1,14 +1,19 @@
 """A batch-normalised layer's x kept at 16 bits under fp16/bf16 (precision.HALF_STORAGE).
 
-The forward copies x rounded to nearest even (copy_rounded); the backward reads it widened
-to fp32. On NumPy x holds float values rounded with precision.round_to: the emulation the
-CUDA kernels (16-bit storage) are tested against. fp32 and tf32 keep an fp32 x (the fixture
-tests hold their bits to the C code). Measured on CPU (NET_CFG, 4 training passes, `train`,
-the three flavours): with a 16-bit x against an fp32 x the per-pass loss differs by at most
-6e-6 relative under fp16 and 5.3e-5 under bf16; what the 4 updates added to each BN
-layer's weights, scales and biases by at most 1.1e-3 and 1.5e-2 of its largest element (the
-formats' unit roundoff, 2^-11 and 2^-8, passed through the gradient); the weights
-themselves by 2.6e-5 and 2.1e-4 of their largest.
+A convolution's training forward writes its product into x rounded to nearest even
+(conv_forward's out_precision; a [batchnorm] layer's copy_rounded), batch norm takes its
+statistics from x and makes the output from it (bench/NOTES.md E9: as cuDNN's batch norm
+reads an fp16 convolution's output), and the backward reads it widened to fp32. On NumPy x
+holds float values rounded with precision.round_to: the emulation the CUDA kernels (16-bit
+storage) are tested against. fp32 and tf32 keep an fp32 x (the fixture tests hold their
+bits to the C code). Measured on CPU (NET_CFG, 4 training passes, `train`, the three
+flavours), a 16-bit x against an fp32 x: the per-pass loss differs by at most 2.8e-5
+relative under fp16 and 2.5e-4 under bf16; what the 4 updates added to each BN layer's
+weights, scales and biases by at most 8.1e-2 and 1.8e-1 of its largest element, 8.0e-3 and
+2.8e-2 on average over the arrays (the formats' unit roundoff, 2^-11 and 2^-8, through
+statistics of 4 x 16 x 16 values a channel and the cancellations of batch norm's gradient:
+against a whole fp32 run the fp32-x path itself is 4.5e-2 and 8.6e-2 off at most); the
+weights themselves by 2.8e-3 and 4.6e-2 of their largest.
 """
 import numpy as np
 import pytest
@@ -27,7 +32,8 @@ HALF = precisions.HALF_STORAGE
 # the updates added to each parameter array (relative to its largest element); a few times
 # what was measured (see above).
 LOSS_TOL = {"fp16": 1e-4, "bf16": 1e-3}
-UPDATE_TOL = {"fp16": 5e-3, "bf16": 5e-2}
+UPDATE_TOL = {"fp16": 0.15, "bf16": 0.35}
+MEAN_UPDATE_TOL = {"fp16": 0.02, "bf16": 0.06}
 # The 16-bit kernels' fast forms (activations.cuh: BatchnormChannel<false>) against the
 # exact fp32 steps on the same values, relative to the array's largest element.
 FAST_TOL = 1e-5
@@ -133,7 +139,7 @@ def test_half_x_training_follows_fp32_x_numpy(precision, flavour, monkeypatch):
     assert all(batchnorm.x_precision(l) == precision for l in bn_layers(half))
     assert np.isfinite(half_costs).all() and np.isfinite(full_costs).all()
     assert relative(half_costs, full_costs) < LOSS_TOL[precision]
-    changed = False
+    changed, updates = False, []
     for a, b in zip(bn_layers(half), bn_layers(full)):
         for name in PARAMS:
             got, want = half.be.to_host(getattr(a, name)), full.be.to_host(getattr(b, name))
@@ -141,23 +147,33 @@ def test_half_x_training_follows_fp32_x_numpy(precision, flavour, monkeypatch):
             if flavour == "alexeyab-cpu" and name == "biases":
                 np.testing.assert_array_equal(got, start)   # no BN beta gradient
                 continue
-            assert relative(got - start, want - start) < UPDATE_TOL[precision], (a.index, name)
+            updates.append(relative(got - start, want - start))
+            assert updates[-1] < UPDATE_TOL[precision], (a.index, name)
             changed |= not np.array_equal(got, want)
+    assert np.mean(updates) < MEAN_UPDATE_TOL[precision]
     assert changed   # the rounding reaches the weights: the two runs are not the same one
 
 
 @pytest.mark.parametrize("precision", HALF)
 def test_kept_x_is_the_rounded_input_of_the_normalisation_numpy(precision, monkeypatch):
-    """The forward does not read x: after one pass each layer's x is exactly round_to of
-    the fp32 x the same pass kept with the storage patched to fp32."""
+    """x is the convolution's product rounded once: after one pass the first layer's x
+    (the same images and weights in both runs) is exactly round_to of the fp32 x the same
+    pass kept with the storage patched to fp32, and its output what batchnorm_rebuild
+    makes of it (the statistics taken from x). Deeper layers see inputs normalised with
+    those statistics, so theirs differ by more than the rounding."""
     monkeypatch.delenv(precisions.ENV, raising=False)
     half = train(precision, "original", True, iterations=1)[0]
     full = train(precision, "original", False, iterations=1)[0]
-    for a, b in zip(bn_layers(half), bn_layers(full)):
-        fp32_x = full.be.to_host(b.x)
-        np.testing.assert_array_equal(half.be.to_host(a.x),
-                                      precisions.round_to(fp32_x, precision))
-        assert not np.array_equal(precisions.round_to(fp32_x, precision), fp32_x)
+    a, b = bn_layers(half)[0], bn_layers(full)[0]
+    fp32_x = full.be.to_host(b.x)
+    got = half.be.to_host(a.x)
+    np.testing.assert_array_equal(got, precisions.round_to(fp32_x, precision))
+    assert not np.array_equal(got, fp32_x)
+    be, spatial = half.be, a.out_h * a.out_w
+    mean, variance = be.zeros(a.out_c), be.zeros(a.out_c)
+    be.mean_variance(a.x, a.batch, a.out_c, spatial, mean, variance, x_precision=precision)
+    np.testing.assert_array_equal(mean, a.mean)
+    np.testing.assert_array_equal(variance, a.variance)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])

@@ -14,6 +14,9 @@ variance_delta from the sums their activation pass already makes (delta_sum,
 delta_x_norm_sum: batchnorm_delta_from_sums), not from a reduction pass; the same up to each
 x_norm's rounding (E2_TOL; 1e-12 in float64). Whole networks: the fused passes against the
 compositions they replace (unfused), fp32 bit for bit, else within PASSES_TOL.
+E9b: the statistics of an x kept at 16 bits (mean_variance's x_precision) row by row
+(channel_moments_rows), and the row kernels' many partials a channel added by a block a
+channel (channel_finalize_wide, mean_variance_finalize_wide).
 """
 import numpy as np
 import pytest
@@ -23,7 +26,8 @@ from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
 from test_bn_fused import FLAVOURS, bn_case, poison_channel_scratch
-from test_bn_half_x import NET_CFG, SPECIAL, bn_layers, relative, train_passes, widened
+from test_bn_half_x import (NET_CFG, SPECIAL, bn_layers, kept_x, relative, train_passes,
+                            widened)
 from test_cuda_ops import REF, assert_close, check, nan, rand, reduction_tol
 
 gpu = pytest.mark.gpu
@@ -31,6 +35,9 @@ STORAGE = ("fp32",) + precisions.HALF_STORAGE
 # batch, filters, spatial: filters 3 and 255, spatial 1, 169, a yolov4 plane and an odd one.
 ODD_SHAPES = [(2, 3, 169), (1, 255, 169), (5, 255, 1), (2, 3, 173056), (1, 3, 173057)]
 EPS = (None, 1e-5)   # Darknet's divisor, the fork's
+# The row kernels' shapes besides ODD_SHAPES (spatial 1 there, and 43 pieces a row): rows of
+# 2 and 3 pieces, the latter 96 parts a channel (a block a channel adds them: 64 on).
+ROWS_SHAPES = [(1, 4, 4099), (32, 5, 9000)]
 MEAN_STD_RATIOS = (0, 1, 10, 100)
 # mean_variance's variance against the exact one (float64 around the float mean) and against
 # the float32 two passes (NumPy's; CUDA's sums are in double), relative per channel.
@@ -179,6 +186,29 @@ def test_one_pass_variance_of_a_constant_channel_is_not_negative_numpy():
     assert (variance >= 0).all() and (variance <= 1e-12).all()
 
 
+def kept_statistics(be, kept, shape, precision, poison=lambda be: None):
+    """(mean, variance) host copies from mean_variance of x kept at `precision`
+    (storage_zeros' array), into NaN."""
+    poison(be)
+    mean, variance = be.from_host(nan(shape[1])), be.from_host(nan(shape[1]))
+    be.mean_variance(kept, *shape, mean, variance, x_precision=precision)
+    return be.to_host(mean), be.to_host(variance)
+
+
+@pytest.mark.parametrize("precision", precisions.HALF_STORAGE)
+def test_one_pass_statistics_of_a_16_bit_x_numpy(precision):
+    """E9b: x kept at 16 bits holds rounded values here; its statistics are the fp32 call's
+    on those values, bit for bit. An unknown x_precision is refused."""
+    be, shape = NumpyBackend(), (4, 8, 4099)
+    values = precisions.round_to(moments_case(np.random.default_rng(5), shape, 10), precision)
+    kept = kept_x(be, values, precision)
+    for got, want, what in zip(kept_statistics(be, kept, shape, precision),
+                               statistics(be, values, shape, True), ("mean", "variance")):
+        assert_same_bits(got, want, what)
+    with pytest.raises(precisions.PrecisionError):
+        be.mean_variance(kept, *shape, be.zeros(8), be.zeros(8), x_precision="fp12")
+
+
 # ---- E2: batchnorm_delta from the activation pass's sums --------------------------------
 def delta_paths(be, case, shape, flavour, activation, precision, poison=lambda be: None):
     """{path: {array: host copy}} of batch norm's backward on `be` from x kept at
@@ -273,6 +303,12 @@ def unfused(be, patch):
     ops the layers asked for."""
     calls = {"keep": 0, "mean_variance": 0, "sums": 0, "from_sums": 0}
     apply, activation_backward = be.batchnorm_apply, be.batchnorm_activation_backward
+    one_read, conv_forward = be.mean_variance, be.conv_forward
+
+    def conv_forward_into_x(*args, out_precision="fp32"):
+        # A 16-bit x written by the convolution itself (E9) is x kept, as keep= was.
+        calls["keep"] += precisions.storage(out_precision) != precisions.DEFAULT
+        conv_forward(*args, out_precision=out_precision)
 
     def batchnorm_apply(x, mean, variance, scales, biases, batch, filters, spatial, eps,
                         activation, x_norm, keep=None, keep_precision="fp32"):
@@ -282,8 +318,12 @@ def unfused(be, patch):
         apply(x, mean, variance, scales, biases, batch, filters, spatial, eps, activation,
               x_norm)
 
-    def mean_variance(x, batch, filters, spatial, mean, variance):
+    def mean_variance(x, batch, filters, spatial, mean, variance, x_precision="fp32"):
         calls["mean_variance"] += 1
+        if precisions.storage(x_precision) != precisions.DEFAULT:
+            # A 16-bit x (E9b): no two passes read one (on CUDA); its one read stands.
+            one_read(x, batch, filters, spatial, mean, variance, x_precision)
+            return
         be.mean(x, batch, filters, spatial, mean)
         be.variance(x, mean, batch, filters, spatial, variance)
 
@@ -302,6 +342,7 @@ def unfused(be, patch):
     for op in (batchnorm_apply, mean_variance, batchnorm_activation_backward,
                batchnorm_delta_from_sums):
         patch.setattr(be, op.__name__, op)
+    patch.setattr(be, "conv_forward", conv_forward_into_x)
     return calls
 
 
@@ -448,6 +489,129 @@ def test_one_pass_variance_of_a_constant_channel_is_not_negative_cuda(cuda):
     assert (variance >= 0).all() and (variance <= 1e-12).all()
 
 
+# ---- E9b: the statistics of a 16-bit x, row by row; the row kernels' wide finalize -------
+def within(got, want, tol):
+    """|got - want| <= tol * |want| element by element, in float64 (0 only for 0)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return bool((np.abs(got - want) <= tol * np.abs(want)).all())
+
+
+@gpu
+@pytest.mark.parametrize("ratio", MEAN_STD_RATIOS)
+@pytest.mark.parametrize("shape", ODD_SHAPES + ROWS_SHAPES)
+@pytest.mark.parametrize("precision", precisions.HALF_STORAGE)
+def test_one_pass_statistics_of_a_16_bit_x_cuda(cuda, precision, shape, ratio):
+    """mean_variance of x kept at 16 bits (channel_moments_rows, then mean_variance_finalize
+    or its _wide twin): against NumPy float64 on the widened values (as the fp32 one-pass
+    test), the variance within VARIANCE_TOL of the exact one around its float mean and of
+    the fp32 path's on the same values (the same double sums, added in another order), the
+    mean within a float32 ulp or two of that path's; the same bits on a second run. Outputs
+    and partial sums poisoned with NaN."""
+    rng = np.random.default_rng(shape[2] + ratio)
+    values = precisions.round_to(moments_case(rng, shape, ratio), precision)
+    kept = kept_x(cuda, values, precision)
+    mean, variance = kept_statistics(cuda, kept, shape, precision, poison_channel_scratch)
+    again = kept_statistics(cuda, kept, shape, precision, poison_channel_scratch)
+    assert_same_bits(mean, again[0], "mean, a second run")
+    assert_same_bits(variance, again[1], "variance, a second run")
+    want_mean, want_variance = statistics(REF, values, shape, True)
+    assert_close(mean.astype(np.float64), want_mean, 1e-6, "mean against NumPy float64")
+    assert_close(variance.astype(np.float64), want_variance, 1e-6,
+                 "variance against NumPy float64")
+    assert within(variance, exact_variance(values, mean, shape), VARIANCE_TOL["exact"])
+    fp32_mean, fp32_variance = statistics(cuda, values, shape, True)
+    assert within(variance, fp32_variance, VARIANCE_TOL["exact"])
+    spread = np.abs(fp32_mean.astype(np.float64)) + np.sqrt(fp32_variance)
+    assert (np.abs(mean.astype(np.float64) - fp32_mean) <= 2.5e-7 * spread).all()
+
+
+@gpu
+@pytest.mark.parametrize("precision", precisions.HALF_STORAGE)
+def test_one_pass_statistics_of_a_16_bit_x_constant_or_single_cuda(cuda, precision):
+    """A constant channel: its value and a variance of exactly 0, through the thread a
+    channel finalize (3 parts) and the wide one (64); one term a channel (n = 1): the value
+    and NaN, as Darknet's unbiased variance (0 / 0)."""
+    constants = precisions.round_to(np.float32([0.1, -7.3]), precision)
+    for shape in ((3, 2, 1001), (32, 2, 4099)):
+        batch, _, spatial = shape
+        values = np.tile(np.repeat(constants, spatial), batch)
+        mean, variance = kept_statistics(cuda, kept_x(cuda, values, precision), shape,
+                                         precision, poison_channel_scratch)
+        np.testing.assert_array_equal(mean, constants, err_msg=str(shape))
+        np.testing.assert_array_equal(variance, np.zeros(2, np.float32), err_msg=str(shape))
+    values = precisions.round_to(rand(np.random.default_rng(0), 3, -5.0, 5.0), precision)
+    mean, variance = kept_statistics(cuda, kept_x(cuda, values, precision), (1, 3, 1),
+                                     precision, poison_channel_scratch)
+    np.testing.assert_array_equal(mean, values)
+    assert np.isnan(variance).all()
+
+
+@gpu
+def test_one_pass_statistics_refuse_an_x_of_another_precision_cuda(cuda):
+    mean, variance = cuda.zeros(3), cuda.zeros(3)
+    for x, precision in ((cuda.storage_zeros(12, "fp16"), "bf16"),
+                         (cuda.storage_zeros(12, "bf16"), "fp16"),
+                         (cuda.zeros(12), "fp16"), (cuda.storage_zeros(12, "fp16"), "fp32")):
+        with pytest.raises(TypeError, match=precision):
+            cuda.mean_variance(x, 1, 3, 4, mean, variance, x_precision=precision)
+
+
+FINALS = ("mean", "variance", "accumulate", "mean_delta", "variance_delta")   # ChannelFinal
+
+
+def finalize_want(sums, final, count, variance, scales, start):
+    """channel_finalize's op on the exact sums, in float64."""
+    s = sums * (1.0 if scales is None else scales.astype(np.float64))
+    v = variance.astype(np.float64) + 1e-5
+    return {"mean": s / count, "variance": s / (count - 1), "accumulate": start + s,
+            "mean_delta": s * (-1.0 / np.sqrt(v)), "variance_delta": s * -0.5 * v ** -1.5}[final]
+
+
+@gpu
+@pytest.mark.parametrize("parts", [1, 63, 64, 300, 1376])
+def test_wide_finalize_against_a_thread_a_channel_cuda(cuda, parts):
+    """channel_finalize_wide (a block a channel) and channel_finalize (a thread a channel) on
+    the same double partials, every ChannelFinal op with and without scales: both within
+    float32 rounding of the op on the exact sums (math.fsum), sum_out the sum itself; the
+    wide one the same bits on a second run. _finalize_launch takes the wide form for a row
+    kernel's partials from _WIDE_FINALIZE_PARTS on, never for a channel-wise reduction's."""
+    import math
+    from darknet_py.backends.cuda_core import _BLOCK
+    from darknet_py.backends.cuda_norm import _WIDE_FINALIZE_PARTS
+    assert cuda._finalize_launch("channel_finalize", 5, parts)[0] == (
+        "channel_finalize_wide" if parts >= _WIDE_FINALIZE_PARTS else "channel_finalize")
+    assert cuda._finalize_launch("mean_variance_finalize", 5, 0)[0] == "mean_variance_finalize"
+    rng = np.random.default_rng(parts)
+    for filters in (3, 255):
+        host = rng.standard_normal((filters, parts)) * 10.0 ** rng.uniform(-3, 3, (filters, 1))
+        sums = np.array([math.fsum(row) for row in host])
+        partial = cuda._new(host.size, np.float64)
+        cuda._htod(partial, np.ascontiguousarray(host.ravel()))
+        variance, scales = rand(rng, filters, 0.01, 2.0), rand(rng, filters, -2.0, 2.0)
+        start, count = rand(rng, filters), parts * 37
+        on_device = {"variance": cuda.from_host(variance), "scales": cuda.from_host(scales)}
+        for op, final in enumerate(FINALS):
+            for scaled in (None, scales):
+                want = finalize_want(sums, final, count, variance, scaled, start)
+                got = {}
+                for name, grid in (("channel_finalize", (-(-filters // _BLOCK),)),
+                                   ("channel_finalize_wide", (filters,)),
+                                   ("channel_finalize_wide", (filters,))):
+                    out, sum_out = cuda.from_host(start), cuda.from_host(nan(filters))
+                    cuda._launch(name, grid, (_BLOCK,), partial.ptr, parts, filters, op, count,
+                                 on_device["variance"].ptr,
+                                 0 if scaled is None else on_device["scales"].ptr, out.ptr,
+                                 sum_out.ptr)
+                    what = f"{name} {final} {filters} channels, scaled {scaled is not None}"
+                    out, sum_out = cuda.to_host(out), cuda.to_host(sum_out)
+                    assert within(out, want, 1e-6), what
+                    assert within(sum_out, sums, 1e-6), what
+                    if name in got:
+                        assert_same_bits(out, got[name][0], what + ", a second run")
+                        assert_same_bits(sum_out, got[name][1], what + ", a second run")
+                    got[name] = out, sum_out
+
+
 @gpu
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -459,7 +623,7 @@ def test_networks_train_as_before_cuda(cuda, precision, flavour):
 @pytest.mark.parametrize("precision", STORAGE)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("activation", ["leaky", "mish"])
-@pytest.mark.parametrize("shape", ODD_SHAPES + [(1, 4, 4099)])
+@pytest.mark.parametrize("shape", ODD_SHAPES + ROWS_SHAPES)
 def test_delta_from_sums_cuda(cuda, precision, flavour, activation, shape):
     """CUDA's sums path against NumPy float64's reduction path (reduction_tol, as the
     reduction path's own gpu tests) and against CUDA's reduction path; the parameters'

@@ -217,6 +217,47 @@ def test_unfolded_weight_grad_against_numpy(cuda, p, case):
     assert_close(got, _unfolded_weight_grad(REF, "fp32", case, a), PRECISION_TOL[p], f"{p} exact")
 
 
+# Unit-stride data gradients the wgmma forward takes (E10: >= 256 channels, >= 33 pairs of
+# 128 x 256 tiles of channels x images * pixels): 260 channels (the last tile rows nearly
+# empty), a "valid" 3x3 (pad 0: the deltas padded by 2), dilation 2 with groups.
+FORWARD_DGRAD_CASES = [
+    (260, 26, 26, 96, 3, 1, 1, 1, 1, 20),
+    (256, 20, 22, 80, 3, 1, 0, 1, 1, 24),
+    (512, 29, 31, 64, 3, 1, 2, 2, 2, 10),
+]
+
+
+@gpu
+@pytest.mark.parametrize("p", ("fp16", "bf16"))
+@pytest.mark.parametrize("case", FORWARD_DGRAD_CASES,
+                         ids=["c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c) for c in FORWARD_DGRAD_CASES])
+def test_data_grad_as_the_forward_of_the_deltas(cuda, p, case, monkeypatch):
+    """conv_data_grad through _data_grad_as_forward (the wgmma forward of the deltas with
+    the flipped weights; taken once per group, checked), added into dx and written over
+    NaN, against the NumPy emulation and the exact product; conv_backward_implicit routes
+    these data gradients to it."""
+    from darknet_py.backends import cuda_wgmma
+    if cuda_wgmma.kernels(cuda) is None:
+        pytest.skip("the wgmma kernels need compute capability 9.0")
+    taken = []
+    original = cuda_wgmma.conv_forward
+    monkeypatch.setattr(cuda_wgmma, "conv_forward",
+                        lambda *args, **kw: taken.append(original(*args, **kw)) or taken[-1])
+    c, h, w, filters, size, stride, pad, dilation, groups, batch = case
+    assert cuda.conv_backward_implicit(p, batch, c // groups, h, w, size, stride, pad, dilation,
+                                       filters // groups)[1]
+    a = _arrays(case, 29)
+    for accumulate in (True, False):
+        taken.clear()
+        got = _data_grad(cuda, p, case, a, accumulate)
+        assert taken == [True] * groups
+        assert np.isfinite(got).all()
+        assert_close(got, _data_grad(REF, p, case, a, accumulate), EMULATION_TOL,
+                     f"{p} accumulate={accumulate} emulated")
+        assert_close(got, _data_grad(REF, "fp32", case, a, accumulate), PRECISION_TOL[p],
+                     f"{p} accumulate={accumulate} exact")
+
+
 @gpu
 @pytest.mark.parametrize("p", ("fp16", "bf16"))
 @pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[6], CASES[7], CASES[9]],
@@ -377,10 +418,13 @@ def test_training_step_matches_the_im2col_backward(cuda, tmp_path, darknet, prod
 def test_the_plans_route_yolov4s_shapes(monkeypatch):
     """The routing rules on shapes measured in NOTES B2 (the mixin alone: cuda_core needs
     PyCUDA to import)."""
+    from darknet_py.backends import cuda_wgmma
     from darknet_py.backends.cuda_conv_backward import CudaConvBackward
     be = CudaConvBackward()
     be.sm_count = 132
     route = be.conv_backward_implicit
+    # A GPU without the wgmma forward first (E10's route below).
+    monkeypatch.setattr(cuda_wgmma, "forward_takes", lambda *args: False)
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (True, True)     # 1x1 at 208
     assert route("fp16", 32, 32, 416, 416, 3, 2, 1, 1, 64) == (True, True)     # stride 2
     assert route("fp16", 32, 512, 13, 13, 3, 1, 1, 1, 1024) == (False, False)  # deep 3x3
@@ -390,6 +434,12 @@ def test_the_plans_route_yolov4s_shapes(monkeypatch):
     assert route("fp32", 32, 3, 416, 416, 3, 1, 1, 1, 32) == (True, False)       # FFMA
     assert route("fp32", 32, 32, 208, 208, 3, 1, 1, 1, 64) == (False, False)
     assert route("fp32", 32, 64, 208, 208, 3, 2, 1, 1, 128) == (False, True)
+    # E10: a unit-stride data gradient the wgmma forward takes goes to conv_data_grad (as
+    # that forward of the deltas), unless its padding leaves the flipped one negative.
+    monkeypatch.setattr(cuda_wgmma, "forward_takes", lambda *args: True)
+    assert route("fp16", 32, 512, 13, 13, 3, 1, 1, 1, 1024) == (False, True)
+    assert route("fp16", 32, 512, 13, 13, 3, 1, 3, 1, 1024) == (False, False)
+    assert route("fp16", 32, 128, 13, 13, 3, 1, 1, 1, 256) == (False, False)   # few channels
     monkeypatch.setattr(be, "implicit_conv_backward", "never")
     assert route("fp16", 32, 64, 208, 208, 1, 1, 0, 1, 64) == (False, False)
     monkeypatch.setattr(be, "implicit_conv_backward", "1")

@@ -196,7 +196,8 @@ def _kernel_signatures(text):
 
 
 def _tc_entry_signatures(text):
-    """gemm_tc.cuh's entry points: TC_TILES(TC_CONV_X or TC_GEMM_X, precision, P) expanded."""
+    """gemm_tc.cuh's entry points: TC_TILES(TC_CONV_X, TC_CONV_HALF_X or TC_GEMM_X,
+    precision, P) expanded."""
     formats = {}
     for macro in ("TC_CONV_ENTRY", "TC_GEMM_ENTRY"):
         body = re.search(rf"#define {macro}\(.*?ENTRY\((.*?)\)\s*\{{", text, flags=re.S).group(1)
@@ -205,8 +206,9 @@ def _tc_entry_signatures(text):
     sigs = {}
     for x_macro, precision in re.findall(r"^TC_TILES\((TC_\w+_X), (\w+), \w+\)", text, flags=re.M):
         for tile in tiles:
-            if x_macro == "TC_CONV_X":
-                sigs[f"conv_tc_{precision}_{tile}"] = formats["TC_CONV_ENTRY"]
+            if x_macro in ("TC_CONV_X", "TC_CONV_HALF_X"):
+                out = "_h" if x_macro == "TC_CONV_HALF_X" else ""
+                sigs[f"conv_tc_{precision}_{tile}{out}"] = formats["TC_CONV_ENTRY"]
             else:
                 for case in ("nn", "nt", "tn"):
                     sigs[f"gemm_tc_{precision}_{tile}_{case}"] = formats["TC_GEMM_ENTRY"]

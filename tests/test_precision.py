@@ -307,6 +307,78 @@ def test_conv_forward_every_tile(cuda):
             assert_close(got, want, EMULATION_TOL, f"{p} {tile}")
 
 
+def _conv_into_x(backend, p, case, weights, im, biases, activation):
+    """_conv's product written at p's 16 bits (out_precision=p, storage_zeros' array, NaN
+    first), as float32 values."""
+    c, h, w, filters, size, stride, pad, dilation, groups, batch = case
+    out_h, out_w = conv_out_size(h, w, size, stride, pad, dilation)
+    n = batch * filters * out_h * out_w
+    out = backend.storage_zeros(n, p)
+    if backend is REF:
+        out[:] = np.nan
+    else:
+        import pycuda.driver as drv
+        drv.memset_d16_async(backend._ptr(out), 0x7E00 if p == "fp16" else 0x7FC0, n,
+                             backend.stream)
+    W, X = backend.from_host(weights.astype(np.float32)), backend.from_host(im.astype(np.float32))
+    bias = None if biases is None else backend.from_host(biases.astype(np.float32))
+    cg, m = c // groups, filters // groups
+    k = cg * size * size
+    for g in range(groups):
+        packed = backend.pack_weights(W[g * m * k:], m, k, p)
+        backend.conv_forward(packed, X[g * cg * h * w:], cg, h, w, size, stride, pad, dilation,
+                             batch, c * h * w, None if bias is None else bias[g * m:],
+                             activation, out[g * m * out_h * out_w:], filters * out_h * out_w,
+                             out_precision=p)
+    if backend is REF:
+        return np.asarray(out, np.float32)
+    from test_bn_half_x import widened
+    return widened(backend, out, p)
+
+
+def test_conv_forward_into_16_bit_storage_numpy():
+    """NumPy: the 16-bit output is the fp32 one rounded (round_to); a storage of another
+    precision is refused."""
+    be = REF
+    case = CONV_CASES[1]
+    rng = np.random.default_rng(5)
+    weights, im, biases = rand(rng, 33 * 19 * 9), rand(rng, 2 * 19 * 17 * 15), rand(rng, 33)
+    for p in ("fp16", "bf16"):
+        want = precisions.round_to(_conv(be, p, case, weights, im, biases, "leaky"), p)
+        np.testing.assert_array_equal(_conv_into_x(be, p, case, weights, im, biases, "leaky"),
+                                      want)
+    packed = be.pack_weights(be.from_host(weights[:9]), 1, 9, "fp16")
+    with pytest.raises(ValueError, match="writes fp32 or fp16, not bf16"):
+        be.conv_forward(packed, be.from_host(im), 1, 17, 15, 3, 1, 1, 1, 1, 0, None, "linear",
+                        be.zeros(255), 255, out_precision="bf16")
+
+
+@gpu
+@pytest.mark.parametrize("p", ("fp16", "bf16"))
+@pytest.mark.parametrize("case", CONV_CASES[:3] + WGMMA_CONV_CASES[:3],
+                         ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c))
+def test_conv_forward_into_16_bit_storage_cuda(cuda, p, case):
+    """The `_h` entries (conv_tc's and wgmma's store 4): every value is the fp32 entry's
+    rounded to nearest even, bit for bit (the same sums, one rounding), NaN overwritten;
+    a mismatched array refused."""
+    c, h, w, filters, size, stride, pad, dilation, groups, batch = case
+    rng = np.random.default_rng(abs(hash((p, str(case), 16))) % 2**32)
+    weights = rand(rng, filters * c // groups * size * size)
+    im, biases = rand(rng, batch * c * h * w), rand(rng, filters)
+    for act, bias in (("linear", None), ("leaky", biases), ("mish", biases)):
+        fp32 = _conv(cuda, p, case, weights, im, bias, act).astype(np.float32)
+        got = _conv_into_x(cuda, p, case, weights, im, bias, act)
+        np.testing.assert_array_equal(got, precisions.round_to(fp32, p), err_msg=f"{p} {act}")
+    packed = cuda.pack_weights(cuda.from_host(weights[:c * 9]), 1, c * 9, p)
+    args = (cuda.from_host(im), c, h, w, 3, 1, 1, 1, 1, 0, None, "linear")
+    with pytest.raises(TypeError, match=p):
+        cuda.conv_forward(packed, *args, cuda.zeros(h * w), h * w, out_precision=p)
+    other = "bf16" if p == "fp16" else "fp16"
+    with pytest.raises(ValueError, match=f"not {other}"):
+        cuda.conv_forward(packed, *args, cuda.storage_zeros(h * w, other), h * w,
+                          out_precision=other)
+
+
 # ---- GPU: networks --------------------------------------------------------------------------
 
 @gpu

@@ -38,7 +38,8 @@ KERNELS = {
     ),
     # One file a precision (gemm_tc.cuh's TC_PRECISION_ENTRIES): a third of the compile each.
     **{f"gemm_tc_{p}.cu": dict(
-        {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for tile in _TC_TILES},
+        {f"conv_tc_{p}_{tile}{out}": _TC_CONV_ARGS for tile in _TC_TILES
+         for out in ("", "_h") if out == "" or p != "tf32"},
         **{f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq" for tile in _TC_TILES
            for case in ("nn", "nt", "tn")},
         **{f"pack_weights_{p}": "PiiiP"},
@@ -217,9 +218,15 @@ class CudaConv:
         return precisions.PackedWeights(data, rows, k, pitch, precision)
 
     def conv_forward(self, packed, im, channels, height, width, ksize, stride, pad, dilation,
-                     batch, im_stride, biases, activation, out, out_stride):
-        """NumpyBackend.conv_forward as one implicit-GEMM launch (no col buffer)."""
+                     batch, im_stride, biases, activation, out, out_stride, out_precision="fp32"):
+        """NumpyBackend.conv_forward as one implicit-GEMM launch (no col buffer); a 16-bit
+        out (out_precision fp16/bf16: storage_zeros' array) written by the `_h` entries."""
         part, _ = self._tc_name(packed.precision)
+        half_out = precisions.storage(out_precision) != precisions.DEFAULT
+        if half_out and out_precision != packed.precision:
+            raise ValueError(f"conv_forward at {packed.precision} writes fp32 or "
+                             f"{packed.precision}, not {out_precision}")
+        self._x_suffix(out, out_precision)   # TypeError: out is not that storage
         if activation not in precisions.EPILOGUE_ACTIVATIONS:
             raise ValueError(f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
                              f"not {activation}")
@@ -239,12 +246,13 @@ class CudaConv:
         # Hopper: the layers whose implicit GEMM is bound by its math go to wgmma.
         if cuda_wgmma.conv_forward(self, packed, im, channels, height, width, ksize, stride,
                                    pad, dilation, batch, im_stride, biases, activation, out,
-                                   out_stride):
+                                   out_stride, half_out):
             return
         n = batch * positions
         tile, _ = self.tc_plan(packed.rows, n, packed.k, split=False)
         bm, bn, threads = _TC_TILES[tile]
-        self._launch(f"conv_tc_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(packed.rows, bm)),
+        self._launch(f"conv_tc_{part}_{tile}{'_h' if half_out else ''}",
+                     (_ceil_div(n, bn), _ceil_div(packed.rows, bm)),
                      (threads,), self._ptr(packed.data), packed.pitch, self._ptr(im), im_stride,
                      int(height), int(width), int(ksize), int(stride_y), int(stride_x), int(pad),
                      int(dilation), int(out_h), int(out_w), packed.rows, packed.k, n,

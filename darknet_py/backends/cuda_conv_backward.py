@@ -4,6 +4,7 @@ they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 (tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
 import os
 
+from .. import precision as precisions
 from ..shapes import conv_out_size, conv_strides
 from . import cuda_wgmma
 from .cuda_core import _BLOCK, _ceil_div
@@ -25,6 +26,8 @@ _DGRAD_F32_TILES = {"128x128x8": (128, 128, 256), "64x64x16": (64, 64, 256)}
 _K_STEP = 32
 # The most floats of split-K partials a weight gradient may take (128 MiB).
 _PARTIALS_CAP = 1 << 25
+# The fewest input channels of a data gradient run as the wgmma forward of the deltas.
+_FORWARD_DGRAD_MIN_CHANNELS = 256
 # Indexes inside the kernels are int32 per image and over images * pixels.
 _INT32 = 2 ** 31 - 1
 
@@ -93,7 +96,8 @@ class CudaConvBackward:
             costs more than the im2col buffer);
           * data gradient: a 1x1 kernel, at least 26x26 outputs, or strides other than 1
             (per parity class: 1.1-2.9x); not 3x3 at unit stride over fewer outputs
-            (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75).
+            (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75), unless it runs as
+            the wgmma forward of the deltas (_data_grad_as_forward, NOTES E10).
         fp32 (FFMA tiles, against SGEMM): the weight gradient of 1x1 kernels over >= 52x52
         outputs and <= 128 filters, or of <= 32 weights a filter (a first layer); the data
         gradient of 1x1 kernels over >= 26x26 outputs, or strided over >= 52x52."""
@@ -116,7 +120,8 @@ class CudaConvBackward:
             data = (ksize == 1 and positions >= 26 * 26) or (strided and positions >= 52 * 52)
             return weights, data
         weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
-        data = ksize == 1 or positions >= 26 * 26 or strided
+        data = ksize == 1 or positions >= 26 * 26 or strided or self._data_grad_takes_forward(
+            precision, batch, channels, height, width, ksize, pad, dilation, filters)
         return weights, data
 
     # ---- plans ------------------------------------------------------------------------
@@ -216,12 +221,16 @@ class CudaConvBackward:
             return
         common = (self._ptr(delta), delta_stride, out_h, out_w)
         if (sy, sx) == (1, 1):
+            if self._data_grad_as_forward(precision, weights, filters, delta, delta_stride,
+                                          channels, height, width, ksize, pad, dilation, batch,
+                                          dx, dx_stride, accumulate):
+                return
             k, n = filters * ksize * ksize, batch * height * width
             packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
                                                   (0, 1, ksize), (0, 1, ksize))
             tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
             self._launch(f"conv_dgrad_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(channels, bm)),
-                         (threads,), packed, pitch, *common, ksize, pad, dilation, height, width,
+                         (threads,), self._ptr(packed), pitch, *common, ksize, pad, dilation, height, width,
                          channels, k, n, self._ptr(dx), dx_stride, int(bool(accumulate)))
             return
         for py, *taps_y, cy0, dy, hc in _parity_classes(height, sy, pad, dilation, ksize):
@@ -233,17 +242,60 @@ class CudaConvBackward:
                                                       taps_y, taps_x)
                 tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
                 self._launch(f"conv_dgrad_class_{part}_{tile}",
-                             (_ceil_div(n, bn), _ceil_div(channels, bm)), (threads,), packed,
+                             (_ceil_div(n, bn), _ceil_div(channels, bm)), (threads,),
+                             self._ptr(packed),
                              pitch, *common, hc, wc, ny, nx, cy0, cx0, dy, dx_, channels,
                              filters * ny * nx, n, self._ptr(dx), dx_stride, height, width, py,
                              px, sy, sx, int(bool(accumulate)))
+
+    @staticmethod
+    def _flipped_pad(ksize, pad, dilation):
+        """The padding of the forward convolution that is a unit-stride data gradient: the
+        deltas padded so that the flipped kernel's taps reach what the forward's reached."""
+        return dilation * (ksize - 1) - pad
+
+    def _data_grad_takes_forward(self, precision, batch, channels, height, width, ksize, pad,
+                                 dilation, filters):
+        """Whether a unit-stride data gradient runs as _data_grad_as_forward's convolution:
+        where the wgmma forward takes it and its rows (the input's channels) fill the
+        kernel's pairs of 128-row tiles. Fewer than 256 channels leave half a pair idle:
+        yolov4's and yolov3-tiny's 64-128 channel layers at 26x26-52x52 measured 10-80%
+        slower than the implicit kernel, those of 256 channels or more even to 45% faster
+        (bench/NOTES.md E10)."""
+        return (channels >= _FORWARD_DGRAD_MIN_CHANNELS
+                and self._flipped_pad(ksize, pad, dilation) >= 0
+                and cuda_wgmma.forward_takes(self, precision, channels, batch * height * width,
+                                             filters * ksize * ksize, ksize, height * width))
+
+    def _data_grad_as_forward(self, precision, weights, filters, delta, delta_stride, channels,
+                              height, width, ksize, pad, dilation, batch, dx, dx_stride,
+                              accumulate):
+        """A unit-stride data gradient on Hopper (fp16/bf16) as the forward convolution of
+        the deltas with the weights transposed (filters become channels) and flipped,
+        padded by _flipped_pad: the wgmma forward's kernel, its sums added into dx
+        (written, unless accumulate), no col buffer (bench/NOTES.md E10). False, having
+        done nothing, where that kernel does not take the product."""
+        if not self._data_grad_takes_forward(precision, batch, channels, height, width, ksize,
+                                             pad, dilation, filters):
+            return False
+        part, _ = _PARTS[precision]
+        last = ksize - 1
+        packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
+                                              (last, -1, ksize), (last, -1, ksize))
+        flipped = precisions.PackedWeights(packed, channels, filters * ksize * ksize, pitch,
+                                           precision)
+        out_h, out_w = conv_out_size(height, width, ksize, 1, pad, dilation)
+        return cuda_wgmma.conv_forward(self, flipped, delta, filters, out_h, out_w, ksize, 1,
+                                       self._flipped_pad(ksize, pad, dilation), dilation, batch,
+                                       delta_stride, None, "linear", dx, dx_stride,
+                                       accumulate=accumulate)
 
     def _dgrad_tile(self, precision, m, n):
         tile = self.dgrad_plan(precision, m, n)
         return (tile, *(_DGRAD_F32_TILES if precision == "fp32" else _DGRAD_TC_TILES)[tile])
 
     def _pack_transposed(self, part, weights, filters, channels, ksize, taps_y, taps_x):
-        """(pointer, pitch) of Wt[c][(f, i, j)] = W[f][c][ky0 + i*step_y][kx0 + j*step_x]
+        """(array, pitch) of Wt[c][(f, i, j)] = W[f][c][ky0 + i*step_y][kx0 + j*step_x]
         (taps_*: (first tap, step, count)) in the kernel's precision, rows padded to 16
         bytes (the FFMA tiles read float4s): a scratch buffer, reused by the next call
         (the stream orders them)."""
@@ -255,7 +307,7 @@ class CudaConvBackward:
         self._launch(f"pack_transposed_{part}", self._grid1d(channels * pitch * size // 4),
                      (_BLOCK,), self._ptr(weights), filters, channels, ksize, *taps_y, *taps_x,
                      pitch, self._ptr(packed))
-        return self._ptr(packed), pitch
+        return packed, pitch
 
 
 def _parity_classes(size, stride, pad, dilation, ksize):

@@ -28,6 +28,7 @@ KERNELS = {
         "scale_bias": "PPiii",
         "channel_sums": "PPPiiiiiPP",
         "channel_finalize": "PiiiqPPPP",
+        "channel_finalize_wide": "PiiiqPPPP",
         "batchnorm_delta_factors": "PPPPifPP",
         "normalize_kernel": "PPPiii",
         "normalize_sqrt_eps_kernel": "PPPiiif",
@@ -35,6 +36,7 @@ KERNELS = {
         "batchnorm_activation_sums": "PPPPPPiiifiiiPPP",
         "channel_moments": "PiiiiPP",
         "mean_variance_finalize": "PPiiqPP",
+        "mean_variance_finalize_wide": "PPiiqPP",
         "round_copy_f16": "PPq",
         "round_copy_bf16": "PPq",
         **{f"{kernel}{suffix}": signature
@@ -43,6 +45,7 @@ KERNELS = {
            for suffix in ("_x_f16", "_x_bf16")},
         **{f"batchnorm_activation_rows{suffix}": "PPPPPPiiifiiiiiPPP"
            for suffix in ("_x_f16", "_x_bf16")},
+        **{f"channel_moments_rows{suffix}": "PiiiiiiPP" for suffix in ("_x_f16", "_x_bf16")},
     },
     "normalization.cu": {
         "l2normalize_kernel": "Piii",
@@ -61,9 +64,19 @@ KERNELS = {
 # paired paths (a pass's own sums against channel_sums over the stored arrays) must add the
 # same partial sums to give the same bits.
 _CHANNEL_REDUCTIONS = ("channel_sums", "channel_moments", "batchnorm_activation_sums")
-# (batchnorm_activation_rows, a 16-bit x's, splits by rows: its partials pair with none.)
+# (batchnorm_activation_rows and channel_moments_rows, a 16-bit x's, split by rows: their
+# partials pair with none, and they are no part of _reduction_capacity's family.)
 # A block's least share of a channel's terms.
 _MIN_PART_TERMS = 4096
+# The row kernels' partials (batch x pieces a channel) are added by a block a channel
+# (channel_finalize_wide, mean_variance_finalize_wide) from this many on: one thread adding
+# a channel's parts one after another reads one 32-byte sector a part for its warp, in
+# `parts` dependent additions (E8: 1376 of them, 1.71 ms a yolov4 fp16 pass), while a block
+# a channel pays a fixed two barriers and one wave of `filters` blocks, about what a thread
+# pays for a few dozen parts. Below it (a batch of 32 over rows of up to 4096 elements: 32
+# parts) the thread a channel stays. The channel-wise reductions (fp32, tf32: at most 1024
+# parts) always keep channel_finalize, so that their bits and pairings are unchanged.
+_WIDE_FINALIZE_PARTS = 64
 
 
 @functools.lru_cache(maxsize=4096)
@@ -168,8 +181,10 @@ class CudaNorm:
             blocks = device.get_attribute(attribute.MAX_BLOCKS_PER_MULTIPROCESSOR)
             warps = _BLOCK // 32
             per_sm = min(threads // _BLOCK, blocks)
+            family = {name + suffix for name in _CHANNEL_REDUCTIONS
+                      for _, suffix in _X_STORAGE.values()}
             for name, fn in self._fn.items():
-                if name.startswith(_CHANNEL_REDUCTIONS):
+                if name in family:   # by name: channel_moments_rows_* is not of it
                     # registers go to warps in units of 256
                     warp_registers = _ceil_div(fn.num_regs * 32, 256) * 256
                     per_sm = min(per_sm, registers // warp_registers // warps)
@@ -177,16 +192,27 @@ class CudaNorm:
         return capacity
 
     def _channel_finalize(self, parts, partial, partial_a, count, filters, final, final_a,
-                          variance=None, scales=None, sum_outs=(None, None)):
+                          variance=None, scales=None, sum_outs=(None, None), rows=False):
         """Each channel's partial sums added in a fixed order, then (final_op, out) applied
         (out None: nothing); final_a likewise for partial_a's, unless None. sum_outs: arrays
-        that get each channel's plain sum (partial's, partial_a's), unless None."""
+        that get each channel's plain sum (partial's, partial_a's), unless None. rows: the
+        partials are a row kernel's (a block a channel adds them from _WIDE_FINALIZE_PARTS
+        on)."""
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
+        name, grid = self._finalize_launch("channel_finalize", filters, parts if rows else 0)
         for (op, destination), sums, sum_out in ((final, partial, sum_outs[0]),) + (
                 ((final_a, partial_a, sum_outs[1]),) if final_a else ()):
-            self._launch("channel_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
-                         sums, parts, filters, op, count, ptr(variance), ptr(scales),
-                         ptr(destination), ptr(sum_out))
+            self._launch(name, grid, (_BLOCK,), sums, parts, filters, op, count, ptr(variance),
+                         ptr(scales), ptr(destination), ptr(sum_out))
+
+    @staticmethod
+    def _finalize_launch(kernel, filters, row_parts):
+        """(kernel name, grid) of a finalize of `filters` channels: `kernel` a thread a
+        channel, or its _wide twin a block a channel for a row kernel's row_parts >=
+        _WIDE_FINALIZE_PARTS (row_parts 0: not a row kernel's)."""
+        if row_parts >= _WIDE_FINALIZE_PARTS:
+            return kernel + "_wide", (filters,)
+        return kernel, (_ceil_div(filters, _BLOCK),)
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
@@ -272,12 +298,9 @@ class CudaNorm:
                 -1.0 if eps is None else float(eps), act,
                 int(activation in activations.INPUT_GRADIENT))
         if suffix:   # a 16-bit x: row by row (E8), each row's pieces a part
-            threads, chunk = activation_rows_plan(spatial)
-            chunks = _ceil_div(spatial, chunk)
-            parts = batch * chunks
+            threads, chunk, chunks, parts, grid = self._rows_plan(batch, filters, spatial)
             partial, partial_a = self._partial_buffers(filters, parts, two_sums)
-            self._launch("batchnorm_activation_rows" + suffix,
-                         (_ceil_div(filters * parts, _BLOCK // threads),), (_BLOCK,), *args,
+            self._launch("batchnorm_activation_rows" + suffix, grid, (_BLOCK,), *args,
                          threads, chunk, chunks, self._ptr(delta), partial, partial_a)
         else:
             parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
@@ -286,7 +309,7 @@ class CudaNorm:
         self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
                                (_FINAL_ACCUMULATE, scale_updates),
                                (_FINAL_ACCUMULATE, bias_updates) if two_sums else None,
-                               sum_outs=(delta_x_norm_sum, delta_sum))
+                               sum_outs=(delta_x_norm_sum, delta_sum), rows=bool(suffix))
 
     def mean(self, x, batch, filters, spatial, mean):
         self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
@@ -296,21 +319,40 @@ class CudaNorm:
         self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
                              _FINAL_VARIANCE, variance)
 
-    def mean_variance(self, x, batch, filters, spatial, mean, variance):
+    @staticmethod
+    def _rows_plan(batch, filters, spatial):
+        """(threads a piece, piece length, pieces a row, parts a channel, grid) of a row
+        kernel (activation_rows_plan's pieces; 256 / threads pieces a block)."""
+        threads, chunk = activation_rows_plan(spatial)
+        chunks = _ceil_div(spatial, chunk)
+        parts = batch * chunks
+        return threads, chunk, chunks, parts, (_ceil_div(filters * parts, _BLOCK // threads),)
+
+    def mean_variance(self, x, batch, filters, spatial, mean, variance, x_precision="fp32"):
         """NumpyBackend.mean_variance in one read of x: channel_moments' double sums of x and
-        x^2, then mean_variance_finalize."""
+        x^2, then mean_variance_finalize. x_precision: how x is kept (storage_zeros'
+        array); a 16-bit x goes row by row (channel_moments_rows: each row's pieces' sums,
+        then the channel's added as _channel_finalize adds a row kernel's; E9b)."""
+        suffix = self._x_suffix(x, x_precision)
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         self._check_size("mean_variance x", x, batch * filters * spatial)
         self._check_size("mean_variance mean", mean, filters)
         self._check_size("mean_variance variance", variance, filters)
         if filters <= 0:
             return
-        parts, partial, partial_a = self._channel_partials(batch, filters, spatial, True)
-        self._launch("channel_moments", (parts, filters), (_BLOCK,), self._ptr(x), batch,
-                     filters, spatial, parts, partial, partial_a)
-        self._launch("mean_variance_finalize", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
-                     partial, partial_a, parts, filters, batch * spatial, self._ptr(mean),
-                     self._ptr(variance))
+        if suffix:
+            threads, chunk, chunks, parts, grid = self._rows_plan(batch, filters, spatial)
+            partial, partial_a = self._partial_buffers(filters, parts, True)
+            self._launch("channel_moments_rows" + suffix, grid, (_BLOCK,), self._ptr(x), batch,
+                         filters, spatial, threads, chunk, chunks, partial, partial_a)
+        else:   # fp32: as before E9b, the same bits
+            parts, partial, partial_a = self._channel_partials(batch, filters, spatial, True)
+            self._launch("channel_moments", (parts, filters), (_BLOCK,), self._ptr(x), batch,
+                         filters, spatial, parts, partial, partial_a)
+        name, grid = self._finalize_launch("mean_variance_finalize", filters,
+                                           parts if suffix else 0)
+        self._launch(name, grid, (_BLOCK,), partial, partial_a, parts, filters, batch * spatial,
+                     self._ptr(mean), self._ptr(variance))
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         self._check_size("normalize x", x, batch * filters * spatial)

@@ -51,6 +51,9 @@ TMA_STORE = True
 # 0.30 against 0.41: bench/NOTES.md, T5).
 MIN_K = 128
 _LINEAR = ACTIVATION_IDS["linear"]
+# The kernel's stores of a convolution's images (gemm_wgmma.cu's `store`): fp32, added to
+# the fp32 there, or at the operands' 16 bits.
+_IMAGES, _IMAGES_16, _IMAGES_ADD = 3, 4, 5
 # Below this many multiply-adds, a product of fewer pairs of tiles than the chip's clusters
 # stays on mma.sync (its conversion passes and launches would cost more than they save).
 MIN_SPLIT_MACS = 1 << 26
@@ -289,12 +292,12 @@ def _to_kmajor(be, kern, part, src, ld, rows, cols, transposed, dst, pitch):
 
 
 def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, images=None,
-              bias=0, act=_LINEAR):
+              bias=0, act=_LINEAR, store=_IMAGES):
     """C = alpha * A @ B^T + beta * C on the wgmma kernel, A and B already K-major. images:
     (positions, image_stride): C is a convolution's output, column j going to position
     j % positions of image j / positions, bias (a pointer or 0) added and the activation
     act (an activations.ACTIVATION_IDS value) applied (ldc and beta unused: one run, no
-    split)."""
+    split), written as `store` says (_IMAGES, _IMAGES_ADD or _IMAGES_16)."""
     part, data_type = PRECISIONS[precision]
     a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
     b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part
@@ -305,12 +308,11 @@ def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
         out = be._ptr(be._scratch_buffer("gemm", 4 * runs * m * n))
         out_ld, out_alpha, out_beta = n, 1.0, 0.0
     c_map = a_map   # unused but by TMA stores
-    if images:
-        store = 3
-    elif TMA_STORE and runs == 1 and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
-        store, c_map = 2, tensor_map(c, m, n, ldc, 64, _FLOAT32, box_cols=32, item=4)
-    else:   # float2 stores where aligned, else scalar
-        store = int(out % 8 == 0 and out_ld % 2 == 0 and (runs == 1 or m * n % 2 == 0))
+    if not images:
+        if TMA_STORE and runs == 1 and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
+            store, c_map = 2, tensor_map(c, m, n, ldc, 64, _FLOAT32, box_cols=32, item=4)
+        else:   # float2 stores where aligned, else scalar
+            store = int(out % 8 == 0 and out_ld % 2 == 0 and (runs == 1 or m * n % 2 == 0))
     positions, image_stride = images or (0, 0)
     i, f = ctypes.c_int, ctypes.c_float
     _launch(be, kern, f"wgmma_gemm_{part}",
@@ -381,28 +383,35 @@ _ROW_CHANNELS, _ROWS_TILE = 16, 64
 _ROWS_THREADS = _ROWS_TILE * _ROW_CHANNELS // 8
 
 
+def forward_takes(be, precision, m, n, k, ksize, positions):
+    """Whether conv_forward runs a convolution of m filters, k weights a filter and n =
+    images * positions outputs on the wgmma kernel: fp16/bf16, a 3x3 kernel over at most
+    FORWARD_MAX_POSITIONS positions, and a product handles() takes with at least half as
+    many pairs of tiles as the chip has clusters (no split K here: a batch of one image
+    stays on conv_tc)."""
+    if precision not in PRECISIONS or ksize != 3 or not 0 < positions <= FORWARD_MAX_POSITIONS:
+        return False
+    if not handles(be, precision, m, n, k):
+        return False
+    return _ceil_div(m, TILE_M * kernels(be).cluster) * _ceil_div(n, TILE_N) >= kernels(be).max_clusters // 2
+
+
 def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
-                 im_stride, biases, activation, out, out_stride):
+                 im_stride, biases, activation, out, out_stride, half_out=False, accumulate=False):
     """CudaBackend.conv_forward on the wgmma kernel where it pays (arguments checked by the
     caller, activation one of precision.EPILOGUE_ACTIVATIONS); False, having done nothing,
-    elsewhere: fp16/bf16, a 3x3 kernel over at most FORWARD_MAX_POSITIONS positions, and a
-    product handles() takes with at least half as many pairs of tiles as the chip has
-    clusters (no split K here: a batch of one image stays on conv_tc). The images are
-    unfolded position by position (im2col_rows_{f16,bf16}_kernel) into the B operand; the
-    packed weights are the A operand as they are; the tiles go out in the layer's layout,
-    bias and activation applied as conv_tc's epilogue applies them."""
+    where forward_takes() says no. The images are unfolded position by position
+    (im2col_rows_{f16,bf16}_kernel) into the B operand; the packed weights are the A operand
+    as they are; the tiles go out in the layer's layout, bias and activation applied as
+    conv_tc's epilogue applies them, as fp32, added to the fp32 there (accumulate), or
+    rounded to the operands' 16 bits (half_out)."""
     precision = packed.precision
     out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
     positions = out_h * out_w
-    if (precision not in PRECISIONS or ksize != 3
-            or not 0 < positions <= FORWARD_MAX_POSITIONS):
-        return False
     m, n, k = packed.rows, batch * positions, packed.k
-    if not handles(be, precision, m, n, k) or packed.pitch % _ROW_ALIGN:
+    if not forward_takes(be, precision, m, n, k, ksize, positions) or packed.pitch % _ROW_ALIGN:
         return False
     kern = kernels(be)
-    if _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N) < kern.max_clusters // 2:
-        return False
     part, _ = PRECISIONS[precision]
     stride_y, stride_x = conv_strides(stride)
     pitch = row_pitch(k)
@@ -414,7 +423,8 @@ def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, di
                int(pitch))
     _multiply(be, kern, precision, m, n, k, 1.0, be._ptr(packed.data), packed.pitch, b16, pitch,
               0.0, be._ptr(out), 0, images=(positions, int(out_stride)),
-              bias=0 if biases is None else be._ptr(biases), act=ACTIVATION_IDS[activation])
+              bias=0 if biases is None else be._ptr(biases), act=ACTIVATION_IDS[activation],
+              store=_IMAGES_16 if half_out else _IMAGES_ADD if accumulate else _IMAGES)
     return True
 
 

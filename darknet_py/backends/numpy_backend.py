@@ -257,14 +257,20 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
         return precisions.PackedWeights(values.astype(self.dtype), rows, k, k, precision)
 
     def conv_forward(self, packed, im, channels, height, width, ksize, stride, pad, dilation,
-                     batch, im_stride, biases, activation, out, out_stride):
+                     batch, im_stride, biases, activation, out, out_stride, out_precision="fp32"):
         """One group of a convolution at packed.precision, im2col read in place (the GPU
         has no col buffer): out[b * out_stride + f * positions + p] = activation(sum_k
         W[f, k] col[k, b, p] + biases[f]) for f < packed.rows; biases None: none;
-        activation one of precision.EPILOGUE_ACTIVATIONS."""
+        activation one of precision.EPILOGUE_ACTIVATIONS. out_precision fp16/bf16 (the
+        packed precision's own): out is storage_zeros' array, the values rounded to it (a
+        batch-normalised layer's x)."""
         if activation not in precisions.EPILOGUE_ACTIVATIONS:
             raise ValueError(f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
                              f"not {activation}")
+        stored = precisions.storage(out_precision)
+        if stored != precisions.DEFAULT and out_precision != packed.precision:
+            raise ValueError(f"conv_forward at {packed.precision} writes fp32 or "
+                             f"{packed.precision}, not {out_precision}")
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         positions = out_h * out_w
         if batch > 0 and (batch - 1) * out_stride + packed.rows * positions > out.size:
@@ -278,6 +284,8 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
         if biases is not None:
             prod += np.asarray(biases[:packed.rows], dtype=self.dtype).reshape(-1, 1)
         prod = activations.activate(prod, activation) if activation != "linear" else prod
+        if stored != precisions.DEFAULT:
+            prod = precisions.round_to(prod, stored)
         view = as_strided(out, (batch, packed.rows, positions),
                           (out_stride * out.itemsize, positions * out.itemsize, out.itemsize))
         view[...] = prod.reshape(packed.rows, batch, positions).transpose(1, 0, 2)

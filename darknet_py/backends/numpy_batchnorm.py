@@ -27,12 +27,15 @@ class NumpyBatchnorm:
         d = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
         variance[:filters] = (d * d).sum(axis=(0, 2)) / (batch * spatial - 1)
 
-    def mean_variance(self, x, batch, filters, spatial, mean, variance):
+    def mean_variance(self, x, batch, filters, spatial, mean, variance, x_precision="fp32"):
         """mean's and variance's statistics from one read of x (tf32/fp16/bf16 layers):
         per-channel float64 sums S of x and Q of x^2; the mean S / n rounded to the
         backend's float m, and Darknet's unbiased variance around it, sum (x - m)^2 =
         Q - 2 m S + n m^2, / (n - 1), clamped at 0 (rounding may take a constant channel's
-        below). Against the two passes: bench/NOTES.md E1b."""
+        below). Against the two passes: bench/NOTES.md E1b. x_precision: how x is kept
+        (storage_zeros' array: the statistics of a 16-bit x, E9b); here its values are
+        already the rounded ones, read as they are."""
+        precisions.storage(x_precision)   # a known precision, as on CUDA
         n = batch * spatial
         v = x[:batch * filters * spatial].reshape(batch, filters, spatial).astype(np.float64)
         s, q = v.sum(axis=(0, 2)), (v * v).sum(axis=(0, 2))

@@ -58,6 +58,13 @@ def x_precision(layer):
     return precisions.storage(getattr(layer, "precision", precisions.DEFAULT))
 
 
+def product_into_x(layer, net):
+    """The precision a training forward writes its product at straight into x (its 16
+    bits: bn_forward's from_x, bench/NOTES.md E9); None: into layer.output, as fp32."""
+    at = x_precision(layer)
+    return at if net.train and at in precisions.HALF_STORAGE else None
+
+
 def bn_allocate(layer, be, batch, train):
     """Training keeps x (the input of the normalisation, at x_precision); x_norm only where
     the layer is stepped (recurrent: Layer.stepped), else the backward recomputes it from x."""
@@ -66,14 +73,20 @@ def bn_allocate(layer, be, batch, train):
         layer.x_norm = be.zeros(batch * layer.outputs) if layer.stepped else None
 
 
-def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_ROLLING_KEEP):
+def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_ROLLING_KEEP,
+               from_x=False):
     """Normalise layer.output in place, then scale, add biases and apply `activation` (one
     pass after the statistics). fork_keep: how much of the rolling statistics the fork's
-    layer keeps per pass."""
+    layer keeps per pass. from_x (training, a 16-bit x): the input is already in layer.x,
+    not in layer.output: the statistics are taken from x and the output made from it by
+    batchnorm_rebuild (x's bits as batchnorm_apply would have kept them)."""
     be, out, batch = net.be, layer.output, layer.batch
     fork = layer.darknet == "alexeyab"
     if net.train:
-        if getattr(layer, "precision", precisions.DEFAULT) == precisions.DEFAULT:
+        if from_x:
+            be.mean_variance(layer.x, batch, out_c, spatial, layer.mean, layer.variance,
+                             x_precision=x_precision(layer))
+        elif getattr(layer, "precision", precisions.DEFAULT) == precisions.DEFAULT:
             be.mean(out, batch, out_c, spatial, layer.mean)
             be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
         else:   # one read for both; the variance within 2e-7 of the two passes'
@@ -91,6 +104,10 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
         mean, variance = layer.mean, layer.variance
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
+    if from_x:
+        be.batchnorm_rebuild(layer.x, out, mean, variance, layer.scales, layer.biases, batch,
+                             out_c, spatial, _forward_eps(layer), activation, x_precision(layer))
+        return
     # Training keeps x (the input, at x_precision) in the same pass.
     be.batchnorm_apply(out, mean, variance, layer.scales, layer.biases, batch, out_c, spatial,
                        _forward_eps(layer), activation, layer.x_norm if net.train else None,

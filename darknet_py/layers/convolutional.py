@@ -15,7 +15,7 @@ from ..shapes import conv_out_size, conv_strides
 from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
                    source_layer)
 from .batchnorm import (FORK_BN_EPS, bn_activation_backward, bn_allocate, bn_forward,
-                        bn_init_params, bn_init_updates, bn_params)
+                        bn_init_params, bn_init_updates, bn_params, product_into_x)
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
@@ -327,12 +327,14 @@ class ConvolutionalLayer(Layer):
         its input kept for backward nor whole channels)."""
         return self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
 
-    def _forward_tail(self, be, net, biases):
-        """Bias (or batch norm) and activation after the product."""
+    def _forward_tail(self, be, net, biases, from_x=False):
+        """Bias (or batch norm) and activation after the product (from_x: batch norm's
+        input is the product already in layer.x, bn_forward's from_x)."""
         spatial = self.out_h * self.out_w
         fused = self._activation_fuses()
         if biases is None:
-            bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear")
+            bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear",
+                       from_x=from_x)
         elif fused:
             be.bias_activate(self.output, biases, self.batch, self.out_c, spatial,
                              self.activation)
@@ -360,15 +362,22 @@ class ConvolutionalLayer(Layer):
         weights, biases = self._forward_params(net)
         epilogue = (biases is not None and self.activation_input is None
                     and self.activation in precisions.EPILOGUE_ACTIVATIONS)
+        # Training batch norm on a 16-bit x: the product goes straight into x, rounded as
+        # batchnorm_apply kept it, and batch norm reads it from there (half the bytes of
+        # an fp32 output written, read for the statistics and again to normalise;
+        # bench/NOTES.md E9).
+        x_at = product_into_x(self, net) if biases is None else None
+        to_x = x_at is not None
+        out, out_at = (self.x, x_at) if to_x else (self.output, precisions.DEFAULT)
         cg, hw = self.c // self.groups, self.h * self.w
         for g, packed in enumerate(self._packed_weights(be, weights, net.train)):
             be.conv_forward(packed, net.input[g * cg * hw:], cg, self.h, self.w, self.size,
                             self.stride, self.padding, self.dilation, self.batch, self.c * hw,
                             None if biases is None else biases[g * m:],
                             self.activation if epilogue else "linear",
-                            self.output[g * m * n:], self.outputs)
+                            out[g * m * n:], self.outputs, out_precision=out_at)
         if biases is None:
-            self._forward_tail(be, net, None)
+            self._forward_tail(be, net, None, from_x=to_x)
         elif not epilogue:
             self.activate_output(be)
 
