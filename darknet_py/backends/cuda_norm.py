@@ -72,11 +72,12 @@ _MIN_PART_TERMS = 4096
 # (channel_finalize_wide, mean_variance_finalize_wide) from this many on: one thread adding
 # a channel's parts one after another reads one 32-byte sector a part for its warp, in
 # `parts` dependent additions (E8: 1376 of them, 1.71 ms a yolov4 fp16 pass), while a block
-# a channel pays a fixed two barriers and one wave of `filters` blocks, about what a thread
-# pays for a few dozen parts. Below it (a batch of 32 over rows of up to 4096 elements: 32
-# parts) the thread a channel stays. The channel-wise reductions (fp32, tf32: at most 1024
-# parts) always keep channel_finalize, so that their bits and pairings are unchanged.
-_WIDE_FINALIZE_PARTS = 64
+# a channel pays a fixed two barriers and one wave of `filters` blocks. From 16 parts on (a
+# batch of 16 or more over rows of up to 4096 elements) that is the cheaper: E9c measured
+# the 32 parts of batch-32 rows (64 before). The channel-wise reductions (fp32, tf32: at
+# most 1024 parts) always keep channel_finalize, so that their bits and pairings are
+# unchanged.
+_WIDE_FINALIZE_PARTS = 16
 
 
 @functools.lru_cache(maxsize=4096)
