@@ -31,8 +31,8 @@ kernels-check:
 	@if command -v $(NVCC) >/dev/null; then \
 	  printf '%s\n' kernels/*.cu | xargs -P "$$(nproc)" -I{} sh -c \
 	    'echo "nvcc {}"; $(NVCC) $(NVCC_FLAGS) {}' || exit 1; \
-	  echo "nvcc kernels/gemm_wgmma.cu (sm_90a)"; \
-	  $(NVCC) $(NVCC_FLAGS_90A) kernels/gemm_wgmma.cu || exit 1; \
+	  for f in gemm_wgmma gemm_wgmma_solo; do echo "nvcc kernels/$$f.cu (sm_90a)"; \
+	    $(NVCC) $(NVCC_FLAGS_90A) kernels/$$f.cu || exit 1; done; \
 	else echo "kernels-check: nvcc not found, kernels not compiled"; fi
 
 test: install kernels-check

@@ -122,6 +122,33 @@ def test_gemm_lowp_takes_the_wgmma_path_for_a_large_product(cuda, hopper, p):
 
 @gpu
 @pytest.mark.parametrize("p", HALF)
+@pytest.mark.parametrize("m", [128, 77])
+def test_a_product_of_one_tile_row_runs_on_lone_blocks(cuda, hopper, p, m, monkeypatch):
+    """m <= 128: the lone-block build (clusters of one) takes the product, split K or not,
+    and agrees with the NumPy emulation; above 128 rows the pairs keep it."""
+    solo = hopper.solo_kernels(cuda)
+    assert solo is not None and solo.cluster == 1
+    assert solo.max_clusters > hopper.kernels(cuda).max_clusters   # lone blocks: about twice
+    used = []
+    launch = hopper._launch
+    monkeypatch.setattr(hopper, "_launch", lambda be, kern, name, *args, **kw: (
+        used.append((name, kern.cluster)), launch(be, kern, name, *args, **kw))[1])
+    rng = np.random.default_rng(m)
+    for n, k in ((4000, 640), (300, 20000)):   # one run; K split into runs
+        a, b = rand(rng, m * k), rand(rng, k * n)
+        used.clear()
+        got = _run(cuda, hopper, p, 0, 0, m, n, k, 1.0, a, k, b, n, 0.0, nan(m * n), n)
+        assert (f"wgmma_gemm_{hopper.PRECISIONS[p][0]}", 1) in used
+        want = _product(p, 0, 0, m, n, k, 1.0, a, k, b, n, 0.0, np.zeros(m * n), n)
+        assert_close(got, want, EMULATION_TOL, f"{p} {m}x{n}x{k}")
+    used.clear()
+    _run(cuda, hopper, p, 0, 0, 129, 512, 256, 1.0, rand(rng, 129 * 256), 256,
+         rand(rng, 256 * 512), 512, 0.0, nan(129 * 512), 512)
+    assert (f"wgmma_gemm_{hopper.PRECISIONS[p][0]}", 2) in used
+
+
+@gpu
+@pytest.mark.parametrize("p", HALF)
 def test_gemm_half_on_half_operands(cuda, hopper, p):
     m, n, k = 300, 700, 190
     rng = np.random.default_rng(9)
@@ -214,12 +241,14 @@ def test_the_wgmma_file_is_built_for_sm_90a_only(tmp_path):
     kernels = tmp_path / "kernels"
     kernels.mkdir()
     sources = {"gemm_wgmma.cu": 'extern "C" __global__ void w() {}\n',
+               "gemm_wgmma_solo.cu": 'extern "C" __global__ void s() {}\n',
                "blas.cu": 'extern "C" __global__ void b() {}\n'}
     for name, text in sources.items():
         (kernels / name).write_text(text)
     built = tmp_path / "bin"
     manifest = prebuilt.build(str(built), str(kernels), options={}, nvcc=str(nvcc))
     assert manifest["kernels"]["gemm_wgmma.cu"]["archs"] == ["sm_90a"]
+    assert manifest["kernels"]["gemm_wgmma_solo.cu"]["archs"] == ["sm_90a"]
     assert "archs" not in manifest["kernels"]["blas.cu"]
     wgmma = (built / "gemm_wgmma.fatbin").read_text()
     assert "arch=compute_90a,code=sm_90a" in wgmma and "code=sm_90 " not in wgmma

@@ -31,6 +31,8 @@ from ..shapes import conv_out_size, conv_strides
 from . import kernel_cache, prebuilt
 
 SOURCE = "gemm_wgmma.cu"
+# The same kernels with lone blocks, for products of one tile row (solo_kernels).
+SOLO_SOURCE = "gemm_wgmma_solo.cu"
 ARCH = "sm_90a"
 # kernels/gemm_wgmma.cu's WG_BM, WG_BN, WG_BK, WG_STAGES, WG_THREADS, WG_CLUSTER
 TILE_M, TILE_N, TILE_K, STAGES, THREADS, CLUSTER = 128, 256, 64, 4, 384, 2
@@ -81,16 +83,16 @@ class _Kernels:
     64-byte-aligned tensor-map parameters), while a launch with one pointer per argument
     lets the driver place each where the kernel declares it."""
 
-    def __init__(self, image=None, shared_bytes=SHARED_BYTES, cluster=CLUSTER):
+    def __init__(self, image=None, shared_bytes=SHARED_BYTES, cluster=CLUSTER, source=SOURCE):
         """image: a cubin or fatbin of gemm_wgmma.cu (bench/wgmma_probe.py's variants, with
         their own shared_bytes and cluster size); by default the wheel's or the kernel
-        cache's build."""
+        cache's build of `source` (SOURCE, or SOLO_SOURCE with cluster 1)."""
         if image is None:
-            with open(os.path.join(prebuilt.KERNEL_DIR, SOURCE)) as f:
-                source = f.read()
-            binaries, _ = prebuilt.binaries({SOURCE: source}, ARCH, kernel_cache.KERNEL_OPTIONS,
+            with open(os.path.join(prebuilt.KERNEL_DIR, source)) as f:
+                text = f.read()
+            binaries, _ = prebuilt.binaries({source: text}, ARCH, kernel_cache.KERNEL_OPTIONS,
                                             include_dir=prebuilt.KERNEL_DIR)
-            image = binaries[SOURCE]
+            image = binaries[source]
         lib = _driver()
         self._image = image   # kept alive as long as the module
         self.shared_bytes, self.cluster = shared_bytes, cluster
@@ -112,11 +114,12 @@ class _Kernels:
         _check(lib, "cuOccupancyMaxActiveClusters", lib.cuOccupancyMaxActiveClusters(
             ctypes.byref(count), self.functions["wgmma_gemm_f16"], ctypes.byref(config)))
         if count.value < 1:
-            raise WgmmaError("no cluster of two wgmma blocks fits on this GPU")
+            raise WgmmaError(f"no cluster of {cluster} wgmma blocks fits on this GPU")
         self.max_clusters = count.value
 
 
 _loaded = {}   # device index -> _Kernels, or None where this device cannot run them
+_loaded_solo = {}   # the same for solo_kernels
 
 
 def kernels(be):
@@ -132,6 +135,19 @@ def kernels(be):
                 print(f"darknet-py: the Hopper GEMM (wgmma) is unavailable, using mma.sync: {e}",
                       file=sys.stderr)
     return _loaded[index]
+
+
+def solo_kernels(be):
+    """The lone-block build (SOLO_SOURCE) for be's device, loaded on the first product of
+    one tile row; None where it cannot be had (said once: the pairs then run it)."""
+    index = be.device_index
+    if index not in _loaded_solo:
+        _loaded_solo[index] = None
+        try:
+            _loaded_solo[index] = _Kernels(cluster=1, source=SOLO_SOURCE)
+        except (kernel_cache.KernelCompileError, WgmmaError, OSError) as e:
+            print(f"darknet-py: the lone-block wgmma kernels are unavailable: {e}", file=sys.stderr)
+    return _loaded_solo[index]
 
 
 def handles(be, precision, m, n, k):
@@ -297,7 +313,11 @@ def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
     (positions, image_stride): C is a convolution's output, column j going to position
     j % positions of image j / positions, bias (a pointer or 0) added and the activation
     act (an activations.ACTIVATION_IDS value) applied (ldc and beta unused: one run, no
-    split), written as `store` says (_IMAGES, _IMAGES_ADD or _IMAGES_16)."""
+    split), written as `store` says (_IMAGES, _IMAGES_ADD or _IMAGES_16). A product of one
+    tile row runs on the lone blocks (solo_kernels): in a pair, the second block would
+    multiply only zeros."""
+    if m <= TILE_M and kern.cluster > 1:
+        kern = solo_kernels(be) or kern
     part, data_type = PRECISIONS[precision]
     a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
     b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part

@@ -27,7 +27,7 @@ from . import kernel_cache
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 # Files built for other architectures than ARCHS: the Hopper GEMM uses sm_90a's own
 # instructions (wgmma, setmaxnreg), which no other target has (cuda_wgmma.py loads it).
-FILE_ARCHS = {"gemm_wgmma.cu": ("sm_90a",)}
+FILE_ARCHS = {"gemm_wgmma.cu": ("sm_90a",), "gemm_wgmma_solo.cu": ("sm_90a",)}
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_DIR = os.path.join(PACKAGE_DIR, "kernels")
 PREBUILT_DIR = os.path.join(PACKAGE_DIR, "kernels_bin")
