@@ -17,7 +17,10 @@ already stored that way. Both write C = alpha * A @ B^T + beta * C in fp32.
 
 The sm_90a binary comes from the wheel (prebuilt.FILE_ARCHS builds this file for sm_90a
 only) or from nvcc through the kernel cache, like the other kernel files, but is loaded
-only here, on the first product that asks for it.
+only here, on the first product that asks for it. Its blocks come in pairs along M that
+share B; a product of one 128-row tile row (m <= 128) runs instead on the same kernel
+built with lone blocks (gemm_wgmma_solo.cu, solo_kernels), where the pair's second block
+would multiply only zeros.
 """
 import ctypes
 import functools
