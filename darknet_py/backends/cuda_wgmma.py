@@ -416,7 +416,8 @@ def forward_takes(be, precision, m, n, k, ksize, positions):
         return False
     if not handles(be, precision, m, n, k):
         return False
-    return _ceil_div(m, TILE_M * kernels(be).cluster) * _ceil_div(n, TILE_N) >= kernels(be).max_clusters // 2
+    kern = kernels(be)
+    return _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N) >= kern.max_clusters // 2
 
 
 def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
