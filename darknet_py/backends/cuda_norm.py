@@ -114,6 +114,8 @@ _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIA
 # that read it.
 _X_STORAGE = {"fp32": (np.float32, ""), "fp16": (np.float16, "_x_f16"),
               "bf16": (np.uint16, "_x_bf16")}
+_STORAGE_OF_DTYPE = {np.dtype(dtype): name for name, (dtype, _) in _X_STORAGE.items()
+                     if name != "fp32"}
 
 
 class CudaNorm:
@@ -242,6 +244,12 @@ class CudaNorm:
         if a.size:
             drv.memset_d16_async(self._ptr(a), 0, a.size, self.stream)
         return a
+
+    @staticmethod
+    def storage_of(a):
+        """NumpyBackend.storage_of: fp16 for a float16 array, bf16 for a uint16 one (bf16's
+        bits), else fp32."""
+        return _STORAGE_OF_DTYPE.get(np.dtype(a.dtype), precisions.DEFAULT)
 
     def copy_rounded(self, src, dst, precision):
         """NumpyBackend.copy_rounded into storage_zeros(n, precision)'s array: fp16/bf16

@@ -18,6 +18,17 @@ def delta_sums_given(delta_sum, delta_x_norm_sum):
     return delta_sum is not None
 
 
+class StoredArray(np.ndarray):
+    """A float array whose values are kept at `precision` (storage_zeros' fp16/bf16 arrays:
+    a BN layer's x, a 16-bit layer output). The values are float32, already rounded; the
+    ops that write into one round what they store (storage_of tells them), as the CUDA
+    kernels' 16-bit stores do. Slices and reshapes keep the precision."""
+    precision = precisions.DEFAULT
+
+    def __array_finalize__(self, obj):
+        self.precision = getattr(obj, "precision", precisions.DEFAULT)
+
+
 class NumpyBatchnorm:
     def mean(self, x, batch, filters, spatial, mean):
         mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
@@ -59,8 +70,19 @@ class NumpyBatchnorm:
         """An array for n values kept at precision.storage(precision) (a BN layer's x): here
         the backend's float array (fp16/bf16 hold values rounded by copy_rounded); on CUDA
         16-bit storage for fp16/bf16."""
-        precisions.storage(precision)
-        return self.zeros(n)
+        stored = precisions.storage(precision)
+        a = self.zeros(n)
+        if stored == precisions.DEFAULT:
+            return a
+        a = a.view(StoredArray)
+        a.precision = stored
+        return a
+
+    @staticmethod
+    def storage_of(a):
+        """The precision an array's values are kept at: fp16/bf16 for storage_zeros'
+        16-bit arrays (and their slices), else fp32."""
+        return getattr(a, "precision", precisions.DEFAULT)
 
     def copy_rounded(self, src, dst, precision):
         """dst <- src rounded to precision.storage(precision) (round_to: fp16, bf16 to
