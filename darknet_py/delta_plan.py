@@ -150,10 +150,13 @@ def share_delta_arrays(layers, be, batch, share):
 
 
 def give_views(layers, be, batch, plan, attribute):
-    """Make a plan's arrays (buffer_floats) on `be` for `batch` images and set `attribute`
+    """Make a plan's arrays (buffer_floats, stored as its buffer_storage says where it has
+    one: output_plan's) on `be` for `batch` images and set `attribute`
     of each layer in it (buffer_of) to its view, of every other layer to None (set on each
     layer: Network.resize copies what one lacks). Network._allocate let the old go."""
-    arrays = [be.zeros(batch * n) for n in plan.buffer_floats]
+    storages = getattr(plan, "buffer_storage", None) or ["fp32"] * len(plan.buffer_floats)
+    arrays = [be.storage_zeros(batch * n, stored)
+              for n, stored in zip(plan.buffer_floats, storages)]
     for layer in layers:
         number = plan.buffer_of.get(layer.index)
         setattr(layer, attribute, None if number is None

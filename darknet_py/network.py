@@ -16,6 +16,7 @@ from .backends import DeviceOutOfMemory, get_backend
 from .cfg import CfgError, CfgWarning, parse_cfg
 from .delta_plan import plan_deltas, share_delta_arrays, zeroing_steps
 from .output_plan import output_is_shared, plan_outputs, share_output_arrays
+from .output_storage import assign_output_storage, plan_output_storage
 from .image import decode_image
 from .graphs import StepGraphs
 from .layers import LAYER_TYPES, layer_class
@@ -112,9 +113,10 @@ class Network:
         self.graphs = StepGraphs(self.be)
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
-        self.fold_batchnorm = True
+        self._fold_batchnorm = True
         self._share_deltas, self.delta_plan = False, None   # see share_deltas
         self._share_outputs, self.output_plan = False, None   # see share_outputs
+        self._half_outputs = True   # see half_outputs
         self._zero_before = {}    # backward step -> the shared deltas zeroed before it
         self._rebuild_before = {}   # backward step -> the layers whose output is made again
         if allocate:  # info only needs shapes
@@ -155,6 +157,8 @@ class Network:
             for layer in self.layers:   # and the old outputs and deltas before the new are
                 layer.output = layer.delta = None   # made (not both at once at the peak)
             self.input = self.delta = None
+            assign_output_storage(self.layers, self.output_index, self.precision, train,
+                                  self.fold_batchnorm, on=self._half_outputs)
             self.delta_plan = share_delta_arrays(self.layers, be, batch, train and
                                                  self._share_deltas and not self.fork_cpu)
             self.output_plan = share_output_arrays(self.layers, be, batch, train and
@@ -215,6 +219,39 @@ class Network:
     def share_outputs(self, on):
         self._set_sharing("_share_outputs", on)
 
+    @property
+    def fold_batchnorm(self):
+        """Whether inference folds batch norm into the convolution weights (made once,
+        remade after the parameters change); False runs Darknet's unfolded normalisation.
+        Switching it re-allocates an inference network whose outputs it changes the
+        storage of (fp16/bf16: output_storage.py keeps a batch-normalised convolution's
+        inference output at 16 bits only when folded)."""
+        return self._fold_batchnorm
+
+    @fold_batchnorm.setter
+    def fold_batchnorm(self, on):
+        if bool(on) == self._fold_batchnorm:
+            return
+        self._fold_batchnorm = bool(on)
+        train = getattr(self, "train_buffers", None)
+        if train is False and self._half_outputs and self.precision in precisions.HALF_STORAGE:
+            self._allocate(self.batch, train)
+
+    @property
+    def half_outputs(self):
+        """Whether fp16/bf16 keep layer outputs at 16 bits where every reader takes them
+        (output_storage.py: half the bytes moved between layers; a convolution reader's
+        products unchanged, a [shortcut]'s sum rounded once). On by default; False keeps
+        every output fp32 (the comparison in bench/NOTES.md M4). Setting it re-allocates."""
+        return self._half_outputs
+
+    @half_outputs.setter
+    def half_outputs(self, on):
+        if bool(on) != self._half_outputs:
+            self._half_outputs = bool(on)
+            if getattr(self, "train_buffers", None) is not None:
+                self._allocate(self.batch, self.train_buffers)
+
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take (a BN layer's
         x at 2 bytes a value under fp16/bf16, as the CUDA backend keeps it)."""
@@ -229,8 +266,18 @@ class Network:
         per_image -= sum(l.outputs for l in self.layers if l.views_its_input())
         if train and self._share_deltas and not self.fork_cpu:
             per_image -= plan_deltas(self.layers).saved_floats
-        if train and self._share_outputs and not self.fork_cpu:
-            per_image -= plan_outputs(self.layers, self.output_index).saved_floats
+        storage = (plan_output_storage(self.layers, self.output_index, self.precision, train,
+                                       self.fold_batchnorm) if self._half_outputs else None)
+        outputs = plan_outputs(self.layers, self.output_index,
+                               train and self._share_outputs and not self.fork_cpu, storage)
+        per_image -= outputs.saved_floats
+        if storage is not None:   # outputs kept at 16 bits: half a float a value
+            per_image -= sum(l.outputs for l in self.layers if storage[l.index] != "fp32"
+                             and l.index not in outputs.buffer_of
+                             and not l.views_its_input()) / 2
+            per_image -= sum(n for n, stored in zip(outputs.buffer_floats,
+                                                    outputs.buffer_storage)
+                             if stored != "fp32") / 2
         if train:   # a BN layer's x kept at 16 bits (fp16/bf16): half a float a value
             per_image -= sum(l.outputs for l in self.layers if getattr(l, "batch_normalize", 0)
                              and x_precision(l) != precisions.DEFAULT) / 2

@@ -25,6 +25,7 @@ Only what is known to hold is shared; anything else keeps a private output:
 """
 from dataclasses import dataclass, field
 
+from . import precision as precisions
 from .activations import CHANNEL_ACTIVATIONS, INPUT_GRADIENT
 from .delta_plan import give_views, place_in_arrays, referred_layers
 from .layers.base import keeps_activation_input
@@ -41,6 +42,7 @@ class OutputPlan:
     live: dict = field(default_factory=dict)            # shared layer -> its time intervals
     buffer_of: dict = field(default_factory=dict)       # shared layer -> its array's number
     buffer_floats: list = field(default_factory=list)   # each array's size, per image
+    buffer_storage: list = field(default_factory=list)  # each array's values' storage
     rebuild_before: dict = field(default_factory=dict)  # backward step -> layers made again
 
     @property
@@ -64,7 +66,8 @@ def reads_own_output(layer):
     """Whether a layer's backward reads its own output (conservatively yes for every type
     not listed): an activation's gradient from the output (leaky, logistic, ...) does; a
     batch-normalised layer's gradient for mish/swish-like activations is recomputed from x
-    (batchnorm.bn_activation_backward), and a linear one reads nothing."""
+    (batchnorm.bn_activation_backward), as is every activation's where x is kept at 16
+    bits (fp16/bf16), and a linear one reads nothing."""
     if layer.type in ("route", "upsample", "maxpool"):
         return False
     activation = getattr(layer, "activation", None)
@@ -73,8 +76,11 @@ def reads_own_output(layer):
     if layer.type == "convolutional":
         if activation == "linear":
             return False
-        return not (layer.batch_normalize and not layer.stepped
-                    and activation in INPUT_GRADIENT and activation not in CHANNEL_ACTIVATIONS)
+        from_x = (layer.batch_normalize and not layer.stepped
+                  and activation not in CHANNEL_ACTIVATIONS)
+        # A 16-bit x's backward recomputes every activation's gradient from x.
+        return not (from_x and (activation in INPUT_GRADIENT or precisions.storage(
+            getattr(layer, "precision", precisions.DEFAULT)) in precisions.HALF_STORAGE))
     return True
 
 
@@ -107,9 +113,12 @@ def backward_time(step, count):
     return 2 * count - 1 - step
 
 
-def plan_outputs(layers, output_index, share=True):
+def plan_outputs(layers, output_index, share=True, storage=None):
     """The OutputPlan of `layers` (a Network's, in order). share=False: every output private.
-    Arrays are coloured as the deltas' are (delta_plan.place_in_arrays)."""
+    Arrays are coloured as the deltas' are (delta_plan.place_in_arrays), apart for each
+    output storage (`storage`: per layer; None: the layers' output_precision)."""
+    if storage is None:
+        storage = [getattr(l, "output_precision", "fp32") for l in layers]
     plan = OutputPlan(floats=[l.outputs for l in layers])
     if not share:
         return plan
@@ -132,7 +141,15 @@ def plan_outputs(layers, output_index, share=True):
             first, last = max(needs), min(needs)
             intervals[i] = (forward, (backward_time(first, count), backward_time(last, count)))
             plan.rebuild_before.setdefault(first, []).append(i)
-    plan.buffer_of, plan.buffer_floats = place_in_arrays(intervals, plan.floats)
+    # Arrays hold one storage: outputs kept at 16 bits (output_storage.py) and fp32 ones
+    # are placed apart.
+    for stored in sorted({storage[i] for i in intervals}):
+        group = {i: v for i, v in intervals.items() if storage[i] == stored}
+        buffer_of, buffer_floats = place_in_arrays(group, plan.floats)
+        first = len(plan.buffer_floats)
+        plan.buffer_of.update({i: first + number for i, number in buffer_of.items()})
+        plan.buffer_floats += buffer_floats
+        plan.buffer_storage += [stored] * len(buffer_floats)
     plan.live = intervals
     return plan
 

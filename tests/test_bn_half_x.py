@@ -201,6 +201,8 @@ def test_memory_estimate_counts_x_at_two_bytes(monkeypatch):
     # Against tf32: a reduced precision like them (the same workspace), x kept in fp32.
     nets = {p: Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), precision=p)
             for p in ("tf32", "fp16", "bf16")}
+    for net in nets.values():   # outputs at 16 bits: test_output_storage's
+        net.half_outputs = False
     x_values = 32 * sum(l.outputs for l in bn_layers(nets["tf32"]))
     for p in HALF:
         assert nets["tf32"].memory_bytes(32, True) - nets[p].memory_bytes(32, True) \

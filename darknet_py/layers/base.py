@@ -51,6 +51,9 @@ class Layer:
     # An inner layer of a recurrent layer (recurrent.Inner sets it): its per-image arrays
     # are pointed at one time step's rows, its batch-norm statistics are the last step's.
     stepped = False
+    # How the output's values are stored: fp32, or a 16-bit precision's storage under
+    # fp16/bf16 (output_storage.py, set by the network before allocate).
+    output_precision = "fp32"
     # Where the network shares delta arrays between layers (network.share_deltas): this
     # layer's view of one, which allocate takes as its delta; None: a delta of its own.
     shared_delta = None
@@ -132,7 +135,7 @@ class Layer:
         (a [route] of one whole input)."""
         if self.shared_output is not None:
             return self.shared_output
-        return be.zeros(batch * self.outputs)
+        return be.storage_zeros(batch * self.outputs, self.output_precision)
 
     def check_truth(self, net, truth_host):
         """Refuse a step's truth (host array, one row per image) this layer cannot train on,

@@ -59,10 +59,23 @@ def x_precision(layer):
 
 
 def product_into_x(layer, net):
-    """The precision a training forward writes its product at straight into x (its 16
-    bits: bn_forward's from_x, bench/NOTES.md E9); None: into layer.output, as fp32."""
+    """The precision a forward that normalises its product writes it at straight into x
+    (its 16 bits: bn_forward's from_x, bench/NOTES.md E9): in training, and in an unfolded
+    inference whose output is kept at 16 bits (no fp32 array to normalise in place; the
+    product is rounded once more than Darknet's unfolded inference rounds it); None: into
+    layer.output, as fp32."""
     at = x_precision(layer)
-    return at if net.train and at in precisions.HALF_STORAGE else None
+    if at not in precisions.HALF_STORAGE:
+        return None
+    if net.train:
+        return at
+    if net.be.storage_of(layer.output) == precisions.DEFAULT:
+        return None
+    if getattr(layer, "x", None) is None:
+        raise ValueError(f"layer {layer.index}: its output is kept at {at} but no x was "
+                         f"allocated to normalise an unfolded inference from; allocate the "
+                         f"network again after changing fold_batchnorm")
+    return at
 
 
 def bn_allocate(layer, be, batch, train):

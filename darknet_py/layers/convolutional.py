@@ -368,7 +368,9 @@ class ConvolutionalLayer(Layer):
         # bench/NOTES.md E9).
         x_at = product_into_x(self, net) if biases is None else None
         to_x = x_at is not None
-        out, out_at = (self.x, x_at) if to_x else (self.output, precisions.DEFAULT)
+        # Else into the output, fp32 or kept at 16 bits (output_storage.py: then the
+        # epilogue applies the bias and activation).
+        out, out_at = (self.x, x_at) if to_x else (self.output, be.storage_of(self.output))
         cg, hw = self.c // self.groups, self.h * self.w
         for g, packed in enumerate(self._packed_weights(be, weights, net.train)):
             be.conv_forward(packed, net.input[g * cg * hw:], cg, self.h, self.w, self.size,
