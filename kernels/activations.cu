@@ -94,9 +94,11 @@ BATCHNORM_APPLY(batchnorm_apply_kernel_x_bf16, XBF16)
 // A training layer's output made again from its kept x right before the backward reads it
 // (darknet_py/output_plan.py, bench/NOTES.md R3): out = act(v * scales[f] + biases[f]) with
 // v normalised from X{x}[i] (a 16-bit x widened, exactly), in batchnorm_apply_of's steps
-// (BatchnormChannel<X::exact>): from an fp32 x, the bits that pass wrote.
-template <class X>
-__device__ __forceinline__ void batchnorm_rebuild_of(X x, float* __restrict__ out,
+// (BatchnormChannel<X::exact>): from an fp32 x, the bits that pass wrote. O: how out is
+// kept, fp32 or (a 16-bit output, issue 26) x's own 16 bits, the fp32 value rounded once as
+// it is stored. batchnorm_activation_rows recomputes the same value (batchnorm_rebuilt).
+template <class X, class O>
+__device__ __forceinline__ void batchnorm_rebuild_of(X x, typename O::Storage* __restrict__ out,
                                                      const float* __restrict__ mean,
                                                      const float* __restrict__ variance,
                                                      const float* __restrict__ scales,
@@ -107,24 +109,27 @@ __device__ __forceinline__ void batchnorm_rebuild_of(X x, float* __restrict__ ou
     using Channel = BatchnormChannel<X::exact>;
     batchnorm_rows<X::exact>(mean, variance, scales, biases, rows, filters, spatial, eps,
                              [&](long long i, const Channel& c) {
-                                 out[i] = Channel::activated(c.scaled(c.normalized(x[i])), act);
+                                 out[i] = O::rounded(batchnorm_rebuilt(x[i], c, act));
                              });
 }
 
-#define BATCHNORM_REBUILD(NAME, X)                                                                \
+#define BATCHNORM_REBUILD(NAME, X, O)                                                             \
     extern "C" __global__ void NAME(const typename X::Storage* __restrict__ x,                    \
-                                    float* __restrict__ out, const float* __restrict__ mean,      \
+                                    typename O::Storage* __restrict__ out,                        \
+                                    const float* __restrict__ mean,                               \
                                     const float* __restrict__ variance,                           \
                                     const float* __restrict__ scales,                             \
                                     const float* __restrict__ biases, int rows, int filters,      \
                                     int spatial, float eps, int act)                              \
     {                                                                                             \
-        batchnorm_rebuild_of<X>(X{x}, out, mean, variance, scales, biases, rows, filters,         \
-                                spatial, eps, act);                                               \
+        batchnorm_rebuild_of<X, O>(X{x}, out, mean, variance, scales, biases, rows, filters,      \
+                                   spatial, eps, act);                                            \
     }
-BATCHNORM_REBUILD(batchnorm_rebuild_kernel, XF32)
-BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_f16, XF16)
-BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_bf16, XBF16)
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel, XF32, XF32)
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_f16, XF16, XF32)
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_bf16, XBF16, XF32)
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_f16_out, XF16, XF16)     // a 16-bit output
+BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_bf16_out, XBF16, XBF16)
 
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
 // x (blocks and threads) spans the width, y the rows.

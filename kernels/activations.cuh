@@ -254,3 +254,22 @@ struct BatchnormChannel {
         else return gradient_from_input_fast(v, act);
     }
 };
+
+// v as it stands, hidden from the compiler's contraction: a value one kernel stores and
+// another recomputes is rounded to fp32 on its own in both, never fused into the
+// multiply-add of what reads it (an inline asm the optimiser cannot look through).
+__device__ __forceinline__ float as_stored(float v)
+{
+    asm("mov.b32 %0, %0;" : "+f"(v));
+    return v;
+}
+
+// A batch-normalised layer's output from its x (widened to fp32): act(x_norm * scale + bias)
+// in the channel's steps. batchnorm_rebuild_kernel stores it; batchnorm_activation_rows (a
+// 16-bit x) recomputes it for the gradients from the output, the same fp32 bits.
+template <bool EXACT>
+__device__ __forceinline__ float batchnorm_rebuilt(float x, const BatchnormChannel<EXACT>& c,
+                                                   int act)
+{
+    return as_stored(BatchnormChannel<EXACT>::activated(c.scaled(c.normalized(x)), act));
+}

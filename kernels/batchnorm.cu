@@ -301,7 +301,10 @@ extern "C" __global__ void mean_variance_finalize_wide(const double* __restrict_
 // gradient (from the output y, or from that input where from_input), and the sums of
 // delta (partial_a, unless null: the biases' update) and delta * x_norm (partial: the
 // scales') go out as channel_sums' TERM_A_TIMES_B would give them for the stored arrays:
-// the same terms, rounded the same, added in the same order.
+// the same terms, rounded the same, added in the same order. A 16-bit x (not X::exact)
+// never reads y: the output, perhaps itself kept at 16 bits (issue 26), is recomputed from x
+// as batchnorm_rebuild_kernel makes it (batchnorm_rebuilt), the fp32 bits that kernel's
+// fp32 output held (y may be null then).
 template <class X>
 struct BatchnormActivationTerm {
     using Value = float;
@@ -317,7 +320,8 @@ struct BatchnormActivationTerm {
     };
     __device__ __forceinline__ Loaded load(long long idx) const
     {
-        return {x[idx], delta[idx], (from_input || act == LINEAR) ? 0.0f : y[idx]};
+        return {x[idx], delta[idx],
+                (!X::exact || from_input || act == LINEAR) ? 0.0f : y[idx]};
     }
     __device__ __forceinline__ void apply(long long idx, const Loaded& in, float& g,
                                           float& t) const
@@ -327,7 +331,8 @@ struct BatchnormActivationTerm {
         if (from_input)
             g = __fmul_rn(g, Channel::input_gradient(channel.scaled(x_norm), act));
         else if (act != LINEAR)
-            g = __fmul_rn(g, gradient(in.y, act));
+            g = __fmul_rn(g, gradient(X::exact ? in.y : batchnorm_rebuilt(in.x, channel, act),
+                                      act));
         delta[idx] = g;
         t = __fmul_rn(g, x_norm);
     }

@@ -67,27 +67,34 @@ __device__ __forceinline__ TileCoord swizzled_tile()
 // batch: im[image * im_stride + c * h * w + iy * w + ix] with iy = oy * stride_y - pad +
 // ky * dilation (ix alike), zero outside the image. A thread reads a run of consecutive
 // k for one n: the (c, ky, kx) split is done once per run and then stepped.
-struct ConvGeometry {
-    const float* im;          // first image, this group's first channel
-    long long im_stride;      // floats between images
+// T: the image's elements, float or unsigned short (a 16-bit layer output: fp16 or bf16
+// bits, which the gather hands on as they are, the operand's own bits; zero is 0 in both).
+template <class T>
+struct ConvGeometryOf {
+    const T* im;              // first image, this group's first channel
+    long long im_stride;      // elements between images
     int h, w, ksize, stride_y, stride_x, pad, dilation, out_h, out_w;
     int k_total;              // channels of the group * ksize * ksize
     int n_total;              // images * out_h * out_w
 };
+using ConvGeometry = ConvGeometryOf<float>;
 
-struct ColumnCursor {
-    const float* image;       // this column's image; null when n is past the end
+template <class T>
+struct ColumnCursorOf {
+    const T* image;           // this column's image; null when n is past the end
     int iy0, ix0;             // the input position of (ky, kx) = (0, 0)
     int origin;               // iy0 * w + ix0: the offset of tap (0, 0) from the image plane
     unsigned taps;            // bit ky * ksize + kx: that tap lies inside the image (ksize <= 5)
 };
+using ColumnCursor = ColumnCursorOf<float>;
 
 // Kernels of up to this many taps keep one validity bit per tap (ksize <= 5).
 constexpr int MASKED_TAPS = 32;
 
-__device__ __forceinline__ ColumnCursor column_cursor(const ConvGeometry& g, int n)
+template <class T>
+__device__ __forceinline__ ColumnCursorOf<T> column_cursor(const ConvGeometryOf<T>& g, int n)
 {
-    ColumnCursor c;
+    ColumnCursorOf<T> c;
     const int positions = g.out_h * g.out_w;
     c.image = nullptr;
     c.iy0 = c.ix0 = c.origin = 0;
@@ -116,9 +123,9 @@ __device__ __forceinline__ ColumnCursor column_cursor(const ConvGeometry& g, int
 // v[j] = col[k0 + j][column], j < RUN. Up to MASKED_TAPS taps an element costs a bit test,
 // an add and a load (the taps' validity was worked out once per column); larger kernels
 // test the bounds of each element.
-template <int RUN>
-__device__ __forceinline__ void gather_column(const ConvGeometry& g, const ColumnCursor& col, int k0,
-                                              float (&v)[RUN])
+template <int RUN, class T>
+__device__ __forceinline__ void gather_column(const ConvGeometryOf<T>& g, const ColumnCursorOf<T>& col, int k0,
+                                              T (&v)[RUN])
 {
     const int kk = g.ksize * g.ksize;
     int ch = k0 / kk;
@@ -127,13 +134,13 @@ __device__ __forceinline__ void gather_column(const ConvGeometry& g, const Colum
     int kx = r - ky * g.ksize;
     const long long plane = (long long)g.h * g.w;
     if (kk <= MASKED_TAPS) {
-        const float* chan = (col.image != nullptr ? col.image : g.im) + ch * plane;
+        const T* chan = (col.image != nullptr ? col.image : g.im) + ch * plane;
         const int wrap = g.dilation * g.w - g.ksize * g.dilation;   // end of a tap row -> next
         int off = col.origin + ky * g.dilation * g.w + kx * g.dilation;
 #pragma unroll
         for (int j = 0; j < RUN; ++j) {
             const bool ok = ((col.taps >> r) & 1u) != 0 && k0 + j < g.k_total;
-            v[j] = ok ? chan[off] : 0.0f;
+            v[j] = ok ? chan[off] : T(0);
             off += g.dilation;
             if (++kx == g.ksize) {
                 kx = 0;
@@ -153,7 +160,7 @@ __device__ __forceinline__ void gather_column(const ConvGeometry& g, const Colum
         const int ix = col.ix0 + kx * g.dilation;
         const bool ok = col.image != nullptr && k0 + j < g.k_total && iy >= 0 && iy < g.h && ix >= 0 &&
                         ix < g.w;
-        v[j] = ok ? col.image[ch * plane + iy * g.w + ix] : 0.0f;
+        v[j] = ok ? col.image[ch * plane + iy * g.w + ix] : T(0);
         if (++kx == g.ksize) {
             kx = 0;
             if (++ky == g.ksize) {

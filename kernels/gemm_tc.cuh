@@ -153,21 +153,41 @@ struct RowMajorRowSource {
     int rows, ld, k_end;
 };
 
-// A convolution's im2col matrix, column n = row here (gemm_core.cuh).
-struct ConvColumnSource {
+// A convolution's im2col matrix, column n = row here (gemm_core.cuh); T: the image's
+// elements, float, or unsigned short holding P's own 16 bits (a 16-bit layer output).
+template <class T>
+struct ConvColumnSourceOf {
     static constexpr bool ASYNC = false;
-    ConvGeometry g;
+    ConvGeometryOf<T> g;
 };
+using ConvColumnSource = ConvColumnSourceOf<float>;
+
+// What a source's values are held as in registers until they are stored: fp32, or the
+// raw 16 bits of an image kept at the operands' precision (stored as they are).
+template <class Src> struct StagedValue { using type = float; };
+template <class T> struct StagedValue<ConvColumnSourceOf<T>> { using type = T; };
+template <class Src> struct IsConvColumns { static constexpr bool value = false; };
+template <class T> struct IsConvColumns<ConvColumnSourceOf<T>> { static constexpr bool value = true; };
+
+// Words of v[0..RUN) already in a 16-bit precision's bits, in memory order.
+template <int RUN>
+__device__ __forceinline__ void raw_words(const unsigned short (&v)[RUN], unsigned (&w)[RUN / 2])
+{
+#pragma unroll
+    for (int j = 0; j < RUN / 2; ++j) w[j] = (unsigned)v[2 * j] | ((unsigned)v[2 * j + 1] << 16);
+}
 
 // A thread's part of one operand's staging: its row's state and the values in flight.
 template <class P, class Src, int ROWS, int THREADS>
 struct Stager {
     using Map = StageMap<ROWS, THREADS, P::BYTES>;
+    using Value = typename StagedValue<Src>::type;
+    static_assert(sizeof(Value) == 4 || P::BYTES == 2, "16-bit values only for 16-bit operands");
     static constexpr int RUN = Map::RUN;
-    float v[Src::ASYNC ? 1 : RUN];
+    Value v[Src::ASYNC ? 1 : RUN];
     int row, row_local, k_off;   // row: of the operand; row_local: of the tile
     bool active;
-    ColumnCursor column;         // ConvColumnSource
+    ColumnCursorOf<Value> column;   // ConvColumnSourceOf
 
     __device__ __forceinline__ void begin(const Src& src, int row0, int tid)
     {
@@ -175,7 +195,7 @@ struct Stager {
         row = row0 + row_local;
         k_off = Map::k_offset(tid);
         active = tid < Map::ACTIVE;
-        if constexpr (same_type<Src, ConvColumnSource>::value) {
+        if constexpr (IsConvColumns<Src>::value) {
             column = column_cursor(src.g, row);
         }
     }
@@ -195,7 +215,7 @@ struct Stager {
                     ok ? src.base + ((size_t)row * src.pitch + kc) * P::BYTES : src.base;
                 cp_async_16(tile + row_local * ROW_PITCH + (k_off + c * Map::CHUNK_ELEMS) * P::BYTES, from, ok);
             }
-        } else if constexpr (same_type<Src, ConvColumnSource>::value) {
+        } else if constexpr (IsConvColumns<Src>::value) {
             gather_column<RUN>(src.g, column, k, v);
         } else {
             const bool row_ok = row < src.rows;
@@ -211,7 +231,10 @@ struct Stager {
         if constexpr (!Src::ASYNC) {
             if (!active) return;
             unsigned w[RUN * P::BYTES / 4];
-            to_words<P, RUN>(v, w);
+            if constexpr (sizeof(Value) == 2)
+                raw_words<RUN>(v, w);
+            else
+                to_words<P, RUN>(v, w);
             uint4* dst = reinterpret_cast<uint4*>(tile + row_local * ROW_PITCH + k_off * P::BYTES);
 #pragma unroll
             for (int c = 0; c < RUN * P::BYTES / 16; ++c)
@@ -330,6 +353,32 @@ struct ConvEpilogue {
     }
 };
 
+// ConvEpilogue's store with the output's storage chosen at run time: fp32, or (half_out)
+// Half's 16 bits (one uniform branch a store).
+template <class Half>
+struct ConvEpilogueEither {
+    void* out;
+    const float* bias;   // null: none
+    int rows, cols, positions, act, half_out;
+    long long image_stride;
+    __device__ __forceinline__ long long column(int n) const
+    {
+        if (n >= cols) return -1;
+        const int b = n / positions;
+        return b * image_stride + (n - b * positions);
+    }
+    __device__ __forceinline__ void store(int m, long long col, float acc) const
+    {
+        if (m >= rows || col < 0) return;
+        const float x = epilogue_activate(bias != nullptr ? acc + bias[m] : acc, act);
+        const size_t at = (size_t)m * positions + col;
+        if (half_out)
+            static_cast<typename Half::Storage*>(out)[at] = Half::rounded(x);
+        else
+            static_cast<float*>(out)[at] = x;
+    }
+};
+
 // ---- the tile loop ----------------------------------------------------------------------
 template <class P, int BM, int BN, int WARPS_M, int WARPS_N, class SrcA, class SrcB, class Epi>
 __device__ __forceinline__ void tc_tile(const SrcA& src_a, const SrcB& src_b, const Epi& epi, int k_begin,
@@ -443,6 +492,24 @@ __device__ __forceinline__ void conv_forward_tile(const void* weights, int pitch
     tc_tile<P, BM, BN, WARPS_M, WARPS_N>(a, b, epi, 0, k_total);
 }
 
+// The same over an image kept at P's own 16 bits (HalfStorage<P>'s: a 16-bit layer output,
+// whose bits are the operand's, staged as they are), written as fp32 or (half_out) at
+// those 16 bits: one entry a tile for both outputs.
+template <class P, int BM, int BN, int WARPS_M, int WARPS_N>
+__device__ __forceinline__ void conv_forward_tile_in16(const void* weights, int pitch, const unsigned short* im,
+                                                       long long im_stride, int h, int w, int ksize, int stride_y,
+                                                       int stride_x, int pad, int dilation, int out_h, int out_w,
+                                                       int filters, int k_total, int n_total, const float* bias,
+                                                       int act, void* out, long long out_image_stride, int half_out)
+{
+    const PackedSource a{static_cast<const unsigned char*>(weights), filters, pitch};
+    const ConvColumnSourceOf<unsigned short> b{
+        {im, im_stride, h, w, ksize, stride_y, stride_x, pad, dilation, out_h, out_w, k_total, n_total}};
+    const ConvEpilogueEither<typename HalfStorage<P>::type> epi{out, bias, filters, n_total, out_h * out_w, act,
+                                                                half_out, out_image_stride};
+    tc_tile<P, BM, BN, WARPS_M, WARPS_N>(a, b, epi, 0, k_total);
+}
+
 #define TC_CONV_ENTRY(ENTRY, P, BM, BN, WARPS_M, WARPS_N, OUT)                                                  \
     extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 512 / (32 * WARPS_M * WARPS_N)) ENTRY(                                 \
         const void* weights, int pitch, const float* im, long long im_stride, int h, int w, int ksize,          \
@@ -490,10 +557,25 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, float alpha, cons
     X(PREC, P, 16x128, 16, 128, 1, 4)        \
     X(PREC, P, 64x64, 64, 64, 2, 2)
 
+#define TC_CONV_IN16_ENTRY(ENTRY, P, BM, BN, WARPS_M, WARPS_N)                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 512 / (32 * WARPS_M * WARPS_N)) ENTRY(  \
+        const void* weights, int pitch, const unsigned short* im, long long im_stride, int h, int w, int ksize, \
+        int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w, int filters, int k_total,      \
+        int n_total, const float* bias, int act, void* out, long long out_image_stride, int half_out)          \
+    {                                                                                                           \
+        conv_forward_tile_in16<P, BM, BN, WARPS_M, WARPS_N>(weights, pitch, im, im_stride, h, w, ksize,         \
+                                                            stride_y, stride_x, pad, dilation, out_h, out_w,    \
+                                                            filters, k_total, n_total, bias, act, out,          \
+                                                            out_image_stride, half_out);                        \
+    }
+
 #define TC_CONV_X(PREC, P, TILE, BM, BN, WM, WN) TC_CONV_ENTRY(conv_tc_##PREC##_##TILE, P, BM, BN, WM, WN, XF32)
 // The output at the precision's 16 bits (fp16 and bf16 only).
 #define TC_CONV_HALF_X(PREC, P, TILE, BM, BN, WM, WN) \
     TC_CONV_ENTRY(conv_tc_##PREC##_##TILE##_h, P, BM, BN, WM, WN, HalfStorage<P>::type)
+// The image at the precision's 16 bits, the output fp32 or 16-bit (fp16 and bf16 only).
+#define TC_CONV_IN16_X(PREC, P, TILE, BM, BN, WM, WN) \
+    TC_CONV_IN16_ENTRY(conv_tc_##PREC##_##TILE##_in16, P, BM, BN, WM, WN)
 #define TC_GEMM_X(PREC, P, TILE, BM, BN, WM, WN)                               \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_nn, P, BM, BN, WM, WN, false, false) \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_nt, P, BM, BN, WM, WN, false, true)  \

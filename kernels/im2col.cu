@@ -7,11 +7,21 @@
 
 #include "x_storage.cuh"
 
+// The images may be fp32 or a 16-bit layer output (X: XF16 / XBF16 storage). The kernels
+// unfolding into fp32 read through X (widened exactly); those unfolding into 16 bits take
+// an image at their own precision's bits as they are (half_bits: no conversion), and round
+// an fp32 one (X::rounded, to nearest even), which gives the same bits for the same values.
+template <class X>
+__device__ __forceinline__ unsigned short half_bits(float v) { return X::rounded(v); }
+template <class X>
+__device__ __forceinline__ unsigned short half_bits(unsigned short v) { return v; }
+
 // Writes the ksize^2 col entries of one (channel, output position). KS > 0 fixes
 // ksize at compile time, so the loops unroll and all the loads issue before the
 // stores (KS == 0: ksize at run time).
-template <int KS>
-__device__ __forceinline__ void im2col_position(const float* __restrict__ img, int ksize_rt, int height,
+template <int KS, class X>
+__device__ __forceinline__ void im2col_position(const typename X::Storage* __restrict__ img, int ksize_rt,
+                                                int height,
                                                 int width, int dilation, int h0, int w0,
                                                 float* __restrict__ out, long long row_stride)
 {
@@ -21,7 +31,7 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
         const bool h_in = h >= 0 && h < height;
         for (int kj = 0; kj < ksize; ++kj) {
             const int w = w0 + kj * dilation;
-            out[(ki * ksize + kj) * row_stride] = (h_in && w >= 0 && w < width) ? img[h * width + w] : 0.0f;
+            out[(ki * ksize + kj) * row_stride] = (h_in && w >= 0 && w < width) ? X{img}[h * width + w] : 0.0f;
         }
     }
 }
@@ -29,11 +39,12 @@ __device__ __forceinline__ void im2col_position(const float* __restrict__ img, i
 // One thread per (channel, image, output position): x (blocks and threads) spans
 // the positions, y the (channel, image) pairs. Consecutive threads write
 // consecutive addresses of each col row and read neighbouring pixels; the index
-// arithmetic is paid once per ksize^2 elements.
-extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int channels, int height, int width,
-                                        int ksize, int stride_y, int stride_x, int pad, int dilation,
-                                        int out_h, int out_w, float* __restrict__ col,
-                                        int batch, long long im_stride)
+// arithmetic is paid once per ksize^2 elements. X: how the images are kept (x_storage.cuh).
+template <class X>
+__device__ __forceinline__ void im2col_of(const typename X::Storage* __restrict__ im, int channels, int height,
+                                          int width, int ksize, int stride_y, int stride_x, int pad,
+                                          int dilation, int out_h, int out_w, float* __restrict__ col,
+                                          int batch, long long im_stride)
 {
     const int out_hw = out_h * out_w;
     const int pos = blockIdx.x * blockDim.x + threadIdx.x;
@@ -46,15 +57,29 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
     for (int cb = blockIdx.y * blockDim.y + threadIdx.y; cb < channels * batch; cb += gridDim.y * blockDim.y) {
         const int c = cb / batch;
         const int b = cb - c * batch;
-        const float* img = im + b * im_stride + (long long)c * height * width;
+        const typename X::Storage* img = im + b * im_stride + (long long)c * height * width;
         float* out = col + (long long)c * ksize * ksize * row_stride + (long long)b * out_hw + pos;
         switch (ksize) {
-        case 1: im2col_position<1>(img, 1, height, width, dilation, h0, w0, out, row_stride); break;
-        case 3: im2col_position<3>(img, 3, height, width, dilation, h0, w0, out, row_stride); break;
-        default: im2col_position<0>(img, ksize, height, width, dilation, h0, w0, out, row_stride); break;
+        case 1: im2col_position<1, X>(img, 1, height, width, dilation, h0, w0, out, row_stride); break;
+        case 3: im2col_position<3, X>(img, 3, height, width, dilation, h0, w0, out, row_stride); break;
+        default: im2col_position<0, X>(img, ksize, height, width, dilation, h0, w0, out, row_stride); break;
         }
     }
 }
+
+#define IM2COL(NAME, X)                                                                           \
+    extern "C" __global__ void NAME(const typename X::Storage* __restrict__ im, int channels,     \
+                                    int height, int width, int ksize, int stride_y, int stride_x, \
+                                    int pad, int dilation, int out_h, int out_w,                  \
+                                    float* __restrict__ col, int batch, long long im_stride)      \
+    {                                                                                             \
+        im2col_of<X>(im, channels, height, width, ksize, stride_y, stride_x, pad, dilation,       \
+                     out_h, out_w, col, batch, im_stride);                                        \
+    }
+IM2COL(im2col_kernel, XF32)
+// fp32 col from a 16-bit layer output (the unfolded weight gradient off Hopper).
+IM2COL(im2col_from_f16_kernel, XF16)
+IM2COL(im2col_from_bf16_kernel, XBF16)
 
 // col in 16 bits (X: XF16 or XBF16 rounding), rows row_pitch entries apart (a multiple of
 // 8: the wgmma operand's), the entries past batch * out_h * out_w left as they are. A
@@ -63,8 +88,9 @@ extern "C" __global__ void im2col_kernel(const float* __restrict__ im, int chann
 // 4-byte word: a warp writes 128 contiguous bytes of a row, where one column a thread
 // wrote 2-byte entries (bench/NOTES.md W3). x (blocks and threads) spans the column
 // pairs, y the channels. KS > 0 fixes ksize at compile time (KS == 0: ksize_rt).
-template <class X, int KS>
-__device__ __forceinline__ void im2col_half_pairs(const float* __restrict__ im, int channels,
+// T: the images' elements, float, or unsigned short holding X's own bits (taken as they are).
+template <class X, class T, int KS>
+__device__ __forceinline__ void im2col_half_pairs(const T* __restrict__ im, int channels,
                                                   int height, int width, int ksize_rt, int stride_y,
                                                   int stride_x, int pad, int dilation, int out_h,
                                                   int out_w, unsigned short* __restrict__ col,
@@ -99,8 +125,8 @@ __device__ __forceinline__ void im2col_half_pairs(const float* __restrict__ im, 
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     const int h = h0[j] + ki * dilation, w = w0[j] + kj * dilation;
-                    v[j] = X::rounded((h >= 0 && h < height && w >= 0 && w < width)
-                                          ? im[base[j] + plane + h * width + w] : 0.0f);
+                    v[j] = half_bits<X>((h >= 0 && h < height && w >= 0 && w < width)
+                                            ? im[base[j] + plane + h * width + w] : T(0));
                 }
                 unsigned short* at = out + (ki * ksize + kj) * row_pitch;
                 if (second)   // n even, row_pitch a multiple of 8: 4-byte aligned
@@ -112,27 +138,30 @@ __device__ __forceinline__ void im2col_half_pairs(const float* __restrict__ im, 
     }
 }
 
-#define IM2COL_HALF(NAME, X)                                                                      \
-    extern "C" __global__ void NAME(const float* __restrict__ im, int channels, int height,       \
+#define IM2COL_HALF(NAME, X, T)                                                                   \
+    extern "C" __global__ void NAME(const T* __restrict__ im, int channels, int height,           \
                                     int width, int ksize, int stride_y, int stride_x, int pad,    \
                                     int dilation, int out_h, int out_w,                           \
                                     unsigned short* __restrict__ col, int batch,                  \
                                     long long im_stride, long long row_pitch)                     \
     {                                                                                             \
         switch (ksize) {                                                                          \
-        case 1: im2col_half_pairs<X, 1>(im, channels, height, width, 1, stride_y, stride_x, pad,  \
+        case 1: im2col_half_pairs<X, T, 1>(im, channels, height, width, 1, stride_y, stride_x, pad,  \
                                         dilation, out_h, out_w, col, batch, im_stride,            \
                                         row_pitch); break;                                        \
-        case 3: im2col_half_pairs<X, 3>(im, channels, height, width, 3, stride_y, stride_x, pad,  \
+        case 3: im2col_half_pairs<X, T, 3>(im, channels, height, width, 3, stride_y, stride_x, pad,  \
                                         dilation, out_h, out_w, col, batch, im_stride,            \
                                         row_pitch); break;                                        \
-        default: im2col_half_pairs<X, 0>(im, channels, height, width, ksize, stride_y, stride_x,  \
+        default: im2col_half_pairs<X, T, 0>(im, channels, height, width, ksize, stride_y, stride_x,  \
                                          pad, dilation, out_h, out_w, col, batch, im_stride,      \
                                          row_pitch); break;                                       \
         }                                                                                         \
     }
-IM2COL_HALF(im2col_f16_kernel, XF16)
-IM2COL_HALF(im2col_bf16_kernel, XBF16)
+IM2COL_HALF(im2col_f16_kernel, XF16, float)
+IM2COL_HALF(im2col_bf16_kernel, XBF16, float)
+// The images already at the col's 16 bits (a 16-bit layer output).
+IM2COL_HALF(im2col_f16_from_f16_kernel, XF16, unsigned short)
+IM2COL_HALF(im2col_bf16_from_bf16_kernel, XBF16, unsigned short)
 
 // The wgmma forward's B operand for a 3x3 kernel, position-major: row n (n = image *
 // out_hw + position) holds that position's 9 taps of every channel, col[n * row_pitch + c *
@@ -157,8 +186,8 @@ constexpr int IM2COL_SLICE_PIECES = IM2COL_ROW_CHANNELS * 9 / 8;   // 16-byte pi
 // 16-byte stores of one piece of 8 consecutive rows (phase 1) hit 8 different bank quads.
 constexpr int IM2COL_STAGE_PITCH = IM2COL_SLICE_PIECES | 1;
 
-template <class X>
-__device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int channels,
+template <class X, class T>
+__device__ __forceinline__ void im2col_rows_of(const T* __restrict__ im, int channels,
                                                int height, int width, int stride_y, int stride_x,
                                                int pad, int dilation, int out_h, int out_w,
                                                unsigned short* __restrict__ col, int rows,
@@ -179,7 +208,7 @@ __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int
         const int oh = pos / out_w;
         const int h0 = oh * stride_y - pad, w0 = (pos - oh * out_w) * stride_x - pad;
         const int plane = height * width;
-        const float* img = im + b * im_stride + (long long)cg * plane;
+        const T* img = im + b * im_stride + (long long)cg * plane;
         // Each tap's offset in a channel and which taps fall inside the image, the same for
         // every channel. A tap outside reads the channel's first pixel, then takes 0, and a
         // channel past the last one (cs) reads the last one again, never stored: no load
@@ -201,8 +230,8 @@ __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int c = (e + j) / 9, tap = (e + j) % 9;
-                const float x = img[min(c, cs - 1) * plane + at[tap]];
-                v[j] = X::rounded(inside >> tap & 1u ? x : 0.0f);
+                const T x = img[min(c, cs - 1) * plane + at[tap]];
+                v[j] = half_bits<X>(inside >> tap & 1u ? x : T(0));
             }
             words[e / 2] = (unsigned)v[0] | ((unsigned)v[1] << 16);
         }
@@ -240,17 +269,19 @@ __device__ __forceinline__ void im2col_rows_of(const float* __restrict__ im, int
     }
 }
 
-#define IM2COL_ROWS(NAME, X)                                                                      \
+#define IM2COL_ROWS(NAME, X, T)                                                                   \
     extern "C" __global__ void __launch_bounds__(IM2COL_ROWS_THREADS)                             \
-    NAME(const float* __restrict__ im, int channels, int height, int width, int stride_y,         \
+    NAME(const T* __restrict__ im, int channels, int height, int width, int stride_y,         \
          int stride_x, int pad, int dilation, int out_h, int out_w,                               \
          unsigned short* __restrict__ col, int rows, long long im_stride, long long row_pitch)    \
     {                                                                                             \
-        im2col_rows_of<X>(im, channels, height, width, stride_y, stride_x, pad, dilation, out_h,  \
+        im2col_rows_of<X, T>(im, channels, height, width, stride_y, stride_x, pad, dilation, out_h,  \
                           out_w, col, rows, im_stride, row_pitch);                                \
     }
-IM2COL_ROWS(im2col_rows_f16_kernel, XF16)
-IM2COL_ROWS(im2col_rows_bf16_kernel, XBF16)
+IM2COL_ROWS(im2col_rows_f16_kernel, XF16, float)
+IM2COL_ROWS(im2col_rows_bf16_kernel, XBF16, float)
+IM2COL_ROWS(im2col_rows_f16_from_f16_kernel, XF16, unsigned short)
+IM2COL_ROWS(im2col_rows_bf16_from_bf16_kernel, XBF16, unsigned short)
 
 // Sum of the col entries that im2col read from pixel (h, w) of one channel.
 // KS > 0 fixes ksize at compile time, so the loops unroll and the loads issue

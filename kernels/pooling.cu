@@ -1,5 +1,7 @@
 // Max and average pooling (Darknet's maxpool and avgpool layers).
 
+#include "x_storage.cuh"
+
 // Output element i of (planes) x out_h x out_w: its column, row and plane.
 __device__ __forceinline__ long long pool_position(long long i, int out_w, int out_h, int* ow, int* oh)
 {
@@ -13,11 +15,15 @@ __device__ __forceinline__ long long pool_position(long long i, int out_w, int o
 // -(padding / 2) and move by stride_x across, stride_y down (the same for the original
 // Darknet); cells outside the image never win. indexes gets the flat index into x of the
 // first maximum in row-major window order (strict '>', as Darknet), or -1 when the window
-// holds no image cell.
-extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, int planes, int h, int w,
-                                                 int size, int stride_x, int stride_y, int padding,
-                                                 int out_h, int out_w,
-                                                 float* __restrict__ out, int* __restrict__ indexes)
+// holds no image cell. X: how x and out are kept (x_storage.cuh; a 16-bit layer output,
+// issue 26): the values compared widened, the winner's stored bits copied.
+template <class X>
+__device__ __forceinline__ void maxpool_forward_of(const typename X::Storage* __restrict__ x,
+                                                   int planes, int h, int w, int size,
+                                                   int stride_x, int stride_y, int padding,
+                                                   int out_h, int out_w,
+                                                   typename X::Storage* __restrict__ out,
+                                                   int* __restrict__ indexes)
 {
     const long long total = (long long)planes * out_h * out_w;
     const int off = padding / 2;
@@ -28,6 +34,7 @@ extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, i
         const int h0 = oh * stride_y - off;
         const int w0 = ow * stride_x - off;
         float best = -INFINITY;
+        typename X::Storage best_stored = X::rounded(-INFINITY);
         int best_i = -1;
         for (int dy = 0; dy < size; ++dy) {
             const int y = h0 + dy;
@@ -36,17 +43,32 @@ extern "C" __global__ void maxpool_forward_kernel(const float* __restrict__ x, i
                 const int xx = w0 + dx;
                 if (xx < 0 || xx >= w) continue;
                 const int idx = (int)((plane * h + y) * w + xx);
-                const float v = x[idx];
+                const typename X::Storage stored = x[idx];
+                const float v = X::widen(stored);
                 if (best_i < 0 || v > best) {
                     best = v;
+                    best_stored = stored;
                     best_i = idx;
                 }
             }
         }
-        out[i] = best;
+        out[i] = best_stored;
         if (indexes) indexes[i] = best_i;  // null in inference: no argmax kept
     }
 }
+
+#define MAXPOOL_FORWARD(NAME, X)                                                                  \
+    extern "C" __global__ void NAME(const X::Storage* __restrict__ x, int planes, int h, int w,   \
+                                    int size, int stride_x, int stride_y, int padding, int out_h, \
+                                    int out_w, X::Storage* __restrict__ out,                      \
+                                    int* __restrict__ indexes)                                    \
+    {                                                                                             \
+        maxpool_forward_of<X>(x, planes, h, w, size, stride_x, stride_y, padding, out_h, out_w,   \
+                              out, indexes);                                                      \
+    }
+MAXPOOL_FORWARD(maxpool_forward_kernel, XF32)
+MAXPOOL_FORWARD(maxpool_forward_kernel_f16, XF16)
+MAXPOOL_FORWARD(maxpool_forward_kernel_bf16, XBF16)
 
 // The same sums as maxpool_backward_kernel for a spatial maxpool, one thread per input
 // cell gathering from the windows that hold it, in output order: deterministic (atomics

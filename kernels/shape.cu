@@ -1,6 +1,12 @@
 // Data movement between layer layouts: route copies, upsample, reorg, shortcut, and the
 // AlexeyAB fork's weighted shortcut and scale_channels.
 // All arrays are batch x channels x height x width, row-major.
+// A layer's output kept at 16 bits (issue 26: storage_zeros' fp16/bf16 arrays) goes through
+// the _f16 / _bf16 twins of route's copy, upsample's forward and the shortcut: one template
+// over x_storage.cuh's types each, the arithmetic in fp32 and one rounding at the store
+// (XF32's the identity: the fp32 kernels' bits).
+
+#include "x_storage.cuh"
 
 // dst[p*dst_plane_stride + r*dst_stride + c] (+)= src[p*src_plane_stride + r*src_stride + c]
 // for p < planes, r < rows, c < width: route concatenation (one plane) and the
@@ -8,40 +14,60 @@
 // x spans c, COPY_RUN elements a thread (blockDim.x apart, so a warp's accesses stay
 // coalesced), loaded together before any store: one element a thread kept too few loads
 // in flight for the copy bandwidth (bench/NOTES.md, R2). y spans the (plane, row) pairs.
+// A 16-bit copy moves the stored bits; accumulating adds the widened values in fp32 and
+// rounds the sum once.
 constexpr int COPY_RUN = 4;
 
-extern "C" __global__ void copy_blocks_kernel(const float* __restrict__ src, int src_stride,
-                                             long long src_plane_stride,
-                                             float* __restrict__ dst, int dst_stride,
-                                             long long dst_plane_stride,
-                                             int width, int rows, int planes, int accumulate)
+template <class X>
+__device__ __forceinline__ void copy_blocks_of(const typename X::Storage* __restrict__ src,
+                                               int src_stride, long long src_plane_stride,
+                                               typename X::Storage* __restrict__ dst,
+                                               int dst_stride, long long dst_plane_stride,
+                                               int width, int rows, int planes, int accumulate)
 {
+    using Storage = typename X::Storage;
     const int c0 = blockIdx.x * blockDim.x * COPY_RUN + threadIdx.x;
     if (c0 >= width) return;
     for (long long pr = blockIdx.y * blockDim.y + threadIdx.y; pr < (long long)rows * planes;
          pr += gridDim.y * blockDim.y) {
         const long long p = pr / rows;
         const long long r = pr - p * rows;
-        const float* s = src + p * src_plane_stride + r * src_stride;
-        float* d = dst + p * dst_plane_stride + r * dst_stride;
-        float v[COPY_RUN];
+        const Storage* s = src + p * src_plane_stride + r * src_stride;
+        Storage* d = dst + p * dst_plane_stride + r * dst_stride;
+        Storage v[COPY_RUN];
 #pragma unroll
         for (int u = 0; u < COPY_RUN; ++u) {
             const int c = c0 + u * blockDim.x;
-            v[u] = c < width ? s[c] : 0.0f;
+            v[u] = c < width ? s[c] : Storage(0);
         }
 #pragma unroll
         for (int u = 0; u < COPY_RUN; ++u) {
             const int c = c0 + u * blockDim.x;
-            if (c < width) d[c] = accumulate ? d[c] + v[u] : v[u];
+            if (c < width) d[c] = accumulate ? X::rounded(X::widen(d[c]) + X::widen(v[u])) : v[u];
         }
     }
 }
 
+#define COPY_BLOCKS(NAME, X)                                                                      \
+    extern "C" __global__ void NAME(const X::Storage* __restrict__ src, int src_stride,           \
+                                    long long src_plane_stride, X::Storage* __restrict__ dst,     \
+                                    int dst_stride, long long dst_plane_stride, int width,        \
+                                    int rows, int planes, int accumulate)                         \
+    {                                                                                             \
+        copy_blocks_of<X>(src, src_stride, src_plane_stride, dst, dst_stride, dst_plane_stride,   \
+                          width, rows, planes, accumulate);                                       \
+    }
+COPY_BLOCKS(copy_blocks_kernel, XF32)
+COPY_BLOCKS(copy_blocks_kernel_f16, XF16)
+COPY_BLOCKS(copy_blocks_kernel_bf16, XBF16)
+
 // Nearest-neighbour upsample of planes (batch*c) of h x w by `stride`:
 // out[p, y, x] = scale * in[p, y/stride, x/stride]. One thread per output element.
-extern "C" __global__ void upsample_forward_kernel(const float* __restrict__ in, int planes, int h, int w,
-                                                  int stride, float scale, float* __restrict__ out)
+template <class X>
+__device__ __forceinline__ void upsample_forward_of(const typename X::Storage* __restrict__ in,
+                                                    int planes, int h, int w, int stride,
+                                                    float scale,
+                                                    typename X::Storage* __restrict__ out)
 {
     const int ow = w * stride, oh = h * stride;
     const long long total = (long long)planes * oh * ow;
@@ -51,9 +77,19 @@ extern "C" __global__ void upsample_forward_kernel(const float* __restrict__ in,
         const long long t = i / ow;
         const int y = (int)(t % oh);
         const long long p = t / oh;
-        out[i] = scale * in[(p * h + y / stride) * w + x / stride];
+        out[i] = X::rounded(scale * X::widen(in[(p * h + y / stride) * w + x / stride]));
     }
 }
+
+#define UPSAMPLE_FORWARD(NAME, X)                                                                 \
+    extern "C" __global__ void NAME(const X::Storage* __restrict__ in, int planes, int h, int w,  \
+                                    int stride, float scale, X::Storage* __restrict__ out)        \
+    {                                                                                             \
+        upsample_forward_of<X>(in, planes, h, w, stride, scale, out);                             \
+    }
+UPSAMPLE_FORWARD(upsample_forward_kernel, XF32)
+UPSAMPLE_FORWARD(upsample_forward_kernel_f16, XF16)
+UPSAMPLE_FORWARD(upsample_forward_kernel_bf16, XBF16)
 
 // Its adjoint: in[p, y, x] += scale * sum of out over the stride x stride cell
 // of (y, x). One thread per small element gathers its cell (no atomics).
@@ -103,10 +139,12 @@ extern "C" __global__ void reorg_kernel(const float* __restrict__ x, int w, int 
 
 // Darknet's shortcut_cpu: out = s1*out + s2*add over the common shape
 // (batch, minc, minh, minw), sampling add every `stride` and out every `sample`.
-extern "C" __global__ void shortcut_kernel(int batch, int minw, int minh, int minc, int stride, int sample,
-                                          const float* __restrict__ add, int w1, int h1, int c1,
-                                          float* __restrict__ out, int w2, int h2, int c2,
-                                          float s1, float s2)
+template <class X>
+__device__ __forceinline__ void shortcut_of(int batch, int minw, int minh, int minc, int stride,
+                                            int sample,
+                                            const typename X::Storage* __restrict__ add, int w1,
+                                            int h1, int c1, typename X::Storage* __restrict__ out,
+                                            int w2, int h2, int c2, float s1, float s2)
 {
     const long long total = (long long)batch * minc * minh * minw;
     for (long long n = blockIdx.x * (long long)blockDim.x + threadIdx.x; n < total;
@@ -119,9 +157,22 @@ extern "C" __global__ void shortcut_kernel(int batch, int minw, int minh, int mi
         const long long b = t / minc;
         const long long out_index = ((b * c2 + k) * h2 + (long long)j * sample) * w2 + (long long)i * sample;
         const long long add_index = ((b * c1 + k) * h1 + (long long)j * stride) * w1 + (long long)i * stride;
-        out[out_index] = s1 * out[out_index] + s2 * add[add_index];
+        out[out_index] = X::rounded(s1 * X::widen(out[out_index]) + s2 * X::widen(add[add_index]));
     }
 }
+
+#define SHORTCUT(NAME, X)                                                                         \
+    extern "C" __global__ void NAME(int batch, int minw, int minh, int minc, int stride,          \
+                                    int sample, const X::Storage* __restrict__ add, int w1,       \
+                                    int h1, int c1, X::Storage* __restrict__ out, int w2, int h2, \
+                                    int c2, float s1, float s2)                                   \
+    {                                                                                             \
+        shortcut_of<X>(batch, minw, minh, minc, stride, sample, add, w1, h1, c1, out, w2, h2, c2, \
+                       s1, s2);                                                                   \
+    }
+SHORTCUT(shortcut_kernel, XF32)
+SHORTCUT(shortcut_kernel_f16, XF16)
+SHORTCUT(shortcut_kernel_bf16, XBF16)
 
 // The fork's [scale_channels]: out[b, c, p] = scale[b, c] * src[b, c, p], or with scale_wh
 // scale[b, p] * src[b, c, p]. One thread per output element.

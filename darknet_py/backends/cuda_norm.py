@@ -16,7 +16,7 @@ import pycuda.driver as drv
 
 from .. import activations, precision as precisions
 from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
-from .numpy_batchnorm import delta_sums_given
+from .numpy_batchnorm import delta_sums_given, rebuild_storage
 
 # Elements of a row each thread of batchnorm_apply and normalize_delta takes, the channel's
 # constants worked out once for them (bench/NOTES.md E3).
@@ -56,7 +56,7 @@ KERNELS = {
         **{f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP"
            for suffix in ("", "_x_f16", "_x_bf16")},
         **{f"batchnorm_rebuild_kernel{suffix}": "PPPPPPiiifi"
-           for suffix in ("", "_x_f16", "_x_bf16")},
+           for suffix in ("", "_x_f16", "_x_bf16", "_x_f16_out", "_x_bf16_out")},
     },
 }
 
@@ -282,7 +282,9 @@ class CudaNorm:
         whose sums are bias_scale_updates' to the bit (and delta_sum's and
         delta_x_norm_sum's, rounded to float, where given). x_precision: how x is kept
         (storage_zeros); a 16-bit x is widened to fp32 as it is read, and goes row by row
-        (batchnorm_activation_rows: each row's sums, then the rows' per channel; E8)."""
+        (batchnorm_activation_rows: each row's sums, then the rows' per channel; E8),
+        `output` ignored (None allowed): the gradients from the output recompute it from x
+        as batchnorm_rebuild_kernel does, its fp32 bits (issue 26)."""
         suffix = self._x_suffix(x, x_precision)
         sums = delta_sums_given(delta_sum, delta_x_norm_sum)
         batch, filters, spatial = int(batch), int(filters), int(spatial)
@@ -290,19 +292,23 @@ class CudaNorm:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
         act = self._activation_id(activation)
         total = batch * filters * spatial
-        for what, arr, need in (("x", x, total), ("output", output, total), ("delta", delta, total),
-                                ("mean", mean, filters), ("variance", variance, filters),
-                                ("scales", scales, filters), ("biases", biases, filters),
-                                ("scale_updates", scale_updates, filters)) + tuple(
-                                    (what, arr, filters) for what, arr in (
-                                        ("bias_updates", bias_updates), ("delta_sum", delta_sum),
-                                        ("delta_x_norm_sum", delta_x_norm_sum))
-                                    if arr is not None):
-            self._check_size(f"batchnorm_activation_backward {what}", arr, need)
+        if suffix:   # a 16-bit x: the output recomputed from it, never read
+            output = None
+        checked = (("x", x, total), ("output", output, total), ("delta", delta, total),
+                   ("mean", mean, filters), ("variance", variance, filters),
+                   ("scales", scales, filters), ("biases", biases, filters),
+                   ("scale_updates", scale_updates, filters), ("bias_updates", bias_updates,
+                                                               filters),
+                   ("delta_sum", delta_sum, filters), ("delta_x_norm_sum", delta_x_norm_sum,
+                                                       filters))
+        for what, arr, need in checked:
+            if arr is not None or what in ("x", "delta", "scale_updates"):
+                self._check_size(f"batchnorm_activation_backward {what}", arr, need)
         if filters <= 0 or batch * spatial <= 0:
             return
         two_sums = bias_updates is not None or sums
-        args = (self._ptr(x), self._ptr(output), self._ptr(mean), self._ptr(variance),
+        args = (self._ptr(x), 0 if output is None else self._ptr(output), self._ptr(mean),
+                self._ptr(variance),
                 self._ptr(scales), self._ptr(biases), batch, filters, spatial,
                 -1.0 if eps is None else float(eps), act,
                 int(activation in activations.INPUT_GRADIENT))
@@ -406,13 +412,16 @@ class CudaNorm:
     def batchnorm_rebuild(self, x, out, mean, variance, scales, biases, batch, filters,
                           spatial, eps, activation, x_precision="fp32"):
         """NumpyBackend.batchnorm_rebuild in one pass (kernels/activations.cu), x kept at
-        x_precision (storage_zeros' array, widened as it is read)."""
+        x_precision (storage_zeros' array, widened as it is read); out fp32 or x's 16-bit
+        storage (the _out twins: the same fp32 value rounded once as it is stored)."""
+        out_suffix = "" if rebuild_storage(self.storage_of, x_precision, out) == \
+            precisions.DEFAULT else "_out"
         total = batch * filters * spatial
         for what, arr, need in (("x", x, total), ("out", out, total), ("mean", mean, filters),
                                 ("variance", variance, filters), ("scales", scales, filters),
                                 ("biases", biases, filters)):
             self._check_size(f"batchnorm_rebuild {what}", arr, need)
-        self._launch_rows("batchnorm_rebuild_kernel" + self._x_suffix(x, x_precision),
+        self._launch_rows("batchnorm_rebuild_kernel" + self._x_suffix(x, x_precision) + out_suffix,
                           batch * filters, spatial, self._ptr(x), self._ptr(out),
                           self._ptr(mean), self._ptr(variance), self._ptr(scales),
                           self._ptr(biases), int(batch * filters), int(filters), int(spatial),

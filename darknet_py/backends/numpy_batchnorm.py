@@ -18,6 +18,24 @@ def delta_sums_given(delta_sum, delta_x_norm_sum):
     return delta_sum is not None
 
 
+def one_storage(op, storage_of, allowed=None, **arrays):
+    """The storage (storage_of: fp32, fp16, bf16) that the named arrays share, None ones
+    skipped: a 16-bit array mixes only with arrays of its own storage (issue 26), so a mix
+    raises a ValueError naming op and each array's storage. allowed: the storages op takes
+    (None: any); another raises a TypeError naming op and the array's storage. Both
+    backends call it with their storage_of."""
+    kept = {name: storage_of(a) for name, a in arrays.items() if a is not None}
+    storages = set(kept.values())
+    named = ", ".join(f"{name} kept at {storage}" for name, storage in kept.items())
+    if len(storages) > 1:
+        raise ValueError(f"{op}: {named}: a 16-bit array mixes only with arrays of its "
+                         f"own storage")
+    storage = storages.pop() if storages else precisions.DEFAULT
+    if allowed is not None and storage not in allowed:
+        raise TypeError(f"{op}: {named}: takes {' or '.join(allowed)} arrays only")
+    return storage
+
+
 class StoredArray(np.ndarray):
     """A float array whose values are kept at `precision` (storage_zeros' fp16/bf16 arrays:
     a BN layer's x, a 16-bit layer output). The values are float32, already rounded; the
@@ -27,6 +45,17 @@ class StoredArray(np.ndarray):
 
     def __array_finalize__(self, obj):
         self.precision = getattr(obj, "precision", precisions.DEFAULT)
+
+
+def rebuild_storage(storage_of, x_precision, out):
+    """How batchnorm_rebuild stores out: fp32, or x_precision's 16 bits when out is a
+    16-bit array (which must be x's storage: ValueError otherwise)."""
+    kept = storage_of(out)
+    x_storage = precisions.storage(x_precision)
+    if kept != precisions.DEFAULT and kept != x_storage:
+        raise ValueError(f"batchnorm_rebuild: x kept at {x_storage}, out kept at {kept}: a "
+                         f"16-bit out takes x's own storage")
+    return kept
 
 
 class NumpyBatchnorm:
@@ -97,12 +126,16 @@ class NumpyBatchnorm:
                           spatial, eps, activation, x_precision="fp32"):
         """out <- what batchnorm_apply made of x in training (keep=x, no x_norm), made again
         from the kept x alone (storage_zeros(n, x_precision)'s array; here its values are
-        already the rounded ones): fp32 bit for bit; fp16/bf16 from x's 16 bits."""
-        precisions.storage(x_precision)   # a known precision, as on CUDA
+        already the rounded ones): fp32 bit for bit; fp16/bf16 from x's 16 bits. out: fp32,
+        or (issue 26: a 16-bit layer output) storage_zeros(n, x_precision)'s array, which
+        gets the same fp32 values rounded once."""
+        stored = rebuild_storage(self.storage_of, x_precision, out)
         total = batch * filters * spatial
-        out[:total] = x[:total]
-        self.batchnorm_apply(out, mean, variance, scales, biases, batch, filters, spatial, eps,
-                             activation, None)
+        value = np.array(x[:total], dtype=self.dtype)   # plain floats: the fp32 arithmetic
+        self.batchnorm_apply(value, mean, variance, scales, biases, batch, filters, spatial,
+                             eps, activation, None)
+        out[:total] = value if stored == precisions.DEFAULT else precisions.round_to(value,
+                                                                                     stored)
 
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
                         activation, x_norm, keep=None, keep_precision="fp32"):
@@ -133,7 +166,10 @@ class NumpyBatchnorm:
         a BN layer's backward keeps x only. Gradient from the output, or from the input for
         INPUT_GRADIENT; not the normalize_channels family (mixes channels).
         x_precision: how x is kept (storage_zeros / copy_rounded's precision); here its
-        values are already the rounded ones, read as they are. delta_sum and
+        values are already the rounded ones, read as they are. A 16-bit x never reads
+        `output` (None or any array: ignored): the gradients from the output take it as
+        batchnorm_rebuild makes it from x in fp32 (the same bits), so a layer's output may
+        itself be kept at 16 bits (issue 26); an fp32 x reads output, Darknet's way. delta_sum and
         delta_x_norm_sum (both or neither): set to this pass's sums of delta and of
         delta * x_norm per channel (not accumulated; batchnorm_delta_from_sums reads them)."""
         precisions.storage(x_precision)   # a known precision, as on CUDA
@@ -141,7 +177,7 @@ class NumpyBatchnorm:
         if activation in activations.CHANNEL_ACTIVATIONS:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
         total = batch * filters * spatial
-        x_norm = x[:total].copy()
+        x_norm = np.array(x[:total], dtype=self.dtype)   # plain floats, not x's StoredArray
         if eps is None:
             self.normalize(x_norm, mean, variance, batch, filters, spatial)
         else:
@@ -151,6 +187,13 @@ class NumpyBatchnorm:
             self.scale_bias(activation_input, scales, batch, filters, spatial)
             self.add_bias(activation_input, biases, batch, filters, spatial)
             self.gradient_from_input(activation_input, activation, delta[:total])
+        elif precisions.storage(x_precision) != precisions.DEFAULT:
+            if activation != "linear":   # the output batchnorm_rebuild makes of x, in fp32
+                rebuilt = x_norm.copy()
+                self.scale_bias(rebuilt, scales, batch, filters, spatial)
+                self.add_bias(rebuilt, biases, batch, filters, spatial)
+                self.activate(rebuilt, activation)
+                self.gradient(rebuilt, activation, delta[:total])
         else:
             self.gradient(output[:total], activation, delta[:total])
         if not sums:
