@@ -301,15 +301,16 @@ class CudaNorm:
                                                                filters),
                    ("delta_sum", delta_sum, filters), ("delta_x_norm_sum", delta_x_norm_sum,
                                                        filters))
+        optional = ("bias_updates", "delta_sum", "delta_x_norm_sum") + (
+            ("output",) if suffix else ())
         for what, arr, need in checked:
-            if arr is not None or what in ("x", "delta", "scale_updates"):
+            if arr is not None or what not in optional:
                 self._check_size(f"batchnorm_activation_backward {what}", arr, need)
         if filters <= 0 or batch * spatial <= 0:
             return
         two_sums = bias_updates is not None or sums
         args = (self._ptr(x), 0 if output is None else self._ptr(output), self._ptr(mean),
-                self._ptr(variance),
-                self._ptr(scales), self._ptr(biases), batch, filters, spatial,
+                self._ptr(variance), self._ptr(scales), self._ptr(biases), batch, filters, spatial,
                 -1.0 if eps is None else float(eps), act,
                 int(activation in activations.INPUT_GRADIENT))
         if suffix:   # a 16-bit x: row by row (E8), each row's pieces a part
