@@ -13,6 +13,7 @@ import numpy as np
 import pycuda.driver as drv
 from pycuda.tools import DeviceMemoryPool
 
+from .. import precision as precisions
 from ..processes import trace_start
 from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
 from .errors import DeviceOutOfMemory, GraphCaptureError
@@ -422,7 +423,9 @@ class CudaCore:
             drv.memcpy_htod_async(self._ptr(arr), h, self.stream)
 
     def to_host(self, arr):
-        """A NumPy copy of `arr` (float32; int64 for an integer array)."""
+        """A NumPy copy of `arr` (float32; int64 for an integer array). A 16-bit storage
+        array (storage_zeros': float16 for fp16, uint16 holding bf16's bits) comes back as
+        the float32 values it holds, widened exactly, as NumPy's StoredArray holds them."""
         out = np.empty(arr.size, dtype=arr.dtype)
         if arr.size and self._staged(out.nbytes, download=True):
             try:
@@ -434,6 +437,8 @@ class CudaCore:
             if arr.size:
                 drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
             self._sync("to_host")
+        if out.dtype == np.uint16:   # bf16: the upper half of a float32
+            return (out.astype(np.uint32) << 16).view(np.float32)
         return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
 
     def download_async(self, arr, out):
@@ -587,11 +592,29 @@ class CudaCore:
         return _Graph(self, graph, graph_exec, keep)
 
     def fill(self, arr, value):
-        if arr.size:
-            bits = np.array([value], dtype=arr.dtype).view(np.uint32)[0]
-            drv.memset_d32_async(self._ptr(arr), int(bits), arr.size, self.stream)
+        """Every element of arr set to value (a 16-bit storage array: value rounded to its
+        storage, as NumPy's fill of a StoredArray)."""
+        if not arr.size:
+            return
+        if arr.dtype.itemsize == 2:
+            kept = np.float32([value])
+            if arr.dtype == np.uint16:   # bf16's bits (storage_of)
+                bits = precisions.round_to(kept, "bf16").view(np.uint32)[0] >> 16
+            else:
+                with np.errstate(over="ignore"):
+                    bits = kept.astype(np.float16).view(np.uint16)[0]
+            drv.memset_d16_async(self._ptr(arr), int(bits), arr.size, self.stream)
+            return
+        bits = np.array([value], dtype=arr.dtype).view(np.uint32)[0]
+        drv.memset_d32_async(self._ptr(arr), int(bits), arr.size, self.stream)
 
     def copy(self, src, dst):
+        """dst <- src, the bytes as they are: arrays of one storage (storage_of) only, a
+        ValueError naming both otherwise."""
         self._sizes_match("copy", src, dst)
+        if src.dtype != dst.dtype:
+            raise ValueError(f"copy: src kept at {self.storage_of(src)} ({src.dtype}), dst kept "
+                             f"at {self.storage_of(dst)} ({dst.dtype}): copy takes arrays of "
+                             f"one storage (copy_rounded rounds into a 16-bit one)")
         if src.size:
             drv.memcpy_dtod_async(self._ptr(dst), self._ptr(src), src.nbytes, self.stream)

@@ -6,8 +6,9 @@ uniform draws (kernels/dropout.cu). A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
-from .. import activations
+from .. import activations, precision as precisions
 from .cuda_core import _BLOCK, _ceil_div
+from .numpy_batchnorm import one_storage
 
 KERNELS = {
     "blas.cu": {
@@ -33,7 +34,7 @@ KERNELS = {
         "normalize_channels_gradient_kernel": "PiiiiP",
     },
     "pooling.cu": {
-        "maxpool_forward_kernel": "PiiiiiiiiiPP",
+        **{f"maxpool_forward_kernel{suffix}": "PiiiiiiiiiPP" for suffix in ("", "_f16", "_bf16")},
         "maxpool_depth_kernel": "PiiiiPP",
         "local_avgpool_forward_kernel": "PiiiiiiiiiP",
         "local_avgpool_backward_kernel": "PiiiiiiiiiP",
@@ -43,11 +44,11 @@ KERNELS = {
         "avgpool_backward_kernel": "PiiP",
     },
     "shape.cu": {
-        "copy_blocks_kernel": "PiqPiqiiii",
-        "upsample_forward_kernel": "PiiiifP",
+        **{f"copy_blocks_kernel{suffix}": "PiqPiqiiii" for suffix in ("", "_f16", "_bf16")},
+        **{f"upsample_forward_kernel{suffix}": "PiiiifP" for suffix in ("", "_f16", "_bf16")},
         "upsample_backward_kernel": "PiiiifP",
         "reorg_kernel": "PiiiiiiP",
-        "shortcut_kernel": "iiiiiiPiiiPiiiff",
+        **{f"shortcut_kernel{suffix}": "iiiiiiPiiiPiiiff" for suffix in ("", "_f16", "_bf16")},
         "scale_channels_kernel": "PPiiiiP",
         "scale_channels_src_delta_kernel": "PPiiiiP",
         "scale_channels_scale_delta_kernel": "PPiiiiP",
@@ -67,6 +68,9 @@ KERNELS = {
 }
 
 _COPY_RUN = 4   # COPY_RUN of kernels/shape.cu
+# The twins of the kernels that take a layer's output kept at 16 bits (issue 26:
+# storage_zeros' arrays, storage_of), by the storage their arrays share.
+_STORAGE_SUFFIX = {"fp32": "", "fp16": "_f16", "bf16": "_bf16"}
 
 
 class CudaElementwise:
@@ -76,7 +80,11 @@ class CudaElementwise:
                     width, rows, accumulate=False, planes=1, src_plane_stride=0,
                     dst_plane_stride=0):
         """For p in planes, r in rows: dst[dst_offset + p*dst_plane_stride + r*dst_stride : +width]
-        (+)= src[src_offset + p*src_plane_stride + r*src_stride : +width]."""
+        (+)= src[src_offset + p*src_plane_stride + r*src_stride : +width]. src and dst of one
+        storage (fp32, or both 16-bit: the stored bits copied; accumulated in fp32 and
+        rounded once)."""
+        suffix = _STORAGE_SUFFIX[one_storage("copy_blocks", self.storage_of, src=src, dst=dst)]
+        size = src.dtype.itemsize
         planes = int(planes)
         for what, arr, off, stride, pstride in (("src", src, src_offset, src_stride, src_plane_stride),
                                                 ("dst", dst, dst_offset, dst_stride, dst_plane_stride)):
@@ -87,9 +95,9 @@ class CudaElementwise:
         if rows <= 0 or width <= 0 or planes <= 0:
             return
         # x spans the width in runs of _COPY_RUN elements a thread (kernels/shape.cu)
-        self._launch_rows("copy_blocks_kernel", rows * planes, _ceil_div(width, _COPY_RUN),
-                          self._ptr(src) + 4 * int(src_offset), int(src_stride), int(src_plane_stride),
-                          self._ptr(dst) + 4 * int(dst_offset), int(dst_stride), int(dst_plane_stride),
+        self._launch_rows("copy_blocks_kernel" + suffix, rows * planes, _ceil_div(width, _COPY_RUN),
+                          self._ptr(src) + size * int(src_offset), int(src_stride), int(src_plane_stride),
+                          self._ptr(dst) + size * int(dst_offset), int(dst_stride), int(dst_plane_stride),
                           int(width), int(rows), planes, int(bool(accumulate)))
 
     # ---- BLAS-like ----------------------------------------------------------
@@ -249,7 +257,9 @@ class CudaElementwise:
 
     def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
                            indexes):
-        """maxpool_forward with the AlexeyAB fork's separate strides across and down."""
+        """maxpool_forward with the AlexeyAB fork's separate strides across and down. x and
+        out of one storage (fp32, or both 16-bit: the winner's bits copied)."""
+        suffix = _STORAGE_SUFFIX[one_storage("maxpool_forward", self.storage_of, x=x, out=out)]
         out_h = (h + padding - size) // stride_y + 1
         out_w = (w + padding - size) // stride_x + 1
         n_out = batch * c * out_h * out_w
@@ -259,7 +269,7 @@ class CudaElementwise:
             if indexes.dtype != np.int32:
                 raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
             self._check_size("maxpool_forward indexes", indexes, n_out)
-        self._launch("maxpool_forward_kernel", self._grid1d(n_out), (_BLOCK,),
+        self._launch("maxpool_forward_kernel" + suffix, self._grid1d(n_out), (_BLOCK,),
                      self._ptr(x), int(batch * c), int(h), int(w), int(size), int(stride_x),
                      int(stride_y), int(padding), int(out_h), int(out_w), self._ptr(out),
                      0 if indexes is None else self._ptr(indexes))
@@ -348,12 +358,18 @@ class CudaElementwise:
 
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
-        """forward: out = scale * nearest(x); backward: x += scale * cell sums of out."""
+        """forward: out = scale * nearest(x); backward: x += scale * cell sums of out. The
+        forward takes x and out of one storage (fp32, or both 16-bit: scaled in fp32 and
+        rounded once); the backward fp32 arrays only."""
+        suffix = _STORAGE_SUFFIX[one_storage(
+            "upsample" if forward else "upsample (backward)", self.storage_of,
+            None if forward else (precisions.DEFAULT,), x=x, out=out)]
         planes = batch * c
         self._check_size("upsample x", x, planes * h * w)
         self._check_size("upsample out", out, planes * h * w * stride * stride)
         if forward:
-            self._launch("upsample_forward_kernel", self._grid1d(planes * h * w * stride * stride),
+            self._launch("upsample_forward_kernel" + suffix,
+                         self._grid1d(planes * h * w * stride * stride),
                          (_BLOCK,), self._ptr(x), int(planes), int(h), int(w), int(stride),
                          float(scale), self._ptr(out))
         else:
@@ -370,13 +386,15 @@ class CudaElementwise:
                      int(c), int(batch), int(stride), int(bool(forward)), self._ptr(out))
 
     def shortcut(self, batch, w1, h1, c1, add, w2, h2, c2, s1, s2, out):
-        """Darknet's shortcut: out = s1*out + s2*add over the common shape."""
+        """Darknet's shortcut: out = s1*out + s2*add over the common shape. add and out of
+        one storage (fp32, or both 16-bit: the sum in fp32, rounded once)."""
+        suffix = _STORAGE_SUFFIX[one_storage("shortcut", self.storage_of, add=add, out=out)]
         stride = max(1, w1 // w2)
         sample = max(1, w2 // w1)
         minw, minh, minc = min(w1, w2), min(h1, h2), min(c1, c2)
         self._check_size("shortcut add", add, batch * c1 * h1 * w1)
         self._check_size("shortcut out", out, batch * c2 * h2 * w2)
-        self._launch("shortcut_kernel", self._grid1d(batch * minc * minh * minw), (_BLOCK,),
+        self._launch("shortcut_kernel" + suffix, self._grid1d(batch * minc * minh * minw), (_BLOCK,),
                      int(batch), int(minw), int(minh), int(minc), int(stride), int(sample),
                      self._ptr(add), int(w1), int(h1), int(c1), self._ptr(out), int(w2), int(h2),
                      int(c2), float(s1), float(s2))
