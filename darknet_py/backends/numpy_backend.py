@@ -27,7 +27,7 @@ from ..losses import detection as detection_loss, region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
 from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
-from .numpy_batchnorm import NumpyBatchnorm
+from .numpy_batchnorm import NumpyBatchnorm, one_storage
 from .numpy_conv_backward import NumpyConvBackward
 from .numpy_optimizer import NumpyOptimizerOps
 from .pinning import unpin_nothing
@@ -143,10 +143,17 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
         """Start peak_allocated_bytes again from the bytes live now: nothing to do here."""
 
     def fill(self, arr, value):
-        arr.fill(value)
+        """Every element set to value (a 16-bit StoredArray: value rounded to its storage)."""
+        kept = self.storage_of(arr)
+        arr.fill(value if kept == precisions.DEFAULT
+                 else precisions.round_to(np.float32([value]), kept)[0])
 
     def copy(self, src, dst):
-        dst[...] = src
+        """dst <- src, arrays of one storage (storage_of; ValueError naming both otherwise, as
+        the CUDA backend's byte copy): into a 16-bit StoredArray the values stored rounded
+        (already so when src is one; copy_rounded rounds fp32 values into one)."""
+        kept = one_storage("copy", self.storage_of, src=src, dst=dst)
+        _store(dst, src, kept)
 
     def copy_blocks(self, src, src_offset, src_stride, dst, dst_offset, dst_stride,
                     width, rows, accumulate=False, planes=1, src_plane_stride=0,
@@ -158,9 +165,12 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
         convolutions use the planes to move between (filters, batch, positions) and
         (batch, filters, positions) layouts.
         """
+        kept = one_storage("copy_blocks", self.storage_of, src=src, dst=dst)
         s = _blocks(src, src_offset, planes, rows, width, src_plane_stride, src_stride)
         d = _blocks(dst, dst_offset, planes, rows, width, dst_plane_stride, dst_stride)
-        if accumulate:
+        if accumulate and kept != precisions.DEFAULT:   # the fp32 sum, rounded once
+            d[...] = precisions.round_to(np.asarray(d) + np.asarray(s), kept).reshape(d.shape)
+        elif accumulate:
             d += s
         else:
             d[...] = s
@@ -431,7 +441,9 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
     def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
         """Darknet maxpool: windows start at -padding//2; indexes get the flat argmax
         (into x, over the whole batch) for backward, or are None in inference (no argmax
-        kept). out_h = (h + padding - size)//stride + 1."""
+        kept). out_h = (h + padding - size)//stride + 1. x and out of one storage (a 16-bit
+        x's values are already its rounded ones: the maxima are copied)."""
+        one_storage("maxpool_forward", self.storage_of, x=x, out=out)
         out_h = (h + padding - size) // stride + 1
         out_w = (w + padding - size) // stride + 1
         off = padding // 2
@@ -463,6 +475,7 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
     def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
                            indexes):
         """maxpool_forward with the AlexeyAB fork's separate strides across and down."""
+        one_storage("maxpool_forward", self.storage_of, x=x, out=out)
         out_h = (h + padding - size) // stride_y + 1
         out_w = (w + padding - size) // stride_x + 1
         off = padding // 2
@@ -718,7 +731,11 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
     # ---- shape ops -------------------------------------------------------------
     def upsample(self, x, w, h, c, batch, stride, forward, scale, out):
         """forward: out (w*stride x h*stride) = scale * nearest(x).
-        backward (forward=False): x += scale * sum of out over each stride x stride cell."""
+        backward (forward=False): x += scale * sum of out over each stride x stride cell.
+        The forward takes x and out of one storage (16-bit: scaled in fp32, rounded once);
+        the backward fp32 arrays only."""
+        kept = one_storage("upsample" if forward else "upsample (backward)", self.storage_of,
+                           None if forward else (precisions.DEFAULT,), x=x, out=out)
         big = out.reshape(batch * c, h * stride, w * stride)
         small = x.reshape(batch * c, h, w)
         if forward:
@@ -727,6 +744,8 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
             cells[...] = small[:, :, None, :, None]
             if scale != 1:
                 big *= self.dtype.type(scale)
+                if kept != precisions.DEFAULT:
+                    big[...] = precisions.round_to(big, kept).reshape(big.shape)
         else:
             small += scale * big.reshape(batch * c, h, stride, w, stride).sum(axis=(2, 4))
 
@@ -748,7 +767,9 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
 
     def shortcut(self, batch, w1, h1, c1, add, w2, h2, c2, s1, s2, out):
         """Darknet's shortcut_cpu: out = s1*out + s2*add, over the common shape, with
-        sampling strides when the two shapes differ."""
+        sampling strides when the two shapes differ. add and out of one storage (16-bit: the
+        fp32 result rounded once)."""
+        kept = one_storage("shortcut", self.storage_of, add=add, out=out)
         stride = max(1, w1 // w2)
         sample = max(1, w2 // w1)
         minw, minh, minc = min(w1, w2), min(h1, h2), min(c1, c2)
@@ -756,7 +777,9 @@ class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):   # op
         dst = out[:batch * c2 * h2 * w2].reshape(batch, c2, h2, w2)
         a = src[:, :minc, 0:minh * stride:stride, 0:minw * stride:stride]
         d = dst[:, :minc, 0:minh * sample:sample, 0:minw * sample:sample]
-        d[...] = s1 * d + s2 * a
+        value = s1 * np.asarray(d) + s2 * np.asarray(a)
+        d[...] = value if kept == precisions.DEFAULT else precisions.round_to(
+            value, kept).reshape(value.shape)
 
     # ---- random ----------------------------------------------------------------
     def dropout(self, x, prob, scale, rand, step_seed, layer_seed):
@@ -900,6 +923,14 @@ def _images(flat, batch, im_stride, channels, height, width):
     isz = flat.itemsize
     return as_strided(flat, (batch, channels, height, width),
                       (im_stride * isz, height * width * isz, width * isz, isz))
+
+
+def _store(dst, values, kept):
+    """dst[...] = values, rounded to kept (storage_of dst) when 16-bit."""
+    if kept == precisions.DEFAULT:
+        dst[...] = values
+    else:
+        dst[...] = precisions.round_to(np.asarray(values), kept).reshape(np.shape(dst))
 
 
 def _blocks(flat, offset, planes, rows, cols, plane_stride, ld):
