@@ -226,13 +226,12 @@ SPECIAL = np.array([0.0, -0.0, 1.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,   # 
 
 
 def widened(cuda, x, precision):
-    """A 16-bit x as the kernels read it: float32 values."""
-    host = cuda.to_host(x)          # float32 for a float array, int64 for an integer one
-    if precision == "fp16":
-        assert x.dtype == np.float16
-        return host.astype(np.float32)
-    assert x.dtype == np.uint16
-    return (host.astype(np.uint32) << 16).view(np.float32)
+    """A 16-bit x as the kernels read it: float32 values (to_host widens a 16-bit storage
+    array, issue 26)."""
+    assert x.dtype == (np.float16 if precision == "fp16" else np.uint16)
+    host = cuda.to_host(x)
+    assert host.dtype == np.float32
+    return host
 
 
 def kept_x(be, values, precision):
@@ -306,6 +305,12 @@ def test_half_x_backward_against_the_emulation_cuda(cuda, precision, flavour, ac
     rng = np.random.default_rng(sum(shape) + len(activation) + len(precision))
     x, activation_args, delta_args = half_x_cases(rng, shape, eps, activation, train_beta)
     rounded = precisions.round_to(x, precision)
+    # A 16-bit x's backward recomputes the output from x (issue 26); the fp32 x's reads it:
+    # the output the fp32 steps rebuild from the rounded x, within a few ulp of the fast one.
+    output = REF.zeros(x.size)
+    REF.batchnorm_rebuild(REF.from_host(rounded), output, *activation_args[:4], *shape, eps,
+                          activation)
+    activation_args[4] = np.asarray(output, np.float32)
     tol = reduction_tol(shape[0] * shape[2])
     for op, args in (("batchnorm_activation_backward", activation_args),
                      ("batchnorm_delta", delta_args + [fork])):
@@ -371,8 +376,10 @@ def test_fast_activations_are_within_a_few_ulp_cuda(cuda, precision, activation)
     cuda.batchnorm_apply(out, mean, variance, scales, biases, 1, 1, x.size, 0.0, activation,
                          None, keep_precision=precision)
     delta = cuda.from_host(np.ones_like(x))
-    # The derivative from the input (mish, swish) or from the output (logistic).
-    cuda.batchnorm_activation_backward(kept_x(cuda, x, precision), mean, variance, scales,
+    # The derivative from the input (mish, swish) or from the output (logistic), which a
+    # 16-bit x's backward recomputes from x as batchnorm_rebuild does (out is not read).
+    kept = kept_x(cuda, x, precision)
+    cuda.batchnorm_activation_backward(kept, mean, variance, scales,
                                        biases, out, 1, 1, x.size, 0.0, activation, delta,
                                        None, cuda.zeros(1), x_precision=precision)
     _, derivative = exact_activation(precisions.round_to(x, precision), activation)
@@ -386,8 +393,12 @@ def test_fast_activations_are_within_a_few_ulp_cuda(cuda, precision, activation)
     assert np.all(err <= 4e-6 * np.abs(want_value) + 1e-12), (
         f"value: largest error {err.max():.3g} at x = {x[np.argmax(err)]}")
     got = cuda.to_host(delta).astype(np.float64)
-    if activation == "logistic":   # from the output the fast value gave
-        derivative = got_value * (1.0 - got_value)
+    if activation == "logistic":   # from the output the fast value of the kept x gives
+        rebuilt = cuda.zeros(x.size)
+        cuda.batchnorm_rebuild(kept, rebuilt, mean, variance, scales, biases, 1, 1, x.size,
+                               0.0, activation, x_precision=precision)
+        y = cuda.to_host(rebuilt)
+        derivative = ((np.float32(1.0) - y) * y).astype(np.float64)   # gradient()'s floats
     err = np.abs(got - derivative)
     assert np.all(err <= 4e-6 * np.abs(derivative) + 5e-7), (
         f"derivative: largest error {err.max():.3g} at x = {x[np.argmax(err)]}")
