@@ -77,9 +77,12 @@ struct DeltaRowsSource {
 
 // The input's im2col matrix as the weight gradient's B, transposed: element (kidx, n),
 // kidx = (c, ky, kx), n = (image, oy, ox): im[image][c][oy*sy - pad + ky*d][ox*sx - pad + kx*d],
-// zero outside the image.
-struct ImageRowsSource {
-    ConvGeometry g;   // k_total: rows (channels * k * k); n_total: K
+// zero outside the image. T: the image's elements, float, or unsigned short holding the
+// operands' own 16 bits (a 16-bit layer output, loaded and staged as they are).
+template <class T>
+struct ImageRowsSourceOf {
+    using Value = T;
+    ConvGeometryOf<T> g;   // k_total: rows (channels * k * k); n_total: K
     int k_end;
     struct Row {
         int offset;         // c * h * w (within one image); -1: past the rows
@@ -110,13 +113,13 @@ struct ImageRowsSource {
         return q;
     }
     __device__ __forceinline__ bool vectors() const { return false; }
-    __device__ __forceinline__ void quad(const Row& s, Pos q, int k, bool, float (&v)[4]) const
+    __device__ __forceinline__ void quad(const Row& s, Pos q, int k, bool, T (&v)[4]) const
     {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int iy = q.oy * g.stride_y + s.dy, ix = q.ox * g.stride_x + s.dx;
             const bool ok = s.offset >= 0 && k + j < k_end && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
-            v[j] = ok ? g.im[q.b * g.im_stride + (s.offset + iy * g.w + ix)] : 0.0f;
+            v[j] = ok ? g.im[q.b * g.im_stride + (s.offset + iy * g.w + ix)] : T(0);
             if (++q.ox == g.out_w) {
                 q.ox = 0;
                 if (++q.oy == g.out_h) {
@@ -127,6 +130,12 @@ struct ImageRowsSource {
         }
     }
 };
+using ImageRowsSource = ImageRowsSourceOf<float>;
+
+// What a quad source's values are held as: fp32, or (ImageRowsSourceOf<unsigned short>)
+// 16-bit operand bits.
+template <class Src> struct QuadValue { using type = float; };
+template <class T> struct QuadValue<ImageRowsSourceOf<T>> { using type = T; };
 
 // fp32 rows of `pitch` floats (a multiple of 4, zero past the data): the data gradient's
 // transposed weights in the FFMA kernels.
@@ -162,7 +171,8 @@ struct PackedRowsSource {
 template <class Src, int ROWS, int THREADS, int KT>
 struct QuadLoader {
     using Map = QuadMap<ROWS, THREADS, KT>;
-    float v[Map::PER][4];
+    using Value = typename QuadValue<Src>::type;
+    Value v[Map::PER][4];
     typename Src::Row rows[Map::PER];
     int first_row, quad;
     bool active, vec;

@@ -3,3 +3,4 @@
 #include "conv_backward_entries.cuh"
 
 CONV_BACKWARD_TC_ENTRIES(bf16, BF16)
+CONV_WGRAD_IN16_ENTRIES(bf16, BF16)

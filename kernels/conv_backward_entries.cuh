@@ -33,7 +33,12 @@ struct TcQuadStager {
         for (int i = 0; i < Loader::Map::PER; ++i) {
             unsigned char* dst = tile + (ld.first_row + i * Loader::Map::ROW_STEP) * ROW_PITCH + ld.quad * 4 * P::BYTES;
             unsigned w[P::BYTES];
-            to_words<P, 4>(ld.v[i], w);
+            if constexpr (sizeof(typename Loader::Value) == 2) {   // 16-bit operand bits, as they are
+                static_assert(P::BYTES == 2, "16-bit values only for 16-bit operands");
+                raw_words<4>(ld.v[i], w);
+            } else {
+                to_words<P, 4>(ld.v[i], w);
+            }
             if constexpr (P::BYTES == 4)
                 *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
             else
@@ -66,9 +71,9 @@ template <class P, int ROWS, int THREADS>
 struct StagerFor<P, DeltaRowsSource, ROWS, THREADS> {
     using type = TcQuadStager<P, DeltaRowsSource, ROWS, THREADS>;
 };
-template <class P, int ROWS, int THREADS>
-struct StagerFor<P, ImageRowsSource, ROWS, THREADS> {
-    using type = TcQuadStager<P, ImageRowsSource, ROWS, THREADS>;
+template <class P, class T, int ROWS, int THREADS>
+struct StagerFor<P, ImageRowsSourceOf<T>, ROWS, THREADS> {
+    using type = TcQuadStager<P, ImageRowsSourceOf<T>, ROWS, THREADS>;
 };
 template <class P, int ROWS, int THREADS>
 struct StagerFor<P, DgradGeometry, ROWS, THREADS> {
@@ -80,25 +85,29 @@ struct StagerFor<P, DgradClassGeometry, ROWS, THREADS> {
 };
 
 // ---- operands and epilogues from the kernels' arguments ------------------------------------
-struct WgradOperands {
+template <class T>
+struct WgradOperandsOf {
     DeltaRowsSource a;
-    ImageRowsSource b;
+    ImageRowsSourceOf<T> b;
     GemmEpilogue epi;
     int k_begin, k_end;
 };
+using WgradOperands = WgradOperandsOf<float>;
 
-// Split blockIdx.z's share of K; C + z * partial_stride, ld = ldc, C = acc + beta * C.
-__device__ __forceinline__ WgradOperands wgrad_operands(const float* delta, long long delta_stride, const float* im,
+// Split blockIdx.z's share of K; C + z * partial_stride, ld = ldc, C = acc + beta * C. T:
+// the image's elements (ImageRowsSourceOf).
+template <class T>
+__device__ __forceinline__ WgradOperandsOf<T> wgrad_operands(const float* delta, long long delta_stride, const T* im,
                                                         long long im_stride, int h, int w, int ksize, int stride_y,
                                                         int stride_x, int pad, int dilation, int out_h, int out_w,
                                                         int filters, int k_total, int n_total, int k_chunk, float* c,
                                                         int ldc, float beta, long long partial_stride)
 {
-    WgradOperands o;
+    WgradOperandsOf<T> o;
     o.k_begin = blockIdx.z * k_chunk;
     o.k_end = min(n_total, o.k_begin + k_chunk);
     o.a = DeltaRowsSource{delta, delta_stride, filters, out_h * out_w, o.k_end};
-    o.b = ImageRowsSource{{im, im_stride, h, w, ksize, stride_y, stride_x, pad, dilation, out_h, out_w, k_total, n_total},
+    o.b = ImageRowsSourceOf<T>{{im, im_stride, h, w, ksize, stride_y, stride_x, pad, dilation, out_h, out_w, k_total, n_total},
                           o.k_end};
     o.epi = GemmEpilogue{c + blockIdx.z * partial_stride, filters, k_total, ldc, 1.0f, beta};
     return o;
@@ -133,6 +142,17 @@ __device__ __forceinline__ DgradGeometry dgrad_geometry(const float* delta, long
         int k_total, int n_total, int k_chunk, float* c, int ldc, float beta, long long partial_stride)         \
     {                                                                                                           \
         const WgradOperands o = wgrad_operands(WGRAD_ARGS);                                                     \
+        tc_tile<P, BM, BN, WM, WN>(o.a, o.b, o.epi, o.k_begin, o.k_end);                                        \
+    }
+
+// The same over an image kept at P's own 16 bits (a 16-bit layer output, staged as it is).
+#define CONV_WGRAD_IN16_TC(NAME, P, BM, BN, WM, WN)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
+        const float* delta, long long delta_stride, const unsigned short* im, long long im_stride, int h,       \
+        int w, int ksize, int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w, int filters, \
+        int k_total, int n_total, int k_chunk, float* c, int ldc, float beta, long long partial_stride)         \
+    {                                                                                                           \
+        const WgradOperandsOf<unsigned short> o = wgrad_operands(WGRAD_ARGS);                                   \
         tc_tile<P, BM, BN, WM, WN>(o.a, o.b, o.epi, o.k_begin, o.k_end);                                        \
     }
 
@@ -264,3 +284,11 @@ __device__ __forceinline__ void pack_transposed(const float* in, int filters, in
     CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128, P, 64, 128, 2, 4)       \
     CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128, P, 32, 128, 1, 4)       \
     PACK_TRANSPOSED(pack_transposed_##PREC, P, false)
+
+// The weight gradient's tiles over an image at the 16-bit precision's own bits (f16, bf16).
+#define CONV_WGRAD_IN16_ENTRIES(PREC, P)                                          \
+    CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_128x128_in16, P, 128, 128, 2, 4)       \
+    CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_64x128_in16, P, 64, 128, 2, 4)         \
+    CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_32x128_in16, P, 32, 128, 1, 4)         \
+    CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_64x64_in16, P, 64, 64, 2, 2)           \
+    CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_32x64_in16, P, 32, 64, 1, 2)

@@ -557,8 +557,8 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, float alpha, cons
     X(PREC, P, 16x128, 16, 128, 1, 4)        \
     X(PREC, P, 64x64, 64, 64, 2, 2)
 
-#define TC_CONV_IN16_ENTRY(ENTRY, P, BM, BN, WARPS_M, WARPS_N)                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 512 / (32 * WARPS_M * WARPS_N)) ENTRY(  \
+#define TC_CONV_IN16(NAME, P, BM, BN, WARPS_M, WARPS_N)                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 512 / (32 * WARPS_M * WARPS_N)) NAME(   \
         const void* weights, int pitch, const unsigned short* im, long long im_stride, int h, int w, int ksize, \
         int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w, int filters, int k_total,      \
         int n_total, const float* bias, int act, void* out, long long out_image_stride, int half_out)          \
@@ -573,14 +573,19 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, float alpha, cons
 // The output at the precision's 16 bits (fp16 and bf16 only).
 #define TC_CONV_HALF_X(PREC, P, TILE, BM, BN, WM, WN) \
     TC_CONV_ENTRY(conv_tc_##PREC##_##TILE##_h, P, BM, BN, WM, WN, HalfStorage<P>::type)
-// The image at the precision's 16 bits, the output fp32 or 16-bit (fp16 and bf16 only).
-#define TC_CONV_IN16_X(PREC, P, TILE, BM, BN, WM, WN) \
-    TC_CONV_IN16_ENTRY(conv_tc_##PREC##_##TILE##_in16, P, BM, BN, WM, WN)
 #define TC_GEMM_X(PREC, P, TILE, BM, BN, WM, WN)                               \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_nn, P, BM, BN, WM, WN, false, false) \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_nt, P, BM, BN, WM, WN, false, true)  \
     TC_GEMM_ENTRY(gemm_tc_##PREC##_##TILE##_tn, P, BM, BN, WM, WN, true, false)
 
+// The image at the precision's 16 bits, the output fp32 or 16-bit (fp16 and bf16 only): one
+// entry a tile of TC_TILES.
+#define TC_CONV_IN16_ENTRIES(PREC, P)                                   \
+    TC_CONV_IN16(conv_tc_##PREC##_128x128_in16, P, 128, 128, 2, 4)      \
+    TC_CONV_IN16(conv_tc_##PREC##_64x128_in16, P, 64, 128, 2, 4)        \
+    TC_CONV_IN16(conv_tc_##PREC##_32x128_in16, P, 32, 128, 1, 4)        \
+    TC_CONV_IN16(conv_tc_##PREC##_16x128_in16, P, 16, 128, 1, 4)        \
+    TC_CONV_IN16(conv_tc_##PREC##_64x64_in16, P, 64, 64, 2, 2)
 
 // ---- weight packing ---------------------------------------------------------------------
 // out (rows x pitch elements of P) = in (rows x k fp32), zero in columns k..pitch.

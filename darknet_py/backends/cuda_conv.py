@@ -40,6 +40,9 @@ KERNELS = {
     **{f"gemm_tc_{p}.cu": dict(
         {f"conv_tc_{p}_{tile}{out}": _TC_CONV_ARGS for tile in _TC_TILES
          for out in ("", "_h") if out == "" or p != "tf32"},
+        # the image at the precision's 16 bits; the last argument: the output at 16 bits too
+        **{f"conv_tc_{p}_{tile}_in16": _TC_CONV_ARGS + "i" for tile in _TC_TILES
+           if p != "tf32"},
         **{f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq" for tile in _TC_TILES
            for case in ("nn", "nt", "tn")},
         **{f"pack_weights_{p}": "PiiiP"},
@@ -48,13 +51,33 @@ KERNELS = {
         "im2col_kernel": "PiiiiiiiiiiPiq",
         **{f"im2col_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
         **{f"im2col_rows_{part}_kernel": "PiiiiiiiiiPiqq" for part in ("f16", "bf16")},
+        # the images a 16-bit layer output (storage_zeros): into fp32, or at their own bits
+        **{f"im2col_from_{part}_kernel": "PiiiiiiiiiiPiq" for part in ("f16", "bf16")},
+        **{f"im2col_{part}_from_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
+        **{f"im2col_rows_{part}_from_{part}_kernel": "PiiiiiiiiiPiqq"
+           for part in ("f16", "bf16")},
         "col2im_kernel": "PiiiiiiiiiiPiq",
     },
 }
 
 
+# storage_of's 16-bit storages -> the kernel name part of their bits
+_STORAGE_PARTS = {"fp16": "f16", "bf16": "bf16"}
+
+
 class CudaConv:
     """gemm, gemm_lowp, pack_weights, conv_forward, im2col, col2im."""
+
+    def _input_storage(self, what, im, precision):
+        """How `im` (a layer's output read as a convolution's input) is kept: fp32, or the
+        16 bits of storage_zeros(n, precision), whose bits the kernels take as the operand's
+        (ValueError for 16 bits of another precision: fp16 into bf16, or any into fp32 /
+        tf32)."""
+        stored = self.storage_of(im)
+        if stored != precisions.DEFAULT and stored != precision:
+            raise ValueError(f"{what}: the input is kept at {stored}, the op runs at {precision} "
+                             f"(an input must be fp32 or at the op's own 16-bit precision)")
+        return stored
 
     def gemm_plan(self, m, n, k):
         """(variant, splits) the gemm heuristic picks for an m x n x k product.
@@ -222,6 +245,7 @@ class CudaConv:
         """NumpyBackend.conv_forward as one implicit-GEMM launch (no col buffer); a 16-bit
         out (out_precision fp16/bf16: storage_zeros' array) written by the `_h` entries."""
         part, _ = self._tc_name(packed.precision)
+        half_in = self._input_storage("conv_forward im", im, packed.precision) != precisions.DEFAULT
         half_out = precisions.storage(out_precision) != precisions.DEFAULT
         if half_out and out_precision != packed.precision:
             raise ValueError(f"conv_forward at {packed.precision} writes fp32 or "
@@ -251,13 +275,16 @@ class CudaConv:
         n = batch * positions
         tile, _ = self.tc_plan(packed.rows, n, packed.k, split=False)
         bm, bn, threads = _TC_TILES[tile]
-        self._launch(f"conv_tc_{part}_{tile}{'_h' if half_out else ''}",
+        # a 16-bit image: the _in16 entry, whose last argument picks the output's storage
+        kernel, last = ((f"conv_tc_{part}_{tile}_in16", (int(half_out),)) if half_in
+                        else (f"conv_tc_{part}_{tile}{'_h' if half_out else ''}", ()))
+        self._launch(kernel,
                      (_ceil_div(n, bn), _ceil_div(packed.rows, bm)),
                      (threads,), self._ptr(packed.data), packed.pitch, self._ptr(im), im_stride,
                      int(height), int(width), int(ksize), int(stride_y), int(stride_x), int(pad),
                      int(dilation), int(out_h), int(out_w), packed.rows, packed.k, n,
                      0 if biases is None else self._ptr(biases),
-                     activations.ACTIVATION_IDS[activation], self._ptr(out), int(out_stride))
+                     activations.ACTIVATION_IDS[activation], self._ptr(out), int(out_stride), *last)
 
     # ---- convolution helpers -----------------------------------------------
     def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):
@@ -269,7 +296,11 @@ class CudaConv:
     def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
                batch=1, im_stride=0):
         """Unfold images (`im_stride` apart; 0: packed) into col, laid out
-        (channels*k*k) x batch x (out_h*out_w)."""
+        (channels*k*k) x batch x (out_h*out_w). im: fp32, or a 16-bit layer output
+        (storage_zeros), widened exactly."""
+        stored = self.storage_of(im)
+        kernel = ("im2col_kernel" if stored == precisions.DEFAULT
+                  else f"im2col_from_{_STORAGE_PARTS[stored]}_kernel")
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         batch, im_stride = int(batch), int(im_stride) or channels * height * width
         self._check_size("im2col im", im, (batch - 1) * im_stride + channels * height * width)
@@ -277,7 +308,7 @@ class CudaConv:
                          channels * ksize * ksize * batch * max(out_h, 0) * max(out_w, 0))
         if out_h > 0 and out_w > 0:
             # one thread per (channel, image, output position)
-            self._launch_rows("im2col_kernel", channels * batch, out_h * out_w,
+            self._launch_rows(kernel, channels * batch, out_h * out_w,
                               *self._conv_args(im, channels, height, width, ksize, stride, pad,
                                                dilation, col), batch, im_stride)
 

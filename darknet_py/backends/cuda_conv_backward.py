@@ -40,6 +40,9 @@ _PACK_ARGS = "PiiiiiiiiiiP"
 KERNELS = {
     **{f"conv_backward_{part}.cu": dict(
         {f"conv_wgrad_{part}_{tile}": _WGRAD_ARGS for tile in _WGRAD_TC_TILES},
+        # the images at the precision's own 16 bits (a 16-bit layer output)
+        **{f"conv_wgrad_{part}_{tile}_in16": _WGRAD_ARGS for tile in _WGRAD_TC_TILES
+           if part != "tf32"},
         **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
         **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
         **{f"pack_transposed_{part}": _PACK_ARGS},
@@ -62,7 +65,9 @@ class CudaConvBackward:
         """NumpyBackend.conv_weight_grad_unfolded. Where the Hopper GEMM takes the product
         (fp16/bf16, cuda_wgmma.handles), im2col unfolds the images straight into its
         half-precision K-major operand (no fp32 col, no conversion pass: bench/NOTES.md
-        W2); else im2col into col and gemm / gemm_lowp, as Darknet."""
+        W2); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
+        layer output at `precision` (ValueError for another)."""
+        self._input_storage("conv_weight_grad_unfolded im", im, precision)
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         n, k = channels * ksize * ksize, batch * out_h * out_w
         im_stride = int(im_stride) or channels * height * width
@@ -177,8 +182,10 @@ class CudaConvBackward:
     def conv_weight_grad(self, precision, delta, delta_stride, im, im_stride, channels, height,
                          width, ksize, stride, pad, dilation, batch, filters, weight_updates):
         """NumpyBackend.conv_weight_grad as one implicit GEMM (K split over images and
-        positions, partials added in a fixed order)."""
+        positions, partials added in a fixed order). im: fp32, or a 16-bit layer output at
+        `precision` (its bits the operand's; ValueError for another)."""
         part, _ = _PARTS[precision]
+        half_in = self._input_storage("conv_weight_grad im", im, precision) != precisions.DEFAULT
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
         out_h, out_w, delta_stride, im_stride, (ksize, sy, sx, pad, dilation) = \
             self._backward_geometry("conv_weight_grad", delta, delta_stride, im, im_stride,
@@ -195,7 +202,7 @@ class CudaConvBackward:
         grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
         args = (self._ptr(delta), delta_stride, self._ptr(im), im_stride, height, width, ksize,
                 sy, sx, pad, dilation, out_h, out_w, m, n, k, chunk)
-        kernel = f"conv_wgrad_{part}_{tile}"
+        kernel = f"conv_wgrad_{part}_{tile}{'_in16' if half_in else ''}"
         if splits == 1:
             self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0)
             return

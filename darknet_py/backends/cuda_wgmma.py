@@ -375,9 +375,11 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
     caller, handles() true): delta (filters x batch*positions fp32) rounded into the A
     operand by to_kmajor, the images unfolded by im2col_{f16,bf16}_kernel (im2col.cu)
     straight into the B operand (channels*ksize^2 rows of batch*positions), then
-    weight_updates += A @ B^T."""
+    weight_updates += A @ B^T. A 16-bit im (a layer output at `precision`): its bits as
+    they are (im2col_{f16,bf16}_from_*)."""
     kern = kernels(be)
     part, _ = PRECISIONS[precision]
+    unfold = _unfolding(be, "weight_grad_unfolded im", im, precision, f"im2col_{part}")
     out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
     stride_y, stride_x = conv_strides(stride)
     m, n, k = int(filters), channels * ksize * ksize, batch * out_h * out_w
@@ -387,12 +389,20 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
     _to_kmajor(be, kern, part, be._ptr(delta), k, m, k, False, a16, pitch)
     # A thread: two columns of col (4-byte stores), ~4 channels (its columns' image and
     # window origin worked out once for them).
-    be._launch_rows(f"im2col_{part}_kernel", _ceil_div(channels, 4), _ceil_div(k, 2), be._ptr(im),
+    be._launch_rows(unfold, _ceil_div(channels, 4), _ceil_div(k, 2), be._ptr(im),
                     int(channels), int(height), int(width), int(ksize), int(stride_y),
                     int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), b16,
                     int(batch), int(im_stride), int(pitch))
     _multiply(be, kern, precision, m, n, k, 1.0, a16, pitch, b16, pitch, 1.0,
               be._ptr(weight_updates), n)
+
+
+def _unfolding(be, what, im, precision, kernel):
+    """`kernel`'s name, or that of its twin over a 16-bit im at `precision`'s own bits."""
+    if be._input_storage(what, im, precision) == precision:
+        part, _ = PRECISIONS[precision]
+        return f"{kernel}_from_{part}_kernel"
+    return f"{kernel}_kernel"
 
 
 # The forward convolutions conv_forward takes: 3x3 kernels over at most this many output
@@ -428,7 +438,8 @@ def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, di
     (im2col_rows_{f16,bf16}_kernel) into the B operand; the packed weights are the A operand
     as they are; the tiles go out in the layer's layout, bias and activation applied as
     conv_tc's epilogue applies them, as fp32, added to the fp32 there (accumulate), or
-    rounded to the operands' 16 bits (half_out)."""
+    rounded to the operands' 16 bits (half_out). im: fp32, or a 16-bit layer output at the
+    weights' precision (im2col_rows_*_from_*: its bits as they are)."""
     precision = packed.precision
     out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
     positions = out_h * out_w
@@ -440,7 +451,7 @@ def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, di
     stride_y, stride_x = conv_strides(stride)
     pitch = row_pitch(k)
     b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
-    be._launch(f"im2col_rows_{part}_kernel",
+    be._launch(_unfolding(be, "conv_forward im", im, precision, f"im2col_rows_{part}"),
                (_ceil_div(n, _ROWS_TILE) * _ceil_div(channels, _ROW_CHANNELS),), (_ROWS_THREADS,),
                be._ptr(im), int(channels), int(height), int(width), int(stride_y), int(stride_x),
                int(pad), int(dilation), int(out_h), int(out_w), b16, int(n), int(im_stride),
