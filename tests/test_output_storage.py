@@ -99,22 +99,31 @@ def trained(text, precision, half_outputs, darknet="alexeyab", iterations=2):
     return net, losses, [net.be.to_host(a) for l in net.layers for _, a in l.params()]
 
 
-# yolov3-tiny's and yolov4-tiny's patterns without a shortcut: maxpools, a route with
-# groups, a route of two, an upsample.
+# yolov3-tiny's and yolov4-tiny's patterns: maxpools, a route with groups, a route of two,
+# an upsample. STRIDED: the same with stride-2 convolutions in the maxpools' place.
 TINY = (NET + conv(8) + "[maxpool]\nsize=2\nstride=2\n" + conv(16)
         + "[route]\nlayers=-1\ngroups=2\ngroup_id=1\n" + conv(8) + conv(8)
         + "[route]\nlayers=-1,-2\n" + conv(16, 1) + "[route]\nlayers=-6,-1\n"
         + "[maxpool]\nsize=2\nstride=2\n" + conv(16) + head(mask="3,4,5")
         + "[route]\nlayers=-3\n" + conv(8, 1) + "[upsample]\nstride=2\n"
         + "[route]\nlayers=-1,-9\n" + conv(16) + head())
+STRIDED = (NET + conv(8) + conv(16, stride=2)
+           + "[route]\nlayers=-1\ngroups=2\ngroup_id=1\n" + conv(8) + conv(8)
+           + "[route]\nlayers=-1,-2\n" + conv(16, 1) + "[route]\nlayers=-6,-1\n"
+           + conv(16, stride=2) + head(mask="3,4,5")
+           + "[route]\nlayers=-3\n" + conv(8, 1) + "[upsample]\nstride=2\n"
+           + "[route]\nlayers=-1,-9\n" + conv(16) + head())
 
 
 @pytest.mark.parametrize("precision", HALF)
-def test_training_with_16_bit_outputs_gives_the_same_weights_without_a_shortcut(precision):
-    full, full_losses, full_params = trained(TINY, precision, False)
-    half, losses, params = trained(TINY, precision, True)
+def test_training_with_16_bit_outputs_gives_the_same_weights_without_a_sum_or_a_maximum(
+        precision):
+    """Convolutions, routes and upsamples read the 16-bit outputs: what they compute is
+    what they computed from fp32 outputs, bit for bit."""
+    full, full_losses, full_params = trained(STRIDED, precision, False)
+    half, losses, params = trained(STRIDED, precision, True)
     stored = [l.index for l in half.layers if half.be.storage_of(l.output) == precision]
-    assert len(stored) >= 12
+    assert len(stored) >= 10
     assert all(half.be.storage_of(l.output) == "fp32" for l in full.layers)
     for i in stored:   # the values are the precision's
         values = half.layers[i].output
@@ -124,26 +133,38 @@ def test_training_with_16_bit_outputs_gives_the_same_weights_without_a_shortcut(
         np.testing.assert_array_equal(a, b, err_msg=f"parameter array {i}")
 
 
-# With a [shortcut], its sum is rounded once more (the residual stream at 16 bits).
-# Measured on CSP (2 iterations, NumPy): ...
-SHORTCUT_LOSS_TOL = {"fp16": 1e-3, "bf16": 1e-2}
-SHORTCUT_UPDATE_TOL = {"fp16": 2e-2, "bf16": 1e-1}
+def distance(run, reference, initial):
+    """(the largest relative loss difference, the mean over parameter arrays of the largest
+    difference of what training added, relative to the reference's largest)."""
+    loss = max(abs(a - b) / abs(b) for a, b in zip(run[1], reference[1]))
+    updates = [float(np.max(np.abs((a - s) - (b - s))) / max(np.max(np.abs(b - s)), 1e-30))
+               for a, b, s in zip(run[2], reference[2], initial)]
+    return loss, float(np.mean(updates))
 
 
 @pytest.mark.parametrize("precision", HALF)
-def test_training_with_a_16_bit_shortcut_follows_fp32_outputs(precision):
-    full, full_losses, full_params = trained(CSP, precision, False)
-    half, losses, params = trained(CSP, precision, True)
-    assert half.be.storage_of(half.layers[7].output) == precision   # the shortcut
-    start = Network(parse_cfg_text(at(CSP, precision)), backend=get_backend("cpu"), seed=5,
+@pytest.mark.parametrize("text", [CSP, TINY], ids=["csp", "tiny"])
+def test_16_bit_sums_and_maximums_move_training_no_further_from_fp32(text, precision):
+    """A [shortcut] rounds its sum once more, and a [maxpool] of rounded values can meet
+    ties the fp32 values did not have (its gradient then goes to the first). Measured
+    against an fp32 run (2 iterations, NumPy), the 16-bit outputs are as close as fp32
+    outputs at the same precision: CSP fp16 loss 3.6e-3 against 1.6e-2, mean update
+    distance 0.347 against 0.347; bf16 2.7e-3 / 3.6e-2, 0.137 / 0.142; TINY fp16 8.9e-3 /
+    8.9e-3, 0.055 / 0.055; bf16 2.2e-2 / 2.3e-2, 0.129 / 0.127."""
+    reference = trained(text, "fp32", False)
+    start = Network(parse_cfg_text(text), backend=get_backend("cpu"), seed=5,
                     darknet="alexeyab")
     initial = [start.be.to_host(a) for l in start.layers for _, a in l.params()]
-    loss = max(abs(a - b) / abs(b) for a, b in zip(losses, full_losses))
-    update = max(float(np.max(np.abs((a - s) - (b - s))) / max(np.max(np.abs(b - s)), 1e-30))
-                 for a, b, s in zip(params, full_params, initial))
-    print(f"{precision}: loss within {loss:.2e}, updates within {update:.2e}")
-    assert loss < SHORTCUT_LOSS_TOL[precision]
-    assert update < SHORTCUT_UPDATE_TOL[precision]
+    full = trained(text, precision, False)
+    half = trained(text, precision, True)
+    adders = [l for l in half[0].layers if l.type in ("shortcut", "maxpool")]
+    assert adders and all(half[0].be.storage_of(l.output) == precision for l in adders)
+    (loss, update), (full_loss, full_update) = (distance(half, reference, initial),
+                                                distance(full, reference, initial))
+    print(f"{precision}: 16-bit outputs loss {loss:.2e} update {update:.3f}; "
+          f"fp32 outputs {full_loss:.2e} {full_update:.3f}")
+    assert loss < 1.5 * full_loss + 1e-3
+    assert update < 1.1 * full_update
 
 
 def test_half_outputs_off_and_fold_switches_reallocate():
