@@ -243,7 +243,10 @@ class CudaConv:
     def conv_forward(self, packed, im, channels, height, width, ksize, stride, pad, dilation,
                      batch, im_stride, biases, activation, out, out_stride, out_precision="fp32"):
         """NumpyBackend.conv_forward as one implicit-GEMM launch (no col buffer); a 16-bit
-        out (out_precision fp16/bf16: storage_zeros' array) written by the `_h` entries."""
+        out (out_precision fp16/bf16: storage_zeros' array) written by the `_h` entries. im:
+        fp32, or a 16-bit layer output at packed.precision (storage_of), whose bits the
+        `_in16` entries stage as the operand's: the same bits as its values widened to fp32
+        (ValueError for 16 bits of another precision)."""
         part, _ = self._tc_name(packed.precision)
         half_in = self._input_storage("conv_forward im", im, packed.precision) != precisions.DEFAULT
         half_out = precisions.storage(out_precision) != precisions.DEFAULT
