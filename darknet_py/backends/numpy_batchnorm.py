@@ -107,10 +107,11 @@ class NumpyBatchnorm:
         a.precision = stored
         return a
 
-    @staticmethod
-    def storage_of(a):
+    def storage_of(self, a):
         """The precision an array's values are kept at: fp16/bf16 for storage_zeros'
-        16-bit arrays (and their slices), else fp32."""
+        16-bit arrays (and their slices), else fp32. (A method, not a staticmethod: a
+        backend that wraps every op, as test_cuda_graphs' RecordingBackend, calls it with
+        self.)"""
         return getattr(a, "precision", precisions.DEFAULT)
 
     def copy_rounded(self, src, dst, precision):
