@@ -16,7 +16,7 @@ FLOORS = [
     ("losses", ["losses.*"]),
     ("backends", ["backends.*"]),
     ("layers", ["layers.*"]),
-    ("model", ["data.*", "predictions", "fork_json", "weights", "graphs", "net_options", "delta_plan", "output_plan", "network", "demo_data"]),
+    ("model", ["data.*", "predictions", "fork_json", "weights", "graphs", "net_options", "delta_plan", "output_plan", "output_storage", "network", "demo_data"]),
     ("applications", ["validate", "video", "bench", "distributed", "distributed.comm",
                       "distributed.nccl", "distributed.data_parallel", "distributed.cluster",
                       "training.*", "train", "dataset_check", "map_plots", "export.*", "rnn_text"]),

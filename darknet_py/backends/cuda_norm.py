@@ -245,8 +245,7 @@ class CudaNorm:
             drv.memset_d16_async(self._ptr(a), 0, a.size, self.stream)
         return a
 
-    @staticmethod
-    def storage_of(a):
+    def storage_of(self, a):
         """NumpyBackend.storage_of: fp16 for a float16 array, bf16 for a uint16 one (bf16's
         bits), else fp32."""
         return _STORAGE_OF_DTYPE.get(np.dtype(a.dtype), precisions.DEFAULT)
