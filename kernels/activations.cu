@@ -131,6 +131,58 @@ BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_bf16, XBF16, XF32)
 BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_f16_out, XF16, XF16)     // a 16-bit output
 BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_bf16_out, XBF16, XBF16)
 
+// The 16-bit rebuild (x and out at X's 16 bits) eight elements a thread, flat over the
+// rows: one 16-byte load and one 16-byte store for the eight, the channel's constants
+// worked out for the first and again where the eight cross into the next row. The 2-byte
+// accesses of batchnorm_rebuild_of ran at about a quarter of the memory's rate (bench/
+// NOTES.md M4b). The same values as batchnorm_rebuild_of, bit for bit. Needs x and out
+// 16-byte aligned and total a multiple of 8 (the launcher checks).
+template <class X>
+__device__ __forceinline__ void batchnorm_rebuild_eights_of(
+    const unsigned short* __restrict__ x, unsigned short* __restrict__ out,
+    const float* __restrict__ mean, const float* __restrict__ variance,
+    const float* __restrict__ scales, const float* __restrict__ biases, long long total,
+    int filters, int spatial, float eps, int act)
+{
+    using Channel = BatchnormChannel<X::exact>;
+    const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (first >= total) return;
+    const uint4 loaded = *reinterpret_cast<const uint4*>(x + first);
+    const unsigned short* in = reinterpret_cast<const unsigned short*>(&loaded);
+    uint4 stored;
+    unsigned short* result = reinterpret_cast<unsigned short*>(&stored);
+    const long long row = first / spatial;
+    int s = (int)(first - row * spatial);
+    int f = (int)(row % filters);
+    Channel c(mean[f], variance[f], eps, scales[f], biases[f]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        if (s == spatial) {   // the next row: its channel
+            s = 0;
+            f = f + 1 == filters ? 0 : f + 1;
+            c = Channel(mean[f], variance[f], eps, scales[f], biases[f]);
+        }
+        result[k] = X::rounded(batchnorm_rebuilt(X::widen(in[k]), c, act));
+        ++s;
+    }
+    *reinterpret_cast<uint4*>(out + first) = stored;
+}
+
+#define BATCHNORM_REBUILD_EIGHTS(NAME, X)                                                         \
+    extern "C" __global__ void NAME(const unsigned short* __restrict__ x,                         \
+                                    unsigned short* __restrict__ out,                             \
+                                    const float* __restrict__ mean,                               \
+                                    const float* __restrict__ variance,                           \
+                                    const float* __restrict__ scales,                             \
+                                    const float* __restrict__ biases, long long total,            \
+                                    int filters, int spatial, float eps, int act)                 \
+    {                                                                                             \
+        batchnorm_rebuild_eights_of<X>(x, out, mean, variance, scales, biases, total, filters,    \
+                                       spatial, eps, act);                                        \
+    }
+BATCHNORM_REBUILD_EIGHTS(batchnorm_rebuild_eights_x_f16, XF16)
+BATCHNORM_REBUILD_EIGHTS(batchnorm_rebuild_eights_x_bf16, XBF16)
+
 // x[r * row_stride + c] = act(...) for r < rows, c < width (x already offset).
 // x (blocks and threads) spans the width, y the rows.
 extern "C" __global__ void activate_strided(float* __restrict__ x, int rows, int row_stride,

@@ -412,12 +412,15 @@ def test_upsample_forward_16_bit_cuda(cuda, precision, scale, stride):
 @pytest.mark.parametrize("precision", HALF)
 @pytest.mark.parametrize("eps", [None, 1e-5])
 @pytest.mark.parametrize("activation", ["leaky", "mish", "logistic", "linear", "swish"])
-def test_rebuild_into_a_16_bit_output_cuda(cuda, precision, eps, activation):
+@pytest.mark.parametrize("shape", [(3, 7, 169), (4, 6, 169), (8, 3, 1), (2, 16, 3)])
+def test_rebuild_into_a_16_bit_output_cuda(cuda, precision, eps, activation, shape):
     """The 16-bit out is exactly the fp32 out of the same kernel family rounded once, and
     within a 16-bit step of NumPy's (exact steps against the GPU's fast ones: a few fp32
-    ulp before the rounding)."""
+    ulp before the rounding). Shapes: 3549 values (one a thread, rows apart), then totals
+    that divide by 8 (eight a thread, 16-byte accesses: rows crossed inside the eight, one
+    or several times)."""
     rng = np.random.default_rng(len(activation))
-    batch, filters, spatial = 3, 7, 169
+    batch, filters, spatial = shape
     values = rand(rng, batch * filters * spatial)
     stats_host = bn_stats(rng, filters)
 

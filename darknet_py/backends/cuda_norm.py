@@ -57,6 +57,7 @@ KERNELS = {
            for suffix in ("", "_x_f16", "_x_bf16")},
         **{f"batchnorm_rebuild_kernel{suffix}": "PPPPPPiiifi"
            for suffix in ("", "_x_f16", "_x_bf16", "_x_f16_out", "_x_bf16_out")},
+        **{f"batchnorm_rebuild_eights{suffix}": "PPPPPPqiifi" for suffix in ("_x_f16", "_x_bf16")},
     },
 }
 
@@ -421,11 +422,19 @@ class CudaNorm:
                                 ("variance", variance, filters), ("scales", scales, filters),
                                 ("biases", biases, filters)):
             self._check_size(f"batchnorm_rebuild {what}", arr, need)
-        self._launch_rows("batchnorm_rebuild_kernel" + self._x_suffix(x, x_precision) + out_suffix,
-                          batch * filters, spatial, self._ptr(x), self._ptr(out),
-                          self._ptr(mean), self._ptr(variance), self._ptr(scales),
-                          self._ptr(biases), int(batch * filters), int(filters), int(spatial),
-                          -1.0 if eps is None else float(eps), self._activation_id(activation),
+        x_suffix = self._x_suffix(x, x_precision)
+        constants = (self._ptr(mean), self._ptr(variance), self._ptr(scales), self._ptr(biases))
+        tail = (-1.0 if eps is None else float(eps), self._activation_id(activation))
+        if out_suffix and total % 8 == 0 and self._ptr(x) % 16 == 0 and self._ptr(out) % 16 == 0:
+            # 16 bits in and out: eight elements a thread, 16-byte accesses (NOTES M4b)
+            self._launch("batchnorm_rebuild_eights" + x_suffix,
+                         (_ceil_div(total // 8, _BLOCK),), (_BLOCK,), self._ptr(x),
+                         self._ptr(out), *constants, int(total), int(filters), int(spatial),
+                         *tail)
+            return
+        self._launch_rows("batchnorm_rebuild_kernel" + x_suffix + out_suffix,
+                          batch * filters, spatial, self._ptr(x), self._ptr(out), *constants,
+                          int(batch * filters), int(filters), int(spatial), *tail,
                           per_thread=_ROW_ELEMENTS)
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
