@@ -753,3 +753,76 @@ __device__ __forceinline__ void normalize_delta_of(X x, const float* __restrict_
 NORMALIZE_DELTA(normalize_delta_kernel, XF32, float)
 NORMALIZE_DELTA(normalize_delta_kernel_x_f16, XF16, unsigned short)
 NORMALIZE_DELTA(normalize_delta_kernel_x_bf16, XBF16, unsigned short)
+
+// normalize_delta_of's fast steps (a 16-bit x) eight elements a thread, flat over the rows:
+// 16-byte loads of x and delta, the channel's constants for the first of the eight and again
+// where they cross into the next row (as batchnorm_rebuild_eights_of). The result goes to
+// delta, or, where out16 is not null, rounded to X's 16 bits into out16 (x's own array: the
+// delta the convolution's products read at their operands' precision, bench/NOTES.md M4c;
+// each element is read before it is written). The same values as normalize_delta_of, bit
+// for bit. Needs x, delta and out16 16-byte aligned and total a multiple of 8.
+template <class X>
+__device__ __forceinline__ void normalize_delta_eights_of(
+    const unsigned short* __restrict__ x, const float* __restrict__ mean,
+    const float* __restrict__ variance, const float* __restrict__ mean_delta,
+    const float* __restrict__ variance_delta, long long total, int filters, int spatial, float n,
+    const float* __restrict__ scales, float* delta, unsigned short* out16, int fork)
+{
+    const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (first >= total) return;
+    const uint4 loaded_x = *reinterpret_cast<const uint4*>(x + first);
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(&loaded_x);
+    float4 d[2] = {reinterpret_cast<const float4*>(delta + first)[0],
+                   reinterpret_cast<const float4*>(delta + first)[1]};
+    float* ds = reinterpret_cast<float*>(d);
+    const long long row = first / spatial;
+    int s = (int)(first - row * spatial);
+    int f = (int)(row % filters);
+    float m = 0.0f, scale = 1.0f, inverse = 0.0f, x_factor = 0.0f, mean_term = 0.0f;
+    auto channel = [&]() {
+        m = mean[f];
+        scale = scales ? scales[f] : 1.0f;
+        const float divisor = fork ? sqrtf(variance[f]) + 1e-5f : sqrtf(variance[f] + 1e-5f);
+        inverse = __frcp_rn(divisor);
+        x_factor = variance_delta[f] * 2.0f / n;
+        mean_term = mean_delta[f] / n;
+    };
+    channel();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        if (s == spatial) {   // the next row: its channel
+            s = 0;
+            f = f + 1 == filters ? 0 : f + 1;
+            channel();
+        }
+        const float xc = X::widen(xs[k]) - m;
+        const float g = scales ? __fmul_rn(ds[k], scale) : ds[k];
+        ds[k] = fmaf(g, inverse, fmaf(x_factor, xc, mean_term));
+        ++s;
+    }
+    if (out16) {
+        uint4 stored;
+        unsigned short* rounded = reinterpret_cast<unsigned short*>(&stored);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) rounded[k] = X::rounded(ds[k]);
+        *reinterpret_cast<uint4*>(out16 + first) = stored;
+    } else {
+        reinterpret_cast<float4*>(delta + first)[0] = d[0];
+        reinterpret_cast<float4*>(delta + first)[1] = d[1];
+    }
+}
+
+#define NORMALIZE_DELTA_EIGHTS(NAME, X)                                                           \
+    extern "C" __global__ void NAME(const unsigned short* x, const float* __restrict__ mean,     \
+                                    const float* __restrict__ variance,                           \
+                                    const float* __restrict__ mean_delta,                         \
+                                    const float* __restrict__ variance_delta, long long total,    \
+                                    int filters, int spatial, float n,                            \
+                                    const float* __restrict__ scales, float* delta,               \
+                                    unsigned short* out16, int fork)                              \
+    {                                                                                             \
+        normalize_delta_eights_of<X>(x, mean, variance, mean_delta, variance_delta, total,        \
+                                     filters, spatial, n, scales, delta, out16, fork);            \
+    }
+NORMALIZE_DELTA_EIGHTS(normalize_delta_eights_x_f16, XF16)
+NORMALIZE_DELTA_EIGHTS(normalize_delta_eights_x_bf16, XBF16)
