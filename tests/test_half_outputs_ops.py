@@ -532,7 +532,7 @@ def test_batchnorm_delta_into_x_cuda(cuda, precision, shape, fork):
                                      delta, fork=fork, x_precision=precision,
                                      delta_out=x if into_x else None)
         return host(be, x), host(be, delta)
-    (in_x, untouched), (x_before, in_place) = run(cuda, True), run(cuda, False)
+    (in_x, untouched), (_, in_place) = run(cuda, True), run(cuda, False)
     assert_same(untouched, delta_values, "delta left as it was")
     assert_same(in_x, precisions.round_to(in_place, precision), "x = the rounded result")
     _, want = run(REF32, False)
