@@ -218,8 +218,7 @@ __device__ __forceinline__ DgradGeometryOf<T> dgrad_geometry(const T* delta, lon
     }
 
 // DT: the delta's elements, float, or unsigned short holding P's own 16 bits (the _d16 entries).
-#define CONV_DGRAD_TC(NAME, P, BM, BN, WM, WN) CONV_DGRAD_TC_OF(NAME, P, BM, BN, WM, WN, float)
-#define CONV_DGRAD_TC_OF(NAME, P, BM, BN, WM, WN, DT)                                                           \
+#define CONV_DGRAD_TC(NAME, P, BM, BN, WM, WN, DT)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
         const void* weights_t, int pitch, const DT* delta, long long delta_stride, int out_h, int out_w,     \
         int ksize, int pad, int dilation, int h, int w, int channels, int k_total, int n_total, float* dx,      \
@@ -231,8 +230,7 @@ __device__ __forceinline__ DgradGeometryOf<T> dgrad_geometry(const T* delta, lon
     }
 
 // A strided data gradient, one parity class (py, px) a launch (DgradClassGeometry).
-#define CONV_DGRAD_CLASS_TC(NAME, P, BM, BN, WM, WN) CONV_DGRAD_CLASS_TC_OF(NAME, P, BM, BN, WM, WN, float)
-#define CONV_DGRAD_CLASS_TC_OF(NAME, P, BM, BN, WM, WN, DT)                                                     \
+#define CONV_DGRAD_CLASS_TC(NAME, P, BM, BN, WM, WN, DT)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
         const void* weights_t, int pitch, const DT* delta, long long delta_stride, int out_h, int out_w,     \
         int hc, int wc, int ny, int nx, int cy0, int cx0, int tap_dy, int tap_dx, int channels, int k_total,    \
@@ -341,12 +339,12 @@ __device__ __forceinline__ void pack_transposed(const float* in, int filters, in
     CONV_WGRAD_TC(conv_wgrad_##PREC##_32x128, P, 32, 128, 1, 4)                   \
     CONV_WGRAD_TC(conv_wgrad_##PREC##_64x64, P, 64, 64, 2, 2)                     \
     CONV_WGRAD_TC(conv_wgrad_##PREC##_32x64, P, 32, 64, 1, 2)                     \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128, P, 128, 128, 2, 4)                 \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128, P, 64, 128, 2, 4)                   \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128, P, 32, 128, 1, 4)                   \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_128x128, P, 128, 128, 2, 4)     \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128, P, 64, 128, 2, 4)       \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128, P, 32, 128, 1, 4)       \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128, P, 128, 128, 2, 4, float)                 \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128, P, 64, 128, 2, 4, float)                   \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128, P, 32, 128, 1, 4, float)                   \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_128x128, P, 128, 128, 2, 4, float)     \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128, P, 64, 128, 2, 4, float)       \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128, P, 32, 128, 1, 4, float)       \
     PACK_TRANSPOSED(pack_transposed_##PREC, P, false)
 
 // The weight gradient's tiles over an image at the 16-bit precision's own bits (f16, bf16).
@@ -366,9 +364,9 @@ __device__ __forceinline__ void pack_transposed(const float* in, int filters, in
     CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4)                     \
     CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x64_d16, P, 64, 64, 2, 2)                       \
     CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x64_d16, P, 32, 64, 1, 2)                       \
-    CONV_DGRAD_TC_OF(conv_dgrad_##PREC##_128x128_d16, P, 128, 128, 2, 4, unsigned short)    \
-    CONV_DGRAD_TC_OF(conv_dgrad_##PREC##_64x128_d16, P, 64, 128, 2, 4, unsigned short)      \
-    CONV_DGRAD_TC_OF(conv_dgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4, unsigned short)      \
-    CONV_DGRAD_CLASS_TC_OF(conv_dgrad_class_##PREC##_128x128_d16, P, 128, 128, 2, 4, unsigned short) \
-    CONV_DGRAD_CLASS_TC_OF(conv_dgrad_class_##PREC##_64x128_d16, P, 64, 128, 2, 4, unsigned short)   \
-    CONV_DGRAD_CLASS_TC_OF(conv_dgrad_class_##PREC##_32x128_d16, P, 32, 128, 1, 4, unsigned short)
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128_d16, P, 128, 128, 2, 4, unsigned short)    \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128_d16, P, 64, 128, 2, 4, unsigned short)      \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4, unsigned short)      \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_128x128_d16, P, 128, 128, 2, 4, unsigned short) \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128_d16, P, 64, 128, 2, 4, unsigned short)   \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128_d16, P, 32, 128, 1, 4, unsigned short)

@@ -4,10 +4,12 @@ they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 (tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
 import os
 
+import numpy as np
+
 from .. import precision as precisions
 from ..shapes import conv_out_size, conv_strides
 from . import cuda_wgmma
-from .cuda_core import _BLOCK, _ceil_div
+from .cuda_core import _BLOCK, DeviceArray, _ceil_div
 from .errors import BackendError
 from .numpy_conv_backward import unfolded_weight_grad
 
@@ -46,6 +48,14 @@ KERNELS = {
         **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
         **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
         **{f"pack_transposed_{part}": _PACK_ARGS},
+        # the delta at the precision's own 16 bits (the weight gradient's last argument: the
+        # images at 16 bits too)
+        **{f"conv_wgrad_{part}_{tile}_d16": _WGRAD_ARGS + "i" for tile in _WGRAD_TC_TILES
+           if part != "tf32"},
+        **{f"conv_dgrad_{part}_{tile}_d16": _DGRAD_ARGS for tile in _DGRAD_TC_TILES
+           if part != "tf32"},
+        **{f"conv_dgrad_class_{part}_{tile}_d16": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES
+           if part != "tf32"},
     ) for part in ("f16", "bf16", "tf32")},
     "conv_backward_f32.cu": dict(
         {f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
@@ -68,6 +78,7 @@ class CudaConvBackward:
         W2); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
         layer output at `precision` (ValueError for another)."""
         self._input_storage("conv_weight_grad_unfolded im", im, precision)
+        half_delta = self._delta_storage("conv_weight_grad_unfolded", delta, precision)
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         n, k = channels * ksize * ksize, batch * out_h * out_w
         im_stride = int(im_stride) or channels * height * width
@@ -80,8 +91,29 @@ class CudaConvBackward:
                                             stride, pad, dilation, batch, im_stride, delta,
                                             filters, weight_updates)
             return
+        if half_delta and filters > 0 and k > 0:
+            # gemm_lowp takes fp32 operands: the delta widened exactly (a 1x1 im2col of its
+            # filters x k rows), which gemm_lowp rounds back to the same bits
+            self._check_size("conv_weight_grad_unfolded delta", delta, filters * k)
+            wide = self._scratch_buffer("conv_wgrad_delta", 4 * filters * k)
+            self._launch_rows(f"im2col_from_{_PARTS[precision][0]}_kernel", filters, k,
+                              self._ptr(delta), int(filters), 1, int(k), 1, 1, 1, 0, 1, 1,
+                              int(k), self._ptr(wide), 1, int(k))
+            delta = DeviceArray(wide.ptr, filters * k, np.dtype(np.float32), wide)
         unfolded_weight_grad(self, precision, im, channels, height, width, ksize, stride, pad,
                              dilation, batch, im_stride, delta, filters, weight_updates, col)
+
+    def _delta_storage(self, what, delta, precision):
+        """True where delta (a convolution's output gradient) is kept at `precision`'s own
+        16 bits (storage_zeros), which the kernels stage as the operand's: the same bits as
+        its values widened to fp32 and rounded; False for fp32; ValueError for 16 bits of
+        another precision."""
+        stored = self.storage_of(delta)
+        if stored != precisions.DEFAULT and stored != precision:
+            raise ValueError(f"{what} delta: the delta is kept at {stored}, the op runs at "
+                             f"{precision} (a delta must be fp32 or at the op's own 16-bit "
+                             f"precision)")
+        return stored != precisions.DEFAULT
 
     # "auto": each product where it measured faster (conv_backward_implicit); "always" and
     # "never" (im2col + GEMM + col2im) for benchmarks and the tests that compare the paths.
@@ -182,10 +214,12 @@ class CudaConvBackward:
     def conv_weight_grad(self, precision, delta, delta_stride, im, im_stride, channels, height,
                          width, ksize, stride, pad, dilation, batch, filters, weight_updates):
         """NumpyBackend.conv_weight_grad as one implicit GEMM (K split over images and
-        positions, partials added in a fixed order). im: fp32, or a 16-bit layer output at
-        `precision` (its bits the operand's; ValueError for another)."""
+        positions, partials added in a fixed order). im and delta: each fp32, or 16 bits at
+        `precision` (a layer output, a delta kept at 16 bits: their bits the operand's, the
+        same as their values widened to fp32; ValueError for another storage)."""
         part, _ = _PARTS[precision]
         half_in = self._input_storage("conv_weight_grad im", im, precision) != precisions.DEFAULT
+        half_delta = self._delta_storage("conv_weight_grad", delta, precision)
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
         out_h, out_w, delta_stride, im_stride, (ksize, sy, sx, pad, dilation) = \
             self._backward_geometry("conv_weight_grad", delta, delta_stride, im, im_stride,
@@ -202,12 +236,16 @@ class CudaConvBackward:
         grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
         args = (self._ptr(delta), delta_stride, self._ptr(im), im_stride, height, width, ksize,
                 sy, sx, pad, dilation, out_h, out_w, m, n, k, chunk)
-        kernel = f"conv_wgrad_{part}_{tile}{'_in16' if half_in else ''}"
+        # a 16-bit delta: the _d16 entry, whose last argument says whether the images are
+        # 16-bit too
+        kernel, last = ((f"conv_wgrad_{part}_{tile}_d16", (int(half_in),)) if half_delta
+                        else (f"conv_wgrad_{part}_{tile}{'_in16' if half_in else ''}", ()))
         if splits == 1:
-            self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0)
+            self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0,
+                         *last)
             return
         partials = self._ptr(self._scratch_buffer("conv_wgrad", 4 * splits * m * n))
-        self._launch(kernel, grid, (threads,), *args, partials, n, 0.0, m * n)
+        self._launch(kernel, grid, (threads,), *args, partials, n, 0.0, m * n, *last)
         self._splitk_reduce(m, n, splits, partials, 1.0, 1.0, self._ptr(weight_updates), n)
 
     def conv_data_grad(self, precision, weights, filters, delta, delta_stride, channels, height,
@@ -215,8 +253,11 @@ class CudaConvBackward:
         """NumpyBackend.conv_data_grad as implicit GEMMs: each input pixel gathers the
         delta entries its taps reached (no col buffer, no atomics). Unit strides: one
         launch; others: one per parity class of the input pixels, each over only the taps
-        that reach the delta from that class (a stride-2 3x3 kernel: 1, 2, 2 and 4 taps)."""
+        that reach the delta from that class (a stride-2 3x3 kernel: 1, 2, 2 and 4 taps).
+        delta: fp32, or 16 bits at `precision` (its bits the operand's: the _d16 entries;
+        the wgmma forward of the deltas takes it as its image; ValueError for another)."""
         part, _ = _PARTS[precision]
+        d16 = "_d16" if self._delta_storage("conv_data_grad", delta, precision) else ""
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
         out_h, out_w, delta_stride, dx_stride, (ksize, sy, sx, pad, dilation) = \
             self._backward_geometry("conv_data_grad", delta, delta_stride, dx, dx_stride,
@@ -236,7 +277,7 @@ class CudaConvBackward:
             packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
                                                   (0, 1, ksize), (0, 1, ksize))
             tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
-            self._launch(f"conv_dgrad_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(channels, bm)),
+            self._launch(f"conv_dgrad_{part}_{tile}{d16}", (_ceil_div(n, bn), _ceil_div(channels, bm)),
                          (threads,), self._ptr(packed), pitch, *common, ksize, pad, dilation, height, width,
                          channels, k, n, self._ptr(dx), dx_stride, int(bool(accumulate)))
             return
@@ -248,7 +289,7 @@ class CudaConvBackward:
                 packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
                                                       taps_y, taps_x)
                 tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
-                self._launch(f"conv_dgrad_class_{part}_{tile}",
+                self._launch(f"conv_dgrad_class_{part}_{tile}{d16}",
                              (_ceil_div(n, bn), _ceil_div(channels, bm)), (threads,),
                              self._ptr(packed),
                              pitch, *common, hc, wc, ny, nx, cy0, cx0, dy, dx_, channels,
