@@ -90,11 +90,10 @@ struct StagerFor<P, DgradClassGeometryOf<T>, ROWS, THREADS> {
 };
 
 // The weight gradient's B beside a 16-bit delta: the images fp32 (rounded to P's 16 bits as
-// they are loaded) or at P's own bits (in16, taken as they are), picked by a uniform runtime
-// flag: one tile loop for both, its registers holding 16-bit values either way.
-template <class P>
+// they are loaded) or (IN16) at P's own bits, taken as they are. One entry a storage: a
+// runtime flag here cost the tiles registers and spills (bench/NOTES.md M4c).
+template <class P, bool IN16>
 struct ImageRowsSourceEither : ImageRowsSourceOf<unsigned short> {
-    int in16;   // 1: g.im holds P's 16 bits; 0: it points to floats
     __device__ __forceinline__ void quad(const Row& s, Pos q, int k, bool, unsigned short (&v)[4]) const
     {
         const float* im32 = reinterpret_cast<const float*>(g.im);
@@ -103,7 +102,10 @@ struct ImageRowsSourceEither : ImageRowsSourceOf<unsigned short> {
             const int iy = q.oy * g.stride_y + s.dy, ix = q.ox * g.stride_x + s.dx;
             const bool ok = s.offset >= 0 && k + j < k_end && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
             const long long at = q.b * g.im_stride + (s.offset + iy * g.w + ix);
-            v[j] = !ok ? (unsigned short)0 : in16 ? g.im[at] : HalfStorage<P>::type::rounded(im32[at]);
+            if constexpr (IN16)
+                v[j] = ok ? g.im[at] : (unsigned short)0;
+            else
+                v[j] = ok ? HalfStorage<P>::type::rounded(im32[at]) : (unsigned short)0;
             if (++q.ox == g.out_w) {
                 q.ox = 0;
                 if (++q.oy == g.out_h) {
@@ -114,10 +116,10 @@ struct ImageRowsSourceEither : ImageRowsSourceOf<unsigned short> {
         }
     }
 };
-template <class P> struct QuadValue<ImageRowsSourceEither<P>> { using type = unsigned short; };
-template <class P, class Q, int ROWS, int THREADS>
-struct StagerFor<P, ImageRowsSourceEither<Q>, ROWS, THREADS> {
-    using type = TcQuadStager<P, ImageRowsSourceEither<Q>, ROWS, THREADS>;
+template <class P, bool IN16> struct QuadValue<ImageRowsSourceEither<P, IN16>> { using type = unsigned short; };
+template <class P, class Q, bool IN16, int ROWS, int THREADS>
+struct StagerFor<P, ImageRowsSourceEither<Q, IN16>, ROWS, THREADS> {
+    using type = TcQuadStager<P, ImageRowsSourceEither<Q, IN16>, ROWS, THREADS>;
 };
 
 // ---- operands and epilogues from the kernels' arguments ------------------------------------
@@ -199,21 +201,19 @@ __device__ __forceinline__ DgradGeometryOf<T> dgrad_geometry(const T* delta, lon
     }
 
 // The weight gradient over a delta kept at P's own 16 bits (staged as it is), the images fp32
-// or (in16) at P's 16 bits: ImageRowsSourceEither, one tile loop for both.
-#define CONV_WGRAD_D16_TC(NAME, P, BM, BN, WM, WN)                                                              \
+// or (IN16: the _d16_in16 entries) at P's 16 bits: ImageRowsSourceEither.
+#define CONV_WGRAD_D16_TC(NAME, P, BM, BN, WM, WN, IN16)                                                        \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
         const unsigned short* delta, long long delta_stride, const void* im, long long im_stride, int h, int w, \
         int ksize, int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w, int filters,        \
-        int k_total, int n_total, int k_chunk, float* c, int ldc, float beta, long long partial_stride,         \
-        int in16)                                                                                               \
+        int k_total, int n_total, int k_chunk, float* c, int ldc, float beta, long long partial_stride)         \
     {                                                                                                           \
         const WgradOperandsOf<unsigned short, unsigned short> o = wgrad_operands(                               \
             delta, delta_stride, static_cast<const unsigned short*>(im), im_stride, h, w, ksize, stride_y,      \
             stride_x, pad, dilation, out_h, out_w, filters, k_total, n_total, k_chunk, c, ldc, beta,            \
             partial_stride);                                                                                    \
-        ImageRowsSourceEither<P> b;                                                                             \
+        ImageRowsSourceEither<P, IN16> b;                                                                       \
         static_cast<ImageRowsSourceOf<unsigned short>&>(b) = o.b;                                               \
-        b.in16 = in16;                                                                                          \
         tc_tile<P, BM, BN, WM, WN>(o.a, b, o.epi, o.k_begin, o.k_end);                                          \
     }
 
@@ -359,11 +359,16 @@ __device__ __forceinline__ void pack_transposed(const float* in, int filters, in
 // (the images fp32 or 16-bit, a runtime flag) and the data gradient's, unit-stride and per
 // parity class.
 #define CONV_BACKWARD_D16_ENTRIES(PREC, P)                                                  \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_128x128_d16, P, 128, 128, 2, 4)                   \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x128_d16, P, 64, 128, 2, 4)                     \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4)                     \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x64_d16, P, 64, 64, 2, 2)                       \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x64_d16, P, 32, 64, 1, 2)                       \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_128x128_d16, P, 128, 128, 2, 4, false)            \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x128_d16, P, 64, 128, 2, 4, false)              \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4, false)              \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x64_d16, P, 64, 64, 2, 2, false)                \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x64_d16, P, 32, 64, 1, 2, false)                \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_128x128_d16_in16, P, 128, 128, 2, 4, true)        \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x128_d16_in16, P, 64, 128, 2, 4, true)          \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x128_d16_in16, P, 32, 128, 1, 4, true)          \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x64_d16_in16, P, 64, 64, 2, 2, true)            \
+    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x64_d16_in16, P, 32, 64, 1, 2, true)            \
     CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128_d16, P, 128, 128, 2, 4, unsigned short)    \
     CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128_d16, P, 64, 128, 2, 4, unsigned short)      \
     CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4, unsigned short)      \

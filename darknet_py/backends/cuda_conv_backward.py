@@ -48,10 +48,10 @@ KERNELS = {
         **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
         **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
         **{f"pack_transposed_{part}": _PACK_ARGS},
-        # the delta at the precision's own 16 bits (the weight gradient's last argument: the
-        # images at 16 bits too)
-        **{f"conv_wgrad_{part}_{tile}_d16": _WGRAD_ARGS + "i" for tile in _WGRAD_TC_TILES
-           if part != "tf32"},
+        # the delta at the precision's own 16 bits (the weight gradient's images fp32, or
+        # 16-bit too: _d16_in16)
+        **{f"conv_wgrad_{part}_{tile}_d16{images}": _WGRAD_ARGS for tile in _WGRAD_TC_TILES
+           for images in ("", "_in16") if part != "tf32"},
         **{f"conv_dgrad_{part}_{tile}_d16": _DGRAD_ARGS for tile in _DGRAD_TC_TILES
            if part != "tf32"},
         **{f"conv_dgrad_class_{part}_{tile}_d16": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES
@@ -236,16 +236,14 @@ class CudaConvBackward:
         grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
         args = (self._ptr(delta), delta_stride, self._ptr(im), im_stride, height, width, ksize,
                 sy, sx, pad, dilation, out_h, out_w, m, n, k, chunk)
-        # a 16-bit delta: the _d16 entry, whose last argument says whether the images are
-        # 16-bit too
-        kernel, last = ((f"conv_wgrad_{part}_{tile}_d16", (int(half_in),)) if half_delta
-                        else (f"conv_wgrad_{part}_{tile}{'_in16' if half_in else ''}", ()))
+        # the entry for the delta's and the images' storage (fp32, or 16 bits at precision)
+        kernel = (f"conv_wgrad_{part}_{tile}{'_d16' if half_delta else ''}"
+                  f"{'_in16' if half_in else ''}")
         if splits == 1:
-            self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0,
-                         *last)
+            self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0)
             return
         partials = self._ptr(self._scratch_buffer("conv_wgrad", 4 * splits * m * n))
-        self._launch(kernel, grid, (threads,), *args, partials, n, 0.0, m * n, *last)
+        self._launch(kernel, grid, (threads,), *args, partials, n, 0.0, m * n)
         self._splitk_reduce(m, n, splits, partials, 1.0, 1.0, self._ptr(weight_updates), n)
 
     def conv_data_grad(self, precision, weights, filters, delta, delta_stride, channels, height,

@@ -15,7 +15,7 @@ import numpy as np
 import pycuda.driver as drv
 
 from .. import activations, precision as precisions
-from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
+from .cuda_core import _BLOCK, _MAX_GRID_Y, DeviceArray, _ceil_div
 from .numpy_batchnorm import delta_out_storage, delta_sums_given, rebuild_storage
 
 # Elements of a row each thread of batchnorm_apply and normalize_delta takes, the channel's
@@ -470,10 +470,13 @@ class CudaNorm:
                          0 if scales is None else self._ptr(scales), self._ptr(delta),
                          0 if delta_out is None else self._ptr(delta_out), int(bool(fork)))
             return
-        if delta_out is not None:   # in place, then rounded into delta_out
+        if delta_out is not None:   # on a copy of delta, then rounded into delta_out
+            scratch = self._scratch_buffer("normalize_delta", 4 * total)
+            work = DeviceArray(scratch.ptr, total, np.dtype(np.float32), scratch)
+            self.copy(delta[:total], work)
             self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales, batch,
-                                  filters, spatial, delta, fork, x_suffix)
-            self.copy_rounded(delta[:total], delta_out[:total], self.storage_of(delta_out))
+                                  filters, spatial, work, fork, x_suffix)
+            self.copy_rounded(work, delta_out[:total], self.storage_of(delta_out))
             return
         self._launch_rows("normalize_delta_kernel" + x_suffix, batch * filters, spatial,
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
