@@ -210,28 +210,6 @@ def test_memory_estimate_counts_16_bit_outputs_at_2_bytes():
 
 
 @pytest.mark.parametrize("precision", HALF)
-def test_batch_norms_delta_left_at_16_bits_in_x_gives_the_same_weights(precision, monkeypatch):
-    """The convolution's products round their delta to the precision: batch norm's backward
-    leaving that delta rounded in x's array (bench/NOTES.md M4c) changes no bit. (The
-    NumPy backend runs its products as the GPU's implicit ones here: conv_weight_grad and
-    conv_data_grad, which it has, in place of Darknet's im2col path.)"""
-    from darknet_py.backends.numpy_backend import NumpyBackend
-    from darknet_py.layers import batchnorm, convolutional
-    monkeypatch.setattr(NumpyBackend, "conv_backward_implicit", lambda self, *args: (True, True))
-    calls = []
-    real = batchnorm.delta_into_x
-    monkeypatch.setattr(convolutional, "delta_into_x",
-                        lambda layer: calls.append(layer.index) or real(layer))
-    into_x, losses, params = trained(CSP, precision, True)
-    assert len(set(calls)) >= 8 and all(real(into_x.layers[i]) for i in set(calls))
-    monkeypatch.setattr(convolutional, "delta_into_x", lambda layer: False)
-    _, kept_losses, kept_params = trained(CSP, precision, True)
-    assert losses == kept_losses
-    for i, (a, b) in enumerate(zip(params, kept_params)):
-        np.testing.assert_array_equal(a, b, err_msg=f"parameter array {i}")
-
-
-@pytest.mark.parametrize("precision", HALF)
 def test_batchnorm_delta_into_x_refuses_another_storage(precision):
     be = get_backend("cpu")
     x = be.storage_zeros(8, precision)

@@ -138,18 +138,10 @@ def bn_rebuild_output(layer, net):
                              _forward_eps(layer), layer.activation, x_precision(layer))
 
 
-def delta_into_x(layer):
-    """Whether batch norm's backward can leave its result (the delta w.r.t. x) at x's 16
-    bits in x's own array, for products that round it to those bits anyway: a layer that
-    keeps a 16-bit x and no x_norm (the E2 path, bench/NOTES.md M4c)."""
-    return layer.x_norm is None and x_precision(layer) in precisions.HALF_STORAGE
-
-
-def bn_activation_backward(layer, net, out_c, spatial, train_beta=True, into_x=False):
+def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
     """The activation's gradient and batch norm's backward: layer.delta (w.r.t. the layer's
     output) becomes the delta w.r.t. the BN input; the scales' and biases' updates grow.
-    train_beta=False: the biases (BN beta) get no gradient. into_x (delta_into_x): the
-    delta w.r.t. x goes into x's array at its 16 bits, layer.delta left as it was. The fork's GPU build (cuDNN's
+    train_beta=False: the biases (BN beta) get no gradient. The fork's GPU build (cuDNN's
     exact gradient with the biased variance the forward left in layer.variance) is the
     original's formula with that variance; its CPU build has its own divisor.
     A layer that kept no x_norm (all but stepped ones) recomputes it and the activation's
@@ -180,13 +172,11 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True, into_x=F
                                          _forward_eps(layer), activation, layer.delta,
                                          bias_updates, layer.scale_updates, x_precision=x_at,
                                          delta_sum=sums[0], delta_x_norm_sum=sums[1])
-    if into_x and not from_sums:
-        raise ValueError(f"layer {layer.index}: its backward cannot leave the delta in x")
     if from_sums:
         be.batchnorm_delta_from_sums(layer.x, mean, variance, layer.scales, layer.batch, out_c,
                                      spatial, _forward_eps(layer), *sums, layer.mean_delta,
                                      layer.variance_delta, layer.delta, fork=layer.fork_cpu,
-                                     x_precision=x_at, delta_out=layer.x if into_x else None)
+                                     x_precision=x_at)
     else:
         be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
                            layer.mean_delta, layer.variance_delta, layer.delta,

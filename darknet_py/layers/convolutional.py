@@ -15,8 +15,7 @@ from ..shapes import conv_out_size, conv_strides
 from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
                    source_layer)
 from .batchnorm import (FORK_BN_EPS, bn_activation_backward, bn_allocate, bn_forward,
-                        bn_init_params, bn_init_updates, bn_params, delta_into_x,
-                        product_into_x)
+                        bn_init_params, bn_init_updates, bn_params, product_into_x)
 
 
 # The most floats of shared workspace a convolution takes for a chunk of images
@@ -397,11 +396,10 @@ class ConvolutionalLayer(Layer):
                                          self.w, self.size, self.stride, self.padding,
                                          self.dilation, self.filters // self.groups)
 
-    def _backward_implicit(self, net, weights, data, delta):
+    def _backward_implicit(self, net, weights, data):
         """Per group: weight_updates += delta x input patches (weights); the input's delta
         gets weights^T x delta folded back (data), added, or written where the fork's
-        col2im clears the image first. delta: self.delta, or batch norm's result kept at
-        16 bits in x (delta_into_x)."""
+        col2im clears the image first."""
         be = net.be
         m, k, n = self._gemm_dims()
         cg, hw = self.c // self.groups, self.h * self.w
@@ -409,12 +407,12 @@ class ConvolutionalLayer(Layer):
                     self.batch)
         for g in range(self.groups):
             if weights:
-                be.conv_weight_grad(self.precision, delta[g * m * n:], self.outputs,
+                be.conv_weight_grad(self.precision, self.delta[g * m * n:], self.outputs,
                                     net.input[g * cg * hw:], self.inputs, *geometry, m,
                                     self.weight_updates[g * m * k:])
             if data and net.delta is not None:
                 be.conv_data_grad(self.precision, self.weights[g * m * k:], m,
-                                  delta[g * m * n:], self.outputs, *geometry,
+                                  self.delta[g * m * n:], self.outputs, *geometry,
                                   net.delta[g * cg * hw:], self.inputs,
                                   not self.clears_input_delta)
 
@@ -423,24 +421,20 @@ class ConvolutionalLayer(Layer):
         gemm = self._gemm(be)
         m, k, n = self._gemm_dims()
         spatial = self.out_h * self.out_w
-        implicit_weights, implicit_data = self._implicit_backward(be, self.batch)
-        if net.delta is None:
-            implicit_data = True   # no data gradient to compute
-        # Products that round their delta to 16 bits read batch norm's result at those bits,
-        # left in x's array (half the bytes written and read: bench/NOTES.md M4c).
-        into_x = (self.batch_normalize and implicit_weights and implicit_data
-                  and delta_into_x(self))
         if self.batch_normalize:
             # The fork's CPU backward leaves a convolution's BN beta untrained (its GPU
             # build's cudnnBatchNormalizationBackward trains it).
-            bn_activation_backward(self, net, self.out_c, spatial, train_beta=not self.fork_cpu,
-                                   into_x=into_x)
+            bn_activation_backward(self, net, self.out_c, spatial, train_beta=not self.fork_cpu)
         else:
             self.activation_gradient(be)
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
+        implicit_weights, implicit_data = self._implicit_backward(be, self.batch)
+        if net.delta is None:
+            implicit_data = True   # no data gradient to compute
+        # The products read the fp32 delta: batch norm's result left at 16 bits for them was
+        # 3 ms slower on yolov4 (the weight gradient's 16-bit delta tiles; NOTES M4c).
         if implicit_weights or implicit_data:
-            self._backward_implicit(net, implicit_weights, implicit_data,
-                                    self.x if into_x else self.delta)
+            self._backward_implicit(net, implicit_weights, implicit_data)
         if implicit_weights and implicit_data:
             return
         if net.delta is not None and self.clears_input_delta and not implicit_data:
