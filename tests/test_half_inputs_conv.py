@@ -24,6 +24,7 @@ import pytest
 
 from darknet_py.shapes import conv_out_size
 
+from test_bn_passes import poisoned_storage
 from test_cuda_ops import nan, rand
 
 gpu = pytest.mark.gpu
@@ -56,16 +57,7 @@ def _ids(cases):
     return ["c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c) for c in cases]
 
 
-def _poisoned(cuda, n, precision):
-    """storage_zeros(n, precision) (fp32: zeros) filled with NaN."""
-    import pycuda.driver as drv
-    a = cuda.storage_zeros(n, precision)
-    if precision == "fp32":
-        drv.memset_d32_async(cuda._ptr(a), 0x7FC00000, n, cuda.stream)
-    else:
-        drv.memset_d16_async(cuda._ptr(a), 0x7E00 if precision == "fp16" else 0x7FC0, n,
-                             cuda.stream)
-    return a
+_poisoned = poisoned_storage   # storage_zeros filled with each format's quiet NaN
 
 
 def _images(cuda, p, values):
