@@ -411,6 +411,20 @@ struct RowPiece {
     }
 };
 
+// The row kernels' entries: Rows<N>::run(args...) with N = row_threads (32, 64 or 128;
+// anything else 256). The arguments pass by value as a direct call's would (a generic lambda
+// capturing them gave the same instructions but two of them in another order).
+template <template <int> class Rows, class... Args>
+__device__ __forceinline__ void with_row_threads(int row_threads, Args... args)
+{
+    switch (row_threads) {
+    case 32: Rows<32>::run(args...); break;
+    case 64: Rows<64>::run(args...); break;
+    case 128: Rows<128>::run(args...); break;
+    default: Rows<256>::run(args...); break;
+    }
+}
+
 // A piece's threads' sums, valid in its first thread (lane 0): within each warp, then
 // (pieces wider than a warp) across them, in a fixed order. Every thread of the block calls it.
 template <int ROW_THREADS>
@@ -484,6 +498,15 @@ __device__ __forceinline__ void batchnorm_activation_rows_of(
     }
 }
 
+template <int ROW_THREADS>
+struct BatchnormActivationRows {
+    template <class... Args>
+    static __device__ __forceinline__ void run(Args... args)
+    {
+        batchnorm_activation_rows_of<ROW_THREADS>(args...);
+    }
+};
+
 #define BATCHNORM_ACTIVATION_ROWS(NAME, X, XTYPE)                                                 \
     extern "C" __global__ void NAME(const XTYPE* __restrict__ x, const float* __restrict__ y,     \
                                     const float* __restrict__ mean,                               \
@@ -495,25 +518,10 @@ __device__ __forceinline__ void batchnorm_activation_rows_of(
                                     float* __restrict__ delta,                                    \
                                     double* __restrict__ partial, double* __restrict__ partial_a) \
     {                                                                                             \
-        switch (row_threads) {                                                                    \
-        case 32: batchnorm_activation_rows_of<32>(X{x}, y, mean, variance, scales, biases,       \
-                                                  batch, filters, spatial, eps, act, from_input, \
-                                                  chunk, chunks, delta, partial, partial_a);     \
-            break;                                                                                \
-        case 64: batchnorm_activation_rows_of<64>(X{x}, y, mean, variance, scales, biases,       \
-                                                  batch, filters, spatial, eps, act, from_input, \
-                                                  chunk, chunks, delta, partial, partial_a);     \
-            break;                                                                                \
-        case 128: batchnorm_activation_rows_of<128>(X{x}, y, mean, variance, scales, biases,     \
-                                                    batch, filters, spatial, eps, act,           \
-                                                    from_input, chunk, chunks, delta, partial,   \
-                                                    partial_a);                                  \
-            break;                                                                                \
-        default: batchnorm_activation_rows_of<256>(X{x}, y, mean, variance, scales, biases,      \
-                                                   batch, filters, spatial, eps, act, from_input, \
-                                                   chunk, chunks, delta, partial, partial_a);    \
-            break;                                                                                \
-        }                                                                                         \
+        with_row_threads<BatchnormActivationRows>(row_threads, X{x}, y, mean, variance, scales,  \
+                                                  biases, batch, filters, spatial, eps, act,     \
+                                                  from_input, chunk, chunks, delta, partial,     \
+                                                  partial_a);                                    \
     }
 BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_f16, XF16, unsigned short)
 BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_bf16, XBF16, unsigned short)
@@ -558,25 +566,22 @@ __device__ __forceinline__ void channel_moments_rows_of(X x, int batch, int filt
     }
 }
 
+template <int ROW_THREADS>
+struct ChannelMomentsRows {
+    template <class... Args>
+    static __device__ __forceinline__ void run(Args... args)
+    {
+        channel_moments_rows_of<ROW_THREADS>(args...);
+    }
+};
+
 #define CHANNEL_MOMENTS_ROWS(NAME, X, XTYPE)                                                      \
     extern "C" __global__ void NAME(const XTYPE* __restrict__ x, int batch, int filters,          \
                                     int spatial, int row_threads, int chunk, int chunks,          \
                                     double* __restrict__ partial, double* __restrict__ partial_a) \
     {                                                                                             \
-        switch (row_threads) {                                                                    \
-        case 32: channel_moments_rows_of<32>(X{x}, batch, filters, spatial, chunk, chunks,       \
-                                             partial, partial_a);                                \
-            break;                                                                                \
-        case 64: channel_moments_rows_of<64>(X{x}, batch, filters, spatial, chunk, chunks,       \
-                                             partial, partial_a);                                \
-            break;                                                                                \
-        case 128: channel_moments_rows_of<128>(X{x}, batch, filters, spatial, chunk, chunks,     \
-                                               partial, partial_a);                              \
-            break;                                                                                \
-        default: channel_moments_rows_of<256>(X{x}, batch, filters, spatial, chunk, chunks,      \
-                                              partial, partial_a);                               \
-            break;                                                                                \
-        }                                                                                         \
+        with_row_threads<ChannelMomentsRows>(row_threads, X{x}, batch, filters, spatial, chunk,  \
+                                             chunks, partial, partial_a);                        \
     }
 CHANNEL_MOMENTS_ROWS(channel_moments_rows_x_f16, XF16, unsigned short)
 CHANNEL_MOMENTS_ROWS(channel_moments_rows_x_bf16, XBF16, unsigned short)
