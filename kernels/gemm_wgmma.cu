@@ -44,6 +44,23 @@ struct __align__(64) TensorMap {
     unsigned long long opaque[16];
 };
 
+// The operand types, and a float rounded (nearest even) to one's 16 bits: the wgmma
+// epilogue's 16-bit image store (Images16) and the operand conversion (to_half_bits).
+struct F16Op {};
+struct BF16Op {};
+__device__ __forceinline__ unsigned short rounded_to(F16Op, float v)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    return h;
+}
+__device__ __forceinline__ unsigned short rounded_to(BF16Op, float v)
+{
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+    return h;
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DARKNET_WGMMA 1
 #endif
@@ -207,9 +224,6 @@ __device__ __forceinline__ void pin_accumulators(float (&d)[128])
     for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-struct F16Op {};
-struct BF16Op {};
-
 // d (+)= A (64 x 16) @ B (256 x 16)^T in the operand type TYPE ("f16" or "bf16");
 // accumulate = 0 overwrites d. One statement for both types: the 128 accumulator operands.
 #define WGMMA_64X256(TYPE)                                                                                  \
@@ -321,18 +335,6 @@ struct ImagesF32Add {
     using Storage = float;
     static __device__ __forceinline__ void put(float* p, float v) { *p += v; }
 };
-__device__ __forceinline__ unsigned short rounded_to(F16Op, float v)   // nearest even
-{
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
-    return h;
-}
-__device__ __forceinline__ unsigned short rounded_to(BF16Op, float v)
-{
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
-    return h;
-}
 template <class Op> struct Images16 {
     using Storage = unsigned short;
     static __device__ __forceinline__ void put(unsigned short* p, float v) { *p = rounded_to(Op{}, v); }
@@ -570,12 +572,7 @@ constexpr int KM_COLS = 64;
 
 __device__ __forceinline__ unsigned short to_half_bits(float x, int bf16)
 {
-    unsigned short h;
-    if (bf16)
-        asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
-    else
-        asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
-    return h;
+    return bf16 ? rounded_to(BF16Op{}, x) : rounded_to(F16Op{}, x);
 }
 
 __device__ __forceinline__ void to_kmajor_body(const float* src, int ld, int rows, int cols, int transposed,
