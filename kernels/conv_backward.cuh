@@ -353,9 +353,7 @@ struct DgradEpilogue {
     long long image_stride;
     __device__ __forceinline__ long long column(int n) const
     {
-        if (n >= cols) return -1;
-        const int b = n / plane;
-        return b * image_stride + (n - b * plane);
+        return image_column(n, cols, plane, image_stride);
     }
     __device__ __forceinline__ void store(int m, long long col, float acc) const
     {

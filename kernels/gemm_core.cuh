@@ -170,3 +170,14 @@ __device__ __forceinline__ void gather_column(const ConvGeometryOf<T>& g, const 
         }
     }
 }
+
+// ---- epilogues: a column's place in an output of images ------------------------------
+// Column n = image * per_image + p (p < per_image) of a product whose output holds its
+// images image_stride elements apart: image * image_stride + p; -1 past the cols columns.
+// The convolution's (gemm_tc.cuh) and the data gradient's (conv_backward.cuh) epilogues.
+__device__ __forceinline__ long long image_column(int n, int cols, int per_image, long long image_stride)
+{
+    if (n >= cols) return -1;
+    const int b = n / per_image;
+    return b * image_stride + (n - b * per_image);
+}

@@ -341,9 +341,7 @@ struct ConvEpilogue {
     long long image_stride;
     __device__ __forceinline__ long long column(int n) const
     {
-        if (n >= cols) return -1;
-        const int b = n / positions;
-        return b * image_stride + (n - b * positions);
+        return image_column(n, cols, positions, image_stride);
     }
     __device__ __forceinline__ void store(int m, long long col, float acc) const
     {
@@ -363,9 +361,7 @@ struct ConvEpilogueEither {
     long long image_stride;
     __device__ __forceinline__ long long column(int n) const
     {
-        if (n >= cols) return -1;
-        const int b = n / positions;
-        return b * image_stride + (n - b * positions);
+        return image_column(n, cols, positions, image_stride);
     }
     __device__ __forceinline__ void store(int m, long long col, float acc) const
     {
