@@ -256,8 +256,8 @@ class NumpyBatchnorm:
         batchnorm_delta_factors): sum d (x - m) = scale * D * sum g x_norm, so the results
         are batchnorm_delta's up to each x_norm's rounding (bench/NOTES.md E2).
         delta_out (x's own array, or any of x's 16-bit storage): the result goes there,
-        rounded to that storage, and delta is left as it was (the convolution's products
-        then read delta_out: bench/NOTES.md M4c); x may be delta_out itself."""
+        rounded to that storage, and delta is left as it was, for products that read a
+        16-bit delta (the layers do not yet: bench/NOTES.md M4c); x may be delta_out itself."""
         precisions.storage(x_precision)
         delta_out_storage(self.storage_of, x_precision, delta_out)
         if delta_out is not None:
