@@ -761,17 +761,15 @@ NORMALIZE_DELTA(normalize_delta_kernel_x_bf16, XBF16, unsigned short)
 
 // normalize_delta_of's fast steps (a 16-bit x) eight elements a thread, flat over the rows:
 // 16-byte loads of x and delta, the channel's constants for the first of the eight and again
-// where they cross into the next row (as batchnorm_rebuild_eights_of). The result goes to
-// delta, or, where out16 is not null, rounded to X's 16 bits into out16 (x's own array: the
-// delta the convolution's products read at their operands' precision, bench/NOTES.md M4c;
-// each element is read before it is written). The same values as normalize_delta_of, bit
-// for bit. Needs x, delta and out16 16-byte aligned and total a multiple of 8.
+// where they cross into the next row (as batchnorm_rebuild_eights_of; bench/NOTES.md M4c).
+// The same values as normalize_delta_of, bit for bit. Needs x and delta 16-byte aligned and
+// total a multiple of 8.
 template <class X>
 __device__ __forceinline__ void normalize_delta_eights_of(
     const unsigned short* __restrict__ x, const float* __restrict__ mean,
     const float* __restrict__ variance, const float* __restrict__ mean_delta,
     const float* __restrict__ variance_delta, long long total, int filters, int spatial, float n,
-    const float* __restrict__ scales, float* delta, unsigned short* out16, int fork)
+    const float* __restrict__ scales, float* __restrict__ delta, int fork)
 {
     const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (first >= total) return;
@@ -805,29 +803,22 @@ __device__ __forceinline__ void normalize_delta_eights_of(
         ds[k] = fmaf(g, inverse, fmaf(x_factor, xc, mean_term));
         ++s;
     }
-    if (out16) {
-        uint4 stored;
-        unsigned short* rounded = reinterpret_cast<unsigned short*>(&stored);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) rounded[k] = X::rounded(ds[k]);
-        *reinterpret_cast<uint4*>(out16 + first) = stored;
-    } else {
-        reinterpret_cast<float4*>(delta + first)[0] = d[0];
-        reinterpret_cast<float4*>(delta + first)[1] = d[1];
-    }
+    reinterpret_cast<float4*>(delta + first)[0] = d[0];
+    reinterpret_cast<float4*>(delta + first)[1] = d[1];
 }
 
 #define NORMALIZE_DELTA_EIGHTS(NAME, X)                                                           \
-    extern "C" __global__ void NAME(const unsigned short* x, const float* __restrict__ mean,     \
+    extern "C" __global__ void NAME(const unsigned short* __restrict__ x,                         \
+                                    const float* __restrict__ mean,                               \
                                     const float* __restrict__ variance,                           \
                                     const float* __restrict__ mean_delta,                         \
                                     const float* __restrict__ variance_delta, long long total,    \
                                     int filters, int spatial, float n,                            \
-                                    const float* __restrict__ scales, float* delta,               \
-                                    unsigned short* out16, int fork)                              \
+                                    const float* __restrict__ scales,                             \
+                                    float* __restrict__ delta, int fork)                          \
     {                                                                                             \
         normalize_delta_eights_of<X>(x, mean, variance, mean_delta, variance_delta, total,        \
-                                     filters, spatial, n, scales, delta, out16, fork);            \
+                                     filters, spatial, n, scales, delta, fork);                   \
     }
 NORMALIZE_DELTA_EIGHTS(normalize_delta_eights_x_f16, XF16)
 NORMALIZE_DELTA_EIGHTS(normalize_delta_eights_x_bf16, XBF16)

@@ -28,12 +28,9 @@ struct QuadMap {
 };
 
 // The output delta as the weight gradient's A: element (f, n) with n = (image, position),
-// at delta[image * image_stride + f * positions + position]. T: the delta's elements, float,
-// or unsigned short holding the operands' own 16 bits (a delta kept at 16 bits, staged as
-// it is).
-template <class T>
-struct DeltaRowsSourceOf {
-    const T* delta;
+// at delta[image * image_stride + f * positions + position].
+struct DeltaRowsSource {
+    const float* delta;
     long long image_stride;
     int rows, positions, k_end;
     struct Row {
@@ -58,23 +55,18 @@ struct DeltaRowsSourceOf {
     __device__ __forceinline__ bool vectors() const
     {
         return (positions & 3) == 0 && (image_stride & 3) == 0 &&
-               (reinterpret_cast<unsigned long long>(delta) & (4 * sizeof(T) - 1)) == 0;
+               (reinterpret_cast<unsigned long long>(delta) & 15) == 0;
     }
-    __device__ __forceinline__ void quad(const Row& s, Pos q, int k, bool vec, T (&v)[4]) const
+    __device__ __forceinline__ void quad(const Row& s, Pos q, int k, bool vec, float (&v)[4]) const
     {
         if (s.offset >= 0 && vec && k + 3 < k_end) {   // positions % 4 == 0: one image, aligned
-            if constexpr (sizeof(T) == 4) {
-                const float4 x = *reinterpret_cast<const float4*>(delta + q.b * image_stride + s.offset + q.p);
-                v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
-            } else {   // four 16-bit values: 8 bytes
-                const uint2 x = *reinterpret_cast<const uint2*>(delta + q.b * image_stride + s.offset + q.p);
-                v[0] = (T)(x.x & 0xffffu); v[1] = (T)(x.x >> 16); v[2] = (T)(x.y & 0xffffu); v[3] = (T)(x.y >> 16);
-            }
+            const float4 x = *reinterpret_cast<const float4*>(delta + q.b * image_stride + s.offset + q.p);
+            v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
             return;
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            v[j] = (s.offset >= 0 && k + j < k_end) ? delta[q.b * image_stride + s.offset + q.p] : T(0);
+            v[j] = (s.offset >= 0 && k + j < k_end) ? delta[q.b * image_stride + s.offset + q.p] : 0.0f;
             if (++q.p == positions) {
                 q.p = 0;
                 ++q.b;
@@ -82,7 +74,6 @@ struct DeltaRowsSourceOf {
         }
     }
 };
-using DeltaRowsSource = DeltaRowsSourceOf<float>;
 
 // The input's im2col matrix as the weight gradient's B, transposed: element (kidx, n),
 // kidx = (c, ky, kx), n = (image, oy, ox): im[image][c][oy*sy - pad + ky*d][ox*sx - pad + kx*d],
@@ -145,7 +136,6 @@ using ImageRowsSource = ImageRowsSourceOf<float>;
 // 16-bit operand bits.
 template <class Src> struct QuadValue { using type = float; };
 template <class T> struct QuadValue<ImageRowsSourceOf<T>> { using type = T; };
-template <class T> struct QuadValue<DeltaRowsSourceOf<T>> { using type = T; };
 
 // fp32 rows of `pitch` floats (a multiple of 4, zero past the data): the data gradient's
 // transposed weights in the FFMA kernels.
@@ -220,24 +210,18 @@ struct QuadLoader {
 // ---- the data gradient's delta gather: one input pixel (a column of dcol) a thread ----
 // Unit strides: the stride-1 forward gather of gemm_core.cuh over the delta with the taps
 // flipped (pad -> -pad, dilation -> -dilation: tap (ky, kx) reads delta at y + pad - ky*d).
-// T: the delta's elements, float, or unsigned short holding the operands' own 16 bits.
-template <class T>
-struct DgradGeometryOf {
-    using Value = T;
-    using Cursor = ColumnCursorOf<T>;
-    ConvGeometryOf<T> flipped;     // "image": the delta; "output": the input plane
+struct DgradGeometry {
+    using Cursor = ColumnCursor;
+    ConvGeometry flipped;     // "image": the delta; "output": the input plane
 };
-using DgradGeometry = DgradGeometryOf<float>;
 
-template <class T>
-__device__ __forceinline__ ColumnCursorOf<T> dgrad_cursor(const DgradGeometryOf<T>& g, int n)
+__device__ __forceinline__ ColumnCursor dgrad_cursor(const DgradGeometry& g, int n)
 {
     return column_cursor(g.flipped, n);
 }
 
-template <int RUN, class T>
-__device__ __forceinline__ void gather_dgrad(const DgradGeometryOf<T>& g, const ColumnCursorOf<T>& col, int k0,
-                                             T (&v)[RUN])
+template <int RUN>
+__device__ __forceinline__ void gather_dgrad(const DgradGeometry& g, const ColumnCursor& col, int k0, float (&v)[RUN])
 {
     gather_column<RUN>(g.flipped, col, k0, v);
 }
@@ -247,30 +231,25 @@ __device__ __forceinline__ void gather_dgrad(const DgradGeometryOf<T>& g, const 
 // j*step_x), i < ny, j < nx, for which y + pad - ky*d divides by the stride, and tap (i, j)
 // reads the delta at (y' + cy0 - i*dy, x' + cx0 - j*dx): a dense stride-1 gather over a
 // rectangular kernel, no zero taps and no division.
-template <class T>
-struct ClassCursorOf {
-    const T* image;           // this column's delta image; null past the end
+struct ClassCursor {
+    const float* image;       // this column's delta image; null past the end
     int oy0, ox0;             // y' + cy0, x' + cx0
 };
 
-template <class T>
-struct DgradClassGeometryOf {
-    using Value = T;
-    using Cursor = ClassCursorOf<T>;
-    const T* delta;           // first image, this group's first filter
-    long long image_stride;   // elements between the delta's images
+struct DgradClassGeometry {
+    using Cursor = ClassCursor;
+    const float* delta;       // first image, this group's first filter
+    long long image_stride;   // floats between the delta's images
     int out_h, out_w;         // the delta's plane
     int hc, wc;               // the class's columns: y' < hc, x' < wc
     int ny, nx, cy0, cx0, dy, dx;
     int k_total;              // filters of the group * ny * nx
     int n_total;              // images * hc * wc
 };
-using DgradClassGeometry = DgradClassGeometryOf<float>;
 
-template <class T>
-__device__ __forceinline__ ClassCursorOf<T> dgrad_cursor(const DgradClassGeometryOf<T>& g, int n)
+__device__ __forceinline__ ClassCursor dgrad_cursor(const DgradClassGeometry& g, int n)
 {
-    ClassCursorOf<T> c;
+    ClassCursor c;
     c.image = nullptr;
     c.oy0 = c.ox0 = 0;
     if (n >= g.n_total) return c;
@@ -284,9 +263,9 @@ __device__ __forceinline__ ClassCursorOf<T> dgrad_cursor(const DgradClassGeometr
     return c;
 }
 
-template <int RUN, class T>
-__device__ __forceinline__ void gather_dgrad(const DgradClassGeometryOf<T>& g, const ClassCursorOf<T>& col, int k0,
-                                             T (&v)[RUN])
+template <int RUN>
+__device__ __forceinline__ void gather_dgrad(const DgradClassGeometry& g, const ClassCursor& col, int k0,
+                                             float (&v)[RUN])
 {
     const int taps = g.ny * g.nx;
     const int ch = taps > 0 ? k0 / taps : 0;
@@ -294,13 +273,13 @@ __device__ __forceinline__ void gather_dgrad(const DgradClassGeometryOf<T>& g, c
     int i = g.nx > 0 ? r / g.nx : 0;
     int j = r - i * g.nx;
     const long long plane = (long long)g.out_h * g.out_w;
-    const T* chan = (col.image != nullptr ? col.image : g.delta) + ch * plane;
+    const float* chan = (col.image != nullptr ? col.image : g.delta) + ch * plane;
 #pragma unroll
     for (int e = 0; e < RUN; ++e) {
         const int oy = col.oy0 - i * g.dy, ox = col.ox0 - j * g.dx;
         const bool ok = col.image != nullptr && k0 + e < g.k_total && (unsigned)oy < (unsigned)g.out_h &&
                         (unsigned)ox < (unsigned)g.out_w;
-        v[e] = ok ? chan[oy * g.out_w + ox] : T(0);
+        v[e] = ok ? chan[oy * g.out_w + ox] : 0.0f;
         if (++j == g.nx) {
             j = 0;
             if (++i == g.ny) {

@@ -49,14 +49,9 @@ struct TcQuadStager {
 
 // The data gradient's delta gather, a column per thread: gemm_tc.cuh's Stager with the
 // dgrad gather (G: DgradGeometry or DgradClassGeometry) in place of the forward's.
-// The base whose registers hold G's values: fp32 (rounded as stored), or (a 16-bit delta)
-// the operands' own bits, stored as they are.
-template <class T> struct DgradStagedAs { using type = RowMajorKSource; };
-template <> struct DgradStagedAs<unsigned short> { using type = ConvColumnSourceOf<unsigned short>; };
-
 template <class P, class G, int ROWS, int THREADS>
-struct TcDgradStager : Stager<P, typename DgradStagedAs<typename G::Value>::type, ROWS, THREADS> {
-    using Base = Stager<P, typename DgradStagedAs<typename G::Value>::type, ROWS, THREADS>;
+struct TcDgradStager : Stager<P, RowMajorKSource, ROWS, THREADS> {
+    using Base = Stager<P, RowMajorKSource, ROWS, THREADS>;
     typename G::Cursor cursor;
     __device__ __forceinline__ void begin(const G& g, int row0, int tid)
     {
@@ -72,60 +67,27 @@ struct TcDgradStager : Stager<P, typename DgradStagedAs<typename G::Value>::type
     }
 };
 
-template <class P, class T, int ROWS, int THREADS>
-struct StagerFor<P, DeltaRowsSourceOf<T>, ROWS, THREADS> {
-    using type = TcQuadStager<P, DeltaRowsSourceOf<T>, ROWS, THREADS>;
+template <class P, int ROWS, int THREADS>
+struct StagerFor<P, DeltaRowsSource, ROWS, THREADS> {
+    using type = TcQuadStager<P, DeltaRowsSource, ROWS, THREADS>;
 };
 template <class P, class T, int ROWS, int THREADS>
 struct StagerFor<P, ImageRowsSourceOf<T>, ROWS, THREADS> {
     using type = TcQuadStager<P, ImageRowsSourceOf<T>, ROWS, THREADS>;
 };
-template <class P, class T, int ROWS, int THREADS>
-struct StagerFor<P, DgradGeometryOf<T>, ROWS, THREADS> {
-    using type = TcDgradStager<P, DgradGeometryOf<T>, ROWS, THREADS>;
+template <class P, int ROWS, int THREADS>
+struct StagerFor<P, DgradGeometry, ROWS, THREADS> {
+    using type = TcDgradStager<P, DgradGeometry, ROWS, THREADS>;
 };
-template <class P, class T, int ROWS, int THREADS>
-struct StagerFor<P, DgradClassGeometryOf<T>, ROWS, THREADS> {
-    using type = TcDgradStager<P, DgradClassGeometryOf<T>, ROWS, THREADS>;
-};
-
-// The weight gradient's B beside a 16-bit delta: the images fp32 (rounded to P's 16 bits as
-// they are loaded) or (IN16) at P's own bits, taken as they are. One entry a storage: a
-// runtime flag here cost the tiles registers and spills (bench/NOTES.md M4c).
-template <class P, bool IN16>
-struct ImageRowsSourceEither : ImageRowsSourceOf<unsigned short> {
-    __device__ __forceinline__ void quad(const Row& s, Pos q, int k, bool, unsigned short (&v)[4]) const
-    {
-        const float* im32 = reinterpret_cast<const float*>(g.im);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int iy = q.oy * g.stride_y + s.dy, ix = q.ox * g.stride_x + s.dx;
-            const bool ok = s.offset >= 0 && k + j < k_end && iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
-            const long long at = q.b * g.im_stride + (s.offset + iy * g.w + ix);
-            if constexpr (IN16)
-                v[j] = ok ? g.im[at] : (unsigned short)0;
-            else
-                v[j] = ok ? HalfStorage<P>::type::rounded(im32[at]) : (unsigned short)0;
-            if (++q.ox == g.out_w) {
-                q.ox = 0;
-                if (++q.oy == g.out_h) {
-                    q.oy = 0;
-                    ++q.b;
-                }
-            }
-        }
-    }
-};
-template <class P, bool IN16> struct QuadValue<ImageRowsSourceEither<P, IN16>> { using type = unsigned short; };
-template <class P, class Q, bool IN16, int ROWS, int THREADS>
-struct StagerFor<P, ImageRowsSourceEither<Q, IN16>, ROWS, THREADS> {
-    using type = TcQuadStager<P, ImageRowsSourceEither<Q, IN16>, ROWS, THREADS>;
+template <class P, int ROWS, int THREADS>
+struct StagerFor<P, DgradClassGeometry, ROWS, THREADS> {
+    using type = TcDgradStager<P, DgradClassGeometry, ROWS, THREADS>;
 };
 
 // ---- operands and epilogues from the kernels' arguments ------------------------------------
-template <class T, class D = float>
+template <class T>
 struct WgradOperandsOf {
-    DeltaRowsSourceOf<D> a;
+    DeltaRowsSource a;
     ImageRowsSourceOf<T> b;
     GemmEpilogue epi;
     int k_begin, k_end;
@@ -133,36 +95,30 @@ struct WgradOperandsOf {
 using WgradOperands = WgradOperandsOf<float>;
 
 // Split blockIdx.z's share of K; C + z * partial_stride, ld = ldc, C = acc + beta * C. T:
-// the image's elements (ImageRowsSourceOf); D: the delta's (DeltaRowsSourceOf).
-template <class T, class D>
-__device__ __forceinline__ WgradOperandsOf<T, D> wgrad_operands(const D* delta, long long delta_stride, const T* im,
+// the image's elements (ImageRowsSourceOf).
+template <class T>
+__device__ __forceinline__ WgradOperandsOf<T> wgrad_operands(const float* delta, long long delta_stride, const T* im,
                                                         long long im_stride, int h, int w, int ksize, int stride_y,
                                                         int stride_x, int pad, int dilation, int out_h, int out_w,
                                                         int filters, int k_total, int n_total, int k_chunk, float* c,
                                                         int ldc, float beta, long long partial_stride)
 {
-    WgradOperandsOf<T, D> o;
+    WgradOperandsOf<T> o;
     o.k_begin = blockIdx.z * k_chunk;
     o.k_end = min(n_total, o.k_begin + k_chunk);
-    o.a = DeltaRowsSourceOf<D>{delta, delta_stride, filters, out_h * out_w, o.k_end};
+    o.a = DeltaRowsSource{delta, delta_stride, filters, out_h * out_w, o.k_end};
     o.b = ImageRowsSourceOf<T>{{im, im_stride, h, w, ksize, stride_y, stride_x, pad, dilation, out_h, out_w, k_total, n_total},
                           o.k_end};
     o.epi = GemmEpilogue{c + blockIdx.z * partial_stride, filters, k_total, ldc, 1.0f, beta};
     return o;
 }
 
-// The element type a pointer parameter points to (CLASS_GEOMETRY: the delta's).
-template <class Ptr> struct PointeeOf;
-template <class T> struct PointeeOf<const T*> { using type = T; };
-template <class Ptr> using DeltaElement = typename PointeeOf<Ptr>::type;
-
 // Unit strides: the flipped forward view, "image" = the delta, "output" = the input plane.
-template <class T>
-__device__ __forceinline__ DgradGeometryOf<T> dgrad_geometry(const T* delta, long long delta_stride, int out_h,
-                                                             int out_w, int ksize, int pad, int dilation, int h,
-                                                             int w, int k_total, int n_total)
+__device__ __forceinline__ DgradGeometry dgrad_geometry(const float* delta, long long delta_stride, int out_h,
+                                                        int out_w, int ksize, int pad, int dilation, int h, int w,
+                                                        int k_total, int n_total)
 {
-    return DgradGeometryOf<T>{{delta, delta_stride, out_h, out_w, ksize, 1, 1, -pad, -dilation, h, w, k_total, n_total}};
+    return DgradGeometry{{delta, delta_stride, out_h, out_w, ksize, 1, 1, -pad, -dilation, h, w, k_total, n_total}};
 }
 
 #define WGRAD_ARGS                                                                                                \
@@ -170,7 +126,7 @@ __device__ __forceinline__ DgradGeometryOf<T> dgrad_geometry(const T* delta, lon
         k_total, n_total, k_chunk, c, ldc, beta, partial_stride
 #define DGRAD_GEOMETRY dgrad_geometry(delta, delta_stride, out_h, out_w, ksize, pad, dilation, h, w, k_total, n_total)
 #define CLASS_GEOMETRY                                                                                            \
-    DgradClassGeometryOf<DeltaElement<decltype(delta)>>{delta, delta_stride, out_h, out_w, hc, wc, ny, nx, cy0, cx0, tap_dy, tap_dx, k_total,     \
+    DgradClassGeometry{delta, delta_stride, out_h, out_w, hc, wc, ny, nx, cy0, cx0, tap_dy, tap_dx, k_total,     \
                        n_total}
 #define CLASS_EPILOGUE                                                                                            \
     DgradClassEpilogue{dx, channels, n_total, hc, wc, w, py, px, sy, sx, h * w, accumulate, dx_stride}
@@ -200,27 +156,9 @@ __device__ __forceinline__ DgradGeometryOf<T> dgrad_geometry(const T* delta, lon
         tc_tile<P, BM, BN, WM, WN>(o.a, o.b, o.epi, o.k_begin, o.k_end);                                        \
     }
 
-// The weight gradient over a delta kept at P's own 16 bits (staged as it is), the images fp32
-// or (IN16: the _d16_in16 entries) at P's 16 bits: ImageRowsSourceEither.
-#define CONV_WGRAD_D16_TC(NAME, P, BM, BN, WM, WN, IN16)                                                        \
+#define CONV_DGRAD_TC(NAME, P, BM, BN, WM, WN)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
-        const unsigned short* delta, long long delta_stride, const void* im, long long im_stride, int h, int w, \
-        int ksize, int stride_y, int stride_x, int pad, int dilation, int out_h, int out_w, int filters,        \
-        int k_total, int n_total, int k_chunk, float* c, int ldc, float beta, long long partial_stride)         \
-    {                                                                                                           \
-        const WgradOperandsOf<unsigned short, unsigned short> o = wgrad_operands(                               \
-            delta, delta_stride, static_cast<const unsigned short*>(im), im_stride, h, w, ksize, stride_y,      \
-            stride_x, pad, dilation, out_h, out_w, filters, k_total, n_total, k_chunk, c, ldc, beta,            \
-            partial_stride);                                                                                    \
-        ImageRowsSourceEither<P, IN16> b;                                                                       \
-        static_cast<ImageRowsSourceOf<unsigned short>&>(b) = o.b;                                               \
-        tc_tile<P, BM, BN, WM, WN>(o.a, b, o.epi, o.k_begin, o.k_end);                                          \
-    }
-
-// DT: the delta's elements, float, or unsigned short holding P's own 16 bits (the _d16 entries).
-#define CONV_DGRAD_TC(NAME, P, BM, BN, WM, WN, DT)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
-        const void* weights_t, int pitch, const DT* delta, long long delta_stride, int out_h, int out_w,     \
+        const void* weights_t, int pitch, const float* delta, long long delta_stride, int out_h, int out_w,     \
         int ksize, int pad, int dilation, int h, int w, int channels, int k_total, int n_total, float* dx,      \
         long long dx_stride, int accumulate)                                                                    \
     {                                                                                                           \
@@ -230,9 +168,9 @@ __device__ __forceinline__ DgradGeometryOf<T> dgrad_geometry(const T* delta, lon
     }
 
 // A strided data gradient, one parity class (py, px) a launch (DgradClassGeometry).
-#define CONV_DGRAD_CLASS_TC(NAME, P, BM, BN, WM, WN, DT)                                                        \
+#define CONV_DGRAD_CLASS_TC(NAME, P, BM, BN, WM, WN)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, 512 / (32 * WM * WN)) NAME(                      \
-        const void* weights_t, int pitch, const DT* delta, long long delta_stride, int out_h, int out_w,     \
+        const void* weights_t, int pitch, const float* delta, long long delta_stride, int out_h, int out_w,     \
         int hc, int wc, int ny, int nx, int cy0, int cx0, int tap_dy, int tap_dx, int channels, int k_total,    \
         int n_total, float* dx, long long dx_stride, int h, int w, int py, int px, int sy, int sx,              \
         int accumulate)                                                                                         \
@@ -339,12 +277,12 @@ __device__ __forceinline__ void pack_transposed(const float* in, int filters, in
     CONV_WGRAD_TC(conv_wgrad_##PREC##_32x128, P, 32, 128, 1, 4)                   \
     CONV_WGRAD_TC(conv_wgrad_##PREC##_64x64, P, 64, 64, 2, 2)                     \
     CONV_WGRAD_TC(conv_wgrad_##PREC##_32x64, P, 32, 64, 1, 2)                     \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128, P, 128, 128, 2, 4, float)                 \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128, P, 64, 128, 2, 4, float)                   \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128, P, 32, 128, 1, 4, float)                   \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_128x128, P, 128, 128, 2, 4, float)     \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128, P, 64, 128, 2, 4, float)       \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128, P, 32, 128, 1, 4, float)       \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128, P, 128, 128, 2, 4)                 \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128, P, 64, 128, 2, 4)                   \
+    CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128, P, 32, 128, 1, 4)                   \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_128x128, P, 128, 128, 2, 4)     \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128, P, 64, 128, 2, 4)       \
+    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128, P, 32, 128, 1, 4)       \
     PACK_TRANSPOSED(pack_transposed_##PREC, P, false)
 
 // The weight gradient's tiles over an image at the 16-bit precision's own bits (f16, bf16).
@@ -354,24 +292,3 @@ __device__ __forceinline__ void pack_transposed(const float* in, int filters, in
     CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_32x128_in16, P, 32, 128, 1, 4)         \
     CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_64x64_in16, P, 64, 64, 2, 2)           \
     CONV_WGRAD_IN16_TC(conv_wgrad_##PREC##_32x64_in16, P, 32, 64, 1, 2)
-
-// Over a delta at the 16-bit precision's own bits (f16, bf16): the weight gradient's tiles
-// (the images fp32 or 16-bit, a runtime flag) and the data gradient's, unit-stride and per
-// parity class.
-#define CONV_BACKWARD_D16_ENTRIES(PREC, P)                                                  \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_128x128_d16, P, 128, 128, 2, 4, false)            \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x128_d16, P, 64, 128, 2, 4, false)              \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4, false)              \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x64_d16, P, 64, 64, 2, 2, false)                \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x64_d16, P, 32, 64, 1, 2, false)                \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_128x128_d16_in16, P, 128, 128, 2, 4, true)        \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x128_d16_in16, P, 64, 128, 2, 4, true)          \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x128_d16_in16, P, 32, 128, 1, 4, true)          \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_64x64_d16_in16, P, 64, 64, 2, 2, true)            \
-    CONV_WGRAD_D16_TC(conv_wgrad_##PREC##_32x64_d16_in16, P, 32, 64, 1, 2, true)            \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_128x128_d16, P, 128, 128, 2, 4, unsigned short)    \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_64x128_d16, P, 64, 128, 2, 4, unsigned short)      \
-    CONV_DGRAD_TC(conv_dgrad_##PREC##_32x128_d16, P, 32, 128, 1, 4, unsigned short)      \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_128x128_d16, P, 128, 128, 2, 4, unsigned short) \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_64x128_d16, P, 64, 128, 2, 4, unsigned short)   \
-    CONV_DGRAD_CLASS_TC(conv_dgrad_class_##PREC##_32x128_d16, P, 32, 128, 1, 4, unsigned short)

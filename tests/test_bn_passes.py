@@ -334,12 +334,10 @@ def unfused(be, patch):
 
     def batchnorm_delta_from_sums(x, mean, variance, scales, batch, filters, spatial, eps,
                                   delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
-                                  delta, fork=False, x_precision="fp32", delta_out=None):
+                                  delta, fork=False, x_precision="fp32"):
         calls["from_sums"] += 1
         be.batchnorm_delta(x, mean, variance, scales, batch, filters, spatial, mean_delta,
                            variance_delta, delta, fork, x_precision)
-        if delta_out is not None:   # the products read it at x's 16 bits (M4c)
-            be.copy_rounded(delta, delta_out, x_precision)
 
     for op in (batchnorm_apply, mean_variance, batchnorm_activation_backward,
                batchnorm_delta_from_sums):

@@ -4,12 +4,10 @@ they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 (tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
 import os
 
-import numpy as np
-
 from .. import precision as precisions
 from ..shapes import conv_out_size, conv_strides
 from . import cuda_wgmma
-from .cuda_core import _BLOCK, DeviceArray, _ceil_div
+from .cuda_core import _BLOCK, _ceil_div
 from .errors import BackendError
 from .numpy_conv_backward import unfolded_weight_grad
 
@@ -48,14 +46,6 @@ KERNELS = {
         **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
         **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
         **{f"pack_transposed_{part}": _PACK_ARGS},
-        # the delta at the precision's own 16 bits (the weight gradient's images fp32, or
-        # 16-bit too: _d16_in16)
-        **{f"conv_wgrad_{part}_{tile}_d16{images}": _WGRAD_ARGS for tile in _WGRAD_TC_TILES
-           for images in ("", "_in16") if part != "tf32"},
-        **{f"conv_dgrad_{part}_{tile}_d16": _DGRAD_ARGS for tile in _DGRAD_TC_TILES
-           if part != "tf32"},
-        **{f"conv_dgrad_class_{part}_{tile}_d16": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES
-           if part != "tf32"},
     ) for part in ("f16", "bf16", "tf32")},
     "conv_backward_f32.cu": dict(
         {f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
@@ -78,7 +68,6 @@ class CudaConvBackward:
         W2); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
         layer output at `precision` (ValueError for another)."""
         self._input_storage("conv_weight_grad_unfolded im", im, precision)
-        half_delta = self._delta_storage("conv_weight_grad_unfolded", delta, precision)
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         n, k = channels * ksize * ksize, batch * out_h * out_w
         im_stride = int(im_stride) or channels * height * width
@@ -91,29 +80,8 @@ class CudaConvBackward:
                                             stride, pad, dilation, batch, im_stride, delta,
                                             filters, weight_updates)
             return
-        if half_delta and filters > 0 and k > 0:
-            # gemm_lowp takes fp32 operands: the delta widened exactly (a 1x1 im2col of its
-            # filters x k rows), which gemm_lowp rounds back to the same bits
-            self._check_size("conv_weight_grad_unfolded delta", delta, filters * k)
-            wide = self._scratch_buffer("conv_wgrad_delta", 4 * filters * k)
-            self._launch_rows(f"im2col_from_{_PARTS[precision][0]}_kernel", filters, k,
-                              self._ptr(delta), int(filters), 1, int(k), 1, 1, 1, 0, 1, 1,
-                              int(k), self._ptr(wide), 1, int(k))
-            delta = DeviceArray(wide.ptr, filters * k, np.dtype(np.float32), wide)
         unfolded_weight_grad(self, precision, im, channels, height, width, ksize, stride, pad,
                              dilation, batch, im_stride, delta, filters, weight_updates, col)
-
-    def _delta_storage(self, what, delta, precision):
-        """True where delta (a convolution's output gradient) is kept at `precision`'s own
-        16 bits (storage_zeros), which the kernels stage as the operand's: the same bits as
-        its values widened to fp32 and rounded; False for fp32; ValueError for 16 bits of
-        another precision."""
-        stored = self.storage_of(delta)
-        if stored != precisions.DEFAULT and stored != precision:
-            raise ValueError(f"{what} delta: the delta is kept at {stored}, the op runs at "
-                             f"{precision} (a delta must be fp32 or at the op's own 16-bit "
-                             f"precision)")
-        return stored != precisions.DEFAULT
 
     # "auto": each product where it measured faster (conv_backward_implicit); "always" and
     # "never" (im2col + GEMM + col2im) for benchmarks and the tests that compare the paths.
@@ -214,12 +182,10 @@ class CudaConvBackward:
     def conv_weight_grad(self, precision, delta, delta_stride, im, im_stride, channels, height,
                          width, ksize, stride, pad, dilation, batch, filters, weight_updates):
         """NumpyBackend.conv_weight_grad as one implicit GEMM (K split over images and
-        positions, partials added in a fixed order). im and delta: each fp32, or 16 bits at
-        `precision` (a layer output, a delta kept at 16 bits: their bits the operand's, the
-        same as their values widened to fp32; ValueError for another storage)."""
+        positions, partials added in a fixed order). im: fp32, or a 16-bit layer output at
+        `precision` (its bits the operand's; ValueError for another)."""
         part, _ = _PARTS[precision]
         half_in = self._input_storage("conv_weight_grad im", im, precision) != precisions.DEFAULT
-        half_delta = self._delta_storage("conv_weight_grad", delta, precision)
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
         out_h, out_w, delta_stride, im_stride, (ksize, sy, sx, pad, dilation) = \
             self._backward_geometry("conv_weight_grad", delta, delta_stride, im, im_stride,
@@ -236,9 +202,7 @@ class CudaConvBackward:
         grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
         args = (self._ptr(delta), delta_stride, self._ptr(im), im_stride, height, width, ksize,
                 sy, sx, pad, dilation, out_h, out_w, m, n, k, chunk)
-        # the entry for the delta's and the images' storage (fp32, or 16 bits at precision)
-        kernel = (f"conv_wgrad_{part}_{tile}{'_d16' if half_delta else ''}"
-                  f"{'_in16' if half_in else ''}")
+        kernel = f"conv_wgrad_{part}_{tile}{'_in16' if half_in else ''}"
         if splits == 1:
             self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0)
             return
@@ -251,11 +215,8 @@ class CudaConvBackward:
         """NumpyBackend.conv_data_grad as implicit GEMMs: each input pixel gathers the
         delta entries its taps reached (no col buffer, no atomics). Unit strides: one
         launch; others: one per parity class of the input pixels, each over only the taps
-        that reach the delta from that class (a stride-2 3x3 kernel: 1, 2, 2 and 4 taps).
-        delta: fp32, or 16 bits at `precision` (its bits the operand's: the _d16 entries;
-        the wgmma forward of the deltas takes it as its image; ValueError for another)."""
+        that reach the delta from that class (a stride-2 3x3 kernel: 1, 2, 2 and 4 taps)."""
         part, _ = _PARTS[precision]
-        d16 = "_d16" if self._delta_storage("conv_data_grad", delta, precision) else ""
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
         out_h, out_w, delta_stride, dx_stride, (ksize, sy, sx, pad, dilation) = \
             self._backward_geometry("conv_data_grad", delta, delta_stride, dx, dx_stride,
@@ -275,7 +236,7 @@ class CudaConvBackward:
             packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
                                                   (0, 1, ksize), (0, 1, ksize))
             tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
-            self._launch(f"conv_dgrad_{part}_{tile}{d16}", (_ceil_div(n, bn), _ceil_div(channels, bm)),
+            self._launch(f"conv_dgrad_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(channels, bm)),
                          (threads,), self._ptr(packed), pitch, *common, ksize, pad, dilation, height, width,
                          channels, k, n, self._ptr(dx), dx_stride, int(bool(accumulate)))
             return
@@ -287,7 +248,7 @@ class CudaConvBackward:
                 packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
                                                       taps_y, taps_x)
                 tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
-                self._launch(f"conv_dgrad_class_{part}_{tile}{d16}",
+                self._launch(f"conv_dgrad_class_{part}_{tile}",
                              (_ceil_div(n, bn), _ceil_div(channels, bm)), (threads,),
                              self._ptr(packed),
                              pitch, *common, hc, wc, ny, nx, cy0, cx0, dy, dx_, channels,

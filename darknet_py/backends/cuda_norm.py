@@ -15,8 +15,8 @@ import numpy as np
 import pycuda.driver as drv
 
 from .. import activations, precision as precisions
-from .cuda_core import _BLOCK, _MAX_GRID_Y, DeviceArray, _ceil_div
-from .numpy_batchnorm import delta_out_storage, delta_sums_given, rebuild_storage
+from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
+from .numpy_batchnorm import delta_sums_given, rebuild_storage
 
 # Elements of a row each thread of batchnorm_apply and normalize_delta takes, the channel's
 # constants worked out once for them (bench/NOTES.md E3).
@@ -45,7 +45,7 @@ KERNELS = {
            for suffix in ("_x_f16", "_x_bf16")},
         **{f"batchnorm_activation_rows{suffix}": "PPPPPPiiifiiiiiPPP"
            for suffix in ("_x_f16", "_x_bf16")},
-        **{f"normalize_delta_eights{suffix}": "PPPPPqiifPPPi" for suffix in ("_x_f16", "_x_bf16")},
+        **{f"normalize_delta_eights{suffix}": "PPPPPqiifPPi" for suffix in ("_x_f16", "_x_bf16")},
         **{f"channel_moments_rows{suffix}": "PiiiiiiPP" for suffix in ("_x_f16", "_x_bf16")},
     },
     "normalization.cu": {
@@ -450,33 +450,20 @@ class CudaNorm:
                              _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
 
     def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
-                         batch, filters, spatial, delta, fork, x_suffix="", delta_out=None):
-        """normalize_delta in place on delta, or (delta_out: x's 16-bit storage) into
-        delta_out, rounded."""
+                         batch, filters, spatial, delta, fork, x_suffix=""):
         total = batch * filters * spatial
         for what, arr, need in (("x", x, total), ("delta", delta, total),
                                 ("mean", mean, filters), ("variance", variance, filters),
                                 ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
             self._check_size(f"normalize_delta {what}", arr, need)
-        if delta_out is not None:
-            self._check_size("normalize_delta delta_out", delta_out, total)
-        arrays = (x, delta) if delta_out is None else (x, delta, delta_out)
-        if x_suffix and total % 8 == 0 and all(self._ptr(a) % 16 == 0 for a in arrays):
+        if x_suffix and total % 8 == 0 and self._ptr(x) % 16 == 0 and self._ptr(delta) % 16 == 0:
             # a 16-bit x: eight elements a thread, 16-byte accesses (NOTES M4c)
             self._launch("normalize_delta_eights" + x_suffix, (_ceil_div(total // 8, _BLOCK),),
                          (_BLOCK,), self._ptr(x), self._ptr(mean), self._ptr(variance),
                          self._ptr(mean_delta), self._ptr(variance_delta), int(total),
                          int(filters), int(spatial), float(batch * spatial),
                          0 if scales is None else self._ptr(scales), self._ptr(delta),
-                         0 if delta_out is None else self._ptr(delta_out), int(bool(fork)))
-            return
-        if delta_out is not None:   # on a copy of delta, then rounded into delta_out
-            scratch = self._scratch_buffer("normalize_delta", 4 * total)
-            work = DeviceArray(scratch.ptr, total, np.dtype(np.float32), scratch)
-            self.copy(delta[:total], work)
-            self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales, batch,
-                                  filters, spatial, work, fork, x_suffix)
-            self.copy_rounded(work, delta_out[:total], self.storage_of(delta_out))
+                         int(bool(fork)))
             return
         self._launch_rows("normalize_delta_kernel" + x_suffix, batch * filters, spatial,
                           self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
@@ -506,12 +493,11 @@ class CudaNorm:
 
     def batchnorm_delta_from_sums(self, x, mean, variance, scales, batch, filters, spatial, eps,
                                   delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
-                                  delta, fork=False, x_precision="fp32", delta_out=None):
+                                  delta, fork=False, x_precision="fp32"):
         """NumpyBackend.batchnorm_delta_from_sums: batchnorm_delta_factors (a thread a
         channel), then normalize_delta scaling delta as it reads it; no pass over delta
         for the sums."""
         suffix = self._x_suffix(x, x_precision)
-        delta_out_storage(self.storage_of, x_precision, delta_out)
         for what, arr in (("variance", variance), ("scales", scales), ("delta_sum", delta_sum),
                           ("delta_x_norm_sum", delta_x_norm_sum), ("mean_delta", mean_delta),
                           ("variance_delta", variance_delta)):
@@ -523,7 +509,7 @@ class CudaNorm:
                      self._ptr(scales), int(filters), -1.0 if eps is None else float(eps),
                      self._ptr(mean_delta), self._ptr(variance_delta))
         self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
-                              batch, filters, spatial, delta, fork, suffix, delta_out)
+                              batch, filters, spatial, delta, fork, suffix)
 
     # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
     def l2normalize(self, x, batch, filters, spatial):

@@ -376,9 +376,7 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
     operand by to_kmajor, the images unfolded by im2col_{f16,bf16}_kernel (im2col.cu)
     straight into the B operand (channels*ksize^2 rows of batch*positions), then
     weight_updates += A @ B^T. A 16-bit im (a layer output at `precision`): its bits as
-    they are (im2col_{f16,bf16}_from_*). A 16-bit delta at `precision` (checked by the
-    caller): the A operand itself where its rows are 16-byte aligned (k a multiple of 8),
-    else copied into rows of row_pitch(k) (_delta_operand)."""
+    they are (im2col_{f16,bf16}_from_*)."""
     kern = kernels(be)
     part, _ = PRECISIONS[precision]
     unfold = _unfolding(be, "weight_grad_unfolded im", im, precision, f"im2col_{part}")
@@ -386,35 +384,17 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
     stride_y, stride_x = conv_strides(stride)
     m, n, k = int(filters), channels * ksize * ksize, batch * out_h * out_w
     pitch = row_pitch(k)
+    a16 = be._ptr(be._scratch_buffer("wgmma_a", 2 * m * pitch))
     b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
-    a16, a_pitch = _delta_operand(be, kern, precision, delta, m, k, pitch)
+    _to_kmajor(be, kern, part, be._ptr(delta), k, m, k, False, a16, pitch)
     # A thread: two columns of col (4-byte stores), ~4 channels (its columns' image and
     # window origin worked out once for them).
     be._launch_rows(unfold, _ceil_div(channels, 4), _ceil_div(k, 2), be._ptr(im),
                     int(channels), int(height), int(width), int(ksize), int(stride_y),
                     int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), b16,
                     int(batch), int(im_stride), int(pitch))
-    _multiply(be, kern, precision, m, n, k, 1.0, a16, a_pitch, b16, pitch, 1.0,
+    _multiply(be, kern, precision, m, n, k, 1.0, a16, pitch, b16, pitch, 1.0,
               be._ptr(weight_updates), n)
-
-
-def _delta_operand(be, kern, precision, delta, m, k, pitch):
-    """(pointer, row pitch) of the weight gradient's A operand from delta (m x k, rows k
-    apart): fp32 rounded by to_kmajor; 16 bits at `precision` as they are, in place where
-    TMA can read them (k a multiple of _ROW_ALIGN, 16-byte aligned), else copied into rows
-    `pitch` apart by im2col_*_from_* over m planes of 1 x k (a 1x1 kernel: the identity)."""
-    part, _ = PRECISIONS[precision]
-    if be.storage_of(delta) != precision:
-        a16 = be._ptr(be._scratch_buffer("wgmma_a", 2 * m * pitch))
-        _to_kmajor(be, kern, part, be._ptr(delta), k, m, k, False, a16, pitch)
-        return a16, pitch
-    if k % _ROW_ALIGN == 0 and be._ptr(delta) % 16 == 0:
-        return be._ptr(delta), k
-    a16 = be._ptr(be._scratch_buffer("wgmma_a", 2 * m * pitch))
-    be._launch_rows(f"im2col_{part}_from_{part}_kernel", _ceil_div(m, 4), _ceil_div(k, 2),
-                    be._ptr(delta), int(m), 1, int(k), 1, 1, 1, 0, 1, 1, int(k), a16, 1, int(k),
-                    int(pitch))
-    return a16, pitch
 
 
 def _unfolding(be, what, im, precision, kernel):

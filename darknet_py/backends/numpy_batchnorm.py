@@ -58,17 +58,6 @@ def rebuild_storage(storage_of, x_precision, out):
     return kept
 
 
-def delta_out_storage(storage_of, x_precision, delta_out):
-    """batchnorm_delta_from_sums' delta_out: None, or an array of x's 16-bit storage
-    (ValueError otherwise, on both backends)."""
-    if delta_out is None:
-        return
-    kept = precisions.storage(x_precision)
-    if kept == precisions.DEFAULT or storage_of(delta_out) != kept:
-        raise ValueError(f"batchnorm_delta_from_sums: delta_out must be kept at x's 16 bits "
-                         f"({kept}), got {storage_of(delta_out)}")
-
-
 class NumpyBatchnorm:
     def mean(self, x, batch, filters, spatial, mean):
         mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
@@ -247,28 +236,15 @@ class NumpyBatchnorm:
 
     def batchnorm_delta_from_sums(self, x, mean, variance, scales, batch, filters, spatial, eps,
                                   delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
-                                  delta, fork=False, x_precision="fp32", delta_out=None):
+                                  delta, fork=False, x_precision="fp32"):
         """batchnorm_delta without its pass over delta for the sums: mean_delta and
         variance_delta from the per-channel sums of delta (g, not yet scaled) and of
         g * x_norm that batchnorm_activation_backward left in delta_sum and
         delta_x_norm_sum, then delta *= scales and normalize_delta. eps: the forward's
         (batchnorm_apply's: its divisor D). The identity (kernels/batchnorm.cu,
         batchnorm_delta_factors): sum d (x - m) = scale * D * sum g x_norm, so the results
-        are batchnorm_delta's up to each x_norm's rounding (bench/NOTES.md E2).
-        delta_out (x's own array, or any of x's 16-bit storage): the result goes there,
-        rounded to that storage, and delta is left as it was, for products that read a
-        16-bit delta (the layers do not yet: bench/NOTES.md M4c); x may be delta_out itself."""
+        are batchnorm_delta's up to each x_norm's rounding (bench/NOTES.md E2)."""
         precisions.storage(x_precision)
-        delta_out_storage(self.storage_of, x_precision, delta_out)
-        if delta_out is not None:
-            total = batch * filters * spatial
-            work = np.array(delta[:total], dtype=self.dtype)
-            x_values = np.array(x[:total], dtype=self.dtype)
-            self.batchnorm_delta_from_sums(x_values, mean, variance, scales, batch, filters,
-                                           spatial, eps, delta_sum, delta_x_norm_sum,
-                                           mean_delta, variance_delta, work, fork)
-            delta_out[:total] = precisions.round_to(work, self.storage_of(delta_out))
-            return
         v = np.asarray(variance[:filters], np.float64) + 1e-5
         scale = np.asarray(scales[:filters], np.float64)
         vf = variance[:filters]   # the forward's divisor, rounded as normalize rounded it
