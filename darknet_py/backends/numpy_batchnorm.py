@@ -26,14 +26,15 @@ def one_storage(op, storage_of, allowed=None, **arrays):
     backends call it with their storage_of."""
     kept = {name: storage_of(a) for name, a in arrays.items() if a is not None}
     storages = set(kept.values())
-    named = ", ".join(f"{name} kept at {storage}" for name, storage in kept.items())
-    if len(storages) > 1:
+    mixed = len(storages) > 1
+    storage = precisions.DEFAULT if mixed or not storages else next(iter(storages))
+    if not mixed and (allowed is None or storage in allowed):
+        return storage   # the common case: no message to build
+    named = ", ".join(f"{name} kept at {stored}" for name, stored in kept.items())
+    if mixed:
         raise ValueError(f"{op}: {named}: a 16-bit array mixes only with arrays of its "
                          f"own storage")
-    storage = storages.pop() if storages else precisions.DEFAULT
-    if allowed is not None and storage not in allowed:
-        raise TypeError(f"{op}: {named}: takes {' or '.join(allowed)} arrays only")
-    return storage
+    raise TypeError(f"{op}: {named}: takes {' or '.join(allowed)} arrays only")
 
 
 class StoredArray(np.ndarray):
