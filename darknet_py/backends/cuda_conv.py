@@ -38,15 +38,18 @@ KERNELS = {
     ),
     # One file a precision (gemm_tc.cuh's TC_PRECISION_ENTRIES): a third of the compile each.
     **{f"gemm_tc_{p}.cu": dict(
-        {f"conv_tc_{p}_{tile}{out}": _TC_CONV_ARGS for tile in _TC_TILES
-         for out in ("", "_h") if out == "" or p != "tf32"},
-        # the image at the precision's 16 bits; the last argument: the output at 16 bits too
-        **{f"conv_tc_{p}_{tile}_in16": _TC_CONV_ARGS + "i" for tile in _TC_TILES
-           if p != "tf32"},
+        {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for tile in _TC_TILES},
         **{f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq" for tile in _TC_TILES
            for case in ("nn", "nt", "tn")},
         **{f"pack_weights_{p}": "PiiiP"},
     ) for p, _ in _TC_PRECISIONS.values()},
+    # The forward with a 16-bit side (fp16/bf16), a file of its own a precision: fp32 images
+    # into a 16-bit output (_h), and images at the precision's 16 bits (_in16; the last
+    # argument: the output at 16 bits too).
+    **{f"conv_tc_half_{p}.cu": dict(
+        {f"conv_tc_{p}_{tile}_h": _TC_CONV_ARGS for tile in _TC_TILES},
+        **{f"conv_tc_{p}_{tile}_in16": _TC_CONV_ARGS + "i" for tile in _TC_TILES},
+    ) for p in ("f16", "bf16")},
     "im2col.cu": {
         "im2col_kernel": "PiiiiiiiiiiPiq",
         **{f"im2col_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
