@@ -52,3 +52,24 @@ def onnx_cache(tmp_path_factory):
         os.environ.pop("DARKNET_ONNX_CACHE", None)
     else:
         os.environ["DARKNET_ONNX_CACHE"] = old
+
+
+SHARED = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared"
+
+
+def skipped_for_shared(report):
+    """Whether a skipped test's reason is a missing ../shared file (the C Darknets' reference
+    outputs, stock cfgs, real weights and photos that sit beside a developer's checkout)."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return "../shared" in reason or str(SHARED) in reason
+
+
+def pytest_terminal_summary(terminalreporter):
+    skipped = terminalreporter.stats.get("skipped", [])
+    missing = sum(1 for report in skipped if skipped_for_shared(report))
+    if skipped:
+        where = "absent" if not SHARED.is_dir() else "incomplete"
+        terminalreporter.write_line(
+            f"{missing} of {len(skipped)} skipped tests need ../shared ({SHARED}: {where})"
+            if missing else f"none of the {len(skipped)} skipped tests needs ../shared")

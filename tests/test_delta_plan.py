@@ -1,12 +1,10 @@
 """Training deltas shared between layers whose lifetimes do not meet (delta_plan.py): the
 plan on real cfgs never puts two live deltas in one array, and training with it gives the
 weights of training without it, bit for bit, in every flavour."""
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from darknet_py.architectures import cfg_text
 from darknet_py.backends import get_backend
 from darknet_py.cfg import parse_cfg, parse_cfg_text
 from darknet_py.delta_plan import first_writers, overlapping_users, plan_deltas
@@ -14,17 +12,11 @@ from darknet_py.network import Network, NetworkError, load_network
 from darknet_py.training.plan import plan_training
 from helpers import data_file, write_classifier_cfg
 
-CFG_AB = Path(__file__).resolve().parents[2] / "shared" / "darknet-cfg-ab"
-
-
 def stock(tmp_path, name, classes=3, size=416):
-    """A stock fork cfg with `classes` classes (heads' filters to match) at size x size."""
-    text = (CFG_AB / name).read_text()
-    text = re.sub(r"(?m)^classes=\d+", f"classes={classes}", text)
-    text = re.sub(r"(?m)^filters=255", f"filters={3 * (classes + 5)}", text)
-    text = re.sub(r"(?m)^(width|height)=\d+", lambda m: f"{m.group(1)}={size}", text)
+    """A network of a stock fork detector's shape (darknet_py.architectures writes its cfg)
+    with `classes` classes at size x size."""
     path = tmp_path / name
-    path.write_text(text)
+    path.write_text(cfg_text(name.removesuffix(".cfg"), classes=classes, size=size))
     return Network(parse_cfg(path), path, batch=1, allocate=False)
 
 
