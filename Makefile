@@ -9,9 +9,6 @@ endif
 # GPU targets run on the device as it is: the python3 on the PATH, nothing installed.
 GPU_PYTHON ?= python3
 NVCC ?= nvcc
-NVCC_FLAGS := -arch=sm_90 -Werror all-warnings -cubin -o /dev/null
-# The Hopper GEMM's wgmma needs sm_90a (prebuilt.FILE_ARCHS): checked for that target too.
-NVCC_FLAGS_90A := -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings -cubin -o /dev/null
 
 .PHONY: install test demo gpu-test bench bench-cpu kernels-check dist clean
 
@@ -24,16 +21,11 @@ NVCC_FLAGS_90A := -gencode=arch=compute_90a,code=sm_90a -Werror all-warnings -cu
 
 install: .installed
 
-# Every kernel must compile for Hopper (one nvcc per core); skipped (with a notice) where
-# nvcc is absent.
-# Headers (kernels/*.cuh) are compiled as part of the .cu files that include them.
-kernels-check:
-	@if command -v $(NVCC) >/dev/null; then \
-	  printf '%s\n' kernels/*.cu | xargs -P "$$(nproc)" -I{} sh -c \
-	    'echo "nvcc {}"; $(NVCC) $(NVCC_FLAGS) {}' || exit 1; \
-	  for f in gemm_wgmma gemm_wgmma_solo; do echo "nvcc kernels/$$f.cu (sm_90a)"; \
-	    $(NVCC) $(NVCC_FLAGS_90A) kernels/$$f.cu || exit 1; done; \
-	else echo "kernels-check: nvcc not found, kernels not compiled"; fi
+# Every kernel must compile for Hopper with warnings as errors (gemm_wgmma*.cu for sm_90a
+# too), one nvcc per core; files unchanged since they last passed are not compiled again
+# (scripts/kernels_check.py; --all compiles every one). A notice where nvcc is absent.
+kernels-check: install
+	$(PYTHON) scripts/kernels_check.py --nvcc $(NVCC)
 
 test: install kernels-check
 	$(PYTHON) -m pytest -q -m "not gpu"
