@@ -12,7 +12,8 @@ MAX_FUNCTION_LINES = 100
 # __init__ too). A module may import from its floor and the floors below it.
 FLOORS = [
     ("foundation", ["errors", "files", "processes", "cfg", "activations", "shapes", "draws",
-                    "optimizer", "adam", "image", "boxes", "tree", "names", "plots", "precision"]),
+                    "optimizer", "adam", "image", "boxes", "tree", "names", "plots", "precision",
+                    "architectures"]),
     ("losses", ["losses.*"]),
     ("backends", ["backends.*"]),
     ("layers", ["layers.*"]),
