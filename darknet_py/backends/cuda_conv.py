@@ -86,7 +86,7 @@ class CudaConv:
         """(variant, splits) the gemm heuristic picks for an m x n x k product.
 
         Rules from timing every plan on the convolutions of yolov3-tiny and cifar
-        (bench/conv_bench.py --sweep; bench/NOTES.md, "G1"):
+        (bench/conv_bench.py --sweep):
           * m or n at most 32 (a first layer's few filters or weights): one-warp
             32x32 tiles, K split until about 8 blocks per SM (each split >= 256 of K);
           * at least 2.5 waves of 128x128 tiles (2 per SM): 128x128, K whole;

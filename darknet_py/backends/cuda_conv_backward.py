@@ -64,8 +64,8 @@ class CudaConvBackward:
                                   weight_updates, col):
         """NumpyBackend.conv_weight_grad_unfolded. Where the Hopper GEMM takes the product
         (fp16/bf16, cuda_wgmma.handles), im2col unfolds the images straight into its
-        half-precision K-major operand (no fp32 col, no conversion pass: bench/NOTES.md
-        W2); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
+        half-precision K-major operand (no fp32 col, no conversion pass: half the bytes
+        written); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
         layer output at `precision` (ValueError for another)."""
         self._input_storage("conv_weight_grad_unfolded im", im, precision)
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
@@ -95,14 +95,14 @@ class CudaConvBackward:
                                pad, dilation, filters):
         """(weight gradient, data gradient): whether conv_weight_grad and conv_data_grad
         take them for this convolution group; False: the caller unfolds im2col. Rules from
-        timing both paths on every yolov4 shape (bench/conv_backward_bench.py; NOTES "B2"):
+        timing both paths on every yolov4 shape (bench/conv_backward_bench.py):
           * weight gradient: 1x1 kernels over at least 52x52 outputs, or up to 128 filters
             over at least 104x104 (past those, the gather repeated for each row of tiles
             costs more than the im2col buffer);
           * data gradient: a 1x1 kernel, at least 26x26 outputs, or strides other than 1
             (per parity class: 1.1-2.9x); not 3x3 at unit stride over fewer outputs
             (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75), unless it runs as
-            the wgmma forward of the deltas (_data_grad_as_forward, NOTES E10).
+            the wgmma forward of the deltas (_data_grad_as_forward, >= 256 channels).
         fp32 (FFMA tiles, against SGEMM): the weight gradient of 1x1 kernels over >= 52x52
         outputs and <= 128 filters, or of <= 32 weights a filter (a first layer); the data
         gradient of 1x1 kernels over >= 26x26 outputs, or strided over >= 52x52."""
@@ -268,7 +268,7 @@ class CudaConvBackward:
         kernel's pairs of 128-row tiles. Fewer than 256 channels leave half a pair idle:
         yolov4's and yolov3-tiny's 64-128 channel layers at 26x26-52x52 measured 10-80%
         slower than the implicit kernel, those of 256 channels or more even to 45% faster
-        (bench/NOTES.md E10)."""
+        (b32 fp16)."""
         return (channels >= _FORWARD_DGRAD_MIN_CHANNELS
                 and self._flipped_pad(ksize, pad, dilation) >= 0
                 and cuda_wgmma.forward_takes(self, precision, channels, batch * height * width,
@@ -280,7 +280,8 @@ class CudaConvBackward:
         """A unit-stride data gradient on Hopper (fp16/bf16) as the forward convolution of
         the deltas with the weights transposed (filters become channels) and flipped,
         padded by _flipped_pad: the wgmma forward's kernel, its sums added into dx
-        (written, unless accumulate), no col buffer (bench/NOTES.md E10). False, having
+        (written, unless accumulate), no col buffer (folding a col's nine taps a pixel
+        cost what the GEMM saved). False, having
         done nothing, where that kernel does not take the product."""
         if not self._data_grad_takes_forward(precision, batch, channels, height, width, ksize,
                                              pad, dilation, filters):

@@ -53,7 +53,7 @@ SHARED_BYTES = shared_bytes(STAGES)
 TMA_STORE = True
 # K below this: the product is memory-bound and the conversion pass does not pay (a data
 # gradient 288 x 692224 x 64 took 1.16 ms here against 0.75 with mma.sync; at K = 128,
-# 0.30 against 0.41: bench/NOTES.md, T5).
+# 0.30 against 0.41, on an H200).
 MIN_K = 128
 _LINEAR = ACTIVATION_IDS["linear"]
 # The kernel's stores of a convolution's images (gemm_wgmma.cu's `store`): fp32, added to
@@ -407,7 +407,7 @@ def _unfolding(be, what, im, precision, kernel):
 
 # The forward convolutions conv_forward takes: 3x3 kernels over at most this many output
 # positions, where the implicit mma.sync kernel is bound by its math (the 3x3 layers at
-# 13x13-52x52 ran at 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as
+# 13x13-52x52 ran at 59-83 TFLOP/s, ~550 on wgmma) and the unfolded operand stays as
 # small as the weight gradients' (the same scratch).
 FORWARD_MAX_POSITIONS = 52 * 52
 # im2col.cu's IM2COL_ROW_CHANNELS and IM2COL_ROWS_TILE: a block stages a tile of rows x a
