@@ -90,12 +90,23 @@ class CudaConvBackward:
     # Forced plans for tests and benchmarks: (tile, splits) and tile; None = heuristic.
     wgrad_override = None
     dgrad_override = None
+    # False: no unit-stride data gradient runs as the wgmma forward of the deltas (the
+    # benchmarks time the implicit kernel on the same products).
+    data_grad_as_forward = True
+
+    @staticmethod
+    def backward_tiles(precision):
+        """(weight-gradient tiles, data-gradient tiles): the names wgrad_override and
+        dgrad_override take for `precision`'s kernels."""
+        if precision == "fp32":
+            return tuple(_WGRAD_F32_TILES), tuple(_DGRAD_F32_TILES)
+        return tuple(_WGRAD_TC_TILES), tuple(_DGRAD_TC_TILES)
 
     def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
                                pad, dilation, filters):
         """(weight gradient, data gradient): whether conv_weight_grad and conv_data_grad
         take them for this convolution group; False: the caller unfolds im2col. Rules from
-        timing both paths on every yolov4 shape (bench/conv_backward_bench.py):
+        timing both paths on every yolov4 shape (bench/kernels/conv_backward.py):
           * weight gradient: 1x1 kernels over at least 52x52 outputs, or up to 128 filters
             over at least 104x104 (past those, the gather repeated for each row of tiles
             costs more than the im2col buffer);
@@ -125,7 +136,7 @@ class CudaConvBackward:
             data = (ksize == 1 and positions >= 26 * 26) or (strided and positions >= 52 * 52)
             return weights, data
         weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
-        data = ksize == 1 or positions >= 26 * 26 or strided or self._data_grad_takes_forward(
+        data = ksize == 1 or positions >= 26 * 26 or strided or self.data_grad_takes_forward(
             precision, batch, channels, height, width, ksize, pad, dilation, filters)
         return weights, data
 
@@ -261,6 +272,14 @@ class CudaConvBackward:
         deltas padded so that the flipped kernel's taps reach what the forward's reached."""
         return dilation * (ksize - 1) - pad
 
+    def data_grad_takes_forward(self, precision, batch, channels, height, width, ksize, pad,
+                                dilation, filters):
+        """Whether conv_data_grad runs this unit-stride data gradient as the wgmma forward
+        of the deltas (_data_grad_as_forward): _data_grad_takes_forward, unless
+        data_grad_as_forward is off."""
+        return self.data_grad_as_forward and self._data_grad_takes_forward(
+            precision, batch, channels, height, width, ksize, pad, dilation, filters)
+
     def _data_grad_takes_forward(self, precision, batch, channels, height, width, ksize, pad,
                                  dilation, filters):
         """Whether a unit-stride data gradient runs as _data_grad_as_forward's convolution:
@@ -281,10 +300,10 @@ class CudaConvBackward:
         the deltas with the weights transposed (filters become channels) and flipped,
         padded by _flipped_pad: the wgmma forward's kernel, its sums added into dx
         (written, unless accumulate), no col buffer (folding a col's nine taps a pixel
-        cost what the GEMM saved). False, having
-        done nothing, where that kernel does not take the product."""
-        if not self._data_grad_takes_forward(precision, batch, channels, height, width, ksize,
-                                             pad, dilation, filters):
+        cost what the GEMM saved). False, having done nothing, where that kernel does not
+        take the product."""
+        if not self.data_grad_takes_forward(precision, batch, channels, height, width, ksize,
+                                            pad, dilation, filters):
             return False
         part, _ = _PARTS[precision]
         last = ksize - 1

@@ -190,6 +190,14 @@ class ConvolutionalLayer(Layer):
         m, k, n = self._gemm_dims()
         return max(1, min(batch, WORKSPACE_CAP_FLOATS // ((k + m) * n)))
 
+    def gemm_dims(self):
+        """(filters, weights, positions) per group: the forward product's M, K and N."""
+        return self._gemm_dims()
+
+    def images_per_chunk(self, batch):
+        """How many of `batch` images one GEMM per group covers (the workspace cap's)."""
+        return self._chunk(batch)
+
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
         if self.batch_normalize:
