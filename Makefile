@@ -10,7 +10,7 @@ endif
 GPU_PYTHON ?= python3
 NVCC ?= nvcc
 
-.PHONY: install test demo gpu-test bench bench-cpu kernels-check dist clean
+.PHONY: install test demo gpu-test bench bench-cpu kernels-check lint dist clean
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -33,6 +33,10 @@ test: install kernels-check
 demo: install
 	$(PYTHON) -m darknet_py.demo
 
+# ruff's lint rules and formatting (pyproject.toml's [tool.ruff]) over the whole checkout.
+lint: install
+	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .
+
 # A wheel in dist/ (pip install dist/darknet_cfg_runner-*.whl), checked to carry every
 # CUDA kernel, its binary for sm_80/86/89/90 (gemm_wgmma.cu: sm_90a) with their manifest (prebuilt.py: no nvcc
 # needed on those GPUs) and every bundled cfg: the CUDA backend and the demo read them.
@@ -46,16 +50,11 @@ dist: install
 gpu-test:
 	$(GPU_PYTHON) -m pytest -q -m gpu
 
-# Kernels, whole networks, then training end to end against the C Darknet (~5 min on an
-# H100; its dated section is appended to bench/RESULTS.md).
+# Kernels, whole networks, then training end to end against the C Darknet and beside
+# PyTorch (bench/run.py's default subjects; `python3 bench/run.py --list` names the others).
+# Dated sections are appended to bench/RESULTS.md, figures merged into bench/results.json.
 bench:
-	$(GPU_PYTHON) bench/run_all.py
-	$(GPU_PYTHON) bench/gemm_bench.py
-	$(GPU_PYTHON) bench/network_bench.py --cpu
-	$(GPU_PYTHON) bench/train_bench.py --results bench/RESULTS.md
-	$(GPU_PYTHON) bench/precision_bench.py --torch --results bench/RESULTS.md
-	$(GPU_PYTHON) bench/inference_bench.py --torch --json bench/results.json
-	$(GPU_PYTHON) bench/issue26_rows.py --results bench/RESULTS.md
+	$(GPU_PYTHON) bench/run.py
 
 # CPU inference against OpenCV 4's DNN module (OpenCV 5 dropped the Darknet importer), in
 # a virtualenv of its own; writes its section of bench/RESULTS.md.
@@ -67,7 +66,7 @@ $(OPENCV4_VENV)/.installed:
 	@touch $@
 
 bench-cpu: install $(OPENCV4_VENV)/.installed
-	$(PYTHON) bench/cpu_vs_opencv.py --results bench/RESULTS.md
+	$(PYTHON) bench/run.py cpu
 
 clean:
 	rm -rf .installed build dist *.egg-info demo-run .pytest_cache darknet_py/kernels_bin

@@ -9,6 +9,7 @@ SPP blocks and 2x2/2), [route] (several layers, groups/group_id), [shortcut], [u
 and [yolo] (its input passes through: the heads' loss is a small share of a step in both
 programs, so the port's loss is a sum of squares over the heads' outputs).
 """
+
 import re
 
 import torch
@@ -32,8 +33,14 @@ def read_sections(path):
 
 
 def activation(name):
-    return {"leaky": nn.LeakyReLU(0.1), "relu": nn.ReLU(), "mish": nn.Mish(),
-            "logistic": nn.Sigmoid(), "swish": nn.SiLU(), "linear": nn.Identity()}[name]
+    return {
+        "leaky": nn.LeakyReLU(0.1),
+        "relu": nn.ReLU(),
+        "mish": nn.Mish(),
+        "logistic": nn.Sigmoid(),
+        "swish": nn.SiLU(),
+        "linear": nn.Identity(),
+    }[name]
 
 
 class Conv(nn.Module):
@@ -43,8 +50,9 @@ class Conv(nn.Module):
         pad = size // 2 if int(opts.get("pad", 0)) else int(opts.get("padding", 0))
         bn = int(opts.get("batch_normalize", 0))
         self.out_c = int(opts["filters"])
-        self.conv = nn.Conv2d(c_in, self.out_c, size, stride, pad,
-                              groups=int(opts.get("groups", 1)), bias=not bn)
+        self.conv = nn.Conv2d(
+            c_in, self.out_c, size, stride, pad, groups=int(opts.get("groups", 1)), bias=not bn
+        )
         self.bn = nn.BatchNorm2d(self.out_c) if bn else nn.Identity()
         self.act = activation(opts.get("activation", "logistic"))
 

@@ -242,7 +242,7 @@ class Network:
         """Whether fp16/bf16 keep layer outputs at 16 bits where every reader takes them
         (output_storage.py: half the bytes moved between layers; a convolution reader's
         products unchanged, a [shortcut]'s sum rounded once). On by default; False keeps
-        every output fp32 (the comparison in bench/NOTES.md M4). Setting it re-allocates."""
+        every output fp32 (to compare against). Setting it re-allocates."""
         return self._half_outputs
 
     @half_outputs.setter
@@ -613,7 +613,7 @@ class Network:
                 break
             for delta in self._zero_before.get(i, ()):   # shared: zeroed as the forward did
                 self.be.fill(delta, 0.0)
-            for rebuilt in self._rebuild_before.get(i, ()):   # output_plan.py (R3)
+            for rebuilt in self._rebuild_before.get(i, ()):   # remade: output_plan.py
                 bn_rebuild_output(rebuilt, self)
             if i == 0:
                 self.input, self.delta = self._net_input, None

@@ -30,7 +30,7 @@ extern "C" __global__ void bias_activate(float* __restrict__ out, const float* _
 // Darknet's sqrt(var) + 1e-6 for eps < 0, the fork's sqrt(var + eps)). A thread takes
 // several elements of a row (the launcher's per_thread), so that the channel's constants
 // (the divisor's sqrt) are worked out once for them: the passes are bound by their
-// arithmetic as much as by their bytes (bench/NOTES.md E3).
+// arithmetic as much as by their bytes.
 template <bool EXACT, class Body>
 __device__ __forceinline__ void batchnorm_rows(const float* __restrict__ mean,
                                                const float* __restrict__ variance,
@@ -92,7 +92,7 @@ BATCHNORM_APPLY(batchnorm_apply_kernel_x_f16, XF16)
 BATCHNORM_APPLY(batchnorm_apply_kernel_x_bf16, XBF16)
 
 // A training layer's output made again from its kept x right before the backward reads it
-// (darknet_py/output_plan.py, bench/NOTES.md R3): out = act(v * scales[f] + biases[f]) with
+// (darknet_py/output_plan.py: shared until then): out = act(v * scales[f] + biases[f]) with
 // v normalised from X{x}[i] (a 16-bit x widened, exactly), in batchnorm_apply_of's steps
 // (BatchnormChannel<X::exact>): from an fp32 x, the bits that pass wrote. O: how out is
 // kept, fp32 or (a 16-bit output, issue 26) x's own 16 bits, the fp32 value rounded once as
@@ -134,8 +134,8 @@ BATCHNORM_REBUILD(batchnorm_rebuild_kernel_x_bf16_out, XBF16, XBF16)
 // The 16-bit rebuild (x and out at X's 16 bits) eight elements a thread, flat over the
 // rows: one 16-byte load and one 16-byte store for the eight, the channel's constants
 // worked out for the first and again where the eight cross into the next row. The 2-byte
-// accesses of batchnorm_rebuild_of ran at about a quarter of the memory's rate (bench/
-// NOTES.md M4b). The same values as batchnorm_rebuild_of, bit for bit. Needs x and out
+// accesses of batchnorm_rebuild_of ran at about a quarter of the memory's rate. The same
+// values as batchnorm_rebuild_of, bit for bit. Needs x and out
 // 16-byte aligned and total a multiple of 8 (the launcher checks).
 template <class X>
 __device__ __forceinline__ void batchnorm_rebuild_eights_of(

@@ -176,7 +176,8 @@ __device__ __forceinline__ float batchnorm_scaled(float x_norm, float scale, flo
 // x) in fast forms, each from one hardware exponential (__expf) and approximate divisions:
 // within a few units in the last place of fp32 where the exact forms above cost three
 // library calls (mish's expf, log1pf and tanhf), far under the 2^-11 / 2^-8 of the 16-bit x
-// they start from (bench/NOTES.md F1). The others are the exact forms.
+// they start from (mish's library calls made these passes cost more than their bytes).
+// The others are the exact forms.
 //   mish(x) = x tanh(softplus(x)) = x n / (n + 2) with n = e^x (e^x + 2),
 //   mish'(x) = t + x (1 - t^2) sigmoid(x), t = n / (n + 2), 1 - t = 2 / (n + 2),
 // both x (and 1) above the fork's threshold, as the exact forms give there.

@@ -80,7 +80,7 @@ struct PlainTerm {
 // term to term (one division per thread, not per term), and UNROLL terms are loaded
 // before any is added, so that several loads are in flight: this pass is bound by memory
 // bandwidth (a 64-bit division per term and one load at a time per thread held it to
-// ~40%: bench/NOTES.md, R1). The terms are added in the order of i, as a plain loop would.
+// ~40% of it). The terms are added in the order of i, as a plain loop would.
 // SUM_A: also the sum of the terms' first operands into sum_a (two reductions, one read).
 template <bool SUM_A, typename Term>
 __device__ __forceinline__ void accumulate_channel_terms(const Term& term, int filters, int spatial,
@@ -100,9 +100,9 @@ __device__ __forceinline__ void accumulate_channel_terms(const Term& term, int f
             // A term that stores (delta) would keep the compiler from loading the next
             // terms before that store (the same array): all UNROLL terms' loads go first,
             // then their math and stores, so that they are in flight together
-            // (bench/NOTES.md E5: batchnorm_activation_sums 14.3 -> 12.9 ms a yolov4 pass).
+            // (batchnorm_activation_sums 14.3 -> 12.9 ms a yolov4 pass).
             // Terms that store nothing keep the one-phase loop below: the two-phase one
-            // made channel_moments' double terms 40% slower (0.17 -> 0.25 ms, E5).
+            // made channel_moments' double terms 40% slower (0.17 -> 0.25 ms).
             typename Term::Loaded in[UNROLL];
             long long at[UNROLL];
 #pragma unroll
@@ -378,7 +378,7 @@ __device__ __forceinline__ void batchnorm_activation_sums_of(X x, const float* _
     }
 BATCHNORM_ACTIVATION_SUMS(batchnorm_activation_sums, XF32, float)   // a 16-bit x: the rows below
 
-// The row kernels (a 16-bit x; bench/NOTES.md E8, E9b): row r = image b * filters + f holds
+// The row kernels (a 16-bit x; no per-term index arithmetic): row r = image b * filters + f holds
 // `spatial` contiguous elements of channel f, cut into `chunks` pieces of `chunk` elements
 // (the last one shorter). A piece goes to ROW_THREADS threads (32, 64, 128 or 256: 256 /
 // ROW_THREADS pieces a block), and its sums to partial[(f * batch + b) * chunks + piece]:
@@ -451,11 +451,11 @@ __device__ __forceinline__ void piece_sums(double& s, double& sa, int lane)
     }
 }
 
-// batchnorm_activation_sums row by row, for a 16-bit x (the fast steps; E8): a piece's
-// threads sweep it UNROLL terms at a time, loading them all before any delta is stored (E5),
+// batchnorm_activation_sums row by row, for a 16-bit x (the fast steps): a piece's
+// threads sweep it UNROLL terms at a time, loading them all before any delta is stored,
 // and leave its two sums (partial_a unless null). Against the channel-wise pass: no
 // (image, position) arithmetic a term, the loads contiguous, and many blocks of equal work
-// (no wave left nearly empty, E7).
+// (no wave left nearly empty).
 template <int ROW_THREADS, class X>
 __device__ __forceinline__ void batchnorm_activation_rows_of(
     X x, const float* __restrict__ y, const float* __restrict__ mean,
@@ -527,11 +527,11 @@ BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_f16, XF16, unsigned short)
 BATCHNORM_ACTIVATION_ROWS(batchnorm_activation_rows_x_bf16, XBF16, unsigned short)
 
 // channel_moments row by row, for a 16-bit x (the statistics of the x a convolution wrote
-// straight into 16-bit storage; E9b): a piece's sums of x (partial_a) and of x^2 (partial),
+// straight into 16-bit storage): a piece's sums of x (partial_a) and of x^2 (partial),
 // in double as channel_moments' (the square of a widened 16-bit value is exact), for
 // mean_variance_finalize(_wide). One 2-byte load a term, so UNROLL = 8 of them are issued
 // before any is added (the activation rows keep 4 terms of three loads in flight): the
-// pass is bound by its loads (E5).
+// pass is bound by its loads.
 template <int ROW_THREADS, class X>
 __device__ __forceinline__ void channel_moments_rows_of(X x, int batch, int filters, int spatial,
                                                         int chunk, int chunks,
@@ -630,7 +630,7 @@ extern "C" __global__ void channel_finalize(const double* __restrict__ partial, 
 }
 
 // channel_finalize with a block a channel (grid: filters blocks; wide_channel_sum), for the
-// row kernels' batch x pieces partials a channel (bench/NOTES.md E8: a thread adding 1376
+// row kernels' batch x pieces partials a channel (a thread adding 1376
 // of them one after another made channel_finalize 0.41 -> 1.71 ms a yolov4 fp16 pass).
 extern "C" __global__ void channel_finalize_wide(const double* __restrict__ partial, int parts,
                                                 int filters, int final_op, long long count,
@@ -715,7 +715,7 @@ __device__ __forceinline__ void normalize_delta_of(X x, const float* __restrict_
                                                    float* __restrict__ delta, int fork)
 {
     // Several elements of a row a thread, the channel's constants worked out once for them
-    // (as batchnorm_apply_of: bench/NOTES.md E3); each is what the per-element expression
+    // (as batchnorm_apply_of: fewer sqrts and divisions); each is what the per-element expression
     // d / divisor + variance_delta * 2 * xc / n + mean_delta / n rounds to, left to right.
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
         const int f = r % filters;
@@ -761,7 +761,7 @@ NORMALIZE_DELTA(normalize_delta_kernel_x_bf16, XBF16, unsigned short)
 
 // normalize_delta_of's fast steps (a 16-bit x) eight elements a thread, flat over the rows:
 // 16-byte loads of x and delta, the channel's constants for the first of the eight and again
-// where they cross into the next row (as batchnorm_rebuild_eights_of; bench/NOTES.md M4c).
+// where they cross into the next row (as batchnorm_rebuild_eights_of: half the time).
 // The same values as normalize_delta_of, bit for bit. Needs x and delta 16-byte aligned and
 // total a multiple of 8.
 template <class X>

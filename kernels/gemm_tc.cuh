@@ -545,7 +545,7 @@ __device__ __forceinline__ void gemm_tile(int M, int N, int K, float alpha, cons
 
 // Tiles (BM x BN, warps): 128x128 (2x4 warps of 64x32) for wide products; 64x128 and
 // 32x128 and 16x128 (warps of 32x32 / 16x32) for few filters; 64x64 (2x2) for few columns.
-// (16x128 and 32x128 over 8 warps measured slower on every yolov3-tiny shape: NOTES T4.)
+// (16x128 and 32x128 over 8 warps measured slower on every yolov3-tiny shape, fp16 b64.)
 #define TC_TILES(X, PREC, P)                 \
     X(PREC, P, 128x128, 128, 128, 2, 4)      \
     X(PREC, P, 64x128, 64, 128, 2, 4)        \

@@ -34,8 +34,8 @@
 #include "activations.cuh"   // the convolution epilogue's activation (store_tile_images)
 
 constexpr int WG_THREADS = 384;      // producer + 2 consumer warpgroups
-// Blocks per cluster (along M), sharing B through multicast (bench/NOTES.md, T5: pairs
-// 1-4% faster than lone blocks; -D for bench/wgmma_probe.py's variants).
+// Blocks per cluster (along M), sharing B through multicast (a third less L2 traffic: pairs
+// 1-4% faster than lone blocks; -D for bench/kernels/wgmma_probe.py's variants).
 #ifndef WG_CLUSTER
 #define WG_CLUSTER 2
 #endif
@@ -69,7 +69,7 @@ __device__ __forceinline__ unsigned short rounded_to(BF16Op, float v)
 constexpr int WG_BM = 128;           // tile rows (M): 64 per consumer warpgroup
 constexpr int WG_BN = 256;           // tile columns (N): one m64n256 wgmma a consumer
 constexpr int WG_BK = 64;            // K per stage: 64 halves = one 128-byte swizzle row
-// Stages and group rows may be set with -D for bench/wgmma_probe.py's variants.
+// Stages and group rows may be set with -D for bench/kernels/wgmma_probe.py's variants.
 #ifndef WGMMA_STAGES
 #define WGMMA_STAGES 4
 #endif

@@ -86,7 +86,7 @@ IM2COL(im2col_from_bf16_kernel, XBF16)
 // thread takes two neighbouring columns n, n + 1 of col (n = image * out_hw + position;
 // they may lie in two images) for one channel at a time and stores each tap's pair as one
 // 4-byte word: a warp writes 128 contiguous bytes of a row, where one column a thread
-// wrote 2-byte entries (bench/NOTES.md W3). x (blocks and threads) spans the column
+// wrote 2-byte entries (0.8 TB/s). x (blocks and threads) spans the column
 // pairs, y the channels. KS > 0 fixes ksize at compile time (KS == 0: ksize_rt).
 // T: the images' elements, float, or unsigned short holding X's own bits (taken as they are).
 template <class X, class T, int KS>
@@ -166,7 +166,7 @@ IM2COL_HALF(im2col_bf16_from_bf16_kernel, XBF16, unsigned short)
 // The wgmma forward's B operand for a 3x3 kernel, position-major: row n (n = image *
 // out_hw + position) holds that position's 9 taps of every channel, col[n * row_pitch + c *
 // 9 + tap], in 16 bits (X's rounding); the entries past channels * 9 are left as they are.
-// Staged in shared memory so that the global stores are coalesced (bench/NOTES.md W7: a
+// Staged in shared memory so that the global stores are coalesced (a
 // thread storing its own row's slice from registers made each warp store touch 32 rows
 // row_pitch apart, 0.7 TB/s). A block takes IM2COL_ROWS_TILE consecutive rows and a chunk
 // of IM2COL_ROW_CHANNELS channels, in two phases:

@@ -13,7 +13,7 @@
 // (filters, batch, positions) <-> (batch, filters, positions) moves of a convolution.
 // x spans c, COPY_RUN elements a thread (blockDim.x apart, so a warp's accesses stay
 // coalesced), loaded together before any store: one element a thread kept too few loads
-// in flight for the copy bandwidth (bench/NOTES.md, R2). y spans the (plane, row) pairs.
+// in flight for the copy bandwidth. y spans the (plane, row) pairs.
 // A 16-bit copy moves the stored bits; accumulating adds the widened values in fp32 and
 // rounds the sum once.
 constexpr int COPY_RUN = 4;

@@ -10,6 +10,7 @@ Handwritten Digits" data (Alpaydin & Kaynak, 1998): 8x8 images whose pixels coun
 inked pixels of 4x4 blocks, 0..16. They are stored as uint8 0..255 (value * 255 / 16,
 rounded; every level stays distinct) with their labels 0..9, in the dataset's order.
 """
+
 import argparse
 import hashlib
 import os
@@ -17,8 +18,9 @@ import sys
 
 import numpy as np
 
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
-                           "darknet_py", "demo_data", "digits.npz")
+DEFAULT_OUT = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), os.pardir, "darknet_py", "demo_data", "digits.npz"
+)
 
 
 def export(out_path):
@@ -26,13 +28,16 @@ def export(out_path):
         from sklearn import __version__ as sklearn_version
         from sklearn.datasets import load_digits
     except ImportError:
-        sys.exit("export_digits.py needs scikit-learn: pip install scikit-learn "
-                 "(into a throwaway virtual environment)")
+        sys.exit(
+            "export_digits.py needs scikit-learn: pip install scikit-learn "
+            "(into a throwaway virtual environment)"
+        )
     digits = load_digits()
     levels = digits.images
     if levels.shape != (1797, 8, 8) or levels.min() < 0 or levels.max() > 16:
-        sys.exit(f"unexpected digits data: shape {levels.shape}, range "
-                 f"{levels.min()}..{levels.max()}")
+        sys.exit(
+            f"unexpected digits data: shape {levels.shape}, range {levels.min()}..{levels.max()}"
+        )
     images = np.rint(levels * (255.0 / 16.0)).astype(np.uint8)
     labels = digits.target.astype(np.uint8)
     out_path = os.path.abspath(out_path)

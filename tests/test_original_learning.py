@@ -1,9 +1,10 @@
-"""bench/original_learning/loss_curves.py reads both programs' logs (pjreddie's
+"""bench/learning/original/loss_curves.py reads both programs' logs (pjreddie's
 `detector train` and `darknet-py train`) into the RESULTS.md rows."""
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "original_learning" / "loss_curves.py"
+SCRIPT = (Path(__file__).resolve().parents[1] / "bench" / "learning" / "original"
+          / "loss_curves.py")
 
 
 def load():

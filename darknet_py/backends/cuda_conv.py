@@ -71,6 +71,11 @@ _STORAGE_PARTS = {"fp16": "f16", "bf16": "bf16"}
 class CudaConv:
     """gemm, gemm_lowp, pack_weights, conv_forward, im2col, col2im."""
 
+    @staticmethod
+    def tc_tiles():
+        """The tensor-core tiles' names, as tc_plan gives them and tc_override takes them."""
+        return tuple(_TC_TILES)
+
     def _input_storage(self, what, im, precision):
         """How `im` (a layer's output read as a convolution's input) is kept: fp32, or the
         16 bits of storage_zeros(n, precision), whose bits the kernels take as the operand's
@@ -86,7 +91,7 @@ class CudaConv:
         """(variant, splits) the gemm heuristic picks for an m x n x k product.
 
         Rules from timing every plan on the convolutions of yolov3-tiny and cifar
-        (bench/conv_bench.py --sweep; bench/NOTES.md, "G1"):
+        (bench/kernels/conv_plans.py):
           * m or n at most 32 (a first layer's few filters or weights): one-warp
             32x32 tiles, K split until about 8 blocks per SM (each split >= 256 of K);
           * at least 2.5 waves of 128x128 tiles (2 per SM): 128x128, K whole;

@@ -64,8 +64,8 @@ class CudaConvBackward:
                                   weight_updates, col):
         """NumpyBackend.conv_weight_grad_unfolded. Where the Hopper GEMM takes the product
         (fp16/bf16, cuda_wgmma.handles), im2col unfolds the images straight into its
-        half-precision K-major operand (no fp32 col, no conversion pass: bench/NOTES.md
-        W2); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
+        half-precision K-major operand (no fp32 col, no conversion pass: half the bytes
+        written); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
         layer output at `precision` (ValueError for another)."""
         self._input_storage("conv_weight_grad_unfolded im", im, precision)
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
@@ -90,19 +90,30 @@ class CudaConvBackward:
     # Forced plans for tests and benchmarks: (tile, splits) and tile; None = heuristic.
     wgrad_override = None
     dgrad_override = None
+    # False: no unit-stride data gradient runs as the wgmma forward of the deltas (the
+    # benchmarks time the implicit kernel on the same products).
+    data_grad_as_forward = True
+
+    @staticmethod
+    def backward_tiles(precision):
+        """(weight-gradient tiles, data-gradient tiles): the names wgrad_override and
+        dgrad_override take for `precision`'s kernels."""
+        if precision == "fp32":
+            return tuple(_WGRAD_F32_TILES), tuple(_DGRAD_F32_TILES)
+        return tuple(_WGRAD_TC_TILES), tuple(_DGRAD_TC_TILES)
 
     def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
                                pad, dilation, filters):
         """(weight gradient, data gradient): whether conv_weight_grad and conv_data_grad
         take them for this convolution group; False: the caller unfolds im2col. Rules from
-        timing both paths on every yolov4 shape (bench/conv_backward_bench.py; NOTES "B2"):
+        timing both paths on every yolov4 shape (bench/kernels/conv_backward.py):
           * weight gradient: 1x1 kernels over at least 52x52 outputs, or up to 128 filters
             over at least 104x104 (past those, the gather repeated for each row of tiles
             costs more than the im2col buffer);
           * data gradient: a 1x1 kernel, at least 26x26 outputs, or strides other than 1
             (per parity class: 1.1-2.9x); not 3x3 at unit stride over fewer outputs
             (13x13, 512-1024 filters: 0.37 -> 0.42 ms, 0.57 -> 0.75), unless it runs as
-            the wgmma forward of the deltas (_data_grad_as_forward, NOTES E10).
+            the wgmma forward of the deltas (_data_grad_as_forward, >= 256 channels).
         fp32 (FFMA tiles, against SGEMM): the weight gradient of 1x1 kernels over >= 52x52
         outputs and <= 128 filters, or of <= 32 weights a filter (a first layer); the data
         gradient of 1x1 kernels over >= 26x26 outputs, or strided over >= 52x52."""
@@ -125,7 +136,7 @@ class CudaConvBackward:
             data = (ksize == 1 and positions >= 26 * 26) or (strided and positions >= 52 * 52)
             return weights, data
         weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
-        data = ksize == 1 or positions >= 26 * 26 or strided or self._data_grad_takes_forward(
+        data = ksize == 1 or positions >= 26 * 26 or strided or self.data_grad_takes_forward(
             precision, batch, channels, height, width, ksize, pad, dilation, filters)
         return weights, data
 
@@ -261,6 +272,14 @@ class CudaConvBackward:
         deltas padded so that the flipped kernel's taps reach what the forward's reached."""
         return dilation * (ksize - 1) - pad
 
+    def data_grad_takes_forward(self, precision, batch, channels, height, width, ksize, pad,
+                                dilation, filters):
+        """Whether conv_data_grad runs this unit-stride data gradient as the wgmma forward
+        of the deltas (_data_grad_as_forward): _data_grad_takes_forward, unless
+        data_grad_as_forward is off."""
+        return self.data_grad_as_forward and self._data_grad_takes_forward(
+            precision, batch, channels, height, width, ksize, pad, dilation, filters)
+
     def _data_grad_takes_forward(self, precision, batch, channels, height, width, ksize, pad,
                                  dilation, filters):
         """Whether a unit-stride data gradient runs as _data_grad_as_forward's convolution:
@@ -268,7 +287,7 @@ class CudaConvBackward:
         kernel's pairs of 128-row tiles. Fewer than 256 channels leave half a pair idle:
         yolov4's and yolov3-tiny's 64-128 channel layers at 26x26-52x52 measured 10-80%
         slower than the implicit kernel, those of 256 channels or more even to 45% faster
-        (bench/NOTES.md E10)."""
+        (b32 fp16)."""
         return (channels >= _FORWARD_DGRAD_MIN_CHANNELS
                 and self._flipped_pad(ksize, pad, dilation) >= 0
                 and cuda_wgmma.forward_takes(self, precision, channels, batch * height * width,
@@ -280,10 +299,11 @@ class CudaConvBackward:
         """A unit-stride data gradient on Hopper (fp16/bf16) as the forward convolution of
         the deltas with the weights transposed (filters become channels) and flipped,
         padded by _flipped_pad: the wgmma forward's kernel, its sums added into dx
-        (written, unless accumulate), no col buffer (bench/NOTES.md E10). False, having
-        done nothing, where that kernel does not take the product."""
-        if not self._data_grad_takes_forward(precision, batch, channels, height, width, ksize,
-                                             pad, dilation, filters):
+        (written, unless accumulate), no col buffer (folding a col's nine taps a pixel
+        cost what the GEMM saved). False, having done nothing, where that kernel does not
+        take the product."""
+        if not self.data_grad_takes_forward(precision, batch, channels, height, width, ksize,
+                                            pad, dilation, filters):
             return False
         part, _ = _PARTS[precision]
         last = ksize - 1

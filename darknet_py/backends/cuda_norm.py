@@ -8,7 +8,8 @@ makes the array (float16 for fp16, uint16 holding bf16 bits for bf16), copy_roun
 it, and the kernels that read x have `_x_f16` / `_x_bf16` twins (batchnorm.cu's loaders)
 picked by the ops' x_precision. Those twins also compute in fast forms (the divisor's
 reciprocal, fused multiply-adds, mish/swish/logistic from one __expf: activations.cuh's
-BatchnormChannel, bench/NOTES.md F1); an fp32 x keeps the exact steps, the C code's bits."""
+BatchnormChannel: a few ulp of fp32, far under a 16-bit x's rounding); an fp32 x keeps the
+exact steps, the C code's bits."""
 import functools
 
 import numpy as np
@@ -19,7 +20,8 @@ from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
 from .numpy_batchnorm import delta_sums_given, rebuild_storage
 
 # Elements of a row each thread of batchnorm_apply and normalize_delta takes, the channel's
-# constants worked out once for them (bench/NOTES.md E3).
+# constants worked out once for them (one element a thread spent more on the sqrt and
+# divisions than on the bytes).
 _ROW_ELEMENTS = 4
 
 KERNELS = {
@@ -73,10 +75,10 @@ _MIN_PART_TERMS = 4096
 # The row kernels' partials (batch x pieces a channel) are added by a block a channel
 # (channel_finalize_wide, mean_variance_finalize_wide) from this many on: one thread adding
 # a channel's parts one after another reads one 32-byte sector a part for its warp, in
-# `parts` dependent additions (E8: 1376 of them, 1.71 ms a yolov4 fp16 pass), while a block
+# `parts` dependent additions (1376 of them took 1.71 ms a yolov4 fp16 pass), while a block
 # a channel pays a fixed two barriers and one wave of `filters` blocks. From 16 parts on (a
-# batch of 16 or more over rows of up to 4096 elements) that is the cheaper: E9c measured
-# the 32 parts of batch-32 rows (64 before). The channel-wise reductions (fp32, tf32: at
+# batch of 16 or more over rows of up to 4096 elements) that is the cheaper, as measured
+# on the 32 parts of batch-32 rows (64 before). The channel-wise reductions (fp32, tf32: at
 # most 1024 parts) always keep channel_finalize, so that their bits and pairings are
 # unchanged.
 _WIDE_FINALIZE_PARTS = 16
@@ -87,7 +89,7 @@ def reduction_parts(filters, count, capacity):
     """How many blocks split each of `filters` channels of `count` terms, `capacity` blocks
     resident on the whole GPU at once: blocks of equal work take ceil(filters * parts /
     capacity) waves of count / parts terms each, so the fewest parts within 5% of the
-    least waves x work (bench/NOTES.md E7: 17 parts of 64 channels made 2.06 waves of 4
+    least waves x work (17 parts of 64 channels made 2.06 waves of 4
     resident blocks an SM, a third wave nearly empty). Each part >= _MIN_PART_TERMS terms
     (the block's sums cost as much as that many), at most 1024."""
     most = max(1, min(_ceil_div(count, _MIN_PART_TERMS), 1024))
@@ -97,7 +99,7 @@ def reduction_parts(filters, count, capacity):
 
 
 def activation_rows_plan(spatial):
-    """(threads a piece, piece length) for batchnorm_activation_rows (E8): rows over 2048
+    """(threads a piece, piece length) for batchnorm_activation_rows: rows over 2048
     elements go in pieces of 4096 to 256 threads; shorter ones whole, to the fewest of 32,
     64, 128 or 256 threads that leave each at most 16 elements."""
     if spatial > 2048:
@@ -283,7 +285,7 @@ class CudaNorm:
         whose sums are bias_scale_updates' to the bit (and delta_sum's and
         delta_x_norm_sum's, rounded to float, where given). x_precision: how x is kept
         (storage_zeros); a 16-bit x is widened to fp32 as it is read, and goes row by row
-        (batchnorm_activation_rows: each row's sums, then the rows' per channel; E8),
+        (batchnorm_activation_rows: each row's sums, then the rows' per channel),
         `output` ignored (None allowed): the gradients from the output recompute it from x
         as batchnorm_rebuild_kernel does, its fp32 bits (issue 26)."""
         suffix = self._x_suffix(x, x_precision)
@@ -314,7 +316,7 @@ class CudaNorm:
                 self._ptr(variance), self._ptr(scales), self._ptr(biases), batch, filters, spatial,
                 -1.0 if eps is None else float(eps), act,
                 int(activation in activations.INPUT_GRADIENT))
-        if suffix:   # a 16-bit x: row by row (E8), each row's pieces a part
+        if suffix:   # a 16-bit x: row by row (plain offsets), each row's pieces a part
             threads, chunk, chunks, parts, grid = self._rows_plan(batch, filters, spatial)
             partial, partial_a = self._partial_buffers(filters, parts, two_sums)
             self._launch("batchnorm_activation_rows" + suffix, grid, (_BLOCK,), *args,
@@ -349,7 +351,7 @@ class CudaNorm:
         """NumpyBackend.mean_variance in one read of x: channel_moments' double sums of x and
         x^2, then mean_variance_finalize. x_precision: how x is kept (storage_zeros'
         array); a 16-bit x goes row by row (channel_moments_rows: each row's pieces' sums,
-        then the channel's added as _channel_finalize adds a row kernel's; E9b)."""
+        then the channel's added as _channel_finalize adds a row kernel's)."""
         suffix = self._x_suffix(x, x_precision)
         batch, filters, spatial = int(batch), int(filters), int(spatial)
         self._check_size("mean_variance x", x, batch * filters * spatial)
@@ -362,7 +364,7 @@ class CudaNorm:
             partial, partial_a = self._partial_buffers(filters, parts, True)
             self._launch("channel_moments_rows" + suffix, grid, (_BLOCK,), self._ptr(x), batch,
                          filters, spatial, threads, chunk, chunks, partial, partial_a)
-        else:   # fp32: as before E9b, the same bits
+        else:   # fp32: channel by channel, Darknet's bits
             parts, partial, partial_a = self._channel_partials(batch, filters, spatial, True)
             self._launch("channel_moments", (parts, filters), (_BLOCK,), self._ptr(x), batch,
                          filters, spatial, parts, partial, partial_a)
@@ -427,7 +429,8 @@ class CudaNorm:
         constants = (self._ptr(mean), self._ptr(variance), self._ptr(scales), self._ptr(biases))
         tail = (-1.0 if eps is None else float(eps), self._activation_id(activation))
         if out_suffix and total % 8 == 0 and self._ptr(x) % 16 == 0 and self._ptr(out) % 16 == 0:
-            # 16 bits in and out: eight elements a thread, 16-byte accesses (NOTES M4b)
+            # 16 bits in and out: eight elements a thread, 16-byte accesses (2-byte ones
+            # ran at a quarter of the memory's rate)
             self._launch("batchnorm_rebuild_eights" + x_suffix,
                          (_ceil_div(total // 8, _BLOCK),), (_BLOCK,), self._ptr(x),
                          self._ptr(out), *constants, int(total), int(filters), int(spatial),
@@ -457,7 +460,8 @@ class CudaNorm:
                                 ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
             self._check_size(f"normalize_delta {what}", arr, need)
         if x_suffix and total % 8 == 0 and self._ptr(x) % 16 == 0 and self._ptr(delta) % 16 == 0:
-            # a 16-bit x: eight elements a thread, 16-byte accesses (NOTES M4c)
+            # a 16-bit x: eight elements a thread, 16-byte accesses (7.1 -> 3.7 ms a
+            # yolov4 fp16 pass)
             self._launch("normalize_delta_eights" + x_suffix, (_ceil_div(total // 8, _BLOCK),),
                          (_BLOCK,), self._ptr(x), self._ptr(mean), self._ptr(variance),
                          self._ptr(mean_delta), self._ptr(variance_delta), int(total),

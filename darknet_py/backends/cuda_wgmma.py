@@ -49,11 +49,11 @@ def shared_bytes(stages):
 
 SHARED_BYTES = shared_bytes(STAGES)
 # C through TMA stores where its layout allows (rows 16-byte aligned, beta = 0); else
-# stores from the registers (bench/wgmma_probe.py times both).
+# stores from the registers (bench/kernels/wgmma_probe.py times both).
 TMA_STORE = True
 # K below this: the product is memory-bound and the conversion pass does not pay (a data
 # gradient 288 x 692224 x 64 took 1.16 ms here against 0.75 with mma.sync; at K = 128,
-# 0.30 against 0.41: bench/NOTES.md, T5).
+# 0.30 against 0.41, on an H200).
 MIN_K = 128
 _LINEAR = ACTIVATION_IDS["linear"]
 # The kernel's stores of a convolution's images (gemm_wgmma.cu's `store`): fp32, added to
@@ -87,7 +87,7 @@ class _Kernels:
     lets the driver place each where the kernel declares it."""
 
     def __init__(self, image=None, shared_bytes=SHARED_BYTES, cluster=CLUSTER, source=SOURCE):
-        """image: a cubin or fatbin of gemm_wgmma.cu (bench/wgmma_probe.py's variants, with
+        """image: a cubin or fatbin of gemm_wgmma.cu (bench/kernels/wgmma_probe.py's variants, with
         their own shared_bytes and cluster size); by default the wheel's or the kernel
         cache's build of `source` (SOURCE, or SOLO_SOURCE with cluster 1)."""
         if image is None:
@@ -407,7 +407,7 @@ def _unfolding(be, what, im, precision, kernel):
 
 # The forward convolutions conv_forward takes: 3x3 kernels over at most this many output
 # positions, where the implicit mma.sync kernel is bound by its math (the 3x3 layers at
-# 13x13-52x52 ran at 59-83 TFLOP/s: bench/NOTES.md W4) and the unfolded operand stays as
+# 13x13-52x52 ran at 59-83 TFLOP/s, ~550 on wgmma) and the unfolded operand stays as
 # small as the weight gradients' (the same scratch).
 FORWARD_MAX_POSITIONS = 52 * 52
 # im2col.cu's IM2COL_ROW_CHANNELS and IM2COL_ROWS_TILE: a block stages a tile of rows x a
@@ -482,4 +482,15 @@ def gemm_half(be, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         raise ValueError(f"gemm_half C: {c.size} elements for {m} x {n} rows {ldc} apart")
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"gemm_half: empty product {m} x {n} x {k}")
+    _multiply(be, kern, precision, m, n, k, alpha, a.ptr, lda, b.ptr, ldb, beta, c.ptr, ldc)
+
+
+def variant_kernels(image, stages, cluster):
+    """The Hopper GEMM from a cubin built another way (-D WGMMA_STAGES, WGMMA_GROUP_M,
+    WG_CLUSTER), for bench/kernels/wgmma_probe.py to time against the shipped build."""
+    return _Kernels(image, shared_bytes(stages), cluster)
+
+
+def gemm_half_on(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """gemm_half's product on the kernels `kern` (variant_kernels), unchecked."""
     _multiply(be, kern, precision, m, n, k, alpha, a.ptr, lda, b.ptr, ldb, beta, c.ptr, ldc)

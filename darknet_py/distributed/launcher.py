@@ -269,7 +269,7 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
 
 def rank_start_method(devices):
     """How the ranks' processes start: forked, with darknet-py already imported (0.3 s
-    sooner a run on 2 H200s, 0.55 s on 4 by the start trace: bench/NOTES.md C5), where a
+    sooner a run on 2 H200s, 0.55 s on 4 by the start trace), where a
     fork can work; else spawned (a fresh interpreter that imports darknet-py again). A fork
     cannot work for GPU ranks once this process has started CUDA (a forked child cannot
     use its parent's CUDA), nor where the platform has no fork. DARKNET_RANK_START=spawn

@@ -17,7 +17,7 @@ step's x_norm with the last step's statistics, as Darknet's does).
 Under fp16/bf16 (the layer's precision, precision.HALF_STORAGE) x is kept at 16 bits, rounded
 to nearest even as the forward's batchnorm_apply reads it (keep=, x_precision): its
 convolution's operands were rounded so already; fp32 and tf32 layers, and stepped ones, keep
-an fp32 x. Passes cut for reduced precisions (bench/NOTES.md E1/E2): a layer whose precision
+an fp32 x. Passes cut for reduced precisions (a batch read fewer each): a layer whose precision
 is not fp32 takes its batch statistics from one read (mean_variance); one that keeps a
 16-bit x takes batchnorm_delta's sums from its activation pass (batchnorm_delta_from_sums).
 fp32 keeps Darknet's passes, bit for bit.
@@ -45,7 +45,8 @@ def bn_init_updates(layer, be, n):
     layer.variance = be.zeros(n)
     layer.mean_delta = be.zeros(n)
     layer.variance_delta = be.zeros(n)
-    # A 16-bit x's backward: batchnorm_activation_backward's per-channel sums (E2).
+    # A 16-bit x's backward: batchnorm_activation_backward's per-channel sums (no pass of
+    # batchnorm_delta's own to make them).
     layer.delta_sum = be.zeros(n)
     layer.delta_x_norm_sum = be.zeros(n)
 
@@ -60,7 +61,7 @@ def x_precision(layer):
 
 def product_into_x(layer, net):
     """The precision a forward that normalises its product writes it at straight into x
-    (its 16 bits: bn_forward's from_x, bench/NOTES.md E9): in training, and in an unfolded
+    (its 16 bits: bn_forward's from_x, half the bytes): in training, and in an unfolded
     inference whose output is kept at 16 bits (no fp32 array to normalise in place; the
     product is rounded once more than Darknet's unfolded inference rounds it); None: into
     layer.output, as fp32."""
@@ -103,7 +104,7 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
             be.mean(out, batch, out_c, spatial, layer.mean)
             be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
         else:   # one read for both; the variance within 2e-7 of the two passes'
-            # (bench/NOTES.md E1b); fp32 keeps Darknet's two passes, bit for bit
+            # (double sums of x and x^2); fp32 keeps Darknet's two passes, bit for bit
             be.mean_variance(out, batch, out_c, spatial, layer.mean, layer.variance)
         keep = fork_keep if layer.fork_cpu else ROLLING_KEEP
         be.scal(keep, layer.rolling_mean)
@@ -131,7 +132,7 @@ def bn_rebuild_output(layer, net):
     """Make the output this pass's forward made again from what training keeps (x, the
     pass's mean and variance, scales and biases), in the same batchnorm_apply: fp32/tf32
     bit for bit; fp16/bf16 from x's 16 bits, the values batch norm's backward reads
-    (output_plan.py, bench/NOTES.md R3). For a layer whose activation joins
+    (output_plan.py: shared until then). For a layer whose activation joins
     batchnorm_apply (output_plan.rebuildable)."""
     net.be.batchnorm_rebuild(layer.x, layer.output, layer.mean, layer.variance, layer.scales,
                              layer.biases, layer.batch, layer.out_c, layer.out_h * layer.out_w,
@@ -159,7 +160,7 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
     bias_updates = layer.bias_updates if train_beta else None
     x_at = x_precision(layer)
     # A 16-bit x (fp16/bf16): batchnorm_delta's two per-channel sums are the activation
-    # pass's own (delta_sum, delta_x_norm_sum: E2), not a reduction pass of their own; fp32
+    # pass's own (delta_sum, delta_x_norm_sum), not a reduction pass of their own; fp32
     # and tf32 keep Darknet's, bit for bit.
     from_sums = layer.x_norm is None and x_at != precisions.DEFAULT
     sums = (layer.delta_sum, layer.delta_x_norm_sum) if from_sums else (None, None)

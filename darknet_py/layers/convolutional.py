@@ -21,7 +21,7 @@ from .batchnorm import (FORK_BN_EPS, bn_activation_backward, bn_allocate, bn_for
 # The most floats of shared workspace a convolution takes for a chunk of images
 # (512 MiB); a single image may need more, and then gets what it needs. Larger chunks
 # mean fewer, larger GEMMs, whose tiles fill the GPU's SMs in more even waves (cifar's
-# training step 32.3 -> 31.0 ms on an H100 against 128 MiB; bench/NOTES.md, "W1").
+# training step 32.3 -> 31.0 ms on an H100 against 128 MiB).
 WORKSPACE_CAP_FLOATS = 1 << 27
 
 
@@ -189,6 +189,14 @@ class ConvolutionalLayer(Layer):
     def _chunk(self, batch):
         m, k, n = self._gemm_dims()
         return max(1, min(batch, WORKSPACE_CAP_FLOATS // ((k + m) * n)))
+
+    def gemm_dims(self):
+        """(filters, weights, positions) per group: the forward product's M, K and N."""
+        return self._gemm_dims()
+
+    def images_per_chunk(self, batch):
+        """How many of `batch` images one GEMM per group covers (the workspace cap's)."""
+        return self._chunk(batch)
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
@@ -364,8 +372,7 @@ class ConvolutionalLayer(Layer):
                     and self.activation in precisions.EPILOGUE_ACTIVATIONS)
         # Training batch norm on a 16-bit x: the product goes straight into x, rounded as
         # batchnorm_apply kept it, and batch norm reads it from there (half the bytes of
-        # an fp32 output written, read for the statistics and again to normalise;
-        # bench/NOTES.md E9).
+        # an fp32 output written, read for the statistics and again to normalise).
         x_at = product_into_x(self, net) if biases is None else None
         to_x = x_at is not None
         # Else into the output, fp32 or kept at 16 bits (output_storage.py: then the
@@ -432,7 +439,7 @@ class ConvolutionalLayer(Layer):
         if net.delta is None:
             implicit_data = True   # no data gradient to compute
         # The products read the fp32 delta: batch norm's result left at 16 bits for them was
-        # 3 ms slower on yolov4 (the weight gradient's 16-bit delta tiles; NOTES M4c).
+        # 3 ms slower on yolov4 (the weight gradient's tiles ran slower on a 16-bit delta).
         if implicit_weights or implicit_data:
             self._backward_implicit(net, implicit_weights, implicit_data)
         if implicit_weights and implicit_data:

@@ -40,7 +40,7 @@ class RouteLayer(Layer):
 
     def views_its_input(self):
         """One whole input (groups=1): the output is that input's output array itself, so
-        the forward copies nothing and the memory is not spent twice (bench/NOTES.md R1).
+        the forward copies nothing and the memory is not spent twice (yolov4: 0.85 GiB at b32).
         The backward still adds this layer's delta into the input's, in Darknet's order."""
         return len(self.sources) == 1 and self.groups == 1
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The fork's GPU-build step fixtures (tests/fixtures/fork_train_gpu), on a GPU machine:
 # build the AlexeyAB fork from FORK_SRC with GPU=1 CUDNN=1 (cuDNN from the machine's PyTorch,
-# as bench/fork_learning/run_device.sh does) in BUILD_DIR, the harness against it, then
+# as bench/learning/fork/run_device.sh does) in BUILD_DIR, the harness against it, then
 # make_fixtures.py with FORK_BUILD=gpu for CASES (default: all but adam and dropout).
 # usage: make_gpu_fixtures.sh FORK_SRC BUILD_DIR [CASE ...]
 set -e

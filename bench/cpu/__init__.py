@@ -1,0 +1,1 @@
+"""CPU inference against OpenCV's DNN module and ONNX Runtime."""

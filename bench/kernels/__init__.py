@@ -1,0 +1,1 @@
+"""Kernel benchmarks and probes: GEMM, convolution plans and backward, batch norm passes."""

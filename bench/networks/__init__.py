@@ -1,0 +1,1 @@
+"""Whole networks: the batch-64 forward, batch 1 on each device, where the time goes."""

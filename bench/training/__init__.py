@@ -1,0 +1,1 @@
+"""Training: end to end against the C Darknet, beside PyTorch, per precision."""
