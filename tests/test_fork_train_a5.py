@@ -28,6 +28,7 @@ NAME = "a5_train_yolov4tiny"
 CASE = SHARED / NAME
 GPU_TWIN = Path(__file__).resolve().parent / "fixtures" / "fork_train_gpu" / f"{NAME}.npz"
 LOSS_RTOL, WEIGHTS_ATOL = 1e-4, 1e-5   # the fixture README's tolerances
+GPU_BUILD_TOLERANCE = 1e-4   # cuDNN sums in its own order (as test_fork_train.py)
 
 
 def rel_err(got, want):
@@ -65,6 +66,14 @@ def train_step(ref, device="cpu", darknet="alexeyab-cpu", pinned=None):
     pin_outputs(net, pinned or {}, seen)
     loss = net.train_iteration(ref["input"], ref["truth"])
     return net, loss, seen
+
+
+@pytest.fixture(scope="module")
+def twin(ref):
+    if not GPU_TWIN.exists():
+        pytest.skip(f"no GPU-build twin {GPU_TWIN.name} (tests/fork_harness/make_gpu_fixtures.sh "
+                    f"FORK_SRC BUILD_DIR {NAME}, on a GPU machine)")
+    return np.load(GPU_TWIN)
 
 
 def fork_outputs(ref):
@@ -155,3 +164,39 @@ def test_the_cuda_step_on_the_forks_inputs_is_the_forks(ref):
     errors = parameter_errors(net, updated_fork_network())
     worst = max(errors, key=errors.get)
     assert errors[worst] < WEIGHTS_ATOL, (worst, errors[worst])
+
+
+def check_step_against_the_gpu_build(ref, twin, device):
+    """The default flavour's step against the GPU build's, with the outputs that build's
+    harness dumps (the layers without batch norm: the max pools' inputs among them) pinned."""
+    pinned = {i: twin[f"layer_{i}_output"] for i in range(38) if f"layer_{i}_output" in twin.files}
+    assert {8, 16, 24} <= set(pinned)   # what the max pools read
+    net, loss, seen = train_step(ref, device=device, darknet=None, pinned=pinned)
+    assert loss == pytest.approx(float(twin["losses"][0]), rel=GPU_BUILD_TOLERANCE)
+    assert net.last_rate == pytest.approx(float(twin["rates"][0]), rel=1e-6)
+    for i, got in seen.items():
+        assert rel_err(got, pinned[i]) < GPU_BUILD_TOLERANCE, i
+    checked = 0
+    for layer in net.layers:
+        for name, arr in layer.params():
+            want = twin[f"layer_{layer.index}_{name}"]
+            error = np.abs(net.be.to_host(arr) - want).max()
+            assert error < GPU_BUILD_TOLERANCE * max(1.0, np.abs(want).max()), (layer.index, name)
+            checked += 1
+        if layer.cost is not None:
+            assert layer.cost == pytest.approx(float(twin[f"layer_{layer.index}_cost"][0]),
+                                               rel=GPU_BUILD_TOLERANCE)
+            delta = twin[f"layer_{layer.index}_delta"]
+            assert rel_err(net.layer_delta(layer.index), delta) < 10 * GPU_BUILD_TOLERANCE
+            checked += 1
+    assert checked == 99 + 2
+
+
+def test_the_default_flavour_steps_as_the_forks_gpu_build(ref, twin):
+    check_step_against_the_gpu_build(ref, twin, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")
+def test_the_default_flavour_steps_as_the_forks_gpu_build_on_cuda(ref, twin):
+    check_step_against_the_gpu_build(ref, twin, "cuda")
