@@ -2,7 +2,8 @@
 ../shared/fixtures-ab/a5_train_yolov4tiny, which the fork's CPU build made through its own API
 (harness/abharness.c: parse_network_cfg, load_weights, one train_network, save_weights),
 against darknet="alexeyab-cpu"; and its GPU-build twin (fork_train_gpu/a5_train_yolov4tiny.npz,
-tests/fork_harness/make_gpu_fixtures.sh) against the default flavour.
+tests/fork_harness/make_gpu_fixtures.sh FORK_SRC BUILD_DIR a5_train_yolov4tiny) against the
+default flavour.
 
 Left to run freely, darknet-py's forward, loss and [yolo] deltas agree with the fork's (1.2e-5
 of each layer's largest value), but its update does not (5e-3 in the weights), from
@@ -28,7 +29,12 @@ NAME = "a5_train_yolov4tiny"
 CASE = SHARED / NAME
 GPU_TWIN = Path(__file__).resolve().parent / "fixtures" / "fork_train_gpu" / f"{NAME}.npz"
 LOSS_RTOL, WEIGHTS_ATOL = 1e-4, 1e-5   # the fixture README's tolerances
-GPU_BUILD_TOLERANCE = 1e-4   # cuDNN sums in its own order (as test_fork_train.py)
+# The GPU-build twin (made on an H200, cuDNN 9 from the machine's PyTorch): the fork lets
+# cuDNN pick each convolution's algorithm: with the max pools' inputs pinned, routes 16 and
+# 24 and the heads' outputs are 4e-4 to 6e-4 (of the layer's largest value) off darknet-py's
+# fp32 im2col GEMMs, while route 8 (channels 3 to 8) is 7e-7 off (test_fork_train.py's 1e-4
+# holds for its smaller nets); over the backward that makes 1.6e-3 in convolution 0's weights.
+GPU_TWIN_OUTPUTS, GPU_TWIN_PARAMS = 2e-3, 5e-3
 
 
 def rel_err(got, want):
@@ -166,34 +172,50 @@ def test_the_cuda_step_on_the_forks_inputs_is_the_forks(ref):
     assert errors[worst] < WEIGHTS_ATOL, (worst, errors[worst])
 
 
-def check_step_against_the_gpu_build(ref, twin, device):
-    """The default flavour's step against the GPU build's, with the outputs that build's
-    harness dumps (the layers without batch norm: the max pools' inputs among them) pinned."""
+def gpu_build_errors(ref, twin, device, darknet):
+    """A step with the outputs the GPU build's harness dumps (those of the layers without
+    batch norm, the max pools' inputs among them) pinned: (loss, what the pinned layers
+    computed, every parameter's error relative to max(1, its largest value), the [yolo]
+    layers' (cost, relative delta error))."""
     pinned = {i: twin[f"layer_{i}_output"] for i in range(38) if f"layer_{i}_output" in twin.files}
     assert {8, 16, 24} <= set(pinned)   # what the max pools read
-    net, loss, seen = train_step(ref, device=device, darknet=None, pinned=pinned)
-    assert loss == pytest.approx(float(twin["losses"][0]), rel=GPU_BUILD_TOLERANCE)
+    net, loss, seen = train_step(ref, device=device, darknet=darknet, pinned=pinned)
     assert net.last_rate == pytest.approx(float(twin["rates"][0]), rel=1e-6)
-    for i, got in seen.items():
-        assert rel_err(got, pinned[i]) < GPU_BUILD_TOLERANCE, i
-    checked = 0
+    outputs = {i: rel_err(got, pinned[i]) for i, got in seen.items()}
+    params, yolo = {}, {}
     for layer in net.layers:
         for name, arr in layer.params():
             want = twin[f"layer_{layer.index}_{name}"]
-            error = np.abs(net.be.to_host(arr) - want).max()
-            assert error < GPU_BUILD_TOLERANCE * max(1.0, np.abs(want).max()), (layer.index, name)
-            checked += 1
+            params[layer.index, name] = float(np.abs(net.be.to_host(arr) - want).max()
+                                              / max(1.0, np.abs(want).max()))
         if layer.cost is not None:
-            assert layer.cost == pytest.approx(float(twin[f"layer_{layer.index}_cost"][0]),
-                                               rel=GPU_BUILD_TOLERANCE)
-            delta = twin[f"layer_{layer.index}_delta"]
-            assert rel_err(net.layer_delta(layer.index), delta) < 10 * GPU_BUILD_TOLERANCE
-            checked += 1
-    assert checked == 99 + 2
+            yolo[layer.index] = (layer.cost, rel_err(net.layer_delta(layer.index),
+                                                     twin[f"layer_{layer.index}_delta"]))
+    return loss, outputs, params, yolo
+
+
+def check_step_against_the_gpu_build(ref, twin, device):
+    loss, outputs, params, yolo = gpu_build_errors(ref, twin, device, None)
+    assert loss == pytest.approx(float(twin["losses"][0]), rel=LOSS_RTOL)
+    assert len(outputs) == 10 and max(outputs.values()) < GPU_TWIN_OUTPUTS, outputs
+    assert len(params) == 99
+    worst = max(params, key=params.get)
+    assert params[worst] < GPU_TWIN_PARAMS, (worst, params[worst])
+    assert sorted(yolo) == [30, 37]
+    for i, (cost, delta_error) in yolo.items():
+        assert cost == pytest.approx(float(twin[f"layer_{i}_cost"][0]), rel=LOSS_RTOL)
+        assert delta_error < GPU_TWIN_OUTPUTS, i
 
 
 def test_the_default_flavour_steps_as_the_forks_gpu_build(ref, twin):
     check_step_against_the_gpu_build(ref, twin, "cpu")
+
+
+def test_the_cpu_flavour_is_far_from_the_gpu_build_twin(ref, twin):
+    """The twin's tolerances still tell the two builds apart (BN betas, rolling statistics:
+    0.3 here)."""
+    _, _, params, _ = gpu_build_errors(ref, twin, "cpu", "alexeyab-cpu")
+    assert max(params.values()) > 30 * GPU_TWIN_PARAMS
 
 
 @pytest.mark.gpu

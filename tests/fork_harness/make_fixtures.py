@@ -391,6 +391,7 @@ def make(harness, name, case, seed, debug=None):
         arrays = read_records((tmp / "out.bin").read_bytes())
         init = np.frombuffer((tmp / "init.weights").read_bytes(), np.uint8)
     if debug:
+        Path(debug).mkdir(parents=True, exist_ok=True)
         np.savez(Path(debug) / f"{name}_full.npz", **arrays)
     pinned = max_pool_inputs(cfg) if case.get("shared") else ()
     arrays = {k: v for k, v in arrays.items() if keep(k, v, arrays, pinned)}
