@@ -30,10 +30,11 @@ CASE = SHARED / NAME
 GPU_TWIN = Path(__file__).resolve().parent / "fixtures" / "fork_train_gpu" / f"{NAME}.npz"
 LOSS_RTOL, WEIGHTS_ATOL = 1e-4, 1e-5   # the fixture README's tolerances
 # The GPU-build twin (made on an H200, cuDNN 9 from the machine's PyTorch): the fork lets
-# cuDNN pick each convolution's algorithm: with the max pools' inputs pinned, routes 16 and
+# cuDNN pick each convolution's algorithm. With the max pools' inputs pinned, routes 16 and
 # 24 and the heads' outputs are 4e-4 to 6e-4 (of the layer's largest value) off darknet-py's
-# fp32 im2col GEMMs, while route 8 (channels 3 to 8) is 7e-7 off (test_fork_train.py's 1e-4
-# holds for its smaller nets); over the backward that makes 1.6e-3 in convolution 0's weights.
+# fp32 im2col GEMMs, route 8 (convolutions of 3 to 8 input channels) only 7e-7
+# (test_fork_train.py's 1e-4 holds for its smaller nets); over the backward that makes
+# 1.6e-3 in convolution 0's weights.
 GPU_TWIN_OUTPUTS, GPU_TWIN_PARAMS = 2e-3, 5e-3
 
 
