@@ -13,6 +13,11 @@ With FORK_BUILD=gpu (a harness built against the fork's GPU=1 CUDNN=1 build, on 
 machine: make_gpu_fixtures.sh) the fixtures go to tests/fixtures/fork_train_gpu, the steps of
 the GPU build that the default "alexeyab" flavour follows. DARKNET_CFG_AB: where the fork's
 stock cfgs are (default ../shared/darknet-cfg-ab).
+
+Case a5_train_yolov4tiny takes its cfg, start weights, input and truth from the shared fixture
+of that name (FIXTURES_AB, default ../shared/fixtures-ab, made by the fork's CPU build through
+harness/abharness.c), so that the GPU build's step of it can be set beside it; its fixture
+stores none of them (tests/test_fork_train_a5.py reads them from there).
 """
 import os
 import re
@@ -27,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 GPU_BUILD = os.environ.get("FORK_BUILD", "cpu") == "gpu"
 OUT = HERE.parent / "fixtures" / ("fork_train_gpu" if GPU_BUILD else "fork_train")
 STOCK = Path(os.environ.get("DARKNET_CFG_AB", HERE.parents[2] / "shared" / "darknet-cfg-ab"))
+FIXTURES_AB = Path(os.environ.get("FIXTURES_AB", HERE.parents[2] / "shared" / "fixtures-ab"))
 # What the fixtures say they were made with.
 BUILD = "59596d78 GPU=1 CUDNN=1" if GPU_BUILD else "59596d78"
 MAX_BOXES, TRUTH_FIELDS = 200, 6
@@ -313,31 +319,63 @@ CASES["grouped_route"] = dict(cfg=NET.format(batch=4, subdivisions=2, size=32, r
                                              burn_in=2, net_extra=STEPS) + GROUPED_ROUTE,
                               iterations=2, size=32, images=4)
 
+# A shared fixture's step (see the module's docstring): one iteration, as that fixture has.
+CASES["a5_train_yolov4tiny"] = dict(shared=True, iterations=1)
 
-def keep(key, value, arrays):
+
+def max_pool_inputs(cfg):
+    """The indices of the layers whose output a [maxpool] reads (the one before it)."""
+    sections = re.findall(r"^\[(\w+)\]", cfg, re.MULTILINE)[1:]   # after [net]
+    return {i - 1 for i, name in enumerate(sections) if name == "maxpool" and i}
+
+
+def keep(key, value, arrays, pinned=()):
     """What the fixture keeps (< 1 MB): parameters, losses, rates, costs, and the outputs and
-    deltas of the [yolo] layers (those with a cost) and of small layers."""
+    deltas of the [yolo] layers (those with a cost) and of small layers; and the outputs of
+    the layers in `pinned`, which the test hands on instead of its own (a max pool's input:
+    its choice between near-equal values follows the fork's numbers)."""
     if not key.endswith(("_output", "_delta")):
         return True
     layer = key.rsplit("_", 1)[0]
+    if key.endswith("_output") and int(layer.split("_")[1]) in pinned:
+        return True
     return f"{layer}_cost" in arrays or value.size <= 4096
 
 
+def shared_case(name):
+    """(cfg, x, y, start weights) of the shared fixture `name`, or None where it is absent."""
+    source = FIXTURES_AB / name
+    if not source.is_dir():
+        return None
+    ref = np.load(source / f"{name}.npz")
+    return ((source / f"{name}.cfg").read_text(), ref["input"], ref["truth"],
+            str(source / f"{name}.weights"))
+
+
 def make(harness, name, case, seed, debug=None):
-    rng = np.random.default_rng(seed)
-    images, size = case["images"], case["size"]
-    pixels = rng.integers(0, 256, (images, 3, size, size), dtype=np.uint8)
-    x = image_floats(pixels)
-    if case.get("classes"):   # a classifier: one-hot rows
-        y = np.eye(case["classes"], dtype=np.float32)[rng.integers(case["classes"], size=images)]
+    if case.get("shared"):
+        inputs = shared_case(name)
+        if inputs is None:
+            print(name, "skipped:", FIXTURES_AB / name, "is absent (set FIXTURES_AB)")
+            return
+        cfg, x, y, start = inputs
+        pixels = None
     else:
-        y = truth_rows(rng, images, boxes=3)
+        cfg, start = case["cfg"], "-"
+        rng = np.random.default_rng(seed)
+        images, size = case["images"], case["size"]
+        pixels = rng.integers(0, 256, (images, 3, size, size), dtype=np.uint8)
+        x = image_floats(pixels)
+        if case.get("classes"):   # a classifier: one-hot rows
+            y = np.eye(case["classes"], dtype=np.float32)[rng.integers(case["classes"],
+                                                                       size=images)]
+        else:
+            y = truth_rows(rng, images, boxes=3)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        (tmp / "net.cfg").write_text(case["cfg"])
+        (tmp / "net.cfg").write_text(cfg)
         x.tofile(tmp / "x.f32")
         y.tofile(tmp / "y.f32")
-        start = "-"
         if case.get("seen"):
             # Resume: the fork's random start with `seen` images in the weights header.
             subprocess.run([harness, str(tmp / "net.cfg"), "-", str(tmp / "x.f32"),
@@ -353,11 +391,17 @@ def make(harness, name, case, seed, debug=None):
         arrays = read_records((tmp / "out.bin").read_bytes())
         init = np.frombuffer((tmp / "init.weights").read_bytes(), np.uint8)
     if debug:
+        Path(debug).mkdir(parents=True, exist_ok=True)
         np.savez(Path(debug) / f"{name}_full.npz", **arrays)
-    arrays = {k: v for k, v in arrays.items() if keep(k, v, arrays)}
+    pinned = max_pool_inputs(cfg) if case.get("shared") else ()
+    arrays = {k: v for k, v in arrays.items() if keep(k, v, arrays, pinned)}
+    if case.get("shared"):   # cfg, weights, input and truth: the shared fixture's
+        given = dict(shared_case=name)
+    else:
+        given = dict(init_weights=init, pixels=pixels, truth=y)
     OUT.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(OUT / f"{name}.npz", cfg=case["cfg"], init_weights=init, pixels=pixels, truth=y,
-                        iterations=case["iterations"], darknet_commit=BUILD, **arrays)
+    np.savez_compressed(OUT / f"{name}.npz", cfg=cfg, iterations=case["iterations"],
+                        darknet_commit=BUILD, **given, **arrays)
     print(name, (OUT / f"{name}.npz").stat().st_size, "bytes, losses", arrays["losses"])
 
 

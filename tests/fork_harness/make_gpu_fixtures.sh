@@ -3,7 +3,9 @@
 # build the AlexeyAB fork from FORK_SRC with GPU=1 CUDNN=1 (cuDNN from the machine's PyTorch,
 # as bench/learning/fork/run_device.sh does) in BUILD_DIR, the harness against it, then
 # make_fixtures.py with FORK_BUILD=gpu for CASES (default: all but adam and dropout).
-# usage: make_gpu_fixtures.sh FORK_SRC BUILD_DIR [CASE ...]
+# Case a5_train_yolov4tiny reads the shared fixture of that name under FIXTURES_AB (default
+# ../shared/fixtures-ab beside the repository; the folder a5_train_yolov4tiny is all it needs).
+# usage: [FIXTURES_AB=DIR] make_gpu_fixtures.sh FORK_SRC BUILD_DIR [CASE ...]
 set -e
 SRC=$(realpath "$1"); BUILD=$2; shift 2
 HERE=$(dirname "$(realpath "$0")")
