@@ -69,8 +69,9 @@ def bench_cfg(cfg, device, batches, train_batch, repeats, rng):
     be = get_backend(device)
     timer = Timer(be)
     row = {"cfg": cfg.name, "device": device}
-    net = dn.Network(dn.cfg.parse_cfg_text(cfg.read_text(), str(cfg)), str(cfg), batch=1,
-                     backend=be, seed=1)
+    # Passes of train_batch images: the inference batches below only re-size the arrays.
+    net = dn.Network(dn.cfg.parse_cfg_text(cfg.read_text(), str(cfg)), str(cfg),
+                     batch=train_batch, backend=be, seed=1)
     # Fresh networks have zero rolling variance, which inference divides by: without real
     # statistics the activations overflow and the CPU times NaN arithmetic.
     stats_rng = np.random.default_rng(2)
