@@ -996,9 +996,10 @@ class Network:
 
     def train_iteration(self, x, truth):
         """One Darknet iteration (train_network): the images of one update, x (N, C, H, W)
-        and their truth rows, run as `subdivisions` passes of N / subdivisions images
-        (gradients accumulate), then the weight update. Returns the loss per image (the
-        passes' costs summed, over N), as Darknet's train_network does."""
+        with N = images_per_pass * subdivisions (another N is refused), and their truth
+        rows, run as `subdivisions` passes of images_per_pass images (gradients accumulate),
+        then the weight update. Returns the loss per image (the passes' costs summed, over
+        N), as Darknet's train_network does."""
         x, truth = self._checked_training_batch(x, truth, "train_iteration")
         n = self.images_per_pass
         total = 0.0
@@ -1009,7 +1010,8 @@ class Network:
 
     def train_pass(self, x, truth):
         """One pass (train_network_datum): seen += N, training forward and backward of
-        x (N, C, H, W), and the weight update when it is the last pass of an iteration.
+        x (N, C, H, W) with N = images_per_pass (another N is refused), and the weight
+        update when it is the last pass of an iteration.
         Returns Darknet's cost for the pass (the loss summed over its images)."""
         x, truth = self._checked_training_batch(x, truth, "train_pass")
         n = x.shape[0]
