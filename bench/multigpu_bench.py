@@ -49,8 +49,9 @@ def rank_main(rank, world_size, port, args, results):
     if world_size > 1:
         DataParallel(comm).attach(net)
     rng = np.random.default_rng(rank)
-    x = rng.random((args.batch,) + net.input_shape, dtype=np.float32)
-    truth = random_truth(net, args.batch, rng)
+    images = net.images_per_pass * net.subdivisions   # one iteration's, on this GPU
+    x = rng.random((images,) + net.input_shape, dtype=np.float32)
+    truth = random_truth(net, images, rng)
     for _ in range(args.warmup):
         net.train_iteration(x, truth)
     net.be.synchronize()
@@ -62,7 +63,7 @@ def rank_main(rank, world_size, port, args, results):
     comm.barrier(timeout=300)
     seconds = time.perf_counter() - start
     if rank == 0:
-        results.put(world_size * args.batch * args.iterations / seconds)
+        results.put(world_size * images * args.iterations / seconds)
     comm.close()
 
 

@@ -198,7 +198,8 @@ class Network:
 
     def _set_sharing(self, name, on):
         """Switch one of the share_* plans, re-allocating trained buffers on a change."""
-        if bool(on) != getattr(self, name):
+        on = switch(on, "net." + name.lstrip("_"))
+        if on != getattr(self, name):
             setattr(self, name, bool(on))
             if getattr(self, "train_buffers", False):
                 self._allocate(self.batch, True)
@@ -230,7 +231,7 @@ class Network:
 
     @fold_batchnorm.setter
     def fold_batchnorm(self, on):
-        if bool(on) == self._fold_batchnorm:
+        if switch(on, "net.fold_batchnorm") == self._fold_batchnorm:
             return
         self._fold_batchnorm = bool(on)
         train = getattr(self, "train_buffers", None)
@@ -247,7 +248,7 @@ class Network:
 
     @half_outputs.setter
     def half_outputs(self, on):
-        if bool(on) != self._half_outputs:
+        if switch(on, "net.half_outputs") != self._half_outputs:
             self._half_outputs = bool(on)
             if getattr(self, "train_buffers", None) is not None:
                 self._allocate(self.batch, self.train_buffers)
@@ -288,10 +289,21 @@ class Network:
         ws = max([1] + [l.workspace_size for l in self.layers])
         return int(4 * (batch * per_image + params * (2 if train else 1) + ws))
 
-    def _check_host_memory(self, batch, train):
+    def _check_host_memory(self, batch, train, layers=None):
         """Refuse, before allocating, a network whose arrays cannot fit in this machine's
-        RAM (NumPy would fail half-way with a bare MemoryError, or the kernel kill us)."""
-        need = self.memory_bytes(batch, train)
+        RAM (NumPy would fail half-way with a bare MemoryError, or the kernel kill us).
+        layers: resize's new layers, checked before they replace the network's (their
+        parameters, not made yet, are the network's)."""
+        if layers is None:
+            need = self.memory_bytes(batch, train)
+        else:
+            current, self.layers = self.layers, layers
+            try:
+                need = self.memory_bytes(batch, train)
+            finally:
+                self.layers = current
+            params = sum(a.size for l in current for _, a in l.params())
+            need += 4 * params * (2 if train else 1)
         if not self._params_ready:
             # Parameters are created after the first allocation: estimate them from sizes.
             need += 4 * sum(getattr(l, "nweights", 0) for l in self.layers) * (2 if train else 1)
@@ -425,14 +437,18 @@ class Network:
 
     # ---- running --------------------------------------------------------------
     def set_batch(self, batch):
-        """Re-allocate activations for a new batch size; weights are kept."""
+        """Re-allocate activations for a new batch size; weights are kept. The images of a
+        training pass stay images_per_pass (load_network's batch= sets them)."""
+        batch = whole_number(batch, "set_batch's batch")
         if batch != self.batch:
-            self._allocate(int(batch), self.train_buffers)
+            self._allocate(batch, self.train_buffers)
 
     def resize(self, width, height):
         """Darknet's resize_network: rebuild every layer for a width x height input (YOLO's
         random=1 multi-scale training), keeping parameters, accumulated updates and batch-norm
         statistics. Layers whose weights are sized by their input (connected, local) cannot."""
+        width = whole_number(width, "resize's width")
+        height = whole_number(height, "resize's height")
         o = self.options
         if (width, height) == (o.width, o.height):
             return
@@ -448,6 +464,8 @@ class Network:
                         and (new.inputs, new.outputs) != (prev.inputs, prev.outputs)):
                     raise NetworkError(f"cannot resize this network to {width}x{height}: layer "
                                        f"{prev.index} [{prev.type}] has weights sized by its input")
+            if self.be.name == "cpu":   # refused while the old size's arrays are still there
+                self._check_host_memory(self.batch, self.train_buffers, layers)
         except Exception:
             o.width, o.height, o.inputs = old_size
             raise
@@ -471,12 +489,12 @@ class Network:
         The arrays must stay unchanged until then. The training loop hands batch k+1
         over before iteration k runs, so its copy overlaps k's compute (on the GPU, from
         the data loader's page-locked slots)."""
+        # Both converted before either upload starts: a refused truth leaves no upload behind.
+        hosts = [np.asarray(host, dtype=np.float32) for host in (x, truth) if host is not None]
         record = []
-        for host in (x, truth):
-            if host is not None:
-                host = np.asarray(host, dtype=np.float32)
-                array, upload = self.be.upload_async(host)
-                record.append((host, array, upload))
+        for host in hosts:
+            array, upload = self.be.upload_async(host)
+            record.append((host, array, upload))
         self._prefetched.append(record)
         while len(self._prefetched) > self.PREFETCHED_KEPT:
             self._forget_prefetched()
@@ -512,10 +530,8 @@ class Network:
         x = np.asarray(x, dtype=np.float32)
         n = x.shape[0] if x.ndim > 1 else 1
         if x.size != n * per_image:
-            raise ValueError(f"{name} has shape {x.shape}; the network needs "
-                             f"(N, {', '.join(map(str, self.input_shape))})"
-                             if name == "input" else
-                             f"{name} has shape {x.shape}; expected (N, {per_image})")
+            raise (self._input_shape_error(x.shape) if name == "input" else
+                   ValueError(f"{name} has shape {x.shape}; expected (N, {per_image})"))
         buf = getattr(self, buf_attr)
         if buf is None or buf.size != x.size:
             buf = self.be.zeros(x.size)
@@ -526,6 +542,10 @@ class Network:
         else:
             self.be.copy(prefetched, buf)
         return buf
+
+    def _input_shape_error(self, shape):
+        return ValueError(f"input has shape {shape}; the network needs "
+                          f"(N, {', '.join(map(str, self.input_shape))})")
 
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
@@ -546,21 +566,30 @@ class Network:
 
     def _stage(self, x, truth, train):
         """Buffers for x's batch, x and truth uploaded: the network input on the backend."""
-        n = np.asarray(x).shape[0]
+        # x and truth are checked before the buffers change: a refused call leaves them.
+        x = np.asarray(x, dtype=np.float32)
+        n = x.shape[0] if x.ndim > 1 else 1
+        if x.size != n * self.inputs:
+            raise self._input_shape_error(x.shape)
+        truth_host = None
+        if truth is not None:
+            # The YOLO/region/detection losses read the host copy: no round trip from the GPU.
+            truth_host = np.asarray(truth, dtype=np.float32)
+            if truth_host.size % n:
+                raise ValueError(f"truth has shape {truth_host.shape}, which is not rows for "
+                                 f"{n} image{'s' if n != 1 else ''}")
+            truth_host = truth_host.reshape(n, -1)
+            if train:
+                for layer in self.layers:
+                    layer.check_truth(self, truth_host)
         if train and not self._training_ready:
             self._prepare_training()
         if n != self.batch or (train and not self.train_buffers):
             self._allocate(n, train or self.train_buffers)
         net_input = self._upload(x, "input", "_input_buf", self.inputs)
-        self.truth = self.truth_host = None
-        if truth is not None:
-            # The YOLO/region/detection losses read the host copy: no round trip from the GPU.
-            self.truth_host = np.asarray(truth, dtype=np.float32).reshape(n, -1)
-            if train:
-                for layer in self.layers:
-                    layer.check_truth(self, self.truth_host)
-            self.truth = self._upload(self.truth_host, "truth", "_truth_buf",
-                                      self.truth_host.shape[1])
+        self.truth, self.truth_host = None, truth_host
+        if truth_host is not None:
+            self.truth = self._upload(truth_host, "truth", "_truth_buf", truth_host.shape[1])
         return net_input
 
     def _forward_layers(self, net_input, train):
@@ -740,6 +769,14 @@ class Network:
                              f"not 3-channel images")
         if not len(photos):
             raise ValueError("infer_photos: no images")
+        one_array = isinstance(photos, np.ndarray)
+        for photo in [photos] if one_array else photos:
+            if not (isinstance(photo, np.ndarray) and photo.dtype == np.uint8 and photo.size
+                    and photo.ndim == (4 if one_array else 3) and photo.shape[-1] == 3):
+                got = (f"{photo.dtype} of shape {photo.shape}" if isinstance(photo, np.ndarray)
+                       else type(photo).__name__)
+                raise ValueError(f"infer_photos takes OpenCV BGR uint8 (H, W, 3) photos or one "
+                                 f"(N, H, W, 3) uint8 array; got {got}")
         if len(photos) != self.batch:
             self._allocate(len(photos), self.train_buffers)
         staged = self._upload_photos(photos)
@@ -817,12 +854,11 @@ class Network:
         (download_async). Returns what predict(x) returns; the network is left at batch
         `part` (its layers' outputs hold the last part). Photos (as predict takes them) go
         up as their bytes, letterboxed on the backend (infer_photos)."""
+        part = whole_number(part, "predict_in_parts' part")
         photos = self.as_photos(x)
         if photos is not None:
             return self._predict_photos_in_parts(photos, part)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.ndim == len(self.input_shape):
-            x = x[None]
+        x = np.ascontiguousarray(self._as_network_input(x), dtype=np.float32)
         output, result, rows, parts = self._parts_of(x, part)
         pending = None
         self.prefetch(parts[0])
@@ -916,17 +952,56 @@ class Network:
                 f"darknet_py.letterbox(load_image(path), {width}, {height}))")
         return x
 
+    def _checked_training_batch(self, x, truth, step="train_pass"):
+        """(x as float32 images, truth as checked rows) for a training step, `step`
+        ("train_pass" or "train_iteration"), or a ValueError naming what it wanted and what
+        it got, raised before the step changes anything. The step's image count is fixed:
+        images_per_pass for a pass, subdivisions of them for an iteration (on this process,
+        of a data-parallel run); another count would change the iteration count and with
+        it the learning rate, as Darknet never does (its net->batch is fixed at load)."""
+        if not self._params_ready:
+            raise NetworkError(f"{self.path}: the network was built without its arrays "
+                               f"(build_network); load it with load_network to train it")
+        shape = tuple(self.input_shape)
+        images = self.images_per_pass * (self.subdivisions if step == "train_iteration" else 1)
+        x = np.asarray(x)
+        if x.dtype.kind != "f":
+            raise ValueError(
+                f"{step} takes float images (N, {', '.join(map(str, shape))}) with values "
+                f"in [0, 1]; got dtype {x.dtype}"
+                + (" (uint8 pixels: divide them by 255)" if x.dtype == np.uint8 else ""))
+        if x.ndim < 2 or x.shape[1:] not in (shape, (self.inputs,)):
+            rows = f" or flat rows ({images}, {self.inputs})" if len(shape) > 1 else ""
+            raise ValueError(f"{step} takes images of shape ({images}, "
+                             f"{', '.join(map(str, shape))}){rows}; got shape {x.shape}")
+        if len(x) != images:
+            if step == "train_iteration":
+                passes = self.subdivisions
+                what = (f"subdivisions={passes} pass{'es' if passes != 1 else ''} of "
+                        f"net.images_per_pass={self.images_per_pass}"
+                        + (f" on each of {self.replicas} processes" if self.replicas > 1
+                           else ""))
+            else:
+                what = "net.images_per_pass"
+            raise ValueError(f"{step} takes {images} image{'s' if images != 1 else ''} "
+                             f"({what}), got {len(x)}; "
+                             f"load_network's batch= sets the images per pass")
+        truth = self.checked_truth(truth, images)
+        truth_rows = self.truth_for_network(truth)
+        for layer in self.layers:   # class ids beyond a head's classes, ...
+            layer.check_truth(self, truth_rows)
+        if self.be.name == "cpu" and (images != self.batch or not self.train_buffers):
+            self._check_host_memory(images, True)   # before seen and the buffers change
+        return x.astype(np.float32, copy=False), truth
+
     def train_iteration(self, x, truth):
         """One Darknet iteration (train_network): the images of one update, x (N, C, H, W)
-        and their truth rows, run as `subdivisions` passes of N / subdivisions images
-        (gradients accumulate), then the weight update. Returns the loss per image (the
-        passes' costs summed, over N), as Darknet's train_network does."""
-        x = np.asarray(x, dtype=np.float32)
-        truth = self.checked_truth(truth, len(x))
-        if len(x) % self.subdivisions or not len(x):
-            raise ValueError(f"{len(x)} images do not split into subdivisions="
-                             f"{self.subdivisions} passes")
-        n = len(x) // self.subdivisions
+        with N = images_per_pass * subdivisions (another N is refused), and their truth
+        rows, run as `subdivisions` passes of images_per_pass images (gradients accumulate),
+        then the weight update. Returns the loss per image (the passes' costs summed, over
+        N), as Darknet's train_network does."""
+        x, truth = self._checked_training_batch(x, truth, "train_iteration")
+        n = self.images_per_pass
         total = 0.0
         for start in range(0, len(x), n):
             cost = self.train_pass(x[start:start + n], truth[start:start + n])
@@ -935,14 +1010,13 @@ class Network:
 
     def train_pass(self, x, truth):
         """One pass (train_network_datum): seen += N, training forward and backward of
-        x (N, C, H, W), and the weight update when it is the last pass of an iteration.
+        x (N, C, H, W) with N = images_per_pass (another N is refused), and the weight
+        update when it is the last pass of an iteration.
         Returns Darknet's cost for the pass (the loss summed over its images)."""
-        x = np.asarray(x, dtype=np.float32)
+        x, truth = self._checked_training_batch(x, truth, "train_pass")
         n = x.shape[0]
         if n != self.batch:
             self.set_batch(n)
-        truth = self.checked_truth(truth, n)
-        self.images_per_pass = n
         self.seen += n * self.replicas
         net_input = self._stage(x, self.truth_for_network(truth), True)
         passes = self.seen // (n * self.replicas)
@@ -1015,7 +1089,7 @@ class Network:
         predictions.py."""
         if isinstance(image, (list, tuple)):
             return detect_batch(self, list(image), thresh=thresh, hier=hier, nms=nms,
-                                batch=batch)
+                                batch=whole_number(batch, "detect's batch"))
         return detect(self, image, thresh=thresh, hier=hier, nms=nms)
 
     def classify(self, image, top=5):
@@ -1027,10 +1101,16 @@ class Network:
     # ---- weights ------------------------------------------------------------------
     def load_weights(self, path, cutoff=None, transfer=False):
         """Load a .weights file; with transfer, also one trained for another class count
-        (returns a weights.TransferReport saying which layers were loaded)."""
+        (returns a weights.TransferReport saying which layers were loaded). cutoff: load
+        only the layers before it. Every check is made before a parameter is written."""
+        if cutoff is not None:
+            cutoff = whole_number(cutoff, "load_weights' cutoff", least=0)
         return load_weights(self, path, cutoff, transfer=transfer)
 
     def save_weights(self, path, cutoff=None):
+        """Write the layers before cutoff (all: None) to path, atomically."""
+        if cutoff is not None:
+            cutoff = whole_number(cutoff, "save_weights' cutoff", least=0)
         save_weights(self, path, cutoff)
 
 
@@ -1040,6 +1120,24 @@ def _layer_pairs(layers, old):
         yield new, prev
         inner = [(n, p) for n, p in zip(new.param_owners(), prev.param_owners()) if n is not new]
         yield from inner
+
+
+def whole_number(value, what, least=1):
+    """value as an int, or a ValueError saying that `what` takes a whole number (a float
+    such as 2.5 was cut to 2, and True read as 1)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < least:
+        raise ValueError(f"{what} must be a whole number of at least {least}, got {value!r}")
+    return int(value)
+
+
+def switch(value, what):
+    """value as a bool, or a ValueError: bool("false") is True, so only True, False, 1 and
+    0 are taken."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer))
+                                               and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{what} takes True or False, got {value!r}")
 
 
 def host_memory_bytes():
@@ -1087,8 +1185,8 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     it cannot export, net.engine_note saying why), "numpy" Darknet's exact arithmetic,
     "onnxruntime" ONNX Runtime or an error (docs/onnx.md). Training always runs on the
     backend."""
-    if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
-        raise ValueError(f"batch must be a whole number of at least 1, got {batch!r}")
+    if batch is not None:
+        batch = whole_number(batch, "batch")
     names = load_names(names)
     sections = parse_cfg(cfg)
     check_flavour(darknet)

@@ -160,8 +160,8 @@ def _network_input(net, image):
 def _infer_images(net, images):
     """Run the network on images sized as detect sizes them (letterboxes); returns each
     image's (width, height). Photos go up as their uint8 bytes and are sized on the
-    backend (Network.infer_photos); other images are sized on the host."""
-    net.set_batch(len(images))
+    backend (Network.infer_photos); other images are sized on the host. The network is
+    sized for them by infer_photos or infer, once every image was read."""
     photos = net.as_photos(images)
     if photos is not None:
         net.infer_photos(photos, letter=letterboxes(net))

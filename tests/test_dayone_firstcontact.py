@@ -242,7 +242,7 @@ def test_a_classifier_truth_of_the_wrong_shape_says_the_shape_wanted(tmp_path, t
     (or, for (2, 21) and (3, 20), trained on the wrong numbers)."""
     cfg = tmp_path / "c.cfg"
     cfg.write_text(CLASSIFIER_CFG)
-    net = load_network(str(cfg))
+    net = load_network(str(cfg), batch=2)   # passes of 2 images
     x = np.zeros((2, 3, 8, 8), np.float32)
     for step in (net.train_pass, net.train_iteration):
         with pytest.raises(ValueError) as info:
@@ -258,7 +258,7 @@ def test_a_classifier_truth_of_the_wrong_shape_says_the_shape_wanted(tmp_path, t
 
 def test_a_detector_truth_of_the_wrong_shape_says_the_shape_wanted(detector):
     cfg, _ = detector
-    net = load_network(cfg)
+    net = load_network(cfg, batch=2)   # passes of 2 images
     x = np.zeros((2, 3, 32, 32), np.float32)
     for truth in (np.zeros((2, 7)), np.zeros((1, 450))):
         with pytest.raises(ValueError, match=re.escape(

@@ -192,7 +192,9 @@ def test_softmax_then_cost_trains_as_darknet(tmp_path):
     without.write_text(CHAR_COST_CFG.format(rate=0.2))
     x = np.eye(8, dtype=np.float32)[[1, 2, 3, 4]]
     y = np.eye(8, dtype=np.float32)[[2, 3, 4, 5]]
-    nets = [load_network(str(cfg), device="cpu", seed=3) for cfg in (with_cost, without)]
+    # A pass of 4 rows: 2 streams of time_steps=2 (the cfg's batch=4 would be 8 rows).
+    nets = [load_network(str(cfg), device="cpu", seed=3, batch=4)
+            for cfg in (with_cost, without)]
     start = [np.array(a) for layer in nets[0].layers[:2] for _, a in layer.params()]
     cost = nets[0].train_pass(x, y)
     nets[1].train_pass(x, y)

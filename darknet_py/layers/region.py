@@ -115,7 +115,9 @@ class RegionLayer(Layer):
         """Refuse a class id beyond classes. Before PRIOR_SEEN images the loss's pull
         towards the anchors is switched on by a launch argument, which a recorded step
         would keep: those steps run eagerly."""
-        boxes, valid = truth_table(truth_host, self.batch, net.truth_size, REGION_TRUTHS)
+        # Its own rows: the network checks it before sizing its arrays for them.
+        boxes, valid = truth_table(truth_host, len(truth_host), net.truth_size,
+                                   REGION_TRUTHS)
         boxes = boxes[valid]
         if self.class_map is not None:
             check_classes(boxes, len(self.class_map), self, "map= entries for ")

@@ -14,6 +14,8 @@ smoothing, iou_thresh, ...; `loss` and `fork_loss` run them on host arrays). The
 is used when the network is the fork's flavour or the section sets any option only the
 fork knows.
 """
+from dataclasses import replace
+
 import numpy as np
 
 from ..boxes import (IOU_KINDS, NMS_KINDS, TRUTH_FIELDS, correct_yolo_boxes, make_detections,
@@ -159,7 +161,9 @@ class YoloLayer(Layer):
     def check_truth(self, net, truth_host):
         # The loss runs on the backend (and may be a replayed graph): class ids are checked
         # here, on the host copy, when the network stages a step's truth.
-        check_classes(every_truth(self._loss_spec(net), truth_host), self.classes, self)
+        # Its own rows: the network checks it before sizing its arrays for them.
+        spec = replace(self._loss_spec(net), batch=len(truth_host))
+        check_classes(every_truth(spec, truth_host), self.classes, self)
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
