@@ -54,18 +54,20 @@ __device__ __forceinline__ void widen_scaled_of(const typename X::Storage* __res
         dst[i] = __fmul_rn(X::widen(src[i]), scale);
 }
 
-#define EXCHANGE_PACKING(SUFFIX, X)                                                          \
-    extern "C" __global__ void round_scaled_##SUFFIX(const float* __restrict__ src,          \
-                                                     X::Storage* __restrict__ dst,           \
-                                                     long long n, float scale)               \
+#define ROUND_SCALED(NAME, X)                                                                \
+    extern "C" __global__ void NAME(const float* __restrict__ src,                           \
+                                    X::Storage* __restrict__ dst, long long n, float scale)  \
     {                                                                                        \
         round_scaled_of<X>(src, dst, n, scale);                                              \
-    }                                                                                        \
-    extern "C" __global__ void widen_scaled_##SUFFIX(const X::Storage* __restrict__ src,     \
-                                                     float* __restrict__ dst, long long n,   \
-                                                     float scale)                            \
+    }
+ROUND_SCALED(round_scaled_f16, XF16)
+ROUND_SCALED(round_scaled_bf16, XBF16)
+
+#define WIDEN_SCALED(NAME, X)                                                                \
+    extern "C" __global__ void NAME(const X::Storage* __restrict__ src,                      \
+                                    float* __restrict__ dst, long long n, float scale)       \
     {                                                                                        \
         widen_scaled_of<X>(src, dst, n, scale);                                              \
     }
-EXCHANGE_PACKING(f16, XF16)
-EXCHANGE_PACKING(bf16, XBF16)
+WIDEN_SCALED(widen_scaled_f16, XF16)
+WIDEN_SCALED(widen_scaled_bf16, XBF16)

@@ -2,6 +2,8 @@
 between pieces of the backward, its equality with the exchange after the backward, the
 16-bit exchange's tolerance and the loss scaler's agreement on skipped steps. Ranks are
 threads talking over TCP on 127.0.0.1, as in test_distributed.py."""
+import os
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from darknet_py.distributed.data_parallel import DataParallel
 from darknet_py.network import Network
 from darknet_py.precision import round_to
 
+from helpers import darknet_py, data_file, finish, weights_floats, write_run_cfg
 from test_cuda_graphs import RecordingBackend
 from test_distributed import run_ranks
 
@@ -320,3 +323,28 @@ def test_every_rank_skips_the_step_whose_gradients_overflow_on_one_rank():
     for net, p in ranks:
         assert all(np.isfinite(a).all() for _, a in p)
         assert_same_params(p, ranks[0][1])
+
+
+# ---- the command ----------------------------------------------------------------------------
+def test_train_ranks_give_the_same_weights_with_and_without_buckets(bars, tmp_path):
+    runs = {}
+    for mb in ("0", "0.0001"):   # 104 bytes: each of the 4 update buffers a bucket
+        (tmp_path / mb).mkdir()
+        cfg = write_run_cfg(tmp_path / mb)
+        code, _, err = finish(darknet_py("train", cfg, data_file(bars, tmp_path / mb / "b"),
+                                         "--ranks", 2, "--seed", 3, "--bucket-mb", mb))
+        assert code == 0, err
+        runs[mb] = weights_floats(tmp_path / mb / "b" / "tiny_final.weights")
+    assert runs["0"][0] == runs["0.0001"][0] == 32
+    np.testing.assert_array_equal(runs["0"][1], runs["0.0001"][1])
+
+
+def test_a_bad_bucket_setting_is_one_line(bars, tmp_path):
+    cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "b")
+    code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2,
+                                       env=dict(os.environ, DARKNET_BUCKET_MB="many")))
+    assert code == 2
+    assert err.strip() == ("darknet-py: error: DARKNET_BUCKET_MB=many: expected megabytes of "
+                           "gradients per bucket (a number >= 0; 0 sums every gradient after "
+                           "the backward)")
+    assert not os.path.exists(tmp_path / "b")
