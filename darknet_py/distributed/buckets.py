@@ -32,6 +32,8 @@ BUCKET_MB_ENV = "DARKNET_BUCKET_MB"
 EXCHANGE_ENV = "DARKNET_EXCHANGE"
 DEFAULT_BUCKET_MB = 25.0
 EXCHANGES = ("auto", "fp32")   # auto: 16 bits under fp16/bf16 training, else fp32
+# Network._UPDATE_BUFFER's values: where a layer keeps an accumulated update.
+UPDATE_ATTRIBUTES = ("bias_updates", "scale_updates", "weight_updates")
 
 
 def bucket_bytes(environ=os.environ):
@@ -98,10 +100,6 @@ def update_buffer_writers(net):
                     record[1].append((owner, attribute))
                     record[2] = min(record[2], index)
     return found
-
-
-# Network._UPDATE_BUFFER's values: where a layer keeps an accumulated update.
-UPDATE_ATTRIBUTES = ("bias_updates", "scale_updates", "weight_updates")
 
 
 def plan_buckets(net, cap_bytes, value_bytes=4):
