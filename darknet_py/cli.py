@@ -461,6 +461,18 @@ def partial_command(cfg, weights, out, layers, overwrite, darknet):
 @click.option("--comm-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               metavar="SECONDS", help="A data-parallel rank that does not answer for this "
                                       "long ends the run.")
+@click.option("--bucket-mb", type=click.FloatRange(min=0), default=None, metavar="MB",
+              expose_value=False, callback=lambda ctx, param, value: set_environment(
+                  "DARKNET_BUCKET_MB", value),
+              help="Data-parallel: megabytes of gradients summed together while the backward "
+                   "goes on (0: every gradient summed after the backward) [default: "
+                   "$DARKNET_BUCKET_MB, else 25].")
+@click.option("--exchange", type=click.Choice(["auto", "fp32"]), default=None,
+              expose_value=False, callback=lambda ctx, param, value: set_environment(
+                  "DARKNET_EXCHANGE", value),
+              help="Data-parallel: the gradients' type between ranks: auto (16 bits under "
+                   "fp16/bf16 training, else fp32) or fp32 [default: $DARKNET_EXCHANGE, else "
+                   "auto].")
 @click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
               help="Processes loading and augmenting images (0: in the training process) "
                    "[default: one per available CPU less one, at most 16].")
@@ -488,6 +500,7 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
                   map_eval=map_eval, map_every=map_every, max_batches=max_batches,
                   overwrite=overwrite, verbose=not quiet, darknet=darknet)
     cluster = cluster_rank(gpus, ranks, nodes, master)
+    check_exchange_settings()
     try:
         with held_stop_signals():   # every stop signal: backup, one line, 128 + signal
             if cluster is not None:
@@ -502,6 +515,23 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
             from .training.loop import describe_stop
             log_line(f"{describe_stop(e)} before training started: nothing saved")
         sys.exit(exit_code(e))   # as a shell reports a job the signal ended
+
+
+def set_environment(name, value):
+    """An option that the ranks read from the environment (they inherit it): set when given."""
+    if value is not None:
+        os.environ[name] = str(value)
+
+
+def check_exchange_settings():
+    """$DARKNET_BUCKET_MB and $DARKNET_EXCHANGE (distributed/buckets.py), refused in one
+    line before any rank starts."""
+    from .distributed import buckets
+    try:
+        buckets.bucket_bytes()
+        buckets.exchange_setting()
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def cluster_rank(gpus, ranks, nodes, master):

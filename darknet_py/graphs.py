@@ -9,6 +9,11 @@ A step that cannot be captured runs eagerly from then on. What changes from step
 arrays before the step, never baked into it; host-side effects of the step (loss layers
 marking their figures pending) are redone after each replay.
 
+A step may come in pieces with host work between them (a data-parallel pass starts the
+sums of the gradients its backward has completed, network.py's train_pass): each piece is
+recorded as a graph of its own and the work between runs, never recorded, after each
+piece's replay.
+
 DARKNET_CUDA_GRAPHS=0 turns replays off (every step eager).
 """
 import os
@@ -24,9 +29,18 @@ def graphs_enabled():
     return os.environ.get("DARKNET_CUDA_GRAPHS", "1") != "0"
 
 
+def run_pieces(step, between=None):
+    """step(), or each of its pieces (a list) in turn with between(k) after piece k."""
+    pieces = step if isinstance(step, (list, tuple)) else [step]
+    for k, piece in enumerate(pieces):
+        piece()
+        if between is not None:
+            between(k)
+
+
 class _Replay:
-    def __init__(self, graph, pending, held):
-        self.graph = graph
+    def __init__(self, graphs, pending, held):
+        self.graphs = graphs     # one per piece of the step
         self.pending = pending   # the loss layers whose figures the step leaves to collect
         self.held = held         # the buffers the key names: alive while the graph is
 
@@ -42,30 +56,33 @@ class StepGraphs:
         self.replayed = 0        # steps run as a replay
         self.fallback = None     # why the last failed capture failed
 
-    def run(self, kind, key, held, step, layers):
+    def run(self, kind, key, held, step, layers, between=None):
         """Run step() (which queues the work of a step whose kernels depend only on
-        `key` and on the arrays `held`), as a replay when possible."""
+        `key` and on the arrays `held`), as a replay when possible. step may be a list of
+        pieces, between(k) run on the host after piece k (run_pieces)."""
         full_key = (kind, key, tuple(id(a) for a in held))
         entry = self._entries.get(full_key)
         if entry is None or entry is _EAGER:
             if entry is None:
                 self._entries[full_key] = _SEEN
-            step()
+            run_pieces(step, between)
             return
         if entry is _SEEN:
+            pieces = step if isinstance(step, (list, tuple)) else [step]
             try:
-                graph = self.be.capture(step)
+                # Every piece recorded before any replays: recording runs none of them.
+                graphs = [self.be.capture(piece) for piece in pieces]
             except GraphCaptureError as e:
                 self._entries[full_key] = _EAGER
                 if self.fallback is None:
                     print(f"darknet-py: running steps without CUDA graphs: {e}", file=sys.stderr)
                 self.fallback = str(e)
-                step()
+                run_pieces(step, between)
                 return
             self.captured += 1
             entry = self._entries[full_key] = _Replay(
-                graph, [layer for layer in layers if layer.pending], held)
-        entry.graph()
+                graphs, [layer for layer in layers if layer.pending], held)
+        run_pieces(entry.graphs, between)
         self.replayed += 1
         for layer in entry.pending:
             layer.pending = True

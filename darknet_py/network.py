@@ -18,7 +18,7 @@ from .delta_plan import plan_deltas, share_delta_arrays, zeroing_steps
 from .output_plan import output_is_shared, plan_outputs, share_output_arrays
 from .output_storage import assign_output_storage, plan_output_storage
 from .image import decode_image
-from .graphs import StepGraphs
+from .graphs import StepGraphs, run_pieces
 from .layers import LAYER_TYPES, layer_class
 from .layers.base import BuildContext, UpdateArgs, keeps_activation_input
 from .layers.batchnorm import bn_rebuild_output, x_precision
@@ -634,12 +634,24 @@ class Network:
 
     def backward(self):
         """Darknet's backward_network: each layer gets the previous layer's output and delta."""
+        self._backward_start()
+        self._backward_layers(len(self.layers) - 1, 0)
+
+    def _backward_start(self):
         if self.loss_scaler is not None:
             self.loss_scaler.scale_deltas(self)
-        for i in range(len(self.layers) - 1, -1, -1):
+
+    @property
+    def backward_end(self):
+        """The lowest layer the backward reaches: Darknet's stops below the last layer with
+        stopbackward."""
+        stops = [i for i, layer in enumerate(self.layers) if layer.stopbackward]
+        return stops[-1] + 1 if stops else 0
+
+    def _backward_layers(self, top, bottom):
+        """The backward of layers top down to bottom (none below backward_end)."""
+        for i in range(top, max(bottom, self.backward_end) - 1, -1):
             layer = self.layers[i]
-            if layer.stopbackward:
-                break
             for delta in self._zero_before.get(i, ()):   # shared: zeroed as the forward did
                 self.be.fill(delta, 0.0)
             for rebuilt in self._rebuild_before.get(i, ()):   # remade: output_plan.py
@@ -650,6 +662,19 @@ class Network:
                 prev = self.layers[i - 1]
                 self.input, self.delta = prev.output, prev.delta
             layer.backward(self)
+
+    def _train_pieces(self, net_input, stops):
+        """A training pass (no update) as pieces run in turn: the forward and the backward
+        down to layer stops[0], then down to each further stop (descending, the last
+        backward_end)."""
+        def first():
+            self._forward_layers(net_input, True)
+            self._backward_start()
+            self._backward_layers(len(self.layers) - 1, stops[0])
+
+        def down_to(k):
+            return lambda: self._backward_layers(stops[k - 1] - 1, stops[k])
+        return [first] + [down_to(k) for k in range(1, len(stops))]
 
     def _write_update_rate(self):
         """Write this iteration's learning rate / images per iteration for the update;
@@ -719,18 +744,19 @@ class Network:
     @property
     def capturable(self):
         """Whether a step may be replayed as a graph: every layer works on the backend alone.
-        (A data-parallel pass replays its forward and backward only: the exchange between
-        backward and update stays outside the graph.)"""
+        (A data-parallel pass replays its forward and backward only, the last pass of an
+        iteration in pieces: the gradients' exchange and the update stay outside graphs.)"""
         return self.graphs.enabled and all(layer.capturable for layer in self.layers)
 
-    def _run_step(self, kind, key, net_input, train, step):
+    def _run_step(self, kind, key, net_input, train, step, between=None):
         """step(): a forward (and backward, update) on net_input; replayed as a graph when
-        the network allows it, for steps of the same kind, key and buffers."""
+        the network allows it, for steps of the same kind, key and buffers. step may be a
+        list of pieces run in turn, between(k) called after piece k (graphs.py)."""
         self.train, self._net_input = train, net_input   # as the step sets them eagerly
         if self.capturable:
-            self.graphs.run(kind, key, (net_input, self.truth), step, self.layers)
+            self.graphs.run(kind, key, (net_input, self.truth), step, self.layers, between)
         else:
-            step()
+            run_pieces(step, between)
 
     def _prepare_training(self):
         if self.options.adam and self.adam is None:
@@ -1026,6 +1052,9 @@ class Network:
         self._write_step_seed()
         self.last_rate = self._write_update_rate() if update else None
         parallel, scaler = self.data_parallel, self.loss_scaler
+        # The last pass of a data-parallel iteration sums the ranks' gradients bucket by
+        # bucket while its backward runs (distributed/buckets.py); None: after the backward.
+        buckets = parallel.buckets(self) if update and parallel is not None else None
 
         # A data-parallel pass records its forward and backward as the first passes of an
         # iteration are: the update waits for the replicas' gradients.
@@ -1038,15 +1067,30 @@ class Network:
                 self._update_layers()
 
         o = self.options
-        self._run_step("train", (self.batch, fused_update, o.momentum, o.decay,
-                                 self.images_per_iteration, scaler and scaler.scale),
-                       net_input, True, step)
+        key = (self.batch, fused_update, o.momentum, o.decay, self.images_per_iteration,
+               scaler and scaler.scale)
+        if buckets is None:
+            self._run_step("train", key, net_input, True, step)
+        else:
+            # The pass in pieces, each ending after a layer that completes buckets, whose
+            # sums start between the pieces. Each piece is its own CUDA graph and the NCCL
+            # calls stay outside graphs, as the exchange after the backward always was: a
+            # collective recorded into a graph runs only when every rank replays its graph,
+            # and a capture that fails midway (the step then runs eagerly) would leave this
+            # rank's NCCL calls out of step with the other ranks'. A split costs one graph
+            # launch per piece (about a dozen for yolov4).
+            self._run_step("train", key + (buckets.stops,), net_input, True,
+                           self._train_pieces(net_input, buckets.stops),
+                           between=lambda piece: buckets.start(self, piece))
         if parallel is None:
             if update and scaler is not None:   # it looks at the gradients before updating
                 scaler.update(self)
         else:
             if update:   # the replicas' gradients are summed between backward and update
-                parallel.reduce(self)
+                if buckets is None:
+                    parallel.reduce(self)
+                else:
+                    buckets.finish(self)
                 if scaler is not None:
                     scaler.update(self)
                 else:

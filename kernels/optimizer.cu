@@ -1,5 +1,7 @@
 // Optimizer updates (backends/cuda_optimizer.py launches them; adam.py says which Darknet
-// rule each follows).
+// rule each follows), and the 16-bit gradient exchange's packing (distributed/buckets.py).
+
+#include "x_storage.cuh"
 
 // Adam as both Darknets' GPU builds apply it (adam_update_gpu, src/blas_kernels.cu), its
 // seven kernels fused into one pass: each element is rounded as theirs is. Their axpy
@@ -28,3 +30,44 @@ extern "C" __global__ void adam_update_kernel(int n, float* __restrict__ w, floa
         d[i] = 0.f;
     }
 }
+
+// The 16-bit gradient exchange: a bucket of fp32 gradients packed into 16 bits for the
+// all-reduce (dst = src * scale, the product in fp32 and rounded once, as NumPy's
+// round_scaled), and the sum widened back (dst = widen(src) * scale).
+template <class X>
+__device__ __forceinline__ void round_scaled_of(const float* __restrict__ src,
+                                                typename X::Storage* __restrict__ dst,
+                                                long long n, float scale)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dst[i] = X::rounded(__fmul_rn(src[i], scale));
+}
+
+template <class X>
+__device__ __forceinline__ void widen_scaled_of(const typename X::Storage* __restrict__ src,
+                                                float* __restrict__ dst, long long n,
+                                                float scale)
+{
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dst[i] = __fmul_rn(X::widen(src[i]), scale);
+}
+
+#define ROUND_SCALED(NAME, X)                                                                \
+    extern "C" __global__ void NAME(const float* __restrict__ src,                           \
+                                    X::Storage* __restrict__ dst, long long n, float scale)  \
+    {                                                                                        \
+        round_scaled_of<X>(src, dst, n, scale);                                              \
+    }
+ROUND_SCALED(round_scaled_f16, XF16)
+ROUND_SCALED(round_scaled_bf16, XBF16)
+
+#define WIDEN_SCALED(NAME, X)                                                                \
+    extern "C" __global__ void NAME(const X::Storage* __restrict__ src,                      \
+                                    float* __restrict__ dst, long long n, float scale)       \
+    {                                                                                        \
+        widen_scaled_of<X>(src, dst, n, scale);                                              \
+    }
+WIDEN_SCALED(widen_scaled_f16, XF16)
+WIDEN_SCALED(widen_scaled_bf16, XBF16)

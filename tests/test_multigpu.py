@@ -68,3 +68,31 @@ def test_a_gpu_that_does_not_exist_is_one_line(bars, tmp_path):
     assert err.strip().splitlines()[-1].endswith(
         f"GPU {cuda_device_count()} (local rank 1) does not exist; this machine has "
         f"{cuda_device_count()} GPUs (0-{cuda_device_count() - 1})")
+
+
+def _train_gpus(bars, tmp_path, name, *args):
+    cfg = write_run_cfg(tmp_path)
+    code, _, err = finish(darknet_py("train", cfg, data_file(bars, tmp_path / name), "--gpus",
+                                     "0,1", "--seed", 3, *args))
+    assert code == 0, err
+    return weights_floats(tmp_path / name / "tiny_final.weights")
+
+
+def test_overlapped_exchange_gives_the_weights_of_the_exchange_after_the_backward(bars,
+                                                                                  tmp_path):
+    # 104-byte buckets: each update buffer summed on the NCCL stream as soon as its layer's
+    # backward is done, the passes replayed as one CUDA graph per piece. On 2 ranks each sum
+    # is a + b either way, so the weights agree bit for bit.
+    after = _train_gpus(bars, tmp_path, "after", "--bucket-mb", "0")
+    overlapped = _train_gpus(bars, tmp_path, "overlapped", "--bucket-mb", "0.0001")
+    assert after[0] == overlapped[0] == 32
+    np.testing.assert_array_equal(overlapped[1], after[1])
+
+
+def test_16_bit_exchange_trains_close_to_fp32_exchange(bars, tmp_path):
+    wide = _train_gpus(bars, tmp_path, "fp32", "--precision", "fp16", "--exchange", "fp32",
+                       "--bucket-mb", "0.0001")
+    narrow = _train_gpus(bars, tmp_path, "fp16", "--precision", "fp16", "--bucket-mb", "0.0001")
+    assert np.isfinite(narrow[1]).all()
+    assert not np.array_equal(narrow[1], wide[1])   # the 16-bit sums did round
+    np.testing.assert_allclose(narrow[1], wide[1], rtol=0, atol=1e-2 * np.abs(wide[1]).max())

@@ -149,3 +149,55 @@ def test_a_missing_library_says_how_to_get_it():
                                         r"pip install nvidia-nccl-cu13"):
         nccl.load_library(loader)
     assert nccl.library_candidates()[-1] == "libnccl.so.2"
+
+
+class FakeStream:
+    def __init__(self, name, handle, log):
+        self.name, self.handle, self.log = name, handle, log
+
+    def wait_for_event(self, event):
+        self.log.append(("wait", self.name, event.number))
+
+
+class FakeStreams:
+    """CudaStreams' stand-in: streams and events that write what they do into `log`."""
+
+    def __init__(self, log):
+        self.log, self.events = log, 0
+
+    def stream(self):
+        self.log.append(("new stream",))
+        return FakeStream("sums", 0xC0FFEE, self.log)
+
+    def event(self):
+        self.events += 1
+        event = SimpleNamespace(number=self.events)
+        event.record = lambda stream: self.log.append(("record", event.number, stream.name))
+        return event
+
+
+def test_a_started_sum_runs_on_its_own_stream_between_two_events():
+    import numpy as np
+    lib = FakeNccl()
+    comm = nccl.NcclCommunicator(TcpCommunicator(0, 1, ("127.0.0.1", 1)), 0, lib=lib,
+                                 streams=FakeStreams(lib.calls))
+    be = SimpleNamespace(stream=FakeStream("compute", 0xABC, lib.calls))
+    del lib.calls[:]
+    first = comm.start_all_reduce_sum(be, [SimpleNamespace(ptr=0x10, size=5,
+                                                           dtype=np.dtype(np.float16))])
+    second = comm.start_all_reduce_sum(be, [SimpleNamespace(ptr=0x20, size=3,
+                                                            dtype=np.dtype(np.uint16)),
+                                            SimpleNamespace(ptr=0x30, size=2,
+                                                            dtype=np.dtype(np.float32))])
+    first.wait()
+    second.wait()
+    assert lib.calls == [
+        ("new stream",),   # once
+        ("record", 1, "compute"), ("wait", "sums", 1),   # after the work queued so far
+        ("ncclGroupStart",), ("ncclAllReduce", 0x10, 0x10, 5, nccl.NCCL_FLOAT16, 0, 0xC0FFEE),
+        ("ncclGroupEnd",), ("ncclCommGetAsyncError",), ("record", 2, "sums"),
+        ("record", 3, "compute"), ("wait", "sums", 3), ("ncclGroupStart",),
+        ("ncclAllReduce", 0x20, 0x20, 3, nccl.NCCL_BFLOAT16, 0, 0xC0FFEE),   # bf16's bits
+        ("ncclAllReduce", 0x30, 0x30, 2, nccl.NCCL_FLOAT32, 0, 0xC0FFEE),
+        ("ncclGroupEnd",), ("ncclCommGetAsyncError",), ("record", 4, "sums"),
+        ("wait", "compute", 2), ("wait", "compute", 4)]   # the backend's stream, not the host

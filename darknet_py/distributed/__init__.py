@@ -19,6 +19,8 @@ The package, bottom to top:
   hosts over TCP; the NumPy backend);
 - nccl.py: `NcclCommunicator` (CUDA devices; it rendezvouses through a TcpCommunicator
   and keeps it for barriers);
+- buckets.py: the gradients grouped in buckets whose sums start while the backward still
+  runs, and the 16-bit exchange under fp16/bf16 training;
 - data_parallel.py: the policy above (`DataParallel`, the hook Network.update calls) and
   `Ranks`, what train() asks about the run it is part of;
 - cluster.py: the variables of a cluster's launcher (Slurm's srun, torchrun) that make

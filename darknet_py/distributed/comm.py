@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from .. import precision as precisions
+
 DEFAULT_TIMEOUT = 600.0        # seconds a collective waits for a peer before giving up
 CONNECT_TIMEOUT = 120.0        # seconds the ranks have to find rank 0 at start
 _HEADER = struct.Struct("!cQ")  # message kind, payload bytes
@@ -44,7 +46,17 @@ class Communicator:
     world_size = 1
 
     def all_reduce_sum(self, be, arrays):
+        """Sum every rank's arrays into them, in place. The arrays are fp32, or all of one
+        16-bit storage (be.storage_zeros' fp16 or bf16 arrays: the 16-bit exchange)."""
         raise NotImplementedError
+
+    def start_all_reduce_sum(self, be, arrays):
+        """all_reduce_sum begun behind the caller (the work queued on the backend so far
+        first); returns what to wait() on before the arrays are read again. Ranks start
+        and wait for their sums in the same order. Here the sum runs at once; NCCL runs it
+        on a stream of its own (nccl.py)."""
+        self.all_reduce_sum(be, arrays)
+        return Done()
 
     def broadcast(self, be, arrays, root=0):
         raise NotImplementedError
@@ -64,6 +76,13 @@ class Communicator:
         buffer = be.from_host(np.array(values, dtype=np.float32))
         self.all_reduce_sum(be, [buffer])
         return [float(v) for v in be.to_host(buffer)]
+
+
+class Done:
+    """A start_all_reduce_sum that has already ended."""
+
+    def wait(self):
+        pass
 
 
 class DeviceThread:
@@ -100,6 +119,48 @@ class DeviceThread:
 def _flatten(be, arrays):
     return np.concatenate([be.to_host(a).reshape(-1) for a in arrays]) if arrays else \
         np.zeros(0, np.float32)
+
+
+def _storage_of(be, arrays):
+    """The storage the arrays of a sum share (fp32, fp16 or bf16)."""
+    storages = {be.storage_of(a) for a in arrays} if hasattr(be, "storage_of") else set()
+    if len(storages) > 1:
+        raise ValueError(f"all_reduce_sum: arrays kept at {', '.join(sorted(storages))}: "
+                         f"one storage per sum")
+    return storages.pop() if storages else precisions.DEFAULT
+
+
+def to_wire(values, storage):
+    """float32 values (already rounded to `storage`) as the bytes a sum sends: 4 bytes a
+    value for fp32, the 16 bits themselves for fp16 and bf16."""
+    if storage == "fp16":
+        return values.astype(np.float16).tobytes()
+    if storage == "bf16":
+        return (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16) \
+            .astype(np.uint16).tobytes()
+    return np.ascontiguousarray(values, np.float32).tobytes()
+
+
+def from_wire(data, storage):
+    """to_wire's bytes back as float32 values (16-bit ones widened exactly)."""
+    if storage == "fp16":
+        return np.frombuffer(data, np.float16).astype(np.float32)
+    if storage == "bf16":
+        return (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(data, np.float32)
+
+
+def sum_in_order(parts, storage):
+    """The sum of `parts` (float32 arrays, rank order). A 16-bit sum is rounded to its
+    storage after every addition, as NCCL's ring adds 16-bit values hop by hop, so that
+    the CPU ranks see the rounding GPU ranks do (docs/training.md)."""
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+        if storage != precisions.DEFAULT:
+            with np.errstate(over="ignore", invalid="ignore"):
+                total = precisions.round_to(total, storage)
+    return total
 
 
 def _unflatten(be, arrays, flat):
@@ -268,18 +329,19 @@ class TcpCommunicator(Communicator):
     def all_reduce_sum(self, be, arrays):
         if self.world_size == 1:
             return
-        flat = _flatten(be, arrays).astype(np.float32, copy=False)
+        storage = _storage_of(be, arrays)
+        mine = to_wire(_flatten(be, arrays).astype(np.float32, copy=False), storage)
         if self.rank == 0:
-            total = flat.copy()
-            received = self._gather_at_root(b"S", flat.nbytes, self.timeout)
-            for rank in sorted(received):
-                total += np.frombuffer(received[rank], dtype=np.float32)
+            received = self._gather_at_root(b"S", len(mine), self.timeout)
+            parts = [from_wire(mine, storage)] + [from_wire(received[rank], storage)
+                                                  for rank in sorted(received)]
+            total = to_wire(sum_in_order(parts, storage), storage)
             for rank in sorted(self.peers):
-                self._send(rank, b"s", total.tobytes())
+                self._send(rank, b"s", total)
         else:
-            self._send(0, b"S", flat.tobytes())
-            total = np.frombuffer(self._recv(0, b"s", flat.nbytes), dtype=np.float32)
-        _unflatten(be, arrays, total)
+            self._send(0, b"S", mine)
+            total = self._recv(0, b"s", len(mine))
+        _unflatten(be, arrays, from_wire(total, storage))
 
     def broadcast(self, be, arrays, root=0):
         if self.world_size == 1:

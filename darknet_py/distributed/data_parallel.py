@@ -4,6 +4,7 @@ hook that sums the ranks' gradients, and what train() asks about the run it is p
 import numpy as np
 
 from ..processes import trace_start
+from . import buckets as bucketing
 from .comm import DeviceThread
 
 
@@ -12,10 +13,16 @@ class DataParallel:
     updates, averages the rolling statistics, and after the update leaves the momentum on
     rank 0 only (see the module docstring)."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, bucket_bytes=None, exchange=None):
+        """bucket_bytes: the gradient buckets' size (0: one sum after the backward; None:
+        DARKNET_BUCKET_MB's); exchange: "auto" or "fp32" (None: DARKNET_EXCHANGE's). See
+        buckets.py."""
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
         self._sending = None   # send_parameters' broadcast (a DeviceThread), until arrived()
+        self.bucket_bytes = bucketing.bucket_bytes() if bucket_bytes is None else int(bucket_bytes)
+        self.exchange_setting = bucketing.exchange_setting() if exchange is None else exchange
+        self._buckets = None   # the network's GradientBuckets, made at its first pass
 
     def attach(self, net):
         """Make `net` a replica: rank 0's parameters on every rank, updates summed from
@@ -43,7 +50,20 @@ class DataParallel:
             sending.wait()
             net.params_changed()
 
+    def buckets(self, net):
+        """The bucket plan for net's training passes (made at the first, after the update
+        buffers exist; made again if they were replaced); None without buckets."""
+        if self._sending is not None:   # a pass ran on parameters not yet rank 0's
+            raise RuntimeError("send_parameters() without arrived() before training")
+        if not self.bucket_bytes or self.world_size == 1:
+            return None
+        if self._buckets is None or not self._buckets.matches(net):
+            storage = bucketing.exchange_storage(net.precision, self.exchange_setting)
+            self._buckets = bucketing.GradientBuckets(net, self.comm, self.bucket_bytes, storage)
+        return self._buckets
+
     def reduce(self, net):
+        """Without buckets: every gradient summed after the backward, in one collective."""
         if self._sending is not None:   # a pass ran on parameters not yet rank 0's
             raise RuntimeError("send_parameters() without arrived() before training")
         updates, statistics = net.update_buffers()

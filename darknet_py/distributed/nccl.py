@@ -10,15 +10,53 @@ import glob
 import importlib.util
 import os
 
+import numpy as np
+
 from .comm import CommError, Communicator
 
 # nccl.h's values
 NCCL_SUCCESS = 0
 NCCL_IN_PROGRESS = 7
+NCCL_FLOAT16 = 6
 NCCL_FLOAT32 = 7
+NCCL_BFLOAT16 = 9
 NCCL_SUM = 0
 NCCL_UNIQUE_ID_BYTES = 128
 GROUP_OPS = 256             # operations per ncclGroupStart/End (NCCL caps a group's count)
+
+
+# A CUDA backend array's element type -> NCCL's: fp32, and the 16-bit exchange's fp16 and
+# bf16 (the CUDA backend keeps bf16 as its bits in uint16).
+NCCL_TYPES = {np.dtype(np.float32): NCCL_FLOAT32, np.dtype(np.float16): NCCL_FLOAT16,
+              np.dtype(np.uint16): NCCL_BFLOAT16}
+
+
+def nccl_type(array):
+    return NCCL_TYPES[np.dtype(getattr(array, "dtype", np.float32))]
+
+
+class CudaStreams:
+    """What start_all_reduce_sum needs from CUDA: a stream for the sums and events that
+    order it with the backend's stream (PyCUDA's, imported when first used)."""
+
+    def stream(self):
+        import pycuda.driver as drv
+        return drv.Stream()
+
+    def event(self):
+        import pycuda.driver as drv
+        return drv.Event(drv.event_flags.DISABLE_TIMING)
+
+
+class StreamSum:
+    """A sum running on the communication stream: wait() makes the backend's stream wait
+    for it (no wait on the host)."""
+
+    def __init__(self, be, done):
+        self.be, self.done = be, done
+
+    def wait(self):
+        self.be.stream.wait_for_event(self.done)
 
 
 class NcclUniqueId(ctypes.Structure):
@@ -74,8 +112,10 @@ class NcclCommunicator(Communicator):
     through `tcp` (a TcpCommunicator), which also notices a rank that ends. The CUDA
     context of the rank's device must be current (make its backend first)."""
 
-    def __init__(self, tcp, device_index, lib=None):
+    def __init__(self, tcp, device_index, lib=None, streams=None):
         self.tcp = tcp
+        self.streams = streams if streams is not None else CudaStreams()
+        self._sum_stream = None   # start_all_reduce_sum's, made at its first call
         self.rank, self.world_size = tcp.rank, tcp.world_size
         self.device_index = device_index
         self.lib = lib if lib is not None else load_library()
@@ -105,23 +145,20 @@ class NcclCommunicator(Communicator):
                     self.lib.ncclCommGetAsyncError(self.comm, ctypes.byref(state)))
         self._check("a collective", state.value)
 
-    @staticmethod
-    def _stream(be):
-        return ctypes.c_void_p(be.stream.handle)
-
-    def _grouped(self, be, name, call, arrays, *args):
+    def _grouped(self, be, name, call, arrays, *args, stream=None):
         """`call` (ncclAllReduce or ncclBroadcast) in place on each array, GROUP_OPS arrays
         to an NCCL group: NCCL launches a group's operations together, so a network's few
         hundred parameter arrays cost a launch or two rather than one each. (ctypes'
-        functions carry no __name__: `name` is the call's, for errors.)"""
-        stream = self._stream(be)
+        functions carry no __name__: `name` is the call's, for errors.) Queued on the
+        backend's stream, or on `stream`."""
+        stream = ctypes.c_void_p((stream or be.stream).handle)
         arrays = [a for a in arrays if a.size]
         for first in range(0, len(arrays), GROUP_OPS):
             self._check("ncclGroupStart", self.lib.ncclGroupStart())
             try:
                 for a in arrays[first:first + GROUP_OPS]:
                     self._check(name, call(ctypes.c_void_p(a.ptr), ctypes.c_void_p(a.ptr),
-                                           a.size, NCCL_FLOAT32, *args, self.comm, stream))
+                                           a.size, nccl_type(a), *args, self.comm, stream))
             except CommError:
                 self.lib.ncclGroupEnd()   # close the group; the first error is the one to tell
                 raise
@@ -130,6 +167,22 @@ class NcclCommunicator(Communicator):
 
     def all_reduce_sum(self, be, arrays):
         self._grouped(be, "ncclAllReduce", self.lib.ncclAllReduce, arrays, NCCL_SUM)
+
+    def start_all_reduce_sum(self, be, arrays):
+        """The sum on a stream of its own, after the work queued on the backend's stream so
+        far (an event between them): the backward goes on while a bucket's gradients are
+        summed. The NCCL calls stay outside CUDA graphs (network.py's train_pass says why).
+        16-bit arrays are summed by NCCL in their own type, rounded hop by hop."""
+        if self._sum_stream is None:
+            self._sum_stream = self.streams.stream()
+        queued = self.streams.event()
+        queued.record(be.stream)
+        self._sum_stream.wait_for_event(queued)
+        self._grouped(be, "ncclAllReduce", self.lib.ncclAllReduce, arrays, NCCL_SUM,
+                      stream=self._sum_stream)
+        done = self.streams.event()
+        done.record(self._sum_stream)
+        return StreamSum(be, done)
 
     def broadcast(self, be, arrays, root=0):
         self._grouped(be, "ncclBroadcast", self.lib.ncclBroadcast, arrays, int(root))
