@@ -20,6 +20,7 @@ FLOORS = [
     ("model", ["data.*", "predictions", "fork_json", "weights", "graphs", "net_options", "delta_plan", "output_plan", "output_storage", "network", "demo_data"]),
     ("applications", ["validate", "video", "bench", "distributed", "distributed.comm",
                       "distributed.nccl", "distributed.data_parallel", "distributed.cluster",
+                      "distributed.buckets",
                       "training.*", "train", "dataset_check", "map_plots", "export.*", "rnn_text"]),
     ("top", ["darknet_py", "__main__", "cli_options", "cli", "demo", "distributed.launcher", "darknet_forms"]),
 ]
