@@ -742,8 +742,9 @@ def check_command(data, picture, darknet):
 
 @cli.command("bench", short_help="Time a network: forward, training step, per layer.")
 @click.argument("cfg")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Images per forward.")
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Images per forward; a recurrent cfg's, whole sequences of time_steps rows "
+                   "each.  [default: 1, or one sequence for a recurrent cfg]")
 @click.option("--train", is_flag=True,
               help="Also time a training step (forward, backward, update) on random truth.")
 @click.option("--layers", is_flag=True,
@@ -768,8 +769,8 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import check_batch, format_report, prepare, run_bench
-    check_batch(cfg, batch, darknet)
+    from .bench import bench_batch, format_report, prepare, run_bench
+    batch = bench_batch(cfg, batch, darknet)
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
     if engine != "numpy" and (train or layers):
