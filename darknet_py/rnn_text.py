@@ -26,6 +26,7 @@ from .errors import DarknetError
 from .files import check_input_file, refuse_overwrite
 from .network import Network, load_network, weights_flavour
 from .backends import get_backend
+from .training.stops import single_row_batch_norm
 
 RESET_CHANCE = 64            # a stream jumps to a new offset once in 64 iterations
 BACKUP_EVERY = 100           # <cfg>.backup
@@ -105,6 +106,9 @@ def load_for_training(cfg, weights, clear, seed, device, darknet):
         print(f"darknet-py: warning: {cfg}: layer {frozen[0].index} [{frozen[0].type}] never "
               f"updates its weights in the {net.darknet} Darknet, and here neither (see "
               f"docs/rnn.md)", file=sys.stderr)
+    cause = single_row_batch_norm(net)
+    if cause:
+        print(f"darknet-py: warning: {cause}", file=sys.stderr)
     return net
 
 
@@ -147,8 +151,10 @@ def _train_loop(net, text, offsets, rng, total, backups, cfg, log):
         x, y = text_batch(text, offsets, alphabet, steps)
         loss = net.train_pass(x, y) / len(x)
         if not np.isfinite(loss):
-            raise TextError(f"iteration {i}: the loss is {loss} (diverged); lower "
-                            f"learning_rate in {cfg}; the last backup is kept")
+            cause = single_row_batch_norm(net)
+            advice = (f"the cause: {cause}" if cause else f"lower learning_rate in {cfg}")
+            raise TextError(f"iteration {i}: the loss is {loss} (diverged); {advice}; the "
+                            f"last backup is kept")
         avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
         wall = time.time() - tick
         eta = (time.time() - start) / max(1, net.iteration - first) * (total - net.iteration)

@@ -22,7 +22,7 @@ from .checkpoints import finite_weights, last_saved_backup
 from .schedule import (BACKUP_EVERY, CLASSIFIER_MULTISCALE_EVERY, MULTISCALE_EVERY,
                        detector_snapshot_due, multiscale_size, resize_network)
 from .stops import (SAVE_SIGNAL, STOP_SIGNALS, Diverged, Stopped, TrainError, signal_name,
-                    stop_signals, stopped)
+                    single_row_batch_norm, stop_signals, stopped)
 
 
 @dataclass
@@ -276,11 +276,14 @@ class TrainingRun:
         last_good = [h[0] for h in self.result.losses if math.isfinite(h[1])]
         kept = (f"{backup} (iteration {last_saved_backup(backup, net)}) is kept"
                 if os.path.exists(backup) else "no weights were saved")
+        cause = single_row_batch_norm(net)
+        advice = (f"The cause: {cause}" if cause else
+                  f"Lower learning_rate (now {o.learning_rate:g}) or raise burn_in (now "
+                  f"{o.policy['burn_in']})")
         raise TrainError(
             f"training diverged at iteration {net.iteration}: the loss is {loss} "
             f"(last finite loss at iteration {last_good[-1] if last_good else 'none'}); "
-            f"stopped without saving the diverged weights, {kept}. Lower learning_rate "
-            f"(now {o.learning_rate:g}) or raise burn_in (now {o.policy['burn_in']})") from None
+            f"stopped without saving the diverged weights, {kept}. {advice}") from None
 
     def save_asked(self):
         """SIGUSR1 (a scheduler's warning before it pre-empts the job): the backup now."""

@@ -23,7 +23,7 @@ from ..validate import check_valid_set, network_task
 from ..weights import TransferReport, load_weights
 from .checkpoints import Checkpoints, cfg_base
 from .schedule import check_policy, default_map_interval, network_stride
-from .stops import TrainError
+from .stops import TrainError, single_row_batch_norm
 
 
 @dataclass
@@ -87,6 +87,9 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
                      checkpoints=Checkpoints(config.backup, cfg_base(cfg), ranks.writer))
     plan.checkpoints.prepare(log)
     check_policy(cfg, net.options, log)
+    cause = single_row_batch_norm(net)
+    if cause:
+        log(f"darknet-py: warning: {cause}")
     plan.replaced = _claim_outputs(plan, map_eval, overwrite)
     if plan.replaced:
         log(f"darknet-py: note: --overwrite: this run will replace {', '.join(plan.replaced)}")
