@@ -725,7 +725,8 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
                    "labels) or the AlexeyAB fork's (the label file beside the image).")
 def check_command(data, picture, darknet):
     """Report what the .data file DATA's train and valid lists hold: images (and missing
-    ones), label files, boxes per class, and every label problem by file and line
+    ones, and those whose header says they cannot be decoded: an empty file, a text file
+    named .jpg), label files, boxes per class, and every label problem by file and line
     (pixel coordinates, values outside 0-1, class ids out of range, malformed lines).
     Exit code 0 when nothing is wrong, 1 when problems were found."""
     from .dataset_check import check_dataset
