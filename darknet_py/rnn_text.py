@@ -15,6 +15,7 @@ byte is drawn from the softmax at temperature T after zeroing probabilities belo
 (Darknet's sample_array: subtract the probabilities from a uniform draw in order and take
 the byte where it falls to 0 or below).
 """
+import glob
 import os
 import sys
 import time
@@ -23,7 +24,7 @@ import numpy as np
 
 from .cfg import parse_cfg
 from .errors import DarknetError
-from .files import check_input_file, refuse_overwrite
+from .files import OutputClaims, check_input_file, refuse_overwrite
 from .network import Network, load_network, weights_flavour
 from .backends import get_backend
 from .training.stops import single_row_batch_norm
@@ -82,15 +83,23 @@ def text_batch(text, offsets, alphabet, steps):
 class Backups:
     """Where `rnn train` writes: <dir>/<cfg>.backup, <cfg>_<i>.weights, <cfg>_final.weights."""
 
-    def __init__(self, cfg, directory, overwrite):
+    def __init__(self, cfg, directory, overwrite, log=print):
         self.base = os.path.join(directory, os.path.splitext(os.path.basename(cfg))[0])
         self.overwrite = overwrite
         os.makedirs(directory, exist_ok=True)
-        refuse_overwrite([self.base + ".backup", self.base + "_final.weights"], overwrite)
+        claimed = [self.base + ".backup", self.base + "_final.weights"]
+        refuse_overwrite(claimed, overwrite)
+        if overwrite:   # the numbered weights of an earlier run too
+            claimed += glob.glob(glob.escape(self.base) + "_[0-9]*.weights")
+        # What is there now is this run's to replace; a file that appears under one of
+        # its names later is not (save writes beside it).
+        self.claims = OutputClaims(log)
+        self.claims.claim(claimed)
 
     def save(self, net, name, log):
-        path = f"{self.base}{name}"
+        path = self.claims.target(f"{self.base}{name}")
         net.save_weights(path)
+        self.claims.wrote(path)
         log(f"saved {path}")
         return path
 
@@ -119,7 +128,7 @@ def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=No
     net = load_for_training(cfg, weights, clear, seed, device, darknet)
     alphabet, steps = net.inputs, net.options.time_steps
     text = read_text(text_path, alphabet)
-    backups = Backups(cfg, backup_dir, overwrite)
+    backups = Backups(cfg, backup_dir, overwrite, log)
     rng = np.random.default_rng(seed)
     streams = net.batch // steps
     offsets = rng.integers(0, text.size, streams)

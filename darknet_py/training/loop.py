@@ -249,8 +249,7 @@ class TrainingRun:
         improved = result.best_score is None or score > result.best_score
         if improved:
             result.best_score = score
-            result.best_weights = self.files.best
-            self.files.save(net, result.best_weights)
+            result.best_weights = self.files.save(net, self.files.best)
         self.log(f"{plan.metric_name} = {score:.4f} on {len(plan.valid_paths)} valid images "
                  f"({time.perf_counter() - started:.1f} s); best = {result.best_score:.4f}"
                  f"{' (new best, saved ' + result.best_weights + ')' if improved else ''}")
@@ -270,7 +269,7 @@ class TrainingRun:
     # ---- how a run ends ------------------------------------------------------------------
     def diverged(self, loss):
         """A NaN or infinite loss: the chart, and a TrainError naming what is kept."""
-        net, backup, o = self.net, self.files.backup, self.net.options
+        net, backup, o = self.net, self.files.where(self.files.backup), self.net.options
         if self.result.losses:
             self.chart()
         last_good = [h[0] for h in self.result.losses if math.isfinite(h[1])]
@@ -290,14 +289,14 @@ class TrainingRun:
         net, backup = self.net, self.files.backup
         if not self.files.writer or not finite_weights(net):
             return   # rank 0 writes; bad weights: the next iteration's loss reports them
-        self.files.save(net, backup)
+        backup = self.files.save(net, backup)
         self.log(f"{signal_name(SAVE_SIGNAL)} at iteration {net.iteration}: saved {backup}; "
                  f"training goes on")
 
     def interrupted(self, stop):
         """Ctrl-C or another stop signal: save the backup (unless the weights went bad)
         and say how to resume; the caller re-raises."""
-        net, backup, result = self.net, self.files.backup, self.result
+        net, backup, result = self.net, self.files.where(self.files.backup), self.result
         # A half-done iteration is dropped: the resumed run repeats it whole.
         net.seen = self.completed_seen
         result.interrupted = True
@@ -308,15 +307,15 @@ class TrainingRun:
             self.log(f"{why} at iteration {net.iteration}: the weights hold NaN or infinite "
                      f"values, so {backup} was not replaced")
             return
-        self.files.save(net, backup)
+        backup = self.files.save(net, self.files.backup)
         if result.losses:
             self.chart()
         self.log(f"{why} at iteration {net.iteration}: saved {backup} (resume "
                  f"with --weights {backup})")
 
     def finish(self):
-        net, result, final = self.net, self.result, self.files.final
-        self.files.save(net, final)
+        net, result = self.net, self.result
+        final = self.files.save(net, self.files.final)
         result.final_weights = final
         result.iterations, result.seen = net.iteration, net.seen
         if result.losses:

@@ -205,6 +205,9 @@ def _claim_outputs(plan, map_eval, overwrite):
         hint = (f" To continue the earlier run, give --weights {files.backup}."
                 if os.path.exists(files.backup) and not resuming else "")
         raise TrainError(f"{e}.{hint}") from None
+    # What is there now is this run's to replace; what appears later is not (files.save).
+    files.claims.claim(targets + continued + [files.backup, files.final, files.last,
+                                              files.best])
     return [p for p in targets if os.path.exists(p)]
 
 
