@@ -31,6 +31,7 @@ from .export.command import (EXPORT_HELP, engine_option, export_options, load_wi
                              run_export)
 from .files import atomic_output, first_free_run, run_numbered, write_text_atomically
 from .network import DARKNET_FLAVOURS, build_network, load_network
+from .plurals import counted
 from .predictions import check_names
 from .weights import floats_needed
 
@@ -699,7 +700,7 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
     labels = training_label_rows(data)   # (rows, classes): read once for both files
     anchors, boxes = compute_anchors(data, seed=seed, labels=labels, **settings)
     click.echo(format_anchors(anchors))
-    click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
+    click.echo(f"{counted(len(boxes), 'box', 'boxes')}; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
     written = []
     if counts_out is not None:

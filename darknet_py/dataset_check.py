@@ -13,6 +13,7 @@ from .data.config import DataError, load_data_config
 from .data.labels import classifier_label_index
 from .files import atomic_output
 from .image import header_problem
+from .plurals import counted
 
 
 def is_classifier_data(config):
@@ -77,18 +78,19 @@ def check_dataset(data, picture=None, log=print, warn=print, darknet="original")
             if located is not None:
                 warn(located)
         reports[what] = report
-        log(f"{what}: {path}: {len(paths)} images ({len(absent)} missing"
+        log(f"{what}: {path}: {counted(len(paths), 'image')} ({len(absent)} missing"
             f"{f', {len(unreadable)} unreadable' if unreadable else ''})" +
-            ("" if is_classifier_data(config) else f", {report.label_files} label files "
-             f"({report.empty_files} empty), {report.boxes} boxes"))
+            ("" if is_classifier_data(config) else
+             f", {counted(report.label_files, 'label file')} ({report.empty_files} empty), "
+             f"{counted(report.boxes, 'box', 'boxes')}"))
         for image in absent[:10]:
             warn(f"{image}: image not found (listed in {path})")
         if len(absent) > 10:
-            warn(f"... and {len(absent) - 10} more images not found")
+            warn(f"... and {counted(len(absent) - 10, 'more image')} not found")
         for image, why in unreadable[:10]:
             warn(f"{image}: {why}; training skips it (listed in {path})")
         if len(unreadable) > 10:
-            warn(f"... and {len(unreadable) - 10} more unreadable images")
+            warn(f"... and {counted(len(unreadable) - 10, 'more unreadable image')}")
         for line in problem_lines(report):
             warn(line)
         problems += len(absent) + len(unreadable) + len(report.problems)

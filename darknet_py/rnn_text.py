@@ -26,6 +26,7 @@ from .cfg import parse_cfg
 from .errors import DarknetError
 from .files import OutputClaims, check_input_file, refuse_overwrite
 from .network import Network, load_network, weights_flavour
+from .plurals import counted
 from .backends import get_backend
 from .training.stops import single_row_batch_norm
 
@@ -135,10 +136,12 @@ def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=No
     total = max_batches or net.options.max_batches
     if total <= net.iteration:
         raise TextError(f"{cfg}: max_batches={total} is already reached (the weights have "
-                        f"{net.iteration} iterations); give --max-batches or --clear")
+                        f"{counted(net.iteration, 'iteration')}); give --max-batches or "
+                        f"--clear")
     log(f"{cfg}: learning rate {net.options.learning_rate:g}, momentum "
         f"{net.options.momentum:g}, decay {net.options.decay:g}, inputs {alphabet}, "
-        f"{streams} streams x {steps} steps, text {text_path}: {text.size} bytes")
+        f"{counted(streams, 'stream')} x {counted(steps, 'step')}, text {text_path}: "
+        f"{counted(text.size, 'byte')}")
     try:
         _train_loop(net, text, offsets, rng, total, backups, cfg, log)
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.loader import DataLoader, default_workers
+from ..plurals import counted
 from ..precision import log_note as precision_log_note
 from ..processes import trace_start
 from ..validate import evaluate_classifier, evaluate_detector
@@ -94,9 +95,11 @@ class TrainingRun:
         log(self.files.base)
         log(f"Learning Rate: {o.learning_rate:g}, Momentum: {o.momentum:g}, Decay: {o.decay:g}")
         if plan.start_iteration:
-            log(f"Resuming at iteration {plan.start_iteration} ({net.seen} images seen) from "
+            log(f"Resuming at iteration {plan.start_iteration} ({counted(net.seen, 'image')} "
+                f"seen) from "
                 f"{plan.weights}; max_batches {o.max_batches}")
-        log(f"Training a {plan.task} on {len(plan.paths)} images, {net.images_per_iteration} "
+        log(f"Training a {plan.task} on {counted(len(plan.paths), 'image')}, "
+            f"{net.images_per_iteration} "
             f"per iteration"
             f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
             f"{'the CPU' if net.be.name == 'cpu' else net.be.name}"
@@ -320,5 +323,6 @@ class TrainingRun:
         result.iterations, result.seen = net.iteration, net.seen
         if result.losses:
             self.chart()
-        self.log(f"Saved {final} after {net.iteration} iterations ({net.seen} images)")
+        self.log(f"Saved {final} after {counted(net.iteration, 'iteration')} "
+                 f"({counted(net.seen, 'image')})")
         return result

@@ -17,6 +17,7 @@ from ..distributed.data_parallel import Ranks
 from ..files import OverwriteError, refuse_overwrite
 from ..layers.heads import is_fork_flavour
 from ..network import load_network
+from ..plurals import counted
 from ..predictions import detector_layers, output_layer
 from ..processes import trace_start
 from ..validate import check_valid_set, network_task
@@ -172,15 +173,17 @@ def _check_iterations(net, cfg, weights, max_batches, log):
     if net.seen % images_per_iteration:
         # Saved by a run with another batch size: start at the beginning of the iteration
         # `seen` falls in, so every update again comes after a whole batch.
-        log(f"darknet-py: note: {weights} has seen {net.seen} images, not a multiple of "
+        log(f"darknet-py: note: {weights} has seen {counted(net.seen, 'image')}, not a "
+            f"multiple of "
             f"this cfg's {images_per_iteration} per iteration; counting from "
             f"{net.iteration * images_per_iteration}")
         net.seen = net.iteration * images_per_iteration
     if net.iteration >= o.max_batches:
         raise TrainError(
-            f"{weights}: already trained for {net.iteration} iterations ({net.seen} "
-            f"images), and max_batches is {o.max_batches}: nothing to do. To train these "
-            f"weights again from iteration 0 add --clear; to train longer raise max_batches "
+            f"{weights}: already trained for {counted(net.iteration, 'iteration')} "
+            f"({counted(net.seen, 'image')}), and max_batches is {o.max_batches}: nothing to "
+            f"do. To train these weights again from iteration 0 add --clear; to train longer "
+            f"raise max_batches "
             f"(or give --max-batches N)")
 
 
