@@ -56,8 +56,8 @@ def prepare(net, seed=0):
 
 
 def sequence_rows(layers):
-    """The fewest rows a batch can have: one sequence of the longest time_steps of the
-    time-stepped layers (every batch must hold whole sequences), 1 without such layers."""
+    """The fewest rows a batch can have: one whole sequence for every time-stepped layer
+    (the least common multiple of their time_steps), 1 without such layers."""
     rows = 1
     for layer in layers:
         rows = math.lcm(rows, getattr(layer, "steps", 1))

@@ -167,7 +167,6 @@ def first_free_run(make_outputs, files=list, limit=10000):
                          f"there; choose an output or remove them")
 
 
-
 def file_identity(path):
     """What tells one version of a file from another: (device, inode, size, mtime), or
     None when nothing is there. An atomic write makes a new inode, so a file another

@@ -96,11 +96,9 @@ class TrainingRun:
         log(f"Learning Rate: {o.learning_rate:g}, Momentum: {o.momentum:g}, Decay: {o.decay:g}")
         if plan.start_iteration:
             log(f"Resuming at iteration {plan.start_iteration} ({counted(net.seen, 'image')} "
-                f"seen) from "
-                f"{plan.weights}; max_batches {o.max_batches}")
+                f"seen) from {plan.weights}; max_batches {o.max_batches}")
         log(f"Training a {plan.task} on {counted(len(plan.paths), 'image')}, "
-            f"{net.images_per_iteration} "
-            f"per iteration"
+            f"{net.images_per_iteration} per iteration"
             f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
             f"{'the CPU' if net.be.name == 'cpu' else net.be.name}"
             f"{f' x {net.replicas} ranks' if net.replicas > 1 else ''}; saving to "

@@ -174,8 +174,7 @@ def _check_iterations(net, cfg, weights, max_batches, log):
         # Saved by a run with another batch size: start at the beginning of the iteration
         # `seen` falls in, so every update again comes after a whole batch.
         log(f"darknet-py: note: {weights} has seen {counted(net.seen, 'image')}, not a "
-            f"multiple of "
-            f"this cfg's {images_per_iteration} per iteration; counting from "
+            f"multiple of this cfg's {images_per_iteration} per iteration; counting from "
             f"{net.iteration * images_per_iteration}")
         net.seen = net.iteration * images_per_iteration
     if net.iteration >= o.max_batches:
@@ -183,8 +182,7 @@ def _check_iterations(net, cfg, weights, max_batches, log):
             f"{weights}: already trained for {counted(net.iteration, 'iteration')} "
             f"({counted(net.seen, 'image')}), and max_batches is {o.max_batches}: nothing to "
             f"do. To train these weights again from iteration 0 add --clear; to train longer "
-            f"raise max_batches "
-            f"(or give --max-batches N)")
+            f"raise max_batches (or give --max-batches N)")
 
 
 def _claim_outputs(plan, map_eval, overwrite):

@@ -1,7 +1,7 @@
 """What stops training: TrainError (a problem found before training, or one it cannot go
 on from), Diverged (a NaN or infinite loss; the loop turns it into a TrainError, naming
-the cause when single_row_batch_norm finds one) and
-Stopped (a stop signal: SIGINT, SIGTERM or SIGHUP), and the signal handling behind it.
+the cause when single_row_batch_norm finds one) and Stopped (a stop signal: SIGINT,
+SIGTERM or SIGHUP), and the signal handling behind it.
 
 Schedulers and terminals signal the whole process group (GNU timeout, Slurm's scancel,
 Ctrl-C), or only the process they started. Either way the run ends the same: rank 0 saves
@@ -69,9 +69,9 @@ def single_row_batch_norm(net):
             what = ("1 row per time step (batch / subdivisions = 1)" if stepped else
                     "1 value per channel (batch / subdivisions = 1, 1x1 outputs)")
             return (f"{where}: layer {layer.index} [{layer.type}] batch-normalizes {what}: "
-                    f"the variance of a single row is 0/0, so the "
-                    f"loss is nan from the first iteration; raise batch= to 2 or more times "
-                    f"subdivisions, or set batch_normalize=0")
+                    f"the variance of a single row is 0/0, so the loss is nan from the first "
+                    f"iteration; raise batch= to 2 or more times subdivisions, or set "
+                    f"batch_normalize=0")
     return None
 
 
