@@ -8,6 +8,7 @@ three parts on their own, and with train=True a training step.
 With layers=True every layer is also timed on its own (forward, and backward when
 training), each layer's run fed with the outputs of the full pass before it.
 """
+import math
 import statistics
 
 import numpy as np
@@ -54,16 +55,41 @@ def prepare(net, seed=0):
     net.params_changed()
 
 
-def check_batch(cfg, batch, darknet=None):
-    """Refuse in one line a --batch that a time-stepped layer cannot split into its
-    time_steps (Darknet's batch of such a cfg is sequences x time_steps)."""
+def sequence_rows(layers):
+    """The fewest rows a batch can have: one whole sequence for every time-stepped layer
+    (the least common multiple of their time_steps), 1 without such layers."""
+    rows = 1
+    for layer in layers:
+        rows = math.lcm(rows, getattr(layer, "steps", 1))
+    return rows
+
+
+def bench_batch(cfg, batch=None, darknet=None):
+    """The batch to time: `batch`, or when not given the smallest that holds whole
+    sequences (1 for a cfg without time steps). A given batch that a time-stepped layer
+    cannot split into its time_steps (Darknet's batch of such a cfg is sequences x
+    time_steps) is refused in one line."""
     from .network import build_network
-    for layer in build_network(cfg, batch=batch, darknet=darknet).layers:
+    layers = build_network(cfg, batch=batch or 1, darknet=darknet).layers
+    if batch is None:
+        return sequence_rows(layers)
+    for layer in layers:
         steps = getattr(layer, "steps", 1)
         if batch % steps:
             raise BenchError(f"{cfg}: layer {layer.index} [{layer.type}] runs time_steps="
                              f"{steps}: give --batch a multiple of {steps} (--batch {steps} "
                              f"is one sequence), not {batch}")
+    return batch
+
+
+def parts_of_whole_sequences(net, parts=4):
+    """The rows of each of `parts` equal parts of the network's batch when each holds
+    whole sequences and the batch is big enough (32) for the split to be worth timing;
+    else None (a part that cuts a sequence cannot run its time steps)."""
+    batch = net.batch
+    if batch < 32 or batch % parts or (batch // parts) % sequence_rows(net.layers):
+        return None
+    return batch // parts
 
 
 def median_seconds(be, run, warmup, repeats):
@@ -132,9 +158,10 @@ def run_bench(net, train=False, layers=False, warmup=3, repeats=20, seed=0):
     result["forward_images_per_s"] = net.batch / forward_s
     if not engine:   # ONNX Runtime takes host arrays as they are: no copies to time apart
         result.update(forward_parts(net, x, warmup, repeats))
-    if not engine and net.batch >= 32 and net.batch % 4 == 0:   # the copies behind the layers
+    part = None if engine else parts_of_whole_sequences(net)
+    if part:   # the copies of one part behind the layers of another
         batch = net.batch
-        in_parts_s = median_seconds(be, lambda: net.predict_in_parts(x, batch // 4), warmup,
+        in_parts_s = median_seconds(be, lambda: net.predict_in_parts(x, part), warmup,
                                     repeats)
         result["forward_in_parts_ms"] = 1e3 * in_parts_s
         net.set_batch(batch)

@@ -31,6 +31,7 @@ from .export.command import (EXPORT_HELP, engine_option, export_options, load_wi
                              run_export)
 from .files import atomic_output, first_free_run, run_numbered, write_text_atomically
 from .network import DARKNET_FLAVOURS, build_network, load_network
+from .plurals import counted
 from .predictions import check_names
 from .weights import floats_needed
 
@@ -729,7 +730,7 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
     labels = training_label_rows(data)   # (rows, classes): read once for both files
     anchors, boxes = compute_anchors(data, seed=seed, labels=labels, **settings)
     click.echo(format_anchors(anchors))
-    click.echo(f"{len(boxes)} boxes; mean IoU of a box with its best anchor: "
+    click.echo(f"{counted(len(boxes), 'box', 'boxes')}; mean IoU of a box with its best anchor: "
                f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
     written = []
     if counts_out is not None:
@@ -755,7 +756,8 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
                    "labels) or the AlexeyAB fork's (the label file beside the image).")
 def check_command(data, picture, darknet):
     """Report what the .data file DATA's train and valid lists hold: images (and missing
-    ones), label files, boxes per class, and every label problem by file and line
+    ones, and those whose header says they cannot be decoded: an empty file, a text file
+    named .jpg), label files, boxes per class, and every label problem by file and line
     (pixel coordinates, values outside 0-1, class ids out of range, malformed lines).
     Exit code 0 when nothing is wrong, 1 when problems were found."""
     from .dataset_check import check_dataset
@@ -772,8 +774,9 @@ def check_command(data, picture, darknet):
 
 @cli.command("bench", short_help="Time a network: forward, training step, per layer.")
 @click.argument("cfg")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Images per forward.")
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Images per forward; a recurrent cfg's, whole sequences of time_steps rows "
+                   "each.  [default: 1, or one sequence for a recurrent cfg]")
 @click.option("--train", is_flag=True,
               help="Also time a training step (forward, backward, update) on random truth.")
 @click.option("--layers", is_flag=True,
@@ -798,8 +801,8 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     backend knows it (the GPU). Times come from the backend: CUDA events on the GPU, the
     wall clock on the CPU.
     """
-    from .bench import check_batch, format_report, prepare, run_bench
-    check_batch(cfg, batch, darknet)
+    from .bench import bench_batch, format_report, prepare, run_bench
+    batch = bench_batch(cfg, batch, darknet)
     if json_file is not None:
         claim_outputs([json_file], overwrite)   # before the work, not after
     if engine != "numpy" and (train or layers):

@@ -1,7 +1,8 @@
 """`darknet-py check DATA`: what a detector dataset holds and what is wrong with it, before
 a training run finds out: images and label files of the train and valid lists, boxes per
-class, every label problem by file and line (data/check.py), missing images, and a labels
-overview picture (boxes per class, box centres, box sizes).
+class, every label problem by file and line (data/check.py), missing images and those whose
+header says they cannot be decoded, and a labels overview picture (boxes per class, box
+centres, box sizes).
 """
 import os
 from collections import Counter
@@ -11,6 +12,8 @@ from .data.check import (LabelProblem, LabelReport, label_location_line, problem
 from .data.config import DataError, load_data_config
 from .data.labels import classifier_label_index
 from .files import atomic_output
+from .image import header_problem
+from .plurals import counted
 
 
 def is_classifier_data(config):
@@ -36,6 +39,18 @@ def missing_images(paths):
     return [p for p in paths if not os.path.isfile(p)]
 
 
+def unreadable_images(paths):
+    """[(path, why)] for the images whose header says they cannot be decoded (an empty
+    file, a text file named .jpg): training would skip them. Only the headers are read, so
+    a list of thousands is checked in a moment."""
+    found = []
+    for path in paths:
+        why = header_problem(path)
+        if why is not None:
+            found.append((path, why))
+    return found
+
+
 def check_dataset(data, picture=None, log=print, warn=print, darknet="original"):
     """Report on DATA's train and valid lists (detector labels found by the label-path
     rule of the Darknet of flavour `darknet`, see data.labels.find_label_file); write the
@@ -53,6 +68,8 @@ def check_dataset(data, picture=None, log=print, warn=print, darknet="original")
             continue
         paths = config.train_paths() if what == "train" else config.valid_paths()
         absent = missing_images(paths)
+        missing = set(absent)
+        unreadable = unreadable_images([p for p in paths if p not in missing])
         report = (classifier_report(paths, config.labels) if is_classifier_data(config)
                   else scan_labels(paths, config.classes, darknet))
         if not is_classifier_data(config):
@@ -61,16 +78,22 @@ def check_dataset(data, picture=None, log=print, warn=print, darknet="original")
             if located is not None:
                 warn(located)
         reports[what] = report
-        log(f"{what}: {path}: {len(paths)} images ({len(absent)} missing)" +
-            ("" if is_classifier_data(config) else f", {report.label_files} label files "
-             f"({report.empty_files} empty), {report.boxes} boxes"))
+        log(f"{what}: {path}: {counted(len(paths), 'image')} ({len(absent)} missing"
+            f"{f', {len(unreadable)} unreadable' if unreadable else ''})" +
+            ("" if is_classifier_data(config) else
+             f", {counted(report.label_files, 'label file')} ({report.empty_files} empty), "
+             f"{counted(report.boxes, 'box', 'boxes')}"))
         for image in absent[:10]:
             warn(f"{image}: image not found (listed in {path})")
         if len(absent) > 10:
-            warn(f"... and {len(absent) - 10} more images not found")
+            warn(f"... and {counted(len(absent) - 10, 'more image')} not found")
+        for image, why in unreadable[:10]:
+            warn(f"{image}: {why}; training skips it (listed in {path})")
+        if len(unreadable) > 10:
+            warn(f"... and {counted(len(unreadable) - 10, 'more unreadable image')}")
         for line in problem_lines(report):
             warn(line)
-        problems += len(absent) + len(report.problems)
+        problems += len(absent) + len(unreadable) + len(report.problems)
     if not reports:
         raise DataError(f"{data}: neither list could be read")
     log(f"{'class':>5}  {'name':<20}" + "".join(f"{what:>8}" for what in reports))

@@ -18,6 +18,7 @@ backward may touch net.delta outside the plan's rules) and every layer such a la
 refers to, layers at or below a stopbackward (the backward never reaches them), and all of
 them in the fork's CPU flavour (its passes keep adding to some deltas, Layer.fork_train).
 """
+import bisect
 from dataclasses import dataclass, field
 
 from .layers.base import Layer
@@ -123,21 +124,85 @@ def plan_deltas(layers, share=True):
 
 def place_in_arrays(intervals, floats):
     """(buffer_of, buffer_floats): layers placed in shared arrays by their time intervals
-    ({layer index: tuple of (low, high)}), largest first (floats: per layer): each goes to
-    the first array whose users' intervals it meets none of, or a new one, so an array's
-    size is its first user's. The delta and output plans' colouring."""
-    buffer_of, buffer_floats, users = {}, [], []   # users: per array, the intervals in it
+    ({layer index: tuple of (low, high)}, low <= high, both ends live), largest first
+    (floats: per layer): each goes to the first array whose users' intervals it meets none
+    of, or a new one, so an array's size is its first user's. The delta and output plans'
+    colouring.
+
+    The intervals of an array's users never meet, so each array keeps them sorted
+    (ArrayTimes) and tells whether an interval meets one of them in a bisection, not a scan
+    of all of them: the plan of a 20,000-layer network takes a moment, not minutes."""
+    buffer_of, buffer_floats, arrays = {}, [], []
     for i in sorted(intervals, key=lambda i: (-floats[i], i)):
-        for number, taken in enumerate(users):
-            if all(high < a or b < low for low, high in intervals[i] for a, b in taken):
-                break
-        else:
-            number = len(users)
-            users.append([])
+        mine = merged(intervals[i])
+        number = next((n for n, times in enumerate(arrays) if not times.meets(mine)), None)
+        if number is None:
+            number = len(arrays)
+            arrays.append(ArrayTimes())
             buffer_floats.append(floats[i])
-        users[number].extend(intervals[i])
+        arrays[number].add(mine)
         buffer_of[i] = number
     return buffer_of, buffer_floats
+
+
+def merged(intervals):
+    """The same steps as `intervals` in disjoint intervals, sorted (an array's users'
+    intervals must not meet one another, a layer's own included)."""
+    out = []
+    for low, high in sorted(intervals):
+        if low > high:
+            raise ValueError(f"interval ({low}, {high}): low > high")
+        if out and low <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], high)
+        else:
+            out.append([low, high])
+    return out
+
+
+class ArrayTimes:
+    """The steps at which one shared array is in use: disjoint intervals sorted by their
+    start (so their ends are sorted too), in chunks of at most 2 * CHUNK so that an
+    insertion moves a chunk's entries, not all of them."""
+    CHUNK = 256
+
+    def __init__(self):
+        self.firsts = []   # each chunk's first start
+        self.chunks = []   # [(starts, ends)]
+
+    def _reach(self, step):
+        """The end of the last interval starting at or before `step` (None: none does)."""
+        c = bisect.bisect_right(self.firsts, step) - 1
+        if c < 0:
+            return None
+        lows, highs = self.chunks[c]
+        return highs[bisect.bisect_right(lows, step) - 1]
+
+    def meets(self, intervals):
+        """Whether any of `intervals` shares a step with one in use: the last interval
+        starting at or before an interval's end is the one that reaches furthest."""
+        for low, high in intervals:
+            reach = self._reach(high)
+            if reach is not None and reach >= low:
+                return True
+        return False
+
+    def add(self, intervals):
+        for low, high in intervals:
+            if not self.chunks:
+                self.firsts.append(low)
+                self.chunks.append(([low], [high]))
+                continue
+            c = max(bisect.bisect_right(self.firsts, low) - 1, 0)
+            lows, highs = self.chunks[c]
+            at = bisect.bisect_right(lows, low)
+            lows.insert(at, low)
+            highs.insert(at, high)
+            self.firsts[c] = lows[0]
+            if len(lows) > 2 * self.CHUNK:
+                half = self.CHUNK
+                self.chunks[c:c + 1] = [(lows[:half], highs[:half]),
+                                        (lows[half:], highs[half:])]
+                self.firsts.insert(c + 1, lows[half])
 
 
 def share_delta_arrays(layers, be, batch, share):

@@ -166,3 +166,64 @@ def first_free_run(make_outputs, files=list, limit=10000):
     raise OverwriteError(f"{files(make_outputs(1))[0]}: {limit} earlier runs' outputs are "
                          f"there; choose an output or remove them")
 
+
+def file_identity(path):
+    """What tells one version of a file from another: (device, inode, size, mtime), or
+    None when nothing is there. An atomic write makes a new inode, so a file another
+    process wrote under the same name since has another identity."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class OutputClaims:
+    """The outputs a long run (training) claimed at its start, followed until it ends: a
+    file that appears or changes under one of their names meanwhile (a second run writing
+    to the same directory) is not the run's to replace. Such a name's writes go to the
+    first free numbered name beside it (yolov3_final-2.weights), said once in one line."""
+
+    def __init__(self, log=print):
+        self.log = log
+        self._replaceable = {}   # path -> the identity the run may replace (None: absent)
+        self._moved = {}         # a claimed name -> the name its writes go to instead
+
+    def claim(self, paths):
+        """Take `paths` as they are now (checked already: absent, or the run's to replace,
+        such as the backup it continues from or a file --overwrite replaces)."""
+        for path in paths:
+            self._replaceable[os.path.abspath(path)] = file_identity(path)
+
+    def where(self, path):
+        """The name `path`'s writes go to: itself, unless it was taken by someone else."""
+        return self._moved.get(os.path.abspath(path), os.fspath(path))
+
+    def _ours(self, path):
+        identity = file_identity(path)
+        return identity is None or identity == self._replaceable.get(os.path.abspath(path))
+
+    def target(self, path):
+        """The name to write `path` to now: `path` when nothing is there or what is there
+        is the run's own (claimed at the start, or written by the run); else the name it
+        moved to (found now, and said in one line, when this is the first such write)."""
+        key = os.path.abspath(path)
+        current = self.where(path)
+        if self._ours(current):
+            return current
+        for run in range(2, 10000):
+            other = run_numbered(os.fspath(path), run)
+            if other != current and file_identity(other) is None:
+                break
+        else:
+            raise OverwriteError(f"{path}: 10000 numbered names beside it are taken; "
+                                 f"not replacing files this run did not write")
+        self.log(f"darknet-py: warning: {current}: written by someone else since this run "
+                 f"started (another run with the same output directory?); not replacing it, "
+                 f"writing {other} instead")
+        self._moved[key] = other
+        return other
+
+    def wrote(self, path):
+        """Record the file the run has just written, which it may then replace."""
+        self._replaceable[os.path.abspath(path)] = file_identity(path)

@@ -80,6 +80,33 @@ def _truncated_jpeg(data):
     return scan >= 0 and data.find(b"\xff\xd9", scan) < 0
 
 
+# What header_problem reads of a file: a JPEG's size comes after its EXIF block (64 KiB
+# at most), the other formats' within the first 26 bytes.
+HEADER_BYTES = 1 << 16
+
+
+def header_problem(path):
+    """Why an image file cannot be decoded, judged from its header alone (fast: the first
+    HEADER_BYTES and OpenCV's signature test, no decoding), or None when it looks like an
+    image OpenCV reads. decode_image refuses all of these too; a file whose image data is
+    damaged further on passes here and is found only by decoding it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except OSError as e:
+        return f"cannot read the file ({e.strerror or e})"
+    if not head:
+        return "the image file is empty"
+    if not _cv2().haveImageReader(os.fspath(path)):
+        return "not an image (no decoder knows its first bytes)"
+    size = image_size(head)
+    if size is not None and (size[0] < 1 or size[1] < 1 or
+                             size[0] * size[1] > MAX_IMAGE_PIXELS):
+        return (f"the image header claims {size[0]} x {size[1]} pixels; images of 1 to "
+                f"{MAX_IMAGE_PIXELS // 2**20} million pixels are read")
+    return None
+
+
 _FD2_LOCK = threading.Lock()
 _fd2_sink = None   # one temporary file per process, emptied before each use
 

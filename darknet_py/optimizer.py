@@ -2,6 +2,8 @@
 AlexeyAB fork's sgdr (cosine annealing with warm restarts)."""
 import math
 
+from .plurals import counted
+
 POLICIES = ("constant", "step", "steps", "exp", "poly", "sigmoid", "random", "sgdr")
 
 
@@ -23,7 +25,8 @@ def read_policy(s):
         if steps is None or scales is None:
             raise s.error("policy=steps needs both steps= and scales=", "policy")
         if len(steps) != len(scales):
-            raise s.error(f"{len(steps)} steps but {len(scales)} scales", "scales")
+            raise s.error(f"{counted(len(steps), 'step')} but {counted(len(scales), 'scale')}",
+                          "scales")
         p["steps"], p["scales"] = steps, scales
     elif name == "exp":
         p["gamma"] = s.get_float("gamma", 1.0)

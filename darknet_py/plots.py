@@ -3,6 +3,8 @@ confusion matrix and a dataset's labels overview. Each function returns a BGR ui
 """
 import numpy as np
 
+from .plurals import counted
+
 WHITE, BLACK, GREY, BLUE = (255, 255, 255), (0, 0, 0), (200, 200, 200), (180, 100, 30)
 FONT_SCALE = 0.45
 
@@ -145,7 +147,8 @@ def labels_overview_picture(per_class, names, boxes):
             area[mask] = np.stack([np.full_like(shade, 200), shade, shade // 2 + 60],
                                   axis=-1)[mask]
             cv2.rectangle(img, (x0, 50), (x0 + 330, 380), BLACK, 1)
-    _text(img, f"centres and sizes of the {len(boxes)} boxes with 0-1 coordinates",
+    _text(img, f"centres and sizes of the {counted(len(boxes), 'box', 'boxes')} with 0-1 "
+               f"coordinates",
           (1380 // 2, 500), 0.5, anchor="centre")
     return img
 

@@ -17,6 +17,7 @@ from .errors import DarknetWarning
 from .image import ImageError, from_bgr, letterbox, load_image, match_channels, resize_image
 from .layers.heads import is_fork_flavour
 from .names import find_names, read_names
+from .plurals import counted
 from .tree import hierarchy_predictions
 
 DETECTOR_TYPES = ("yolo", "region", "detection", "gaussian_yolo")
@@ -93,7 +94,8 @@ def check_names(names, classes, *beside, warn_missing=True):
               file=sys.stderr)
         return read_names(found)
     if len(names) != classes:
-        warnings.warn(f"{len(names)} class names given, but the network has {classes} classes"
+        warnings.warn(f"{counted(len(names), 'class name')} given, but the network has "
+                      f"{counted(classes, 'class', 'classes')}"
                       + ("; the others are shown as numbers" if len(names) < classes else ""),
                       NamesWarning, stacklevel=2)
     return names

@@ -15,6 +15,7 @@ byte is drawn from the softmax at temperature T after zeroing probabilities belo
 (Darknet's sample_array: subtract the probabilities from a uniform draw in order and take
 the byte where it falls to 0 or below).
 """
+import glob
 import os
 import sys
 import time
@@ -23,9 +24,11 @@ import numpy as np
 
 from .cfg import parse_cfg
 from .errors import DarknetError
-from .files import check_input_file, refuse_overwrite
+from .files import OutputClaims, check_input_file, refuse_overwrite
 from .network import Network, load_network, weights_flavour
+from .plurals import counted
 from .backends import get_backend
+from .training.stops import single_row_batch_norm
 
 RESET_CHANCE = 64            # a stream jumps to a new offset once in 64 iterations
 BACKUP_EVERY = 100           # <cfg>.backup
@@ -81,15 +84,23 @@ def text_batch(text, offsets, alphabet, steps):
 class Backups:
     """Where `rnn train` writes: <dir>/<cfg>.backup, <cfg>_<i>.weights, <cfg>_final.weights."""
 
-    def __init__(self, cfg, directory, overwrite):
+    def __init__(self, cfg, directory, overwrite, log=print):
         self.base = os.path.join(directory, os.path.splitext(os.path.basename(cfg))[0])
         self.overwrite = overwrite
         os.makedirs(directory, exist_ok=True)
-        refuse_overwrite([self.base + ".backup", self.base + "_final.weights"], overwrite)
+        claimed = [self.base + ".backup", self.base + "_final.weights"]
+        refuse_overwrite(claimed, overwrite)
+        if overwrite:   # the numbered weights of an earlier run too
+            claimed += glob.glob(glob.escape(self.base) + "_[0-9]*.weights")
+        # What is there now is this run's to replace; a file that appears under one of
+        # its names later is not (save writes beside it).
+        self.claims = OutputClaims(log)
+        self.claims.claim(claimed)
 
     def save(self, net, name, log):
-        path = f"{self.base}{name}"
+        path = self.claims.target(f"{self.base}{name}")
         net.save_weights(path)
+        self.claims.wrote(path)
         log(f"saved {path}")
         return path
 
@@ -105,6 +116,9 @@ def load_for_training(cfg, weights, clear, seed, device, darknet):
         print(f"darknet-py: warning: {cfg}: layer {frozen[0].index} [{frozen[0].type}] never "
               f"updates its weights in the {net.darknet} Darknet, and here neither (see "
               f"docs/rnn.md)", file=sys.stderr)
+    cause = single_row_batch_norm(net)
+    if cause:
+        print(f"darknet-py: warning: {cause}", file=sys.stderr)
     return net
 
 
@@ -115,17 +129,19 @@ def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=No
     net = load_for_training(cfg, weights, clear, seed, device, darknet)
     alphabet, steps = net.inputs, net.options.time_steps
     text = read_text(text_path, alphabet)
-    backups = Backups(cfg, backup_dir, overwrite)
+    backups = Backups(cfg, backup_dir, overwrite, log)
     rng = np.random.default_rng(seed)
     streams = net.batch // steps
     offsets = rng.integers(0, text.size, streams)
     total = max_batches or net.options.max_batches
     if total <= net.iteration:
         raise TextError(f"{cfg}: max_batches={total} is already reached (the weights have "
-                        f"{net.iteration} iterations); give --max-batches or --clear")
+                        f"{counted(net.iteration, 'iteration')}); give --max-batches or "
+                        f"--clear")
     log(f"{cfg}: learning rate {net.options.learning_rate:g}, momentum "
         f"{net.options.momentum:g}, decay {net.options.decay:g}, inputs {alphabet}, "
-        f"{streams} streams x {steps} steps, text {text_path}: {text.size} bytes")
+        f"{counted(streams, 'stream')} x {counted(steps, 'step')}, text {text_path}: "
+        f"{counted(text.size, 'byte')}")
     try:
         _train_loop(net, text, offsets, rng, total, backups, cfg, log)
     except KeyboardInterrupt:
@@ -147,8 +163,10 @@ def _train_loop(net, text, offsets, rng, total, backups, cfg, log):
         x, y = text_batch(text, offsets, alphabet, steps)
         loss = net.train_pass(x, y) / len(x)
         if not np.isfinite(loss):
-            raise TextError(f"iteration {i}: the loss is {loss} (diverged); lower "
-                            f"learning_rate in {cfg}; the last backup is kept")
+            cause = single_row_batch_norm(net)
+            advice = (f"the cause: {cause}" if cause else f"lower learning_rate in {cfg}")
+            raise TextError(f"iteration {i}: the loss is {loss} (diverged); {advice}; the "
+                            f"last backup is kept")
         avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
         wall = time.time() - tick
         eta = (time.time() - start) / max(1, net.iteration - first) * (total - net.iteration)

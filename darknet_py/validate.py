@@ -36,6 +36,7 @@ from .export.engine import load_with_engine
 from .files import write_text_atomically
 from .image import ImageError, load_image
 from .network import load_network
+from .plurals import counted
 from .predictions import detect, detector_layers, output_layer
 from .tree import hierarchy_predictions
 
@@ -72,8 +73,10 @@ def check_valid_images(paths, list_path, warn=None):
                               f"are missing, the first {_where(missing[0])} (listed in "
                               f"{list_path})")
     if missing and warn is not None:
-        warn(f"{len(missing)} of the {len(paths)} valid images are missing (the first: "
-             f"{_where(missing[0])}); they are skipped")
+        one = len(missing) == 1
+        warn(f"{len(missing)} of the {counted(len(paths), 'valid image')} "
+             f"{'is' if one else 'are'} missing (the first: {_where(missing[0])}); "
+             f"{'it is' if one else 'they are'} skipped")
 
 
 def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None,
@@ -645,7 +648,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
         k = top if top is not None else (config.top if config.top > 1 else 5)
         result = evaluate_classifier(net, paths, config.labels, config.classes, k=k,
                                      log=None)
-        log(f"{result.images} images: top 1: {result.top1:f}, top {result.k}: "
+        log(f"{counted(result.images, 'image')}: top 1: {result.top1:f}, top {result.k}: "
             f"{result.topk:f}")
     else:
         classes = detector_layers(net)[-1].classes
@@ -662,7 +665,7 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
                                    on_image=writer.add if writer is not None else None)
         for line in result.per_class_lines():
             log(line)
-        log(f"{result.images} images")
+        log(counted(result.images, "image"))
         if writer is not None:
             written = writer.write()
             log(f"Results: {len(written) - 1} {COMP4_PREFIX}<class>.txt files and "

@@ -19,6 +19,7 @@ from .errors import DarknetError, UsageError
 from .files import (OverwriteError, atomic_output, first_free_run, refuse_overwrite,
                     run_numbered)
 from .network import load_network
+from .plurals import counted
 from .predictions import _label, check_names, default_thresh, detector_layers, draw_detections
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".webm", ".wmv")
@@ -136,7 +137,7 @@ def run_video(net, source, out=None, thresh=0.5, hier=0.5, nms=0.45, names=None,
             result.out = out
     finally:
         capture.release()
-    log(f"{result.frames} frames in {result.seconds:.1f} s ({result.fps:.1f} FPS)"
+    log(f"{counted(result.frames, 'frame')} in {result.seconds:.1f} s ({result.fps:.1f} FPS)"
         f"{'; interrupted' if result.interrupted else ''}"
         f"{f'; wrote {out}' if result.out else ''}")
     return result
@@ -224,5 +225,6 @@ def detect_video_command(cfg, weights, inputs, camera, out, json_file, settings,
                        on_frame=lambda index, dets: frames.append((index, dets)))
     if json_file is not None:
         write_frames_json(json_file, source, result, frames, names, settings)
-        click.echo(f"darknet-py: wrote {json_file} (detections of {len(frames)} frames)",
+        click.echo(f"darknet-py: wrote {json_file} (detections of "
+                   f"{counted(len(frames), 'frame')})",
                    err=True)

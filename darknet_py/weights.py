@@ -16,6 +16,7 @@ import numpy as np
 from .errors import DarknetError, DarknetWarning
 from .files import atomic_output, check_input_file
 from .layers.convolutional import ConvolutionalLayer
+from .plurals import counted
 
 
 # The AlexeyAB fork writes its weights headers as 0.2.5 (the original, and converters, 0.2.0).
@@ -178,7 +179,8 @@ def _write_layer(net, layer, data, pos, transpose, check_finite_in=None):
         if check_finite_in and not np.isfinite(values).all():
             warnings.warn(WeightsWarning(
                 f"{check_finite_in}: layer {layer.index} [{layer.type}] {name}: "
-                f"{int((~np.isfinite(values)).sum())} of {values.size} values are NaN or "
+                f"{int((~np.isfinite(values)).sum())} of {counted(values.size, 'value')} "
+                f"{'is' if (~np.isfinite(values)).sum() == 1 else 'are'} NaN or "
                 f"infinite (weights saved from a diverged run?)"), stacklevel=3)
         shape = _connected_shape(layer, name, arr) if transpose else None
         if shape:
@@ -212,7 +214,7 @@ class ClassCountLayout:
         first = min(self.head_convs)
         return (f"To fine-tune from it, train with --weights {path} (the layers that match "
                 f"are loaded; Python: load_network(..., transfer=True)), or cut the "
-                f"{first} layers before the first difference: `darknet-py partial "
+                f"{counted(first, 'layer')} before the first difference: `darknet-py partial "
                 f"{net.path} {path} OUT {first}`")
 
 
@@ -224,8 +226,9 @@ class TransferReport:
     not_loaded: list
 
     def lines(self, path):
-        return [f"{path}: weights trained for {self.classes} classes; loaded the "
-                f"{len(self.loaded)} layers whose shapes match ({_index_list(self.loaded)})",
+        return [f"{path}: weights trained for {counted(self.classes, 'class', 'classes')}; "
+                f"loaded the {counted(len(self.loaded), 'layer')} whose shapes match "
+                f"({_index_list(self.loaded)})",
                 f"layers {_index_list(self.not_loaded)} differ in shape and start from "
                 f"random values (Darknet's initialisation)"]
 

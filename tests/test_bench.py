@@ -139,8 +139,9 @@ def test_bench_prepare_sets_inner_batch_norm_statistics(tmp_path):
 def test_bench_refuses_a_batch_that_does_not_split_into_time_steps(tmp_path):
     cfg = tmp_path / "rnn.cfg"
     cfg.write_text(RECURRENT_CFG.format(kind="rnn"))
-    r = run_in_process(["bench", cfg, "--device", "cpu", "--repeats", "1", "--warmup", "0"])
+    r = run_in_process(["bench", cfg, "--device", "cpu", "--batch", "6", "--repeats", "1",
+                        "--warmup", "0"])
     assert r.code == 2 and "Traceback" not in r.err
     assert r.err.strip().splitlines() == [
         f"darknet-py: error: {cfg}: layer 0 [rnn] runs time_steps=4: give --batch a multiple "
-        f"of 4 (--batch 4 is one sequence), not 1"]
+        f"of 4 (--batch 4 is one sequence), not 6"]

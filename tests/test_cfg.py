@@ -110,7 +110,7 @@ def test_missing_input_size():
 
 def test_steps_policy_needs_matching_scales():
     e = error_of(NET + "policy=steps\nsteps=10,20\nscales=.1\n[conv]\n")
-    assert e.key == "scales" and "2 steps but 1 scales" in str(e)
+    assert e.key == "scales" and "2 steps but 1 scale" in str(e)
 
 
 def test_missing_file():

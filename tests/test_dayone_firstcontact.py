@@ -146,8 +146,8 @@ def test_train_map_warns_about_some_missing_valid_images_and_runs(tmp_path, dete
     r = run_in_process(["train", cfg, data, "--map", "--max-batches", "1", "--device", "cpu",
                         "--workers", "0"], cwd=tmp_path)
     assert r.code == 0, r
-    assert (f"darknet-py: warning: 1 of the 3 valid images are missing (the first: "
-            f"{root}/images/valid/000001.png); they are skipped") in r.err
+    assert (f"darknet-py: warning: 1 of the 3 valid images is missing (the first: "
+            f"{root}/images/valid/000001.png); it is skipped") in r.err
 
 
 # ---- map's progress line -----------------------------------------------------------------

@@ -69,16 +69,16 @@ def test_scan_names_every_kind_by_file_and_line(tmp_path):
                              "are relative: divide x and w by the image width, y and h by its "
                              "height (each 0-1)") for line in lines), lines
     assert lines[-1] == ("labels of 7 images: 6 boxes (3 lines not counted); 1 class id out "
-                         "of range; 1 malformed line; 1 label file not found; 1 coordinates "
-                         "look like pixels (YOLO labels are 0-1); 2 coordinates outside 0-1; 1 "
-                         "zero or negative box size")
+                         "of range; 1 malformed line; 1 label file not found; 1 box whose "
+                         "coordinates look like pixels (YOLO labels are 0-1); 2 boxes with "
+                         "coordinates outside 0-1; 1 box of zero or negative size")
     refuse_pixel_labels(report)   # 1 of 9: a warning, not a refusal
 
 
 def test_many_problems_are_capped_and_counted(tmp_path):
     make_dataset(tmp_path, ["0 1.3 .5 .1 .1\n" * 25])
     lines = problem_lines(scan_labels([str(tmp_path / "img0.png")], 2))
-    assert len(lines) == 12 and lines[10] == "... and 15 more: coordinates outside 0-1"
+    assert len(lines) == 12 and lines[10] == "... and 15 more boxes with coordinates outside 0-1"
     assert lines[9].endswith("img0.txt:10: x=1.3 y=.5 w=.1 h=.1: outside 0-1 (Darknet clips "
                              "the box to the image)")
 
@@ -118,8 +118,8 @@ def test_anchors_warns_about_a_stray_pixel_box_and_refuses_pixel_datasets(tmp_pa
     assert warnings[0].endswith("img2.txt:1: x=22 y=63 w=24 h=16 look like pixels; YOLO labels "
                                 "are relative: divide x and w by the image width, y and h by "
                                 "its height (each 0-1)")
-    assert warnings[1].endswith("labels of 3 images: 7 boxes; 1 coordinates look like pixels "
-                                "(YOLO labels are 0-1)")
+    assert warnings[1].endswith("labels of 3 images: 7 boxes; 1 box whose coordinates look "
+                                "like pixels (YOLO labels are 0-1)")
     (tmp_path / "x").mkdir()
     bad = make_dataset(tmp_path / "x", ["0 22 63 24 16\n", "1 40 10 8 8\n"])
     r = run_in_process(["anchors", bad, "--num", "2"])
@@ -176,7 +176,7 @@ def test_check_counts_a_malformed_line_in_no_total(tmp_path):
         f"darknet-py: warning: {tmp_path}/img2.txt:1: expected a whole class id and 4 numbers, "
         f"got '0 .5 .5 .1 oops'",
         "darknet-py: warning: labels of 3 images: 3 boxes (2 lines not counted); 2 malformed "
-        "line"], r
+        "lines"], r
 
 
 def test_check_of_a_sound_dataset_exits_0(tmp_path):

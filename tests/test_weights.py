@@ -184,7 +184,7 @@ def test_nan_and_inf_weights_load_with_a_warning_naming_the_layer(tmp_path):
         load_weights(make_net(), path)
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2
-    assert "layer 1 [convolutional] weights: 1 of 6 values are NaN or infinite" in messages[0]
+    assert "layer 1 [convolutional] weights: 1 of 6 values is NaN or infinite" in messages[0]
     assert "layer 2 [connected]" in messages[1] and str(path) in messages[1]
 
 

@@ -4,6 +4,7 @@ import sys
 import numpy as np
 
 from .check import check_detector_dataset
+from ..plurals import counted
 from .config import DataError, load_data_config
 from .labels import MissingLabelFile, label_path, read_image_labels
 
@@ -26,7 +27,7 @@ def kmeans_anchors(boxes_wh, k, seed=0, max_iter=300):
         raise ValueError(f"k must be positive, got {k}")
     distinct = len(np.unique(boxes, axis=0))
     if distinct < k:
-        raise DataError(f"cannot make {k} anchors from {distinct} distinct box sizes")
+        raise DataError(f"cannot make {k} anchors from {counted(distinct, 'distinct box size')}")
     rng = np.random.default_rng(seed)
     centroids = np.empty((k, 2))
     centroids[0] = boxes[rng.integers(len(boxes))]
@@ -79,7 +80,8 @@ def training_label_rows(data_path):
             continue
         rows.append(np.column_stack([b[:, 4], b[:, 0:4]]))
     if missing:
-        print(f"darknet-py: warning: {len(missing)} of {len(paths)} training images have no label "
+        print(f"darknet-py: warning: {len(missing)} of {counted(len(paths), 'training image')} "
+              f"{'has' if len(missing) == 1 else 'have'} no label "
               f"file (first: {label_path(missing[0])})", file=sys.stderr)
     rows = np.concatenate(rows) if rows else np.zeros((0, 5))
     return rows.astype(np.float64), config.classes

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import DataError, _read_text
+from ..plurals import counted
 from .labels import RULE_NAMES, find_label_file, is_fork_rule, label_candidates
 
 # A coordinate this far past 1 is not a rounding slip at the image border: it is pixels.
@@ -26,15 +27,18 @@ SHOWN_PER_KIND = 10
 FIX_PIXELS = ("YOLO labels are relative: divide x and w by the image width, y and h by "
               "its height (each 0-1)")
 
+# Each kind's noun, singular and plural, for the counts ("1 malformed line").
 KINDS = {
-    "pixels": "coordinates look like pixels (YOLO labels are 0-1)",
-    "range": "coordinates outside 0-1",
-    "class": "class id out of range",
-    "size": "zero or negative box size",
-    "format": "malformed line",
-    "missing": "label file not found",
-    "unreadable": "label file unreadable",
-    "path": "image path names no class, or several (a classifier's label)",
+    "pixels": ("box whose coordinates look like pixels (YOLO labels are 0-1)",
+               "boxes whose coordinates look like pixels (YOLO labels are 0-1)"),
+    "range": ("box with coordinates outside 0-1", "boxes with coordinates outside 0-1"),
+    "class": ("class id out of range", "class ids out of range"),
+    "size": ("box of zero or negative size", "boxes of zero or negative size"),
+    "format": ("malformed line", "malformed lines"),
+    "missing": ("label file not found", "label files not found"),
+    "unreadable": ("unreadable label file", "unreadable label files"),
+    "path": ("image path names no class, or several (a classifier's label)",
+             "image paths name no class, or several (a classifier's label)"),
 }
 # Problems whose line is still a box of its class (Darknet clips it to the image): counted
 # in the boxes and per class. A malformed line, a class id out of range and a box without
@@ -174,17 +178,18 @@ def label_location_line(report):
     places = "; ".join(f"{count} by {RULE_NAMES[rule]}, e.g. {report.first_elsewhere[rule][1]}"
                        for rule, count in report.found_elsewhere.most_common())
     missing = report.count("missing")
-    return (f"labels: {moved} of {report.images} images have no label file where "
-            f"{RULE_NAMES[own]} looks; found {places}; reading those; {missing} image"
-            f"{' has' if missing == 1 else 's have'} no label file anywhere")
+    return (f"labels: {moved} of {counted(report.images, 'image')} "
+            f"{'has' if moved == 1 else 'have'} no label file where {RULE_NAMES[own]} looks; "
+            f"found {places}; reading those; {counted(missing, 'image')} "
+            f"{'has' if missing == 1 else 'have'} no label file anywhere")
 
 
 def refuse_no_label_files(report, what="training"):
     """DataError when not one image of a detector list has a label file anywhere."""
     if report.images and not report.label_files and report.looked_for:
         where = ", ".join(f"{path} ({RULE_NAMES[rule]})" for rule, path in report.looked_for)
-        raise DataError(f"none of the {report.images} {what} images has a label file; for "
-                        f"the first image they were looked for at {where}")
+        raise DataError(f"none of the {counted(report.images, f'{what} image')} has a label "
+                        f"file; for the first image they were looked for at {where}")
 
 
 def problem_lines(report, shown=SHOWN_PER_KIND, kinds=None):
@@ -199,7 +204,7 @@ def problem_lines(report, shown=SHOWN_PER_KIND, kinds=None):
             lines.append(str(problem))
     for kind, count in by_kind.items():
         if count > shown:
-            lines.append(f"... and {count - shown} more: {KINDS[kind]}")
+            lines.append(f"... and {count - shown} more {KINDS[kind][1]}")
     if by_kind:
         lines.append(summary_line(report, by_kind))
     return lines
@@ -207,14 +212,14 @@ def problem_lines(report, shown=SHOWN_PER_KIND, kinds=None):
 
 def summary_line(report, by_kind=None):
     by_kind = by_kind if by_kind is not None else Counter(p.kind for p in report.problems)
-    parts = [f"{count} {KINDS[kind]}" for kind, count in sorted(by_kind.items())]
-    images = f"{report.images} image{'s' if report.images != 1 else ''}"
+    parts = [counted(count, *KINDS[kind]) for kind, count in sorted(by_kind.items())]
+    images = counted(report.images, "image")
     if report.classifier:
         return f"labels of {images}: " + "; ".join(parts)
     skipped = sum(1 for p in report.problems if p.line and p.kind not in BOX_KINDS)
-    uncounted = f" ({skipped} line{'s' if skipped != 1 else ''} not counted)" if skipped else ""
-    return (f"labels of {images}: {report.boxes} box{'es' if report.boxes != 1 else ''}"
-            f"{uncounted}; " + "; ".join(parts))
+    uncounted = f" ({counted(skipped, 'line')} not counted)" if skipped else ""
+    return (f"labels of {images}: {counted(report.boxes, 'box', 'boxes')}{uncounted}; "
+            + "; ".join(parts))
 
 
 def refuse_pixel_labels(report, what="training"):
@@ -222,8 +227,9 @@ def refuse_pixel_labels(report, what="training"):
     pixels = report.count("pixels")
     if report.boxes and pixels * 2 > report.boxes:
         first = next(p for p in report.problems if p.kind == "pixels")
-        raise DataError(f"{pixels} of the {report.boxes} boxes in the {what} labels look like "
-                        f"pixel coordinates (first: {first.path}:{first.line}); {FIX_PIXELS}. "
+        raise DataError(f"{pixels} of the {counted(report.boxes, 'box', 'boxes')} in the "
+                        f"{what} labels {'looks' if pixels == 1 else 'look'} like pixel "
+                        f"coordinates (first: {first.path}:{first.line}); {FIX_PIXELS}. "
                         f"`darknet-py check DATA` lists them all")
 
 
@@ -235,11 +241,12 @@ def refuse_unlabelled(report, what="validation"):
         return
     refuse_no_label_files(report, what)
     if not report.label_files:   # not even a label path came of the image names
-        raise DataError(f"none of the {report.images} {what} images has a label file (none "
-                        f"could be derived from the image names)")
+        raise DataError(f"none of the {counted(report.images, f'{what} image')} has a label "
+                        f"file (none could be derived from the image names)")
     missing = sum(1 for p in report.problems if p.kind == "missing")
-    raise DataError(f"none of the {report.images} {what} images has a labelled box "
-                    f"({missing} label files missing; of the {report.label_files} found, "
+    raise DataError(f"none of the {counted(report.images, f'{what} image')} has a labelled "
+                    f"box ({counted(missing, 'label file')} missing; of the "
+                    f"{report.label_files} found, "
                     f"{report.empty_files} empty, the others without a sound 'class x y w "
                     f"h' line; the first image's at {report.first_label})")
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..boxes import TRUTH_FIELDS
 from ..image import ImageError
+from ..plurals import counted
 from ..processes import children_ignore_signals, trace_start
 from ..tree import fill_hierarchy
 from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
@@ -368,7 +369,8 @@ class _SampleMaker:
             if len(self.bad_paths) >= self.distinct_paths:
                 break
         raise DataError(f"no usable image after {_SAMPLE_ATTEMPTS} draws "
-                        f"({len(self.bad_paths)} of {len(self.paths)} images are unusable; "
+                        f"({len(self.bad_paths)} of {counted(len(self.paths), 'image')} "
+                        f"{'is' if len(self.bad_paths) == 1 else 'are'} unusable; "
                         f"the last: {self.paths[index]})")
 
     def _load_into(self, index, rng, size, x_out, truth_out, reports):

@@ -70,6 +70,12 @@ class LaunchError(DarknetError):
     """A rank failed or could not start: one line naming it."""
 
 
+def rank_log(line):
+    """Rank 0's log on the streams of a one-process run (cli_options.log_line): warnings
+    on stderr, progress and notes on stdout; each line in one write (say)."""
+    say(line, sys.stderr if line.startswith("darknet-py: warning:") else sys.stdout)
+
+
 def run_rank(spec):
     """Join the run as spec.rank and train: (exit code, report), report None or (kind,
     what) for the launcher: ("error"|"peer", line) or ("signal", number) for a rank that
@@ -89,7 +95,7 @@ def run_rank(spec):
         if spec.rank != 0:   # one log: rank 0's
             kwargs.update(log=lambda line: None, verbose=False)
         else:
-            kwargs["log"] = say
+            kwargs["log"] = rank_log
         train(device=spec.device, comm=comm, **kwargs)
     except Stopped as e:
         code, report = exit_code(e), ("signal", e.signum)

@@ -4,6 +4,7 @@ import numpy as np
 
 from ..boxes import TRUTH_FIELDS, truth_per_image
 from ..losses.yolo import ratio  # noqa: F401 (the heads' statistics use it)
+from ..plurals import counted
 
 F32 = np.float32
 
@@ -22,10 +23,12 @@ def parse_anchors(s, count):
         # A warning, not an error: the fork's stock cspx-p7-mish_hp.cfg lacks a comma and so
         # a value, and the fork builds it.
         odd = "; anchors are width,height pairs" if len(anchors) % 2 else ""
-        s.warn(f"{len(anchors)} values given but num={count // 2} anchors take {count}{odd}; "
+        s.warn(f"{counted(len(anchors), 'value')} given but num={count // 2} anchors take "
+               f"{count}{odd}; "
                f"the missing values are 0.5, as in Darknet (a missing comma?)", "anchors")
     if len(anchors) > count:
-        s.warn(f"{len(anchors)} values given but num={count // 2} anchors take {count}; "
+        s.warn(f"{counted(len(anchors), 'value')} given but num={count // 2} anchors take "
+               f"{count}; "
                f"the rest are ignored, as Darknet does", "anchors")
         anchors = anchors[:count]
     bad = [a for a in anchors if not a > 0]

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..boxes import correct_region_boxes, make_detections, thresholded, truth_table
 from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS, RegionClasses, RegionHead
+from ..plurals import counted
 from ..tree import (TreeArrays, hierarchy_predictions, hierarchy_top_prediction, int_array,
                     resolve_tree_path, tree_option)
 from .base import Layer, refuse_options
@@ -69,11 +70,13 @@ class RegionLayer(Layer):
         self.out_h, self.out_w = self.h, self.w
         self.outputs = self.out_c * self.out_h * self.out_w
         if self.outputs != self.inputs:
-            raise s.error(f"the layer before [region] gives {self.c} channels but num={self.n} "
-                          f"anchors x ({self.coords} + 1 + {self.classes} classes) need "
-                          f"{self.out_c}: set its filters={self.out_c}", "classes")
+            raise s.error(f"the layer before [region] gives {counted(self.c, 'channel')} but "
+                          f"num={self.n} anchors x ({self.coords} + 1 + "
+                          f"{counted(self.classes, 'class', 'classes')}) need {self.out_c}: "
+                          f"set its filters={self.out_c}", "classes")
         if self.hierarchy is not None and self.hierarchy.n != self.classes:
-            raise s.error(f"{self.hierarchy.path} has {self.hierarchy.n} classes but "
+            raise s.error(f"{self.hierarchy.path} has "
+                          f"{counted(self.hierarchy.n, 'class', 'classes')} but "
                           f"classes={self.classes}", "tree")
         if self.class_map is not None and not all(0 <= c < self.classes for c in self.class_map):
             raise s.error(f"the map file holds class ids outside 0..{self.classes - 1}", "map")

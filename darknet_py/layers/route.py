@@ -2,6 +2,7 @@
 
 The AlexeyAB fork's groups=G, group_id=k take from each input only the k-th of G
 contiguous slices of its per-image output (channels k*C/G .. (k+1)*C/G - 1)."""
+from ..plurals import counted
 from .base import Layer, source_layers
 
 
@@ -28,8 +29,8 @@ class RouteLayer(Layer):
             raise s.error(f"must be in 0..{self.groups - 1} for groups={self.groups}", "group_id")
         for src in self.sources:
             if src.out_c % self.groups:
-                raise s.error(f"groups={self.groups} does not divide the {src.out_c} channels of "
-                              f"layer {src.index}", "groups")
+                raise s.error(f"groups={self.groups} does not divide the "
+                              f"{counted(src.out_c, 'channel')} of layer {src.index}", "groups")
         self.out_c //= self.groups
         self.outputs = sum(src.outputs for src in self.sources) // self.groups
         self.inputs = self.outputs

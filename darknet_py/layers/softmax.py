@@ -5,6 +5,7 @@ classes instead, and outputs whose truth is tree.NO_TRUTH (groups holding none o
 image's classes) give no delta and no cost: Darknet's GPU build masks them (its CPU build
 does not, and trains on the -1234 marker).
 """
+from ..plurals import counted
 from ..tree import NO_TRUTH, TreeArrays, tree_option
 from .base import Layer
 
@@ -24,8 +25,9 @@ class SoftmaxLayer(Layer):
         if self.temperature <= 0:
             raise s.error("must be positive", "temperature")
         if self.hierarchy is not None and self.hierarchy.n != self.inputs:
-            raise s.error(f"{self.hierarchy.path} has {self.hierarchy.n} classes but the layer "
-                          f"gets {self.inputs} inputs", "tree")
+            raise s.error(f"{self.hierarchy.path} has "
+                          f"{counted(self.hierarchy.n, 'class', 'classes')} but the layer gets "
+                          f"{counted(self.inputs, 'input')}", "tree")
         self.out_c = self.out_h = self.out_w = 0
         self.outputs = self.inputs
 

@@ -22,6 +22,7 @@ from ..boxes import (IOU_KINDS, NMS_KINDS, TRUTH_FIELDS, correct_yolo_boxes, mak
                      thresholded)
 from ..losses.yolo import (FLT_MAX, IOU_LOSSES, SCALARS, YoloLossSpec, decode, every_truth,
                          loss_stats, yolo_loss)
+from ..plurals import counted
 from .base import Layer, refuse_options
 from .heads import check_classes, is_fork_flavour, keep_report, parse_anchors
 
@@ -86,9 +87,10 @@ class YoloLayer(Layer):
         self.outputs = self.out_c * self.out_h * self.out_w
         if self.outputs != self.inputs:
             box = entries - 1 - self.classes
-            raise s.error(f"the layer before [{self.short}] gives {self.c} channels but "
-                          f"{self.n} masked anchors x ({box} + 1 + {self.classes} classes) "
-                          f"need {self.out_c}: set its filters={self.out_c}", "classes")
+            raise s.error(f"the layer before [{self.short}] gives {counted(self.c, 'channel')} "
+                          f"but {counted(self.n, 'masked anchor')} x ({box} + 1 + "
+                          f"{counted(self.classes, 'class', 'classes')}) need {self.out_c}: "
+                          f"set its filters={self.out_c}", "classes")
 
     def parse_fork_options(self, s):
         """The fork's [yolo] options (parse_yolo in its parser.c), with its defaults."""

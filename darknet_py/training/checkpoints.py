@@ -11,15 +11,17 @@ cfg as Darknet names them (cfg/yolov3.cfg -> yolov3):
 
 Only the writer rank writes. Weights are written atomically by weights.save_weights (a
 temporary file renamed into place); a save interrupted before the rename leaves a
-temporary file that the next run removes.
+temporary file that the next run removes. A weights file that appears under one of the
+run's names after its start (a second run with the same backup directory) is never
+replaced: the run writes beside it (files.OutputClaims).
 """
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..files import remove_stale_temporaries
+from ..files import OutputClaims, remove_stale_temporaries
 from ..weights import WeightsError, read_header
 from .chart import history_path
 from .schedule import detector_snapshot_due
@@ -37,6 +39,9 @@ class Checkpoints:
     backup_dir: str
     base: str               # cfg_base of the cfg
     writer: bool = True     # only rank 0 of a data-parallel run writes
+    # the weights files claimed at the start; a name someone else writes meanwhile is not
+    # replaced
+    claims: OutputClaims = field(default_factory=OutputClaims)
 
     def _path(self, name):
         return os.path.join(self.backup_dir, name)
@@ -70,12 +75,24 @@ class Checkpoints:
         return self._path(f"{self.base}_{number}.weights")
 
     def save(self, net, path):
-        if self.writer:
-            net.save_weights(path)
+        """Write the weights (the writer rank) under `path`, or beside it when a file this
+        run did not write took that name since it started (OutputClaims); returns the name
+        written."""
+        if not self.writer:
+            return path
+        target = self.claims.target(path)
+        net.save_weights(target)
+        self.claims.wrote(target)
+        return target
+
+    def where(self, path):
+        """The name the run writes `path` under (see save)."""
+        return self.claims.where(path)
 
     def prepare(self, log):
         """Create the backup directory (the writer's) and remove the temporary files an
         interrupted save left there."""
+        self.claims.log = log
         if not self.writer:
             return
         writable_dir(self.backup_dir)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.loader import DataLoader, default_workers
+from ..plurals import counted
 from ..precision import log_note as precision_log_note
 from ..processes import trace_start
 from ..validate import evaluate_classifier, evaluate_detector
@@ -22,7 +23,7 @@ from .checkpoints import finite_weights, last_saved_backup
 from .schedule import (BACKUP_EVERY, CLASSIFIER_MULTISCALE_EVERY, MULTISCALE_EVERY,
                        detector_snapshot_due, multiscale_size, resize_network)
 from .stops import (SAVE_SIGNAL, STOP_SIGNALS, Diverged, Stopped, TrainError, signal_name,
-                    stop_signals, stopped)
+                    single_row_batch_norm, stop_signals, stopped)
 
 
 @dataclass
@@ -94,10 +95,10 @@ class TrainingRun:
         log(self.files.base)
         log(f"Learning Rate: {o.learning_rate:g}, Momentum: {o.momentum:g}, Decay: {o.decay:g}")
         if plan.start_iteration:
-            log(f"Resuming at iteration {plan.start_iteration} ({net.seen} images seen) from "
-                f"{plan.weights}; max_batches {o.max_batches}")
-        log(f"Training a {plan.task} on {len(plan.paths)} images, {net.images_per_iteration} "
-            f"per iteration"
+            log(f"Resuming at iteration {plan.start_iteration} ({counted(net.seen, 'image')} "
+                f"seen) from {plan.weights}; max_batches {o.max_batches}")
+        log(f"Training a {plan.task} on {counted(len(plan.paths), 'image')}, "
+            f"{net.images_per_iteration} per iteration"
             f"{f' in {net.subdivisions} subdivisions' if net.subdivisions > 1 else ''}, on "
             f"{'the CPU' if net.be.name == 'cpu' else net.be.name}"
             f"{f' x {net.replicas} ranks' if net.replicas > 1 else ''}; saving to "
@@ -249,8 +250,7 @@ class TrainingRun:
         improved = result.best_score is None or score > result.best_score
         if improved:
             result.best_score = score
-            result.best_weights = self.files.best
-            self.files.save(net, result.best_weights)
+            result.best_weights = self.files.save(net, self.files.best)
         self.log(f"{plan.metric_name} = {score:.4f} on {len(plan.valid_paths)} valid images "
                  f"({time.perf_counter() - started:.1f} s); best = {result.best_score:.4f}"
                  f"{' (new best, saved ' + result.best_weights + ')' if improved else ''}")
@@ -270,31 +270,34 @@ class TrainingRun:
     # ---- how a run ends ------------------------------------------------------------------
     def diverged(self, loss):
         """A NaN or infinite loss: the chart, and a TrainError naming what is kept."""
-        net, backup, o = self.net, self.files.backup, self.net.options
+        net, backup, o = self.net, self.files.where(self.files.backup), self.net.options
         if self.result.losses:
             self.chart()
         last_good = [h[0] for h in self.result.losses if math.isfinite(h[1])]
         kept = (f"{backup} (iteration {last_saved_backup(backup, net)}) is kept"
                 if os.path.exists(backup) else "no weights were saved")
+        cause = single_row_batch_norm(net)
+        advice = (f"The cause: {cause}" if cause else
+                  f"Lower learning_rate (now {o.learning_rate:g}) or raise burn_in (now "
+                  f"{o.policy['burn_in']})")
         raise TrainError(
             f"training diverged at iteration {net.iteration}: the loss is {loss} "
             f"(last finite loss at iteration {last_good[-1] if last_good else 'none'}); "
-            f"stopped without saving the diverged weights, {kept}. Lower learning_rate "
-            f"(now {o.learning_rate:g}) or raise burn_in (now {o.policy['burn_in']})") from None
+            f"stopped without saving the diverged weights, {kept}. {advice}") from None
 
     def save_asked(self):
         """SIGUSR1 (a scheduler's warning before it pre-empts the job): the backup now."""
         net, backup = self.net, self.files.backup
         if not self.files.writer or not finite_weights(net):
             return   # rank 0 writes; bad weights: the next iteration's loss reports them
-        self.files.save(net, backup)
+        backup = self.files.save(net, backup)
         self.log(f"{signal_name(SAVE_SIGNAL)} at iteration {net.iteration}: saved {backup}; "
                  f"training goes on")
 
     def interrupted(self, stop):
         """Ctrl-C or another stop signal: save the backup (unless the weights went bad)
         and say how to resume; the caller re-raises."""
-        net, backup, result = self.net, self.files.backup, self.result
+        net, backup, result = self.net, self.files.where(self.files.backup), self.result
         # A half-done iteration is dropped: the resumed run repeats it whole.
         net.seen = self.completed_seen
         result.interrupted = True
@@ -305,18 +308,19 @@ class TrainingRun:
             self.log(f"{why} at iteration {net.iteration}: the weights hold NaN or infinite "
                      f"values, so {backup} was not replaced")
             return
-        self.files.save(net, backup)
+        backup = self.files.save(net, self.files.backup)
         if result.losses:
             self.chart()
         self.log(f"{why} at iteration {net.iteration}: saved {backup} (resume "
                  f"with --weights {backup})")
 
     def finish(self):
-        net, result, final = self.net, self.result, self.files.final
-        self.files.save(net, final)
+        net, result = self.net, self.result
+        final = self.files.save(net, self.files.final)
         result.final_weights = final
         result.iterations, result.seen = net.iteration, net.seen
         if result.losses:
             self.chart()
-        self.log(f"Saved {final} after {net.iteration} iterations ({net.seen} images)")
+        self.log(f"Saved {final} after {counted(net.iteration, 'iteration')} "
+                 f"({counted(net.seen, 'image')})")
         return result

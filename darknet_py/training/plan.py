@@ -17,13 +17,14 @@ from ..distributed.data_parallel import Ranks
 from ..files import OverwriteError, refuse_overwrite
 from ..layers.heads import is_fork_flavour
 from ..network import load_network
+from ..plurals import counted
 from ..predictions import detector_layers, output_layer
 from ..processes import trace_start
 from ..validate import check_valid_set, network_task
 from ..weights import TransferReport, load_weights
 from .checkpoints import Checkpoints, cfg_base
 from .schedule import check_policy, default_map_interval, network_stride
-from .stops import TrainError
+from .stops import TrainError, single_row_batch_norm
 
 
 @dataclass
@@ -87,6 +88,9 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
                      checkpoints=Checkpoints(config.backup, cfg_base(cfg), ranks.writer))
     plan.checkpoints.prepare(log)
     check_policy(cfg, net.options, log)
+    cause = single_row_batch_norm(net)
+    if cause:
+        log(f"darknet-py: warning: {cause}")
     plan.replaced = _claim_outputs(plan, map_eval, overwrite)
     if plan.replaced:
         log(f"darknet-py: note: --overwrite: this run will replace {', '.join(plan.replaced)}")
@@ -169,16 +173,16 @@ def _check_iterations(net, cfg, weights, max_batches, log):
     if net.seen % images_per_iteration:
         # Saved by a run with another batch size: start at the beginning of the iteration
         # `seen` falls in, so every update again comes after a whole batch.
-        log(f"darknet-py: note: {weights} has seen {net.seen} images, not a multiple of "
-            f"this cfg's {images_per_iteration} per iteration; counting from "
+        log(f"darknet-py: note: {weights} has seen {counted(net.seen, 'image')}, not a "
+            f"multiple of this cfg's {images_per_iteration} per iteration; counting from "
             f"{net.iteration * images_per_iteration}")
         net.seen = net.iteration * images_per_iteration
     if net.iteration >= o.max_batches:
         raise TrainError(
-            f"{weights}: already trained for {net.iteration} iterations ({net.seen} "
-            f"images), and max_batches is {o.max_batches}: nothing to do. To train these "
-            f"weights again from iteration 0 add --clear; to train longer raise max_batches "
-            f"(or give --max-batches N)")
+            f"{weights}: already trained for {counted(net.iteration, 'iteration')} "
+            f"({counted(net.seen, 'image')}), and max_batches is {o.max_batches}: nothing to "
+            f"do. To train these weights again from iteration 0 add --clear; to train longer "
+            f"raise max_batches (or give --max-batches N)")
 
 
 def _claim_outputs(plan, map_eval, overwrite):
@@ -202,6 +206,9 @@ def _claim_outputs(plan, map_eval, overwrite):
         hint = (f" To continue the earlier run, give --weights {files.backup}."
                 if os.path.exists(files.backup) and not resuming else "")
         raise TrainError(f"{e}.{hint}") from None
+    # What is there now is this run's to replace; what appears later is not (files.save).
+    files.claims.claim(targets + continued + [files.backup, files.final, files.last,
+                                              files.best])
     return [p for p in targets if os.path.exists(p)]
 
 

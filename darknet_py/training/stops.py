@@ -1,6 +1,7 @@
 """What stops training: TrainError (a problem found before training, or one it cannot go
-on from), Diverged (a NaN or infinite loss; the loop turns it into a TrainError) and
-Stopped (a stop signal: SIGINT, SIGTERM or SIGHUP), and the signal handling behind it.
+on from), Diverged (a NaN or infinite loss; the loop turns it into a TrainError, naming
+the cause when single_row_batch_norm finds one) and Stopped (a stop signal: SIGINT,
+SIGTERM or SIGHUP), and the signal handling behind it.
 
 Schedulers and terminals signal the whole process group (GNU timeout, Slurm's scancel,
 Ctrl-C), or only the process they started. Either way the run ends the same: rank 0 saves
@@ -45,6 +46,33 @@ class Diverged(Exception):
     def __init__(self, loss):
         super().__init__(loss)
         self.loss = loss
+
+
+def single_row_batch_norm(net):
+    """Why the first training pass will diverge, in one sentence naming the cfg line, or
+    None: a batch norm that trains on one value per channel. Both Darknets divide a
+    channel's squared deviations by n - 1, so the variance of a single value is 0/0 (NaN)
+    and the loss is NaN from iteration 1 whatever the learning rate. A recurrent layer's
+    inner layers normalize one time step's rows: batch / subdivisions of them (the
+    network's batch is that times time_steps)."""
+    for layer in net.layers:
+        owners = layer.param_owners()
+        stepped = owners != [layer]
+        rows = net.images_per_pass // (layer.steps if stepped else 1)
+        for owner in owners:
+            normalizes = getattr(owner, "batch_normalize", 0) or owner.type == "batchnorm"
+            if not normalizes or rows * owner.out_h * owner.out_w != 1:
+                continue
+            section = layer.section
+            option = section.options.get("batch_normalize")
+            where = f"{section.path}:{option.line if option else section.line}"
+            what = ("1 row per time step (batch / subdivisions = 1)" if stepped else
+                    "1 value per channel (batch / subdivisions = 1, 1x1 outputs)")
+            return (f"{where}: layer {layer.index} [{layer.type}] batch-normalizes {what}: "
+                    f"the variance of a single row is 0/0, so the loss is nan from the first "
+                    f"iteration; raise batch= to 2 or more times subdivisions, or set "
+                    f"batch_normalize=0")
+    return None
 
 
 class Stopped(KeyboardInterrupt):
