@@ -38,8 +38,13 @@ def detector_truth(batch, rng):
 def bench_cfg(cfg, device, train_batch, repeats, rng):
     be = get_backend(device)
     row = {"cfg": cfg.name, "device": device}
+    # Passes of train_batch images: the batch-1 forward below only re-sizes the arrays.
     net = dn.Network(
-        dn.cfg.parse_cfg_text(cfg.read_text(), str(cfg)), str(cfg), batch=1, backend=be, seed=1
+        dn.cfg.parse_cfg_text(cfg.read_text(), str(cfg)),
+        str(cfg),
+        batch=train_batch,
+        backend=be,
+        seed=1,
     )
     # Fresh networks have zero rolling variance, which inference divides by: without real
     # statistics the activations overflow and the CPU times NaN arithmetic.
