@@ -1,5 +1,5 @@
-"""darknet-py's NumPy backend and its ONNX Runtime engine (--engine onnxruntime, when the
-onnx extra is installed) against OpenCV 4's DNN module (cv2.dnn.readNetFromDarknet) on the
+"""darknet-py's NumPy backend and its ONNX Runtime engine (--engine onnxruntime, the
+default where onnxruntime is installed) against OpenCV 4's DNN module (cv2.dnn.readNetFromDarknet) on the
 CPU: same cfg, same weights, same letterboxed photo, batch 1.
 
     python bench/cpu_vs_opencv.py [--repeats N] [--results bench/RESULTS.md]
@@ -148,7 +148,7 @@ def onnxruntime_version():
         import onnxruntime
         return f"onnxruntime {onnxruntime.__version__}"
     except ImportError:
-        return "no onnxruntime (pip install 'darknet-cfg-runner[onnx]')"
+        return "no onnxruntime (pip install onnx onnxruntime)"
 
 
 def detect_process_seconds(repeats, tmp):
