@@ -1,6 +1,7 @@
 """darknet-py's NumPy backend and its ONNX Runtime engine (--engine onnxruntime, the
-default where onnxruntime is installed) against OpenCV 4's DNN module (cv2.dnn.readNetFromDarknet) on the
-CPU: same cfg, same weights, same letterboxed photo, batch 1.
+default where onnxruntime is installed) against OpenCV 4's DNN module
+(cv2.dnn.readNetFromDarknet) on the CPU: same cfg, same weights, same letterboxed photo,
+batch 1.
 
     python bench/cpu_vs_opencv.py [--repeats N] [--results bench/RESULTS.md]
 

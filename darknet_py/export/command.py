@@ -130,6 +130,6 @@ def engine_option(command, default="auto", quiet_option=True):
     return click.option(
         "--engine", type=click.Choice(list(ENGINES)), default=default, show_default=True,
         help="Where inference runs on the CPU: onnxruntime (the network exported once, "
-             "checked against NumPy and cached in ~/.cache/darknet-py/onnx; faster), numpy (Darknet's exact arithmetic), or auto: onnxruntime "
-             "when it is installed and the network exports, else numpy. A GPU runs "
-             "darknet-py's own backend.")(command)
+             "checked against NumPy and cached in ~/.cache/darknet-py/onnx; faster), numpy "
+             "(Darknet's exact arithmetic), or auto: onnxruntime when it is installed and "
+             "the network exports, else numpy. A GPU runs darknet-py's own backend.")(command)
