@@ -33,9 +33,8 @@ def session(model, threads=None, optimize=True, save_optimized=None):
 
 def intra_op_threads():
     """Threads for one ONNX Runtime operator: DARKNET_CPU_THREADS (as for the NumPy
-    backend), else one per physical core this process may run on (a second hardware thread
-    of a core shares its vector units and slows the convolutions), else 0: ONNX Runtime's
-    own choice."""
+    backend), else one per physical core this process may run on (the hardware threads of
+    a core share its vector units), else 0: ONNX Runtime's own choice."""
     fixed = os.environ.get("DARKNET_CPU_THREADS", "").strip()
     if fixed.isdigit() and int(fixed) > 0:
         return int(fixed)

@@ -9,13 +9,13 @@ darknet_py installs into network.py: that module stands on a lower floor):
   "numpy"        darknet-py's NumPy backend: Darknet's exact arithmetic.
 The engine is made on the first inference (training never needs it): the network is
 exported with a dynamic batch, checked against NumPy's forward on a random input (as
-`darknet-py export` checks) and cached with ONNX Runtime's optimised form of it (cache.py);
-a later load of the same cfg and weights reads the optimised model and skips the export,
-the check and the optimisation (onnx is not even imported). The engine writes the raw outputs (every
-detection head, or the output layer) into those layers' output buffers, where detect(),
-classify() and the validation code read them. Training leaves ONNX Runtime for good (the
-weights move); parameters changed by hand (params_changed, load_weights) are exported
-again, in memory."""
+`darknet-py export` checks) and cached with ONNX Runtime's optimised form of it
+(cache.py); a later load of the same cfg and weights reads the optimised model and skips
+the export, the check and the optimisation (onnx is not even imported). The engine writes
+the raw outputs (every detection head, or the output layer) into those layers' output
+buffers, where detect(), classify() and the validation code read them. Training leaves
+ONNX Runtime for good (the weights move); parameters changed by hand (params_changed,
+load_weights) are exported again, in memory."""
 import importlib.util
 import os
 import sys
@@ -24,8 +24,7 @@ import warnings
 import click
 import numpy as np
 
-from . import PIP_COMMAND, EngineCacheWarning, ExportError, require
-from . import cache
+from . import PIP_COMMAND, EngineCacheWarning, ExportError, cache, require
 from .check import CHECK_TOLERANCE, compare, session
 from .model import output_layers
 
