@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 import darknet_py
+from darknet_py.export import EngineCacheWarning
 from darknet_py.export import engine as engine_module
+from darknet_py.export import model as model_module
 from darknet_py.export.check import CHECK_TOLERANCE, relative_difference
 
-pytest.importorskip("onnx", reason="the onnx extra is not installed")
-pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+pytest.importorskip("onnx", reason="onnx is not installed (pip install onnx onnxruntime)")
+pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 
-from helpers import untrained_detector   # noqa: E402
+from helpers import DETECTOR_CFG, unit_rolling_variance, untrained_detector   # noqa: E402
 from test_cli import run_in_process   # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -43,17 +45,43 @@ activation=leaky
 """
 
 
+def wider_detector(directory):
+    """untrained_detector with 32 filters: weights arrays over 1 KiB, which the optimised
+    model keeps in a file of their own."""
+    cfg = directory / "wide.cfg"
+    cfg.write_text(DETECTOR_CFG.replace("filters=4\n", "filters=32\n", 1))
+    net = darknet_py.load_network(str(cfg), seed=4)
+    unit_rolling_variance(net)
+    weights = str(directory / "wide.weights")
+    net.save_weights(weights)
+    return str(cfg), weights
+
+
 @pytest.fixture
 def exports(monkeypatch):
     """Counts the engine's exports (a cached model is read, not exported)."""
     calls = []
-    real = engine_module.export_model
+    real = model_module.export_model
 
     def counting(*args, **kwargs):
         calls.append(args[0].path)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "export_model", counting)
+    monkeypatch.setattr(model_module, "export_model", counting)
+    return calls
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """Counts the engine's checks against NumPy's forward."""
+    calls = []
+    real = engine_module.compare
+
+    def counting(net, sess, x):
+        calls.append(net.path)
+        return real(net, sess, x)
+
+    monkeypatch.setattr(engine_module, "compare", counting)
     return calls
 
 
@@ -107,17 +135,18 @@ def test_numpy_when_onnxruntime_is_not_installed(tmp_path, cache, monkeypatch, e
     assert r.code == 0, r.err
     assert [l for l in r.err.splitlines() if "inference on" in l] == [
         "darknet-py: note: inference on NumPy (ONNX Runtime is not installed; pip install "
-        "'darknet-cfg-runner[onnx]' gives a faster CPU engine)"]
+        "onnx onnxruntime gives a faster CPU engine)"]
 
 
 def test_the_cache_is_reused_and_a_changed_weights_file_is_exported_again(tmp_path, cache,
-                                                                           exports):
+                                                                           exports, checks):
     cfg, weights = untrained_detector(tmp_path)
     image = photo(tmp_path)
     first = head_outputs(darknet_py.load_network(cfg, weights, device="cpu"), image)
-    assert len(exports) == 1
+    assert len(exports) == 1 and len(checks) == 1
     second = darknet_py.load_network(cfg, weights, device="cpu")
-    assert second.engine == "onnxruntime" and len(exports) == 1   # read from the cache
+    # read from the cache: neither exported nor checked again
+    assert second.engine == "onnxruntime" and len(exports) == 1 and len(checks) == 1
     assert all(np.array_equal(a, b) for a, b in zip(first, head_outputs(second, image)))
     # new weights in the same file (same size): exported again, and the new ones are served
     net = darknet_py.load_network(cfg, seed=9, engine="numpy")
@@ -127,20 +156,150 @@ def test_the_cache_is_reused_and_a_changed_weights_file_is_exported_again(tmp_pa
     net.save_weights(weights)
     changed = darknet_py.load_network(cfg, weights, device="cpu")
     got = head_outputs(changed, image)
-    assert len(exports) == 2 and len(list(cache.glob("*.onnx"))) == 2
+    assert len(exports) == 2 and len(checks) == 2 and len(list(cache.glob("*.onnx"))) == 2
     want = head_outputs(darknet_py.load_network(cfg, weights, device="cpu", engine="numpy"),
                         image)
     assert all(relative_difference(g, w) < CHECK_TOLERANCE for g, w in zip(got, want))
     assert not all(np.allclose(a, b) for a, b in zip(first, got))
 
 
-def test_a_damaged_cache_entry_is_exported_again(tmp_path, cache, exports):
+def test_a_damaged_cache_file_is_made_again_with_a_warning(tmp_path, cache, exports, checks):
+    cfg, weights = untrained_detector(tmp_path)
+    x = np.random.default_rng(5).random((1, 3, 32, 32), dtype=np.float32)
+    want = darknet_py.load_network(cfg, weights, device="cpu").predict(x).copy()
+    (entry,) = cache.glob("*.onnx")
+    (optimized,) = (cache / "optimized").glob("*.onnx")
+    # the optimised model damaged: optimised again from the entry, not exported or checked
+    optimized.write_bytes(b"not a model")
+    with pytest.warns(EngineCacheWarning, match=f"{optimized}: a damaged ONNX cache file .*; "
+                                                "optimised again"):
+        net = darknet_py.load_network(cfg, weights, device="cpu")
+        assert net.engine == "onnxruntime"
+    assert (len(exports), len(checks)) == (1, 1) and optimized.stat().st_size > 1000
+    assert np.array_equal(net.predict(x), want)
+    # both damaged: exported and checked again, both replaced
+    entry.write_bytes(b"not a model either")
+    optimized.write_bytes(b"")
+    with pytest.warns(EngineCacheWarning) as caught:
+        net = darknet_py.load_network(cfg, weights, device="cpu")
+        assert net.engine == "onnxruntime"
+    assert [str(w.message).split(":")[0] for w in caught] == [str(optimized), str(entry)]
+    assert str(caught[1].message).endswith("exported again")
+    assert (len(exports), len(checks)) == (2, 2) and entry.stat().st_size > 1000
+    assert np.array_equal(net.predict(x), want)
+    # the CLI: one warning line, and the command does its work
+    entry.write_bytes(b"")
+    optimized.unlink()
+    r = run_in_process(["detect", cfg, weights, photo(tmp_path), "--out", "none", "--device",
+                        "cpu"])
+    assert r.code == 0, r.err
+    lines = [l for l in r.err.splitlines() if "ONNX cache" in l]
+    assert len(lines) == 1, r.err
+    (line,) = lines
+    assert line.startswith(f"darknet-py: warning: {entry}: a damaged ONNX cache file (")
+    assert line.endswith("; exported again")
+    assert "Traceback" not in r.err and "inference on ONNX Runtime (exported" in r.err
+
+
+def test_a_cache_hit_runs_the_optimised_model_on_tuned_sessions(tmp_path, cache, monkeypatch,
+                                                                exports, checks):
+    import onnxruntime as ort
+    from darknet_py.export.check import physical_cores
+    monkeypatch.delenv("DARKNET_CPU_THREADS", raising=False)
+    cfg, weights = wider_detector(tmp_path)
+    x = np.random.default_rng(6).random((1, 3, 32, 32), dtype=np.float32)
+    first = darknet_py.load_network(cfg, weights, device="cpu")
+    want = first.predict(x).copy()
+    options = first.inference_engine.session.get_session_options()
+    assert options.intra_op_num_threads == physical_cores() >= 1
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ONNX Runtime's optimised model, its weights in a file of their own beside it
+    (optimized,) = (cache / "optimized").glob("*.onnx")
+    (weights_file,) = (cache / "optimized").glob("*.data")
+    assert optimized.name.startswith(next(cache.glob("*.onnx")).stem + "-" + ort.__version__)
+    assert weights_file.stat().st_size >= 32 * 3 * 3 * 3 * 4   # the first layer's weights
+    assert sorted(p.name for p in (cache / "optimized").iterdir()) == sorted(
+        [optimized.name, weights_file.name])   # no staging file left behind
+    monkeypatch.setenv("DARKNET_CPU_THREADS", "1")
+    second = darknet_py.load_network(cfg, weights, device="cpu")
+    assert second.engine == "onnxruntime" and (len(exports), len(checks)) == (1, 1)
+    assert second.inference_engine.where == f"its optimised export read from {optimized}"
+    options = second.inference_engine.session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    # already optimised: loaded as it is
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert np.array_equal(second.predict(x), want)
+
+
+def test_physical_cores_counts_the_cores_this_process_may_use(monkeypatch):
+    from darknet_py.export.check import intra_op_threads, physical_cores
+    if physical_cores() is None:
+        pytest.skip("no CPU topology in /sys on this machine")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.delenv("DARKNET_CPU_THREADS", raising=False)
+    assert physical_cores() == 1 and intra_op_threads() == 1
+    monkeypatch.setenv("DARKNET_CPU_THREADS", "3")
+    assert intra_op_threads() == 3
+
+
+def test_the_cache_follows_the_weights_bytes_not_their_file(tmp_path, cache, exports, checks):
+    import shutil
+    cfg, weights = untrained_detector(tmp_path)
+    x = np.random.default_rng(7).random((1, 3, 32, 32), dtype=np.float32)
+    want = darknet_py.load_network(cfg, weights, device="cpu").predict(x).copy()
+    copy = tmp_path / "copy.weights"   # the same bytes elsewhere: the same entry
+    shutil.copy(weights, copy)
+    assert np.array_equal(darknet_py.load_network(cfg, copy, device="cpu").predict(x), want)
+    assert (len(exports), len(checks)) == (1, 1)
+    # other bytes of the same size with the old modification time put back: a new entry
+    before = os.stat(weights)
+    data = bytearray(Path(weights).read_bytes())
+    data[-4:] = np.float32(0.75).tobytes()   # the last layer's last weight
+    Path(weights).write_bytes(bytes(data))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    got = net.predict(x)
+    assert net.engine == "onnxruntime" and (len(exports), len(checks)) == (2, 2)
+    assert not np.array_equal(got, want)
+    reference = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
+    assert relative_difference(got, reference.predict(x)) < CHECK_TOLERANCE
+
+
+def test_a_weights_digest_is_remembered_until_the_file_changes(tmp_path, cache, monkeypatch):
+    from darknet_py.export import cache as cache_module
+    path = tmp_path / "w.weights"
+    path.write_bytes(b"\0" * 4096)
+    hashed = []
+    real = cache_module.file_sha256
+    monkeypatch.setattr(cache_module, "file_sha256", lambda p: hashed.append(p) or real(p))
+    first = cache_module.weights_digest(path)
+    cache_module.weights_digest(path)
+    assert len(hashed) == 2   # just written: its times may not have moved yet, so not kept
+    monkeypatch.setattr(cache_module, "_SETTLED_S", -1.0)
+    assert cache_module.weights_digest(path) == first and len(hashed) == 3
+    assert cache_module.weights_digest(path) == first and len(hashed) == 3   # remembered
+    before = os.stat(path)
+    path.write_bytes(b"\1" * 4096)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    changed = cache_module.weights_digest(path)
+    assert len(hashed) == 4 and changed != first
+    assert changed == cache_module.file_sha256(path)
+
+
+def test_a_cache_hit_does_not_import_onnx(tmp_path, cache):
+    import subprocess
     cfg, weights = untrained_detector(tmp_path)
     assert darknet_py.load_network(cfg, weights, device="cpu").engine == "onnxruntime"
-    (entry,) = cache.glob("*.onnx")
-    entry.write_bytes(b"not a model")
-    assert darknet_py.load_network(cfg, weights, device="cpu").engine == "onnxruntime"
-    assert len(exports) == 2 and entry.stat().st_size > 1000
+    code = ("import sys, darknet_py; "
+            f"net = darknet_py.load_network({cfg!r}, {weights!r}, device='cpu'); "
+            "print(net.engine, net.inference_engine.where.split(' from ')[0], "
+            "'onnx' in sys.modules, 'darknet_py.export.layers' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["onnxruntime", "its", "optimised", "export", "read", "False",
+                                "False"]
 
 
 def test_a_layer_onnx_cannot_export_falls_back_to_numpy_saying_why(tmp_path, cache):
@@ -213,8 +372,9 @@ def test_the_cli_notes_the_engine_once_and_not_under_quiet(tmp_path, cache):
     assert notes[("--quiet",)] == []
     r = run_in_process(args)
     assert [l for l in r.err.splitlines() if "inference on" in l] == [
-        f"darknet-py: note: inference on ONNX Runtime (its export read from "
-        f"{next(cache.glob('*.onnx'))}; --engine numpy runs Darknet's exact arithmetic)"]
+        f"darknet-py: note: inference on ONNX Runtime (its optimised export read from "
+        f"{next((cache / 'optimized').glob('*.onnx'))}; --engine numpy runs Darknet's exact "
+        f"arithmetic)"]
 
 
 def test_the_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):

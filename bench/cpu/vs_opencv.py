@@ -1,6 +1,7 @@
-"""darknet-py's NumPy backend and its ONNX Runtime engine (--engine onnxruntime, when the
-onnx extra is installed) against OpenCV 4's DNN module (cv2.dnn.readNetFromDarknet) on the
-CPU: same cfg, same weights, same letterboxed photo, batch 1.
+"""darknet-py's NumPy backend and its ONNX Runtime engine (--engine onnxruntime, the
+default where onnxruntime is installed) against OpenCV 4's DNN module
+(cv2.dnn.readNetFromDarknet) on the CPU: same cfg, same weights, same letterboxed photo,
+batch 1.
 
     python3 bench/cpu/vs_opencv.py [--repeats N] [--results bench/RESULTS.md]
 
@@ -169,7 +170,7 @@ def onnxruntime_version():
 
         return f"onnxruntime {onnxruntime.__version__}"
     except ImportError:
-        return "no onnxruntime (pip install 'darknet-cfg-runner[onnx]')"
+        return "no onnxruntime (pip install onnx onnxruntime)"
 
 
 def detect_process_seconds(repeats, tmp):

@@ -1,22 +1,41 @@
-"""Where the CPU engine keeps the networks it exported: one ONNX model per cfg + weights.
+"""Where the CPU engine keeps the networks it exported: one ONNX model per cfg + weights,
+and beside it ONNX Runtime's optimised form of that model.
 
 An entry is named by the SHA-256 of what the export is made from: the cfg's text (and any
-tree= file it names), the weights file (its real path, size and modification time), how
-the weights were loaded (seed, cutoff, transfer), the Darknet flavour and precision, and
-the exporter itself (the export package's source, onnx's version), so an edited cfg, a
-rewritten weights file or another exporter makes a new entry. Entries are written to a
-temporary file and renamed into place (a reader never sees half of one).
+tree= file it names), the SHA-256 of the weights file's bytes, how the weights were loaded
+(seed, cutoff, transfer), the Darknet flavour and precision, darknet-py's version and the
+exporter's source, so an edited cfg, other weights (wherever they lie) or another
+exporter makes a new entry, and the same weights copied elsewhere find theirs. An entry
+was checked against NumPy when it was written: reading it skips the check.
 
-The cache lives in $DARKNET_ONNX_CACHE, else $XDG_CACHE_HOME/darknet-py/onnx, else
+Hashing a weights file costs about as much as reading it (50 ms for yolov3-tiny's 35 MB),
+so its digest is remembered under the file's identity and change times (device, inode,
+size, mtime, ctime: any write changes ctime, which no user call sets back) and hashed
+again whenever one of them differs.
+
+The optimised model (optimized/<entry>-<runtime>.onnx, its weights in a .data file beside
+it) is what ONNX Runtime made of the entry at its highest graph optimisation level; it may
+hold kernels for this CPU's vector units, so its name carries ONNX Runtime's version and a
+digest of the CPU's model and flags, and another runtime or CPU optimises the entry again.
+
+Files are written to a temporary name and renamed into place (a reader never sees half of
+one). The cache lives in $DARKNET_ONNX_CACHE, else $XDG_CACHE_HOME/darknet-py/onnx, else
 ~/.cache/darknet-py/onnx: never beside the user's files.
 """
 import hashlib
-import importlib.metadata
 import os
+import platform
 import tempfile
+import time
 from pathlib import Path
 
-_FORMAT = "darknet-py onnx cache v1"
+_FORMAT = "darknet-py onnx cache v2"
+# A weights digest is remembered only for a file last changed longer ago than this: a
+# write within the same tick of a coarse file-system clock leaves the times unchanged.
+_SETTLED_S = 2.0
+# An optimised model's weights file older than this, which the model in place does not
+# name, is left over from a model replaced since, not one being written now.
+_STAGING_S = 600.0
 
 
 def cache_dir():
@@ -27,15 +46,42 @@ def cache_dir():
 
 
 def _exporter_digest():
-    """The export package's source and onnx's version."""
-    h = hashlib.sha256()
+    """darknet-py's version and the export package's source."""
+    from .. import __version__   # at call time: darknet_py imports this package
+    h = hashlib.sha256(__version__.encode() + b"\0")
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    try:
-        h.update(importlib.metadata.version("onnx").encode())
-    except importlib.metadata.PackageNotFoundError:
-        pass
     return h.hexdigest()
+
+
+def file_sha256(path):
+    """The SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_digest(path):
+    """The SHA-256 of the weights file's bytes, remembered under its identity and change
+    times (see the module docstring)."""
+    stat = os.stat(path)
+    identity = "\0".join(str(v) for v in (os.path.realpath(path), stat.st_dev, stat.st_ino,
+                                          stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
+    memo = os.path.join(cache_dir(), "digests",
+                        hashlib.sha256(identity.encode()).hexdigest())
+    try:
+        with open(memo, encoding="ascii") as f:
+            digest = f.read()
+        if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+            return digest
+    except (OSError, UnicodeDecodeError):
+        pass
+    digest = file_sha256(path)
+    if time.time() - max(stat.st_mtime_ns, stat.st_ctime_ns) / 1e9 > _SETTLED_S:
+        _write_atomically(memo, digest.encode())
+    return digest
 
 
 def entry_key(net, weights, seed=0, cutoff=None, transfer=False):
@@ -44,9 +90,8 @@ def entry_key(net, weights, seed=0, cutoff=None, transfer=False):
     if weights is None:
         return None
     try:
-        stat = os.stat(weights)
         parts = [_FORMAT, _exporter_digest(), Path(net.path).read_bytes(),
-                 os.path.realpath(weights), str(stat.st_size), str(stat.st_mtime_ns)]
+                 weights_digest(weights)]
         for layer in net.layers:   # a class tree is read from its own file
             hierarchy = getattr(layer, "hierarchy", None)
             if hierarchy is not None:
@@ -79,16 +124,95 @@ def write_entry(key, data):
     """Store data under key; returns the path, or None where the cache cannot be written
     (the engine then runs the model from memory and exports again next time)."""
     path = entry_path(key)
+    return path if _write_atomically(path, data) else None
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_atomically(path, data):
+    """Write data to path through a temporary file; False where that cannot be done."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".onnx")
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         except BaseException:
-            os.unlink(tmp)
+            remove(tmp)
             raise
     except OSError:
+        return False
+    return True
+
+
+def runtime_tag(runtime_version):
+    """ONNX Runtime's version and a digest of this CPU's model and feature flags."""
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features", "CPU part")):
+                    cpu += line
+                elif not line.strip():   # the first processor's block is enough
+                    break
+    except OSError:
+        pass
+    return f"{runtime_version}-{hashlib.sha256(cpu.encode()).hexdigest()[:16]}"
+
+
+def optimized_path(key, tag):
+    return os.path.join(cache_dir(), "optimized", f"{key}-{tag}.onnx")
+
+
+def stage_optimized(key, tag):
+    """(model path, weights file name) for ONNX Runtime to save an optimised model to before
+    the model is checked (keep_optimized puts it in place), or None where the folder cannot
+    be written. The weights go to their own file, which ONNX Runtime maps into memory when
+    it loads the model (tens of milliseconds where parsing them takes hundreds); its name
+    is new each time, so a file a running session maps is never rewritten."""
+    folder = os.path.join(cache_dir(), "optimized")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
         return None
-    return path
+    if not os.access(folder, os.W_OK):
+        return None
+    token = f"{os.getpid()}-{time.time_ns()}"
+    return os.path.join(folder, f".tmp-{token}-{key}-{tag}.onnx"), f"{key}-{tag}-{token}.data"
+
+
+def discard_staged(staged):
+    if staged:
+        model, weights = staged
+        remove(model)
+        remove(os.path.join(os.path.dirname(model), weights))
+
+
+def keep_optimized(staged, key, tag):
+    """Rename the staged optimised model into place and drop the entry's older optimised
+    files (other runtimes or CPUs, weights files no model names any more); the model's
+    path, or None where it was not saved."""
+    model, weights = staged
+    final = optimized_path(key, tag)
+    try:
+        os.replace(model, final)
+    except OSError:
+        discard_staged(staged)
+        return None
+    now = time.time()
+    for other in Path(final).parent.glob(f"{key}-*"):
+        if other.name in (os.path.basename(final), weights):
+            continue
+        try:
+            # Another process may be writing a weights file for a model not yet in place.
+            if other.suffix == ".onnx" or now - other.stat().st_mtime > _STAGING_S:
+                remove(other)
+        except OSError:
+            pass
+    return final

@@ -1,5 +1,7 @@
 """The built-in check: run an exported model in ONNX Runtime and darknet-py's own forward
 on the same input, and measure the largest difference of each raw output."""
+import os
+
 import numpy as np
 
 from . import require
@@ -8,14 +10,50 @@ from .model import output_layers
 CHECK_TOLERANCE = 1e-4   # relative to the output's largest magnitude, as the fixtures' tests
 
 
-def session(model_bytes, threads=None):
-    """An ONNX Runtime CPU session on serialized model bytes."""
+def session(model, threads=None, optimize=True, save_optimized=None):
+    """An ONNX Runtime CPU session on a model (serialized bytes, or a file's path).
+    threads: intra-op threads (None: intra_op_threads()). optimize: apply every graph
+    optimisation (False for a model ONNX Runtime optimised and saved before, which loads
+    faster as it is). save_optimized: (path, weights file name beside it) to save the
+    optimised model to."""
     ort = require("onnxruntime")
     options = ort.SessionOptions()
     options.log_severity_level = 3   # its warnings are not the user's business
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    options.intra_op_num_threads = threads or intra_op_threads()
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if save_optimized:
+        options.optimized_model_filepath, weights_file = save_optimized
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", weights_file)
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def intra_op_threads():
+    """Threads for one ONNX Runtime operator: DARKNET_CPU_THREADS (as for the NumPy
+    backend), else one per physical core this process may run on (the hardware threads of
+    a core share its vector units), else 0: ONNX Runtime's own choice."""
+    fixed = os.environ.get("DARKNET_CPU_THREADS", "").strip()
+    if fixed.isdigit() and int(fixed) > 0:
+        return int(fixed)
+    return physical_cores() or 0
+
+
+def physical_cores():
+    """The physical cores among the CPUs this process may run on (Linux), else None."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = set()
+    try:
+        for cpu in os.sched_getaffinity(0):
+            topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+            with open(topology + "physical_package_id") as f, open(topology + "core_id") as g:
+                cores.add((f.read().strip(), g.read().strip()))
+    except OSError:
+        return None
+    return len(cores) or None
 
 
 def relative_difference(got, want):

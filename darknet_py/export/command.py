@@ -20,8 +20,8 @@ one per detection head (`yolo_16`, ...), else `output`. --decode adds `boxes` [B
 (centre x, y, width, height relative to the network input) and `scores` [B, N, classes]
 for [yolo]/[region] heads; --nms adds `selected` [K, 3] (image, class, box) from ONNX's
 NonMaxSuppression. Class names (--names/--data), input size, letterbox and the Darknet
-flavour go into the model's metadata. Needs the onnx extra:
-pip install 'darknet-cfg-runner[onnx]'. An existing OUT is kept unless --overwrite."""
+flavour go into the model's metadata. Needs onnx and onnxruntime (installed with
+darknet-py). An existing OUT is kept unless --overwrite."""
 
 
 def export_options(command):
@@ -130,7 +130,6 @@ def engine_option(command, default="auto", quiet_option=True):
     return click.option(
         "--engine", type=click.Choice(list(ENGINES)), default=default, show_default=True,
         help="Where inference runs on the CPU: onnxruntime (the network exported once, "
-             "checked against NumPy and cached in ~/.cache/darknet-py/onnx; faster; needs "
-             "the onnx extra), numpy (Darknet's exact arithmetic), or auto: onnxruntime "
-             "when it is installed and the network exports, else numpy. A GPU runs "
-             "darknet-py's own backend.")(command)
+             "checked against NumPy and cached in ~/.cache/darknet-py/onnx; faster), numpy "
+             "(Darknet's exact arithmetic), or auto: onnxruntime when it is installed and "
+             "the network exports, else numpy. A GPU runs darknet-py's own backend.")(command)

@@ -9,22 +9,24 @@ darknet_py installs into network.py: that module stands on a lower floor):
   "numpy"        darknet-py's NumPy backend: Darknet's exact arithmetic.
 The engine is made on the first inference (training never needs it): the network is
 exported with a dynamic batch, checked against NumPy's forward on a random input (as
-`darknet-py export` checks) and cached (cache.py); a later load of the same cfg and
-weights reads the cached model and skips both. The engine writes the raw outputs (every
-detection head, or the output layer) into those layers' output buffers, where detect(),
-classify() and the validation code read them. Training leaves ONNX Runtime for good (the
-weights move); parameters changed by hand (params_changed, load_weights) are exported
-again, in memory."""
+`darknet-py export` checks) and cached with ONNX Runtime's optimised form of it
+(cache.py); a later load of the same cfg and weights reads the optimised model and skips
+the export, the check and the optimisation (onnx is not even imported). The engine writes
+the raw outputs (every detection head, or the output layer) into those layers' output
+buffers, where detect(), classify() and the validation code read them. Training leaves
+ONNX Runtime for good (the weights move); parameters changed by hand (params_changed,
+load_weights) are exported again, in memory."""
 import importlib.util
+import os
 import sys
+import warnings
 
 import click
 import numpy as np
 
-from . import PIP_EXTRA, ExportError, require
-from .cache import entry_key, entry_path, read_entry, write_entry
+from . import PIP_COMMAND, EngineCacheWarning, ExportError, cache, require
 from .check import CHECK_TOLERANCE, compare, session
-from .model import export_model, output_layers
+from .model import output_layers
 
 ENGINES = ("auto", "numpy", "onnxruntime")
 QUIET_KEY = "darknet_py.quiet"   # click's ctx.meta: the command's --quiet (engine_option)
@@ -67,26 +69,71 @@ class OnnxRuntimeEngine:
         return True
 
     def _session(self, net):
-        data = read_entry(self.key) if self.key else None
-        if data is not None:
+        """The session on the cached, already optimised model; else on the cached export
+        (optimised now, and that saved); else on a new export, once it passed the check
+        (then both cached). A damaged cache file is made again, with a warning."""
+        if not self.key:
+            return self._export(net, None, None)
+        ort = require("onnxruntime")
+        tag = cache.runtime_tag(ort.__version__)
+        optimized = cache.optimized_path(self.key, tag)
+        if os.path.exists(optimized):
             try:
-                sess = session(data, self.threads)
-                self.where = f"its export read from {entry_path(self.key)}"
+                sess = session(optimized, self.threads, optimize=False)
+                self.where = f"its optimised export read from {optimized}"
                 return sess
-            except Exception:   # a damaged entry: export again and replace it
-                pass
+            except Exception as e:   # damaged: optimise the export again
+                _warn_damaged(optimized, e, "optimised again")
+                cache.remove(optimized)
+        data = cache.read_entry(self.key)
+        if data is not None:
+            staged = cache.stage_optimized(self.key, tag)
+            try:
+                sess, staged = self._optimizing_session(data, staged)
+            except Exception as e:   # damaged: export again and replace it
+                _warn_damaged(cache.entry_path(self.key), e, "exported again")
+            else:
+                saved = staged and cache.keep_optimized(staged, self.key, tag)
+                self.where = (f"its export read from {cache.entry_path(self.key)}"
+                              + (f", optimised and saved in {saved}" if saved else ""))
+                return sess
+        return self._export(net, self.key, tag)
+
+    def _export(self, net, key, tag):
+        """Export the network, check it against NumPy and cache it under key (with its
+        optimised form) when the key names an entry."""
+        from .model import export_model
         data = export_model(net, batch=None).SerializeToString()
-        sess = session(data, self.threads)
-        x = np.random.default_rng(0).random((1,) + net.input_shape, dtype=np.float32)
-        diffs = compare(net, sess, x)
-        worst = max(diffs, key=diffs.get)
-        if not diffs[worst] < CHECK_TOLERANCE:
-            raise ExportError(f"ONNX Runtime differs from NumPy by {diffs[worst]:.2e} "
-                              f"(over {CHECK_TOLERANCE:g}) on {worst}")
-        path = write_entry(self.key, data) if self.key else None
+        staged = cache.stage_optimized(key, tag) if key else None
+        sess, staged = self._optimizing_session(data, staged)
+        try:
+            x = np.random.default_rng(0).random((1,) + net.input_shape, dtype=np.float32)
+            diffs = compare(net, sess, x)
+            worst = max(diffs, key=diffs.get)
+            if not diffs[worst] < CHECK_TOLERANCE:
+                raise ExportError(f"ONNX Runtime differs from NumPy by {diffs[worst]:.2e} "
+                                  f"(over {CHECK_TOLERANCE:g}) on {worst}")
+        except BaseException:
+            cache.discard_staged(staged)
+            raise
+        path = cache.write_entry(key, data) if key else None
+        if path and staged:
+            cache.keep_optimized(staged, key, tag)
+        else:
+            cache.discard_staged(staged)
         self.where = (f"exported, checked against NumPy and cached in {path}" if path else
                       "exported and checked against NumPy in memory")
         return sess
+
+    def _optimizing_session(self, data, staged):
+        """(session, staged): the session on data, its optimised model saved to staged; where
+        that cannot be saved, the session alone (staged None)."""
+        if staged:
+            try:
+                return session(data, self.threads, save_optimized=staged), staged
+            except Exception:   # saving failed (a full disk, say), or the model is bad
+                cache.discard_staged(staged)
+        return session(data, self.threads), None
 
     def infer(self, net, x):
         """As Network.infer on x; False where NumPy must run it instead (the engine could
@@ -105,6 +152,13 @@ class OnnxRuntimeEngine:
             net.be.write(layer.output, value.reshape(-1))
         net.engine_outputs = {layer.index for _, layer in self.outputs}
         return True
+
+
+def _warn_damaged(path, error, remedy):
+    detail = " ".join(str(error).split())
+    warnings.warn(EngineCacheWarning(
+        f"{path}: a damaged ONNX cache file ({type(error).__name__}: {detail[:200]}); "
+        f"{remedy}"), stacklevel=3)
 
 
 def _reason(error):
@@ -142,13 +196,13 @@ def attach(net, engine, weights=None, seed=0, cutoff=None, transfer=False):
     if required:
         require("onnxruntime")
     net.inference_engine = OnnxRuntimeEngine(
-        net, entry_key(net, weights, seed, cutoff, transfer), required)
+        net, cache.entry_key(net, weights, seed, cutoff, transfer), required)
 
 
 def _why_numpy(net, weights):
     """Why the default engine is NumPy for this network, or None."""
     if not onnxruntime_installed():
-        return f"ONNX Runtime is not installed; {PIP_EXTRA} gives a faster CPU engine"
+        return f"ONNX Runtime is not installed; {PIP_COMMAND} gives a faster CPU engine"
     if weights is None:
         return "random weights; ONNX Runtime serves a weights file"
     if net.precision != "fp32":

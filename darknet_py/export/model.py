@@ -13,9 +13,9 @@ import numpy as np
 from ..predictions import DETECTOR_TYPES, nms_kind, output_layer
 from ..layers.heads import is_fork_flavour
 from . import ExportError, require
-from .builder import GraphBuilder
-from .heads import add_nms, decode_heads
-from .layers import EXPORTERS
+
+# The graph builder, the layers' and the heads' exporters are imported on the first export
+# (export_model): every darknet-py command imports this module, a cached export needs none.
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 13        # ReduceSum's axes input, Resize's and Split's current forms
@@ -43,6 +43,7 @@ def letterboxed(net):
 def check_exportable(net):
     """Refuse, before anything is built, a layer no function is registered for (the
     recurrent layers, which carry state from call to call, among them)."""
+    from .layers import EXPORTERS
     for layer in net.layers:
         if type(layer) not in EXPORTERS:
             raise ExportError(f"layer {layer.index} [{layer.type}]: ONNX export does not "
@@ -54,6 +55,7 @@ def check_exportable(net):
 
 def build_layers(g, net, x):
     """Every layer's function in order."""
+    from .layers import EXPORTERS
     for layer in net.layers:
         y = EXPORTERS[type(layer)](g, layer, x)
         y = g.reshape(y, layer.output_shape(1)[1:])
@@ -64,6 +66,8 @@ def build_layers(g, net, x):
 def export_model(net, opset=DEFAULT_OPSET, batch=1, precision="fp32", decode=False, nms=False,
                  names=None, thresh=0.5, nms_thresh=0.45):
     """The network as an onnx.ModelProto. batch: an int, or None for a dynamic batch."""
+    from .builder import GraphBuilder
+    from .heads import add_nms, decode_heads
     onnx = require("onnx")
     if opset < MIN_OPSET or opset > onnx.defs.onnx_opset_version():
         raise ExportError(f"--opset {opset}: use {MIN_OPSET}..{onnx.defs.onnx_opset_version()}")
