@@ -13,7 +13,7 @@ MAX_FUNCTION_LINES = 100
 FLOORS = [
     ("foundation", ["errors", "files", "processes", "cfg", "activations", "shapes", "draws",
                     "optimizer", "adam", "image", "boxes", "tree", "names", "plots", "precision",
-                    "architectures", "plurals"]),
+                    "architectures", "plurals", "version"]),
     ("losses", ["losses.*"]),
     ("backends", ["backends.*"]),
     ("layers", ["layers.*"]),

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..version import __version__
+
 _FORMAT = "darknet-py onnx cache v2"
 # A weights digest is remembered only for a file last changed longer ago than this: a
 # write within the same tick of a coarse file-system clock leaves the times unchanged.
@@ -47,7 +49,6 @@ def cache_dir():
 
 def _exporter_digest():
     """darknet-py's version and the export package's source."""
-    from .. import __version__   # at call time: darknet_py imports this package
     h = hashlib.sha256(__version__.encode() + b"\0")
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
