@@ -223,6 +223,8 @@ def train_run(settings, gpus, precision, iterations, name):
     row = dict(name=name, gpus=gpus, precision=precision, iterations=iterations,
                seconds=round(run.seconds, 3), code=code, steady=steady, first=first,
                first_start=first_start, log=str(settings.work / f"{name}.log"))
+    with open(settings.work / "rows.jsonl", "a") as f:   # what a run cut short leaves
+        f.write(json.dumps(row) + "\n")
     say(f"[{time.monotonic() - settings.t0:6.1f} s] {name}: exit {code}, {run.seconds:.2f} s "
         f"whole, steady {steady if steady is None else round(steady, 1)} images/s, first "
         f"iteration after {first} s")
