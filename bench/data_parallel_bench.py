@@ -214,6 +214,7 @@ def train_run(settings, gpus, precision, iterations, name):
     else:
         on = ["--gpu", 0] if gpus == 1 else ["--gpus", ",".join(map(str, range(gpus)))]
     env = dict(os.environ, DARKNET_PRECISION=precision, PYTHONUNBUFFERED="1",
+               DARKNET_TRACE_START="1" if settings.trace else "0",
                NCCL_NVLS_ENABLE="0", PYTHONPATH=os.pathsep.join(
                    [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     run = Run(["train", settings.cfg, data, *on, "--max-batches", iterations, "--quiet"],
@@ -299,9 +300,11 @@ def write_results(settings, rows, keys):
              f"{gpu} (bench/data_parallel_bench.py)", "",
              f"`python3 bench/data_parallel_bench.py --gpus {k} --modes "
              f"{','.join(settings.modes)} --steady-iterations {settings.steady_iterations} "
-             f"--whole-iterations {settings.whole_iterations}`: {Path(settings.cfg).name}, "
+             f"--whole-iterations {settings.whole_iterations} --image-size {settings.image_size}`: "
+             f"{Path(settings.cfg).name}, "
              f"{settings.batch} images per {'rank' if settings.cpu else 'GPU'} an iteration "
-             f"in {settings.subdivisions} passes, {settings.images} synthetic images; "
+             f"in {settings.subdivisions} passes, {settings.images} synthetic {settings.image_size}x"
+             f"{settings.image_size} JPEG images; "
              f"whole = the process from its start to its exit; steady = the median of the "
              f"log's per-iteration images/s after the first third; first iteration = the "
              f"log's `first iteration after` (from the command's start).", "",
@@ -397,6 +400,11 @@ def main(argv=None):
     ap.add_argument("--steady-iterations", type=int, default=None, help="[30; --cpu 4]")
     ap.add_argument("--whole-iterations", type=int, default=None, help="[300; --cpu 6]")
     ap.add_argument("--images", type=int, default=None, help="synthetic images [512; --cpu 24]")
+    ap.add_argument("--image-size", type=int, default=None,
+                    help="their width and height [416; --cpu 96]: JPEG decoding and the "
+                         "mosaic's resizing grow with it (the loader's CPU work)")
+    ap.add_argument("--trace", action="store_true",
+                    help="DARKNET_TRACE_START=1 in the timed runs (start-up lines in the logs)")
     ap.add_argument("--batch", type=int, default=None, help="per GPU an iteration [64; --cpu 4]")
     ap.add_argument("--subdivisions", type=int, default=None, help="[2; --cpu 1]")
     ap.add_argument("--cfg", default=None, help="use this cfg instead of writing one")
@@ -434,7 +442,8 @@ def main(argv=None):
                                   ROOT / "bench" / "RESULTS.md")
         s.cfg = write_cfg(s.work / ("small.cfg" if cpu else "yolov4-3c.cfg"), cpu, s.batch,
                           s.subdivisions, s.cfg)
-        write_data_set(s.work / "set", s.images, 96 if cpu else 416)
+        s.image_size = s.image_size or (96 if cpu else 416)
+        write_data_set(s.work / "set", s.images, s.image_size)
         say(f"[{time.monotonic() - s.t0:6.1f} s] {s.images} images in {s.work / 'set'}, "
             f"cfg {s.cfg}, {s.gpus} {'ranks' if cpu else 'GPUs'}")
         if s.signals:

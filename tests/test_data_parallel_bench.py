@@ -55,7 +55,7 @@ def test_speedups_and_the_results_files(tmp_path):
     settings = SimpleNamespace(cpu=True, json=results, results=notes, gpus=4,
                                modes=["steady", "whole"], steady_iterations=30,
                                whole_iterations=300, cfg="yolov4-3c.cfg", batch=64,
-                               subdivisions=2, images=512)
+                               subdivisions=2, images=512, image_size=416)
     bench.write_results(settings, rows, keys)
     written = json.loads(results.read_text())
     assert written["yolov4_b32_pass_ms_fp16"] == 101.6   # the other benches' keys stay
