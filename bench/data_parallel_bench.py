@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # darknet_py of this tree (the backup check, the GPU count)
 SHARED = ROOT.parent / "shared"
 ITERATION = re.compile(r"^(\d+): .* \| ([0-9.]+) images/s")
 FIRST = re.compile(r"^first iteration after ([0-9.]+) s \(it started ([0-9.]+) s after")
@@ -428,7 +429,6 @@ def main(argv=None):
         if cpu:
             s.gpus = 2
         else:
-            sys.path.insert(0, str(ROOT))
             from darknet_py.backends import cuda_device_count
             s.gpus = cuda_device_count()
     if s.gpus < 2:
