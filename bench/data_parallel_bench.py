@@ -58,7 +58,7 @@ def say(line):
 # ---- the inputs ----------------------------------------------------------------------------
 def write_data_set(folder, count, size, seed=0):
     """`count` random JPEG images of size x size with 1-4 random boxes of 3 classes each,
-    Darknet's layout (labels beside the images), train.list, names and a .data file whose
+    their labels where both Darknets look for them, train.list, names and a .data file whose
     backup folder is replaced per run (data_file)."""
     import cv2
     folder = Path(folder)
@@ -80,7 +80,9 @@ def write_data_set(folder, count, size, seed=0):
             rows.append(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}")
         path = folder / "images" / f"{i:05d}.jpg"
         cv2.imwrite(str(path), image)
-        (folder / "labels" / f"{i:05d}.txt").write_text("\n".join(rows) + "\n")
+        # Where either Darknet looks: labels/ for the original, beside it for the fork.
+        for labels in (folder / "labels" / f"{i:05d}.txt", path.with_suffix(".txt")):
+            labels.write_text("\n".join(rows) + "\n")
         paths.append(str(path))
     (folder / "train.list").write_text("\n".join(paths) + "\n")
     (folder / "shapes.names").write_text("red\ngreen\nblue\n")
@@ -304,8 +306,8 @@ def write_results(settings, rows, keys):
              f"--whole-iterations {settings.whole_iterations} --image-size {settings.image_size}`: "
              f"{Path(settings.cfg).name}, "
              f"{settings.batch} images per {'rank' if settings.cpu else 'GPU'} an iteration "
-             f"in {settings.subdivisions} passes, {settings.images} synthetic {settings.image_size}x"
-             f"{settings.image_size} JPEG images; "
+             f"in {settings.subdivisions} passes, {settings.images} synthetic "
+             f"{settings.image_size}x{settings.image_size} JPEG images; "
              f"whole = the process from its start to its exit; steady = the median of the "
              f"log's per-iteration images/s after the first third; first iteration = the "
              f"log's `first iteration after` (from the command's start).", "",
@@ -347,7 +349,7 @@ def run_signals(settings):
         data, backup_dir = data_file(settings.work / "set", f"signal_{check}")
         run = Run(["train", settings.cfg, data, *on, "--max-batches", 100000, "--quiet"],
                   env, settings.work / f"signal_{check}.log", group=True)
-        line = run.wait_for(lambda l: l.startswith("3: ") or l.startswith("3, "),
+        line = run.wait_for(lambda text: text.startswith(("3: ", "3, ")),
                             settings.timeout)
         if line is None:
             run.finish(5)

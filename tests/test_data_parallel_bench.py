@@ -62,7 +62,8 @@ def test_speedups_and_the_results_files(tmp_path):
     assert written["dp4_steady_speedup_fp16"] == keys["dp4_steady_speedup_fp16"]
     assert {"gpu", "date"} <= set(written)
     text = notes.read_text()
-    assert text.startswith("# Results\n\n## ") and "| whole_fp16_4 | 4 | fp16 | 30 | 94.00 |" in text
+    assert text.startswith("# Results\n\n## ")
+    assert "| whole_fp16_4 | 4 | fp16 | 30 | 94.00 |" in text
 
 
 def test_the_cfg_and_the_data_set(tmp_path):

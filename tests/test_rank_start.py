@@ -129,7 +129,7 @@ def test_a_ranks_start_order_and_its_first_iteration_line(bars, tmp_path):
                 <= t["network loaded"] <= t["parameters from rank 0 on their way"]
                 <= t["first batch loaded"] <= t["first iteration trained (passes, exchange, "
                                                   "update)"]), t
-    lines = [l for l in out.splitlines() if l.startswith("first iteration after")]
+    lines = [line for line in out.splitlines() if line.startswith("first iteration after")]
     assert len(lines) == 1   # rank 0's log alone
     m = re.fullmatch(r"first iteration after ([0-9.]+) s \(it started ([0-9.]+) s after the "
                      r"process\)", lines[0])
@@ -139,7 +139,10 @@ def test_a_ranks_start_order_and_its_first_iteration_line(bars, tmp_path):
     rank0 = min(ranks.values(), key=lambda t: "rank 0 rendezvous done" not in t)
     assert 0 < begin <= end < wall
     assert rank0["first iteration trained (passes, exchange, update)"] <= end + 0.01
-    assert out.index("1, ") < out.index("first iteration after") < out.index("2, ")
+    order = [line.split(",")[0] if line[:2] in ("1,", "2,") else line[:21]
+             for line in out.splitlines()
+             if line[:2] in ("1,", "2,") or line.startswith("first iteration after")]
+    assert order == ["1", "first iteration after", "2"]   # after iteration 1's own line
 
 
 def test_a_loader_started_early_loads_ahead_and_is_pinned_later(bars):

@@ -65,9 +65,10 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     What needs no device comes first, on the network's layout (its layers and shapes, no
     arrays): the lists, the label checks and the data settings, so that a CUDA device
     started beforehand (backends.start_device) gets ready meanwhile. start_loader(plan,
-    layout): called then for a run that starts at iteration 0, to start the data loader
+    layout): called then for a run from iteration 0 (no --weights), to start the data loader
     before the network is built; its loader becomes plan.loader (closed again if the plan
-    is refused)."""
+    is refused). With --weights the network comes first (its errors before the data's),
+    and the loader after it."""
     config, paths, valid_paths = _lists(data, map_eval, comm)
     ranks = Ranks(comm)
     layout = network_layout(cfg, weights, darknet)
@@ -91,12 +92,14 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     plan = TrainPlan(cfg=cfg, data=data, config=config, paths=paths, valid_paths=valid_paths,
                      ranks=ranks, net=None, task=task, weights=weights, start_iteration=0,
                      checkpoints=None)
-    if task == "classifier":
-        _classifier_data(plan, layout, log)
-    else:
-        _detector_data(plan, layout, log)
     plan.stride = network_stride(layout)
-    if start_loader is not None and (weights is None or clear):
+    if weights is not None:   # a bad weights file is the error to tell before the data's
+        _plan_network(plan, layout, weights, clear, seed, device, map_eval, map_every,
+                      max_batches, overwrite, darknet, log)
+        _data_settings(plan, layout, log)
+        return plan
+    _data_settings(plan, layout, log)
+    if start_loader is not None:
         plan.loader = start_loader(plan, layout)
         trace_start("loader started before the network")
     try:
@@ -107,6 +110,13 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
             plan.loader.close()
         raise
     return plan
+
+
+def _data_settings(plan, layout, log):
+    if plan.task == "classifier":
+        _classifier_data(plan, layout, log)
+    else:
+        _detector_data(plan, layout, log)
 
 
 def network_layout(cfg, weights=None, darknet=None):
