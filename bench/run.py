@@ -123,13 +123,13 @@ SUBJECTS = {
         [(["data/loader.py"], [])],
     ),
     "multigpu": (
-        "data-parallel throughput on 2 GPUs; the cluster checks (torchrun, signals) and "
-        "yolov4's 1/2/4-GPU whole-process timing",
-        [(["multigpu_bench.py"], [TINY]), (["multigpu/cluster_check.sh"], [FORK / "yolov4.cfg"])],
+        "data-parallel training through the train command on 1 and all GPUs (steady, whole "
+        "process, first iteration); the cluster checks (torchrun, signals)",
+        [(["multigpu/data_parallel.py"], []), (["multigpu/cluster_check.sh"], [FORK / "yolov4.cfg"])],
     ),
     "start": (
         "process start with an empty and a filled kernel cache, and the CUDA graphs' gain",
-        [(["start_bench.py"], [])],
+        [(["networks/start.py"], [])],
     ),
     "learning": (
         "the learning check per precision: yolov4-tiny trained in fp32, fp16 and bf16 "

@@ -39,6 +39,35 @@ def children_ignore_signals(signals=PARENT_SIGNALS):
 _START = time.monotonic()
 
 
+def _process_start():
+    """The monotonic clock's reading when this process started (the interpreter's start
+    and its imports included): Linux's start time of the process, else this module's
+    import."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        ticks = int(fields[19])   # field 22, starttime: clock ticks after the boot
+        since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _START
+    return time.monotonic() - max(0.0, since)
+
+
+PROCESS_START = _process_start()
+
+
+def set_process_start(started):
+    """Count since_start() from `started` (a time.monotonic() reading, the clock every
+    process of the machine shares): a rank's from its launcher's start, the command's."""
+    global PROCESS_START
+    PROCESS_START = float(started)
+
+
+def since_start():
+    """Seconds since the process started (for a launched rank: since its launcher did)."""
+    return time.monotonic() - PROCESS_START
+
+
 def say(line, stream=None):
     """Write `line` and its newline in one write, then flush: processes that share a stdout
     (a run's ranks, forked at one moment) never interleave their lines. print() writes the
@@ -61,8 +90,8 @@ if os.environ.get("DARKNET_TRACE_START") == "1":   # the end of a process's run 
 def trace_start(event):
     """With DARKNET_TRACE_START=1: one line naming a milestone of this process's start-up
     (CUDA started, communicator ready, network built, loader started, first batch, first
-    iteration) and the seconds since this module was imported, to see where a run's start
-    goes."""
+    iteration) and the seconds since the process started (since_start: a launched rank's
+    since its launcher did, so that the ranks' lines share one clock), to see where a
+    run's start goes."""
     if os.environ.get("DARKNET_TRACE_START") == "1":
-        say(f"darknet-py: trace pid {os.getpid()}: {event} at "
-            f"{time.monotonic() - _START:.3f} s")
+        say(f"darknet-py: trace pid {os.getpid()}: {event} at {since_start():.3f} s")

@@ -31,11 +31,12 @@ Files in the .data file's backup directory, named after the cfg (``cfg/yolov3.cf
 Every file is written atomically (a temporary file renamed into place), with the mode
 a plain open() would give it.
 """
+from .backends import start_device
 from .data.loader import start_worker_server
 from .processes import trace_start
 from .training.chart import draw_chart  # noqa: F401 (the package's names, below)
 from .training.checkpoints import cfg_base  # noqa: F401
-from .training.loop import TrainingRun, TrainResult, make_loader
+from .training.loop import TrainingRun, TrainResult, first_size, make_loader
 from .training.plan import plan_training
 from .training.schedule import (default_map_interval, detector_snapshot_due,  # noqa: F401
                                 multiscale_size, resize_network)
@@ -73,13 +74,30 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     count). On KeyboardInterrupt the weights are saved to <cfg>.backup, then the
     KeyboardInterrupt is re-raised. Returns a TrainResult.
     """
+    # A CUDA device starts on a thread of its own (a second or more) while the lists are
+    # read, the labels checked and the loader started: none of them needs it.
+    start_device(device)
     if workers != 0:   # its workers' server gets ready while the network is built
         start_worker_server()
+
+    def start_loader(plan, layout):
+        """The loader of a run from iteration 0, its first batches queued now, while the
+        device starts and the network is built; pinned for the GPU once it is ready."""
+        loader = make_loader(plan, seed, workers, layout=layout)
+        loader.set_size(*first_size(plan, layout, seed, max_batches))
+        loader.load_ahead()
+        return loader
+
     plan = plan_training(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
                          map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-                         overwrite=overwrite, darknet=darknet, comm=comm, log=log)
+                         overwrite=overwrite, darknet=darknet, comm=comm, log=log,
+                         start_loader=start_loader if workers != 0 else None)
     trace_start("network built")
-    loader = make_loader(plan, seed, workers)
+    if plan.loader is not None:
+        loader = plan.loader
+        loader.pin_with(plan.net.be.pin)
+    else:
+        loader = make_loader(plan, seed, workers)
     trace_start("loader started")
     plan.net.verbose = verbose
     run = TrainingRun(plan, loader, seed=seed, log=log, log_every=log_every,

@@ -6,6 +6,7 @@ runs the same ops as hand-written CUDA kernels and is imported only when asked f
 so the package works without PyCUDA.
 """
 import sys
+import threading
 
 from .errors import BackendError, DeviceOutOfMemory, GraphCaptureError  # noqa: F401
 from .numpy_backend import NumpyBackend
@@ -27,6 +28,42 @@ def cuda_available():
 
 
 _cpu_notice_given = False
+_starting = {}   # CUDA device index -> the thread start_device started for it
+
+
+def _cuda_index(device):
+    """N of "cuda:N" (0 for "cuda", an int N as itself); None for any other device."""
+    if isinstance(device, int):
+        return device
+    device = str(device).lower()
+    if device == "cuda":
+        return 0
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    return None
+
+
+def start_device(device):
+    """Start CUDA device `device` ("cuda:N") on a thread of its own: PyCUDA's import, the
+    driver and the device's context, its stream and pool, its kernels' binaries (about 1 s,
+    1.5-2 s in each of several processes starting at once), while the caller goes on with
+    work that needs no device (a data-parallel rank reads its lists and plans its network
+    meanwhile). get_backend(device) waits for it. Any other device: nothing. A start that
+    fails is made again by get_backend, which raises its error in the caller's thread."""
+    index = _cuda_index(device)
+    if index is None or index in _starting:
+        return
+
+    def start():
+        try:
+            from .cuda_backend import _KERNELS, _Device
+            _Device.start_here(index, _KERNELS)
+        except BaseException:   # get_backend makes it again, and says what is wrong
+            pass
+
+    _starting[index] = threading.Thread(target=start, daemon=True,
+                                        name=f"darknet-py CUDA start on device {index}")
+    _starting[index].start()
 
 
 def get_backend(device="auto", notice=True):
@@ -54,6 +91,8 @@ def get_backend(device="auto", notice=True):
             index = int(index)
         except ValueError:
             raise BackendError(f"bad device '{device}': expected cuda:N") from None
+        if index in _starting:   # start_device's thread: wait for it
+            _starting[index].join()
         try:
             from .cuda_backend import CudaBackend
         except ImportError as e:

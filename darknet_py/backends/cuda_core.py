@@ -7,7 +7,10 @@ family's mixin lists its kernels in a KERNELS table ({kernel file: {entry point:
 format}}) beside its launchers, and cuda_backend.py merges them for _Device.
 """
 import atexit
+import collections.abc
+import ctypes
 import os
+import threading
 
 import numpy as np
 import pycuda.driver as drv
@@ -75,30 +78,115 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
+def start_driver(index):
+    """cuInit and device `index`'s primary context through ctypes, which lets go of Python's
+    lock during each call: the driver's slowest start calls (cuInit ~0.8 s alone, 1.3 s in
+    each of 4 processes starting at once) no longer stop the caller's other threads.
+    PyCUDA's own init and retain_primary_context then find both done. The context keeps
+    this retain until the process ends. Errors are left to PyCUDA's calls, which follow
+    and name them."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    if lib.cuInit(0) != 0:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if lib.cuDeviceGet(ctypes.byref(device), int(index)) == 0:
+        lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+
+
+class _KernelTable(collections.abc.Mapping):
+    """{entry point: prepared function} of one device, a file's module loaded when one of
+    its entry points is first asked for (its functions as they are): the device's start
+    loads none, and a run loads only the files it launches (an fp32 run none of the 16-bit
+    ones). The binaries themselves are all found (prebuilt, cached, or compiled together,
+    in parallel) when the device starts."""
+
+    def __init__(self, kernels, binaries, arch, compiled):
+        self._file_of = {name: filename for filename, entries in kernels.items()
+                         for name in entries}
+        self._format = {name: fmt for entries in kernels.values()
+                        for name, fmt in entries.items()}
+        self._binaries, self._arch, self._compiled = binaries, arch, compiled
+        self.modules = {}      # file name -> loaded module
+        self._functions = {}
+
+    def __getitem__(self, name):
+        fn = self._functions.get(name)
+        if fn is None:
+            filename = self._file_of[name]   # KeyError: no such kernel
+            fn = self._module(filename).get_function(name)
+            fn.prepare(self._format[name])
+            self._functions[name] = fn
+        return fn
+
+    def __contains__(self, name):
+        return name in self._file_of
+
+    def __iter__(self):
+        return iter(self._file_of)
+
+    def __len__(self):
+        return len(self._file_of)
+
+    def _module(self, filename):
+        module = self.modules.get(filename)
+        if module is None:
+            try:
+                module = drv.module_from_buffer(self._binaries[filename])
+            except drv.Error as e:
+                where = (kernel_cache.cache_dir() if filename in self._compiled
+                         else prebuilt.PREBUILT_DIR)
+                raise CudaError(f"the driver cannot load the binary of {filename} for "
+                                f"{self._arch} (from {where}): {e}") from e
+            self.modules[filename] = module
+        return module
+
+
 class _Device:
     """Per-process state of one GPU: primary context, stream, pool, compiled kernels.
 
-    Shared by every CudaBackend on that device, so kernels compile once per process."""
+    Shared by every CudaBackend on that device, so kernels compile once per process. Its
+    context is made current on each thread that gets it."""
 
     _by_index = {}
+    _making = threading.Lock()   # one thread makes a device; others (a communicator's) wait
 
     @classmethod
     def get(cls, index, kernels):
-        dev = cls._by_index.get(index)
-        if dev is None:
-            dev = cls._by_index[index] = cls(index, kernels)
+        with cls._making:
+            dev = cls._by_index.get(index)
+            if dev is None:
+                dev = cls._by_index[index] = cls(index, kernels)
+        dev.make_current()
         return dev
+
+    @classmethod
+    def start_here(cls, index, kernels):
+        """Make the device on this thread (backends.start_device's), leaving its context
+        current nowhere: PyCUDA aborts the process when a thread ends with a context on its
+        stack. The thread that uses the device pushes it (get)."""
+        try:
+            cls.get(index, kernels).leave_thread()
+        except BaseException:
+            while drv.Context.get_current() is not None:   # a start that failed half-way
+                drv.Context.pop()
+            raise
 
     def __init__(self, index, kernels):
         trace_start(f"CUDA start on device {index}")
+        start_driver(index)
         drv.init()
         count = drv.Device.count()
         if not 0 <= index < count:
             raise CudaError(f"no CUDA device {index}: {count} device(s) present")
         self.index = index
         self.device = drv.Device(index)
+        self._here = threading.local()   # .current: the context pushed on that thread
         self.context = self.device.retain_primary_context()
         self.context.push()
+        self._here.current = True
         trace_start(f"CUDA context of device {index} current")
         self.closed = False
         atexit.register(self.close)
@@ -109,43 +197,42 @@ class _Device:
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.total_bytes = self.device.total_memory()
         self.peak_allocated_bytes = 0
-        self.functions = {}
-        self.modules = []
         sources = {}
         for filename in kernels:   # their headers: found by nvcc -I, hashed by kernel_digest
             with open(os.path.join(KERNEL_DIR, filename)) as f:
                 sources[filename] = f.read()
         arch = "sm_%d%d" % self.device.compute_capability()
         # The wheel's prebuilt binaries where they match; nvcc (cached) for the rest.
-        cubins, self.compiled = prebuilt.binaries(sources, arch, _KERNEL_OPTIONS,
-                                                  include_dir=KERNEL_DIR)
-        for filename, entries in kernels.items():
-            try:
-                module = drv.module_from_buffer(cubins[filename])
-            except drv.Error as e:
-                where = (kernel_cache.cache_dir() if filename in self.compiled
-                         else prebuilt.PREBUILT_DIR)
-                raise CudaError(f"the driver cannot load the binary of {filename} for {arch} "
-                                f"(from {where}): {e}") from e
-            self.modules.append(module)
-            for name, fmt in entries.items():
-                fn = module.get_function(name)
-                fn.prepare(fmt)
-                self.functions[name] = fn
-        trace_start(f"kernels of device {index} loaded")
+        binaries, self.compiled = prebuilt.binaries(sources, arch, _KERNEL_OPTIONS,
+                                                    include_dir=KERNEL_DIR)
+        self.functions = _KernelTable(kernels, binaries, arch, self.compiled)
+        trace_start(f"kernels of device {index} found (loaded on first use)")
+
+    def make_current(self):
+        """Push the context on the calling thread, once per thread."""
+        if not getattr(self._here, "current", False):
+            self.context.push()
+            self._here.current = True
+
+    def leave_thread(self):
+        """Pop the context from the calling thread's stack, where make_current pushed it."""
+        if getattr(self._here, "current", False):
+            self.context.pop()
+            self._here.current = False
 
     def close(self):
         if self.closed:
             return
         self.closed = True
         try:
+            self.make_current()   # at exit: the main thread may never have used the device
             self.stream.synchronize()
             self.pool.stop_holding()
             self.transfers.close()   # page-locked buffers go while their context lives
             self.__dict__.pop("geometry_slots", None)   # cuda_images.py's, page-locked too
         except drv.Error:
             pass
-        self.context.pop()
+        self.leave_thread()
         from pycuda.tools import clear_context_caches
         clear_context_caches()
 
@@ -231,6 +318,11 @@ class CudaCore:
     """Arrays, launches, synchronisation and copies; CudaBackend.__init__ sets the state."""
 
     # ---- infrastructure ------------------------------------------------------
+    def leave_thread(self):
+        """Pop the device's context from the calling thread, where getting this backend
+        pushed it: a thread other than the main one does this before it ends."""
+        self._dev.leave_thread()
+
     @property
     def context(self):
         """The device's primary CUDA context (PyCUDA's): another thread that works on this

@@ -190,10 +190,11 @@ class CudaNorm:
             per_sm = min(threads // _BLOCK, blocks)
             family = {name + suffix for name in _CHANNEL_REDUCTIONS
                       for _, suffix in _X_STORAGE.values()}
-            for name, fn in self._fn.items():
-                if name in family:   # by name: channel_moments_rows_* is not of it
+            # By name (channel_moments_rows_* is not of it); each loaded as it is looked up.
+            for name in sorted(family):
+                if name in self._fn:
                     # registers go to warps in units of 256
-                    warp_registers = _ceil_div(fn.num_regs * 32, 256) * 256
+                    warp_registers = _ceil_div(self._fn[name].num_regs * 32, 256) * 256
                     per_sm = min(per_sm, registers // warp_registers // warps)
             capacity = self._channel_reduction_capacity = max(1, per_sm) * self.sm_count
         return capacity

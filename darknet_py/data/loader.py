@@ -179,6 +179,23 @@ class DataLoader:
             if self._pool is not None:
                 self._pool.drop_queued()
 
+    def load_ahead(self):
+        """Queue the next batches with the workers now rather than at next_batch(): a run
+        that starts its loader before its network is built gets its first batch
+        meanwhile. Nothing with workers=0."""
+        if self._pool is None or self._closed:
+            return
+        for ahead in range(self._pool.ahead):
+            k = self._next + ahead
+            if self.train or k < self.batches_per_epoch:
+                self._pool.queue_batch(k, self._size, self._rows(k))
+
+    def pin_with(self, pin):
+        """Page-lock the slots with `pin` (see the class's docstring) from now on, those
+        made already too: for a loader started before its GPU was ready."""
+        if self._pool is not None:
+            self._pool.pin_slots(pin)
+
     @property
     def workers(self):
         """The worker processes' ids (empty with workers=0 or once closed)."""
@@ -466,9 +483,14 @@ class _Slot:
             raise DataError(f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
                             f"the data loader ({e.strerror or e}); --workers 0 loads in this "
                             f"process") from None
-        self.unpin = pin(np.frombuffer(self.segment.buf, np.uint8)) if pin else None
+        self.unpin = None
+        self.pin_with(pin)
         self.nbytes = nbytes
         self.free = True
+
+    def pin_with(self, pin):
+        if pin and self.unpin is None:
+            self.unpin = pin(np.frombuffer(self.segment.buf, np.uint8))
 
     def release(self):
         self.free = True
@@ -556,6 +578,11 @@ class _WorkerPool:
 
     def pids(self):
         return [p.pid for p, _ in self.processes]
+
+    def pin_slots(self, pin):
+        self.pin = pin
+        for slot in self.slots:
+            slot.pin_with(pin)
 
     def queue_batch(self, k, size, rows):
         if k in self.queued:

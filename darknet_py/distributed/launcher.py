@@ -11,10 +11,12 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from ..backends import get_backend
+from ..backends import get_backend, start_device
 from ..data.loader import default_workers
 from ..errors import USER_ERRORS, DarknetError, describe_error
-from ..processes import PARENT_SIGNALS, children_ignore_signals, say, trace_start
+from ..processes import (PARENT_SIGNALS, children_ignore_signals, say, set_process_start,
+                         trace_start)
+from .. import processes
 from ..train import train
 from ..training.loop import describe_stop
 from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
@@ -64,6 +66,7 @@ class RankSpec:
     timeout: float
     train_kwargs: dict
     origin: str = ""        # the start line's note on where the rank came from
+    started: float = None   # the launcher's start (time.monotonic()), the rank's clock's zero
 
 
 class LaunchError(DarknetError):
@@ -86,6 +89,8 @@ def run_rank(spec):
         # Started with the signals training handles ignored and blocked (the launcher's
         # children_ignore_signals): training's handlers are in place now (held_stop_signals).
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
+        if spec.started is not None:
+            set_process_start(spec.started)
         say(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
             f"{spec.device}{spec.origin}")
         trace_start(f"rank {spec.rank} started")
@@ -133,29 +138,41 @@ def _worker(spec, errors):
 
 
 class PendingCommunicator(Communicator):
-    """A rank's communicator made on a thread of its own (the rendezvous, and for a GPU
-    ncclCommInitRank, ~0.6 s) while the rank builds its network; its first collective waits
-    for it and raises what making it raised. The CUDA context is made here first: the
-    network is built in it and NCCL binds to it."""
+    """A rank's communicator made on a thread of its own while the rank's main thread reads
+    its lists and builds its network; its first collective waits for it and raises what
+    making it raised. On that thread: the rendezvous over TCP at once (it needs no
+    device), then for a GPU, once the device's CUDA start is done (started here on a
+    thread of its own, backends.start_device: the driver, the context NCCL binds to),
+    ncclCommInitRank (~0.6 s)."""
 
     def __init__(self, rank, world_size, device, master, timeout=DEFAULT_TIMEOUT,
                  connect_timeout=CONNECT_TIMEOUT):
         self.rank, self.world_size = rank, world_size
         self._comm, self._aborted = None, False
         gpu = str(device).startswith("cuda")
-        context = get_backend(device).context if gpu else None
+        if gpu:
+            start_device(device)
         self._making = DeviceThread(
             lambda: self._connect(rank, world_size, device if gpu else None, master,
                                   (timeout, connect_timeout)),
-            context, name=f"darknet-py rank {rank} communicator")
+            None, name=f"darknet-py rank {rank} communicator")
 
     def _connect(self, rank, world_size, gpu_device, master, timeouts):
         """The rendezvous, then NCCL on `gpu_device` ("cuda:N"; None: TCP alone)."""
         tcp = TcpCommunicator(rank, world_size, master, timeout=timeouts[0],
                               connect_timeout=timeouts[1])
         trace_start(f"rank {rank} rendezvous done")
-        self._comm = tcp if gpu_device is None else \
-            NcclCommunicator(tcp, int(str(gpu_device).partition(":")[2] or 0))
+        if gpu_device is None:
+            self._comm = tcp
+        else:
+            be = get_backend(gpu_device)   # the device's start, its context current here
+            try:
+                self._comm = NcclCommunicator(tcp, int(str(gpu_device).partition(":")[2] or 0))
+            except BaseException:
+                tcp.abort()
+                raise
+            finally:
+                be.leave_thread()   # a thread must not end with a context pushed
         trace_start(f"rank {rank} communicator ready")
         if self._aborted:
             self._comm.abort()
@@ -246,7 +263,8 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
                 for i, device in enumerate(devices):
                     rank = first_rank + i
                     receive, send = context.Pipe(duplex=False)
-                    spec = RankSpec(rank, world_size, device, master, timeout, train_kwargs)
+                    spec = RankSpec(rank, world_size, device, master, timeout, train_kwargs,
+                                    started=processes.PROCESS_START)
                     process = context.Process(target=_worker, args=(spec, send),
                                               name=f"darknet-py rank {rank}")
                     process.start()

@@ -16,7 +16,7 @@ import numpy as np
 from ..data.loader import DataLoader, default_workers
 from ..plurals import counted
 from ..precision import log_note as precision_log_note
-from ..processes import trace_start
+from ..processes import since_start, trace_start
 from ..validate import evaluate_classifier, evaluate_detector
 from .chart import draw_chart, load_history, save_history
 from .checkpoints import finite_weights, last_saved_backup
@@ -38,16 +38,37 @@ class TrainResult:
     best_score: float = None
     best_weights: str = None
     interrupted: bool = False
+    # Seconds from the process's start (a launched rank's: its launcher's) to the first
+    # iteration's start and to its end (processes.since_start); None before it.
+    first_iteration_started_s: float = None
+    first_iteration_s: float = None
 
 
-def make_loader(plan, seed, workers):
-    """The data loader of this rank's share of the images, from the run's start."""
-    net, o = plan.net, plan.net.options
+def make_loader(plan, seed, workers, layout=None):
+    """The data loader of this rank's share of the images, from the run's start. layout:
+    the network's layout (plan.network_layout) for a loader started before the network is
+    built, at iteration 0 and not pinned yet (DataLoader.pin_with)."""
+    if layout is not None:
+        o, batch, start, pin = layout.options, layout.images_per_iteration, 0, None
+    else:
+        net, o = plan.net, plan.net.options
+        batch, start, pin = net.images_per_iteration // net.replicas, net.iteration, net.be.pin
     return DataLoader(plan.ranks.shard(plan.paths), width=o.width, height=o.height,
-                      batch=net.images_per_iteration // net.replicas, channels=o.channels,
-                      augment=plan.augment, seed=plan.ranks.seed(seed),
+                      batch=batch, channels=o.channels, augment=plan.augment,
+                      seed=plan.ranks.seed(seed),
                       workers=default_workers() if workers is None else workers,
-                      start=net.iteration, pin=net.be.pin, **plan.loader_args)
+                      start=start, pin=pin, **plan.loader_args)
+
+
+def first_size(plan, layout, seed, max_batches=None):
+    """The input (width, height) of iteration 0 (TrainingRun.input_size's) from the
+    network's layout; max_batches: the run's override of the cfg's."""
+    o = layout.options
+    if not plan.multiscale:
+        return o.width, o.height
+    return multiscale_size(o.width, o.height, plan.stride, 0,
+                           o.max_batches if max_batches is None else int(max_batches), seed,
+                           classifier=plan.task == "classifier")
 
 
 def describe_stop(stop):
@@ -135,6 +156,7 @@ class TrainingRun:
                 upcoming = self.fetch(iteration + 1) if iteration + 1 < max_batches else None
                 if first:
                     self.plan.ranks.arrived(net)   # rank 0's parameters (Ranks.attach)
+                    self.result.first_iteration_started_s = since_start()
                 train_start = time.perf_counter()
                 loss = net.train_iteration(x, truth)
                 if first:
@@ -146,6 +168,8 @@ class TrainingRun:
                 self.completed_seen = net.seen
                 now = time.perf_counter()
                 self.record(loss, seconds=now - train_start, wall=now - wall_start)
+                if first:
+                    self.first_iteration_done()
                 stop = [s for s, yes in zip(STOP_SIGNALS, asked) if yes]
                 if stop:
                     raise stopped(stop[0])
@@ -170,6 +194,15 @@ class TrainingRun:
         result = self.finish()
         trace_start("training finished (the final weights written where this process writes)")
         return result
+
+    def first_iteration_done(self):
+        """The log's line on how long the run took to start: from the process's start
+        (the command's, for the ranks of `train --gpus`) to the first iteration's start
+        and its end (its loss known on every rank)."""
+        result = self.result
+        result.first_iteration_s = since_start()
+        self.log(f"first iteration after {result.first_iteration_s:.2f} s (it started "
+                 f"{result.first_iteration_started_s:.2f} s after the process)")
 
     def input_size(self, iteration):
         """The input (width, height) of an iteration: with random=1, the size drawn at

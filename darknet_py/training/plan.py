@@ -7,6 +7,7 @@ work on disk is creating the backup directory and removing the temporary files t
 interrupted saves left there.
 """
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from ..data.augment_fork import classifier_augment, detector_augment
@@ -16,7 +17,10 @@ from ..data.labels import MissingLabelFile, check_classifier_labels, label_path,
 from ..distributed.data_parallel import Ranks
 from ..files import OverwriteError, refuse_overwrite
 from ..layers.heads import is_fork_flavour
-from ..network import load_network
+from ..cfg import parse_cfg
+from ..errors import DarknetWarning
+from ..net_options import check_flavour, weights_flavour
+from ..network import Network, load_network
 from ..plurals import counted
 from ..predictions import detector_layers, output_layer
 from ..processes import trace_start
@@ -47,6 +51,7 @@ class TrainPlan:
     multiscale: bool = False
     stride: int = 32        # network_stride: multi-scale sizes are multiples of it
     map_every: int = None   # iterations between evaluations; None without --map
+    loader: object = None   # the data loader, where started before the network
 
     @property
     def metric_name(self):
@@ -55,37 +60,92 @@ class TrainPlan:
 
 def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
                   map_every=None, max_batches=None, overwrite=False, darknet=None, comm=None,
-                  log=print):
-    """The TrainPlan of train()'s arguments (see train.train), or the error that stops it."""
+                  log=print, start_loader=None):
+    """The TrainPlan of train()'s arguments (see train.train), or the error that stops it.
+
+    What needs no device comes first, on the network's layout (its layers and shapes, no
+    arrays): the lists, the label checks and the data settings, so that a CUDA device
+    started beforehand (backends.start_device) gets ready meanwhile. start_loader(plan,
+    layout): called then for a run from iteration 0 (no --weights), to start the data loader
+    before the network is built; its loader becomes plan.loader (closed again if the plan
+    is refused). With --weights the network comes first (its errors before the data's),
+    and the loader after it."""
     config, paths, valid_paths = _lists(data, map_eval, comm)
     ranks = Ranks(comm)
-    net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
-    trace_start("network loaded")
-    net.share_deltas = True   # the same training in less memory (delta_plan.py,
-    net.share_outputs = True  # output_plan.py)
-    net.names = config.names
-    task = network_task(net)
+    layout = network_layout(cfg, weights, darknet)
+    task = network_task(layout)
     if task == "detector":   # before anything is written
-        classes = detector_layers(net)[-1].classes
+        classes = detector_layers(layout)[-1].classes
         if ranks.writer:   # every label file read: once, not once per rank (its warnings
             # are rank 0's to print; a refusal ends rank 0, which ends the others)
             check_detector_dataset(paths, classes,
                                    warn=lambda m: log(f"darknet-py: warning: {m}"),
-                                   darknet=net.darknet)
-        check_detector_labels(paths, classes, net.darknet)
+                                   darknet=layout.darknet)
+        check_detector_labels(paths, classes, layout.darknet)
     if map_eval and ranks.writer:   # before iteration 1 (a bad valid set stopped runs at
         # the first evaluation), on the rank that evaluates
         check_valid_set(valid_paths, config.valid, task, labels=config.labels,
-                        classes=detector_layers(net)[-1].classes if task == "detector" else None,
-                        warn=lambda m: log(f"darknet-py: warning: {m}"), darknet=net.darknet)
+                        classes=(detector_layers(layout)[-1].classes if task == "detector"
+                                 else None),
+                        warn=lambda m: log(f"darknet-py: warning: {m}"),
+                        darknet=layout.darknet)
     trace_start("labels checked")
+    plan = TrainPlan(cfg=cfg, data=data, config=config, paths=paths, valid_paths=valid_paths,
+                     ranks=ranks, net=None, task=task, weights=weights, start_iteration=0,
+                     checkpoints=None)
+    plan.stride = network_stride(layout)
+    if weights is not None:   # a bad weights file is the error to tell before the data's
+        _plan_network(plan, layout, weights, clear, seed, device, map_eval, map_every,
+                      max_batches, overwrite, darknet, log)
+        _data_settings(plan, layout, log)
+        return plan
+    _data_settings(plan, layout, log)
+    if start_loader is not None:
+        plan.loader = start_loader(plan, layout)
+        trace_start("loader started before the network")
+    try:
+        _plan_network(plan, layout, weights, clear, seed, device, map_eval, map_every,
+                      max_batches, overwrite, darknet, log)
+    except BaseException:
+        if plan.loader is not None:
+            plan.loader.close()
+        raise
+    return plan
+
+
+def _data_settings(plan, layout, log):
+    if plan.task == "classifier":
+        _classifier_data(plan, layout, log)
+    else:
+        _detector_data(plan, layout, log)
+
+
+def network_layout(cfg, weights=None, darknet=None):
+    """The network of `cfg` with its layers and shapes but no arrays (no device needed),
+    in the flavour load_network would pick; its cfg warnings are left to load_network,
+    which reads the cfg again."""
+    if darknet is None and weights is not None:
+        darknet = weights_flavour(weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DarknetWarning)
+        return Network(parse_cfg(cfg), cfg, allocate=False, darknet=check_flavour(darknet))
+
+
+def _plan_network(plan, layout, weights, clear, seed, device, map_eval, map_every,
+                  max_batches, overwrite, darknet, log):
+    """The device's part of the plan: the network built and its starting weights loaded,
+    the iteration counts and the outputs this run writes."""
+    cfg, ranks = plan.cfg, plan.ranks
+    net = load_network(cfg, None, device=device, seed=seed, darknet=darknet)
+    trace_start("network loaded")
+    net.share_deltas = True   # the same training in less memory (delta_plan.py,
+    net.share_outputs = True  # output_plan.py)
+    net.names = plan.config.names
     _start_from(net, weights, clear, log)
     ranks.attach(net)   # before the counts below: a replica counts every rank's images
     _check_iterations(net, cfg, weights, max_batches, log)
-    plan = TrainPlan(cfg=cfg, data=data, config=config, paths=paths, valid_paths=valid_paths,
-                     ranks=ranks, net=net, task=task, weights=weights,
-                     start_iteration=net.iteration,
-                     checkpoints=Checkpoints(config.backup, cfg_base(cfg), ranks.writer))
+    plan.net, plan.start_iteration = net, net.iteration
+    plan.checkpoints = Checkpoints(plan.config.backup, cfg_base(cfg), ranks.writer)
     plan.checkpoints.prepare(log)
     check_policy(cfg, net.options, log)
     cause = single_row_batch_norm(net)
@@ -94,15 +154,9 @@ def plan_training(cfg, data, weights=None, clear=False, seed=0, device="auto", m
     plan.replaced = _claim_outputs(plan, map_eval, overwrite)
     if plan.replaced:
         log(f"darknet-py: note: --overwrite: this run will replace {', '.join(plan.replaced)}")
-    if task == "classifier":
-        _classifier_data(plan, log)
-    else:
-        _detector_data(plan, log)
-    plan.stride = network_stride(net)
     if map_eval:
         plan.map_every = map_every if map_every is not None else default_map_interval(
-            len(paths), net.images_per_iteration)
-    return plan
+            len(plan.paths), net.images_per_iteration)
 
 
 def _lists(data, map_eval, comm):
@@ -212,8 +266,8 @@ def _claim_outputs(plan, map_eval, overwrite):
     return [p for p in targets if os.path.exists(p)]
 
 
-def _classifier_data(plan, log):
-    config, paths, o = plan.config, plan.paths, plan.net.options
+def _classifier_data(plan, layout, log):
+    config, paths, o = plan.config, plan.paths, layout.options
     problems = check_classifier_labels(paths, config.labels)
     if len(problems) == len(paths):
         raise TrainError(f"no training image can be labelled: {problems[0][1]}")
@@ -221,7 +275,7 @@ def _classifier_data(plan, log):
         log(f"darknet-py: warning: {len(problems)} of {len(paths)} training images "
             f"cannot be labelled and will be skipped (first: {problems[0][1]})")
     classes = config.classes
-    outputs = output_layer(plan.net).outputs
+    outputs = output_layer(layout).outputs
     if outputs != classes:
         raise TrainError(f"{plan.cfg}: the network gives {outputs} outputs per image but "
                          f"{plan.data} has classes={classes}; set the last layer's filters (or "
@@ -229,12 +283,12 @@ def _classifier_data(plan, log):
     plan.classes = classes
     plan.augment = classifier_augment(o, warn=lambda m: log(f"darknet-py: warning: {m}"))
     plan.loader_args = dict(task="classifier", labels=config.labels, classes=classes,
-                            hierarchy=plan.net.hierarchy)
+                            hierarchy=layout.hierarchy)
     plan.multiscale = bool(o.random)
 
 
-def _detector_data(plan, log):
-    head = detector_layers(plan.net)[-1]
+def _detector_data(plan, layout, log):
+    head = detector_layers(layout)[-1]
     if head.type == "detection":
         raise TrainError(f"{plan.cfg}: training YOLOv1 [detection] networks is not supported "
                          f"(train a [yolo] or [region] network)")
@@ -244,8 +298,8 @@ def _detector_data(plan, log):
             f"network's [{head.type}] layer has classes={classes}; labels must use "
             f"0..{classes - 1}")
     plan.classes = classes
-    plan.augment = detector_augment(plan.net.options, head, fork=is_fork_flavour(plan.net),
+    plan.augment = detector_augment(layout.options, head, fork=is_fork_flavour(layout),
                                     warn=lambda m: log(f"darknet-py: warning: {m}"))
-    plan.loader_args = dict(task="detector", classes=classes, darknet=plan.net.darknet,
+    plan.loader_args = dict(task="detector", classes=classes, darknet=layout.darknet,
                             max_boxes=getattr(head, "max_boxes", 90))
     plan.multiscale = bool(getattr(head, "random", 0))

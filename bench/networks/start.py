@@ -1,6 +1,6 @@
 """Start times and CUDA graph gains on the GPU (issue 8): a Markdown section for RESULTS.md.
 
-    python3 bench/start_bench.py [--repeats N] [--out FILE]
+    python3 bench/networks/start.py [--repeats N] [--out FILE]
 
 Starts: process wall time of `python3 -m darknet_py bench cfg/digits-classifier.cfg
 --gpu 0` with an empty cubin cache (the first start after install: every kernel file
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import pycuda.driver as drv  # noqa: E402
@@ -97,8 +97,8 @@ def main():
     nvcc = nvcc_seconds(arch)
     rows = graph_rows(args.bench_repeats)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = ["# Starts and CUDA graphs (bench/start_bench.py)", "",
-             "Command: `python3 bench/start_bench.py` on the device.", "",
+    lines = ["# Starts and CUDA graphs (bench/networks/start.py)", "",
+             "Command: `python3 bench/networks/start.py` on the device.", "",
              f"## {now}, {device.name()} ({arch}, driver {drv.get_driver_version()}), "
              f"{os.cpu_count()} CPUs", "",
              f"Start, `{' '.join(['python3'] + START_CMD[1:])}`, process wall time: "
