@@ -10,9 +10,9 @@ arrays before the step, never baked into it; host-side effects of the step (loss
 marking their figures pending) are redone after each replay.
 
 A step may come in pieces with host work between them (a data-parallel pass starts the
-sums of the gradients its backward has completed, network.py's train_pass): each piece is
-recorded as a graph of its own and the work between runs, never recorded, after each
-piece's replay.
+sums of the gradients its backward has completed, network/executor.py's train_pass): each
+piece is recorded as a graph of its own and the work between runs, never recorded, after
+each piece's replay.
 
 DARKNET_CUDA_GRAPHS=0 turns replays off (every step eager).
 """

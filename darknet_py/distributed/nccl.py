@@ -171,8 +171,8 @@ class NcclCommunicator(Communicator):
     def start_all_reduce_sum(self, be, arrays):
         """The sum on a stream of its own, after the work queued on the backend's stream so
         far (an event between them): the backward goes on while a bucket's gradients are
-        summed. The NCCL calls stay outside CUDA graphs (network.py's train_pass says why).
-        16-bit arrays are summed by NCCL in their own type, rounded hop by hop."""
+        summed. The NCCL calls stay outside CUDA graphs (network/executor.py's train_pass
+        says why). 16-bit arrays are summed by NCCL in their own type, rounded hop by hop."""
         if self._sum_stream is None:
             self._sum_stream = self.streams.stream()
         queued = self.streams.event()

@@ -1,7 +1,7 @@
 """ONNX Runtime as the CPU engine: a network's inference served by its ONNX export.
 
 load_network(engine=...) attaches an OnnxRuntimeEngine to a CPU network (attach, which
-darknet_py installs into network.py: that module stands on a lower floor):
+darknet_py installs into darknet_py.network: that package stands on a lower floor):
   "auto" (None)  ONNX Runtime when it is installed and a weights file was loaded, else
                  NumPy; a network ONNX cannot serve (a layer export does not cover, a
                  difference over the check's tolerance) falls back to NumPy, saying why;
