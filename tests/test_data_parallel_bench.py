@@ -50,7 +50,7 @@ def test_speedups_and_the_results_files(tmp_path):
     assert bench.summarise(rows, 4, 300)["dp4_whole_300_speedup_fp16"] == round(
         4 * 90 / 94, 3)
     results, notes = tmp_path / "results.json", tmp_path / "RESULTS.md"
-    results.write_text(json.dumps({"yolov4_b32_pass_ms_fp16": 101.6}))
+    results.write_text(json.dumps({"yolov4_b32_pass_ms_fp16": 101.6, "gpu": "NVIDIA H200"}))
     notes.write_text("# Results\n")
     settings = SimpleNamespace(cpu=True, json=results, results=notes, gpus=4,
                                modes=["steady", "whole"], steady_iterations=30,
@@ -60,7 +60,8 @@ def test_speedups_and_the_results_files(tmp_path):
     written = json.loads(results.read_text())
     assert written["yolov4_b32_pass_ms_fp16"] == 101.6   # the other benches' keys stay
     assert written["dp4_steady_speedup_fp16"] == keys["dp4_steady_speedup_fp16"]
-    assert {"gpu", "date"} <= set(written)
+    assert written["gpu"] == "NVIDIA H200"   # the single-GPU benches' machine stays
+    assert written["dp4_gpu"].startswith("CPU") and written["dp4_date"].endswith(" UTC")
     text = notes.read_text()
     assert text.startswith("# Results\n\n## ")
     assert "| whole_fp16_4 | 4 | fp16 | 30 | 94.00 |" in text

@@ -294,12 +294,15 @@ def gpu_name(cpu):
 def write_results(settings, rows, keys):
     now = datetime.datetime.now(datetime.timezone.utc)
     gpu = gpu_name(settings.cpu)
-    record = dict(keys, gpu=gpu, date=now.strftime("%Y-%m-%d %H:%M UTC"))
+    # The figures carry their own machine and date (dp{K}_gpu, dp{K}_date): the file's gpu
+    # and date are the single-GPU benches'.
+    date = now.strftime("%Y-%m-%d %H:%M UTC")
+    record = dict(keys, **{f"dp{settings.gpus}_gpu": gpu, f"dp{settings.gpus}_date": date})
     results = json.loads(settings.json.read_text()) if settings.json.exists() else {}
     results.update(record)
     settings.json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     k = settings.gpus
-    lines = [f"\n## {record['date']}, data-parallel training through `darknet-py train`, "
+    lines = [f"\n## {date}, data-parallel training through `darknet-py train`, "
              f"{gpu} (bench/multigpu/data_parallel.py)", "",
              f"`python3 bench/multigpu/data_parallel.py --gpus {k} --modes "
              f"{','.join(settings.modes)} --steady-iterations {settings.steady_iterations} "
