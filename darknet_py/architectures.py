@@ -70,6 +70,18 @@ def yolo_head(w, mask, classes, anchors, num, extra):
     return w.section("yolo", mask=mask, anchors=anchors, classes=classes, num=num, **extra)
 
 
+def tiny_heads(w, classes, head, lateral, fine_mask):
+    """The tiny detectors' two heads: the coarse one on what the writer has so far, the fine
+    one on it upsampled and joined with layer `lateral`."""
+    yolo_head(w, "3,4,5", classes, TINY_ANCHORS, 6, head)
+    w.route(-4)
+    w.conv(128, 1)
+    w.section("upsample", stride=2)
+    w.route(f"-1, {lateral}")
+    w.conv(256, 3)
+    yolo_head(w, fine_mask, classes, TINY_ANCHORS, 6, head)
+
+
 def yolov4(classes=80, size=608, batch=64, subdivisions=8):
     w = CfgWriter(net_options(batch, subdivisions, size, 0.949, 0.0013, 500500,
                               "400000,450000"))
@@ -142,13 +154,7 @@ def yolov4_tiny(classes=80, size=416, batch=64, subdivisions=1):
     head = {"jitter": ".3", "scale_x_y": 1.05, "cls_normalizer": "1.0", "iou_normalizer": 0.07,
             "iou_loss": "ciou", "ignore_thresh": ".7", "truth_thresh": 1, "random": 0,
             "resize": 1.5, "nms_kind": "greedynms", "beta_nms": 0.6}
-    yolo_head(w, "3,4,5", classes, TINY_ANCHORS, 6, head)
-    w.route(-4)
-    w.conv(128, 1)
-    w.section("upsample", stride=2)
-    w.route(f"-1, {joined}")
-    w.conv(256, 3)
-    yolo_head(w, "1,2,3", classes, TINY_ANCHORS, 6, head)
+    tiny_heads(w, classes, head, joined, "1,2,3")
     return w.text()
 
 
@@ -163,13 +169,7 @@ def yolov3_tiny(classes=80, size=416, batch=1, subdivisions=1):
     w.conv(256, 1)
     w.conv(512, 3)
     head = {"jitter": ".3", "ignore_thresh": ".7", "truth_thresh": 1, "random": 1}
-    yolo_head(w, "3,4,5", classes, TINY_ANCHORS, 6, head)
-    w.route(-4)
-    w.conv(128, 1)
-    w.section("upsample", stride=2)
-    w.route(f"-1, {lateral}")
-    w.conv(256, 3)
-    yolo_head(w, "0,1,2", classes, TINY_ANCHORS, 6, head)
+    tiny_heads(w, classes, head, lateral, "0,1,2")
     return w.text()
 
 
