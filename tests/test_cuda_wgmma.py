@@ -246,7 +246,7 @@ def test_the_wgmma_file_is_built_for_sm_90a_only(tmp_path):
     for name, text in sources.items():
         (kernels / name).write_text(text)
     built = tmp_path / "bin"
-    manifest = prebuilt.build(str(built), str(kernels), options={}, nvcc=str(nvcc))
+    manifest = prebuilt.build(str(built), [str(kernels)], options={}, nvcc=str(nvcc))
     assert manifest["kernels"]["gemm_wgmma.cu"]["archs"] == ["sm_90a"]
     assert manifest["kernels"]["gemm_wgmma_solo.cu"]["archs"] == ["sm_90a"]
     assert "archs" not in manifest["kernels"]["blas.cu"]
@@ -254,6 +254,6 @@ def test_the_wgmma_file_is_built_for_sm_90a_only(tmp_path):
     assert "arch=compute_90a,code=sm_90a" in wgmma and "code=sm_90 " not in wgmma
     assert "code=sm_90 " in (built / "blas.fatbin").read_text()
     found = {arch: prebuilt.prebuilt_binary(manifest, "gemm_wgmma.cu", sources["gemm_wgmma.cu"], (),
-                                            arch, str(built), str(kernels))[1]
+                                            arch, str(built), [str(kernels)])[1]
              for arch in ("sm_90", "sm_90a")}
     assert found == {"sm_90": "arch", "sm_90a": None}

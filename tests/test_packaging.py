@@ -14,6 +14,7 @@ def test_pyproject_lists_every_package_and_the_data_read_at_run_time():
     assert packages == set(config["packages"])
     shipped = {Path(p).resolve() for pattern in config["package-data"]["darknet_py"]
                for p in glob.glob(str(REPO / "darknet_py" / pattern))}
-    needed = {p.resolve() for pattern in ("kernels/*.cu", "kernels/*.cuh", "cfg/*.cfg")
+    needed = {p.resolve() for pattern in ("darknet_py/ops/*/*.cu", "darknet_py/ops/*/*.cuh",
+                                          "kernels/*.cu", "kernels/*.cuh", "cfg/*.cfg")
               for p in REPO.glob(pattern)}
     assert needed and needed <= shipped

@@ -36,13 +36,13 @@ import os
 import numpy as np
 
 # Names other modules import from here: CudaBackend, DeviceArray, CudaError, and for the
-# benches _TC_TILES, _KERNELS, _KERNEL_OPTIONS, KERNEL_DIR.
+# benches _TC_TILES, _KERNELS, _KERNEL_OPTIONS.
 from .cuda_conv import _TC_TILES, CudaConv  # noqa: F401
 from .cuda_conv import KERNELS as _CONV_KERNELS
 from .cuda_conv_backward import KERNELS as _CONV_BACKWARD_KERNELS
 from .cuda_conv_backward import CudaConvBackward
-from .cuda_core import (_KERNEL_OPTIONS, KERNEL_DIR, CudaCore, CudaError, DeviceArray,  # noqa: F401
-                        _Device, merge_kernel_tables)
+from .cuda_core import (_KERNEL_OPTIONS, CudaCore, CudaError, DeviceArray, _Device,  # noqa: F401
+                        merge_kernel_tables)
 from .cuda_elementwise import CudaElementwise
 from .cuda_elementwise import KERNELS as _ELEMENTWISE_KERNELS
 from .cuda_images import CudaImages

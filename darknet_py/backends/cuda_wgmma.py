@@ -91,10 +91,10 @@ class _Kernels:
         their own shared_bytes and cluster size); by default the wheel's or the kernel
         cache's build of `source` (SOURCE, or SOLO_SOURCE with cluster 1)."""
         if image is None:
-            with open(os.path.join(prebuilt.KERNEL_DIR, source)) as f:
+            with open(prebuilt.kernel_paths()[source]) as f:
                 text = f.read()
             binaries, _ = prebuilt.binaries({source: text}, ARCH, kernel_cache.KERNEL_OPTIONS,
-                                            include_dir=prebuilt.KERNEL_DIR)
+                                            include_dirs=prebuilt.KERNEL_DIRS)
             image = binaries[source]
         lib = _driver()
         self._image = image   # kept alive as long as the module
