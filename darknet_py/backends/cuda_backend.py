@@ -51,7 +51,7 @@ from .cuda_losses import CudaLosses
 from .cuda_losses import KERNELS as _LOSS_KERNELS
 from .cuda_norm import CudaNorm
 from .cuda_norm import KERNELS as _NORM_KERNELS
-from .cuda_optimizer import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
+from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
 
 # Every kernel file's entry points and argument formats, from the families' tables.
 _KERNELS = merge_kernel_tables(_CONV_KERNELS, _CONV_BACKWARD_KERNELS, _NORM_KERNELS,

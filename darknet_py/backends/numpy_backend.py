@@ -29,7 +29,7 @@ from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
 from .numpy_batchnorm import NumpyBatchnorm, one_storage
 from .numpy_conv_backward import NumpyConvBackward
-from .numpy_optimizer import NumpyOptimizerOps
+from ..ops.optimizers.numpy import NumpyOptimizerOps
 from .pinning import unpin_nothing
 
 
