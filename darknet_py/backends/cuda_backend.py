@@ -45,8 +45,8 @@ from .cuda_core import (_KERNEL_OPTIONS, CudaCore, CudaError, DeviceArray, _Devi
                         merge_kernel_tables)
 from .cuda_elementwise import CudaElementwise
 from .cuda_elementwise import KERNELS as _ELEMENTWISE_KERNELS
-from .cuda_images import CudaImages
-from .cuda_images import KERNELS as _IMAGE_KERNELS
+from ..ops.images.cuda import CudaImages
+from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
 from .cuda_losses import CudaLosses
 from .cuda_losses import KERNELS as _LOSS_KERNELS
 from .cuda_norm import CudaNorm

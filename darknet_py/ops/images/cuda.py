@@ -4,8 +4,8 @@ into the network input by kernels/preprocess.cu. A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
-from ..image import sized_shape
-from .cuda_core import _BLOCK, _ceil_div
+from ...image import sized_shape
+from ...backends.cuda_core import _BLOCK, _ceil_div
 
 KERNELS = {
     "preprocess.cu": {
