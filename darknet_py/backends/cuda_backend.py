@@ -47,8 +47,8 @@ from .cuda_elementwise import CudaElementwise
 from .cuda_elementwise import KERNELS as _ELEMENTWISE_KERNELS
 from ..ops.images.cuda import CudaImages
 from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
-from .cuda_losses import CudaLosses
-from .cuda_losses import KERNELS as _LOSS_KERNELS
+from ..ops.losses.cuda import CudaLosses
+from ..ops.losses.cuda import KERNELS as _LOSS_KERNELS
 from .cuda_norm import CudaNorm
 from .cuda_norm import KERNELS as _NORM_KERNELS
 from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps

@@ -4,10 +4,10 @@ and [detection] losses (kernels/region_loss.cu). A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
-from ..losses.detection import DETECTION_SCALARS
-from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
-from ..losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
-from .cuda_core import _BLOCK, _ceil_div
+from ...losses.detection import DETECTION_SCALARS
+from ...losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
+from ...losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
+from ...backends.cuda_core import _BLOCK, _ceil_div
 
 KERNELS = {
     "softmax.cu": {
