@@ -49,8 +49,8 @@ from ..ops.images.cuda import CudaImages
 from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
 from ..ops.losses.cuda import CudaLosses
 from ..ops.losses.cuda import KERNELS as _LOSS_KERNELS
-from .cuda_norm import CudaNorm
-from .cuda_norm import KERNELS as _NORM_KERNELS
+from ..ops.normalization.cuda import CudaNorm
+from ..ops.normalization.cuda import KERNELS as _NORM_KERNELS
 from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
 
 # Every kernel file's entry points and argument formats, from the families' tables.

@@ -8,7 +8,7 @@ import pycuda.driver as drv
 
 from .. import activations, precision as precisions
 from .cuda_core import _BLOCK, _ceil_div
-from .numpy_batchnorm import one_storage
+from ..ops.normalization.numpy import one_storage
 
 KERNELS = {
     "blas.cu": {

@@ -27,7 +27,7 @@ from ..losses import detection as detection_loss, region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
 from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
-from .numpy_batchnorm import NumpyBatchnorm, one_storage
+from ..ops.normalization.numpy import NumpyBatchnorm, one_storage
 from .numpy_conv_backward import NumpyConvBackward
 from ..ops.optimizers.numpy import NumpyOptimizerOps
 from .pinning import unpin_nothing

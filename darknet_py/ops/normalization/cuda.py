@@ -15,9 +15,9 @@ import functools
 import numpy as np
 import pycuda.driver as drv
 
-from .. import activations, precision as precisions
-from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
-from .numpy_batchnorm import delta_sums_given, rebuild_storage
+from ... import activations, precision as precisions
+from ...backends.cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
+from .numpy import delta_sums_given, rebuild_storage
 
 # Elements of a row each thread of batchnorm_apply and normalize_delta takes, the channel's
 # constants worked out once for them (one element a thread spent more on the sqrt and

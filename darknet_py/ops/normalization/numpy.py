@@ -8,7 +8,7 @@ read x take its x_precision and do their usual math on those values, as the CUDA
 do on the widened 16-bit values."""
 import numpy as np
 
-from .. import activations, precision as precisions
+from ... import activations, precision as precisions
 
 
 def delta_sums_given(delta_sum, delta_x_norm_sum):
