@@ -43,8 +43,8 @@ from .cuda_conv_backward import KERNELS as _CONV_BACKWARD_KERNELS
 from .cuda_conv_backward import CudaConvBackward
 from .cuda_core import (_KERNEL_OPTIONS, CudaCore, CudaError, DeviceArray, _Device,  # noqa: F401
                         merge_kernel_tables)
-from .cuda_elementwise import CudaElementwise
-from .cuda_elementwise import KERNELS as _ELEMENTWISE_KERNELS
+from ..ops.elementwise.cuda import CudaElementwise
+from ..ops.elementwise.cuda import KERNELS as _ELEMENTWISE_KERNELS
 from ..ops.images.cuda import CudaImages
 from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
 from ..ops.losses.cuda import CudaLosses

@@ -6,9 +6,9 @@ uniform draws (kernels/dropout.cu). A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
-from .. import activations, precision as precisions
-from .cuda_core import _BLOCK, _ceil_div
-from ..ops.normalization.numpy import one_storage
+from ... import activations, precision as precisions
+from ...backends.cuda_core import _BLOCK, _ceil_div
+from ..normalization.numpy import one_storage
 
 KERNELS = {
     "blas.cu": {
