@@ -52,15 +52,17 @@ from ..ops.losses.cuda import KERNELS as _LOSS_KERNELS
 from ..ops.normalization.cuda import CudaNorm
 from ..ops.normalization.cuda import KERNELS as _NORM_KERNELS
 from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
+from ..ops.pooling.cuda import KERNELS as _POOLING_KERNELS
+from ..ops.pooling.cuda import CudaPooling
 
 # Every kernel file's entry points and argument formats, from the families' tables.
 _KERNELS = merge_kernel_tables(_CONV_KERNELS, _CONV_BACKWARD_KERNELS, _NORM_KERNELS,
-                               _ELEMENTWISE_KERNELS, _LOSS_KERNELS, _IMAGE_KERNELS,
-                               _OPTIMIZER_KERNELS)
+                               _ELEMENTWISE_KERNELS, _POOLING_KERNELS, _LOSS_KERNELS,
+                               _IMAGE_KERNELS, _OPTIMIZER_KERNELS)
 
 
-class CudaBackend(CudaCore, CudaConv, CudaConvBackward, CudaNorm, CudaElementwise, CudaLosses,
-                  CudaImages, CudaOptimizerOps):
+class CudaBackend(CudaCore, CudaConv, CudaConvBackward, CudaNorm, CudaElementwise, CudaPooling,
+                  CudaLosses, CudaImages, CudaOptimizerOps):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
     name = "cuda"
