@@ -32,7 +32,7 @@ SHAPES = [(255, 3, 255), (3, 255, 3), (1, 1, 1), (129, 257, 65), (300, 520, 1000
 
 @pytest.fixture(scope="module")
 def hopper(cuda):
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     if cuda_wgmma.kernels(cuda) is None:
         pytest.skip("the wgmma kernels need compute capability 9.0")
     return cuda_wgmma
@@ -220,7 +220,7 @@ def test_split_plan_cost_model_on_an_h100_or_h200_shape():
     one run where the pairs of tiles fill the clusters, the runs the cost model prices
     cheapest elsewhere (each run non-empty, K covered), the same answer asked twice."""
     from types import SimpleNamespace
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     kern = SimpleNamespace(cluster=2, max_clusters=66)
     assert cuda_wgmma.split_plan(kern, 4096, 4096, 4096) == (64, 1)      # 256 pairs
     assert cuda_wgmma.split_plan(kern, 1024, 4608, 5408) == (85, 1)      # 72 pairs

@@ -37,10 +37,10 @@ import numpy as np
 
 # Names other modules import from here: CudaBackend, DeviceArray, CudaError, and for the
 # benches _TC_TILES, _KERNELS, _KERNEL_OPTIONS.
-from .cuda_conv import _TC_TILES, CudaConv  # noqa: F401
-from .cuda_conv import KERNELS as _CONV_KERNELS
-from .cuda_conv_backward import KERNELS as _CONV_BACKWARD_KERNELS
-from .cuda_conv_backward import CudaConvBackward
+from ..ops.convolution.cuda import _TC_TILES, CudaConv  # noqa: F401
+from ..ops.convolution.cuda import KERNELS as _CONV_KERNELS
+from ..ops.convolution.cuda_backward import KERNELS as _CONV_BACKWARD_KERNELS
+from ..ops.convolution.cuda_backward import CudaConvBackward
 from .cuda_core import (_KERNEL_OPTIONS, CudaCore, CudaError, DeviceArray, _Device,  # noqa: F401
                         merge_kernel_tables)
 from ..ops.elementwise.cuda import CudaElementwise

@@ -28,7 +28,7 @@ from ..losses.yolo import image_truths, yolo_loss
 from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
 from ..ops.normalization.numpy import NumpyBatchnorm, one_storage
-from .numpy_conv_backward import NumpyConvBackward
+from ..ops.convolution.numpy import NumpyConvBackward
 from ..ops.optimizers.numpy import NumpyOptimizerOps
 from .pinning import unpin_nothing
 

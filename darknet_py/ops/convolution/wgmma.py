@@ -29,9 +29,9 @@ import sys
 
 import numpy as np
 
-from ..activations import ACTIVATION_IDS
-from ..shapes import conv_out_size, conv_strides
-from . import kernel_cache, prebuilt
+from ...activations import ACTIVATION_IDS
+from ...shapes import conv_out_size, conv_strides
+from ...backends import kernel_cache, prebuilt
 
 SOURCE = "gemm_wgmma.cu"
 # The same kernels with lone blocks, for products of one tile row (solo_kernels).

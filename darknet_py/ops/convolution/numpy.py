@@ -5,8 +5,8 @@ is False here)."""
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .. import precision as precisions
-from ..shapes import conv_out_size
+from ... import precision as precisions
+from ...shapes import conv_out_size
 
 
 def _batched(flat, batch, stride, rows, cols):

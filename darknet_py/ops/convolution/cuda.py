@@ -3,10 +3,10 @@ implicit-GEMM convolution forward with its weight packing (kernels/gemm_tc_*.cu,
 gemm_core.cuh), im2col/col2im (kernels/im2col.cu). A mixin of CudaBackend."""
 import numpy as np
 
-from .. import activations, precision as precisions
-from ..shapes import conv_out_size, conv_strides
-from . import cuda_wgmma
-from .cuda_core import _BLOCK, _ceil_div
+from ... import activations, precision as precisions
+from ...shapes import conv_out_size, conv_strides
+from . import wgmma
+from ...backends.cuda_core import _BLOCK, _ceil_div
 
 # Argument formats (struct codes, see cuda_core.merge_kernel_tables) of the GEMM entry points.
 _GEMM_ARGS = "iiifPiPifPiiiqPi"
@@ -216,8 +216,8 @@ class CudaConv:
         self._check_matrix("gemm C", c, 0, m, n, ldc)
         if m <= 0 or n <= 0:
             return
-        # Hopper: wgmma + TMA where the product fills the chip (cuda_wgmma.handles).
-        if cuda_wgmma.gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        # Hopper: wgmma + TMA where the product fills the chip (wgmma.handles).
+        if wgmma.gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
             return
         tile, splits = self.tc_plan(m, n, k)
         bm, bn, threads = _TC_TILES[tile]
@@ -279,7 +279,7 @@ class CudaConv:
         if biases is not None:
             self._check_size("conv_forward biases", biases, packed.rows)
         # Hopper: the layers whose implicit GEMM is bound by its math go to wgmma.
-        if cuda_wgmma.conv_forward(self, packed, im, channels, height, width, ksize, stride,
+        if wgmma.conv_forward(self, packed, im, channels, height, width, ksize, stride,
                                    pad, dilation, batch, im_stride, biases, activation, out,
                                    out_stride, half_out):
             return
