@@ -1,7 +1,7 @@
 """The convolution backward as implicit GEMMs: conv_weight_grad and conv_data_grad.
 
 CPU: the NumPy ops (the GPU kernels' reference) against Darknet's per-image im2col + GEMM
-+ col2im. GPU (kernels/conv_backward_*.cu): every kernel, tile and split against NumPy on
++ col2im. GPU (ops/convolution/conv_backward_*.cu): every kernel, tile and split against NumPy on
 random shapes that divide no tile (3 and 255 channels, stride 2 and the fork's (1, 2),
 k 1, 3 and 5, dilation, groups), outputs poisoned with NaN, in each precision:
   * fp32 (FFMA): against NumPy float64, FP32_TOL of the largest output (only the sums'

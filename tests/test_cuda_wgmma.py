@@ -1,4 +1,4 @@
-"""The Hopper GEMM (kernels/gemm_wgmma.cu through backends/cuda_wgmma.py) against NumPy.
+"""The Hopper GEMM (ops/convolution/gemm_wgmma.cu through ops/convolution/wgmma.py) against NumPy.
 
 GPU tests, skipped on a GPU other than compute capability 9.0. Every product runs on fresh
 random operands with a NaN-poisoned C (beta = 0) or a random C (beta != 0), on shapes that

@@ -154,3 +154,26 @@ def test_check_wheel_finds_a_binary_that_does_not_match_the_wheels_source(tmp_pa
     assert prebuilt.check_wheel(wheel(tmp_path / "good.whl")) == []
     problems = prebuilt.check_wheel(wheel(tmp_path / "stale.whl", "// edited\n"))
     assert problems == [f"blas.cu for {a}: prebuilt binary stale" for a in prebuilt.ARCHS]
+
+
+def test_kernel_files_are_found_in_the_family_folders_and_a_name_only_once(tmp_path):
+    ops = tmp_path / "ops"
+    for family, name in (("conv", "gemm.cu"), ("conv", "gemm.cuh"), ("norm", "bn.cu"),
+                         ("headers", "common.cuh")):
+        (ops / family).mkdir(parents=True, exist_ok=True)
+        (ops / family / name).write_text("// kernel\n")
+    (ops / "empty").mkdir()
+    (ops / "__init__.py").write_text("")
+    folders = prebuilt.kernel_folders(str(ops))
+    assert folders == [str(ops / f) for f in ("conv", "headers", "norm")]
+    assert prebuilt.kernel_paths(folders) == {"bn.cu": str(ops / "norm" / "bn.cu"),
+                                              "gemm.cu": str(ops / "conv" / "gemm.cu")}
+    (ops / "headers" / "gemm.cu").write_text("// the same name again\n")
+    with pytest.raises(ValueError, match="kernel file gemm.cu is in both"):
+        prebuilt.kernel_paths(folders)
+    shipped = prebuilt.kernel_paths()
+    assert {os.path.relpath(shipped[name], prebuilt.OPS_DIR) for name in (
+        "gemm.cu", "batchnorm.cu", "pooling.cu", "blas.cu", "yolo_loss.cu", "optimizer.cu",
+        "preprocess.cu")} == {"convolution/gemm.cu", "normalization/batchnorm.cu",
+                              "pooling/pooling.cu", "elementwise/blas.cu", "losses/yolo_loss.cu",
+                              "optimizers/optimizer.cu", "images/preprocess.cu"}

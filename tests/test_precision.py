@@ -1,5 +1,5 @@
-"""Reduced precision: the tensor-core kernels (kernels/gemm_tc_*.cu) against NumPy, the NumPy
-emulation (precision.round_to), and the precision switches (--precision, precision=,
+"""Reduced precision: the tensor-core kernels (ops/convolution/gemm_tc_*.cu) against NumPy, the
+NumPy emulation (precision.round_to), and the precision switches (--precision, precision=,
 [net] precision=).
 
 GPU tests compare each kernel twice, on fresh random inputs with NaN-poisoned outputs:

@@ -1,4 +1,4 @@
-"""Build variants of the Hopper GEMM (kernels/gemm_wgmma.cu) are checked and timed in one
+"""Build variants of the Hopper GEMM (ops/convolution/gemm_wgmma.cu) are checked and timed in one
 device call: each variant's cubin (compiled beforehand with -D WGMMA_STAGES / WGMMA_GROUP_M,
 on this machine or the device) multiplies the same 4096^3 half operands; its output is
 compared with the shipped kernel's (same order of sums: identical) and with NumPy on 64

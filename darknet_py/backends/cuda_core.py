@@ -227,7 +227,7 @@ class _Device:
             self.stream.synchronize()
             self.pool.stop_holding()
             self.transfers.close()   # page-locked buffers go while their context lives
-            self.__dict__.pop("geometry_slots", None)   # cuda_images.py's, page-locked too
+            self.__dict__.pop("geometry_slots", None)   # ops/images/cuda.py's, page-locked too
         except drv.Error:
             pass
         self.leave_thread()

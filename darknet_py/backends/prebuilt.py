@@ -26,7 +26,8 @@ from . import kernel_cache
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 # Files built for other architectures than ARCHS: the Hopper GEMM uses sm_90a's own
-# instructions (wgmma, setmaxnreg), which no other target has (cuda_wgmma.py loads it).
+# instructions (wgmma, setmaxnreg), which no other target has (ops/convolution/wgmma.py
+# loads it).
 FILE_ARCHS = {"gemm_wgmma.cu": ("sm_90a",), "gemm_wgmma_solo.cu": ("sm_90a",)}
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS_DIR = os.path.join(PACKAGE_DIR, "ops")
@@ -45,8 +46,6 @@ def kernel_folders(ops_dir=OPS_DIR):
     kernel_cache.kernel_digest)."""
     names = sorted(os.listdir(ops_dir)) if os.path.isdir(ops_dir) else []
     folders = [os.path.join(ops_dir, name) for name in names]
-    # The kernel files not yet moved to their family's folder.
-    folders.append(os.path.join(os.path.dirname(ops_dir), "kernels"))
     return [f for f in folders
             if os.path.isdir(f) and any(n.endswith((".cu", ".cuh")) for n in os.listdir(f))]
 

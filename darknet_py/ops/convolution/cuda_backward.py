@@ -1,20 +1,20 @@
-"""The CUDA backend's convolution backward as implicit GEMMs (kernels/conv_backward_*.cu):
+"""The CUDA backend's convolution backward as implicit GEMMs (conv_backward_*.cu):
 the weight gradient and the data gradient read the input and the output delta where
 they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 (tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
 import os
 
 from ... import precision as precisions
-from ...shapes import conv_out_size, conv_strides
-from . import wgmma
 from ...backends.cuda_core import _BLOCK, _ceil_div
 from ...backends.errors import BackendError
+from ...shapes import conv_out_size, conv_strides
+from . import wgmma
 from .numpy import unfolded_weight_grad
 
 # precision -> (kernel name part, bytes of a packed weight)
 _PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
 _PARTS_BYTES = dict(_PARTS.values())
-# kernels/conv_backward_entries.cuh's tiles -> (BM, BN, threads per block)
+# conv_backward_entries.cuh's tiles -> (BM, BN, threads per block)
 _WGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
                    "32x128": (32, 128, 128), "64x64": (64, 64, 128), "32x64": (32, 64, 64)}
 _DGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),

@@ -1,8 +1,7 @@
-"""The CUDA backend's element-wise and shape ops: BLAS-like vector ops and sums
-(kernels/blas.cu), activations and their gradients (kernels/activations.cu), pooling
-(kernels/pooling.cu), route copies, upsample, reorg, shortcut, scale_channels and the
-weighted shortcut (kernels/shape.cu), binarisation (kernels/binary.cu), dropout and
-uniform draws (kernels/dropout.cu). A mixin of CudaBackend."""
+"""The CUDA backend's element-wise and shape ops: BLAS-like vector ops and sums (blas.cu),
+activations and their gradients (activations.cu), route copies, upsample, reorg, shortcut,
+scale_channels and the weighted shortcut (shape.cu), binarisation (binary.cu), dropout and
+uniform draws (dropout.cu). A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
@@ -57,7 +56,7 @@ KERNELS = {
     },
 }
 
-_COPY_RUN = 4   # COPY_RUN of kernels/shape.cu
+_COPY_RUN = 4   # COPY_RUN of shape.cu
 # The twins of the kernels that take a layer's output kept at 16 bits (issue 26:
 # storage_zeros' arrays, storage_of), by the storage their arrays share.
 _STORAGE_SUFFIX = {"fp32": "", "fp16": "_f16", "bf16": "_bf16"}
@@ -84,7 +83,7 @@ class CudaElementwise:
                                    off + (planes - 1) * pstride, rows, width, stride)
         if rows <= 0 or width <= 0 or planes <= 0:
             return
-        # x spans the width in runs of _COPY_RUN elements a thread (kernels/shape.cu)
+        # x spans the width in runs of _COPY_RUN elements a thread (shape.cu)
         self._launch_rows("copy_blocks_kernel" + suffix, rows * planes, _ceil_div(width, _COPY_RUN),
                           self._ptr(src) + size * int(src_offset), int(src_stride), int(src_plane_stride),
                           self._ptr(dst) + size * int(dst_offset), int(dst_stride), int(dst_plane_stride),
