@@ -15,7 +15,7 @@ That CPU result is a bug of the build, not a definition, so it is not reproduced
 import numpy as np
 
 # Order matters: the index is the activation's id, passed to the CUDA kernels
-# (kernels/activations.cuh has the same switch).
+# (ops/common/activations.cuh has the same switch).
 ACTIVATIONS = ("logistic", "relu", "relie", "linear", "ramp", "tanh", "plse",
                "leaky", "elu", "loggy", "stair", "hardtan", "lhtan", "selu",
                # the AlexeyAB fork's

@@ -31,7 +31,7 @@ HEAD_TYPES = ("yolo", "gaussian_yolo", "region", "detection", "softmax", "cost")
 # of batchnorm_activation_backward and batchnorm_delta. Every other keeps an fp32 x.
 HALF_STORAGE = ("fp16", "bf16")
 
-# Activations a tensor-core convolution applies in its epilogue (kernels/gemm_tc.cuh,
+# Activations a tensor-core convolution applies in its epilogue (ops/convolution/gemm_tc.cuh,
 # through activations.cuh's epilogue_activate); any other runs as a pass of its own after.
 EPILOGUE_ACTIVATIONS = ("linear", "logistic", "relu", "leaky", "swish", "mish")
 

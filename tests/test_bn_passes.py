@@ -577,7 +577,7 @@ def test_wide_finalize_against_a_thread_a_channel_cuda(cuda, parts):
     kernel's partials from _WIDE_FINALIZE_PARTS on, never for a channel-wise reduction's."""
     import math
     from darknet_py.backends.cuda_core import _BLOCK
-    from darknet_py.backends.cuda_norm import _WIDE_FINALIZE_PARTS
+    from darknet_py.ops.normalization.cuda import _WIDE_FINALIZE_PARTS
     assert cuda._finalize_launch("channel_finalize", 5, parts)[0] == (
         "channel_finalize_wide" if parts >= _WIDE_FINALIZE_PARTS else "channel_finalize")
     assert cuda._finalize_launch("mean_variance_finalize", 5, 0)[0] == "mean_variance_finalize"
@@ -654,7 +654,7 @@ def test_reduction_parts_fill_whole_waves(cuda):
     where 17 parts of 64 channels (the split before E7) made 2.06 waves; every split within
     the bounds (>= 4096 terms a part, <= 1024 parts); the device's capacity a whole number
     of blocks an SM."""
-    from darknet_py.backends.cuda_norm import reduction_parts
+    from darknet_py.ops.normalization.cuda import reduction_parts
     for filters, spatial, parts in ((64, 208 * 208, 8), (32, 208 * 208, 16), (128, 104 * 104, 4),
                                     (256, 52 * 52, 2), (512, 26 * 26, 1), (1024, 13 * 13, 1),
                                     (3, 169, 2)):
@@ -662,7 +662,7 @@ def test_reduction_parts_fill_whole_waves(cuda):
     for filters, count in ((1, 1), (7, 5000), (300, 86528), (65, 10 ** 7), (2, 10 ** 9)):
         p = reduction_parts(filters, count, 660)
         assert 1 <= p <= max(1, min(-(-count // 4096), 1024)), (filters, count, p)
-    from darknet_py.backends.cuda_norm import activation_rows_plan   # E8's pieces
+    from darknet_py.ops.normalization.cuda import activation_rows_plan   # E8's pieces
     assert [activation_rows_plan(s) for s in (43264, 2704, 2048, 676, 169, 1)] == [
         (256, 4096), (256, 4096), (128, 2048), (64, 676), (32, 169), (32, 1)]
     capacity = cuda._reduction_capacity()

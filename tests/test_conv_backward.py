@@ -1,7 +1,7 @@
 """The convolution backward as implicit GEMMs: conv_weight_grad and conv_data_grad.
 
 CPU: the NumPy ops (the GPU kernels' reference) against Darknet's per-image im2col + GEMM
-+ col2im. GPU (kernels/conv_backward_*.cu): every kernel, tile and split against NumPy on
++ col2im. GPU (ops/convolution/conv_backward_*.cu): every kernel, tile and split against NumPy on
 random shapes that divide no tile (3 and 255 channels, stride 2 and the fork's (1, 2),
 k 1, 3 and 5, dilation, groups), outputs poisoned with NaN, in each precision:
   * fp32 (FFMA): against NumPy float64, FP32_TOL of the largest output (only the sums'
@@ -201,7 +201,7 @@ WGMMA_CASES = [
 def test_unfolded_weight_grad_against_numpy(cuda, p, case):
     """conv_weight_grad_unfolded on CUDA (fp16/bf16 on Hopper: im2col into the wgmma
     operand, for the products handles() takes) against NumPy's im2col + gemm_lowp."""
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     a = _arrays(case, 11)
     got = _unfolded_weight_grad(cuda, p, case, a)
     assert np.isfinite(got).all()
@@ -236,7 +236,7 @@ def test_data_grad_as_the_forward_of_the_deltas(cuda, p, case, monkeypatch):
     the flipped weights; taken once per group, checked), added into dx and written over
     NaN, against the NumPy emulation and the exact product; conv_backward_implicit routes
     these data gradients to it."""
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     if cuda_wgmma.kernels(cuda) is None:
         pytest.skip("the wgmma kernels need compute capability 9.0")
     taken = []
@@ -265,7 +265,7 @@ def test_data_grad_as_the_forward_of_the_deltas(cuda, p, case, monkeypatch):
 def test_im2col_half_is_the_rounded_im2col(cuda, p, case):
     """im2col_{f16,bf16}_kernel (the wgmma operand, rows `pitch` apart) holds NumPy's
     im2col rounded to p, bit for bit; the entries past each row's columns untouched."""
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     from darknet_py.precision import round_to
     from darknet_py.shapes import conv_strides
     from test_bn_passes import poisoned_storage
@@ -290,7 +290,7 @@ def test_im2col_half_is_the_rounded_im2col(cuda, p, case):
 
 
 def _tiles(p):
-    from darknet_py.backends import cuda_conv_backward as cb
+    from darknet_py.ops.convolution import cuda_backward as cb
     if p == "fp32":
         return list(cb._WGRAD_F32_TILES), list(cb._DGRAD_F32_TILES)
     return list(cb._WGRAD_TC_TILES), list(cb._DGRAD_TC_TILES)
@@ -418,8 +418,8 @@ def test_training_step_matches_the_im2col_backward(cuda, tmp_path, darknet, prod
 def test_the_plans_route_yolov4s_shapes(monkeypatch):
     """The routing rules on shapes measured in NOTES B2 (the mixin alone: cuda_core needs
     PyCUDA to import)."""
-    from darknet_py.backends import cuda_wgmma
-    from darknet_py.backends.cuda_conv_backward import CudaConvBackward
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
+    from darknet_py.ops.convolution.cuda_backward import CudaConvBackward
     be = CudaConvBackward()
     be.sm_count = 132
     route = be.conv_backward_implicit

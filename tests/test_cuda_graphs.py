@@ -99,7 +99,7 @@ def _recorded(name):
     return call
 
 
-# Every op, its mixins' (numpy_batchnorm.py, ...) included.
+# Every op, its mixins' (ops/normalization/numpy.py, ...) included.
 for _name, _value in inspect.getmembers(NumpyBackend, inspect.isfunction):
     if not _name.startswith("_") and _name not in _NOT_OPS:
         setattr(RecordingBackend, _name, _recorded(_name))

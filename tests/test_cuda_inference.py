@@ -1,7 +1,7 @@
 """The inference data path on the CUDA backend against NumPy: the fp32 convolution's fused
 epilogue (bias, batch norm folded in, and activation written by the GEMM: one kernel),
 the reduced-precision convolutions' epilogue in whole networks, and photos uploaded as
-uint8 and letterboxed on the GPU (kernels/preprocess.cu) against image.py.
+uint8 and letterboxed on the GPU (ops/images/preprocess.cu) against image.py.
 
 GPU tests (marked gpu); outputs are poisoned with NaN before each run, inputs random.
 """

@@ -9,7 +9,7 @@ the finite elements; 1e-5 for element-wise ops, 1e-4 for reductions over more
 than 1,000 terms; indexes and dropout masks must match exactly.
 
 The CPU-side tests (not marked) read cuda_backend.py, its op-family mixins
-(backends/cuda_*.py) and kernels/*.cu as text, so
+(backends/cuda_*.py, ops/*/*.py) and the kernel files (ops/*/*.cu) as text, so
 they run without PyCUDA: every NumpyBackend op exists on CudaBackend with the
 same parameters, and every kernel's argument format matches its C signature.
 """
@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 
 from darknet_py import activations
-from darknet_py.backends import kernel_cache
+from darknet_py.backends import kernel_cache, prebuilt
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.shapes import conv_out_size
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKEND_DIR = ROOT / "darknet_py" / "backends"
 CUDA_BACKEND_PY = BACKEND_DIR / "cuda_backend.py"
-KERNEL_DIR = ROOT / "kernels"
+OPS_DIR = ROOT / "darknet_py" / "ops"
 
 gpu = pytest.mark.gpu
 
@@ -48,9 +48,19 @@ def _cuda_backend_ast():
 
 
 def _family_modules():
-    """{path: ast} of the CUDA backend's op-family modules (cuda_*.py but cuda_backend.py)."""
-    return {path: ast.parse(path.read_text()) for path in sorted(BACKEND_DIR.glob("cuda_*.py"))
+    """{path: ast} of the CUDA backend's core modules (backends/cuda_*.py but cuda_backend.py)
+    and of the op families' modules (ops/*/*.py)."""
+    paths = [*BACKEND_DIR.glob("cuda_*.py"), *OPS_DIR.glob("*/*.py")]
+    return {path: ast.parse(path.read_text()) for path in sorted(paths)
             if path != CUDA_BACKEND_PY}
+
+
+def _kernel_file(name):
+    """The path of a kernel file (.cu or .cuh) in the op families' folders, where it is once."""
+    found = [Path(folder) / name for folder in prebuilt.KERNEL_DIRS
+             if (Path(folder) / name).is_file()]
+    assert len(found) == 1, f"{name} is in {len(found)} kernel folders: {found}"
+    return found[0]
 
 
 def _backend_methods():
@@ -61,7 +71,7 @@ def _backend_methods():
                if isinstance(node, ast.ClassDef)}
     bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
     missing = [b for b in bases if b not in classes]
-    assert not missing, f"CudaBackend's mixins not found in backends/cuda_*.py: {missing}"
+    assert not missing, f"CudaBackend's mixins not found in their modules: {missing}"
     methods = {}
     for klass in [cls] + [classes[b] for b in bases]:
         for f in klass.body:
@@ -136,7 +146,7 @@ def _kernel_table():
             twice = set(into) & set(entries)
             assert not twice, f"{path.name}: kernels of {filename} listed twice: {sorted(twice)}"
             into.update(entries)
-    assert merged, "no KERNELS table in backends/cuda_*.py"
+    assert merged, "no KERNELS table in the op families' modules"
     return merged
 
 
@@ -162,12 +172,13 @@ _ENTRY = r'extern "C" __global__ void\s+(?:__launch_bounds__\(.*?\)\s+)?(\w+)\s*
 
 def _kernel_source(filename):
     """A kernel file as the compiler reads it, as far as its entry points go: the
-    kernels/ headers it includes, then its own text, then each invocation of a
+    headers it includes, then its own text, then each invocation of a
     one-precision macro (`#define NAME(PREC, P)`: gemm_tc.cuh's TC_PRECISION_ENTRIES,
     conv_backward_entries.cuh's CONV_BACKWARD_TC_ENTRIES) written out a line per
     macro line, PREC and P replaced."""
-    text = (KERNEL_DIR / filename).read_text()
-    full = "\n".join(h for _, h in kernel_cache.included_headers(text, KERNEL_DIR)) + "\n" + text
+    text = _kernel_file(filename).read_text()
+    headers = kernel_cache.included_headers(text, prebuilt.KERNEL_DIRS)
+    full = "\n".join(h for _, h in headers) + "\n" + text
     for macro, body in re.findall(r"^#define (\w+)\(PREC, P\)\s*\\\n((?:.*\\\n)*.*)$", full,
                                   flags=re.M):
         lines = [line.rstrip("\\").strip() for line in body.splitlines()]
@@ -224,7 +235,7 @@ def test_kernel_argument_formats_match_the_kernels():
 
 
 def test_activation_kernel_ids_match_activations_py():
-    text = (KERNEL_DIR / "activations.cuh").read_text()
+    text = _kernel_file("activations.cuh").read_text()
     body = re.search(r"enum Activation\s*\{(.*?)\}", text, flags=re.S).group(1)
     enum = [(n.lower(), int(v)) for n, v in re.findall(r"(\w+)\s*=\s*(\d+)", body)]
     assert enum == [(name, activations.ACTIVATION_IDS[name]) for name in activations.ACTIVATIONS]
@@ -241,20 +252,22 @@ def test_activation_kernel_ids_match_activations_py():
 
 
 def test_copy_run_matches_the_kernel():
-    kernel = re.search(r"constexpr int COPY_RUN = (\d+);", (KERNEL_DIR / "shape.cu").read_text())
-    backend = re.search(r"^_COPY_RUN = (\d+)", (BACKEND_DIR / "cuda_elementwise.py").read_text(),
-                        flags=re.M)
+    kernel = re.search(r"constexpr int COPY_RUN = (\d+);", _kernel_file("shape.cu").read_text())
+    launcher = (OPS_DIR / "elementwise" / "cuda.py").read_text()
+    backend = re.search(r"^_COPY_RUN = (\d+)", launcher, flags=re.M)
     assert kernel and backend and kernel.group(1) == backend.group(1)
 
 
 def test_kernels_include_only_the_kernel_folders_headers():
-    # What a kernel includes besides the toolkit's <...> headers is in kernels/ (found by
-    # nvcc -I and hashed into the cache key and the prebuilt manifest: kernel_digest).
-    for path in KERNEL_DIR.glob("*.cu"):
+    # What a kernel includes besides the toolkit's <...> headers is in one of the op
+    # families' folders, and in one only (found by nvcc -I and hashed into the cache key
+    # and the prebuilt manifest: kernel_digest).
+    paths = prebuilt.kernel_paths()
+    assert "gemm.cu" in paths and "preprocess.cu" in paths
+    for path in map(Path, paths.values()):
         for line in path.read_text().splitlines():
             if line.strip().startswith("#include \""):
-                header = line.split('"')[1]
-                assert (KERNEL_DIR / header).is_file(), (path.name, header)
+                _kernel_file(line.split('"')[1])
 
 
 # =============================================================================

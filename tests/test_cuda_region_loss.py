@@ -1,4 +1,4 @@
-"""The [region] and [detection] losses on the GPU (kernels/region_loss.cu) against their NumPy
+"""The [region] and [detection] losses on the GPU (ops/losses/region_loss.cu) against their NumPy
 references (losses/region.py, losses/detection.py), element for element.
 
 Each case runs the op on both backends from the same float32 inputs, the arrays it writes

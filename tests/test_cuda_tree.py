@@ -1,5 +1,5 @@
-"""Softmax trees on the GPU (kernels/softmax.cu's softmax_tree_kernel and mask_kernel,
-kernels/region_loss.cu's tree and map= branches) against the NumPy reference, outputs
+"""Softmax trees on the GPU (ops/losses/softmax.cu's softmax_tree_kernel and mask_kernel,
+ops/losses/region_loss.cu's tree and map= branches) against the NumPy reference, outputs
 poisoned with NaN first."""
 from pathlib import Path
 

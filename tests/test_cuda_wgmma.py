@@ -1,4 +1,4 @@
-"""The Hopper GEMM (kernels/gemm_wgmma.cu through backends/cuda_wgmma.py) against NumPy.
+"""The Hopper GEMM (ops/convolution/gemm_wgmma.cu through ops/convolution/wgmma.py) against NumPy.
 
 GPU tests, skipped on a GPU other than compute capability 9.0. Every product runs on fresh
 random operands with a NaN-poisoned C (beta = 0) or a random C (beta != 0), on shapes that
@@ -32,7 +32,7 @@ SHAPES = [(255, 3, 255), (3, 255, 3), (1, 1, 1), (129, 257, 65), (300, 520, 1000
 
 @pytest.fixture(scope="module")
 def hopper(cuda):
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     if cuda_wgmma.kernels(cuda) is None:
         pytest.skip("the wgmma kernels need compute capability 9.0")
     return cuda_wgmma
@@ -220,7 +220,7 @@ def test_split_plan_cost_model_on_an_h100_or_h200_shape():
     one run where the pairs of tiles fill the clusters, the runs the cost model prices
     cheapest elsewhere (each run non-empty, K covered), the same answer asked twice."""
     from types import SimpleNamespace
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     kern = SimpleNamespace(cluster=2, max_clusters=66)
     assert cuda_wgmma.split_plan(kern, 4096, 4096, 4096) == (64, 1)      # 256 pairs
     assert cuda_wgmma.split_plan(kern, 1024, 4608, 5408) == (85, 1)      # 72 pairs
@@ -246,7 +246,7 @@ def test_the_wgmma_file_is_built_for_sm_90a_only(tmp_path):
     for name, text in sources.items():
         (kernels / name).write_text(text)
     built = tmp_path / "bin"
-    manifest = prebuilt.build(str(built), str(kernels), options={}, nvcc=str(nvcc))
+    manifest = prebuilt.build(str(built), [str(kernels)], options={}, nvcc=str(nvcc))
     assert manifest["kernels"]["gemm_wgmma.cu"]["archs"] == ["sm_90a"]
     assert manifest["kernels"]["gemm_wgmma_solo.cu"]["archs"] == ["sm_90a"]
     assert "archs" not in manifest["kernels"]["blas.cu"]
@@ -254,6 +254,6 @@ def test_the_wgmma_file_is_built_for_sm_90a_only(tmp_path):
     assert "arch=compute_90a,code=sm_90a" in wgmma and "code=sm_90 " not in wgmma
     assert "code=sm_90 " in (built / "blas.fatbin").read_text()
     found = {arch: prebuilt.prebuilt_binary(manifest, "gemm_wgmma.cu", sources["gemm_wgmma.cu"], (),
-                                            arch, str(built), str(kernels))[1]
+                                            arch, str(built), [str(kernels)])[1]
              for arch in ("sm_90", "sm_90a")}
     assert found == {"sm_90": "arch", "sm_90a": None}

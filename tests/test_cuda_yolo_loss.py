@@ -1,4 +1,4 @@
-"""The [yolo] loss as a backend op (`yolo_loss`): the CUDA kernels (kernels/yolo_loss.cu)
+"""The [yolo] loss as a backend op (`yolo_loss`): the CUDA kernels (ops/losses/yolo_loss.cu)
 against the NumPy op (darknet_py/losses/yolo.py) element for element, in both flavours and
 with each of the fork's options, and a detector trained on the GPU against the CPU.
 

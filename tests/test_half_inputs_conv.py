@@ -87,7 +87,7 @@ def _same(cuda, got, want, what):
 def route(cuda, monkeypatch):
     """route(name): the wgmma or the mma.sync kernels for the ops below (skips the test
     where wgmma cannot run)."""
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
 
     def force(name):
         if name == "wgmma":

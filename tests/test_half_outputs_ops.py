@@ -18,7 +18,7 @@ import pytest
 
 from darknet_py import precision as precisions
 from darknet_py.backends.numpy_backend import NumpyBackend
-from darknet_py.backends.numpy_batchnorm import StoredArray
+from darknet_py.ops.normalization.numpy import StoredArray
 
 gpu = pytest.mark.gpu
 HALF = ["fp16", "bf16"]

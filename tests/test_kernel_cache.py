@@ -5,10 +5,9 @@ import shutil
 
 import pytest
 
-from darknet_py.backends import BackendError, kernel_cache
+from darknet_py.backends import BackendError, kernel_cache, prebuilt
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-KERNEL_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "kernels")
 
 SOURCES = {
     "one.cu": 'extern "C" __global__ void one(float* x) { x[threadIdx.x] = 1.0f; }\n',
@@ -77,32 +76,48 @@ def test_headers_a_kernel_includes_are_found_once_and_hashed(tmp_path):
     (tmp_path / "inner.cuh").write_text("#pragma once\n")
     source = ('#include "shared.cuh"\n#include <cstdint>\n#include "shared.cuh"\n'
               'extern "C" __global__ void k(float* x) { x[0] = twice(x[0]); }\n')
-    found = kernel_cache.included_headers(source, str(tmp_path))
+    found = kernel_cache.included_headers(source, [str(tmp_path)])
     assert [name for name, _ in found] == ["shared.cuh", "inner.cuh"]
-    first = kernel_cache.kernel_digest(source, (), str(tmp_path))
-    assert first == kernel_cache.kernel_digest(source, (), str(tmp_path))
+    first = kernel_cache.kernel_digest(source, (), [str(tmp_path)])
+    assert first == kernel_cache.kernel_digest(source, (), [str(tmp_path)])
     (tmp_path / "inner.cuh").write_text("#pragma once\n// changed\n")
-    assert kernel_cache.kernel_digest(source, (), str(tmp_path)) != first
+    assert kernel_cache.kernel_digest(source, (), [str(tmp_path)]) != first
+
+
+def test_headers_are_found_in_several_folders_and_hashed_whichever_holds_them(tmp_path):
+    source = '#include "outer.cuh"\nextern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
+    one, two, flat = tmp_path / "one", tmp_path / "two", tmp_path / "flat"
+    for folder in (one, two, flat):
+        folder.mkdir()
+    for folder, name, text in ((one, "outer.cuh", '#include "inner.cuh"\n'),
+                               (two, "inner.cuh", "#define ONE 1\n"),
+                               (flat, "outer.cuh", '#include "inner.cuh"\n'),
+                               (flat, "inner.cuh", "#define ONE 1\n")):
+        (folder / name).write_text(text)
+    found = kernel_cache.included_headers(source, [str(one), str(two)])
+    assert found == [("outer.cuh", '#include "inner.cuh"\n'), ("inner.cuh", "#define ONE 1\n")]
+    assert (kernel_cache.kernel_digest(source, (), [str(one), str(two)])
+            == kernel_cache.kernel_digest(source, (), [str(flat)])
+            != kernel_cache.kernel_digest(source, (), [str(one)]))
 
 
 def test_every_kernel_file_names_only_headers_that_exist():
     import re
-    for name in sorted(os.listdir(KERNEL_DIR)):
-        if name.endswith(".cu"):
-            with open(os.path.join(KERNEL_DIR, name)) as f:
-                source = f.read()
-            wanted = set(re.findall(r'^\s*#\s*include\s+"([^"]+)"', source, re.MULTILINE))
-            found = {header for header, _ in kernel_cache.included_headers(source, KERNEL_DIR)}
-            assert wanted <= found, (name, wanted - found)
+    sources = prebuilt.kernel_sources()
+    assert "blas.cu" in sources and "gemm_wgmma_solo.cu" in sources
+    for name, source in sources.items():
+        wanted = set(re.findall(r'^\s*#\s*include\s+"([^"]+)"', source, re.MULTILINE))
+        found = {header for header, _ in
+                 kernel_cache.included_headers(source, prebuilt.KERNEL_DIRS)}
+        assert wanted <= found, (name, wanted - found)
 
 
 @needs_nvcc
 def test_a_kernel_with_a_header_compiles(tmp_path):
-    with open(os.path.join(KERNEL_DIR, "blas.cu")) as f:
-        source = f.read()
+    source = prebuilt.kernel_sources()["blas.cu"]
     assert '#include "common.cuh"' in source
     got = kernel_cache.cubins({"blas.cu": source}, ARCH, directory=tmp_path,
-                              include_dir=KERNEL_DIR)
+                              include_dirs=prebuilt.KERNEL_DIRS)
     assert got["blas.cu"][:4] == b"\x7fELF"
 
 

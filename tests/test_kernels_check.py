@@ -57,7 +57,7 @@ def test_a_failing_file_is_reported_exits_1_and_is_tried_again(tmp_path):
     (tmp_path / "k" / "broken.cu").write_text("nope\n")
     done, compiled = run(tmp_path)
     assert done.returncode == 1
-    assert "kernels/broken.cu (sm_90): FAILED" in done.stdout
+    assert "k/broken.cu (sm_90): FAILED" in done.stdout
     assert "broken.cu(1): error: nope" in done.stderr
     assert run(tmp_path)[1] == ["broken.cu"]
 

@@ -4,6 +4,8 @@ import glob
 import tomllib
 from pathlib import Path
 
+from darknet_py.backends import prebuilt
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -14,6 +16,8 @@ def test_pyproject_lists_every_package_and_the_data_read_at_run_time():
     assert packages == set(config["packages"])
     shipped = {Path(p).resolve() for pattern in config["package-data"]["darknet_py"]
                for p in glob.glob(str(REPO / "darknet_py" / pattern))}
-    needed = {p.resolve() for pattern in ("kernels/*.cu", "kernels/*.cuh", "cfg/*.cfg")
+    needed = {p.resolve() for pattern in ("darknet_py/ops/*/*.cu", "darknet_py/ops/*/*.cuh",
+                                          "cfg/*.cfg")
               for p in REPO.glob(pattern)}
+    needed |= {Path(p).resolve() for p in prebuilt.kernel_paths().values()}   # what loads
     assert needed and needed <= shipped

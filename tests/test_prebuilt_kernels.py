@@ -42,13 +42,13 @@ def tree(tmp_path):
         (kernels / name).write_text(text)
     (kernels / "common.cuh").write_text("#define ONE 1.0f\n")
     built = tmp_path / "kernels_bin"
-    prebuilt.build(str(built), str(kernels), options=OPTIONS, nvcc=str(nvcc))
+    prebuilt.build(str(built), [str(kernels)], options=OPTIONS, nvcc=str(nvcc))
     return kernels, built, tmp_path / "cache", str(nvcc)
 
 
 def load(tree, sources=SOURCES, arch="sm_90", options=OPTIONS):
     kernels, built, cache, nvcc = tree
-    return prebuilt.binaries(sources, arch, options, str(built), str(kernels), nvcc, str(cache))
+    return prebuilt.binaries(sources, arch, options, str(built), [str(kernels)], nvcc, str(cache))
 
 
 def test_build_writes_one_fatbin_per_file_for_every_arch_and_a_manifest(tree):
@@ -62,7 +62,7 @@ def test_build_writes_one_fatbin_per_file_for_every_arch_and_a_manifest(tree):
     assert b"code=sm_90 --fmad=false" in binary
     assert entry["sha256"] == hashlib.sha256(binary).hexdigest()
     assert entry["digest"] == kernel_cache.kernel_digest(SOURCES["two.cu"], ("--fmad=false",),
-                                                         str(kernels))
+                                                         [str(kernels)])
 
 
 def test_matching_binaries_are_loaded_and_nothing_is_compiled(tree, capsys):
@@ -119,7 +119,7 @@ def test_without_nvcc_a_stale_binary_is_an_error_not_a_silent_load(tree):
     edited = dict(SOURCES)
     edited["one.cu"] += "// edited\n"
     with pytest.raises(kernel_cache.KernelCompileError, match="nvcc .* not found"):
-        prebuilt.binaries(edited, "sm_90", OPTIONS, str(built), str(kernels),
+        prebuilt.binaries(edited, "sm_90", OPTIONS, str(built), [str(kernels)],
                           "/nonexistent/nvcc", str(cache), warn=False)
 
 
@@ -127,7 +127,7 @@ def test_a_failed_build_leaves_no_manifest(tree):
     kernels, built, _, nvcc = tree
     (kernels / "bad.cu").write_text("syntax error\n")
     with pytest.raises(kernel_cache.KernelCompileError, match="nvcc failed on bad.cu"):
-        prebuilt.build(str(built), str(kernels), options=OPTIONS, nvcc=nvcc)
+        prebuilt.build(str(built), [str(kernels)], options=OPTIONS, nvcc=nvcc)
     assert prebuilt.read_manifest(str(built)) is None
 
 
@@ -139,13 +139,14 @@ def test_check_wheel_finds_a_binary_that_does_not_match_the_wheels_source(tmp_pa
     prebuilt.build(str(built), nvcc=str(nvcc))
 
     def wheel(path, edit=None):
+        top = os.path.dirname(prebuilt.PACKAGE_DIR)
         with zipfile.ZipFile(path, "w") as z:
-            for folder in ("kernels", "cfgs"):
-                for name in os.listdir(os.path.join(prebuilt.PACKAGE_DIR, folder)):
-                    with open(os.path.join(prebuilt.PACKAGE_DIR, folder, name)) as f:
+            for folder in [*prebuilt.KERNEL_DIRS, os.path.join(prebuilt.PACKAGE_DIR, "cfgs")]:
+                for name in os.listdir(folder):
+                    with open(os.path.join(folder, name)) as f:
                         text = f.read()
-                    z.writestr(f"darknet_py/{folder}/{name}", text + (edit or "")
-                               if name == "blas.cu" else text)
+                    z.writestr(os.path.relpath(os.path.join(folder, name), top),
+                               text + (edit or "") if name == "blas.cu" else text)
             for name in os.listdir(built):
                 z.write(built / name, f"darknet_py/kernels_bin/{name}")
         return str(path)
@@ -153,3 +154,26 @@ def test_check_wheel_finds_a_binary_that_does_not_match_the_wheels_source(tmp_pa
     assert prebuilt.check_wheel(wheel(tmp_path / "good.whl")) == []
     problems = prebuilt.check_wheel(wheel(tmp_path / "stale.whl", "// edited\n"))
     assert problems == [f"blas.cu for {a}: prebuilt binary stale" for a in prebuilt.ARCHS]
+
+
+def test_kernel_files_are_found_in_the_family_folders_and_a_name_only_once(tmp_path):
+    ops = tmp_path / "ops"
+    for family, name in (("conv", "gemm.cu"), ("conv", "gemm.cuh"), ("norm", "bn.cu"),
+                         ("headers", "common.cuh")):
+        (ops / family).mkdir(parents=True, exist_ok=True)
+        (ops / family / name).write_text("// kernel\n")
+    (ops / "empty").mkdir()
+    (ops / "__init__.py").write_text("")
+    folders = prebuilt.kernel_folders(str(ops))
+    assert folders == [str(ops / f) for f in ("conv", "headers", "norm")]
+    assert prebuilt.kernel_paths(folders) == {"bn.cu": str(ops / "norm" / "bn.cu"),
+                                              "gemm.cu": str(ops / "conv" / "gemm.cu")}
+    (ops / "headers" / "gemm.cu").write_text("// the same name again\n")
+    with pytest.raises(ValueError, match="kernel file gemm.cu is in both"):
+        prebuilt.kernel_paths(folders)
+    shipped = prebuilt.kernel_paths()
+    assert {os.path.relpath(shipped[name], prebuilt.OPS_DIR) for name in (
+        "gemm.cu", "batchnorm.cu", "pooling.cu", "blas.cu", "yolo_loss.cu", "optimizer.cu",
+        "preprocess.cu")} == {"convolution/gemm.cu", "normalization/batchnorm.cu",
+                              "pooling/pooling.cu", "elementwise/blas.cu", "losses/yolo_loss.cu",
+                              "optimizers/optimizer.cu", "images/preprocess.cu"}

@@ -1,5 +1,5 @@
-"""Reduced precision: the tensor-core kernels (kernels/gemm_tc_*.cu) against NumPy, the NumPy
-emulation (precision.round_to), and the precision switches (--precision, precision=,
+"""Reduced precision: the tensor-core kernels (ops/convolution/gemm_tc_*.cu) against NumPy, the
+NumPy emulation (precision.round_to), and the precision switches (--precision, precision=,
 [net] precision=).
 
 GPU tests compare each kernel twice, on fresh random inputs with NaN-poisoned outputs:
@@ -272,7 +272,7 @@ def test_conv_forward_on_wgmma_against_numpy(cuda, p, case, monkeypatch):
     """The forward through cuda_wgmma.conv_forward (taken once per group, checked), into
     the layer's layout with outputs poisoned with NaN, each epilogue activation with and
     without biases, against NumPy; the same layer on one image stays on conv_tc."""
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
     if cuda_wgmma.kernels(cuda) is None:
         pytest.skip("the wgmma kernels need compute capability 9.0")
     taken = []

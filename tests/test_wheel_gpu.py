@@ -44,8 +44,7 @@ def _build_wheel(work):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for name in ("kernels", "cfg"):
-        shutil.copytree(REPO / name, src / name)
+    shutil.copytree(REPO / "cfg", src / "cfg")
     shutil.copytree(REPO / "darknet_py", src / "darknet_py", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__", "kernels_bin"))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))

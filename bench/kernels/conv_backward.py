@@ -9,7 +9,7 @@ The second form writes the fork's yolov4.cfg (../shared/darknet-cfg-ab) with 3 c
 
 Per unique [convolutional] shape (one group): the weight gradient as im2col + GEMM (the
 layer's old path, in its workspace chunks) and as conv_weight_grad (the implicit GEMM,
-kernels/conv_backward_*.cu), the data gradient as GEMM + col2im and as conv_data_grad;
+ops/convolution/conv_backward_*.cu), the data gradient as GEMM + col2im and as conv_data_grad;
 --sweep also times every implicit tile (and splits for the weight gradient) to check the
 plans. CUDA events, medians of 5 after 2 warm-ups; ms per layer (all groups). The (move)
 column is the old path's copy of the delta into (filters, images, positions) order, which

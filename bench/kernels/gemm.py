@@ -58,7 +58,7 @@ def per_product(be, fn, warmup=5, repeats=20):
 
 def ours(be, n=4096):
     """{key: TFLOP/s} of our n^3 products."""
-    from darknet_py.backends import cuda_wgmma
+    from darknet_py.ops.convolution import wgmma as cuda_wgmma
 
     rng = np.random.default_rng(0)
     flop = 2.0 * n**3

@@ -1,4 +1,4 @@
-"""Build variants of the Hopper GEMM (kernels/gemm_wgmma.cu) are checked and timed in one
+"""Build variants of the Hopper GEMM (ops/convolution/gemm_wgmma.cu) are checked and timed in one
 device call: each variant's cubin (compiled beforehand with -D WGMMA_STAGES / WGMMA_GROUP_M,
 on this machine or the device) multiplies the same 4096^3 half operands; its output is
 compared with the shipped kernel's (same order of sums: identical) and with NumPy on 64
@@ -49,7 +49,7 @@ DGRAD_SHAPES = [
 
 
 def shape_rows(be, report):
-    from darknet_py.backends import cuda_wgmma as w
+    from darknet_py.ops.convolution import wgmma as w
 
     rng = np.random.default_rng(2)
     for m, n, k in DGRAD_SHAPES:
@@ -89,7 +89,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--shapes", action="store_true")
     args = ap.parse_args()
-    from darknet_py.backends import cuda_wgmma as w
+    from darknet_py.ops.convolution import wgmma as w
     from darknet_py.backends import get_backend
 
     be = get_backend("cuda:0")

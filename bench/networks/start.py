@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 import pycuda.driver as drv  # noqa: E402
 
-from darknet_py.backends import kernel_cache  # noqa: E402
-from darknet_py.backends.cuda_backend import _KERNEL_OPTIONS, _KERNELS, KERNEL_DIR  # noqa: E402
+from darknet_py.backends import kernel_cache, prebuilt  # noqa: E402
+from darknet_py.backends.cuda_backend import _KERNEL_OPTIONS, _KERNELS  # noqa: E402
 
 START_CMD = [sys.executable, "-m", "darknet_py", "bench", "cfg/digits-classifier.cfg", "--gpu", "0"]
 SHARED = ROOT.parent / "shared"
@@ -56,12 +56,12 @@ def start_times(repeats):
 
 def nvcc_seconds(arch):
     """{kernel file: seconds nvcc takes on it alone}."""
-    times = {}
+    times, paths = {}, prebuilt.kernel_paths()
     for name in _KERNELS:
-        source = (Path(KERNEL_DIR) / name).read_text()
+        source = Path(paths[name]).read_text()
         start = time.perf_counter()
         kernel_cache.compile_cubin(name, source, _KERNEL_OPTIONS.get(name, ()), arch,
-                                   include_dir=KERNEL_DIR)
+                                   include_dirs=prebuilt.KERNEL_DIRS)
         times[name] = time.perf_counter() - start
     return times
 

@@ -1,4 +1,4 @@
-"""The CUDA backend: NumpyBackend's ops as hand-written kernels (kernels/*.cu) via PyCUDA.
+"""The CUDA backend: NumpyBackend's ops as hand-written kernels (ops/*/*.cu) via PyCUDA.
 
 Arrays are 1-D float32 ``DeviceArray``s (int32 for maxpool indexes): a pointer
 into a pool allocation and a length. A flat slice ``a[i:j]`` is a view, and kernels
@@ -6,17 +6,18 @@ get raw pointers, so views work everywhere. Every op is asynchronous on the back
 that hand data to the host (to_host, sum, synchronize).
 
 The ops live in one mixin per family, each family's kernel table beside its launchers:
-cuda_core (device, arrays, launches, sync, copies, graph capture), cuda_conv (GEMMs,
-tensor-core convolution, im2col/col2im), cuda_conv_backward (the convolution backward
-as implicit GEMMs), cuda_norm (bias/scale, batch norm, channel
-reductions, l2norm, lrn), cuda_elementwise (vector ops, activations, pooling, shape ops,
-dropout), cuda_losses (softmax, costs, yolo/region/detection losses), cuda_images (photos
-uploaded as uint8, letterboxed on the device), cuda_optimizer (Adam's update).
+cuda_core here (device, arrays, launches, sync, copies, graph capture), and in the
+families' folders ops/<family>/: convolution/cuda.py (GEMMs, tensor-core convolution,
+im2col/col2im), convolution/cuda_backward.py (the convolution backward as implicit GEMMs),
+normalization/cuda.py (bias/scale, batch norm, channel reductions, l2norm, lrn),
+elementwise/cuda.py (vector ops, activations, shape ops, dropout), pooling/cuda.py,
+losses/cuda.py (softmax, costs, yolo/region/detection losses), images/cuda.py (photos
+uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's update).
 
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
   * One stream, one thread; one DeviceMemoryPool for every array and scratch buffer.
-  * The kernels/*.cu files come prebuilt in the wheel (prebuilt.py) for the common
+  * The ops/*/*.cu files come prebuilt in the wheel (prebuilt.py) for the common
     architectures; otherwise nvcc compiles them in parallel on a first start and their
     cubins are cached on disk (kernel_cache.py); later starts load them from there. Kernels
     are launched with prepared_async_call.
@@ -36,31 +37,33 @@ import os
 import numpy as np
 
 # Names other modules import from here: CudaBackend, DeviceArray, CudaError, and for the
-# benches _TC_TILES, _KERNELS, _KERNEL_OPTIONS, KERNEL_DIR.
-from .cuda_conv import _TC_TILES, CudaConv  # noqa: F401
-from .cuda_conv import KERNELS as _CONV_KERNELS
-from .cuda_conv_backward import KERNELS as _CONV_BACKWARD_KERNELS
-from .cuda_conv_backward import CudaConvBackward
-from .cuda_core import (_KERNEL_OPTIONS, KERNEL_DIR, CudaCore, CudaError, DeviceArray,  # noqa: F401
-                        _Device, merge_kernel_tables)
-from .cuda_elementwise import CudaElementwise
-from .cuda_elementwise import KERNELS as _ELEMENTWISE_KERNELS
-from .cuda_images import CudaImages
-from .cuda_images import KERNELS as _IMAGE_KERNELS
-from .cuda_losses import CudaLosses
-from .cuda_losses import KERNELS as _LOSS_KERNELS
-from .cuda_norm import CudaNorm
-from .cuda_norm import KERNELS as _NORM_KERNELS
-from .cuda_optimizer import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
+# benches _TC_TILES, _KERNELS, _KERNEL_OPTIONS.
+from ..ops.convolution.cuda import _TC_TILES, CudaConv  # noqa: F401
+from ..ops.convolution.cuda import KERNELS as _CONV_KERNELS
+from ..ops.convolution.cuda_backward import KERNELS as _CONV_BACKWARD_KERNELS
+from ..ops.convolution.cuda_backward import CudaConvBackward
+from ..ops.elementwise.cuda import CudaElementwise
+from ..ops.elementwise.cuda import KERNELS as _ELEMENTWISE_KERNELS
+from ..ops.images.cuda import CudaImages
+from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
+from ..ops.losses.cuda import CudaLosses
+from ..ops.losses.cuda import KERNELS as _LOSS_KERNELS
+from ..ops.normalization.cuda import CudaNorm
+from ..ops.normalization.cuda import KERNELS as _NORM_KERNELS
+from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
+from ..ops.pooling.cuda import KERNELS as _POOLING_KERNELS
+from ..ops.pooling.cuda import CudaPooling
+from .cuda_core import (_KERNEL_OPTIONS, CudaCore, CudaError, DeviceArray, _Device,  # noqa: F401
+                        merge_kernel_tables)
 
 # Every kernel file's entry points and argument formats, from the families' tables.
 _KERNELS = merge_kernel_tables(_CONV_KERNELS, _CONV_BACKWARD_KERNELS, _NORM_KERNELS,
-                               _ELEMENTWISE_KERNELS, _LOSS_KERNELS, _IMAGE_KERNELS,
-                               _OPTIMIZER_KERNELS)
+                               _ELEMENTWISE_KERNELS, _POOLING_KERNELS, _LOSS_KERNELS,
+                               _IMAGE_KERNELS, _OPTIMIZER_KERNELS)
 
 
-class CudaBackend(CudaCore, CudaConv, CudaConvBackward, CudaNorm, CudaElementwise, CudaLosses,
-                  CudaImages, CudaOptimizerOps):
+class CudaBackend(CudaCore, CudaConv, CudaConvBackward, CudaNorm, CudaElementwise, CudaPooling,
+                  CudaLosses, CudaImages, CudaOptimizerOps):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
     name = "cuda"

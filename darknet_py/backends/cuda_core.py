@@ -9,7 +9,6 @@ format}}) beside its launchers, and cuda_backend.py merges them for _Device.
 import atexit
 import collections.abc
 import ctypes
-import os
 import threading
 
 import numpy as np
@@ -22,7 +21,6 @@ from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
 from .errors import DeviceOutOfMemory, GraphCaptureError
 from .pinning import unpin_nothing
 
-KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 _KERNEL_OPTIONS = kernel_cache.KERNEL_OPTIONS
 
 _BLOCK = 256
@@ -197,14 +195,14 @@ class _Device:
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.total_bytes = self.device.total_memory()
         self.peak_allocated_bytes = 0
-        sources = {}
+        sources, paths = {}, prebuilt.kernel_paths()
         for filename in kernels:   # their headers: found by nvcc -I, hashed by kernel_digest
-            with open(os.path.join(KERNEL_DIR, filename)) as f:
+            with open(paths[filename]) as f:
                 sources[filename] = f.read()
         arch = "sm_%d%d" % self.device.compute_capability()
         # The wheel's prebuilt binaries where they match; nvcc (cached) for the rest.
         binaries, self.compiled = prebuilt.binaries(sources, arch, _KERNEL_OPTIONS,
-                                                    include_dir=KERNEL_DIR)
+                                                    include_dirs=prebuilt.KERNEL_DIRS)
         self.functions = _KernelTable(kernels, binaries, arch, self.compiled)
         trace_start(f"kernels of device {index} found (loaded on first use)")
 
@@ -229,7 +227,7 @@ class _Device:
             self.stream.synchronize()
             self.pool.stop_holding()
             self.transfers.close()   # page-locked buffers go while their context lives
-            self.__dict__.pop("geometry_slots", None)   # cuda_images.py's, page-locked too
+            self.__dict__.pop("geometry_slots", None)   # ops/images/cuda.py's, page-locked too
         except drv.Error:
             pass
         self.leave_thread()

@@ -47,31 +47,41 @@ def cache_dir():
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
-def included_headers(source, include_dir):
+def included_headers(source, include_dirs=()):
     """[(name, text)] of the headers `source` includes by quotes, and theirs, in the order
-    first met; a header not in include_dir is left to nvcc (which reports it)."""
+    first met, each from the first of include_dirs that holds it; a header in none of them
+    is left to nvcc (which reports it)."""
     found, queue = {}, [source]
     while queue:
         for name in _INCLUDE.findall(queue.pop(0)):
-            if name in found or include_dir is None:
-                continue
-            try:
-                with open(os.path.join(include_dir, name)) as f:
-                    found[name] = f.read()
-            except OSError:
-                continue
-            queue.append(found[name])
+            if name not in found:
+                text = _header_text(name, include_dirs)
+                if text is not None:
+                    found[name] = text
+                    queue.append(text)
     return list(found.items())
 
 
-def kernel_digest(source, options, include_dir=None):
+def _header_text(name, include_dirs):
+    """The text of header `name` from the first folder of include_dirs that holds it."""
+    for folder in include_dirs:
+        try:
+            with open(os.path.join(folder, name)) as f:
+                return f.read()
+        except OSError:
+            continue
+    return None
+
+
+def kernel_digest(source, options, include_dirs=()):
     """SHA-256 (hex) of what a kernel file's binary is built from, whatever the GPU: its
-    text, its nvcc options and the text of every header it includes from include_dir.
+    text, its nvcc options and the text of every header it includes from include_dirs
+    (by the name it includes, not the folder, so moving a header keeps its digest).
     The cache's entry names and the prebuilt kernels' manifest both use it, so a binary
     is never taken for a source it was not built from."""
     h = hashlib.sha256()
     parts = [source, "\0".join(options)]
-    for name, text in included_headers(source, include_dir):
+    for name, text in included_headers(source, include_dirs):
         parts += [name, text]
     for part in parts:
         h.update(part.encode())
@@ -79,9 +89,9 @@ def kernel_digest(source, options, include_dir=None):
     return h.hexdigest()
 
 
-def entry_name(source, options, arch, include_dir=None):
+def entry_name(source, options, arch, include_dirs=()):
     h = hashlib.sha256()
-    for part in (kernel_digest(source, options, include_dir), arch):
+    for part in (kernel_digest(source, options, include_dirs), arch):
         h.update(part.encode())
         h.update(b"\0\0")
     return h.hexdigest() + ".cubin"
@@ -129,7 +139,7 @@ def require_nvcc(nvcc):
             f"start (put its bin folder on PATH); later starts read {cache_dir()}")
 
 
-def run_nvcc(name, source, args, include_dir=None, nvcc="nvcc", what=""):
+def run_nvcc(name, source, args, include_dirs=(), nvcc="nvcc", what=""):
     """nvcc on one kernel file's source with `args` (the output kind and architectures, the
     options); returns the bytes it wrote."""
     require_nvcc(nvcc)
@@ -137,7 +147,7 @@ def run_nvcc(name, source, args, include_dir=None, nvcc="nvcc", what=""):
         src, out = os.path.join(work, name), os.path.join(work, "kernel.bin")
         with open(src, "w") as f:
             f.write(source)
-        includes = [f"-I{include_dir}"] if include_dir else []
+        includes = [f"-I{folder}" for folder in include_dirs]
         done = subprocess.run([nvcc, *args, *includes, "-o", out, src],
                               capture_output=True, text=True)
         if done.returncode != 0 or not os.path.exists(out):
@@ -147,19 +157,19 @@ def run_nvcc(name, source, args, include_dir=None, nvcc="nvcc", what=""):
             return f.read()
 
 
-def compile_cubin(name, source, options, arch, nvcc="nvcc", include_dir=None):
+def compile_cubin(name, source, options, arch, nvcc="nvcc", include_dirs=()):
     """Run nvcc on one kernel file's source; returns the cubin's bytes."""
-    return run_nvcc(name, source, ["--cubin", f"-arch={arch}", *options], include_dir, nvcc,
+    return run_nvcc(name, source, ["--cubin", f"-arch={arch}", *options], include_dirs, nvcc,
                     f" for {arch}")
 
 
-def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dir=None):
+def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dirs=()):
     """{file name: cubin} for {file name: source}, from the cache where it holds them;
     the others are compiled in parallel and stored. options: {file name: nvcc options}
-    for the files that have any; include_dir: where their quoted #includes are."""
+    for the files that have any; include_dirs: the folders their quoted #includes are in."""
     directory = directory or cache_dir()
     options = {name: tuple((options or {}).get(name, ())) for name in sources}
-    paths = {name: os.path.join(directory, entry_name(src, options[name], arch, include_dir))
+    paths = {name: os.path.join(directory, entry_name(src, options[name], arch, include_dirs))
              for name, src in sources.items()}
     found = {name: read_entry(path) for name, path in paths.items()}
     if all(cubin is not None for cubin in found.values()):
@@ -172,7 +182,7 @@ def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dir
             workers = min(len(missing), os.cpu_count() or 1)
             with concurrent.futures.ThreadPoolExecutor(workers) as pool:
                 built = pool.map(lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc,
-                                                         include_dir), missing)
+                                                         include_dirs), missing)
                 for name, cubin in zip(missing, built):
                     found[name] = cubin
                     write_entry(paths[name], cubin)

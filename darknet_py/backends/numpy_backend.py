@@ -25,11 +25,11 @@ from ..draws import uniform_hash
 from ..image import from_bgr, letterbox, resize_image, sized_shape
 from ..losses import detection as detection_loss, region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
+from ..ops.convolution.numpy import NumpyConvBackward
+from ..ops.normalization.numpy import NumpyBatchnorm, one_storage
+from ..ops.optimizers.numpy import NumpyOptimizerOps
 from ..shapes import conv_out_size, conv_strides
 from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
-from .numpy_batchnorm import NumpyBatchnorm, one_storage
-from .numpy_conv_backward import NumpyConvBackward
-from .numpy_optimizer import NumpyOptimizerOps
 from .pinning import unpin_nothing
 
 

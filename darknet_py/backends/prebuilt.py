@@ -1,4 +1,4 @@
-"""Kernels that need no compiler: the wheel carries every kernels/*.cu file built for the
+"""Kernels that need no compiler: the wheel carries every kernel file (ops/*/*.cu) built for the
 GPU architectures in ARCHS (one fatbin per file, SASS for each), and a manifest that ties
 each binary to what it was built from (kernel_cache.kernel_digest: the source, its nvcc
 options and its headers).
@@ -26,10 +26,11 @@ from . import kernel_cache
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 # Files built for other architectures than ARCHS: the Hopper GEMM uses sm_90a's own
-# instructions (wgmma, setmaxnreg), which no other target has (cuda_wgmma.py loads it).
+# instructions (wgmma, setmaxnreg), which no other target has (ops/convolution/wgmma.py
+# loads it).
 FILE_ARCHS = {"gemm_wgmma.cu": ("sm_90a",), "gemm_wgmma_solo.cu": ("sm_90a",)}
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_DIR = os.path.join(PACKAGE_DIR, "kernels")
+OPS_DIR = os.path.join(PACKAGE_DIR, "ops")
 PREBUILT_DIR = os.path.join(PACKAGE_DIR, "kernels_bin")
 MANIFEST = "manifest.json"
 _FORMAT = 1
@@ -39,21 +40,47 @@ def _sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def kernel_sources(kernel_dir=KERNEL_DIR):
+def kernel_folders(ops_dir=OPS_DIR):
+    """The op families' folders that hold kernel files (.cu or .cuh), sorted: where a kernel
+    file is found by its name, and the folders of its quoted #includes (nvcc -I,
+    kernel_cache.kernel_digest)."""
+    names = sorted(os.listdir(ops_dir)) if os.path.isdir(ops_dir) else []
+    folders = [os.path.join(ops_dir, name) for name in names]
+    return [f for f in folders
+            if os.path.isdir(f) and any(n.endswith((".cu", ".cuh")) for n in os.listdir(f))]
+
+
+KERNEL_DIRS = kernel_folders()
+
+
+def kernel_paths(kernel_dirs=KERNEL_DIRS):
+    """{file name: path} of every .cu file in kernel_dirs; kernels are named by their file
+    alone (the cache, the manifest, the launchers' KERNELS tables), so a name in two
+    folders is an error."""
+    paths = {}
+    for folder in kernel_dirs:
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".cu"):
+                if name in paths:
+                    raise ValueError(f"kernel file {name} is in both {paths[name]} and {folder}")
+                paths[name] = os.path.join(folder, name)
+    return dict(sorted(paths.items()))
+
+
+def kernel_sources(kernel_dirs=KERNEL_DIRS):
     """{file name: source} of every kernel file."""
     sources = {}
-    for name in sorted(os.listdir(kernel_dir)):
-        if name.endswith(".cu"):
-            with open(os.path.join(kernel_dir, name)) as f:
-                sources[name] = f.read()
+    for name, path in kernel_paths(kernel_dirs).items():
+        with open(path) as f:
+            sources[name] = f.read()
     return sources
 
 
-def build(out_dir=PREBUILT_DIR, kernel_dir=KERNEL_DIR, archs=ARCHS, options=None,
+def build(out_dir=PREBUILT_DIR, kernel_dirs=KERNEL_DIRS, archs=ARCHS, options=None,
           nvcc="nvcc", sources=None):
     """Compile every kernel file for `archs` into out_dir (one fatbin each, nvcc runs in
     parallel) and write the manifest last, so an interrupted build leaves none."""
-    sources = kernel_sources(kernel_dir) if sources is None else sources
+    sources = kernel_sources(kernel_dirs) if sources is None else sources
     options = kernel_cache.KERNEL_OPTIONS if options is None else options
     kernel_cache.require_nvcc(nvcc)
     os.makedirs(out_dir, exist_ok=True)
@@ -66,11 +93,11 @@ def build(out_dir=PREBUILT_DIR, kernel_dir=KERNEL_DIR, archs=ARCHS, options=None
         targets = file_archs(name, archs)
         gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in targets]
         binary = kernel_cache.run_nvcc(name, sources[name], ["--fatbin", *gencode, *opts],
-                                       kernel_dir, nvcc, f" for {', '.join(targets)}")
+                                       kernel_dirs, nvcc, f" for {', '.join(targets)}")
         out = name[:-3] + ".fatbin"
         with open(os.path.join(out_dir, out), "wb") as f:
             f.write(binary)
-        entry = {"digest": kernel_cache.kernel_digest(sources[name], opts, kernel_dir),
+        entry = {"digest": kernel_cache.kernel_digest(sources[name], opts, kernel_dirs),
                  "binary": out, "sha256": _sha256(binary)}
         if name in FILE_ARCHS:
             entry["archs"] = list(targets)
@@ -103,7 +130,7 @@ def read_manifest(directory=PREBUILT_DIR):
 
 
 def prebuilt_binary(manifest, name, source, options, arch, directory=PREBUILT_DIR,
-                    include_dir=KERNEL_DIR):
+                    include_dirs=KERNEL_DIRS):
     """(binary, None) for a file the manifest covers for `arch` with a matching digest,
     else (None, why: 'none', 'arch', 'stale' or 'damaged')."""
     entry = (manifest or {}).get("kernels", {}).get(name)
@@ -111,7 +138,7 @@ def prebuilt_binary(manifest, name, source, options, arch, directory=PREBUILT_DI
         return None, "none"
     if arch not in entry.get("archs", manifest.get("archs", ())):
         return None, "arch"
-    if entry.get("digest") != kernel_cache.kernel_digest(source, tuple(options), include_dir):
+    if entry.get("digest") != kernel_cache.kernel_digest(source, tuple(options), include_dirs):
         return None, "stale"
     try:
         with open(os.path.join(directory, os.path.basename(entry["binary"])), "rb") as f:
@@ -123,7 +150,7 @@ def prebuilt_binary(manifest, name, source, options, arch, directory=PREBUILT_DI
     return binary, None
 
 
-def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dir=KERNEL_DIR,
+def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dirs=KERNEL_DIRS,
              nvcc="nvcc", cache_directory=None, warn=True):
     """({file name: binary to load}, [files compiled]): the prebuilt binary of each file
     where it is valid for `arch`, the kernel cache (nvcc where it holds none) for the rest.
@@ -133,7 +160,7 @@ def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dir=KE
     found, rest, bad = {}, {}, []
     for name, source in sources.items():
         binary, why = prebuilt_binary(manifest, name, source, options.get(name, ()), arch,
-                                      directory, include_dir)
+                                      directory, include_dirs)
         if binary is not None:
             found[name] = binary
         else:
@@ -145,7 +172,7 @@ def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dir=KE
               f"{', '.join(bad)}; compiling them with nvcc", file=sys.stderr)
     if rest:
         found.update(kernel_cache.cubins(rest, arch, options, nvcc, cache_directory,
-                                         include_dir))
+                                         include_dirs))
     return found, sorted(rest)
 
 
@@ -155,12 +182,12 @@ def check_wheel(wheel):
     ARCHS that matches the wheel's own kernel source by digest."""
     with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as root:
         names = set(z.namelist())
-        want = {f"darknet_py/{folder}/{name}" for folder in ("kernels", "cfgs")
-                for name in os.listdir(os.path.join(PACKAGE_DIR, folder))
-                if name.endswith((".cu", ".cuh", ".cfg"))}
+        want = {os.path.relpath(os.path.join(folder, name), os.path.dirname(PACKAGE_DIR))
+                for folder in [*KERNEL_DIRS, os.path.join(PACKAGE_DIR, "cfgs")]
+                for name in os.listdir(folder) if name.endswith((".cu", ".cuh", ".cfg"))}
         problems = [f"the wheel lacks {name}" for name in sorted(want - names)]
         z.extractall(root)
-        kernels = os.path.join(root, "darknet_py", "kernels")
+        kernels = kernel_folders(os.path.join(root, "darknet_py", "ops"))
         binaries_dir = os.path.join(root, "darknet_py", "kernels_bin")
         manifest = read_manifest(binaries_dir)
         if manifest is None:

@@ -1,6 +1,6 @@
 """[convolutional]: im2col + GEMM per image and group, as Darknet does it; on a backend
 that has them (the GPU) the backward's products run as implicit GEMMs where they measure
-faster (backends/cuda_conv_backward.py), with no im2col or col2im buffer.
+faster (ops/convolution/cuda_backward.py), with no im2col or col2im buffer.
 
 Inference (not training) with batch normalisation runs on weights and biases with the
 normalisation folded in, made once from the parameters (Network.fold_batchnorm switches

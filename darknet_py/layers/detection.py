@@ -4,7 +4,7 @@ Its input is flat (usually a [connected] layer): side*side class vectors, then
 side*side*num objectness scores, then side*side*num boxes (x, y, w, h). Forward
 copies it through, with a softmax over each cell's classes when softmax=1 (YOLOv1 uses
 none: the connected layer is linear). Training follows forward_detection_layer through
-the backend's detection_loss op (losses/detection.py, kernels/region_loss.cu); its truth
+the backend's detection_loss op (losses/detection.py, ops/losses/region_loss.cu); its truth
 is Darknet's grid form (per cell: is_object, one-hot classes, x, y, w, h with x, y
 relative to the cell), built on the backend from box rows when the data loader gives
 those.

@@ -3,7 +3,7 @@
 Image-shaped output: per image, `n` anchor blocks of (coords + 1 + classes) planes of
 w*h. Forward applies the logistic to x, y and objectness, and a softmax over the classes
 of each anchor and cell (logistic instead with softmax=0). In training the backend's
-region_loss op (losses/region.py, kernels/region_loss.cu) computes forward_region_layer's
+region_loss op (losses/region.py, ops/losses/region_loss.cu) computes forward_region_layer's
 delta, cost and statistics where the output is; backward is Darknet's GPU one
 (backward_region_layer_gpu): the delta times the logistic gradient on x, y and
 objectness, added to the previous layer's. (Darknet's CPU backward_region_layer is

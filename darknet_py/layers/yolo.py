@@ -5,7 +5,7 @@ The output keeps the input's image shape: per image, `n` anchor blocks of
 logistic to x, y, objectness and classes (none of it with the fork's new_coords=1, whose
 convolution is expected to end in a logistic), then the fork's scale_x_y affine on x and y.
 In training the loss is forward_yolo_layer's, computed by the backend op yolo_loss
-(darknet_py/losses/yolo.py is its reference, kernels/yolo_loss.cu the GPU's): it writes the
+(darknet_py/losses/yolo.py is its reference, ops/losses/yolo_loss.cu the GPU's): it writes the
 delta and leaves the cost and statistics in `scalars`, read after the step by `collect`;
 backward adds the delta to the previous layer's.
 

@@ -1,6 +1,6 @@
 """[detection]'s training loss: Darknet's forward_detection_layer (YOLOv1) as the NumPy
 reference of the backends' `detection_grid_truth` and `detection_loss` ops
-(kernels/region_loss.cu does the same on the GPU, element for element).
+(ops/losses/region_loss.cu does the same on the GPU, element for element).
 
 The truth is Darknet's grid form: per image and cell, is_object, one-hot classes and
 x, y, w, h (x, y relative to the cell); detection_grid_truth builds it from the data

@@ -1,5 +1,5 @@
 """[region]'s training loss: Darknet's forward_region_layer after the activations, as the
-NumPy reference of the backends' `region_loss` op (kernels/region_loss.cu does the same
+NumPy reference of the backends' `region_loss` op (ops/losses/region_loss.cu does the same
 on the GPU, element for element).
 
 Arithmetic is float32 where Darknet computes in float (box maths, deltas) and float64

@@ -1,5 +1,5 @@
 """The [yolo] head's training loss below the layers: the NumPy reference of the backend op
-`yolo_loss` (kernels/yolo_loss.cu is the CUDA one), on host arrays.
+`yolo_loss` (ops/losses/yolo_loss.cu is the CUDA one), on host arrays.
 
 Two flavours, chosen by `YoloLossSpec.fork`: the original Darknet's forward_yolo_layer
 (`original_loss`) and the AlexeyAB fork's (`fork_loss`: iou_loss, normalizers, label

@@ -1,13 +1,13 @@
 """The CUDA backend's softmax and losses: softmax, softmax over a class tree and the
-cost functions (kernels/softmax.cu); the [yolo] loss (kernels/yolo_loss.cu); the [region]
-and [detection] losses (kernels/region_loss.cu). A mixin of CudaBackend."""
+cost functions (softmax.cu); the [yolo] loss (yolo_loss.cu); the [region]
+and [detection] losses (region_loss.cu). A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
-from ..losses.detection import DETECTION_SCALARS
-from ..losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
-from ..losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
-from .cuda_core import _BLOCK, _ceil_div
+from ...backends.cuda_core import _BLOCK, _ceil_div
+from ...losses.detection import DETECTION_SCALARS
+from ...losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
+from ...losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
 
 KERNELS = {
     "softmax.cu": {
@@ -39,7 +39,7 @@ KERNELS = {
 _LOSS_IMAGE_STATS = 5
 # Threads of the kernels that walk one image's truths in order (one thread an image).
 _IMAGE_THREADS = 64
-_YOLO_STATS = 8   # per-image statistics of kernels/yolo_loss.cu (enum Stat)
+_YOLO_STATS = 8   # per-image statistics of yolo_loss.cu (enum Stat)
 
 
 class CudaLosses:
@@ -104,7 +104,7 @@ class CudaLosses:
 
     # ---- detection losses --------------------------------------------------------
     def yolo_loss(self, spec, output, truth, delta, scalars):
-        """The [yolo] head's training loss (kernels/yolo_loss.cu; losses/yolo.py is the
+        """The [yolo] head's training loss (yolo_loss.cu; losses/yolo.py is the
         reference): writes the whole delta and the yolo_loss.SCALARS into scalars, queued
         on the stream (no host sync)."""
         wh = spec.w * spec.h

@@ -1,20 +1,20 @@
-"""The CUDA backend's convolution backward as implicit GEMMs (kernels/conv_backward_*.cu):
+"""The CUDA backend's convolution backward as implicit GEMMs (conv_backward_*.cu):
 the weight gradient and the data gradient read the input and the output delta where
 they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 (tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
 import os
 
-from .. import precision as precisions
-from ..shapes import conv_out_size, conv_strides
-from . import cuda_wgmma
-from .cuda_core import _BLOCK, _ceil_div
-from .errors import BackendError
-from .numpy_conv_backward import unfolded_weight_grad
+from ... import precision as precisions
+from ...backends.cuda_core import _BLOCK, _ceil_div
+from ...backends.errors import BackendError
+from ...shapes import conv_out_size, conv_strides
+from . import wgmma
+from .numpy import unfolded_weight_grad
 
 # precision -> (kernel name part, bytes of a packed weight)
 _PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
 _PARTS_BYTES = dict(_PARTS.values())
-# kernels/conv_backward_entries.cuh's tiles -> (BM, BN, threads per block)
+# conv_backward_entries.cuh's tiles -> (BM, BN, threads per block)
 _WGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
                    "32x128": (32, 128, 128), "64x64": (64, 64, 128), "32x64": (32, 64, 64)}
 _DGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
@@ -63,7 +63,7 @@ class CudaConvBackward:
                                   stride, pad, dilation, batch, im_stride, delta, filters,
                                   weight_updates, col):
         """NumpyBackend.conv_weight_grad_unfolded. Where the Hopper GEMM takes the product
-        (fp16/bf16, cuda_wgmma.handles), im2col unfolds the images straight into its
+        (fp16/bf16, wgmma.handles), im2col unfolds the images straight into its
         half-precision K-major operand (no fp32 col, no conversion pass: half the bytes
         written); else im2col into col and gemm / gemm_lowp, as Darknet. im: fp32, or a 16-bit
         layer output at `precision` (ValueError for another)."""
@@ -71,12 +71,12 @@ class CudaConvBackward:
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         n, k = channels * ksize * ksize, batch * out_h * out_w
         im_stride = int(im_stride) or channels * height * width
-        if cuda_wgmma.handles(self, precision, filters, n, k):
+        if wgmma.handles(self, precision, filters, n, k):
             self._check_size("conv_weight_grad_unfolded delta", delta, filters * k)
             self._check_size("conv_weight_grad_unfolded weight_updates", weight_updates, filters * n)
             self._check_size("conv_weight_grad_unfolded im", im,
                              (batch - 1) * im_stride + channels * height * width)
-            cuda_wgmma.weight_grad_unfolded(self, precision, im, channels, height, width, ksize,
+            wgmma.weight_grad_unfolded(self, precision, im, channels, height, width, ksize,
                                             stride, pad, dilation, batch, im_stride, delta,
                                             filters, weight_updates)
             return
@@ -290,7 +290,7 @@ class CudaConvBackward:
         (b32 fp16)."""
         return (channels >= _FORWARD_DGRAD_MIN_CHANNELS
                 and self._flipped_pad(ksize, pad, dilation) >= 0
-                and cuda_wgmma.forward_takes(self, precision, channels, batch * height * width,
+                and wgmma.forward_takes(self, precision, channels, batch * height * width,
                                              filters * ksize * ksize, ksize, height * width))
 
     def _data_grad_as_forward(self, precision, weights, filters, delta, delta_stride, channels,
@@ -312,7 +312,7 @@ class CudaConvBackward:
         flipped = precisions.PackedWeights(packed, channels, filters * ksize * ksize, pitch,
                                            precision)
         out_h, out_w = conv_out_size(height, width, ksize, 1, pad, dilation)
-        return cuda_wgmma.conv_forward(self, flipped, delta, filters, out_h, out_w, ksize, 1,
+        return wgmma.conv_forward(self, flipped, delta, filters, out_h, out_w, ksize, 1,
                                        self._flipped_pad(ksize, pad, dilation), dilation, batch,
                                        delta_stride, None, "linear", dx, dx_stride,
                                        accumulate=accumulate)

@@ -1,12 +1,12 @@
 """NumpyBackend's convolution backward products as whole-batch ops: the reference of
-the CUDA backend's implicit-GEMM kernels (kernels/conv_backward_*.cu). A mixin of
+the CUDA backend's implicit-GEMM kernels (conv_backward_*.cu). A mixin of
 NumpyBackend; its layers keep Darknet's im2col + GEMM + col2im (conv_backward_implicit
 is False here)."""
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .. import precision as precisions
-from ..shapes import conv_out_size
+from ... import precision as precisions
+from ...shapes import conv_out_size
 
 
 def _batched(flat, batch, stride, rows, cols):

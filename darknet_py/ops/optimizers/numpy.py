@@ -3,7 +3,7 @@ both Darknets' GPU builds run it (adam_update_gpu in src/blas_kernels.cu; see ad
 the 16-bit gradient exchange's packing (distributed/buckets.py)."""
 import numpy as np
 
-from .. import precision as precisions
+from ... import precision as precisions
 
 
 class NumpyOptimizerOps:

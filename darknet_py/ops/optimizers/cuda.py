@@ -1,5 +1,5 @@
-"""The CUDA optimizer ops (mixed into CudaBackend): kernels/optimizer.cu's launchers, the
-same contract as numpy_optimizer.NumpyOptimizerOps (Adam's update, the 16-bit gradient
+"""The CUDA optimizer ops (mixed into CudaBackend): optimizer.cu's launchers, the
+same contract as numpy.NumpyOptimizerOps beside it (Adam's update, the 16-bit gradient
 exchange's packing). Kept out of cuda_backend.py so the
 update rules grow apart from the layers' kernels; CudaBackend loads KERNELS with its own."""
 

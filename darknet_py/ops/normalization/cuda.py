@@ -1,7 +1,7 @@
 """The CUDA backend's normalisation ops: per-channel bias and scale, batch normalisation
-(forward, backward) and its per-channel reductions (kernels/batchnorm.cu, with the fused
-normalise-scale-shift-activation of kernels/activations.cu), [l2norm] and [lrn]
-(kernels/normalization.cu). A mixin of CudaBackend.
+(forward, backward) and its per-channel reductions (batchnorm.cu, with the fused
+normalise-scale-shift-activation of ops/elementwise/activations.cu), [l2norm] and [lrn]
+(normalization.cu). A mixin of CudaBackend.
 
 A BN layer's x kept at 16 bits under fp16/bf16 (precision.HALF_STORAGE): storage_zeros
 makes the array (float16 for fp16, uint16 holding bf16 bits for bf16), copy_rounded writes
@@ -15,9 +15,9 @@ import functools
 import numpy as np
 import pycuda.driver as drv
 
-from .. import activations, precision as precisions
-from .cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
-from .numpy_batchnorm import delta_sums_given, rebuild_storage
+from ... import activations, precision as precisions
+from ...backends.cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
+from .numpy import delta_sums_given, rebuild_storage
 
 # Elements of a row each thread of batchnorm_apply and normalize_delta takes, the channel's
 # constants worked out once for them (one element a thread spent more on the sqrt and
@@ -110,7 +110,7 @@ def activation_rows_plan(spatial):
     return threads, max(1, spatial)
 
 
-# channel_sums terms and channel_finalize ops (enums in kernels/batchnorm.cu)
+# channel_sums terms and channel_finalize ops (enums in batchnorm.cu)
 _TERM_A, _TERM_A_MINUS_MEAN_SQ, _TERM_A_TIMES_B, _TERM_A_TIMES_B_MINUS_MEAN = range(4)
 _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIANCE_DELTA = range(5)
 
@@ -282,7 +282,7 @@ class CudaNorm:
                                       scale_updates, x_precision="fp32", delta_sum=None,
                                       delta_x_norm_sum=None):
         """NumpyBackend.batchnorm_activation_backward in one pass over x and delta (and the
-        output, for gradients from it): kernels/batchnorm.cu's batchnorm_activation_sums,
+        output, for gradients from it): batchnorm.cu's batchnorm_activation_sums,
         whose sums are bias_scale_updates' to the bit (and delta_sum's and
         delta_x_norm_sum's, rounded to float, where given). x_precision: how x is kept
         (storage_zeros); a 16-bit x is widened to fp32 as it is read, and goes row by row
@@ -392,7 +392,7 @@ class CudaNorm:
 
     def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
                         activation, x_norm, keep=None, keep_precision="fp32"):
-        """NumpyBackend.batchnorm_apply in one pass (kernels/activations.cu), keep (unless
+        """NumpyBackend.batchnorm_apply in one pass (ops/elementwise/activations.cu), keep (unless
         None: storage_zeros(n, keep_precision)'s array) written as x is read. Under a
         keep_precision of fp16/bf16 the normalisation, scale, bias and activation take
         their fast forms (activations.cuh's BatchnormChannel; within ~1e-6 of the exact)."""
@@ -416,7 +416,7 @@ class CudaNorm:
 
     def batchnorm_rebuild(self, x, out, mean, variance, scales, biases, batch, filters,
                           spatial, eps, activation, x_precision="fp32"):
-        """NumpyBackend.batchnorm_rebuild in one pass (kernels/activations.cu), x kept at
+        """NumpyBackend.batchnorm_rebuild in one pass (ops/elementwise/activations.cu), x kept at
         x_precision (storage_zeros' array, widened as it is read); out fp32 or x's 16-bit
         storage (the _out twins: the same fp32 value rounded once as it is stored)."""
         out_suffix = "" if rebuild_storage(self.storage_of, x_precision, out) == \

@@ -8,7 +8,7 @@ read x take its x_precision and do their usual math on those values, as the CUDA
 do on the widened 16-bit values."""
 import numpy as np
 
-from .. import activations, precision as precisions
+from ... import activations, precision as precisions
 
 
 def delta_sums_given(delta_sum, delta_x_norm_sum):
@@ -243,7 +243,7 @@ class NumpyBatchnorm:
         variance_delta from the per-channel sums of delta (g, not yet scaled) and of
         g * x_norm that batchnorm_activation_backward left in delta_sum and
         delta_x_norm_sum, then delta *= scales and normalize_delta. eps: the forward's
-        (batchnorm_apply's: its divisor D). The identity (kernels/batchnorm.cu,
+        (batchnorm_apply's: its divisor D). The identity (batchnorm.cu,
         batchnorm_delta_factors): sum d (x - m) = scale * D * sum g x_norm, so the results
         are batchnorm_delta's up to each x_norm's rounding (7e-7 of the largest in float32)."""
         precisions.storage(x_precision)

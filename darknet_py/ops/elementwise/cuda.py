@@ -1,14 +1,13 @@
-"""The CUDA backend's element-wise and shape ops: BLAS-like vector ops and sums
-(kernels/blas.cu), activations and their gradients (kernels/activations.cu), pooling
-(kernels/pooling.cu), route copies, upsample, reorg, shortcut, scale_channels and the
-weighted shortcut (kernels/shape.cu), binarisation (kernels/binary.cu), dropout and
-uniform draws (kernels/dropout.cu). A mixin of CudaBackend."""
+"""The CUDA backend's element-wise and shape ops: BLAS-like vector ops and sums (blas.cu),
+activations and their gradients (activations.cu), route copies, upsample, reorg, shortcut,
+scale_channels and the weighted shortcut (shape.cu), binarisation (binary.cu), dropout and
+uniform draws (dropout.cu). A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
-from .. import activations, precision as precisions
-from .cuda_core import _BLOCK, _ceil_div
-from .numpy_batchnorm import one_storage
+from ... import activations, precision as precisions
+from ...backends.cuda_core import _BLOCK, _ceil_div
+from ..normalization.numpy import one_storage
 
 KERNELS = {
     "blas.cu": {
@@ -32,16 +31,6 @@ KERNELS = {
         "gradient_from_input_array": "PiiP",
         "normalize_channels_kernel": "Piiii",
         "normalize_channels_gradient_kernel": "PiiiiP",
-    },
-    "pooling.cu": {
-        **{f"maxpool_forward_kernel{suffix}": "PiiiiiiiiiPP" for suffix in ("", "_f16", "_bf16")},
-        "maxpool_depth_kernel": "PiiiiPP",
-        "local_avgpool_forward_kernel": "PiiiiiiiiiP",
-        "local_avgpool_backward_kernel": "PiiiiiiiiiP",
-        "maxpool_backward_kernel": "PPiP",
-        "maxpool_backward_gather_kernel": "PPiiiiiiiiiP",
-        "avgpool_forward_kernel": "PiiP",
-        "avgpool_backward_kernel": "PiiP",
     },
     "shape.cu": {
         **{f"copy_blocks_kernel{suffix}": "PiqPiqiiii" for suffix in ("", "_f16", "_bf16")},
@@ -67,14 +56,14 @@ KERNELS = {
     },
 }
 
-_COPY_RUN = 4   # COPY_RUN of kernels/shape.cu
+_COPY_RUN = 4   # COPY_RUN of shape.cu
 # The twins of the kernels that take a layer's output kept at 16 bits (issue 26:
 # storage_zeros' arrays, storage_of), by the storage their arrays share.
 _STORAGE_SUFFIX = {"fp32": "", "fp16": "_f16", "bf16": "_bf16"}
 
 
 class CudaElementwise:
-    """Vector ops, activations, pooling, shape ops, binarisation and dropout."""
+    """Vector ops, activations, shape ops, binarisation and dropout."""
 
     def copy_blocks(self, src, src_offset, src_stride, dst, dst_offset, dst_stride,
                     width, rows, accumulate=False, planes=1, src_plane_stride=0,
@@ -94,7 +83,7 @@ class CudaElementwise:
                                    off + (planes - 1) * pstride, rows, width, stride)
         if rows <= 0 or width <= 0 or planes <= 0:
             return
-        # x spans the width in runs of _COPY_RUN elements a thread (kernels/shape.cu)
+        # x spans the width in runs of _COPY_RUN elements a thread (shape.cu)
         self._launch_rows("copy_blocks_kernel" + suffix, rows * planes, _ceil_div(width, _COPY_RUN),
                           self._ptr(src) + size * int(src_offset), int(src_stride), int(src_plane_stride),
                           self._ptr(dst) + size * int(dst_offset), int(dst_stride), int(dst_plane_stride),
@@ -248,100 +237,6 @@ class CudaElementwise:
         self._launch("normalize_channels_gradient_kernel", self._grid1d(batch * spatial),
                      (_BLOCK,), self._ptr(x), int(batch), int(channels), int(spatial),
                      self._channel_kind(activation), self._ptr(delta))
-
-    # ---- pooling -------------------------------------------------------------
-    def maxpool_forward(self, x, batch, c, h, w, size, stride, padding, out, indexes):
-        """Darknet maxpool; indexes (int32) get the flat argmax into x for backward, or are
-        None in inference (the kernel then gets a null pointer and writes none)."""
-        self.maxpool_forward_xy(x, batch, c, h, w, size, stride, stride, padding, out, indexes)
-
-    def maxpool_forward_xy(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
-                           indexes):
-        """maxpool_forward with the AlexeyAB fork's separate strides across and down. x and
-        out of one storage (fp32, or both 16-bit: the winner's bits copied)."""
-        suffix = _STORAGE_SUFFIX[one_storage("maxpool_forward", self.storage_of, x=x, out=out)]
-        out_h = (h + padding - size) // stride_y + 1
-        out_w = (w + padding - size) // stride_x + 1
-        n_out = batch * c * out_h * out_w
-        self._check_size("maxpool_forward x", x, batch * c * h * w)
-        self._check_size("maxpool_forward out", out, n_out)
-        if indexes is not None:
-            if indexes.dtype != np.int32:
-                raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
-            self._check_size("maxpool_forward indexes", indexes, n_out)
-        self._launch("maxpool_forward_kernel" + suffix, self._grid1d(n_out), (_BLOCK,),
-                     self._ptr(x), int(batch * c), int(h), int(w), int(size), int(stride_x),
-                     int(stride_y), int(padding), int(out_h), int(out_w), self._ptr(out),
-                     0 if indexes is None else self._ptr(indexes))
-
-    def maxpool_backward(self, delta_out, indexes, n_out, delta_in):
-        """delta_in[indexes[i]] += delta_out[i] for i < n_out."""
-        if indexes.dtype != np.int32:
-            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
-        self._check_size("maxpool_backward delta_out", delta_out, n_out)
-        self._check_size("maxpool_backward indexes", indexes, n_out)
-        self._launch("maxpool_backward_kernel", self._grid1d(n_out), (_BLOCK,),
-                     self._ptr(delta_out), self._ptr(indexes), int(n_out), self._ptr(delta_in))
-
-    def maxpool_backward_xy(self, delta_out, indexes, batch, c, h, w, size, stride_x, stride_y,
-                            padding, delta_in):
-        """maxpool_backward of a spatial maxpool, deterministic: where windows overlap each
-        input cell gathers its windows' deltas in output order (the same floats as adding
-        in that order); where they do not, no two outputs route to one cell and the scatter
-        (four times fewer threads and bytes) adds once per cell."""
-        out_h = (h + padding - size) // stride_y + 1
-        out_w = (w + padding - size) // stride_x + 1
-        if size <= stride_x and size <= stride_y:
-            self.maxpool_backward(delta_out, indexes, batch * c * out_h * out_w, delta_in)
-            return
-        if indexes.dtype != np.int32:
-            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
-        self._check_size("maxpool_backward delta_out", delta_out, batch * c * out_h * out_w)
-        self._check_size("maxpool_backward indexes", indexes, batch * c * out_h * out_w)
-        self._check_size("maxpool_backward delta_in", delta_in, batch * c * h * w)
-        self._launch("maxpool_backward_gather_kernel", self._grid1d(batch * c * h * w), (_BLOCK,),
-                     self._ptr(delta_out), self._ptr(indexes), int(batch * c), int(h), int(w),
-                     int(size), int(stride_x), int(stride_y), int(padding), int(out_h),
-                     int(out_w), self._ptr(delta_in))
-
-    def maxpool_depth_forward(self, x, batch, c, spatial, out_c, out, indexes):
-        """The fork's maxpool_depth: the maximum over channels g, g+out_c, ... per position."""
-        n_out = batch * out_c * spatial
-        if indexes.dtype != np.int32:
-            raise TypeError("maxpool indexes must be an int32 array (backend.int_zeros)")
-        self._check_size("maxpool_depth x", x, batch * c * spatial)
-        self._check_size("maxpool_depth out", out, n_out)
-        self._check_size("maxpool_depth indexes", indexes, n_out)
-        self._launch("maxpool_depth_kernel", self._grid1d(n_out), (_BLOCK,), self._ptr(x),
-                     int(batch), int(c), int(spatial), int(out_c), self._ptr(out),
-                     self._ptr(indexes))
-
-    def local_avgpool(self, x, batch, c, h, w, size, stride_x, stride_y, padding, out,
-                      forward=True):
-        """The fork's [local_avgpool] (forward=False: its adjoint, added into x)."""
-        out_h = (h + padding - size) // stride_y + 1
-        out_w = (w + padding - size) // stride_x + 1
-        n_out = batch * c * out_h * out_w
-        self._check_size("local_avgpool x", x, batch * c * h * w)
-        self._check_size("local_avgpool out", out, n_out)
-        self._launch("local_avgpool_forward_kernel" if forward else "local_avgpool_backward_kernel",
-                     self._grid1d(n_out), (_BLOCK,), self._ptr(x), int(batch * c), int(h), int(w),
-                     int(size), int(stride_x), int(stride_y), int(padding), int(out_h), int(out_w),
-                     self._ptr(out))
-
-    def avgpool_forward(self, x, batch, c, spatial, out):
-        rows = batch * c
-        self._check_size("avgpool_forward x", x, rows * spatial)
-        self._check_size("avgpool_forward out", out, rows)
-        self._launch("avgpool_forward_kernel", self._grid1d(32 * rows), (_BLOCK,),
-                     self._ptr(x), int(rows), int(spatial), self._ptr(out))
-
-    def avgpool_backward(self, delta_out, batch, c, spatial, delta_in):
-        rows = batch * c
-        self._check_size("avgpool_backward delta_out", delta_out, rows)
-        self._check_size("avgpool_backward delta_in", delta_in, rows * spatial)
-        self._launch("avgpool_backward_kernel", self._grid1d(rows * spatial), (_BLOCK,),
-                     self._ptr(delta_out), int(rows), int(spatial), self._ptr(delta_in))
 
     # ---- binary convolutions (binary=1, xnor=1) ---------------------------------------
     def binarize_weights(self, weights, n, size, binary):

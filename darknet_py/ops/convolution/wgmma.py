@@ -1,4 +1,4 @@
-"""Hopper's GEMM for the CUDA backend: kernels/gemm_wgmma.cu (wgmma fed by TMA, built for
+"""Hopper's GEMM for the CUDA backend: gemm_wgmma.cu (wgmma fed by TMA, built for
 sm_90a) and its launcher.
 
 CudaBackend.gemm_lowp offers every fp16 / bf16 product to gemm_lowp below first. It takes
@@ -29,15 +29,15 @@ import sys
 
 import numpy as np
 
-from ..activations import ACTIVATION_IDS
-from ..shapes import conv_out_size, conv_strides
-from . import kernel_cache, prebuilt
+from ...activations import ACTIVATION_IDS
+from ...backends import kernel_cache, prebuilt
+from ...shapes import conv_out_size, conv_strides
 
 SOURCE = "gemm_wgmma.cu"
 # The same kernels with lone blocks, for products of one tile row (solo_kernels).
 SOLO_SOURCE = "gemm_wgmma_solo.cu"
 ARCH = "sm_90a"
-# kernels/gemm_wgmma.cu's WG_BM, WG_BN, WG_BK, WG_STAGES, WG_THREADS, WG_CLUSTER
+# gemm_wgmma.cu's WG_BM, WG_BN, WG_BK, WG_STAGES, WG_THREADS, WG_CLUSTER
 TILE_M, TILE_N, TILE_K, STAGES, THREADS, CLUSTER = 128, 256, 64, 4, 384, 2
 
 
@@ -65,7 +65,7 @@ MIN_SPLIT_MACS = 1 << 26
 # precision -> (kernel name part, CUtensorMapDataType)
 PRECISIONS = {"fp16": ("f16", 6), "bf16": ("bf16", 9)}
 _FLOAT32 = 7   # CUtensorMapDataType
-CONVERT_TILE = (32, 64)     # KM_ROWS, KM_COLS of kernels/gemm_wgmma.cu
+CONVERT_TILE = (32, 64)     # KM_ROWS, KM_COLS of gemm_wgmma.cu
 CONVERT_BLOCK = (32, 8)
 _ROW_ALIGN = 8              # halves: TMA wants row strides in multiples of 16 bytes
 # cuTensorMapEncodeTiled enums (cuda.h)
@@ -91,10 +91,10 @@ class _Kernels:
         their own shared_bytes and cluster size); by default the wheel's or the kernel
         cache's build of `source` (SOURCE, or SOLO_SOURCE with cluster 1)."""
         if image is None:
-            with open(os.path.join(prebuilt.KERNEL_DIR, source)) as f:
+            with open(prebuilt.kernel_paths()[source]) as f:
                 text = f.read()
             binaries, _ = prebuilt.binaries({source: text}, ARCH, kernel_cache.KERNEL_OPTIONS,
-                                            include_dir=prebuilt.KERNEL_DIR)
+                                            include_dirs=prebuilt.KERNEL_DIRS)
             image = binaries[source]
         lib = _driver()
         self._image = image   # kept alive as long as the module

@@ -1,11 +1,11 @@
 """The CUDA backend's image input: photos uploaded as their uint8 bytes (a quarter of the
 float input's) on the copy stream, then converted, letterboxed or resized and normalised
-into the network input by kernels/preprocess.cu. A mixin of CudaBackend."""
+into the network input by preprocess.cu. A mixin of CudaBackend."""
 import numpy as np
 import pycuda.driver as drv
 
-from ..image import sized_shape
-from .cuda_core import _BLOCK, _ceil_div
+from ...backends.cuda_core import _BLOCK, _ceil_div
+from ...image import sized_shape
 
 KERNELS = {
     "preprocess.cu": {
@@ -13,7 +13,7 @@ KERNELS = {
     },
 }
 
-GEOMETRY_WORDS = 10   # G_WORDS of kernels/preprocess.cu (enum Geometry)
+GEOMETRY_WORDS = 10   # G_WORDS of preprocess.cu (enum Geometry)
 # Page-locked host slots the geometry is copied from, used in turn: a copy from pageable
 # memory may wait for the stream to drain (the host could not queue the next part's
 # work ahead), one from a slot is a DMA. A slot is reused once its last copy has run;
@@ -23,7 +23,7 @@ GEOMETRY_SLOT_WORDS = 1024 * GEOMETRY_WORDS
 
 
 def image_geometry(shapes, offsets, width, height, letter):
-    """The kernel's per-image words (enum Geometry of kernels/preprocess.cu) for images of
+    """The kernel's per-image words (enum Geometry of preprocess.cu) for images of
     `shapes` (rows, columns) at byte `offsets`: image.letterbox's sizes and placement
     (letter) or a plain resize to width x height, and resize_image's float32 scales."""
     words = np.zeros((len(shapes), GEOMETRY_WORDS), dtype=np.int64)

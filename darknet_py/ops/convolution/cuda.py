@@ -1,21 +1,21 @@
-"""The CUDA backend's convolution path: SGEMM (kernels/gemm.cu), the tensor-core GEMM and
-implicit-GEMM convolution forward with its weight packing (kernels/gemm_tc_*.cu,
-gemm_core.cuh), im2col/col2im (kernels/im2col.cu). A mixin of CudaBackend."""
+"""The CUDA backend's convolution path: SGEMM (gemm.cu), the tensor-core GEMM and
+implicit-GEMM convolution forward with its weight packing (gemm_tc_*.cu,
+gemm_core.cuh), im2col/col2im (ops/convolution/im2col.cu). A mixin of CudaBackend."""
 import numpy as np
 
-from .. import activations, precision as precisions
-from ..shapes import conv_out_size, conv_strides
-from . import cuda_wgmma
-from .cuda_core import _BLOCK, _ceil_div
+from ... import activations, precision as precisions
+from ...backends.cuda_core import _BLOCK, _ceil_div
+from ...shapes import conv_out_size, conv_strides
+from . import wgmma
 
 # Argument formats (struct codes, see cuda_core.merge_kernel_tables) of the GEMM entry points.
 _GEMM_ARGS = "iiifPiPifPiiiqPi"
-_GEMM_TILES = {  # variant (see kernels/gemm.cu) -> (BM, BN, BK, threads per block)
+_GEMM_TILES = {  # variant (see gemm.cu) -> (BM, BN, BK, threads per block)
     "128x128x8s4": (128, 128, 8, 256),
     "64x64x8s4r8": (64, 64, 8, 64),
     "32x32x8s4w": (32, 32, 8, 32),
 }
-# Tensor-core tiles (kernels/gemm_tc.cuh's TC_TILES) -> (BM, BN, threads per block).
+# Tensor-core tiles (gemm_tc.cuh's TC_TILES) -> (BM, BN, threads per block).
 _TC_TILES = {
     "128x128": (128, 128, 256),
     "64x128": (64, 128, 256),
@@ -26,9 +26,9 @@ _TC_TILES = {
 # precision -> (kernel name part, bytes of an operand element)
 _TC_PRECISIONS = {"fp16": ("f16", 2), "bf16": ("bf16", 2), "tf32": ("tf32", 4)}
 _TC_CONV_ARGS = "PiPqiiiiiiiiiiiiPiPq"
-_TC_SLICE_BYTES = 64   # SLICE_BYTES of kernels/gemm_tc.cuh: K advances by this many bytes a row
+_TC_SLICE_BYTES = 64   # SLICE_BYTES of gemm_tc.cuh: K advances by this many bytes a row
 # The sgemm / splitk_reduce epilogue's (bias, activation) when there is none: a null
-# pointer, and linear (kernels/gemm.cu EPI_NONE).
+# pointer, and linear (gemm.cu EPI_NONE).
 _NO_EPILOGUE = (0, activations.ACTIVATION_IDS["linear"])
 
 KERNELS = {
@@ -176,7 +176,7 @@ class CudaConv:
                      splits, ws, float(alpha), float(beta), pc, ldc,
                      *(epilogue or _NO_EPILOGUE))
 
-    # ---- reduced precision: tensor cores (kernels/gemm_tc_*.cu) -------------------
+    # ---- reduced precision: tensor cores (gemm_tc_*.cu) -------------------
     def tc_plan(self, m, n, k, split=True):
         """(tile, splits) for an m x n x k tensor-core product: the tile's rows follow m
         (few filters: 16 or 32 rows), 64x64 where wider tiles would not fill the SMs
@@ -216,8 +216,8 @@ class CudaConv:
         self._check_matrix("gemm C", c, 0, m, n, ldc)
         if m <= 0 or n <= 0:
             return
-        # Hopper: wgmma + TMA where the product fills the chip (cuda_wgmma.handles).
-        if cuda_wgmma.gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        # Hopper: wgmma + TMA where the product fills the chip (wgmma.handles).
+        if wgmma.gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
             return
         tile, splits = self.tc_plan(m, n, k)
         bm, bn, threads = _TC_TILES[tile]
@@ -279,7 +279,7 @@ class CudaConv:
         if biases is not None:
             self._check_size("conv_forward biases", biases, packed.rows)
         # Hopper: the layers whose implicit GEMM is bound by its math go to wgmma.
-        if cuda_wgmma.conv_forward(self, packed, im, channels, height, width, ksize, stride,
+        if wgmma.conv_forward(self, packed, im, channels, height, width, ksize, stride,
                                    pad, dilation, batch, im_stride, biases, activation, out,
                                    out_stride, half_out):
             return

@@ -1,0 +1,1 @@
+"""Pooling: maxpool, local and global average pooling (cuda.py, pooling.cu)."""
