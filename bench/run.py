@@ -125,7 +125,10 @@ SUBJECTS = {
     "multigpu": (
         "data-parallel training through the train command on 1 and all GPUs (steady, whole "
         "process, first iteration); the cluster checks (torchrun, signals)",
-        [(["multigpu/data_parallel.py"], []), (["multigpu/cluster_check.sh"], [FORK / "yolov4.cfg"])],
+        [
+            (["multigpu/data_parallel.py"], []),
+            (["multigpu/cluster_check.sh"], [FORK / "yolov4.cfg"]),
+        ],
     ),
     "start": (
         "process start with an empty and a filled kernel cache, and the CUDA graphs' gain",

@@ -1,4 +1,5 @@
 """darknet-py: Darknet's cfg-driven networks in Python (NumPy reference, CUDA kernels)."""
+
 from .cfg import CfgError
 from .export.engine import attach as _attach_engine
 from .image import letterbox, load_image, resize_image
@@ -6,7 +7,16 @@ from .network import ENGINE_HOOK, Network, build_network, load_network
 from .version import __version__
 from .weights import WeightsError
 
-__all__ = ["CfgError", "Network", "WeightsError", "build_network", "letterbox", "load_image",
-           "load_network", "resize_image", "__version__"]
+__all__ = [
+    "CfgError",
+    "Network",
+    "WeightsError",
+    "build_network",
+    "letterbox",
+    "load_image",
+    "load_network",
+    "resize_image",
+    "__version__",
+]
 
-ENGINE_HOOK["attach"] = _attach_engine   # load_network's engine= (export/engine.py)
+ENGINE_HOOK["attach"] = _attach_engine  # load_network's engine= (export/engine.py)

@@ -1,4 +1,5 @@
 """`python -m darknet_py`: the darknet-py command line."""
+
 from .cli import main
 
 if __name__ == "__main__":

@@ -12,26 +12,49 @@ relu6 is min(max(x, 0), 6) on every device, as the fork's GPU build computes it;
 the fork's CPU build has no case for it in its generic activate() and outputs 0.
 That CPU result is a bug of the build, not a definition, so it is not reproduced.
 """
+
 import numpy as np
 
 # Order matters: the index is the activation's id, passed to the CUDA kernels
 # (ops/common/activations.cuh has the same switch).
-ACTIVATIONS = ("logistic", "relu", "relie", "linear", "ramp", "tanh", "plse",
-               "leaky", "elu", "loggy", "stair", "hardtan", "lhtan", "selu",
-               # the AlexeyAB fork's
-               "relu6", "revleaky", "gelu", "swish", "mish", "hard_mish")
+ACTIVATIONS = (
+    "logistic",
+    "relu",
+    "relie",
+    "linear",
+    "ramp",
+    "tanh",
+    "plse",
+    "leaky",
+    "elu",
+    "loggy",
+    "stair",
+    "hardtan",
+    "lhtan",
+    "selu",
+    # the AlexeyAB fork's
+    "relu6",
+    "revleaky",
+    "gelu",
+    "swish",
+    "mish",
+    "hard_mish",
+)
 ACTIVATION_IDS = {name: i for i, name in enumerate(ACTIVATIONS)}
 
 SELU_LAMBDA = 1.0507
 SELU_ALPHA = 1.6732
 MISH_THRESHOLD = 20.0
-GELU_A, GELU_B = 0.797885, 0.035677   # the fork's tanh approximation constants
+GELU_A, GELU_B = 0.797885, 0.035677  # the fork's tanh approximation constants
 
 # Activations whose gradient needs the input (the layer keeps it while training).
 INPUT_GRADIENT = ("gelu", "swish", "mish", "hard_mish")
 # The fork's per-position normalisations over channels (NormalizeChannels in its source).
-CHANNEL_ACTIVATIONS = ("normalize_channels", "normalize_channels_softmax",
-                       "normalize_channels_softmax_maxval")
+CHANNEL_ACTIVATIONS = (
+    "normalize_channels",
+    "normalize_channels_softmax",
+    "normalize_channels_softmax_maxval",
+)
 CHANNEL_EPS = 1e-4
 
 
@@ -44,8 +67,9 @@ def _stair(x):
 def _softplus(x):
     """The fork's softplus: x above the threshold, exp(x) below minus it, else log1p(exp(x))."""
     with np.errstate(over="ignore"):
-        return np.where(x > MISH_THRESHOLD, x,
-                        np.where(x < -MISH_THRESHOLD, np.exp(x), np.log1p(np.exp(x))))
+        return np.where(
+            x > MISH_THRESHOLD, x, np.where(x < -MISH_THRESHOLD, np.exp(x), np.log1p(np.exp(x)))
+        )
 
 
 def _sigmoid(x):
@@ -64,18 +88,20 @@ _FORWARD = {
     "linear": lambda x: x,
     "ramp": lambda x: x * (x > 0) + 0.1 * x,
     "tanh": lambda x: np.tanh(x),
-    "plse": lambda x: np.where(x < -4, 0.01 * (x + 4),
-                               np.where(x > 4, 0.01 * (x - 4) + 1, 0.125 * x + 0.5)),
+    "plse": lambda x: np.where(
+        x < -4, 0.01 * (x + 4), np.where(x > 4, 0.01 * (x - 4) + 1, 0.125 * x + 0.5)
+    ),
     "leaky": lambda x: np.where(x > 0, x, 0.1 * x),
     "elu": lambda x: np.where(x >= 0, x, np.expm1(np.minimum(x, 0))),
     "loggy": lambda x: 2.0 / (1.0 + np.exp(-x)) - 1.0,
     "stair": _stair,
     "hardtan": lambda x: np.clip(x, -1.0, 1.0),
     "lhtan": lambda x: np.where(x < 0, 0.001 * x, np.where(x > 1, 0.001 * (x - 1) + 1, x)),
-    "selu": lambda x: np.where(x >= 0, SELU_LAMBDA * x,
-                               SELU_LAMBDA * SELU_ALPHA * np.expm1(np.minimum(x, 0))),
+    "selu": lambda x: np.where(
+        x >= 0, SELU_LAMBDA * x, SELU_LAMBDA * SELU_ALPHA * np.expm1(np.minimum(x, 0))
+    ),
     "relu6": lambda x: np.clip(x, 0.0, 6.0),
-    "revleaky": lambda x: np.where(x > 0, x, 0.1 * x),   # the fork's CPU: leaky
+    "revleaky": lambda x: np.where(x > 0, x, 0.1 * x),  # the fork's CPU: leaky
     "gelu": lambda x: 0.5 * x * (1.0 + _gelu_tanh(x)),
     "swish": lambda x: x * _sigmoid(x),
     "mish": lambda x: x * np.tanh(_softplus(x)),
@@ -167,6 +193,6 @@ def normalize_channels_gradient(x, name, grad_out):
     if name.endswith("_maxval"):
         m = x.max(axis=1, keepdims=True)
         s = CHANNEL_EPS + np.exp(x - m).sum(axis=1, keepdims=True)
-        first = np.argmax(x, axis=1)[:, None, :]    # the fork takes the first maximum
+        first = np.argmax(x, axis=1)[:, None, :]  # the fork takes the first maximum
         np.put_along_axis(out, first, np.take_along_axis(out, first, 1) - CHANNEL_EPS / s * gy, 1)
     return out.astype(x.dtype, copy=False)

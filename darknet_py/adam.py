@@ -27,12 +27,14 @@ They differ in t and in which layers use it:
 Neither Darknet saves m and v in .weights: a run that resumes starts them from zero, and
 so does darknet-py.
 """
+
 import numpy as np
 
 # The layer types whose parameters each Darknet's GPU build updates with Adam.
 ADAM_LAYERS = {
-    "original": frozenset({"convolutional", "connected", "deconvolutional", "rnn", "gru",
-                           "lstm", "crnn"}),
+    "original": frozenset(
+        {"convolutional", "connected", "deconvolutional", "rnn", "gru", "lstm", "crnn"}
+    ),
     "alexeyab": frozenset({"convolutional"}),
 }
 # Darknet's parse_net_options defaults (eps: pjreddie .0000001, the fork .000001).
@@ -40,17 +42,17 @@ DEFAULT_EPS = {"original": 1e-7, "alexeyab": 1e-6}
 
 
 def flavour_rules(darknet):
-    """"alexeyab" for the fork's flavours ("alexeyab", "alexeyab-cpu"), else "original"."""
+    """ "alexeyab" for the fork's flavours ("alexeyab", "alexeyab-cpu"), else "original"."""
     return "alexeyab" if str(darknet).startswith("alexeyab") else "original"
 
 
 def read_adam(s, darknet):
     """(B1, B2, eps) of a [net] section with adam=1, checked (errors name the line)."""
-    b1 = s.get_float("B1", .9)
-    b2 = s.get_float("B2", .999)
+    b1 = s.get_float("B1", 0.9)
+    b2 = s.get_float("B2", 0.999)
     eps = s.get_float("eps", DEFAULT_EPS[flavour_rules(darknet)])
     for key, value in (("B1", b1), ("B2", b2)):
-        if not 0 <= value < 1:   # 1 - B^t would be 0: the bias correction divides by it
+        if not 0 <= value < 1:  # 1 - B^t would be 0: the bias correction divides by it
             raise s.error(f"must be at least 0 and below 1, got {value:g}", key)
     if not eps > 0:
         raise s.error(f"must be above 0, got {eps:g}", "eps")
@@ -67,9 +69,9 @@ class Adam:
         self.be, self.rules = be, flavour_rules(darknet)
         self.b1, self.b2, self.eps = float(b1), float(b2), float(eps)
         self.layers = ADAM_LAYERS[self.rules]
-        self.updates = 0              # pjreddie's *net.t: updates made by this process
-        self.step = be.zeros(2)       # (learning rate, t)
-        self._moments = {}            # id(parameter) -> (parameter, m, v)
+        self.updates = 0  # pjreddie's *net.t: updates made by this process
+        self.step = be.zeros(2)  # (learning rate, t)
+        self._moments = {}  # id(parameter) -> (parameter, m, v)
 
     def uses(self, layer):
         """Whether this Darknet updates `layer`'s parameters with Adam."""
@@ -87,8 +89,11 @@ class Adam:
         """(m, v) of a parameter array, zero at first."""
         found = self._moments.get(id(param))
         if found is None or found[0] is not param:
-            found = self._moments[id(param)] = (param, self.be.zeros(param.size),
-                                                self.be.zeros(param.size))
+            found = self._moments[id(param)] = (
+                param,
+                self.be.zeros(param.size),
+                self.be.zeros(param.size),
+            )
         return found[1], found[2]
 
     def update(self, be, args, param, update):

@@ -30,8 +30,15 @@ class CfgWriter:
 
     def conv(self, filters, size, stride=1, activation="leaky", bn=True):
         options = {"batch_normalize": 1} if bn else {}
-        return self.section("convolutional", **options, filters=filters, size=size,
-                            stride=stride, pad=1, activation=activation)
+        return self.section(
+            "convolutional",
+            **options,
+            filters=filters,
+            size=size,
+            stride=stride,
+            pad=1,
+            activation=activation,
+        )
 
     def route(self, layers, **options):
         return self.section("route", layers=layers, **options)
@@ -41,11 +48,25 @@ class CfgWriter:
 
 
 def net_options(batch, subdivisions, size, momentum, learning_rate, max_batches, steps):
-    return {"batch": batch, "subdivisions": subdivisions, "width": size, "height": size,
-            "channels": 3, "momentum": momentum, "decay": 0.0005, "angle": 0,
-            "saturation": 1.5, "exposure": 1.5, "hue": ".1", "learning_rate": learning_rate,
-            "burn_in": 1000, "max_batches": max_batches, "policy": "steps", "steps": steps,
-            "scales": ".1,.1"}
+    return {
+        "batch": batch,
+        "subdivisions": subdivisions,
+        "width": size,
+        "height": size,
+        "channels": 3,
+        "momentum": momentum,
+        "decay": 0.0005,
+        "angle": 0,
+        "saturation": 1.5,
+        "exposure": 1.5,
+        "hue": ".1",
+        "learning_rate": learning_rate,
+        "burn_in": 1000,
+        "max_batches": max_batches,
+        "policy": "steps",
+        "steps": steps,
+        "scales": ".1,.1",
+    }
 
 
 def csp_stage(w, filters, blocks, first=False):
@@ -61,7 +82,7 @@ def csp_stage(w, filters, blocks, first=False):
         w.conv(half, 3, activation="mish")
         w.section("shortcut", **{"from": -3}, activation="linear")
     w.conv(half, 1, activation="mish")
-    w.route(f"-1,{-(w.index - down - 1)}")   # with the path that skipped the blocks
+    w.route(f"-1,{-(w.index - down - 1)}")  # with the path that skipped the blocks
     return w.conv(filters, 1, activation="mish")
 
 
@@ -83,8 +104,7 @@ def tiny_heads(w, classes, head, lateral, fine_mask):
 
 
 def yolov4(classes=80, size=608, batch=64, subdivisions=8):
-    w = CfgWriter(net_options(batch, subdivisions, size, 0.949, 0.0013, 500500,
-                              "400000,450000"))
+    w = CfgWriter(net_options(batch, subdivisions, size, 0.949, 0.0013, 500500, "400000,450000"))
     w.parts[0] += "mosaic=1\n"
     w.conv(32, 3, activation="mish")
     csp_stage(w, 64, 1, first=True)
@@ -96,7 +116,7 @@ def yolov4(classes=80, size=608, batch=64, subdivisions=8):
     w.conv(512, 1)
     w.conv(1024, 3)
     w.conv(512, 1)
-    for pool in (5, 9, 13):   # spatial pyramid pooling
+    for pool in (5, 9, 13):  # spatial pyramid pooling
         w.section("maxpool", stride=1, size=pool)
         if pool != 13:
             w.route(-2 if pool == 5 else -4)
@@ -115,8 +135,15 @@ def yolov4(classes=80, size=608, batch=64, subdivisions=8):
             w.conv(2 * filters, 3)
         w.conv(filters, 1)
     common = {"jitter": ".3", "ignore_thresh": ".7", "truth_thresh": 1}
-    tail = {"iou_thresh": 0.213, "cls_normalizer": "1.0", "iou_normalizer": 0.07,
-            "iou_loss": "ciou", "nms_kind": "greedynms", "beta_nms": 0.6, "max_delta": 5}
+    tail = {
+        "iou_thresh": 0.213,
+        "cls_normalizer": "1.0",
+        "iou_normalizer": 0.07,
+        "iou_loss": "ciou",
+        "nms_kind": "greedynms",
+        "beta_nms": 0.6,
+        "max_delta": 5,
+    }
     w.conv(256, 3)
     yolo_head(w, "0,1,2", classes, YOLOV4_ANCHORS, 9, {**common, "scale_x_y": 1.2, **tail})
     for filters, join, scale in ((256, -16, 1.1), (512, -37, 1.05)):
@@ -129,17 +156,22 @@ def yolov4(classes=80, size=608, batch=64, subdivisions=8):
         w.conv(filters, 1)
         w.conv(2 * filters, 3)
         extra = {**common, "random": 1} if filters == 512 else common
-        yolo_head(w, "3,4,5" if filters == 256 else "6,7,8", classes, YOLOV4_ANCHORS, 9,
-                  {**extra, "scale_x_y": scale, **tail})
+        yolo_head(
+            w,
+            "3,4,5" if filters == 256 else "6,7,8",
+            classes,
+            YOLOV4_ANCHORS,
+            9,
+            {**extra, "scale_x_y": scale, **tail},
+        )
     return w.text()
 
 
 def yolov4_tiny(classes=80, size=416, batch=64, subdivisions=1):
-    w = CfgWriter(net_options(batch, subdivisions, size, 0.9, 0.00261, 2000200,
-                              "1600000,1800000"))
+    w = CfgWriter(net_options(batch, subdivisions, size, 0.9, 0.00261, 2000200, "1600000,1800000"))
     w.conv(32, 3, 2)
     w.conv(64, 3, 2)
-    for filters in (64, 128, 256):   # CSP blocks: half the channels through two convolutions
+    for filters in (64, 128, 256):  # CSP blocks: half the channels through two convolutions
         w.conv(filters, 3)
         w.route(-1, groups=2, group_id=1)
         w.conv(filters // 2, 3)
@@ -151,9 +183,19 @@ def yolov4_tiny(classes=80, size=416, batch=64, subdivisions=1):
     w.conv(512, 3)
     w.conv(256, 1)
     w.conv(512, 3)
-    head = {"jitter": ".3", "scale_x_y": 1.05, "cls_normalizer": "1.0", "iou_normalizer": 0.07,
-            "iou_loss": "ciou", "ignore_thresh": ".7", "truth_thresh": 1, "random": 0,
-            "resize": 1.5, "nms_kind": "greedynms", "beta_nms": 0.6}
+    head = {
+        "jitter": ".3",
+        "scale_x_y": 1.05,
+        "cls_normalizer": "1.0",
+        "iou_normalizer": 0.07,
+        "iou_loss": "ciou",
+        "ignore_thresh": ".7",
+        "truth_thresh": 1,
+        "random": 0,
+        "resize": 1.5,
+        "nms_kind": "greedynms",
+        "beta_nms": 0.6,
+    }
     tiny_heads(w, classes, head, joined, "1,2,3")
     return w.text()
 
@@ -181,6 +223,9 @@ def cfg_text(name, classes=80, size=None, batch=None, subdivisions=None):
     subdivisions default to the stock file's."""
     if name not in ARCHITECTURES:
         raise ValueError(f"no architecture {name!r}; known: {', '.join(ARCHITECTURES)}")
-    options = {k: v for k, v in (("size", size), ("batch", batch),
-                                 ("subdivisions", subdivisions)) if v is not None}
+    options = {
+        k: v
+        for k, v in (("size", size), ("batch", batch), ("subdivisions", subdivisions))
+        if v is not None
+    }
     return ARCHITECTURES[name](classes=classes, **options)

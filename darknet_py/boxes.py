@@ -5,6 +5,7 @@ Boxes are Darknet's ``box``: (x, y, w, h), centre-based. Arithmetic is float32 w
 computes in float, so scores and boxes agree with it. The detection heads (layers/yolo.py,
 region.py, detection.py) and the application module predictions.py both build on this.
 """
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -43,8 +44,15 @@ def box_iou_matrix(a, b):
     edges = []
     for box in (a, b):
         half_w, half_h = box[:, 2] / 2, box[:, 3] / 2
-        edges.append((box[:, 0] - half_w, box[:, 0] + half_w, box[:, 1] - half_h,
-                      box[:, 1] + half_h, box[:, 2] * box[:, 3]))
+        edges.append(
+            (
+                box[:, 0] - half_w,
+                box[:, 0] + half_w,
+                box[:, 1] - half_h,
+                box[:, 1] + half_h,
+                box[:, 2] * box[:, 3],
+            )
+        )
     (al, ar, at, ab, aa), (bl, br, bt, bb, ba) = edges
     w = np.minimum.outer(ar, br) - np.maximum.outer(al, bl)
     h = np.minimum.outer(ab, bb) - np.maximum.outer(at, bt)
@@ -61,7 +69,7 @@ def truth_table(truth, batch, fields, limit):
     `if(!truth.x) break`)."""
     truth = np.asarray(truth, dtype=F32).reshape(batch, -1)
     per_image = truth.shape[1] // fields
-    rows = truth[:, :per_image * fields].reshape(batch, per_image, fields)[:, :limit]
+    rows = truth[:, : per_image * fields].reshape(batch, per_image, fields)[:, :limit]
     valid = np.cumprod(rows[:, :, 0] != 0, axis=1, dtype=bool)
     return rows, valid
 
@@ -104,8 +112,9 @@ def _enclosing(a, b):
 
 
 def _centre_distance2(a, b):
-    return (a[..., 0] - b[..., 0]) * (a[..., 0] - b[..., 0]) + \
-        (a[..., 1] - b[..., 1]) * (a[..., 1] - b[..., 1])
+    return (a[..., 0] - b[..., 0]) * (a[..., 0] - b[..., 0]) + (a[..., 1] - b[..., 1]) * (
+        a[..., 1] - b[..., 1]
+    )
 
 
 def box_giou(a, b):
@@ -140,8 +149,9 @@ def box_diou(a, b):
 def _aspect_term(pred, truth):
     """CIoU's v = 4/pi² (atan(w_t/h_t) - atan(w_p/h_p))², in double as the fork does."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        gap = (np.arctan((truth[..., 2] / truth[..., 3]).astype(np.float64))
-               - np.arctan((pred[..., 2] / pred[..., 3]).astype(np.float64)))
+        gap = np.arctan((truth[..., 2] / truth[..., 3]).astype(np.float64)) - np.arctan(
+            (pred[..., 2] / pred[..., 3]).astype(np.float64)
+        )
     return gap, 4 / (np.pi * np.pi) * gap * gap
 
 
@@ -189,11 +199,19 @@ def dx_box_iou(pred, truth, kind):
     gC = gCw * gCh
     zero = np.zeros_like(X)
     dX = {"t": -(pr - pl), "b": pr - pl, "l": -(pb - pt), "r": pb - pt}
-    dI = {"t": np.where(pt > tt, -Iw, zero), "b": np.where(pb < tb, Iw, zero),
-          "l": np.where(pl > tl, -Ih, zero), "r": np.where(pr < tr, Ih, zero)}
+    dI = {
+        "t": np.where(pt > tt, -Iw, zero),
+        "b": np.where(pb < tb, Iw, zero),
+        "l": np.where(pl > tl, -Ih, zero),
+        "r": np.where(pr < tr, Ih, zero),
+    }
     dU = {k: dX[k] - dI[k] for k in dX}
-    dC = {"t": np.where(pt < tt, -gCw, zero), "b": np.where(pb > tb, gCw, zero),
-          "l": np.where(pl < tl, -gCh, zero), "r": np.where(pr > tr, gCh, zero)}
+    dC = {
+        "t": np.where(pt < tt, -gCw, zero),
+        "b": np.where(pb > tb, gCw, zero),
+        "l": np.where(pl < tl, -gCh, zero),
+        "r": np.where(pr > tr, gCh, zero),
+    }
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         g = {k: np.where(U > 0, (U * dI[k] - I * dU[k]) / (U * U), zero) for k in dX}
         # Where the prediction's edges are not in order the fork gives both edges the
@@ -210,7 +228,7 @@ def dx_box_iou(pred, truth, kind):
         if kind in ("diou", "ciou"):
             Cw, Ch = _enclosing(p, t)
             C = Cw * Cw + Ch * Ch
-            one, half = F32(1), F32(.5)
+            one, half = F32(1), F32(0.5)
             dCw_dx = np.where(pr > tr, one, 0) - np.where(pl < tl, one, 0)
             dCw_dw = np.where(pr > tr, half, 0) - np.where(pl < tl, -half, 0)
             dCh_dy = np.where(pb > tb, one, 0) - np.where(pt < tt, one, 0)
@@ -241,6 +259,7 @@ class Detection:
     image (or in its pixels when built with relative=False); ``probs[c]`` is
     objectness * P(class c), or 0 where that is not above the threshold (or NMS removed it).
     ``class_id``/``prob``/``name`` are the best class, set by detect() (-1 when none)."""
+
     box: tuple
     objectness: float
     probs: np.ndarray
@@ -263,8 +282,7 @@ class Detection:
             raise ValueError("xyxy needs the image size: detections from detect() have it")
         x, y, w, h = (float(v) for v in self.box)
         img_w, img_h = self.image_size
-        return ((x - w / 2) * img_w, (y - h / 2) * img_h, (x + w / 2) * img_w,
-                (y + h / 2) * img_h)
+        return ((x - w / 2) * img_w, (y - h / 2) * img_h, (x + w / 2) * img_w, (y + h / 2) * img_h)
 
     def __repr__(self):
         label = self.name if self.name is not None else f"class {self.class_id}"
@@ -285,10 +303,12 @@ def correct_yolo_boxes(boxes, img_w, img_h, netw, neth, relative=True, letter=Tr
     else:
         new_w, new_h = netw, neth
     # Darknet does the shift and the division in double, then stores floats.
-    x = ((b[:, 0].astype(np.float64) - (netw - new_w) / 2.0 / netw)
-         / np.float64(F32(new_w) / F32(netw)))
-    y = ((b[:, 1].astype(np.float64) - (neth - new_h) / 2.0 / neth)
-         / np.float64(F32(new_h) / F32(neth)))
+    x = (b[:, 0].astype(np.float64) - (netw - new_w) / 2.0 / netw) / np.float64(
+        F32(new_w) / F32(netw)
+    )
+    y = (b[:, 1].astype(np.float64) - (neth - new_h) / 2.0 / neth) / np.float64(
+        F32(new_h) / F32(neth)
+    )
     out = np.empty_like(b)
     out[:, 0] = x.astype(F32)
     out[:, 1] = y.astype(F32)
@@ -308,9 +328,15 @@ def thresholded(p, thresh):
 
 
 def make_detections(boxes, objectness, probs, layer_index):
-    return [Detection(box=tuple(float(v) for v in boxes[k]), objectness=float(objectness[k]),
-                      probs=probs[k].copy(), layer=layer_index)
-            for k in range(len(objectness))]
+    return [
+        Detection(
+            box=tuple(float(v) for v in boxes[k]),
+            objectness=float(objectness[k]),
+            probs=probs[k].copy(),
+            layer=layer_index,
+        )
+        for k in range(len(objectness))
+    ]
 
 
 # ---- non-maximum suppression (box.c) ------------------------------------------------------------
@@ -367,7 +393,7 @@ def do_nms_sort(dets, classes, nms, kind="default", beta=0.6):
             a = order[pos]
             if probs[a, k] == 0:  # read now: an earlier box may have suppressed it
                 continue
-            later = order[pos + 1:]
+            later = order[pos + 1 :]
             probs[later[overlap(boxes[a], boxes[later]) > nms], k] = 0
     for i, d in enumerate(front):
         m = min(classes, d.probs.size)
@@ -386,7 +412,7 @@ def do_nms_obj(dets, classes, nms):
     for a in range(total):
         if not alive[a]:
             continue
-        hit = np.nonzero(alive[a + 1:] & (box_iou(boxes[a], boxes[a + 1:]) > nms))[0] + a + 1
+        hit = np.nonzero(alive[a + 1 :] & (box_iou(boxes[a], boxes[a + 1 :]) > nms))[0] + a + 1
         alive[hit] = False
         for b in hit:
             front[b].objectness = 0.0

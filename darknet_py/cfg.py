@@ -6,6 +6,7 @@ Darknet strips them). Values are read lazily and typed by the layer that asks
 for them, so every error can name the file, line and key. Options a layer never
 reads are reported as warnings with their line, since they are usually typos.
 """
+
 import math
 import os
 import re
@@ -16,37 +17,69 @@ from .errors import DarknetError, DarknetWarning
 
 # Darknet's section names and their aliases -> canonical type.
 SECTION_ALIASES = {
-    "net": "net", "network": "net",
-    "conv": "convolutional", "convolutional": "convolutional",
-    "conn": "connected", "connected": "connected",
-    "max": "maxpool", "maxpool": "maxpool",
-    "avg": "avgpool", "avgpool": "avgpool",
-    "soft": "softmax", "softmax": "softmax",
-    "dropout": "dropout", "cost": "cost", "route": "route", "shortcut": "shortcut",
-    "upsample": "upsample", "reorg": "reorg", "crop": "crop", "local": "local",
-    "batchnorm": "batchnorm", "yolo": "yolo", "region": "region", "detection": "detection",
+    "net": "net",
+    "network": "net",
+    "conv": "convolutional",
+    "convolutional": "convolutional",
+    "conn": "connected",
+    "connected": "connected",
+    "max": "maxpool",
+    "maxpool": "maxpool",
+    "avg": "avgpool",
+    "avgpool": "avgpool",
+    "soft": "softmax",
+    "softmax": "softmax",
+    "dropout": "dropout",
+    "cost": "cost",
+    "route": "route",
+    "shortcut": "shortcut",
+    "upsample": "upsample",
+    "reorg": "reorg",
+    "crop": "crop",
+    "local": "local",
+    "batchnorm": "batchnorm",
+    "yolo": "yolo",
+    "region": "region",
+    "detection": "detection",
     # the AlexeyAB fork's ([reorg3d] is its new reorg; its [reorg] is the original's)
-    "sam": "sam", "scale_channels": "scale_channels", "local_avgpool": "local_avgpool",
-    "local_avg": "local_avgpool", "reorg3d": "reorg3d", "empty": "empty", "silence": "empty",
+    "sam": "sam",
+    "scale_channels": "scale_channels",
+    "local_avgpool": "local_avgpool",
+    "local_avg": "local_avgpool",
+    "reorg3d": "reorg3d",
+    "empty": "empty",
+    "silence": "empty",
     "gaussian_yolo": "gaussian_yolo",
-    "activation": "activation", "logistic": "logistic", "l2norm": "l2norm",
-    "lrn": "normalization", "normalization": "normalization",
-    "deconv": "deconvolutional", "deconvolutional": "deconvolutional",
-    "rnn": "rnn", "gru": "gru", "lstm": "lstm", "crnn": "crnn", "conv_lstm": "conv_lstm",
-    "history": "history", "implicit": "implicit",
+    "activation": "activation",
+    "logistic": "logistic",
+    "l2norm": "l2norm",
+    "lrn": "normalization",
+    "normalization": "normalization",
+    "deconv": "deconvolutional",
+    "deconvolutional": "deconvolutional",
+    "rnn": "rnn",
+    "gru": "gru",
+    "lstm": "lstm",
+    "crnn": "crnn",
+    "conv_lstm": "conv_lstm",
+    "history": "history",
+    "implicit": "implicit",
 }
 # Darknet sections darknet-py knows but does not implement: a clear error, not "unknown".
 UNSUPPORTED_SECTIONS = {
     "reorg_old",
     # the AlexeyAB fork's contrastive layer, and implicit layers of its later versions
-    "contrastive", "implicit_add", "implicit_mul",
+    "contrastive",
+    "implicit_add",
+    "implicit_mul",
 }
 
 # What C's atof reads at the start of a value (atoi reads a prefix of it): a decimal number
 # with an optional exponent, or inf/nan, which are refused once read.
-FLOAT_TEXT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)",
-                        re.IGNORECASE)
-INT_MIN, INT_MAX = -2**31, 2**31 - 1
+FLOAT_TEXT = re.compile(
+    r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE
+)
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 BOM = "\ufeff"
 
 
@@ -76,11 +109,11 @@ class Section:
     """One ``[type]`` block: typed getters with Darknet defaults, and error context."""
 
     def __init__(self, type_, header, path, line):
-        self.type = type_          # canonical type, e.g. "convolutional"
-        self.header = header       # as written, e.g. "conv"
+        self.type = type_  # canonical type, e.g. "convolutional"
+        self.header = header  # as written, e.g. "conv"
         self.path = path
         self.line = line
-        self.options = {}          # key -> Option
+        self.options = {}  # key -> Option
 
     def __repr__(self):
         return f"Section([{self.header}] at {self.path}:{self.line})"
@@ -130,8 +163,9 @@ class Section:
                 raise self.error(f"expected an integer, got '{shown}'", key)
             value = int(value)
             if not INT_MIN <= value <= INT_MAX:
-                raise self.error(f"{value} is out of range (Darknet reads a C int: at most "
-                                 f"{INT_MAX})", key)
+                raise self.error(
+                    f"{value} is out of range (Darknet reads a C int: at most {INT_MAX})", key
+                )
         if not whole:
             self._warn_ignored(key, shown, number)
         return value
@@ -139,9 +173,13 @@ class Section:
     def _warn_ignored(self, key, shown, number):
         opt = self.options.get(key)
         line = opt.line if opt else self.line
-        warnings.warn(CfgWarning(
-            f"{self.path}:{line}: {key}: '{shown}' read as {number} (the text after the "
-            f"number is ignored, as Darknet does)"), stacklevel=3)
+        warnings.warn(
+            CfgWarning(
+                f"{self.path}:{line}: {key}: '{shown}' read as {number} (the text after the "
+                f"number is ignored, as Darknet does)"
+            ),
+            stacklevel=3,
+        )
 
     def _get_number(self, key, default, cast):
         v = self._raw(key)
@@ -178,9 +216,12 @@ class Section:
 
     def warn_unused(self):
         for o in self.unused():
-            warnings.warn(CfgWarning(
-                f"{self.path}:{o.line}: {o.key}: option not used by [{self.header}] "
-                f"(a typo?)"), stacklevel=2)
+            warnings.warn(
+                CfgWarning(
+                    f"{self.path}:{o.line}: {o.key}: option not used by [{self.header}] (a typo?)"
+                ),
+                stacklevel=2,
+            )
 
 
 def parse_cfg_text(text, path="<cfg>"):
@@ -198,8 +239,11 @@ def parse_cfg_text(text, path="<cfg>"):
             header = line[1:-1]
             name = header.lower()
             if name in UNSUPPORTED_SECTIONS:
-                raise CfgError(f"section [{header}] is a Darknet layer darknet-py does not "
-                               f"support", path, lineno)
+                raise CfgError(
+                    f"section [{header}] is a Darknet layer darknet-py does not support",
+                    path,
+                    lineno,
+                )
             if name not in SECTION_ALIASES:
                 raise CfgError(f"unknown section [{header}]", path, lineno)
             current = Section(SECTION_ALIASES[name], header, path, lineno)
@@ -213,8 +257,12 @@ def parse_cfg_text(text, path="<cfg>"):
         if current is None:
             raise CfgError("option before the first [section]", path, lineno, key)
         if key in current.options:
-            warnings.warn(CfgWarning(f"{path}:{lineno}: {key}: repeated; this value replaces "
-                                     f"line {current.options[key].line}"))
+            warnings.warn(
+                CfgWarning(
+                    f"{path}:{lineno}: {key}: repeated; this value replaces "
+                    f"line {current.options[key].line}"
+                )
+            )
         current.options[key] = Option(key, value, lineno)
     if not sections:
         raise CfgError("no sections found", path)
@@ -237,8 +285,9 @@ def read_small_text(path, what="file"):
     if stat.S_ISDIR(mode):
         raise CfgError(f"is a directory, not a {what}", path)
     if not stat.S_ISREG(mode):
-        raise CfgError(f"not a regular file (a pipe, socket or device); give the {what} as a "
-                       f"file", path)
+        raise CfgError(
+            f"not a regular file (a pipe, socket or device); give the {what} as a file", path
+        )
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_CFG_BYTES + 1)
@@ -247,8 +296,9 @@ def read_small_text(path, what="file"):
     if len(data) > MAX_CFG_BYTES:
         raise CfgError(f"larger than {MAX_CFG_BYTES >> 20} MiB: not a Darknet {what}", path)
     if b"\0" in data:
-        raise CfgError(f"holds NUL bytes: not a text {what}", path,
-                       data[:data.index(b"\0")].count(b"\n") + 1)
+        raise CfgError(
+            f"holds NUL bytes: not a text {what}", path, data[: data.index(b"\0")].count(b"\n") + 1
+        )
     return data.decode("utf-8", errors="replace")
 
 

@@ -10,6 +10,7 @@ Commands that run a network take the shared options from `device_options` and
 `names_options` (cli_options.py, with the other shared pieces); new commands (training: train, valid, anchors) go in the marked
 section near the end and get the same error handling by being added to `cli`.
 """
+
 import errno
 import functools
 import json
@@ -21,14 +22,28 @@ import warnings
 import click
 
 from . import __version__
-from .cli_options import (IMAGE_ARGUMENT_HELP, PROG, Probability, UserError,
-                          claim_outputs, class_name, darknet_option, device_options,
-                          expand_images, letter_box_option, log_line, names_options,
-                          overwrite_option, run_on_images, same_file, warn)
-from .darknet_forms import DarknetFormError, DarknetFormHelp, translate as translate_darknet_form
+from .cli_options import (
+    IMAGE_ARGUMENT_HELP,
+    PROG,
+    Probability,
+    UserError,
+    claim_outputs,
+    class_name,
+    darknet_option,
+    device_options,
+    expand_images,
+    letter_box_option,
+    log_line,
+    names_options,
+    overwrite_option,
+    run_on_images,
+    same_file,
+    warn,
+)
+from .darknet_forms import DarknetFormError, DarknetFormHelp
+from .darknet_forms import translate as translate_darknet_form
 from .errors import USER_ERRORS, USER_WARNINGS, describe_error
-from .export.command import (EXPORT_HELP, engine_option, export_options, load_with_engine,
-                             run_export)
+from .export.command import EXPORT_HELP, engine_option, export_options, load_with_engine, run_export
 from .files import atomic_output, first_free_run, run_numbered, write_text_atomically
 from .network import DARKNET_FLAVOURS, build_network, load_network
 from .plurals import counted
@@ -38,9 +53,9 @@ from .weights import floats_needed
 
 class DarknetGroup(click.Group):
     def parse_args(self, ctx, args):
-        try:   # Darknet's `detector train DATA CFG` and the fork's -flags, in our form
+        try:  # Darknet's `detector train DATA CFG` and the fork's -flags, in our form
             args, note = translate_darknet_form(args)
-        except DarknetFormHelp as e:   # `detector --help`
+        except DarknetFormHelp as e:  # `detector --help`
             click.echo(str(e))
             ctx.exit(0)
         except DarknetFormError as e:
@@ -59,7 +74,7 @@ class DarknetGroup(click.Group):
             def show_warning(message, category, filename, lineno, file=None, line=None):
                 if issubclass(category, USER_WARNINGS):
                     warn(message)
-                elif issubclass(category, RuntimeWarning):   # NumPy's: one line, no source
+                elif issubclass(category, RuntimeWarning):  # NumPy's: one line, no source
                     warn(f"{message} ({os.path.basename(filename)}:{lineno})")
                 else:
                     python_showwarning(message, category, filename, lineno, file, line)
@@ -95,18 +110,25 @@ def cli():
 
 
 # ---- test: classify -----------------------------------------------------------------------
-@cli.command("test", help=f"""Classify images with a classifier network.
+@cli.command(
+    "test",
+    help=f"""Classify images with a classifier network.
 
 Prints, per image, the time taken and the --top most probable classes as
 "percent%: name", most probable first (Darknet's `classifier predict`).
 
-{IMAGE_ARGUMENT_HELP}""")
+{IMAGE_ARGUMENT_HELP}""",
+)
 @click.argument("cfg")
 @click.argument("weights")
 @click.argument("images", metavar="IMAGE...", nargs=-1, required=True)
-@click.option("--top", type=click.IntRange(min=1), default=None, metavar="K",
-              help="How many classes to print per image [default: the .data file's top=, "
-                   "else 5].")
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="K",
+    help="How many classes to print per image [default: the .data file's top=, else 5].",
+)
 @names_options
 @device_options
 @engine_option
@@ -118,15 +140,17 @@ def classify_command(cfg, weights, images, top, names, data, device, engine, dar
             top = int(data.get("top", 5))
         except ValueError:
             raise UserError(f"top={data['top']} in the --data file is not a whole number") from None
-    from .predictions import output_layer
+    from .predictions import detector_layers, output_layer
 
-    from .predictions import detector_layers
     paths = expand_images(images)
-    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
-                           darknet=darknet)
+    net = load_with_engine(
+        load_network, engine, device, cfg=cfg, weights=weights, batch=1, darknet=darknet
+    )
     if detector_layers(net):
-        raise UserError(f"{cfg}: the network is a detector (it has a "
-                        f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`")
+        raise UserError(
+            f"{cfg}: the network is a detector (it has a "
+            f"[{detector_layers(net)[-1].type}] layer); use `{PROG} detect`"
+        )
     net.names = names = check_names(names, output_layer(net).outputs, weights, cfg)
 
     def classify_one(index, path):
@@ -165,17 +189,22 @@ def output_paths(out, images):
             raise UserError(f"{path}: --out would overwrite the input image; choose another --out")
     bad = sorted({os.path.splitext(p)[1] for p in paths if not cv2().haveImageWriter(p)})
     if bad:
-        raise UserError(f"--out {out}: OpenCV cannot write {', '.join(bad)} images "
-                        f"(use .jpg or .png)")
+        raise UserError(
+            f"--out {out}: OpenCV cannot write {', '.join(bad)} images (use .jpg or .png)"
+        )
     return paths
 
 
 def cv2():
     import cv2 as opencv  # imported on use: `darknet-py info` and --help stay quick
+
     return opencv
 
 
-@cli.command("detect", short_help="Find objects in images with a YOLO network.", help=f"""\
+@cli.command(
+    "detect",
+    short_help="Find objects in images with a YOLO network.",
+    help=f"""\
 Find objects in images with a detector network (YOLO).
 
 Prints, per image, the time taken and one line per detected class:
@@ -190,63 +219,130 @@ not replaced without --overwrite.
 A video file (.mp4, .avi, .mov, ...) or --camera N runs as Darknet's `detector
 demo` does, without a window: every frame is detected and written with its boxes to
 --out (a video; default predictions.mp4; an existing file is not replaced), with a
-line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video.""")
+line per frame (progress, FPS, objects). Ctrl-C stops and finishes the video.""",
+)
 @click.argument("cfg")
 @click.argument("weights")
 @click.argument("images", metavar="IMAGE...", nargs=-1)
-@click.option("--camera", type=click.IntRange(min=0), metavar="N", default=None,
-              help="Detect on camera N's frames until Ctrl-C (instead of IMAGE).")
-@click.option("--thresh", type=Probability(), default=None,
-              help="Report a class when its probability is above this. [default: .25 for a "
-                   "network of the AlexeyAB fork's flavour, as its detector test; else .5, "
-                   "as pjreddie's]")
-@click.option("--nms", type=Probability(), default=0.45, show_default=True,
-              help="Drop a box overlapping a likelier one of its class by more than this "
-                   "IoU; 0 turns NMS off.")
-@click.option("--hier-thresh", type=Probability(), default=0.5, show_default=True,
-              help="With a class tree ([region] tree=, YOLO9000): walk down the tree while "
-                   "the class probability stays above this (Darknet's -hier).")
-@click.option("--out", metavar="PATH", default=None,
-              help="Image with the labelled boxes. For several images, each image's number "
-                   "goes before the extension: predictions_1.jpg, predictions_2.jpg, ... If "
-                   "PATH is a directory (or ends with /), each image is written into it under "
-                   "its own name with .jpg (dog.png -> PATH/dog.jpg). A PATH without an "
-                   "extension gets .jpg. `--out none` writes no image. [default: "
-                   "predictions.jpg; when an earlier run's is there, predictions-2.jpg, "
-                   "predictions-3.jpg, ... (never replaced)]")
-@click.option("--json", "json_file", metavar="FILE", default=None,
-              help="Write the detections of all images (or of every video frame) to FILE "
-                   "as JSON.")
-@click.option("--json-format", type=click.Choice(["darknet-py", "alexeyab"]),
-              default="darknet-py", show_default=True,
-              help="--json's layout for images: darknet-py's, or the AlexeyAB fork's "
-                   "`detector test -out` file (frame_id, filename, objects with class_id, "
-                   "name, relative_coordinates, confidence), byte for byte.")
-@click.option("--save-txt", is_flag=True,
-              help="Also write each image's detections in YOLO label format beside its "
-                   "drawing (predictions.jpg -> predictions.txt): \"class x y w h score\" "
-                   "a line, relative to the image.")
-@click.option("--darknet-order", is_flag=True,
-              help="Print detections as the C Darknet does (\"name: percent%\" lines, in its "
-                   "order: after NMS, not by probability), so logs diff against it.")
-@click.option("--ext-output", is_flag=True,
-              help="Print detections as the AlexeyAB fork's -ext_output does, leftmost "
-                   "first: \"name: 87%  (left_x: L   top_y: T   width: W   height: H)\", "
-                   "in pixels.")
+@click.option(
+    "--camera",
+    type=click.IntRange(min=0),
+    metavar="N",
+    default=None,
+    help="Detect on camera N's frames until Ctrl-C (instead of IMAGE).",
+)
+@click.option(
+    "--thresh",
+    type=Probability(),
+    default=None,
+    help="Report a class when its probability is above this. [default: .25 for a "
+    "network of the AlexeyAB fork's flavour, as its detector test; else .5, "
+    "as pjreddie's]",
+)
+@click.option(
+    "--nms",
+    type=Probability(),
+    default=0.45,
+    show_default=True,
+    help="Drop a box overlapping a likelier one of its class by more than this "
+    "IoU; 0 turns NMS off.",
+)
+@click.option(
+    "--hier-thresh",
+    type=Probability(),
+    default=0.5,
+    show_default=True,
+    help="With a class tree ([region] tree=, YOLO9000): walk down the tree while "
+    "the class probability stays above this (Darknet's -hier).",
+)
+@click.option(
+    "--out",
+    metavar="PATH",
+    default=None,
+    help="Image with the labelled boxes. For several images, each image's number "
+    "goes before the extension: predictions_1.jpg, predictions_2.jpg, ... If "
+    "PATH is a directory (or ends with /), each image is written into it under "
+    "its own name with .jpg (dog.png -> PATH/dog.jpg). A PATH without an "
+    "extension gets .jpg. `--out none` writes no image. [default: "
+    "predictions.jpg; when an earlier run's is there, predictions-2.jpg, "
+    "predictions-3.jpg, ... (never replaced)]",
+)
+@click.option(
+    "--json",
+    "json_file",
+    metavar="FILE",
+    default=None,
+    help="Write the detections of all images (or of every video frame) to FILE as JSON.",
+)
+@click.option(
+    "--json-format",
+    type=click.Choice(["darknet-py", "alexeyab"]),
+    default="darknet-py",
+    show_default=True,
+    help="--json's layout for images: darknet-py's, or the AlexeyAB fork's "
+    "`detector test -out` file (frame_id, filename, objects with class_id, "
+    "name, relative_coordinates, confidence), byte for byte.",
+)
+@click.option(
+    "--save-txt",
+    is_flag=True,
+    help="Also write each image's detections in YOLO label format beside its "
+    "drawing (predictions.jpg -> predictions.txt): \"class x y w h score\" "
+    "a line, relative to the image.",
+)
+@click.option(
+    "--darknet-order",
+    is_flag=True,
+    help="Print detections as the C Darknet does (\"name: percent%\" lines, in its "
+    "order: after NMS, not by probability), so logs diff against it.",
+)
+@click.option(
+    "--ext-output",
+    is_flag=True,
+    help="Print detections as the AlexeyAB fork's -ext_output does, leftmost "
+    "first: \"name: 87%  (left_x: L   top_y: T   width: W   height: H)\", "
+    "in pixels.",
+)
 @overwrite_option
 @names_options
 @device_options
 @engine_option
 @darknet_option
 @letter_box_option
-def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, json_file,
-                   json_format, save_txt, darknet_order, ext_output, overwrite, names, data,
-                   device, engine, darknet):
-    from .predictions import (default_thresh, detect, detection_classes, detections_to_json,
-                              detector_layers, draw_detections, ext_output_lines, pixel_box,
-                              yolo_txt)
+def detect_command(
+    cfg,
+    weights,
+    images,
+    camera,
+    thresh,
+    nms,
+    hier_thresh,
+    out,
+    json_file,
+    json_format,
+    save_txt,
+    darknet_order,
+    ext_output,
+    overwrite,
+    names,
+    data,
+    device,
+    engine,
+    darknet,
+):
     from . import fork_json
     from .image import decode_image, from_bgr
+    from .predictions import (
+        default_thresh,
+        detect,
+        detection_classes,
+        detections_to_json,
+        detector_layers,
+        draw_detections,
+        ext_output_lines,
+        pixel_box,
+        yolo_txt,
+    )
     from .video import is_video
 
     refuse_onnx_model(cfg, weights, images, "detect")
@@ -255,30 +351,47 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
         if engine == "onnxruntime":
             raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
         from .video import detect_video_command
+
         if json_format != "darknet-py":
-            raise UserError("--json-format alexeyab is for images; a video's --json is "
-                            "darknet-py's layout")
-        return detect_video_command(cfg, weights, images, camera, out, json_file,
-                                    dict(thresh=thresh, nms=nms, hier=hier_thresh), names,
-                                    device, overwrite, darknet)
+            raise UserError(
+                "--json-format alexeyab is for images; a video's --json is darknet-py's layout"
+            )
+        return detect_video_command(
+            cfg,
+            weights,
+            images,
+            camera,
+            out,
+            json_file,
+            dict(thresh=thresh, nms=nms, hier=hier_thresh),
+            names,
+            device,
+            overwrite,
+            darknet,
+        )
     if not images:
         raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)
     drawn = out is None or out.lower() != "none"
-    numbered = out is None or not drawn   # our default names: past an earlier run's
+    numbered = out is None or not drawn  # our default names: past an earlier run's
 
-    def run_outputs(run):   # per image: (drawing or None, YOLO .txt or None)
+    def run_outputs(run):  # per image: (drawing or None, YOLO .txt or None)
         base = run_numbered("predictions.jpg", run) if numbered else out
-        return [(p if drawn else None, os.path.splitext(p)[0] + ".txt" if save_txt else None)
-                for p in output_paths(base, paths)]
+        return [
+            (p if drawn else None, os.path.splitext(p)[0] + ".txt" if save_txt else None)
+            for p in output_paths(base, paths)
+        ]
 
     outputs = first_free_run(run_outputs, files_of) if numbered else run_outputs(1)
     claim_outputs(files_of(outputs) + ([json_file] if json_file else []), overwrite)
-    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
-                           darknet=darknet)
+    net = load_with_engine(
+        load_network, engine, device, cfg=cfg, weights=weights, batch=1, darknet=darknet
+    )
     if not detector_layers(net):
-        raise UserError(f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
-                        f"classify with `{PROG} test`")
+        raise UserError(
+            f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
+            f"classify with `{PROG} test`"
+        )
     classes = detector_layers(net)[-1].classes
     net.names = names = check_names(names, classes, weights, cfg)
     thresh = default_thresh(net) if thresh is None else thresh
@@ -289,8 +402,9 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
         # Pixel boxes are in the file's own size, even when a huge image is decoded reduced.
         bgr, (width, height) = decode_image(path)
         start = time.perf_counter()
-        in_nms_order = detect(net, from_bgr(bgr), thresh=thresh, hier=hier_thresh, nms=nms,
-                              darknet_order=True)
+        in_nms_order = detect(
+            net, from_bgr(bgr), thresh=thresh, hier=hier_thresh, nms=nms, darknet_order=True
+        )
         seconds = time.perf_counter() - start
         # The same stable sort detect() makes without darknet_order.
         dets = in_nms_order if darknet_order else sorted(in_nms_order, key=lambda d: -d.prob)
@@ -306,32 +420,50 @@ def detect_command(cfg, weights, images, camera, thresh, nms, hier_thresh, out, 
                     if darknet_order:
                         click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%")
                     else:
-                        click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
-                                   f"left={left} top={top} width={right - left} "
-                                   f"height={bottom - top}")
+                        click.echo(
+                            f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
+                            f"left={left} top={top} width={right - left} "
+                            f"height={bottom - top}"
+                        )
         if output is not None:
             write_image(output, draw_detections(bgr, dets, names, classes=classes))
             click.echo(f"{PROG}: wrote {output} (boxes drawn on {path})", err=True)
         if txt is not None:
             write_text_atomically(txt, yolo_txt(dets))
             click.echo(f"{PROG}: wrote {txt} (detections in {path}, YOLO format)", err=True)
-        results.append({"image": path, "output": output, "width": width, "height": height,
-                        "detections": detections_to_json(dets, width, height, names)})
+        results.append(
+            {
+                "image": path,
+                "output": output,
+                "width": width,
+                "height": height,
+                "detections": detections_to_json(dets, width, height, names),
+            }
+        )
         # frame_id counts every path given, as the fork's does, also one that fails to read.
         fork_entries.append(fork_json.image_entry(index + 1, path, in_nms_order, names))
 
     failed = run_on_images(paths, detect_one)
     if json_file is not None and json_format == "alexeyab":
         write_text_atomically(json_file, fork_json.results_file(fork_entries))
-        click.echo(f"{PROG}: wrote {json_file} (the fork's layout, {len(fork_entries)} image"
-                   f"{'s' if len(fork_entries) != 1 else ''})", err=True)
+        click.echo(
+            f"{PROG}: wrote {json_file} (the fork's layout, {len(fork_entries)} image"
+            f"{'s' if len(fork_entries) != 1 else ''})",
+            err=True,
+        )
     elif json_file is not None:
         with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
-            json.dump({"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms,
-                       "images": results}, json_out, indent=1)
+            json.dump(
+                {"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms, "images": results},
+                json_out,
+                indent=1,
+            )
             json_out.write("\n")
-        click.echo(f"{PROG}: wrote {json_file} (detections of {len(results)} image"
-                   f"{'s' if len(results) != 1 else ''})", err=True)
+        click.echo(
+            f"{PROG}: wrote {json_file} (detections of {len(results)} image"
+            f"{'s' if len(results) != 1 else ''})",
+            err=True,
+        )
     if failed:
         sys.exit(UserError.exit_code)
 
@@ -343,9 +475,11 @@ def refuse_onnx_model(cfg, weights, images, command):
     if cfg.lower().endswith(".onnx"):
         given = list(images) if weights.lower().endswith(".weights") else [weights, *images]
         image = " ".join(given) or "IMAGE"
-        raise UserError(f"{cfg}: an ONNX model is not a cfg; ONNX Runtime runs the network "
-                        f"from the cfg and weights it was exported from: `{PROG} {command} "
-                        f"CFG WEIGHTS {image} --engine onnxruntime`")
+        raise UserError(
+            f"{cfg}: an ONNX model is not a cfg; ONNX Runtime runs the network "
+            f"from the cfg and weights it was exported from: `{PROG} {command} "
+            f"CFG WEIGHTS {image} --engine onnxruntime`"
+        )
 
 
 def files_of(outputs):
@@ -362,8 +496,13 @@ def write_image(path, image):
 # ---- info -----------------------------------------------------------------------------------
 @cli.command("info")
 @click.argument("cfg")
-@click.option("--batch", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Images per forward pass, for the memory estimate [default: 1].")
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Images per forward pass, for the memory estimate [default: 1].",
+)
 @darknet_option
 def info_command(cfg, batch, darknet):
     """Print a network's layer table and its total BFLOPs.
@@ -374,17 +513,21 @@ def info_command(cfg, batch, darknet):
     between layers).
     """
     net = build_network(cfg, batch=batch, darknet=darknet)
-    click.echo(f"Darknet: {net.flavour} ({'chosen with --darknet' if darknet else 'from the cfg'}"
-               f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
-               f"'s Darknet counts them)")
+    click.echo(
+        f"Darknet: {net.flavour} ({'chosen with --darknet' if darknet else 'from the cfg'}"
+        f"; BFLOPs as {'the AlexeyAB fork' if net.darknet == 'alexeyab' else 'pjreddie'}"
+        f"'s Darknet counts them)"
+    )
     for line in net.summary():
         click.echo(line)
     batch = net.batch
-    net.share_deltas = net.share_outputs = True   # as `darknet-py train` trains
-    click.echo(f"Activations and workspace at batch {batch}: "
-               f"{net.memory_bytes(batch, train=False) / 2**20:.1f} MiB for inference, "
-               f"{net.memory_bytes(batch, train=True) / 2**20:.1f} MiB for training "
-               f"(weights not counted)")
+    net.share_deltas = net.share_outputs = True  # as `darknet-py train` trains
+    click.echo(
+        f"Activations and workspace at batch {batch}: "
+        f"{net.memory_bytes(batch, train=False) / 2**20:.1f} MiB for inference, "
+        f"{net.memory_bytes(batch, train=True) / 2**20:.1f} MiB for training "
+        f"(weights not counted)"
+    )
 
 
 # ---- partial --------------------------------------------------------------------------------
@@ -410,78 +553,173 @@ def partial_command(cfg, weights, out, layers, overwrite, darknet):
     net.seen = 0
     net.save_weights(out, cutoff=layers)
     kept = min(layers, len(net.layers))
-    click.echo(f"{out}: wrote the weights of layers 0-{kept - 1} of {len(net.layers)} "
-               f"({floats_needed(net, layers)} floats, {os.path.getsize(out)} bytes)"
-               if kept else f"{out}: wrote a header and no layers")
+    click.echo(
+        f"{out}: wrote the weights of layers 0-{kept - 1} of {len(net.layers)} "
+        f"({floats_needed(net, layers)} floats, {os.path.getsize(out)} bytes)"
+        if kept
+        else f"{out}: wrote a header and no layers"
+    )
 
 
 # ---- training commands (darknet_py/train.py): train, valid, anchors go here -----------------
 @cli.command("train", short_help="Train a classifier or a YOLO detector.")
 @click.argument("cfg")
 @click.argument("data")
-@click.option("--weights", metavar="WEIGHTS", default=None,
-              help="Start from these weights: a backup (resumes at its iteration), a "
-                   "finished run's weights, a pretrained partial file such as "
-                   "darknet53.conv.74 (the layers it covers), or weights trained for "
-                   "another class count (the layers whose shapes match; a notice lists them).")
-@click.option("--clear", is_flag=True,
-              help="Start counting iterations at 0 (Darknet's -clear), e.g. to fine-tune "
-                   "weights that have already reached max_batches.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seeds the initial weights, image sampling and augmentation.")
-@click.option("--map", "map_eval", is_flag=True,
-              help="Evaluate on the valid list (mAP@0.5; top-1 for a classifier) every "
-                   "--map-every iterations and at the end; keep <cfg>_best.weights and "
-                   "<cfg>_last.weights.")
-@click.option("--map-every", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Iterations between --map evaluations [default: about 4 passes over the "
-                   "training list, at least 100].")
-@click.option("--max-batches", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Train to N iterations instead of the cfg's max_batches.")
-@functools.partial(overwrite_option, help=(
-    "Let this run replace files an earlier run left in the backup directory: "
-    "<cfg>_final.weights, numbered weights, chart_<cfg>.png and its history, _last/_best and "
-    "(for a run starting at iteration 0) <cfg>.backup. Without it they are an error, even "
-    "with --clear."))
-@click.option("--quiet", is_flag=True,
-              help="Leave out the [yolo]/[region] layers' per-step statistics.")
-@click.option("--gpus", metavar="LIST|all", default=None,
-              help="Data-parallel training on these GPUs (0,1 or all), one process each, "
-                   "gradients summed over NCCL: the result of one GPU with batch x GPUs "
-                   "images per iteration (batch keeps its meaning per GPU).")
-@click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Data-parallel training on the CPU in N processes (--gpus's CPU twin, "
-                   "over TCP).")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-              metavar="N", help="Machines in a data-parallel run (each runs this command "
-                                "with its --node-rank and the same --master).")
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
-              metavar="R", help="This machine's index among --nodes (0 hosts rank 0).")
-@click.option("--master", metavar="HOST:PORT", default=None,
-              help="Where node 0's rank 0 listens for the others (needed with --nodes > 1).")
-@click.option("--comm-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
-              metavar="SECONDS", help="A data-parallel rank that does not answer for this "
-                                      "long ends the run.")
-@click.option("--bucket-mb", type=click.FloatRange(min=0), default=None, metavar="MB",
-              expose_value=False, callback=lambda ctx, param, value: set_environment(
-                  "DARKNET_BUCKET_MB", value),
-              help="Data-parallel: megabytes of gradients summed together while the backward "
-                   "goes on (0: every gradient summed after the backward) [default: "
-                   "$DARKNET_BUCKET_MB, else 25].")
-@click.option("--exchange", type=click.Choice(["auto", "fp32"]), default=None,
-              expose_value=False, callback=lambda ctx, param, value: set_environment(
-                  "DARKNET_EXCHANGE", value),
-              help="Data-parallel: the gradients' type between ranks: auto (16 bits under "
-                   "fp16/bf16 training, else fp32) or fp32 [default: $DARKNET_EXCHANGE, else "
-                   "auto].")
-@click.option("--workers", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Processes loading and augmenting images (0: in the training process) "
-                   "[default: one per available CPU less one, at most 16].")
+@click.option(
+    "--weights",
+    metavar="WEIGHTS",
+    default=None,
+    help="Start from these weights: a backup (resumes at its iteration), a "
+    "finished run's weights, a pretrained partial file such as "
+    "darknet53.conv.74 (the layers it covers), or weights trained for "
+    "another class count (the layers whose shapes match; a notice lists them).",
+)
+@click.option(
+    "--clear",
+    is_flag=True,
+    help="Start counting iterations at 0 (Darknet's -clear), e.g. to fine-tune "
+    "weights that have already reached max_batches.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seeds the initial weights, image sampling and augmentation.",
+)
+@click.option(
+    "--map",
+    "map_eval",
+    is_flag=True,
+    help="Evaluate on the valid list (mAP@0.5; top-1 for a classifier) every "
+    "--map-every iterations and at the end; keep <cfg>_best.weights and "
+    "<cfg>_last.weights.",
+)
+@click.option(
+    "--map-every",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Iterations between --map evaluations [default: about 4 passes over the "
+    "training list, at least 100].",
+)
+@click.option(
+    "--max-batches",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Train to N iterations instead of the cfg's max_batches.",
+)
+@functools.partial(
+    overwrite_option,
+    help=(
+        "Let this run replace files an earlier run left in the backup directory: "
+        "<cfg>_final.weights, numbered weights, chart_<cfg>.png and its history, _last/_best and "
+        "(for a run starting at iteration 0) <cfg>.backup. Without it they are an error, even "
+        "with --clear."
+    ),
+)
+@click.option(
+    "--quiet", is_flag=True, help="Leave out the [yolo]/[region] layers' per-step statistics."
+)
+@click.option(
+    "--gpus",
+    metavar="LIST|all",
+    default=None,
+    help="Data-parallel training on these GPUs (0,1 or all), one process each, "
+    "gradients summed over NCCL: the result of one GPU with batch x GPUs "
+    "images per iteration (batch keeps its meaning per GPU).",
+)
+@click.option(
+    "--ranks",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Data-parallel training on the CPU in N processes (--gpus's CPU twin, over TCP).",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Machines in a data-parallel run (each runs this command "
+    "with its --node-rank and the same --master).",
+)
+@click.option(
+    "--node-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="R",
+    help="This machine's index among --nodes (0 hosts rank 0).",
+)
+@click.option(
+    "--master",
+    metavar="HOST:PORT",
+    default=None,
+    help="Where node 0's rank 0 listens for the others (needed with --nodes > 1).",
+)
+@click.option(
+    "--comm-timeout",
+    type=click.FloatRange(min=1),
+    default=600,
+    show_default=True,
+    metavar="SECONDS",
+    help="A data-parallel rank that does not answer for this long ends the run.",
+)
+@click.option(
+    "--bucket-mb",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="MB",
+    expose_value=False,
+    callback=lambda ctx, param, value: set_environment("DARKNET_BUCKET_MB", value),
+    help="Data-parallel: megabytes of gradients summed together while the backward "
+    "goes on (0: every gradient summed after the backward) [default: "
+    "$DARKNET_BUCKET_MB, else 25].",
+)
+@click.option(
+    "--exchange",
+    type=click.Choice(["auto", "fp32"]),
+    default=None,
+    expose_value=False,
+    callback=lambda ctx, param, value: set_environment("DARKNET_EXCHANGE", value),
+    help="Data-parallel: the gradients' type between ranks: auto (16 bits under "
+    "fp16/bf16 training, else fp32) or fp32 [default: $DARKNET_EXCHANGE, else "
+    "auto].",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Processes loading and augmenting images (0: in the training process) "
+    "[default: one per available CPU less one, at most 16].",
+)
 @device_options
 @darknet_option
-def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batches,
-                  overwrite, quiet, gpus, ranks, nodes, node_rank, master, comm_timeout,
-                  workers, device, darknet):
+def train_command(
+    cfg,
+    data,
+    weights,
+    clear,
+    seed,
+    map_eval,
+    map_every,
+    max_batches,
+    overwrite,
+    quiet,
+    gpus,
+    ranks,
+    nodes,
+    node_rank,
+    master,
+    comm_timeout,
+    workers,
+    device,
+    darknet,
+):
     """Train CFG on the dataset described by the .data file DATA.
 
     A classifier (its last layer is [softmax]) or a detector ([yolo]/[region]) is
@@ -497,25 +735,38 @@ def train_command(cfg, data, weights, clear, seed, map_eval, map_every, max_batc
     """
     from .train import train
     from .training.stops import exit_code, held_stop_signals
-    kwargs = dict(cfg=cfg, data=data, weights=weights, clear=clear, seed=seed,
-                  map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-                  overwrite=overwrite, verbose=not quiet, darknet=darknet)
+
+    kwargs = dict(
+        cfg=cfg,
+        data=data,
+        weights=weights,
+        clear=clear,
+        seed=seed,
+        map_eval=map_eval,
+        map_every=map_every,
+        max_batches=max_batches,
+        overwrite=overwrite,
+        verbose=not quiet,
+        darknet=darknet,
+    )
     cluster = cluster_rank(gpus, ranks, nodes, master)
     check_exchange_settings()
     try:
-        with held_stop_signals():   # every stop signal: backup, one line, 128 + signal
+        with held_stop_signals():  # every stop signal: backup, one line, 128 + signal
             if cluster is not None:
                 sys.exit(train_cluster_rank(cluster, kwargs, device, workers, comm_timeout))
             if gpus is not None or ranks is not None or nodes > 1:
-                train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master,
-                                    comm_timeout, workers, device)
+                train_data_parallel(
+                    kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers, device
+                )
             else:
                 train(device=device, workers=workers, log=log_line, **kwargs)
-    except KeyboardInterrupt as e:   # the weights are saved and the resume command printed
+    except KeyboardInterrupt as e:  # the weights are saved and the resume command printed
         if not getattr(e, "reported", True):
             from .training.loop import describe_stop
+
             log_line(f"{describe_stop(e)} before training started: nothing saved")
-        sys.exit(exit_code(e))   # as a shell reports a job the signal ended
+        sys.exit(exit_code(e))  # as a shell reports a job the signal ended
 
 
 def set_environment(name, value):
@@ -528,6 +779,7 @@ def check_exchange_settings():
     """$DARKNET_BUCKET_MB and $DARKNET_EXCHANGE (distributed/buckets.py), refused in one
     line before any rank starts."""
     from .distributed import buckets
+
     try:
         buckets.bucket_bytes()
         buckets.exchange_setting()
@@ -538,8 +790,12 @@ def check_exchange_settings():
 def cluster_rank(gpus, ranks, nodes, master):
     """The ClusterRank srun's or torchrun's variables make of this process (None without
     them); --gpus/--ranks/--nodes/--master are refused alongside."""
-    from .distributed.cluster import (ClusterEnvironmentError, read_cluster_environment,
-                                      slurm_without_srun)
+    from .distributed.cluster import (
+        ClusterEnvironmentError,
+        read_cluster_environment,
+        slurm_without_srun,
+    )
+
     try:
         cluster = read_cluster_environment()
     except ClusterEnvironmentError as e:
@@ -549,9 +805,11 @@ def cluster_rank(gpus, ranks, nodes, master):
             log_line(slurm_without_srun())
         return None
     if gpus is not None or ranks is not None or nodes > 1 or master is not None:
-        raise click.UsageError(f"{cluster.launcher} started this process as rank "
-                               f"{cluster.rank} of {cluster.world_size}: leave out --gpus, "
-                               f"--ranks, --nodes and --master")
+        raise click.UsageError(
+            f"{cluster.launcher} started this process as rank "
+            f"{cluster.rank} of {cluster.world_size}: leave out --gpus, "
+            f"--ranks, --nodes and --master"
+        )
     return cluster
 
 
@@ -559,17 +817,18 @@ def train_cluster_rank(cluster, kwargs, device, workers, comm_timeout):
     """`srun/torchrun darknet-py train`: this process is one rank; its exit code."""
     from .backends import cuda_device_count
     from .distributed.launcher import cluster_device, cluster_workers, run_as_cluster_rank
+
     try:
-        rank_device = cluster_device(cluster, device,
-                                     0 if device == "cpu" else cuda_device_count())
+        rank_device = cluster_device(cluster, device, 0 if device == "cpu" else cuda_device_count())
     except ValueError as e:
         raise UserError(str(e)) from None
     kwargs["workers"] = cluster_workers(cluster, workers)
     return run_as_cluster_rank(cluster, kwargs, rank_device, timeout=comm_timeout)
 
 
-def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers,
-                        device):
+def train_data_parallel(
+    kwargs, gpus, ranks, nodes, node_rank, master, comm_timeout, workers, device
+):
     """`train --gpus/--ranks [--nodes --node-rank --master]`: start this node's ranks."""
     from .backends import cuda_device_count
     from .data.loader import default_workers
@@ -583,25 +842,35 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
     if gpus is None and ranks is None:
         raise click.UsageError("--nodes needs --gpus or --ranks: the ranks on each node")
     if node_rank >= nodes:
-        raise click.UsageError(f"--node-rank {node_rank} with --nodes {nodes}: expected "
-                               f"0..{nodes - 1}")
+        raise click.UsageError(
+            f"--node-rank {node_rank} with --nodes {nodes}: expected 0..{nodes - 1}"
+        )
     if nodes > 1 and master is None:
         raise click.UsageError("--nodes > 1 needs --master HOST:PORT (node 0's address)")
     # An explicit GPU list is checked against the GPUs while the ranks start: CUDA's start
     # in this process (up to a second on a machine of several GPUs) then delays none of them.
     listed = gpus is not None and str(gpus).strip() != "all"
     try:
-        devices = parse_gpus(gpus, None if listed else cuda_device_count()) \
-            if gpus is not None else ["cpu"] * ranks
+        devices = (
+            parse_gpus(gpus, None if listed else cuda_device_count())
+            if gpus is not None
+            else ["cpu"] * ranks
+        )
         address = parse_master(master) if master is not None else None
     except ValueError as e:
         raise UserError(str(e)) from None
     # The node's CPUs load images for all its ranks: each rank gets its share of workers.
     kwargs["workers"] = default_workers(len(devices)) if workers is None else workers
     try:
-        launch(devices, kwargs, first_rank=node_rank * len(devices),
-               world_size=nodes * len(devices), master=address, timeout=comm_timeout,
-               check=(lambda: parse_gpus(gpus, cuda_device_count())) if listed else None)
+        launch(
+            devices,
+            kwargs,
+            first_rank=node_rank * len(devices),
+            world_size=nodes * len(devices),
+            master=address,
+            timeout=comm_timeout,
+            check=(lambda: parse_gpus(gpus, cuda_device_count())) if listed else None,
+        )
     except LaunchError as e:
         raise UserError(str(e)) from None
 
@@ -610,11 +879,17 @@ def train_data_parallel(kwargs, gpus, ranks, nodes, node_rank, master, comm_time
 @click.argument("cfg")
 @click.argument("data")
 @click.argument("weights")
-@click.option("--results-dir", metavar="DIR", default="results", show_default=True,
-              help="Detectors: where Darknet's results files go (comp4_det_test_<class>.txt "
-                   "per class, coco_results.json).")
-@click.option("--overwrite", is_flag=True,
-              help="Replace results files an earlier run left in --results-dir.")
+@click.option(
+    "--results-dir",
+    metavar="DIR",
+    default="results",
+    show_default=True,
+    help="Detectors: where Darknet's results files go (comp4_det_test_<class>.txt "
+    "per class, coco_results.json).",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Replace results files an earlier run left in --results-dir."
+)
 @device_options
 @engine_option
 @darknet_option
@@ -633,34 +908,67 @@ def valid_command(cfg, data, weights, results_dir, overwrite, device, engine, da
     right, bottom in pixels, 1-based) and coco_results.json (COCO's detection format).
     """
     from .validate import validate
-    validate(cfg, data, weights, device=device, log=log_line,
-             results_dir=results_dir, overwrite=overwrite, darknet=darknet, engine=engine)
+
+    validate(
+        cfg,
+        data,
+        weights,
+        device=device,
+        log=log_line,
+        results_dir=results_dir,
+        overwrite=overwrite,
+        darknet=darknet,
+        engine=engine,
+    )
 
 
 @cli.command("map", short_help="The AlexeyAB fork's detector map: AP, precision, recall.")
 @click.argument("cfg")
 @click.argument("data")
 @click.argument("weights")
-@click.option("--iou-thresh", type=click.FloatRange(0, 1, min_open=True), default=0.5,
-              show_default=True, help="IoU with a truth box that makes a true positive.")
-@click.option("--points", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Recall points of the AP: 11 (PASCAL VOC 2007), 101 (MS COCO), or 0 for "
-                   "the area under the curve at every recall (VOC 2010-2012).")
-@click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
-              help="Confidence at which precision, recall, F1 and the average IoU are taken.")
-@click.option("--plots", metavar="DIR", default=None,
-              help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
-                   "confusion matrix at --thresh (confusion_matrix.png) into DIR.")
-@click.option("--quiet", is_flag=True,
-              help="No progress line (images done, images/s, ETA) on stderr, and no note "
-                   "saying which engine runs.")
+@click.option(
+    "--iou-thresh",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.5,
+    show_default=True,
+    help="IoU with a truth box that makes a true positive.",
+)
+@click.option(
+    "--points",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Recall points of the AP: 11 (PASCAL VOC 2007), 101 (MS COCO), or 0 for "
+    "the area under the curve at every recall (VOC 2010-2012).",
+)
+@click.option(
+    "--thresh",
+    type=click.FloatRange(0, 1),
+    default=0.25,
+    show_default=True,
+    help="Confidence at which precision, recall, F1 and the average IoU are taken.",
+)
+@click.option(
+    "--plots",
+    metavar="DIR",
+    default=None,
+    help="Write a precision/recall curve per class (pr_<id>_<name>.png) and a "
+    "confusion matrix at --thresh (confusion_matrix.png) into DIR.",
+)
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="No progress line (images done, images/s, ETA) on stderr, and no note "
+    "saying which engine runs.",
+)
 @overwrite_option
 @device_options
-@functools.partial(engine_option, quiet_option=False)   # map has its own --quiet
+@functools.partial(engine_option, quiet_option=False)  # map has its own --quiet
 @darknet_option
 @letter_box_option
-def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, overwrite,
-                device, engine, darknet):
+def map_command(
+    cfg, data, weights, iou_thresh, points, thresh, plots, quiet, overwrite, device, engine, darknet
+):
     """Score a detector on the valid list of DATA as the AlexeyAB fork's `detector map`.
 
     Prints per class the AP and, at --thresh, TP, FP, precision, recall and F1; then the
@@ -672,37 +980,73 @@ def map_command(cfg, data, weights, iou_thresh, points, thresh, plots, quiet, ov
     if points == 1:
         raise click.BadParameter("needs 0 or at least 2 recall points", param_hint="--points")
     from .validate import detector_map
+
     if plots is not None:
         from .data.config import load_data_config
-        from .predictions import detector_layers
         from .map_plots import plot_paths
+        from .predictions import detector_layers
+
         heads = detector_layers(build_network(cfg, darknet=darknet))
         classes = heads[-1].classes if heads else 0
         claim_outputs(plot_paths(plots, classes, load_data_config(data).names), overwrite)
-    detector_map(cfg, data, weights, device=device, iou_thresh=iou_thresh, points=points,
-                 thresh=thresh, darknet=darknet, log=log_line, plots=plots, engine=engine,
-                 progress=not quiet)
+    detector_map(
+        cfg,
+        data,
+        weights,
+        device=device,
+        iou_thresh=iou_thresh,
+        points=points,
+        thresh=thresh,
+        darknet=darknet,
+        log=log_line,
+        plots=plots,
+        engine=engine,
+        progress=not quiet,
+    )
 
 
 @cli.command("anchors", short_help="Compute YOLO anchors for a dataset.")
 @click.argument("data")
-@click.option("--cfg", metavar="CFG", default=None,
-              help="Take --num (its last [yolo] layer's num), --width and --height from CFG.")
-@click.option("--num", type=click.IntRange(min=1), default=None,
-              help="How many anchors (9 for YOLOv3, 6 for yolov3-tiny). [default: the "
-                   "--cfg's, else 9]")
-@click.option("--width", type=click.IntRange(min=1), default=None,
-              help="The network's input width. [default: the --cfg's, else 416]")
-@click.option("--height", type=click.IntRange(min=1), default=None,
-              help="The network's input height. [default: the --cfg's, else 416]")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seeds the k-means initialisation.")
-@click.option("--out", metavar="FILE", default=None,
-              help="Also write the anchors to FILE as the AlexeyAB fork's calc_anchors "
-                   "writes anchors.txt.")
-@click.option("--counts-out", metavar="FILE", default=None,
-              help="Also write the boxes per class to FILE as the fork's calc_anchors "
-                   "writes counters_per_class.txt.")
+@click.option(
+    "--cfg",
+    metavar="CFG",
+    default=None,
+    help="Take --num (its last [yolo] layer's num), --width and --height from CFG.",
+)
+@click.option(
+    "--num",
+    type=click.IntRange(min=1),
+    default=None,
+    help="How many anchors (9 for YOLOv3, 6 for yolov3-tiny). [default: the --cfg's, else 9]",
+)
+@click.option(
+    "--width",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The network's input width. [default: the --cfg's, else 416]",
+)
+@click.option(
+    "--height",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The network's input height. [default: the --cfg's, else 416]",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seeds the k-means initialisation."
+)
+@click.option(
+    "--out",
+    metavar="FILE",
+    default=None,
+    help="Also write the anchors to FILE as the AlexeyAB fork's calc_anchors writes anchors.txt.",
+)
+@click.option(
+    "--counts-out",
+    metavar="FILE",
+    default=None,
+    help="Also write the boxes per class to FILE as the fork's calc_anchors "
+    "writes counters_per_class.txt.",
+)
 @overwrite_option
 def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwrite):
     """Cluster the box sizes of DATA's training labels into --num anchors.
@@ -717,21 +1061,33 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
     form `detector calc_anchors DATA` writes both in the current directory, replacing
     earlier ones as the fork does, and names them.
     """
-    from .data.anchors import (anchor_mean_iou, anchor_settings, compute_anchors,
-                               fork_anchors_text, fork_class_counters_text, format_anchors,
-                               training_label_rows)
+    from .data.anchors import (
+        anchor_mean_iou,
+        anchor_settings,
+        compute_anchors,
+        fork_anchors_text,
+        fork_class_counters_text,
+        format_anchors,
+        training_label_rows,
+    )
+
     outputs = [f for f in (out, counts_out) if f is not None]
     replacing = {f for f in outputs if os.path.exists(f)}
     claim_outputs(outputs, overwrite)
     settings, used = anchor_settings(cfg, num=num, width=width, height=height)
     if used:
-        click.echo(f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used)
-                   + f" from {cfg}", err=True)
-    labels = training_label_rows(data)   # (rows, classes): read once for both files
+        click.echo(
+            f"{PROG}: note: " + ", ".join(f"{k}={settings[k]}" for k in used) + f" from {cfg}",
+            err=True,
+        )
+    labels = training_label_rows(data)  # (rows, classes): read once for both files
     anchors, boxes = compute_anchors(data, seed=seed, labels=labels, **settings)
     click.echo(format_anchors(anchors))
-    click.echo(f"{counted(len(boxes), 'box', 'boxes')}; mean IoU of a box with its best anchor: "
-               f"{anchor_mean_iou(boxes, anchors):.4f}", err=True)
+    click.echo(
+        f"{counted(len(boxes), 'box', 'boxes')}; mean IoU of a box with its best anchor: "
+        f"{anchor_mean_iou(boxes, anchors):.4f}",
+        err=True,
+    )
     written = []
     if counts_out is not None:
         write_text_atomically(counts_out, fork_class_counters_text(*labels))
@@ -740,20 +1096,31 @@ def anchors_command(data, cfg, num, width, height, seed, out, counts_out, overwr
         write_text_atomically(out, fork_anchors_text(anchors, settings["width"]))
         written.append((out, "the anchors in the fork's anchors.txt form"))
     for path, what in written:
-        click.echo(f"{PROG}: wrote {os.path.abspath(path)} ({what}"
-                   f"{'; it replaced an earlier file' if path in replacing else ''})", err=True)
+        click.echo(
+            f"{PROG}: wrote {os.path.abspath(path)} ({what}"
+            f"{'; it replaced an earlier file' if path in replacing else ''})",
+            err=True,
+        )
 
 
 @cli.command("check", short_help="Check a detector dataset: lists, labels, boxes per class.")
 @click.argument("data")
-@click.option("--picture", metavar="PNG", default=None,
-              help="The labels overview picture (boxes per class, centres, sizes) "
-                   "[default: <data>_labels.png, numbered past an earlier one; `none`: no "
-                   "picture].")
-@click.option("--darknet", type=click.Choice(DARKNET_FLAVOURS), default="original",
-              show_default=True,
-              help="Whose label-path rule to follow: the original Darknet's (images -> "
-                   "labels) or the AlexeyAB fork's (the label file beside the image).")
+@click.option(
+    "--picture",
+    metavar="PNG",
+    default=None,
+    help="The labels overview picture (boxes per class, centres, sizes) "
+    "[default: <data>_labels.png, numbered past an earlier one; `none`: no "
+    "picture].",
+)
+@click.option(
+    "--darknet",
+    type=click.Choice(DARKNET_FLAVOURS),
+    default="original",
+    show_default=True,
+    help="Whose label-path rule to follow: the original Darknet's (images -> "
+    "labels) or the AlexeyAB fork's (the label file beside the image).",
+)
 def check_command(data, picture, darknet):
     """Report what the .data file DATA's train and valid lists hold: images (and missing
     ones, and those whose header says they cannot be decoded: an empty file, a text file
@@ -761,6 +1128,7 @@ def check_command(data, picture, darknet):
     (pixel coordinates, values outside 0-1, class ids out of range, malformed lines).
     Exit code 0 when nothing is wrong, 1 when problems were found."""
     from .dataset_check import check_dataset
+
     if picture is None:
         stem = os.path.splitext(os.path.basename(data))[0]
         picture = first_free_run(lambda run: [run_numbered(f"{stem}_labels.png", run)])[0]
@@ -774,26 +1142,48 @@ def check_command(data, picture, darknet):
 
 @cli.command("bench", short_help="Time a network: forward, training step, per layer.")
 @click.argument("cfg")
-@click.option("--batch", type=click.IntRange(min=1), default=None,
-              help="Images per forward; a recurrent cfg's, whole sequences of time_steps rows "
-                   "each.  [default: 1, or one sequence for a recurrent cfg]")
-@click.option("--train", is_flag=True,
-              help="Also time a training step (forward, backward, update) on random truth.")
-@click.option("--layers", is_flag=True,
-              help="Also time every layer on its own: forward (and backward with --train), "
-                   "in ms and as a share of the total.")
-@click.option("--json", "json_file", metavar="FILE", default=None,
-              help="Write the figures to FILE as JSON.")
-@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Timed runs; the median is reported.")
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Untimed runs before the timed ones.")
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Images per forward; a recurrent cfg's, whole sequences of time_steps rows "
+    "each.  [default: 1, or one sequence for a recurrent cfg]",
+)
+@click.option(
+    "--train",
+    is_flag=True,
+    help="Also time a training step (forward, backward, update) on random truth.",
+)
+@click.option(
+    "--layers",
+    is_flag=True,
+    help="Also time every layer on its own: forward (and backward with --train), "
+    "in ms and as a share of the total.",
+)
+@click.option(
+    "--json", "json_file", metavar="FILE", default=None, help="Write the figures to FILE as JSON."
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Timed runs; the median is reported.",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Untimed runs before the timed ones.",
+)
 @overwrite_option
 @device_options
 @functools.partial(engine_option, default="numpy")
 @darknet_option
-def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device,
-                  engine, darknet):
+def bench_command(
+    cfg, batch, train, layers, json_file, overwrite, repeats, warmup, device, engine, darknet
+):
     """Time CFG with random weights and a random input batch.
 
     Prints the median forward time (inference, as `detect` and `test` run it) and
@@ -802,18 +1192,21 @@ def bench_command(cfg, batch, train, layers, json_file, overwrite, repeats, warm
     wall clock on the CPU.
     """
     from .bench import bench_batch, format_report, prepare, run_bench
+
     batch = bench_batch(cfg, batch, darknet)
     if json_file is not None:
-        claim_outputs([json_file], overwrite)   # before the work, not after
+        claim_outputs([json_file], overwrite)  # before the work, not after
     if engine != "numpy" and (train or layers):
         raise UserError("--engine onnxruntime times inference: leave out --train and --layers")
-    def prepared(**kwargs):   # random weights in place before ONNX Runtime copies them
+
+    def prepared(**kwargs):  # random weights in place before ONNX Runtime copies them
         net = load_network(**kwargs)
         prepare(net)
         return net
 
-    net = load_with_engine(prepared, engine, device, cfg=cfg, weights=None, batch=batch,
-                           darknet=darknet)
+    net = load_with_engine(
+        prepared, engine, device, cfg=cfg, weights=None, batch=batch, darknet=darknet
+    )
     result = run_bench(net, train=train, layers=layers, warmup=warmup, repeats=repeats)
     for line in format_report(result):
         click.echo(line)
@@ -850,50 +1243,102 @@ def rnn_group():
 @rnn_group.command("train")
 @click.argument("cfg")
 @click.argument("text")
-@click.option("--weights", default=None, help="Start from these weights (resumes at their "
-              "iteration).")
+@click.option(
+    "--weights", default=None, help="Start from these weights (resumes at their iteration)."
+)
 @click.option("--clear", is_flag=True, help="Start the iteration count at 0 (with --weights).")
-@click.option("--backup", "backup_dir", default="backup", show_default=True,
-              help="Directory for <cfg>.backup (every 100 iterations), <cfg>_<N>.weights "
-                   "(every 10000) and <cfg>_final.weights.")
-@click.option("--max-batches", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Stop after N iterations [default: the cfg's max_batches].")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the initial weights and the streams' offsets.")
+@click.option(
+    "--backup",
+    "backup_dir",
+    default="backup",
+    show_default=True,
+    help="Directory for <cfg>.backup (every 100 iterations), <cfg>_<N>.weights "
+    "(every 10000) and <cfg>_final.weights.",
+)
+@click.option(
+    "--max-batches",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Stop after N iterations [default: the cfg's max_batches].",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the initial weights and the streams' offsets.",
+)
 @overwrite_option
 @device_options
 @darknet_option
-def rnn_train_command(cfg, text, weights, clear, backup_dir, max_batches, seed, overwrite,
-                      device, darknet):
+def rnn_train_command(
+    cfg, text, weights, clear, backup_dir, max_batches, seed, overwrite, device, darknet
+):
     """Train the character network CFG on the bytes of TEXT (one line per iteration)."""
     from .rnn_text import train_text
+
     try:
-        train_text(cfg, text, weights=weights, backup_dir=backup_dir, max_batches=max_batches,
-                   seed=seed, clear=clear, device=device, darknet=darknet,
-                   overwrite=overwrite, log=lambda line: click.echo(line, err=True))
+        train_text(
+            cfg,
+            text,
+            weights=weights,
+            backup_dir=backup_dir,
+            max_batches=max_batches,
+            seed=seed,
+            clear=clear,
+            device=device,
+            darknet=darknet,
+            overwrite=overwrite,
+            log=lambda line: click.echo(line, err=True),
+        )
     except KeyboardInterrupt:
-        sys.exit(130)   # <cfg>.backup is saved and the resume command printed
+        sys.exit(130)  # <cfg>.backup is saved and the resume command printed
 
 
 @rnn_group.command("generate")
 @click.argument("cfg")
 @click.argument("weights")
-@click.option("--seed-text", default="\n\n", show_default=True,
-              help="Text fed first (backslash escapes such as \\n are read).")
-@click.option("--length", type=click.IntRange(min=0), default=1000, show_default=True,
-              help="Bytes to generate after the seed text.")
-@click.option("--temp", type=float, default=0.7, show_default=True,
-              help="Softmax temperature: lower is more conservative.")
-@click.option("--srand", type=int, default=None, help="Seed of the sampling [default: the "
-              "clock, as Darknet].")
+@click.option(
+    "--seed-text",
+    default="\n\n",
+    show_default=True,
+    help="Text fed first (backslash escapes such as \\n are read).",
+)
+@click.option(
+    "--length",
+    type=click.IntRange(min=0),
+    default=1000,
+    show_default=True,
+    help="Bytes to generate after the seed text.",
+)
+@click.option(
+    "--temp",
+    type=float,
+    default=0.7,
+    show_default=True,
+    help="Softmax temperature: lower is more conservative.",
+)
+@click.option(
+    "--srand", type=int, default=None, help="Seed of the sampling [default: the clock, as Darknet]."
+)
 @device_options
 @darknet_option
 def rnn_generate_command(cfg, weights, seed_text, length, temp, srand, device, darknet):
     """Write the seed text and LENGTH bytes drawn from the network to stdout."""
     from .rnn_text import generate_text
+
     seed = seed_text.encode("latin-1", "backslashreplace").decode("unicode_escape")
     out = sys.stdout.buffer
-    generate_text(cfg, weights, seed.encode("utf-8"), length, temp, srand, device, darknet,
-                  write=lambda b: (out.write(b), out.flush()))
+    generate_text(
+        cfg,
+        weights,
+        seed.encode("utf-8"),
+        length,
+        temp,
+        srand,
+        device,
+        darknet,
+        write=lambda b: (out.write(b), out.flush()),
+    )
     out.write(b"\n")
-

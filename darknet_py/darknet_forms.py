@@ -6,6 +6,7 @@ cfg first (``train CFG DATA``) and double-dash options. `translate` maps the fir
 second and says what it ran; a .data/.cfg pair given in the wrong order to one of our own
 commands is named as such, instead of failing on the .data file read as a cfg.
 """
+
 import os
 import textwrap
 
@@ -21,7 +22,7 @@ FLAGS = {
     "-gpus": ("--gpus", True),
     "-i": ("--gpu", True),
     "-ext_output": ("--ext-output", False),
-    "-out": ("--json", True),        # or --out: see _split
+    "-out": ("--json", True),  # or --out: see _split
     "-out_filename": ("--out", True),
     "-c": ("--camera", True),
     "-num_of_clusters": ("--num", True),
@@ -37,8 +38,8 @@ FLAGS = {
     "-benchmark": (None, False),
     "-fullscreen": (None, False),
     "-dontuse_opencv": (None, False),
-    "-topk": (None, False),          # valid always prints top-1 and top-k
-    "-s": (None, True),              # frame skip
+    "-topk": (None, False),  # valid always prints top-1 and top-k
+    "-s": (None, True),  # frame skip
     "-avg": (None, True),
     "-t": ("--top", True),
     "-save_labels": ("--save-txt", False),
@@ -50,7 +51,11 @@ FLAGS = {
 
 # Darknet's subcommand -> (ours, where DATA goes, the positional names after DATA CFG).
 DETECTOR = {
-    "train": "train", "test": "detect", "demo": "detect", "valid": "valid", "map": "map",
+    "train": "train",
+    "test": "detect",
+    "demo": "detect",
+    "valid": "valid",
+    "map": "map",
     "calc_anchors": "anchors",
 }
 CLASSIFIER = {"train": "train", "predict": "test", "test": "test", "valid": "valid"}
@@ -68,6 +73,7 @@ def gpu_present():
     """Whether -i/-gpus can mean a GPU here (PyCUDA and a device); a CPU build of Darknet
     ignores them, and so do Darknet's forms on a machine without one."""
     from .backends import cuda_available
+
     return cuda_available()
 
 
@@ -89,7 +95,7 @@ def _split(args, sub=None):
                 # The fork's -out: its JSON results file, in its layout.
                 ours = ["--json", value, "--json-format", "alexeyab"] if sub == "test" else ours
             elif arg == "-out":
-                ours = "--out"   # pjreddie's -out names the picture
+                ours = "--out"  # pjreddie's -out names the picture
             if ours is None or why:
                 dropped.append((f"{arg} {value}" if takes_value else arg, why or WINDOW))
             elif isinstance(ours, list):
@@ -100,8 +106,12 @@ def _split(args, sub=None):
         elif arg.startswith("-") and arg != "-":
             options.append(arg)
             # An option of ours with its value: keep the pair together.
-            if i + 1 < len(args) and not args[i + 1].startswith("-") and "=" not in arg \
-                    and arg not in FLAG_OPTIONS:
+            if (
+                i + 1 < len(args)
+                and not args[i + 1].startswith("-")
+                and "=" not in arg
+                and arg not in FLAG_OPTIONS
+            ):
                 options.append(args[i + 1])
                 i += 1
             i += 1
@@ -125,8 +135,20 @@ def _why_dropped(flag, sub):
 
 
 # Our options that take no value (so the argument after them is a positional).
-FLAG_OPTIONS = {"--map", "--clear", "--overwrite", "--quiet", "--ext-output", "--darknet-order",
-                "--train", "--layers", "--save-txt", "--letter-box", "-h", "--help"}
+FLAG_OPTIONS = {
+    "--map",
+    "--clear",
+    "--overwrite",
+    "--quiet",
+    "--ext-output",
+    "--darknet-order",
+    "--train",
+    "--layers",
+    "--save-txt",
+    "--letter-box",
+    "-h",
+    "--help",
+}
 
 
 def _need(positionals, count, usage):
@@ -134,10 +156,14 @@ def _need(positionals, count, usage):
         raise DarknetFormError(f"Darknet's form is `{usage}`")
 
 
-STDIN_NOTE = ("no IMAGE", "image paths are read from stdin, one a line, as the fork's "
-                         "detector test does")
-LETTER_BOX_NOTE = ("-letter_box", "letterboxes as asked, though the fork's own map and valid "
-                                  "read only [net] letter_box=1")
+STDIN_NOTE = (
+    "no IMAGE",
+    "image paths are read from stdin, one a line, as the fork's detector test does",
+)
+LETTER_BOX_NOTE = (
+    "-letter_box",
+    "letterboxes as asked, though the fork's own map and valid read only [net] letter_box=1",
+)
 
 
 def _detector(sub, rest):
@@ -146,20 +172,28 @@ def _detector(sub, rest):
     if sub == "calc_anchors":
         _need(pos, 1, "detector calc_anchors DATA [-num_of_clusters N -width W -height H]")
         # The fork writes (and replaces) anchors.txt in the current directory.
-        return (["anchors", pos[0]] + pos[1:] + opts + ["--out", "anchors.txt", "--counts-out",
-                                                           "counters_per_class.txt", "--overwrite"],
-                dropped)
+        return (
+            ["anchors", pos[0]]
+            + pos[1:]
+            + opts
+            + ["--out", "anchors.txt", "--counts-out", "counters_per_class.txt", "--overwrite"],
+            dropped,
+        )
     if sub == "train":
         _need(pos, 2, "detector train DATA CFG [WEIGHTS]")
         weights = ["--weights", pos[2]] if len(pos) > 2 else []
         return ["train", pos[1], pos[0]] + weights + pos[3:] + opts, dropped
-    _need(pos, 3, f"detector {sub} DATA CFG WEIGHTS" + (" [IMAGE]" if sub == "test" else
-                                                        " [VIDEO]" if sub == "demo" else ""))
+    _need(
+        pos,
+        3,
+        f"detector {sub} DATA CFG WEIGHTS"
+        + (" [IMAGE]" if sub == "test" else " [VIDEO]" if sub == "demo" else ""),
+    )
     data, cfg, weights, more = pos[0], pos[1], pos[2], pos[3:]
     if sub in ("map", "valid") and "-letter_box" in rest:
         dropped.append(LETTER_BOX_NOTE)
     if ours == "detect":
-        if sub == "test" and not more:   # the fork's batch idiom: `... < images.txt`
+        if sub == "test" and not more:  # the fork's batch idiom: `... < images.txt`
             more = ["-"]
             dropped.append(STDIN_NOTE)
         return ["detect", cfg, weights] + more + ["--data", data] + opts, dropped
@@ -180,9 +214,15 @@ def _classifier(sub, rest):
 
 
 # Darknet's `rnn` flags (examples/rnn.c) -> ours; -file is the training text.
-RNN_FLAGS = {"-file": "TEXT", "-seed": "--seed-text", "-len": "--length", "-temp": "--temp",
-             "-srand": "--srand", "-clear": "--clear"}
-RNN_DEFAULT_TEXT = "data/shakespeare.txt"   # Darknet's -file default
+RNN_FLAGS = {
+    "-file": "TEXT",
+    "-seed": "--seed-text",
+    "-len": "--length",
+    "-temp": "--temp",
+    "-srand": "--srand",
+    "-clear": "--clear",
+}
+RNN_DEFAULT_TEXT = "data/shakespeare.txt"  # Darknet's -file default
 
 
 def _rnn(rest):
@@ -206,8 +246,13 @@ def _rnn(rest):
         else:
             options.append(RNN_FLAGS.get(arg, arg))
             # An option of ours with its value: keep the pair together.
-            if (arg != "-clear" and i + 1 < len(args) and not args[i + 1].startswith("-")
-                    and "=" not in arg and arg not in FLAG_OPTIONS):
+            if (
+                arg != "-clear"
+                and i + 1 < len(args)
+                and not args[i + 1].startswith("-")
+                and "=" not in arg
+                and arg not in FLAG_OPTIONS
+            ):
                 options.append(args[i + 1])
                 i += 1
         i += 1
@@ -223,7 +268,7 @@ def _fork_flags_only(args):
     out, dropped, i = [], [], 0
     while i < len(args):
         arg = args[i]
-        if arg in FLAGS and arg != "-out":   # ours has --out (an image); the fork's is JSON
+        if arg in FLAGS and arg != "-out":  # ours has --out (an image); the fork's is JSON
             ours, takes_value = FLAGS[arg]
             if takes_value and i + 1 >= len(args):
                 raise DarknetFormError(f"{arg} needs a value")
@@ -244,10 +289,14 @@ HELP = ("-h", "--help")
 FORMS = {
     "detector": {
         "train": ("DATA CFG [WEIGHTS]", "train CFG DATA [--weights WEIGHTS]"),
-        "test": ("DATA CFG WEIGHTS [IMAGE]", "detect CFG WEIGHTS IMAGE --data DATA "
-                                             "(no IMAGE: paths from stdin, one a line)"),
-        "demo": ("DATA CFG WEIGHTS [VIDEO] [-c N]", "detect CFG WEIGHTS VIDEO --data DATA "
-                                                    "(or --camera N)"),
+        "test": (
+            "DATA CFG WEIGHTS [IMAGE]",
+            "detect CFG WEIGHTS IMAGE --data DATA (no IMAGE: paths from stdin, one a line)",
+        ),
+        "demo": (
+            "DATA CFG WEIGHTS [VIDEO] [-c N]",
+            "detect CFG WEIGHTS VIDEO --data DATA (or --camera N)",
+        ),
         "valid": ("DATA CFG WEIGHTS", "valid CFG DATA WEIGHTS"),
         "map": ("DATA CFG WEIGHTS", "map CFG DATA WEIGHTS"),
         "calc_anchors": ("DATA [-num_of_clusters N]", "anchors DATA [--num N]"),
@@ -270,20 +319,37 @@ def form_help(head):
     """The help of Darknet's `detector` or `classifier` form."""
     forms = FORMS[head]
     width = max(len(f"{head} {sub} {usage}") for sub, (usage, _) in forms.items())
-    lines = [f"Usage: darknet-py {head} {'|'.join(forms)} DATA CFG [WEIGHTS] ... [-flags]", "",
-             f"Darknet's `{head}` forms, each run as darknet-py's own command:", ""]
-    lines += [f"  {f'{head} {sub} {usage}':<{width}}  ->  darknet-py {runs}"
-              for sub, (usage, runs) in forms.items()]
-    mapped = [f"{flag} -> {ours}" + (" (a .json file; else --out)" if flag == "-out" else "")
-              for flag, (ours, _) in FLAGS.items() if ours]
+    lines = [
+        f"Usage: darknet-py {head} {'|'.join(forms)} DATA CFG [WEIGHTS] ... [-flags]",
+        "",
+        f"Darknet's `{head}` forms, each run as darknet-py's own command:",
+        "",
+    ]
+    lines += [
+        f"  {f'{head} {sub} {usage}':<{width}}  ->  darknet-py {runs}"
+        for sub, (usage, runs) in forms.items()
+    ]
+    mapped = [
+        f"{flag} -> {ours}" + (" (a .json file; else --out)" if flag == "-out" else "")
+        for flag, (ours, _) in FLAGS.items()
+        if ours
+    ]
     ignored = [flag for flag, (ours, _) in FLAGS.items() if not ours]
-    lines += [""] + textwrap.wrap("The fork's flags become darknet-py's options: " +
-                                  ", ".join(mapped) + ".", 88, break_on_hyphens=False)
-    lines += textwrap.wrap("These do nothing without a window or server: " +
-                           ", ".join(ignored) + ".", 88, break_on_hyphens=False)
-    lines += ["-i and -gpus are ignored on a machine without a CUDA GPU, as by a CPU build.",
-              "", f"`darknet-py {head} SUBCOMMAND --help` shows the options of the command "
-                  f"it runs."]
+    lines += [""] + textwrap.wrap(
+        "The fork's flags become darknet-py's options: " + ", ".join(mapped) + ".",
+        88,
+        break_on_hyphens=False,
+    )
+    lines += textwrap.wrap(
+        "These do nothing without a window or server: " + ", ".join(ignored) + ".",
+        88,
+        break_on_hyphens=False,
+    )
+    lines += [
+        "-i and -gpus are ignored on a machine without a CUDA GPU, as by a CPU build.",
+        "",
+        f"`darknet-py {head} SUBCOMMAND --help` shows the options of the command it runs.",
+    ]
     return "\n".join(lines)
 
 
@@ -299,12 +365,15 @@ def translate(args):
         if not rest or rest[0] in HELP:
             raise DarknetFormHelp(form_help(head))
         if rest[0] not in table:
-            raise DarknetFormError(f"`{head}` takes one of: {', '.join(table)} "
-                                   f"(Darknet's `{head} SUBCOMMAND DATA CFG ...`)")
+            raise DarknetFormError(
+                f"`{head}` takes one of: {', '.join(table)} "
+                f"(Darknet's `{head} SUBCOMMAND DATA CFG ...`)"
+            )
         if any(a in HELP for a in rest[1:]):
             usage, runs = FORMS[head][rest[0]]
-            return [table[rest[0]], "--help"], (f"`{head} {rest[0]} {usage}` runs "
-                                                f"`darknet-py {runs}`; its options:")
+            return [table[rest[0]], "--help"], (
+                f"`{head} {rest[0]} {usage}` runs `darknet-py {runs}`; its options:"
+            )
         out, dropped = (_detector if head == "detector" else _classifier)(rest[0], rest[1:])
     elif head == "rnn" and rest and any(a in RNN_FLAGS for a in rest[1:]):
         out, dropped = _rnn(rest)
@@ -320,11 +389,12 @@ def translate(args):
             return args, None
     note = f"running `darknet-py {' '.join(out)}`"
     if dropped:
-        reasons = {}   # the flags of each reason, in the order given
+        reasons = {}  # the flags of each reason, in the order given
         for flag, why in dropped:
             reasons.setdefault(why, []).append(flag)
-        note += " (" + "; ".join(f"{', '.join(flags)}: {why}"
-                                 for why, flags in reasons.items()) + ")"
+        note += (
+            " (" + "; ".join(f"{', '.join(flags)}: {why}" for why, flags in reasons.items()) + ")"
+        )
     return out, note
 
 
@@ -339,8 +409,9 @@ def _looks_like(path, section):
                 line = line.strip()
                 if not line or line.startswith(("#", ";")):
                     continue
-                return line.startswith("[") if section else ("=" in line and
-                                                             not line.startswith("["))
+                return (
+                    line.startswith("[") if section else ("=" in line and not line.startswith("["))
+                )
     except OSError:
         return False
     return False
@@ -349,7 +420,9 @@ def _looks_like(path, section):
 def swapped_arguments(command, cfg, data):
     """The message for `train DATA CFG` (Darknet's order given to our command), or None."""
     if _looks_like(data, "cfg") and _looks_like(cfg, None):
-        return (f"{cfg} is a .data file and {data} a .cfg: darknet-py's order is "
-                f"`{command} CFG DATA ...` (Darknet's own `detector {command} DATA CFG ...` "
-                f"works too)")
+        return (
+            f"{cfg} is a .data file and {data} a .cfg: darknet-py's order is "
+            f"`{command} CFG DATA ...` (Darknet's own `detector {command} DATA CFG ...` "
+            f"works too)"
+        )
     return None

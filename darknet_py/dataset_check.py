@@ -4,11 +4,18 @@ class, every label problem by file and line (data/check.py), missing images and 
 header says they cannot be decoded, and a labels overview picture (boxes per class, box
 centres, box sizes).
 """
+
 import os
 from collections import Counter
 
-from .data.check import (LabelProblem, LabelReport, label_location_line, problem_lines,
-                         refuse_no_label_files, scan_labels)
+from .data.check import (
+    LabelProblem,
+    LabelReport,
+    label_location_line,
+    problem_lines,
+    refuse_no_label_files,
+    scan_labels,
+)
 from .data.config import DataError, load_data_config
 from .data.labels import classifier_label_index
 from .files import atomic_output
@@ -25,8 +32,9 @@ def is_classifier_data(config):
 def classifier_report(paths, labels):
     """A LabelReport for a classifier list: one 'box' per image, its class found in its path
     (Darknet's rule); an image whose path names no class, or several, is a problem."""
-    report = LabelReport(images=len(paths), label_files=len(paths), boxes=len(paths),
-                         classifier=True)
+    report = LabelReport(
+        images=len(paths), label_files=len(paths), boxes=len(paths), classifier=True
+    )
     for path in paths:
         try:
             report.per_class[classifier_label_index(path, labels)] += 1
@@ -70,19 +78,27 @@ def check_dataset(data, picture=None, log=print, warn=print, darknet="original")
         absent = missing_images(paths)
         missing = set(absent)
         unreadable = unreadable_images([p for p in paths if p not in missing])
-        report = (classifier_report(paths, config.labels) if is_classifier_data(config)
-                  else scan_labels(paths, config.classes, darknet))
+        report = (
+            classifier_report(paths, config.labels)
+            if is_classifier_data(config)
+            else scan_labels(paths, config.classes, darknet)
+        )
         if not is_classifier_data(config):
             refuse_no_label_files(report, what)
             located = label_location_line(report)
             if located is not None:
                 warn(located)
         reports[what] = report
-        log(f"{what}: {path}: {counted(len(paths), 'image')} ({len(absent)} missing"
-            f"{f', {len(unreadable)} unreadable' if unreadable else ''})" +
-            ("" if is_classifier_data(config) else
-             f", {counted(report.label_files, 'label file')} ({report.empty_files} empty), "
-             f"{counted(report.boxes, 'box', 'boxes')}"))
+        log(
+            f"{what}: {path}: {counted(len(paths), 'image')} ({len(absent)} missing"
+            f"{f', {len(unreadable)} unreadable' if unreadable else ''})"
+            + (
+                ""
+                if is_classifier_data(config)
+                else f", {counted(report.label_files, 'label file')} ({report.empty_files} empty), "
+                f"{counted(report.boxes, 'box', 'boxes')}"
+            )
+        )
         for image in absent[:10]:
             warn(f"{image}: image not found (listed in {path})")
         if len(absent) > 10:
@@ -98,27 +114,36 @@ def check_dataset(data, picture=None, log=print, warn=print, darknet="original")
         raise DataError(f"{data}: neither list could be read")
     log(f"{'class':>5}  {'name':<20}" + "".join(f"{what:>8}" for what in reports))
     for c, name in enumerate(config.names):
-        log(f"{c:>5}  {name[:20]:<20}" + "".join(f"{r.per_class.get(c, 0):>8}"
-                                                 for r in reports.values()))
-    unused = [c for c in range(config.classes)
-              if not any(r.per_class.get(c) for r in reports.values())]
+        log(
+            f"{c:>5}  {name[:20]:<20}"
+            + "".join(f"{r.per_class.get(c, 0):>8}" for r in reports.values())
+        )
+    unused = [
+        c for c in range(config.classes) if not any(r.per_class.get(c) for r in reports.values())
+    ]
     if unused:
-        warn(f"{len(unused)} class{'es' if len(unused) > 1 else ''} without a single box: "
-             f"{', '.join(config.names[c] for c in unused[:10])}")
+        warn(
+            f"{len(unused)} class{'es' if len(unused) > 1 else ''} without a single box: "
+            f"{', '.join(config.names[c] for c in unused[:10])}"
+        )
     if picture is not None and is_classifier_data(config):
-        picture = None   # centres and sizes mean nothing for whole-image labels
+        picture = None  # centres and sizes mean nothing for whole-image labels
     if picture is not None:
-        write_overview(picture, reports.get("train") or next(iter(reports.values())),
-                       config.names)
+        write_overview(picture, reports.get("train") or next(iter(reports.values())), config.names)
         log(f"wrote {picture} (boxes per class, box centres and sizes)")
-    log("no problems found" if not problems else
-        f"{problems} problem{'s' if problems > 1 else ''} found")
+    log(
+        "no problems found"
+        if not problems
+        else f"{problems} problem{'s' if problems > 1 else ''} found"
+    )
     return problems
 
 
 def write_overview(path, report, names):
     import cv2
+
     from .plots import labels_overview_picture
+
     img = labels_overview_picture(Counter(report.per_class), names, report.box_array())
     with atomic_output(path) as tmp:
         if not cv2.imwrite(tmp, img):

@@ -18,6 +18,7 @@ backward may touch net.delta outside the plan's rules) and every layer such a la
 refers to, layers at or below a stopbackward (the backward never reaches them), and all of
 them in the fork's CPU flavour (its passes keep adding to some deltas, Layer.fork_train).
 """
+
 import bisect
 from dataclasses import dataclass, field
 
@@ -25,24 +26,53 @@ from .layers.base import Layer
 
 # Layers whose forward and update never touch their own delta and whose delta is
 # Layer.allocate's batch * outputs floats.
-SHARED_TYPES = frozenset({
-    "convolutional", "connected", "batchnorm", "maxpool", "local_avgpool", "avgpool", "route",
-    "shortcut", "upsample", "dropout", "activation", "empty", "sam", "scale_channels",
-    "reorg", "reorg3d", "l2norm", "normalization", "deconvolutional", "local", "implicit"})
+SHARED_TYPES = frozenset(
+    {
+        "convolutional",
+        "connected",
+        "batchnorm",
+        "maxpool",
+        "local_avgpool",
+        "avgpool",
+        "route",
+        "shortcut",
+        "upsample",
+        "dropout",
+        "activation",
+        "empty",
+        "sam",
+        "scale_channels",
+        "reorg",
+        "reorg3d",
+        "l2norm",
+        "normalization",
+        "deconvolutional",
+        "local",
+        "implicit",
+    }
+)
 # Layers whose backward writes only into net.delta and the deltas of the layers they name
 # (named_sources), and whose forward touches no delta but maybe their own.
-CONSUMER_TYPES = SHARED_TYPES | {"yolo", "gaussian_yolo", "region", "detection", "softmax",
-                                 "cost", "logistic"}
+CONSUMER_TYPES = SHARED_TYPES | {
+    "yolo",
+    "gaussian_yolo",
+    "region",
+    "detection",
+    "softmax",
+    "cost",
+    "logistic",
+}
 
 
 @dataclass
 class DeltaPlan:
     """Which layers share which array, and where a shared delta is zeroed. Indices are
     layer indices; sizes are floats per image (times the batch on the backend)."""
-    floats: list                     # each layer's delta, per image
-    live: dict = field(default_factory=dict)       # shared layer -> (own step, first writer)
+
+    floats: list  # each layer's delta, per image
+    live: dict = field(default_factory=dict)  # shared layer -> (own step, first writer)
     buffer_of: dict = field(default_factory=dict)  # shared layer -> its array's number
-    buffer_floats: list = field(default_factory=list)   # each array's size, per image
+    buffer_floats: list = field(default_factory=list)  # each array's size, per image
     zero_before: dict = field(default_factory=dict)  # step -> layers zeroed before it
 
     @property
@@ -116,8 +146,9 @@ def plan_deltas(layers, share=True):
     first = first_writers(layers)
     plan.live = {i: (i, first[i]) for i in range(len(layers)) if i not in private}
     plan.buffer_of, plan.buffer_floats = place_in_arrays(
-        {i: (live,) for i, live in plan.live.items()}, plan.floats)
-    for i in plan.buffer_of:   # in the order they were placed
+        {i: (live,) for i, live in plan.live.items()}, plan.floats
+    )
+    for i in plan.buffer_of:  # in the order they were placed
         plan.zero_before.setdefault(first[i], []).append(i)
     return plan
 
@@ -163,11 +194,12 @@ class ArrayTimes:
     """The steps at which one shared array is in use: disjoint intervals sorted by their
     start (so their ends are sorted too), in chunks of at most 2 * CHUNK so that an
     insertion moves a chunk's entries, not all of them."""
+
     CHUNK = 256
 
     def __init__(self):
-        self.firsts = []   # each chunk's first start
-        self.chunks = []   # [(starts, ends)]
+        self.firsts = []  # each chunk's first start
+        self.chunks = []  # [(starts, ends)]
 
     def _reach(self, step):
         """The end of the last interval starting at or before `step` (None: none does)."""
@@ -200,8 +232,7 @@ class ArrayTimes:
             self.firsts[c] = lows[0]
             if len(lows) > 2 * self.CHUNK:
                 half = self.CHUNK
-                self.chunks[c:c + 1] = [(lows[:half], highs[:half]),
-                                        (lows[half:], highs[half:])]
+                self.chunks[c : c + 1] = [(lows[:half], highs[:half]), (lows[half:], highs[half:])]
                 self.firsts.insert(c + 1, lows[half])
 
 
@@ -220,12 +251,14 @@ def give_views(layers, be, batch, plan, attribute):
     of each layer in it (buffer_of) to its view, of every other layer to None (set on each
     layer: Network.resize copies what one lacks). Network._allocate let the old go."""
     storages = getattr(plan, "buffer_storage", None) or ["fp32"] * len(plan.buffer_floats)
-    arrays = [be.storage_zeros(batch * n, stored)
-              for n, stored in zip(plan.buffer_floats, storages)]
+    arrays = [
+        be.storage_zeros(batch * n, stored) for n, stored in zip(plan.buffer_floats, storages)
+    ]
     for layer in layers:
         number = plan.buffer_of.get(layer.index)
-        setattr(layer, attribute, None if number is None
-                else arrays[number][:batch * layer.outputs])
+        setattr(
+            layer, attribute, None if number is None else arrays[number][: batch * layer.outputs]
+        )
 
 
 def zeroing_steps(layers, plan):
@@ -240,7 +273,7 @@ def overlapping_users(plan):
     for number in range(len(plan.buffer_floats)):
         members = plan.users(number)
         for k, i in enumerate(members):
-            for j in members[k + 1:]:
+            for j in members[k + 1 :]:
                 (a, b), (c, d) = plan.live[i], plan.live[j]
                 if a <= d and c <= b:
                     pairs.append((i, j))

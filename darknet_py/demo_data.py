@@ -17,6 +17,7 @@ check every written path against Darknet's rules and raise DataError if one fail
 Lists and .data files hold absolute paths, so a set works from any current directory.
 Both builders are deterministic for a given seed. Use a separate out_dir for each.
 """
+
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,8 +30,8 @@ from .image import LUMA_RGB, resize_image, to_bgr
 
 DIGITS_NPZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_data", "digits.npz")
 CLASS_NAMES = tuple(f"digit{i}" for i in range(10))
-INK_THRESHOLD = 0.2   # glyph intensity that counts as ink when measuring a digit's box
-INK_CONTRAST = 0.3    # least grey-value step from a canvas's background to its digits
+INK_THRESHOLD = 0.2  # glyph intensity that counts as ink when measuring a digit's box
+INK_CONTRAST = 0.3  # least grey-value step from a canvas's background to its digits
 
 
 def load_digits(path=DIGITS_NPZ):
@@ -39,11 +40,14 @@ def load_digits(path=DIGITS_NPZ):
         with np.load(path) as npz:
             images, labels = npz["images"], npz["labels"].astype(np.int64)
     except FileNotFoundError:
-        raise DataError(f"{path}: bundled digits data not found (is the package installed "
-                        f"with its package data?)") from None
+        raise DataError(
+            f"{path}: bundled digits data not found (is the package installed "
+            f"with its package data?)"
+        ) from None
     if images.ndim != 3 or len(images) != len(labels):
-        raise DataError(f"{path}: expected images (N, 8, 8) and N labels, got "
-                        f"{images.shape} and {labels.shape}")
+        raise DataError(
+            f"{path}: expected images (N, 8, 8) and N labels, got {images.shape} and {labels.shape}"
+        )
     return images, labels
 
 
@@ -68,8 +72,10 @@ def _prepare_out_dir(out_dir):
     out_dir = os.path.abspath(os.fspath(out_dir))
     if any(ch.isspace() for ch in out_dir):
         # Darknet's .data parser drops all whitespace, so such paths cannot be written.
-        raise DataError(f"{out_dir}: the dataset directory must not contain whitespace "
-                        f"(Darknet's .data files cannot hold such paths)")
+        raise DataError(
+            f"{out_dir}: the dataset directory must not contain whitespace "
+            f"(Darknet's .data files cannot hold such paths)"
+        )
     os.makedirs(out_dir, exist_ok=True)
     os.makedirs(os.path.join(out_dir, "backup"), exist_ok=True)
     return out_dir
@@ -86,6 +92,7 @@ def _write_data_file(path, options):
 
 def _write_png(path, img):
     import cv2
+
     if img.shape[0] == 1:
         ok = cv2.imwrite(path, (np.clip(img[0], 0, 1) * 255 + 0.5).astype(np.uint8))
     else:
@@ -105,8 +112,13 @@ def _write_names_and_data(out_dir, lists, classifier):
     """Write digits.names and digits.data for the train/valid lists; returns the .data path."""
     names = os.path.join(out_dir, "digits.names")
     _write_lines(names, CLASS_NAMES)
-    options = {"classes": len(CLASS_NAMES), "train": lists["train"], "valid": lists["valid"],
-               "names": names, "backup": os.path.join(out_dir, "backup") + os.sep}
+    options = {
+        "classes": len(CLASS_NAMES),
+        "train": lists["train"],
+        "valid": lists["valid"],
+        "names": names,
+        "backup": os.path.join(out_dir, "backup") + os.sep,
+    }
     if classifier:
         options.update(labels=names, top=2)
     data_path = os.path.join(out_dir, "digits.data")
@@ -127,12 +139,13 @@ def build_classification_set(out_dir, seed=0, size=32, valid_fraction=0.2):
         os.makedirs(split_dir, exist_ok=True)
         # Darknet's resize treats channels independently: resize them all in one call.
         glyphs = resize_image(images[indices].astype(np.float32) / 255.0, size, size)
-        paths = [os.path.join(split_dir, f"{i:04d}_{CLASS_NAMES[labels[i]]}.png")
-                 for i in indices]
+        paths = [os.path.join(split_dir, f"{i:04d}_{CLASS_NAMES[labels[i]]}.png") for i in indices]
         problems = check_classifier_labels(paths, CLASS_NAMES)
         if problems:
-            raise DataError(f"{out_dir}: Darknet's class-name-in-path rule would mislabel "
-                            f"the images; choose another directory. {problems[0][1]}")
+            raise DataError(
+                f"{out_dir}: Darknet's class-name-in-path rule would mislabel "
+                f"the images; choose another directory. {problems[0][1]}"
+            )
         _write_pngs((p, glyph[None]) for p, glyph in zip(paths, glyphs))
         lists[split] = os.path.join(out_dir, f"{split}.list")
         _write_lines(lists[split], paths)
@@ -146,18 +159,29 @@ def _random_colour(rng, background, tries=20):
     pure blue on dark brown is a clear digit in colour and next to invisible in grey."""
     floor = float(LUMA_RGB @ background.reshape(3)) + INK_CONTRAST
     for _ in range(tries):
-        hsv = np.array([rng.uniform(0, 1), rng.uniform(0.5, 1), rng.uniform(0.75, 1)],
-                       dtype=np.float32).reshape(3, 1, 1)
+        hsv = np.array(
+            [rng.uniform(0, 1), rng.uniform(0.5, 1), rng.uniform(0.75, 1)], dtype=np.float32
+        ).reshape(3, 1, 1)
         colour = hsv_to_rgb(hsv).reshape(3)
         if LUMA_RGB @ colour >= floor:
             break
     else:
-        colour = np.ones(3, dtype=np.float32)   # white: grey value 1
+        colour = np.ones(3, dtype=np.float32)  # white: grey value 1
     return colour.astype(np.float32).reshape(3, 1, 1)
 
 
-def render_canvas(rng, images, labels, pool, canvas_size=128, max_digits=4, min_digit=16,
-                  max_digit=40, margin=2, tries=30):
+def render_canvas(
+    rng,
+    images,
+    labels,
+    pool,
+    canvas_size=128,
+    max_digits=4,
+    min_digit=16,
+    max_digit=40,
+    margin=2,
+    tries=30,
+):
     """One detection canvas: (float32 (3, S, S) image, [(class, left, top, right, bottom)]
     in pixels). 1..max_digits digits from ``pool`` (indices into images), each scaled to
     a height in [min_digit, max_digit] and a width of 0.75..1.15 of that, tinted and
@@ -181,18 +205,24 @@ def render_canvas(rng, images, labels, pool, canvas_size=128, max_digits=4, min_
         for _ in range(tries):
             ox, oy = int(rng.integers(0, s - gw + 1)), int(rng.integers(0, s - gh + 1))
             box = (ox + ink_cols[0], oy + ink_rows[0], ox + ink_cols[-1] + 1, oy + ink_rows[-1] + 1)
-            if all(box[0] >= b[3] + margin or b[1] >= box[2] + margin or
-                   box[1] >= b[4] + margin or b[2] >= box[3] + margin for b in boxes):
+            if all(
+                box[0] >= b[3] + margin
+                or b[1] >= box[2] + margin
+                or box[1] >= b[4] + margin
+                or b[2] >= box[3] + margin
+                for b in boxes
+            ):
                 alpha = glyph[None]
-                region = canvas[:, oy:oy + gh, ox:ox + gw]
-                canvas[:, oy:oy + gh, ox:ox + gw] = region * (1 - alpha) + colour * alpha
+                region = canvas[:, oy : oy + gh, ox : ox + gw]
+                canvas[:, oy : oy + gh, ox : ox + gw] = region * (1 - alpha) + colour * alpha
                 boxes.append((int(labels[index]),) + tuple(int(v) for v in box))
                 break
     return canvas, boxes
 
 
-def build_detection_set(out_dir, n_train, n_valid, seed=0, canvas_size=128, max_digits=4,
-                        min_digit=16, max_digit=40):
+def build_detection_set(
+    out_dir, n_train, n_valid, seed=0, canvas_size=128, max_digits=4, min_digit=16, max_digit=40
+):
     """Write n_train + n_valid canvases (images/{train,valid}/NNNNNN.png, boxes in
     labels/{train,valid}/NNNNNN.txt as 'class x y w h' relative lines). Training canvases
     use the digits of the classification training split, validation canvases only the
@@ -214,22 +244,30 @@ def build_detection_set(out_dir, n_train, n_valid, seed=0, canvas_size=128, max_
         paths, pngs = [], []
         for n in range(count):
             rng = np.random.default_rng(np.random.SeedSequence([seed, 202, split_id, n]))
-            canvas, boxes = render_canvas(rng, images, labels, pools[split], canvas_size,
-                                          max_digits, min_digit, max_digit)
+            canvas, boxes = render_canvas(
+                rng, images, labels, pools[split], canvas_size, max_digits, min_digit, max_digit
+            )
             image_path = os.path.join(image_dir, f"{n:06d}.png")
             labels_path = os.path.join(labels_dir, f"{n:06d}.txt")
             if label_path(image_path) != labels_path:
-                raise DataError(f"{out_dir}: Darknet would look for the labels of "
-                                f"{image_path} in {label_path(image_path)} (its path rule "
-                                f"rewrites 'images', 'JPEGImages' and 'raw' anywhere in the "
-                                f"path); choose a directory without those words")
+                raise DataError(
+                    f"{out_dir}: Darknet would look for the labels of "
+                    f"{image_path} in {label_path(image_path)} (its path rule "
+                    f"rewrites 'images', 'JPEGImages' and 'raw' anywhere in the "
+                    f"path); choose a directory without those words"
+                )
             pngs.append((image_path, canvas))
             s = float(canvas_size)
-            _write_lines(labels_path, [
-                f"{cls} {(l + r) / 2 / s:.6f} {(t + b) / 2 / s:.6f} {(r - l) / s:.6f} "
-                f"{(b - t) / s:.6f}" for cls, l, t, r, b in boxes])
+            _write_lines(
+                labels_path,
+                [
+                    f"{cls} {(l + r) / 2 / s:.6f} {(t + b) / 2 / s:.6f} {(r - l) / s:.6f} "
+                    f"{(b - t) / s:.6f}"
+                    for cls, l, t, r, b in boxes
+                ],
+            )
             paths.append(image_path)
-            if len(pngs) == 256:   # bound the memory held by canvases waiting to be written
+            if len(pngs) == 256:  # bound the memory held by canvases waiting to be written
                 _write_pngs(pngs)
                 pngs = []
         _write_pngs(pngs)

@@ -1,6 +1,7 @@
 """The counter-based uniform draw that dropout and [detection]'s training share between the
 CPU and the GPU (ops/elementwise/dropout.cu implements the same function); below the layers and
 the backends."""
+
 import numpy as np
 
 

@@ -8,6 +8,7 @@ every file is written atomically (a temporary file beside it, renamed into place
 name the file the user asked for, never the temporary, and temporaries an interrupted run
 left behind are removed when the next run writes into the same directory.
 """
+
 import contextlib
 import os
 import re
@@ -32,13 +33,14 @@ def check_input_file(path, what, error):
         raise error(f"{path}: {what} not found") from None
     except OSError as e:
         raise error(f"{path}: cannot read the {what} ({e.strerror})") from None
-    except ValueError:   # a NUL byte in the path
+    except ValueError:  # a NUL byte in the path
         raise error(f"{path!r}: not a valid path (it holds a NUL byte)") from None
     if stat.S_ISDIR(mode):
         raise error(f"{path}: is a directory, not the {what} file")
     if not stat.S_ISREG(mode):
-        raise error(f"{path}: not a regular file (a pipe, socket or device); give the "
-                    f"{what} as a file")
+        raise error(
+            f"{path}: not a regular file (a pipe, socket or device); give the {what} as a file"
+        )
     if not os.access(path, os.R_OK):
         raise error(f"{path}: cannot read the {what} (permission denied)")
     return path
@@ -50,11 +52,14 @@ def refuse_overwrite(paths, overwrite, flag="--overwrite"):
         return
     existing = [os.fspath(p) for p in paths if os.path.lexists(p)]
     if existing:
-        shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more"
-                                            if len(existing) > 3 else "")
-        raise OverwriteError(f"{shown}: already exist{'s' if len(existing) == 1 else ''}; "
-                             f"not replacing {'it' if len(existing) == 1 else 'them'} "
-                             f"(pass {flag} to replace, or choose another output)")
+        shown = ", ".join(existing[:3]) + (
+            f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        )
+        raise OverwriteError(
+            f"{shown}: already exist{'s' if len(existing) == 1 else ''}; "
+            f"not replacing {'it' if len(existing) == 1 else 'them'} "
+            f"(pass {flag} to replace, or choose another output)"
+        )
 
 
 # Temporaries are named .<kind>-<pid>-<random>: a later run can tell whether the process
@@ -73,7 +78,7 @@ def _process_alive(pid):
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:   # it exists but belongs to someone else
+    except OSError:  # it exists but belongs to someone else
         return True
     return True
 
@@ -111,11 +116,10 @@ def atomic_output(path, kind="output"):
     (a full disk reads "PATH: No space left on device"), not the temporary."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    suffix = os.path.splitext(path)[1]   # OpenCV picks the image format from it
+    suffix = os.path.splitext(path)[1]  # OpenCV picks the image format from it
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{kind}-{os.getpid()}-", suffix=suffix,
-                                   dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=f".{kind}-{os.getpid()}-", suffix=suffix, dir=directory)
         os.close(fd)
     except OSError as e:
         raise OSError(e.errno, e.strerror, path) from None
@@ -128,7 +132,7 @@ def atomic_output(path, kind="output"):
         os.replace(tmp, path)
     except OSError as e:
         _unlink(tmp)
-        if e.strerror is None:   # a message of our own, already naming the file
+        if e.strerror is None:  # a message of our own, already naming the file
             raise
         raise OSError(e.errno, e.strerror, path) from None
     except BaseException:
@@ -163,8 +167,10 @@ def first_free_run(make_outputs, files=list, limit=10000):
         outputs = make_outputs(run)
         if not any(os.path.lexists(p) for p in files(outputs)):
             return outputs
-    raise OverwriteError(f"{files(make_outputs(1))[0]}: {limit} earlier runs' outputs are "
-                         f"there; choose an output or remove them")
+    raise OverwriteError(
+        f"{files(make_outputs(1))[0]}: {limit} earlier runs' outputs are "
+        f"there; choose an output or remove them"
+    )
 
 
 def file_identity(path):
@@ -186,8 +192,8 @@ class OutputClaims:
 
     def __init__(self, log=print):
         self.log = log
-        self._replaceable = {}   # path -> the identity the run may replace (None: absent)
-        self._moved = {}         # a claimed name -> the name its writes go to instead
+        self._replaceable = {}  # path -> the identity the run may replace (None: absent)
+        self._moved = {}  # a claimed name -> the name its writes go to instead
 
     def claim(self, paths):
         """Take `paths` as they are now (checked already: absent, or the run's to replace,
@@ -216,11 +222,15 @@ class OutputClaims:
             if other != current and file_identity(other) is None:
                 break
         else:
-            raise OverwriteError(f"{path}: 10000 numbered names beside it are taken; "
-                                 f"not replacing files this run did not write")
-        self.log(f"darknet-py: warning: {current}: written by someone else since this run "
-                 f"started (another run with the same output directory?); not replacing it, "
-                 f"writing {other} instead")
+            raise OverwriteError(
+                f"{path}: 10000 numbered names beside it are taken; "
+                f"not replacing files this run did not write"
+            )
+        self.log(
+            f"darknet-py: warning: {current}: written by someone else since this run "
+            f"started (another run with the same output directory?); not replacing it, "
+            f"writing {other} instead"
+        )
         self._moved[key] = other
         return other
 

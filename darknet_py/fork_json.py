@@ -19,6 +19,7 @@ relative to the image and not clipped. One departure: the fork pastes names and 
 unescaped, so a quote or backslash in them makes its file invalid JSON; here they are
 escaped (other characters come out as given).
 """
+
 import json
 
 # The fork leaves out classes whose name starts with this (its names-file convention).
@@ -33,9 +34,11 @@ def _text(value):
 
 def _object(class_id, name, box, confidence):
     x, y, w, h = (float(v) for v in box)
-    return (f'  {{"class_id":{class_id}, "name":{_text(name)}, "relative_coordinates":'
-            f'{{"center_x":{x:f}, "center_y":{y:f}, "width":{w:f}, "height":{h:f}}}, '
-            f'"confidence":{float(confidence):f}}}')
+    return (
+        f'  {{"class_id":{class_id}, "name":{_text(name)}, "relative_coordinates":'
+        f'{{"center_x":{x:f}, "center_y":{y:f}, "width":{w:f}, "height":{h:f}}}, '
+        f'"confidence":{float(confidence):f}}}'
+    )
 
 
 def image_entry(frame_id, filename, detections, names=None):
@@ -44,12 +47,13 @@ def image_entry(frame_id, filename, detections, names=None):
     objects = []
     for d in detections:
         for class_id, prob in enumerate(d.probs):
-            name = names[class_id] if names is not None and class_id < len(names) else \
-                str(class_id)
+            name = names[class_id] if names is not None and class_id < len(names) else str(class_id)
             if prob > JSON_THRESH and not name.startswith(HIDDEN_PREFIX):
                 objects.append(_object(class_id, name, d.box, prob))
-    return (f'{{\n "frame_id":{int(frame_id)}, \n "filename":{_text(filename)}, \n '
-            f'"objects": [ \n' + ", \n".join(objects) + "\n ] \n}")
+    return (
+        f'{{\n "frame_id":{int(frame_id)}, \n "filename":{_text(filename)}, \n '
+        f'"objects": [ \n' + ", \n".join(objects) + "\n ] \n}"
+    )
 
 
 def results_file(entries):

@@ -16,13 +16,14 @@ each piece's replay.
 
 DARKNET_CUDA_GRAPHS=0 turns replays off (every step eager).
 """
+
 import os
 import sys
 
 from .backends import GraphCaptureError
 
-_SEEN = "seen once"      # ran eagerly once: capture next time
-_EAGER = "eager"         # capture failed: always eager
+_SEEN = "seen once"  # ran eagerly once: capture next time
+_EAGER = "eager"  # capture failed: always eager
 
 
 def graphs_enabled():
@@ -40,9 +41,9 @@ def run_pieces(step, between=None):
 
 class _Replay:
     def __init__(self, graphs, pending, held):
-        self.graphs = graphs     # one per piece of the step
-        self.pending = pending   # the loss layers whose figures the step leaves to collect
-        self.held = held         # the buffers the key names: alive while the graph is
+        self.graphs = graphs  # one per piece of the step
+        self.pending = pending  # the loss layers whose figures the step leaves to collect
+        self.held = held  # the buffers the key names: alive while the graph is
 
 
 class StepGraphs:
@@ -52,9 +53,9 @@ class StepGraphs:
         self.be = be
         self.enabled = graphs_enabled()
         self._entries = {}
-        self.captured = 0        # graphs recorded so far
-        self.replayed = 0        # steps run as a replay
-        self.fallback = None     # why the last failed capture failed
+        self.captured = 0  # graphs recorded so far
+        self.replayed = 0  # steps run as a replay
+        self.fallback = None  # why the last failed capture failed
 
     def run(self, kind, key, held, step, layers, between=None):
         """Run step() (which queues the work of a step whose kernels depend only on
@@ -81,7 +82,8 @@ class StepGraphs:
                 return
             self.captured += 1
             entry = self._entries[full_key] = _Replay(
-                graphs, [layer for layer in layers if layer.pending], held)
+                graphs, [layer for layer in layers if layer.pending], held
+            )
         run_pieces(entry.graphs, between)
         self.replayed += 1
         for layer in entry.pending:

@@ -3,6 +3,7 @@
 OpenCV decodes files; resizing is Darknet's own two-pass bilinear resize (not
 OpenCV's), so letterboxed inputs match what the C Darknet feeds its network.
 """
+
 import atexit
 import contextlib
 import os
@@ -36,11 +37,12 @@ REDUCTIONS = (2, 4, 8)
 
 def _cv2():
     import cv2  # imported lazily: importing the package stays fast
+
     return cv2
 
 
 def _be16(data, at):
-    return int.from_bytes(data[at:at + 2], "big")
+    return int.from_bytes(data[at : at + 2], "big")
 
 
 def image_size(data):
@@ -51,21 +53,23 @@ def image_size(data):
     if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
         return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
     if data[:2] == b"BM" and len(data) >= 26:
-        return (abs(int.from_bytes(data[18:22], "little", signed=True)),
-                abs(int.from_bytes(data[22:26], "little", signed=True)))
+        return (
+            abs(int.from_bytes(data[18:22], "little", signed=True)),
+            abs(int.from_bytes(data[22:26], "little", signed=True)),
+        )
     if data[:2] == b"\xff\xd8":
         at = 2
         while at + 9 < len(data):
             if data[at] != 0xFF:
                 return None
             marker = data[at + 1]
-            if marker == 0xFF:           # fill byte
+            if marker == 0xFF:  # fill byte
                 at += 1
                 continue
-            if 0xD0 <= marker <= 0xD9 or marker == 0x01:   # markers without a length
+            if 0xD0 <= marker <= 0xD9 or marker == 0x01:  # markers without a length
                 at += 2
                 continue
-            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):   # a frame
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame
                 return _be16(data, at + 7), _be16(data, at + 5)
             at += 2 + _be16(data, at + 2)
     return None
@@ -100,15 +104,16 @@ def header_problem(path):
     if not _cv2().haveImageReader(os.fspath(path)):
         return "not an image (no decoder knows its first bytes)"
     size = image_size(head)
-    if size is not None and (size[0] < 1 or size[1] < 1 or
-                             size[0] * size[1] > MAX_IMAGE_PIXELS):
-        return (f"the image header claims {size[0]} x {size[1]} pixels; images of 1 to "
-                f"{MAX_IMAGE_PIXELS // 2**20} million pixels are read")
+    if size is not None and (size[0] < 1 or size[1] < 1 or size[0] * size[1] > MAX_IMAGE_PIXELS):
+        return (
+            f"the image header claims {size[0]} x {size[1]} pixels; images of 1 to "
+            f"{MAX_IMAGE_PIXELS // 2**20} million pixels are read"
+        )
     return None
 
 
 _FD2_LOCK = threading.Lock()
-_fd2_sink = None   # one temporary file per process, emptied before each use
+_fd2_sink = None  # one temporary file per process, emptied before each use
 
 
 @contextlib.contextmanager
@@ -128,7 +133,7 @@ def _decoder_messages():
         try:
             sys.stderr.flush()
             saved = os.dup(2)
-        except (OSError, ValueError):   # no usable fd 2: nothing to keep clean
+        except (OSError, ValueError):  # no usable fd 2: nothing to keep clean
             yield lines
             return
         os.dup2(sink.fileno(), 2)
@@ -138,8 +143,9 @@ def _decoder_messages():
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            lines += [l.strip() for l in sink.read().decode("utf-8", "replace").splitlines()
-                      if l.strip()]
+            lines += [
+                l.strip() for l in sink.read().decode("utf-8", "replace").splitlines() if l.strip()
+            ]
 
 
 def decode_image(path, channels=3, quiet_decoder=True):
@@ -159,33 +165,37 @@ def decode_image(path, channels=3, quiet_decoder=True):
     if size is not None:
         w, h = size
         if w < 1 or h < 1 or w * h > MAX_IMAGE_PIXELS:
-            raise ImageError(f"{path}: the image header claims {w} x {h} pixels; images of "
-                             f"1 to {MAX_IMAGE_PIXELS // 2**20} million pixels are read")
+            raise ImageError(
+                f"{path}: the image header claims {w} x {h} pixels; images of "
+                f"1 to {MAX_IMAGE_PIXELS // 2**20} million pixels are read"
+            )
     if data[:2] == b"\xff\xd8" and _truncated_jpeg(data):
         raise ImageError(f"{path}: truncated JPEG (the file ends inside the image data)")
     cv2 = _cv2()
     reduce = 1
     if size is not None and size[0] * size[1] > DECODE_PIXELS:
-        reduce = next((r for r in REDUCTIONS if size[0] * size[1] <= DECODE_PIXELS * r * r),
-                      REDUCTIONS[-1])
-    flag = {1: cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR,
-            2: cv2.IMREAD_REDUCED_GRAYSCALE_2 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_2,
-            4: cv2.IMREAD_REDUCED_GRAYSCALE_4 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_4,
-            8: cv2.IMREAD_REDUCED_GRAYSCALE_8 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_8,
-            }[reduce]
+        reduce = next(
+            (r for r in REDUCTIONS if size[0] * size[1] <= DECODE_PIXELS * r * r), REDUCTIONS[-1]
+        )
+    flag = {
+        1: cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR,
+        2: cv2.IMREAD_REDUCED_GRAYSCALE_2 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_2,
+        4: cv2.IMREAD_REDUCED_GRAYSCALE_4 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_4,
+        8: cv2.IMREAD_REDUCED_GRAYSCALE_8 if channels == 1 else cv2.IMREAD_REDUCED_COLOR_8,
+    }[reduce]
     buffer = np.frombuffer(data, dtype=np.uint8)
-    with (_decoder_messages() if quiet_decoder else contextlib.nullcontext([])) as messages:
+    with _decoder_messages() if quiet_decoder else contextlib.nullcontext([]) as messages:
         try:
             image = cv2.imdecode(buffer, flag)
         except cv2.error as e:
             image, messages = None, [str(e).strip().splitlines()[-1]]
     if image is None or image.size == 0:
         why = f": {' '.join(messages)}" if messages else ""
-        raise ImageError(f"{path}: cannot read image (not an image, or a format OpenCV "
-                         f"cannot decode){why}")
+        raise ImageError(
+            f"{path}: cannot read image (not an image, or a format OpenCV cannot decode){why}"
+        )
     if messages:
-        warnings.warn(ImageWarning(f"{path}: the decoder says: {' '.join(messages)}"),
-                      stacklevel=2)
+        warnings.warn(ImageWarning(f"{path}: the decoder says: {' '.join(messages)}"), stacklevel=2)
     if size is None:
         size = (image.shape[1] * reduce, image.shape[0] * reduce)
     return image, size
@@ -248,7 +258,7 @@ def resize_image(img, w, h):
     img = img.astype(np.float32, copy=False)
     # Pass 1: along x.
     if w == 1 or iw == 1:
-        part = np.repeat(img[:, :, iw - 1:iw], w, axis=2)
+        part = np.repeat(img[:, :, iw - 1 : iw], w, axis=2)
     else:
         sx = np.arange(w, dtype=np.float32) * np.float32((iw - 1) / (w - 1))
         ix = sx.astype(np.int64)
@@ -282,8 +292,9 @@ def sized_shape(iw, ih, w, h, letter=True):
     (letter) or w x h; ImageError when letterboxing leaves no pixel row or column."""
     new_w, new_h = letterbox_size(iw, ih, w, h) if letter else (w, h)
     if new_w < 1 or new_h < 1:
-        raise ImageError(f"an image of {iw} x {ih} pixels letterboxed into {w} x {h} is "
-                         f"{new_w} x {new_h} pixels")
+        raise ImageError(
+            f"an image of {iw} x {ih} pixels letterboxed into {w} x {h} is {new_w} x {new_h} pixels"
+        )
     return new_w, new_h
 
 
@@ -294,5 +305,5 @@ def letterbox(img, w, h):
     resized = resize_image(img, new_w, new_h)
     boxed = np.full((c, h, w), 0.5, dtype=np.float32)
     dx, dy = (w - new_w) // 2, (h - new_h) // 2
-    boxed[:, dy:dy + new_h, dx:dx + new_w] = resized
+    boxed[:, dy : dy + new_h, dx : dx + new_w] = resized
     return boxed

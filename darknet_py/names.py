@@ -5,6 +5,7 @@ cfg/coco.data says names=data/coco.names, run from the Darknet folder). Here tha
 first; a path that does not exist there is looked for beside the .data file, and an error
 says which .data file the path came from.
 """
+
 import os
 
 from .cfg import CfgError, read_data_file
@@ -24,8 +25,11 @@ def read_names(path, came_from=None):
     origin = f" (given as names= in {came_from})" if came_from else ""
     try:
         if not os.path.isfile(path):
-            raise NamesError(f"{path}: names file not found{origin}" if not os.path.exists(path)
-                             else f"{path}: not a regular file{origin}")
+            raise NamesError(
+                f"{path}: names file not found{origin}"
+                if not os.path.exists(path)
+                else f"{path}: not a regular file{origin}"
+            )
         with open(path, "rb") as f:
             data = f.read(1 << 24)
     except OSError as e:
@@ -85,8 +89,9 @@ def find_names(classes, *beside):
             stem = os.path.splitext(os.fspath(path))[0]
             candidates.append(stem + ".names")
     if classes == 80:
-        candidates += [os.path.join(os.path.dirname(os.fspath(p)), "coco.names")
-                       for p in beside if p] + [os.path.join("data", "coco.names")]
+        candidates += [
+            os.path.join(os.path.dirname(os.fspath(p)), "coco.names") for p in beside if p
+        ] + [os.path.join("data", "coco.names")]
     for candidate in candidates:
         if os.path.isfile(candidate):
             try:

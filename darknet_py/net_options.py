@@ -1,5 +1,6 @@
 """The [net] section's options (Darknet's parse_net_options) and which Darknet's
 arithmetic a network follows (its flavour: from the cfg, the weights' header or the user)."""
+
 from dataclasses import dataclass, field
 
 from . import optimizer
@@ -11,7 +12,8 @@ from .weights import FORK_WEIGHTS_HEADER, peek_header
 @dataclass
 class NetOptions:
     """Everything Darknet's parse_net_options reads from [net]."""
-    batch: int = 1            # images per forward pass (Darknet: batch / subdivisions)
+
+    batch: int = 1  # images per forward pass (Darknet: batch / subdivisions)
     subdivisions: int = 1
     width: int = 0
     height: int = 0
@@ -28,7 +30,7 @@ class NetOptions:
     max_ratio: float = 0.0
     min_ratio: float = 0.0
     center: int = 0
-    flip: int = 1             # 0: no random mirroring (AlexeyAB's option; digits, text)
+    flip: int = 1  # 0: no random mirroring (AlexeyAB's option; digits, text)
     clip: float = 0.0
     angle: float = 0.0
     aspect: float = 1.0
@@ -39,7 +41,7 @@ class NetOptions:
     time_steps: int = 1
     notruth: int = 0
     adam: int = 0
-    adam_betas_eps: tuple = None   # (B1, B2, eps) with adam=1 (adam.read_adam)
+    adam_betas_eps: tuple = None  # (B1, B2, eps) with adam=1 (adam.read_adam)
     # The AlexeyAB fork's detector augmentation (data/augment_fork.py); letter_box also
     # letterboxes the fork's detect and map inputs, which it otherwise resizes plainly.
     letter_box: int = 0
@@ -49,8 +51,8 @@ class NetOptions:
     cutmix: int = 0
     blur: int = 0
     gaussian_noise: int = 0
-    label_smooth_eps: float = 0.0   # the fork's classifier label smoothing
-    loss_scale: float = 1.0         # the fork's (its GPU build's gradient scale)
+    label_smooth_eps: float = 0.0  # the fork's classifier label smoothing
+    loss_scale: float = 1.0  # the fork's (its GPU build's gradient scale)
 
 
 def parse_net_options(s, darknet="original"):
@@ -72,11 +74,14 @@ def parse_net_options(s, darknet="original"):
     # it and divides the rate by it (in float32 they nearly cancel); its CPU build ignores it.
     o.loss_scale = s.get_float("loss_scale", 1.0)
     o.adam = s.get_int("adam", 0)
-    if o.adam:   # as the GPU builds train with it (adam.py)
+    if o.adam:  # as the GPU builds train with it (adam.py)
         o.adam_betas_eps = read_adam(s, darknet)
         if darknet == "alexeyab-cpu":
-            s.warn("trains with SGD and momentum, as the fork's CPU build does (its update has "
-                   "no Adam; its GPU build's has)", "adam")
+            s.warn(
+                "trains with SGD and momentum, as the fork's CPU build does (its update has "
+                "no Adam; its GPU build's has)",
+                "adam",
+            )
             o.adam = 0
     o.height = s.get_int("height", 0)
     o.width = s.get_int("width", 0)
@@ -94,13 +99,21 @@ def parse_net_options(s, darknet="original"):
     o.saturation = s.get_float("saturation", 1.0)
     o.exposure = s.get_float("exposure", 1.0)
     o.hue = s.get_float("hue", 0.0)
-    for key in ("letter_box", "mosaic", "mosaic_bound", "mixup", "cutmix", "blur",
-                "gaussian_noise"):
+    for key in (
+        "letter_box",
+        "mosaic",
+        "mosaic_bound",
+        "mixup",
+        "cutmix",
+        "blur",
+        "gaussian_noise",
+    ):
         setattr(o, key, s.get_int(key, 0))
     o.label_smooth_eps = s.get_float("label_smooth_eps", 0.0)
     if not 0 <= o.label_smooth_eps < 1:
-        raise s.error(f"must be at least 0 and below 1, got {o.label_smooth_eps:g}",
-                      "label_smooth_eps")
+        raise s.error(
+            f"must be at least 0 and below 1, got {o.label_smooth_eps:g}", "label_smooth_eps"
+        )
     for key in ("width", "height", "channels", "inputs"):
         if s.has(key) and getattr(o, key) < 1:
             raise s.error(f"must be at least 1, got {getattr(o, key)}", key)
@@ -126,29 +139,75 @@ DARKNET_FLAVOURS = ("original", "alexeyab", "alexeyab-cpu")
 FORK_CPU = "alexeyab-cpu"
 
 # What only the fork reads: seeing any of it in a cfg means the cfg was written for it.
-_FORK_SECTIONS = {"sam", "scale_channels", "local_avgpool", "reorg3d", "empty", "gaussian_yolo",
-                  "conv_lstm", "history", "implicit"}
+_FORK_SECTIONS = {
+    "sam",
+    "scale_channels",
+    "local_avgpool",
+    "reorg3d",
+    "empty",
+    "gaussian_yolo",
+    "conv_lstm",
+    "history",
+    "implicit",
+}
 _FORK_KEYS = {
-    "net": {"mosaic", "cutmix", "mixup", "letter_box", "ema_alpha", "blur", "label_smooth_eps",
-            "sgdr_cycle", "sgdr_mult", "max_epochs", "contrastive", "gaussian_noise",
-            "mosaic_bound", "track", "adversarial_lr", "dynamic_minibatch", "optimized_memory"},
+    "net": {
+        "mosaic",
+        "cutmix",
+        "mixup",
+        "letter_box",
+        "ema_alpha",
+        "blur",
+        "label_smooth_eps",
+        "sgdr_cycle",
+        "sgdr_mult",
+        "max_epochs",
+        "contrastive",
+        "gaussian_noise",
+        "mosaic_bound",
+        "track",
+        "adversarial_lr",
+        "dynamic_minibatch",
+        "optimized_memory",
+    },
     "route": {"groups", "group_id"},
     "shortcut": {"weights_type", "weights_normalization"},
     "maxpool": {"stride_x", "stride_y", "maxpool_depth", "out_channels"},
     "convolutional": {"stride_x", "stride_y", "share_index", "antialiasing", "bin_output"},
     "rnn": {"logistic"},
     "crnn": {"hidden", "output", "size", "stride", "pad", "padding", "dilation", "groups"},
-    "yolo": {"scale_x_y", "iou_loss", "iou_normalizer", "cls_normalizer", "obj_normalizer",
-             "nms_kind", "beta_nms", "new_coords", "max_delta", "objectness_smooth",
-             "iou_thresh", "resize", "counters_per_class", "label_smooth_eps"},
+    "yolo": {
+        "scale_x_y",
+        "iou_loss",
+        "iou_normalizer",
+        "cls_normalizer",
+        "obj_normalizer",
+        "nms_kind",
+        "beta_nms",
+        "new_coords",
+        "max_delta",
+        "objectness_smooth",
+        "iou_thresh",
+        "resize",
+        "counters_per_class",
+        "label_smooth_eps",
+    },
 }
-_FORK_ACTIVATIONS = {"relu6", "revleaky", "gelu", "swish", "mish", "hard_mish",
-                     "normalize_channels", "normalize_channels_softmax",
-                     "normalize_channels_softmax_maxval"}
+_FORK_ACTIVATIONS = {
+    "relu6",
+    "revleaky",
+    "gelu",
+    "swish",
+    "mish",
+    "hard_mish",
+    "normalize_channels",
+    "normalize_channels_softmax",
+    "normalize_channels_softmax_maxval",
+}
 
 
 def cfg_flavour(sections):
-    """"alexeyab" when the cfg uses a section, option or activation only the fork has."""
+    """ "alexeyab" when the cfg uses a section, option or activation only the fork has."""
     for s in sections:
         if s.type in _FORK_SECTIONS:
             return "alexeyab"
@@ -163,13 +222,14 @@ def cfg_flavour(sections):
 
 
 def weights_flavour(path):
-    """"alexeyab" for a weights file whose header is the fork's 0.2.5; None otherwise
+    """ "alexeyab" for a weights file whose header is the fork's 0.2.5; None otherwise
     (the original's 0.2.0 is also what converters write, so it decides nothing)."""
     return "alexeyab" if peek_header(path) == FORK_WEIGHTS_HEADER else None
 
 
 def check_flavour(darknet):
     if darknet not in (None,) + DARKNET_FLAVOURS:
-        raise NetworkError(f"unknown Darknet flavour '{darknet}' (known: "
-                           f"{', '.join(DARKNET_FLAVOURS)})")
+        raise NetworkError(
+            f"unknown Darknet flavour '{darknet}' (known: {', '.join(DARKNET_FLAVOURS)})"
+        )
     return darknet

@@ -1,5 +1,6 @@
 """Darknet's learning-rate policies (get_current_rate), with burn_in and power, and the
 AlexeyAB fork's sgdr (cosine annealing with warm restarts)."""
+
 import math
 
 from .plurals import counted
@@ -13,8 +14,9 @@ def read_policy(s):
     if name == "sig":
         name = "sigmoid"
     if name not in POLICIES:
-        raise s.error(f"unknown learning-rate policy '{name}' (known: {', '.join(POLICIES)})",
-                      "policy")
+        raise s.error(
+            f"unknown learning-rate policy '{name}' (known: {', '.join(POLICIES)})", "policy"
+        )
     p = {"policy": name, "burn_in": s.get_int("burn_in", 0), "power": s.get_float("power", 4.0)}
     if name == "step":
         p["step"] = s.get_int("step", 1)
@@ -25,8 +27,9 @@ def read_policy(s):
         if steps is None or scales is None:
             raise s.error("policy=steps needs both steps= and scales=", "policy")
         if len(steps) != len(scales):
-            raise s.error(f"{counted(len(steps), 'step')} but {counted(len(scales), 'scale')}",
-                          "scales")
+            raise s.error(
+                f"{counted(len(steps), 'step')} but {counted(len(scales), 'scale')}", "scales"
+            )
         p["steps"], p["scales"] = steps, scales
     elif name == "exp":
         p["gamma"] = s.get_float("gamma", 1.0)
@@ -53,8 +56,9 @@ def read_sgdr(s, p):
     for key in ("steps", "scales"):
         # The fork parses them with sgdr too, but its sgdr rate never looks at them.
         if s.get_str(key, None) is not None:
-            s.warn("does not change the rate with policy=sgdr (the fork reads it and "
-                   "ignores it)", key)
+            s.warn(
+                "does not change the rate with policy=sgdr (the fork reads it and ignores it)", key
+            )
 
 
 def current_rate(base_rate, policy, batch_num, max_batches, rng=None):
@@ -77,7 +81,9 @@ def current_rate(base_rate, policy, batch_num, max_batches, rng=None):
     if name == "exp":
         return base_rate * math.pow(policy["gamma"], batch_num)
     if name == "poly":
-        return base_rate * math.pow(max(0.0, 1.0 - batch_num / max(1, max_batches)), policy["power"])
+        return base_rate * math.pow(
+            max(0.0, 1.0 - batch_num / max(1, max_batches)), policy["power"]
+        )
     if name == "random":
         u = rng.random() if rng is not None else 0.5
         return base_rate * math.pow(u, policy["power"])

@@ -23,6 +23,7 @@ Only what is known to hold is shared; anything else keeps a private output:
   * an output a [route] of one whole input takes as its own (route.views_its_input) is
     planned with that route's readers as its own.
 """
+
 from dataclasses import dataclass, field
 
 from . import precision as precisions
@@ -38,10 +39,11 @@ SHARED_TYPES = frozenset({"convolutional", "shortcut", "route", "maxpool", "upsa
 class OutputPlan:
     """Which layers share which output array. Indices are layer indices; sizes are floats
     per image (times the batch on the backend)."""
-    floats: list                                        # each layer's output, per image
-    live: dict = field(default_factory=dict)            # shared layer -> its time intervals
-    buffer_of: dict = field(default_factory=dict)       # shared layer -> its array's number
-    buffer_floats: list = field(default_factory=list)   # each array's size, per image
+
+    floats: list  # each layer's output, per image
+    live: dict = field(default_factory=dict)  # shared layer -> its time intervals
+    buffer_of: dict = field(default_factory=dict)  # shared layer -> its array's number
+    buffer_floats: list = field(default_factory=list)  # each array's size, per image
     buffer_storage: list = field(default_factory=list)  # each array's values' storage
     rebuild_before: dict = field(default_factory=dict)  # backward step -> layers made again
 
@@ -76,11 +78,18 @@ def reads_own_output(layer):
     if layer.type == "convolutional":
         if activation == "linear":
             return False
-        from_x = (layer.batch_normalize and not layer.stepped
-                  and activation not in CHANNEL_ACTIVATIONS)
+        from_x = (
+            layer.batch_normalize and not layer.stepped and activation not in CHANNEL_ACTIVATIONS
+        )
         # A 16-bit x's backward recomputes every activation's gradient from x.
-        return not (from_x and (activation in INPUT_GRADIENT or precisions.storage(
-            getattr(layer, "precision", precisions.DEFAULT)) in precisions.HALF_STORAGE))
+        return not (
+            from_x
+            and (
+                activation in INPUT_GRADIENT
+                or precisions.storage(getattr(layer, "precision", precisions.DEFAULT))
+                in precisions.HALF_STORAGE
+            )
+        )
     return True
 
 
@@ -93,7 +102,7 @@ def readers(layers):
             found[layer.index].add(layer.index + 1)
         for named in referred_layers(layer):
             found[named.index].add(layer.index)
-    for layer in reversed(layers):   # a view's readers, through chains of views
+    for layer in reversed(layers):  # a view's readers, through chains of views
         if layer.views_its_input():
             found[layer.sources[0].index] |= found[layer.index]
     return found
@@ -103,8 +112,13 @@ def rebuildable(layer):
     """Whether a layer's output can be made again from what its training keeps: a
     batch-normalised convolution, not stepped, whose forward ends in batchnorm_apply with
     its activation (none that mixes channels, no activation input kept)."""
-    return (layer.type == "convolutional" and layer.batch_normalize and not layer.stepped
-            and layer.activation not in CHANNEL_ACTIVATIONS and not keeps_activation_input(layer))
+    return (
+        layer.type == "convolutional"
+        and layer.batch_normalize
+        and not layer.stepped
+        and layer.activation not in CHANNEL_ACTIVATIONS
+        and not keeps_activation_input(layer)
+    )
 
 
 def backward_time(step, count):
@@ -124,12 +138,17 @@ def plan_outputs(layers, output_index, share=True, storage=None):
         return plan
     read_by = readers(layers)
     count = len(layers)
-    network_output = array_owner(layers[output_index])   # read after every pass: its own
-    intervals = {}   # layer -> the times its output is live
+    network_output = array_owner(layers[output_index])  # read after every pass: its own
+    intervals = {}  # layer -> the times its output is live
     for layer in layers:
         i = layer.index
-        if layer.type not in SHARED_TYPES or layer.stepped or layer is network_output \
-                or layer.views_its_input() or not read_by[i]:
+        if (
+            layer.type not in SHARED_TYPES
+            or layer.stepped
+            or layer is network_output
+            or layer.views_its_input()
+            or not read_by[i]
+        ):
             continue
         needs = [r for r in read_by[i] if reads_input_in_backward(layers[r])]
         if reads_own_output(layer):

@@ -26,6 +26,7 @@ output layer keeps fp32 (read on the host), and so does anything feeding another
 rules: start from every writer and drop those whose inputs or readers do not fit, until
 none is dropped.
 """
+
 from . import precision as precisions
 from .activations import CHANNEL_ACTIVATIONS
 from .delta_plan import referred_layers
@@ -43,7 +44,7 @@ def _input_layers(layer, layers):
     if layer.type == "route":
         return named
     if not layer.index:
-        return None   # the network's input: fp32 images
+        return None  # the network's input: fp32 images
     previous = layers[layer.index - 1]
     return [previous] + [l for l in named if l is not previous]
 
@@ -51,11 +52,16 @@ def _input_layers(layer, layers):
 def _convolution_writes(layer, precision, train, fold_batchnorm):
     """Whether a convolution can write its output at `precision` (see the module's
     docstring)."""
-    if (layer.stepped or getattr(layer, "binary", 0) or getattr(layer, "xnor", 0)
-            or layer.activation not in precisions.EPILOGUE_ACTIVATIONS
-            or layer.activation in CHANNEL_ACTIVATIONS or keeps_activation_input(layer)):
+    if (
+        layer.stepped
+        or getattr(layer, "binary", 0)
+        or getattr(layer, "xnor", 0)
+        or layer.activation not in precisions.EPILOGUE_ACTIVATIONS
+        or layer.activation in CHANNEL_ACTIVATIONS
+        or keeps_activation_input(layer)
+    ):
         return False
-    if train:   # the output made from x, kept at the same 16 bits
+    if train:  # the output made from x, kept at the same 16 bits
         return bool(layer.batch_normalize) and batchnorm.x_precision(layer) == precision
     return fold_batchnorm or not layer.batch_normalize
 
@@ -63,8 +69,7 @@ def _convolution_writes(layer, precision, train, fold_batchnorm):
 def _mover_writes(layer):
     """Whether a [route]/[shortcut]/[maxpool]/[upsample] keeps its values' precision."""
     if layer.type == "shortcut":
-        return (layer.activation == "linear"
-                and getattr(layer, "weights_type", "none") == "none")
+        return layer.activation == "linear" and getattr(layer, "weights_type", "none") == "none"
     if layer.type == "maxpool":
         return not layer.depth and layer.stride_x == layer.stride_y
     if layer.type == "upsample":
@@ -77,7 +82,7 @@ def _takes(reader, precision, chosen):
     if reader.type == "convolutional":
         return reader.precision == precision and not getattr(reader, "xnor", 0)
     if reader.type == "route" and reader.views_its_input():
-        return True   # its readers are its input's (output_plan.readers)
+        return True  # its readers are its input's (output_plan.readers)
     return reader.index in chosen
 
 
@@ -88,6 +93,7 @@ def plan_output_storage(layers, output_index, precision, train, fold_batchnorm=T
     if precision not in precisions.HALF_STORAGE:
         return storage
     from .output_plan import array_owner, readers
+
     read_by = readers(layers)
     network_output = array_owner(layers[output_index])
     chosen = set()
@@ -95,8 +101,9 @@ def plan_output_storage(layers, output_index, precision, train, fold_batchnorm=T
         if layer is network_output or layer.views_its_input() or not read_by[layer.index]:
             continue
         if layer.type == "convolutional":
-            if layer.precision == precision and _convolution_writes(layer, precision, train,
-                                                                    fold_batchnorm):
+            if layer.precision == precision and _convolution_writes(
+                layer, precision, train, fold_batchnorm
+            ):
                 chosen.add(layer.index)
         elif layer.type in MOVERS and not layer.stepped and _mover_writes(layer):
             chosen.add(layer.index)
@@ -106,25 +113,27 @@ def plan_output_storage(layers, output_index, precision, train, fold_batchnorm=T
         for i in sorted(chosen):
             layer = layers[i]
             sources = _input_layers(layer, layers)
-            inputs_fit = layer.type == "convolutional" or (sources is not None and all(
-                array_owner(src).index in chosen for src in sources))
-            if not inputs_fit or not all(_takes(layers[r], precision, chosen)
-                                         for r in read_by[i]):
+            inputs_fit = layer.type == "convolutional" or (
+                sources is not None and all(array_owner(src).index in chosen for src in sources)
+            )
+            if not inputs_fit or not all(_takes(layers[r], precision, chosen) for r in read_by[i]):
                 chosen.discard(i)
                 dropped = True
     for i in chosen:
         storage[i] = precision
-    for layer in layers:   # a viewing [route] is its input's array
+    for layer in layers:  # a viewing [route] is its input's array
         if layer.views_its_input():
             storage[layer.index] = storage[array_owner(layer).index]
     return storage
 
 
-def assign_output_storage(layers, output_index, precision, train, fold_batchnorm=True,
-                          on=True):
+def assign_output_storage(layers, output_index, precision, train, fold_batchnorm=True, on=True):
     """Set each layer's output_precision (plan_output_storage; on=False: fp32 for all)."""
-    storage = (plan_output_storage(layers, output_index, precision, train, fold_batchnorm)
-               if on else [precisions.DEFAULT] * len(layers))
+    storage = (
+        plan_output_storage(layers, output_index, precision, train, fold_batchnorm)
+        if on
+        else [precisions.DEFAULT] * len(layers)
+    )
     for layer, stored in zip(layers, storage):
         layer.output_precision = stored
     return storage

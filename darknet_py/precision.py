@@ -12,6 +12,7 @@ and bf16 to nearest even, tf32 to nearest with ties away from zero), products su
 the backend's float type. So a CPU run shows the rounding's effect, and the GPU kernels
 are tested against it.
 """
+
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ def check(name):
 @dataclass
 class NetPrecision:
     """What [net] says about precision: its precision= (None: not given) and loss_scale=."""
+
     precision: str = None
     loss_scale: float = None
 
@@ -106,6 +108,7 @@ def assign(layers, precision):
 
 # ---- emulation (NumPy) ----------------------------------------------------------------
 
+
 def round_to(x, precision):
     """x (float32 values) rounded to `precision`'s operand format, returned as float32."""
     x = np.asarray(x, dtype=np.float32)
@@ -115,12 +118,12 @@ def round_to(x, precision):
         with np.errstate(over="ignore"):
             return x.astype(np.float16).astype(np.float32)
     bits = x.view(np.uint32).astype(np.uint64)
-    if precision == "bf16":    # nearest, ties to even, on the upper 16 bits
+    if precision == "bf16":  # nearest, ties to even, on the upper 16 bits
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     elif precision == "tf32":  # nearest, ties away from zero, on 10 mantissa bits
         bits = (bits + 0x1000) & 0xFFFFE000
     else:
-        check(precision)   # raises: names the choices
+        check(precision)  # raises: names the choices
     out = bits.astype(np.uint32).view(np.float32)
     finite = np.isfinite(x)
     return np.where(finite, out, x)
@@ -138,6 +141,7 @@ class PackedWeights:
     """A convolution group's weights (rows x k) converted once to `precision` for
     conv_forward: `data` is the backend's array (rows x pitch elements of the precision on
     the GPU; float rows x k, already rounded, on the NumPy backend)."""
+
     data: object
     rows: int
     k: int
@@ -146,6 +150,7 @@ class PackedWeights:
 
 
 # ---- loss scaling (fp16 training) ------------------------------------------------------
+
 
 class LossScaler:
     """fp16 training's loss scale: the heads' deltas are multiplied by `scale` before the
@@ -163,7 +168,7 @@ class LossScaler:
 
     def __init__(self, scale=None, growth_interval=1000):
         self.dynamic = scale is None
-        self.scale = float(2.0 ** 12 if scale is None else scale)
+        self.scale = float(2.0**12 if scale is None else scale)
         self.growth_interval = growth_interval
         self.skipped = 0
         self._clean = 0
@@ -183,8 +188,8 @@ class LossScaler:
         if self._sums is None or self._sums.size < len(updates):
             self._sums = be.zeros(max(1, len(updates)))
         for i, buffer in enumerate(updates):
-            be.sum_into(buffer, self._sums[i:i + 1])
-        finite = bool(np.all(np.isfinite(be.to_host(self._sums)[:len(updates)])))
+            be.sum_into(buffer, self._sums[i : i + 1])
+        finite = bool(np.all(np.isfinite(be.to_host(self._sums)[: len(updates)])))
         if finite:
             for buffer in updates:
                 be.scal(1.0 / self.scale, buffer)
@@ -199,7 +204,7 @@ class LossScaler:
             self._clean = 0
             if self.dynamic:
                 self.scale = max(1.0, self.scale / 2.0)
-        for buffer in updates:   # momentum's history, back in scaled units
+        for buffer in updates:  # momentum's history, back in scaled units
             be.scal(self.scale, buffer)
         return finite
 

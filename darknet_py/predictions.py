@@ -4,6 +4,7 @@ The application side: src/network.c's get_network_boxes (each head decodes its o
 with its ``detections`` method), detect/classify, and src/image.c's draw_detections. Box
 arithmetic and NMS live below the layers in boxes.py.
 """
+
 import contextlib
 import math
 import os
@@ -28,8 +29,7 @@ def detector_layers(net):
     return [l for l in net.layers if l.type in DETECTOR_TYPES]
 
 
-def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, letter=True,
-                      image=0):
+def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, letter=True, image=0):
     """Darknet's get_network_boxes: every [yolo]/[region]/[detection] layer's detections for
     `image` of the last forward pass, in layer order, boxes on the original img_w x img_h
     image. ``letter`` says whether the input was letterboxed (else plainly resized).
@@ -39,10 +39,9 @@ def get_network_boxes(net, img_w, img_h, thresh=0.5, hier=0.5, relative=True, le
     dets = []
     for layer in detector_layers(net):
         first = image * layer.outputs
-        output = net.be.to_host(layer.output[first:first + layer.outputs])   # that image alone
+        output = net.be.to_host(layer.output[first : first + layer.outputs])  # that image alone
         tree = {"hier": hier} if layer.type == "region" else {}
-        dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter,
-                                 **tree)
+        dets += layer.detections(output, img_w, img_h, netw, neth, thresh, relative, letter, **tree)
     # An untrained or diverged net can put a box at infinity (exp overflow, as in C); it
     # cannot be drawn, matched or written, and Darknet's use of it is undefined.
     return [d for d in dets if np.all(np.isfinite(d.box))]
@@ -69,8 +68,10 @@ def as_image(image, channels=3):
         return from_bgr(a, channels)
     if a.ndim == 3 and a.shape[0] in (1, 3):
         return match_channels(np.ascontiguousarray(a, dtype=np.float32), channels)
-    raise ImageError(f"expected an image path, a Darknet (C, H, W) float image or an OpenCV "
-                     f"(H, W, 3) uint8 BGR array; got {a.dtype} array of shape {a.shape}")
+    raise ImageError(
+        f"expected an image path, a Darknet (C, H, W) float image or an OpenCV "
+        f"(H, W, 3) uint8 BGR array; got {a.dtype} array of shape {a.shape}"
+    )
 
 
 class NamesWarning(DarknetWarning):
@@ -87,17 +88,26 @@ def check_names(names, classes, *beside, warn_missing=True):
         found = find_names(classes, *beside)
         if found is None:
             if warn_missing:
-                warnings.warn("no class names given; classes are shown as numbers (give "
-                              "--names FILE or --data FILE)", NamesWarning, stacklevel=2)
+                warnings.warn(
+                    "no class names given; classes are shown as numbers (give "
+                    "--names FILE or --data FILE)",
+                    NamesWarning,
+                    stacklevel=2,
+                )
             return None
-        print(f"darknet-py: note: class names from {found} (give --names to choose others)",
-              file=sys.stderr)
+        print(
+            f"darknet-py: note: class names from {found} (give --names to choose others)",
+            file=sys.stderr,
+        )
         return read_names(found)
     if len(names) != classes:
-        warnings.warn(f"{counted(len(names), 'class name')} given, but the network has "
-                      f"{counted(classes, 'class', 'classes')}"
-                      + ("; the others are shown as numbers" if len(names) < classes else ""),
-                      NamesWarning, stacklevel=2)
+        warnings.warn(
+            f"{counted(len(names), 'class name')} given, but the network has "
+            f"{counted(classes, 'class', 'classes')}"
+            + ("; the others are shown as numbers" if len(names) < classes else ""),
+            NamesWarning,
+            stacklevel=2,
+        )
     return names
 
 
@@ -144,11 +154,13 @@ def default_thresh(net):
 
 
 def _check_detector(net, thresh, nms):
-    if not 0 <= thresh <= 1 or not 0 <= nms <= 1:   # also refuses NaN
+    if not 0 <= thresh <= 1 or not 0 <= nms <= 1:  # also refuses NaN
         raise ValueError(f"thresh ({thresh}) and nms ({nms}) must be in [0, 1]")
     if not detector_layers(net):
-        raise ValueError(f"{net.path}: the network has no [yolo], [region] or [detection] "
-                         f"layer; use classify() for classifiers")
+        raise ValueError(
+            f"{net.path}: the network has no [yolo], [region] or [detection] "
+            f"layer; use classify() for classifiers"
+        )
 
 
 def _network_input(net, image):
@@ -202,9 +214,10 @@ def detect(net, image, thresh=0.5, hier=0.5, nms=0.45, darknet_order=False):
     order Darknet prints them: NMS's order); boxes relative to the original image. A
     detection may have more classes above thresh: see detection_classes."""
     _check_detector(net, thresh, nms)
-    (img_w, img_h), = _infer_images(net, [image])   # the heads' outputs are read below
-    dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
-                             letter=letterboxes(net))
+    ((img_w, img_h),) = _infer_images(net, [image])  # the heads' outputs are read below
+    dets = get_network_boxes(
+        net, img_w, img_h, thresh, hier, relative=True, letter=letterboxes(net)
+    )
     return _found(net, dets, img_w, img_h, thresh, nms, darknet_order)
 
 
@@ -214,10 +227,11 @@ def detect_batch(net, images, thresh=0.5, hier=0.5, nms=0.45, batch=8):
     _check_detector(net, thresh, nms)
     results = []
     for start in range(0, len(images), max(1, int(batch))):
-        sizes = _infer_images(net, images[start:start + batch])   # heads read per image
+        sizes = _infer_images(net, images[start : start + batch])  # heads read per image
         for index, (img_w, img_h) in enumerate(sizes):
-            dets = get_network_boxes(net, img_w, img_h, thresh, hier, relative=True,
-                                     letter=letterboxes(net), image=index)
+            dets = get_network_boxes(
+                net, img_w, img_h, thresh, hier, relative=True, letter=letterboxes(net), image=index
+            )
             results.append(_found(net, dets, img_w, img_h, thresh, nms, False))
     return results
 
@@ -245,13 +259,13 @@ def classify(net, image, top=5):
     img = as_image(image, channels)
     sized = letterbox(img, netw, neth)
     net.set_batch(1)
-    net.infer(sized[None])   # the output layer is read below
+    net.infer(sized[None])  # the output layer is read below
     layer = output_layer(net)
-    pred = net.be.to_host(layer.output)[:layer.outputs].astype(np.float32)
+    pred = net.be.to_host(layer.output)[: layer.outputs].astype(np.float32)
     if net.hierarchy is not None:
         # classifier predict: every class's P(class), the inner classes zeroed
         pred = hierarchy_predictions(pred, net.hierarchy, only_leaves=True)
-    order = np.argsort(-pred, kind="stable")[:max(0, int(top))]
+    order = np.argsort(-pred, kind="stable")[: max(0, int(top))]
     return [(int(i), float(pred[i]), _class_name(net.names, int(i))) for i in order]
 
 
@@ -289,7 +303,7 @@ def _display_name(names, class_id):
 
 
 def _label(d, names):
-    """"truck, car 56%": every class above the threshold, as Darknet joins them, and the
+    """ "truck, car 56%": every class above the threshold, as Darknet joins them, and the
     best class's probability."""
     ids = [c for c, _ in detection_classes(d)] or [d.class_id]
     return f"{', '.join(_display_name(names, c) for c in ids)} {100 * d.prob:.0f}%"
@@ -306,6 +320,7 @@ def draw_detections(bgr_image, detections, names=None, classes=None):
     covered by a less likely one. Text is 3% of the picture's height, at least 10 px.
     ``classes`` (for the colours) defaults to len(names), else the highest class id + 1."""
     import cv2
+
     img = np.ascontiguousarray(np.array(bgr_image, dtype=np.uint8, copy=True))
     if img.ndim == 2:
         img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
@@ -313,23 +328,35 @@ def draw_detections(bgr_image, detections, names=None, classes=None):
     if classes is None:
         classes = len(names) if names else max([d.class_id for d in detections] + [0]) + 1
     shown = sorted((d for d in detections if d.class_id >= 0), key=lambda d: -d.prob)
-    width = max(1, int(img_h * .006))
+    width = max(1, int(img_h * 0.006))
     style = _label_style(img_h)
     colors, labels, taken = [], [], []
     for d in shown:
         r, g, b = class_color(d.class_id, classes)
-        colors.append(((int(b * 255), int(g * 255), int(r * 255)),
-                       (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else (255, 255, 255)))
+        colors.append(
+            (
+                (int(b * 255), int(g * 255), int(r * 255)),
+                (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else (255, 255, 255),
+            )
+        )
         box = pixel_box(d.box, img_w, img_h)
         labels.append(_place_label(_label(d, names), box, img_w, img_h, taken, style))
-    for d, (color, _) in zip(reversed(shown), reversed(colors)):   # likeliest box on top
+    for d, (color, _) in zip(reversed(shown), reversed(colors)):  # likeliest box on top
         left, top, right, bottom = pixel_box(d.box, img_w, img_h)
         for k in range(width):  # Darknet's draw_box_width: lines nested inwards
             cv2.rectangle(img, (left + k, top + k), (right - k, bottom - k), color, 1)
     for (text, (x0, y0, x1, y1)), (color, ink) in zip(reversed(labels), reversed(colors)):
         cv2.rectangle(img, (x0, y0), (x1, y1), color, cv2.FILLED)
-        cv2.putText(img, text, (x0 + style["pad"], y1 - style["pad"] - style["base"]),
-                    style["font"], style["scale"], ink, style["thickness"], cv2.LINE_AA)
+        cv2.putText(
+            img,
+            text,
+            (x0 + style["pad"], y1 - style["pad"] - style["base"]),
+            style["font"],
+            style["scale"],
+            ink,
+            style["thickness"],
+            cv2.LINE_AA,
+        )
     return img
 
 
@@ -337,19 +364,22 @@ def _label_style(img_h):
     """Font, scale and thickness for labels 3% of the picture high (Darknet's size), and
     at least 10 px so that a 160 px thumbnail still reads."""
     import cv2
+
     font = cv2.FONT_HERSHEY_SIMPLEX
     (_, unit_h), _ = cv2.getTextSize("Ag", font, 1.0, 1)
-    scale = max(10, img_h * .03) / unit_h
+    scale = max(10, img_h * 0.03) / unit_h
     thickness = max(1, int(round(scale * 1.6)))
     (_, th), base = cv2.getTextSize("Ag", font, scale, thickness)
-    return dict(font=font, scale=scale, thickness=thickness, text_h=th, base=base,
-                pad=max(1, thickness))
+    return dict(
+        font=font, scale=scale, thickness=thickness, text_h=th, base=base, pad=max(1, thickness)
+    )
 
 
 def _place_label(text, box, img_w, img_h, taken, style):
     """(text, (x0, y0, x1, y1)) for a label of a box: the first of above / inside the top /
     below the box that no earlier (likelier) label overlaps, clamped into the picture."""
     import cv2
+
     (tw, _), _ = cv2.getTextSize(text, style["font"], style["scale"], style["thickness"])
     w = min(img_w - 1, tw + 2 * style["pad"])
     h = min(img_h - 1, style["text_h"] + style["base"] + 2 * style["pad"])
@@ -383,9 +413,11 @@ def ext_output_lines(detections, img_w, img_h, names=None, thresh=0.5):
     lines = []
     for d in sorted(detections, key=lambda d: d.box[0] - d.box[2] / 2):
         x, y, w, h = d.box
-        box = (f"\t(left_x: {c_round((x - w / 2) * img_w):4.0f}   top_y: "
-               f"{c_round((y - h / 2) * img_h):4.0f}   width: {c_round(w * img_w):4.0f}   "
-               f"height: {c_round(h * img_h):4.0f})")
+        box = (
+            f"\t(left_x: {c_round((x - w / 2) * img_w):4.0f}   top_y: "
+            f"{c_round((y - h / 2) * img_h):4.0f}   width: {c_round(w * img_w):4.0f}   "
+            f"height: {c_round(h * img_h):4.0f})"
+        )
         name = d.name if d.name is not None else _class_name(names, d.class_id)
         lines.append(f"{name if name is not None else d.class_id}: {100 * d.prob:.0f}%{box}")
         for c, p in enumerate(d.probs):
@@ -404,21 +436,29 @@ def detections_to_json(detections, img_w, img_h, names=None):
     for d in detections:
         left, top, right, bottom = pixel_box(d.box, img_w, img_h)
         name = d.name if d.name is not None else _display_name(names, d.class_id)
-        rows.append({
-            "name": name,
-            "class_id": int(d.class_id),
-            "prob": round(float(d.prob), 6),
-            "classes": [{"name": _display_name(names, c), "class_id": c, "prob": round(p, 6)}
-                        for c, p in detection_classes(d)],
-            "objectness": round(float(d.objectness), 6),
-            "box": {"left": left, "top": top, "width": right - left, "height": bottom - top},
-            "relative_box": {k: round(float(v), 6) for k, v in zip(("x", "y", "w", "h"), d.box)},
-        })
+        rows.append(
+            {
+                "name": name,
+                "class_id": int(d.class_id),
+                "prob": round(float(d.prob), 6),
+                "classes": [
+                    {"name": _display_name(names, c), "class_id": c, "prob": round(p, 6)}
+                    for c, p in detection_classes(d)
+                ],
+                "objectness": round(float(d.objectness), 6),
+                "box": {"left": left, "top": top, "width": right - left, "height": bottom - top},
+                "relative_box": {
+                    k: round(float(v), 6) for k, v in zip(("x", "y", "w", "h"), d.box)
+                },
+            }
+        )
     return rows
 
 
 def yolo_txt(detections):
     """detect()'s results as YOLO label lines, "class x y w h score" (relative to the image,
     six decimals), highest score first: the format of the labels a dataset is made of."""
-    return "".join(f"{d.class_id} {d.box[0]:.6f} {d.box[1]:.6f} {d.box[2]:.6f} {d.box[3]:.6f} "
-                   f"{d.prob:.6f}\n" for d in detections)
+    return "".join(
+        f"{d.class_id} {d.box[0]:.6f} {d.box[1]:.6f} {d.box[2]:.6f} {d.box[3]:.6f} {d.prob:.6f}\n"
+        for d in detections
+    )

@@ -5,6 +5,7 @@ processes a run starts (data loader workers, multiprocessing's forkserver and re
 tracker, the ranks while they start) would each die of a SIGTERM or SIGUSR1 meant for the
 training process, which decides what happens (training/stops.py).
 """
+
 import contextlib
 import os
 import signal
@@ -46,7 +47,7 @@ def _process_start():
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rpartition(")")[2].split()
-        ticks = int(fields[19])   # field 22, starttime: clock ticks after the boot
+        ticks = int(fields[19])  # field 22, starttime: clock ticks after the boot
         since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         return _START
@@ -82,9 +83,10 @@ def _trace_exit():
     trace_start("interpreter exiting (after the other exit handlers)")
 
 
-if os.environ.get("DARKNET_TRACE_START") == "1":   # the end of a process's run as well
+if os.environ.get("DARKNET_TRACE_START") == "1":  # the end of a process's run as well
     import atexit
-    atexit.register(_trace_exit)   # registered first (at import): it runs last
+
+    atexit.register(_trace_exit)  # registered first (at import): it runs last
 
 
 def trace_start(event):

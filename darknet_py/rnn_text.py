@@ -15,6 +15,7 @@ byte is drawn from the softmax at temperature T after zeroing probabilities belo
 (Darknet's sample_array: subtract the probabilities from a uniform draw in order and take
 the byte where it falls to 0 or below).
 """
+
 import glob
 import os
 import sys
@@ -22,18 +23,18 @@ import time
 
 import numpy as np
 
+from .backends import get_backend
 from .cfg import parse_cfg
 from .errors import DarknetError
 from .files import OutputClaims, check_input_file, refuse_overwrite
 from .network import Network, load_network, weights_flavour
 from .plurals import counted
-from .backends import get_backend
 from .training.stops import single_row_batch_norm
 
-RESET_CHANCE = 64            # a stream jumps to a new offset once in 64 iterations
-BACKUP_EVERY = 100           # <cfg>.backup
-NUMBERED_EVERY = 10000       # <cfg>_<iteration>.weights
-PROB_FLOOR = 1e-4            # generate: probabilities below it are not drawn
+RESET_CHANCE = 64  # a stream jumps to a new offset once in 64 iterations
+BACKUP_EVERY = 100  # <cfg>.backup
+NUMBERED_EVERY = 10000  # <cfg>_<iteration>.weights
+PROB_FLOOR = 1e-4  # generate: probabilities below it are not drawn
 
 
 class TextError(DarknetError):
@@ -49,9 +50,11 @@ def read_text(path, alphabet):
         raise TextError(f"{path}: the text needs at least 2 bytes, it has {data.size}")
     bad = np.flatnonzero((data == 0) | (data >= alphabet))
     if bad.size:
-        raise TextError(f"{path}: byte {bad[0]} has value {data[bad[0]]}, outside the "
-                        f"network's alphabet 1..{alphabet - 1} (its [net] inputs={alphabet}; "
-                        f"Darknet stops on it too)")
+        raise TextError(
+            f"{path}: byte {bad[0]} has value {data[bad[0]]}, outside the "
+            f"network's alphabet 1..{alphabet - 1} (its [net] inputs={alphabet}; "
+            f"Darknet stops on it too)"
+        )
     return data
 
 
@@ -62,10 +65,12 @@ def check_char_network(net):
     the softmax's cross-entropy in the loss and its delta adds to the softmax's."""
     out = net.layers[net.output_index]
     if net.inputs != out.outputs or out.type != "softmax":
-        raise TextError(f"{net.path}: a character network needs [net] inputs= equal to the "
-                        f"output size and a [softmax] output layer (it has {net.inputs} "
-                        f"inputs, {out.outputs} outputs, output layer {out.index} "
-                        f"[{out.type}])")
+        raise TextError(
+            f"{net.path}: a character network needs [net] inputs= equal to the "
+            f"output size and a [softmax] output layer (it has {net.inputs} "
+            f"inputs, {out.outputs} outputs, output layer {out.index} "
+            f"[{out.type}])"
+        )
 
 
 def text_batch(text, offsets, alphabet, steps):
@@ -90,7 +95,7 @@ class Backups:
         os.makedirs(directory, exist_ok=True)
         claimed = [self.base + ".backup", self.base + "_final.weights"]
         refuse_overwrite(claimed, overwrite)
-        if overwrite:   # the numbered weights of an earlier run too
+        if overwrite:  # the numbered weights of an earlier run too
             claimed += glob.glob(glob.escape(self.base) + "_[0-9]*.weights")
         # What is there now is this run's to replace; a file that appears under one of
         # its names later is not (save writes beside it).
@@ -106,24 +111,39 @@ class Backups:
 
 
 def load_for_training(cfg, weights, clear, seed, device, darknet):
-    net = load_network(cfg, weights, device=device, seed=seed, darknet=darknet,
-                       engine="numpy")   # training: Darknet's arithmetic
+    net = load_network(
+        cfg, weights, device=device, seed=seed, darknet=darknet, engine="numpy"
+    )  # training: Darknet's arithmetic
     check_char_network(net)
     if clear:
         net.seen = 0
     frozen = [l for l in net.layers if getattr(l, "frozen", False)]
     if frozen:
-        print(f"darknet-py: warning: {cfg}: layer {frozen[0].index} [{frozen[0].type}] never "
-              f"updates its weights in the {net.darknet} Darknet, and here neither (see "
-              f"docs/rnn.md)", file=sys.stderr)
+        print(
+            f"darknet-py: warning: {cfg}: layer {frozen[0].index} [{frozen[0].type}] never "
+            f"updates its weights in the {net.darknet} Darknet, and here neither (see "
+            f"docs/rnn.md)",
+            file=sys.stderr,
+        )
     cause = single_row_batch_norm(net)
     if cause:
         print(f"darknet-py: warning: {cause}", file=sys.stderr)
     return net
 
 
-def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=None, seed=0,
-               clear=False, device="auto", darknet=None, overwrite=False, log=print):
+def train_text(
+    cfg,
+    text_path,
+    weights=None,
+    backup_dir="backup",
+    max_batches=None,
+    seed=0,
+    clear=False,
+    device="auto",
+    darknet=None,
+    overwrite=False,
+    log=print,
+):
     """Train a character network on a text file as Darknet's train_char_rnn does; returns
     the path of the final weights. max_batches overrides the cfg's."""
     net = load_for_training(cfg, weights, clear, seed, device, darknet)
@@ -135,19 +155,25 @@ def train_text(cfg, text_path, weights=None, backup_dir="backup", max_batches=No
     offsets = rng.integers(0, text.size, streams)
     total = max_batches or net.options.max_batches
     if total <= net.iteration:
-        raise TextError(f"{cfg}: max_batches={total} is already reached (the weights have "
-                        f"{counted(net.iteration, 'iteration')}); give --max-batches or "
-                        f"--clear")
-    log(f"{cfg}: learning rate {net.options.learning_rate:g}, momentum "
+        raise TextError(
+            f"{cfg}: max_batches={total} is already reached (the weights have "
+            f"{counted(net.iteration, 'iteration')}); give --max-batches or "
+            f"--clear"
+        )
+    log(
+        f"{cfg}: learning rate {net.options.learning_rate:g}, momentum "
         f"{net.options.momentum:g}, decay {net.options.decay:g}, inputs {alphabet}, "
         f"{counted(streams, 'stream')} x {counted(steps, 'step')}, text {text_path}: "
-        f"{counted(text.size, 'byte')}")
+        f"{counted(text.size, 'byte')}"
+    )
     try:
         _train_loop(net, text, offsets, rng, total, backups, cfg, log)
     except KeyboardInterrupt:
         path = backups.save(net, ".backup", log)
-        log(f"interrupted at iteration {net.iteration}; resume with: darknet-py rnn train "
-            f"{cfg} {text_path} --weights {path} --overwrite")
+        log(
+            f"interrupted at iteration {net.iteration}; resume with: darknet-py rnn train "
+            f"{cfg} {text_path} --weights {path} --overwrite"
+        )
         raise
     return backups.save(net, "_final.weights", log)
 
@@ -164,15 +190,18 @@ def _train_loop(net, text, offsets, rng, total, backups, cfg, log):
         loss = net.train_pass(x, y) / len(x)
         if not np.isfinite(loss):
             cause = single_row_batch_norm(net)
-            advice = (f"the cause: {cause}" if cause else f"lower learning_rate in {cfg}")
-            raise TextError(f"iteration {i}: the loss is {loss} (diverged); {advice}; the "
-                            f"last backup is kept")
+            advice = f"the cause: {cause}" if cause else f"lower learning_rate in {cfg}"
+            raise TextError(
+                f"iteration {i}: the loss is {loss} (diverged); {advice}; the last backup is kept"
+            )
         avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
         wall = time.time() - tick
         eta = (time.time() - start) / max(1, net.iteration - first) * (total - net.iteration)
-        log(f"{i}: {loss:f}, {avg:f} avg, {net.last_rate or net.learning_rate:f} rate, "
+        log(
+            f"{i}: {loss:f}, {avg:f} avg, {net.last_rate or net.learning_rate:f} rate, "
             f"{wall:f} seconds, {net.iteration * len(x) / text.size:f} epochs | "
-            f"{len(x) / wall:.0f} chars/s, ETA {eta:.0f} s")
+            f"{len(x) / wall:.0f} chars/s, ETA {eta:.0f} s"
+        )
         jump = rng.integers(0, RESET_CHANCE, streams) == 0
         offsets[jump] = rng.integers(0, text.size, int(jump.sum()))
         if i % NUMBERED_EVERY == 0:
@@ -190,8 +219,7 @@ def generation_network(cfg, weights, device, darknet, temp):
             option.value = value
     if darknet is None:
         darknet = weights_flavour(weights)
-    net = Network(sections, cfg, backend=get_backend(device), darknet=darknet,
-                  random_init=False)
+    net = Network(sections, cfg, backend=get_backend(device), darknet=darknet, random_init=False)
     net.load_weights(weights)
     check_char_network(net)
     for layer in net.layers:
@@ -203,13 +231,22 @@ def generation_network(cfg, weights, device, darknet, temp):
 def sample(probs, rng):
     """Darknet's sample_array after test_char_rnn zeroes the small probabilities."""
     p = np.where(probs < PROB_FLOOR, 0.0, probs).astype(np.float64)
-    r = rng.uniform(0.0, 1.0) * p.sum()   # = a uniform draw against p / sum(p)
+    r = rng.uniform(0.0, 1.0) * p.sum()  # = a uniform draw against p / sum(p)
     below = np.flatnonzero(np.cumsum(p) >= r)
     return int(below[0]) if below.size else p.size - 1
 
 
-def generate_text(cfg, weights, seed_text="\n\n", length=1000, temp=0.7, rseed=None,
-                  device="auto", darknet=None, write=None):
+def generate_text(
+    cfg,
+    weights,
+    seed_text="\n\n",
+    length=1000,
+    temp=0.7,
+    rseed=None,
+    device="auto",
+    darknet=None,
+    write=None,
+):
     """Darknet's test_char_rnn: feed seed_text, then draw `length` bytes; `write` receives
     each byte (bytes object) as it comes. Returns all bytes written."""
     if temp <= 0:
@@ -219,8 +256,9 @@ def generate_text(cfg, weights, seed_text="\n\n", length=1000, temp=0.7, rseed=N
     seed = seed_text.encode("utf-8") if isinstance(seed_text, str) else bytes(seed_text)
     bad = [b for b in seed if b == 0 or b >= alphabet]
     if bad:
-        raise TextError(f"the seed text has byte {bad[0]}, outside the network's alphabet "
-                        f"1..{alphabet - 1}")
+        raise TextError(
+            f"the seed text has byte {bad[0]}, outside the network's alphabet 1..{alphabet - 1}"
+        )
     rng = np.random.default_rng(int(time.time()) if rseed is None else rseed)
     out = bytearray()
     write = write or (lambda b: None)
@@ -239,7 +277,7 @@ def generate_text(cfg, weights, seed_text="\n\n", length=1000, temp=0.7, rseed=N
     for c in seed[:-1]:
         step(c)
         emit(c)
-    c = seed[-1] if seed else 0    # Darknet starts from byte 0 without a seed
+    c = seed[-1] if seed else 0  # Darknet starts from byte 0 without a seed
     if seed:
         emit(c)
     for _ in range(length):

@@ -31,6 +31,7 @@ Files in the .data file's backup directory, named after the cfg (``cfg/yolov3.cf
 Every file is written atomically (a temporary file renamed into place), with the mode
 a plain open() would give it.
 """
+
 from .backends import start_device
 from .data.loader import start_worker_server
 from .processes import trace_start
@@ -38,14 +39,34 @@ from .training.chart import draw_chart  # noqa: F401 (the package's names, below
 from .training.checkpoints import cfg_base  # noqa: F401
 from .training.loop import TrainingRun, TrainResult, first_size, make_loader
 from .training.plan import plan_training
-from .training.schedule import (default_map_interval, detector_snapshot_due,  # noqa: F401
-                                multiscale_size, resize_network)
+from .training.schedule import (
+    default_map_interval,
+    detector_snapshot_due,  # noqa: F401
+    multiscale_size,
+    resize_network,
+)
 from .training.stops import Terminated, TrainError  # noqa: F401
 
 
-def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=False,
-          map_every=None, max_batches=None, overwrite=False, log=print, log_every=1,
-          verbose=True, workers=None, on_iteration=None, darknet=None, comm=None):
+def train(
+    cfg,
+    data,
+    weights=None,
+    clear=False,
+    seed=0,
+    device="auto",
+    map_eval=False,
+    map_every=None,
+    max_batches=None,
+    overwrite=False,
+    log=print,
+    log_every=1,
+    verbose=True,
+    workers=None,
+    on_iteration=None,
+    darknet=None,
+    comm=None,
+):
     """Train CFG on the .data file DATA, Darknet's way (see the module docstring).
 
     weights: start from this file: a backup or numbered weights (resumes at the iteration
@@ -77,7 +98,7 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
     # A CUDA device starts on a thread of its own (a second or more) while the lists are
     # read, the labels checked and the loader started: none of them needs it.
     start_device(device)
-    if workers != 0:   # its workers' server gets ready while the network is built
+    if workers != 0:  # its workers' server gets ready while the network is built
         start_worker_server()
 
     def start_loader(plan, layout):
@@ -88,10 +109,22 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         loader.load_ahead()
         return loader
 
-    plan = plan_training(cfg, data, weights=weights, clear=clear, seed=seed, device=device,
-                         map_eval=map_eval, map_every=map_every, max_batches=max_batches,
-                         overwrite=overwrite, darknet=darknet, comm=comm, log=log,
-                         start_loader=start_loader if workers != 0 else None)
+    plan = plan_training(
+        cfg,
+        data,
+        weights=weights,
+        clear=clear,
+        seed=seed,
+        device=device,
+        map_eval=map_eval,
+        map_every=map_every,
+        max_batches=max_batches,
+        overwrite=overwrite,
+        darknet=darknet,
+        comm=comm,
+        log=log,
+        start_loader=start_loader if workers != 0 else None,
+    )
     trace_start("network built")
     if plan.loader is not None:
         loader = plan.loader
@@ -100,12 +133,22 @@ def train(cfg, data, weights=None, clear=False, seed=0, device="auto", map_eval=
         loader = make_loader(plan, seed, workers)
     trace_start("loader started")
     plan.net.verbose = verbose
-    run = TrainingRun(plan, loader, seed=seed, log=log, log_every=log_every,
-                      on_iteration=on_iteration)
+    run = TrainingRun(
+        plan, loader, seed=seed, log=log, log_every=log_every, on_iteration=on_iteration
+    )
     run.log_start()
     return run.run()
 
 
-__all__ = ["Terminated", "TrainError", "TrainResult", "cfg_base", "default_map_interval",
-           "detector_snapshot_due", "draw_chart", "multiscale_size", "resize_network",
-           "train"]
+__all__ = [
+    "Terminated",
+    "TrainError",
+    "TrainResult",
+    "cfg_base",
+    "default_map_interval",
+    "detector_snapshot_due",
+    "draw_chart",
+    "multiscale_size",
+    "resize_network",
+    "train",
+]

@@ -8,6 +8,7 @@ output is P(class | parent). Darknet starts a new group whenever the parent diff
 the previous line's, so siblings must be written together (a parent whose children are
 split gets two groups, and only the last one counts as its children, as in Darknet).
 """
+
 import os
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ class Hierarchy:
     the group its children form (-1 for a leaf: Darknet's `child`) and whether it is a
     leaf; per group its first class and its size. Groups are in file order; group 0 is
     the roots'."""
+
     path: str
     names: tuple
     parent: np.ndarray
@@ -36,7 +38,7 @@ class Hierarchy:
     leaf: np.ndarray
     group_offset: np.ndarray
     group_size: np.ndarray
-    levels: tuple    # the non-root classes by depth, 1 first (arrays of class indexes)
+    levels: tuple  # the non-root classes by depth, 1 first (arrays of class indexes)
 
     @property
     def n(self):
@@ -62,11 +64,12 @@ def read_tree(path):
         try:
             parent = int(fields[1]) if len(fields) > 1 else -1
         except ValueError:
-            raise TreeError(f"{path}:{number}: parent '{fields[1]}' is not a line number") \
-                from None
+            raise TreeError(f"{path}:{number}: parent '{fields[1]}' is not a line number") from None
         if not -1 <= parent < len(names):
-            raise TreeError(f"{path}:{number}: parent {parent} is not an earlier line "
-                            f"(0..{len(names) - 1}) or -1")
+            raise TreeError(
+                f"{path}:{number}: parent {parent} is not an earlier line "
+                f"(0..{len(names) - 1}) or -1"
+            )
         names.append(fields[0])
         parents.append(parent)
     if not names:
@@ -82,17 +85,26 @@ def _hierarchy(path, names, parents):
     group_size = np.diff(np.append(starts, n))
     group = np.repeat(np.arange(len(starts)), group_size)
     child = np.full(n, -1, dtype=np.int64)
-    for g, first in enumerate(starts):       # the last group of a parent wins, as in C
+    for g, first in enumerate(starts):  # the last group of a parent wins, as in C
         if parent[first] >= 0:
             child[parent[first]] = g
     leaf = np.ones(n, dtype=bool)
     leaf[parent[parent >= 0]] = False
     depth = np.zeros(n, dtype=np.int64)
-    for j in np.flatnonzero(parent >= 0):   # parents come first (read_tree checks it)
+    for j in np.flatnonzero(parent >= 0):  # parents come first (read_tree checks it)
         depth[j] = depth[parent[j]] + 1
     levels = tuple(np.flatnonzero(depth == d) for d in range(1, int(depth.max()) + 1))
-    return Hierarchy(path, tuple(names), parent, group, child, leaf,
-                     starts.astype(np.int64), group_size.astype(np.int64), levels)
+    return Hierarchy(
+        path,
+        tuple(names),
+        parent,
+        group,
+        child,
+        leaf,
+        starts.astype(np.int64),
+        group_size.astype(np.int64),
+        levels,
+    )
 
 
 def resolve_tree_path(value, cfg_path):
@@ -125,7 +137,7 @@ def hierarchy_top_prediction(pred, hier, thresh):
     p, group = np.float32(1), 0
     while True:
         first, size = hier.group_offset[group], hier.group_size[group]
-        values = np.asarray(pred[first:first + size], dtype=np.float32)
+        values = np.asarray(pred[first : first + size], dtype=np.float32)
         best = int(np.argmax(values))
         largest = values[best]
         # C's strict `val > max` from max = 0, max_i = 0: class 0 when no value is above 0.
@@ -149,8 +161,8 @@ def fill_hierarchy(truth, hier):
     t = np.array(truth, dtype=np.float32)
     flat = t.reshape(-1, t.shape[-1])
     for row in flat:
-        classes = row[:hier.n]
-        for level in reversed(hier.levels):   # deepest first: a set class sets its parent
+        classes = row[: hier.n]
+        for level in reversed(hier.levels):  # deepest first: a set class sets its parent
             classes[hier.parent[level[classes[level] != 0]]] = 1
         empty = np.add.reduceat(classes != 0, hier.group_offset) == 0
         classes[np.repeat(empty, hier.group_size)] = NO_TRUTH
@@ -165,8 +177,11 @@ def tree_option(section, key="tree"):
         return None
     path = resolve_tree_path(value, section.path)
     if path is None:
-        raise section.error(f"{value}: no such file (looked in the working directory, as "
-                            f"Darknet does, and next to the cfg)", key)
+        raise section.error(
+            f"{value}: no such file (looked in the working directory, as "
+            f"Darknet does, and next to the cfg)",
+            key,
+        )
     try:
         return read_tree(path)
     except TreeError as e:

@@ -18,6 +18,7 @@ valid set (a class without any cannot be scored).
 Both print one last plain line a script can read: ``top-1: 0.9533 top-5: 0.9990`` or
 ``mAP@0.5: 0.7120``.
 """
+
 import json
 import os
 import sys
@@ -40,7 +41,7 @@ from .plurals import counted
 from .predictions import detect, detector_layers, output_layer
 from .tree import hierarchy_predictions
 
-VALID_THRESH = 0.005   # detections kept for mAP (Darknet's validate_detector)
+VALID_THRESH = 0.005  # detections kept for mAP (Darknet's validate_detector)
 VALID_NMS = 0.45
 MAP_IOU = 0.5
 
@@ -50,7 +51,7 @@ class ValidationError(DarknetError):
 
 
 def network_task(net):
-    """"detector" when the network has a [yolo]/[region]/[detection] layer, "classifier"
+    """ "detector" when the network has a [yolo]/[region]/[detection] layer, "classifier"
     when its output layer is a [softmax] (or it ends in a [cost] layer), else an error."""
     if detector_layers(net):
         return "detector"
@@ -60,7 +61,8 @@ def network_task(net):
     raise ValidationError(
         f"{net.path}: cannot tell a classifier from a detector: the network ends in "
         f"[{last.type}] (a classifier ends in [softmax], a detector has a [yolo], [region] or "
-        f"[detection] layer)")
+        f"[detection] layer)"
+    )
 
 
 def check_valid_images(paths, list_path, warn=None):
@@ -69,18 +71,23 @@ def check_valid_images(paths, list_path, warn=None):
     missing."""
     missing = [p for p in paths if not os.path.isfile(p)]
     if len(missing) == len(paths):
-        raise ValidationError(f"no image of the valid list could be read: all {len(paths)} "
-                              f"are missing, the first {_where(missing[0])} (listed in "
-                              f"{list_path})")
+        raise ValidationError(
+            f"no image of the valid list could be read: all {len(paths)} "
+            f"are missing, the first {_where(missing[0])} (listed in "
+            f"{list_path})"
+        )
     if missing and warn is not None:
         one = len(missing) == 1
-        warn(f"{len(missing)} of the {counted(len(paths), 'valid image')} "
-             f"{'is' if one else 'are'} missing (the first: {_where(missing[0])}); "
-             f"{'it is' if one else 'they are'} skipped")
+        warn(
+            f"{len(missing)} of the {counted(len(paths), 'valid image')} "
+            f"{'is' if one else 'are'} missing (the first: {_where(missing[0])}); "
+            f"{'it is' if one else 'they are'} skipped"
+        )
 
 
-def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None,
-                    darknet="original"):
+def check_valid_set(
+    paths, list_path, task, classes=None, labels=None, warn=None, darknet="original"
+):
     """What `train --map` checks before iteration 1: the valid list's images exist and are
     labelled (a detector's label files hold a box, a classifier's paths name a class), so
     that no run stops (or ends without _best weights) at its first evaluation."""
@@ -90,8 +97,9 @@ def check_valid_set(paths, list_path, task, classes=None, labels=None, warn=None
         return
     problems = check_classifier_labels(paths, labels)
     if len(problems) == len(paths):
-        raise ValidationError(f"no image of the valid list {list_path} can be labelled: "
-                              f"{problems[0][1]}")
+        raise ValidationError(
+            f"no image of the valid list {list_path} can be labelled: {problems[0][1]}"
+        )
 
 
 class ImageProgress:
@@ -107,7 +115,7 @@ class ImageProgress:
         self.every = every if every is not None else (0.25 if self.tty else 5.0)
         self.start = self.last = clock()
         self.done = 0
-        self.open_line = False   # a terminal line written without its line end
+        self.open_line = False  # a terminal line written without its line end
 
     def update(self, done):
         self.done = done
@@ -116,8 +124,11 @@ class ImageProgress:
             self.last = now
             rate = done / (now - self.start)
             eta = (self.total - done) / rate if rate > 0 else None
-            self._show(f"{rate:.1f} images/s, ETA "
-                       + (seconds_text(eta) if eta is not None else "unknown"), final=False)
+            self._show(
+                f"{rate:.1f} images/s, ETA "
+                + (seconds_text(eta) if eta is not None else "unknown"),
+                final=False,
+            )
 
     def finish(self):
         elapsed = self.clock() - self.start
@@ -127,7 +138,7 @@ class ImageProgress:
     def _show(self, tail, final):
         line = f"{self.what}: {self.done}/{self.total} images, {tail}"
         if self.tty:
-            line = "\r" + line + "\x1b[K"   # over the last one
+            line = "\r" + line + "\x1b[K"  # over the last one
         self.stream.write(line + ("\n" if final or not self.tty else ""))
         self.stream.flush()
         self.open_line = self.tty and not final
@@ -175,15 +186,16 @@ class ClassifierResult:
     top1: float
     topk: float
     k: int
-    images: int            # images scored
-    skipped: int = 0       # images that could not be read or labelled
+    images: int  # images scored
+    skipped: int = 0  # images that could not be read or labelled
 
     def summary(self):
         return f"top-1: {self.top1:.4f} top-{self.k}: {self.topk:.4f}"
 
 
-def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=None,
-                        log=None, workers=2):
+def evaluate_classifier(
+    net, paths, labels, classes, k=5, batch=32, channels=None, log=None, workers=2
+):
     """Top-1 and top-k accuracy of a classifier network over image `paths`, labelled by
     Darknet's class-name-in-path rule against `labels`. Uses the network's weights in
     inference mode (batch normalisation from the rolling statistics)."""
@@ -193,17 +205,26 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     head = output_layer(net)
     hits1 = hitsk = count = 0
     skipped = []
-    loader = DataLoader(paths, task="classifier", width=o.width, height=o.height,
-                        batch=batch, classes=classes, labels=labels, channels=channels,
-                        train=False, workers=workers,
-                        on_warning=skipped.append)
+    loader = DataLoader(
+        paths,
+        task="classifier",
+        width=o.width,
+        height=o.height,
+        batch=batch,
+        classes=classes,
+        labels=labels,
+        channels=channels,
+        train=False,
+        workers=workers,
+        on_warning=skipped.append,
+    )
     try:
         for x, truth in loader:
             if len(x) == 0:
                 continue
             net.forward(x, train=False)
-            pred = net.be.to_host(head.output)[:len(x) * head.outputs].reshape(len(x), -1)
-            if net.hierarchy is not None:   # validate_classifier: the leaves' P(class)
+            pred = net.be.to_host(head.output)[: len(x) * head.outputs].reshape(len(x), -1)
+            if net.hierarchy is not None:  # validate_classifier: the leaves' P(class)
                 pred = hierarchy_predictions(pred, net.hierarchy, only_leaves=True)
             pred = pred[:, :classes]
             label = truth.argmax(axis=1)
@@ -217,8 +238,9 @@ def evaluate_classifier(net, paths, labels, classes, k=5, batch=32, channels=Non
     for message in skipped[:3]:
         print(f"darknet-py: warning: {message}", file=sys.stderr)
     if count == 0:
-        raise ValidationError("no image of the valid list could be read and labelled"
-                              + unread(skipped, len(paths)))
+        raise ValidationError(
+            "no image of the valid list could be read and labelled" + unread(skipped, len(paths))
+        )
     return ClassifierResult(hits1 / count, hitsk / count, k, count, len(skipped))
 
 
@@ -273,8 +295,9 @@ def mean_average_precision(detections, truths, classes, iou_thresh=MAP_IOU):
         if 0 <= c < classes:
             per_class_dets[c].append((key, score, box))
     aps, counts = [], []
-    rows_of = {key: np.asarray(rows, dtype=np.float32).reshape(-1, 5)
-               for key, rows in truths.items()}
+    rows_of = {
+        key: np.asarray(rows, dtype=np.float32).reshape(-1, 5) for key, rows in truths.items()
+    }
     for c in range(classes):
         gt = {key: rows[rows[:, 4] == c, :4] for key, rows in rows_of.items()}
         counts.append(int(sum(len(b) for b in gt.values())))
@@ -286,8 +309,8 @@ def mean_average_precision(detections, truths, classes, iou_thresh=MAP_IOU):
 @dataclass
 class DetectorResult:
     map: float
-    aps: list              # per class: AP, or None for a class without ground truth
-    truths: list           # ground-truth boxes per class
+    aps: list  # per class: AP, or None for a class without ground truth
+    truths: list  # ground-truth boxes per class
     images: int
     names: list = field(default_factory=list)
     skipped: int = 0
@@ -316,8 +339,17 @@ def image_detections(net, image, thresh=VALID_THRESH, nms=VALID_NMS):
     return out
 
 
-def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=VALID_NMS,
-                      iou_thresh=MAP_IOU, log=None, on_image=None):
+def evaluate_detector(
+    net,
+    paths,
+    classes,
+    names=None,
+    thresh=VALID_THRESH,
+    nms=VALID_NMS,
+    iou_thresh=MAP_IOU,
+    log=None,
+    on_image=None,
+):
     """mAP@iou_thresh of a detector network over image `paths` (labels by Darknet's
     label-path rule; an image without a label file has no objects). on_image(path, width,
     height, [(class_id, score, box)]) is called with each image's scored detections."""
@@ -347,25 +379,105 @@ def evaluate_detector(net, paths, classes, names=None, thresh=VALID_THRESH, nms=
     for message in skipped[:3]:
         print(f"darknet-py: warning: {message}; skipping it", file=sys.stderr)
     if missing:
-        print(f"darknet-py: warning: {missing} of {len(paths)} valid images have no label file; "
-              f"counted as images without objects", file=sys.stderr)
+        print(
+            f"darknet-py: warning: {missing} of {len(paths)} valid images have no label file; "
+            f"counted as images without objects",
+            file=sys.stderr,
+        )
     if not truths:
-        raise ValidationError("no image of the valid list could be read"
-                              + unread(skipped, len(paths)))
+        raise ValidationError(
+            "no image of the valid list could be read" + unread(skipped, len(paths))
+        )
     mean_ap, aps, counts = mean_average_precision(detections, truths, classes, iou_thresh)
     if sum(counts) == 0:
-        raise ValidationError("the valid images have no labelled boxes: mAP cannot be "
-                              "computed")
+        raise ValidationError("the valid images have no labelled boxes: mAP cannot be computed")
     return DetectorResult(mean_ap, aps, counts, len(truths), list(names or []), len(skipped))
 
 
 # ---- Darknet's results files ----------------------------------------------------------
 # COCO's category ids of the 80 classes in coco.names order (COCO numbers 1..90 with gaps).
-COCO_CATEGORY_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
-                     23, 24, 25, 27, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
-                     46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64,
-                     65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88,
-                     89, 90)
+COCO_CATEGORY_IDS = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    27,
+    28,
+    31,
+    32,
+    33,
+    34,
+    35,
+    36,
+    37,
+    38,
+    39,
+    40,
+    41,
+    42,
+    43,
+    44,
+    46,
+    47,
+    48,
+    49,
+    50,
+    51,
+    52,
+    53,
+    54,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63,
+    64,
+    65,
+    67,
+    70,
+    72,
+    73,
+    74,
+    75,
+    76,
+    77,
+    78,
+    79,
+    80,
+    81,
+    82,
+    84,
+    85,
+    86,
+    87,
+    88,
+    89,
+    90,
+)
 COMP4_PREFIX = "comp4_det_test_"
 COCO_RESULTS = "coco_results.json"
 
@@ -395,13 +507,16 @@ class DetectionResultsWriter:
         existing = [p for p in self.paths() if os.path.exists(p)]
         if existing and not overwrite:
             more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
-            raise ValidationError(f"{existing[0]}{more}: results of an earlier run; pass "
-                                  f"--overwrite to replace them, or choose another "
-                                  f"--results-dir")
+            raise ValidationError(
+                f"{existing[0]}{more}: results of an earlier run; pass "
+                f"--overwrite to replace them, or choose another "
+                f"--results-dir"
+            )
 
     def paths(self):
-        return [os.path.join(self.directory, f"{COMP4_PREFIX}{name}.txt") for name in self.names
-                ] + [os.path.join(self.directory, COCO_RESULTS)]
+        return [
+            os.path.join(self.directory, f"{COMP4_PREFIX}{name}.txt") for name in self.names
+        ] + [os.path.join(self.directory, COCO_RESULTS)]
 
     def add(self, path, width, height, detections):
         """One image's [(class_id, score, relative box)], as evaluate_detector's on_image."""
@@ -410,14 +525,16 @@ class DetectionResultsWriter:
         coco_id = int(number) if number.isdigit() else image_id
         for c, score, box in detections:
             left, top, right, bottom = results_corners(box, width, height, origin=1)
-            self.comp4[c].append(f"{image_id} {score:f} {left:f} {top:f} {right:f} "
-                                 f"{bottom:f}\n")
+            self.comp4[c].append(f"{image_id} {score:f} {left:f} {top:f} {right:f} {bottom:f}\n")
             left, top, right, bottom = results_corners(box, width, height, origin=0)
-            self.coco.append({
-                "image_id": coco_id,
-                "category_id": COCO_CATEGORY_IDS[c] if self.classes == 80 else c,
-                "bbox": [round(v, 6) for v in (left, top, right - left, bottom - top)],
-                "score": round(score, 6)})
+            self.coco.append(
+                {
+                    "image_id": coco_id,
+                    "category_id": COCO_CATEGORY_IDS[c] if self.classes == 80 else c,
+                    "bbox": [round(v, 6) for v in (left, top, right - left, bottom - top)],
+                    "score": round(score, 6),
+                }
+            )
 
     def write(self):
         """Write every file; returns their paths."""
@@ -427,47 +544,59 @@ class DetectionResultsWriter:
             write_text_atomically(path, "".join(lines))
         write_text_atomically(paths[-1], json.dumps(self.coco, indent=0) + "\n")
         return paths
+
+
 # ---- the AlexeyAB fork's `detector map` -------------------------------------------------
-MAP_CONF_THRESH = 0.25   # the fork's thresh_calc_avg_iou: precision/recall/F1 are taken here
+MAP_CONF_THRESH = 0.25  # the fork's thresh_calc_avg_iou: precision/recall/F1 are taken here
 
 
 @dataclass
 class ForkMapResult:
     map: float
-    aps: list              # per class
-    tp: list               # per class, detections above the confidence threshold
+    aps: list  # per class
+    tp: list  # per class, detections above the confidence threshold
     fp: list
-    truths: list           # ground-truth boxes per class
-    detections: int        # scored (detection, class) pairs
-    avg_iou: float         # over the detections above the confidence threshold
+    truths: list  # ground-truth boxes per class
+    detections: int  # scored (detection, class) pairs
+    avg_iou: float  # over the detections above the confidence threshold
     iou_thresh: float
     points: int
     thresh: float
     names: list = field(default_factory=list)
-    curves: list = field(default_factory=list, repr=False)   # per class: (recall, precision)
+    curves: list = field(default_factory=list, repr=False)  # per class: (recall, precision)
 
     def lines(self):
         """The fork's report, with each class's precision, recall and F1 at the
         confidence threshold added to its line."""
-        out = [f" detections_count = {self.detections}, unique_truth_count = "
-               f"{sum(self.truths)}  "]
+        out = [f" detections_count = {self.detections}, unique_truth_count = {sum(self.truths)}  "]
         for c, ap in enumerate(self.aps):
             name = self.names[c] if c < len(self.names) else str(c)
             p, r, f1 = shown_ratios(self.tp[c], self.fp[c], self.truths[c])
-            out.append(f"class_id = {c}, name = {name}, ap = {ap * 100:2.2f}%   \t (TP = "
-                       f"{self.tp[c]}, FP = {self.fp[c]}) precision = {p:1.2f}, recall = "
-                       f"{r:1.2f}, F1-score = {f1:1.2f} ")
+            out.append(
+                f"class_id = {c}, name = {name}, ap = {ap * 100:2.2f}%   \t (TP = "
+                f"{self.tp[c]}, FP = {self.fp[c]}) precision = {p:1.2f}, recall = "
+                f"{r:1.2f}, F1-score = {f1:1.2f} "
+            )
         tp, fp, truths = sum(self.tp), sum(self.fp), sum(self.truths)
         p, r, f1 = shown_ratios(tp, fp, truths)
-        out += ["", f" for conf_thresh = {self.thresh:1.2f}, precision = {p:1.2f}, recall = "
-                    f"{r:1.2f}, F1-score = {f1:1.2f} ",
-                f" for conf_thresh = {self.thresh:0.2f}, TP = {tp}, FP = {fp}, FN = "
-                f"{truths - tp}, average IoU = {self.avg_iou * 100:2.2f} % ", ""]
-        how = (f"used {self.points} Recall-points " if self.points
-               else "used Area-Under-Curve for each unique Recall ")
-        out += [f" IoU threshold = {self.iou_thresh * 100:2.0f} %, {how}",
-                f" mean average precision (mAP@{self.iou_thresh:0.2f}) = {self.map:f}, or "
-                f"{self.map * 100:2.2f} % "]
+        out += [
+            "",
+            f" for conf_thresh = {self.thresh:1.2f}, precision = {p:1.2f}, recall = "
+            f"{r:1.2f}, F1-score = {f1:1.2f} ",
+            f" for conf_thresh = {self.thresh:0.2f}, TP = {tp}, FP = {fp}, FN = "
+            f"{truths - tp}, average IoU = {self.avg_iou * 100:2.2f} % ",
+            "",
+        ]
+        how = (
+            f"used {self.points} Recall-points "
+            if self.points
+            else "used Area-Under-Curve for each unique Recall "
+        )
+        out += [
+            f" IoU threshold = {self.iou_thresh * 100:2.0f} %, {how}",
+            f" mean average precision (mAP@{self.iou_thresh:0.2f}) = {self.map:f}, or "
+            f"{self.map * 100:2.2f} % ",
+        ]
         return out
 
 
@@ -504,7 +633,7 @@ def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRE
     each image's as image_detections lists them), which is where the fork's qsort leaves
     them with glibc: its qsort is a merge sort, stable whenever it can allocate its
     buffer (qsort's fallback, and other C libraries' qsort, may order ties otherwise)."""
-    scored = []            # (score, class, unique truth index or -1)
+    scored = []  # (score, class, unique truth index or -1)
     truth_count = np.zeros(classes, dtype=np.int64)
     tp_at = np.zeros(classes, dtype=np.int64)
     fp_at = np.zeros(classes, dtype=np.int64)
@@ -514,7 +643,7 @@ def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRE
         truth = np.asarray(truth, dtype=np.float32).reshape(-1, 5)
         labels = truth[:, 4].astype(np.int64)
         np.add.at(truth_count, labels[(labels >= 0) & (labels < classes)], 1)
-        claimed = set()    # truth indexes taken above the confidence threshold in this image
+        claimed = set()  # truth indexes taken above the confidence threshold in this image
         for c, score, box in dets:
             same = np.nonzero(labels == c)[0]
             ious = fork_iou(np.asarray(box, dtype=np.float32), truth[same, :4])
@@ -550,11 +679,27 @@ def fork_map(images, classes, iou_thresh=MAP_IOU, points=0, thresh=MAP_CONF_THRE
         recall = np.where(truth_count[:, None] > 0, tp / truth_count[:, None], 0.0)
     aps = [curve_ap(recall[c], precision[c], points) for c in range(classes)]
     # Each class's curve at its own detections' ranks (for map --plots).
-    curves = [(recall[c][np.diff(tp[c] + fp[c], prepend=0) > 0],
-               precision[c][np.diff(tp[c] + fp[c], prepend=0) > 0]) for c in range(classes)]
-    return ForkMapResult(float(np.sum(aps) / classes), aps, tp_at.tolist(), fp_at.tolist(),
-                         truth_count.tolist(), len(scored), iou_sum / above if above else 0.0,
-                         iou_thresh, points, thresh, list(names or []), curves)
+    curves = [
+        (
+            recall[c][np.diff(tp[c] + fp[c], prepend=0) > 0],
+            precision[c][np.diff(tp[c] + fp[c], prepend=0) > 0],
+        )
+        for c in range(classes)
+    ]
+    return ForkMapResult(
+        float(np.sum(aps) / classes),
+        aps,
+        tp_at.tolist(),
+        fp_at.tolist(),
+        truth_count.tolist(),
+        len(scored),
+        iou_sum / above if above else 0.0,
+        iou_thresh,
+        points,
+        thresh,
+        list(names or []),
+        curves,
+    )
 
 
 def curve_ap(recall, precision, points=0):
@@ -573,9 +718,20 @@ def curve_ap(recall, precision, points=0):
     return float(ap + last_recall * last_precision)
 
 
-def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0,
-                 thresh=MAP_CONF_THRESH, log=print, darknet=None, plots=None, engine="numpy",
-                 progress=True):
+def detector_map(
+    cfg,
+    data,
+    weights,
+    device="auto",
+    iou_thresh=MAP_IOU,
+    points=0,
+    thresh=MAP_CONF_THRESH,
+    log=print,
+    darknet=None,
+    plots=None,
+    engine="numpy",
+    progress=True,
+):
     """The fork's `detector map`: load CFG with WEIGHTS, detect on the valid list of the
     .data file DATA as validation does (threshold .005, NMS .45 of the network's kind),
     and print fork_map's report (with progress, an ImageProgress line on stderr while the
@@ -586,14 +742,19 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
     check_valid_images(paths, config.valid)
-    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
-                           darknet=darknet)
+    net = load_with_engine(
+        load_network, engine, device, cfg=cfg, weights=weights, batch=1, darknet=darknet
+    )
     if network_task(net) != "detector":
-        raise ValidationError(f"{cfg}: map scores detectors; the network is a classifier "
-                              f"(use `darknet-py valid`)")
+        raise ValidationError(
+            f"{cfg}: map scores detectors; the network is a classifier (use `darknet-py valid`)"
+        )
     classes = detector_layers(net)[-1].classes
-    refuse_unlabelled(check_detector_dataset(paths, classes, warn_on_stderr,
-                                             what="validation", darknet=net.darknet))
+    refuse_unlabelled(
+        check_detector_dataset(
+            paths, classes, warn_on_stderr, what="validation", darknet=net.darknet
+        )
+    )
     images, skipped = [], []
     shown = ImageProgress(len(paths), "map") if progress else None
     for index, path in enumerate(paths):
@@ -616,21 +777,33 @@ def detector_map(cfg, data, weights, device="auto", iou_thresh=MAP_IOU, points=0
         shown.done = len(paths)
         shown.finish()
     if not images:
-        raise ValidationError("no image of the valid list could be read"
-                              + unread(skipped, len(paths)))
+        raise ValidationError(
+            "no image of the valid list could be read" + unread(skipped, len(paths))
+        )
     result = fork_map(images, classes, iou_thresh, points, thresh, config.names)
     for line in result.lines():
         log(line)
-    if plots is not None:   # PR curves and the confusion matrix (map_plots.py)
+    if plots is not None:  # PR curves and the confusion matrix (map_plots.py)
         from .map_plots import write_map_plots
+
         for path in write_map_plots(plots, result, images, classes, config.names):
             log(f"wrote {path}")
     return result
 
 
 # ---- the `valid` command ---------------------------------------------------------------
-def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir=None,
-             overwrite=False, darknet=None, engine="numpy"):
+def validate(
+    cfg,
+    data,
+    weights,
+    device="auto",
+    top=None,
+    log=print,
+    results_dir=None,
+    overwrite=False,
+    darknet=None,
+    engine="numpy",
+):
     """Load CFG with WEIGHTS and score it on the valid list of the .data file DATA. Prints
     per-class results, then the summary line; returns the result. For a detector with
     results_dir, also writes Darknet's results files there (DetectionResultsWriter),
@@ -640,42 +813,74 @@ def validate(cfg, data, weights, device="auto", top=None, log=print, results_dir
     if not paths:
         raise ValidationError(f"{config.valid}: the valid list is empty")
     check_valid_images(paths, config.valid)
-    net = load_with_engine(load_network, engine, device, cfg=cfg, weights=weights, batch=1,
-                           darknet=darknet)
+    net = load_with_engine(
+        load_network, engine, device, cfg=cfg, weights=weights, batch=1, darknet=darknet
+    )
     net.names = config.names
     task = network_task(net)
     if task == "classifier":
         k = top if top is not None else (config.top if config.top > 1 else 5)
-        result = evaluate_classifier(net, paths, config.labels, config.classes, k=k,
-                                     log=None)
-        log(f"{counted(result.images, 'image')}: top 1: {result.top1:f}, top {result.k}: "
-            f"{result.topk:f}")
+        result = evaluate_classifier(net, paths, config.labels, config.classes, k=k, log=None)
+        log(
+            f"{counted(result.images, 'image')}: top 1: {result.top1:f}, top {result.k}: "
+            f"{result.topk:f}"
+        )
     else:
         classes = detector_layers(net)[-1].classes
         if classes != config.classes:
-            print(f"darknet-py: warning: {data} has classes={config.classes} but the "
-                  f"network's detection layer has classes={classes}; using {classes}",
-                  file=sys.stderr)
-        refuse_unlabelled(check_detector_dataset(paths, classes, warn_on_stderr,
-                                                 what="validation",
-                                                 darknet=net.darknet))
-        writer = (DetectionResultsWriter(results_dir, classes, config.names, overwrite)
-                  if results_dir is not None else None)
-        result = evaluate_detector(net, paths, classes, config.names, log=log,
-                                   on_image=writer.add if writer is not None else None)
+            print(
+                f"darknet-py: warning: {data} has classes={config.classes} but the "
+                f"network's detection layer has classes={classes}; using {classes}",
+                file=sys.stderr,
+            )
+        refuse_unlabelled(
+            check_detector_dataset(
+                paths, classes, warn_on_stderr, what="validation", darknet=net.darknet
+            )
+        )
+        writer = (
+            DetectionResultsWriter(results_dir, classes, config.names, overwrite)
+            if results_dir is not None
+            else None
+        )
+        result = evaluate_detector(
+            net,
+            paths,
+            classes,
+            config.names,
+            log=log,
+            on_image=writer.add if writer is not None else None,
+        )
         for line in result.per_class_lines():
             log(line)
         log(counted(result.images, "image"))
         if writer is not None:
             written = writer.write()
-            log(f"Results: {len(written) - 1} {COMP4_PREFIX}<class>.txt files and "
-                f"{COCO_RESULTS} in {results_dir}")
+            log(
+                f"Results: {len(written) - 1} {COMP4_PREFIX}<class>.txt files and "
+                f"{COCO_RESULTS} in {results_dir}"
+            )
     log(result.summary())
     return result
 
 
-__all__ = ["ClassifierResult", "DetectionResultsWriter", "DetectorResult", "ForkMapResult",
-           "ImageProgress", "ValidationError", "check_valid_set", "class_average_precision",
-           "detector_map", "fork_map", "evaluate_classifier", "evaluate_detector",
-           "mean_average_precision", "network_task", "top_k_hits", "top_k_indexes", "validate",
-           "voc_ap"]
+__all__ = [
+    "ClassifierResult",
+    "DetectionResultsWriter",
+    "DetectorResult",
+    "ForkMapResult",
+    "ImageProgress",
+    "ValidationError",
+    "check_valid_set",
+    "class_average_precision",
+    "detector_map",
+    "fork_map",
+    "evaluate_classifier",
+    "evaluate_detector",
+    "mean_average_precision",
+    "network_task",
+    "top_k_hits",
+    "top_k_indexes",
+    "validate",
+    "voc_ap",
+]

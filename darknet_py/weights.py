@@ -5,6 +5,7 @@ Layout: int32 major, minor, revision; `seen` as uint64 when major*10+minor >= 2
 network order, each layer's arrays in the order its params() lists them.
 Files with major or minor > 1000 store connected weights transposed.
 """
+
 import os
 import stat
 import struct
@@ -17,7 +18,6 @@ from .errors import DarknetError, DarknetWarning
 from .files import atomic_output, check_input_file
 from .layers.convolutional import ConvolutionalLayer
 from .plurals import counted
-
 
 # The AlexeyAB fork writes its weights headers as 0.2.5 (the original, and converters, 0.2.0).
 FORK_WEIGHTS_HEADER = (0, 2, 5)
@@ -45,7 +45,9 @@ def _arrays(layer):
     """(name, array) pairs of a layer as the file stores them (dontloadscales drops BN)."""
     params = layer.params()
     if layer.section.get_int("dontloadscales", 0):
-        params = [(n, a) for n, a in params if n not in ("scales", "rolling_mean", "rolling_variance")]
+        params = [
+            (n, a) for n, a in params if n not in ("scales", "rolling_mean", "rolling_variance")
+        ]
     return params
 
 
@@ -67,14 +69,18 @@ def floats_needed(net, cutoff=None):
 def read_header(f, path):
     head = f.read(12)
     if len(head) < 12:
-        raise WeightsError(f"{path}: not a Darknet weights file ({len(head)} bytes, "
-                           f"shorter than the 12-byte header)")
+        raise WeightsError(
+            f"{path}: not a Darknet weights file ({len(head)} bytes, "
+            f"shorter than the 12-byte header)"
+        )
     major, minor, revision = struct.unpack("<3i", head)
     seen_is_64, transpose = _header_layout(major, minor)
     raw = f.read(8 if seen_is_64 else 4)
     if 0 < len(raw) < (8 if seen_is_64 else 4):
-        raise WeightsError(f"{path}: not a Darknet weights file (its header ends inside the "
-                           f"{8 if seen_is_64 else 4}-byte image count)")
+        raise WeightsError(
+            f"{path}: not a Darknet weights file (its header ends inside the "
+            f"{8 if seen_is_64 else 4}-byte image count)"
+        )
     seen = struct.unpack("<Q" if seen_is_64 else "<i", raw)[0] if raw else 0
     return (major, minor, revision), seen, transpose, 12 + (8 if seen_is_64 else 4)
 
@@ -89,18 +95,25 @@ def _read_floats(path, need=None, at_least=False):
         header, seen, transpose, offset = read_header(f, path)
         body = f.read()
     if len(body) % 4:
-        raise WeightsError(f"{path}: {len(body)} bytes after the header is not a whole "
-                           f"number of floats: a cut-off download or a damaged file"
-                           + (f" ({_sizes(offset + len(body), offset, need, at_least)})"
-                              if need is not None else ""))
+        raise WeightsError(
+            f"{path}: {len(body)} bytes after the header is not a whole "
+            f"number of floats: a cut-off download or a damaged file"
+            + (
+                f" ({_sizes(offset + len(body), offset, need, at_least)})"
+                if need is not None
+                else ""
+            )
+        )
     return header, seen, transpose, np.frombuffer(body, dtype="<f4"), offset
 
 
 def _sizes(found_bytes, offset, need, at_least=False):
     """'the file is N bytes where this cfg's weights are M': expected vs found size."""
     expected = offset + 4 * need
-    return (f"the file is {found_bytes:,} bytes where this cfg's weights are "
-            f"{'at least ' if at_least else ''}{expected:,}")
+    return (
+        f"the file is {found_bytes:,} bytes where this cfg's weights are "
+        f"{'at least ' if at_least else ''}{expected:,}"
+    )
 
 
 def peek_header(path):
@@ -144,10 +157,12 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
                 break
             boundary, covered = nxt, covered + 1
         if boundary != have:
-            raise WeightsError(f"{path}: has {have} floats, which does not end on a layer "
-                               f"boundary of this network (it needs {need}): a cut-off "
-                               f"download ({_sizes(offset + 4 * have, offset, need)}), or "
-                               f"weights of another cfg?")
+            raise WeightsError(
+                f"{path}: has {have} floats, which does not end on a layer "
+                f"boundary of this network (it needs {need}): a cut-off "
+                f"download ({_sizes(offset + 4 * have, offset, need)}), or "
+                f"weights of another cfg?"
+            )
         layers = layers[:covered]
     elif have < need or (have > need and cutoff is None):
         more = "fewer" if have < need else "more"
@@ -159,7 +174,8 @@ def load_weights(net, path, cutoff=None, allow_partial=False, transfer=False):
             f"{'up to layer ' + str(cutoff) + ' ' if cutoff is not None else ''}needs {need} "
             f"({more} than needed: {cut}is this the weights file for this cfg? To start from "
             f"the first layers of another network's weights, cut them with `darknet-py "
-            f"partial THAT.cfg {path} OUT N`)")
+            f"partial THAT.cfg {path} OUT N`)"
+        )
     pos = 0
     all_finite = bool(np.isfinite(data).all())
     for layer in layers:
@@ -174,14 +190,18 @@ def _write_layer(net, layer, data, pos, transpose, check_finite_in=None):
     """Write one layer's arrays from data[pos:]; returns the position after them. With
     check_finite_in (the file's path), NaN/Inf values are warned about per array."""
     for name, arr in _arrays(layer):
-        values = data[pos:pos + arr.size]
+        values = data[pos : pos + arr.size]
         pos += arr.size
         if check_finite_in and not np.isfinite(values).all():
-            warnings.warn(WeightsWarning(
-                f"{check_finite_in}: layer {layer.index} [{layer.type}] {name}: "
-                f"{int((~np.isfinite(values)).sum())} of {counted(values.size, 'value')} "
-                f"{'is' if (~np.isfinite(values)).sum() == 1 else 'are'} NaN or "
-                f"infinite (weights saved from a diverged run?)"), stacklevel=3)
+            warnings.warn(
+                WeightsWarning(
+                    f"{check_finite_in}: layer {layer.index} [{layer.type}] {name}: "
+                    f"{int((~np.isfinite(values)).sum())} of {counted(values.size, 'value')} "
+                    f"{'is' if (~np.isfinite(values)).sum() == 1 else 'are'} NaN or "
+                    f"infinite (weights saved from a diverged run?)"
+                ),
+                stacklevel=3,
+            )
         shape = _connected_shape(layer, name, arr) if transpose else None
         if shape:
             values = values.reshape(shape).T
@@ -199,38 +219,46 @@ class ClassCountLayout:
     """A weights file that holds this cfg's layers trained for `classes` classes: only the
     convolutions feeding the detection heads (`head_convs`: layer -> floats in the file)
     differ from this network."""
+
     classes: int
     head_convs: dict
 
     def describe(self, net):
         heads = [net.layers[i + 1] for i in self.head_convs]
-        return (f"holds this cfg's layers trained for {self.classes} classes, but the "
-                f"cfg's [{heads[0].section.header}] layers have classes={heads[0].classes}: layer"
-                f"{'s' if len(heads) > 1 else ''} {_index_list(self.head_convs)} "
-                f"(the convolution{'s' if len(heads) > 1 else ''} before "
-                f"{'them' if len(heads) > 1 else 'it'}) differ")
+        return (
+            f"holds this cfg's layers trained for {self.classes} classes, but the "
+            f"cfg's [{heads[0].section.header}] layers have classes={heads[0].classes}: layer"
+            f"{'s' if len(heads) > 1 else ''} {_index_list(self.head_convs)} "
+            f"(the convolution{'s' if len(heads) > 1 else ''} before "
+            f"{'them' if len(heads) > 1 else 'it'}) differ"
+        )
 
     def remedy(self, net, path):
         first = min(self.head_convs)
-        return (f"To fine-tune from it, train with --weights {path} (the layers that match "
-                f"are loaded; Python: load_network(..., transfer=True)), or cut the "
-                f"{counted(first, 'layer')} before the first difference: `darknet-py partial "
-                f"{net.path} {path} OUT {first}`")
+        return (
+            f"To fine-tune from it, train with --weights {path} (the layers that match "
+            f"are loaded; Python: load_network(..., transfer=True)), or cut the "
+            f"{counted(first, 'layer')} before the first difference: `darknet-py partial "
+            f"{net.path} {path} OUT {first}`"
+        )
 
 
 @dataclass
 class TransferReport:
     """What transfer loading did: layer indices loaded and left at their random start."""
-    classes: int                # the class count the file was trained for
+
+    classes: int  # the class count the file was trained for
     loaded: list
     not_loaded: list
 
     def lines(self, path):
-        return [f"{path}: weights trained for {counted(self.classes, 'class', 'classes')}; "
-                f"loaded the {counted(len(self.loaded), 'layer')} whose shapes match "
-                f"({_index_list(self.loaded)})",
-                f"layers {_index_list(self.not_loaded)} differ in shape and start from "
-                f"random values (Darknet's initialisation)"]
+        return [
+            f"{path}: weights trained for {counted(self.classes, 'class', 'classes')}; "
+            f"loaded the {counted(len(self.loaded), 'layer')} whose shapes match "
+            f"({_index_list(self.loaded)})",
+            f"layers {_index_list(self.not_loaded)} differ in shape and start from "
+            f"random values (Darknet's initialisation)",
+        ]
 
 
 def _index_list(indices):
@@ -253,13 +281,15 @@ def class_count_layout(net, have):
     heads = [l for l in net.layers if l.type in TRANSFER_HEADS]
     if not heads or len({h.classes for h in heads}) != 1:
         return None
-    per_class = {}   # head convolution -> (its floats here, its floats per class)
+    per_class = {}  # head convolution -> (its floats here, its floats per class)
     for head in heads:
         conv = net.layers[head.index - 1] if head.index else None
         if not isinstance(conv, ConvolutionalLayer) or conv.filters != head.out_c:
             return None
-        if any(conv in getattr(l, "sources", ()) or getattr(l, "source", None) is conv
-               for l in net.layers):   # another consumer would change shape too
+        if any(
+            conv in getattr(l, "sources", ()) or getattr(l, "source", None) is conv
+            for l in net.layers
+        ):  # another consumer would change shape too
             return None
         if conv.section.get_int("dontload", 0) or conv.section.get_int("dontloadscales", 0):
             return None
@@ -270,8 +300,10 @@ def class_count_layout(net, have):
     more_classes = extra // step
     if extra == 0 or extra % step or heads[0].classes + more_classes < 1:
         return None
-    return ClassCountLayout(heads[0].classes + more_classes,
-                            {i: floats + more_classes * p for i, (floats, p) in per_class.items()})
+    return ClassCountLayout(
+        heads[0].classes + more_classes,
+        {i: floats + more_classes * p for i, (floats, p) in per_class.items()},
+    )
 
 
 def _load_transfer(net, path, layout, header, transpose, data):
@@ -280,13 +312,13 @@ def _load_transfer(net, path, layout, header, transpose, data):
         if not _arrays(layer):
             continue
         if layer.index in layout.head_convs:
-            pos += layout.head_convs[layer.index]   # keeps its random initialisation
+            pos += layout.head_convs[layer.index]  # keeps its random initialisation
             not_loaded.append(layer.index)
         else:
             pos = _write_layer(net, layer, data, pos, transpose)
             loaded.append(layer.index)
     assert pos == data.size, "class_count_layout accounted for every float"
-    net.seen = 0   # the file's image count belongs to the other task
+    net.seen = 0  # the file's image count belongs to the other task
     net.weights_header = header
     return TransferReport(layout.classes, loaded, not_loaded)
 
@@ -296,8 +328,10 @@ def save_weights(net, path, cutoff=None):
     with (so an unchanged network saves the same bytes it loaded)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise WeightsError(f"{path}: is a directory; give the weights file's name "
-                           f"(e.g. {os.path.join(path, 'my.weights')})")
+        raise WeightsError(
+            f"{path}: is a directory; give the weights file's name "
+            f"(e.g. {os.path.join(path, 'my.weights')})"
+        )
     major, minor, revision = getattr(net, "weights_header", (0, 2, 0))
     seen = int(net.seen)
     if getattr(net, "darknet", "original") == "alexeyab":
@@ -306,8 +340,10 @@ def save_weights(net, path, cutoff=None):
         major, minor, revision = FORK_WEIGHTS_HEADER
         seen = net.iteration * net.images_per_iteration
     seen_is_64, transpose = _header_layout(major, minor)
-    chunks = [struct.pack("<3i", major, minor, revision),
-              struct.pack("<Q" if seen_is_64 else "<i", seen)]
+    chunks = [
+        struct.pack("<3i", major, minor, revision),
+        struct.pack("<Q" if seen_is_64 else "<i", seen),
+    ]
     for layer in _layers_upto(net, cutoff):
         for name, arr in _arrays(layer):
             values = net.be.to_host(arr).astype("<f4")

@@ -10,6 +10,7 @@ file fails, 0 with a notice where nvcc is absent.
 
     python scripts/kernels_check.py [--nvcc NVCC] [--jobs N] [--all]
 """
+
 import argparse
 import concurrent.futures
 import hashlib
@@ -42,8 +43,11 @@ def targets(name):
 def stamp(name, source, arch_args, nvcc_version, kernel_dirs):
     options = kernel_cache.KERNEL_OPTIONS.get(name, ())
     h = hashlib.sha256()
-    for part in (kernel_cache.kernel_digest(source, options, kernel_dirs),
-                 "\0".join(arch_args + FLAGS), nvcc_version):
+    for part in (
+        kernel_cache.kernel_digest(source, options, kernel_dirs),
+        "\0".join(arch_args + FLAGS),
+        nvcc_version,
+    ):
         h.update(part.encode())
         h.update(b"\0\0")
     return h.hexdigest()
@@ -59,8 +63,9 @@ def check_one(nvcc, path, arch_args, kernel_dirs):
     options = kernel_cache.KERNEL_OPTIONS.get(path.name, ())
     includes = [f"-I{folder}" for folder in kernel_dirs]
     start = time.perf_counter()
-    done = subprocess.run([nvcc, *arch_args, *options, *includes, *FLAGS, str(path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [nvcc, *arch_args, *options, *includes, *FLAGS, str(path)], capture_output=True, text=True
+    )
     return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
 
 
@@ -68,15 +73,20 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--kernels", type=Path, action="append",
-                    help="a folder of kernel files (repeatable); default every op family's")
+    ap.add_argument(
+        "--kernels",
+        type=Path,
+        action="append",
+        help="a folder of kernel files (repeatable); default every op family's",
+    )
     ap.add_argument("--all", action="store_true", help="compile every file, checked or not")
     args = ap.parse_args(argv)
     if shutil.which(args.nvcc) is None:
         print("kernels-check: nvcc not found, kernels not compiled")
         return 0
-    version = subprocess.run([args.nvcc, "--version"], capture_output=True,
-                             text=True).stdout.strip()
+    version = subprocess.run(
+        [args.nvcc, "--version"], capture_output=True, text=True
+    ).stdout.strip()
     done_dir = Path(kernel_cache.cache_dir()).parent / "kernels-check"
     kernel_dirs = [str(folder) for folder in args.kernels] if args.kernels else KERNEL_DIRS
     work, passed = [], 0
@@ -89,24 +99,31 @@ def main(argv=None):
                 passed += 1
             else:
                 work.append((path, label, arch_args, key))
-    print(f"kernels-check: {len(work)} builds to compile, {passed} unchanged since "
-          f"they passed")
+    print(f"kernels-check: {len(work)} builds to compile, {passed} unchanged since they passed")
     failed = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        runs = {pool.submit(check_one, args.nvcc, path, arch_args, kernel_dirs):
-                (shown(path), label, key) for path, label, arch_args, key in work}
+        runs = {
+            pool.submit(check_one, args.nvcc, path, arch_args, kernel_dirs): (
+                shown(path),
+                label,
+                key,
+            )
+            for path, label, arch_args, key in work
+        }
         for run in concurrent.futures.as_completed(runs):
             name, label, key = runs[run]
             code, output, seconds = run.result()
-            print(f"nvcc {name} ({label}): {'ok' if code == 0 else 'FAILED'} "
-                  f"in {seconds:.1f} s", flush=True)
+            print(
+                f"nvcc {name} ({label}): {'ok' if code == 0 else 'FAILED'} in {seconds:.1f} s",
+                flush=True,
+            )
             if code:
                 failed.append((name, label, output))
                 continue
             try:
                 done_dir.mkdir(parents=True, exist_ok=True)
                 (done_dir / key).touch()
-            except OSError:   # a read-only cache: the next check compiles again
+            except OSError:  # a read-only cache: the next check compiles again
                 pass
     for name, label, output in failed:
         print(f"\n--- {name} ({label}) ---\n{output}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """Fixtures shared by several test modules."""
+
 import cv2
 import numpy as np
 import pytest
@@ -9,9 +10,11 @@ def cuda():
     """A CudaBackend on GPU 0 for the gpu tests; they are skipped without PyCUDA or a GPU."""
     pytest.importorskip("pycuda.driver")
     from darknet_py.backends import cuda_available
+
     if not cuda_available():
         pytest.skip("no CUDA GPU")
     from darknet_py.backends.cuda_backend import CudaBackend
+
     return CudaBackend(0)
 
 
@@ -28,9 +31,9 @@ def bars(tmp_path_factory):
             img = rng.uniform(0, 60, (12, 12))
             k = rng.integers(2, 10)
             if name == "horiz":
-                img[k - 1:k + 2, :] = 230
+                img[k - 1 : k + 2, :] = 230
             else:
-                img[:, k - 1:k + 2] = 230
+                img[:, k - 1 : k + 2] = 230
             p = root / split / f"{i:03d}_{name}.png"
             cv2.imwrite(str(p), img.astype(np.uint8))
             lists[split].append(str(p))
@@ -44,6 +47,7 @@ def onnx_cache(tmp_path_factory):
     """The CPU engine's exports (export/cache.py) go to a folder of this test session,
     not the user's ~/.cache; subprocesses inherit it."""
     import os
+
     path = tmp_path_factory.mktemp("onnx-cache")
     old = os.environ.get("DARKNET_ONNX_CACHE")
     os.environ["DARKNET_ONNX_CACHE"] = str(path)
@@ -72,4 +76,6 @@ def pytest_terminal_summary(terminalreporter):
         where = "absent" if not SHARED.is_dir() else "incomplete"
         terminalreporter.write_line(
             f"{missing} of {len(skipped)} skipped tests need ../shared ({SHARED}: {where})"
-            if missing else f"none of the {len(skipped)} skipped tests needs ../shared")
+            if missing
+            else f"none of the {len(skipped)} skipped tests needs ../shared"
+        )

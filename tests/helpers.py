@@ -1,4 +1,5 @@
 """What several test modules share: small cfgs, dataset writers and network helpers."""
+
 import subprocess
 import sys
 
@@ -9,7 +10,6 @@ from darknet_py.boxes import TRUTH_FIELDS
 from darknet_py.losses.detection import detection_grid_truth
 from darknet_py.network import load_network
 from darknet_py.weights import read_header
-
 
 # ---- the tiny two-class "bars" classifier (its dataset: the `bars` fixture in conftest.py) ----
 CLASSIFIER_CFG = """
@@ -54,18 +54,30 @@ activation=linear
 """
 
 
-def write_classifier_cfg(tmp_path, name="tiny.cfg", batch=8, subdivisions=2, momentum=0.0,
-                         max_batches=6, text=CLASSIFIER_CFG):
+def write_classifier_cfg(
+    tmp_path,
+    name="tiny.cfg",
+    batch=8,
+    subdivisions=2,
+    momentum=0.0,
+    max_batches=6,
+    text=CLASSIFIER_CFG,
+):
     path = tmp_path / name
-    path.write_text(text.format(batch=batch, subdivisions=subdivisions, momentum=momentum,
-                                max_batches=max_batches))
+    path.write_text(
+        text.format(
+            batch=batch, subdivisions=subdivisions, momentum=momentum, max_batches=max_batches
+        )
+    )
     return str(path)
 
 
 def data_file(root, backup):
     path = backup.parent / f"{backup.name}.data"
-    path.write_text(f"classes=2\ntrain={root}/train.list\nvalid={root}/valid.list\n"
-                    f"names={root}/bars.names\nbackup={backup}/\n")
+    path.write_text(
+        f"classes=2\ntrain={root}/train.list\nvalid={root}/valid.list\n"
+        f"names={root}/bars.names\nbackup={backup}/\n"
+    )
     return str(path)
 
 
@@ -83,14 +95,18 @@ RUN_CFG = NO_BN_CFG.replace("policy=poly\npower=2\n", "policy=steps\nsteps=3\nsc
 
 def write_run_cfg(tmp_path, max_batches=4):
     path = tmp_path / "tiny.cfg"
-    path.write_text(RUN_CFG.format(batch=4, subdivisions=2, momentum=0.0,
-                                   max_batches=max_batches))
+    path.write_text(RUN_CFG.format(batch=4, subdivisions=2, momentum=0.0, max_batches=max_batches))
     return str(path)
 
 
 def darknet_py(*args, **popen):
-    return subprocess.Popen([sys.executable, "-m", "darknet_py", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "darknet_py", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def finish(process, timeout=120):
@@ -108,14 +124,24 @@ def weights_floats(path):
 # ---- tiny digit detectors -------------------------------------------------------------------
 def yolo_head(classes=10):
     """A 1x1 convolution and the [yolo] head it feeds: three anchors of 8 to 16 pixels."""
-    return (f"[convolutional]\nfilters={3 * (classes + 5)}\nsize=1\nactivation=linear\n"
-            f"[yolo]\nmask=0,1,2\nanchors=8,8, 12,12, 16,16\nclasses={classes}\nnum=3\n")
+    return (
+        f"[convolutional]\nfilters={3 * (classes + 5)}\nsize=1\nactivation=linear\n"
+        f"[yolo]\nmask=0,1,2\nanchors=8,8, 12,12, 16,16\nclasses={classes}\nnum=3\n"
+    )
 
 
 def digit_set(root, n_train, n_valid, max_digits=2):
     """demo_data's detection set on 32x32 canvases, digits of 8 to 16 pixels: its .data path."""
-    return demo_data.build_detection_set(root, n_train, n_valid, seed=0, canvas_size=32,
-                                         max_digits=max_digits, min_digit=8, max_digit=16)
+    return demo_data.build_detection_set(
+        root,
+        n_train,
+        n_valid,
+        seed=0,
+        canvas_size=32,
+        max_digits=max_digits,
+        min_digit=8,
+        max_digit=16,
+    )
 
 
 # A small 10-class detector (untrained_detector writes it with its weights).
@@ -151,8 +177,10 @@ def untrained_detector(directory):
 # ---- transcriptions of Darknet's C ---------------------------------------------------------
 def c_iou(a, b):
     """Darknet's box_iou (both forks), in Python floats: 0 when there is no overlap."""
+
     def overlap(x1, w1, x2, w2):
         return min(x1 + w1 / 2, x2 + w2 / 2) - max(x1 - w1 / 2, x2 - w2 / 2)
+
     w, h = overlap(a[0], a[2], b[0], b[2]), overlap(a[1], a[3], b[1], b[3])
     inter = 0 if w < 0 or h < 0 else w * h
     union = a[2] * a[3] + b[2] * b[3] - inter
@@ -202,10 +230,14 @@ def adopt_forward_state(net, source):
         skip = {name for name, _ in layer.params()} | {"delta"}
         for name, value in vars(layer).items():
             theirs = getattr(twin, name, None)
-            if (name in skip or name.endswith("_updates") or not isinstance(value, np.ndarray)
-                    or theirs is None):
+            if (
+                name in skip
+                or name.endswith("_updates")
+                or not isinstance(value, np.ndarray)
+                or theirs is None
+            ):
                 continue
-            if not isinstance(theirs, np.ndarray):   # a backend buffer (host settings are)
+            if not isinstance(theirs, np.ndarray):  # a backend buffer (host settings are)
                 theirs = source.be.to_host(theirs)
             value[...] = np.asarray(theirs).reshape(value.shape)
 

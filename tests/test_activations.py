@@ -1,14 +1,20 @@
 """Every Darknet activation and its gradient, against formulas written out from
 Darknet's activations.h (and the AlexeyAB fork's activations.c) and against finite
 differences of the forward."""
+
 import math
 
 import numpy as np
 import pytest
 
 from darknet_py import activations
-from darknet_py.activations import (ACTIVATIONS, CHANNEL_ACTIVATIONS, INPUT_GRADIENT,
-                                    SELU_ALPHA, SELU_LAMBDA)
+from darknet_py.activations import (
+    ACTIVATIONS,
+    CHANNEL_ACTIVATIONS,
+    INPUT_GRADIENT,
+    SELU_ALPHA,
+    SELU_LAMBDA,
+)
 
 
 def _stair(x):
@@ -27,15 +33,17 @@ FORWARD = {
     "linear": lambda x: x,
     "ramp": lambda x: x * (x > 0) + 0.1 * x,
     "tanh": lambda x: (np.exp(2 * x) - 1) / (np.exp(2 * x) + 1),
-    "plse": lambda x: np.array([0.01 * (v + 4) if v < -4 else
-                                0.01 * (v - 4) + 1 if v > 4 else 0.125 * v + 0.5 for v in x]),
+    "plse": lambda x: np.array(
+        [0.01 * (v + 4) if v < -4 else 0.01 * (v - 4) + 1 if v > 4 else 0.125 * v + 0.5 for v in x]
+    ),
     "leaky": lambda x: np.array([v if v > 0 else 0.1 * v for v in x]),
     "elu": lambda x: (x >= 0) * x + (x < 0) * (np.exp(x) - 1),
     "loggy": lambda x: 2.0 / (1.0 + np.exp(-x)) - 1,
     "stair": _stair,
     "hardtan": lambda x: np.array([-1.0 if v < -1 else 1.0 if v > 1 else v for v in x]),
-    "lhtan": lambda x: np.array([0.001 * v if v < 0 else
-                                 0.001 * (v - 1) + 1 if v > 1 else v for v in x]),
+    "lhtan": lambda x: np.array(
+        [0.001 * v if v < 0 else 0.001 * (v - 1) + 1 if v > 1 else v for v in x]
+    ),
     "selu": lambda x: (x >= 0) * 1.0507 * x + (x < 0) * 1.0507 * 1.6732 * (np.exp(x) - 1),
 }
 
@@ -45,16 +53,20 @@ def _fork_softplus(v):
 
 
 # The fork's activations, one element at a time (activations.c / activations.h).
-FORWARD.update({
-    "relu6": lambda x: np.array([min(max(v, 0.0), 6.0) for v in x]),
-    "revleaky": lambda x: np.array([v if v > 0 else 0.1 * v for v in x]),
-    "gelu": lambda x: np.array([0.5 * v * (1 + math.tanh(0.797885 * v + 0.035677 * v ** 3))
-                                for v in x]),
-    "swish": lambda x: np.array([v / (1 + math.exp(-v)) for v in x]),
-    "mish": lambda x: np.array([v * math.tanh(_fork_softplus(v)) for v in x]),
-    "hard_mish": lambda x: np.array([v if v > 0 else v * v / 2 + v if v > -2 else 0.0
-                                     for v in x]),
-})
+FORWARD.update(
+    {
+        "relu6": lambda x: np.array([min(max(v, 0.0), 6.0) for v in x]),
+        "revleaky": lambda x: np.array([v if v > 0 else 0.1 * v for v in x]),
+        "gelu": lambda x: np.array(
+            [0.5 * v * (1 + math.tanh(0.797885 * v + 0.035677 * v**3)) for v in x]
+        ),
+        "swish": lambda x: np.array([v / (1 + math.exp(-v)) for v in x]),
+        "mish": lambda x: np.array([v * math.tanh(_fork_softplus(v)) for v in x]),
+        "hard_mish": lambda x: np.array(
+            [v if v > 0 else v * v / 2 + v if v > -2 else 0.0 for v in x]
+        ),
+    }
+)
 
 # Darknet's *_gradient, each a function of the activation's output y.
 GRADIENT = {
@@ -77,9 +89,22 @@ GRADIENT = {
 }
 
 # Where each function has a kink or a jump: finite differences stay away from these.
-KINKS = {"relu": [0], "relie": [0], "ramp": [0], "leaky": [0], "elu": [0], "selu": [0],
-         "plse": [-4, 4], "hardtan": [-1, 1], "lhtan": [0, 1], "stair": list(range(-8, 9)),
-         "relu6": [0, 6], "revleaky": [0], "hard_mish": [-2, 0], "mish": [-20, 20]}
+KINKS = {
+    "relu": [0],
+    "relie": [0],
+    "ramp": [0],
+    "leaky": [0],
+    "elu": [0],
+    "selu": [0],
+    "plse": [-4, 4],
+    "hardtan": [-1, 1],
+    "lhtan": [0, 1],
+    "stair": list(range(-8, 9)),
+    "relu6": [0, 6],
+    "revleaky": [0],
+    "hard_mish": [-2, 0],
+    "mish": [-20, 20],
+}
 
 
 def _gradient(x, name):
@@ -122,8 +147,9 @@ def test_gradient_matches_darknet_formula(name):
     # Includes outputs exactly at the kinks (y = 0, y = 1, integers for stair), where only
     # Darknet's written-out rule decides the value.
     y = activations.activate(_points(), name)
-    np.testing.assert_allclose(activations.gradient(y, name), GRADIENT[name](y),
-                               rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        activations.gradient(y, name), GRADIENT[name](y), rtol=1e-12, atol=1e-15
+    )
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)
@@ -168,15 +194,19 @@ def _normalize_channels_loops(x, name):
 @pytest.mark.parametrize("name", CHANNEL_ACTIVATIONS)
 def test_normalize_channels_matches_the_forks_loops(name):
     x = np.random.default_rng(5).uniform(-3, 3, (2, 5, 7))
-    np.testing.assert_allclose(activations.normalize_channels(x, name),
-                               _normalize_channels_loops(x, name), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        activations.normalize_channels(x, name),
+        _normalize_channels_loops(x, name),
+        rtol=1e-12,
+        atol=1e-15,
+    )
 
 
 @pytest.mark.parametrize("name", CHANNEL_ACTIVATIONS)
 def test_normalize_channels_gradient_matches_finite_differences(name):
     rng = np.random.default_rng(6)
     x = rng.uniform(-3, 3, (2, 4, 3))
-    x[np.abs(x) < 0.05] = 0.5        # away from relu's kink
+    x[np.abs(x) < 0.05] = 0.5  # away from relu's kink
     g = rng.uniform(-1, 1, x.shape)
     analytic = activations.normalize_channels_gradient(x, name, g)
     numeric = np.zeros_like(x)
@@ -185,7 +215,9 @@ def test_normalize_channels_gradient_matches_finite_differences(name):
         up, down = x.copy(), x.copy()
         up[idx] += h
         down[idx] -= h
-        numeric[idx] = ((activations.normalize_channels(up, name) * g).sum()
-                        - (activations.normalize_channels(down, name) * g).sum()) / (2 * h)
+        numeric[idx] = (
+            (activations.normalize_channels(up, name) * g).sum()
+            - (activations.normalize_channels(down, name) * g).sum()
+        ) / (2 * h)
     np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
     assert np.abs(numeric).max() > 1e-2

@@ -1,6 +1,7 @@
 """adam=1 as both Darknets' GPU builds train with it (darknet_py/adam.py): the update
 against Darknet's formula worked by hand, which layers use it and what t is in each
 flavour, small networks learning with it, and (gpu) the CUDA kernel against NumPy."""
+
 import math
 
 import numpy as np
@@ -25,8 +26,8 @@ def darknet_adam_by_hand(w, d, m, v, rate, t, b1, b2, eps, decay, batch):
         m[i] += (1 - b1) * d[i]
         d[i] *= d[i]
         v[i] += (1 - b2) * d[i]
-        mhat = m[i] / (1 - b1 ** t)
-        vhat = v[i] / (1 - b2 ** t)
+        mhat = m[i] / (1 - b1**t)
+        vhat = v[i] / (1 - b2**t)
         w[i] = w[i] + rate * mhat / (math.sqrt(vhat) + eps)
         d[i] = 0.0
     return [np.array(a) for a in (w, d, m, v)]
@@ -43,15 +44,24 @@ def test_numpy_adam_update_is_darknets_formula_over_three_steps(dtype, rtol):
     for t, rate in ((1, 0.01), (2, 0.005), (3, 0.02)):
         grad = rng.uniform(-2, 2, 7) * 10.0 ** rng.integers(-3, 1, 7)
         d = be.from_host(grad)
-        be.adam_update(w, d, m, v, be.from_host([rate, t]), b1, b2, eps,
-                       float(np.float32(decay) * batch) if dtype == np.float32 else
-                       decay * batch)
-        want = darknet_adam_by_hand(want[0], grad, want[2], want[3], rate, t, b1, b2, eps,
-                                    decay, batch)
+        be.adam_update(
+            w,
+            d,
+            m,
+            v,
+            be.from_host([rate, t]),
+            b1,
+            b2,
+            eps,
+            float(np.float32(decay) * batch) if dtype == np.float32 else decay * batch,
+        )
+        want = darknet_adam_by_hand(
+            want[0], grad, want[2], want[3], rate, t, b1, b2, eps, decay, batch
+        )
         np.testing.assert_allclose(w, want[0], rtol=rtol, atol=0)
         np.testing.assert_allclose(m, want[2], rtol=rtol * 10, atol=0)
         np.testing.assert_allclose(v, want[3], rtol=rtol * 10, atol=0)
-        assert not d.any()   # the accumulated update starts again from zero
+        assert not d.any()  # the accumulated update starts again from zero
 
 
 # ---- networks --------------------------------------------------------------------------------
@@ -83,8 +93,10 @@ def network(darknet, extra="", seed=0):
 
 def data(seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.uniform(0, 1, (2, 2, 4, 4)).astype(np.float32),
-            rng.uniform(-1, 1, (2, 3)).astype(np.float32))
+    return (
+        rng.uniform(0, 1, (2, 2, 4, 4)).astype(np.float32),
+        rng.uniform(-1, 1, (2, 3)).astype(np.float32),
+    )
 
 
 def params(net, i):
@@ -116,8 +128,9 @@ def test_the_first_step_moves_every_adam_parameter_by_the_rate(darknet):
 
 def test_which_layers_each_darknet_updates_with_adam():
     assert ADAM_LAYERS["alexeyab"] == {"convolutional"}
-    assert {"convolutional", "connected", "deconvolutional", "rnn", "gru", "lstm"} \
-        <= ADAM_LAYERS["original"]
+    assert {"convolutional", "connected", "deconvolutional", "rnn", "gru", "lstm"} <= ADAM_LAYERS[
+        "original"
+    ]
     assert "local" not in ADAM_LAYERS["original"] | ADAM_LAYERS["alexeyab"]
 
 
@@ -125,7 +138,7 @@ def test_t_counts_this_process_updates_in_the_original_and_iterations_in_the_for
     x, truth = data()
     for darknet, want in (("original", [1, 2, 3]), ("alexeyab", [11, 12, 13])):
         net = network(darknet)
-        net.seen = 10 * net.images_per_iteration   # as if resumed from weights at 10
+        net.seen = 10 * net.images_per_iteration  # as if resumed from weights at 10
         got = []
         for _ in range(3):
             net.train_iteration(x, truth)
@@ -181,23 +194,37 @@ def test_cuda_adam_update_matches_numpy_over_three_steps(cuda):
     NumPy in float32: B1, B2 and 1 - B are Darknet's floats (in float64, 1 - 0.999 differs
     from float32's by 1.3e-5 relative, which v shows)."""
     from test_cuda_ops import REF32, View, assert_close, run
+
     rng = np.random.default_rng(3)
     n, head = 10_000, 17
     state = {"w": rng.uniform(-1, 1, n), "m": np.zeros(n), "v": np.zeros(n)}
-    state = {k: np.concatenate([np.full(head, np.nan), a]).astype(np.float32)
-             for k, a in state.items()}
+    state = {
+        k: np.concatenate([np.full(head, np.nan), a]).astype(np.float32) for k, a in state.items()
+    }
     for t, rate in ((1, 0.01), (2, 0.001), (3, 0.03)):
         grad = (rng.uniform(-2, 2, n) * 10.0 ** rng.integers(-4, 1, n)).astype(np.float32)
         d = np.concatenate([np.full(head, np.nan, np.float32), grad])
-        args = (View(state["w"], head), View(d, head), View(state["m"], head),
-                View(state["v"], head), np.float32([rate, t]), 0.9, 0.999, 1e-7, 0.002)
+        args = (
+            View(state["w"], head),
+            View(d, head),
+            View(state["m"], head),
+            View(state["v"], head),
+            np.float32([rate, t]),
+            0.9,
+            0.999,
+            1e-7,
+            0.002,
+        )
         _, want = run(REF32, "adam_update", *args)
         _, got = run(cuda, "adam_update", *args)
         for name, g, w in zip(("w", "d", "m", "v", "step"), got, want):
             assert_close(g, w, 1e-5, f"adam_update {name} at t={t}")
             assert np.isnan(g[:head]).all() if name != "step" else True
-        state = {"w": got[0].astype(np.float32), "m": got[2].astype(np.float32),
-                 "v": got[3].astype(np.float32)}
+        state = {
+            "w": got[0].astype(np.float32),
+            "m": got[2].astype(np.float32),
+            "v": got[3].astype(np.float32),
+        }
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """The detectors darknet_py.architectures writes: the same sections and option values as the
 AlexeyAB fork's stock cfgs (where ../shared has them), and networks of the stock shapes with
 any class count and size (always)."""
+
 from pathlib import Path
 
 import pytest
@@ -36,12 +37,20 @@ def test_written_cfg_has_the_stock_files_sections_and_values(name):
         assert a == b, f"section {i}"
 
 
-@pytest.mark.parametrize("name,layers,heads", [("yolov4", 162, (139, 150, 161)),
-                                               ("yolov4-tiny", 38, (30, 37)),
-                                               ("yolov3-tiny", 24, (16, 23))])
+@pytest.mark.parametrize(
+    "name,layers,heads",
+    [
+        ("yolov4", 162, (139, 150, 161)),
+        ("yolov4-tiny", 38, (30, 37)),
+        ("yolov3-tiny", 24, (16, 23)),
+    ],
+)
 def test_written_detectors_build_with_any_class_count_and_size(name, layers, heads):
-    net = Network(parse_cfg_text(cfg_text(name, classes=3, size=320, batch=2, subdivisions=1)), batch=1,
-                  allocate=False)
+    net = Network(
+        parse_cfg_text(cfg_text(name, classes=3, size=320, batch=2, subdivisions=1)),
+        batch=1,
+        allocate=False,
+    )
     assert len(net.layers) == layers
     assert [l.index for l in net.layers if l.type == "yolo"] == list(heads)
     assert net.input_shape == (3, 320, 320)

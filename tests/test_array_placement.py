@@ -2,6 +2,7 @@
 exactly as the first version did, a scan of every array's intervals, kept here as the
 reference, on random interval sets and stock networks; and it takes a moment, not minutes,
 for 20,000 layers."""
+
 import os
 import time
 
@@ -13,8 +14,7 @@ from darknet_py.delta_plan import ArrayTimes, place_in_arrays, plan_deltas
 from darknet_py.network import build_network
 from darknet_py.output_plan import plan_outputs
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                      "shared")
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared")
 
 
 def reference_place_in_arrays(intervals, floats):
@@ -51,15 +51,17 @@ def random_intervals(rng, count, span, two, sizes):
 
 @pytest.mark.parametrize("chunk", [ArrayTimes.CHUNK, 2])
 def test_placement_matches_the_reference_on_random_interval_sets(monkeypatch, chunk):
-    monkeypatch.setattr(ArrayTimes, "CHUNK", chunk)   # 2: chunks split all the time
+    monkeypatch.setattr(ArrayTimes, "CHUNK", chunk)  # 2: chunks split all the time
     rng = np.random.default_rng(7)
     for trial in range(300):
         count = int(rng.integers(1, 120))
         sizes = [1, 2, 3] if trial % 3 else list(range(1, 1000))
-        intervals, floats = random_intervals(rng, count, int(rng.integers(2, 400)),
-                                             two=trial % 2 == 1, sizes=sizes)
-        assert place_in_arrays(intervals, floats) == \
-            reference_place_in_arrays(intervals, floats), trial
+        intervals, floats = random_intervals(
+            rng, count, int(rng.integers(2, 400)), two=trial % 2 == 1, sizes=sizes
+        )
+        assert place_in_arrays(intervals, floats) == reference_place_in_arrays(intervals, floats), (
+            trial
+        )
 
 
 def test_placement_of_chains_matches_the_reference():
@@ -69,8 +71,7 @@ def test_placement_of_chains_matches_the_reference():
     deltas = {i: ((i, i + 1),) for i in range(count)}
     outputs = {i: ((i, i + 1), (2 * count - 2 - i, 2 * count - 1 - i)) for i in range(count)}
     for intervals in (deltas, outputs):
-        assert place_in_arrays(intervals, floats) == \
-            reference_place_in_arrays(intervals, floats)
+        assert place_in_arrays(intervals, floats) == reference_place_in_arrays(intervals, floats)
 
 
 def test_an_interval_that_ends_before_it_starts_is_refused():
@@ -84,13 +85,20 @@ def test_twenty_thousand_layers_take_a_moment():
     outputs = {i: ((i, i + 1), (2 * count - 2 - i, 2 * count - 1 - i)) for i in range(count)}
     start = time.perf_counter()
     buffer_of, buffer_floats = place_in_arrays(outputs, floats)
-    assert time.perf_counter() - start < 10   # the scan of every array's took minutes
+    assert time.perf_counter() - start < 10  # the scan of every array's took minutes
     assert buffer_floats == [4, 4] and buffer_of[0] == 0 and buffer_of[1] == 1
 
 
-@pytest.mark.parametrize("name", ["darknet-cfg-ab/yolov4.cfg", "darknet-cfg-ab/yolov7.cfg",
-                                  "darknet-cfg-ab/csresnext50-panet-spp.cfg",
-                                  "darknet-cfg/yolov3.cfg", "darknet-cfg/densenet201.cfg"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "darknet-cfg-ab/yolov4.cfg",
+        "darknet-cfg-ab/yolov7.cfg",
+        "darknet-cfg-ab/csresnext50-panet-spp.cfg",
+        "darknet-cfg/yolov3.cfg",
+        "darknet-cfg/densenet201.cfg",
+    ],
+)
 def test_stock_networks_plan_as_with_the_reference(monkeypatch, name):
     path = os.path.join(SHARED, name)
     if not os.path.isfile(path):

@@ -1,6 +1,7 @@
 """The AlexeyAB fork's detector augmentation (darknet_py/data/augment_fork.py): mosaic,
 mixup, letter_box, blur, gaussian_noise, each checked on images whose content says where
 every pixel came from."""
+
 import types
 
 import numpy as np
@@ -8,10 +9,16 @@ import pytest
 
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.data.augment import DetectorAugment
-from darknet_py.data.augment_fork import (ForkAugment, PieceDraws, crop_borders,
-                                          detector_augment, fork_detection_sample,
-                                          fork_fill_truth, image_data_augmentation,
-                                          mosaic_truth)
+from darknet_py.data.augment_fork import (
+    ForkAugment,
+    PieceDraws,
+    crop_borders,
+    detector_augment,
+    fork_detection_sample,
+    fork_fill_truth,
+    image_data_augmentation,
+    mosaic_truth,
+)
 from darknet_py.data.config import DataError
 from darknet_py.network import parse_net_options
 
@@ -26,7 +33,10 @@ def solid(colour, w=80, h=60, box=None):
     boxes = np.zeros((0, 5), dtype=F32)
     if box is not None:
         x, y, bw, bh = box
-        img[int((y - bh / 2) * h):int((y + bh / 2) * h), int((x - bw / 2) * w):int((x + bw / 2) * w)] = 1
+        img[
+            int((y - bh / 2) * h) : int((y + bh / 2) * h),
+            int((x - bw / 2) * w) : int((x + bw / 2) * w),
+        ] = 1
         boxes = np.array([[x, y, bw, bh, 0]], dtype=F32)
     return img, boxes
 
@@ -36,7 +46,7 @@ COLOURS = [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 0)]
 
 def test_mosaic_fills_four_corners_from_four_images_and_moves_their_boxes():
     aug = ForkAugment(jitter=0.2, mosaic=True, flip=True)
-    images = [solid(c, box=(.5, .5, .3, .3)) for c in COLOURS]
+    images = [solid(c, box=(0.5, 0.5, 0.3, 0.3)) for c in COLOURS]
     mosaics = 0
     for seed in range(12):
         rng = np.random.default_rng(seed)
@@ -45,7 +55,7 @@ def test_mosaic_fills_four_corners_from_four_images_and_moves_their_boxes():
         assert out.shape == (H, W, 3) and out.dtype == F32
         truth = row.reshape(-1, 5)
         truth = truth[truth[:, 0] > 0]
-        if queue:               # the fork's coin said: no mosaic this time
+        if queue:  # the fork's coin said: no mosaic this time
             assert len(truth) <= 1
             continue
         mosaics += 1
@@ -73,8 +83,9 @@ def test_mosaic_corners_come_from_their_own_images():
     pytest.fail("no mosaic in 20 draws")
 
 
-def c_blend_truth_mosaic(truth, piece, cut_x, cut_y, left_shift, right_shift, top_shift,
-                         bot_shift, w, h):
+def c_blend_truth_mosaic(
+    truth, piece, cut_x, cut_y, left_shift, right_shift, top_shift, bot_shift, w, h
+):
     """The fork's blend_truth_mosaic (mosaic_bound=0), statement by statement."""
     out = []
     for xb, yb, wb, hb, c in truth:
@@ -106,8 +117,18 @@ def c_blend_truth_mosaic(truth, piece, cut_x, cut_y, left_shift, right_shift, to
             yb, hb = yb - diff / 2, hb - diff
         left, right = int((xb - wb / 2) * w), int((xb + wb / 2) * w)
         top, bot = int((yb - hb / 2) * h), int((yb + hb / 2) * h)
-        if left >= 0 and right <= w and top >= 0 and bot <= h and 0 < wb < 1 and 0 < hb < 1 \
-                and 0 < xb < 1 and 0 < yb < 1 and wb > 1 / w and hb > 1 / h:
+        if (
+            left >= 0
+            and right <= w
+            and top >= 0
+            and bot <= h
+            and 0 < wb < 1
+            and 0 < hb < 1
+            and 0 < xb < 1
+            and 0 < yb < 1
+            and wb > 1 / w
+            and hb > 1 / h
+        ):
             out.append([xb, yb, wb, hb, c])
     return np.array(out, dtype=F32).reshape(-1, 5)
 
@@ -115,8 +136,9 @@ def c_blend_truth_mosaic(truth, piece, cut_x, cut_y, left_shift, right_shift, to
 @pytest.mark.parametrize("piece", [0, 1, 2, 3])
 def test_mosaic_truth_matches_the_forks_blend_truth_mosaic(piece):
     rng = np.random.default_rng(piece)
-    truth = np.concatenate([rng.random((30, 2)), rng.random((30, 2)) * .5 + .01,
-                            rng.integers(0, 3, (30, 1))], axis=1).astype(F32)
+    truth = np.concatenate(
+        [rng.random((30, 2)), rng.random((30, 2)) * 0.5 + 0.01, rng.integers(0, 3, (30, 1))], axis=1
+    ).astype(F32)
     shifts = tuple(int(v) for v in rng.integers(0, 6, 4))
     got = mosaic_truth(truth, piece, 25, 40, shifts, W, H)
     want = c_blend_truth_mosaic(truth, piece, 25, 40, *shifts, W, H)
@@ -126,14 +148,14 @@ def test_mosaic_truth_matches_the_forks_blend_truth_mosaic(piece):
 
 def test_mixup_blends_two_images_and_keeps_both_boxes():
     aug = ForkAugment(jitter=0.0, mixup=True, flip=False)
-    a, b = solid((1, 0, 0), box=(.3, .3, .2, .2)), solid((0, 0, 1), box=(.7, .7, .2, .2))
+    a, b = solid((1, 0, 0), box=(0.3, 0.3, 0.2, 0.2)), solid((0, 0, 1), box=(0.7, 0.7, 0.2, 0.2))
     for seed in range(10):
         rng = np.random.default_rng(seed)
         used = []
         out, row = fork_detection_sample(*a, lambda: used.append(1) or b, aug, W, H, rng)
         truth = row.reshape(-1, 5)
         if used:
-            np.testing.assert_allclose(out[H // 2, 5], (.5, 0, .5), atol=1e-6)
+            np.testing.assert_allclose(out[H // 2, 5], (0.5, 0, 0.5), atol=1e-6)
             assert (truth[:, 0] > 0).sum() == 2
             return
     pytest.fail("no mixup in 10 draws")
@@ -143,10 +165,11 @@ def test_letter_box_crop_keeps_the_image_aspect_on_the_networks():
     aug = ForkAugment(jitter=0.0, letter_box=True)
     d = PieceDraws.draw(np.random.default_rng(0), aug)
     pleft, pright, ptop, pbot = crop_borders(200, 100, 64, 64, aug, d)
-    assert (pleft, pright) == (0, 0) and ptop == pbot == -50   # 200 x 200: square like the net
-    img, boxes = solid((0, 1, 0), w=200, h=100, box=(.5, .5, .5, .5))
-    out = image_data_augmentation(img, 64, 64, 0, -50, 200, 200, False, 0, 1, 1, 0, 0, boxes,
-                                  np.random.default_rng(0))
+    assert (pleft, pright) == (0, 0) and ptop == pbot == -50  # 200 x 200: square like the net
+    img, boxes = solid((0, 1, 0), w=200, h=100, box=(0.5, 0.5, 0.5, 0.5))
+    out = image_data_augmentation(
+        img, 64, 64, 0, -50, 200, 200, False, 0, 1, 1, 0, 0, boxes, np.random.default_rng(0)
+    )
     # The bands above and below the image take its mean colour.
     np.testing.assert_allclose(out[2, 32], img.reshape(-1, 3).mean(axis=0), atol=1e-6)
     np.testing.assert_allclose(out[20, 5], (0, 1, 0), atol=1e-6)
@@ -155,42 +178,61 @@ def test_letter_box_crop_keeps_the_image_aspect_on_the_networks():
 def test_blur_background_only_keeps_box_pixels_and_blur_n_is_whole_image():
     rng = np.random.default_rng(1)
     img = rng.random((64, 64, 3)).astype(F32)
-    box = np.array([[.5, .5, .25, .25, 0]], dtype=F32)
+    box = np.array([[0.5, 0.5, 0.25, 0.25, 0]], dtype=F32)
     background = image_data_augmentation(img, 64, 64, 0, 0, 64, 64, False, 0, 1, 1, 0, 1, box, rng)
     np.testing.assert_array_equal(background[24:40, 24:40], img[24:40, 24:40])
-    assert np.abs(background[:10, :10] - img[:10, :10]).mean() > .1
+    assert np.abs(background[:10, :10] - img[:10, :10]).mean() > 0.1
     whole = image_data_augmentation(img, 64, 64, 0, 0, 64, 64, False, 0, 1, 1, 0, 5, box, rng)
-    assert np.abs(whole[24:40, 24:40] - img[24:40, 24:40]).mean() > .05
+    assert np.abs(whole[24:40, 24:40] - img[24:40, 24:40]).mean() > 0.05
     assert whole[:10, :10].std() < img[:10, :10].std()
 
 
 def test_gaussian_noise_only_brightens_by_whole_grey_levels():
-    img = np.full((32, 32, 3), .5, dtype=F32)
-    out = image_data_augmentation(img, 32, 32, 0, 0, 32, 32, False, 0, 1, 1, 20, 0,
-                                  np.zeros((0, 5), F32), np.random.default_rng(2))
+    img = np.full((32, 32, 3), 0.5, dtype=F32)
+    out = image_data_augmentation(
+        img,
+        32,
+        32,
+        0,
+        0,
+        32,
+        32,
+        False,
+        0,
+        1,
+        1,
+        20,
+        0,
+        np.zeros((0, 5), F32),
+        np.random.default_rng(2),
+    )
     added = (out - img) * 255
     assert added.min() >= -1e-3 and 30 < added.max() < 127
     np.testing.assert_allclose(added, np.rint(added), atol=1e-3)
-    assert .3 < (added > .5).mean() < .7   # negative draws add nothing, as in 8-bit OpenCV
+    assert 0.3 < (added > 0.5).mean() < 0.7  # negative draws add nothing, as in 8-bit OpenCV
 
 
 def test_fork_fill_truth_drops_sub_pixel_boxes_and_caps_sizes():
-    boxes = np.array([[.5, .5, .2, .2, 1], [.3, .3, .005, .2, 2], [.6, .6, .5, .5, 0]], dtype=F32)
+    boxes = np.array(
+        [[0.5, 0.5, 0.2, 0.2, 1], [0.3, 0.3, 0.005, 0.2, 2], [0.6, 0.6, 0.5, 0.5, 0]], dtype=F32
+    )
     truth, min_side = fork_fill_truth(boxes, 0, 0, 1, 1, False, 64, 64, np.random.default_rng(0))
-    assert sorted(truth[:, 4].tolist()) == [0, 1]      # .005 * 64 < 1 pixel: dropped
-    assert min_side == pytest.approx(.2 * 64, rel=1e-5)
+    assert sorted(truth[:, 4].tolist()) == [0, 1]  # .005 * 64 < 1 pixel: dropped
+    assert min_side == pytest.approx(0.2 * 64, rel=1e-5)
 
 
 def test_same_seed_same_sample():
-    aug = ForkAugment(jitter=.3, mosaic=True, blur=3, gaussian_noise=10, hue=.1,
-                      saturation=1.5, exposure=1.5)
-    images = [solid(c, box=(.4, .5, .3, .3)) for c in COLOURS]
+    aug = ForkAugment(
+        jitter=0.3, mosaic=True, blur=3, gaussian_noise=10, hue=0.1, saturation=1.5, exposure=1.5
+    )
+    images = [solid(c, box=(0.4, 0.5, 0.3, 0.3)) for c in COLOURS]
 
     def sample(seed):
         rng = np.random.default_rng(seed)
         draws = np.random.default_rng(seed + 100)
-        return fork_detection_sample(*images[0], lambda: images[int(draws.integers(4))], aug,
-                                     W, H, rng)
+        return fork_detection_sample(
+            *images[0], lambda: images[int(draws.integers(4))], aug, W, H, rng
+        )
 
     (a, ta), (b, tb) = sample(5), sample(5)
     np.testing.assert_array_equal(a, b)
@@ -199,15 +241,17 @@ def test_same_seed_same_sample():
 
 
 def test_net_options_and_the_augmentation_they_choose():
-    (net,) = parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\nmosaic=1\nblur=2\n"
-                            "gaussian_noise=5\nmixup=1\n")
+    (net,) = parse_cfg_text(
+        "[net]\nwidth=8\nheight=8\nchannels=3\nmosaic=1\nblur=2\ngaussian_noise=5\nmixup=1\n"
+    )
     o = parse_net_options(net)
     assert (o.mosaic, o.blur, o.gaussian_noise, o.mixup, o.letter_box) == (1, 2, 5, 1, 0)
     assert not net.unused()
-    (both,) = parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\nmosaic=1\nletter_box=1\n"
-                             "cutmix=1\n")
-    o = parse_net_options(both)   # the fork's stock cfgs set both: they build
-    head = types.SimpleNamespace(jitter=.3, resize=1.5)
+    (both,) = parse_cfg_text(
+        "[net]\nwidth=8\nheight=8\nchannels=3\nmosaic=1\nletter_box=1\ncutmix=1\n"
+    )
+    o = parse_net_options(both)  # the fork's stock cfgs set both: they build
+    head = types.SimpleNamespace(jitter=0.3, resize=1.5)
     with pytest.raises(DataError, match="mosaic=1 with letter_box=1 cannot train"):
         detector_augment(o, head)
     o.letter_box = 0
@@ -224,14 +268,25 @@ def test_loader_builds_fork_batches_reproducibly(tmp_path):
     from darknet_py import demo_data
     from darknet_py.data.config import load_data_config
     from darknet_py.data.loader import DataLoader
-    data = demo_data.build_detection_set(tmp_path / "set", 6, 1, seed=0, canvas_size=32,
-                                         max_digits=3, min_digit=8, max_digit=14)
+
+    data = demo_data.build_detection_set(
+        tmp_path / "set", 6, 1, seed=0, canvas_size=32, max_digits=3, min_digit=8, max_digit=14
+    )
     paths = load_data_config(data).train_paths()
-    aug = ForkAugment(jitter=.2, mosaic=True, blur=2, gaussian_noise=4)
+    aug = ForkAugment(jitter=0.2, mosaic=True, blur=2, gaussian_noise=4)
 
     def batches(seed):
-        with DataLoader(paths, task="detector", width=32, height=32, batch=4, classes=10,
-                        augment=aug, seed=seed, workers=2) as loader:
+        with DataLoader(
+            paths,
+            task="detector",
+            width=32,
+            height=32,
+            batch=4,
+            classes=10,
+            augment=aug,
+            seed=seed,
+            workers=2,
+        ) as loader:
             return [loader.next_batch() for _ in range(3)]
 
     first, again = batches(3), batches(3)

@@ -1,5 +1,6 @@
 """`darknet-py bench` on recurrent cfgs: the batch holds whole sequences of time_steps rows,
 by default one sequence, and the forward in 4 parts is timed only when each part does."""
+
 import json
 
 from test_cli import run_in_process
@@ -26,8 +27,22 @@ activation=linear
 
 def bench(cfg, tmp_path, *options):
     out = tmp_path / "bench.json"
-    r = run_in_process(["bench", cfg, "--device", "cpu", "--repeats", "1", "--warmup", "0",
-                        "--json", out, "--overwrite", *options])
+    r = run_in_process(
+        [
+            "bench",
+            cfg,
+            "--device",
+            "cpu",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            out,
+            "--overwrite",
+            *options,
+        ]
+    )
     assert "Traceback" not in r.err
     return r, (json.loads(out.read_text()) if r.code == 0 else None)
 
@@ -69,7 +84,8 @@ def test_bench_refuses_a_given_batch_that_cuts_a_sequence(tmp_path):
     assert r.code == 2
     assert r.err.strip().splitlines() == [
         f"darknet-py: error: {cfg}: layer 0 [rnn] runs time_steps=16: give --batch a "
-        f"multiple of 16 (--batch 16 is one sequence), not 40"]
+        f"multiple of 16 (--batch 16 is one sequence), not 40"
+    ]
 
 
 def test_parts_of_whole_sequences(tmp_path):

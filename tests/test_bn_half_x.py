@@ -15,16 +15,17 @@ statistics of 4 x 16 x 16 values a channel and the cancellations of batch norm's
 against a whole fp32 run the fp32-x path itself is 4.5e-2 and 8.6e-2 off at most); the
 weights themselves by 2.8e-3 and 4.6e-2 of their largest.
 """
+
 import numpy as np
 import pytest
+from test_bn_fused import FLAVOURS, SHAPES, bn_case, poison_channel_scratch
+from test_cuda_ops import REF, assert_close, rand, reduction_tol
 
 from darknet_py import precision as precisions
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.layers import batchnorm
 from darknet_py.network import Network
-from test_bn_fused import FLAVOURS, SHAPES, bn_case, poison_channel_scratch
-from test_cuda_ops import REF, assert_close, rand, reduction_tol
 
 gpu = pytest.mark.gpu
 HALF = precisions.HALF_STORAGE
@@ -106,10 +107,18 @@ def train(precision, flavour, half_x, iterations=4):
     with pytest.MonkeyPatch.context() as patch:
         if not half_x:
             patch.setattr(batchnorm, "x_precision", lambda layer: precisions.DEFAULT)
-        net = Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), seed=3, darknet=flavour,
-                      precision=precision)
-        initial = {(l.index, name): net.be.to_host(getattr(l, name)).copy()
-                   for l in bn_layers(net) for name in PARAMS}
+        net = Network(
+            parse_cfg_text(NET_CFG),
+            backend=NumpyBackend(),
+            seed=3,
+            darknet=flavour,
+            precision=precision,
+        )
+        initial = {
+            (l.index, name): net.be.to_host(getattr(l, name)).copy()
+            for l in bn_layers(net)
+            for name in PARAMS
+        }
         costs = train_passes(net, iterations)
     return net, costs, initial
 
@@ -145,13 +154,13 @@ def test_half_x_training_follows_fp32_x_numpy(precision, flavour, monkeypatch):
             got, want = half.be.to_host(getattr(a, name)), full.be.to_host(getattr(b, name))
             start = initial[a.index, name]
             if flavour == "alexeyab-cpu" and name == "biases":
-                np.testing.assert_array_equal(got, start)   # no BN beta gradient
+                np.testing.assert_array_equal(got, start)  # no BN beta gradient
                 continue
             updates.append(relative(got - start, want - start))
             assert updates[-1] < UPDATE_TOL[precision], (a.index, name)
             changed |= not np.array_equal(got, want)
     assert np.mean(updates) < MEAN_UPDATE_TOL[precision]
-    assert changed   # the rounding reaches the weights: the two runs are not the same one
+    assert changed  # the rounding reaches the weights: the two runs are not the same one
 
 
 @pytest.mark.parametrize("precision", HALF)
@@ -181,7 +190,7 @@ def test_fp32_and_tf32_keep_x_unrounded(precision, monkeypatch):
     monkeypatch.delenv(precisions.ENV, raising=False)
     net = Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), precision=precision)
     assert [batchnorm.x_precision(l) for l in bn_layers(net)] == ["fp32"] * 4
-    be, src = NumpyBackend(), np.array([1.0 + 2.0 ** -20, 3.14159265], np.float32)
+    be, src = NumpyBackend(), np.array([1.0 + 2.0**-20, 3.14159265], np.float32)
     dst = be.storage_zeros(2, precision)
     be.copy_rounded(be.from_host(src), dst, precision)
     np.testing.assert_array_equal(dst, src)
@@ -199,14 +208,15 @@ def test_stepped_layers_keep_an_fp32_x(monkeypatch):
 def test_memory_estimate_counts_x_at_two_bytes(monkeypatch):
     monkeypatch.delenv(precisions.ENV, raising=False)
     # Against tf32: a reduced precision like them (the same workspace), x kept in fp32.
-    nets = {p: Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), precision=p)
-            for p in ("tf32", "fp16", "bf16")}
-    for net in nets.values():   # outputs at 16 bits: test_output_storage's
+    nets = {
+        p: Network(parse_cfg_text(NET_CFG), backend=NumpyBackend(), precision=p)
+        for p in ("tf32", "fp16", "bf16")
+    }
+    for net in nets.values():  # outputs at 16 bits: test_output_storage's
         net.half_outputs = False
     x_values = 32 * sum(l.outputs for l in bn_layers(nets["tf32"]))
     for p in HALF:
-        assert nets["tf32"].memory_bytes(32, True) - nets[p].memory_bytes(32, True) \
-            == 2 * x_values
+        assert nets["tf32"].memory_bytes(32, True) - nets[p].memory_bytes(32, True) == 2 * x_values
         assert nets[p].memory_bytes(32, False) == nets["tf32"].memory_bytes(32, False)
 
 
@@ -219,10 +229,30 @@ def test_storage_refuses_an_unknown_precision():
 # GPU: the 16-bit kernels against the emulation
 # =============================================================================
 
-SPECIAL = np.array([0.0, -0.0, 1.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,   # fp16 ties
-                    1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8,                        # bf16 ties
-                    65504.0, 65520.0, 1e6, -1e6, 3e38, 6e-8, 3e-8, -1e-6, 1e-40,
-                    np.inf, -np.inf, np.nan], np.float32)
+SPECIAL = np.array(
+    [
+        0.0,
+        -0.0,
+        1.0,
+        1.0 + 2.0**-11,
+        1.0 + 3 * 2.0**-11,  # fp16 ties
+        1.0 + 2.0**-8,
+        1.0 + 3 * 2.0**-8,  # bf16 ties
+        65504.0,
+        65520.0,
+        1e6,
+        -1e6,
+        3e38,
+        6e-8,
+        3e-8,
+        -1e-6,
+        1e-40,
+        np.inf,
+        -np.inf,
+        np.nan,
+    ],
+    np.float32,
+)
 
 
 def widened(cuda, x, precision):
@@ -244,8 +274,9 @@ def kept_x(be, values, precision):
 @pytest.mark.parametrize("precision", HALF)
 def test_copy_rounded_is_round_to_bit_for_bit_cuda(cuda, precision):
     rng = np.random.default_rng(5)
-    values = np.concatenate([SPECIAL, rand(rng, 100_003, -70.0, 70.0),
-                             rand(rng, 4099, -1e-4, 1e-4)])
+    values = np.concatenate(
+        [SPECIAL, rand(rng, 100_003, -70.0, 70.0), rand(rng, 4099, -1e-4, 1e-4)]
+    )
     x = kept_x(cuda, values, precision)
     assert x.nbytes == 2 * values.size
     got, want = widened(cuda, x, precision), precisions.round_to(values, precision)
@@ -259,11 +290,23 @@ def test_half_x_ops_refuse_a_mismatched_array_cuda(cuda):
     stats = [cuda.from_host(np.ones(3, np.float32)) for _ in range(4)]
     delta = cuda.from_host(np.ones(12, np.float32))
     with pytest.raises(TypeError, match="bf16"):
-        cuda.batchnorm_delta(x, stats[0], stats[1], stats[2], 1, 3, 4, stats[3],
-                             cuda.zeros(3), delta, x_precision="bf16")
+        cuda.batchnorm_delta(
+            x,
+            stats[0],
+            stats[1],
+            stats[2],
+            1,
+            3,
+            4,
+            stats[3],
+            cuda.zeros(3),
+            delta,
+            x_precision="bf16",
+        )
     with pytest.raises(TypeError, match="fp32"):
-        cuda.batchnorm_activation_backward(x, *stats, delta, 1, 3, 4, None, "leaky", delta,
-                                           None, cuda.zeros(3))
+        cuda.batchnorm_activation_backward(
+            x, *stats, delta, 1, 3, 4, None, "leaky", delta, None, cuda.zeros(3)
+        )
 
 
 def run_half_x_op(be, op, precision, x, args, poison=lambda be: None):
@@ -272,20 +315,44 @@ def run_half_x_op(be, op, precision, x, args, poison=lambda be: None):
     poison(be)
     arrays = [be.from_host(a) if isinstance(a, np.ndarray) else a for a in args]
     getattr(be, op)(kept_x(be, x, precision), *arrays, x_precision=precision)
-    return [np.asarray(be.to_host(a), np.float64) for a, h in zip(arrays, args)
-            if isinstance(h, np.ndarray)]
+    return [
+        np.asarray(be.to_host(a), np.float64)
+        for a, h in zip(arrays, args)
+        if isinstance(h, np.ndarray)
+    ]
 
 
 def half_x_cases(rng, shape, eps, activation, train_beta):
     """(x, batchnorm_activation_backward's arguments after x, batchnorm_delta's)."""
     batch, filters, spatial = shape
     x, mean, variance, scales, biases, delta, bias_updates, scale_updates = bn_case(rng, *shape)
-    tail = np.full(37, np.nan, np.float32)   # past the layer: never read nor written
-    activation_args = [mean, variance, scales, biases, rand(rng, x.size, -3.0, 3.0), batch,
-                       filters, spatial, eps, activation, np.concatenate([delta, tail]),
-                       bias_updates if train_beta else None, scale_updates]
-    delta_args = [mean, variance, scales, batch, filters, spatial, rand(rng, filters),
-                  rand(rng, filters), delta]
+    tail = np.full(37, np.nan, np.float32)  # past the layer: never read nor written
+    activation_args = [
+        mean,
+        variance,
+        scales,
+        biases,
+        rand(rng, x.size, -3.0, 3.0),
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        np.concatenate([delta, tail]),
+        bias_updates if train_beta else None,
+        scale_updates,
+    ]
+    delta_args = [
+        mean,
+        variance,
+        scales,
+        batch,
+        filters,
+        spatial,
+        rand(rng, filters),
+        rand(rng, filters),
+        delta,
+    ]
     return x, activation_args, delta_args
 
 
@@ -294,8 +361,7 @@ def half_x_cases(rng, shape, eps, activation, train_beta):
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("activation", ["leaky", "mish", "logistic"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_half_x_backward_against_the_emulation_cuda(cuda, precision, flavour, activation,
-                                                    shape):
+def test_half_x_backward_against_the_emulation_cuda(cuda, precision, flavour, activation, shape):
     """CUDA with a 16-bit x against NumPy (float64) on the rounded values, at the fp32 x
     tests' tolerance (reduction_tol: 1e-5, 1e-4 past 1000 terms a channel); and against
     CUDA's fp32 kernels given the rounded values as an fp32 x: within FAST_TOL (widening is
@@ -308,12 +374,15 @@ def test_half_x_backward_against_the_emulation_cuda(cuda, precision, flavour, ac
     # A 16-bit x's backward recomputes the output from x (issue 26); the fp32 x's reads it:
     # the output the fp32 steps rebuild from the rounded x, within a few ulp of the fast one.
     output = REF.zeros(x.size)
-    REF.batchnorm_rebuild(REF.from_host(rounded), output, *activation_args[:4], *shape, eps,
-                          activation)
+    REF.batchnorm_rebuild(
+        REF.from_host(rounded), output, *activation_args[:4], *shape, eps, activation
+    )
     activation_args[4] = np.asarray(output, np.float32)
     tol = reduction_tol(shape[0] * shape[2])
-    for op, args in (("batchnorm_activation_backward", activation_args),
-                     ("batchnorm_delta", delta_args + [fork])):
+    for op, args in (
+        ("batchnorm_activation_backward", activation_args),
+        ("batchnorm_delta", delta_args + [fork]),
+    ):
         got = run_half_x_op(cuda, op, precision, x, args, poison_channel_scratch)
         want = run_half_x_op(REF, op, precision, x, args)
         fp32 = run_half_x_op(cuda, op, "fp32", rounded, args, poison_channel_scratch)
@@ -368,20 +437,47 @@ def test_fast_activations_are_within_a_few_ulp_cuda(cuda, precision, activation)
     batchnorm_activation_backward (the derivative, as delta = 1 times it) on a channel
     whose normalisation is the identity (mean 0, variance 1, eps 0, scale 1, bias 0)."""
     x = np.linspace(-40.0, 40.0, 80_001, dtype=np.float32)
-    x = np.concatenate([x, np.float32([-20.0, 20.0, np.nextafter(np.float32(20.0), 30),
-                                       -1e-30, 0.0])])
+    x = np.concatenate(
+        [x, np.float32([-20.0, 20.0, np.nextafter(np.float32(20.0), 30), -1e-30, 0.0])]
+    )
     one = lambda v: cuda.from_host(np.float32([v]))  # noqa: E731
     mean, variance, scales, biases = one(0.0), one(1.0), one(1.0), one(0.0)
     out = cuda.from_host(x)
-    cuda.batchnorm_apply(out, mean, variance, scales, biases, 1, 1, x.size, 0.0, activation,
-                         None, keep_precision=precision)
+    cuda.batchnorm_apply(
+        out,
+        mean,
+        variance,
+        scales,
+        biases,
+        1,
+        1,
+        x.size,
+        0.0,
+        activation,
+        None,
+        keep_precision=precision,
+    )
     delta = cuda.from_host(np.ones_like(x))
     # The derivative from the input (mish, swish) or from the output (logistic), which a
     # 16-bit x's backward recomputes from x as batchnorm_rebuild does (out is not read).
     kept = kept_x(cuda, x, precision)
-    cuda.batchnorm_activation_backward(kept, mean, variance, scales,
-                                       biases, out, 1, 1, x.size, 0.0, activation, delta,
-                                       None, cuda.zeros(1), x_precision=precision)
+    cuda.batchnorm_activation_backward(
+        kept,
+        mean,
+        variance,
+        scales,
+        biases,
+        out,
+        1,
+        1,
+        x.size,
+        0.0,
+        activation,
+        delta,
+        None,
+        cuda.zeros(1),
+        x_precision=precision,
+    )
     _, derivative = exact_activation(precisions.round_to(x, precision), activation)
     got_value = cuda.to_host(out).astype(np.float64)
     want_value, _ = exact_activation(x, activation)
@@ -391,14 +487,28 @@ def test_fast_activations_are_within_a_few_ulp_cuda(cuda, precision, activation)
     # error grows with |x|, 2 + 1.17 |x| ulp).
     err = np.abs(got_value - want_value)
     assert np.all(err <= 4e-6 * np.abs(want_value) + 1e-12), (
-        f"value: largest error {err.max():.3g} at x = {x[np.argmax(err)]}")
+        f"value: largest error {err.max():.3g} at x = {x[np.argmax(err)]}"
+    )
     got = cuda.to_host(delta).astype(np.float64)
-    if activation == "logistic":   # from the output the fast value of the kept x gives
+    if activation == "logistic":  # from the output the fast value of the kept x gives
         rebuilt = cuda.zeros(x.size)
-        cuda.batchnorm_rebuild(kept, rebuilt, mean, variance, scales, biases, 1, 1, x.size,
-                               0.0, activation, x_precision=precision)
+        cuda.batchnorm_rebuild(
+            kept,
+            rebuilt,
+            mean,
+            variance,
+            scales,
+            biases,
+            1,
+            1,
+            x.size,
+            0.0,
+            activation,
+            x_precision=precision,
+        )
         y = cuda.to_host(rebuilt)
-        derivative = ((np.float32(1.0) - y) * y).astype(np.float64)   # gradient()'s floats
+        derivative = ((np.float32(1.0) - y) * y).astype(np.float64)  # gradient()'s floats
     err = np.abs(got - derivative)
     assert np.all(err <= 4e-6 * np.abs(derivative) + 5e-7), (
-        f"derivative: largest error {err.max():.3g} at x = {x[np.argmax(err)]}")
+        f"derivative: largest error {err.max():.3g} at x = {x[np.argmax(err)]}"
+    )

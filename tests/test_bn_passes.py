@@ -18,23 +18,23 @@ E9b: the statistics of an x kept at 16 bits (mean_variance's x_precision) row by
 (channel_moments_rows), and the row kernels' many partials a channel added by a block a
 channel (channel_finalize_wide, mean_variance_finalize_wide).
 """
+
 import numpy as np
 import pytest
+from test_bn_fused import FLAVOURS, bn_case, poison_channel_scratch
+from test_bn_half_x import NET_CFG, SPECIAL, bn_layers, kept_x, relative, train_passes, widened
+from test_cuda_ops import REF, assert_close, check, nan, rand, reduction_tol
 
 from darknet_py import precision as precisions
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
-from test_bn_fused import FLAVOURS, bn_case, poison_channel_scratch
-from test_bn_half_x import (NET_CFG, SPECIAL, bn_layers, kept_x, relative, train_passes,
-                            widened)
-from test_cuda_ops import REF, assert_close, check, nan, rand, reduction_tol
 
 gpu = pytest.mark.gpu
 STORAGE = ("fp32",) + precisions.HALF_STORAGE
 # batch, filters, spatial: filters 3 and 255, spatial 1, 169, a yolov4 plane and an odd one.
 ODD_SHAPES = [(2, 3, 169), (1, 255, 169), (5, 255, 1), (2, 3, 173056), (1, 3, 173057)]
-EPS = (None, 1e-5)   # Darknet's divisor, the fork's
+EPS = (None, 1e-5)  # Darknet's divisor, the fork's
 # The row kernels' shapes besides ODD_SHAPES (spatial 1 there, and 43 pieces a row): rows of
 # 2 and 3 pieces, the latter 96 parts a channel (a block a channel adds them: 64 on).
 ROWS_SHAPES = [(1, 4, 4099), (32, 5, 9000)]
@@ -74,12 +74,28 @@ def apply(be, case, shape, eps, activation, x_norm, keep, precision):
     norm = be.zeros(x.size) if x_norm else None
     if keep is True:
         keep = be.storage_zeros(x.size, precision)
-    be.batchnorm_apply(x, mean, variance, scales, biases, *shape, eps, activation, norm,
-                       keep=keep, keep_precision=precision)
+    be.batchnorm_apply(
+        x,
+        mean,
+        variance,
+        scales,
+        biases,
+        *shape,
+        eps,
+        activation,
+        norm,
+        keep=keep,
+        keep_precision=precision,
+    )
     kept = None
     if keep is not None:
-        kept = (be.to_host(keep) if isinstance(be, NumpyBackend)
-                else widened(be, keep, precision) if precision != "fp32" else be.to_host(keep))
+        kept = (
+            be.to_host(keep)
+            if isinstance(be, NumpyBackend)
+            else widened(be, keep, precision)
+            if precision != "fp32"
+            else be.to_host(keep)
+        )
     return be.to_host(x), None if norm is None else be.to_host(norm), kept
 
 
@@ -102,15 +118,16 @@ def test_apply_keeps_what_copy_rounded_keeps_numpy(precision, eps):
     plain_out, plain_norm, _ = apply(be, case, shape, eps, "leaky", True, None, precision)
     assert_same_bits(out, plain_out, "x")
     assert_same_bits(norm, plain_norm, "x_norm")
-    if precision != "fp32":   # the rounding is there: keep is not x
+    if precision != "fp32":  # the rounding is there: keep is not x
         assert not np.array_equal(kept, case[0], equal_nan=True)
 
 
 def rebuilt(be, kept, case, shape, eps, activation, precision):
     """be.batchnorm_rebuild from a kept x into a NaN-poisoned output; its host copy."""
     out = be.from_host(np.full(case[0].size, np.nan, np.float32))
-    be.batchnorm_rebuild(kept, out, *(be.from_host(a) for a in case[1:]), *shape, eps,
-                         activation, precision)
+    be.batchnorm_rebuild(
+        kept, out, *(be.from_host(a) for a in case[1:]), *shape, eps, activation, precision
+    )
     return be.to_host(out)
 
 
@@ -126,8 +143,11 @@ def test_rebuild_makes_the_training_output_again_numpy(precision, eps):
         keep = be.storage_zeros(case[0].size, precision)
         out, _, _ = apply(be, case, shape, eps, activation, False, keep, precision)
         again = rebuilt(be, keep, case, shape, eps, activation, precision)
-        want = out if precision == "fp32" else apply(be, rounded, shape, eps, activation,
-                                                     False, None, precision)[0]
+        want = (
+            out
+            if precision == "fp32"
+            else apply(be, rounded, shape, eps, activation, False, None, precision)[0]
+        )
         assert_same_bits(again, want, f"{activation}: rebuilt")
 
 
@@ -135,8 +155,9 @@ def moments_case(rng, shape, ratio):
     """x of each channel: mean ratio * std, std from 0.01 to 100 across the channels."""
     batch, filters, spatial = shape
     std = rng.uniform(0.01, 100.0, filters)[None, :, None]
-    return (std * (ratio + rng.standard_normal((batch, filters, spatial)))).astype(
-        np.float32).ravel()
+    return (
+        (std * (ratio + rng.standard_normal((batch, filters, spatial)))).astype(np.float32).ravel()
+    )
 
 
 def exact_variance(x, mean, shape):
@@ -170,8 +191,8 @@ def test_one_pass_statistics_against_exact_and_two_pass_numpy(ratio):
     two_mean, two_variance = statistics(be, x, shape, False)
     # The mean is the float64 sum's, rounded once to float32.
     np.testing.assert_array_equal(
-        mean, (x.reshape(shape).astype(np.float64).sum(axis=(0, 2)) / (4 * 4099)).astype(
-            np.float32))
+        mean, (x.reshape(shape).astype(np.float64).sum(axis=(0, 2)) / (4 * 4099)).astype(np.float32)
+    )
     assert per_channel_relative(variance, exact_variance(x, mean, shape)) < VARIANCE_TOL["exact"]
     assert per_channel_relative(variance, two_variance) < VARIANCE_TOL["two_pass"]
     # The two means a float32 ulp or two apart (NumPy's float32 mean rounds its sum).
@@ -202,8 +223,11 @@ def test_one_pass_statistics_of_a_16_bit_x_numpy(precision):
     be, shape = NumpyBackend(), (4, 8, 4099)
     values = precisions.round_to(moments_case(np.random.default_rng(5), shape, 10), precision)
     kept = kept_x(be, values, precision)
-    for got, want, what in zip(kept_statistics(be, kept, shape, precision),
-                               statistics(be, values, shape, True), ("mean", "variance")):
+    for got, want, what in zip(
+        kept_statistics(be, kept, shape, precision),
+        statistics(be, values, shape, True),
+        ("mean", "variance"),
+    ):
         assert_same_bits(got, want, what)
     with pytest.raises(precisions.PrecisionError):
         be.mean_variance(kept, *shape, be.zeros(8), be.zeros(8), x_precision="fp12")
@@ -221,28 +245,66 @@ def delta_paths(be, case, shape, flavour, activation, precision, poison=lambda b
     results = {}
     for path in ("reduction", "sums"):
         poison(be)
-        a = {name: be.from_host(v) for name, v in (
-            ("mean", mean), ("variance", variance), ("scales", scales), ("biases", biases),
-            ("output", output), ("delta", delta), ("bias_updates", np.zeros(filters, np.float32)),
-            ("scale_updates", np.zeros(filters, np.float32)), ("mean_delta", nan(filters)),
-            ("variance_delta", nan(filters)), ("delta_sum", nan(filters)),
-            ("delta_x_norm_sum", nan(filters)))}
+        a = {
+            name: be.from_host(v)
+            for name, v in (
+                ("mean", mean),
+                ("variance", variance),
+                ("scales", scales),
+                ("biases", biases),
+                ("output", output),
+                ("delta", delta),
+                ("bias_updates", np.zeros(filters, np.float32)),
+                ("scale_updates", np.zeros(filters, np.float32)),
+                ("mean_delta", nan(filters)),
+                ("variance_delta", nan(filters)),
+                ("delta_sum", nan(filters)),
+                ("delta_x_norm_sum", nan(filters)),
+            )
+        }
         kept = be.storage_zeros(x.size, precision)
         be.copy_rounded(be.from_host(x), kept, precision)
         stats = (a["mean"], a["variance"], a["scales"])
         sums = (a["delta_sum"], a["delta_x_norm_sum"]) if path == "sums" else (None, None)
         be.batchnorm_activation_backward(
-            kept, *stats, a["biases"], a["output"], *shape, eps, activation, a["delta"],
-            a["bias_updates"] if train_beta else None, a["scale_updates"],
-            x_precision=precision, delta_sum=sums[0], delta_x_norm_sum=sums[1])
+            kept,
+            *stats,
+            a["biases"],
+            a["output"],
+            *shape,
+            eps,
+            activation,
+            a["delta"],
+            a["bias_updates"] if train_beta else None,
+            a["scale_updates"],
+            x_precision=precision,
+            delta_sum=sums[0],
+            delta_x_norm_sum=sums[1],
+        )
         if path == "sums":
-            be.batchnorm_delta_from_sums(kept, *stats, *shape, eps, *sums, a["mean_delta"],
-                                         a["variance_delta"], a["delta"],
-                                         fork=flavour == "alexeyab-cpu", x_precision=precision)
+            be.batchnorm_delta_from_sums(
+                kept,
+                *stats,
+                *shape,
+                eps,
+                *sums,
+                a["mean_delta"],
+                a["variance_delta"],
+                a["delta"],
+                fork=flavour == "alexeyab-cpu",
+                x_precision=precision,
+            )
         else:
-            be.batchnorm_delta(kept, *stats, *shape, a["mean_delta"], a["variance_delta"],
-                               a["delta"], fork=flavour == "alexeyab-cpu",
-                               x_precision=precision)
+            be.batchnorm_delta(
+                kept,
+                *stats,
+                *shape,
+                a["mean_delta"],
+                a["variance_delta"],
+                a["delta"],
+                fork=flavour == "alexeyab-cpu",
+                x_precision=precision,
+            )
         results[path] = {name: np.asarray(be.to_host(arr), np.float64) for name, arr in a.items()}
     return results
 
@@ -287,9 +349,23 @@ def test_activation_backward_takes_both_sums_or_neither():
     case = [be.from_host(a) for a in bn_case(np.random.default_rng(0), 1, 3, 4)]
     x, mean, variance, scales, biases, delta, bias_updates, scale_updates = case
     with pytest.raises(ValueError, match="both or neither"):
-        be.batchnorm_activation_backward(x, mean, variance, scales, biases, x, 1, 3, 4, None,
-                                         "leaky", delta, bias_updates, scale_updates,
-                                         delta_sum=be.zeros(3))
+        be.batchnorm_activation_backward(
+            x,
+            mean,
+            variance,
+            scales,
+            biases,
+            x,
+            1,
+            3,
+            4,
+            None,
+            "leaky",
+            delta,
+            bias_updates,
+            scale_updates,
+            delta_sum=be.zeros(3),
+        )
 
 
 # ---- whole networks: the fused passes against the compositions they replace ------------
@@ -310,13 +386,25 @@ def unfused(be, patch):
         calls["keep"] += precisions.storage(out_precision) != precisions.DEFAULT
         conv_forward(*args, out_precision=out_precision)
 
-    def batchnorm_apply(x, mean, variance, scales, biases, batch, filters, spatial, eps,
-                        activation, x_norm, keep=None, keep_precision="fp32"):
+    def batchnorm_apply(
+        x,
+        mean,
+        variance,
+        scales,
+        biases,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        x_norm,
+        keep=None,
+        keep_precision="fp32",
+    ):
         if keep is not None:
             calls["keep"] += 1
             be.copy_rounded(x, keep, keep_precision)
-        apply(x, mean, variance, scales, biases, batch, filters, spatial, eps, activation,
-              x_norm)
+        apply(x, mean, variance, scales, biases, batch, filters, spatial, eps, activation, x_norm)
 
     def mean_variance(x, batch, filters, spatial, mean, variance, x_precision="fp32"):
         calls["mean_variance"] += 1
@@ -327,20 +415,51 @@ def unfused(be, patch):
         be.mean(x, batch, filters, spatial, mean)
         be.variance(x, mean, batch, filters, spatial, variance)
 
-    def batchnorm_activation_backward(*args, x_precision="fp32", delta_sum=None,
-                                      delta_x_norm_sum=None):
+    def batchnorm_activation_backward(
+        *args, x_precision="fp32", delta_sum=None, delta_x_norm_sum=None
+    ):
         calls["sums"] += delta_sum is not None
         activation_backward(*args, x_precision=x_precision)
 
-    def batchnorm_delta_from_sums(x, mean, variance, scales, batch, filters, spatial, eps,
-                                  delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
-                                  delta, fork=False, x_precision="fp32"):
+    def batchnorm_delta_from_sums(
+        x,
+        mean,
+        variance,
+        scales,
+        batch,
+        filters,
+        spatial,
+        eps,
+        delta_sum,
+        delta_x_norm_sum,
+        mean_delta,
+        variance_delta,
+        delta,
+        fork=False,
+        x_precision="fp32",
+    ):
         calls["from_sums"] += 1
-        be.batchnorm_delta(x, mean, variance, scales, batch, filters, spatial, mean_delta,
-                           variance_delta, delta, fork, x_precision)
+        be.batchnorm_delta(
+            x,
+            mean,
+            variance,
+            scales,
+            batch,
+            filters,
+            spatial,
+            mean_delta,
+            variance_delta,
+            delta,
+            fork,
+            x_precision,
+        )
 
-    for op in (batchnorm_apply, mean_variance, batchnorm_activation_backward,
-               batchnorm_delta_from_sums):
+    for op in (
+        batchnorm_apply,
+        mean_variance,
+        batchnorm_activation_backward,
+        batchnorm_delta_from_sums,
+    ):
         patch.setattr(be, op.__name__, op)
     patch.setattr(be, "conv_forward", conv_forward_into_x)
     return calls
@@ -353,11 +472,15 @@ def train(be, precision, flavour, fused, iterations=2):
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(precisions.ENV, raising=False)
         calls = None if fused else unfused(be, patch)
-        net = Network(parse_cfg_text(NET_CFG), backend=be, seed=3, darknet=flavour,
-                      precision=precision)
+        net = Network(
+            parse_cfg_text(NET_CFG), backend=be, seed=3, darknet=flavour, precision=precision
+        )
         costs = train_passes(net, iterations)
-        params = {(l.index, name): be.to_host(getattr(l, name)).copy()
-                  for l in bn_layers(net) for name in PARAMS}
+        params = {
+            (l.index, name): be.to_host(getattr(l, name)).copy()
+            for l in bn_layers(net)
+            for name in PARAMS
+        }
     return costs, params, calls
 
 
@@ -366,7 +489,7 @@ def assert_fused_follows_unfused(be, precision, flavour):
     costs, params, _ = train(be, precision, flavour, True)
     want_costs, want_params, calls = train(be, precision, flavour, False)
     assert calls["keep"] > 0 and np.isfinite(want_costs).all()
-    half = precision in precisions.HALF_STORAGE   # E2: a 16-bit x only
+    half = precision in precisions.HALF_STORAGE  # E2: a 16-bit x only
     assert calls["sums"] == calls["from_sums"] == (calls["keep"] if half else 0)
     if precision == "fp32":
         assert calls["mean_variance"] == 0
@@ -390,15 +513,18 @@ def test_networks_train_as_before_numpy(precision, flavour):
 # GPU
 # =============================================================================
 
+
 def poisoned_storage(cuda, n, precision):
     """storage_zeros(n, precision) filled with NaN (each format's quiet NaN)."""
     import pycuda.driver as drv
+
     a = cuda.storage_zeros(n, precision)
     if precision == "fp32":
         drv.memset_d32_async(cuda._ptr(a), 0x7FC00000, n, cuda.stream)
     else:
-        drv.memset_d16_async(cuda._ptr(a), 0x7E00 if precision == "fp16" else 0x7FC0, n,
-                             cuda.stream)
+        drv.memset_d16_async(
+            cuda._ptr(a), 0x7E00 if precision == "fp16" else 0x7FC0, n, cuda.stream
+        )
     return a
 
 
@@ -414,19 +540,33 @@ def test_apply_keeps_copy_rounded_bits_cuda(cuda, precision, shape, eps):
     case = apply_case(rng, shape)
     total = case[0].size
     for activation, x_norm in (("leaky", True), ("mish", False)):
-        out, norm, kept = apply(cuda, case, shape, eps, activation, x_norm,
-                                poisoned_storage(cuda, total, precision), precision)
-        assert_same_bits(kept, precisions.round_to(case[0], precisions.storage(precision)),
-                         "keep against round_to")
+        out, norm, kept = apply(
+            cuda,
+            case,
+            shape,
+            eps,
+            activation,
+            x_norm,
+            poisoned_storage(cuda, total, precision),
+            precision,
+        )
+        assert_same_bits(
+            kept,
+            precisions.round_to(case[0], precisions.storage(precision)),
+            "keep against round_to",
+        )
         copied = poisoned_storage(cuda, total, precision)
         cuda.copy_rounded(cuda.from_host(case[0]), copied, precision)
-        assert_same_bits(kept, widened(cuda, copied, precision) if precision != "fp32"
-                         else cuda.to_host(copied), "keep against copy_rounded")
-        plain_out, plain_norm, _ = apply(cuda, case, shape, eps, activation, x_norm, None,
-                                         precision)
+        assert_same_bits(
+            kept,
+            widened(cuda, copied, precision) if precision != "fp32" else cuda.to_host(copied),
+            "keep against copy_rounded",
+        )
+        plain_out, plain_norm, _ = apply(
+            cuda, case, shape, eps, activation, x_norm, None, precision
+        )
         assert_same_bits(out, plain_out, "x")
-        ref_out, ref_norm, _ = apply(REF, case, shape, eps, activation, x_norm, None,
-                                     precision)
+        ref_out, ref_norm, _ = apply(REF, case, shape, eps, activation, x_norm, None, precision)
         assert_close(out.astype(np.float64), ref_out, 1e-5, "x against NumPy float64")
         if x_norm:
             assert_same_bits(norm, plain_norm, "x_norm")
@@ -446,21 +586,39 @@ def test_rebuild_makes_the_training_output_again_cuda(cuda, precision, shape, ep
         keep = poisoned_storage(cuda, case[0].size, precision)
         out, _, _ = apply(cuda, case, shape, eps, activation, False, keep, precision)
         again = rebuilt(cuda, keep, case, shape, eps, activation, precision)
-        want = out if precision == "fp32" else apply(cuda, rounded, shape, eps, activation,
-                                                     False, None, precision)[0]
+        want = (
+            out
+            if precision == "fp32"
+            else apply(cuda, rounded, shape, eps, activation, False, None, precision)[0]
+        )
         assert_same_bits(again, want, f"{activation}: rebuilt")
     with pytest.raises(TypeError):
-        cuda.batchnorm_rebuild(keep, cuda.zeros(case[0].size),
-                               *(cuda.from_host(a) for a in case[1:]), *shape, eps, "leaky",
-                               "bf16" if precision == "fp16" else "fp16")
+        cuda.batchnorm_rebuild(
+            keep,
+            cuda.zeros(case[0].size),
+            *(cuda.from_host(a) for a in case[1:]),
+            *shape,
+            eps,
+            "leaky",
+            "bf16" if precision == "fp16" else "fp16",
+        )
 
 
 @gpu
 def test_apply_refuses_a_keep_of_another_precision_cuda(cuda):
     case = [cuda.from_host(a) for a in apply_case(np.random.default_rng(0), (1, 3, 4))]
     with pytest.raises(TypeError, match="bf16"):
-        cuda.batchnorm_apply(*case, 1, 3, 4, None, "leaky", None,
-                             keep=cuda.storage_zeros(12, "fp16"), keep_precision="bf16")
+        cuda.batchnorm_apply(
+            *case,
+            1,
+            3,
+            4,
+            None,
+            "leaky",
+            None,
+            keep=cuda.storage_zeros(12, "fp16"),
+            keep_precision="bf16",
+        )
 
 
 @gpu
@@ -516,8 +674,7 @@ def test_one_pass_statistics_of_a_16_bit_x_cuda(cuda, precision, shape, ratio):
     assert_same_bits(variance, again[1], "variance, a second run")
     want_mean, want_variance = statistics(REF, values, shape, True)
     assert_close(mean.astype(np.float64), want_mean, 1e-6, "mean against NumPy float64")
-    assert_close(variance.astype(np.float64), want_variance, 1e-6,
-                 "variance against NumPy float64")
+    assert_close(variance.astype(np.float64), want_variance, 1e-6, "variance against NumPy float64")
     assert within(variance, exact_variance(values, mean, shape), VARIANCE_TOL["exact"])
     fp32_mean, fp32_variance = statistics(cuda, values, shape, True)
     assert within(variance, fp32_variance, VARIANCE_TOL["exact"])
@@ -535,13 +692,15 @@ def test_one_pass_statistics_of_a_16_bit_x_constant_or_single_cuda(cuda, precisi
     for shape in ((3, 2, 1001), (32, 2, 4099)):
         batch, _, spatial = shape
         values = np.tile(np.repeat(constants, spatial), batch)
-        mean, variance = kept_statistics(cuda, kept_x(cuda, values, precision), shape,
-                                         precision, poison_channel_scratch)
+        mean, variance = kept_statistics(
+            cuda, kept_x(cuda, values, precision), shape, precision, poison_channel_scratch
+        )
         np.testing.assert_array_equal(mean, constants, err_msg=str(shape))
         np.testing.assert_array_equal(variance, np.zeros(2, np.float32), err_msg=str(shape))
     values = precisions.round_to(rand(np.random.default_rng(0), 3, -5.0, 5.0), precision)
-    mean, variance = kept_statistics(cuda, kept_x(cuda, values, precision), (1, 3, 1),
-                                     precision, poison_channel_scratch)
+    mean, variance = kept_statistics(
+        cuda, kept_x(cuda, values, precision), (1, 3, 1), precision, poison_channel_scratch
+    )
     np.testing.assert_array_equal(mean, values)
     assert np.isnan(variance).all()
 
@@ -549,22 +708,30 @@ def test_one_pass_statistics_of_a_16_bit_x_constant_or_single_cuda(cuda, precisi
 @gpu
 def test_one_pass_statistics_refuse_an_x_of_another_precision_cuda(cuda):
     mean, variance = cuda.zeros(3), cuda.zeros(3)
-    for x, precision in ((cuda.storage_zeros(12, "fp16"), "bf16"),
-                         (cuda.storage_zeros(12, "bf16"), "fp16"),
-                         (cuda.zeros(12), "fp16"), (cuda.storage_zeros(12, "fp16"), "fp32")):
+    for x, precision in (
+        (cuda.storage_zeros(12, "fp16"), "bf16"),
+        (cuda.storage_zeros(12, "bf16"), "fp16"),
+        (cuda.zeros(12), "fp16"),
+        (cuda.storage_zeros(12, "fp16"), "fp32"),
+    ):
         with pytest.raises(TypeError, match=precision):
             cuda.mean_variance(x, 1, 3, 4, mean, variance, x_precision=precision)
 
 
-FINALS = ("mean", "variance", "accumulate", "mean_delta", "variance_delta")   # ChannelFinal
+FINALS = ("mean", "variance", "accumulate", "mean_delta", "variance_delta")  # ChannelFinal
 
 
 def finalize_want(sums, final, count, variance, scales, start):
     """channel_finalize's op on the exact sums, in float64."""
     s = sums * (1.0 if scales is None else scales.astype(np.float64))
     v = variance.astype(np.float64) + 1e-5
-    return {"mean": s / count, "variance": s / (count - 1), "accumulate": start + s,
-            "mean_delta": s * (-1.0 / np.sqrt(v)), "variance_delta": s * -0.5 * v ** -1.5}[final]
+    return {
+        "mean": s / count,
+        "variance": s / (count - 1),
+        "accumulate": start + s,
+        "mean_delta": s * (-1.0 / np.sqrt(v)),
+        "variance_delta": s * -0.5 * v**-1.5,
+    }[final]
 
 
 @gpu
@@ -576,10 +743,13 @@ def test_wide_finalize_against_a_thread_a_channel_cuda(cuda, parts):
     wide one the same bits on a second run. _finalize_launch takes the wide form for a row
     kernel's partials from _WIDE_FINALIZE_PARTS on, never for a channel-wise reduction's."""
     import math
+
     from darknet_py.backends.cuda_core import _BLOCK
     from darknet_py.ops.normalization.cuda import _WIDE_FINALIZE_PARTS
+
     assert cuda._finalize_launch("channel_finalize", 5, parts)[0] == (
-        "channel_finalize_wide" if parts >= _WIDE_FINALIZE_PARTS else "channel_finalize")
+        "channel_finalize_wide" if parts >= _WIDE_FINALIZE_PARTS else "channel_finalize"
+    )
     assert cuda._finalize_launch("mean_variance_finalize", 5, 0)[0] == "mean_variance_finalize"
     rng = np.random.default_rng(parts)
     for filters in (3, 255):
@@ -594,14 +764,26 @@ def test_wide_finalize_against_a_thread_a_channel_cuda(cuda, parts):
             for scaled in (None, scales):
                 want = finalize_want(sums, final, count, variance, scaled, start)
                 got = {}
-                for name, grid in (("channel_finalize", (-(-filters // _BLOCK),)),
-                                   ("channel_finalize_wide", (filters,)),
-                                   ("channel_finalize_wide", (filters,))):
+                for name, grid in (
+                    ("channel_finalize", (-(-filters // _BLOCK),)),
+                    ("channel_finalize_wide", (filters,)),
+                    ("channel_finalize_wide", (filters,)),
+                ):
                     out, sum_out = cuda.from_host(start), cuda.from_host(nan(filters))
-                    cuda._launch(name, grid, (_BLOCK,), partial.ptr, parts, filters, op, count,
-                                 on_device["variance"].ptr,
-                                 0 if scaled is None else on_device["scales"].ptr, out.ptr,
-                                 sum_out.ptr)
+                    cuda._launch(
+                        name,
+                        grid,
+                        (_BLOCK,),
+                        partial.ptr,
+                        parts,
+                        filters,
+                        op,
+                        count,
+                        on_device["variance"].ptr,
+                        0 if scaled is None else on_device["scales"].ptr,
+                        out.ptr,
+                        sum_out.ptr,
+                    )
                     what = f"{name} {final} {filters} channels, scaled {scaled is not None}"
                     out, sum_out = cuda.to_host(out), cuda.to_host(sum_out)
                     assert within(out, want, 1e-6), what
@@ -639,11 +821,17 @@ def test_delta_from_sums_cuda(cuda, precision, flavour, activation, shape):
         assert_close(sums[name], reduction[name], tol, f"{name} against CUDA's reduction")
     for name in ("bias_updates", "scale_updates"):
         assert_same_bits(sums[name].astype(np.float32), reduction[name].astype(np.float32), name)
-    assert_same_bits(sums["delta_x_norm_sum"].astype(np.float32),
-                     sums["scale_updates"].astype(np.float32), "delta_x_norm_sum")
+    assert_same_bits(
+        sums["delta_x_norm_sum"].astype(np.float32),
+        sums["scale_updates"].astype(np.float32),
+        "delta_x_norm_sum",
+    )
     if FLAVOURS[flavour][1]:
-        assert_same_bits(sums["delta_sum"].astype(np.float32),
-                         sums["bias_updates"].astype(np.float32), "delta_sum")
+        assert_same_bits(
+            sums["delta_sum"].astype(np.float32),
+            sums["bias_updates"].astype(np.float32),
+            "delta_sum",
+        )
     assert np.isfinite(sums["delta_sum"]).all()
 
 
@@ -655,15 +843,29 @@ def test_reduction_parts_fill_whole_waves(cuda):
     the bounds (>= 4096 terms a part, <= 1024 parts); the device's capacity a whole number
     of blocks an SM."""
     from darknet_py.ops.normalization.cuda import reduction_parts
-    for filters, spatial, parts in ((64, 208 * 208, 8), (32, 208 * 208, 16), (128, 104 * 104, 4),
-                                    (256, 52 * 52, 2), (512, 26 * 26, 1), (1024, 13 * 13, 1),
-                                    (3, 169, 2)):
+
+    for filters, spatial, parts in (
+        (64, 208 * 208, 8),
+        (32, 208 * 208, 16),
+        (128, 104 * 104, 4),
+        (256, 52 * 52, 2),
+        (512, 26 * 26, 1),
+        (1024, 13 * 13, 1),
+        (3, 169, 2),
+    ):
         assert reduction_parts(filters, 32 * spatial, 528) == parts, (filters, spatial)
-    for filters, count in ((1, 1), (7, 5000), (300, 86528), (65, 10 ** 7), (2, 10 ** 9)):
+    for filters, count in ((1, 1), (7, 5000), (300, 86528), (65, 10**7), (2, 10**9)):
         p = reduction_parts(filters, count, 660)
         assert 1 <= p <= max(1, min(-(-count // 4096), 1024)), (filters, count, p)
-    from darknet_py.ops.normalization.cuda import activation_rows_plan   # E8's pieces
+    from darknet_py.ops.normalization.cuda import activation_rows_plan  # E8's pieces
+
     assert [activation_rows_plan(s) for s in (43264, 2704, 2048, 676, 169, 1)] == [
-        (256, 4096), (256, 4096), (128, 2048), (64, 676), (32, 169), (32, 1)]
+        (256, 4096),
+        (256, 4096),
+        (128, 2048),
+        (64, 676),
+        (32, 169),
+        (32, 1),
+    ]
     capacity = cuda._reduction_capacity()
     assert capacity % cuda.sm_count == 0 and 1 <= capacity // cuda.sm_count <= 8

@@ -1,4 +1,5 @@
 """The cfg parser: Darknet syntax, aliases, defaults, and errors that name file, line and key."""
+
 import warnings
 
 import pytest
@@ -20,9 +21,11 @@ def error_of(text, path="t.cfg"):
 
 
 def test_syntax_spaces_comments_and_aliases():
-    text = ("# a comment\n[network]\n batch = 4 \nsubdivisions=2\nwidth= 8\nheight =8\n"
-            "channels=3\n; another comment\n\n[conv]\nfilters=4\nsize=3\npad=1\n"
-            "activation = leaky\n")
+    text = (
+        "# a comment\n[network]\n batch = 4 \nsubdivisions=2\nwidth= 8\nheight =8\n"
+        "channels=3\n; another comment\n\n[conv]\nfilters=4\nsize=3\npad=1\n"
+        "activation = leaky\n"
+    )
     net = build(text)
     assert [s.type for s in parse_cfg_text(text)] == ["net", "convolutional"]
     assert net.layers[0].section.header == "conv"
@@ -36,8 +39,10 @@ def test_no_trailing_comments_as_in_darknet():
 
 
 def test_net_batch_is_divided_by_subdivisions():
-    net = build(NET.replace("batch=2", "batch=8").replace("subdivisions=1", "subdivisions=4")
-                + "[max]\nsize=2\nstride=2\n[avg]\n[soft]\n")
+    net = build(
+        NET.replace("batch=2", "batch=8").replace("subdivisions=1", "subdivisions=4")
+        + "[max]\nsize=2\nstride=2\n[avg]\n[soft]\n"
+    )
     assert net.batch == 2 and net.subdivisions == 4
     assert [l.type for l in net.layers] == ["maxpool", "avgpool", "softmax"]
 
@@ -46,7 +51,12 @@ def test_defaults_follow_darknet():
     net = build(NET + "[convolutional]\n[maxpool]\nstride=2\n")
     conv, pool = net.layers
     assert (conv.filters, conv.size, conv.stride, conv.padding, conv.activation) == (
-        1, 1, 1, 0, "logistic")
+        1,
+        1,
+        1,
+        0,
+        "logistic",
+    )
     assert (pool.size, pool.stride, pool.padding) == (2, 2, 1)
     assert net.options.learning_rate == pytest.approx(0.001)
     assert net.options.momentum == pytest.approx(0.9)
@@ -138,23 +148,33 @@ def test_build_network_allocates_nothing(tmp_path):
 
 
 def test_numbers_are_read_as_atoi_and_atof_read_them_with_a_warning():
-    text = NET + ("[conv]\nfilters=40#32\nsize=3\npad=1\n[conv]\nfilters=8\n"
-                  "[route]\nlayers=-1,0###P6\n[soft]\ntemperature=1.5x\n")
+    text = NET + (
+        "[conv]\nfilters=40#32\nsize=3\npad=1\n[conv]\nfilters=8\n"
+        "[route]\nlayers=-1,0###P6\n[soft]\ntemperature=1.5x\n"
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         net = build(text)
     assert net.layers[0].filters == 40
-    assert net.layers[2].out_c == 40 + 8   # route of layers -1 and 0
+    assert net.layers[2].out_c == 40 + 8  # route of layers -1 and 0
     messages = [str(w.message) for w in caught if issubclass(w.category, CfgWarning)]
     assert "t.cfg:8: filters: '40#32' read as 40" in messages[0]
     assert "t.cfg:14: layers: '-1,0###P6' read as 0" in messages[1]
     assert "t.cfg:16: temperature: '1.5x' read as 1.5" in messages[2]
 
 
-@pytest.mark.parametrize("value, words", [
-    ("inf", "finite"), ("-inf", "finite"), ("nan", "finite"), ("1e400", "finite"),
-    ("2147483648", "out of range"), ("4.5", "expected an integer"), ("abc", "expected an integer"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("inf", "finite"),
+        ("-inf", "finite"),
+        ("nan", "finite"),
+        ("1e400", "finite"),
+        ("2147483648", "out of range"),
+        ("4.5", "expected an integer"),
+        ("abc", "expected an integer"),
+    ],
+)
 def test_numbers_that_mean_nothing_are_errors_naming_the_line(value, words):
     e = error_of(NET + f"[conv]\nfilters={value}\n")
     assert (e.line, e.key) == (8, "filters") and words in str(e)

@@ -1,13 +1,14 @@
 """Training charts: one per cfg, the whole history after a resume, written like the weights."""
+
 import json
 import os
 import stat
 
 import cv2
 import pytest
+from helpers import Lines, data_file, write_classifier_cfg
 
 from darknet_py.train import train
-from helpers import Lines, data_file, write_classifier_cfg
 
 
 def mode(path):
@@ -30,9 +31,10 @@ def test_resumed_chart_shows_the_whole_run_and_each_cfg_has_its_own(bars, tmp_pa
     assert [i for i, _ in first_part] == [1, 2, 3]
     part_chart = cv2.imread(str(backup / "chart_tiny.png"))
 
-    resumed = train(cfg, data, weights=str(backup / "tiny.backup"), seed=3, device="cpu",
-                    log=Lines(), workers=2)
-    assert [h[0] for h in resumed.losses] == [4, 5, 6]       # this run's iterations
+    resumed = train(
+        cfg, data, weights=str(backup / "tiny.backup"), seed=3, device="cpu", log=Lines(), workers=2
+    )
+    assert [h[0] for h in resumed.losses] == [4, 5, 6]  # this run's iterations
     history = json.loads((backup / "tiny.history.json").read_text())
     assert [row[0] for row in history["losses"]] == [1, 2, 3, 4, 5, 6]
     assert [row[:2] for row in history["losses"][:3]] == first_part
@@ -46,7 +48,7 @@ def test_resumed_chart_shows_the_whole_run_and_each_cfg_has_its_own(bars, tmp_pa
     files = sorted(os.listdir(backup))
     assert {"chart_tiny.png", "chart_other.png", "other.history.json"} <= set(files)
     assert "chart.png" not in files
-    assert not [f for f in files if f.startswith(".")]       # no temporary file left behind
+    assert not [f for f in files if f.startswith(".")]  # no temporary file left behind
     # Charts and histories get the mode the weights files get (not mkstemp's 0600).
     umask = os.umask(0)
     os.umask(umask)
@@ -63,6 +65,8 @@ def test_a_fresh_run_keeps_an_earlier_runs_chart_and_history(bars, tmp_path):
     for name in ("tiny.backup", "tiny_final.weights"):
         (backup / name).unlink(missing_ok=True)
     from darknet_py.train import TrainError
-    with pytest.raises(TrainError,
-                       match=r"chart_tiny.png, .*tiny.history.json: already exist.*--overwrite"):
+
+    with pytest.raises(
+        TrainError, match=r"chart_tiny.png, .*tiny.history.json: already exist.*--overwrite"
+    ):
         train(cfg, data, device="cpu", log=Lines())

@@ -1,14 +1,15 @@
 """`darknet-py check` reads every listed image's header: an empty file, a text file named
 .jpg or a header claiming an impossible size is a problem (exit 1), named for the first
 ten, as training would skip those images."""
+
 import time
 
 import cv2
 import numpy as np
+from test_cli import run_in_process
 
 from darknet_py.dataset_check import unreadable_images
 from darknet_py.image import header_problem
-from test_cli import run_in_process
 
 GOOD = "0 0.5 0.5 0.2 0.3\n"
 
@@ -28,8 +29,7 @@ def dataset(root, names):
 
 
 def check(data, cwd):
-    return run_in_process(["check", data, "--picture", "none", "--darknet", "alexeyab"],
-                          cwd=cwd)
+    return run_in_process(["check", data, "--picture", "none", "--darknet", "alexeyab"], cwd=cwd)
 
 
 def test_check_counts_and_names_unreadable_images(tmp_path):
@@ -38,14 +38,17 @@ def test_check_counts_and_names_unreadable_images(tmp_path):
     (tmp_path / "c.jpg").write_text("this is not a picture\n")
     r = check(data, tmp_path)
     assert r.code == 1, r
-    assert r.out.splitlines()[0] == (f"train: {tmp_path}/train.list: 4 images (0 missing, "
-                                     f"2 unreadable), 4 label files (0 empty), 4 boxes")
+    assert r.out.splitlines()[0] == (
+        f"train: {tmp_path}/train.list: 4 images (0 missing, "
+        f"2 unreadable), 4 label files (0 empty), 4 boxes"
+    )
     assert r.out.splitlines()[-1] == "2 problems found"
     assert r.err.splitlines() == [
         f"darknet-py: warning: {tmp_path}/b.jpg: the image file is empty; training skips it "
         f"(listed in {tmp_path}/train.list)",
         f"darknet-py: warning: {tmp_path}/c.jpg: not an image (no decoder knows its first "
-        f"bytes); training skips it (listed in {tmp_path}/train.list)"]
+        f"bytes); training skips it (listed in {tmp_path}/train.list)",
+    ]
 
 
 def test_check_names_ten_unreadable_images_and_counts_the_rest(tmp_path):
@@ -71,10 +74,11 @@ def test_header_problem_reads_sizes_from_the_header(tmp_path):
     png = tmp_path / "big.png"
     cv2.imwrite(str(png), np.zeros((4, 4), np.uint8))
     data = bytearray(png.read_bytes())
-    data[16:24] = (70000).to_bytes(4, "big") * 2   # IHDR width and height: 70000 x 70000
+    data[16:24] = (70000).to_bytes(4, "big") * 2  # IHDR width and height: 70000 x 70000
     png.write_bytes(bytes(data))
-    assert header_problem(png) == ("the image header claims 70000 x 70000 pixels; images "
-                                   "of 1 to 1024 million pixels are read")
+    assert header_problem(png) == (
+        "the image header claims 70000 x 70000 pixels; images of 1 to 1024 million pixels are read"
+    )
     assert header_problem(tmp_path / "absent.png").startswith("cannot read the file")
 
 
@@ -91,5 +95,4 @@ def test_header_check_of_hundreds_of_images_is_fast(tmp_path):
     start = time.perf_counter()
     found = unreadable_images(paths)
     assert time.perf_counter() - start < 1.0
-    assert found == [(str(tmp_path / "7.jpg"), "not an image (no decoder knows its first "
-                                               "bytes)")]
+    assert found == [(str(tmp_path / "7.jpg"), "not an image (no decoder knows its first bytes)")]

@@ -1,5 +1,6 @@
 """Convolutions run a batch in chunks sized by the workspace cap: any chunking must give
 the same outputs, deltas and weight gradients as the whole batch at once."""
+
 import numpy as np
 
 from darknet_py.backends.numpy_backend import NumpyBackend
@@ -38,8 +39,9 @@ activation=linear
 def run(cap, monkeypatch):
     # chunk = cap // ((k + m) * n) images: tiny caps force chunks of 1 or a few images
     monkeypatch.setattr(convolutional, "WORKSPACE_CAP_FLOATS", cap)
-    net = Network(parse_cfg_text(CFG, "chunks.cfg"), "chunks.cfg",
-                  backend=NumpyBackend(np.float64), seed=4)
+    net = Network(
+        parse_cfg_text(CFG, "chunks.cfg"), "chunks.cfg", backend=NumpyBackend(np.float64), seed=4
+    )
     rng = np.random.default_rng(9)
     x = rng.random((5, 4, 9, 11))
     truth = np.eye(3)[rng.integers(0, 3, 5)]

@@ -2,6 +2,7 @@
 installed (the network exported once, checked, cached outside the user's folders), NumPy
 when it is not or the network does not export, one note saying which; training and
 --engine numpy run darknet-py's own arithmetic."""
+
 import os
 import sys
 from pathlib import Path
@@ -19,8 +20,8 @@ from darknet_py.export.check import CHECK_TOLERANCE, relative_difference
 pytest.importorskip("onnx", reason="onnx is not installed (pip install onnx onnxruntime)")
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 
-from helpers import DETECTOR_CFG, unit_rolling_variance, untrained_detector   # noqa: E402
-from test_cli import run_in_process   # noqa: E402
+from helpers import DETECTOR_CFG, unit_rolling_variance, untrained_detector  # noqa: E402
+from test_cli import run_in_process  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 TINY_CFG = SHARED / "darknet-cfg" / "yolov3-tiny.cfg"
@@ -107,39 +108,47 @@ def test_the_default_is_onnxruntime_and_agrees_with_numpy(tmp_path, cache, expor
     cfg, weights = untrained_detector(tmp_path)
     image = photo(tmp_path)
     net = darknet_py.load_network(cfg, weights, device="cpu")
-    assert exports == []   # made on the first inference, not at load (training never needs it)
+    assert exports == []  # made on the first inference, not at load (training never needs it)
     assert net.engine == "onnxruntime" and len(exports) == 1
     reference = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
     assert reference.engine == "numpy"
     got, want = head_outputs(net, image), head_outputs(reference, image)
     assert all(relative_difference(g, w) < CHECK_TOLERANCE for g, w in zip(got, want))
-    assert not all(np.array_equal(g, w) for g, w in zip(got, want))   # another arithmetic
+    assert not all(np.array_equal(g, w) for g, w in zip(got, want))  # another arithmetic
     found = net.detect(image, thresh=0.1)
-    assert found and [d.name for d in found] == [d.name for d in reference.detect(image,
-                                                                                 thresh=0.1)]
+    assert found and [d.name for d in found] == [
+        d.name for d in reference.detect(image, thresh=0.1)
+    ]
     # the cache is ours, never beside the user's files
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "det.cfg", "det.weights",
-                                                          "photo.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "cache",
+        "det.cfg",
+        "det.weights",
+        "photo.png",
+    ]
     assert len(list(cache.glob("*.onnx"))) == 1
 
 
 def test_numpy_when_onnxruntime_is_not_installed(tmp_path, cache, monkeypatch, exports):
     cfg, weights = untrained_detector(tmp_path)
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)   # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
     net = darknet_py.load_network(cfg, weights, device="cpu")
     assert net.engine == "numpy" and "ONNX Runtime is not installed" in net.engine_note
     net.predict(photo(tmp_path))
     assert exports == [] and not cache.exists()
-    r = run_in_process(["detect", cfg, weights, photo(tmp_path), "--out", "none", "--device",
-                        "cpu"])
+    r = run_in_process(
+        ["detect", cfg, weights, photo(tmp_path), "--out", "none", "--device", "cpu"]
+    )
     assert r.code == 0, r.err
     assert [l for l in r.err.splitlines() if "inference on" in l] == [
         "darknet-py: note: inference on NumPy (ONNX Runtime is not installed; pip install "
-        "onnx onnxruntime gives a faster CPU engine)"]
+        "onnx onnxruntime gives a faster CPU engine)"
+    ]
 
 
-def test_the_cache_is_reused_and_a_changed_weights_file_is_exported_again(tmp_path, cache,
-                                                                           exports, checks):
+def test_the_cache_is_reused_and_a_changed_weights_file_is_exported_again(
+    tmp_path, cache, exports, checks
+):
     cfg, weights = untrained_detector(tmp_path)
     image = photo(tmp_path)
     first = head_outputs(darknet_py.load_network(cfg, weights, device="cpu"), image)
@@ -157,8 +166,7 @@ def test_the_cache_is_reused_and_a_changed_weights_file_is_exported_again(tmp_pa
     changed = darknet_py.load_network(cfg, weights, device="cpu")
     got = head_outputs(changed, image)
     assert len(exports) == 2 and len(checks) == 2 and len(list(cache.glob("*.onnx"))) == 2
-    want = head_outputs(darknet_py.load_network(cfg, weights, device="cpu", engine="numpy"),
-                        image)
+    want = head_outputs(darknet_py.load_network(cfg, weights, device="cpu", engine="numpy"), image)
     assert all(relative_difference(g, w) < CHECK_TOLERANCE for g, w in zip(got, want))
     assert not all(np.allclose(a, b) for a, b in zip(first, got))
 
@@ -171,8 +179,9 @@ def test_a_damaged_cache_file_is_made_again_with_a_warning(tmp_path, cache, expo
     (optimized,) = (cache / "optimized").glob("*.onnx")
     # the optimised model damaged: optimised again from the entry, not exported or checked
     optimized.write_bytes(b"not a model")
-    with pytest.warns(EngineCacheWarning, match=f"{optimized}: a damaged ONNX cache file .*; "
-                                                "optimised again"):
+    with pytest.warns(
+        EngineCacheWarning, match=f"{optimized}: a damaged ONNX cache file .*; optimised again"
+    ):
         net = darknet_py.load_network(cfg, weights, device="cpu")
         assert net.engine == "onnxruntime"
     assert (len(exports), len(checks)) == (1, 1) and optimized.stat().st_size > 1000
@@ -190,8 +199,9 @@ def test_a_damaged_cache_file_is_made_again_with_a_warning(tmp_path, cache, expo
     # the CLI: one warning line, and the command does its work
     entry.write_bytes(b"")
     optimized.unlink()
-    r = run_in_process(["detect", cfg, weights, photo(tmp_path), "--out", "none", "--device",
-                        "cpu"])
+    r = run_in_process(
+        ["detect", cfg, weights, photo(tmp_path), "--out", "none", "--device", "cpu"]
+    )
     assert r.code == 0, r.err
     lines = [l for l in r.err.splitlines() if "ONNX cache" in l]
     assert len(lines) == 1, r.err
@@ -201,10 +211,13 @@ def test_a_damaged_cache_file_is_made_again_with_a_warning(tmp_path, cache, expo
     assert "Traceback" not in r.err and "inference on ONNX Runtime (exported" in r.err
 
 
-def test_a_cache_hit_runs_the_optimised_model_on_tuned_sessions(tmp_path, cache, monkeypatch,
-                                                                exports, checks):
+def test_a_cache_hit_runs_the_optimised_model_on_tuned_sessions(
+    tmp_path, cache, monkeypatch, exports, checks
+):
     import onnxruntime as ort
+
     from darknet_py.export.check import physical_cores
+
     monkeypatch.delenv("DARKNET_CPU_THREADS", raising=False)
     cfg, weights = wider_detector(tmp_path)
     x = np.random.default_rng(6).random((1, 3, 32, 32), dtype=np.float32)
@@ -217,9 +230,10 @@ def test_a_cache_hit_runs_the_optimised_model_on_tuned_sessions(tmp_path, cache,
     (optimized,) = (cache / "optimized").glob("*.onnx")
     (weights_file,) = (cache / "optimized").glob("*.data")
     assert optimized.name.startswith(next(cache.glob("*.onnx")).stem + "-" + ort.__version__)
-    assert weights_file.stat().st_size >= 32 * 3 * 3 * 3 * 4   # the first layer's weights
+    assert weights_file.stat().st_size >= 32 * 3 * 3 * 3 * 4  # the first layer's weights
     assert sorted(p.name for p in (cache / "optimized").iterdir()) == sorted(
-        [optimized.name, weights_file.name])   # no staging file left behind
+        [optimized.name, weights_file.name]
+    )  # no staging file left behind
     monkeypatch.setenv("DARKNET_CPU_THREADS", "1")
     second = darknet_py.load_network(cfg, weights, device="cpu")
     assert second.engine == "onnxruntime" and (len(exports), len(checks)) == (1, 1)
@@ -233,6 +247,7 @@ def test_a_cache_hit_runs_the_optimised_model_on_tuned_sessions(tmp_path, cache,
 
 def test_physical_cores_counts_the_cores_this_process_may_use(monkeypatch):
     from darknet_py.export.check import intra_op_threads, physical_cores
+
     if physical_cores() is None:
         pytest.skip("no CPU topology in /sys on this machine")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
@@ -244,17 +259,18 @@ def test_physical_cores_counts_the_cores_this_process_may_use(monkeypatch):
 
 def test_the_cache_follows_the_weights_bytes_not_their_file(tmp_path, cache, exports, checks):
     import shutil
+
     cfg, weights = untrained_detector(tmp_path)
     x = np.random.default_rng(7).random((1, 3, 32, 32), dtype=np.float32)
     want = darknet_py.load_network(cfg, weights, device="cpu").predict(x).copy()
-    copy = tmp_path / "copy.weights"   # the same bytes elsewhere: the same entry
+    copy = tmp_path / "copy.weights"  # the same bytes elsewhere: the same entry
     shutil.copy(weights, copy)
     assert np.array_equal(darknet_py.load_network(cfg, copy, device="cpu").predict(x), want)
     assert (len(exports), len(checks)) == (1, 1)
     # other bytes of the same size with the old modification time put back: a new entry
     before = os.stat(weights)
     data = bytearray(Path(weights).read_bytes())
-    data[-4:] = np.float32(0.75).tobytes()   # the last layer's last weight
+    data[-4:] = np.float32(0.75).tobytes()  # the last layer's last weight
     Path(weights).write_bytes(bytes(data))
     os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
     net = darknet_py.load_network(cfg, weights, device="cpu")
@@ -267,6 +283,7 @@ def test_the_cache_follows_the_weights_bytes_not_their_file(tmp_path, cache, exp
 
 def test_a_weights_digest_is_remembered_until_the_file_changes(tmp_path, cache, monkeypatch):
     from darknet_py.export import cache as cache_module
+
     path = tmp_path / "w.weights"
     path.write_bytes(b"\0" * 4096)
     hashed = []
@@ -274,10 +291,10 @@ def test_a_weights_digest_is_remembered_until_the_file_changes(tmp_path, cache, 
     monkeypatch.setattr(cache_module, "file_sha256", lambda p: hashed.append(p) or real(p))
     first = cache_module.weights_digest(path)
     cache_module.weights_digest(path)
-    assert len(hashed) == 2   # just written: its times may not have moved yet, so not kept
+    assert len(hashed) == 2  # just written: its times may not have moved yet, so not kept
     monkeypatch.setattr(cache_module, "_SETTLED_S", -1.0)
     assert cache_module.weights_digest(path) == first and len(hashed) == 3
-    assert cache_module.weights_digest(path) == first and len(hashed) == 3   # remembered
+    assert cache_module.weights_digest(path) == first and len(hashed) == 3  # remembered
     before = os.stat(path)
     path.write_bytes(b"\1" * 4096)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -288,18 +305,29 @@ def test_a_weights_digest_is_remembered_until_the_file_changes(tmp_path, cache, 
 
 def test_a_cache_hit_does_not_import_onnx(tmp_path, cache):
     import subprocess
+
     cfg, weights = untrained_detector(tmp_path)
     assert darknet_py.load_network(cfg, weights, device="cpu").engine == "onnxruntime"
-    code = ("import sys, darknet_py; "
-            f"net = darknet_py.load_network({cfg!r}, {weights!r}, device='cpu'); "
-            "print(net.engine, net.inference_engine.where.split(' from ')[0], "
-            "'onnx' in sys.modules, 'darknet_py.export.layers' in sys.modules)")
+    code = (
+        "import sys, darknet_py; "
+        f"net = darknet_py.load_network({cfg!r}, {weights!r}, device='cpu'); "
+        "print(net.engine, net.inference_engine.where.split(' from ')[0], "
+        "'onnx' in sys.modules, 'darknet_py.export.layers' in sys.modules)"
+    )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["onnxruntime", "its", "optimised", "export", "read", "False",
-                                "False"]
+    assert r.stdout.split() == [
+        "onnxruntime",
+        "its",
+        "optimised",
+        "export",
+        "read",
+        "False",
+        "False",
+    ]
 
 
 def test_a_layer_onnx_cannot_export_falls_back_to_numpy_saying_why(tmp_path, cache):
@@ -309,19 +337,23 @@ def test_a_layer_onnx_cannot_export_falls_back_to_numpy_saying_why(tmp_path, cac
     darknet_py.load_network(str(cfg), seed=1).save_weights(str(weights))
     net = darknet_py.load_network(str(cfg), str(weights), device="cpu")
     image = photo(tmp_path)
-    want = darknet_py.load_network(str(cfg), str(weights), device="cpu",
-                                   engine="numpy").predict(image)
+    want = darknet_py.load_network(str(cfg), str(weights), device="cpu", engine="numpy").predict(
+        image
+    )
     assert np.array_equal(net.predict(image), want)
     assert net.engine == "numpy"
-    assert net.engine_note == ("inference on NumPy: layer 0 [crnn]: ONNX export does not "
-                               "cover this layer type")
+    assert net.engine_note == (
+        "inference on NumPy: layer 0 [crnn]: ONNX export does not cover this layer type"
+    )
     r = run_in_process(["test", cfg, weights, image, "--device", "cpu"])
     assert r.code == 0, r.err
     assert [l for l in r.err.splitlines() if "inference on" in l] == [
-        f"darknet-py: note: {net.engine_note}"]
+        f"darknet-py: note: {net.engine_note}"
+    ]
     with pytest.raises(darknet_py.network.NetworkError, match=r"\[crnn\]"):
-        darknet_py.load_network(str(cfg), str(weights), device="cpu",
-                                engine="onnxruntime").predict(image)
+        darknet_py.load_network(str(cfg), str(weights), device="cpu", engine="onnxruntime").predict(
+            image
+        )
 
 
 def test_training_runs_on_numpy_and_leaves_onnxruntime(tmp_path, cache):
@@ -351,7 +383,7 @@ def test_hand_written_parameters_are_exported_again(tmp_path, cache, exports):
     want.params_changed()
     assert relative_difference(after, want.predict(x)) < CHECK_TOLERANCE
     assert not np.allclose(before, after)
-    assert len(list(cache.glob("*.onnx"))) == 1   # the changed network is not cached
+    assert len(list(cache.glob("*.onnx"))) == 1  # the changed network is not cached
 
 
 def test_the_cli_notes_the_engine_once_and_not_under_quiet(tmp_path, cache):
@@ -366,19 +398,23 @@ def test_the_cli_notes_the_engine_once_and_not_under_quiet(tmp_path, cache):
         assert r.code == 0, r.err
         notes[tuple(extra)] = [l for l in r.err.splitlines() if "inference on" in l]
     (onnx,) = notes[()]
-    assert onnx.startswith("darknet-py: note: inference on ONNX Runtime (exported, checked "
-                           "against NumPy and cached in " + str(cache))
-    assert notes[("--engine", "numpy")] == []   # what was asked for runs: nothing to note
+    assert onnx.startswith(
+        "darknet-py: note: inference on ONNX Runtime (exported, checked "
+        "against NumPy and cached in " + str(cache)
+    )
+    assert notes[("--engine", "numpy")] == []  # what was asked for runs: nothing to note
     assert notes[("--quiet",)] == []
     r = run_in_process(args)
     assert [l for l in r.err.splitlines() if "inference on" in l] == [
         f"darknet-py: note: inference on ONNX Runtime (its optimised export read from "
         f"{next((cache / 'optimized').glob('*.onnx'))}; --engine numpy runs Darknet's exact "
-        f"arithmetic)"]
+        f"arithmetic)"
+    ]
 
 
 def test_the_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):
     from darknet_py.export.cache import cache_dir
+
     monkeypatch.delenv("DARKNET_ONNX_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_dir() == str(tmp_path / "darknet-py" / "onnx")
@@ -389,8 +425,9 @@ def test_the_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):
 @pytest.mark.skipif(not TINY_WEIGHTS.is_file(), reason=f"no real weights at {TINY_WEIGHTS}")
 def test_real_yolov3_tiny_default_engine_agrees_with_numpy(cache):
     net = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, device="cpu", batch=1)
-    reference = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, device="cpu", batch=1,
-                                        engine="numpy")
+    reference = darknet_py.load_network(
+        TINY_CFG, TINY_WEIGHTS, device="cpu", batch=1, engine="numpy"
+    )
     got, want = head_outputs(net, str(DOG)), head_outputs(reference, str(DOG))
     assert net.engine == "onnxruntime"
     assert max(relative_difference(g, w) for g, w in zip(got, want)) < CHECK_TOLERANCE
@@ -408,20 +445,25 @@ def test_a_layer_onnxruntime_does_not_give_is_refused_not_stale(tmp_path, cache)
     net.predict(x)
     heads = [l.index for l in net.layers if l.type == "yolo"]
     assert net.layer_output(heads[-1]).shape[0] == 1
-    with pytest.raises(darknet_py.network.NetworkError,
-                       match=r"layer 0 \[convolutional\]: ONNX Runtime ran the last inference"
-                             r".*engine=\"numpy\""):
+    with pytest.raises(
+        darknet_py.network.NetworkError,
+        match=r"layer 0 \[convolutional\]: ONNX Runtime ran the last inference"
+        r".*engine=\"numpy\"",
+    ):
         net.layer_output(0)
-    net.forward(x, train=True, truth=np.zeros((1, 450), np.float32))   # the backend's pass
+    net.forward(x, train=True, truth=np.zeros((1, 450), np.float32))  # the backend's pass
     assert net.layer_output(0).shape == (1, 4, 32, 32)
 
 
 def test_map_and_valid_note_the_engine_and_map_quiet_drops_it(tmp_path, cache):
     from helpers import digit_set
+
     cfg, weights = untrained_detector(tmp_path)
     data = digit_set(tmp_path / "set", 1, 2)
-    for args in (["map", cfg, data, weights], ["valid", cfg, data, weights, "--results-dir",
-                                               tmp_path / "results"]):
+    for args in (
+        ["map", cfg, data, weights],
+        ["valid", cfg, data, weights, "--results-dir", tmp_path / "results"],
+    ):
         r = run_in_process(args + ["--device", "cpu"])
         assert r.code == 0, r.err
         assert len([l for l in r.err.splitlines() if "inference on ONNX Runtime" in l]) == 1

@@ -1,16 +1,17 @@
 """The CPU inference path: batch norm folded into the convolution weights, the fused
 bias + activation, maxpool without argmax indexes. Each must give what the exact path
 (Darknet's unfolded normalisation, separate passes) gives."""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cuda_ops import MAXPOOL_CASES  # the last has windows wholly in the padding
 
 import darknet_py
 from darknet_py import activations
 from darknet_py.backends import cpu_threads
 from darknet_py.backends.numpy_backend import NumpyBackend
-from test_cuda_ops import MAXPOOL_CASES  # the last has windows wholly in the padding
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = SHARED / "fixtures"
@@ -31,6 +32,7 @@ def all_outputs(net, x, fold):
 
 
 # ---- backend ops ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("activation", activations.ACTIVATIONS)
 @pytest.mark.parametrize("batch,n,size", [(1, 3, 70001), (2, 5, 13), (3, 40, 1700)])
@@ -70,7 +72,7 @@ def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch)
     cpu_threads.parallel(1000, work, 10)
     assert (seen == 1).all() and len(parts) == 8  # 4 parts per thread
     parts.clear()
-    cpu_threads.parallel(1000, work, 600)      # too little work to split
+    cpu_threads.parallel(1000, work, 600)  # too little work to split
     assert parts == [(0, 1000)]
 
     def fail(start, stop):
@@ -116,14 +118,16 @@ def test_maxpool_without_indexes_gives_the_same_maxima(batch, c, h, w, size, str
         assert np.isneginf(got).any()
 
 
-@pytest.mark.parametrize("size,stride_x,stride_y,padding", [(2, 1, 2, 1), (3, 2, 1, 2),
-                                                             (2, 2, 1, 0), (3, 3, 2, 4)])
+@pytest.mark.parametrize(
+    "size,stride_x,stride_y,padding", [(2, 1, 2, 1), (3, 2, 1, 2), (2, 2, 1, 0), (3, 3, 2, 4)]
+)
 def test_maxpool_xy_without_indexes_gives_the_same_maxima(size, stride_x, stride_y, padding):
     be = NumpyBackend()
     batch, c, h, w = 2, 3, 9, 11
     x = np.random.default_rng(size).standard_normal(batch * c * h * w).astype(np.float32)
-    n_out = batch * c * ((h + padding - size) // stride_y + 1) * ((w + padding - size)
-                                                                  // stride_x + 1)
+    n_out = (
+        batch * c * ((h + padding - size) // stride_y + 1) * ((w + padding - size) // stride_x + 1)
+    )
     want, got = np.full(n_out, np.nan, np.float32), np.full(n_out, np.nan, np.float32)
     args = (x, batch, c, h, w, size, stride_x, stride_y, padding)
     be.maxpool_forward_xy(*args, want, be.int_zeros(n_out))
@@ -133,8 +137,9 @@ def test_maxpool_xy_without_indexes_gives_the_same_maxima(size, stride_x, stride
 
 # ---- folded batch norm -----------------------------------------------------------
 
-fixtures = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(),
-                              reason=f"Darknet fixtures not found at {FIXTURES}")
+fixtures = pytest.mark.skipif(
+    not (FIXTURES / "README.md").is_file(), reason=f"Darknet fixtures not found at {FIXTURES}"
+)
 
 
 @fixtures
@@ -142,8 +147,9 @@ fixtures = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(),
 def test_folded_and_unfolded_inference_both_match_darknet(name):
     d = FIXTURES / name
     ref = np.load(d / f"{name}.npz")
-    net = darknet_py.load_network(d / f"{name}.cfg", d / f"{name}.weights", device="cpu",
-                                  engine="numpy")
+    net = darknet_py.load_network(
+        d / f"{name}.cfg", d / f"{name}.weights", device="cpu", engine="numpy"
+    )
     assert any(getattr(l, "batch_normalize", 0) for l in net.layers)
     folded = all_outputs(net, ref["input"], fold=True)
     unfolded = all_outputs(net, ref["input"], fold=False)
@@ -160,12 +166,15 @@ def test_folded_and_unfolded_inference_both_match_darknet(name):
 def test_the_fold_is_remade_after_training_and_after_loading():
     d = FIXTURES / "p3_train_classifier"
     ref = np.load(d / "p3_train_classifier.npz")
-    net = darknet_py.load_network(d / "p3_train_classifier.cfg",
-                                  d / "p3_train_classifier.weights", device="cpu",
-                                  engine="numpy")
+    net = darknet_py.load_network(
+        d / "p3_train_classifier.cfg",
+        d / "p3_train_classifier.weights",
+        device="cpu",
+        engine="numpy",
+    )
     x = ref["input"]
     before = all_outputs(net, x, fold=True)[-2]
-    net.train_pass(x, ref["truth"])   # moves weights, biases, scales and rolling stats
+    net.train_pass(x, ref["truth"])  # moves weights, biases, scales and rolling stats
     after_update = all_outputs(net, x, fold=True)[-2]
     assert rel_error(after_update, all_outputs(net, x, fold=False)[-2]) < TOLERANCE
     assert rel_error(after_update, before) > 10 * TOLERANCE  # the step did change the output
@@ -173,22 +182,29 @@ def test_the_fold_is_remade_after_training_and_after_loading():
     np.testing.assert_allclose(all_outputs(net, x, fold=True)[-2], before, rtol=0, atol=1e-6)
 
 
-real_weights = pytest.mark.skipif(not TINY_WEIGHTS.is_file(),
-                                  reason=f"real weights not found at {TINY_WEIGHTS}")
+real_weights = pytest.mark.skipif(
+    not TINY_WEIGHTS.is_file(), reason=f"real weights not found at {TINY_WEIGHTS}"
+)
 
 
 # cap 1: one image per GEMM, straight into the output; 1 << 25: all five in one GEMM.
 @pytest.mark.parametrize("cap", [1, 1 << 25])
 def test_folded_inference_with_groups_and_chunks(monkeypatch, cap):
+    from test_conv_chunks import CFG  # BN conv with groups=2, a 1x1 conv, a dilated conv
+
     from darknet_py.cfg import parse_cfg_text
     from darknet_py.layers import convolutional
-    from test_conv_chunks import CFG  # BN conv with groups=2, a 1x1 conv, a dilated conv
+
     monkeypatch.setattr(convolutional, "WORKSPACE_CAP_FLOATS", cap)
     net = darknet_py.Network(parse_cfg_text(CFG, "chunks.cfg"), "chunks.cfg", seed=4)
     rng = np.random.default_rng(5)
     conv = net.layers[0]
-    for name, low, high in (("rolling_mean", -0.5, 0.5), ("rolling_variance", 0.5, 2.0),
-                            ("scales", 0.5, 1.5), ("biases", -0.5, 0.5)):
+    for name, low, high in (
+        ("rolling_mean", -0.5, 0.5),
+        ("rolling_variance", 0.5, 2.0),
+        ("scales", 0.5, 1.5),
+        ("biases", -0.5, 0.5),
+    ):
         net.be.write(getattr(conv, name), rng.uniform(low, high, conv.out_c))
     x = rng.random((5, 4, 9, 11), dtype=np.float32)
     folded = all_outputs(net, x, fold=True)
@@ -200,8 +216,7 @@ def test_folded_inference_with_groups_and_chunks(monkeypatch, cap):
 
 @real_weights
 def test_folding_keeps_real_yolov3_tiny_outputs_and_detections():
-    net = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, batch=1, device="cpu",
-                                  engine="numpy")
+    net = darknet_py.load_network(TINY_CFG, TINY_WEIGHTS, batch=1, device="cpu", engine="numpy")
     net.names = (SHARED / "weights" / "coco.names").read_text().split("\n")
     for photo in sorted((SHARED / "images").glob("*.jpg")):
         x = darknet_py.letterbox(darknet_py.load_image(photo), 416, 416)[None]
@@ -217,20 +232,34 @@ def test_folding_keeps_real_yolov3_tiny_outputs_and_detections():
         if photo.name == "dog.jpg":
             # What the C Darknet prints, a line per class above thresh (../shared/weights/
             # README.md); its own JPEG decoder and resize move the percentages by under 1.
-            darknet = sorted([("bicycle", 59), ("car", 52), ("car", 62), ("dog", 57),
-                              ("truck", 43), ("truck", 56)])
-            found = sorted((net.names[c], 100 * float(p)) for d in dets_folded
-                           for c, p in enumerate(d.probs) if p > 0.25)
+            darknet = sorted(
+                [
+                    ("bicycle", 59),
+                    ("car", 52),
+                    ("car", 62),
+                    ("dog", 57),
+                    ("truck", 43),
+                    ("truck", 56),
+                ]
+            )
+            found = sorted(
+                (net.names[c], 100 * float(p))
+                for d in dets_folded
+                for c, p in enumerate(d.probs)
+                if p > 0.25
+            )
             assert [n for n, _ in found] == [n for n, _ in darknet]
             assert all(abs(p - q) < 1.0 for (_, p), (_, q) in zip(found, darknet)), found
 
 
 # ---- process start ----------------------------------------------------------------
 
+
 def test_import_and_a_cpu_detect_never_import_pycuda(tmp_path):
     # A stand-in pycuda first on the path leaves a mark if anything imports it.
     import subprocess
     import sys
+
     fake = tmp_path / "site" / "pycuda"
     fake.mkdir(parents=True)
     mark = tmp_path / "pycuda-imported"
@@ -244,16 +273,31 @@ def test_import_and_a_cpu_detect_never_import_pycuda(tmp_path):
     run = subprocess.run([sys.executable, "-c", "import darknet_py"], env=env)
     assert run.returncode == 0 and not mark.exists()
     if fixture.is_dir():
-        run = subprocess.run([sys.executable, "-m", "darknet_py", "detect",
-                              fixture / "p2_tinyyolo.cfg", fixture / "p2_tinyyolo.weights",
-                              SHARED / "images" / "dog.jpg", "--device", "cpu",
-                              "--out", tmp_path / "out.jpg"], env=env, capture_output=True)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "darknet_py",
+                "detect",
+                fixture / "p2_tinyyolo.cfg",
+                fixture / "p2_tinyyolo.weights",
+                SHARED / "images" / "dog.jpg",
+                "--device",
+                "cpu",
+                "--out",
+                tmp_path / "out.jpg",
+            ],
+            env=env,
+            capture_output=True,
+        )
         assert run.returncode == 0, run.stderr
         assert not mark.exists()
 
 
-@pytest.mark.parametrize("m,n,k,ta,tb", [(16, 5000, 27, False, False), (300, 169, 200, False, True),
-                                         (64, 2100, 75, True, False)])
+@pytest.mark.parametrize(
+    "m,n,k,ta,tb",
+    [(16, 5000, 27, False, False), (300, 169, 200, False, True), (64, 2100, 75, True, False)],
+)
 def test_gemm_does_not_depend_on_the_thread_count(monkeypatch, m, n, k, ta, tb):
     """The NumPy backend's products give the same bits whatever number of threads the
     machine's load allows (OpenBLAS's sums depend on how a product is split)."""

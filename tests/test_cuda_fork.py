@@ -1,20 +1,22 @@
 """The AlexeyAB fork's layers on the CUDA backend against the NumPy backend and the fork's
 fixture (../shared/fixtures-ab). Run with `make gpu-test`; skipped without a GPU."""
+
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_same_update, param_arrays, random_batch_norm
 
 import darknet_py as dn
 from darknet_py.backends import cuda_available
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
 
-from helpers import assert_same_update, param_arrays, random_batch_norm
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU"),
+]
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -26,7 +28,7 @@ def rel_err(a, ref):
 @pytest.fixture(autouse=True)
 def quiet():
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # [yolo] options of the other half of issue 12
+        warnings.simplefilter("ignore")  # [yolo] options of the other half of issue 12
         yield
 
 
@@ -35,21 +37,31 @@ def test_a1_yolov4tiny_matches_the_fork_and_numpy():
     if not d.is_dir():
         pytest.skip(f"{d} not found")
     ref = np.load(d / "a1_yolov4tiny.npz")
-    nets = [dn.load_network(d / "a1_yolov4tiny.cfg", d / "a1_yolov4tiny.weights", device=dev,
-                            engine="numpy")
-            for dev in ("cpu", "cuda")]
+    nets = [
+        dn.load_network(
+            d / "a1_yolov4tiny.cfg", d / "a1_yolov4tiny.weights", device=dev, engine="numpy"
+        )
+        for dev in ("cpu", "cuda")
+    ]
     for net in nets:
         net.predict(ref["input"])
     for i in range(38):
         cpu, gpu = (net.layer_output(i) for net in nets)
         assert rel_err(gpu, cpu) < 1e-4, f"layer {i}"
-        if i not in (30, 37):    # the yolo heads need scale_x_y (the other half)
+        if i not in (30, 37):  # the yolo heads need scale_x_y (the other half)
             assert rel_err(gpu, ref[f"layer_{i}"]) < 1e-4, f"layer {i}"
 
 
-@pytest.mark.parametrize("name,size", [("yolov4-tiny", 160), ("efficientnet_b0", 96),
-                                       ("yolov4-sam-mish-csp-reorg-bfm", 128),
-                                       ("yolov7-tiny", 160), ("densenet201", 64)])
+@pytest.mark.parametrize(
+    "name,size",
+    [
+        ("yolov4-tiny", 160),
+        ("efficientnet_b0", 96),
+        ("yolov4-sam-mish-csp-reorg-bfm", 128),
+        ("yolov7-tiny", 160),
+        ("densenet201", 64),
+    ],
+)
 def test_fork_stock_cfg_forward_matches_numpy(tmp_path, name, size):
     cfg = SHARED / "darknet-cfg-ab" / f"{name}.cfg"
     if not cfg.exists():
@@ -155,8 +167,10 @@ activation=gelu
 
 def test_fork_layers_train_the_same_on_both_backends():
     rng = np.random.default_rng(2)
-    nets = [Network(parse_cfg_text(FORK_TRAIN_CFG), backend=dn.network.get_backend(dev), seed=3)
-            for dev in ("cpu", "cuda")]
+    nets = [
+        Network(parse_cfg_text(FORK_TRAIN_CFG), backend=dn.network.get_backend(dev), seed=3)
+        for dev in ("cpu", "cuda")
+    ]
     assert nets[0].darknet == "alexeyab"
     x = rng.random((4, 3, 12, 12), dtype=np.float32)
     truth = np.eye(5, dtype=np.float32)[[0, 3, 1, 4]]
@@ -190,13 +204,15 @@ iou_thresh=0.2
 def test_gaussian_yolo_forward_and_delta_match_numpy():
     """[Gaussian_yolo]'s forward runs through activate_strided/scale_add_strided on the
     device; its loss reads the device output back: both must equal NumPy's."""
-    nets = [Network(parse_cfg_text(GAUSSIAN_CFG), backend=dn.network.get_backend(dev), seed=3,
-                    batch=2) for dev in ("cpu", "cuda")]
+    nets = [
+        Network(parse_cfg_text(GAUSSIAN_CFG), backend=dn.network.get_backend(dev), seed=3, batch=2)
+        for dev in ("cpu", "cuda")
+    ]
     rng = np.random.default_rng(4)
     x = rng.random((2, 3, 16, 16), dtype=np.float32)
     truth = np.zeros((2, 200, 6), dtype=np.float32)
-    truth[0, :2] = [[.3, .4, .2, .3, 1, 0], [.7, .6, .5, .45, 3, 0]]
-    truth[1, :1] = [[.55, .5, .1, .12, 0, 0]]
+    truth[0, :2] = [[0.3, 0.4, 0.2, 0.3, 1, 0], [0.7, 0.6, 0.5, 0.45, 3, 0]]
+    truth[1, :1] = [[0.55, 0.5, 0.1, 0.12, 0, 0]]
     for net in nets:
         net.forward(x, truth.reshape(2, -1), train=True)
     cpu, gpu = nets

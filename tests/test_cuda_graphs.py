@@ -5,18 +5,19 @@ capturing it records each op with the arguments it got instead of running it, an
 repeats the recorded calls without running the step's Python again, so a value baked into
 a recorded call (a learning rate, a seed) shows up as a difference from the eager network.
 """
+
 import functools
 import inspect
 
 import numpy as np
 import pytest
+from test_detection import REGION_TRAIN
+from test_head_losses import DETECTION_RANDOM
 
 from darknet_py.backends import GraphCaptureError, cuda_available
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
-from test_detection import REGION_TRAIN
-from test_head_losses import DETECTION_RANDOM
 
 CFG = """[net]
 batch=8
@@ -90,12 +91,13 @@ def _recorded(name):
         if self.recording is None or name in ("zeros", "empty", "int_zeros"):
             result = op(self, *args, **kwargs)
             if self.recording is not None and name != "empty":
-                self.recording.append((self.fill, (result, 0), {}))   # a recorded memset
+                self.recording.append((self.fill, (result, 0), {}))  # a recorded memset
             return result
         if name in _HOST_OPS:
             raise GraphCaptureError(f"{name} while capturing")
         self.recording.append((functools.partial(op, self), args, kwargs))
         return None
+
     return call
 
 
@@ -110,6 +112,7 @@ def make_backend(kind):
         if not cuda_available():
             pytest.skip("needs PyCUDA and a CUDA GPU")
         from darknet_py.backends.cuda_backend import CudaBackend
+
         return CudaBackend(0)
     return RecordingBackend()
 
@@ -140,8 +143,11 @@ def state(net):
     arrays = [net.be.to_host(l.output) for l in net.layers]
     for layer in net.layers:
         arrays += [net.be.to_host(a) for _, a in layer.params()]
-        arrays += [net.be.to_host(getattr(layer, n)) for n in ("weight_updates", "bias_updates")
-                   if getattr(layer, n, None) is not None]
+        arrays += [
+            net.be.to_host(getattr(layer, n))
+            for n in ("weight_updates", "bias_updates")
+            if getattr(layer, n, None) is not None
+        ]
     return arrays
 
 
@@ -207,15 +213,16 @@ def test_a_step_that_cannot_be_captured_runs_eagerly(kind, capsys):
         assert replayed.train_pass(x, truth) == eager.train_pass(x, truth)
         assert_same(state(replayed), state(eager))
     assert replayed.graphs.captured == 0 and replayed.graphs.replayed == 0
-    assert replayed.graphs.fallback   # why, as the notice said it
+    assert replayed.graphs.fallback  # why, as the notice said it
     assert capsys.readouterr().err.count("running steps without CUDA graphs") == 1
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_layers_working_on_the_host_are_never_captured(kind):
     """[crop] draws its window from the host RNG: no capture is tried."""
-    cfg = CFG.replace("[convolutional]", "[crop]\ncrop_width=10\ncrop_height=10\n\n"
-                      "[convolutional]", 1)
+    cfg = CFG.replace(
+        "[convolutional]", "[crop]\ncrop_width=10\ncrop_height=10\n\n[convolutional]", 1
+    )
     net = network(make_backend(kind), cfg=cfg)
     assert not net.capturable
     for x, truth in batches(net, 3):
@@ -249,7 +256,7 @@ def test_cuda_capture_records_without_running_and_keeps_its_arrays():
     x, y = be.from_host(np.ones(n)), be.zeros(n)
 
     def step():
-        tmp = be.zeros(n)            # made while capturing: the graph must keep it
+        tmp = be.zeros(n)  # made while capturing: the graph must keep it
         be.axpy(1.0, x, tmp)
         be.axpy(2.0, tmp, y)
 
@@ -311,7 +318,7 @@ def yolo_batches(net, count, seed=0):
         for b in range(n):
             for j in range(1 + b % 3):
                 w, h = rng.uniform(0.1, 0.5, 2)
-                truth[b, 5 * j:5 * j + 5] = (*rng.uniform(0.25, 0.75, 2), w, h, rng.integers(3))
+                truth[b, 5 * j : 5 * j + 5] = (*rng.uniform(0.25, 0.75, 2), w, h, rng.integers(3))
         yield x, truth
 
 
@@ -326,24 +333,27 @@ def test_yolo_detector_steps_replay_bit_for_bit(kind):
         assert costs[0] == costs[1]
         assert replayed.layers[-1].stats_line == eager.layers[-1].stats_line
         assert_same(state(replayed), state(eager))
-    assert replayed.graphs.replayed == 3   # step 2 is captured, then replayed like 3 and 4
+    assert replayed.graphs.replayed == 3  # step 2 is captured, then replayed like 3 and 4
 
 
 def test_a_bad_class_id_is_refused_before_a_replayed_step_runs():
     net = network(RecordingBackend(), cfg=YOLO_CFG)
     batches = list(yolo_batches(net, 3))
     for x, truth in batches[:2]:
-        net.train_pass(x, truth)   # eager, then captured: the next one would replay
+        net.train_pass(x, truth)  # eager, then captured: the next one would replay
     x, truth = batches[2]
-    truth[1, 4] = 3   # classes=3: ids 0..2
+    truth[1, 4] = 3  # classes=3: ids 0..2
     with pytest.raises(ValueError, match=r"class 3 but \[yolo\] layer 2 has classes=3"):
         net.train_pass(x, truth)
     assert net.graphs.replayed == 1
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-@pytest.mark.parametrize("cfg,threshold", [(REGION_TRAIN.format(softmax=1), 12800),
-                                           (DETECTION_RANDOM, 64000)], ids=["region", "detection"])
+@pytest.mark.parametrize(
+    "cfg,threshold",
+    [(REGION_TRAIN.format(softmax=1), 12800), (DETECTION_RANDOM, 64000)],
+    ids=["region", "detection"],
+)
 def test_region_and_detection_steps_replay_once_their_early_phase_is_over(kind, cfg, threshold):
     """[region] pulls boxes towards the anchors, and [detection] random=1 draws the
     responsible box, until `seen` passes a threshold: a launch argument a recording would
@@ -352,11 +362,11 @@ def test_region_and_detection_steps_replay_once_their_early_phase_is_over(kind, 
     replayed = network(make_backend(kind), cfg=cfg)
     eager = network(eager_backend(kind), graphs=False, cfg=cfg)
     for net in (replayed, eager):
-        net.seen = threshold - 3 * net.images_per_pass   # steps 0, 1 below it, 2 reaches it
+        net.seen = threshold - 3 * net.images_per_pass  # steps 0, 1 below it, 2 reaches it
     for step, (x, truth) in enumerate(yolo_batches(eager, 7)):
         costs = [net.train_pass(x, truth) for net in (replayed, eager)]
         assert costs[0] == costs[1]
         assert replayed.layers[-1].stats_line == eager.layers[-1].stats_line
         assert_same(state(replayed), state(eager))
         assert replayed.graphs.captured == (step >= 3)
-    assert replayed.graphs.replayed == 4   # step 2 eager, 3 captured and replayed, then 4-6
+    assert replayed.graphs.replayed == 4  # step 2 eager, 3 captured and replayed, then 4-6

@@ -1,9 +1,9 @@
 """The CUDA kernels of issue 23's layers ([logistic], [l2norm], [lrn], binary convolution)
 against the NumPy reference, as tests/test_cuda_ops.py does it: float64 NumPy is the
 reference, arrays an op only writes are poisoned with NaN first."""
+
 import numpy as np
 import pytest
-
 from test_cuda_ops import check, nan, rand
 
 gpu = pytest.mark.gpu
@@ -28,8 +28,10 @@ def test_l2normalize(cuda, batch, filters, spatial):
 
 
 @gpu
-@pytest.mark.parametrize("batch,c,spatial,size", [(1, 1, 1, 5), (2, 7, 13, 3), (2, 7, 13, 5),
-                                                  (3, 32, 50, 4), (1, 3, 9, 9)])
+@pytest.mark.parametrize(
+    "batch,c,spatial,size",
+    [(1, 1, 1, 5), (2, 7, 13, 3), (2, 7, 13, 5), (3, 32, 50, 4), (1, 3, 9, 9)],
+)
 def test_lrn(cuda, batch, c, spatial, size):
     rng = np.random.default_rng(c * size)
     n = batch * c * spatial
@@ -43,8 +45,15 @@ def test_lrn(cuda, batch, c, spatial, size):
 @pytest.mark.parametrize("n,size", [(1, 1), (5, 27), (64, 1152), (300, 9)])
 def test_binarize_weights(cuda, n, size):
     rng = np.random.default_rng(n)
-    check(cuda, "binarize_weights", rand(rng, n * size), n, size, nan(n * size),
-          tol=1e-5 if size <= 1000 else 1e-4)
+    check(
+        cuda,
+        "binarize_weights",
+        rand(rng, n * size),
+        n,
+        size,
+        nan(n * size),
+        tol=1e-5 if size <= 1000 else 1e-4,
+    )
 
 
 @gpu
@@ -52,5 +61,5 @@ def test_binarize_weights(cuda, n, size):
 def test_binarize(cuda, n):
     rng = np.random.default_rng(n)
     x = rand(rng, n)
-    x[::7] = 0   # zero goes to -1, as on Darknet's CPU
+    x[::7] = 0  # zero goes to -1, as on Darknet's CPU
     check(cuda, "binarize", x, nan(n), exact=True)

@@ -2,24 +2,27 @@
 
 Run with `make gpu-test` on a machine with a GPU and PyCUDA; skipped elsewhere.
 """
+
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import adopt_forward_state, assert_same_update, param_arrays, random_batch_norm
 
 import darknet_py as dn
 from darknet_py.backends import cuda_available
 
-from helpers import adopt_forward_state, assert_same_update, param_arrays, random_batch_norm
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU"),
+]
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = SHARED / "fixtures"
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(),
-                                    reason=f"Darknet fixtures not found at {FIXTURES}")
+needs_fixtures = pytest.mark.skipif(
+    not FIXTURES.is_dir(), reason=f"Darknet fixtures not found at {FIXTURES}"
+)
 
 
 def rel_err(a, ref):
@@ -116,8 +119,12 @@ def run_training(device, steps=100):
     """A deterministic 100-iteration run on fixed synthetic data (5 classes told apart
     by which colour channel is brightest), returning the loss of every iteration."""
     rng = np.random.default_rng(7)
-    net = dn.Network(dn.cfg.parse_cfg_text(TRAIN_CFG, "train.cfg"), "train.cfg",
-                     backend=dn.backends.get_backend(device), seed=3)
+    net = dn.Network(
+        dn.cfg.parse_cfg_text(TRAIN_CFG, "train.cfg"),
+        "train.cfg",
+        backend=dn.backends.get_backend(device),
+        seed=3,
+    )
     losses = []
     for _ in range(steps * net.subdivisions):
         labels = rng.integers(0, 5, net.batch)
@@ -144,8 +151,7 @@ def test_detect_on_gpu_equals_cpu():
     cfg, weights, _ = fixture("p2_tinyyolo")
     image = SHARED / "images" / "dog.jpg"
     gpu = dn.load_network(cfg, weights, device="cuda").detect(str(image), thresh=0.3)
-    cpu = dn.load_network(cfg, weights, device="cpu", engine="numpy").detect(str(image),
-                                                                             thresh=0.3)
+    cpu = dn.load_network(cfg, weights, device="cpu", engine="numpy").detect(str(image), thresh=0.3)
     assert len(gpu) == len(cpu)
     for g, c in zip(gpu, cpu):
         assert g.class_id == c.class_id
@@ -181,8 +187,13 @@ def test_stock_cfg_forward_matches_numpy(tmp_path, name):
 
 
 # (cfg, input size to shrink to or None): each loss and most layers train on both backends.
-TRAIN_CFGS = [("yolov3-tiny", 160), ("yolov2-tiny", 160), ("yolov1-tiny", None),
-              ("resnet18", 64), ("cifar", None)]
+TRAIN_CFGS = [
+    ("yolov3-tiny", 160),
+    ("yolov2-tiny", 160),
+    ("yolov1-tiny", None),
+    ("resnet18", 64),
+    ("cifar", None),
+]
 
 
 @pytest.mark.parametrize("name,size", TRAIN_CFGS)
@@ -217,7 +228,7 @@ def test_stock_cfg_training_step_matches_numpy(name, size):
         cpu_backward()
 
     cpu.backward = backward_from_the_gpus_activations
-    passes = max(1, cpu.subdivisions)   # make sure an update happened on both
+    passes = max(1, cpu.subdivisions)  # make sure an update happened on both
     for _ in range(passes):
         losses = [gpu.train_pass(x, truth), cpu.train_pass(x, truth)][::-1]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)
@@ -240,17 +251,32 @@ def test_cli_detect_gpu_prints_what_the_cpu_prints(tmp_path):
     from click.testing import CliRunner
 
     from darknet_py.cli import cli
+
     cfg, weights, _ = fixture("p2_tinyyolo")
     image = SHARED / "images" / "dog.jpg"
     outputs = {}
     for device in ("--gpu=0", "--device=cpu"):
-        result = CliRunner().invoke(cli, ["detect", str(cfg), str(weights), str(image),
-                                          "--thresh", "0.3", device,
-                                          "--out", str(tmp_path / f"{device[2:5]}.png")])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "detect",
+                str(cfg),
+                str(weights),
+                str(image),
+                "--thresh",
+                "0.3",
+                device,
+                "--out",
+                str(tmp_path / f"{device[2:5]}.png"),
+            ],
+        )
         assert result.exit_code == 0, result.output
         # "name: P%  left=L top=T width=W height=H" lines, as numbers
-        outputs[device] = [[int(v) for v in re.findall(r"-?\d+", line)]
-                           for line in result.output.splitlines() if "left=" in line]
+        outputs[device] = [
+            [int(v) for v in re.findall(r"-?\d+", line)]
+            for line in result.output.splitlines()
+            if "left=" in line
+        ]
     gpu, cpu = outputs["--gpu=0"], outputs["--device=cpu"]
     assert gpu and len(gpu) == len(cpu)
     # equal up to rounding of values that differ by float32 noise (one unit at most)

@@ -13,6 +13,7 @@ The CPU-side tests (not marked) read cuda_backend.py, its op-family mixins
 they run without PyCUDA: every NumpyBackend op exists on CudaBackend with the
 same parameters, and every kernel's argument format matches its C signature.
 """
+
 import ast
 import inspect
 import re
@@ -39,6 +40,7 @@ gpu = pytest.mark.gpu
 # CPU-side contract checks
 # =============================================================================
 
+
 def _cuda_backend_ast():
     tree = ast.parse(CUDA_BACKEND_PY.read_text())
     for node in tree.body:
@@ -51,14 +53,14 @@ def _family_modules():
     """{path: ast} of the CUDA backend's core modules (backends/cuda_*.py but cuda_backend.py)
     and of the op families' modules (ops/*/*.py)."""
     paths = [*BACKEND_DIR.glob("cuda_*.py"), *OPS_DIR.glob("*/*.py")]
-    return {path: ast.parse(path.read_text()) for path in sorted(paths)
-            if path != CUDA_BACKEND_PY}
+    return {path: ast.parse(path.read_text()) for path in sorted(paths) if path != CUDA_BACKEND_PY}
 
 
 def _kernel_file(name):
     """The path of a kernel file (.cu or .cuh) in the op families' folders, where it is once."""
-    found = [Path(folder) / name for folder in prebuilt.KERNEL_DIRS
-             if (Path(folder) / name).is_file()]
+    found = [
+        Path(folder) / name for folder in prebuilt.KERNEL_DIRS if (Path(folder) / name).is_file()
+    ]
     assert len(found) == 1, f"{name} is in {len(found)} kernel folders: {found}"
     return found[0]
 
@@ -67,8 +69,12 @@ def _backend_methods():
     """{name: FunctionDef} of CudaBackend and the mixins it is composed of (found in the
     family modules by name), the class's own first as Python's lookup would take them."""
     _, cls = _cuda_backend_ast()
-    classes = {node.name: node for tree in _family_modules().values() for node in tree.body
-               if isinstance(node, ast.ClassDef)}
+    classes = {
+        node.name: node
+        for tree in _family_modules().values()
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
     bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
     missing = [b for b in bases if b not in classes]
     assert not missing, f"CudaBackend's mixins not found in their modules: {missing}"
@@ -100,15 +106,24 @@ def test_cuda_backend_has_every_numpy_backend_op_with_the_same_parameters():
         if name.startswith("_"):
             continue
         assert name in cuda_methods, f"CudaBackend lacks {name}()"
-        want = [(p.name, None if p.default is inspect.Parameter.empty else p.default)
-                for p in list(inspect.signature(fn).parameters.values())[1:]]
-        assert cuda_methods[name] == want, f"{name}: CudaBackend {cuda_methods[name]} vs NumpyBackend {want}"
+        want = [
+            (p.name, None if p.default is inspect.Parameter.empty else p.default)
+            for p in list(inspect.signature(fn).parameters.values())[1:]
+        ]
+        assert cuda_methods[name] == want, (
+            f"{name}: CudaBackend {cuda_methods[name]} vs NumpyBackend {want}"
+        )
 
 
 def test_cuda_backend_class_attributes_and_constructor():
     _, cls = _cuda_backend_ast()
-    attrs = {t.id: v for node in cls.body if isinstance(node, ast.Assign)
-             for t, v in [(node.targets[0], node.value)] if isinstance(t, ast.Name)}
+    attrs = {
+        t.id: v
+        for node in cls.body
+        if isinstance(node, ast.Assign)
+        for t, v in [(node.targets[0], node.value)]
+        if isinstance(t, ast.Name)
+    }
     assert ast.literal_eval(attrs["name"]) == "cuda"
     assert "float32" in ast.unparse(attrs["dtype"])
     init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
@@ -179,12 +194,14 @@ def _kernel_source(filename):
     text = _kernel_file(filename).read_text()
     headers = kernel_cache.included_headers(text, prebuilt.KERNEL_DIRS)
     full = "\n".join(h for _, h in headers) + "\n" + text
-    for macro, body in re.findall(r"^#define (\w+)\(PREC, P\)\s*\\\n((?:.*\\\n)*.*)$", full,
-                                  flags=re.M):
+    for macro, body in re.findall(
+        r"^#define (\w+)\(PREC, P\)\s*\\\n((?:.*\\\n)*.*)$", full, flags=re.M
+    ):
         lines = [line.rstrip("\\").strip() for line in body.splitlines()]
         for prec, p in re.findall(rf"^{macro}\((\w+), (\w+)\)$", text, flags=re.M):
-            full += "\n" + "\n".join(re.sub(r"\bP\b", p, re.sub(r"(##)?PREC(##)?", prec, line))
-                                      for line in lines if line)
+            full += "\n" + "\n".join(
+                re.sub(r"\bP\b", p, re.sub(r"(##)?PREC(##)?", prec, line)) for line in lines if line
+            )
     return full
 
 
@@ -194,13 +211,16 @@ def _kernel_signatures(text):
     conv_backward_entries.cuh's) included: each line invoking such a macro is an entry
     point."""
     text = text.replace("\\\n", " ")
-    sigs = {name: _params_format(name, params)
-            for name, params in re.findall(_ENTRY, text, flags=re.S) if name != "NAME"}
+    sigs = {
+        name: _params_format(name, params)
+        for name, params in re.findall(_ENTRY, text, flags=re.S)
+        if name != "NAME"
+    }
     for macro, body in re.findall(r"^#define (\w+)\(NAME,(.*)$", text, flags=re.M):
         entry = re.search(_ENTRY, body, flags=re.S)
         for name in re.findall(rf"^{macro}\((\w+),", text, flags=re.M):
             sigs[name] = _params_format(name, entry.group(2)) if entry else None
-    if "ENTRY" in sigs:   # gemm_tc.cuh: TC_*_ENTRY through the TC_TILES X-macro
+    if "ENTRY" in sigs:  # gemm_tc.cuh: TC_*_ENTRY through the TC_TILES X-macro
         sigs.update(_tc_entry_signatures(text))
         sigs.pop("ENTRY")
     return sigs
@@ -239,12 +259,15 @@ def test_activation_kernel_ids_match_activations_py():
     body = re.search(r"enum Activation\s*\{(.*?)\}", text, flags=re.S).group(1)
     enum = [(n.lower(), int(v)) for n, v in re.findall(r"(\w+)\s*=\s*(\d+)", body)]
     assert enum == [(name, activations.ACTIVATION_IDS[name]) for name in activations.ACTIVATIONS]
-    def body(signature):   # a device function's text, from its signature to its closing brace
+
+    def body(signature):  # a device function's text, from its signature to its closing brace
         start = text.index(signature)
-        return text[start:text.index("\n}\n", start)]
+        return text[start : text.index("\n}\n", start)]
+
     forward = body("float activate(float x, int act)")
-    gradients = body("float gradient(float y, int act)") + \
-        body("float gradient_from_input(float x, int act)")
+    gradients = body("float gradient(float y, int act)") + body(
+        "float gradient_from_input(float x, int act)"
+    )
     for name in activations.ACTIVATIONS:
         case = rf"case {name.upper()}:"
         assert len(re.findall(case, forward)) == 1, f"{name}: forward"
@@ -274,8 +297,8 @@ def test_kernels_include_only_the_kernel_folders_headers():
 # GPU: the same case on both backends
 # =============================================================================
 
-REF = NumpyBackend(np.float64)     # reference: higher precision, same inputs
-REF32 = NumpyBackend(np.float32)   # for bit-exact comparisons (dropout)
+REF = NumpyBackend(np.float64)  # reference: higher precision, same inputs
+REF32 = NumpyBackend(np.float32)  # for bit-exact comparisons (dropout)
 
 
 class View:
@@ -301,7 +324,7 @@ def run(backend, op, *args):
         if isinstance(a, View):
             whole = _to_backend(backend, a.host)
             wholes.append(whole)
-            call.append(whole[a.offset:])
+            call.append(whole[a.offset :])
         elif isinstance(a, np.ndarray):
             whole = _to_backend(backend, a)
             wholes.append(whole)
@@ -315,8 +338,10 @@ def run(backend, op, *args):
 def assert_close(got, want, tol, what, exact=False):
     assert got.shape == want.shape, f"{what}: shape {got.shape} vs {want.shape}"
     bad = np.flatnonzero(np.isfinite(got) != np.isfinite(want))
-    assert bad.size == 0, (f"{what}: {bad.size} elements finite on one backend only (unwritten "
-                           f"or stray writes?), first at {bad[:8].tolist()}")
+    assert bad.size == 0, (
+        f"{what}: {bad.size} elements finite on one backend only (unwritten "
+        f"or stray writes?), first at {bad[:8].tolist()}"
+    )
     fin = np.isfinite(want)
     nonfinite_differ = ~fin & ~((got == want) | (np.isnan(got) & np.isnan(want)))
     assert not nonfinite_differ.any(), f"{what}: non-finite elements differ"
@@ -357,6 +382,7 @@ def reduction_tol(terms):
 
 
 # ---- memory ------------------------------------------------------------------
+
 
 @gpu
 def test_memory_roundtrip_fill_copy_and_views(cuda):
@@ -400,6 +426,7 @@ def test_memory_is_tracked(cuda):
 @gpu
 def test_out_of_memory_raises_device_out_of_memory(cuda):
     from darknet_py.backends import DeviceOutOfMemory
+
     keep = cuda.empty(1000)
     with pytest.raises(DeviceOutOfMemory) as info:
         cuda.empty(1 << 42)  # 16 TiB
@@ -415,6 +442,7 @@ def test_out_of_memory_raises_device_out_of_memory(cuda):
 @gpu
 def test_launch_error_names_kernel_and_shape(cuda):
     from darknet_py.backends.cuda_backend import CudaError
+
     x = cuda.from_host(np.ones(4, np.float32))
     with pytest.raises(CudaError) as info:
         cuda._launch("scal_kernel", (1,), (4096,), 4, 2.0, cuda._ptr(x))  # too many threads
@@ -440,6 +468,7 @@ def test_copy_blocks(cuda, accumulate):
 
 
 # ---- BLAS-like ---------------------------------------------------------------
+
 
 @gpu
 @pytest.mark.parametrize("n", [1, 37, 4099, 1 << 20 | 7])
@@ -474,10 +503,12 @@ def test_sum_into(cuda, n):
 
 # ---- gemm --------------------------------------------------------------------
 
+
 def _gemm_case(rng, ta, tb, m, n, k, alpha, beta, layout):
     """Host arguments for gemm. layout: 'packed' (ld = columns, offset 0),
     'padded' (ld = columns + 3, odd offsets: no 16-byte alignment anywhere),
     'aligned' (ld a multiple of 4, offsets 4: the vectorised C path)."""
+
     def mat(rows, cols, fill):
         if layout == "packed":
             ld, off = cols, 0
@@ -496,10 +527,21 @@ def _gemm_case(rng, ta, tb, m, n, k, alpha, beta, layout):
     return (ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
 
-GEMM_SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 17), (64, 64, 64), (129, 127, 131),
-               (100, 3000, 27), (1023, 515, 257), (256, 169, 2304), (31, 1000, 1500), (5, 7, 0),
-               # weight-gradient shapes: a small C over a long K, hundreds of K splits
-               (16, 27, 60000), (32, 144, 20000)]
+GEMM_SHAPES = [
+    (1, 1, 1),
+    (7, 13, 5),
+    (33, 65, 17),
+    (64, 64, 64),
+    (129, 127, 131),
+    (100, 3000, 27),
+    (1023, 515, 257),
+    (256, 169, 2304),
+    (31, 1000, 1500),
+    (5, 7, 0),
+    # weight-gradient shapes: a small C over a long K, hundreds of K splits
+    (16, 27, 60000),
+    (32, 144, 20000),
+]
 
 
 @gpu
@@ -513,8 +555,17 @@ def test_gemm_shapes(cuda, ta, tb, m, n, k):
 
 
 @gpu
-@pytest.mark.parametrize("plan", [("128x128x8s4", 1), ("64x64x8s4r8", 1), ("64x64x8s4r8", 5),
-                                  ("128x128x8s4", 3), ("32x32x8s4w", 1), ("32x32x8s4w", 40)])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        ("128x128x8s4", 1),
+        ("64x64x8s4r8", 1),
+        ("64x64x8s4r8", 5),
+        ("128x128x8s4", 3),
+        ("32x32x8s4w", 1),
+        ("32x32x8s4w", 40),
+    ],
+)
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("layout", ["packed", "padded", "aligned"])
 def test_gemm_every_kernel_variant(cuda, plan, ta, tb, layout):
@@ -549,10 +600,19 @@ def test_gemm_split_k_is_deterministic_and_sums_every_split(cuda, splits):
 # ---- convolution helpers -----------------------------------------------------
 
 CONV_CASES = [  # channels, height, width, ksize, stride, pad, dilation
-    (3, 13, 17, 3, 1, 1, 1), (5, 8, 9, 3, 2, 1, 1), (4, 11, 7, 1, 1, 0, 1), (2, 15, 16, 3, 1, 2, 2),
-    (7, 9, 9, 5, 3, 2, 1), (16, 26, 26, 3, 1, 1, 1), (1, 6, 5, 7, 1, 3, 1), (3, 20, 21, 2, 2, 0, 1),
-    (33, 7, 7, 3, 1, 1, 1), (2, 30, 31, 3, 2, 1, 3),
-    (4, 12, 13, 3, (2, 1), 1, 1), (3, 9, 14, 3, (1, 3), 1, 2)]  # the fork's (stride_y, stride_x)
+    (3, 13, 17, 3, 1, 1, 1),
+    (5, 8, 9, 3, 2, 1, 1),
+    (4, 11, 7, 1, 1, 0, 1),
+    (2, 15, 16, 3, 1, 2, 2),
+    (7, 9, 9, 5, 3, 2, 1),
+    (16, 26, 26, 3, 1, 1, 1),
+    (1, 6, 5, 7, 1, 3, 1),
+    (3, 20, 21, 2, 2, 0, 1),
+    (33, 7, 7, 3, 1, 1, 1),
+    (2, 30, 31, 3, 2, 1, 3),
+    (4, 12, 13, 3, (2, 1), 1, 1),
+    (3, 9, 14, 3, (1, 3), 1, 2),
+]  # the fork's (stride_y, stride_x)
 
 
 @gpu
@@ -584,11 +644,37 @@ def test_bias_and_scale(cuda, batch, n, size):
     check(cuda, "add_bias", rand(rng, total), rand(rng, n), batch, n, size)
     check(cuda, "scale_bias", rand(rng, total), rand(rng, n), batch, n, size)
     for activation in ("leaky", "logistic", "linear", "relu", "tanh"):
-        check(cuda, "bias_activate", rand(rng, total, -3.0, 3.0), rand(rng, n), batch, n, size,
-              activation)
-    check(cuda, "backward_bias", rand(rng, n), rand(rng, total), batch, n, size, tol=reduction_tol(terms))
-    check(cuda, "backward_scale", rand(rng, total), rand(rng, total), batch, n, size, rand(rng, n),
-          tol=reduction_tol(terms))
+        check(
+            cuda,
+            "bias_activate",
+            rand(rng, total, -3.0, 3.0),
+            rand(rng, n),
+            batch,
+            n,
+            size,
+            activation,
+        )
+    check(
+        cuda,
+        "backward_bias",
+        rand(rng, n),
+        rand(rng, total),
+        batch,
+        n,
+        size,
+        tol=reduction_tol(terms),
+    )
+    check(
+        cuda,
+        "backward_scale",
+        rand(rng, total),
+        rand(rng, total),
+        batch,
+        n,
+        size,
+        rand(rng, n),
+        tol=reduction_tol(terms),
+    )
 
 
 @gpu
@@ -605,17 +691,55 @@ def test_batchnorm(cuda, batch, filters, spatial):
     check(cuda, "variance", x, mean, batch, filters, spatial, nan(filters), tol=tol)
     check(cuda, "normalize", x, mean, var, batch, filters, spatial)
     check(cuda, "mean_delta", delta, var, batch, filters, spatial, nan(filters), tol=tol)
-    check(cuda, "variance_delta", x, delta, mean, var, batch, filters, spatial, nan(filters), tol=tol)
-    for fork in (False, True):   # the fork's CPU divisor sqrt(var) + 1e-5
-        check(cuda, "normalize_delta", x, mean, var, rand(rng, filters), rand(rng, filters),
-              batch, filters, spatial, delta, fork)
+    check(
+        cuda, "variance_delta", x, delta, mean, var, batch, filters, spatial, nan(filters), tol=tol
+    )
+    for fork in (False, True):  # the fork's CPU divisor sqrt(var) + 1e-5
+        check(
+            cuda,
+            "normalize_delta",
+            x,
+            mean,
+            var,
+            rand(rng, filters),
+            rand(rng, filters),
+            batch,
+            filters,
+            spatial,
+            delta,
+            fork,
+        )
     x_norm = rand(rng, total)
     for bias_updates in (rand(rng, filters), None):
-        check(cuda, "bias_scale_updates", delta, x_norm, batch, filters, spatial, bias_updates,
-              rand(rng, filters), tol=tol)
+        check(
+            cuda,
+            "bias_scale_updates",
+            delta,
+            x_norm,
+            batch,
+            filters,
+            spatial,
+            bias_updates,
+            rand(rng, filters),
+            tol=tol,
+        )
     for fork in (False, True):
-        check(cuda, "batchnorm_delta", x, mean, var, rand(rng, filters, 0.5, 1.5), batch,
-              filters, spatial, nan(filters), nan(filters), delta, fork, tol=tol)
+        check(
+            cuda,
+            "batchnorm_delta",
+            x,
+            mean,
+            var,
+            rand(rng, filters, 0.5, 1.5),
+            batch,
+            filters,
+            spatial,
+            nan(filters),
+            nan(filters),
+            delta,
+            fork,
+            tol=tol,
+        )
 
 
 @gpu
@@ -624,14 +748,31 @@ def test_batchnorm(cuda, batch, filters, spatial):
 def test_batchnorm_apply(cuda, batch, filters, spatial, eps):
     rng = np.random.default_rng(batch * filters + spatial)
     total = batch * filters * spatial
-    for activation, x_norm in (("leaky", nan(total)), ("linear", None), ("logistic", None),
-                               ("mish", nan(total))):
-        check(cuda, "batchnorm_apply", rand(rng, total, -2.0, 3.0), rand(rng, filters),
-              rand(rng, filters, 0.2, 2.0), rand(rng, filters, 0.5, 1.5), rand(rng, filters),
-              batch, filters, spatial, eps, activation, x_norm)
+    for activation, x_norm in (
+        ("leaky", nan(total)),
+        ("linear", None),
+        ("logistic", None),
+        ("mish", nan(total)),
+    ):
+        check(
+            cuda,
+            "batchnorm_apply",
+            rand(rng, total, -2.0, 3.0),
+            rand(rng, filters),
+            rand(rng, filters, 0.2, 2.0),
+            rand(rng, filters, 0.5, 1.5),
+            rand(rng, filters),
+            batch,
+            filters,
+            spatial,
+            eps,
+            activation,
+            x_norm,
+        )
 
 
 # ---- activations -------------------------------------------------------------
+
 
 @gpu
 @pytest.mark.parametrize("activation", activations.ACTIVATIONS)
@@ -639,7 +780,7 @@ def test_activate_and_gradient(cuda, activation):
     rng = np.random.default_rng(activations.ACTIVATION_IDS[activation])
     n = 4099
     check(cuda, "activate", rand(rng, n, -6.0, 6.0), activation)
-    if activation not in activations.INPUT_GRADIENT:   # those: test_gradient_from_input
+    if activation not in activations.INPUT_GRADIENT:  # those: test_gradient_from_input
         check(cuda, "gradient", rand(rng, n, -1.5, 1.5), activation, rand(rng, n))
     # Strided: rows of `width` at `offset`, `row_stride` apart; the rest is untouched.
     rows, row_stride, offset, width = 7, 23, 3, 11
@@ -650,8 +791,9 @@ def test_activate_and_gradient(cuda, activation):
 
 
 @gpu
-@pytest.mark.parametrize("rows,row_stride,offset,width", [(7, 23, 3, 11), (5000, 3, 0, 1),
-                                                          (6, 200, 0, 128)])
+@pytest.mark.parametrize(
+    "rows,row_stride,offset,width", [(7, 23, 3, 11), (5000, 3, 0, 1), (6, 200, 0, 128)]
+)
 def test_scale_add_strided(cuda, rows, row_stride, offset, width):
     rng = np.random.default_rng(rows * width)
     x = rand(rng, offset + (rows - 1) * row_stride + width + 4)
@@ -673,18 +815,44 @@ def test_gradient_from_input(cuda, activation):
 def test_normalize_channels(cuda, activation, batch, channels, spatial):
     rng = np.random.default_rng(batch * channels * spatial)
     n = batch * channels * spatial
-    check(cuda, "normalize_channels", rand(rng, n, -4.0, 4.0), batch, channels, spatial,
-          activation, tol=reduction_tol(channels))
-    check(cuda, "normalize_channels_gradient", rand(rng, n, -4.0, 4.0), batch, channels, spatial,
-          activation, rand(rng, n), tol=reduction_tol(channels))
+    check(
+        cuda,
+        "normalize_channels",
+        rand(rng, n, -4.0, 4.0),
+        batch,
+        channels,
+        spatial,
+        activation,
+        tol=reduction_tol(channels),
+    )
+    check(
+        cuda,
+        "normalize_channels_gradient",
+        rand(rng, n, -4.0, 4.0),
+        batch,
+        channels,
+        spatial,
+        activation,
+        rand(rng, n),
+        tol=reduction_tol(channels),
+    )
 
 
 @gpu
 @pytest.mark.parametrize("batch,filters,spatial", [(2, 16, 169), (1, 3, 1)])
 def test_normalize_sqrt_eps(cuda, batch, filters, spatial):
     rng = np.random.default_rng(filters)
-    check(cuda, "normalize_sqrt_eps", rand(rng, batch * filters * spatial), rand(rng, filters),
-          rand(rng, filters, 1e-4, 2.0), batch, filters, spatial, 1e-5)
+    check(
+        cuda,
+        "normalize_sqrt_eps",
+        rand(rng, batch * filters * spatial),
+        rand(rng, filters),
+        rand(rng, filters, 1e-4, 2.0),
+        batch,
+        filters,
+        spatial,
+        1e-5,
+    )
 
 
 @gpu
@@ -696,9 +864,15 @@ def test_mul_add(cuda):
 # ---- pooling -----------------------------------------------------------------
 
 MAXPOOL_CASES = [  # batch, c, h, w, size, stride, padding
-    (2, 3, 13, 13, 2, 2, 1), (1, 4, 13, 13, 2, 1, 1), (2, 3, 9, 11, 3, 2, 2), (1, 2, 7, 7, 3, 3, 0),
-    (2, 5, 8, 6, 5, 2, 4), (3, 7, 26, 26, 2, 2, 0), (1, 1, 5, 5, 4, 1, 6),
-    (1, 2, 3, 3, 2, 1, 8)]  # windows wholly in the padding: -inf, index -1
+    (2, 3, 13, 13, 2, 2, 1),
+    (1, 4, 13, 13, 2, 1, 1),
+    (2, 3, 9, 11, 3, 2, 2),
+    (1, 2, 7, 7, 3, 3, 0),
+    (2, 5, 8, 6, 5, 2, 4),
+    (3, 7, 26, 26, 2, 2, 0),
+    (1, 1, 5, 5, 4, 1, 6),
+    (1, 2, 3, 3, 2, 1, 8),
+]  # windows wholly in the padding: -inf, index -1
 
 
 @gpu
@@ -710,15 +884,40 @@ def test_maxpool(cuda, batch, c, h, w, size, stride, padding):
     n_out = batch * c * out_h * out_w
     x = rand(rng, batch * c * h * w)
     poisoned_indexes = np.full(n_out + 3, -7, dtype=np.int64)
-    _, want = run(REF, "maxpool_forward", x, batch, c, h, w, size, stride, padding, nan(n_out + 3),
-                  poisoned_indexes)
-    _, got = run(cuda, "maxpool_forward", x, batch, c, h, w, size, stride, padding, nan(n_out + 3),
-                 poisoned_indexes)
+    _, want = run(
+        REF,
+        "maxpool_forward",
+        x,
+        batch,
+        c,
+        h,
+        w,
+        size,
+        stride,
+        padding,
+        nan(n_out + 3),
+        poisoned_indexes,
+    )
+    _, got = run(
+        cuda,
+        "maxpool_forward",
+        x,
+        batch,
+        c,
+        h,
+        w,
+        size,
+        stride,
+        padding,
+        nan(n_out + 3),
+        poisoned_indexes,
+    )
     assert_close(got[1], want[1], 1e-5, "maxpool out", exact=True)
     assert_close(got[2], want[2], 0, "maxpool indexes", exact=True)
     # Inference: no indexes (a null pointer), the same maxima.
-    _, got = run(cuda, "maxpool_forward", x, batch, c, h, w, size, stride, padding, nan(n_out + 3),
-                 None)
+    _, got = run(
+        cuda, "maxpool_forward", x, batch, c, h, w, size, stride, padding, nan(n_out + 3), None
+    )
     assert_close(got[1], want[1], 1e-5, "maxpool out without indexes", exact=True)
     # Backward with the reference's indexes (overlapping windows route twice).
     indexes = want[2][:n_out].astype(np.int64)
@@ -726,17 +925,48 @@ def test_maxpool(cuda, batch, c, h, w, size, stride, padding):
     # The gathering backward adds in output order: the reference's floats, bit for bit,
     # and the same every run.
     delta_out, delta_in = rand(rng, n_out) * 1e3, rand(rng, x.size)
-    got = [run(cuda, "maxpool_backward_xy", delta_out, indexes, batch, c, h, w, size, stride,
-               stride, padding, delta_in.copy())[1][-1] for _ in range(2)]
-    want = run(REF32, "maxpool_backward_xy", delta_out, indexes, batch, c, h, w, size, stride,
-               stride, padding, delta_in.copy())[1][-1]
+    got = [
+        run(
+            cuda,
+            "maxpool_backward_xy",
+            delta_out,
+            indexes,
+            batch,
+            c,
+            h,
+            w,
+            size,
+            stride,
+            stride,
+            padding,
+            delta_in.copy(),
+        )[1][-1]
+        for _ in range(2)
+    ]
+    want = run(
+        REF32,
+        "maxpool_backward_xy",
+        delta_out,
+        indexes,
+        batch,
+        c,
+        h,
+        w,
+        size,
+        stride,
+        stride,
+        padding,
+        delta_in.copy(),
+    )[1][-1]
     assert_close(got[0], want, 0, "maxpool_backward_xy", exact=True)
     assert np.array_equal(got[0], got[1])
 
 
 @gpu
-@pytest.mark.parametrize("batch,c,h,w,size,stride_x,stride_y,padding", [
-    (2, 3, 13, 11, 2, 2, 1, 1), (1, 4, 9, 9, 3, 1, 2, 2), (2, 2, 8, 6, 3, 3, 1, 0)])
+@pytest.mark.parametrize(
+    "batch,c,h,w,size,stride_x,stride_y,padding",
+    [(2, 3, 13, 11, 2, 2, 1, 1), (1, 4, 9, 9, 3, 1, 2, 2), (2, 2, 8, 6, 3, 3, 1, 0)],
+)
 def test_maxpool_xy_and_local_avgpool(cuda, batch, c, h, w, size, stride_x, stride_y, padding):
     rng = np.random.default_rng(h * w + stride_x)
     out_h = (h + padding - size) // stride_y + 1
@@ -749,8 +979,16 @@ def test_maxpool_xy_and_local_avgpool(cuda, batch, c, h, w, size, stride_x, stri
     assert_close(got[1], want[1], 0, "maxpool_xy out", exact=True)
     assert_close(got[2], want[2], 0, "maxpool_xy indexes", exact=True)
     indexes = want[2][:n_out].astype(np.int64)
-    check(cuda, "maxpool_backward_xy", rand(rng, n_out), indexes, *args, rand(rng, x.size),
-          exact=True, ref=REF32)
+    check(
+        cuda,
+        "maxpool_backward_xy",
+        rand(rng, n_out),
+        indexes,
+        *args,
+        rand(rng, x.size),
+        exact=True,
+        ref=REF32,
+    )
     check(cuda, "local_avgpool", x, *args, nan(n_out), True)
     check(cuda, "local_avgpool", rand(rng, x.size), *args, rand(rng, n_out), False)
 
@@ -761,10 +999,28 @@ def test_maxpool_depth(cuda, batch, c, spatial, out_c):
     rng = np.random.default_rng(c * spatial)
     n_out = batch * out_c * spatial
     x = rand(rng, batch * c * spatial)
-    _, want = run(REF, "maxpool_depth_forward", x, batch, c, spatial, out_c, nan(n_out),
-                  np.full(n_out, -7, np.int64))
-    _, got = run(cuda, "maxpool_depth_forward", x, batch, c, spatial, out_c, nan(n_out),
-                 np.full(n_out, -7, np.int64))
+    _, want = run(
+        REF,
+        "maxpool_depth_forward",
+        x,
+        batch,
+        c,
+        spatial,
+        out_c,
+        nan(n_out),
+        np.full(n_out, -7, np.int64),
+    )
+    _, got = run(
+        cuda,
+        "maxpool_depth_forward",
+        x,
+        batch,
+        c,
+        spatial,
+        out_c,
+        nan(n_out),
+        np.full(n_out, -7, np.int64),
+    )
     assert_close(got[1], want[1], 0, "maxpool_depth out", exact=True)
     assert_close(got[2], want[2], 0, "maxpool_depth indexes", exact=True)
 
@@ -774,18 +1030,28 @@ def test_maxpool_depth(cuda, batch, c, spatial, out_c):
 def test_avgpool(cuda, batch, c, spatial):
     rng = np.random.default_rng(batch * c * spatial)
     rows = batch * c
-    check(cuda, "avgpool_forward", rand(rng, rows * spatial), batch, c, spatial, nan(rows + 2),
-          tol=reduction_tol(spatial))
+    check(
+        cuda,
+        "avgpool_forward",
+        rand(rng, rows * spatial),
+        batch,
+        c,
+        spatial,
+        nan(rows + 2),
+        tol=reduction_tol(spatial),
+    )
     check(cuda, "avgpool_backward", rand(rng, rows), batch, c, spatial, rand(rng, rows * spatial))
 
 
 # ---- softmax and losses --------------------------------------------------------
 
 SOFTMAX_CASES = [  # n, batch, batch_offset, groups, group_offset, stride, temp
-    (1000, 3, 1000, 1, 0, 1, 1.0),            # classifier
+    (1000, 3, 1000, 1, 0, 1, 1.0),  # classifier
     (20, 2 * 5, 25 * 169, 169, 1, 169, 1.0),  # region layer: classes strided over w*h
-    (7, 4, 7 * 3, 3, 7, 1, 0.5),              # groups, temperature
-    (1, 5, 2, 1, 0, 1, 1.0), (33, 1, 40, 1, 0, 1, 2.0)]
+    (7, 4, 7 * 3, 3, 7, 1, 0.5),  # groups, temperature
+    (1, 5, 2, 1, 0, 1, 1.0),
+    (33, 1, 40, 1, 0, 1, 2.0),
+]
 
 
 @gpu
@@ -794,7 +1060,19 @@ def test_softmax(cuda, n, batch, batch_offset, groups, group_offset, stride, tem
     rng = np.random.default_rng(n * batch)
     size = (batch - 1) * batch_offset + (groups - 1) * group_offset + (n - 1) * stride + 1
     x = rand(rng, size + 4, -4.0, 4.0)
-    check(cuda, "softmax", x, n, batch, batch_offset, groups, group_offset, stride, temp, nan(size + 4))
+    check(
+        cuda,
+        "softmax",
+        x,
+        n,
+        batch,
+        batch_offset,
+        groups,
+        group_offset,
+        stride,
+        temp,
+        nan(size + 4),
+    )
 
 
 @gpu
@@ -821,9 +1099,11 @@ def test_losses(cuda, n):
 
 # ---- shape ops -----------------------------------------------------------------
 
+
 @gpu
-@pytest.mark.parametrize("w,h,c,batch,stride,scale", [(13, 13, 3, 2, 2, 1.0), (5, 7, 4, 1, 3, 0.5),
-                                                       (1, 1, 9, 3, 2, 1.5)])
+@pytest.mark.parametrize(
+    "w,h,c,batch,stride,scale", [(13, 13, 3, 2, 2, 1.0), (5, 7, 4, 1, 3, 0.5), (1, 1, 9, 3, 2, 1.5)]
+)
 def test_upsample(cuda, w, h, c, batch, stride, scale):
     rng = np.random.default_rng(w * h * c)
     small, big = batch * c * h * w, batch * c * h * w * stride * stride
@@ -832,7 +1112,9 @@ def test_upsample(cuda, w, h, c, batch, stride, scale):
 
 
 @gpu
-@pytest.mark.parametrize("w,h,c,batch,stride", [(6, 4, 8, 2, 2), (5, 3, 18, 1, 3), (26, 26, 64, 1, 2)])
+@pytest.mark.parametrize(
+    "w,h,c,batch,stride", [(6, 4, 8, 2, 2), (5, 3, 18, 1, 3), (26, 26, 64, 1, 2)]
+)
 @pytest.mark.parametrize("forward", [True, False])
 def test_reorg(cuda, w, h, c, batch, stride, forward):
     rng = np.random.default_rng(w * h * c + forward)
@@ -841,18 +1123,40 @@ def test_reorg(cuda, w, h, c, batch, stride, forward):
 
 
 @gpu
-@pytest.mark.parametrize("w1,h1,c1,w2,h2,c2", [(13, 13, 16, 13, 13, 16), (26, 26, 8, 13, 13, 12),
-                                               (13, 13, 12, 26, 26, 8), (7, 5, 3, 7, 5, 6)])
+@pytest.mark.parametrize(
+    "w1,h1,c1,w2,h2,c2",
+    [
+        (13, 13, 16, 13, 13, 16),
+        (26, 26, 8, 13, 13, 12),
+        (13, 13, 12, 26, 26, 8),
+        (7, 5, 3, 7, 5, 6),
+    ],
+)
 def test_shortcut(cuda, w1, h1, c1, w2, h2, c2):
     rng = np.random.default_rng(w1 * c1 + w2 * c2)
     batch = 2
-    check(cuda, "shortcut", batch, w1, h1, c1, rand(rng, batch * c1 * h1 * w1), w2, h2, c2,
-          0.75, -1.25, rand(rng, batch * c2 * h2 * w2))
+    check(
+        cuda,
+        "shortcut",
+        batch,
+        w1,
+        h1,
+        c1,
+        rand(rng, batch * c1 * h1 * w1),
+        w2,
+        h2,
+        c2,
+        0.75,
+        -1.25,
+        rand(rng, batch * c2 * h2 * w2),
+    )
 
 
 @gpu
-@pytest.mark.parametrize("batch,channels,spatial,scale_wh", [(2, 16, 169, 0), (1, 3, 7, 1),
-                                                             (2, 64, 40, 1), (3, 40, 1, 0)])
+@pytest.mark.parametrize(
+    "batch,channels,spatial,scale_wh",
+    [(2, 16, 169, 0), (1, 3, 7, 1), (2, 64, 40, 1), (3, 40, 1, 0)],
+)
 def test_scale_channels(cuda, batch, channels, spatial, scale_wh):
     rng = np.random.default_rng(channels * spatial + scale_wh)
     n = batch * channels * spatial
@@ -860,8 +1164,17 @@ def test_scale_channels(cuda, batch, channels, spatial, scale_wh):
     shape = (batch, channels, spatial, scale_wh)
     check(cuda, "scale_channels", rand(rng, m), rand(rng, n), *shape, nan(n))
     terms = channels if scale_wh else spatial
-    check(cuda, "scale_channels_backward", rand(rng, m), rand(rng, n), rand(rng, n), *shape,
-          rand(rng, m), rand(rng, n), tol=reduction_tol(terms))
+    check(
+        cuda,
+        "scale_channels_backward",
+        rand(rng, m),
+        rand(rng, n),
+        rand(rng, n),
+        *shape,
+        rand(rng, m),
+        rand(rng, n),
+        tol=reduction_tol(terms),
+    )
 
 
 @gpu
@@ -869,35 +1182,69 @@ def test_scale_channels(cuda, batch, channels, spatial, scale_wh):
 @pytest.mark.parametrize("inputs,channels", [(3, 1), (2, 64)])
 def test_shortcut_weights(cuda, normalization, inputs, channels):
     rng = np.random.default_rng(inputs * channels)
-    check(cuda, "shortcut_weights", rand(rng, inputs * channels, -1.0, 2.0), inputs, channels,
-          normalization, nan(inputs * channels))
+    check(
+        cuda,
+        "shortcut_weights",
+        rand(rng, inputs * channels, -1.0, 2.0),
+        inputs,
+        channels,
+        normalization,
+        nan(inputs * channels),
+    )
 
 
 @gpu
-@pytest.mark.parametrize("outputs,width,channels,src_stride", [
-    (16 * 169, 16 * 169, 16, 16 * 169), (8 * 25, 4 * 25, 8, 4 * 25), (7 * 9, 7 * 9, 1, 9 * 9)])
+@pytest.mark.parametrize(
+    "outputs,width,channels,src_stride",
+    [(16 * 169, 16 * 169, 16, 16 * 169), (8 * 25, 4 * 25, 8, 4 * 25), (7 * 9, 7 * 9, 1, 9 * 9)],
+)
 def test_channel_weighted_add_and_dot(cuda, outputs, width, channels, src_stride):
     rng = np.random.default_rng(outputs + width)
     batch, step = 3, outputs // channels
     src = rand(rng, batch * src_stride)
     w = rand(rng, channels)
-    check(cuda, "channel_weighted_add", src, src_stride, w, step, width, batch,
-          rand(rng, batch * outputs), outputs)
-    check(cuda, "channel_weighted_dot", rand(rng, batch * outputs), outputs, src, src_stride, step,
-          width, batch, rand(rng, channels), tol=reduction_tol(batch * step))
+    check(
+        cuda,
+        "channel_weighted_add",
+        src,
+        src_stride,
+        w,
+        step,
+        width,
+        batch,
+        rand(rng, batch * outputs),
+        outputs,
+    )
+    check(
+        cuda,
+        "channel_weighted_dot",
+        rand(rng, batch * outputs),
+        outputs,
+        src,
+        src_stride,
+        step,
+        width,
+        batch,
+        rand(rng, channels),
+        tol=reduction_tol(batch * step),
+    )
 
 
 # ---- dropout -------------------------------------------------------------------
 
+
 @gpu
-@pytest.mark.parametrize("n,prob,step_seed,layer_seed", [
-    (1, 0.5, 0, 0), (10007, 0.3, 12345, 7919), (1 << 20, 0.9, -3, 2**40 + 3)])
+@pytest.mark.parametrize(
+    "n,prob,step_seed,layer_seed",
+    [(1, 0.5, 0, 0), (10007, 0.3, 12345, 7919), (1 << 20, 0.9, -3, 2**40 + 3)],
+)
 def test_dropout_matches_numpy_bit_for_bit(cuda, n, prob, step_seed, layer_seed):
     rng = np.random.default_rng(n)
     scale = 1.0 / (1.0 - prob)
-    seed = np.array([step_seed], dtype=np.int32)   # the step's part, read on the device
-    check(cuda, "dropout", rand(rng, n), prob, scale, nan(n), seed, layer_seed, exact=True,
-          ref=REF32)
+    seed = np.array([step_seed], dtype=np.int32)  # the step's part, read on the device
+    check(
+        cuda, "dropout", rand(rng, n), prob, scale, nan(n), seed, layer_seed, exact=True, ref=REF32
+    )
     rnd = REF32.empty(n)
     REF32.dropout(REF32.from_host(rand(rng, n)), prob, scale, rnd, seed, layer_seed)
     check(cuda, "dropout_backward", rnd, prob, scale, rand(rng, n), exact=True, ref=REF32)

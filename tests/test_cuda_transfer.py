@@ -1,5 +1,6 @@
 """Large copies through the page-locked staging (backends/cuda_transfer.py): exact values,
 chunk edges, ordering with queued kernels, staging reuse, views and int arrays."""
+
 import numpy as np
 import pytest
 
@@ -11,6 +12,7 @@ N = 3 * (4 << 20) // 4 + 12345
 
 def test_large_round_trips_are_exact(cuda):
     from darknet_py.backends import cuda_transfer
+
     assert N * 4 >= cuda_transfer.MIN_STAGED_BYTES
     rng = np.random.default_rng(0)
     a_host = rng.standard_normal(N).astype(np.float32)
@@ -18,13 +20,13 @@ def test_large_round_trips_are_exact(cuda):
     a = cuda.from_host(a_host)
     b = cuda.empty(N)
     cuda.fill(b, np.nan)
-    cuda.write(b, b_host)          # the staging buffer again, right after a's upload
+    cuda.write(b, b_host)  # the staging buffer again, right after a's upload
     a_host_copy = a_host.copy()
-    a_host[:] = 0                  # the host array may change once the call returns
+    a_host[:] = 0  # the host array may change once the call returns
     np.testing.assert_array_equal(cuda.to_host(a), a_host_copy)
     np.testing.assert_array_equal(cuda.to_host(b), b_host)
-    view = b[1000:1000 + N // 2]
-    np.testing.assert_array_equal(cuda.to_host(view), b_host[1000:1000 + N // 2])
+    view = b[1000 : 1000 + N // 2]
+    np.testing.assert_array_equal(cuda.to_host(view), b_host[1000 : 1000 + N // 2])
 
 
 def test_a_download_waits_for_the_work_queued_before_it(cuda):
@@ -44,13 +46,13 @@ def test_large_int_arrays_come_back_as_int64(cuda):
     np.testing.assert_array_equal(back, values)
 
 
-@pytest.mark.parametrize("n", [N, 1000])   # staged, and on the driver's path
+@pytest.mark.parametrize("n", [N, 1000])  # staged, and on the driver's path
 def test_download_async_copies_what_was_there_when_it_was_queued(cuda, n):
     values = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     x = cuda.from_host(values)
     out = np.full(n, np.nan, np.float32)
     pending = cuda.download_async(x, out)
-    cuda.fill(x, 5.0)                    # queued after the download: not in `out`
+    cuda.fill(x, 5.0)  # queued after the download: not in `out`
     cuda.finish_download(pending)
     np.testing.assert_array_equal(out, values)
     assert np.all(cuda.to_host(x) == 5.0)
@@ -64,6 +66,7 @@ def test_predict_in_parts_matches_predict_on_the_gpu():
     import darknet_py as dn
     from darknet_py.backends import cuda_available
     from darknet_py.bench import prepare
+
     cfg = Path(__file__).resolve().parents[2] / "shared" / "darknet-cfg" / "yolov3-tiny.cfg"
     if not cuda_available() or not cfg.is_file():
         pytest.skip(f"needs a CUDA GPU and {cfg}")
@@ -71,8 +74,8 @@ def test_predict_in_parts_matches_predict_on_the_gpu():
     net = dn.load_network(cfg, batch=8, device="cuda")
     prepare(net)
     x = np.random.default_rng(2).random((24,) + net.input_shape, dtype=np.float32)
-    per_part = np.concatenate([net.predict(x[i:i + 8]) for i in range(0, 24, 8)])
-    for _ in range(3):   # eager, then captured, then replayed
+    per_part = np.concatenate([net.predict(x[i : i + 8]) for i in range(0, 24, 8)])
+    for _ in range(3):  # eager, then captured, then replayed
         parts = net.predict_in_parts(x, 8)
         np.testing.assert_array_equal(parts, per_part)
     np.testing.assert_allclose(parts, net.predict(x), rtol=1e-4, atol=1e-5)
@@ -84,13 +87,13 @@ def test_upload_async_of_pageable_memory_is_staged_and_of_pinned_memory_is_not(c
     cuda.wait_upload(upload)
     cuda.finish_upload(upload)
     values_copy = values.copy()
-    values[:] = 0                      # read already: the staged copy returned after it
+    values[:] = 0  # read already: the staged copy returned after it
     np.testing.assert_array_equal(cuda.to_host(x), values_copy)
     assert cuda._staged(values.nbytes, values)
     unpin = cuda.pin(values)
     try:
         assert not cuda._staged(values.nbytes, values)
-        assert not cuda._staged(values[N // 2:].nbytes, values[N // 2:])
+        assert not cuda._staged(values[N // 2 :].nbytes, values[N // 2 :])
     finally:
         unpin()
     assert cuda._staged(values.nbytes, values)
@@ -98,6 +101,7 @@ def test_upload_async_of_pageable_memory_is_staged_and_of_pinned_memory_is_not(c
 
 def test_a_single_chunk_is_staged_without_the_threads(cuda, monkeypatch):
     from darknet_py.backends import cuda_transfer
+
     monkeypatch.setattr(cuda_transfer, "MIN_STAGED_BYTES", 1 << 16)
     monkeypatch.setattr(cuda_transfer, "MIN_STAGED_DOWNLOAD_BYTES", 1 << 16)
     values = np.random.default_rng(4).standard_normal(300_000).astype(np.float32)
@@ -113,8 +117,9 @@ def test_a_single_chunk_is_staged_without_the_threads(cuda, monkeypatch):
 
 def test_copies_larger_than_the_staging_cap_go_in_rounds(cuda, monkeypatch):
     from darknet_py.backends import cuda_transfer
-    monkeypatch.setattr(cuda_transfer, "STAGING_CAP_BYTES", 5 << 20)   # N floats: 3 rounds
-    cuda._transfers.close()   # staging buffers of the earlier tests go
+
+    monkeypatch.setattr(cuda_transfer, "STAGING_CAP_BYTES", 5 << 20)  # N floats: 3 rounds
+    cuda._transfers.close()  # staging buffers of the earlier tests go
     values = np.random.default_rng(5).standard_normal(N).astype(np.float32)
     x = cuda.from_host(values)
     np.testing.assert_array_equal(cuda.to_host(x), values)

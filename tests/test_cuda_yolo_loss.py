@@ -8,6 +8,7 @@ border (x = 1.0), more truths than the head has anchors and cells, two and three
 one cell (later ones overwrite; Darknet's class-delta quirk), truths past max= and after
 a zero x. The CUDA op's outputs start as NaN, so an entry it does not write shows.
 """
+
 import math
 
 import numpy as np
@@ -19,8 +20,8 @@ from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.layers.base import BuildContext
 from darknet_py.layers.yolo import YoloLayer
-from darknet_py.network import NetOptions
 from darknet_py.losses.yolo import SCALARS, every_truth, image_truths
+from darknet_py.network import NetOptions
 
 F32 = np.float32
 NETW, NETH = 80, 64
@@ -34,28 +35,44 @@ CASES = {
     "original-max": (ORIGINAL, "max=12\n"),
     "fork-mse": ("alexeyab", "iou_loss=mse\n"),
     "fork-mse-new-coords": ("alexeyab", "iou_loss=mse\nnew_coords=1\ntruth_thresh=.7\n"),
-    "fork-iou": ("alexeyab", "iou_loss=iou\niou_normalizer=0.5\nobj_normalizer=2\n"
-                             "cls_normalizer=.7\n"),
+    "fork-iou": (
+        "alexeyab",
+        "iou_loss=iou\niou_normalizer=0.5\nobj_normalizer=2\ncls_normalizer=.7\n",
+    ),
     "fork-giou": ("alexeyab", "iou_loss=giou\ntruth_thresh=.7\nmax_delta=0.02\n"),
     "fork-diou": ("alexeyab", "iou_loss=diou\nlabel_smooth_eps=0.1\nignore_thresh=.3\n"),
-    "fork-ciou-iou-thresh": ("alexeyab", "iou_loss=ciou\niou_normalizer=0.07\niou_thresh=0.2\n"
-                                         "max_delta=5\n"),
-    "fork-ciou-new-coords-giou-thresh": ("alexeyab", "iou_loss=ciou\nnew_coords=1\n"
-                                                     "iou_thresh=0.3\niou_thresh_kind=giou\n"),
-    "fork-diou-thresh-kinds": ("alexeyab", "iou_loss=diou\niou_thresh=0.25\n"
-                                           "iou_thresh_kind=ciou\ntruth_thresh=.8\n"),
-    "fork-smooth-counters": ("alexeyab", "iou_loss=iou\ncounters_per_class=10,50,25\n"
-                                         "cls_normalizer=0.5\nobjectness_smooth=1\n"
-                                         "ignore_thresh=.3\ntruth_thresh=.75\n"),
-    "fork-mse-smooth-eps-diou-kind": ("alexeyab", "iou_loss=mse\nobjectness_smooth=1\n"
-                                                  "label_smooth_eps=.05\niou_thresh=.3\n"
-                                                  "iou_thresh_kind=diou\nmax=20\n"),
+    "fork-ciou-iou-thresh": (
+        "alexeyab",
+        "iou_loss=ciou\niou_normalizer=0.07\niou_thresh=0.2\nmax_delta=5\n",
+    ),
+    "fork-ciou-new-coords-giou-thresh": (
+        "alexeyab",
+        "iou_loss=ciou\nnew_coords=1\niou_thresh=0.3\niou_thresh_kind=giou\n",
+    ),
+    "fork-diou-thresh-kinds": (
+        "alexeyab",
+        "iou_loss=diou\niou_thresh=0.25\niou_thresh_kind=ciou\ntruth_thresh=.8\n",
+    ),
+    "fork-smooth-counters": (
+        "alexeyab",
+        "iou_loss=iou\ncounters_per_class=10,50,25\n"
+        "cls_normalizer=0.5\nobjectness_smooth=1\n"
+        "ignore_thresh=.3\ntruth_thresh=.75\n",
+    ),
+    "fork-mse-smooth-eps-diou-kind": (
+        "alexeyab",
+        "iou_loss=mse\nobjectness_smooth=1\n"
+        "label_smooth_eps=.05\niou_thresh=.3\n"
+        "iou_thresh_kind=diou\nmax=20\n",
+    ),
 }
 
 
 def make_layer(flavour, options, batch):
-    body = ("[net]\n[yolo]\nmask=1,2,4\nanchors=6,5, 20,12, 40,24, 12,30, 60,44\nclasses=3\n"
-            "num=5\n" + options)
+    body = (
+        "[net]\n[yolo]\nmask=1,2,4\nanchors=6,5, 20,12, 40,24, 12,30, 60,44\nclasses=3\n"
+        "num=5\n" + options
+    )
     section = [s for s in parse_cfg_text(body) if s.type == "yolo"][0]
     c, h, w = 3 * 8, 4, 5
     ctx = BuildContext([], NetOptions(), batch, darknet=flavour)
@@ -67,29 +84,38 @@ def case_data(layer, fields, rng):
     B, n, C, h, w = layer.batch, layer.n, layer.classes, layer.h, layer.w
     out = np.empty((B, n, 5 + C, h, w), dtype=F32)
     out[:, :, [0, 1, 4]] = rng.random((B, n, 3, h, w))
-    out[:, :, 5:] = rng.random((B, n, C, h, w)) * F32(.6)
-    out[:, :, 2:4] = (rng.random((B, n, 2, h, w)) * F32(.8) + F32(.1) if layer.new_coords
-                      else rng.normal(0, .5, (B, n, 2, h, w)))
+    out[:, :, 5:] = rng.random((B, n, C, h, w)) * F32(0.6)
+    out[:, :, 2:4] = (
+        rng.random((B, n, 2, h, w)) * F32(0.8) + F32(0.1)
+        if layer.new_coords
+        else rng.normal(0, 0.5, (B, n, 2, h, w))
+    )
     boxes = np.zeros((B, 200 if fields == 6 else 90, fields), dtype=F32)
     # Image 0: three truths in one cell (classes 0, 2, 0), a truth on the right and bottom
     # borders (x = y = 1.0), a small one whose best anchor is not masked, two more.
-    boxes[0, :7, :5] = [[.30, .25, .60, .70, 0], [.33, .30, .62, .74, 2], [.31, .28, .61, .72, 0],
-                        [1.0, 1.0, .20, .30, 1], [.80, .70, .05, .06, 1], [.55, .60, .31, .37, 1],
-                        [.12, .85, .14, .35, 2]]
-    out[0, 1, 5, 1, 1] = 1.0   # class 0 saturated where the three meet (the quirk's case)
+    boxes[0, :7, :5] = [
+        [0.30, 0.25, 0.60, 0.70, 0],
+        [0.33, 0.30, 0.62, 0.74, 2],
+        [0.31, 0.28, 0.61, 0.72, 0],
+        [1.0, 1.0, 0.20, 0.30, 1],
+        [0.80, 0.70, 0.05, 0.06, 1],
+        [0.55, 0.60, 0.31, 0.37, 1],
+        [0.12, 0.85, 0.14, 0.35, 2],
+    ]
+    out[0, 1, 5, 1, 1] = 1.0  # class 0 saturated where the three meet (the quirk's case)
     # Image 1: none. Image 2: more truths than anchors x cells (60 > 3 x 20), many sharing
     # cells, then a zero x that ends the list before a box that must not count.
     many = rng.random((60, 5)).astype(F32)
-    many[:, :2] = many[:, :2] * F32(.98) + F32(.01)
-    many[:, 2:4] = many[:, 2:4] * F32(.6) + F32(.04)
+    many[:, :2] = many[:, :2] * F32(0.98) + F32(0.01)
+    many[:, 2:4] = many[:, 2:4] * F32(0.6) + F32(0.04)
     many[:, 4] = rng.integers(0, C, 60)
     boxes[2, :60, :5] = many
-    boxes[2, 61, :5] = [.5, .5, .3, .3, 1]
+    boxes[2, 61, :5] = [0.5, 0.5, 0.3, 0.3, 1]
     if fields == 6:
         boxes[:, :, 5] = rng.integers(0, 9, boxes.shape[:2])
     # Image 3: a truth that the prediction at its cell fits closely, one loosely.
-    boxes[3, :2, :5] = [[.42, .45, .55, .70, 1], [.85, .30, .30, .40, 2]]
-    out[:, :, 5 + 1] = np.maximum(out[:, :, 5 + 1], F32(.3))   # class 1 named: ignore acts
+    boxes[3, :2, :5] = [[0.42, 0.45, 0.55, 0.70, 1], [0.85, 0.30, 0.30, 0.40, 2]]
+    out[:, :, 5 + 1] = np.maximum(out[:, :, 5 + 1], F32(0.3))  # class 1 named: ignore acts
     # (image, truth, anchor slot, width factor): a close fit and a loose one in image 3,
     # and one in image 0.
     for b, k, slot, loose in ((3, 0, 1, 1.0), (3, 1, 0, 1.3), (0, 5, 0, 1.0)):
@@ -130,7 +156,7 @@ def test_numpy_op_writes_the_host_loss_delta_and_figures(name):
     delta, scalars = run_op(NumpyBackend(), spec, out, truth, poison=True)
     rows = truth.reshape(layer.batch, -1, spec.truth_fields)
     ends = [int(np.argmax(r[:, 0] == 0)) for r in rows]
-    truths = [r[:min(e, spec.max_boxes)] for r, e in zip(rows, ends)]
+    truths = [r[: min(e, spec.max_boxes)] for r, e in zip(rows, ends)]
     assert [len(t) for t in truths] == [7, 0, min(60, spec.max_boxes), 2]
     host = layer.fork_loss if layer.fork else layer.loss
     want_delta, want_cost, want_stats = host(out, truths, NETW, NETH)
@@ -146,9 +172,9 @@ def test_numpy_op_loss_reaches_each_branch():
     delta, _ = run_op(NumpyBackend(), spec, out, truth, poison=False)
     d = delta.reshape(layer.batch, layer.n, 8, layer.h, layer.w)
     o = out.reshape(d.shape)
-    assert np.sum((d[:, :, 4] == 0)) > 0                       # ignored predictions
-    assert np.sum(d[:, :, 4] == 1 - o[:, :, 4]) >= 3           # assigned (truths, thresh)
-    assert np.all(d[1, :, :4] == 0) and np.all(d[1, :, 4] == -o[1, :, 4])   # no truths
+    assert np.sum((d[:, :, 4] == 0)) > 0  # ignored predictions
+    assert np.sum(d[:, :, 4] == 1 - o[:, :, 4]) >= 3  # assigned (truths, thresh)
+    assert np.all(d[1, :, :4] == 0) and np.all(d[1, :, 4] == -o[1, :, 4])  # no truths
 
 
 # ---- GPU: the CUDA op against the NumPy op ---------------------------------------------------
@@ -236,20 +262,26 @@ LEARNING_RATES = {"original": 0.002, "alexeyab": 0.0005}
 def train_detector(device, darknet, steps=200):
     """A deterministic 200-iteration run on synthetic boxes (a bright square of one of 3
     colours on noise): the loss of every iteration."""
-    text = (DETECTOR_CFG.format(learning_rate=LEARNING_RATES[darknet])
-            + (FORK_OPTIONS if darknet == "alexeyab" else ""))
-    net = dn.Network(parse_cfg_text(text, "det.cfg"), "det.cfg",
-                     backend=dn.backends.get_backend(device), seed=5, darknet=darknet)
+    text = DETECTOR_CFG.format(learning_rate=LEARNING_RATES[darknet]) + (
+        FORK_OPTIONS if darknet == "alexeyab" else ""
+    )
+    net = dn.Network(
+        parse_cfg_text(text, "det.cfg"),
+        "det.cfg",
+        backend=dn.backends.get_backend(device),
+        seed=5,
+        darknet=darknet,
+    )
     rng = np.random.default_rng(9)
     losses = []
     for _ in range(steps):
-        x = rng.random((net.batch, 3, 32, 32), dtype=np.float32) * F32(.3)
+        x = rng.random((net.batch, 3, 32, 32), dtype=np.float32) * F32(0.3)
         truth = np.zeros((net.batch, net.max_boxes * net.truth_size), dtype=F32)
         for b in range(net.batch):
             size = rng.integers(6, 16)
             x0, y0 = rng.integers(0, 32 - size, 2)
             cls = rng.integers(0, 3)
-            x[b, cls, y0:y0 + size, x0:x0 + size] += F32(.7)
+            x[b, cls, y0 : y0 + size, x0 : x0 + size] += F32(0.7)
             truth[b, :5] = [(x0 + size / 2) / 32, (y0 + size / 2) / 32, size / 32, size / 32, cls]
         losses.append(net.train_pass(x, truth))
     return np.asarray(losses), net.layers[-1]
@@ -266,7 +298,7 @@ def test_200_iteration_detector_loss_curve_matches_cpu(darknet):
     worst = np.max(np.abs(gpu_ - cpu) / np.abs(cpu))
     print(f"{darknet}: worst relative gap {worst:.2e}, loss {cpu[0]:.3f} -> {cpu[-1]:.3f}")
     assert np.all(np.abs(gpu_ - cpu) <= 1e-3 * np.abs(cpu) + 1e-5), worst
-    assert cpu[-20:].mean() < 0.5 * cpu[:20].mean()   # it did learn
+    assert cpu[-20:].mean() < 0.5 * cpu[:20].mean()  # it did learn
     assert gpu_head.stats["count"] == cpu_head.stats["count"] >= 8
     assert gpu_head.stats["avg_iou"] == pytest.approx(cpu_head.stats["avg_iou"], rel=1e-2)
 
@@ -279,7 +311,7 @@ def test_every_truth_is_image_truths_together():
     for row in rows:
         image = []
         for t in range(min(spec.max_boxes, row.size // spec.truth_fields)):
-            box = row[t * spec.truth_fields:(t + 1) * spec.truth_fields]
+            box = row[t * spec.truth_fields : (t + 1) * spec.truth_fields]
             if not box[0]:
                 break
             image.append(box)

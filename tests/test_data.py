@@ -1,4 +1,5 @@
 """Training data pipeline: .data files, lists, labels, augmentation, loader, anchors, demo sets."""
+
 import os
 import re
 import signal
@@ -33,14 +34,16 @@ def write_png(path, rgb_chw):
 
 # --- .data files and lists --------------------------------------------------------------
 
+
 def test_data_config_parses_keys_and_defaults(tmp_path):
     names = write(tmp_path / "x.names", "cat\ndog\n\nbird  \n")
-    data = write(tmp_path / "x.data", f"classes = 3\ntrain={tmp_path}/t.list\n"
-                                      f"names={names}\n# comment\n")
+    data = write(
+        tmp_path / "x.data", f"classes = 3\ntrain={tmp_path}/t.list\nnames={names}\n# comment\n"
+    )
     cfg = D.load_data_config(data)
     assert cfg.classes == 3 and cfg.names == ["cat", "dog", "bird"]
     assert cfg.labels == cfg.names and cfg.labels_path == names
-    assert cfg.valid == cfg.train == f"{tmp_path}/t.list"    # valid defaults to train
+    assert cfg.valid == cfg.train == f"{tmp_path}/t.list"  # valid defaults to train
     assert cfg.backup == "/backup/" and cfg.top == 1
 
 
@@ -60,8 +63,10 @@ def test_data_config_relative_paths_resolve_against_cwd(tmp_path, monkeypatch):
 def test_data_config_missing_files_name_the_path(tmp_path):
     with pytest.raises(D.DataError, match="nothere.data"):
         D.load_data_config(tmp_path / "nothere.data")
-    data = write(tmp_path / "x.data", f"classes=2\nnames={tmp_path}/gone.names\n"
-                                      f"train={tmp_path}/gone-train.list\n")
+    data = write(
+        tmp_path / "x.data",
+        f"classes=2\nnames={tmp_path}/gone.names\ntrain={tmp_path}/gone-train.list\n",
+    )
     with pytest.raises(D.DataError, match="gone.names"):
         D.load_data_config(data)
     write(tmp_path / "gone.names", "a\nb\n")
@@ -84,6 +89,7 @@ def test_read_list_tolerates_crlf_blank_lines_and_trailing_spaces(tmp_path):
 
 # --- classifier labels -------------------------------------------------------------------
 
+
 def test_classifier_truth_one_hot():
     t = D.classifier_truth("data/train/00012_dog.png", ["cat", "dog", "bird"])
     assert t.dtype == np.float32 and t.tolist() == [0, 1, 0]
@@ -94,21 +100,27 @@ def test_classifier_label_ambiguous_and_missing():
         D.classifier_label_index("x/123_catfish.png", ["cat", "catfish"])
     with pytest.raises(D.DataError, match="no class name"):
         D.classifier_label_index("x/123_horse.png", ["cat", "dog"])
-    assert D.check_classifier_labels(["a_dog.png", "b_cat_dog.png"], ["cat", "dog"])[0][0] \
+    assert (
+        D.check_classifier_labels(["a_dog.png", "b_cat_dog.png"], ["cat", "dog"])[0][0]
         == "b_cat_dog.png"
+    )
 
 
 # --- detector labels ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("image, label", [
-    ("data/images/a.jpg", "data/labels/a.txt"),
-    ("VOC/JPEGImages/a.JPEG", "VOC/labels/a.txt"),
-    ("set/raw/a.png", "set/labels/a.txt"),
-    ("set/images/b.JPG", "set/labels/b.txt"),
-    ("set/images/c.jpeg", "set/labels/c.txt"),
-    # Darknet replaces the first occurrence only, wherever it is.
-    ("images/x/images/d.jpg", "labels/x/images/d.txt"),
-])
+
+@pytest.mark.parametrize(
+    "image, label",
+    [
+        ("data/images/a.jpg", "data/labels/a.txt"),
+        ("VOC/JPEGImages/a.JPEG", "VOC/labels/a.txt"),
+        ("set/raw/a.png", "set/labels/a.txt"),
+        ("set/images/b.JPG", "set/labels/b.txt"),
+        ("set/images/c.jpeg", "set/labels/c.txt"),
+        # Darknet replaces the first occurrence only, wherever it is.
+        ("images/x/images/d.jpg", "labels/x/images/d.txt"),
+    ],
+)
 def test_label_path_follows_darknet(image, label):
     assert D.label_path(image) == label
 
@@ -172,18 +184,23 @@ def test_parse_labels_equals_line_by_line_parser_bit_for_bit():
         assert got.dtype == np.float32 and got.shape == (n, 5)
         np.testing.assert_array_equal(got, want)
     # Class ids past float32's exact integers are still parsed as before.
-    np.testing.assert_array_equal(D.parse_labels("16777217 0.5 0.5 0.1 0.1"),
-                                  reference_parse_labels("16777217 0.5 0.5 0.1 0.1"))
+    np.testing.assert_array_equal(
+        D.parse_labels("16777217 0.5 0.5 0.1 0.1"),
+        reference_parse_labels("16777217 0.5 0.5 0.1 0.1"),
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ("0 0.5 0.5 0.1 0.1\n1 0.5 0.5 0.1\n", r"x\.txt:2: expected 'class x y w h'"),
-    ("\n0 0.5 0.5 0.1 0.1\n1.0 0.5 0.5 0.1 0.1\n", r"x\.txt:3: class id must be an integer"),
-    ("0 0.5 nan 0.1 0.1\n", r"x\.txt:1: x y w h must be finite"),
-    ("0 0.5 0.5 0.1 0.1\n7 0.5 0.5 0.1 0.1\n", r"x\.txt:2: class id 7 out of range \(0\.\.4\)"),
-    ("-1 0.5 0.5 0.1 0.1\n", r"x\.txt:1: class id -1 out of range"),
-    ("0 0.5 0.5 -0.1 0.1\n", r"x\.txt:1: negative box size"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("0 0.5 0.5 0.1 0.1\n1 0.5 0.5 0.1\n", r"x\.txt:2: expected 'class x y w h'"),
+        ("\n0 0.5 0.5 0.1 0.1\n1.0 0.5 0.5 0.1 0.1\n", r"x\.txt:3: class id must be an integer"),
+        ("0 0.5 nan 0.1 0.1\n", r"x\.txt:1: x y w h must be finite"),
+        ("0 0.5 0.5 0.1 0.1\n7 0.5 0.5 0.1 0.1\n", r"x\.txt:2: class id 7 out of range \(0\.\.4\)"),
+        ("-1 0.5 0.5 0.1 0.1\n", r"x\.txt:1: class id -1 out of range"),
+        ("0 0.5 0.5 -0.1 0.1\n", r"x\.txt:1: negative box size"),
+    ],
+)
 def test_parse_labels_names_the_bad_line(text, message):
     with pytest.raises(D.DataError, match=message):
         D.parse_labels(text, "x.txt", classes=5)
@@ -201,9 +218,13 @@ def reference_correct_box(box, dx, dy, sx, sy, flip):
         left, right = f32(1) - right, f32(1) - left
     left, right, top, bottom = (min(max(v, f32(0)), f32(1)) for v in (left, right, top, bottom))
     marker = x == 0 and y == 0
-    return [(left + right) / f32(2), (top + bottom) / f32(2),
-            f32(0) if marker else min(max(right - left, f32(0)), f32(1)),
-            f32(0) if marker else min(max(bottom - top, f32(0)), f32(1)), cls]
+    return [
+        (left + right) / f32(2),
+        (top + bottom) / f32(2),
+        f32(0) if marker else min(max(right - left, f32(0)), f32(1)),
+        f32(0) if marker else min(max(bottom - top, f32(0)), f32(1)),
+        cls,
+    ]
 
 
 def reference_detection_truth(boxes, max_boxes, dx, dy, sx, sy, flip, rng):
@@ -225,7 +246,7 @@ def random_boxes(rng, n):
     boxes[:, :2] = rng.uniform(-0.2, 1.2, (n, 2))
     boxes[:, 2:4] = rng.uniform(0, 0.8, (n, 2)) * rng.choice([1, 1e-3], (n, 1))
     boxes[:, 4] = rng.integers(0, 80, n)
-    boxes[rng.random(n) < 0.1, :2] = 0          # Darknet's 'no box' marker
+    boxes[rng.random(n) < 0.1, :2] = 0  # Darknet's 'no box' marker
     return boxes
 
 
@@ -239,13 +260,19 @@ def test_correct_boxes_and_detection_truth_equal_box_by_box_versions():
         sx, sy = map(float, rng.uniform(0.6, 1.6, 2))
         flip = bool(trial % 2)
         want = [reference_correct_box(b, dx, dy, sx, sy, flip) for b in boxes]
-        np.testing.assert_array_equal(D.correct_boxes(boxes, dx, dy, sx, sy, flip),
-                                      np.array(want, np.float32).reshape(-1, 5))
+        np.testing.assert_array_equal(
+            D.correct_boxes(boxes, dx, dy, sx, sy, flip), np.array(want, np.float32).reshape(-1, 5)
+        )
         max_boxes = int(rng.choice([30, 90]))
-        got = D.detection_truth(boxes, max_boxes, dx, dy, sx, sy, flip,
-                                np.random.default_rng(trial))
-        np.testing.assert_array_equal(got, reference_detection_truth(
-            boxes, max_boxes, dx, dy, sx, sy, flip, np.random.default_rng(trial)))
+        got = D.detection_truth(
+            boxes, max_boxes, dx, dy, sx, sy, flip, np.random.default_rng(trial)
+        )
+        np.testing.assert_array_equal(
+            got,
+            reference_detection_truth(
+                boxes, max_boxes, dx, dy, sx, sy, flip, np.random.default_rng(trial)
+            ),
+        )
 
 
 def test_truth_buffer_layout():
@@ -267,6 +294,7 @@ def test_truth_drops_tiny_boxes_and_truncates():
 
 
 # --- augmentation ------------------------------------------------------------------------
+
 
 def test_flip_mirrors_x():
     boxes = np.array([[0.2, 0.3, 0.1, 0.2, 4]], np.float32)
@@ -296,24 +324,27 @@ def test_detection_augmentation_places_the_whole_image_as_pjreddie_does():
     scales with it, uncut."""
     img, boxes = bright_box_image()
     for seed in range(4):
-        x, t = A.augment_detection_hwc(A.to_hwc(img), boxes, D.DetectorAugment(jitter=0.0),
-                                       64, 64, np.random.default_rng(seed))
+        x, t = A.augment_detection_hwc(
+            A.to_hwc(img), boxes, D.DetectorAugment(jitter=0.0), 64, 64, np.random.default_rng(seed)
+        )
         x = A.from_hwc(x)
         kept = truth_boxes(t)
         assert len(kept) == 1
-        np.testing.assert_allclose(kept[0, 2:4], [40 / 120, 30 / 80 * (64 / 1.5) / 64],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(kept[0, 2:4], [40 / 120, 30 / 80 * (64 / 1.5) / 64], rtol=1e-6)
         rows = np.flatnonzero(~np.isclose(x[0], 0.5, atol=1e-6).all(axis=1))
-        assert len(rows) == 42 and rows[-1] - rows[0] == 41   # the placed image's rows
-        assert np.isclose(x[0, :rows[0]], 0.5).all() and np.isclose(x[0, rows[-1] + 1:], 0.5).all()
+        assert len(rows) == 42 and rows[-1] - rows[0] == 41  # the placed image's rows
+        assert (
+            np.isclose(x[0, : rows[0]], 0.5).all() and np.isclose(x[0, rows[-1] + 1 :], 0.5).all()
+        )
 
 
 def test_detection_augmentation_moves_boxes_with_pixels():
     img, boxes = bright_box_image()
     aug = D.DetectorAugment(jitter=0.3)
     for seed in range(12):
-        x, t = A.augment_detection_hwc(A.to_hwc(img), boxes, aug, 64, 64,
-                                       np.random.default_rng(seed))
+        x, t = A.augment_detection_hwc(
+            A.to_hwc(img), boxes, aug, 64, 64, np.random.default_rng(seed)
+        )
         x = A.from_hwc(x)
         assert x.shape == (3, 64, 64)
         kept = truth_boxes(t)
@@ -322,29 +353,30 @@ def test_detection_augmentation_moves_boxes_with_pixels():
         assert 0 <= bx - bw / 2 and bx + bw / 2 <= 1 and 0 <= by - bh / 2 and by + bh / 2 <= 1
         l, r = int(np.ceil((bx - bw / 2) * 64)) + 1, int((bx + bw / 2) * 64) - 1
         tp, bt = int(np.ceil((by - bh / 2) * 64)) + 1, int((by + bh / 2) * 64) - 1
-        assert x[0, tp:bt, l:r].min() > 0.9          # inside the box: the bright square
+        assert x[0, tp:bt, l:r].min() > 0.9  # inside the box: the bright square
         # pjreddie's rule places the whole image on a grey canvas: the box is never cut,
         # and every pixel is the dark image, the grey canvas or the box (edges blend; the
         # truth moves by the float placement, the pixels by its int part, as in Darknet)
         outside = x[0].copy()
-        outside[max(tp - 3, 0):bt + 3, max(l - 3, 0):r + 3] = 0
+        outside[max(tp - 3, 0) : bt + 3, max(l - 3, 0) : r + 3] = 0
         grey = np.isclose(outside, 0.5, atol=1e-6)
         assert grey.any() and (outside[~grey] < 0.5).all()
 
 
 def test_hsv_follows_darknet_formulas():
-    rgb = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0.5, 0.25, 0.5], [0.3, 0.3, 0.3]],
-                   np.float32).T.reshape(3, 1, 5)
+    rgb = np.array(
+        [[1, 0, 0], [0, 1, 0], [0, 0, 1], [0.5, 0.25, 0.5], [0.3, 0.3, 0.3]], np.float32
+    ).T.reshape(3, 1, 5)
     hsv = A.rgb_to_hsv(rgb)[:, 0, :].T
-    np.testing.assert_allclose(hsv, [[0, 1, 1], [1 / 3, 1, 1], [2 / 3, 1, 1],
-                                     [5 / 6, 0.5, 0.5], [0, 0, 0.3]], atol=1e-5)
+    np.testing.assert_allclose(
+        hsv, [[0, 1, 1], [1 / 3, 1, 1], [2 / 3, 1, 1], [5 / 6, 0.5, 0.5], [0, 0, 0.3]], atol=1e-5
+    )
     img = np.random.default_rng(0).random((3, 9, 11)).astype(np.float32)
     np.testing.assert_allclose(A.hsv_to_rgb(A.rgb_to_hsv(img)), img, atol=1e-5)
     np.testing.assert_allclose(A.distort_image(img, 0, 1, 1), img, atol=1e-5)
     red = np.array([1, 0, 0], np.float32).reshape(3, 1, 1)
     np.testing.assert_allclose(A.distort_image(red, 1 / 3, 1, 1).ravel(), [0, 1, 0], atol=1e-5)
-    np.testing.assert_allclose(A.distort_image(red, -1 / 3, 1, 0.5).ravel(), [0, 0, 0.5],
-                               atol=1e-5)
+    np.testing.assert_allclose(A.distort_image(red, -1 / 3, 1, 0.5).ravel(), [0, 0, 0.5], atol=1e-5)
     out = A.distort_image(img, 0.3, 2.0, 1.5)
     assert out.shape == img.shape and out.min() >= 0 and out.max() <= 1
     grey = np.full((1, 4, 4), 0.6, np.float32)
@@ -362,23 +394,40 @@ def darknet_rotate_crop_reference(img, rad, s, w, h, dx, dy, aspect):
 
     for y in range(h):
         for x in range(w):
-            rx = (np.cos(rad) * ((x - w / 2) / s * aspect + dx / s * aspect)
-                  - np.sin(rad) * ((y - h / 2) / s + dy / s) + iw / 2)
-            ry = (np.sin(rad) * ((x - w / 2) / s * aspect + dx / s * aspect)
-                  + np.cos(rad) * ((y - h / 2) / s + dy / s) + ih / 2)
+            rx = (
+                np.cos(rad) * ((x - w / 2) / s * aspect + dx / s * aspect)
+                - np.sin(rad) * ((y - h / 2) / s + dy / s)
+                + iw / 2
+            )
+            ry = (
+                np.sin(rad) * ((x - w / 2) / s * aspect + dx / s * aspect)
+                + np.cos(rad) * ((y - h / 2) / s + dy / s)
+                + ih / 2
+            )
             ix, iy = int(np.floor(rx)), int(np.floor(ry))
             fx, fy = rx - ix, ry - iy
-            out[:, y, x] = ((1 - fy) * (1 - fx) * pixel(ix, iy) + fy * (1 - fx) * pixel(ix, iy + 1)
-                            + (1 - fy) * fx * pixel(ix + 1, iy) + fy * fx * pixel(ix + 1, iy + 1))
+            out[:, y, x] = (
+                (1 - fy) * (1 - fx) * pixel(ix, iy)
+                + fy * (1 - fx) * pixel(ix, iy + 1)
+                + (1 - fy) * fx * pixel(ix + 1, iy)
+                + fy * fx * pixel(ix + 1, iy + 1)
+            )
     return out
 
 
-@pytest.mark.parametrize("args", [(0.3, 1.3, 12, 10, 3.2, -2.1, 1.2), (0.0, 1.0, 15, 9, 0, 0, 1),
-                                  (-0.5, 0.7, 14, 12, 6, 5, 0.8)])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0.3, 1.3, 12, 10, 3.2, -2.1, 1.2),
+        (0.0, 1.0, 15, 9, 0, 0, 1),
+        (-0.5, 0.7, 14, 12, 6, 5, 0.8),
+    ],
+)
 def test_rotate_crop_matches_darknet(args):
     img = np.random.default_rng(1).random((3, 9, 15)).astype(np.float32)
-    np.testing.assert_allclose(A.rotate_crop_image(img, *args),
-                               darknet_rotate_crop_reference(img, *args), atol=1e-4)
+    np.testing.assert_allclose(
+        A.rotate_crop_image(img, *args), darknet_rotate_crop_reference(img, *args), atol=1e-4
+    )
 
 
 def test_classifier_augment_shapes_and_center_crop():
@@ -389,10 +438,13 @@ def test_classifier_augment_shapes_and_center_crop():
     center = D.ClassifierAugment(center=True, flip=False)
     np.testing.assert_allclose(
         A.augment_classifier_hwc(A.to_hwc(img), center, 32, 32, np.random.default_rng(1)),
-        A.to_hwc(resize_image(img[:, :, 10:50], 32, 32)), atol=1e-5)
+        A.to_hwc(resize_image(img[:, :, 10:50], 32, 32)),
+        atol=1e-5,
+    )
 
 
 # --- loader ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def tiny_detection_set(tmp_path):
@@ -403,8 +455,10 @@ def tiny_detection_set(tmp_path):
         img, boxes = bright_box_image(w, h, (5, 6, 5 + 10 + 3 * i, 20))
         img += rng.random(img.shape, dtype=np.float32) * 0.05
         p = write_png(tmp_path / "images" / f"{i}.png", img)
-        write(tmp_path / "labels" / f"{i}.txt",
-              "".join(f"{int(b[4])} {b[0]} {b[1]} {b[2]} {b[3]}\n" for b in boxes))
+        write(
+            tmp_path / "labels" / f"{i}.txt",
+            "".join(f"{int(b[4])} {b[0]} {b[1]} {b[2]} {b[3]}\n" for b in boxes),
+        )
         paths.append(p)
     return paths
 
@@ -423,45 +477,87 @@ def assert_same_batches(a, b):
 
 
 def test_loader_is_reproducible_with_a_seed_on_any_worker_count(tiny_detection_set):
-    options = dict(task="detector", width=32, height=32, batch=4, classes=5,
-                   augment=D.DetectorAugment(jitter=0.2, hue=0.1, saturation=1.5,
-                                             exposure=1.5))
+    options = dict(
+        task="detector",
+        width=32,
+        height=32,
+        batch=4,
+        classes=5,
+        augment=D.DetectorAugment(jitter=0.2, hue=0.1, saturation=1.5, exposure=1.5),
+    )
     a = loader_batches(tiny_detection_set, 3, seed=7, workers=0, **options)
     for x, truth in a:
         assert x.shape == (4, 3, 32, 32) and truth.shape == (4, 450)
         assert x.dtype == np.float32 and truth.dtype == np.float32
     for workers in (1, 3):
-        assert_same_batches(a, loader_batches(tiny_detection_set, 3, seed=7, workers=workers,
-                                              **options))
+        assert_same_batches(
+            a, loader_batches(tiny_detection_set, 3, seed=7, workers=workers, **options)
+        )
     other = loader_batches(tiny_detection_set, 3, seed=8, workers=0, **options)
     assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, other))
 
 
 def test_shuffled_classifier_batches_are_the_same_on_any_worker_count(tmp_path):
-    paths = [write_png(tmp_path / f"{i}_{name}.png",
-                       np.random.default_rng(i).random((3, 12, 14)).astype(np.float32))
-             for i, name in enumerate(["cat", "dog", "cat", "dog", "cat"])]
-    options = dict(task="classifier", width=8, height=8, batch=3, classes=2,
-                   labels=["cat", "dog"], seed=2, sampling="shuffle",
-                   augment=D.ClassifierAugment(angle=10, hue=0.1, exposure=1.3))
+    paths = [
+        write_png(
+            tmp_path / f"{i}_{name}.png",
+            np.random.default_rng(i).random((3, 12, 14)).astype(np.float32),
+        )
+        for i, name in enumerate(["cat", "dog", "cat", "dog", "cat"])
+    ]
+    options = dict(
+        task="classifier",
+        width=8,
+        height=8,
+        batch=3,
+        classes=2,
+        labels=["cat", "dog"],
+        seed=2,
+        sampling="shuffle",
+        augment=D.ClassifierAugment(angle=10, hue=0.1, exposure=1.3),
+    )
     a = loader_batches(paths, 4, workers=0, **options)
-    assert sorted(sum((b.paths for b in a[:5 // 3 + 1]), [])[:5]) == sorted(paths)
+    assert sorted(sum((b.paths for b in a[: 5 // 3 + 1]), [])[:5]) == sorted(paths)
     assert_same_batches(a, loader_batches(paths, 4, workers=2, **options))
 
 
 def test_loader_set_size_changes_next_batch(tiny_detection_set):
-    with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=2,
-                      classes=5, seed=0, workers=2) as loader:
+    with D.DataLoader(
+        tiny_detection_set,
+        task="detector",
+        width=32,
+        height=32,
+        batch=2,
+        classes=5,
+        seed=0,
+        workers=2,
+    ) as loader:
         assert loader.next_batch().x.shape == (2, 3, 32, 32)
         loader.set_size(48, 40)
         for _ in range(3):
             assert loader.next_batch().x.shape == (2, 3, 40, 48)
-    with D.DataLoader(tiny_detection_set, task="detector", width=48, height=40, batch=2,
-                      classes=5, seed=0, workers=2) as fresh:
+    with D.DataLoader(
+        tiny_detection_set,
+        task="detector",
+        width=48,
+        height=40,
+        batch=2,
+        classes=5,
+        seed=0,
+        workers=2,
+    ) as fresh:
         fresh.next_batch()
         expected = fresh.next_batch()
-    with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=2,
-                      classes=5, seed=0, workers=2) as loader:
+    with D.DataLoader(
+        tiny_detection_set,
+        task="detector",
+        width=32,
+        height=32,
+        batch=2,
+        classes=5,
+        seed=0,
+        workers=2,
+    ) as loader:
         loader.next_batch()
         loader.set_size(48, 40)
         np.testing.assert_array_equal(loader.next_batch().x, expected.x)
@@ -472,8 +568,17 @@ def test_loader_skips_and_reports_unreadable_image(tiny_detection_set, tmp_path)
     no_label = write_png(tmp_path / "images" / "nolabel.png", np.zeros((3, 20, 20)))
     paths = [broken, no_label] + tiny_detection_set
     warnings = []
-    with D.DataLoader(paths, task="detector", width=32, height=32, batch=8, classes=5,
-                      seed=1, workers=2, on_warning=warnings.append) as loader:
+    with D.DataLoader(
+        paths,
+        task="detector",
+        width=32,
+        height=32,
+        batch=8,
+        classes=5,
+        seed=1,
+        workers=2,
+        on_warning=warnings.append,
+    ) as loader:
         for _ in range(6):
             x, truth = loader.next_batch()
             assert x.shape == (8, 3, 32, 32)
@@ -484,50 +589,89 @@ def test_loader_skips_and_reports_unreadable_image(tiny_detection_set, tmp_path)
     # Every batch here ends an epoch: the missing label file is summed up at the first
     # and not again, as no other image lacks one.
     assert [m for m in warnings if m not in about_broken] == [
-        f"1 image without a label file so far, used with no boxes (as Darknet does): "
-        f"{no_label}"]
+        f"1 image without a label file so far, used with no boxes (as Darknet does): {no_label}"
+    ]
 
 
 def test_missing_labels_summary_counts_and_names_the_first_few(tmp_path):
-    paths = [write_png(tmp_path / "images" / f"{i}.png", np.zeros((3, 8, 8)))
-             for i in range(5)]
+    paths = [write_png(tmp_path / "images" / f"{i}.png", np.zeros((3, 8, 8))) for i in range(5)]
     warnings = []
-    with D.DataLoader(paths, task="detector", width=8, height=8, batch=5, classes=1,
-                      train=False, workers=0, on_warning=warnings.append) as loader:
+    with D.DataLoader(
+        paths,
+        task="detector",
+        width=8,
+        height=8,
+        batch=5,
+        classes=1,
+        train=False,
+        workers=0,
+        on_warning=warnings.append,
+    ) as loader:
         list(loader)
-    assert warnings == [f"5 images without a label file so far, used with no boxes (as "
-                        f"Darknet does): {paths[0]}, {paths[1]}, {paths[2]}, ..."]
+    assert warnings == [
+        f"5 images without a label file so far, used with no boxes (as "
+        f"Darknet does): {paths[0]}, {paths[1]}, {paths[2]}, ..."
+    ]
 
 
 def test_loader_validation_pass_in_order(tiny_detection_set):
-    with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32, batch=4,
-                      classes=5, train=False, workers=2) as loader:
+    with D.DataLoader(
+        tiny_detection_set,
+        task="detector",
+        width=32,
+        height=32,
+        batch=4,
+        classes=5,
+        train=False,
+        workers=2,
+    ) as loader:
         batches = list(loader)
         assert [len(b.paths) for b in batches] == [4, 2]
         assert sum((b.paths for b in batches), []) == tiny_detection_set
         assert batches[1].image_sizes[0] == (56, 36)
         first = truth_boxes(batches[0].truth[0])
         np.testing.assert_allclose(first, D.read_image_labels(tiny_detection_set[0]), atol=1e-6)
-        assert len(list(loader)) == 2    # a validation loader can be iterated again
+        assert len(list(loader)) == 2  # a validation loader can be iterated again
 
 
 def test_classifier_loader(tmp_path):
-    paths = [write_png(tmp_path / f"{i}_{name}.png", np.full((3, 10, 12), v, np.float32))
-             for i, (name, v) in enumerate([("cat", 0.2), ("dog", 0.8), ("cat", 0.3)])]
-    with D.DataLoader(paths, task="classifier", width=8, height=8, batch=3, classes=2,
-                      labels=["cat", "dog"], train=False, workers=1) as loader:
+    paths = [
+        write_png(tmp_path / f"{i}_{name}.png", np.full((3, 10, 12), v, np.float32))
+        for i, (name, v) in enumerate([("cat", 0.2), ("dog", 0.8), ("cat", 0.3)])
+    ]
+    with D.DataLoader(
+        paths,
+        task="classifier",
+        width=8,
+        height=8,
+        batch=3,
+        classes=2,
+        labels=["cat", "dog"],
+        train=False,
+        workers=1,
+    ) as loader:
         x, truth = loader.next_batch()
         assert truth.tolist() == [[1, 0], [0, 1], [1, 0]]
         np.testing.assert_allclose(x[1], 0.8, atol=0.01)
-    with D.DataLoader(paths, task="classifier", width=8, height=8, batch=5, classes=2,
-                      labels=["cat", "dog"], seed=3, workers=2,
-                      augment=D.ClassifierAugment(max_ratio=1.5)) as loader:
+    with D.DataLoader(
+        paths,
+        task="classifier",
+        width=8,
+        height=8,
+        batch=5,
+        classes=2,
+        labels=["cat", "dog"],
+        seed=3,
+        workers=2,
+        augment=D.ClassifierAugment(max_ratio=1.5),
+    ) as loader:
         x, truth = loader.next_batch()
         assert x.shape == (5, 3, 8, 8) and truth.shape == (5, 2)
         assert (truth.sum(axis=1) == 1).all()
 
 
 # --- anchors -----------------------------------------------------------------------------
+
 
 def test_kmeans_anchors_deterministic_and_sensible():
     rng = np.random.default_rng(0)
@@ -559,13 +703,13 @@ def test_compute_anchors_from_data_file(tiny_detection_set, tmp_path):
 
 # --- demo sets ---------------------------------------------------------------------------
 
+
 def test_bundled_digits():
     images, labels = demo_data.load_digits()
     assert images.shape == (1797, 8, 8) and images.dtype == np.uint8
     assert set(labels.tolist()) == set(range(10)) and images.max() == 255
     assert os.path.getsize(demo_data.DIGITS_NPZ) < 200_000
-    assert not any(a in b for a in demo_data.CLASS_NAMES for b in demo_data.CLASS_NAMES
-                   if a != b)
+    assert not any(a in b for a in demo_data.CLASS_NAMES for b in demo_data.CLASS_NAMES if a != b)
 
 
 def test_build_classification_set(tmp_path):
@@ -607,27 +751,42 @@ def test_crop_resize_equals_darknet_crop_then_resize(crop):
     img = np.random.default_rng(2).random((3, 9, 15)).astype(np.float32)
     for w, h in ((15, 9), (31, 17), (7, 5)):
         one_pass = A.from_hwc(A._crop_resize_hwc(A.to_hwc(img), *crop, w, h))
-        np.testing.assert_allclose(one_pass, resize_image(A.crop_image(img, *crop), w, h),
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            one_pass, resize_image(A.crop_image(img, *crop), w, h), atol=1e-5
+        )
 
 
 def test_augment_settings_from_cfg_sections():
     """What training reads from [net] (parse_net_options) and the head (jitter), with
     Darknet's defaults."""
     import types
+
     from darknet_py.cfg import parse_cfg_text
     from darknet_py.data.augment_fork import classifier_augment, detector_augment
     from darknet_py.network import parse_net_options
-    net, yolo = parse_cfg_text("[net]\nwidth=32\nheight=32\nchannels=3\nmax_crop=40\nangle=7\n"
-                               "hue=.1\nsaturation=1.5\nexposure=1.4\nflip=0\n[yolo]\njitter=.3\n")
+
+    net, yolo = parse_cfg_text(
+        "[net]\nwidth=32\nheight=32\nchannels=3\nmax_crop=40\nangle=7\n"
+        "hue=.1\nsaturation=1.5\nexposure=1.4\nflip=0\n[yolo]\njitter=.3\n"
+    )
     options = parse_net_options(net)
     aug = classifier_augment(options)
     assert (aug.min_ratio, aug.max_ratio, aug.angle, aug.aspect) == (1.0, 1.25, 7.0, 1.0)
-    assert (aug.hue, aug.saturation, aug.exposure, aug.flip, aug.center) == \
-        (0.1, 1.5, 1.4, False, False)
-    det = detector_augment(options, types.SimpleNamespace(jitter=yolo.get_float("jitter", .2)))
-    assert (det.jitter, det.hue, det.saturation, det.exposure, det.flip) == \
-        (0.3, 0.1, 1.5, 1.4, False)
+    assert (aug.hue, aug.saturation, aug.exposure, aug.flip, aug.center) == (
+        0.1,
+        1.5,
+        1.4,
+        False,
+        False,
+    )
+    det = detector_augment(options, types.SimpleNamespace(jitter=yolo.get_float("jitter", 0.2)))
+    assert (det.jitter, det.hue, det.saturation, det.exposure, det.flip) == (
+        0.3,
+        0.1,
+        1.5,
+        1.4,
+        False,
+    )
     defaults = parse_net_options(parse_cfg_text("[net]\nwidth=10\nheight=10\nchannels=1\n")[0])
     assert classifier_augment(defaults) == D.ClassifierAugment()
 
@@ -635,8 +794,16 @@ def test_augment_settings_from_cfg_sections():
 def test_loader_with_no_usable_image_raises(tmp_path):
     paths = [write(tmp_path / "images" / f"{i}.png", "junk") for i in range(3)]
     warnings = []
-    with D.DataLoader(paths, task="detector", width=16, height=16, batch=2, classes=1,
-                      workers=1, on_warning=warnings.append) as loader:
+    with D.DataLoader(
+        paths,
+        task="detector",
+        width=16,
+        height=16,
+        batch=2,
+        classes=1,
+        workers=1,
+        on_warning=warnings.append,
+    ) as loader:
         with pytest.raises(D.DataError, match="no usable image"):
             loader.next_batch()
     assert sorted(m.split(":")[0] for m in warnings) == sorted(paths)
@@ -644,10 +811,20 @@ def test_loader_with_no_usable_image_raises(tmp_path):
 
 def test_detector_validation_input_is_letterboxed(tiny_detection_set):
     from darknet_py.image import letterbox
+
     img = load_image(tiny_detection_set[3])
     for boxed, expected in ((True, letterbox(img, 32, 32)), (False, resize_image(img, 32, 32))):
-        with D.DataLoader(tiny_detection_set[3:4], task="detector", width=32, height=32,
-                          batch=1, classes=5, train=False, letterbox=boxed, workers=1) as loader:
+        with D.DataLoader(
+            tiny_detection_set[3:4],
+            task="detector",
+            width=32,
+            height=32,
+            batch=1,
+            classes=5,
+            train=False,
+            letterbox=boxed,
+            workers=1,
+        ) as loader:
             np.testing.assert_allclose(loader.next_batch().x[0], expected, atol=1e-6)
 
 
@@ -659,6 +836,7 @@ def test_demo_builders_refuse_directories_that_break_darknet_path_rules(tmp_path
 
 
 # --- worker processes --------------------------------------------------------------------
+
 
 def shm_segments():
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
@@ -684,19 +862,20 @@ def wait_until(condition, seconds=10):
 
 def test_close_stops_workers_and_frees_shared_memory(tiny_detection_set):
     before = shm_segments()
-    with pytest.raises(KeyError):   # an exception in the consumer closes the loader too
-        with D.DataLoader(tiny_detection_set, task="detector", width=32, height=32,
-                          batch=4, classes=5, workers=2) as loader:
+    with pytest.raises(KeyError):  # an exception in the consumer closes the loader too
+        with D.DataLoader(
+            tiny_detection_set, task="detector", width=32, height=32, batch=4, classes=5, workers=2
+        ) as loader:
             x, truth = loader.next_batch()
             kept = x.copy()
             pids = loader.workers
-            ours = shm_segments() - before   # (other engineers' tests may add theirs)
+            ours = shm_segments() - before  # (other engineers' tests may add theirs)
             assert len(pids) == 2 and ours
             raise KeyError
     assert loader.workers == [] and all(process_gone(p) for p in pids)
     # The queues' semaphores go when their feeder thread has finished: wait a little.
     assert wait_until(lambda: not ours & shm_segments())
-    np.testing.assert_array_equal(x, kept)   # a batch outlives its loader intact
+    np.testing.assert_array_equal(x, kept)  # a batch outlives its loader intact
 
 
 CTRL_C_SCRIPT = """
@@ -716,21 +895,26 @@ if __name__ == "__main__":
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs POSIX process groups")
 @pytest.mark.parametrize("how", ["ctrl-c", "kill -9"])
 def test_interrupted_or_killed_loader_leaves_no_worker_or_shared_memory(
-        tiny_detection_set, tmp_path, how):
+    tiny_detection_set, tmp_path, how
+):
     broken = write(tmp_path / "images" / "broken.png", "not a png")
     script = write(tmp_path / "loop.py", CTRL_C_SCRIPT)
     before = shm_segments()
-    proc = subprocess.Popen([sys.executable, script, broken] + tiny_detection_set,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, script, broken] + tiny_detection_set,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         ours = shm_segments() - before
         assert len(pids) == 2 and ours
         if how == "ctrl-c":
-            os.killpg(proc.pid, signal.SIGINT)   # what Ctrl-C in a terminal does
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         else:
-            proc.kill()                          # no clean-up code runs in the loader
+            proc.kill()  # no clean-up code runs in the loader
         _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
@@ -749,7 +933,8 @@ def test_interrupted_or_killed_loader_leaves_no_worker_or_shared_memory(
         lines = stderr.splitlines()
         assert [line for line in lines if "darknet-py:" in line] == [
             f"darknet-py: warning: {broken}: cannot read image (not an image, or a format "
-            f"OpenCV cannot decode); skipping it"]
+            f"OpenCV cannot decode); skipping it"
+        ]
         assert "WARN" not in stderr and "leaked" not in stderr
 
 
@@ -761,9 +946,10 @@ def test_a_worker_that_dies_is_reported_with_the_image_it_was_on(tmp_path):
     big.parent.mkdir()
     noise = np.random.default_rng(0).integers(0, 256, (1500, 1500, 3), dtype=np.uint8)
     assert cv2.imwrite(str(big), noise)
-    loader = D.DataLoader([str(big)], task="detector", width=16, height=16, batch=1,
-                          classes=1, train=True, workers=1)
-    (process, on_image), = loader._pool.processes   # the shared "which image" value
+    loader = D.DataLoader(
+        [str(big)], task="detector", width=16, height=16, batch=1, classes=1, train=True, workers=1
+    )
+    ((process, on_image),) = loader._pool.processes  # the shared "which image" value
     pid = process.pid
     for _ in range(500):
         os.kill(pid, signal.SIGSTOP)
@@ -774,19 +960,32 @@ def test_a_worker_that_dies_is_reported_with_the_image_it_was_on(tmp_path):
         loader.next_batch()
     else:
         pytest.fail("never caught the worker inside an image")
-    with pytest.raises(D.DataError, match=rf"worker \(pid {pid}\) died \(killed by SIGKILL\) "
-                                          rf"while loading {re.escape(str(big))}$"):
-        for _ in range(10):   # batches already built may come first
+    with pytest.raises(
+        D.DataError,
+        match=rf"worker \(pid {pid}\) died \(killed by SIGKILL\) "
+        rf"while loading {re.escape(str(big))}$",
+    ):
+        for _ in range(10):  # batches already built may come first
             loader.next_batch()
     assert loader.workers == [] and process_gone(pid)
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_a_batch_larger_than_dev_shm_is_a_clear_error(tiny_detection_set):
-    loader = D.DataLoader(tiny_detection_set, task="detector", width=100_000,
-                          height=100_000, batch=64, classes=5, workers=1)
+    loader = D.DataLoader(
+        tiny_detection_set,
+        task="detector",
+        width=100_000,
+        height=100_000,
+        batch=64,
+        classes=5,
+        workers=1,
+    )
     pid = loader.workers[0]
-    with pytest.raises(D.DataError, match=r"/dev/shm has \d+ MiB free but the data loader "
-                                          r"needs \d+ MiB more for a batch"):
+    with pytest.raises(
+        D.DataError,
+        match=r"/dev/shm has \d+ MiB free but the data loader "
+        r"needs \d+ MiB more for a batch",
+    ):
         loader.next_batch()
     assert loader.workers == [] and wait_until(lambda: process_gone(pid))

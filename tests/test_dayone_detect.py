@@ -1,10 +1,10 @@
 """detect's outputs (issue 21, items 3 and 9): a second run with the default output gets
 new numbered files instead of failing, every file written is named with its input, folders
 of images, --save-txt, and --json for a video."""
+
 import json
 
 import numpy as np
-
 from test_cli import DOG, P2_CFG, P2_WEIGHTS, needs_shared, run_in_process
 
 DETECT = ["detect", P2_CFG, P2_WEIGHTS]
@@ -26,10 +26,12 @@ def test_a_second_detect_writes_numbered_outputs_and_names_them(tmp_path):
     assert r.code == 0, r
     assert wrote(r) == [
         f"darknet-py: wrote predictions-3.jpg (boxes drawn on {DOG})",
-        f"darknet-py: wrote predictions-3.txt (detections in {DOG}, YOLO format)"]
+        f"darknet-py: wrote predictions-3.txt (detections in {DOG}, YOLO format)",
+    ]
     assert mine.read_bytes() == b"an earlier run"
-    assert (tmp_path / "predictions-2.jpg").read_bytes() == \
-        (tmp_path / "predictions-3.jpg").read_bytes()
+    assert (tmp_path / "predictions-2.jpg").read_bytes() == (
+        tmp_path / "predictions-3.jpg"
+    ).read_bytes()
     # An output the user names is still never replaced.
     r = run_in_process(DETECT + [DOG] + OPTIONS + ["--out", mine], cwd=tmp_path)
     assert r.code == 2 and "already exists" in r.err
@@ -37,8 +39,10 @@ def test_a_second_detect_writes_numbered_outputs_and_names_them(tmp_path):
 
 @needs_shared
 def test_save_txt_holds_yolo_lines_that_match_the_printed_boxes(tmp_path):
-    r = run_in_process(DETECT + [DOG] + OPTIONS + ["--save-txt", "--out", "none", "--json",
-                                                   tmp_path / "d.json"], cwd=tmp_path)
+    r = run_in_process(
+        DETECT + [DOG] + OPTIONS + ["--save-txt", "--out", "none", "--json", tmp_path / "d.json"],
+        cwd=tmp_path,
+    )
     assert r.code == 0, r
     rows = np.loadtxt(tmp_path / "predictions.txt", ndmin=2)
     dets = json.loads((tmp_path / "d.json").read_text())["images"][0]["detections"]
@@ -48,8 +52,9 @@ def test_save_txt_holds_yolo_lines_that_match_the_printed_boxes(tmp_path):
         box = det["relative_box"]
         assert np.allclose(row[1:5], [box["x"], box["y"], box["w"], box["h"]], atol=1e-6)
     assert not (tmp_path / "predictions.jpg").exists()
-    assert r.err.splitlines()[-1] == f"darknet-py: wrote {tmp_path / 'd.json'} (detections of " \
-                                     f"1 image)"
+    assert (
+        r.err.splitlines()[-1] == f"darknet-py: wrote {tmp_path / 'd.json'} (detections of 1 image)"
+    )
 
 
 @needs_shared
@@ -61,7 +66,9 @@ def test_detect_on_a_folder_takes_its_images_by_name(tmp_path):
     r = run_in_process(DETECT + [folder] + OPTIONS + ["--out", f"{tmp_path}/out/"])
     assert r.code == 0, r
     assert [l.split(":")[0] for l in r.out.splitlines() if "Predicted" in l] == [
-        f"{folder}/a.JPG", f"{folder}/b.jpg"]
+        f"{folder}/a.JPG",
+        f"{folder}/b.jpg",
+    ]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.jpg", "b.jpg"]
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -72,14 +79,14 @@ def test_detect_on_a_folder_takes_its_images_by_name(tmp_path):
 @needs_shared
 def test_a_video_gets_json_of_every_frame_and_a_numbered_default_output(tmp_path):
     import cv2
+
     video = tmp_path / "v.avi"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 5, (96, 64))
     for _ in range(3):
         writer.write(cv2.resize(cv2.imread(str(DOG)), (96, 64)))
     writer.release()
     (tmp_path / "predictions.mp4").write_bytes(b"mine")
-    r = run_in_process(DETECT + [video] + OPTIONS + ["--json", tmp_path / "v.json"],
-                       cwd=tmp_path)
+    r = run_in_process(DETECT + [video] + OPTIONS + ["--json", tmp_path / "v.json"], cwd=tmp_path)
     assert r.code == 0, r
     assert r.out.splitlines()[-1].endswith("wrote predictions-2.mp4")
     content = json.loads((tmp_path / "v.json").read_text())
@@ -92,18 +99,23 @@ def test_a_video_gets_json_of_every_frame_and_a_numbered_default_output(tmp_path
 
 def test_confusion_matrix_counts_matches_confusions_and_misses():
     from darknet_py.map_plots import confusion_matrix
-    truth = np.array([[.2, .2, .2, .2, 0], [.7, .7, .2, .2, 1], [.5, .9, .1, .1, 1]])
-    dets = [(0, .9, (.2, .2, .2, .2)), (1, .3, (.2, .2, .2, .2)),   # one box, best class 0
-            (0, .8, (.7, .71, .2, .2)),                             # a 1 detected as a 0
-            (1, .6, (.1, .9, .1, .1)),                              # nothing there
-            (1, .1, (.5, .9, .1, .1))]                              # below thresh: a miss
-    m = confusion_matrix([(dets, truth)], 2, iou_thresh=.5, thresh=.25)
+
+    truth = np.array([[0.2, 0.2, 0.2, 0.2, 0], [0.7, 0.7, 0.2, 0.2, 1], [0.5, 0.9, 0.1, 0.1, 1]])
+    dets = [
+        (0, 0.9, (0.2, 0.2, 0.2, 0.2)),
+        (1, 0.3, (0.2, 0.2, 0.2, 0.2)),  # one box, best class 0
+        (0, 0.8, (0.7, 0.71, 0.2, 0.2)),  # a 1 detected as a 0
+        (1, 0.6, (0.1, 0.9, 0.1, 0.1)),  # nothing there
+        (1, 0.1, (0.5, 0.9, 0.1, 0.1)),
+    ]  # below thresh: a miss
+    m = confusion_matrix([(dets, truth)], 2, iou_thresh=0.5, thresh=0.25)
     assert m.tolist() == [[1, 0, 0], [1, 0, 1], [0, 1, 0]]
 
 
 @needs_shared
 def test_map_plots_writes_a_pr_curve_per_class_and_the_confusion_matrix(tmp_path):
     import cv2
+
     (tmp_path / "three.names").write_text("a\nb\nc\n")
     (tmp_path / "valid.list").write_text(f"{tmp_path}/dog.jpg\n")
     (tmp_path / "dog.jpg").write_bytes(DOG.read_bytes())

@@ -1,6 +1,7 @@
 """Labels on pictures (issue 21, item 7): placed by descending score, a likelier label
 never covered by a less likely one, every label inside the picture, text 3% of the height
 and at least 10 px."""
+
 import numpy as np
 import pytest
 
@@ -21,6 +22,7 @@ def bgr(class_id, classes=3):
 
 def label_rects(dets, w, h, names):
     from darknet_py.predictions import _label, pixel_box
+
     taken, style = [], _label_style(h)
     for d in sorted(dets, key=lambda d: -d.prob):
         _place_label(_label(d, names), pixel_box(d.box, w, h), w, h, taken, style)
@@ -35,13 +37,17 @@ def test_text_is_three_percent_high_and_at_least_ten_pixels(height):
 
 @pytest.mark.parametrize("w, h", [(213, 160), (768, 576), (3840, 2160)])
 def test_overlapping_labels_are_moved_apart_and_stay_inside(w, h):
-    dets = [det((0.5, 0.5, 0.4, 0.5), 1, 0.90), det((0.52, 0.5, 0.4, 0.5), 1, 0.91),
-            det((0.3, 0.01, 0.3, 0.2), 0, 0.75), det((0.99, 0.99, 0.1, 0.1), 2, 0.55)]
+    dets = [
+        det((0.5, 0.5, 0.4, 0.5), 1, 0.90),
+        det((0.52, 0.5, 0.4, 0.5), 1, 0.91),
+        det((0.3, 0.01, 0.3, 0.2), 0, 0.75),
+        det((0.99, 0.99, 0.1, 0.1), 2, 0.55),
+    ]
     rects = label_rects(dets, w, h, ["bicycle", "dog", "truck"])
     for x0, y0, x1, y1 in rects:
         assert 0 <= x0 < x1 < w and 0 <= y0 < y1 < h
     for i, a in enumerate(rects):
-        for b in rects[i + 1:]:
+        for b in rects[i + 1 :]:
             assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
     # the likeliest (dog 91%) keeps the place above its box
     top_91 = int((0.5 - 0.25) * h)
@@ -54,8 +60,8 @@ def test_a_likelier_label_is_drawn_over_a_less_likely_one():
     # lands on the first place and must be drawn under the likeliest one.
     dets = [det((0.5, 0.5, 0.6, 0.2), c, p) for c, p in ((0, 0.60), (1, 0.95), (2, 0.70))]
     out = draw_detections(image, dets, ["a", "b", "c"])
-    x0, y0, x1, y1 = label_rects(dets, 213, 160, ["a", "b", "c"])[0]   # the 95% label's place
-    patch = out[y0 + 1:y1, x0 + 1:x1].reshape(-1, 3)
+    x0, y0, x1, y1 = label_rects(dets, 213, 160, ["a", "b", "c"])[0]  # the 95% label's place
+    patch = out[y0 + 1 : y1, x0 + 1 : x1].reshape(-1, 3)
     colours = {tuple(c) for c in patch}
     assert tuple(bgr(1)) in colours and tuple(bgr(0)) not in colours
 

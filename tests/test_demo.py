@@ -1,4 +1,5 @@
 """The demo's detection canvases: digits the grey-input detector can see."""
+
 import numpy as np
 
 from darknet_py import demo_data
@@ -11,8 +12,9 @@ def test_every_digit_stands_out_from_its_background_in_grey():
     weakest = 1.0
     for n in range(60):
         rng = np.random.default_rng(n)
-        canvas, boxes = demo_data.render_canvas(rng, images, labels, pool, canvas_size=64,
-                                                min_digit=16, max_digit=28)
+        canvas, boxes = demo_data.render_canvas(
+            rng, images, labels, pool, canvas_size=64, min_digit=16, max_digit=28
+        )
         grey = np.tensordot(LUMA_RGB, canvas, axes=1)
         outside = np.ones(grey.shape, dtype=bool)
         for _, left, top, right, bottom in boxes:

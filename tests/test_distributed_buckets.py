@@ -2,10 +2,14 @@
 between pieces of the backward, its equality with the exchange after the backward, the
 16-bit exchange's tolerance and the loss scaler's agreement on skipped steps. Ranks are
 threads talking over TCP on 127.0.0.1, as in test_distributed.py."""
+
 import os
 
 import numpy as np
 import pytest
+from helpers import darknet_py, data_file, finish, weights_floats, write_run_cfg
+from test_cuda_graphs import RecordingBackend
+from test_distributed import run_ranks
 
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import parse_cfg_text
@@ -14,10 +18,6 @@ from darknet_py.distributed.comm import Done, from_wire, sum_in_order, to_wire
 from darknet_py.distributed.data_parallel import DataParallel
 from darknet_py.network import Network
 from darknet_py.precision import round_to
-
-from helpers import darknet_py, data_file, finish, weights_floats, write_run_cfg
-from test_cuda_graphs import RecordingBackend
-from test_distributed import run_ranks
 
 CFG = """[net]
 batch={batch}
@@ -71,16 +71,29 @@ activation=linear
 # changes a little (the one above, leaky with batch norm on 4 images, is chaotic: sums
 # changed by one part in 10^7 move its weights after 20 iterations by 3% of what training
 # moved them, about what a 16-bit exchange does; docs/training.md).
-SMOOTH_CFG = CFG.replace("batch_normalize=1\n", "").replace("activation=leaky",
-                                                            "activation=logistic")
+SMOOTH_CFG = CFG.replace("batch_normalize=1\n", "").replace(
+    "activation=leaky", "activation=logistic"
+)
 
 
-def make_net(rank=0, batch=4, subdivisions=2, stop="", backend=None, precision=None,
-             graphs=False, rate=0.05, cfg=CFG):
-    net = Network(parse_cfg_text(cfg.format(batch=batch, subdivisions=subdivisions, stop=stop,
-                                            rate=rate)),
-                  "buckets.cfg", seed=11 if rank == 0 else 40 + rank,
-                  backend=backend or NumpyBackend(), precision=precision)
+def make_net(
+    rank=0,
+    batch=4,
+    subdivisions=2,
+    stop="",
+    backend=None,
+    precision=None,
+    graphs=False,
+    rate=0.05,
+    cfg=CFG,
+):
+    net = Network(
+        parse_cfg_text(cfg.format(batch=batch, subdivisions=subdivisions, stop=stop, rate=rate)),
+        "buckets.cfg",
+        seed=11 if rank == 0 else 40 + rank,
+        backend=backend or NumpyBackend(),
+        precision=precision,
+    )
     net.graphs.enabled = graphs
     return net
 
@@ -93,12 +106,23 @@ def data(iterations, images, seed=5):
 
 
 def params(net):
-    return [(f"{layer.index}.{name}", np.array(a, copy=True)) for layer in net.layers
-            for name, a in layer.params()]
+    return [
+        (f"{layer.index}.{name}", np.array(a, copy=True))
+        for layer in net.layers
+        for name, a in layer.params()
+    ]
 
 
-def train_ranks(world_size, iterations=4, bucket_bytes=0, exchange="auto", make=make_net,
-                per_rank=4, subdivisions=2, before_iteration=None):
+def train_ranks(
+    world_size,
+    iterations=4,
+    bucket_bytes=0,
+    exchange="auto",
+    make=make_net,
+    per_rank=4,
+    subdivisions=2,
+    before_iteration=None,
+):
     """Each rank trains `iterations` iterations of per_rank images on its own share of one
     data set; returns each rank's (network, parameters)."""
     x, truth = data(iterations, world_size * per_rank)
@@ -124,6 +148,7 @@ def assert_same_params(a, b):
 
 class Comm:
     """A one-rank stand-in for a communicator: records what each sum was asked for."""
+
     rank, world_size = 0, 2
 
     def __init__(self):
@@ -138,28 +163,32 @@ class Comm:
 def test_the_plan_takes_every_update_buffer_once_in_reverse_layer_order_within_the_size():
     net = make_net()
     x, truth = data(1, 4)
-    net.train_pass(x[0, :2], truth[0, :2])   # makes the update buffers; one pass accumulated
+    net.train_pass(x[0, :2], truth[0, :2])  # makes the update buffers; one pass accumulated
     before = [np.array(a) for a in net.update_buffers()[0]]
-    cap = 600   # bytes: 150 floats; the [connected] weights (3 x 128) are larger alone
+    cap = 600  # bytes: 150 floats; the [connected] weights (3 x 128) are larger alone
     plan = bucketing.GradientBuckets(net, Comm(), cap, "fp32")
     updates = net.update_buffers()[0]
-    assert [id(a) for a in plan.views] == [id(a) for a in reversed(updates)]   # the views
+    assert [id(a) for a in plan.views] == [id(a) for a in reversed(updates)]  # the views
     for view, old in zip(reversed(updates), reversed(before)):
-        np.testing.assert_array_equal(view, old)   # the accumulated values carried over
+        np.testing.assert_array_equal(view, old)  # the accumulated values carried over
     assert sum(b.size for b in plan.buckets) == sum(a.size for a in updates)
-    layer_of = [i for i, layer in enumerate(net.layers) for owner in layer.param_owners()
-                for name, _ in owner.params() if not name.startswith("rolling_")]
+    layer_of = [
+        i
+        for i, layer in enumerate(net.layers)
+        for owner in layer.param_owners()
+        for name, _ in owner.params()
+        if not name.startswith("rolling_")
+    ]
     assert len(layer_of) == len(updates)
     order = list(reversed(layer_of))
-    assert order == sorted(order, reverse=True)   # reverse layer order
+    assert order == sorted(order, reverse=True)  # reverse layer order
     assert len(plan.buckets) >= 4
     for bucket in plan.buckets:
         assert bucket.size * 4 <= cap or len(bucket.entries) == 1
         assert np.shares_memory(bucket.flat, bucket.arrays[0])
         last = [id(v) for v in plan.views].index(id(bucket.arrays[-1]))
-        assert bucket.ready_after == order[last]   # its lowest layer
-    assert plan.stops == tuple(sorted({b.ready_after for b in plan.buckets} | {0},
-                                      reverse=True))
+        assert bucket.ready_after == order[last]  # its lowest layer
+    assert plan.stops == tuple(sorted({b.ready_after for b in plan.buckets} | {0}, reverse=True))
 
 
 def test_a_layer_below_stopbackward_gets_its_buckets_started_with_the_last_piece():
@@ -183,8 +212,12 @@ def test_settings_come_from_the_environment_and_bad_ones_say_what_is_wrong():
     assert bucketing.exchange_setting({"DARKNET_EXCHANGE": "FP32"}) == "fp32"
     with pytest.raises(ValueError, match="DARKNET_EXCHANGE=fp8: expected auto or fp32"):
         bucketing.exchange_setting({"DARKNET_EXCHANGE": "fp8"})
-    assert [bucketing.exchange_storage(p) for p in ("fp32", "tf32", "fp16", "bf16")] == \
-        ["fp32", "fp32", "fp16", "bf16"]
+    assert [bucketing.exchange_storage(p) for p in ("fp32", "tf32", "fp16", "bf16")] == [
+        "fp32",
+        "fp32",
+        "fp16",
+        "bf16",
+    ]
     assert bucketing.exchange_storage("fp16", "fp32") == "fp32"
 
 
@@ -197,10 +230,13 @@ def test_each_bucket_is_summed_right_after_the_layer_that_completes_it():
     events = []
     for layer in net.layers:
         layer.backward = (lambda f, i: lambda n: (f(n), events.append(("backward", i))))(
-            layer.backward, layer.index)
+            layer.backward, layer.index
+        )
     started = comm.start_all_reduce_sum
     comm.start_all_reduce_sum = lambda be, arrays: (
-        events.append(("sum", len(comm.sums))), started(be, arrays))[1]
+        events.append(("sum", len(comm.sums))),
+        started(be, arrays),
+    )[1]
     x, truth = data(1, 4)
     net.train_pass(x[0], truth[0])
     plan = parallel._buckets
@@ -209,11 +245,11 @@ def test_each_bucket_is_summed_right_after_the_layer_that_completes_it():
         expected.append(("backward", i))
         if i in plan.stops:
             piece = plan.stops.index(i)
-            count = len(plan.starts[piece]) + (piece == 0)   # the statistics with the first
+            count = len(plan.starts[piece]) + (piece == 0)  # the statistics with the first
             expected += [("sum", None)] * count
     assert [(kind, None if kind == "sum" else i) for kind, i in events] == expected
     assert len(comm.sums) == len(plan.buckets) + 1
-    assert comm.sums[0] == ["fp32"] * 4   # the two BN layers' rolling mean and variance
+    assert comm.sums[0] == ["fp32"] * 4  # the two BN layers' rolling mean and variance
 
 
 @pytest.mark.parametrize("stop", ["", "stopbackward=1\n"])
@@ -229,9 +265,9 @@ def test_bucketed_exchange_gives_the_weights_of_the_exchange_after_the_backward(
     assert after[0][0].data_parallel._buckets is None
     for (_, a), (_, b) in zip(after, bucketed):
         assert_same_params(a, b)
-    assert_same_params(bucketed[0][1], bucketed[2][1])   # replicas stay identical
+    assert_same_params(bucketed[0][1], bucketed[2][1])  # replicas stay identical
     fresh = params(make_net(0, stop=stop))
-    assert not np.array_equal(fresh[-1][1], bucketed[0][1][-1][1])   # training moved them
+    assert not np.array_equal(fresh[-1][1], bucketed[0][1][-1][1])  # training moved them
 
 
 def test_replayed_pieces_give_the_weights_of_eager_passes():
@@ -281,8 +317,9 @@ def change_of_training(a, b, start):
     """How much the weights a differ from b, relative to how far training moved b from
     start: ||a - b|| / ||b - start|| over every parameter but the rolling statistics."""
     kept = [i for i, (name, _) in enumerate(start) if ".rolling_" not in name]
-    squares = [sum(float(((x[i][1] - y[i][1]) ** 2).sum()) for i in kept)
-               for x, y in ((a, b), (b, start))]
+    squares = [
+        sum(float(((x[i][1] - y[i][1]) ** 2).sum()) for i in kept) for x, y in ((a, b), (b, start))
+    ]
     return float(np.sqrt(squares[0] / squares[1]))
 
 
@@ -298,13 +335,13 @@ def test_16_bit_exchange_stays_within_its_stated_tolerance(precision, tolerance)
     plan = narrow[0][0].data_parallel._buckets
     assert plan.storage == precision and all(b.packed is not None for b in plan.buckets)
     assert wide[0][0].data_parallel._buckets.storage == "fp32"
-    assert_same_params(narrow[0][1], narrow[2][1])   # every rank the same bits
+    assert_same_params(narrow[0][1], narrow[2][1])  # every rank the same bits
     assert 0 < change_of_training(narrow[0][1], wide[0][1], params(make(0))) < tolerance
 
 
 def test_every_rank_skips_the_step_whose_gradients_overflow_on_one_rank():
     def poison(net, rank, iteration):
-        if rank == 1 and iteration == 2:   # rank 1's gradient overflows in this iteration
+        if rank == 1 and iteration == 2:  # rank 1's gradient overflows in this iteration
             conv = net.layers[3]
             backward = conv.backward
 
@@ -312,6 +349,7 @@ def test_every_rank_skips_the_step_whose_gradients_overflow_on_one_rank():
                 backward(n)
                 conv.weight_updates[0] = np.inf
                 conv.backward = backward
+
             conv.backward = overflowing
 
     def make(rank):
@@ -328,11 +366,22 @@ def test_every_rank_skips_the_step_whose_gradients_overflow_on_one_rank():
 # ---- the command ----------------------------------------------------------------------------
 def test_train_ranks_give_the_same_weights_with_and_without_buckets(bars, tmp_path):
     runs = {}
-    for mb in ("0", "0.0001"):   # 104 bytes: each of the 4 update buffers a bucket
+    for mb in ("0", "0.0001"):  # 104 bytes: each of the 4 update buffers a bucket
         (tmp_path / mb).mkdir()
         cfg = write_run_cfg(tmp_path / mb)
-        code, _, err = finish(darknet_py("train", cfg, data_file(bars, tmp_path / mb / "b"),
-                                         "--ranks", 2, "--seed", 3, "--bucket-mb", mb))
+        code, _, err = finish(
+            darknet_py(
+                "train",
+                cfg,
+                data_file(bars, tmp_path / mb / "b"),
+                "--ranks",
+                2,
+                "--seed",
+                3,
+                "--bucket-mb",
+                mb,
+            )
+        )
         assert code == 0, err
         runs[mb] = weights_floats(tmp_path / mb / "b" / "tiny_final.weights")
     assert runs["0"][0] == runs["0.0001"][0] == 32
@@ -341,10 +390,13 @@ def test_train_ranks_give_the_same_weights_with_and_without_buckets(bars, tmp_pa
 
 def test_a_bad_bucket_setting_is_one_line(bars, tmp_path):
     cfg, data = write_run_cfg(tmp_path), data_file(bars, tmp_path / "b")
-    code, out, err = finish(darknet_py("train", cfg, data, "--ranks", 2,
-                                       env=dict(os.environ, DARKNET_BUCKET_MB="many")))
+    code, out, err = finish(
+        darknet_py("train", cfg, data, "--ranks", 2, env=dict(os.environ, DARKNET_BUCKET_MB="many"))
+    )
     assert code == 2
-    assert err.strip() == ("darknet-py: error: DARKNET_BUCKET_MB=many: expected megabytes of "
-                           "gradients per bucket (a number >= 0; 0 sums every gradient after "
-                           "the backward)")
+    assert err.strip() == (
+        "darknet-py: error: DARKNET_BUCKET_MB=many: expected megabytes of "
+        "gradients per bucket (a number >= 0; 0 sums every gradient after "
+        "the backward)"
+    )
     assert not os.path.exists(tmp_path / "b")

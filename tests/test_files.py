@@ -1,5 +1,6 @@
 """The rules for files every command shares (darknet_py/files.py) and how images are read
 (darknet_py/image.py): refused inputs, outputs never replaced by accident, atomic writes."""
+
 import errno
 import os
 import time
@@ -10,8 +11,13 @@ import numpy as np
 import pytest
 
 from darknet_py import image as image_module
-from darknet_py.files import (OverwriteError, atomic_output, check_input_file,
-                              refuse_overwrite, remove_stale_temporaries)
+from darknet_py.files import (
+    OverwriteError,
+    atomic_output,
+    check_input_file,
+    refuse_overwrite,
+    remove_stale_temporaries,
+)
 from darknet_py.image import ImageError, ImageWarning, decode_image, image_size, load_image
 
 DOG = Path(__file__).resolve().parents[1].parent / "shared" / "images" / "dog.jpg"
@@ -20,8 +26,12 @@ needs_dog = pytest.mark.skipif(not DOG.is_file(), reason=f"{DOG} not found")
 
 def test_check_input_file_refuses_what_is_not_a_regular_file(tmp_path):
     os.mkfifo(tmp_path / "pipe")
-    cases = {tmp_path / "none": "thing not found", tmp_path: "is a directory",
-             tmp_path / "pipe": "not a regular file", "/dev/null": "not a regular file"}
+    cases = {
+        tmp_path / "none": "thing not found",
+        tmp_path: "is a directory",
+        tmp_path / "pipe": "not a regular file",
+        "/dev/null": "not a regular file",
+    }
     for path, words in cases.items():
         with pytest.raises(ValueError, match=words):
             check_input_file(path, "thing", ValueError)
@@ -44,9 +54,9 @@ def test_atomic_output_replaces_in_one_step_and_names_the_real_path_on_failure(t
     with atomic_output(target) as tmp:
         assert os.path.basename(tmp).startswith(f".output-{os.getpid()}-")
         Path(tmp).write_bytes(b"new")
-        assert target.read_bytes() == b"old"      # nothing visible until the end
+        assert target.read_bytes() == b"old"  # nothing visible until the end
     assert target.read_bytes() == b"new"
-    with pytest.raises(OSError) as caught:        # a full disk, say
+    with pytest.raises(OSError) as caught:  # a full disk, say
         with atomic_output(target):
             raise OSError(errno.ENOSPC, "No space left on device", "/somewhere/.output-1-x")
     assert caught.value.filename == str(target) and caught.value.errno == errno.ENOSPC
@@ -55,17 +65,18 @@ def test_atomic_output_replaces_in_one_step_and_names_the_real_path_on_failure(t
 
 
 def test_stale_temporaries_go_live_ones_and_other_files_stay(tmp_path):
-    dead = tmp_path / ".weights-999999999-abc"     # no such process
-    live = tmp_path / f".weights-{os.getppid()}-abc"   # a running process is writing it
+    dead = tmp_path / ".weights-999999999-abc"  # no such process
+    live = tmp_path / f".weights-{os.getppid()}-abc"  # a running process is writing it
     old = tmp_path / f".chart-{os.getppid()}-abc.png"  # ... but not for an hour and more
-    earlier_version = tmp_path / ".weights-k2x_9qzd"   # mkstemp's name, no process id
+    earlier_version = tmp_path / ".weights-k2x_9qzd"  # mkstemp's name, no process id
     other = tmp_path / ".weights-notes"
     for path in (dead, live, old, earlier_version, other):
         path.write_bytes(b"x")
     hours_ago = time.time() - 2 * 3600
     os.utime(old, (hours_ago, hours_ago))
     assert sorted(remove_stale_temporaries(tmp_path)) == sorted(
-        [str(dead), str(old), str(earlier_version)])
+        [str(dead), str(old), str(earlier_version)]
+    )
     assert live.exists() and other.exists()
 
 
@@ -85,7 +96,7 @@ def test_image_size_reads_headers_without_decoding(tmp_path):
 def test_a_huge_image_is_decoded_reduced_and_reports_its_own_size(monkeypatch):
     full, size = decode_image(DOG)
     assert size == (768, 576) and full.shape == (576, 768, 3)
-    monkeypatch.setattr(image_module, "DECODE_PIXELS", 768 * 576 // 10)   # > 1/4, < 1/2
+    monkeypatch.setattr(image_module, "DECODE_PIXELS", 768 * 576 // 10)  # > 1/4, < 1/2
     reduced, size = decode_image(DOG)
     assert size == (768, 576) and reduced.shape == (576 // 4, 768 // 4, 3)
     # libjpeg's reduced decoding is its DCT scaling: close to a resize of the full image.
@@ -96,14 +107,14 @@ def test_a_huge_image_is_decoded_reduced_and_reports_its_own_size(monkeypatch):
 @needs_dog
 def test_decoder_messages_become_one_warning_not_raw_stderr(tmp_path, capfd):
     data = bytearray(DOG.read_bytes())
-    for i in range(20000, 20400, 7):   # damage inside the scan data; the file stays whole
+    for i in range(20000, 20400, 7):  # damage inside the scan data; the file stays whole
         data[i] = (data[i] * 31 + 7) & 0xFF
     path = tmp_path / "damaged.jpg"
     path.write_bytes(bytes(data))
     with pytest.warns(ImageWarning, match=r"damaged.jpg: the decoder says: Corrupt JPEG"):
         img = load_image(path)
     assert img.shape == (3, 576, 768)
-    assert capfd.readouterr().err == ""            # nothing reached file descriptor 2
+    assert capfd.readouterr().err == ""  # nothing reached file descriptor 2
 
 
 @needs_dog
@@ -112,7 +123,7 @@ def test_truncated_and_bogus_images_are_errors(tmp_path):
     cut.write_bytes(DOG.read_bytes()[:50000])
     with pytest.raises(ImageError, match="cut.jpg: truncated JPEG"):
         load_image(cut)
-    trailing = tmp_path / "trailing.jpg"        # bytes after the end marker are fine
+    trailing = tmp_path / "trailing.jpg"  # bytes after the end marker are fine
     trailing.write_bytes(DOG.read_bytes() + b"camera data")
     assert load_image(trailing).shape == (3, 576, 768)
     wide = tmp_path / "wide.bmp"

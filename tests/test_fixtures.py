@@ -1,5 +1,6 @@
 """The C Darknet's own numbers (../shared/fixtures, see its README.md): every stored layer
 output, the layer types and shapes, and one SGD step (loss, rate, seen, deltas, weights)."""
+
 import struct
 from pathlib import Path
 
@@ -13,7 +14,8 @@ TOLERANCE = 1e-4  # relative: max|a - r| / max|r|
 
 pytestmark = pytest.mark.skipif(
     not (FIXTURES / "README.md").is_file(),
-    reason=f"Darknet reference fixtures not found at {FIXTURES} (shared/fixtures beside the repo)")
+    reason=f"Darknet reference fixtures not found at {FIXTURES} (shared/fixtures beside the repo)",
+)
 
 # Darknet's get_layer_string has no name for upsample: it prints "none".
 DARKNET_TYPE_NAMES = {"upsample": "none"}
@@ -30,8 +32,9 @@ def rel_error(actual, ref):
 def load(name, cfg_name=None):
     d = FIXTURES / name
     ref = np.load(d / f"{name}.npz")
-    net = darknet_py.load_network(d / f"{cfg_name or name}.cfg", d / f"{name}.weights",
-                                  device="cpu", engine="numpy")
+    net = darknet_py.load_network(
+        d / f"{cfg_name or name}.cfg", d / f"{name}.weights", device="cpu", engine="numpy"
+    )
     return net, ref
 
 
@@ -50,8 +53,10 @@ def test_inference_matches_darknet(name):
     check_structure(net, ref)
     assert int(ref["batch"]) == ref["input"].shape[0]
     net.predict(ref["input"])
-    errors = {int(i): rel_error(net.layer_output(int(i)), ref[f"layer_{int(i)}"])
-              for i in ref["stored_layers"]}
+    errors = {
+        int(i): rel_error(net.layer_output(int(i)), ref[f"layer_{int(i)}"])
+        for i in ref["stored_layers"]
+    }
     assert len(errors) == len(net.layers)
     worst = max(errors, key=errors.get)
     assert errors[worst] < TOLERANCE, f"layer {worst} ({net.layers[worst].type}): {errors}"

@@ -1,6 +1,7 @@
 """The AlexeyAB C Darknet's own numbers (../shared/fixtures-ab, see its README.md): every
 layer of a yolov4-tiny at 160x160 with seeded weights, run on the CPU in the fork's
 flavour (chosen from the cfg: [route] groups and [yolo] scale_x_y are fork-only)."""
+
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ NEEDS_SCALE_X_Y = {30, 37}
 
 pytestmark = pytest.mark.skipif(
     not (FIXTURES / NAME / f"{NAME}.npz").is_file(),
-    reason=f"AlexeyAB reference fixtures not found at {FIXTURES}")
+    reason=f"AlexeyAB reference fixtures not found at {FIXTURES}",
+)
 
 
 def rel_error(actual, ref):
@@ -33,8 +35,13 @@ def run(request):
     d = FIXTURES / NAME
     ref = np.load(d / f"{NAME}.npz")
     with _no_check():
-        net = darknet_py.load_network(d / f"{NAME}.cfg", d / f"{NAME}.weights", device="cpu",
-                                      darknet=request.param, engine="numpy")
+        net = darknet_py.load_network(
+            d / f"{NAME}.cfg",
+            d / f"{NAME}.weights",
+            device="cpu",
+            darknet=request.param,
+            engine="numpy",
+        )
     net.predict(ref["input"])
     return net, ref
 
@@ -42,6 +49,7 @@ def run(request):
 class _no_check:
     def __enter__(self):
         import warnings
+
         self._w = warnings.catch_warnings()
         self._w.__enter__()
         warnings.simplefilter("ignore")  # the yolo options not read yet

@@ -1,6 +1,7 @@
 """Folded batch norm against Darknet's unfolded normalisation on every stock cfg (the
 original's and the fork's): random weights and batch-norm statistics, a small input where
 the network can be resized, every layer's output within the fixtures' tolerance."""
+
 import os
 import re
 import warnings
@@ -13,7 +14,7 @@ from darknet_py.cfg import CfgError, parse_cfg_text
 from darknet_py.network import Network
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-TOLERANCE = 1e-4        # relative, as tests/test_fixtures.py
+TOLERANCE = 1e-4  # relative, as tests/test_fixtures.py
 SIZES = (32, 64, 128, 256)  # the first input size the network builds at
 # Left out for time unless DARKNET_TEST_ALL_CFGS=1: networks with more parameters than
 # this (copying them dominates) or more BFLOPs at the size they run (YOLOv1, which cannot
@@ -24,7 +25,9 @@ MAX_BFLOPS = float("inf") if EVERY_CFG else 1.0
 
 
 def _cfgs():
-    files = [f for d in ("darknet-cfg", "darknet-cfg-ab") for f in sorted((SHARED / d).glob("*.cfg"))]
+    files = [
+        f for d in ("darknet-cfg", "darknet-cfg-ab") for f in sorted((SHARED / d).glob("*.cfg"))
+    ]
     texts = {f.read_text() for f in files if f.parent.name == "darknet-cfg"}
     # The fork's folder repeats some of the original's files: each text once.
     files = [f for f in files if f.parent.name == "darknet-cfg" or f.read_text() not in texts]
@@ -40,8 +43,13 @@ def _network(text, path, size=None, allocate=False):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # random_init=False: the test writes cheaper random parameters itself.
-        return Network(parse_cfg_text(text, str(path)), str(path), batch=1, allocate=allocate,
-                       random_init=False)
+        return Network(
+            parse_cfg_text(text, str(path)),
+            str(path),
+            batch=1,
+            allocate=allocate,
+            random_init=False,
+        )
 
 
 def _randomize(net, rng):

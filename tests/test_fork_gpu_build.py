@@ -3,6 +3,7 @@ trains as the fork's GPU build (GPU=1 CUDNN=1) does, "alexeyab-cpu" as its CPU b
 (docs/fork-training.md). On float64 networks: the default's backward is the exact gradient
 of its training forward (cuDNN's batch norm, deltas added, never overwritten), the CPU
 build's is not; loss_scale and delta_normalizer act as in the GPU build."""
+
 import numpy as np
 import pytest
 
@@ -54,10 +55,13 @@ activation=linear
 
 
 def build(darknet, body=BODY, net_extra="", batch=2, size=5):
-    text = (f"[net]\nbatch={batch}\nwidth={size}\nheight={size}\nchannels=2\n"
-            f"learning_rate=0.1\nmomentum=0.9\ndecay=0.0005\n{net_extra}\n{body}")
-    return Network(parse_cfg_text(text), backend=NumpyBackend(dtype=np.float64), seed=3,
-                   darknet=darknet)
+    text = (
+        f"[net]\nbatch={batch}\nwidth={size}\nheight={size}\nchannels=2\n"
+        f"learning_rate=0.1\nmomentum=0.9\ndecay=0.0005\n{net_extra}\n{body}"
+    )
+    return Network(
+        parse_cfg_text(text), backend=NumpyBackend(dtype=np.float64), seed=3, darknet=darknet
+    )
 
 
 def weighted_output(net, x, d):
@@ -76,9 +80,12 @@ def gradients(net, x, d):
     net.forward(x, train=True)
     net.layers[-1].delta[...] = d
     net.backward()
-    return {(i, name): getattr(layer, name).copy() for i, layer in enumerate(net.layers)
-            for name in ("weight_updates", "bias_updates", "scale_updates")
-            if getattr(layer, name, None) is not None}
+    return {
+        (i, name): getattr(layer, name).copy()
+        for i, layer in enumerate(net.layers)
+        for name in ("weight_updates", "bias_updates", "scale_updates")
+        if getattr(layer, name, None) is not None
+    }
 
 
 def numeric(net, x, d, i, param, k, h=1e-6):
@@ -107,7 +114,7 @@ PARAMS = {"weights": "weight_updates", "biases": "bias_updates", "scales": "scal
 def test_the_gpu_build_back_propagates_the_exact_gradient(param):
     net, x, d = setup("alexeyab")
     grads = gradients(net, x, d)
-    for i in (0, 1, 3):   # conv 0 gets deltas from conv 1 and from both routes
+    for i in (0, 1, 3):  # conv 0 gets deltas from conv 1 and from both routes
         got = grads[(i, PARAMS[param])]
         for k in range(0, got.size, max(1, got.size // 7)):
             want = numeric(net, x, d, i, param, k)
@@ -117,7 +124,7 @@ def test_the_gpu_build_back_propagates_the_exact_gradient(param):
 def test_the_cpu_build_loses_the_route_delta_and_trains_no_beta():
     net, x, d = setup("alexeyab-cpu")
     grads = gradients(net, x, d)
-    assert not grads[(0, "bias_updates")].any()   # BN beta gets no gradient
+    assert not grads[(0, "bias_updates")].any()  # BN beta gets no gradient
     want = [numeric(net, x, d, 0, "weights", k) for k in range(6)]
     # conv 1's col2im overwrote what the route after it left in conv 0's delta
     assert np.abs(grads[(0, "weight_updates")][:6] - want).max() > 1e-3
@@ -130,14 +137,14 @@ def test_the_gpu_build_batch_norm_forward():
     conv.rolling_variance[...] = 2.0
     net.forward(x, train=True)
     z = conv.x.reshape(net.batch, 4, 5, 5)
-    mean, var = z.mean(axis=(0, 2, 3)), z.var(axis=(0, 2, 3))   # biased, as cuDNN
+    mean, var = z.mean(axis=(0, 2, 3)), z.var(axis=(0, 2, 3))  # biased, as cuDNN
     unbiased = z.var(axis=(0, 2, 3), ddof=1)
     np.testing.assert_allclose(conv.rolling_mean, 0.99 * 0.5 + 0.01 * mean, rtol=1e-12)
-    np.testing.assert_allclose(conv.rolling_variance, 0.99 * 2.0 + 0.01 * unbiased,
-                               rtol=1e-12)
+    np.testing.assert_allclose(conv.rolling_variance, 0.99 * 2.0 + 0.01 * unbiased, rtol=1e-12)
     norm = (z - mean.reshape(1, 4, 1, 1)) / np.sqrt(var.reshape(1, 4, 1, 1) + 1e-5)
-    want = 1 / (1 + np.exp(-(norm * conv.scales.reshape(1, 4, 1, 1)
-                             + conv.biases.reshape(1, 4, 1, 1))))
+    want = 1 / (
+        1 + np.exp(-(norm * conv.scales.reshape(1, 4, 1, 1) + conv.biases.reshape(1, 4, 1, 1)))
+    )
     np.testing.assert_allclose(net.layer_output(0), want, rtol=1e-12)
 
 
@@ -150,7 +157,8 @@ num=3
 iou_loss=ciou
 {extra}
 """
-YOLO_BODY = """
+YOLO_BODY = (
+    """
 [convolutional]
 batch_normalize=1
 filters=4
@@ -164,7 +172,9 @@ size=1
 stride=1
 filters=24
 activation=linear
-""" + YOLO_HEAD
+"""
+    + YOLO_HEAD
+)
 
 
 def yolo_step(darknet, extra="", net_extra=""):
@@ -202,8 +212,11 @@ def test_loss_scale_cancels_in_the_gpu_build():
 def test_flavour_names():
     assert DARKNET_FLAVOURS == ("original", "alexeyab", "alexeyab-cpu")
     detected = build(None, YOLO_BODY.format(extra="scale_x_y=1.05"), size=16)
-    assert (detected.flavour, detected.darknet, detected.fork_cpu) == ("alexeyab", "alexeyab",
-                                                                       False)
+    assert (detected.flavour, detected.darknet, detected.fork_cpu) == (
+        "alexeyab",
+        "alexeyab",
+        False,
+    )
     cpu = build("alexeyab-cpu")
     assert (cpu.flavour, cpu.darknet, cpu.fork_cpu) == ("alexeyab-cpu", "alexeyab", True)
     assert all(layer.fork_cpu for layer in cpu.layers)
@@ -214,7 +227,9 @@ def test_flavour_names():
 
 def test_cli_accepts_both_fork_flavours(tmp_path):
     from click.testing import CliRunner
+
     from darknet_py.cli import cli
+
     cfg = tmp_path / "net.cfg"
     cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n" + YOLO_BODY.format(extra=""))
     for flavour in ("alexeyab", "alexeyab-cpu"):
@@ -229,23 +244,24 @@ def test_cli_accepts_both_fork_flavours(tmp_path):
 def test_cuda_trains_both_fork_builds_as_numpy_does(darknet, tmp_path):
     from darknet_py.backends import cuda_available
     from darknet_py.network import load_network
+
     if not cuda_available():
         pytest.skip("needs PyCUDA and a CUDA GPU")
     cfg = tmp_path / "net.cfg"
-    cfg.write_text("[net]\nbatch=2\nwidth=16\nheight=16\nchannels=2\nlearning_rate=0.1\n"
-                   "momentum=0.9\ndecay=0.0005\nloss_scale=4\n"
-                   + BODY.replace("filters=2\nsize=3", "filters=24\nsize=1")
-                   + YOLO_HEAD.format(extra="delta_normalizer=0.5"))
+    cfg.write_text(
+        "[net]\nbatch=2\nwidth=16\nheight=16\nchannels=2\nlearning_rate=0.1\n"
+        "momentum=0.9\ndecay=0.0005\nloss_scale=4\n"
+        + BODY.replace("filters=2\nsize=3", "filters=24\nsize=1")
+        + YOLO_HEAD.format(extra="delta_normalizer=0.5")
+    )
     rng = np.random.default_rng(1)
     x = rng.uniform(0, 1, (2, 2, 16, 16)).astype(np.float32)
     truth = np.zeros((2, 200 * 6), np.float32)
     truth[:, :5] = [0.4, 0.5, 0.3, 0.4, 1]
-    nets = [load_network(cfg, device=device, darknet=darknet, seed=4)
-            for device in ("cpu", "cuda")]
+    nets = [load_network(cfg, device=device, darknet=darknet, seed=4) for device in ("cpu", "cuda")]
     losses = [[net.train_iteration(x, truth) for _ in range(2)] for net in nets]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
     for a, b in zip(*(net.layers for net in nets)):
         for (name, pa), (_, pb) in zip(a.params(), b.params()):
             want, got = nets[0].be.to_host(pa), nets[1].be.to_host(pb)
-            assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (a.index,
-                                                                                      name)
+            assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (a.index, name)

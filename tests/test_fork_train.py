@@ -5,6 +5,7 @@ against the fork's objects, see make_fixtures.py for the cases). Each runs a few
 of train_network from the fork's own random start and compares the losses, the learning
 rates, every parameter after the last update, and the outputs and deltas of the [yolo]
 layers (and of small layers) of the last pass. The gpu test runs the same on CUDA."""
+
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,13 @@ def train_like_the_fixture(name, tmp_path, device, fixtures=FIXTURES, darknet="a
     ref = np.load(fixtures / f"{name}.npz")
     (tmp_path / "net.cfg").write_text(str(ref["cfg"]))
     (tmp_path / "init.weights").write_bytes(ref["init_weights"].tobytes())
-    net = load_network(tmp_path / "net.cfg", tmp_path / "init.weights", device=device,
-                       darknet=darknet, engine="numpy")
+    net = load_network(
+        tmp_path / "net.cfg",
+        tmp_path / "init.weights",
+        device=device,
+        darknet=darknet,
+        engine="numpy",
+    )
     x = (ref["pixels"].astype(np.float32) / np.float32(255)).astype(np.float32)
     losses, rates = [], []
     for _ in range(int(ref["iterations"])):
@@ -85,24 +91,46 @@ def test_training_iterations_match_the_fork_on_cuda(name, tmp_path):
 @pytest.mark.skipif(not GPU_CASES, reason="no GPU-build fixtures")
 @pytest.mark.parametrize("name", GPU_CASES)
 def test_the_default_flavour_trains_as_the_forks_gpu_build(name, tmp_path):
-    check_against_fork(*train_like_the_fixture(name, tmp_path, "cpu", GPU_FIXTURES, None),
-                       tolerance=GPU_BUILD_TOLERANCE)
+    check_against_fork(
+        *train_like_the_fixture(name, tmp_path, "cpu", GPU_FIXTURES, None),
+        tolerance=GPU_BUILD_TOLERANCE,
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs PyCUDA and a CUDA GPU")
 @pytest.mark.parametrize("name", GPU_CASES)
 def test_the_default_flavour_trains_as_the_forks_gpu_build_on_cuda(name, tmp_path):
-    check_against_fork(*train_like_the_fixture(name, tmp_path, "cuda", GPU_FIXTURES, None),
-                       tolerance=GPU_BUILD_TOLERANCE)
+    check_against_fork(
+        *train_like_the_fixture(name, tmp_path, "cuda", GPU_FIXTURES, None),
+        tolerance=GPU_BUILD_TOLERANCE,
+    )
 
 
 def test_fixtures_cover_the_fork_training_options():
     cfgs = "\n".join(str(np.load(FIXTURES / f"{name}.npz")["cfg"]) for name in CASES)
-    for option in ("iou_loss=mse", "iou_loss=iou", "iou_loss=giou", "iou_loss=diou",
-                   "iou_loss=ciou", "iou_normalizer", "cls_normalizer", "obj_normalizer",
-                   "delta_normalizer", "max_delta", "scale_x_y", "new_coords=1",
-                   "label_smooth_eps", "objectness_smooth", "iou_thresh", "loss_scale",
-                   "policy=sgdr", "power=", "burn_in", "subdivisions=2", "mosaic=0"):
+    for option in (
+        "iou_loss=mse",
+        "iou_loss=iou",
+        "iou_loss=giou",
+        "iou_loss=diou",
+        "iou_loss=ciou",
+        "iou_normalizer",
+        "cls_normalizer",
+        "obj_normalizer",
+        "delta_normalizer",
+        "max_delta",
+        "scale_x_y",
+        "new_coords=1",
+        "label_smooth_eps",
+        "objectness_smooth",
+        "iou_thresh",
+        "loss_scale",
+        "policy=sgdr",
+        "power=",
+        "burn_in",
+        "subdivisions=2",
+        "mosaic=0",
+    ):
         assert option in cfgs, option
     assert all((FIXTURES / f"{name}.npz").stat().st_size < 1 << 20 for name in CASES)

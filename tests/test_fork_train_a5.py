@@ -16,6 +16,7 @@ cells hold the same value), its weight gradient and the delta it passes down do.
 
 So the update is checked with each layer run on the fork's inputs: after a layer's forward
 its output is replaced by the fork's, and the max pools choose the fork's cells."""
+
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures-ab"
 NAME = "a5_train_yolov4tiny"
 CASE = SHARED / NAME
 GPU_TWIN = Path(__file__).resolve().parent / "fixtures" / "fork_train_gpu" / f"{NAME}.npz"
-LOSS_RTOL, WEIGHTS_ATOL = 1e-4, 1e-5   # the fixture README's tolerances
+LOSS_RTOL, WEIGHTS_ATOL = 1e-4, 1e-5  # the fixture README's tolerances
 # The GPU-build twin (made on an H200, cuDNN 9 from the machine's PyTorch): the fork lets
 # cuDNN pick each convolution's algorithm. With the max pools' inputs pinned, routes 16 and
 # 24 and the heads' outputs are 4e-4 to 6e-4 (of the layer's largest value) off darknet-py's
@@ -60,15 +61,21 @@ def pin_outputs(net, outputs, seen):
             run(net_)
             seen[i] = net.be.to_host(layer.output)
             net.be.write(layer.output, want)
+
         layer.forward = forward
 
 
 def train_step(ref, device="cpu", darknet="alexeyab-cpu", pinned=None):
     """One train_iteration of the fixture's network on its input and truth: (net, loss, what
     each pinned layer computed). pinned: {layer: the fork's output}."""
-    net = load_network(CASE / f"{NAME}.cfg", CASE / f"{NAME}.weights", device=device,
-                       darknet=darknet, engine="numpy")
-    net.graphs.enabled = False   # the pinning writes between layers: eager steps only
+    net = load_network(
+        CASE / f"{NAME}.cfg",
+        CASE / f"{NAME}.weights",
+        device=device,
+        darknet=darknet,
+        engine="numpy",
+    )
+    net.graphs.enabled = False  # the pinning writes between layers: eager steps only
     seen = {}
     pin_outputs(net, pinned or {}, seen)
     loss = net.train_iteration(ref["input"], ref["truth"])
@@ -78,8 +85,10 @@ def train_step(ref, device="cpu", darknet="alexeyab-cpu", pinned=None):
 @pytest.fixture(scope="module")
 def twin(ref):
     if not GPU_TWIN.exists():
-        pytest.skip(f"no GPU-build twin {GPU_TWIN.name} (tests/fork_harness/make_gpu_fixtures.sh "
-                    f"FORK_SRC BUILD_DIR {NAME}, on a GPU machine)")
+        pytest.skip(
+            f"no GPU-build twin {GPU_TWIN.name} (tests/fork_harness/make_gpu_fixtures.sh "
+            f"FORK_SRC BUILD_DIR {NAME}, on a GPU machine)"
+        )
     return np.load(GPU_TWIN)
 
 
@@ -89,8 +98,12 @@ def fork_outputs(ref):
 
 def updated_fork_network():
     """The fork's updated.weights, read into a network of the fixture's cfg (per layer)."""
-    return load_network(CASE / f"{NAME}.cfg", CASE / f"{NAME}.updated.weights",
-                        darknet="alexeyab-cpu", engine="numpy")
+    return load_network(
+        CASE / f"{NAME}.cfg",
+        CASE / f"{NAME}.updated.weights",
+        darknet="alexeyab-cpu",
+        engine="numpy",
+    )
 
 
 def parameter_errors(net, fork):
@@ -128,7 +141,7 @@ def test_each_layer_on_the_forks_inputs_gives_its_output(ref):
 def test_the_update_on_the_forks_inputs_is_the_forks(ref, tmp_path):
     net, _, _ = train_step(ref, pinned=fork_outputs(ref))
     errors = parameter_errors(net, updated_fork_network())
-    assert len(errors) == 21 * 5 - 2 * 3   # 21 convolutions, two without batch norm
+    assert len(errors) == 21 * 5 - 2 * 3  # 21 convolutions, two without batch norm
     worst = max(errors, key=errors.get)
     assert errors[worst] < WEIGHTS_ATOL, (worst, errors[worst])
     # The file as the fork writes it: header 0.2.5, seen = 1 iteration x 2 images.
@@ -136,8 +149,9 @@ def test_the_update_on_the_forks_inputs_is_the_forks(ref, tmp_path):
     ours = (tmp_path / "step.weights").read_bytes()
     fork = (CASE / f"{NAME}.updated.weights").read_bytes()
     assert ours[:20] == fork[:20]
-    np.testing.assert_allclose(np.frombuffer(ours[20:], "<f4"), np.frombuffer(fork[20:], "<f4"),
-                               rtol=0, atol=WEIGHTS_ATOL)
+    np.testing.assert_allclose(
+        np.frombuffer(ours[20:], "<f4"), np.frombuffer(fork[20:], "<f4"), rtol=0, atol=WEIGHTS_ATOL
+    )
 
 
 def test_the_free_run_updates_the_layers_above_the_near_tie_as_the_fork(ref):
@@ -147,17 +161,18 @@ def test_the_free_run_updates_the_layers_above_the_near_tie_as_the_fork(ref):
     net, _, _ = train_step(ref)
     errors = parameter_errors(net, updated_fork_network())
     above = {key: e for key, e in errors.items() if key[0] > 18}
-    assert len(above) == 10 * 5 - 2 * 3   # 10 convolutions, two without batch norm
+    assert len(above) == 10 * 5 - 2 * 3  # 10 convolutions, two without batch norm
     worst = max(above, key=above.get)
     assert above[worst] < WEIGHTS_ATOL, (worst, above[worst])
 
 
 def test_the_default_flavour_trains_the_betas_the_cpu_build_leaves(ref):
     net, loss, _ = train_step(ref, darknet=None, pinned=fork_outputs(ref))
-    assert loss == pytest.approx(float(ref["loss"]), rel=LOSS_RTOL)   # the same forward
+    assert loss == pytest.approx(float(ref["loss"]), rel=LOSS_RTOL)  # the same forward
     errors = parameter_errors(net, updated_fork_network())
-    betas = [e for (i, name), e in errors.items()
-             if name == "biases" and net.layers[i].batch_normalize]
+    betas = [
+        e for (i, name), e in errors.items() if name == "biases" and net.layers[i].batch_normalize
+    ]
     assert len(betas) == 19 and min(betas) > 1e-4
 
 
@@ -179,7 +194,7 @@ def gpu_build_errors(ref, twin, device, darknet):
     computed, every parameter's error relative to max(1, its largest value), the [yolo]
     layers' (cost, relative delta error))."""
     pinned = {i: twin[f"layer_{i}_output"] for i in range(38) if f"layer_{i}_output" in twin.files}
-    assert {8, 16, 24} <= set(pinned)   # what the max pools read
+    assert {8, 16, 24} <= set(pinned)  # what the max pools read
     net, loss, seen = train_step(ref, device=device, darknet=darknet, pinned=pinned)
     assert net.last_rate == pytest.approx(float(twin["rates"][0]), rel=1e-6)
     outputs = {i: rel_err(got, pinned[i]) for i, got in seen.items()}
@@ -187,11 +202,14 @@ def gpu_build_errors(ref, twin, device, darknet):
     for layer in net.layers:
         for name, arr in layer.params():
             want = twin[f"layer_{layer.index}_{name}"]
-            params[layer.index, name] = float(np.abs(net.be.to_host(arr) - want).max()
-                                              / max(1.0, np.abs(want).max()))
+            params[layer.index, name] = float(
+                np.abs(net.be.to_host(arr) - want).max() / max(1.0, np.abs(want).max())
+            )
         if layer.cost is not None:
-            yolo[layer.index] = (layer.cost, rel_err(net.layer_delta(layer.index),
-                                                     twin[f"layer_{layer.index}_delta"]))
+            yolo[layer.index] = (
+                layer.cost,
+                rel_err(net.layer_delta(layer.index), twin[f"layer_{layer.index}_delta"]),
+            )
     return loss, outputs, params, yolo
 
 

@@ -17,35 +17,35 @@ op, any 16 bits into tf32 / fp32) is a ValueError naming both.
 All GPU tests (CudaBackend needs PyCUDA); the wgmma routes are skipped off compute
 capability 9.0.
 """
+
 import zlib
 
 import numpy as np
 import pytest
-
-from darknet_py.shapes import conv_out_size
-
 from test_bn_passes import poisoned_storage
 from test_cuda_ops import nan, rand
+
+from darknet_py.shapes import conv_out_size
 
 gpu = pytest.mark.gpu
 HALF = ("fp16", "bf16")
 
 # (c, h, w, filters, size, stride, pad, dilation, groups, batch)
 CASES = [
-    (3, 23, 29, 16, 3, 1, 1, 1, 1, 3),       # a first layer: 3 channels
-    (19, 17, 15, 33, 3, 2, 1, 1, 1, 2),      # stride 2
-    (64, 13, 13, 255, 1, 1, 0, 1, 1, 2),     # a head's 255 filters, 1x1
-    (24, 12, 11, 40, 3, 1, 2, 2, 1, 2),      # dilation 2
-    (32, 11, 14, 32, 3, 1, 1, 1, 4, 2),      # groups
-    (255, 9, 7, 36, 3, 1, 1, 1, 1, 3),       # 255 channels
-    (5, 7, 6, 130, 5, 2, 2, 1, 1, 4),        # 5x5, stride 2
-    (4, 11, 10, 8, 7, 1, 3, 1, 1, 2),        # 7x7: the gather's per-element bounds
-    (33, 10, 12, 17, 1, 2, 0, 1, 1, 3),      # 1x1, stride 2
+    (3, 23, 29, 16, 3, 1, 1, 1, 1, 3),  # a first layer: 3 channels
+    (19, 17, 15, 33, 3, 2, 1, 1, 1, 2),  # stride 2
+    (64, 13, 13, 255, 1, 1, 0, 1, 1, 2),  # a head's 255 filters, 1x1
+    (24, 12, 11, 40, 3, 1, 2, 2, 1, 2),  # dilation 2
+    (32, 11, 14, 32, 3, 1, 1, 1, 4, 2),  # groups
+    (255, 9, 7, 36, 3, 1, 1, 1, 1, 3),  # 255 channels
+    (5, 7, 6, 130, 5, 2, 2, 1, 1, 4),  # 5x5, stride 2
+    (4, 11, 10, 8, 7, 1, 3, 1, 1, 2),  # 7x7: the gather's per-element bounds
+    (33, 10, 12, 17, 1, 2, 0, 1, 1, 3),  # 1x1, stride 2
 ]
 # The wgmma forward unfolds 3x3 kernels only (im2col_rows).
 WGMMA_FORWARD_CASES = [c for c in CASES if c[4] == 3] + [
-    (64, 19, 17, 128, 3, 1, 2, 2, 2, 4),     # dilation 2, groups
-    (128, 13, 13, 260, 3, 1, 1, 1, 1, 6),    # more than one 128-row tile pair
+    (64, 19, 17, 128, 3, 1, 2, 2, 2, 4),  # dilation 2, groups
+    (128, 13, 13, 260, 3, 1, 1, 1, 1, 6),  # more than one 128-row tile pair
 ]
 
 
@@ -57,7 +57,7 @@ def _ids(cases):
     return ["c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c) for c in cases]
 
 
-_poisoned = poisoned_storage   # storage_zeros filled with each format's quiet NaN
+_poisoned = poisoned_storage  # storage_zeros filled with each format's quiet NaN
 
 
 def _images(cuda, p, values):
@@ -79,8 +79,10 @@ def _same(cuda, got, want, what):
     g, w = _bits(cuda, got), _bits(cuda, want)
     assert not np.isnan(np.asarray(cuda.to_host(want), np.float32)).any(), f"{what}: NaN left"
     bad = np.flatnonzero(g != w)
-    assert bad.size == 0, (f"{what}: {bad.size} of {g.size} differ, first at {bad[0]}: "
-                           f"{g[bad[0]]:#010x} against {w[bad[0]]:#010x}")
+    assert bad.size == 0, (
+        f"{what}: {bad.size} of {g.size} differ, first at {bad[0]}: "
+        f"{g[bad[0]]:#010x} against {w[bad[0]]:#010x}"
+    )
 
 
 @pytest.fixture
@@ -93,17 +95,20 @@ def route(cuda, monkeypatch):
         if name == "wgmma":
             if cuda_wgmma.kernels(cuda) is None:
                 pytest.skip("the wgmma kernels need compute capability 9.0")
-            monkeypatch.setattr(cuda_wgmma, "forward_takes",
-                                lambda be, p, m, n, k, ksize, positions: ksize == 3)
+            monkeypatch.setattr(
+                cuda_wgmma, "forward_takes", lambda be, p, m, n, k, ksize, positions: ksize == 3
+            )
             monkeypatch.setattr(cuda_wgmma, "handles", lambda be, p, m, n, k: p in HALF)
         else:
             monkeypatch.setattr(cuda_wgmma, "forward_takes", lambda *args: False)
             monkeypatch.setattr(cuda_wgmma, "handles", lambda *args: False)
+
     yield force
     cuda.tc_override = cuda.wgrad_override = None
 
 
 # ---- conv_forward -------------------------------------------------------------------------
+
 
 def _forward(cuda, p, case, weights, im, biases, activation, out_precision):
     """conv_forward of every group of `case` (im: a device array) into a NaN-poisoned
@@ -116,11 +121,25 @@ def _forward(cuda, p, case, weights, im, biases, activation, out_precision):
     cg, m = c // groups, filters // groups
     k = cg * size * size
     for g in range(groups):
-        packed = cuda.pack_weights(W[g * m * k:], m, k, p)
-        cuda.conv_forward(packed, im[g * cg * h * w:], cg, h, w, size, stride, pad, dilation,
-                          batch, c * h * w, None if bias is None else bias[g * m:], activation,
-                          out[g * m * out_h * out_w:], filters * out_h * out_w,
-                          out_precision=out_precision)
+        packed = cuda.pack_weights(W[g * m * k :], m, k, p)
+        cuda.conv_forward(
+            packed,
+            im[g * cg * h * w :],
+            cg,
+            h,
+            w,
+            size,
+            stride,
+            pad,
+            dilation,
+            batch,
+            c * h * w,
+            None if bias is None else bias[g * m :],
+            activation,
+            out[g * m * out_h * out_w :],
+            filters * out_h * out_w,
+            out_precision=out_precision,
+        )
     return out
 
 
@@ -133,8 +152,12 @@ def _check_forward(cuda, p, case, seed, tiles=(None,)):
     for tile in tiles:
         cuda.tc_override = tile
         # fp32 out (linear; bias + leaky), and 16 bits in and out (the inference epilogue)
-        for act, bias, out_p in (("linear", None, "fp32"), ("leaky", biases, "fp32"),
-                                 ("mish", biases, p), ("linear", None, p)):
+        for act, bias, out_p in (
+            ("linear", None, "fp32"),
+            ("leaky", biases, "fp32"),
+            ("mish", biases, p),
+            ("linear", None, p),
+        ):
             what = f"{p} tile {tile} {act} bias={bias is not None} out {out_p}"
             got = _forward(cuda, p, case, weights, half, bias, act, out_p)
             want = _forward(cuda, p, case, weights, widened, bias, act, out_p)
@@ -162,6 +185,7 @@ def test_conv_forward_wgmma_takes_16_bit_images(cuda, route, p, case):
 
 # ---- the weight gradients ---------------------------------------------------------------------
 
+
 def _weight_grad(cuda, p, case, delta, im, updates, unfolded):
     """conv_weight_grad (or, unfolded, conv_weight_grad_unfolded with an fp32 col) of every
     group of `case`, added into a copy of `updates`."""
@@ -170,17 +194,47 @@ def _weight_grad(cuda, p, case, delta, im, updates, unfolded):
     cg, m, n = c // groups, filters // groups, out_h * out_w
     k = cg * size * size
     U = cuda.from_host(updates)
-    if unfolded:   # delta as the layer moves it: each group's filters x batch * positions
+    if unfolded:  # delta as the layer moves it: each group's filters x batch * positions
         col = cuda.from_host(nan(k * batch * n))
         for g in range(groups):
             D = cuda.from_host(delta[g])
-            cuda.conv_weight_grad_unfolded(p, im[g * cg * h * w:], cg, h, w, size, stride, pad,
-                                           dilation, batch, c * h * w, D, m, U[g * m * k:], col)
+            cuda.conv_weight_grad_unfolded(
+                p,
+                im[g * cg * h * w :],
+                cg,
+                h,
+                w,
+                size,
+                stride,
+                pad,
+                dilation,
+                batch,
+                c * h * w,
+                D,
+                m,
+                U[g * m * k :],
+                col,
+            )
         return U
     D = cuda.from_host(delta)
     for g in range(groups):
-        cuda.conv_weight_grad(p, D[g * m * n:], filters * n, im[g * cg * h * w:], c * h * w, cg,
-                              h, w, size, stride, pad, dilation, batch, m, U[g * m * k:])
+        cuda.conv_weight_grad(
+            p,
+            D[g * m * n :],
+            filters * n,
+            im[g * cg * h * w :],
+            c * h * w,
+            cg,
+            h,
+            w,
+            size,
+            stride,
+            pad,
+            dilation,
+            batch,
+            m,
+            U[g * m * k :],
+        )
     return U
 
 
@@ -228,6 +282,7 @@ def test_unfolded_weight_grad_takes_16_bit_images(cuda, route, p, via, case):
 
 # ---- im2col ---------------------------------------------------------------------------------
 
+
 @gpu
 @pytest.mark.parametrize("p", HALF)
 @pytest.mark.parametrize("case", CASES[:4], ids=_ids(CASES[:4]))
@@ -246,6 +301,7 @@ def test_im2col_of_16_bit_images_is_the_widened_one(cuda, p, case):
 
 # ---- mismatched storage ---------------------------------------------------------------------
 
+
 @gpu
 def test_a_16_bit_input_of_another_precision_is_refused(cuda, route):
     route("conv_tc")
@@ -253,18 +309,53 @@ def test_a_16_bit_input_of_another_precision_is_refused(cuda, route):
     rng = np.random.default_rng(3)
     weights = cuda.from_host(rand(rng, 4 * c * size * size))
     delta = cuda.from_host(rand(rng, 4 * h * w))
-    for stored, op in (("fp16", "bf16"), ("bf16", "fp16"), ("fp16", "tf32"), ("bf16", "tf32"),
-                       ("fp16", "fp32")):
+    for stored, op in (
+        ("fp16", "bf16"),
+        ("bf16", "fp16"),
+        ("fp16", "tf32"),
+        ("bf16", "tf32"),
+        ("fp16", "fp32"),
+    ):
         im = cuda.storage_zeros(c * h * w, stored)
         updates = cuda.zeros(4 * c * size * size)
         message = f"kept at {stored}, the op runs at {op}"
-        if op != "fp32":   # conv_forward runs at the packed weights' tensor-core precision
+        if op != "fp32":  # conv_forward runs at the packed weights' tensor-core precision
             packed = cuda.pack_weights(weights, 4, c * size * size, op)
             with pytest.raises(ValueError, match=message):
-                cuda.conv_forward(packed, im, c, h, w, size, 1, 1, 1, 1, 0, None, "linear",
-                                  cuda.zeros(4 * h * w), 4 * h * w)
+                cuda.conv_forward(
+                    packed,
+                    im,
+                    c,
+                    h,
+                    w,
+                    size,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    None,
+                    "linear",
+                    cuda.zeros(4 * h * w),
+                    4 * h * w,
+                )
         with pytest.raises(ValueError, match=message):
             cuda.conv_weight_grad(op, delta, 0, im, 0, c, h, w, size, 1, 1, 1, 1, 4, updates)
         with pytest.raises(ValueError, match=message):
-            cuda.conv_weight_grad_unfolded(op, im, c, h, w, size, 1, 1, 1, 1, 0, delta, 4,
-                                           updates, cuda.zeros(c * size * size * h * w))
+            cuda.conv_weight_grad_unfolded(
+                op,
+                im,
+                c,
+                h,
+                w,
+                size,
+                1,
+                1,
+                1,
+                1,
+                0,
+                delta,
+                4,
+                updates,
+                cuda.zeros(c * size * size * h * w),
+            )

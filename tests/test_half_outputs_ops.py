@@ -13,6 +13,7 @@ against NumPy in float32 (REF32) on random shapes, exact where the arithmetic is
 (copies, maxpool and its indexes, sums of two 16-bit values, scaling) and within one
 16-bit step elsewhere.
 """
+
 import numpy as np
 import pytest
 
@@ -49,7 +50,7 @@ def step(values, precision):
     place of the 16-bit format (fp16's subnormals: 2^-24)."""
     v = np.abs(np.asarray(values, np.float64))
     bits = 10 if precision == "fp16" else 7
-    least = 2.0 ** -24 if precision == "fp16" else 2.0 ** -133
+    least = 2.0**-24 if precision == "fp16" else 2.0**-133
     e = np.floor(np.log2(np.where(v > 0, v, 1.0)))
     return np.maximum(2.0 ** (e - bits), least)
 
@@ -79,13 +80,18 @@ def assert_same(got, want, what):
 
 
 def bn_stats(rng, filters):
-    return (rand(rng, filters, -0.5, 0.5), rand(rng, filters, 0.2, 2.0),
-            rand(rng, filters, 0.5, 1.5), rand(rng, filters, -0.5, 0.5))
+    return (
+        rand(rng, filters, -0.5, 0.5),
+        rand(rng, filters, 0.2, 2.0),
+        rand(rng, filters, 0.5, 1.5),
+        rand(rng, filters, -0.5, 0.5),
+    )
 
 
 # =============================================================================
 # CPU: the NumPy side
 # =============================================================================
+
 
 @pytest.mark.parametrize("precision", HALF)
 def test_numpy_copy_keeps_one_storage(precision):
@@ -103,7 +109,7 @@ def test_numpy_copy_keeps_one_storage(precision):
     with pytest.raises(ValueError, match=r"copy: .*fp32"):
         be.copy(src, be.zeros(50))
     plain = be.zeros(50)
-    be.copy(be.from_host(values), plain)   # fp32: as before
+    be.copy(be.from_host(values), plain)  # fp32: as before
     assert_same(plain, values, "fp32 copy")
 
 
@@ -125,21 +131,23 @@ def test_numpy_copy_blocks_rounds_the_sum(precision, accumulate):
     be.copy_blocks(src, 5, 50, dst, 9, 71, 31, 3, accumulate)
     s, want = precisions.round_to(s_values, precision), precisions.round_to(d_values, precision)
     for r in range(3):
-        piece = s[5 + r * 50: 5 + r * 50 + 31]
+        piece = s[5 + r * 50 : 5 + r * 50 + 31]
         at = slice(9 + r * 71, 9 + r * 71 + 31)
         want[at] = precisions.round_to(want[at] + piece, precision) if accumulate else piece
     assert_same(dst, want, "copy_blocks")
     assert be.storage_of(dst) == precision
     with pytest.raises(ValueError, match=rf"copy_blocks: .*{precision}.*{OTHER[precision]}"):
-        be.copy_blocks(src, 0, 50, be.storage_zeros(300, OTHER[precision]), 0, 71, 31, 3,
-                       accumulate)
+        be.copy_blocks(
+            src, 0, 50, be.storage_zeros(300, OTHER[precision]), 0, 71, 31, 3, accumulate
+        )
     with pytest.raises(ValueError, match=r"copy_blocks: .*fp32"):
         be.copy_blocks(be.zeros(300), 0, 50, dst, 0, 71, 31, 3, accumulate)
 
 
 @pytest.mark.parametrize("precision", HALF)
-@pytest.mark.parametrize("shapes", [((8, 6, 5), (8, 6, 5)), ((8, 6, 5), (4, 3, 7)),
-                                    ((4, 3, 7), (8, 6, 5))])
+@pytest.mark.parametrize(
+    "shapes", [((8, 6, 5), (8, 6, 5)), ((8, 6, 5), (4, 3, 7)), ((4, 3, 7), (8, 6, 5))]
+)
 def test_numpy_shortcut_rounds_once(precision, shapes):
     (w1, h1, c1), (w2, h2, c2) = shapes
     be, rng, batch = REF32, np.random.default_rng(3), 2
@@ -147,8 +155,19 @@ def test_numpy_shortcut_rounds_once(precision, shapes):
     add, out = stored(be, a_values, precision), stored(be, o_values, precision)
     plain = be.from_host(precisions.round_to(o_values, precision))
     be.shortcut(batch, w1, h1, c1, add, w2, h2, c2, 0.7, 1.3, out)
-    be.shortcut(batch, w1, h1, c1, be.from_host(precisions.round_to(a_values, precision)),
-                w2, h2, c2, 0.7, 1.3, plain)   # the fp32 arithmetic on the same values
+    be.shortcut(
+        batch,
+        w1,
+        h1,
+        c1,
+        be.from_host(precisions.round_to(a_values, precision)),
+        w2,
+        h2,
+        c2,
+        0.7,
+        1.3,
+        plain,
+    )  # the fp32 arithmetic on the same values
     assert_same(out, precisions.round_to(plain, precision), "shortcut")
     assert be.storage_of(out) == precision
     with pytest.raises(ValueError, match=rf"shortcut: .*{precision}.*fp32"):
@@ -165,8 +184,17 @@ def test_numpy_upsample_forward_rounds_and_backward_refuses(precision):
         out = be.storage_zeros(x.size * stride * stride, precision)
         plain = be.zeros(out.size)
         be.upsample(x, w, h, c, batch, stride, True, scale, out)
-        be.upsample(be.from_host(precisions.round_to(values, precision)), w, h, c, batch,
-                    stride, True, scale, plain)
+        be.upsample(
+            be.from_host(precisions.round_to(values, precision)),
+            w,
+            h,
+            c,
+            batch,
+            stride,
+            True,
+            scale,
+            plain,
+        )
         assert_same(out, precisions.round_to(plain, precision), f"upsample x{scale}")
     with pytest.raises(TypeError, match=rf"upsample \(backward\): .*{precision}"):
         be.upsample(x, w, h, c, batch, stride, False, 1.0, out)
@@ -184,16 +212,28 @@ def test_numpy_maxpool_copies_the_16_bit_maxima(precision, train):
     n = batch * c * out_h * out_w
     out, want = be.storage_zeros(n, precision), be.zeros(n)
     idx, want_idx = (be.int_zeros(n), be.int_zeros(n)) if train else (None, None)
-    be.maxpool_forward(stored(be, values, precision), batch, c, h, w, size, stride, padding,
-                       out, idx)
-    be.maxpool_forward(be.from_host(precisions.round_to(values, precision)), batch, c, h, w,
-                       size, stride, padding, want, want_idx)
+    be.maxpool_forward(
+        stored(be, values, precision), batch, c, h, w, size, stride, padding, out, idx
+    )
+    be.maxpool_forward(
+        be.from_host(precisions.round_to(values, precision)),
+        batch,
+        c,
+        h,
+        w,
+        size,
+        stride,
+        padding,
+        want,
+        want_idx,
+    )
     assert_same(out, want, "maxpool")
     if train:
         assert_same(idx, want_idx, "maxpool indexes")
     with pytest.raises(ValueError, match=rf"maxpool_forward: .*{precision}.*fp32"):
-        be.maxpool_forward(stored(be, values, precision), batch, c, h, w, size, stride,
-                           padding, be.zeros(n), idx)
+        be.maxpool_forward(
+            stored(be, values, precision), batch, c, h, w, size, stride, padding, be.zeros(n), idx
+        )
 
 
 @pytest.mark.parametrize("precision", HALF)
@@ -209,17 +249,41 @@ def test_numpy_rebuild_into_a_16_bit_output_rounds_once(precision, eps):
     be.batchnorm_rebuild(x, half, *stats, batch, filters, spatial, eps, "leaky", precision)
     assert_same(half, precisions.round_to(fp32, precision), "rebuild")
     assert not np.array_equal(half, fp32)
-    with pytest.raises(ValueError, match=rf"batchnorm_rebuild: .*{precision}.*"
-                                         rf"{OTHER[precision]}"):
-        be.batchnorm_rebuild(x, be.storage_zeros(values.size, OTHER[precision]), *stats,
-                             batch, filters, spatial, eps, "leaky", precision)
+    with pytest.raises(
+        ValueError,
+        match=rf"batchnorm_rebuild: .*{precision}.*"
+        rf"{OTHER[precision]}",
+    ):
+        be.batchnorm_rebuild(
+            x,
+            be.storage_zeros(values.size, OTHER[precision]),
+            *stats,
+            batch,
+            filters,
+            spatial,
+            eps,
+            "leaky",
+            precision,
+        )
 
 
 BACKWARD_ACTIVATIONS = ["leaky", "logistic", "relu", "tanh", "linear", "mish", "elu"]
 
 
-def backward_results(be, x, stats, output, batch, filters, spatial, eps, activation,
-                     delta_values, precision, sums=False):
+def backward_results(
+    be,
+    x,
+    stats,
+    output,
+    batch,
+    filters,
+    spatial,
+    eps,
+    activation,
+    delta_values,
+    precision,
+    sums=False,
+):
     """Host copies of delta, bias_updates, scale_updates (and the sums) after
     batchnorm_activation_backward."""
     delta = be.from_host(delta_values)
@@ -227,9 +291,21 @@ def backward_results(be, x, stats, output, batch, filters, spatial, eps, activat
     extra = {}
     if sums:
         extra = {"delta_sum": be.zeros(filters), "delta_x_norm_sum": be.zeros(filters)}
-    be.batchnorm_activation_backward(x, *stats, output, batch, filters, spatial, eps,
-                                     activation, delta, bias_updates, scale_updates,
-                                     x_precision=precision, **extra)
+    be.batchnorm_activation_backward(
+        x,
+        *stats,
+        output,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        delta,
+        bias_updates,
+        scale_updates,
+        x_precision=precision,
+        **extra,
+    )
     return [host(be, a) for a in (delta, bias_updates, scale_updates, *extra.values())]
 
 
@@ -246,11 +322,11 @@ def test_numpy_half_x_backward_reads_no_output(precision, activation):
     delta_values = rand(rng, values.size, -1.0, 1.0)
     x = stored(be, values, precision)
     rebuilt = be.zeros(values.size)
-    be.batchnorm_rebuild(x, rebuilt, *stats, batch, filters, spatial, eps, activation,
-                         precision)
+    be.batchnorm_rebuild(x, rebuilt, *stats, batch, filters, spatial, eps, activation, precision)
     args = (batch, filters, spatial, eps, activation, delta_values)
-    want = backward_results(be, be.from_host(precisions.round_to(values, precision)), stats,
-                            rebuilt, *args, "fp32")
+    want = backward_results(
+        be, be.from_host(precisions.round_to(values, precision)), stats, rebuilt, *args, "fp32"
+    )
     for output in (rebuilt, None, be.from_host(np.full(values.size, np.nan, np.float32))):
         got = backward_results(be, x, stats, output, *args, precision)
         for g, w, what in zip(got, want, ("delta", "bias_updates", "scale_updates")):
@@ -271,6 +347,7 @@ def test_numpy_stored_array_keeps_its_storage_through_views():
 # GPU: CUDA against NumPy (float32)
 # =============================================================================
 
+
 def both(cuda, fn):
     """fn(be) on CUDA and on REF32."""
     return fn(cuda), fn(REF32)
@@ -280,9 +357,13 @@ def both(cuda, fn):
 @pytest.mark.parametrize("precision", HALF)
 def test_to_host_widens_and_fill_sets_16_bit_arrays_cuda(cuda, precision):
     rng = np.random.default_rng(10)
-    values = np.concatenate([rand(rng, 1000, -70000.0, 70000.0), rand(rng, 100, -1e-6, 1e-6),
-                             np.float32([0.0, -0.0, 1.0 + 2.0 ** -11, 1.0 + 2.0 ** -8, 65520.0,
-                                         np.inf, -np.inf])])
+    values = np.concatenate(
+        [
+            rand(rng, 1000, -70000.0, 70000.0),
+            rand(rng, 100, -1e-6, 1e-6),
+            np.float32([0.0, -0.0, 1.0 + 2.0**-11, 1.0 + 2.0**-8, 65520.0, np.inf, -np.inf]),
+        ]
+    )
     a = stored(cuda, values, precision)
     got = cuda.to_host(a)
     assert got.dtype == np.float32
@@ -317,8 +398,11 @@ def test_copy_blocks_16_bit_cuda(cuda, precision, accumulate):
     cases = [  # (src size, dst size, args after the arrays)
         (3 * 50 + 17, 3 * 71 + 40, dict(so=5, ss=50, do=9, ds=71, width=31, rows=3)),
         (1000, 2000, dict(so=1, ss=3, do=0, ds=6, width=1, rows=333)),
-        (7 * 5 * 13, 5 * 11 * 13 + 9, dict(so=0, ss=5 * 13, do=3 * 13, ds=13, width=13, rows=7,
-                                            planes=5, sp=13, dp=11 * 13)),
+        (
+            7 * 5 * 13,
+            5 * 11 * 13 + 9,
+            dict(so=0, ss=5 * 13, do=3 * 13, ds=13, width=13, rows=7, planes=5, sp=13, dp=11 * 13),
+        ),
         (4 * 1031, 4 * 2063, dict(so=3, ss=1031, do=0, ds=2063, width=1027, rows=4)),
     ]
     for n_src, n_dst, k in cases:
@@ -326,15 +410,29 @@ def test_copy_blocks_16_bit_cuda(cuda, precision, accumulate):
 
         def run(be):
             src, dst = stored(be, s_values, precision), stored(be, d_values, precision)
-            be.copy_blocks(src, k["so"], k["ss"], dst, k["do"], k["ds"], k["width"], k["rows"],
-                           accumulate, k.get("planes", 1), k.get("sp", 0), k.get("dp", 0))
+            be.copy_blocks(
+                src,
+                k["so"],
+                k["ss"],
+                dst,
+                k["do"],
+                k["ds"],
+                k["width"],
+                k["rows"],
+                accumulate,
+                k.get("planes", 1),
+                k.get("sp", 0),
+                k.get("dp", 0),
+            )
             return host(be, dst)
+
         got, want = both(cuda, run)
         assert_same(got, want, f"copy_blocks {k}")
     src = stored(cuda, rand(rng, 100), precision)
     with pytest.raises(ValueError, match=rf"copy_blocks: .*{precision}.*{OTHER[precision]}"):
-        cuda.copy_blocks(src, 0, 10, cuda.storage_zeros(100, OTHER[precision]), 0, 10, 10, 10,
-                         accumulate)
+        cuda.copy_blocks(
+            src, 0, 10, cuda.storage_zeros(100, OTHER[precision]), 0, 10, 10, 10, accumulate
+        )
     with pytest.raises(ValueError, match=rf"copy_blocks: .*{precision}.*fp32"):
         cuda.copy_blocks(src, 0, 10, cuda.zeros(100), 0, 10, 10, 10, accumulate)
 
@@ -342,8 +440,10 @@ def test_copy_blocks_16_bit_cuda(cuda, precision, accumulate):
 @gpu
 @pytest.mark.parametrize("precision", HALF)
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.7, 1.3)])
-@pytest.mark.parametrize("shapes", [((13, 13, 32), (13, 13, 32)), ((26, 26, 8), (13, 13, 16)),
-                                    ((13, 13, 16), (26, 26, 8))])
+@pytest.mark.parametrize(
+    "shapes",
+    [((13, 13, 32), (13, 13, 32)), ((26, 26, 8), (13, 13, 16)), ((13, 13, 16), (26, 26, 8))],
+)
 def test_shortcut_16_bit_cuda(cuda, precision, scales, shapes):
     (w1, h1, c1), (w2, h2, c2) = shapes
     rng, batch = np.random.default_rng(14), 3
@@ -351,20 +451,32 @@ def test_shortcut_16_bit_cuda(cuda, precision, scales, shapes):
 
     def run(be):
         out = stored(be, o_values, precision)
-        be.shortcut(batch, w1, h1, c1, stored(be, a_values, precision), w2, h2, c2, *scales,
-                    out)
+        be.shortcut(batch, w1, h1, c1, stored(be, a_values, precision), w2, h2, c2, *scales, out)
         return host(be, out)
+
     got, want = both(cuda, run)
-    if scales == (1.0, 1.0):   # out + add: one fp32 addition, rounded once
+    if scales == (1.0, 1.0):  # out + add: one fp32 addition, rounded once
         assert_same(got, want, "shortcut")
-    else:   # a fused multiply-add on the GPU: within the 16-bit rounding of results that
+    else:  # a fused multiply-add on the GPU: within the 16-bit rounding of results that
         # keep their terms' size; a sum that cancels them differs by fp32's rounding of those
-        slack = 2.0 ** -22 * (abs(scales[0]) * np.abs(o_values).max()
-                              + abs(scales[1]) * np.abs(a_values).max())
+        slack = 2.0**-22 * (
+            abs(scales[0]) * np.abs(o_values).max() + abs(scales[1]) * np.abs(a_values).max()
+        )
         assert_within_a_step(got, want, precision, "shortcut", slack)
     with pytest.raises(ValueError, match=rf"shortcut: .*{precision}.*{OTHER[precision]}"):
-        cuda.shortcut(batch, w1, h1, c1, stored(cuda, a_values, precision), w2, h2, c2, 1.0,
-                      1.0, cuda.storage_zeros(o_values.size, OTHER[precision]))
+        cuda.shortcut(
+            batch,
+            w1,
+            h1,
+            c1,
+            stored(cuda, a_values, precision),
+            w2,
+            h2,
+            c2,
+            1.0,
+            1.0,
+            cuda.storage_zeros(o_values.size, OTHER[precision]),
+        )
 
 
 @gpu
@@ -376,17 +488,19 @@ def test_maxpool_forward_16_bit_cuda(cuda, precision, case, train):
     rng = np.random.default_rng(sum(case) + train)
     batch, c, h, w = 2, 5, 13, 11
     values = rand(rng, batch * c * h * w)
-    values[::7] = values[1::7][:values[::7].size]   # ties: the first maximum wins
+    values[::7] = values[1::7][: values[::7].size]  # ties: the first maximum wins
     out_h, out_w = (h + padding - size) // stride + 1, (w + padding - size) // stride + 1
     n = batch * c * out_h * out_w
 
     def run(be):
         out = be.storage_zeros(n, precision)
-        be.fill(out, np.nan)   # poisoned: every element must be written
+        be.fill(out, np.nan)  # poisoned: every element must be written
         idx = be.int_zeros(n) if train else None
-        be.maxpool_forward(stored(be, values, precision), batch, c, h, w, size, stride,
-                           padding, out, idx)
+        be.maxpool_forward(
+            stored(be, values, precision), batch, c, h, w, size, stride, padding, out, idx
+        )
         return host(be, out), (be.to_host(idx) if train else None)
+
     (got, got_idx), (want, want_idx) = both(cuda, run)
     assert_same(got, want, "maxpool")
     if train:
@@ -406,11 +520,21 @@ def test_upsample_forward_16_bit_cuda(cuda, precision, scale, stride):
         out = be.storage_zeros(values.size * stride * stride, precision)
         be.upsample(stored(be, values, precision), w, h, c, batch, stride, True, scale, out)
         return host(be, out)
+
     got, want = both(cuda, run)
-    assert_same(got, want, "upsample")   # one fp32 product, rounded once, on both
+    assert_same(got, want, "upsample")  # one fp32 product, rounded once, on both
     with pytest.raises(TypeError, match=r"upsample \(backward\)"):
-        cuda.upsample(stored(cuda, values, precision), w, h, c, batch, stride, False, scale,
-                      cuda.storage_zeros(values.size * stride * stride, precision))
+        cuda.upsample(
+            stored(cuda, values, precision),
+            w,
+            h,
+            c,
+            batch,
+            stride,
+            False,
+            scale,
+            cuda.storage_zeros(values.size * stride * stride, precision),
+        )
 
 
 @gpu
@@ -433,17 +557,25 @@ def test_rebuild_into_a_16_bit_output_cuda(cuda, precision, eps, activation, sha
         stats = [be.from_host(s) for s in stats_host]
         x = stored(be, values, precision)
         out = be.storage_zeros(values.size, out_precision)
-        be.batchnorm_rebuild(x, out, *stats, batch, filters, spatial, eps, activation,
-                             precision)
+        be.batchnorm_rebuild(x, out, *stats, batch, filters, spatial, eps, activation, precision)
         return host(be, out)
+
     half, fp32 = run(cuda, precision), run(cuda, "fp32")
     assert_same(half, precisions.round_to(fp32, precision), "16-bit out = rounded fp32 out")
     assert_within_a_step(half, run(REF32, precision), precision, "against NumPy")
     x = stored(cuda, values, precision)
     with pytest.raises(ValueError, match=rf"batchnorm_rebuild: .*{OTHER[precision]}"):
-        cuda.batchnorm_rebuild(x, cuda.storage_zeros(values.size, OTHER[precision]),
-                               *[cuda.from_host(s) for s in stats_host], batch, filters,
-                               spatial, eps, activation, precision)
+        cuda.batchnorm_rebuild(
+            x,
+            cuda.storage_zeros(values.size, OTHER[precision]),
+            *[cuda.from_host(s) for s in stats_host],
+            batch,
+            filters,
+            spatial,
+            eps,
+            activation,
+            precision,
+        )
 
 
 def host_gradient(y, activation):
@@ -463,8 +595,9 @@ def host_gradient(y, activation):
 @gpu
 @pytest.mark.parametrize("precision", HALF)
 @pytest.mark.parametrize("eps", [None, 1e-5])
-@pytest.mark.parametrize("activation", ["leaky", "relu", "logistic", "tanh", "elu", "linear",
-                                        "mish"])
+@pytest.mark.parametrize(
+    "activation", ["leaky", "relu", "logistic", "tanh", "elu", "linear", "mish"]
+)
 @pytest.mark.parametrize("shape", [(2, 5, 37), (3, 4, 2500), (1, 3, 6000)])
 def test_half_x_backward_reads_no_output_cuda(cuda, precision, eps, activation, shape):
     """With a 16-bit x the backward gives the same bits whether output is the rebuilt fp32
@@ -479,13 +612,13 @@ def test_half_x_backward_reads_no_output_cuda(cuda, precision, eps, activation, 
     stats = [cuda.from_host(s) for s in stats_host]
     x = stored(cuda, values, precision)
     rebuilt = cuda.zeros(values.size)
-    cuda.batchnorm_rebuild(x, rebuilt, *stats, batch, filters, spatial, eps, activation,
-                           precision)
+    cuda.batchnorm_rebuild(x, rebuilt, *stats, batch, filters, spatial, eps, activation, precision)
     args = (batch, filters, spatial, eps, activation, delta_values, precision)
-    results = [backward_results(cuda, x, stats, output, *args, sums=sums)
-               for output in (rebuilt, None, cuda.from_host(np.full(values.size, np.nan,
-                                                                    np.float32)))
-               for sums in (False, True)]
+    results = [
+        backward_results(cuda, x, stats, output, *args, sums=sums)
+        for output in (rebuilt, None, cuda.from_host(np.full(values.size, np.nan, np.float32)))
+        for sums in (False, True)
+    ]
     for other in results[2:]:
         for g, w in zip(other, results[len(other) == 5]):
             assert_same(g, w, f"{activation}: output ignored")
@@ -501,7 +634,7 @@ def test_half_x_backward_reads_no_output_cuda(cuda, precision, eps, activation, 
         scale = max(np.max(np.abs(w)), 1e-30)
         tol = 1e-4 if what != "delta" else 1e-5
         if what == "delta" and activation not in ("linear", "leaky", "relu"):
-            tol = 1e-4   # the fast forms (mish, logistic) against the exact ones
+            tol = 1e-4  # the fast forms (mish, logistic) against the exact ones
         assert np.max(np.abs(g.astype(np.float64) - w)) / scale < tol, f"{activation} {what}"
 
 
@@ -518,17 +651,36 @@ def test_batchnorm_delta_from_sums_16_bit_x_cuda(cuda, precision, shape, fork):
     rng = np.random.default_rng(batch * filters + spatial)
     n = batch * filters * spatial
     x_values, delta_values = rand(rng, n), rand(rng, n, -1.0, 1.0)
-    stats = [rand(rng, filters, -0.5, 0.5), rand(rng, filters, 0.2, 2.0),
-             rand(rng, filters, 0.5, 1.5), rand(rng, filters, -2.0, 2.0),
-             rand(rng, filters, -2.0, 2.0)]
+    stats = [
+        rand(rng, filters, -0.5, 0.5),
+        rand(rng, filters, 0.2, 2.0),
+        rand(rng, filters, 0.5, 1.5),
+        rand(rng, filters, -2.0, 2.0),
+        rand(rng, filters, -2.0, 2.0),
+    ]
 
     def run(be):
         mean, variance, scales, delta_sum, delta_x_norm_sum = [be.from_host(s) for s in stats]
         x, delta = stored(be, x_values, precision), be.from_host(delta_values)
         mean_delta, variance_delta = be.zeros(filters), be.zeros(filters)
-        be.batchnorm_delta_from_sums(x, mean, variance, scales, batch, filters, spatial, None,
-                                     delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
-                                     delta, fork=fork, x_precision=precision)
+        be.batchnorm_delta_from_sums(
+            x,
+            mean,
+            variance,
+            scales,
+            batch,
+            filters,
+            spatial,
+            None,
+            delta_sum,
+            delta_x_norm_sum,
+            mean_delta,
+            variance_delta,
+            delta,
+            fork=fork,
+            x_precision=precision,
+        )
         return host(be, delta)
+
     got, want = run(cuda), run(REF32)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())

@@ -1,4 +1,5 @@
 """Network.infer: predict's forward with every output left on the backend (no copy back)."""
+
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ def test_infer_leaves_what_predict_returns_on_the_backend():
     assert not np.array_equal(net.layer_output(net.output_index), expected)
     net.infer(x)
     np.testing.assert_array_equal(net.layer_output(net.output_index), expected)
-    net.infer()   # again on the staged input
+    net.infer()  # again on the staged input
     np.testing.assert_array_equal(net.layer_output(net.output_index), expected)
 
 

@@ -1,6 +1,7 @@
 """scripts/kernels_check.py (`make kernels-check`): a file that passed is not compiled again
 until it or a header it includes changes; a failure is reported and exits 1. Runs with a
 stand-in nvcc that logs what it is asked to compile."""
+
 import os
 import subprocess
 import sys
@@ -18,14 +19,29 @@ exit 0
 
 
 def run(tmp_path, *extra):
-    env = dict(os.environ, DARKNET_KERNEL_CACHE=str(tmp_path / "cache" / "kernels"),
-               LOG=str(tmp_path / "log"))
+    env = dict(
+        os.environ,
+        DARKNET_KERNEL_CACHE=str(tmp_path / "cache" / "kernels"),
+        LOG=str(tmp_path / "log"),
+    )
     (tmp_path / "log").write_text("")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--nvcc", str(tmp_path / "nvcc"),
-                           "--kernels", str(tmp_path / "k"), *extra],
-                          capture_output=True, text=True, env=env)
-    compiled = sorted(Path(line.split()[0]).name
-                      for line in (tmp_path / "log").read_text().splitlines())
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--nvcc",
+            str(tmp_path / "nvcc"),
+            "--kernels",
+            str(tmp_path / "k"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    compiled = sorted(
+        Path(line.split()[0]).name for line in (tmp_path / "log").read_text().splitlines()
+    )
     return done, compiled
 
 
@@ -63,7 +79,10 @@ def test_a_failing_file_is_reported_exits_1_and_is_tried_again(tmp_path):
 
 
 def test_without_nvcc_it_says_so_and_passes(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--nvcc", str(tmp_path / "none")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--nvcc", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0
     assert "nvcc not found, kernels not compiled" in done.stdout

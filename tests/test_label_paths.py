@@ -6,53 +6,71 @@ anywhere in the path with labels, then the first .jpg/.png/.JPG/.JPEG; the Alexe
 replace_image_to_label (src/utils.c) rewrites only COCO's images/train2017 (val2017, and
 2014 with backslashes) and VOC's JPEGImages folders and replaces the extension where it
 ends the path, so other labels sit beside their images."""
+
 import cv2
 import numpy as np
 import pytest
+from helpers import DETECTOR_CFG, Lines, darknet_py, finish, yolo_head
 
 from darknet_py.data.check import scan_labels
 from darknet_py.data.config import DataError
-from darknet_py.data.labels import (MissingLabelFile, find_label_file, fork_label_path,
-                                    label_candidates, label_path, original_label_path,
-                                    read_image_labels)
+from darknet_py.data.labels import (
+    MissingLabelFile,
+    find_label_file,
+    fork_label_path,
+    label_candidates,
+    label_path,
+    original_label_path,
+    read_image_labels,
+)
 from darknet_py.train import train
 from darknet_py.validate import detector_map
 
-from helpers import DETECTOR_CFG, Lines, darknet_py, finish, yolo_head
 
-
-@pytest.mark.parametrize("image, want", [
-    ("data/images/x.jpg", "data/labels/x.txt"),
-    ("/voc/VOC2007/JPEGImages/000001.jpg", "/voc/VOC2007/labels/000001.txt"),
-    # first occurrence only, anywhere in the path, in Darknet's order
-    ("tmp/raw_photos/images_set/images/x.jpg", "tmp/labels_photos/labels_set/images/x.txt"),
-    ("/d/images/images/x.png", "/d/labels/images/x.txt"),
-    ("/d/raw/x.JPG", "/d/labels/x.txt"),
-    ("/d/a.jpg/x.png", "/d/a.txt/x.txt"),   # .jpg first, wherever it is
-    ("/d/x.JPEG", "/d/x.txt"),
-    ("/d/x.jpeg", "/d/x.txt"),   # darknet-py's one addition (Darknet would read the image)
-])
+@pytest.mark.parametrize(
+    "image, want",
+    [
+        ("data/images/x.jpg", "data/labels/x.txt"),
+        ("/voc/VOC2007/JPEGImages/000001.jpg", "/voc/VOC2007/labels/000001.txt"),
+        # first occurrence only, anywhere in the path, in Darknet's order
+        ("tmp/raw_photos/images_set/images/x.jpg", "tmp/labels_photos/labels_set/images/x.txt"),
+        ("/d/images/images/x.png", "/d/labels/images/x.txt"),
+        ("/d/raw/x.JPG", "/d/labels/x.txt"),
+        ("/d/a.jpg/x.png", "/d/a.txt/x.txt"),  # .jpg first, wherever it is
+        ("/d/x.JPEG", "/d/x.txt"),
+        ("/d/x.jpeg", "/d/x.txt"),  # darknet-py's one addition (Darknet would read the image)
+    ],
+)
 def test_original_rule(image, want):
     assert original_label_path(image) == want
     assert label_path(image) == want == label_path(image, "original")
 
 
-@pytest.mark.parametrize("image, want", [
-    ("data/images/x.jpg", "data/images/x.txt"),           # beside the image
-    ("tmp/raw_photos/images_set/images/x.jpg", "tmp/raw_photos/images_set/images/x.txt"),
-    ("/coco/images/train2017/1.jpg", "/coco/labels/train2017/1.txt"),
-    ("/coco/images/val2017/1.jpg", "/coco/labels/val2017/1.txt"),
-    ("/coco/images/train2014/1.jpg", "/coco/labels/train2014/1.txt"),
-    ("/coco/images/val2014/1.jpg", "/coco/labels/val2014/1.txt"),
-    ("/voc/VOC2012/JPEGImages/2.jpg", "/voc/VOC2012/labels/2.txt"),
-    ("C:\\coco\\images\\train2017\\1.jpg", "C:\\coco\\labels\\train2017\\1.txt"),
-    ("C:\\voc\\JPEGImages\\2.png", "C:\\voc\\labels\\2.txt"),
-    ("/d/a.jpg/x.png", "/d/a.jpg/x.txt"),                 # only the extension that ends it
-    ("/d/x.PNG", "/d/x.txt"), ("/d/x.bmp", "/d/x.txt"), ("/d/x.BMP", "/d/x.txt"),
-    ("/d/x.ppm", "/d/x.txt"), ("/d/x.tiff", "/d/x.txt"), ("/d/x.TIFF", "/d/x.txt"),
-    ("/d/x.jpeg", "/d/x.txt"), ("/d/x.JPEG", "/d/x.txt"), ("/d/x.JPG", "/d/x.txt"),
-    (" /d/x.jpg\t", "/d/x.txt"),                          # trimmed first
-])
+@pytest.mark.parametrize(
+    "image, want",
+    [
+        ("data/images/x.jpg", "data/images/x.txt"),  # beside the image
+        ("tmp/raw_photos/images_set/images/x.jpg", "tmp/raw_photos/images_set/images/x.txt"),
+        ("/coco/images/train2017/1.jpg", "/coco/labels/train2017/1.txt"),
+        ("/coco/images/val2017/1.jpg", "/coco/labels/val2017/1.txt"),
+        ("/coco/images/train2014/1.jpg", "/coco/labels/train2014/1.txt"),
+        ("/coco/images/val2014/1.jpg", "/coco/labels/val2014/1.txt"),
+        ("/voc/VOC2012/JPEGImages/2.jpg", "/voc/VOC2012/labels/2.txt"),
+        ("C:\\coco\\images\\train2017\\1.jpg", "C:\\coco\\labels\\train2017\\1.txt"),
+        ("C:\\voc\\JPEGImages\\2.png", "C:\\voc\\labels\\2.txt"),
+        ("/d/a.jpg/x.png", "/d/a.jpg/x.txt"),  # only the extension that ends it
+        ("/d/x.PNG", "/d/x.txt"),
+        ("/d/x.bmp", "/d/x.txt"),
+        ("/d/x.BMP", "/d/x.txt"),
+        ("/d/x.ppm", "/d/x.txt"),
+        ("/d/x.tiff", "/d/x.txt"),
+        ("/d/x.TIFF", "/d/x.txt"),
+        ("/d/x.jpeg", "/d/x.txt"),
+        ("/d/x.JPEG", "/d/x.txt"),
+        ("/d/x.JPG", "/d/x.txt"),
+        (" /d/x.jpg\t", "/d/x.txt"),  # trimmed first
+    ],
+)
 def test_fork_rule(image, want):
     assert fork_label_path(image) == want
     assert label_path(image, "alexeyab") == want == label_path(image, "alexeyab-cpu")
@@ -70,18 +88,21 @@ def test_candidates_own_rule_first_then_the_other_then_the_folder():
     assert label_candidates(image, "alexeyab") == [
         ("alexeyab", "tmp/raw_photos/images_set/images/x.txt"),
         ("original", "tmp/labels_photos/labels_set/images/x.txt"),
-        ("folder", "tmp/raw_photos/images_set/labels/x.txt")]
-    assert [r for r, _ in label_candidates(image, "original")] == ["original", "alexeyab",
-                                                                    "folder"]
+        ("folder", "tmp/raw_photos/images_set/labels/x.txt"),
+    ]
+    assert [r for r, _ in label_candidates(image, "original")] == ["original", "alexeyab", "folder"]
     # a .bmp has no name by pjreddie's rule: the fork's is the first that gives one
     assert label_candidates("d/images/x.bmp", "original") == [
-        ("alexeyab", "d/images/x.txt"), ("folder", "d/labels/x.txt")]
+        ("alexeyab", "d/images/x.txt"),
+        ("folder", "d/labels/x.txt"),
+    ]
 
 
 # ---- datasets on disk -------------------------------------------------------------------------
 # helpers' small detector, one class, trained 2 iterations of 2 images
 CFG = DETECTOR_CFG.replace(yolo_head(10), yolo_head(1)).replace(
-    "batch=1\n", "batch=2\nlearning_rate=0.01\nmax_batches=2\n")
+    "batch=1\n", "batch=2\nlearning_rate=0.01\nmax_batches=2\n"
+)
 
 
 def write_set(root, images_dir, labels_dir, n=4, unlabelled=0):
@@ -101,8 +122,10 @@ def write_set(root, images_dir, labels_dir, n=4, unlabelled=0):
     (root / "obj.names").write_text("thing\n")
     (root / "backup").mkdir(exist_ok=True)
     data = root / "obj.data"
-    data.write_text(f"classes=1\ntrain={root}/list.txt\nvalid={root}/list.txt\n"
-                    f"names={root}/obj.names\nbackup={root}/backup/\n")
+    data.write_text(
+        f"classes=1\ntrain={root}/list.txt\nvalid={root}/list.txt\n"
+        f"names={root}/obj.names\nbackup={root}/backup/\n"
+    )
     return str(data)
 
 
@@ -128,26 +151,35 @@ def notes(lines):
     return [line for line in lines if "labels:" in line and "no label file where" in line]
 
 
-@pytest.mark.parametrize("layout, darknet, rule, found_by", [
-    (beside, "alexeyab", "the fork's rule", None),
-    (beside, "original", "the original Darknet's rule", "the fork's rule"),
-    (split, "alexeyab", "the fork's rule", "the image's own folder renamed to labels"),
-    (split, "original", "the original Darknet's rule",
-     "the image's own folder renamed to labels"),
-])
-def test_both_flavours_train_with_one_line_saying_where_the_labels_were(tmp_path, layout,
-                                                                       darknet, rule, found_by):
+@pytest.mark.parametrize(
+    "layout, darknet, rule, found_by",
+    [
+        (beside, "alexeyab", "the fork's rule", None),
+        (beside, "original", "the original Darknet's rule", "the fork's rule"),
+        (split, "alexeyab", "the fork's rule", "the image's own folder renamed to labels"),
+        (
+            split,
+            "original",
+            "the original Darknet's rule",
+            "the image's own folder renamed to labels",
+        ),
+    ],
+)
+def test_both_flavours_train_with_one_line_saying_where_the_labels_were(
+    tmp_path, layout, darknet, rule, found_by
+):
     data = layout(tmp_path, n=4, unlabelled=1)
     lines = Lines()
     result = train(cfg(tmp_path), data, device="cpu", log=lines, workers=0, darknet=darknet)
     assert result.iterations == 2
     found = notes(lines)
-    if found_by is None:   # the flavour's own rule finds them: nothing to say
+    if found_by is None:  # the flavour's own rule finds them: nothing to say
         assert found == []
         return
     assert len(found) == 1, lines
-    assert found[0].startswith("darknet-py: warning: labels: 3 of 4 images have no label "
-                               f"file where {rule}")
+    assert found[0].startswith(
+        f"darknet-py: warning: labels: 3 of 4 images have no label file where {rule}"
+    )
     assert f"; found 3 by {found_by}" in found[0] and ", e.g. " in found[0]
     assert found[0].endswith("; reading those; 1 image has no label file anywhere")
     # the line comes before training starts
@@ -161,8 +193,9 @@ def test_read_image_labels_reads_the_boxes_found_elsewhere(tmp_path):
     for darknet in ("original", "alexeyab"):
         rule, path = find_label_file(image, darknet)
         assert (rule, path) == ("folder", str(image.parent.parent / "labels" / "im0.txt"))
-        np.testing.assert_array_equal(read_image_labels(image, 1, darknet),
-                                      np.float32([[0.5, 0.5, 0.3, 0.4, 0]]))
+        np.testing.assert_array_equal(
+            read_image_labels(image, 1, darknet), np.float32([[0.5, 0.5, 0.3, 0.4, 0]])
+        )
     with pytest.raises(MissingLabelFile):
         read_image_labels(tmp_path / "raw_photos" / "images_set" / "images" / "im9.png", 1)
 
@@ -183,18 +216,25 @@ def test_no_label_files_at_all_is_refused_naming_where_they_were_looked_for(tmp_
     for path in (tmp_path / "raw_photos" / "images_set" / "labels").iterdir():
         path.unlink()
     image = tmp_path / "raw_photos" / "images_set" / "images" / "im0.png"
-    code, out, err = finish(darknet_py("train", cfg(tmp_path), data, "--device", "cpu",
-                                       "--darknet", "alexeyab"))
+    code, out, err = finish(
+        darknet_py("train", cfg(tmp_path), data, "--device", "cpu", "--darknet", "alexeyab")
+    )
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert "none of the 3 training images has a label file; for the first image they were " \
-           "looked for at " in lines[0]
-    for path in (image.with_suffix(".txt"), image.parent.parent / "labels" / "im0.txt",
-                 str(image.with_suffix(".txt")).replace("raw_photos", "labels_photos")
-                 .replace("images_set", "labels_set")):
+    assert (
+        "none of the 3 training images has a label file; for the first image they were "
+        "looked for at " in lines[0]
+    )
+    for path in (
+        image.with_suffix(".txt"),
+        image.parent.parent / "labels" / "im0.txt",
+        str(image.with_suffix(".txt"))
+        .replace("raw_photos", "labels_photos")
+        .replace("images_set", "labels_set"),
+    ):
         assert str(path) in lines[0]
-    assert not list((tmp_path / "backup").iterdir())   # nothing written
+    assert not list((tmp_path / "backup").iterdir())  # nothing written
     with pytest.raises(DataError, match="none of the 3 validation images has a label file"):
         detector_map(cfg(tmp_path), data, None, device="cpu", log=Lines())
 
@@ -202,8 +242,7 @@ def test_no_label_files_at_all_is_refused_naming_where_they_were_looked_for(tmp_
 @pytest.mark.parametrize("darknet", ["alexeyab", "original"])
 def test_check_and_map_say_where_the_labels_were(tmp_path, darknet):
     data = beside(tmp_path, n=3)
-    code, out, err = finish(darknet_py("check", data, "--picture", "none",
-                                       "--darknet", darknet))
+    code, out, err = finish(darknet_py("check", data, "--picture", "none", "--darknet", darknet))
     found = notes(err.splitlines())
     if darknet == "alexeyab":
         assert code == 0 and found == [], err

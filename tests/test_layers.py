@@ -1,6 +1,7 @@
 """Forward passes of [connected], [dropout], [cost], [shortcut], [reorg], [crop] and
 [local] against loop transcriptions of Darknet's C code, their layer-table rows
 against Darknet's printf formats, and cfg errors that name the offending key."""
+
 import math
 
 import numpy as np
@@ -8,14 +9,13 @@ import pytest
 
 from darknet_py import activations
 from darknet_py.backends.numpy_backend import NumpyBackend
-from darknet_py.draws import uniform_hash
 from darknet_py.cfg import CfgError, parse_cfg_text
+from darknet_py.draws import uniform_hash
 from darknet_py.network import Network
 
 
 def build(body, width, height, channels, batch=2, seed=0):
-    text = (f"[net]\nbatch={batch}\nwidth={width}\nheight={height}\nchannels={channels}\n\n"
-            + body)
+    text = f"[net]\nbatch={batch}\nwidth={width}\nheight={height}\nchannels={channels}\n\n" + body
     return Network(parse_cfg_text(text), backend=NumpyBackend(dtype=np.float64), seed=seed)
 
 
@@ -65,11 +65,15 @@ def test_connected_forward_and_params():
 
 
 def test_connected_batch_normalize_forward():
-    net = build("[connected]\noutput=3\nbatch_normalize=1\nactivation=linear\n", 2, 2, 1,
-                batch=4)
+    net = build("[connected]\noutput=3\nbatch_normalize=1\nactivation=linear\n", 2, 2, 1, batch=4)
     layer = net.layers[0]
-    assert [n for n, _ in layer.params()] == ["biases", "weights", "scales", "rolling_mean",
-                                              "rolling_variance"]
+    assert [n for n, _ in layer.params()] == [
+        "biases",
+        "weights",
+        "scales",
+        "rolling_mean",
+        "rolling_variance",
+    ]
     randomize(layer.biases, 3)
     randomize(layer.scales, 4, 0.5, 1.5)
     randomize(layer.rolling_mean, 5)
@@ -87,8 +91,7 @@ def test_connected_batch_normalize_forward():
     ref = (raw - mean) / (np.sqrt(var) + 1e-6) * layer.scales + layer.biases
     np.testing.assert_allclose(net.layer_output(0).reshape(4, 3), ref, rtol=1e-10)
     np.testing.assert_allclose(layer.rolling_mean, 0.99 * rolling[0] + 0.01 * mean, rtol=1e-12)
-    np.testing.assert_allclose(layer.rolling_variance, 0.99 * rolling[1] + 0.01 * var,
-                               rtol=1e-12)
+    np.testing.assert_allclose(layer.rolling_variance, 0.99 * rolling[1] + 0.01 * var, rtol=1e-12)
 
 
 # ---- [dropout] ----------------------------------------------------------------------------
@@ -110,7 +113,7 @@ def test_dropout_inference_copies_and_training_drops_with_a_fresh_mask_per_step(
     first = net.layer_output(0).copy()
     net.forward(x, train=True)  # same step: same mask
     np.testing.assert_array_equal(net.layer_output(0), first)
-    net.seen += net.batch       # next step: another mask
+    net.seen += net.batch  # next step: another mask
     net.forward(x, train=True)
     assert not np.array_equal(net.layer_output(0) == 0, first == 0)
 
@@ -179,13 +182,22 @@ def shortcut_reference(batch, w1, h1, c1, add, w2, h2, c2, s1, s2, out):
 
 
 SHORTCUT_CASES = {
-    "same": ("[convolutional]\nfilters=3\nsize=1\nactivation=linear\n\n"
-             "[convolutional]\nfilters=3\nsize=3\npad=1\nactivation=linear\n", 4),
-    "from larger": ("[convolutional]\nfilters=4\nsize=1\nactivation=linear\n\n"
-                    "[convolutional]\nfilters=2\nsize=3\nstride=2\npad=1\nactivation=linear\n", 6),
-    "from smaller": ("[convolutional]\nfilters=2\nsize=3\nstride=2\npad=1\nactivation=linear\n\n"
-                     "[upsample]\nstride=2\n\n"
-                     "[convolutional]\nfilters=3\nsize=1\nactivation=linear\n", 6),
+    "same": (
+        "[convolutional]\nfilters=3\nsize=1\nactivation=linear\n\n"
+        "[convolutional]\nfilters=3\nsize=3\npad=1\nactivation=linear\n",
+        4,
+    ),
+    "from larger": (
+        "[convolutional]\nfilters=4\nsize=1\nactivation=linear\n\n"
+        "[convolutional]\nfilters=2\nsize=3\nstride=2\npad=1\nactivation=linear\n",
+        6,
+    ),
+    "from smaller": (
+        "[convolutional]\nfilters=2\nsize=3\nstride=2\npad=1\nactivation=linear\n\n"
+        "[upsample]\nstride=2\n\n"
+        "[convolutional]\nfilters=3\nsize=1\nactivation=linear\n",
+        6,
+    ),
 }
 
 
@@ -198,10 +210,22 @@ def test_shortcut_forward(case):
     out = net.predict(x)
     src, prev, sc = net.layers[0], net.layers[-2], net.layers[-1]
     assert (sc.out_w, sc.out_h, sc.out_c) == (prev.out_w, prev.out_h, prev.out_c)
-    ref = shortcut_reference(2, src.out_w, src.out_h, src.out_c, src.output, sc.out_w,
-                             sc.out_h, sc.out_c, 0.5, 2.0, prev.output)
-    np.testing.assert_allclose(out.reshape(-1), activations.activate(ref, "leaky"),
-                               rtol=1e-12, atol=1e-15)
+    ref = shortcut_reference(
+        2,
+        src.out_w,
+        src.out_h,
+        src.out_c,
+        src.output,
+        sc.out_w,
+        sc.out_h,
+        sc.out_c,
+        0.5,
+        2.0,
+        prev.output,
+    )
+    np.testing.assert_allclose(
+        out.reshape(-1), activations.activate(ref, "leaky"), rtol=1e-12, atol=1e-15
+    )
     if case == "from smaller":  # only every second cell of 2 of the 3 channels gets `from`
         untouched = ref == prev.output
         assert untouched.any() and not untouched.all()
@@ -244,11 +268,14 @@ def flatten_reference(x, size, layers, batch, forward):
     return swap
 
 
-@pytest.mark.parametrize("options,shape,out_shape", [
-    ("stride=2", (8, 6, 4), (32, 3, 2)),              # c x h x w in, out
-    ("stride=2\nreverse=1", (8, 3, 2), (2, 6, 4)),
-    ("stride=3", (9, 3, 6), (81, 1, 2)),
-])
+@pytest.mark.parametrize(
+    "options,shape,out_shape",
+    [
+        ("stride=2", (8, 6, 4), (32, 3, 2)),  # c x h x w in, out
+        ("stride=2\nreverse=1", (8, 3, 2), (2, 6, 4)),
+        ("stride=3", (9, 3, 6), (81, 1, 2)),
+    ],
+)
 def test_reorg_matches_reorg_cpu(options, shape, out_shape):
     c, h, w = shape
     net = build(f"[reorg]\n{options}\n", w, h, c)
@@ -308,8 +335,9 @@ def test_crop_inference_is_the_centre(noadjust):
     net = build(f"[crop]\ncrop_height=5\ncrop_width=4\nflip=1\nnoadjust={noadjust}\n", 9, 8, 3)
     x = random_input(net, low=0.0, high=1.0)
     scale, trans = (1.0, 0.0) if noadjust else (2.0, -1.0)
-    np.testing.assert_allclose(net.predict(x), crop_reference(x, 5, 4, 1, 2, False, scale, trans),
-                               rtol=1e-15)
+    np.testing.assert_allclose(
+        net.predict(x), crop_reference(x, 5, 4, 1, 2, False, scale, trans), rtol=1e-15
+    )
 
 
 def test_crop_training_draws_offsets_and_flips():
@@ -321,8 +349,9 @@ def test_crop_training_draws_offsets_and_flips():
         net.forward(x, train=True)
         dh, dw, flip = layer.last_crop
         assert 0 <= dh <= 3 and 0 <= dw <= 4
-        np.testing.assert_allclose(net.layer_output(0),
-                                   crop_reference(x, 4, 5, dh, dw, flip, 2.0, -1.0), rtol=1e-15)
+        np.testing.assert_allclose(
+            net.layer_output(0), crop_reference(x, 4, 5, dh, dw, flip, 2.0, -1.0), rtol=1e-15
+        )
         seen.add(layer.last_crop)
     assert len({s[2] for s in seen}) == 2 and len(seen) > 10
 
@@ -350,9 +379,14 @@ def local_reference(x, weights, biases, filters, size, stride, pad, out_h, out_w
     return activations.activate(out, act)
 
 
-@pytest.mark.parametrize("options,size,out_size", [("size=3\nstride=1\npad=1", 5, 5),
-                                                   ("size=3\nstride=2\npad=0", 7, 3),
-                                                   ("size=2\nstride=2\npad=0", 6, 3)])
+@pytest.mark.parametrize(
+    "options,size,out_size",
+    [
+        ("size=3\nstride=1\npad=1", 5, 5),
+        ("size=3\nstride=2\npad=0", 7, 3),
+        ("size=2\nstride=2\npad=0", 6, 3),
+    ],
+)
 def test_local_forward(options, size, out_size):
     net = build(f"[local]\nfilters=3\n{options}\nactivation=leaky\n", size, size, 2)
     layer = net.layers[0]
@@ -364,8 +398,18 @@ def test_local_forward(options, size, out_size):
     randomize(layer.weights, 7)
     randomize(layer.biases, 8)
     x = random_input(net)
-    ref = local_reference(x, layer.weights, layer.biases, 3, layer.size, layer.stride,
-                          layer.pad, out_size, out_size, "leaky")
+    ref = local_reference(
+        x,
+        layer.weights,
+        layer.biases,
+        3,
+        layer.size,
+        layer.stride,
+        layer.pad,
+        out_size,
+        out_size,
+        "leaky",
+    )
     np.testing.assert_allclose(net.predict(x), ref, rtol=1e-12, atol=1e-14)
 
 
@@ -411,8 +455,12 @@ ERRORS = [
     ("[convolutional]\nfilters=4\nsize=1\n\n[shortcut]\nfrom=-5\n", "from", "out of range"),
     ("[convolutional]\nfilters=4\nsize=1\n\n[shortcut]\nfrom=1\n", "from", "out of range"),
     ("[convolutional]\nfilters=4\nsize=1\n\n[shortcut]\nactivation=linear\n", "from", "from="),
-    ("[convolutional]\nfilters=4\nsize=1\n\n[crop]\ncrop_height=4\ncrop_width=2\n\n"
-     "[shortcut]\nfrom=0\n", "from", "same factor"),
+    (
+        "[convolutional]\nfilters=4\nsize=1\n\n[crop]\ncrop_height=4\ncrop_width=2\n\n"
+        "[shortcut]\nfrom=0\n",
+        "from",
+        "same factor",
+    ),
     ("[convolutional]\nfilters=3\nsize=1\ngroups=2\n", "groups", "groups=2"),
     ("[reorg]\nstride=2\n", "stride", "multiple of 4"),
     ("[convolutional]\nfilters=9\nsize=1\n\n[reorg]\nstride=3\n", "stride", "does not fit"),

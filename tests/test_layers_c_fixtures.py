@@ -2,6 +2,7 @@
 in the npz), the C code's initial weights, an inference forward, and one training step
 (every layer's output and delta, the cost, the updated weights). Made by
 tests/c_harness/make_fixtures.py from the CPU builds of both Darknets."""
+
 import struct
 from pathlib import Path
 
@@ -12,8 +13,17 @@ import darknet_py
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "layers"
 TOLERANCE = 1e-4  # relative: max|a - r| / max|r|
-NAMES = ["activation", "logistic", "l2norm", "lrn", "deconv", "xnor", "activation_ab", "lrn_ab",
-         "xnor_ab"]
+NAMES = [
+    "activation",
+    "logistic",
+    "l2norm",
+    "lrn",
+    "deconv",
+    "xnor",
+    "activation_ab",
+    "lrn_ab",
+    "xnor_ab",
+]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -29,6 +39,7 @@ def load_fixture(name, device, tmp_path):
     if device == "cuda":
         pytest.importorskip("pycuda.driver")
         from darknet_py.backends import cuda_available
+
         if not cuda_available():
             pytest.skip("no CUDA GPU")
     ref = dict(np.load(FIXTURES / f"{name}.npz"))
@@ -37,8 +48,9 @@ def load_fixture(name, device, tmp_path):
     weights.write_bytes(ref["weights0"].tobytes())
     # the fork's fixtures (_ab) come from its CPU build: the "alexeyab-cpu" rules
     darknet = "alexeyab-cpu" if name.endswith("_ab") else None
-    return darknet_py.load_network(cfg, weights, device=device, engine="numpy",
-                                   darknet=darknet), ref
+    return darknet_py.load_network(
+        cfg, weights, device=device, engine="numpy", darknet=darknet
+    ), ref
 
 
 def header_size(raw):
@@ -72,11 +84,11 @@ def test_layer_matches_c_darknet(name, device, tmp_path):
     net.save_weights(out)
     raw, c_raw = out.read_bytes(), ref["weights1"].tobytes()
     assert len(raw) == len(c_raw)
-    floats = np.frombuffer(raw[header_size(raw):], "<f4")
-    updated = np.frombuffer(c_raw[header_size(c_raw):], "<f4")
-    initial = np.frombuffer(ref["weights0"].tobytes()[header_size(c_raw):], "<f4")
+    floats = np.frombuffer(raw[header_size(raw) :], "<f4")
+    updated = np.frombuffer(c_raw[header_size(c_raw) :], "<f4")
+    initial = np.frombuffer(ref["weights0"].tobytes()[header_size(c_raw) :], "<f4")
     assert rel_error(floats, updated) < TOLERANCE
-    assert rel_error(initial, updated) > 100 * TOLERANCE   # the step moved the weights
+    assert rel_error(initial, updated) > 100 * TOLERANCE  # the step moved the weights
 
 
 @pytest.mark.parametrize("name", NAMES)

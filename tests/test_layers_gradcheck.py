@@ -14,6 +14,7 @@ variance and 1/(sqrt(var) + 1e-6). The finite differences here therefore run on
 a backend whose forward is the one the backward differentiates (ExactBNBackend);
 the quirky forward itself is checked in test_layers.py.
 """
+
 import numpy as np
 import pytest
 
@@ -22,9 +23,9 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.layers.route import RouteLayer
 from darknet_py.network import Network
 
-EPS = 1e-5          # finite-difference step
-TOL = 1e-6          # max |analytic - numeric| relative to max |numeric|
-SAMPLES = 24        # coordinates checked per array (all of them when fewer)
+EPS = 1e-5  # finite-difference step
+TOL = 1e-6  # max |analytic - numeric| relative to max |numeric|
+SAMPLES = 24  # coordinates checked per array (all of them when fewer)
 
 
 class ExactBNBackend(NumpyBackend):
@@ -34,12 +35,33 @@ class ExactBNBackend(NumpyBackend):
         d = x.reshape(batch, filters, spatial) - mean[:filters].reshape(1, filters, 1)
         variance[:filters] = (d * d).mean(axis=(0, 2))
 
-    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
-                        batch, filters, spatial, delta, fork=False):
+    def normalize_delta(
+        self,
+        x,
+        mean,
+        variance,
+        mean_delta,
+        variance_delta,
+        batch,
+        filters,
+        spatial,
+        delta,
+        fork=False,
+    ):
         """The gradient's divisor sqrt(var + 1e-5), also where the fork's CPU backward
         divides by sqrt(var) + 1e-5 (test_fork_train checks that one against the fork)."""
-        super().normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
-                                spatial, delta, fork=False)
+        super().normalize_delta(
+            x,
+            mean,
+            variance,
+            mean_delta,
+            variance_delta,
+            batch,
+            filters,
+            spatial,
+            delta,
+            fork=False,
+        )
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         v = x.reshape(batch, filters, spatial)
@@ -48,15 +70,15 @@ class ExactBNBackend(NumpyBackend):
 
 
 def net_text(width, height, channels, body, batch=2):
-    return (f"[net]\nbatch={batch}\nwidth={width}\nheight={height}\nchannels={channels}\n\n"
-            + body)
+    return f"[net]\nbatch={batch}\nwidth={width}\nheight={height}\nchannels={channels}\n\n" + body
 
 
 class GradCheck:
     """A tiny network in training mode with a scalar loss and its finite differences."""
 
-    def __init__(self, cfg, truth=None, loss="linear", loss_scale=1.0, seed=0,
-                 input_range=(-1.0, 1.0)):
+    def __init__(
+        self, cfg, truth=None, loss="linear", loss_scale=1.0, seed=0, input_range=(-1.0, 1.0)
+    ):
         self.be = be = ExactBNBackend(dtype=np.float64)
         self.net = net = Network(parse_cfg_text(cfg), backend=be, seed=seed)
         rng = np.random.default_rng(seed + 101)
@@ -122,8 +144,11 @@ class GradCheck:
             layers[i].backward(net)
         grads = {"input": -be.to_host(self.dx)}
         for layer in layers:
-            for update, param in (("bias_updates", "biases"), ("weight_updates", "weights"),
-                                  ("scale_updates", "scales")):
+            for update, param in (
+                ("bias_updates", "biases"),
+                ("weight_updates", "weights"),
+                ("scale_updates", "scales"),
+            ):
                 if getattr(layer, update, None) is not None:
                     grads[f"{layer.index}.{param}"] = -be.to_host(getattr(layer, update))
         return grads
@@ -155,16 +180,20 @@ class GradCheck:
             assert not missing, f"no gradient for {sorted(missing)}"
         rng = np.random.default_rng(5)
         for key, g in grads.items():
-            coords = np.arange(g.size) if g.size <= SAMPLES else \
-                np.sort(rng.choice(g.size, SAMPLES, replace=False))
+            coords = (
+                np.arange(g.size)
+                if g.size <= SAMPLES
+                else np.sort(rng.choice(g.size, SAMPLES, replace=False))
+            )
             numeric = self.numeric(key, coords)
             scale = np.abs(numeric).max()
             if expect and key in expect:
                 assert scale > 1e-6, f"{key}: the loss does not depend on it (test is vacuous)"
             # (A parameter may truly not matter, e.g. conv biases before a [batchnorm].)
             err = np.abs(g[coords] - numeric).max() / max(scale, 1e-4)
-            assert err < TOL, f"{key}: relative error {err:.2e}\nanalytic {g[coords]}\n" \
-                              f"numeric  {numeric}"
+            assert err < TOL, (
+                f"{key}: relative error {err:.2e}\nanalytic {g[coords]}\nnumeric  {numeric}"
+            )
         return grads
 
 
@@ -203,7 +232,8 @@ activation=linear
 
 def test_conv_groups_stride_dilation_padding():
     GradCheck(net_text(7, 6, 2, CONV_STACK)).check(
-        expect=["input", "0.weights", "1.weights", "2.weights", "3.weights", "3.biases"])
+        expect=["input", "0.weights", "1.weights", "2.weights", "3.weights", "3.biases"]
+    )
 
 
 def test_conv_1x1_first_layer_and_explicit_padding():
@@ -243,7 +273,8 @@ stride=1
 activation=linear
 """
     GradCheck(net_text(4, 4, 2, body, batch=3)).check(
-        expect=["input", "0.scales", "0.biases", "0.weights", "1.scales", "1.weights"])
+        expect=["input", "0.scales", "0.biases", "0.weights", "1.scales", "1.weights"]
+    )
 
 
 # ---- connected, batchnorm ------------------------------------------------------------
@@ -258,7 +289,8 @@ output=4
 activation=logistic
 """
     GradCheck(net_text(3, 2, 2, body, batch=3)).check(
-        expect=["input", "0.weights", "0.biases", "1.weights", "1.biases"])
+        expect=["input", "0.weights", "0.biases", "1.weights", "1.biases"]
+    )
 
 
 def test_connected_batch_normalize():
@@ -274,7 +306,8 @@ batch_normalize=1
 activation=linear
 """
     GradCheck(net_text(3, 2, 2, body, batch=4)).check(
-        expect=["input", "0.scales", "0.biases", "0.weights", "1.scales", "1.weights"])
+        expect=["input", "0.scales", "0.biases", "0.weights", "1.scales", "1.weights"]
+    )
 
 
 def test_batchnorm_layer():
@@ -289,7 +322,8 @@ activation=linear
 [batchnorm]
 """
     GradCheck(net_text(4, 3, 2, body, batch=2)).check(
-        expect=["input", "0.weights", "1.scales", "1.biases"])
+        expect=["input", "0.weights", "1.scales", "1.biases"]
+    )
 
 
 # ---- pooling ---------------------------------------------------------------------------
@@ -342,16 +376,20 @@ groups=2
     truth[0, [1, 4]] = 1
     truth[1, [0, 5]] = 1
     GradCheck(net_text(2, 2, 3, body), truth=truth, loss="cost").check(
-        expect=["input", "0.weights", "0.biases"])
+        expect=["input", "0.weights", "0.biases"]
+    )
 
 
-@pytest.mark.parametrize("kind,scale,loss_scale", [
-    ("sse", 0.7, 0.35),     # delta = t - p = -(1/2) d(sum (t-p)^2)/dp, times scale
-    ("seg", 1.0, 0.5),
-    ("masked", 1.0, 0.5),
-    ("L1", 1.5, 1.5),       # delta = sign(t - p) = -d(sum |t-p|)/dp
-    ("smooth", 1.0, 0.5),   # both branches: delta = -(1/2) d(error)/dp
-])
+@pytest.mark.parametrize(
+    "kind,scale,loss_scale",
+    [
+        ("sse", 0.7, 0.35),  # delta = t - p = -(1/2) d(sum (t-p)^2)/dp, times scale
+        ("seg", 1.0, 0.5),
+        ("masked", 1.0, 0.5),
+        ("L1", 1.5, 1.5),  # delta = sign(t - p) = -d(sum |t-p|)/dp
+        ("smooth", 1.0, 0.5),  # both branches: delta = -(1/2) d(error)/dp
+    ],
+)
 def test_cost(kind, scale, loss_scale):
     body = f"""
 [connected]
@@ -538,9 +576,16 @@ scale=0.5
     GradCheck(net_text(4, 4, 2, body)).check(expect=["input", "0.weights"])
 
 
-@pytest.mark.parametrize("options,channels", [
-    ("stride=2", 4), ("stride=2\nreverse=1", 8), ("flatten=1", 3), ("flatten=1\nreverse=1", 3),
-    ("extra=3", 2)])
+@pytest.mark.parametrize(
+    "options,channels",
+    [
+        ("stride=2", 4),
+        ("stride=2\nreverse=1", 8),
+        ("flatten=1", 3),
+        ("flatten=1\nreverse=1", 3),
+        ("extra=3", 2),
+    ],
+)
 def test_reorg(options, channels):
     body = f"""
 [convolutional]
@@ -575,8 +620,9 @@ activation=linear
     assert 0 < (rand < 0.4).sum() < rand.size
 
 
-@pytest.mark.parametrize("options,size", [("size=3\nstride=1\npad=1", 5),
-                                          ("size=2\nstride=2\npad=0", 6)])
+@pytest.mark.parametrize(
+    "options,size", [("size=3\nstride=1\npad=1", 5), ("size=2\nstride=2\npad=0", 6)]
+)
 def test_local(options, size):
     body = f"""
 [local]
@@ -592,7 +638,8 @@ pad=0
 activation=linear
 """
     GradCheck(net_text(size, size, 2, body)).check(
-        expect=["input", "0.weights", "0.biases", "1.weights"])
+        expect=["input", "0.weights", "0.biases", "1.weights"]
+    )
 
 
 # ---- issue 23's layers (lrn and l2norm keep Darknet's approximate gradients: their numbers
@@ -615,17 +662,19 @@ padding=1
 activation=linear
 """
     GradCheck(net_text(3, 4, 2, body, batch=3)).check(
-        expect=["input", "0.weights", "0.biases", "1.weights", "1.scales", "1.biases"])
+        expect=["input", "0.weights", "0.biases", "1.weights", "1.scales", "1.biases"]
+    )
 
 
 def test_activation_layer():
-    body = "[convolutional]\nfilters=3\nsize=1\nactivation=linear\n\n" \
-           "[activation]\nactivation=tanh\n\n[activation]\nactivation=mish\n"
+    body = (
+        "[convolutional]\nfilters=3\nsize=1\nactivation=linear\n\n"
+        "[activation]\nactivation=tanh\n\n[activation]\nactivation=mish\n"
+    )
     GradCheck(net_text(3, 3, 2, body)).check(expect=["input", "0.weights"])
 
 
 def test_logistic_cross_entropy():
     rng = np.random.default_rng(9)
     truth = rng.uniform(0, 1, (2, 18))
-    GradCheck(net_text(3, 3, 2, "[logistic]\n"), truth=truth, loss="cost").check(
-        expect=["input"])
+    GradCheck(net_text(3, 3, 2, "[logistic]\n"), truth=truth, loss="cost").check(expect=["input"])

@@ -1,4 +1,5 @@
 """Network-level behaviour: batch changes, resize, the iteration count, predict's output."""
+
 import numpy as np
 import pytest
 
@@ -107,6 +108,9 @@ def test_train_iteration_is_its_subdivision_passes_and_one_update():
     for a, b in zip(by_passes.layers, whole.layers):
         for (name, pa), (_, pb) in zip(a.params(), b.params()):
             np.testing.assert_array_equal(a.be.to_host(pa), b.be.to_host(pb), err_msg=name)
-    with pytest.raises(ValueError, match=r"train_iteration takes 4 images \(subdivisions=2 "
-                                         r"passes of net.images_per_pass=2\), got 3"):
+    with pytest.raises(
+        ValueError,
+        match=r"train_iteration takes 4 images \(subdivisions=2 "
+        r"passes of net.images_per_pass=2\), got 3",
+    ):
         whole.train_iteration(x[:3], truth[:3])

@@ -1,13 +1,14 @@
 """Two runs with one backup directory: a weights file that appears under one of a run's
 names after its start is never replaced; the run writes beside it and says so in one
 line (files.OutputClaims, used by train's checkpoints and rnn train's backups)."""
+
 import os
+
+from helpers import Lines, data_file, write_classifier_cfg
 
 from darknet_py.files import OutputClaims
 from darknet_py.rnn_text import train_text
 from darknet_py.train import train
-
-from helpers import Lines, data_file, write_classifier_cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAR_CFG = os.path.join(ROOT, "cfg", "char-pattern.cfg")
@@ -31,14 +32,16 @@ def test_claims_keep_what_appeared_since_and_follow_the_runs_own_writes(tmp_path
     write(mine, "the run's")
     claims.wrote(mine)
     write(theirs, "another run's")
-    assert claims.target(mine) == mine          # its own file, written again
+    assert claims.target(mine) == mine  # its own file, written again
     assert claims.target(theirs) == str(tmp_path / "b-2.weights")
-    assert lines == [f"darknet-py: warning: {theirs}: written by someone else since this "
-                     f"run started (another run with the same output directory?); not "
-                     f"replacing it, writing {tmp_path / 'b-2.weights'} instead"]
+    assert lines == [
+        f"darknet-py: warning: {theirs}: written by someone else since this "
+        f"run started (another run with the same output directory?); not "
+        f"replacing it, writing {tmp_path / 'b-2.weights'} instead"
+    ]
     write(str(tmp_path / "b-2.weights"), "the run's")
     claims.wrote(str(tmp_path / "b-2.weights"))
-    assert claims.target(theirs) == str(tmp_path / "b-2.weights")   # said once, kept
+    assert claims.target(theirs) == str(tmp_path / "b-2.weights")  # said once, kept
     assert claims.where(theirs) == str(tmp_path / "b-2.weights") and len(lines) == 1
     write(kept, "changed by someone else")
     assert claims.target(kept) == str(tmp_path / "c-2.weights")
@@ -65,23 +68,30 @@ def test_train_does_not_replace_a_final_weights_file_that_appeared_meanwhile(bar
     cfg = write_classifier_cfg(tmp_path, max_batches=2)
     final = tmp_path / "backup" / "tiny_final.weights"
     log = OtherRun(final, "1, ")
-    result = train(cfg, data_file(bars, tmp_path / "backup"), device="cpu", log=log,
-                   workers=1)
+    result = train(cfg, data_file(bars, tmp_path / "backup"), device="cpu", log=log, workers=1)
     assert final.read_text() == "the other run's final weights"
     moved = str(tmp_path / "backup" / "tiny_final-2.weights")
     assert result.final_weights == moved and os.path.getsize(moved) > 20
     said = [line for line in log if "written by someone else" in line]
-    assert said == [f"darknet-py: warning: {final}: written by someone else since this run "
-                    f"started (another run with the same output directory?); not replacing "
-                    f"it, writing {moved} instead"]
+    assert said == [
+        f"darknet-py: warning: {final}: written by someone else since this run "
+        f"started (another run with the same output directory?); not replacing "
+        f"it, writing {moved} instead"
+    ]
     assert f"Saved {moved} after 2 iterations (16 images)" in log
 
 
 def test_rnn_train_does_not_replace_a_final_weights_file_that_appeared_meanwhile(tmp_path):
     final = tmp_path / "backup" / "char-pattern_final.weights"
     log = OtherRun(final, "1: ")
-    path = train_text(CHAR_CFG, CHAR_TEXT, backup_dir=str(tmp_path / "backup"),
-                      max_batches=2, device="cpu", log=log)
+    path = train_text(
+        CHAR_CFG,
+        CHAR_TEXT,
+        backup_dir=str(tmp_path / "backup"),
+        max_batches=2,
+        device="cpu",
+        log=log,
+    )
     assert final.read_text() == "the other run's final weights"
     assert path == str(tmp_path / "backup" / "char-pattern_final-2.weights")
     assert os.path.getsize(path) > 20 and log[-1] == f"saved {path}"

@@ -3,27 +3,46 @@ in the backward (R2), and batch-normalised outputs made again from x before the 
 reads them (R3). The plan never puts two live outputs in one array, and training with it
 gives the weights of training without it, bit for bit in fp32 (a backward that read a
 shared output it did not make again would read another layer's values)."""
+
 import numpy as np
 import pytest
+import test_delta_plan as delta_plan_tests
+from test_delta_plan import FORK, GENERIC, MISC, MISC_FORK, NET, conv, head, stock
 
 from darknet_py.backends import get_backend
 from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network, NetworkError
-from darknet_py.output_plan import (backward_time, plan_outputs, readers, rebuildable,
-                                    reads_input_in_backward, reads_own_output)
-import test_delta_plan as delta_plan_tests
-from test_delta_plan import FORK, GENERIC, MISC, MISC_FORK, NET, conv, head, stock
+from darknet_py.output_plan import (
+    backward_time,
+    plan_outputs,
+    readers,
+    reads_input_in_backward,
+    reads_own_output,
+    rebuildable,
+)
 
 # yolov4's patterns: CSP blocks of mish layers, a route of one layer, a shortcut, SPP's
 # maxpools gathered by a route, and a head.
-CSP = (NET + conv(8, activation="mish") + conv(16, stride=2, activation="mish")
-       + conv(8, 1, activation="mish") + "[route]\nlayers=-2\n" + conv(8, 1, activation="mish")
-       + conv(8, 1, activation="mish") + conv(8, activation="mish")
-       + "[shortcut]\nfrom=-2\nactivation=linear\n" + conv(8, 1, activation="mish")
-       + "[route]\nlayers=-1,-7\n" + conv(16, 1, activation="mish")
-       + "[maxpool]\nsize=5\nstride=1\n" + "[route]\nlayers=-2\n"
-       + "[maxpool]\nsize=9\nstride=1\n" + "[route]\nlayers=-1,-3,-4\n" + conv(16, 1)
-       + head())
+CSP = (
+    NET
+    + conv(8, activation="mish")
+    + conv(16, stride=2, activation="mish")
+    + conv(8, 1, activation="mish")
+    + "[route]\nlayers=-2\n"
+    + conv(8, 1, activation="mish")
+    + conv(8, 1, activation="mish")
+    + conv(8, activation="mish")
+    + "[shortcut]\nfrom=-2\nactivation=linear\n"
+    + conv(8, 1, activation="mish")
+    + "[route]\nlayers=-1,-7\n"
+    + conv(16, 1, activation="mish")
+    + "[maxpool]\nsize=5\nstride=1\n"
+    + "[route]\nlayers=-2\n"
+    + "[maxpool]\nsize=9\nstride=1\n"
+    + "[route]\nlayers=-1,-3,-4\n"
+    + conv(16, 1)
+    + head()
+)
 EXCERPTS = {"csp": CSP, "generic": GENERIC, "fork": FORK, "misc": MISC, "misc-fork": MISC_FORK}
 
 
@@ -45,8 +64,10 @@ def assert_sound(plan, layers):
             assert not needs and i not in rebuilt
         else:
             assert rebuildable(layers[i]) and rebuilt[i] == max(needs)
-            assert intervals[1] == (backward_time(max(needs), count),
-                                    backward_time(min(needs), count))
+            assert intervals[1] == (
+                backward_time(max(needs), count),
+                backward_time(min(needs), count),
+            )
     for layer in layers:
         if layer.type in ("yolo", "region", "detection", "softmax", "cost") or layer.stepped:
             assert layer.index not in plan.buffer_of
@@ -80,9 +101,13 @@ def test_csp_excerpt_shares_what_only_forwards_read():
 def test_the_networks_output_keeps_its_own_array_also_through_a_route():
     # predict reads the output layer after a pass; a cfg ending in a [route] of one layer
     # reads that layer's array.
-    text = CSP.replace("[route]\nlayers=-1,-3,-4\n" + conv(16, 1) + head(),
-                       "[route]\nlayers=-1,-3,-4\n" + conv(16, 1, activation="mish")
-                       + conv(8, 1, activation="mish") + "[route]\nlayers=-2\n")
+    text = CSP.replace(
+        "[route]\nlayers=-1,-3,-4\n" + conv(16, 1) + head(),
+        "[route]\nlayers=-1,-3,-4\n"
+        + conv(16, 1, activation="mish")
+        + conv(8, 1, activation="mish")
+        + "[route]\nlayers=-2\n",
+    )
     net = Network(parse_cfg_text(text), batch=1, allocate=False)
     assert net.layers[-1].views_its_input() and net.layers[-1].sources[0].index == 15
     plan = plan_outputs(net.layers, net.output_index)
@@ -117,9 +142,19 @@ def assert_same_training(text, darknet, backend="cpu"):
     return delta_plan_tests.assert_same_training(text, darknet, backend, "share_outputs")
 
 
-@pytest.mark.parametrize("text,darknet", [
-    (CSP, "alexeyab"), (CSP, "original"), (CSP, "alexeyab-cpu"), (GENERIC, "original"),
-    (GENERIC, "alexeyab"), (FORK, "alexeyab"), (MISC, "original"), (MISC_FORK, "alexeyab")])
+@pytest.mark.parametrize(
+    "text,darknet",
+    [
+        (CSP, "alexeyab"),
+        (CSP, "original"),
+        (CSP, "alexeyab-cpu"),
+        (GENERIC, "original"),
+        (GENERIC, "alexeyab"),
+        (FORK, "alexeyab"),
+        (MISC, "original"),
+        (MISC_FORK, "alexeyab"),
+    ],
+)
 def test_training_with_shared_outputs_gives_the_same_weights(text, darknet):
     """Two iterations of subdivisions=2: four passes, two updates."""
     private, shared = assert_same_training(text, darknet)
@@ -131,10 +166,11 @@ def test_training_with_shared_outputs_gives_the_same_weights(text, darknet):
     assert all(shared.layers[i].output is shared.layers[i].shared_output for i in plan.buffer_of)
     saved = 4 * shared.batch * plan.saved_floats
     assert output_bytes(private) - output_bytes(shared) == saved
-    assert saved > 0 or text in (MISC, MISC_FORK)   # one shared output there: no saving
+    assert saved > 0 or text in (MISC, MISC_FORK)  # one shared output there: no saving
     # memory_bytes counts it
-    assert private.memory_bytes(shared.batch, True) - shared.memory_bytes(shared.batch, True) \
-        == saved
+    assert (
+        private.memory_bytes(shared.batch, True) - shared.memory_bytes(shared.batch, True) == saved
+    )
 
 
 # Under fp16/bf16 a remade output comes from x's 16 bits rather than the forward's fp32
@@ -149,10 +185,16 @@ REMADE_UPDATE_TOL = {"fp16": 5e-3, "bf16": 1e-1}
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_remade_outputs_under_half_precision_follow_the_kept_ones(precision, darknet):
     from test_bn_half_x import NET_CFG, relative, train_passes
+
     runs = {}
     for share in (False, True):
-        net = Network(parse_cfg_text(NET_CFG), backend=get_backend("cpu"), seed=3,
-                      darknet=darknet, precision=precision)
+        net = Network(
+            parse_cfg_text(NET_CFG),
+            backend=get_backend("cpu"),
+            seed=3,
+            darknet=darknet,
+            precision=precision,
+        )
         start = [a.copy() for l in net.layers for _, a in l.params()]
         net.share_deltas, net.share_outputs = True, share
         costs = train_passes(net, 4)
@@ -177,16 +219,23 @@ def kept_bytes(net):
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("text", [CSP, GENERIC, FORK, MISC, MISC_FORK],
-                         ids=["csp", "generic", "fork", "misc", "misc-fork"])
+@pytest.mark.parametrize(
+    "text",
+    [CSP, GENERIC, FORK, MISC, MISC_FORK],
+    ids=["csp", "generic", "fork", "misc", "misc-fork"],
+)
 @pytest.mark.parametrize("share", [False, True])
 def test_memory_estimate_is_within_8_percent_of_what_training_keeps(text, share):
     # `info`, the out-of-memory message and the host-memory check read memory_bytes: after
     # an iteration it is within 8% of the arrays NumPy holds (yolov4 at batch 2: 1.326
     # against 1.328 GiB; it counted 3 arrays a layer before, 1.52).
-    net, _, _ = delta_plan_tests.trained(text, "alexeyab" if text in (CSP, FORK, MISC_FORK)
-                                         else "original", share, iterations=1,
-                                         switch="share_outputs")
+    net, _, _ = delta_plan_tests.trained(
+        text,
+        "alexeyab" if text in (CSP, FORK, MISC_FORK) else "original",
+        share,
+        iterations=1,
+        switch="share_outputs",
+    )
     assert abs(net.memory_bytes(net.batch, True) / kept_bytes(net) - 1) < 0.08
 
 
@@ -195,9 +244,9 @@ def test_layer_output_refuses_a_shared_output_and_reads_again_once_sharing_is_of
     with pytest.raises(NetworkError, match="share_outputs"):
         net.layer_output(2)
     with pytest.raises(NetworkError, match="share_outputs"):
-        net.layer_output(12)   # a [route] viewing layer 10's shared output
+        net.layer_output(12)  # a [route] viewing layer 10's shared output
     assert net.layer_output(7).shape == net.layers[7].output_shape(net.batch)
-    net.share_outputs = False   # re-allocates: every output its own array
+    net.share_outputs = False  # re-allocates: every output its own array
     assert net.output_plan.buffer_of == {}
     assert net.layer_output(2).shape == net.layers[2].output_shape(net.batch)
 

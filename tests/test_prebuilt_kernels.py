@@ -1,6 +1,7 @@
 """The wheel's prebuilt kernels (backends/prebuilt.py): which binary the backend loads, and
 when it compiles instead. No GPU and no CUDA toolkit: a stand-in nvcc writes a binary that
 names its source's digest, its output kind and its architectures."""
+
 import hashlib
 import os
 import stat
@@ -61,8 +62,9 @@ def test_build_writes_one_fatbin_per_file_for_every_arch_and_a_manifest(tree):
     assert binary.startswith(b"BIN --fatbin -gencode=arch=compute_80,code=sm_80 ")
     assert b"code=sm_90 --fmad=false" in binary
     assert entry["sha256"] == hashlib.sha256(binary).hexdigest()
-    assert entry["digest"] == kernel_cache.kernel_digest(SOURCES["two.cu"], ("--fmad=false",),
-                                                         [str(kernels)])
+    assert entry["digest"] == kernel_cache.kernel_digest(
+        SOURCES["two.cu"], ("--fmad=false",), [str(kernels)]
+    )
 
 
 def test_matching_binaries_are_loaded_and_nothing_is_compiled(tree, capsys):
@@ -82,7 +84,7 @@ def test_an_edited_source_is_compiled_not_taken_stale(tree, capsys):
     digest = hashlib.sha256(edited["two.cu"].encode()).hexdigest()
     assert binaries["two.cu"].endswith(digest.encode())
     assert "two.cu (stale)" in capsys.readouterr().err
-    assert len(os.listdir(tree[2])) == 1   # compiled into the kernel cache
+    assert len(os.listdir(tree[2])) == 1  # compiled into the kernel cache
 
 
 def test_an_edited_header_or_changed_options_make_a_binary_stale(tree, capsys):
@@ -99,7 +101,7 @@ def test_an_architecture_the_wheel_lacks_is_compiled_silently(tree, capsys):
     assert compiled == ["one.cu", "two.cu"]
     assert binaries["one.cu"].startswith(b"BIN --cubin -arch=sm_100 ")
     assert capsys.readouterr().err == ""
-    assert load(tree, arch="sm_100")[0] == binaries   # now from the cache
+    assert load(tree, arch="sm_100")[0] == binaries  # now from the cache
 
 
 def test_a_damaged_binary_or_no_manifest_falls_back_to_nvcc(tree, capsys):
@@ -119,8 +121,16 @@ def test_without_nvcc_a_stale_binary_is_an_error_not_a_silent_load(tree):
     edited = dict(SOURCES)
     edited["one.cu"] += "// edited\n"
     with pytest.raises(kernel_cache.KernelCompileError, match="nvcc .* not found"):
-        prebuilt.binaries(edited, "sm_90", OPTIONS, str(built), [str(kernels)],
-                          "/nonexistent/nvcc", str(cache), warn=False)
+        prebuilt.binaries(
+            edited,
+            "sm_90",
+            OPTIONS,
+            str(built),
+            [str(kernels)],
+            "/nonexistent/nvcc",
+            str(cache),
+            warn=False,
+        )
 
 
 def test_a_failed_build_leaves_no_manifest(tree):
@@ -145,8 +155,10 @@ def test_check_wheel_finds_a_binary_that_does_not_match_the_wheels_source(tmp_pa
                 for name in os.listdir(folder):
                     with open(os.path.join(folder, name)) as f:
                         text = f.read()
-                    z.writestr(os.path.relpath(os.path.join(folder, name), top),
-                               text + (edit or "") if name == "blas.cu" else text)
+                    z.writestr(
+                        os.path.relpath(os.path.join(folder, name), top),
+                        text + (edit or "") if name == "blas.cu" else text,
+                    )
             for name in os.listdir(built):
                 z.write(built / name, f"darknet_py/kernels_bin/{name}")
         return str(path)
@@ -158,22 +170,43 @@ def test_check_wheel_finds_a_binary_that_does_not_match_the_wheels_source(tmp_pa
 
 def test_kernel_files_are_found_in_the_family_folders_and_a_name_only_once(tmp_path):
     ops = tmp_path / "ops"
-    for family, name in (("conv", "gemm.cu"), ("conv", "gemm.cuh"), ("norm", "bn.cu"),
-                         ("headers", "common.cuh")):
+    for family, name in (
+        ("conv", "gemm.cu"),
+        ("conv", "gemm.cuh"),
+        ("norm", "bn.cu"),
+        ("headers", "common.cuh"),
+    ):
         (ops / family).mkdir(parents=True, exist_ok=True)
         (ops / family / name).write_text("// kernel\n")
     (ops / "empty").mkdir()
     (ops / "__init__.py").write_text("")
     folders = prebuilt.kernel_folders(str(ops))
     assert folders == [str(ops / f) for f in ("conv", "headers", "norm")]
-    assert prebuilt.kernel_paths(folders) == {"bn.cu": str(ops / "norm" / "bn.cu"),
-                                              "gemm.cu": str(ops / "conv" / "gemm.cu")}
+    assert prebuilt.kernel_paths(folders) == {
+        "bn.cu": str(ops / "norm" / "bn.cu"),
+        "gemm.cu": str(ops / "conv" / "gemm.cu"),
+    }
     (ops / "headers" / "gemm.cu").write_text("// the same name again\n")
     with pytest.raises(ValueError, match="kernel file gemm.cu is in both"):
         prebuilt.kernel_paths(folders)
     shipped = prebuilt.kernel_paths()
-    assert {os.path.relpath(shipped[name], prebuilt.OPS_DIR) for name in (
-        "gemm.cu", "batchnorm.cu", "pooling.cu", "blas.cu", "yolo_loss.cu", "optimizer.cu",
-        "preprocess.cu")} == {"convolution/gemm.cu", "normalization/batchnorm.cu",
-                              "pooling/pooling.cu", "elementwise/blas.cu", "losses/yolo_loss.cu",
-                              "optimizers/optimizer.cu", "images/preprocess.cu"}
+    assert {
+        os.path.relpath(shipped[name], prebuilt.OPS_DIR)
+        for name in (
+            "gemm.cu",
+            "batchnorm.cu",
+            "pooling.cu",
+            "blas.cu",
+            "yolo_loss.cu",
+            "optimizer.cu",
+            "preprocess.cu",
+        )
+    } == {
+        "convolution/gemm.cu",
+        "normalization/batchnorm.cu",
+        "pooling/pooling.cu",
+        "elementwise/blas.cu",
+        "losses/yolo_loss.cu",
+        "optimizers/optimizer.cu",
+        "images/preprocess.cu",
+    }

@@ -9,15 +9,15 @@ GPU tests compare each kernel twice, on fresh random inputs with NaN-poisoned ou
   * with the exact float64 product of the unrounded operands: what the precision costs,
     PRECISION_TOL below (fp16 and tf32 keep 10-11 mantissa bits, bf16 8).
 """
+
 import numpy as np
 import pytest
+from test_cuda_ops import assert_close, nan, rand
 
 from darknet_py import precision as precisions
 from darknet_py.backends.numpy_backend import NumpyBackend, conv_out_size
 from darknet_py.cfg import CfgError
 from darknet_py.network import NetworkError, load_network
-
-from test_cuda_ops import assert_close, nan, rand
 
 gpu = pytest.mark.gpu
 REDUCED = ("tf32", "fp16", "bf16")
@@ -31,16 +31,20 @@ TILES = ("128x128", "64x128", "32x128", "16x128", "64x64")
 
 # ---- emulation and switches (CPU) ---------------------------------------------------
 
+
 def test_round_to_matches_the_formats():
-    x = np.array([1.0, 1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-8), 65504.0, 70000.0, np.inf, -3.0],
-                 np.float32)
+    x = np.array(
+        [1.0, 1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-8), 65504.0, 70000.0, np.inf, -3.0], np.float32
+    )
     # fp16: ties to even (1 + 2^-11 -> 1, 1 + 3*2^-11 -> 1 + 2^-9), overflow to inf
-    np.testing.assert_array_equal(precisions.round_to(x, "fp16")[:6],
-                                  [1.0, 1.0, 1 + 2**-9, -(1 + 2**-8), 65504.0, np.inf])
+    np.testing.assert_array_equal(
+        precisions.round_to(x, "fp16")[:6], [1.0, 1.0, 1 + 2**-9, -(1 + 2**-8), 65504.0, np.inf]
+    )
     # bf16 keeps 8 bits: 1 + 2^-8 is a tie, to even (1); tf32 keeps 11: ties away from zero
     np.testing.assert_array_equal(precisions.round_to(x[3:4], "bf16"), [-1.0])
-    np.testing.assert_array_equal(precisions.round_to(np.float32([1 + 2**-11]), "tf32"),
-                                  [1 + 2**-10])
+    np.testing.assert_array_equal(
+        precisions.round_to(np.float32([1 + 2**-11]), "tf32"), [1 + 2**-10]
+    )
     assert np.isinf(precisions.round_to(x, "bf16")[6]) and precisions.round_to(x, "tf32")[7] == -3.0
     with pytest.raises(precisions.PrecisionError, match="fp32, tf32, fp16, bf16"):
         precisions.round_to(x, "fp8")
@@ -51,8 +55,22 @@ def test_numpy_gemm_lowp_rounds_the_operands_only():
     a, b = rand(rng, 6 * 5).reshape(6, 5), rand(rng, 5 * 7).reshape(5, 7)
     for p in REDUCED:
         out = np.full(42, np.nan)
-        REF.gemm_lowp(p, 0, 0, 6, 7, 5, 1.0, a.reshape(-1).astype(np.float64), 5,
-                      b.reshape(-1).astype(np.float64), 7, 0.0, out, 7)
+        REF.gemm_lowp(
+            p,
+            0,
+            0,
+            6,
+            7,
+            5,
+            1.0,
+            a.reshape(-1).astype(np.float64),
+            5,
+            b.reshape(-1).astype(np.float64),
+            7,
+            0.0,
+            out,
+            7,
+        )
         want = precisions.round_to(a, p).astype(np.float64) @ precisions.round_to(b, p)
         np.testing.assert_allclose(out.reshape(6, 7), want, rtol=1e-12)
 
@@ -116,7 +134,7 @@ def test_cpu_forward_at_each_precision_is_the_emulated_product(tmp_path, monkeyp
     monkeypatch.delenv(precisions.ENV, raising=False)
     rng = np.random.default_rng(5)
     x = rng.uniform(0, 1, (2, 3 * 10 * 12)).astype(np.float32)
-    fp32 = load_network(_tiny(tmp_path, bn=0))   # (unfolded batch norm's start has variance 0)
+    fp32 = load_network(_tiny(tmp_path, bn=0))  # (unfolded batch norm's start has variance 0)
     want = fp32.predict(x)
     for p in REDUCED:
         net = load_network(_tiny(tmp_path, bn=0), precision=p)
@@ -129,10 +147,13 @@ def test_cpu_forward_at_each_precision_is_the_emulated_product(tmp_path, monkeyp
 
 def test_cli_precision_option_reaches_the_network(tmp_path, monkeypatch):
     from click.testing import CliRunner
+
     from darknet_py.cli import cli
+
     monkeypatch.delenv(precisions.ENV, raising=False)
-    result = CliRunner().invoke(cli, ["bench", str(_tiny(tmp_path)), "--device", "cpu",
-                                      "--precision", "nope"])
+    result = CliRunner().invoke(
+        cli, ["bench", str(_tiny(tmp_path)), "--device", "cpu", "--precision", "nope"]
+    )
     assert result.exit_code == 2 and "nope" in result.output
     for command in ("train", "detect", "test", "valid", "map", "bench"):
         help_text = CliRunner().invoke(cli, [command, "--help"]).output
@@ -140,6 +161,7 @@ def test_cli_precision_option_reaches_the_network(tmp_path, monkeypatch):
 
 
 # ---- GPU: the kernels ---------------------------------------------------------------------
+
 
 def _gemm_case(rng, ta, tb, m, n, k):
     a = rand(rng, m * k)
@@ -161,13 +183,14 @@ def _run_gemm(backend, p, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c):
 @pytest.mark.parametrize("tile", TILES)
 def test_gemm_lowp_every_tile(cuda, p, ta, tb, tile):
     rng = np.random.default_rng(hash((p, ta, tb, tile)) % 2**32)
-    m, n, k = 131, 197, 333    # divides no tile
+    m, n, k = 131, 197, 333  # divides no tile
     a, lda, b, ldb, c = _gemm_case(rng, ta, tb, m, n, k)
     for beta, splits in ((0.0, 1), (0.5, 3)):
         cuda.tc_override = (tile, splits)
         try:
-            got = _run_gemm(cuda, p, ta, tb, m, n, k, 0.75, a, lda, b, ldb, beta,
-                            nan(m * n) if beta == 0 else c)
+            got = _run_gemm(
+                cuda, p, ta, tb, m, n, k, 0.75, a, lda, b, ldb, beta, nan(m * n) if beta == 0 else c
+            )
         finally:
             cuda.tc_override = None
         want = _run_gemm(REF, p, ta, tb, m, n, k, 0.75, a, lda, b, ldb, beta, c)
@@ -178,7 +201,7 @@ def test_gemm_lowp_every_tile(cuda, p, ta, tb, tile):
 @pytest.mark.parametrize("p", REDUCED)
 def test_gemm_lowp_against_the_exact_product(cuda, p):
     rng = np.random.default_rng(11)
-    for (ta, tb, m, n, k) in ((0, 1, 64, 1152, 5000), (1, 0, 577, 900, 128), (0, 0, 16, 300, 27)):
+    for ta, tb, m, n, k in ((0, 1, 64, 1152, 5000), (1, 0, 577, 900, 128), (0, 0, 16, 300, 27)):
         a, lda, b, ldb, _ = _gemm_case(rng, ta, tb, m, n, k)
         got = _run_gemm(cuda, p, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, nan(m * n))
         A = a.astype(np.float64).reshape((k, m) if ta else (m, k))
@@ -205,8 +228,7 @@ CONV_CASES = [
 ]
 
 
-def _conv_groups(backend, p, case, weights, im, biases, activation, out, dt,
-                 out_precision="fp32"):
+def _conv_groups(backend, p, case, weights, im, biases, activation, out, dt, out_precision="fp32"):
     """conv_forward of each group of `case` at precision p into out (host arrays converted
     to dt first)."""
     c, h, w, filters, size, stride, pad, dilation, groups, batch = case
@@ -216,11 +238,25 @@ def _conv_groups(backend, p, case, weights, im, biases, activation, out, dt,
     cg, m = c // groups, filters // groups
     k = cg * size * size
     for g in range(groups):
-        packed = backend.pack_weights(W[g * m * k:], m, k, p)
-        backend.conv_forward(packed, X[g * cg * h * w:], cg, h, w, size, stride, pad, dilation,
-                             batch, c * h * w, None if bias is None else bias[g * m:],
-                             activation, out[g * m * out_h * out_w:], filters * out_h * out_w,
-                             out_precision=out_precision)
+        packed = backend.pack_weights(W[g * m * k :], m, k, p)
+        backend.conv_forward(
+            packed,
+            X[g * cg * h * w :],
+            cg,
+            h,
+            w,
+            size,
+            stride,
+            pad,
+            dilation,
+            batch,
+            c * h * w,
+            None if bias is None else bias[g * m :],
+            activation,
+            out[g * m * out_h * out_w :],
+            filters * out_h * out_w,
+            out_precision=out_precision,
+        )
 
 
 def _conv(backend, p, case, weights, im, biases, activation):
@@ -234,7 +270,9 @@ def _conv(backend, p, case, weights, im, biases, activation):
 
 @gpu
 @pytest.mark.parametrize("p", REDUCED)
-@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c))
+@pytest.mark.parametrize(
+    "case", CONV_CASES, ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c)
+)
 def test_conv_forward_against_numpy(cuda, p, case):
     c, h, w, filters, size, stride, pad, dilation, groups, batch = case
     rng = np.random.default_rng(abs(hash((p, str(case)))) % 2**32)
@@ -266,39 +304,55 @@ WGMMA_CONV_CASES = [
 
 @gpu
 @pytest.mark.parametrize("p", ("fp16", "bf16"))
-@pytest.mark.parametrize("case", WGMMA_CONV_CASES,
-                         ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c))
+@pytest.mark.parametrize(
+    "case", WGMMA_CONV_CASES, ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c)
+)
 def test_conv_forward_on_wgmma_against_numpy(cuda, p, case, monkeypatch):
     """The forward through cuda_wgmma.conv_forward (taken once per group, checked), into
     the layer's layout with outputs poisoned with NaN, each epilogue activation with and
     without biases, against NumPy; the same layer on one image stays on conv_tc."""
     from darknet_py.ops.convolution import wgmma as cuda_wgmma
+
     if cuda_wgmma.kernels(cuda) is None:
         pytest.skip("the wgmma kernels need compute capability 9.0")
     taken = []
     original = cuda_wgmma.conv_forward
-    monkeypatch.setattr(cuda_wgmma, "conv_forward",
-                        lambda *a: taken.append(original(*a)) or taken[-1])
+    monkeypatch.setattr(
+        cuda_wgmma, "conv_forward", lambda *a: taken.append(original(*a)) or taken[-1]
+    )
     c, h, w, filters, size, stride, pad, dilation, groups, batch = case
     rng = np.random.default_rng(abs(hash((p, str(case)))) % 2**32)
     weights = rand(rng, filters * c // groups * size * size)
     im, biases = rand(rng, batch * c * h * w), rand(rng, filters)
-    for act, bias in (("linear", None), ("linear", biases), ("leaky", biases),
-                      ("mish", biases), ("logistic", None)):
+    for act, bias in (
+        ("linear", None),
+        ("linear", biases),
+        ("leaky", biases),
+        ("mish", biases),
+        ("logistic", None),
+    ):
         taken.clear()
         got = _conv(cuda, p, case, weights, im, bias, act)
         assert taken == [True] * groups
         assert np.isfinite(got).all()
         assert_close(got, _conv(REF, p, case, weights, im, bias, act), EMULATION_TOL, f"{p} {act}")
     exact = _conv(REF, "fp32", case, weights, im, None, "linear")
-    assert_close(_conv(cuda, p, case, weights, im, None, "linear"), exact, PRECISION_TOL[p],
-                 f"{p} against fp32")
+    assert_close(
+        _conv(cuda, p, case, weights, im, None, "linear"),
+        exact,
+        PRECISION_TOL[p],
+        f"{p} against fp32",
+    )
     one = case[:-1] + (1,)
     taken.clear()
-    got = _conv(cuda, p, one, weights, im[:c * h * w], biases, "leaky")
+    got = _conv(cuda, p, one, weights, im[: c * h * w], biases, "leaky")
     assert taken == [False] * groups
-    assert_close(got, _conv(REF, p, one, weights, im[:c * h * w], biases, "leaky"),
-                 EMULATION_TOL, f"{p} one image")
+    assert_close(
+        got,
+        _conv(REF, p, one, weights, im[: c * h * w], biases, "leaky"),
+        EMULATION_TOL,
+        f"{p} one image",
+    )
 
 
 @gpu
@@ -328,12 +382,15 @@ def _conv_into_x(backend, p, case, weights, im, biases, activation):
         out[:] = np.nan
     else:
         from test_bn_passes import poisoned_storage
+
         out = poisoned_storage(backend, n, p)
-    _conv_groups(backend, p, case, weights, im, biases, activation, out, np.float32,
-                 out_precision=p)
+    _conv_groups(
+        backend, p, case, weights, im, biases, activation, out, np.float32, out_precision=p
+    )
     if backend is REF:
         return np.asarray(out, np.float32)
     from test_bn_half_x import widened
+
     return widened(backend, out, p)
 
 
@@ -346,18 +403,36 @@ def test_conv_forward_into_16_bit_storage_numpy():
     weights, im, biases = rand(rng, 33 * 19 * 9), rand(rng, 2 * 19 * 17 * 15), rand(rng, 33)
     for p in ("fp16", "bf16"):
         want = precisions.round_to(_conv(be, p, case, weights, im, biases, "leaky"), p)
-        np.testing.assert_array_equal(_conv_into_x(be, p, case, weights, im, biases, "leaky"),
-                                      want)
+        np.testing.assert_array_equal(_conv_into_x(be, p, case, weights, im, biases, "leaky"), want)
     packed = be.pack_weights(be.from_host(weights[:9]), 1, 9, "fp16")
     with pytest.raises(ValueError, match="writes fp32 or fp16, not bf16"):
-        be.conv_forward(packed, be.from_host(im), 1, 17, 15, 3, 1, 1, 1, 1, 0, None, "linear",
-                        be.zeros(255), 255, out_precision="bf16")
+        be.conv_forward(
+            packed,
+            be.from_host(im),
+            1,
+            17,
+            15,
+            3,
+            1,
+            1,
+            1,
+            1,
+            0,
+            None,
+            "linear",
+            be.zeros(255),
+            255,
+            out_precision="bf16",
+        )
 
 
 @gpu
 @pytest.mark.parametrize("p", ("fp16", "bf16"))
-@pytest.mark.parametrize("case", CONV_CASES[:3] + WGMMA_CONV_CASES[:3],
-                         ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c))
+@pytest.mark.parametrize(
+    "case",
+    CONV_CASES[:3] + WGMMA_CONV_CASES[:3],
+    ids=lambda c: "c{}h{}w{}f{}k{}s{}p{}d{}g{}b{}".format(*c),
+)
 def test_conv_forward_into_16_bit_storage_cuda(cuda, p, case):
     """The `_h` entries (conv_tc's and wgmma's store 4): every value is the fp32 entry's
     rounded to nearest even, bit for bit (the same sums, one rounding), NaN overwritten;
@@ -370,17 +445,19 @@ def test_conv_forward_into_16_bit_storage_cuda(cuda, p, case):
         fp32 = _conv(cuda, p, case, weights, im, bias, act).astype(np.float32)
         got = _conv_into_x(cuda, p, case, weights, im, bias, act)
         np.testing.assert_array_equal(got, precisions.round_to(fp32, p), err_msg=f"{p} {act}")
-    packed = cuda.pack_weights(cuda.from_host(weights[:c * 9]), 1, c * 9, p)
+    packed = cuda.pack_weights(cuda.from_host(weights[: c * 9]), 1, c * 9, p)
     args = (cuda.from_host(im), c, h, w, 3, 1, 1, 1, 1, 0, None, "linear")
     with pytest.raises(TypeError, match=p):
         cuda.conv_forward(packed, *args, cuda.zeros(h * w), h * w, out_precision=p)
     other = "bf16" if p == "fp16" else "fp16"
     with pytest.raises(ValueError, match=f"not {other}"):
-        cuda.conv_forward(packed, *args, cuda.storage_zeros(h * w, other), h * w,
-                          out_precision=other)
+        cuda.conv_forward(
+            packed, *args, cuda.storage_zeros(h * w, other), h * w, out_precision=other
+        )
 
 
 # ---- GPU: networks --------------------------------------------------------------------------
+
 
 @gpu
 @pytest.mark.parametrize("p", REDUCED)
@@ -396,8 +473,9 @@ def test_training_step_on_the_gpu_follows_the_emulation(cuda, tmp_path, p, monke
     for device in ("cpu", "cuda"):
         net = load_network(_tiny(tmp_path), device=device, precision=p, seed=4)
         net.train_iteration(x, truth)
-        weights[device] = [np.asarray(net.be.to_host(layer.weights), np.float64)
-                           for layer in net.layers[:2]]
+        weights[device] = [
+            np.asarray(net.be.to_host(layer.weights), np.float64) for layer in net.layers[:2]
+        ]
         assert np.isfinite(net.cost)
     for got, want in zip(weights["cuda"], weights["cpu"]):
         assert_close(got, want, 1e-4, f"{p} weights after a step")
@@ -407,19 +485,26 @@ def test_training_step_on_the_gpu_follows_the_emulation(cuda, tmp_path, p, monke
 def test_real_weights_detect_the_same_objects_at_every_precision(cuda, monkeypatch):
     """yolov3-tiny on the four photos: fp16 and tf32 find fp32's classes above 0.25 with
     probabilities within 2 points; bf16 (8 mantissa bits) is held to its emulation."""
-    import cv2
     from pathlib import Path
+
+    import cv2
+
     monkeypatch.delenv(precisions.ENV, raising=False)
     shared = Path(__file__).resolve().parents[2] / "shared"
-    cfg, weights = shared / "darknet-cfg" / "yolov3-tiny.cfg", shared / "weights" / "yolov3-tiny.weights"
+    cfg, weights = (
+        shared / "darknet-cfg" / "yolov3-tiny.cfg",
+        shared / "weights" / "yolov3-tiny.weights",
+    )
     if not weights.exists():
         pytest.skip("no ../shared/weights/yolov3-tiny.weights")
     images = sorted((shared / "images").glob("*.jpg"))
     found = {}
     for p in ("fp32",) + REDUCED:
         net = load_network(cfg, weights, batch=1, device="cuda", precision=p)
-        found[p] = [sorted((d.class_id, d.prob) for d in net.detect(cv2.imread(str(i)), thresh=0.25))
-                    for i in images]
+        found[p] = [
+            sorted((d.class_id, d.prob) for d in net.detect(cv2.imread(str(i)), thresh=0.25))
+            for i in images
+        ]
     worst = {}
     for p in ("fp16", "tf32"):
         for image, got, want in zip(images, found[p], found["fp32"]):
@@ -442,19 +527,19 @@ def test_loss_scaler_scales_unscales_and_skips(tmp_path, monkeypatch):
     plain = load_network(_tiny(tmp_path, "momentum=0.9"), precision="fp16", seed=2)
     assert net.loss_scaler.dynamic and net.loss_scaler.scale == 4096.0
     plain.loss_scaler = precisions.LossScaler(scale=1.0)
-    for _ in range(2):   # the second step also carries momentum's history
+    for _ in range(2):  # the second step also carries momentum's history
         net.train_iteration(x, truth)
         plain.train_iteration(x, truth)
     for a, b in zip(net.layers[:2], plain.layers[:2]):
         np.testing.assert_allclose(a.weights, b.weights, rtol=0, atol=2e-5)
     before = net.layers[0].weights.copy()
-    net.loss_scaler.scale = 2.0 ** 100   # scaled deltas overflow fp16 (and fp32)
+    net.loss_scaler.scale = 2.0**100  # scaled deltas overflow fp16 (and fp32)
     net.train_iteration(x, truth)
-    assert net.loss_scaler.skipped == 1 and net.loss_scaler.scale == 2.0 ** 99
+    assert net.loss_scaler.skipped == 1 and net.loss_scaler.scale == 2.0**99
     np.testing.assert_array_equal(net.layers[0].weights, before)
-    assert precisions.log_note(net) == f", fp16 loss scale {2.0 ** 99:g}, 1 skipped"
+    assert precisions.log_note(net) == f", fp16 loss scale {2.0**99:g}, 1 skipped"
     net.loss_scaler.scale = 4096.0
-    net.train_iteration(x, truth)   # and it trains on
+    net.train_iteration(x, truth)  # and it trains on
     assert net.loss_scaler.skipped == 1 and not np.array_equal(net.layers[0].weights, before)
     static = load_network(_tiny(tmp_path, "loss_scale=128"), precision="fp16")
     assert not static.loss_scaler.dynamic and static.loss_scaler.scale == 128.0

@@ -1,6 +1,7 @@
 """Every command and option the README shows exists: each `darknet-py <command> --option`
 in its code (fenced blocks and inline code) is checked against that command's --help, so
 the README cannot drift from the command line again."""
+
 import re
 import sys
 from pathlib import Path
@@ -35,20 +36,21 @@ def shown_commands():
     DATA CFG -map`) count as the command they are translated into (darknet_forms)."""
     shown = {}
     for line in readme_code():
-        line = line.split("#", 1)[0]   # a shell comment is prose
+        line = line.split("#", 1)[0]  # a shell comment is prose
         for match in re.finditer(r"darknet-py\s+([a-z][\w-]*)(.*?)(?=darknet-py|$)", line):
             command, rest = match.groups()
             words = rest.split()
             if command in ("detector", "classifier") or (command == "rnn" and "-file" in words):
                 try:
                     translated, _ = translate([command] + [w for w in words if "..." not in w])
-                except DarknetFormError:   # a mention of the form, not a command line
+                except DarknetFormError:  # a mention of the form, not a command line
                     continue
                 command, words = translated[0], translated[1:]
             if isinstance(cli.commands.get(command), click.Group) and words:
                 command = f"{command} {words[0]}"
-            options = {o.split("=")[0] for o in re.findall(r"(?<![\w-])--[a-z][\w-]*",
-                                                           " ".join(words))}
+            options = {
+                o.split("=")[0] for o in re.findall(r"(?<![\w-])--[a-z][\w-]*", " ".join(words))
+            }
             shown.setdefault(command, set()).update(options)
     return shown
 
@@ -77,7 +79,9 @@ def test_every_command_and_option_the_readme_shows_exists(command):
 
 def test_the_check_sees_a_wrong_option(monkeypatch, tmp_path):
     fake = tmp_path / "README.md"
-    fake.write_text("```sh\ndarknet-py detect CFG W IMG --thresh .5 \\\n  --no-such-flag\n```\n"
-                    "and `darknet-py map CFG D W --points 11`\n")
+    fake.write_text(
+        "```sh\ndarknet-py detect CFG W IMG --thresh .5 \\\n  --no-such-flag\n```\n"
+        "and `darknet-py map CFG D W --points 11`\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "README", fake)
     assert shown_commands() == {"detect": {"--thresh", "--no-such-flag"}, "map": {"--points"}}

@@ -14,6 +14,7 @@ Darknet counts 2*filters*size*size*c/groups*out_h*out_w per convolution and
 2*inputs*outputs per connected layer (the AlexNet and VGG-16 totals include their
 connected layers), and nothing for [local] (YOLOv1's 40.19 excludes it).
 """
+
 import re
 import warnings
 from pathlib import Path
@@ -27,8 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 STOCK_DIR = REPO.parent / "shared" / "darknet-cfg"
 REPO_CFG_DIR = REPO / "cfg"
 
-needs_stock = pytest.mark.skipif(not STOCK_DIR.is_dir(),
-                                 reason=f"Darknet's stock cfgs are not at {STOCK_DIR}")
+needs_stock = pytest.mark.skipif(
+    not STOCK_DIR.is_dir(), reason=f"Darknet's stock cfgs are not at {STOCK_DIR}"
+)
 
 
 def _cfg_params(directory, why_empty):
@@ -68,8 +70,9 @@ def test_stock_cfg_builds_without_allocating(path):
     assert len(net.summary()) == len(net.layers) + 2
 
 
-@pytest.mark.parametrize("path", _cfg_params(REPO_CFG_DIR, "no cfg files in the repository's "
-                                                           "cfg/ directory yet"))
+@pytest.mark.parametrize(
+    "path", _cfg_params(REPO_CFG_DIR, "no cfg files in the repository's cfg/ directory yet")
+)
 def test_repo_cfg_builds(path):
     net = _build(path)
     assert net.layers and all(layer.outputs > 0 for layer in net.layers)
@@ -78,17 +81,32 @@ def test_repo_cfg_builds(path):
 # ---- Darknet's published BFLOPs ---------------------------------------------------------------
 PUBLISHED_BFLOPS = {
     # /darknet/imagenet/
-    "alexnet.cfg": "2.27", "darknet.cfg": "0.96", "vgg-16.cfg": "30.94",
-    "extraction.cfg": "8.52", "darknet19.cfg": "7.29", "darknet19_448.cfg": "22.33",
-    "resnet18.cfg": "4.69", "resnet34.cfg": "9.52", "resnet50.cfg": "9.74",
-    "resnet101.cfg": "19.70", "resnet152.cfg": "29.39", "resnext50.cfg": "10.11",
-    "resnext101-32x4d.cfg": "18.92", "resnext152-32x4d.cfg": "28.20",
-    "densenet201.cfg": "10.85", "darknet53.cfg": "18.57", "darknet53_448.cfg": "56.87",
+    "alexnet.cfg": "2.27",
+    "darknet.cfg": "0.96",
+    "vgg-16.cfg": "30.94",
+    "extraction.cfg": "8.52",
+    "darknet19.cfg": "7.29",
+    "darknet19_448.cfg": "22.33",
+    "resnet18.cfg": "4.69",
+    "resnet34.cfg": "9.52",
+    "resnet50.cfg": "9.74",
+    "resnet101.cfg": "19.70",
+    "resnet152.cfg": "29.39",
+    "resnext50.cfg": "10.11",
+    "resnext101-32x4d.cfg": "18.92",
+    "resnext152-32x4d.cfg": "28.20",
+    "densenet201.cfg": "10.85",
+    "darknet53.cfg": "18.57",
+    "darknet53_448.cfg": "56.87",
     # /darknet/yolo/ (the cfgs at their own sizes)
-    "yolov2.cfg": "62.94", "yolov2-tiny.cfg": "5.41", "yolov3.cfg": "140.69",
-    "yolov3-tiny.cfg": "5.56", "yolov3-spp.cfg": "141.45",
+    "yolov2.cfg": "62.94",
+    "yolov2-tiny.cfg": "5.41",
+    "yolov3.cfg": "140.69",
+    "yolov3-tiny.cfg": "5.56",
+    "yolov3-spp.cfg": "141.45",
     # the YOLOv2-era /darknet/yolo/ table
-    "yolov1.cfg": "40.19", "yolov2-tiny-voc.cfg": "6.97",
+    "yolov1.cfg": "40.19",
+    "yolov2-tiny-voc.cfg": "6.97",
     # /darknet/tiny-darknet/
     "tiny.cfg": "0.98",
 }
@@ -142,26 +160,51 @@ def test_layer_table_rows_as_darknet_prints_them():
 # ---- shapes the cfgs imply ----------------------------------------------------------------------
 # The last non-cost layer's outputs: the classes of the data set the cfg was made for.
 FINAL_OUTPUTS = {
-    "alexnet.cfg": 1000, "cifar.cfg": 10, "cifar.test.cfg": 10, "darknet.cfg": 1000,
-    "darknet19.cfg": 1000, "darknet19_448.cfg": 1000, "darknet53.cfg": 1000,
-    "darknet53_448.cfg": 1000, "densenet201.cfg": 1000, "extraction.cfg": 1000,
-    "extraction.conv.cfg": 1000, "extraction22k.cfg": 21842, "resnet18.cfg": 1000,
-    "resnet34.cfg": 1000, "resnet50.cfg": 1000, "resnet101.cfg": 1000, "resnet152.cfg": 1000,
-    "resnext50.cfg": 1000, "resnext101-32x4d.cfg": 1000, "resnext152-32x4d.cfg": 1000,
-    "strided.cfg": 1000, "tiny.cfg": 1000, "vgg-16.cfg": 1000,
+    "alexnet.cfg": 1000,
+    "cifar.cfg": 10,
+    "cifar.test.cfg": 10,
+    "darknet.cfg": 1000,
+    "darknet19.cfg": 1000,
+    "darknet19_448.cfg": 1000,
+    "darknet53.cfg": 1000,
+    "darknet53_448.cfg": 1000,
+    "densenet201.cfg": 1000,
+    "extraction.cfg": 1000,
+    "extraction.conv.cfg": 1000,
+    "extraction22k.cfg": 21842,
+    "resnet18.cfg": 1000,
+    "resnet34.cfg": 1000,
+    "resnet50.cfg": 1000,
+    "resnet101.cfg": 1000,
+    "resnet152.cfg": 1000,
+    "resnext50.cfg": 1000,
+    "resnext101-32x4d.cfg": 1000,
+    "resnext152-32x4d.cfg": 1000,
+    "strided.cfg": 1000,
+    "tiny.cfg": 1000,
+    "vgg-16.cfg": 1000,
     # Go: a 19x19 board of moves plus one extra (pass) value appended by [reorg] extra=1.
-    "go.cfg": 19 * 19 + 1, "go.test.cfg": 19 * 19 + 1,
+    "go.cfg": 19 * 19 + 1,
+    "go.test.cfg": 19 * 19 + 1,
     # Feature extractors: the last conv stage, 1x1x1024 and 7x7x512.
-    "jnet-conv.cfg": 1024, "vgg-conv.cfg": 7 * 7 * 512,
+    "jnet-conv.cfg": 1024,
+    "vgg-conv.cfg": 7 * 7 * 512,
 }
 
 # Strides of the detection heads, in cfg order.
 HEAD_STRIDES = {
-    "yolov3.cfg": (32, 16, 8), "yolov3-spp.cfg": (32, 16, 8), "yolov3-voc.cfg": (32, 16, 8),
-    "yolov3-openimages.cfg": (32, 16, 8), "yolov3-tiny.cfg": (32, 16),
-    "yolov2.cfg": (32,), "yolov2-voc.cfg": (32,), "yolov2-tiny.cfg": (32,),
+    "yolov3.cfg": (32, 16, 8),
+    "yolov3-spp.cfg": (32, 16, 8),
+    "yolov3-voc.cfg": (32, 16, 8),
+    "yolov3-openimages.cfg": (32, 16, 8),
+    "yolov3-tiny.cfg": (32, 16),
+    "yolov2.cfg": (32,),
+    "yolov2-voc.cfg": (32,),
+    "yolov2-tiny.cfg": (32,),
     "yolov2-tiny-voc.cfg": (32,),
-    "yolov1.cfg": (), "yolov1-tiny.cfg": (), "t1.test.cfg": (),
+    "yolov1.cfg": (),
+    "yolov1-tiny.cfg": (),
+    "t1.test.cfg": (),
 }
 
 
@@ -192,11 +235,12 @@ def test_detector_heads(name, strides):
         warnings.simplefilter("ignore")  # _build has already reported on this cfg
         sections = parse_cfg(path)[1:]
     channels, size = net.options.channels, net.options.width
-    heads = [(s, l) for s, l in zip(sections, net.layers)
-             if l.type in ("yolo", "region", "detection")]
+    heads = [
+        (s, l) for s, l in zip(sections, net.layers) if l.type in ("yolo", "region", "detection")
+    ]
     assert heads and channels == 3
     if heads[0][1].type == "detection":
-        (s, layer), = heads
+        ((s, layer),) = heads
         side, coords, num = s.get_int("side"), s.get_int("coords"), s.get_int("num")
         assert layer.outputs == side * side * ((1 + coords) * num + s.get_int("classes"))
         return
@@ -206,5 +250,4 @@ def test_detector_heads(name, strides):
             depth = len(s.get_int_list("mask")) * (s.get_int("classes") + 5)
         else:
             depth = s.get_int("num") * (s.get_int("classes") + s.get_int("coords") + 1)
-        assert (layer.out_w, layer.out_h, layer.out_c) == (size // stride, size // stride,
-                                                           depth)
+        assert (layer.out_w, layer.out_h, layer.out_c) == (size // stride, size // stride, depth)

@@ -1,17 +1,18 @@
 """The AlexeyAB fork's stock cfg files (../shared/darknet-cfg-ab) build in the fork's
 flavour with the fork's layer count and printed BFLOPs (the table in that folder's
 README.md), or fail with one clear error where darknet-py does not support a layer."""
+
 import re
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import random_batch_norm, write_synthetic_tree
 
 from darknet_py.cfg import CfgError
-from darknet_py.predictions import get_network_boxes
 from darknet_py.network import build_network, load_network
-from helpers import random_batch_norm, write_synthetic_tree
+from darknet_py.predictions import get_network_boxes
 
 REPO = Path(__file__).resolve().parents[1]
 STOCK_DIR = REPO.parent / "shared" / "darknet-cfg-ab"
@@ -34,10 +35,10 @@ needs_stock = pytest.mark.skipif(not TABLE, reason=f"the fork's stock cfgs are n
 # Refused, with this error (file:line: key: message).
 UNSUPPORTED = {
     "yolov4-tiny_contrastive.cfg": ":447: section [contrastive] is a Darknet layer darknet-py "
-                                   "does not support",
+    "does not support",
 }
 # Cfgs that read files beside them: built in a folder holding stand-ins of those files.
-NEEDS_FILES = {"yolo9000.cfg": 9418}   # data/9k.tree (9418 classes) and data/coco9k.map
+NEEDS_FILES = {"yolo9000.cfg": 9418}  # data/9k.tree (9418 classes) and data/coco9k.map
 # Options the fork reads (or, for [yolo], the stock cfgs set) that [net] and [yolo] do not
 # read here yet: warned about, which this test leaves to those sections.
 OTHER_PART_SECTIONS = ("[net]", "[yolo]")
@@ -73,9 +74,12 @@ def test_builds_with_the_forks_layers_and_bflops(name, layers, bflops, tmp_path,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         net = build_network(path, darknet="alexeyab")
-    unread = [str(w.message) for w in caught if "not used" in str(w.message)
-              and not str(w.message).endswith(tuple(f"by {s} (a typo?)"
-                                                    for s in OTHER_PART_SECTIONS))]
+    unread = [
+        str(w.message)
+        for w in caught
+        if "not used" in str(w.message)
+        and not str(w.message).endswith(tuple(f"by {s} (a typo?)" for s in OTHER_PART_SECTIONS))
+    ]
     assert not unread, "\n".join(unread)
     assert len(net.layers) == layers
     assert f"{net.bflops:.3f}" == bflops
@@ -122,18 +126,23 @@ def test_yolo9000_runs_and_detects_down_its_tree(tmp_path, monkeypatch):
 
 @needs_stock
 def test_the_same_cfg_counts_differently_in_each_flavour():
-    path = STOCK_DIR / "yolov3-tiny.cfg"   # byte-identical in both Darknets
+    path = STOCK_DIR / "yolov3-tiny.cfg"  # byte-identical in both Darknets
     assert build_network(path).darknet == "original"
-    assert f"{build_network(path).bflops:.3f}" == "5.565"   # Darknet publishes 5.56
+    assert f"{build_network(path).bflops:.3f}" == "5.565"  # Darknet publishes 5.56
     assert f"{build_network(path, darknet='alexeyab').bflops:.3f}" == "5.571"
 
 
 @needs_stock
-@pytest.mark.parametrize("name,flavour", [
-    ("yolov4-tiny.cfg", "alexeyab"),      # [route] groups, [yolo] scale_x_y
-    ("yolov4-sam-mish-csp-reorg-bfm.cfg", "alexeyab"),   # [sam], mish
-    ("efficientnet_b0.cfg", "alexeyab"),  # [scale_channels], swish
-    ("yolov3.cfg", "original"), ("darknet53.cfg", "original")])
+@pytest.mark.parametrize(
+    "name,flavour",
+    [
+        ("yolov4-tiny.cfg", "alexeyab"),  # [route] groups, [yolo] scale_x_y
+        ("yolov4-sam-mish-csp-reorg-bfm.cfg", "alexeyab"),  # [sam], mish
+        ("efficientnet_b0.cfg", "alexeyab"),  # [scale_channels], swish
+        ("yolov3.cfg", "original"),
+        ("darknet53.cfg", "original"),
+    ],
+)
 def test_flavour_is_chosen_from_the_cfg(name, flavour):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

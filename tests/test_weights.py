@@ -1,4 +1,5 @@
 """Darknet .weights I/O: exact bytes, header versions, sizes, cutoffs."""
+
 import struct
 from pathlib import Path
 
@@ -10,8 +11,9 @@ from darknet_py.network import Network
 from darknet_py.weights import WeightsError, floats_needed, load_weights, save_weights
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(),
-                                    reason=f"Darknet fixtures not found at {FIXTURES}")
+needs_fixtures = pytest.mark.skipif(
+    not FIXTURES.is_dir(), reason=f"Darknet fixtures not found at {FIXTURES}"
+)
 
 CFG = """[net]
 batch=1
@@ -98,17 +100,18 @@ def test_seen_width_depends_on_version(tmp_path, major, minor, header_bytes):
 def test_transposed_connected_format(tmp_path):
     rng = np.random.default_rng(2)
     plain = rng.standard_normal(NEEDED).astype(np.float32)
-    conn_w = plain[74 + 5:].reshape(5, 72)   # outputs x inputs, as Darknet holds it
+    conn_w = plain[74 + 5 :].reshape(5, 72)  # outputs x inputs, as Darknet holds it
     transposed = plain.copy()
-    transposed[74 + 5:] = conn_w.T.reshape(-1)  # the old format stores inputs x outputs
+    transposed[74 + 5 :] = conn_w.T.reshape(-1)  # the old format stores inputs x outputs
     a, b = tmp_path / "plain.weights", tmp_path / "old.weights"
     write_file(a, plain)
     write_file(b, transposed, major=0, minor=1001)
     n1, n2 = make_net(), make_net()
     load_weights(n1, a)
     load_weights(n2, b)
-    np.testing.assert_array_equal(n1.be.to_host(n1.layers[2].weights),
-                                  n2.be.to_host(n2.layers[2].weights))
+    np.testing.assert_array_equal(
+        n1.be.to_host(n1.layers[2].weights), n2.be.to_host(n2.layers[2].weights)
+    )
 
 
 @pytest.mark.parametrize("count,word", [(NEEDED - 1, "fewer"), (NEEDED + 3, "more")])
@@ -166,6 +169,7 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
 @pytest.mark.parametrize("name", ["p1_classifier", "p2_tinyyolo"])
 def test_fixture_weights_round_trip(tmp_path, name):
     import darknet_py as dn
+
     src = FIXTURES / name / f"{name}.weights"
     net = dn.load_network(FIXTURES / name / f"{name}.cfg", src)
     out = tmp_path / "copy.weights"
@@ -175,9 +179,10 @@ def test_fixture_weights_round_trip(tmp_path, name):
 
 def test_nan_and_inf_weights_load_with_a_warning_naming_the_layer(tmp_path):
     from darknet_py.weights import WeightsWarning
+
     values = np.ones(NEEDED, dtype=np.float32)
-    values[66 + 3] = np.nan          # layer 1: its 2 biases, then its weights
-    values[66 + 8 + 10] = np.inf     # the connected layer
+    values[66 + 3] = np.nan  # layer 1: its 2 biases, then its weights
+    values[66 + 8 + 10] = np.inf  # the connected layer
     path = tmp_path / "bad.weights"
     write_file(path, values)
     with pytest.warns(WeightsWarning) as caught:
@@ -188,8 +193,10 @@ def test_nan_and_inf_weights_load_with_a_warning_naming_the_layer(tmp_path):
     assert "layer 2 [connected]" in messages[1] and str(path) in messages[1]
 
 
-@pytest.mark.parametrize("body, words", [(13 - 12, "header"), (19 - 12, "header"),
-                                         (4 * NEEDED + 2, "not a whole number of floats")])
+@pytest.mark.parametrize(
+    "body, words",
+    [(13 - 12, "header"), (19 - 12, "header"), (4 * NEEDED + 2, "not a whole number of floats")],
+)
 def test_header_and_body_sizes_are_checked_before_reading(tmp_path, body, words):
     path = tmp_path / "cut.weights"
     path.write_bytes(struct.pack("<3i", 0, 2, 0) + bytes(body))

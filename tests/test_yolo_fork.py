@@ -1,6 +1,7 @@
 """The AlexeyAB fork's [yolo] head: its forward (scale_x_y, new_coords) against the fork's
 own outputs (../shared/fixtures-ab), and its box maths, loss and NMS kinds against
 scalar transcriptions of its src/box.c and src/yolo_layer.c."""
+
 import math
 from pathlib import Path
 
@@ -8,8 +9,16 @@ import numpy as np
 import pytest
 
 from darknet_py.backends.numpy_backend import NumpyBackend
-from darknet_py.boxes import (Detection, box_ciou, box_diou, box_diounms, box_giou, do_nms_sort,
-                              dx_box_iou, fork_iou)
+from darknet_py.boxes import (
+    Detection,
+    box_ciou,
+    box_diou,
+    box_diounms,
+    box_giou,
+    do_nms_sort,
+    dx_box_iou,
+    fork_iou,
+)
 from darknet_py.cfg import CfgError, parse_cfg, parse_cfg_text
 from darknet_py.layers.base import BuildContext
 from darknet_py.layers.yolo import FLT_MAX, YoloLayer
@@ -41,8 +50,9 @@ def run_forward(layer, x):
 
 
 # ---- forward against the fork's outputs --------------------------------------------------
-@pytest.mark.skipif(not (FIXTURES_AB / "a1_yolov4tiny").is_dir(),
-                    reason=f"fork fixtures not found at {FIXTURES_AB}")
+@pytest.mark.skipif(
+    not (FIXTURES_AB / "a1_yolov4tiny").is_dir(), reason=f"fork fixtures not found at {FIXTURES_AB}"
+)
 def test_yolov4tiny_yolo_layers_match_the_fork_from_their_stored_inputs():
     d = FIXTURES_AB / "a1_yolov4tiny"
     ref = np.load(d / "a1_yolov4tiny.npz")
@@ -76,8 +86,10 @@ def forward_reference(x, n, classes, wh, scale_x_y, new_coords):
 
 @pytest.mark.parametrize("new_coords,scale", [(0, 1.0), (0, 1.2), (1, 2.0), (1, 1.0)])
 def test_forward_scale_x_y_and_new_coords(new_coords, scale):
-    section = yolo_section(f"mask=0,1\nanchors=4,5, 9,8\nnum=2\nclasses=3\n"
-                           f"scale_x_y={scale}\nnew_coords={new_coords}\n")
+    section = yolo_section(
+        f"mask=0,1\nanchors=4,5, 9,8\nnum=2\nclasses=3\n"
+        f"scale_x_y={scale}\nnew_coords={new_coords}\n"
+    )
     layer = yolo_layer(section, 16, 3, 4)
     x = np.random.default_rng(3).normal(0, 2, 16 * 12).astype(F32)
     got = run_forward(layer, x)
@@ -88,18 +100,20 @@ def test_forward_scale_x_y_and_new_coords(new_coords, scale):
 
 
 def test_detections_decode_new_coords_sizes_and_scaled_centres():
-    section = yolo_section("mask=1\nanchors=4,5, 16,8\nnum=2\nclasses=2\nnew_coords=1\n"
-                           "scale_x_y=2.0\n")
+    section = yolo_section(
+        "mask=1\nanchors=4,5, 16,8\nnum=2\nclasses=2\nnew_coords=1\nscale_x_y=2.0\n"
+    )
     layer = yolo_layer(section, 7, 2, 3)
     x = np.zeros((7, 2, 3), dtype=F32)
-    x[:, 1, 2] = [.75, .25, .5, .25, .9, .5, .8]  # cell row 1, col 2
+    x[:, 1, 2] = [0.75, 0.25, 0.5, 0.25, 0.9, 0.5, 0.8]  # cell row 1, col 2
     out = run_forward(layer, x)
-    (d,) = layer.detections(out, 64, 32, 64, 32, thresh=.5, letter=False)
+    (d,) = layer.detections(out, 64, 32, 64, 32, thresh=0.5, letter=False)
     # x' = 2x - .5; w = (2 tw)² anchor / netw
-    assert d.box == pytest.approx(((2 + 1.0) / 3, (1 + 0.0) / 2, 4 * .25 * 16 / 64,
-                                   4 * .0625 * 8 / 32))
-    assert d.objectness == pytest.approx(.9)
-    np.testing.assert_allclose(d.probs, [0, .9 * .8], rtol=1e-6)  # .45 is not above .5
+    assert d.box == pytest.approx(
+        ((2 + 1.0) / 3, (1 + 0.0) / 2, 4 * 0.25 * 16 / 64, 4 * 0.0625 * 8 / 32)
+    )
+    assert d.objectness == pytest.approx(0.9)
+    np.testing.assert_allclose(d.probs, [0, 0.9 * 0.8], rtol=1e-6)  # .45 is not above .5
 
 
 # ---- cfg -----------------------------------------------------------------------------------
@@ -107,16 +121,19 @@ def test_original_layer_without_fork_options_keeps_original_defaults():
     layer = yolo_layer(yolo_section("mask=0\nanchors=4,5\nnum=1\nclasses=1\n"), 6, 2, 2)
     assert not layer.fork and layer.max_boxes == 90
     fork = yolo_layer(yolo_section("mask=0\nanchors=4,5\nnum=1\nclasses=1\nbeta_nms=.5\n"), 6, 2, 2)
-    assert fork.fork and fork.max_boxes == 200 and fork.iou_normalizer == .75
+    assert fork.fork and fork.max_boxes == 200 and fork.iou_normalizer == 0.75
 
 
-@pytest.mark.parametrize("line,key,message", [
-    ("iou_loss=ciuo", "iou_loss", "unknown value 'ciuo'"),
-    ("nms_kind=softnms", "nms_kind", "unknown value 'softnms'"),
-    ("iou_thresh_kind=mse", "iou_thresh_kind", "unknown value 'mse'"),
-    ("counters_per_class=3,4", "counters_per_class", "2 counts given for classes=3"),
-    ("focal_loss=1", "focal_loss", "not supported"),
-])
+@pytest.mark.parametrize(
+    "line,key,message",
+    [
+        ("iou_loss=ciuo", "iou_loss", "unknown value 'ciuo'"),
+        ("nms_kind=softnms", "nms_kind", "unknown value 'softnms'"),
+        ("iou_thresh_kind=mse", "iou_thresh_kind", "unknown value 'mse'"),
+        ("counters_per_class=3,4", "counters_per_class", "2 counts given for classes=3"),
+        ("focal_loss=1", "focal_loss", "not supported"),
+    ],
+)
 def test_bad_fork_options_name_line_and_key(line, key, message):
     section = yolo_section(f"mask=0\nanchors=4,5\nnum=1\nclasses=3\n{line}\n")
     with pytest.raises(CfgError) as e:
@@ -125,12 +142,17 @@ def test_bad_fork_options_name_line_and_key(line, key, message):
 
 
 def test_counters_per_class_weights_rare_classes_capped_at_max_delta():
-    section = yolo_section("mask=0\nanchors=4,5\nnum=1\nclasses=3\ncounters_per_class=100,0,40\n"
-                           "max_delta=2\n")
+    section = yolo_section(
+        "mask=0\nanchors=4,5\nnum=1\nclasses=3\ncounters_per_class=100,0,40\nmax_delta=2\n"
+    )
     layer = yolo_layer(section, 8, 2, 2)
     np.testing.assert_allclose(layer.class_multipliers, [1, 2, 2], rtol=0)
-    layer = yolo_layer(yolo_section("mask=0\nanchors=4,5\nnum=1\nclasses=3\n"
-                                    "counters_per_class=100,0,40\n"), 8, 2, 2)
+    layer = yolo_layer(
+        yolo_section("mask=0\nanchors=4,5\nnum=1\nclasses=3\ncounters_per_class=100,0,40\n"),
+        8,
+        2,
+        2,
+    )
     np.testing.assert_allclose(layer.class_multipliers, [1, 100, 2.5], rtol=1e-7)
 
 
@@ -233,8 +255,10 @@ def c_dx_box_iou(pred, truth, kind):
     p_dr = p_dr if left0 < right0 else p_dl
     with np.errstate(divide="ignore", invalid="ignore"):
         if kind == "giou":
-            terms = [F32((gC * dU - U * dC) / (gC * gC))
-                     for dU, dC in ((dU_t, dC_t), (dU_b, dC_b), (dU_l, dC_l), (dU_r, dC_r))]
+            terms = [
+                F32((gC * dU - U * dC) / (gC * gC))
+                for dU, dC in ((dU_t, dC_t), (dU_b, dC_b), (dU_l, dC_l), (dU_r, dC_r))
+            ]
             if gC > 0:
                 p_dt, p_db, p_dl, p_dr = (p + t for p, t in zip((p_dt, p_db, p_dl, p_dr), terms))
             if Iw <= 0 or Ih <= 0:
@@ -242,9 +266,9 @@ def c_dx_box_iou(pred, truth, kind):
         Cw, Ch = c_box_c(pred, truth)
         C = F32(Cw * Cw + Ch * Ch)
         dCw_dx = F32((1 if pr > trr else 0) - (1 if pl < tl else 0))
-        dCw_dw = F32((.5 if pr > trr else 0) - (-.5 if pl < tl else 0))
+        dCw_dw = F32((0.5 if pr > trr else 0) - (-0.5 if pl < tl else 0))
         dCh_dy = F32((1 if pb > tb else 0) - (1 if pt < tt else 0))
-        dCh_dh = F32((.5 if pb > tb else 0) - (-.5 if pt < tt else 0))
+        dCh_dh = F32((0.5 if pb > tb else 0) - (-0.5 if pt < tt else 0))
         p_dx, p_dy = F32(p_dl + p_dr), F32(p_dt + p_db)
         p_dw, p_dh = F32(p_dr - p_dl), F32(p_db - p_dt)
         if kind in ("diou", "ciou"):
@@ -268,29 +292,35 @@ def c_dx_box_iou(pred, truth, kind):
 def box_pairs(seed, count=60):
     """Random prediction/truth pairs: overlapping, nested, disjoint, identical centres."""
     rng = np.random.default_rng(seed)
-    pred = np.concatenate([rng.random((count, 2)) * .8 + .1, rng.random((count, 2)) * .4 + .02],
-                          axis=1).astype(F32)
-    truth = np.concatenate([rng.random((count, 2)) * .8 + .1, rng.random((count, 2)) * .4 + .02],
-                           axis=1).astype(F32)
-    truth[:10, :2] = pred[:10, :2] + F32(.01)        # nearly concentric
-    truth[10:15] = [.5, .5, .1, .1]                   # far apart from ...
-    pred[10:15, :2] = [.05, .05]
-    pred[15:20, 2:] = truth[15:20, 2:] * F32(3)       # truth inside the prediction
+    pred = np.concatenate(
+        [rng.random((count, 2)) * 0.8 + 0.1, rng.random((count, 2)) * 0.4 + 0.02], axis=1
+    ).astype(F32)
+    truth = np.concatenate(
+        [rng.random((count, 2)) * 0.8 + 0.1, rng.random((count, 2)) * 0.4 + 0.02], axis=1
+    ).astype(F32)
+    truth[:10, :2] = pred[:10, :2] + F32(0.01)  # nearly concentric
+    truth[10:15] = [0.5, 0.5, 0.1, 0.1]  # far apart from ...
+    pred[10:15, :2] = [0.05, 0.05]
+    pred[15:20, 2:] = truth[15:20, 2:] * F32(3)  # truth inside the prediction
     pred[15:20, :2] = truth[15:20, :2]
     return pred, truth
 
 
 def test_iou_family_matches_the_forks_box_c():
     pred, truth = box_pairs(11)
-    for fn, ref in ((fork_iou, c_iou), (box_giou, c_giou), (box_diou, lambda a, b: c_diounms(a, b, .6)),
-                    (box_ciou, c_ciou), (lambda a, b: box_diounms(a, b, .8),
-                                          lambda a, b: c_diounms(a, b, .8))):
+    for fn, ref in (
+        (fork_iou, c_iou),
+        (box_giou, c_giou),
+        (box_diou, lambda a, b: c_diounms(a, b, 0.6)),
+        (box_ciou, c_ciou),
+        (lambda a, b: box_diounms(a, b, 0.8), lambda a, b: c_diounms(a, b, 0.8)),
+    ):
         want = np.array([ref(p, t) for p, t in zip(pred, truth)], dtype=F32)
         np.testing.assert_allclose(fn(pred, truth), want, rtol=2e-6, atol=2e-7)
-    same = np.array([.5, .5, .2, .3], dtype=F32)
+    same = np.array([0.5, 0.5, 0.2, 0.3], dtype=F32)
     for fn in (fork_iou, box_giou, box_diou, box_ciou):
         assert fn(same, same) == pytest.approx(1.0, abs=1e-6)
-    far = box_giou(np.array([0, 0, .1, .1], F32), np.array([.9, .9, .1, .1], F32))
+    far = box_giou(np.array([0, 0, 0.1, 0.1], F32), np.array([0.9, 0.9, 0.1, 0.1], F32))
     assert -1 < far < 0  # GIoU goes negative for disjoint boxes
 
 
@@ -323,14 +353,30 @@ def c_fork_yolo_loss(out, truth, batch, lw, lh, n, total, mask, classes, biases,
 
     def get_box(x, nn, index, i, j):
         if o["new_coords"]:
-            return (F32((i + x[index]) / F32(lw)), F32((j + x[index + stride]) / F32(lh)),
-                    F32(x[index + 2 * stride] * x[index + 2 * stride] * F32(4) * biases[2 * nn]
-                        / F32(netw)),
-                    F32(x[index + 3 * stride] * x[index + 3 * stride] * F32(4) * biases[2 * nn + 1]
-                        / F32(neth)))
-        return (F32((i + x[index]) / F32(lw)), F32((j + x[index + stride]) / F32(lh)),
-                F32(math.exp(float(x[index + 2 * stride])) * float(biases[2 * nn]) / netw),
-                F32(math.exp(float(x[index + 3 * stride])) * float(biases[2 * nn + 1]) / neth))
+            return (
+                F32((i + x[index]) / F32(lw)),
+                F32((j + x[index + stride]) / F32(lh)),
+                F32(
+                    x[index + 2 * stride]
+                    * x[index + 2 * stride]
+                    * F32(4)
+                    * biases[2 * nn]
+                    / F32(netw)
+                ),
+                F32(
+                    x[index + 3 * stride]
+                    * x[index + 3 * stride]
+                    * F32(4)
+                    * biases[2 * nn + 1]
+                    / F32(neth)
+                ),
+            )
+        return (
+            F32((i + x[index]) / F32(lw)),
+            F32((j + x[index + stride]) / F32(lh)),
+            F32(math.exp(float(x[index + 2 * stride])) * float(biases[2 * nn]) / netw),
+            F32(math.exp(float(x[index + 3 * stride])) * float(biases[2 * nn + 1]) / neth),
+        )
 
     def delta_box(tr, x, nn, index, i, j, scale, iou_normalizer):
         pred = list(get_box(x, nn, index, i, j))
@@ -395,11 +441,12 @@ def c_fork_yolo_loss(out, truth, batch, lw, lh, n, total, mask, classes, biases,
                     pred = get_box(out, mask[a], box_index, i, j)
                     best_match_iou, best_iou, best_t = F32(0), F32(0), 0
                     for t in range(max_boxes):
-                        tr = truth[t * fields + b * truths:][:4]
+                        tr = truth[t * fields + b * truths :][:4]
                         if not tr[0]:
                             break
-                        class_id_match = any(out[class_index + stride * k] > F32(.25)
-                                             for k in range(classes))
+                        class_id_match = any(
+                            out[class_index + stride * k] > F32(0.25) for k in range(classes)
+                        )
                         iou = c_iou(pred, tr)
                         if iou > best_match_iou and class_id_match:
                             best_match_iou = iou
@@ -424,12 +471,21 @@ def c_fork_yolo_loss(out, truth, batch, lw, lh, n, total, mask, classes, biases,
                         cm = F32(1) if mult is None else mult[cls]
                         if o["objectness_smooth"]:
                             delta[class_index + stride * cls] = cm * (
-                                mul2 - out[class_index + stride * cls])
-                        tr = truth[best_t * fields + b * truths:][:4]
-                        delta_box(tr, out, mask[a], box_index, i, j, F32(2) - tr[2] * tr[3],
-                                  F32(o["iou_normalizer"]) * cm)
+                                mul2 - out[class_index + stride * cls]
+                            )
+                        tr = truth[best_t * fields + b * truths :][:4]
+                        delta_box(
+                            tr,
+                            out,
+                            mask[a],
+                            box_index,
+                            i,
+                            j,
+                            F32(2) - tr[2] * tr[3],
+                            F32(o["iou_normalizer"]) * cm,
+                        )
         for t in range(max_boxes):
-            tr = truth[t * fields + b * truths:][:4]
+            tr = truth[t * fields + b * truths :][:4]
             if not tr[0]:
                 break
             cls = int(truth[t * fields + b * truths + 4])
@@ -444,16 +500,28 @@ def c_fork_yolo_loss(out, truth, batch, lw, lh, n, total, mask, classes, biases,
             for k in range(total):
                 if k in mask and k != best_n and o["iou_thresh"] < 1:
                     anchor = (0, 0, biases[2 * k] / F32(netw), biases[2 * k + 1] / F32(neth))
-                    kind = {"iou": c_iou, "giou": c_giou, "ciou": c_ciou,
-                            "diou": lambda p, q: c_diounms(p, q, .6)}[o["iou_thresh_kind"]]
+                    kind = {
+                        "iou": c_iou,
+                        "giou": c_giou,
+                        "ciou": c_ciou,
+                        "diou": lambda p, q: c_diounms(p, q, 0.6),
+                    }[o["iou_thresh_kind"]]
                     if kind(anchor, shift) > o["iou_thresh"]:
                         candidates.append(k)
             for k in candidates:
                 mask_n = mask.index(k)
                 box_index = entry_index(b, mask_n * lw * lh + j * lw + i, 0)
                 cm = F32(1) if mult is None else mult[cls]
-                iou, giou = delta_box(tr, out, k, box_index, i, j, F32(2) - tr[2] * tr[3],
-                                      F32(o["iou_normalizer"]) * cm)
+                iou, giou = delta_box(
+                    tr,
+                    out,
+                    k,
+                    box_index,
+                    i,
+                    j,
+                    F32(2) - tr[2] * tr[3],
+                    F32(o["iou_normalizer"]) * cm,
+                )
                 stats["tot_iou"] += iou
                 stats["tot_iou_loss"] += 1 - iou
                 stats["tot_giou_loss"] += 1 - giou
@@ -475,8 +543,9 @@ def c_fork_yolo_loss(out, truth, batch, lw, lh, n, total, mask, classes, biases,
                         box_index = entry_index(b, a * lw * lh + j * lw + i, 0)
                         class_index = entry_index(b, a * lw * lh + j * lw + i, 5)
                         if delta[obj_index] != 0:
-                            told = sum(1 for k in range(classes)
-                                       if delta[class_index + stride * k] > 0)
+                            told = sum(
+                                1 for k in range(classes) if delta[class_index + stride * k] > 0
+                            )
                             if told > 0:
                                 for k in range(4):
                                     delta[box_index + k * stride] /= told
@@ -504,7 +573,7 @@ FORK_OPTION_CASES = {
     "ciou-thresh": "iou_loss=ciou\niou_normalizer=0.07\niou_thresh=0.2\nmax_delta=0.01\n",
     "ciou-new-coords": "iou_loss=ciou\nnew_coords=1\niou_thresh=0.3\niou_thresh_kind=giou\n",
     "iou-classes": "iou_loss=iou\ncounters_per_class=10,50,25\ncls_normalizer=0.5\n"
-                   "objectness_smooth=1\nignore_thresh=.3\ntruth_thresh=.75\n",
+    "objectness_smooth=1\nignore_thresh=.3\ntruth_thresh=.75\n",
     "diou-smooth": "iou_loss=diou\nobjectness_smooth=1\nignore_thresh=.2\nscale_x_y=1.1\n",
 }
 
@@ -514,19 +583,27 @@ def fork_case(layer, rng):
     B, n, C, h, w = layer.batch, layer.n, layer.classes, layer.h, layer.w
     out = np.empty((B, n, 5 + C, h, w), dtype=F32)
     out[:, :, [0, 1, 4]] = rng.random((B, n, 3, h, w))
-    out[:, :, 5:] = rng.random((B, n, C, h, w)) * F32(.5)
-    out[:, :, 2:4] = rng.random((B, n, 2, h, w)) * F32(.8) + F32(.1) if layer.new_coords else \
-        rng.normal(0, .3, (B, n, 2, h, w))
+    out[:, :, 5:] = rng.random((B, n, C, h, w)) * F32(0.5)
+    out[:, :, 2:4] = (
+        rng.random((B, n, 2, h, w)) * F32(0.8) + F32(0.1)
+        if layer.new_coords
+        else rng.normal(0, 0.3, (B, n, 2, h, w))
+    )
     truth = np.zeros((B, 200, 6), dtype=F32)
     # Image 0: three boxes in one cell (classes 0, 2, 0: the third rewrites only its class),
     # a small box whose best anchor is not masked, and one elsewhere.
-    truth[0, :5] = [[.30, .25, .60, .70, 0, 7], [.33, .30, .62, .74, 2, 8], [.31, .28, .61, .72, 0, 9],
-                    [.80, .70, .09, .15, 1, 0], [.55, .60, .31, .37, 1, 0]]
-    out[0, :, 5 + 1] = F32(.6)  # class 1 named everywhere in image 0: ignore_thresh applies
+    truth[0, :5] = [
+        [0.30, 0.25, 0.60, 0.70, 0, 7],
+        [0.33, 0.30, 0.62, 0.74, 2, 8],
+        [0.31, 0.28, 0.61, 0.72, 0, 9],
+        [0.80, 0.70, 0.09, 0.15, 1, 0],
+        [0.55, 0.60, 0.31, 0.37, 1, 0],
+    ]
+    out[0, :, 5 + 1] = F32(0.6)  # class 1 named everywhere in image 0: ignore_thresh applies
     # Image 1: a box the prediction of slot 0 fits closely (truth_thresh), and a loose one.
-    truth[1, :2] = [[.40, .40, .60, .75, 1, 0], [.85, .30, .30, .40, 2, 0]]
-    out[1, :, 5 + 2] = F32(.3)
-    for tx, ty, tw, th, a in ((.40, .40, .60, .75, 0), (.85, .30, .33, .40, 0)):
+    truth[1, :2] = [[0.40, 0.40, 0.60, 0.75, 1, 0], [0.85, 0.30, 0.30, 0.40, 2, 0]]
+    out[1, :, 5 + 2] = F32(0.3)
+    for tx, ty, tw, th, a in ((0.40, 0.40, 0.60, 0.75, 0), (0.85, 0.30, 0.33, 0.40, 0)):
         i, j = int(tx * w), int(ty * h)
         s = F32(layer.scale_x_y)
         out[1, a, 0, j, i] = tx * w - i
@@ -546,21 +623,31 @@ def fork_case(layer, rng):
 def test_fork_loss_matches_the_forks_transcription(case):
     options = dict(line.split("=") for line in FORK_OPTION_CASES[case].split())
     options = {"ignore_thresh": ".5", "truth_thresh": ".9", **options}
-    body = ("mask=1,2\nanchors=6,5, 20,12, 40,24\nclasses=3\nnum=3\n"
-            + "".join(f"{k}={v}\n" for k, v in options.items()))
+    body = "mask=1,2\nanchors=6,5, 20,12, 40,24\nclasses=3\nnum=3\n" + "".join(
+        f"{k}={v}\n" for k, v in options.items()
+    )
     section = yolo_section(body)
     layer = yolo_layer(section, 16, 2, 4, batch=2)
     assert layer.fork and not section.unused()
     out, truth = fork_case(layer, np.random.default_rng(len(case)))
-    options = dict(iou_loss=layer.iou_loss, new_coords=layer.new_coords,
-                   multipliers=layer.class_multipliers, label_smooth_eps=F32(layer.label_smooth_eps),
-                   cls_normalizer=layer.cls_normalizer, obj_normalizer=layer.obj_normalizer,
-                   iou_normalizer=layer.iou_normalizer, ignore_thresh=F32(layer.ignore_thresh),
-                   truth_thresh=F32(layer.truth_thresh), objectness_smooth=layer.objectness_smooth,
-                   iou_thresh=F32(layer.iou_thresh), iou_thresh_kind=layer.iou_thresh_kind,
-                   max_delta=None if "max_delta" not in body else layer.max_delta)
+    options = dict(
+        iou_loss=layer.iou_loss,
+        new_coords=layer.new_coords,
+        multipliers=layer.class_multipliers,
+        label_smooth_eps=F32(layer.label_smooth_eps),
+        cls_normalizer=layer.cls_normalizer,
+        obj_normalizer=layer.obj_normalizer,
+        iou_normalizer=layer.iou_normalizer,
+        ignore_thresh=F32(layer.ignore_thresh),
+        truth_thresh=F32(layer.truth_thresh),
+        objectness_smooth=layer.objectness_smooth,
+        iou_thresh=F32(layer.iou_thresh),
+        iou_thresh_kind=layer.iou_thresh_kind,
+        max_delta=None if "max_delta" not in body else layer.max_delta,
+    )
     want_delta, want_cost, want_count, want_iou = c_fork_yolo_loss(
-        out, truth, 2, 4, 2, 2, 3, [1, 2], 3, layer.biases, 64, 32, options)
+        out, truth, 2, 4, 2, 2, 3, [1, 2], 3, layer.biases, 64, 32, options
+    )
     rows = truth.reshape(2, 200, 6)
     delta, cost, stats = layer.fork_loss(out, [rows[0, :5], rows[1, :2]], 64, 32)
     np.testing.assert_allclose(delta, want_delta, rtol=2e-5, atol=2e-6)
@@ -569,19 +656,30 @@ def test_fork_loss_matches_the_forks_transcription(case):
     assert stats["avg_iou"] == pytest.approx(float(want_iou) / want_count, rel=1e-5)
     if "max_delta" in body:  # the cap changed something
         layer.max_delta = FLT_MAX
-        assert np.abs(layer.fork_loss(out, [rows[0, :5], rows[1, :2]], 64, 32)[0] - delta).max() > .1
+        assert (
+            np.abs(layer.fork_loss(out, [rows[0, :5], rows[1, :2]], 64, 32)[0] - delta).max() > 0.1
+        )
 
 
 def test_fork_report_line_is_the_forks():
-    layer = yolo_layer(yolo_section("mask=1,2\nanchors=6,5, 20,12, 40,24\nclasses=3\nnum=3\n"
-                                    "iou_loss=ciou\niou_normalizer=0.07\n"), 16, 2, 4, batch=2,
-                       index=30)
+    layer = yolo_layer(
+        yolo_section(
+            "mask=1,2\nanchors=6,5, 20,12, 40,24\nclasses=3\nnum=3\n"
+            "iou_loss=ciou\niou_normalizer=0.07\n"
+        ),
+        16,
+        2,
+        4,
+        batch=2,
+        index=30,
+    )
     out, truth = fork_case(layer, np.random.default_rng(1))
     rows = truth.reshape(2, 200, 6)
     _, cost, layer.stats = layer.fork_loss(out, [rows[0, :5], rows[1, :2]], 64, 32)
     line = layer.stats_report()
-    assert line.startswith("v3 (iou loss, Normalizer: (iou: 0.07, obj: 1.00, cls: 1.00) Region 30 "
-                           "Avg (IOU: ")
+    assert line.startswith(
+        "v3 (iou loss, Normalizer: (iou: 0.07, obj: 1.00, cls: 1.00) Region 30 Avg (IOU: "
+    )
     st = layer.stats
     assert f"count: {st['count']}, class_loss = {st['class_loss']:f}, " in line
     assert st["total_loss"] == pytest.approx(st["class_loss"] + st["iou_loss"])
@@ -605,7 +703,7 @@ def c_diounms_sort(boxes, probs, thresh, kind, beta):
                 b = boxes[order[y]]
                 if kind == "cornersnms" and c_iou(a, b) > thresh:
                     probs[order[y], k] = 0
-                elif kind == "greedynms" and c_diounms(a, b, .6) > thresh:
+                elif kind == "greedynms" and c_diounms(a, b, 0.6) > thresh:
                     probs[order[y], k] = 0
                 elif kind == "diounms" and c_diounms(a, b, beta) > thresh:
                     probs[order[y], k] = 0
@@ -615,54 +713,68 @@ def c_diounms_sort(boxes, probs, thresh, kind, beta):
 @pytest.mark.parametrize("kind", ["greedynms", "diounms", "cornersnms"])
 def test_nms_kinds_match_the_forks_diounms_sort(kind):
     rng = np.random.default_rng(4)
-    boxes = np.concatenate([rng.random((40, 2)) * .5 + .25, rng.random((40, 2)) * .3 + .05],
-                           axis=1).astype(F32)
-    probs = (rng.random((40, 3)) * (rng.random((40, 3)) > .3)).astype(F32)
-    dets = [Detection(box=tuple(map(float, b)), objectness=1.0, probs=p.copy())
-            for b, p in zip(boxes, probs)]
+    boxes = np.concatenate(
+        [rng.random((40, 2)) * 0.5 + 0.25, rng.random((40, 2)) * 0.3 + 0.05], axis=1
+    ).astype(F32)
+    probs = (rng.random((40, 3)) * (rng.random((40, 3)) > 0.3)).astype(F32)
+    dets = [
+        Detection(box=tuple(map(float, b)), objectness=1.0, probs=p.copy())
+        for b, p in zip(boxes, probs)
+    ]
     for d, i in zip(dets, range(40)):
         d.layer = i
-    do_nms_sort(dets, 3, .45, kind, beta=.8)
+    do_nms_sort(dets, 3, 0.45, kind, beta=0.8)
     got = np.array([d.probs for d in sorted(dets, key=lambda d: d.layer)])
-    want = c_diounms_sort(boxes, probs, F32(.45), kind, .8)
+    want = c_diounms_sort(boxes, probs, F32(0.45), kind, 0.8)
     np.testing.assert_array_equal(got, want)
     assert (got == 0).sum() > (probs == 0).sum()  # something was suppressed
 
 
 def test_greedynms_keeps_boxes_whose_centres_are_apart():
     # IoU .5 (suppressed by default NMS at .45) but DIoU about .33 (kept by greedynms).
-    a, b = (.5, .5, .4, .2), (.5 + .4 / 3, .5, .4, .2)
+    a, b = (0.5, 0.5, 0.4, 0.2), (0.5 + 0.4 / 3, 0.5, 0.4, 0.2)
     for kind, kept in (("default", 1), ("greedynms", 2)):
-        dets = [Detection(box=a, objectness=1.0, probs=np.array([.9], F32)),
-                Detection(box=b, objectness=1.0, probs=np.array([.8], F32))]
-        do_nms_sort(dets, 1, .45, kind)
+        dets = [
+            Detection(box=a, objectness=1.0, probs=np.array([0.9], F32)),
+            Detection(box=b, objectness=1.0, probs=np.array([0.8], F32)),
+        ]
+        do_nms_sort(dets, 1, 0.45, kind)
         assert sum(d.probs[0] > 0 for d in dets) == kept, kind
 
 
 def test_detector_takes_the_nms_kind_of_its_last_yolo_layer():
     from darknet_py.predictions import nms_kind
-    head = "[convolutional]\nfilters=6\nsize=1\nactivation=linear\n[yolo]\nmask=0\nanchors=4,5\n" \
-           "num=1\nclasses=1\n"
-    text = ("[net]\nwidth=8\nheight=8\nchannels=3\n" + head + "nms_kind=diounms\nbeta_nms=.7\n"
-            "[route]\nlayers=-2\n" + head + "nms_kind=greedynms\n")
+
+    head = (
+        "[convolutional]\nfilters=6\nsize=1\nactivation=linear\n[yolo]\nmask=0\nanchors=4,5\n"
+        "num=1\nclasses=1\n"
+    )
+    text = (
+        "[net]\nwidth=8\nheight=8\nchannels=3\n" + head + "nms_kind=diounms\nbeta_nms=.7\n"
+        "[route]\nlayers=-2\n" + head + "nms_kind=greedynms\n"
+    )
     net = Network(parse_cfg_text(text), backend=NumpyBackend())
-    assert nms_kind(net) == ("greedynms", pytest.approx(.6))
-    plain = Network(parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\n" + head),
-                    backend=NumpyBackend())
-    assert nms_kind(plain) == ("default", .6)
+    assert nms_kind(net) == ("greedynms", pytest.approx(0.6))
+    plain = Network(
+        parse_cfg_text("[net]\nwidth=8\nheight=8\nchannels=3\n" + head), backend=NumpyBackend()
+    )
+    assert nms_kind(plain) == ("default", 0.6)
 
 
 @pytest.mark.parametrize("letter_box", [0, 1])
 def test_fork_detector_resizes_its_input_plainly_unless_letter_box(letter_box):
-    from darknet_py.predictions import detect
     from darknet_py.image import letterbox, resize_image
-    text = ("[net]\nwidth=16\nheight=16\nchannels=3\n"
-            f"letter_box={letter_box}\n[convolutional]\nfilters=6\nsize=1\nactivation=linear\n"
-            "[yolo]\nmask=0\nanchors=4,5\nnum=1\nclasses=1\nscale_x_y=1.05\n")
+    from darknet_py.predictions import detect
+
+    text = (
+        "[net]\nwidth=16\nheight=16\nchannels=3\n"
+        f"letter_box={letter_box}\n[convolutional]\nfilters=6\nsize=1\nactivation=linear\n"
+        "[yolo]\nmask=0\nanchors=4,5\nnum=1\nclasses=1\nscale_x_y=1.05\n"
+    )
     net = Network(parse_cfg_text(text), backend=NumpyBackend())
     assert net.darknet == "alexeyab"
     image = np.random.default_rng(0).random((3, 10, 24), dtype=F32)
-    detect(net, image, thresh=.01)
+    detect(net, image, thresh=0.01)
     got = net.layer_output(0).copy()
     sized = letterbox(image, 16, 16) if letter_box else resize_image(image, 16, 16)
     net.predict(sized[None])

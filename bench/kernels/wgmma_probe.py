@@ -89,8 +89,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--shapes", action="store_true")
     args = ap.parse_args()
-    from darknet_py.ops.convolution import wgmma as w
     from darknet_py.backends import get_backend
+    from darknet_py.ops.convolution import wgmma as w
 
     be = get_backend("cuda:0")
     n = args.n

@@ -9,6 +9,7 @@ file's nvcc time on its own, which bounds the first start from below.
 Graphs: `darknet-py bench` (CUDA events, medians) with DARKNET_CUDA_GRAPHS=0 and =1,
 each in its own process.
 """
+
 import argparse
 import datetime
 import json
@@ -32,10 +33,13 @@ START_CMD = [sys.executable, "-m", "darknet_py", "bench", "cfg/digits-classifier
 SHARED = ROOT.parent / "shared"
 GRAPH_CASES = [  # (what, cfg, batch, train)
     ("cifar.cfg, training step", SHARED / "darknet-cfg" / "cifar.cfg", 128, True),
-    ("bench-cfg/train_cls32.cfg, training step", SHARED / "bench-cfg" / "train_cls32.cfg", 64,
-     True),
-    ("cfg/digits-classifier.cfg, training step", ROOT / "cfg" / "digits-classifier.cfg", 64,
-     True),
+    (
+        "bench-cfg/train_cls32.cfg, training step",
+        SHARED / "bench-cfg" / "train_cls32.cfg",
+        64,
+        True,
+    ),
+    ("cfg/digits-classifier.cfg, training step", ROOT / "cfg" / "digits-classifier.cfg", 64, True),
     ("cfg/digits-classifier.cfg, forward", ROOT / "cfg" / "digits-classifier.cfg", 1, False),
 ]
 
@@ -60,8 +64,9 @@ def nvcc_seconds(arch):
     for name in _KERNELS:
         source = Path(paths[name]).read_text()
         start = time.perf_counter()
-        kernel_cache.compile_cubin(name, source, _KERNEL_OPTIONS.get(name, ()), arch,
-                                   include_dirs=prebuilt.KERNEL_DIRS)
+        kernel_cache.compile_cubin(
+            name, source, _KERNEL_OPTIONS.get(name, ()), arch, include_dirs=prebuilt.KERNEL_DIRS
+        )
         times[name] = time.perf_counter() - start
     return times
 
@@ -73,11 +78,28 @@ def graph_rows(repeats):
         for graphs in ("0", "1"):
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "bench.json"
-                cmd = [sys.executable, "-m", "darknet_py", "bench", str(cfg), "--batch",
-                       str(batch), "--gpu", "0", "--repeats", str(repeats), "--json", str(out)]
-                subprocess.run(cmd + (["--train"] if train else []), cwd=ROOT, check=True,
-                               env=dict(os.environ, DARKNET_CUDA_GRAPHS=graphs),
-                               stdout=subprocess.DEVNULL)
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "darknet_py",
+                    "bench",
+                    str(cfg),
+                    "--batch",
+                    str(batch),
+                    "--gpu",
+                    "0",
+                    "--repeats",
+                    str(repeats),
+                    "--json",
+                    str(out),
+                ]
+                subprocess.run(
+                    cmd + (["--train"] if train else []),
+                    cwd=ROOT,
+                    check=True,
+                    env=dict(os.environ, DARKNET_CUDA_GRAPHS=graphs),
+                    stdout=subprocess.DEVNULL,
+                )
                 result = json.loads(out.read_text())
             figures.append(result["train_step_ms" if train else "forward_ms"])
         rows.append((f"{what}, batch {batch}", *figures))
@@ -97,19 +119,29 @@ def main():
     nvcc = nvcc_seconds(arch)
     rows = graph_rows(args.bench_repeats)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = ["# Starts and CUDA graphs (bench/networks/start.py)", "",
-             "Command: `python3 bench/networks/start.py` on the device.", "",
-             f"## {now}, {device.name()} ({arch}, driver {drv.get_driver_version()}), "
-             f"{os.cpu_count()} CPUs", "",
-             f"Start, `{' '.join(['python3'] + START_CMD[1:])}`, process wall time: "
-             f"first (empty cubin cache) {cold:.2f} s; later {statistics.median(warm):.2f} s "
-             f"(median of {len(warm)}: {', '.join(f'{w:.2f}' for w in warm)}).", "",
-             "nvcc alone per kernel file (s): " +
-             ", ".join(f"{name} {t:.2f}" for name, t in sorted(nvcc.items(), key=lambda kv: -kv[1])) +
-             f"; sum {sum(nvcc.values()):.1f}.", "",
-             "| `darknet-py bench`, median ms | eager | CUDA graph | gain |", "|---|---|---|---|"]
-    lines += [f"| {what} | {eager:.2f} | {graph:.2f} | {eager / graph:.2f}x |"
-              for what, eager, graph in rows]
+    lines = [
+        "# Starts and CUDA graphs (bench/networks/start.py)",
+        "",
+        "Command: `python3 bench/networks/start.py` on the device.",
+        "",
+        f"## {now}, {device.name()} ({arch}, driver {drv.get_driver_version()}), "
+        f"{os.cpu_count()} CPUs",
+        "",
+        f"Start, `{' '.join(['python3'] + START_CMD[1:])}`, process wall time: "
+        f"first (empty cubin cache) {cold:.2f} s; later {statistics.median(warm):.2f} s "
+        f"(median of {len(warm)}: {', '.join(f'{w:.2f}' for w in warm)}).",
+        "",
+        "nvcc alone per kernel file (s): "
+        + ", ".join(f"{name} {t:.2f}" for name, t in sorted(nvcc.items(), key=lambda kv: -kv[1]))
+        + f"; sum {sum(nvcc.values()):.1f}.",
+        "",
+        "| `darknet-py bench`, median ms | eager | CUDA graph | gain |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {what} | {eager:.2f} | {graph:.2f} | {eager / graph:.2f}x |"
+        for what, eager, graph in rows
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -5,6 +5,7 @@ given. ``numpy_backend.NumpyBackend`` is the reference; ``cuda_backend.CudaBacke
 runs the same ops as hand-written CUDA kernels and is imported only when asked for,
 so the package works without PyCUDA.
 """
+
 import sys
 import threading
 
@@ -16,6 +17,7 @@ def cuda_device_count():
     """How many CUDA devices the driver sees; 0 when PyCUDA or the driver is missing."""
     try:
         import pycuda.driver as drv
+
         drv.init()
         return drv.Device.count()
     except Exception:
@@ -28,7 +30,7 @@ def cuda_available():
 
 
 _cpu_notice_given = False
-_starting = {}   # CUDA device index -> the thread start_device started for it
+_starting = {}  # CUDA device index -> the thread start_device started for it
 
 
 def _cuda_index(device):
@@ -57,12 +59,14 @@ def start_device(device):
     def start():
         try:
             from .cuda_backend import _KERNELS, _Device
+
             _Device.start_here(index, _KERNELS)
-        except BaseException:   # get_backend makes it again, and says what is wrong
+        except BaseException:  # get_backend makes it again, and says what is wrong
             pass
 
-    _starting[index] = threading.Thread(target=start, daemon=True,
-                                        name=f"darknet-py CUDA start on device {index}")
+    _starting[index] = threading.Thread(
+        target=start, daemon=True, name=f"darknet-py CUDA start on device {index}"
+    )
     _starting[index].start()
 
 
@@ -80,9 +84,11 @@ def get_backend(device="auto", notice=True):
         if cuda_available():
             return get_backend("cuda:0")
         global _cpu_notice_given
-        if notice and not _cpu_notice_given:   # once per process, not per network
-            print("darknet-py: no CUDA GPU (or PyCUDA) found; running on the CPU (NumPy)",
-                  file=sys.stderr)
+        if notice and not _cpu_notice_given:  # once per process, not per network
+            print(
+                "darknet-py: no CUDA GPU (or PyCUDA) found; running on the CPU (NumPy)",
+                file=sys.stderr,
+            )
             _cpu_notice_given = True
         return NumpyBackend()
     if device == "cuda" or device.startswith("cuda:"):
@@ -91,13 +97,14 @@ def get_backend(device="auto", notice=True):
             index = int(index)
         except ValueError:
             raise BackendError(f"bad device '{device}': expected cuda:N") from None
-        if index in _starting:   # start_device's thread: wait for it
+        if index in _starting:  # start_device's thread: wait for it
             _starting[index].join()
         try:
             from .cuda_backend import CudaBackend
         except ImportError as e:
-            raise BackendError(f"device '{device}' needs PyCUDA "
-                               f"(pip install 'darknet-cfg-runner[cuda]'): {e}") from None
+            raise BackendError(
+                f"device '{device}' needs PyCUDA (pip install 'darknet-cfg-runner[cuda]'): {e}"
+            ) from None
         # A device that is not there is the user's mistake, not a CUDA failure.
         count = cuda_device_count()
         if not 0 <= index < count:

@@ -1,6 +1,7 @@
 """The NumPy backend's CPU thread scheduling: how many threads to use now (the cores other
 processes leave free), splitting element-wise work over them (`parallel`; NumPy releases
 the GIL inside its loops) and capping BLAS's threads around a GEMM (`blas_threads`)."""
+
 import itertools
 import os
 import threading
@@ -31,7 +32,7 @@ def parallel(count, work, grain):
     if _pool is None:
         _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
     bounds = [count * i // parts for i in range(parts + 1)]
-    claims = itertools.count()    # next() on it is atomic under the GIL
+    claims = itertools.count()  # next() on it is atomic under the GIL
     finished, errors = [], []
     all_done = threading.Event()
 
@@ -89,8 +90,10 @@ def _openblas_local_threads():
     or an OpenBLAS without it: then it keeps its own count)."""
     import ctypes
     import glob
-    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs",
-                                  "libscipy_openblas*"))
+
+    libs = glob.glob(
+        os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "libscipy_openblas*")
+    )
     try:
         setter = ctypes.CDLL(libs[0]).openblas_set_num_threads_local
     except (IndexError, OSError, AttributeError):

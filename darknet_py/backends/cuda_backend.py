@@ -31,6 +31,7 @@ This module imports PyCUDA at the top on purpose (through cuda_core): backends.g
 imports it only when a CUDA device is asked for and turns the ImportError into a clear
 message.
 """
+
 import collections
 import os
 
@@ -42,28 +43,48 @@ from ..ops.convolution.cuda import _TC_TILES, CudaConv  # noqa: F401
 from ..ops.convolution.cuda import KERNELS as _CONV_KERNELS
 from ..ops.convolution.cuda_backward import KERNELS as _CONV_BACKWARD_KERNELS
 from ..ops.convolution.cuda_backward import CudaConvBackward
-from ..ops.elementwise.cuda import CudaElementwise
 from ..ops.elementwise.cuda import KERNELS as _ELEMENTWISE_KERNELS
-from ..ops.images.cuda import CudaImages
+from ..ops.elementwise.cuda import CudaElementwise
 from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
-from ..ops.losses.cuda import CudaLosses
+from ..ops.images.cuda import CudaImages
 from ..ops.losses.cuda import KERNELS as _LOSS_KERNELS
-from ..ops.normalization.cuda import CudaNorm
+from ..ops.losses.cuda import CudaLosses
 from ..ops.normalization.cuda import KERNELS as _NORM_KERNELS
-from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS, CudaOptimizerOps
+from ..ops.normalization.cuda import CudaNorm
+from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS
+from ..ops.optimizers.cuda import CudaOptimizerOps
 from ..ops.pooling.cuda import KERNELS as _POOLING_KERNELS
 from ..ops.pooling.cuda import CudaPooling
-from .cuda_core import (_KERNEL_OPTIONS, CudaCore, CudaError, DeviceArray, _Device,  # noqa: F401
-                        merge_kernel_tables)
+from .cuda_core import (
+    CudaCore,
+    _Device,  # noqa: F401
+    merge_kernel_tables,
+)
 
 # Every kernel file's entry points and argument formats, from the families' tables.
-_KERNELS = merge_kernel_tables(_CONV_KERNELS, _CONV_BACKWARD_KERNELS, _NORM_KERNELS,
-                               _ELEMENTWISE_KERNELS, _POOLING_KERNELS, _LOSS_KERNELS,
-                               _IMAGE_KERNELS, _OPTIMIZER_KERNELS)
+_KERNELS = merge_kernel_tables(
+    _CONV_KERNELS,
+    _CONV_BACKWARD_KERNELS,
+    _NORM_KERNELS,
+    _ELEMENTWISE_KERNELS,
+    _POOLING_KERNELS,
+    _LOSS_KERNELS,
+    _IMAGE_KERNELS,
+    _OPTIMIZER_KERNELS,
+)
 
 
-class CudaBackend(CudaCore, CudaConv, CudaConvBackward, CudaNorm, CudaElementwise, CudaPooling,
-                  CudaLosses, CudaImages, CudaOptimizerOps):
+class CudaBackend(
+    CudaCore,
+    CudaConv,
+    CudaConvBackward,
+    CudaNorm,
+    CudaElementwise,
+    CudaPooling,
+    CudaLosses,
+    CudaImages,
+    CudaOptimizerOps,
+):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 
     name = "cuda"
@@ -81,13 +102,13 @@ class CudaBackend(CudaCore, CudaConv, CudaConvBackward, CudaNorm, CudaElementwis
         self._fn = self._dev.functions
         self._recent = collections.deque(maxlen=8)
         self._scratch = {}
-        self._yolo_args = {}   # packed YoloArgs bytes -> their device copy
+        self._yolo_args = {}  # packed YoloArgs bytes -> their device copy
         self._max_blocks = self.sm_count * 8  # one full wave of 256-thread blocks
         # Forced gemm plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.gemm_override = None
         # Forced tensor-core plan (tile name, splits) for benchmarks and tests; None = heuristic.
         self.tc_override = None
-        self._copy_stream = None   # uploads' stream, made at the first upload_async
+        self._copy_stream = None  # uploads' stream, made at the first upload_async
         self._transfers = self._dev.transfers
         # While a graph is being captured: every array allocated (or scratch buffer
         # replaced) meanwhile, kept alive with the graph, whose kernels hold their addresses.

@@ -6,6 +6,7 @@ CudaCore is one of the mixins CudaBackend (cuda_backend.py) is composed of; each
 family's mixin lists its kernels in a KERNELS table ({kernel file: {entry point: argument
 format}}) beside its launchers, and cuda_backend.py merges them for _Device.
 """
+
 import atexit
 import collections.abc
 import ctypes
@@ -62,6 +63,7 @@ class _EventTimer:
 class _Upload:
     """An upload_async in flight: the event recorded after its copy, and the host array
     it reads (kept alive until the copy is done)."""
+
     __slots__ = ("landed", "host")
 
     def __init__(self, landed, host):
@@ -102,18 +104,18 @@ class _KernelTable(collections.abc.Mapping):
     in parallel) when the device starts."""
 
     def __init__(self, kernels, binaries, arch, compiled):
-        self._file_of = {name: filename for filename, entries in kernels.items()
-                         for name in entries}
-        self._format = {name: fmt for entries in kernels.values()
-                        for name, fmt in entries.items()}
+        self._file_of = {
+            name: filename for filename, entries in kernels.items() for name in entries
+        }
+        self._format = {name: fmt for entries in kernels.values() for name, fmt in entries.items()}
         self._binaries, self._arch, self._compiled = binaries, arch, compiled
-        self.modules = {}      # file name -> loaded module
+        self.modules = {}  # file name -> loaded module
         self._functions = {}
 
     def __getitem__(self, name):
         fn = self._functions.get(name)
         if fn is None:
-            filename = self._file_of[name]   # KeyError: no such kernel
+            filename = self._file_of[name]  # KeyError: no such kernel
             fn = self._module(filename).get_function(name)
             fn.prepare(self._format[name])
             self._functions[name] = fn
@@ -134,10 +136,15 @@ class _KernelTable(collections.abc.Mapping):
             try:
                 module = drv.module_from_buffer(self._binaries[filename])
             except drv.Error as e:
-                where = (kernel_cache.cache_dir() if filename in self._compiled
-                         else prebuilt.PREBUILT_DIR)
-                raise CudaError(f"the driver cannot load the binary of {filename} for "
-                                f"{self._arch} (from {where}): {e}") from e
+                where = (
+                    kernel_cache.cache_dir()
+                    if filename in self._compiled
+                    else prebuilt.PREBUILT_DIR
+                )
+                raise CudaError(
+                    f"the driver cannot load the binary of {filename} for "
+                    f"{self._arch} (from {where}): {e}"
+                ) from e
             self.modules[filename] = module
         return module
 
@@ -149,7 +156,7 @@ class _Device:
     context is made current on each thread that gets it."""
 
     _by_index = {}
-    _making = threading.Lock()   # one thread makes a device; others (a communicator's) wait
+    _making = threading.Lock()  # one thread makes a device; others (a communicator's) wait
 
     @classmethod
     def get(cls, index, kernels):
@@ -168,7 +175,7 @@ class _Device:
         try:
             cls.get(index, kernels).leave_thread()
         except BaseException:
-            while drv.Context.get_current() is not None:   # a start that failed half-way
+            while drv.Context.get_current() is not None:  # a start that failed half-way
                 drv.Context.pop()
             raise
 
@@ -181,7 +188,7 @@ class _Device:
             raise CudaError(f"no CUDA device {index}: {count} device(s) present")
         self.index = index
         self.device = drv.Device(index)
-        self._here = threading.local()   # .current: the context pushed on that thread
+        self._here = threading.local()  # .current: the context pushed on that thread
         self.context = self.device.retain_primary_context()
         self.context.push()
         self._here.current = True
@@ -190,19 +197,20 @@ class _Device:
         atexit.register(self.close)
         self.stream = drv.Stream()
         self.pool = DeviceMemoryPool()
-        self.transfers = cuda_transfer.PinnedTransfers(self.stream)   # large copies
-        self.pinned = {}   # host address -> bytes: the ranges pin() page-locked
+        self.transfers = cuda_transfer.PinnedTransfers(self.stream)  # large copies
+        self.pinned = {}  # host address -> bytes: the ranges pin() page-locked
         self.sm_count = self.device.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.total_bytes = self.device.total_memory()
         self.peak_allocated_bytes = 0
         sources, paths = {}, prebuilt.kernel_paths()
-        for filename in kernels:   # their headers: found by nvcc -I, hashed by kernel_digest
+        for filename in kernels:  # their headers: found by nvcc -I, hashed by kernel_digest
             with open(paths[filename]) as f:
                 sources[filename] = f.read()
         arch = "sm_%d%d" % self.device.compute_capability()
         # The wheel's prebuilt binaries where they match; nvcc (cached) for the rest.
-        binaries, self.compiled = prebuilt.binaries(sources, arch, _KERNEL_OPTIONS,
-                                                    include_dirs=prebuilt.KERNEL_DIRS)
+        binaries, self.compiled = prebuilt.binaries(
+            sources, arch, _KERNEL_OPTIONS, include_dirs=prebuilt.KERNEL_DIRS
+        )
         self.functions = _KernelTable(kernels, binaries, arch, self.compiled)
         trace_start(f"kernels of device {index} found (loaded on first use)")
 
@@ -223,15 +231,16 @@ class _Device:
             return
         self.closed = True
         try:
-            self.make_current()   # at exit: the main thread may never have used the device
+            self.make_current()  # at exit: the main thread may never have used the device
             self.stream.synchronize()
             self.pool.stop_holding()
-            self.transfers.close()   # page-locked buffers go while their context lives
-            self.__dict__.pop("geometry_slots", None)   # ops/images/cuda.py's, page-locked too
+            self.transfers.close()  # page-locked buffers go while their context lives
+            self.__dict__.pop("geometry_slots", None)  # ops/images/cuda.py's, page-locked too
         except drv.Error:
             pass
         self.leave_thread()
         from pycuda.tools import clear_context_caches
+
         clear_context_caches()
 
 
@@ -240,7 +249,7 @@ def _end_failed_capture(handle):
     try:
         cuda_graph.destroy(None, cuda_graph.end_capture(handle))
     except cuda_graph.GraphError:
-        pass   # the capture was invalidated: ending it was all that was left to do
+        pass  # the capture was invalidated: ending it was all that was left to do
 
 
 class _Graph:
@@ -267,7 +276,7 @@ class _Graph:
         try:
             self.close()
         except cuda_graph.GraphError:
-            pass   # at interpreter exit the context may be gone: the driver frees it then
+            pass  # at interpreter exit the context may be gone: the driver frees it then
 
 
 class DeviceArray:
@@ -275,6 +284,7 @@ class DeviceArray:
     allocation it lies in (freed when its last view goes). Slicing ``a[i:j]`` makes a
     view in one small object; PyCUDA's general GPUArray indexing cost about 20 us a
     slice, paid for every view of every layer on each forward."""
+
     __slots__ = ("ptr", "size", "dtype", "base")
     ndim = 1
 
@@ -303,13 +313,12 @@ class DeviceArray:
         if step != 1:
             raise ValueError("CUDA backend array slices must be contiguous (step 1)")
         n = max(0, stop - start)
-        return DeviceArray(self.ptr + start * self.dtype.itemsize if n else 0, n, self.dtype,
-                           self.base)
+        return DeviceArray(
+            self.ptr + start * self.dtype.itemsize if n else 0, n, self.dtype, self.base
+        )
 
     def __repr__(self):
         return f"DeviceArray({self.size} x {self.dtype}, at 0x{self.ptr:x})"
-
-
 
 
 class CudaCore:
@@ -398,15 +407,17 @@ class CudaCore:
         return a.ptr
 
     def _launch(self, name, grid, block, *args):
-        grid = (*map(int, grid), 1, 1)[:3]     # sizes may arrive as NumPy integers
+        grid = (*map(int, grid), 1, 1)[:3]  # sizes may arrive as NumPy integers
         block = (*map(int, block), 1, 1)[:3]
         if min(grid) <= 0:
             return  # nothing to do (an empty array)
         try:
             self._fn[name].prepared_async_call(grid, block, self.stream, *args)
         except drv.Error as e:
-            raise CudaError(f"CUDA error launching kernel {name} with grid={grid} block={block}: {e}"
-                            + self._recent_launches()) from e
+            raise CudaError(
+                f"CUDA error launching kernel {name} with grid={grid} block={block}: {e}"
+                + self._recent_launches()
+            ) from e
         self._launched(name, grid, block)
 
     def _launched(self, name, grid, block, error=CudaError):
@@ -417,20 +428,25 @@ class CudaCore:
             try:
                 self.stream.synchronize()
             except drv.Error as e:
-                raise error(f"CUDA error in kernel {name} with grid={grid} block={block}: {e}") from e
+                raise error(
+                    f"CUDA error in kernel {name} with grid={grid} block={block}: {e}"
+                ) from e
 
     def _recent_launches(self):
         if not self._recent:
             return ""
         return "; launches before it, oldest first: " + ", ".join(
-            f"{name} grid={grid} block={block}" for name, grid, block in self._recent)
+            f"{name} grid={grid} block={block}" for name, grid, block in self._recent
+        )
 
     def _sync(self, where):
         try:
             self.stream.synchronize()
         except drv.Error as e:
-            raise CudaError(f"CUDA error surfaced at {where}: {e}; it comes from one of the most recent "
-                            f"kernels (set DARKNET_CUDA_SYNC=1 to pin it down)" + self._recent_launches()) from e
+            raise CudaError(
+                f"CUDA error surfaced at {where}: {e}; it comes from one of the most recent "
+                f"kernels (set DARKNET_CUDA_SYNC=1 to pin it down)" + self._recent_launches()
+            ) from e
 
     def _grid1d(self, n, block=_BLOCK):
         """Blocks for a grid-stride kernel over n elements."""
@@ -453,8 +469,10 @@ class CudaCore:
         if rows > 0 and cols > 0:
             need = offset + (rows - 1) * ld + cols
             if offset < 0 or need > arr.size:
-                raise ValueError(f"{what}: matrix view {rows}x{cols} (ld {ld}) at {offset} "
-                                 f"exceeds array of {arr.size}")
+                raise ValueError(
+                    f"{what}: matrix view {rows}x{cols} (ld {ld}) at {offset} "
+                    f"exceeds array of {arr.size}"
+                )
 
     @staticmethod
     def _check_size(what, arr, need):
@@ -492,14 +510,17 @@ class CudaCore:
         """Whether a copy of nbytes (from or to host array `host`) goes through the
         page-locked staging (cuda_transfer): not memory that pin() locked already, whose
         copy is a DMA the host does not wait for."""
-        least = (cuda_transfer.MIN_STAGED_DOWNLOAD_BYTES if download
-                 else cuda_transfer.MIN_STAGED_BYTES)
+        least = (
+            cuda_transfer.MIN_STAGED_DOWNLOAD_BYTES if download else cuda_transfer.MIN_STAGED_BYTES
+        )
         if nbytes < least or self._capture_keep is not None:
             return False
         if host is not None and self._dev.pinned:
             start = host.__array_interface__["data"][0]
-            return not any(first <= start and start + nbytes <= first + size
-                           for first, size in self._dev.pinned.items())
+            return not any(
+                first <= start and start + nbytes <= first + size
+                for first, size in self._dev.pinned.items()
+            )
         return True
 
     def _htod(self, arr, h):
@@ -521,13 +542,13 @@ class CudaCore:
             try:
                 self._transfers.download(self._ptr(arr), out)
             except drv.Error:
-                self._sync("to_host")   # names the error and the launches before it
+                self._sync("to_host")  # names the error and the launches before it
                 raise
         else:
             if arr.size:
                 drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
             self._sync("to_host")
-        if out.dtype == np.uint16:   # bf16: the upper half of a float32
+        if out.dtype == np.uint16:  # bf16: the upper half of a float32
             return (out.astype(np.uint32) << 16).view(np.float32)
         return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
 
@@ -536,13 +557,14 @@ class CudaCore:
         arr's dtype) after the work queued so far; finish_download(the returned handle)
         returns once out holds the values. Work queued meanwhile may overwrite arr."""
         if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"download_async: {out.size} {out.dtype} for an array of "
-                             f"{arr.size} {arr.dtype}")
+            raise ValueError(
+                f"download_async: {out.size} {out.dtype} for an array of {arr.size} {arr.dtype}"
+            )
         if arr.size and self._capture_keep is None:
             # Staged whatever its size (the driver's copy into pageable memory would wait
             # for the work queued before it): a snapshot on the device (fast), then the
             # DMAs on the copy stream, beside the work queued next instead of after it.
-            self._transfers.finish_in_flight()   # the snapshot buffer is free again
+            self._transfers.finish_in_flight()  # the snapshot buffer is free again
             snapshot = self._ptr(self._scratch_buffer("download", out.nbytes))
             drv.memcpy_dtod_async(snapshot, self._ptr(arr), out.nbytes, self.stream)
             taken = drv.Event(drv.event_flags.DISABLE_TIMING)
@@ -559,7 +581,7 @@ class CudaCore:
         try:
             download.finish() if hasattr(download, "finish") else download.synchronize()
         except drv.Error:
-            self._sync("a download")   # names the error and the launches before it
+            self._sync("a download")  # names the error and the launches before it
             raise
 
     def write(self, arr, host):
@@ -587,8 +609,8 @@ class CudaCore:
             cuda_graph.register_host(pointer, host.nbytes)
         except cuda_graph.GraphError:
             return unpin_nothing
-        holder = [host]   # the memory must stay mapped while registered
-        self._dev.pinned[pointer] = host.nbytes   # its copies need no staging
+        holder = [host]  # the memory must stay mapped while registered
+        self._dev.pinned[pointer] = host.nbytes  # its copies need no staging
 
         def unpin():
             self._dev.pinned.pop(pointer, None)
@@ -596,8 +618,9 @@ class CudaCore:
                 try:
                     cuda_graph.unregister_host(pointer)
                 except cuda_graph.GraphError:
-                    pass   # the context is gone (at exit), and the registration with it
+                    pass  # the context is gone (at exit), and the registration with it
                 holder.clear()
+
         return unpin
 
     def upload_async(self, host):
@@ -606,7 +629,8 @@ class CudaCore:
         wait_upload(upload) see the values; `host` must stay unchanged until
         finish_upload(upload) returns."""
         return self._upload_flat_async(
-            np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1)))
+            np.ascontiguousarray(np.asarray(host, dtype=self.dtype).reshape(-1))
+        )
 
     def _upload_flat_async(self, h):
         """upload_async of contiguous 1-D host array h, into an array of h's dtype."""
@@ -654,8 +678,9 @@ class CudaCore:
         recorded (fn waits on the device, or DARKNET_CUDA_SYNC is set): nothing of it has
         run then, and the stream is back to normal."""
         if self.sync_each_launch:
-            raise GraphCaptureError("DARKNET_CUDA_SYNC=1 synchronizes after every launch, "
-                                    "which a graph cannot record")
+            raise GraphCaptureError(
+                "DARKNET_CUDA_SYNC=1 synchronizes after every launch, which a graph cannot record"
+            )
         handle = self.stream.handle
         try:
             cuda_graph.begin_capture(handle)
@@ -669,7 +694,7 @@ class CudaCore:
             _end_failed_capture(handle)
             raise GraphCaptureError(f"the step could not be recorded as a CUDA graph: {e}") from e
         self._capture_keep = None
-        keep += self._scratch.values()   # grown later, they must outlive the graph's use
+        keep += self._scratch.values()  # grown later, they must outlive the graph's use
         try:
             graph = cuda_graph.end_capture(handle)
         except cuda_graph.GraphError as e:
@@ -688,7 +713,7 @@ class CudaCore:
             return
         if arr.dtype.itemsize == 2:
             kept = np.float32([value])
-            if arr.dtype == np.uint16:   # bf16's bits (storage_of)
+            if arr.dtype == np.uint16:  # bf16's bits (storage_of)
                 bits = precisions.round_to(kept, "bf16").view(np.uint32)[0] >> 16
             else:
                 with np.errstate(over="ignore"):
@@ -703,8 +728,10 @@ class CudaCore:
         ValueError naming both otherwise."""
         self._sizes_match("copy", src, dst)
         if src.dtype != dst.dtype:
-            raise ValueError(f"copy: src kept at {self.storage_of(src)} ({src.dtype}), dst kept "
-                             f"at {self.storage_of(dst)} ({dst.dtype}): copy takes arrays of "
-                             f"one storage (copy_rounded rounds into a 16-bit one)")
+            raise ValueError(
+                f"copy: src kept at {self.storage_of(src)} ({src.dtype}), dst kept "
+                f"at {self.storage_of(dst)} ({dst.dtype}): copy takes arrays of "
+                f"one storage (copy_rounded rounds into a 16-bit one)"
+            )
         if src.size:
             drv.memcpy_dtod_async(self._ptr(dst), self._ptr(src), src.nbytes, self.stream)

@@ -10,6 +10,7 @@ one driver call (about 1 us per kernel instead of ~5-10 us of Python launch over
 Every driver call's result is checked: a failure raises GraphError naming the call and
 the driver's error name and text. Handles are plain integers (the driver's pointers).
 """
+
 import ctypes
 import ctypes.util
 
@@ -36,22 +37,28 @@ def _driver():
             lib = ctypes.CDLL(name)
         except OSError as e:
             raise GraphError(f"cannot load the CUDA driver library ({name}): {e}") from None
-        for fn, args in (("cuStreamBeginCapture_v2", (ctypes.c_void_p, ctypes.c_int)),
-                         ("cuStreamEndCapture", (ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))),
-                         ("cuGraphInstantiateWithFlags",
-                          (ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong)),
-                         ("cuGraphLaunch", (ctypes.c_void_p, ctypes.c_void_p)),
-                         ("cuGraphExecDestroy", (ctypes.c_void_p,)),
-                         ("cuGraphDestroy", (ctypes.c_void_p,)),
-                         ("cuMemHostRegister_v2", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)),
-                         ("cuMemHostUnregister", (ctypes.c_void_p,)),
-                         ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))),
-                         ("cuGetErrorString", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
+        for fn, args in (
+            ("cuStreamBeginCapture_v2", (ctypes.c_void_p, ctypes.c_int)),
+            ("cuStreamEndCapture", (ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))),
+            (
+                "cuGraphInstantiateWithFlags",
+                (ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong),
+            ),
+            ("cuGraphLaunch", (ctypes.c_void_p, ctypes.c_void_p)),
+            ("cuGraphExecDestroy", (ctypes.c_void_p,)),
+            ("cuGraphDestroy", (ctypes.c_void_p,)),
+            ("cuMemHostRegister_v2", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)),
+            ("cuMemHostUnregister", (ctypes.c_void_p,)),
+            ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))),
+            ("cuGetErrorString", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))),
+        ):
             try:
                 f = getattr(lib, fn)
             except AttributeError:
-                raise GraphError(f"the CUDA driver ({name}) has no {fn}: CUDA graphs need a "
-                                 f"driver for CUDA 11.4 or newer") from None
+                raise GraphError(
+                    f"the CUDA driver ({name}) has no {fn}: CUDA graphs need a "
+                    f"driver for CUDA 11.4 or newer"
+                ) from None
             f.argtypes, f.restype = args, ctypes.c_int
         _lib = lib
     return _lib
@@ -73,8 +80,7 @@ def _check(call, code):
 def begin_capture(stream_handle):
     """Start recording the work queued on the stream (a PyCUDA Stream's .handle)."""
     lib = _driver()
-    _check("cuStreamBeginCapture", lib.cuStreamBeginCapture_v2(stream_handle,
-                                                                CAPTURE_MODE_RELAXED))
+    _check("cuStreamBeginCapture", lib.cuStreamBeginCapture_v2(stream_handle, CAPTURE_MODE_RELAXED))
 
 
 def end_capture(stream_handle):
@@ -91,8 +97,10 @@ def end_capture(stream_handle):
 def instantiate(graph):
     lib = _driver()
     graph_exec = ctypes.c_void_p()
-    _check("cuGraphInstantiateWithFlags",
-           lib.cuGraphInstantiateWithFlags(ctypes.byref(graph_exec), graph, _INSTANTIATE_FLAGS))
+    _check(
+        "cuGraphInstantiateWithFlags",
+        lib.cuGraphInstantiateWithFlags(ctypes.byref(graph_exec), graph, _INSTANTIATE_FLAGS),
+    )
     return graph_exec.value
 
 

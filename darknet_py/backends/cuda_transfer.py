@@ -11,6 +11,7 @@ done. Small copies, and any while a graph is being captured, stay on the driver'
 
 Imports PyCUDA: loaded by cuda_backend alone.
 """
+
 import concurrent.futures
 import os
 
@@ -41,7 +42,7 @@ class _Staging:
         if self.done is not None:
             self.done.synchronize()
         if self.buffer is None or self.buffer.nbytes < nbytes:
-            self.buffer = None   # the old one is freed before the larger one is taken
+            self.buffer = None  # the old one is freed before the larger one is taken
             self.buffer = drv.pagelocked_empty(nbytes, np.uint8)
         return self.buffer
 
@@ -57,7 +58,7 @@ class PinnedTransfers:
         self.stream = stream
         self._up, self._down = _Staging(), _Staging()
         self._pool = None
-        self._in_flight = None   # the _Download not finished yet, if any
+        self._in_flight = None  # the _Download not finished yet, if any
 
     def close(self):
         """Free the staging buffers (before the context goes) and stop the threads."""
@@ -70,13 +71,15 @@ class PinnedTransfers:
     def _threads(self):
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
-                _THREADS, thread_name_prefix="darknet-py-copy")
+                _THREADS, thread_name_prefix="darknet-py-copy"
+            )
         return self._pool
 
     @staticmethod
     def _chunks(nbytes):
-        return [(start, min(start + CHUNK_BYTES, nbytes))
-                for start in range(0, nbytes, CHUNK_BYTES)]
+        return [
+            (start, min(start + CHUNK_BYTES, nbytes)) for start in range(0, nbytes, CHUNK_BYTES)
+        ]
 
     @staticmethod
     def _rounds(nbytes):
@@ -88,16 +91,16 @@ class PinnedTransfers:
         stream = stream or self.stream
         src = host.reshape(-1).view(np.uint8)
         for start in self._rounds(src.nbytes):
-            self._upload_round(dst_ptr + start, src[start:start + STAGING_CAP_BYTES], stream)
+            self._upload_round(dst_ptr + start, src[start : start + STAGING_CAP_BYTES], stream)
 
     def _upload_round(self, dst_ptr, src, stream):
         staging = self._up.get(src.nbytes)
 
         def stage(span):
-            staging[span[0]:span[1]] = src[span[0]:span[1]]
+            staging[span[0] : span[1]] = src[span[0] : span[1]]
 
         spans = self._chunks(src.nbytes)
-        if len(spans) == 1:   # one chunk: a hand-off to a thread would cost more
+        if len(spans) == 1:  # one chunk: a hand-off to a thread would cost more
             stage(spans[0])
             staged = [None]
         else:
@@ -113,7 +116,7 @@ class PinnedTransfers:
         queued on the stream; returns when out holds the values."""
         dst = out.reshape(-1).view(np.uint8)
         for start in self._rounds(dst.nbytes):
-            self.start_download(src_ptr + start, dst[start:start + STAGING_CAP_BYTES]).finish()
+            self.start_download(src_ptr + start, dst[start : start + STAGING_CAP_BYTES]).finish()
 
     def finish_in_flight(self):
         """Finish the download still in flight, if any (its DMAs done, its array filled)."""
@@ -127,10 +130,11 @@ class PinnedTransfers:
         stream = stream or self.stream
         self.finish_in_flight()
         dst = out.reshape(-1).view(np.uint8)
-        if dst.nbytes > STAGING_CAP_BYTES:   # in rounds, done before returning
+        if dst.nbytes > STAGING_CAP_BYTES:  # in rounds, done before returning
             for start in self._rounds(dst.nbytes):
-                self.start_download(src_ptr + start, dst[start:start + STAGING_CAP_BYTES],
-                                    stream).finish()
+                self.start_download(
+                    src_ptr + start, dst[start : start + STAGING_CAP_BYTES], stream
+                ).finish()
             return _Download(self, dst, None, [], [])
         staging = self._down.get(dst.nbytes)
         spans = self._chunks(dst.nbytes)
@@ -163,9 +167,9 @@ class _Download:
         dst, staging = self._dst, self._staging
 
         def unstage(span):
-            dst[span[0]:span[1]] = staging[span[0]:span[1]]
+            dst[span[0] : span[1]] = staging[span[0] : span[1]]
 
-        if len(self._spans) == 1:   # one chunk: no hand-off to a thread
+        if len(self._spans) == 1:  # one chunk: no hand-off to a thread
             self._landed[0].synchronize()
             unstage(self._spans[0])
             return

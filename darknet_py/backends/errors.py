@@ -1,6 +1,7 @@
 """The backends' exceptions, in a module of their own so that the backends (imported by
 the package lazily) and their callers share them without importing each other, and
 without PyCUDA."""
+
 from ..errors import DarknetError
 
 
@@ -17,8 +18,10 @@ class DeviceOutOfMemory(Exception):
         self.allocated_bytes = int(allocated_bytes)
         self.free_bytes = free_bytes
         self.total_bytes = total_bytes
-        msg = (f"out of GPU memory: could not allocate {_mib(self.requested_bytes)} "
-               f"with {_mib(self.allocated_bytes)} already allocated by darknet-py")
+        msg = (
+            f"out of GPU memory: could not allocate {_mib(self.requested_bytes)} "
+            f"with {_mib(self.allocated_bytes)} already allocated by darknet-py"
+        )
         if free_bytes is not None and total_bytes is not None:
             msg += f" (device: {_mib(free_bytes)} free of {_mib(total_bytes)})"
         super().__init__(msg)

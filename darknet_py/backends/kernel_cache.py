@@ -13,6 +13,7 @@ runs on the host alone).
 The cache lives in $DARKNET_KERNEL_CACHE, else $XDG_CACHE_HOME/darknet-py/kernels, else
 ~/.cache/darknet-py/kernels. Where it cannot be written, kernels are compiled each start.
 """
+
 import concurrent.futures
 import contextlib
 import hashlib
@@ -106,7 +107,7 @@ def read_entry(path):
         return None
     head = len(_TAG) + _DIGEST
     cubin = data[head:]
-    if data[:len(_TAG)] != _TAG or data[len(_TAG):head] != hashlib.sha256(cubin).digest():
+    if data[: len(_TAG)] != _TAG or data[len(_TAG) : head] != hashlib.sha256(cubin).digest():
         return None
     return cubin
 
@@ -136,7 +137,8 @@ def require_nvcc(nvcc):
     if shutil.which(nvcc) is None:
         raise KernelCompileError(
             f"nvcc ({nvcc}) not found: the CUDA toolkit's compiler builds the kernels on a first "
-            f"start (put its bin folder on PATH); later starts read {cache_dir()}")
+            f"start (put its bin folder on PATH); later starts read {cache_dir()}"
+        )
 
 
 def run_nvcc(name, source, args, include_dirs=(), nvcc="nvcc", what=""):
@@ -148,19 +150,23 @@ def run_nvcc(name, source, args, include_dirs=(), nvcc="nvcc", what=""):
         with open(src, "w") as f:
             f.write(source)
         includes = [f"-I{folder}" for folder in include_dirs]
-        done = subprocess.run([nvcc, *args, *includes, "-o", out, src],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [nvcc, *args, *includes, "-o", out, src], capture_output=True, text=True
+        )
         if done.returncode != 0 or not os.path.exists(out):
-            raise KernelCompileError(f"nvcc failed on {name}{what} (exit {done.returncode}): "
-                                     f"{(done.stderr or done.stdout).strip()}")
+            raise KernelCompileError(
+                f"nvcc failed on {name}{what} (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
         with open(out, "rb") as f:
             return f.read()
 
 
 def compile_cubin(name, source, options, arch, nvcc="nvcc", include_dirs=()):
     """Run nvcc on one kernel file's source; returns the cubin's bytes."""
-    return run_nvcc(name, source, ["--cubin", f"-arch={arch}", *options], include_dirs, nvcc,
-                    f" for {arch}")
+    return run_nvcc(
+        name, source, ["--cubin", f"-arch={arch}", *options], include_dirs, nvcc, f" for {arch}"
+    )
 
 
 def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dirs=()):
@@ -169,8 +175,10 @@ def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dir
     for the files that have any; include_dirs: the folders their quoted #includes are in."""
     directory = directory or cache_dir()
     options = {name: tuple((options or {}).get(name, ())) for name in sources}
-    paths = {name: os.path.join(directory, entry_name(src, options[name], arch, include_dirs))
-             for name, src in sources.items()}
+    paths = {
+        name: os.path.join(directory, entry_name(src, options[name], arch, include_dirs))
+        for name, src in sources.items()
+    }
     found = {name: read_entry(path) for name, path in paths.items()}
     if all(cubin is not None for cubin in found.values()):
         return found
@@ -181,8 +189,10 @@ def cubins(sources, arch, options=None, nvcc="nvcc", directory=None, include_dir
         if missing:
             workers = min(len(missing), os.cpu_count() or 1)
             with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                built = pool.map(lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc,
-                                                         include_dirs), missing)
+                built = pool.map(
+                    lambda n: compile_cubin(n, sources[n], options[n], arch, nvcc, include_dirs),
+                    missing,
+                )
                 for name, cubin in zip(missing, built):
                     found[name] = cubin
                     write_entry(paths[name], cubin)
@@ -197,6 +207,7 @@ def compiling(directory):
     (not on Linux, an unwritable cache, a filesystem without locks), no lock."""
     try:
         import fcntl
+
         os.makedirs(directory, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY)
     except (ImportError, OSError):
@@ -209,4 +220,4 @@ def compiling(directory):
             pass
         yield
     finally:
-        os.close(fd)   # which releases the lock
+        os.close(fd)  # which releases the lock

@@ -13,6 +13,7 @@ does not match its source is never loaded.
 
 builds them (`make dist` does, before packing the wheel). Host-only: no PyCUDA here.
 """
+
 import argparse
 import concurrent.futures
 import hashlib
@@ -46,8 +47,11 @@ def kernel_folders(ops_dir=OPS_DIR):
     kernel_cache.kernel_digest)."""
     names = sorted(os.listdir(ops_dir)) if os.path.isdir(ops_dir) else []
     folders = [os.path.join(ops_dir, name) for name in names]
-    return [f for f in folders
-            if os.path.isdir(f) and any(n.endswith((".cu", ".cuh")) for n in os.listdir(f))]
+    return [
+        f
+        for f in folders
+        if os.path.isdir(f) and any(n.endswith((".cu", ".cuh")) for n in os.listdir(f))
+    ]
 
 
 KERNEL_DIRS = kernel_folders()
@@ -76,8 +80,14 @@ def kernel_sources(kernel_dirs=KERNEL_DIRS):
     return sources
 
 
-def build(out_dir=PREBUILT_DIR, kernel_dirs=KERNEL_DIRS, archs=ARCHS, options=None,
-          nvcc="nvcc", sources=None):
+def build(
+    out_dir=PREBUILT_DIR,
+    kernel_dirs=KERNEL_DIRS,
+    archs=ARCHS,
+    options=None,
+    nvcc="nvcc",
+    sources=None,
+):
     """Compile every kernel file for `archs` into out_dir (one fatbin each, nvcc runs in
     parallel) and write the manifest last, so an interrupted build leaves none."""
     sources = kernel_sources(kernel_dirs) if sources is None else sources
@@ -92,13 +102,22 @@ def build(out_dir=PREBUILT_DIR, kernel_dirs=KERNEL_DIRS, archs=ARCHS, options=No
         opts = tuple(options.get(name, ()))
         targets = file_archs(name, archs)
         gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in targets]
-        binary = kernel_cache.run_nvcc(name, sources[name], ["--fatbin", *gencode, *opts],
-                                       kernel_dirs, nvcc, f" for {', '.join(targets)}")
+        binary = kernel_cache.run_nvcc(
+            name,
+            sources[name],
+            ["--fatbin", *gencode, *opts],
+            kernel_dirs,
+            nvcc,
+            f" for {', '.join(targets)}",
+        )
         out = name[:-3] + ".fatbin"
         with open(os.path.join(out_dir, out), "wb") as f:
             f.write(binary)
-        entry = {"digest": kernel_cache.kernel_digest(sources[name], opts, kernel_dirs),
-                 "binary": out, "sha256": _sha256(binary)}
+        entry = {
+            "digest": kernel_cache.kernel_digest(sources[name], opts, kernel_dirs),
+            "binary": out,
+            "sha256": _sha256(binary),
+        }
         if name in FILE_ARCHS:
             entry["archs"] = list(targets)
         return name, entry
@@ -129,8 +148,9 @@ def read_manifest(directory=PREBUILT_DIR):
     return manifest
 
 
-def prebuilt_binary(manifest, name, source, options, arch, directory=PREBUILT_DIR,
-                    include_dirs=KERNEL_DIRS):
+def prebuilt_binary(
+    manifest, name, source, options, arch, directory=PREBUILT_DIR, include_dirs=KERNEL_DIRS
+):
     """(binary, None) for a file the manifest covers for `arch` with a matching digest,
     else (None, why: 'none', 'arch', 'stale' or 'damaged')."""
     entry = (manifest or {}).get("kernels", {}).get(name)
@@ -150,8 +170,16 @@ def prebuilt_binary(manifest, name, source, options, arch, directory=PREBUILT_DI
     return binary, None
 
 
-def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dirs=KERNEL_DIRS,
-             nvcc="nvcc", cache_directory=None, warn=True):
+def binaries(
+    sources,
+    arch,
+    options=None,
+    directory=PREBUILT_DIR,
+    include_dirs=KERNEL_DIRS,
+    nvcc="nvcc",
+    cache_directory=None,
+    warn=True,
+):
     """({file name: binary to load}, [files compiled]): the prebuilt binary of each file
     where it is valid for `arch`, the kernel cache (nvcc where it holds none) for the rest.
     A stale or damaged prebuilt file is reported on stderr once (warn)."""
@@ -159,8 +187,9 @@ def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dirs=K
     manifest = read_manifest(directory)
     found, rest, bad = {}, {}, []
     for name, source in sources.items():
-        binary, why = prebuilt_binary(manifest, name, source, options.get(name, ()), arch,
-                                      directory, include_dirs)
+        binary, why = prebuilt_binary(
+            manifest, name, source, options.get(name, ()), arch, directory, include_dirs
+        )
         if binary is not None:
             found[name] = binary
         else:
@@ -168,11 +197,13 @@ def binaries(sources, arch, options=None, directory=PREBUILT_DIR, include_dirs=K
             if why in ("stale", "damaged"):
                 bad.append(f"{name} ({why})")
     if bad and warn:
-        print(f"darknet-py: prebuilt kernels in {directory} do not match their sources: "
-              f"{', '.join(bad)}; compiling them with nvcc", file=sys.stderr)
+        print(
+            f"darknet-py: prebuilt kernels in {directory} do not match their sources: "
+            f"{', '.join(bad)}; compiling them with nvcc",
+            file=sys.stderr,
+        )
     if rest:
-        found.update(kernel_cache.cubins(rest, arch, options, nvcc, cache_directory,
-                                         include_dirs))
+        found.update(kernel_cache.cubins(rest, arch, options, nvcc, cache_directory, include_dirs))
     return found, sorted(rest)
 
 
@@ -182,9 +213,12 @@ def check_wheel(wheel):
     ARCHS that matches the wheel's own kernel source by digest."""
     with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as root:
         names = set(z.namelist())
-        want = {os.path.relpath(os.path.join(folder, name), os.path.dirname(PACKAGE_DIR))
-                for folder in [*KERNEL_DIRS, os.path.join(PACKAGE_DIR, "cfgs")]
-                for name in os.listdir(folder) if name.endswith((".cu", ".cuh", ".cfg"))}
+        want = {
+            os.path.relpath(os.path.join(folder, name), os.path.dirname(PACKAGE_DIR))
+            for folder in [*KERNEL_DIRS, os.path.join(PACKAGE_DIR, "cfgs")]
+            for name in os.listdir(folder)
+            if name.endswith((".cu", ".cuh", ".cfg"))
+        }
         problems = [f"the wheel lacks {name}" for name in sorted(want - names)]
         z.extractall(root)
         kernels = kernel_folders(os.path.join(root, "darknet_py", "ops"))
@@ -195,16 +229,17 @@ def check_wheel(wheel):
         for name, source in kernel_sources(kernels).items():
             opts = kernel_cache.KERNEL_OPTIONS.get(name, ())
             for arch in file_archs(name):
-                why = prebuilt_binary(manifest, name, source, opts, arch, binaries_dir,
-                                      kernels)[1]
+                why = prebuilt_binary(manifest, name, source, opts, arch, binaries_dir, kernels)[1]
                 if why is not None:
                     problems.append(f"{name} for {arch}: prebuilt binary {why}")
     return problems
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m darknet_py.backends.prebuilt",
-                                 description="Build every kernel for the wheel (make dist).")
+    ap = argparse.ArgumentParser(
+        prog="python -m darknet_py.backends.prebuilt",
+        description="Build every kernel for the wheel (make dist).",
+    )
     ap.add_argument("--out", default=PREBUILT_DIR)
     ap.add_argument("--arch", action="append", help=f"repeatable; default {' '.join(ARCHS)}")
     ap.add_argument("--nvcc", default="nvcc")
@@ -214,15 +249,18 @@ def main(argv=None):
         problems = check_wheel(args.check_wheel)
         if problems:
             sys.exit("\n".join(f"{args.check_wheel}: {p}" for p in problems))
-        print(f"{args.check_wheel}: every kernel prebuilt for {' '.join(ARCHS)}, "
-              f"matching its source")
+        print(
+            f"{args.check_wheel}: every kernel prebuilt for {' '.join(ARCHS)}, matching its source"
+        )
         return
     try:
         manifest = build(args.out, archs=tuple(args.arch or ARCHS), nvcc=args.nvcc)
     except kernel_cache.KernelCompileError as e:
         sys.exit(f"darknet-py: {e}")
-    print(f"{len(manifest['kernels'])} kernel files built for {' '.join(manifest['archs'])} "
-          f"into {args.out}")
+    print(
+        f"{len(manifest['kernels'])} kernel files built for {' '.join(manifest['archs'])} "
+        f"into {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """YOLO anchors from a dataset's box sizes: k-means with 1 - IoU as the distance."""
+
 import sys
 
 import numpy as np
 
-from .check import check_detector_dataset
 from ..plurals import counted
+from .check import check_detector_dataset
 from .config import DataError, load_data_config
 from .labels import MissingLabelFile, label_path, read_image_labels
 
 
 def _wh_iou(boxes, centroids):
     """IoU of (n, 2) widths/heights against (k, 2), boxes aligned at a common centre."""
-    inter = (np.minimum(boxes[:, None, 0], centroids[None, :, 0]) *
-             np.minimum(boxes[:, None, 1], centroids[None, :, 1]))
+    inter = np.minimum(boxes[:, None, 0], centroids[None, :, 0]) * np.minimum(
+        boxes[:, None, 1], centroids[None, :, 1]
+    )
     union = (boxes[:, 0] * boxes[:, 1])[:, None] + (centroids[:, 0] * centroids[:, 1])[None] - inter
     return inter / union
 
@@ -33,11 +35,11 @@ def kmeans_anchors(boxes_wh, k, seed=0, max_iter=300):
     centroids[0] = boxes[rng.integers(len(boxes))]
     nearest = 1 - _wh_iou(boxes, centroids[:1])[:, 0]
     for j in range(1, k):
-        weights = nearest ** 2
+        weights = nearest**2
         total = weights.sum()
         pick = rng.choice(len(boxes), p=weights / total) if total > 0 else rng.integers(len(boxes))
         centroids[j] = boxes[pick]
-        nearest = np.minimum(nearest, 1 - _wh_iou(boxes, centroids[j:j + 1])[:, 0])
+        nearest = np.minimum(nearest, 1 - _wh_iou(boxes, centroids[j : j + 1])[:, 0])
     assign = None
     for _ in range(max_iter):
         iou = _wh_iou(boxes, centroids)
@@ -58,8 +60,9 @@ def kmeans_anchors(boxes_wh, k, seed=0, max_iter=300):
 def anchor_mean_iou(boxes_wh, anchors):
     """Mean over boxes of the best IoU with any anchor (how well anchors fit the data)."""
     boxes = np.asarray(boxes_wh, dtype=np.float64).reshape(-1, 2)
-    return float(_wh_iou(boxes, np.asarray(anchors, dtype=np.float64).reshape(-1, 2))
-                 .max(axis=1).mean())
+    return float(
+        _wh_iou(boxes, np.asarray(anchors, dtype=np.float64).reshape(-1, 2)).max(axis=1).mean()
+    )
 
 
 def training_label_rows(data_path):
@@ -68,8 +71,12 @@ def training_label_rows(data_path):
     in one line on stderr."""
     config = load_data_config(data_path, require=("train",))
     paths = config.train_paths()
-    check_detector_dataset(paths, config.classes, what="training",
-                           warn=lambda m: print(f"darknet-py: warning: {m}", file=sys.stderr))
+    check_detector_dataset(
+        paths,
+        config.classes,
+        what="training",
+        warn=lambda m: print(f"darknet-py: warning: {m}", file=sys.stderr),
+    )
     missing = []
     rows = []
     for p in paths:
@@ -80,9 +87,12 @@ def training_label_rows(data_path):
             continue
         rows.append(np.column_stack([b[:, 4], b[:, 0:4]]))
     if missing:
-        print(f"darknet-py: warning: {len(missing)} of {counted(len(paths), 'training image')} "
-              f"{'has' if len(missing) == 1 else 'have'} no label "
-              f"file (first: {label_path(missing[0])})", file=sys.stderr)
+        print(
+            f"darknet-py: warning: {len(missing)} of {counted(len(paths), 'training image')} "
+            f"{'has' if len(missing) == 1 else 'have'} no label "
+            f"file (first: {label_path(missing[0])})",
+            file=sys.stderr,
+        )
     rows = np.concatenate(rows) if rows else np.zeros((0, 5))
     return rows.astype(np.float64), config.classes
 
@@ -114,8 +124,7 @@ def compute_anchors(data_path, num, width, height, seed=0, labels=None):
 
 def format_anchors(anchors):
     """The cfg line: 'anchors = 10,13, 16,30, ...' (whole pixels, at least 1)."""
-    return "anchors = " + ", ".join(f"{max(1, round(w))},{max(1, round(h))}"
-                                    for w, h in anchors)
+    return "anchors = " + ", ".join(f"{max(1, round(w))},{max(1, round(h))}" for w, h in anchors)
 
 
 def fork_anchors_text(anchors, width):
@@ -134,12 +143,15 @@ def anchor_settings(cfg=None, **given):
     [yolo]/[region] layer's num, [net] width and height), else YOLOv3's 9 at 416 x 416.
     Returns (settings, [the keys taken from the cfg])."""
     from ..cfg import parse_cfg
+
     from_cfg = {}
     if cfg is not None:
         sections = parse_cfg(cfg)
         net = sections[0]
-        from_cfg = {"width": net.get_int("width", 0) or None,
-                    "height": net.get_int("height", 0) or None}
+        from_cfg = {
+            "width": net.get_int("width", 0) or None,
+            "height": net.get_int("height", 0) or None,
+        }
         heads = [s for s in sections if s.type in ("yolo", "region", "gaussian_yolo")]
         if not heads:
             raise DataError(f"{cfg}: no [yolo] or [region] layer, so no anchors to compute")

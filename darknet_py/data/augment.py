@@ -2,6 +2,7 @@
 time: each per-sample function takes the decoded image, the settings and a NumPy
 generator, and draws all its randomness from that generator, so a seed reproduces it.
 Images are float32 RGB in [0, 1]."""
+
 import math
 from dataclasses import dataclass
 
@@ -31,12 +32,14 @@ def _rand_int(rng, lo, hi):
 
 def _cv2():
     import cv2  # imported lazily, as in image.py
+
     return cv2
 
 
 # The augmentation runs on (H, W, C) arrays with OpenCV, which is several times faster
 # than NumPy here. The *_hwc functions work on (H, W, C); the others take and return
 # Darknet's (C, H, W).
+
 
 def to_hwc(img):
     return np.ascontiguousarray(img.transpose(1, 2, 0), dtype=np.float32)
@@ -49,10 +52,14 @@ def from_hwc(a):
 def _warp_hwc(hwc, source_of, w, h, replicate_edges):
     """Bilinear samples of hwc at source_of @ (x, y, 1) for each output pixel (x, y)."""
     cv2 = _cv2()
-    out = cv2.warpAffine(hwc, np.asarray(source_of, dtype=np.float64), (w, h),
-                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                         borderMode=cv2.BORDER_REPLICATE if replicate_edges
-                         else cv2.BORDER_CONSTANT, borderValue=0)
+    out = cv2.warpAffine(
+        hwc,
+        np.asarray(source_of, dtype=np.float64),
+        (w, h),
+        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_REPLICATE if replicate_edges else cv2.BORDER_CONSTANT,
+        borderValue=0,
+    )
     return out[:, :, None] if out.ndim == 2 else out
 
 
@@ -73,7 +80,7 @@ def _crop_resize_source(dx, dy, cw, ch, w, h):
 
 
 def _crop_resize_hwc(hwc, dx, dy, cw, ch, w, h):
-    if w < 2 or h < 2:   # Darknet's resize takes the last row/column here; rare enough
+    if w < 2 or h < 2:  # Darknet's resize takes the last row/column here; rare enough
         img = crop_image(from_hwc(hwc), dx, dy, cw, ch)
         return to_hwc(resize_image(img, w, h))
     return _warp_hwc(hwc, _crop_resize_source(dx, dy, cw, ch, w, h), w, h, True)
@@ -89,13 +96,15 @@ def center_crop_hwc(hwc, w, h):
 
 def _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect):
     """Darknet's rotate_crop_image samples, for output pixel (x, y),
-        u = ((x - w/2) + dx) * aspect / scale,  v = ((y - h/2) + dy) / scale,
-        source (cos*u - sin*v + iw/2,  sin*u + cos*v + ih/2):  an affine map."""
+    u = ((x - w/2) + dx) * aspect / scale,  v = ((y - h/2) + dy) / scale,
+    source (cos*u - sin*v + iw/2,  sin*u + cos*v + ih/2):  an affine map."""
     cos, sin = math.cos(rad), math.sin(rad)
     ax = aspect / scale
     u0, v0 = (dx - w / 2) * ax, (dy - h / 2) / scale
-    return [[cos * ax, -sin / scale, cos * u0 - sin * v0 + iw / 2],
-            [sin * ax, cos / scale, sin * u0 + cos * v0 + ih / 2]]
+    return [
+        [cos * ax, -sin / scale, cos * u0 - sin * v0 + iw / 2],
+        [sin * ax, cos / scale, sin * u0 + cos * v0 + ih / 2],
+    ]
 
 
 def rotate_crop_image(img, rad, scale, w, h, dx, dy, aspect):
@@ -114,7 +123,7 @@ def _random_augment_source(rng, iw, ih, angle, aspect, low, high, w, h):
     scale = r / max(shorter, 1)
     rad = _rand_uniform(rng, -angle, angle) * 2 * math.pi / 360
     dx = (iw * scale / aspect - w) / 2
-    dy = (ih * scale - h) / 2   # Darknet subtracts w here; the same for its square crops
+    dy = (ih * scale - h) / 2  # Darknet subtracts w here; the same for its square crops
     dx = _rand_uniform(rng, -dx, dx)
     dy = _rand_uniform(rng, -dy, dy)
     return _rotate_crop_source(iw, ih, rad, scale, w, h, dx, dy, aspect)
@@ -155,7 +164,7 @@ def _distort_hwc(hwc, hue, saturation, exposure):
     if hwc.shape[2] != 3:
         raise ValueError(f"distort_image: expected 1 or 3 channels, got {hwc.shape[2]}")
     cv2 = _cv2()
-    hsv = cv2.cvtColor(hwc, cv2.COLOR_RGB2HSV)    # hue in degrees
+    hsv = cv2.cvtColor(hwc, cv2.COLOR_RGB2HSV)  # hue in degrees
     # Darknet wraps the shifted hue once into [0, 1]; OpenCV's HSV->RGB wraps hues of
     # 360 and more itself, so only a negative shift needs a turn added. (OpenCV's
     # per-channel scalar ops: NumPy's take twice as long and hold the GIL.)
@@ -186,15 +195,16 @@ def _random_distort_hwc(hwc, rng, hue, saturation, exposure):
 class ClassifierAugment:
     """Darknet's classifier augmentation (load_data_augment). Crop sizes are ratios of the
     network width, as Darknet recomputes min/max from them when the width changes."""
-    min_ratio: float = 1.0      # [net] min_crop / width (Darknet default min_crop = width)
-    max_ratio: float = 2.0      # [net] max_crop / width (Darknet default max_crop = 2*width)
+
+    min_ratio: float = 1.0  # [net] min_crop / width (Darknet default min_crop = width)
+    max_ratio: float = 2.0  # [net] max_crop / width (Darknet default max_crop = 2*width)
     angle: float = 0.0
     aspect: float = 1.0
     hue: float = 0.0
     saturation: float = 1.0
     exposure: float = 1.0
-    center: bool = False        # centre crop instead of random crop/scale/rotate
-    flip: bool = True           # Darknet always flips at random; flip=0 as in AlexeyAB's fork
+    center: bool = False  # centre crop instead of random crop/scale/rotate
+    flip: bool = True  # Darknet always flips at random; flip=0 as in AlexeyAB's fork
 
 
 @dataclass
@@ -202,6 +212,7 @@ class DetectorAugment:
     """pjreddie's detector augmentation (load_data_detection): aspect-ratio jitter and a
     random placement on a grey canvas, flip and HSV distortion. ``jitter`` comes from the
     last [yolo]/[region] layer."""
+
     jitter: float = 0.2
     hue: float = 0.0
     saturation: float = 1.0
@@ -217,8 +228,9 @@ def augment_classifier_hwc(hwc, augment, w, h, rng):
         out = center_crop_hwc(hwc, w, h)
     else:
         low, high = int(augment.min_ratio * w), int(augment.max_ratio * w)
-        source_of = _random_augment_source(rng, iw, ih, augment.angle, augment.aspect,
-                                           low, high, w, h)
+        source_of = _random_augment_source(
+            rng, iw, ih, augment.angle, augment.aspect, low, high, w, h
+        )
         out = _warp_hwc(hwc, source_of, w, h, False)
     if augment.flip and rng.integers(2):
         out = np.ascontiguousarray(out[:, ::-1])
@@ -247,8 +259,7 @@ def augment_detection_hwc(hwc, boxes, augment, w, h, rng, max_boxes=MAX_BOXES):
     flip = bool(augment.flip and rng.integers(2))
     if flip:
         out = np.ascontiguousarray(out[:, ::-1])
-    return out, detection_truth(boxes, max_boxes, -dx / w, -dy / h, nw / w, nh / h, flip,
-                                rng)
+    return out, detection_truth(boxes, max_boxes, -dx / w, -dy / h, nw / w, nh / h, flip, rng)
 
 
 def _place_hwc(hwc, pw, ph, px, py, w, h):

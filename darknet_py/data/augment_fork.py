@@ -19,24 +19,33 @@ quarter of the samples.
 Images are float32 RGB (H, W, C) in [0, 1]; the fork works on 8-bit images, so its
 pixel quantities (noise, blur sizes) are in grey levels / pixels of those.
 """
+
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .augment import (ClassifierAugment, DetectorAugment, _cv2, _rand_int, _rand_scale,
-                      _rand_uniform, augment_classifier_hwc)
+from .augment import (
+    ClassifierAugment,
+    DetectorAugment,
+    _cv2,
+    _rand_int,
+    _rand_scale,
+    _rand_uniform,
+    augment_classifier_hwc,
+)
 from .config import DataError
 from .labels import MAX_BOXES, correct_boxes
 
 TRUTH_FIELDS = 5
-MOSAIC_MIN_OFFSET = 0.2     # the mosaic's centre stays 20% away from every border
+MOSAIC_MIN_OFFSET = 0.2  # the mosaic's centre stays 20% away from every border
 
 
 @dataclass
 class ForkAugment:
     """The fork's detector augmentation settings: [net] options and the last
     [yolo] layer's jitter and resize."""
+
     jitter: float = 0.2
     resize: float = 1.0
     hue: float = 0.0
@@ -66,6 +75,7 @@ def _precalc(lo, hi, r):
 @dataclass
 class PieceDraws:
     """The random numbers of one image of a sample, drawn in the fork's order."""
+
     resize_r1: float
     resize_r2: float
     r: tuple
@@ -75,7 +85,7 @@ class PieceDraws:
     exp: float
     blur: int
     noise: int
-    corner: bool    # mosaic: push this image into its corner
+    corner: bool  # mosaic: push this image into its corner
 
     @classmethod
     def draw(cls, rng, aug):
@@ -87,7 +97,7 @@ class PieceDraws:
         dexp = _rand_scale(rng, aug.exposure)
         blur = 0
         if aug.blur:
-            choice = int(rng.integers(0, 3))   # 0: none, 1: background, 2: whole image
+            choice = int(rng.integers(0, 3))  # 0: none, 1: background, 2: whole image
             blur = 0 if choice == 0 else 1 if choice == 1 else aug.blur
         noise = aug.gaussian_noise if aug.gaussian_noise and rng.integers(2) else 0
         corner = bool(rng.integers(2) == 0)
@@ -106,7 +116,7 @@ def crop_borders(ow, oh, w, h, aug, d, piece=None):
     min_rdw, min_rdh = int(ow * (1 - 1 / down) / 2), int(oh * (1 - 1 / down) / 2)
     max_rdw, max_rdh = int(ow * (1 - 1 / up) / 2), int(oh * (1 - 1 / up) / 2)
     if aug.resize < 1:
-        max_rdw = max_rdh = 0   # downsize only
+        max_rdw = max_rdh = 0  # downsize only
     pleft += _precalc(min_rdw, max_rdw, d.resize_r1)
     pright += _precalc(min_rdw, max_rdw, d.resize_r2)
     ptop += _precalc(min_rdh, max_rdh, d.resize_r1)
@@ -122,7 +132,7 @@ def crop_borders(ow, oh, w, h, aug, d, piece=None):
             pleft, pright = int(pleft - delta), int(pright - delta)
     if piece is not None and d.corner:
         # Push the image towards the mosaic's outer corner so most of it stays visible.
-        to_left = (piece in (0, 2)) != d.flip   # the side the crop's slack moves to
+        to_left = (piece in (0, 2)) != d.flip  # the side the crop's slack moves to
         if to_left:
             pright, pleft = pright + pleft, 0
         else:
@@ -132,7 +142,7 @@ def crop_borders(ow, oh, w, h, aug, d, piece=None):
         else:
             ptop, pbot = ptop + pbot, 0
     if ow - pleft - pright <= 0 or oh - ptop - pbot <= 0 or ow - pleft <= 0 or oh - ptop <= 0:
-        return 0, 0, 0, 0   # the fork resets an impossible crop to the whole image
+        return 0, 0, 0, 0  # the fork resets an impossible crop to the whole image
     return pleft, pright, ptop, pbot
 
 
@@ -146,16 +156,23 @@ def fork_fill_truth(boxes, dx, dy, sx, sy, flip, w, h, rng, max_boxes=MAX_BOXES)
         b = b[rng.permutation(len(b))]
     b = correct_boxes(b, dx, dy, sx, sy, flip)[:max_boxes]
     x, y, bw, bh = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
-    keep = (bw >= np.float32(1 / w)) & (bh >= np.float32(1 / h)) & (x > 0) & (x <= 1) & \
-        (y > 0) & (y <= 1)
+    keep = (
+        (bw >= np.float32(1 / w))
+        & (bh >= np.float32(1 / h))
+        & (x > 0)
+        & (x <= 1)
+        & (y > 0)
+        & (y <= 1)
+    )
     b = b[keep]
     b[:, 2:4] = np.minimum(b[:, 2:4], 1)
     min_side = float(min((b[:, 2] * w).min(), (b[:, 3] * h).min())) if len(b) else 0.0
     return b, min_side
 
 
-def image_data_augmentation(hwc, w, h, pleft, ptop, swidth, sheight, flip, dhue, dsat, dexp,
-                            noise, blur, truth, rng):
+def image_data_augmentation(
+    hwc, w, h, pleft, ptop, swidth, sheight, flip, dhue, dsat, dexp, noise, blur, truth, rng
+):
     """The fork's image_data_augmentation: crop (outside the image: its mean colour),
     resize to w x h (OpenCV, bilinear), mirror, HSV, blur, positive noise."""
     cv2 = _cv2()
@@ -168,7 +185,7 @@ def image_data_augmentation(hwc, w, h, pleft, ptop, swidth, sheight, flip, dhue,
         x0, y0 = max(0, pleft), max(0, ptop)
         x1, y1 = min(ow, pleft + swidth), min(oh, ptop + sheight)
         if x1 > x0 and y1 > y0:
-            cropped[y0 - ptop:y1 - ptop, x0 - pleft:x1 - pleft] = hwc[y0:y1, x0:x1]
+            cropped[y0 - ptop : y1 - ptop, x0 - pleft : x1 - pleft] = hwc[y0:y1, x0:x1]
     sized = cv2.resize(cropped, (w, h), interpolation=cv2.INTER_LINEAR)
     sized = sized[:, :, None] if sized.ndim == 2 else sized
     if flip:
@@ -176,7 +193,7 @@ def image_data_augmentation(hwc, w, h, pleft, ptop, swidth, sheight, flip, dhue,
     sized = np.ascontiguousarray(sized, dtype=np.float32)
     if dsat != 1 or dexp != 1 or dhue != 0:
         if sized.shape[2] >= 3:
-            hsv = cv2.cvtColor(sized, cv2.COLOR_RGB2HSV)   # hue in degrees
+            hsv = cv2.cvtColor(sized, cv2.COLOR_RGB2HSV)  # hue in degrees
             # 8-bit OpenCV hue has 180 steps: the fork adds 179*dhue of them.
             hsv[:, :, 0] = np.mod(hsv[:, :, 0] + np.float32(2 * 179 * dhue), 360)
             hsv[:, :, 1] *= np.float32(dsat)
@@ -184,12 +201,12 @@ def image_data_augmentation(hwc, w, h, pleft, ptop, swidth, sheight, flip, dhue,
             sized = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
         else:
             sized = sized * np.float32(dexp)
-        sized = np.clip(sized, 0, 1).astype(np.float32)   # the fork's 8-bit image saturates
+        sized = np.clip(sized, 0, 1).astype(np.float32)  # the fork's 8-bit image saturates
     if blur:
         size = 17 if blur == 1 else (blur // 2) * 2 + 1
         blurred = cv2.GaussianBlur(sized, (size, size), 0)
         blurred = blurred[:, :, None] if blurred.ndim == 2 else blurred
-        if blur == 1:   # only the background: the boxes keep their sharp pixels
+        if blur == 1:  # only the background: the boxes keep their sharp pixels
             for x, y, bw, bh in truth[:, :4]:
                 left, top = int((x - bw / 2) * w), int((y - bh / 2) * h)
                 right, bottom = left + int(bw * w), top + int(bh * h)
@@ -214,13 +231,27 @@ def augment_piece(hwc, boxes, aug, w, h, rng, max_boxes, piece=None):
     swidth, sheight = ow - pleft - pright, oh - ptop - pbot
     sx, sy = swidth / ow, sheight / oh
     dx, dy = (pleft / ow) / sx, (ptop / oh) / sy
-    truth, min_side = fork_fill_truth(boxes, dx, dy, 1 / sx, 1 / sy, d.flip, w, h, rng,
-                                      max_boxes)
+    truth, min_side = fork_fill_truth(boxes, dx, dy, 1 / sx, 1 / sy, d.flip, w, h, rng, max_boxes)
     blur = d.blur
     if blur > 1 and min_side / 8 < blur:
-        blur = int(min_side / 8)   # a small object would vanish under a wide blur
-    out = image_data_augmentation(hwc, w, h, pleft, ptop, swidth, sheight, d.flip, d.hue,
-                                  d.sat, d.exp, d.noise, blur, truth, rng)
+        blur = int(min_side / 8)  # a small object would vanish under a wide blur
+    out = image_data_augmentation(
+        hwc,
+        w,
+        h,
+        pleft,
+        ptop,
+        swidth,
+        sheight,
+        d.flip,
+        d.hue,
+        d.sat,
+        d.exp,
+        d.noise,
+        blur,
+        truth,
+        rng,
+    )
     return out, truth, (pleft, pright, ptop, pbot), d.flip
 
 
@@ -253,8 +284,16 @@ def mosaic_truth(truth, piece, cut_x, cut_y, shifts, w, h, bound=False):
             yb, hb = yb - (bot - h) / h / 2, hb - (bot - h) / h
         left, right = int((xb - wb / 2) * w), int((xb + wb / 2) * w)
         top, bot = int((yb - hb / 2) * h), int((yb + hb / 2) * h)
-        if (left >= 0 and right <= w and top >= 0 and bot <= h and 1 / w < wb < 1
-                and 1 / h < hb < 1 and 0 < xb < 1 and 0 < yb < 1):
+        if (
+            left >= 0
+            and right <= w
+            and top >= 0
+            and bot <= h
+            and 1 / w < wb < 1
+            and 1 / h < hb < 1
+            and 0 < xb < 1
+            and 0 < yb < 1
+        ):
             kept.append([xb, yb, wb, hb, row[4]])
     return np.array(kept, dtype=np.float32).reshape(-1, TRUTH_FIELDS)
 
@@ -265,7 +304,7 @@ def fork_detection_sample(hwc, boxes, draw_image, aug, w, h, rng, max_boxes=MAX_
     of the training list for a mosaic's or a mixup's other images."""
     kind = "mosaic" if aug.mosaic else "mixup" if aug.mixup else None
     if kind and rng.integers(2) == 0:
-        kind = None   # the fork leaves half of its loads plain
+        kind = None  # the fork leaves half of its loads plain
     if kind is None:
         out, truth, _, _ = augment_piece(hwc, boxes, aug, w, h, rng, max_boxes)
     elif kind == "mixup":
@@ -282,27 +321,29 @@ def fork_detection_sample(hwc, boxes, draw_image, aug, w, h, rng, max_boxes=MAX_
             image, piece_boxes = (hwc, boxes) if piece == 0 else draw_image()
             oh, ow = image.shape[:2]
             ai, truth, (pleft, pright, ptop, pbot), flip = augment_piece(
-                image, piece_boxes, aug, w, h, rng, max_boxes, piece)
+                image, piece_boxes, aug, w, h, rng, max_boxes, piece
+            )
             if flip:
                 pleft, pright = pright, pleft
             # How much of the piece is padding on each side, in network pixels: the
             # window moves past it so that image content fills the corner.
-            shifts = (min(cut_x, max(0, math.trunc(-pleft * w / ow))),
-                      min(w - cut_x, max(0, math.trunc(-pright * w / ow))),
-                      min(cut_y, max(0, math.trunc(-ptop * h / oh))),
-                      min(h - cut_y, max(0, math.trunc(-pbot * h / oh))))
+            shifts = (
+                min(cut_x, max(0, math.trunc(-pleft * w / ow))),
+                min(w - cut_x, max(0, math.trunc(-pright * w / ow))),
+                min(cut_y, max(0, math.trunc(-ptop * h / oh))),
+                min(h - cut_y, max(0, math.trunc(-pbot * h / oh))),
+            )
             left_shift, right_shift, top_shift, bot_shift = shifts
             sx = w - cut_x - right_shift if piece in (0, 2) else left_shift
             sy = h - cut_y - bot_shift if piece in (0, 1) else top_shift
             dx, dwid = (0, cut_x) if piece in (0, 2) else (cut_x, w - cut_x)
             dy, dhei = (0, cut_y) if piece in (0, 1) else (cut_y, h - cut_y)
-            out[dy:dy + dhei, dx:dx + dwid] = ai[sy:sy + dhei, sx:sx + dwid]
-            parts.append(mosaic_truth(truth, piece, cut_x, cut_y, shifts, w, h,
-                                      aug.mosaic_bound))
+            out[dy : dy + dhei, dx : dx + dwid] = ai[sy : sy + dhei, sx : sx + dwid]
+            parts.append(mosaic_truth(truth, piece, cut_x, cut_y, shifts, w, h, aug.mosaic_bound))
         truth = np.concatenate(parts)
     row = np.zeros((max_boxes, TRUTH_FIELDS), dtype=np.float32)
     truth = truth[:max_boxes]
-    row[:len(truth)] = truth
+    row[: len(truth)] = truth
     return out, row.reshape(-1)
 
 
@@ -316,8 +357,10 @@ def fork_mix(options):
     the fork has no branch for."""
     o = options
     if not 0 <= o.mixup <= CUTMIX_OR_MOSAIC:
-        raise DataError(f"[net] mixup={o.mixup}: the AlexeyAB fork knows 0 (off), 1 (mixup), "
-                        f"2 (cutmix), 3 (mosaic) and 4 (cutmix or mosaic)")
+        raise DataError(
+            f"[net] mixup={o.mixup}: the AlexeyAB fork knows 0 (off), 1 (mixup), "
+            f"2 (cutmix), 3 (mosaic) and 4 (cutmix or mosaic)"
+        )
     if o.mosaic and o.cutmix:
         return CUTMIX_OR_MOSAIC
     return CUTMIX if o.cutmix else MOSAIC if o.mosaic else o.mixup
@@ -333,30 +376,50 @@ def detector_augment(options, head, fork=False, warn=None):
     o = options
     switches = ("letter_box", "mosaic", "mixup", "cutmix", "blur", "gaussian_noise")
     if not fork and not any(getattr(o, k, 0) for k in switches):
-        return DetectorAugment(jitter=head.jitter, hue=o.hue, saturation=o.saturation,
-                               exposure=o.exposure, flip=bool(o.flip))
+        return DetectorAugment(
+            jitter=head.jitter,
+            hue=o.hue,
+            saturation=o.saturation,
+            exposure=o.exposure,
+            flip=bool(o.flip),
+        )
     mix = fork_mix(o)
     if mix in (MOSAIC, CUTMIX_OR_MOSAIC) and o.letter_box:
         # The fork's stock cfgs set both; its training stops on them, as here.
-        raise DataError("[net] mosaic=1 with letter_box=1 cannot train (as in the AlexeyAB "
-                        "fork): set one of them to 0")
+        raise DataError(
+            "[net] mosaic=1 with letter_box=1 cannot train (as in the AlexeyAB "
+            "fork): set one of them to 0"
+        )
     if o.label_smooth_eps and warn is not None:
-        warn(f"[net] label_smooth_eps={o.label_smooth_eps:g} smooths a classifier's labels: "
-             f"a detector trains without it (as in the AlexeyAB fork; [yolo] has its own)")
+        warn(
+            f"[net] label_smooth_eps={o.label_smooth_eps:g} smooths a classifier's labels: "
+            f"a detector trains without it (as in the AlexeyAB fork; [yolo] has its own)"
+        )
     if mix in (CUTMIX, CUTMIX_OR_MOSAIC) and warn is not None:
-        warn("cutmix is a classifier augmentation: a detector trains without it (as in "
-             "the AlexeyAB fork)" + ("; mosaic is used" if mix == CUTMIX_OR_MOSAIC else ""))
-    return ForkAugment(jitter=head.jitter, resize=getattr(head, "resize", 1.0), hue=o.hue,
-                       saturation=o.saturation, exposure=o.exposure, flip=bool(o.flip),
-                       letter_box=bool(o.letter_box), mosaic=mix in (MOSAIC, CUTMIX_OR_MOSAIC),
-                       mixup=mix == MIXUP, mosaic_bound=bool(o.mosaic_bound),
-                       blur=o.blur, gaussian_noise=o.gaussian_noise)
+        warn(
+            "cutmix is a classifier augmentation: a detector trains without it (as in "
+            "the AlexeyAB fork)" + ("; mosaic is used" if mix == CUTMIX_OR_MOSAIC else "")
+        )
+    return ForkAugment(
+        jitter=head.jitter,
+        resize=getattr(head, "resize", 1.0),
+        hue=o.hue,
+        saturation=o.saturation,
+        exposure=o.exposure,
+        flip=bool(o.flip),
+        letter_box=bool(o.letter_box),
+        mosaic=mix in (MOSAIC, CUTMIX_OR_MOSAIC),
+        mixup=mix == MIXUP,
+        mosaic_bound=bool(o.mosaic_bound),
+        blur=o.blur,
+        gaussian_noise=o.gaussian_noise,
+    )
 
 
 # ---- classifiers: the fork's load_data_augment -------------------------------------------------
-CUTMIX_MIN, CUTMIX_MAX = 0.3, 0.8   # a cutmix rectangle's sides, as shares of the input's
-BLUR_ONE_KSIZE = 15                 # blur=1's Gaussian kernel (blur=N: N pixels)
-BLUR_SHARE = 4                      # one sample in 4 is blurred
+CUTMIX_MIN, CUTMIX_MAX = 0.3, 0.8  # a cutmix rectangle's sides, as shares of the input's
+BLUR_ONE_KSIZE = 15  # blur=1's Gaussian kernel (blur=N: N pixels)
+BLUR_SHARE = 4  # one sample in 4 is blurred
 
 
 @dataclass
@@ -364,6 +427,7 @@ class ForkClassifierAugment(ClassifierAugment):
     """Darknet's classifier augmentation plus the fork's mixing (`mix`: fork_mix's
     number), blur (0: none, 1: a 15-pixel Gaussian, N: an N-pixel one) and label
     smoothing ([net] label_smooth_eps)."""
+
     mix: int = 0
     blur: int = 0
     label_smooth_eps: float = 0.0
@@ -377,22 +441,33 @@ def classifier_augment(options, warn=None):
     trains without. An even blur is a DataError (OpenCV's Gaussian needs an odd size:
     the fork stops there)."""
     o = options
-    base = dict(min_ratio=o.min_ratio, max_ratio=o.max_ratio, angle=o.angle, aspect=o.aspect,
-                hue=o.hue, saturation=o.saturation, exposure=o.exposure,
-                center=bool(o.center), flip=bool(o.flip))
+    base = dict(
+        min_ratio=o.min_ratio,
+        max_ratio=o.max_ratio,
+        angle=o.angle,
+        aspect=o.aspect,
+        hue=o.hue,
+        saturation=o.saturation,
+        exposure=o.exposure,
+        center=bool(o.center),
+        flip=bool(o.flip),
+    )
     for key in ("letter_box", "mosaic_bound", "gaussian_noise"):
         if getattr(o, key) and warn is not None:
-            warn(f"{key}={getattr(o, key)} is a detector augmentation: a classifier trains "
-                 f"without it (as in the AlexeyAB fork)")
+            warn(
+                f"{key}={getattr(o, key)} is a detector augmentation: a classifier trains "
+                f"without it (as in the AlexeyAB fork)"
+            )
     mix = fork_mix(o)
     if not mix and not o.blur and not o.label_smooth_eps:
         return ClassifierAugment(**base)
     if o.blur < 0 or (o.blur > 1 and o.blur % 2 == 0):
-        raise DataError(f"[net] blur={o.blur}: a classifier is blurred with a Gaussian of "
-                        f"blur x blur pixels, which must be odd (the AlexeyAB fork stops on "
-                        f"an even one); 1 means {BLUR_ONE_KSIZE}")
-    return ForkClassifierAugment(**base, mix=mix, blur=o.blur,
-                                 label_smooth_eps=o.label_smooth_eps)
+        raise DataError(
+            f"[net] blur={o.blur}: a classifier is blurred with a Gaussian of "
+            f"blur x blur pixels, which must be odd (the AlexeyAB fork stops on "
+            f"an even one); 1 means {BLUR_ONE_KSIZE}"
+        )
+    return ForkClassifierAugment(**base, mix=mix, blur=o.blur, label_smooth_eps=o.label_smooth_eps)
 
 
 def smooth_classifier_truth(truth, eps):
@@ -413,8 +488,7 @@ def mix_classifier_samples(kind, images, truths, rng):
     each side) with images 0-3, top left to bottom right, the labels weighted by their
     corners' areas. Images are (H, W, C) float32. Returns (image, truth)."""
     if kind == MIXUP:
-        return ((images[0] + images[1]) / np.float32(2),
-                (truths[0] + truths[1]) / np.float32(2))
+        return ((images[0] + images[1]) / np.float32(2), (truths[0] + truths[1]) / np.float32(2))
     out = images[0].copy()
     h, w = out.shape[:2]
     if kind == CUTMIX:
@@ -423,8 +497,9 @@ def mix_classifier_samples(kind, images, truths, rng):
         cut_h = _rand_int(rng, int(h * CUTMIX_MIN), int(h * CUTMIX_MAX))
         cut_x = _rand_int(rng, 0, max(0, w - cut_w - 1))
         cut_y = _rand_int(rng, 0, max(0, h - cut_h - 1))
-        out[cut_y:cut_y + cut_h, cut_x:cut_x + cut_w] = \
-            images[1][cut_y:cut_y + cut_h, cut_x:cut_x + cut_w]
+        out[cut_y : cut_y + cut_h, cut_x : cut_x + cut_w] = images[1][
+            cut_y : cut_y + cut_h, cut_x : cut_x + cut_w
+        ]
         alpha = np.float32(cut_w * cut_h) / np.float32(w * h)
         return out, truths[0] * (np.float32(1) - alpha) + truths[1] * alpha
     if kind != MOSAIC:

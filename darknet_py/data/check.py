@@ -7,14 +7,15 @@ mistake: Darknet clips such boxes to the image, the [yolo] loss then finds no tr
 cell (``count: 0``) and a run trains to nothing without an error. train and anchors refuse
 a dataset in which most boxes look so; `check` reports them all.
 """
+
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import DataError, _read_text
 from ..plurals import counted
+from .config import DataError, _read_text
 from .labels import RULE_NAMES, find_label_file, is_fork_rule, label_candidates
 
 # A coordinate this far past 1 is not a rounding slip at the image border: it is pixels.
@@ -24,21 +25,26 @@ SLACK = 1e-3
 # How many problems of each kind are printed one a line; the rest are counted.
 SHOWN_PER_KIND = 10
 
-FIX_PIXELS = ("YOLO labels are relative: divide x and w by the image width, y and h by "
-              "its height (each 0-1)")
+FIX_PIXELS = (
+    "YOLO labels are relative: divide x and w by the image width, y and h by its height (each 0-1)"
+)
 
 # Each kind's noun, singular and plural, for the counts ("1 malformed line").
 KINDS = {
-    "pixels": ("box whose coordinates look like pixels (YOLO labels are 0-1)",
-               "boxes whose coordinates look like pixels (YOLO labels are 0-1)"),
+    "pixels": (
+        "box whose coordinates look like pixels (YOLO labels are 0-1)",
+        "boxes whose coordinates look like pixels (YOLO labels are 0-1)",
+    ),
     "range": ("box with coordinates outside 0-1", "boxes with coordinates outside 0-1"),
     "class": ("class id out of range", "class ids out of range"),
     "size": ("box of zero or negative size", "boxes of zero or negative size"),
     "format": ("malformed line", "malformed lines"),
     "missing": ("label file not found", "label files not found"),
     "unreadable": ("unreadable label file", "unreadable label files"),
-    "path": ("image path names no class, or several (a classifier's label)",
-             "image paths name no class, or several (a classifier's label)"),
+    "path": (
+        "image path names no class, or several (a classifier's label)",
+        "image paths name no class, or several (a classifier's label)",
+    ),
 }
 # Problems whose line is still a box of its class (Darknet clips it to the image): counted
 # in the boxes and per class. A malformed line, a class id out of range and a box without
@@ -49,8 +55,8 @@ BOX_KINDS = ("pixels", "range")
 @dataclass
 class LabelProblem:
     path: str
-    line: int          # 0 for a problem with the whole file
-    kind: str          # a key of KINDS
+    line: int  # 0 for a problem with the whole file
+    kind: str  # a key of KINDS
     message: str
 
     def __str__(self):
@@ -61,21 +67,22 @@ class LabelProblem:
 @dataclass
 class LabelReport:
     """What the scan of a list of detector images found."""
+
     images: int = 0
     label_files: int = 0
     empty_files: int = 0
-    boxes: int = 0            # the boxes of a class: sum(per_class.values())
+    boxes: int = 0  # the boxes of a class: sum(per_class.values())
     per_class: Counter = field(default_factory=Counter)
     problems: list = field(default_factory=list)
-    rows: list = field(default_factory=list)     # (n, 5) float64 arrays: class x y w h
-    classifier: bool = False   # labels are image paths (boxes counts the images)
-    first_label: str = None    # the label file looked for for the first image
+    rows: list = field(default_factory=list)  # (n, 5) float64 arrays: class x y w h
+    classifier: bool = False  # labels are image paths (boxes counts the images)
+    first_label: str = None  # the label file looked for for the first image
     darknet: str = "original"  # whose label-path rule was followed (labels.find_label_file)
     # rule -> how many images had their label file where only that other rule puts it, and
     # the first such (image, label path)
     found_elsewhere: Counter = field(default_factory=Counter)
     first_elsewhere: dict = field(default_factory=dict)
-    looked_for: list = field(default_factory=list)   # the first image's [(rule, path)]
+    looked_for: list = field(default_factory=list)  # the first image's [(rule, path)]
 
     def count(self, kind):
         return sum(1 for p in self.problems if p.kind == kind)
@@ -116,8 +123,9 @@ def scan_label_file(path, classes, report):
     """Add one label file's boxes and problems to report."""
     text = _read_text(path, "label file")
     if "\0" in text:
-        report.problems.append(LabelProblem(path, 0, "unreadable",
-                                            "holds NUL bytes (not a text label file)"))
+        report.problems.append(
+            LabelProblem(path, 0, "unreadable", "holds NUL bytes (not a text label file)")
+        )
         return
     good = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -128,7 +136,7 @@ def scan_label_file(path, classes, report):
         if found is not None:
             report.problems.append(LabelProblem(path, lineno, *found))
             if found[0] not in BOX_KINDS:
-                continue   # no box of a class: the totals and the class table agree
+                continue  # no box of a class: the totals and the class table agree
         else:
             good.append([float(v) for v in fields])
         report.boxes += 1
@@ -154,8 +162,9 @@ def scan_labels(image_paths, classes=None, darknet="original"):
             continue
         report.first_label = report.first_label or path
         if not os.path.isfile(path):
-            report.problems.append(LabelProblem(path, 0, "missing",
-                                                f"label file not found (for image {image})"))
+            report.problems.append(
+                LabelProblem(path, 0, "missing", f"label file not found (for image {image})")
+            )
             continue
         if rule != own:
             report.found_elsewhere[rule] += 1
@@ -175,21 +184,27 @@ def label_location_line(report):
         return None
     own = "alexeyab" if is_fork_rule(report.darknet) else "original"
     moved = sum(report.found_elsewhere.values())
-    places = "; ".join(f"{count} by {RULE_NAMES[rule]}, e.g. {report.first_elsewhere[rule][1]}"
-                       for rule, count in report.found_elsewhere.most_common())
+    places = "; ".join(
+        f"{count} by {RULE_NAMES[rule]}, e.g. {report.first_elsewhere[rule][1]}"
+        for rule, count in report.found_elsewhere.most_common()
+    )
     missing = report.count("missing")
-    return (f"labels: {moved} of {counted(report.images, 'image')} "
-            f"{'has' if moved == 1 else 'have'} no label file where {RULE_NAMES[own]} looks; "
-            f"found {places}; reading those; {counted(missing, 'image')} "
-            f"{'has' if missing == 1 else 'have'} no label file anywhere")
+    return (
+        f"labels: {moved} of {counted(report.images, 'image')} "
+        f"{'has' if moved == 1 else 'have'} no label file where {RULE_NAMES[own]} looks; "
+        f"found {places}; reading those; {counted(missing, 'image')} "
+        f"{'has' if missing == 1 else 'have'} no label file anywhere"
+    )
 
 
 def refuse_no_label_files(report, what="training"):
     """DataError when not one image of a detector list has a label file anywhere."""
     if report.images and not report.label_files and report.looked_for:
         where = ", ".join(f"{path} ({RULE_NAMES[rule]})" for rule, path in report.looked_for)
-        raise DataError(f"none of the {counted(report.images, f'{what} image')} has a label "
-                        f"file; for the first image they were looked for at {where}")
+        raise DataError(
+            f"none of the {counted(report.images, f'{what} image')} has a label "
+            f"file; for the first image they were looked for at {where}"
+        )
 
 
 def problem_lines(report, shown=SHOWN_PER_KIND, kinds=None):
@@ -218,8 +233,9 @@ def summary_line(report, by_kind=None):
         return f"labels of {images}: " + "; ".join(parts)
     skipped = sum(1 for p in report.problems if p.line and p.kind not in BOX_KINDS)
     uncounted = f" ({counted(skipped, 'line')} not counted)" if skipped else ""
-    return (f"labels of {images}: {counted(report.boxes, 'box', 'boxes')}{uncounted}; "
-            + "; ".join(parts))
+    return f"labels of {images}: {counted(report.boxes, 'box', 'boxes')}{uncounted}; " + "; ".join(
+        parts
+    )
 
 
 def refuse_pixel_labels(report, what="training"):
@@ -227,10 +243,12 @@ def refuse_pixel_labels(report, what="training"):
     pixels = report.count("pixels")
     if report.boxes and pixels * 2 > report.boxes:
         first = next(p for p in report.problems if p.kind == "pixels")
-        raise DataError(f"{pixels} of the {counted(report.boxes, 'box', 'boxes')} in the "
-                        f"{what} labels {'looks' if pixels == 1 else 'look'} like pixel "
-                        f"coordinates (first: {first.path}:{first.line}); {FIX_PIXELS}. "
-                        f"`darknet-py check DATA` lists them all")
+        raise DataError(
+            f"{pixels} of the {counted(report.boxes, 'box', 'boxes')} in the "
+            f"{what} labels {'looks' if pixels == 1 else 'look'} like pixel "
+            f"coordinates (first: {first.path}:{first.line}); {FIX_PIXELS}. "
+            f"`darknet-py check DATA` lists them all"
+        )
 
 
 def refuse_unlabelled(report, what="validation"):
@@ -240,19 +258,24 @@ def refuse_unlabelled(report, what="validation"):
     if report.boxes:
         return
     refuse_no_label_files(report, what)
-    if not report.label_files:   # not even a label path came of the image names
-        raise DataError(f"none of the {counted(report.images, f'{what} image')} has a label "
-                        f"file (none could be derived from the image names)")
+    if not report.label_files:  # not even a label path came of the image names
+        raise DataError(
+            f"none of the {counted(report.images, f'{what} image')} has a label "
+            f"file (none could be derived from the image names)"
+        )
     missing = sum(1 for p in report.problems if p.kind == "missing")
-    raise DataError(f"none of the {counted(report.images, f'{what} image')} has a labelled "
-                    f"box ({counted(missing, 'label file')} missing; of the "
-                    f"{report.label_files} found, "
-                    f"{report.empty_files} empty, the others without a sound 'class x y w "
-                    f"h' line; the first image's at {report.first_label})")
+    raise DataError(
+        f"none of the {counted(report.images, f'{what} image')} has a labelled "
+        f"box ({counted(missing, 'label file')} missing; of the "
+        f"{report.label_files} found, "
+        f"{report.empty_files} empty, the others without a sound 'class x y w "
+        f"h' line; the first image's at {report.first_label})"
+    )
 
 
-def check_detector_dataset(image_paths, classes, warn, what="training", kinds=None,
-                           darknet="original"):
+def check_detector_dataset(
+    image_paths, classes, warn, what="training", kinds=None, darknet="original"
+):
     """Scan, say where label files were found when the flavour's rule did not find them
     (one line), warn (one line per problem, capped, and a summary), and refuse a dataset
     without a single label file or whose boxes are mostly pixels. Missing label files are

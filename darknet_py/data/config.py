@@ -1,11 +1,12 @@
 """Dataset description files: .data files (Darknet's key=value options), list files
 (one image path a line) and names files (one class name a line)."""
+
 import os
 from dataclasses import dataclass, field
 
 from ..cfg import CfgError, read_data_file
-from ..names import data_file_path
 from ..errors import DarknetError
+from ..names import data_file_path
 
 
 class DataError(DarknetError):
@@ -24,8 +25,7 @@ def _read_text(path, what):
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
         # a named pipe would block the read until someone writes to it
-        raise DataError(f"{_where(path)}: {what} is not a regular file (a pipe, socket or "
-                        f"device)")
+        raise DataError(f"{_where(path)}: {what} is not a regular file (a pipe, socket or device)")
     try:
         # surrogateescape keeps non-UTF-8 bytes in paths intact on the round trip to open()
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
@@ -44,7 +44,7 @@ def read_list(path, what="list file"):
     path or, in a names file, as an empty label that matches every path)."""
     lines = _read_text(path, what).splitlines()
     for lineno, line in enumerate(lines, start=1):
-        if "\0" in line:   # open() would fail on such a path with "embedded null byte"
+        if "\0" in line:  # open() would fail on such a path with "embedded null byte"
             raise DataError(f"{path}:{lineno}: holds a NUL byte: not a text {what}")
     return [s for s in (line.strip() for line in lines) if s]
 
@@ -53,17 +53,18 @@ def read_list(path, what="list file"):
 class DataConfig:
     """A parsed .data file. Paths are kept as written: relative ones are relative to the
     current directory, as in Darknet."""
+
     path: str
     classes: int
     train: str
     valid: str
-    names_path: str        # display names (``names=``, else ``labels=``)
-    labels_path: str       # strings matched against classifier paths (``labels=``, else ``names=``)
+    names_path: str  # display names (``names=``, else ``labels=``)
+    labels_path: str  # strings matched against classifier paths (``labels=``, else ``names=``)
     backup: str
     top: int
     names: list
     labels: list
-    options: dict = field(default_factory=dict)   # every key=value, as strings
+    options: dict = field(default_factory=dict)  # every key=value, as strings
 
     def train_paths(self):
         return read_list(self.train, "train list")
@@ -93,10 +94,12 @@ def load_data_config(path, require=()):
     train = options.get("train", "data/train.list")
     valid = options.get("valid", train)
     # Relative to the current directory as in Darknet, else beside the .data file.
-    names_path = data_file_path(options.get("names") or options.get("labels")
-                                or "data/names.list", path)
-    labels_path = data_file_path(options.get("labels") or options.get("names")
-                                 or "data/labels.list", path)
+    names_path = data_file_path(
+        options.get("names") or options.get("labels") or "data/names.list", path
+    )
+    labels_path = data_file_path(
+        options.get("labels") or options.get("names") or "data/labels.list", path
+    )
     backup = options.get("backup", "/backup/")
 
     def int_option(key, default):
@@ -117,8 +120,7 @@ def load_data_config(path, require=()):
         raise DataError(f"{path}: classes: must be positive, got {classes}")
     for what, lst, p in (("names", names, names_path), ("labels", labels, labels_path)):
         if len(lst) < classes:
-            raise DataError(f"{_where(p)}: {len(lst)} {what} for classes={classes} "
-                            f"given in {path}")
+            raise DataError(f"{_where(p)}: {len(lst)} {what} for classes={classes} given in {path}")
     # Darknet uses the first `classes` entries and ignores the rest.
     names, labels = names[:classes], labels[:classes]
 
@@ -129,9 +131,19 @@ def load_data_config(path, require=()):
         if not os.path.isfile(p):
             raise DataError(f"{_where(p)}: {key} list not found (given in {path})")
 
-    return DataConfig(path=path, classes=classes, train=train, valid=valid,
-                      names_path=names_path, labels_path=labels_path, backup=backup, top=top,
-                      names=names, labels=labels, options=dict(options))
+    return DataConfig(
+        path=path,
+        classes=classes,
+        train=train,
+        valid=valid,
+        names_path=names_path,
+        labels_path=labels_path,
+        backup=backup,
+        top=top,
+        names=names,
+        labels=labels,
+        options=dict(options),
+    )
 
 
 def _read_names(names_path, data_path):

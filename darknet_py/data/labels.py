@@ -8,6 +8,7 @@
 * A detector truth row is ``max_boxes`` (90) boxes of ``(x, y, w, h, class)``,
   zero padded: the [yolo] layer stops at the first box whose x is 0.
 """
+
 import math
 import os
 
@@ -16,9 +17,9 @@ import numpy as np
 from ..boxes import TRUTH_FIELDS
 from .config import DataError, _read_text, _where
 
-MAX_BOXES = 90            # Darknet's default for [yolo]/[region] max=
-MIN_BOX_SIZE = 0.001      # fill_truth_detection drops boxes narrower or shorter than this
-_EXACT_FLOAT32_INT = 2 ** 24   # class ids below this are exact in a float32 truth row
+MAX_BOXES = 90  # Darknet's default for [yolo]/[region] max=
+MIN_BOX_SIZE = 0.001  # fill_truth_detection drops boxes narrower or shorter than this
+_EXACT_FLOAT32_INT = 2**24  # class ids below this are exact in a float32 truth row
 
 
 class MissingLabelFile(DataError):
@@ -38,12 +39,16 @@ def classifier_label_index(path, labels):
     if len(found) == 1:
         return found[0]
     if not found:
-        raise DataError(f"{path}: no class name occurs in the path (a classifier image's "
-                        f"class is the class name found in its path)")
+        raise DataError(
+            f"{path}: no class name occurs in the path (a classifier image's "
+            f"class is the class name found in its path)"
+        )
     names = ", ".join(repr(labels[i]) for i in found)
-    raise DataError(f"{path}: {len(found)} class names occur in the path ({names}); exactly "
-                    f"one must (class names that are substrings of each other, or of a "
-                    f"directory name, make the label ambiguous)")
+    raise DataError(
+        f"{path}: {len(found)} class names occur in the path ({names}); exactly "
+        f"one must (class names that are substrings of each other, or of a "
+        f"directory name, make the label ambiguous)"
+    )
 
 
 def classifier_truth(path, labels, classes=None):
@@ -100,15 +105,27 @@ _FORK_FOLDERS = (
     ("/images/val2014/", "/labels/val2014/"),
     ("\\JPEGImages\\", "\\labels\\"),
 )
-_FORK_EXTENSIONS = (".jpg", ".JPG", ".jpeg", ".JPEG", ".png", ".PNG", ".bmp", ".BMP", ".ppm",
-                    ".PPM", ".tiff", ".TIFF")
+_FORK_EXTENSIONS = (
+    ".jpg",
+    ".JPG",
+    ".jpeg",
+    ".JPEG",
+    ".png",
+    ".PNG",
+    ".bmp",
+    ".BMP",
+    ".ppm",
+    ".PPM",
+    ".tiff",
+    ".TIFF",
+)
 
 # The folder names both rules mean when they rewrite a folder (the image's own folder).
 _IMAGE_FOLDERS = ("images", "JPEGImages", "raw")
 
 RULE_NAMES = {
     "original": "the original Darknet's rule (images, JPEGImages, raw -> labels anywhere in "
-                "the path)",
+    "the path)",
     "alexeyab": "the fork's rule (the label file beside the image)",
     "folder": "the image's own folder renamed to labels",
 }
@@ -127,17 +144,21 @@ def original_label_path(image_path):
     for find, replace in _ORIGINAL_SUBSTITUTIONS:
         out = out.replace(find, replace, 1)
     if not any(ext in image_path for ext in _ORIGINAL_EXTENSIONS):
-        raise DataError(f"{image_path}: cannot derive a label file name: Darknet maps only "
-                        f"{', '.join(_ORIGINAL_EXTENSIONS)} images to .txt labels")
+        raise DataError(
+            f"{image_path}: cannot derive a label file name: Darknet maps only "
+            f"{', '.join(_ORIGINAL_EXTENSIONS)} images to .txt labels"
+        )
     return out
 
 
 def _fork_extension(path):
     for ext in _FORK_EXTENSIONS:
         if path.endswith(ext):
-            return path[:-len(ext)] + ".txt"
-    raise DataError(f"{path}: cannot derive a label file name: the fork maps only "
-                    f"{', '.join(_FORK_EXTENSIONS)} images to .txt labels")
+            return path[: -len(ext)] + ".txt"
+    raise DataError(
+        f"{path}: cannot derive a label file name: the fork maps only "
+        f"{', '.join(_FORK_EXTENSIONS)} images to .txt labels"
+    )
 
 
 def fork_label_path(image_path):
@@ -161,8 +182,7 @@ def folder_label_path(image_path):
 def label_path(image_path, darknet="original"):
     """The label file the Darknet of flavour `darknet` reads for a detector image (its rule
     alone; find_label_file also looks where the rule does not)."""
-    return fork_label_path(image_path) if is_fork_rule(darknet) else \
-        original_label_path(image_path)
+    return fork_label_path(image_path) if is_fork_rule(darknet) else original_label_path(image_path)
 
 
 def label_candidates(image_path, darknet="original"):
@@ -171,16 +191,19 @@ def label_candidates(image_path, darknet="original"):
     Raises the own rule's DataError when no rule gives a name (an unknown extension)."""
     own = "alexeyab" if is_fork_rule(darknet) else "original"
     other = "original" if own == "alexeyab" else "alexeyab"
-    makers = {"original": original_label_path, "alexeyab": fork_label_path,
-              "folder": folder_label_path}
-    out, seen = [], {os.fspath(image_path)}   # an image is never its own label file
+    makers = {
+        "original": original_label_path,
+        "alexeyab": fork_label_path,
+        "folder": folder_label_path,
+    }
+    out, seen = [], {os.fspath(image_path)}  # an image is never its own label file
     for rule in (own, other, "folder"):
         path = _or_none(makers[rule], image_path)
         if path is not None and path not in seen:
             seen.add(path)
             out.append((rule, path))
     if not out:
-        label_path(image_path, own)   # raises the reason
+        label_path(image_path, own)  # raises the reason
     return out
 
 
@@ -219,8 +242,12 @@ def parse_labels(text, source="<labels>", classes=None):
             pass
         else:
             top = _EXACT_FLOAT32_INT if classes is None else min(classes, _EXACT_FLOAT32_INT)
-            if (min(ids) >= 0 and max(ids) < top and all(map(math.isfinite, values))
-                    and min(values[3::TRUTH_FIELDS] + values[4::TRUTH_FIELDS]) >= 0):
+            if (
+                min(ids) >= 0
+                and max(ids) < top
+                and all(map(math.isfinite, values))
+                and min(values[3::TRUTH_FIELDS] + values[4::TRUTH_FIELDS]) >= 0
+            ):
                 # The class column holds float(id): id exactly, below 2**24.
                 rows = np.array(values, dtype=np.float32).reshape(-1, TRUTH_FIELDS)
                 return rows[:, [1, 2, 3, 4, 0]]
@@ -238,8 +265,9 @@ def _parse_labels_by_line(text, source, classes):
         fields = line.split()
         where = f"{source}:{lineno}"
         if len(fields) != 5:
-            raise DataError(f"{where}: expected 'class x y w h' (5 fields), got {len(fields)}: "
-                            f"'{line}'")
+            raise DataError(
+                f"{where}: expected 'class x y w h' (5 fields), got {len(fields)}: '{line}'"
+            )
         try:
             cls = int(fields[0])
         except ValueError:
@@ -297,8 +325,9 @@ def correct_boxes(boxes, dx=0.0, dy=0.0, sx=1.0, sy=1.0, flip=False):
     return out
 
 
-def detection_truth(boxes, max_boxes=MAX_BOXES, dx=0.0, dy=0.0, sx=1.0, sy=1.0, flip=False,
-                    rng=None):
+def detection_truth(
+    boxes, max_boxes=MAX_BOXES, dx=0.0, dy=0.0, sx=1.0, sy=1.0, flip=False, rng=None
+):
     """Darknet's fill_truth_detection on already-read boxes: shuffle (when ``rng`` is
     given), correct_boxes, keep the first ``max_boxes``, then drop boxes under 0.001 wide
     or high, packing the rest to the front. Returns float32 (max_boxes * 5,)."""
@@ -309,5 +338,5 @@ def detection_truth(boxes, max_boxes=MAX_BOXES, dx=0.0, dy=0.0, sx=1.0, sy=1.0, 
     b = correct_boxes(b, dx, dy, sx, sy, flip)[:max_boxes]
     b = b[(b[:, 2] >= MIN_BOX_SIZE) & (b[:, 3] >= MIN_BOX_SIZE)]
     truth = np.zeros((max_boxes, TRUTH_FIELDS), dtype=np.float32)
-    truth[:len(b)] = b
+    truth[: len(b)] = b
     return truth.reshape(-1)

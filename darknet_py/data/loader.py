@@ -12,6 +12,7 @@ that has initialised CUDA cannot fork safely. Each image's randomness comes from
 (seed, batch index, row, attempt), never from which worker made it, so a seed gives the
 same batches with any number of workers, or none (workers=0 builds them in-process).
 """
+
 import math
 import multiprocessing
 import os
@@ -30,11 +31,23 @@ from ..image import ImageError
 from ..plurals import counted
 from ..processes import children_ignore_signals, trace_start
 from ..tree import fill_hierarchy
-from .augment import (ClassifierAugment, DetectorAugment, augment_classifier_hwc,
-                      augment_detection_hwc, center_crop_hwc, from_hwc,
-                      prepare_detector_eval_image, read_hwc, to_hwc)
-from .augment_fork import (ForkAugment, ForkClassifierAugment, fork_classifier_sample,
-                           fork_detection_sample)
+from .augment import (
+    ClassifierAugment,
+    DetectorAugment,
+    augment_classifier_hwc,
+    augment_detection_hwc,
+    center_crop_hwc,
+    from_hwc,
+    prepare_detector_eval_image,
+    read_hwc,
+    to_hwc,
+)
+from .augment_fork import (
+    ForkAugment,
+    ForkClassifierAugment,
+    fork_classifier_sample,
+    fork_detection_sample,
+)
 from .config import DataError
 from .labels import MAX_BOXES, MissingLabelFile, classifier_truth, read_image_labels
 
@@ -58,12 +71,12 @@ class Batch(tuple):
         return self[1]
 
 
-_SAMPLE_ATTEMPTS = 100    # replacement draws for one batch row before giving up
+_SAMPLE_ATTEMPTS = 100  # replacement draws for one batch row before giving up
 TASKS = ("classifier", "detector")
 MISSING_LABELS_LISTED = 3  # paths named in the summary of images without a label file
-_POLL_SECONDS = 0.5        # how often a waiting loader checks that its workers live
-_STOP_SECONDS = 5.0        # how long close() waits for a worker before terminating it
-WORKER_NICENESS = 10       # added to the workers' nice value (lower CPU priority)
+_POLL_SECONDS = 0.5  # how often a waiting loader checks that its workers live
+_STOP_SECONDS = 5.0  # how long close() waits for a worker before terminating it
+WORKER_NICENESS = 10  # added to the workers' nice value (lower CPU priority)
 
 
 def default_workers(ranks=1):
@@ -74,7 +87,7 @@ def default_workers(ranks=1):
     are divided before the cap: 4 ranks on 64 CPUs get 15 each, not 16 // 4."""
     try:
         cpus = len(os.sched_getaffinity(0))
-    except AttributeError:   # not on Linux
+    except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
     ranks = max(1, int(ranks))
     return max(1, min(16, (cpus - ranks) // ranks))
@@ -113,10 +126,31 @@ class DataLoader:
     workers and free the shared memory.
     """
 
-    def __init__(self, paths, *, task, width, height, batch, classes, labels=None,
-                 channels=3, augment=None, train=True, letterbox=True,
-                 max_boxes=MAX_BOXES, sampling="random", seed=0, workers=None, prefetch=None,
-                 on_warning=None, start=0, pin=None, hierarchy=None, darknet="original"):
+    def __init__(
+        self,
+        paths,
+        *,
+        task,
+        width,
+        height,
+        batch,
+        classes,
+        labels=None,
+        channels=3,
+        augment=None,
+        train=True,
+        letterbox=True,
+        max_boxes=MAX_BOXES,
+        sampling="random",
+        seed=0,
+        workers=None,
+        prefetch=None,
+        on_warning=None,
+        start=0,
+        pin=None,
+        hierarchy=None,
+        darknet="original",
+    ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if sampling not in ("random", "shuffle"):
@@ -136,17 +170,25 @@ class DataLoader:
         self.paths, self.task, self.batch, self.train = paths, task, batch, train
         self.seed = int(np.random.SeedSequence().entropy) if seed is None else int(seed)
         self._maker = _SampleMaker(
-            paths=paths, task=task, classes=classes, channels=channels, augment=augment,
+            paths=paths,
+            task=task,
+            classes=classes,
+            channels=channels,
+            augment=augment,
             labels=list(labels)[:classes] if labels is not None else None,
-            letterbox=letterbox, max_boxes=max_boxes, seed=self.seed, hierarchy=hierarchy,
-            darknet=darknet)
+            letterbox=letterbox,
+            max_boxes=max_boxes,
+            seed=self.seed,
+            hierarchy=hierarchy,
+            darknet=darknet,
+        )
         self.sampling = sampling
-        self.bad_paths = {}           # path -> message: unusable images, reported once
-        self.missing_labels = []      # detector images used with no label file, in order
+        self.bad_paths = {}  # path -> message: unusable images, reported once
+        self.missing_labels = []  # detector images used with no label file, in order
         self._missing_seen = set()
-        self._missing_summed = 0      # how many the last summary counted
+        self._missing_summed = 0  # how many the last summary counted
         self._on_warning = on_warning or _warn_on_stderr
-        self._perms = {}              # epoch -> permutation (sampling="shuffle")
+        self._perms = {}  # epoch -> permutation (sampling="shuffle")
         self._size = (int(width), int(height))
         self._next = int(start)
         self._closed = False
@@ -156,10 +198,11 @@ class DataLoader:
             ahead = prefetch if prefetch is not None else max(2, math.ceil(2 * workers / batch))
             try:
                 self._pool = _WorkerPool(self._maker, workers, max(1, int(ahead)), train, pin)
-            except OSError as e:   # no /dev/shm or no POSIX semaphores, say
-                raise DataError(f"cannot start the data loader's worker processes "
-                                f"({e.strerror or e}); --workers 0 loads in this process") \
-                    from None
+            except OSError as e:  # no /dev/shm or no POSIX semaphores, say
+                raise DataError(
+                    f"cannot start the data loader's worker processes "
+                    f"({e.strerror or e}); --workers 0 loads in this process"
+                ) from None
             # Runs at close(), when the loader is collected, or at interpreter exit.
             self._stop_workers = weakref.finalize(self, self._pool.close)
 
@@ -225,11 +268,12 @@ class DataLoader:
                         self._pool.queue_batch(k + ahead, self._size, self._rows(k + ahead))
                 batch = self._finish(*self._pool.collect(k, self._report))
         except BaseException:
-            self.close()   # a worker died, a bug, Ctrl-C: stop the workers now
+            self.close()  # a worker died, a bug, Ctrl-C: stop the workers now
             raise
         self._next = k + 1
         if self.train and (k + 1) * self.batch // len(self.paths) > k * self.batch // len(
-                self.paths):
+            self.paths
+        ):
             self._sum_up_missing_labels()
         return batch
 
@@ -289,8 +333,11 @@ class DataLoader:
         for row, first in rows:
             reports = []
             try:
-                outcomes.append(self._maker.make(k, row, first, self._size, self.train,
-                                                 x[row], truth[row], reports))
+                outcomes.append(
+                    self._maker.make(
+                        k, row, first, self._size, self.train, x[row], truth[row], reports
+                    )
+                )
             finally:
                 self._report(reports)
         return self._finish(x, truth, outcomes)
@@ -302,8 +349,12 @@ class DataLoader:
         for to, (row, _) in enumerate(kept):
             if to != row:
                 x[to], truth[to] = x[row], truth[row]
-        return Batch(x[:len(kept)], truth[:len(kept)], [self.paths[o[0]] for _, o in kept],
-                     [o[1] for _, o in kept])
+        return Batch(
+            x[: len(kept)],
+            truth[: len(kept)],
+            [self.paths[o[0]] for _, o in kept],
+            [o[1] for _, o in kept],
+        )
 
     def _report(self, reports):
         for kind, path, message in reports:
@@ -313,8 +364,11 @@ class DataLoader:
                     self.missing_labels.append(path)
             elif path not in self.bad_paths:
                 self.bad_paths[path] = message
-                self._on_warning(f"{message}; skipping it" if path in message
-                                 else f"{path}: {message}; skipping it")
+                self._on_warning(
+                    f"{message}; skipping it"
+                    if path in message
+                    else f"{path}: {message}; skipping it"
+                )
 
     def _sum_up_missing_labels(self):
         count = len(self.missing_labels)
@@ -322,9 +376,11 @@ class DataLoader:
             self._missing_summed = count
             first = ", ".join(self.missing_labels[:MISSING_LABELS_LISTED])
             more = ", ..." if count > MISSING_LABELS_LISTED else ""
-            self._on_warning(f"{count} image{'s' if count > 1 else ''} without a label "
-                             f"file so far, used with no boxes (as Darknet does): "
-                             f"{first}{more}")
+            self._on_warning(
+                f"{count} image{'s' if count > 1 else ''} without a label "
+                f"file so far, used with no boxes (as Darknet does): "
+                f"{first}{more}"
+            )
 
 
 def _warn_on_stderr(message):
@@ -337,17 +393,30 @@ class _SampleMaker:
     """Makes one row of a batch: reads, augments (training) or prepares (validation) an
     image into the row's arrays. Picklable: each worker process holds a copy."""
 
-    def __init__(self, *, paths, task, classes, channels, augment, labels, letterbox,
-                 max_boxes, seed, hierarchy=None, darknet="original"):
+    def __init__(
+        self,
+        *,
+        paths,
+        task,
+        classes,
+        channels,
+        augment,
+        labels,
+        letterbox,
+        max_boxes,
+        seed,
+        hierarchy=None,
+        darknet="original",
+    ):
         self.paths, self.task, self.classes, self.channels = paths, task, classes, channels
-        self.darknet = darknet   # whose label-path rule finds a detector image's labels
+        self.darknet = darknet  # whose label-path rule finds a detector image's labels
         self.hierarchy = hierarchy
         self.augment, self.labels, self.letterbox = augment, labels, letterbox
         self.max_boxes, self.seed = max_boxes, seed
         self.truth_size = classes if task == "classifier" else max_boxes * TRUTH_FIELDS
         self.distinct_paths = len(set(paths))
-        self.bad_paths = set()      # this process's: skipped without reading again
-        self.current = None         # where this process says which image it is on
+        self.bad_paths = set()  # this process's: skipped without reading again
+        self.current = None  # where this process says which image it is on
 
     def rng(self, *key):
         return np.random.default_rng(np.random.SeedSequence([self.seed, *key]))
@@ -361,8 +430,10 @@ class _SampleMaker:
         """The x and truth arrays of a batch laid out in the float32 array `block`."""
         w, h = size
         nx, nt = self.floats(count, size)
-        return (block[:nx].reshape(count, self.channels, h, w),
-                block[nx:nx + nt].reshape(count, self.truth_size))
+        return (
+            block[:nx].reshape(count, self.channels, h, w),
+            block[nx : nx + nt].reshape(count, self.truth_size),
+        )
 
     def empty_batch(self, count, size):
         return self.views(np.empty(sum(self.floats(count, size)), np.float32), count, size)
@@ -375,20 +446,26 @@ class _SampleMaker:
             image_size = self._load_into(first, None, size, x_out, truth_out, reports)
             return None if image_size is None else (first, image_size)
         for attempt in range(_SAMPLE_ATTEMPTS):
-            index = first if attempt == 0 else int(
-                self.rng(3, k, row, attempt).integers(len(self.paths)))
+            index = (
+                first
+                if attempt == 0
+                else int(self.rng(3, k, row, attempt).integers(len(self.paths)))
+            )
             if self.paths[index] in self.bad_paths:
-                continue   # as if read and failed again: the same draws follow either way
-            image_size = self._load_into(index, self.rng(2, k, row, attempt), size, x_out,
-                                         truth_out, reports)
+                continue  # as if read and failed again: the same draws follow either way
+            image_size = self._load_into(
+                index, self.rng(2, k, row, attempt), size, x_out, truth_out, reports
+            )
             if image_size is not None:
                 return index, image_size
             if len(self.bad_paths) >= self.distinct_paths:
                 break
-        raise DataError(f"no usable image after {_SAMPLE_ATTEMPTS} draws "
-                        f"({len(self.bad_paths)} of {counted(len(self.paths), 'image')} "
-                        f"{'is' if len(self.bad_paths) == 1 else 'are'} unusable; "
-                        f"the last: {self.paths[index]})")
+        raise DataError(
+            f"no usable image after {_SAMPLE_ATTEMPTS} draws "
+            f"({len(self.bad_paths)} of {counted(len(self.paths), 'image')} "
+            f"{'is' if len(self.bad_paths) == 1 else 'are'} unusable; "
+            f"the last: {self.paths[index]})"
+        )
 
     def _load_into(self, index, rng, size, x_out, truth_out, reports):
         """Load, augment (rng given) or prepare (rng None) image `index` into the output
@@ -406,8 +483,14 @@ class _SampleMaker:
                     out = center_crop_hwc(hwc, w, h)
                 elif isinstance(self.augment, ForkClassifierAugment):
                     out, truth_out[:] = fork_classifier_sample(
-                        hwc, truth_out, lambda: self._random_other_image(rng, reports),
-                        self.augment, w, h, rng)
+                        hwc,
+                        truth_out,
+                        lambda: self._random_other_image(rng, reports),
+                        self.augment,
+                        w,
+                        h,
+                        rng,
+                    )
                 else:
                     out = augment_classifier_hwc(hwc, self.augment, w, h, rng)
             else:
@@ -417,25 +500,31 @@ class _SampleMaker:
                     reports.append(("missing", path, str(e)))
                     boxes = np.zeros((0, TRUTH_FIELDS), dtype=np.float32)
                 if rng is None:
-                    out = to_hwc(prepare_detector_eval_image(from_hwc(hwc), w, h,
-                                                             self.letterbox))
-                    kept = boxes[:self.max_boxes]
+                    out = to_hwc(prepare_detector_eval_image(from_hwc(hwc), w, h, self.letterbox))
+                    kept = boxes[: self.max_boxes]
                     truth_out[:] = 0
-                    truth_out[:kept.size] = kept.reshape(-1)
+                    truth_out[: kept.size] = kept.reshape(-1)
                 elif isinstance(self.augment, ForkAugment):
                     out, truth_out[:] = fork_detection_sample(
-                        hwc, boxes, lambda: self._random_other_image(rng, reports),
-                        self.augment, w, h, rng, self.max_boxes)
+                        hwc,
+                        boxes,
+                        lambda: self._random_other_image(rng, reports),
+                        self.augment,
+                        w,
+                        h,
+                        rng,
+                        self.max_boxes,
+                    )
                 else:
-                    out, truth_out[:] = augment_detection_hwc(hwc, boxes, self.augment, w, h,
-                                                              rng, self.max_boxes)
+                    out, truth_out[:] = augment_detection_hwc(
+                        hwc, boxes, self.augment, w, h, rng, self.max_boxes
+                    )
             x_out[:] = out.transpose(2, 0, 1)
             return hwc.shape[1], hwc.shape[0]
         except (ImageError, DataError) as e:
             self.bad_paths.add(path)
             reports.append(("bad", path, str(e)))
             return None
-
 
     def _classifier_truth(self, path):
         """A classifier image's truth row: one-hot, or with a class tree Darknet's
@@ -464,12 +553,14 @@ class _SampleMaker:
             except (ImageError, DataError) as e:
                 self.bad_paths.add(path)
                 reports.append(("bad", path, str(e)))
-        raise DataError(f"no usable image for a mosaic, mixup or cutmix after "
-                        f"{_SAMPLE_ATTEMPTS} draws")
+        raise DataError(
+            f"no usable image for a mosaic, mixup or cutmix after {_SAMPLE_ATTEMPTS} draws"
+        )
 
 
 # ---------------------------------------------------------------------------------------
 # Worker processes and shared-memory slots
+
 
 class _Slot:
     """A shared-memory segment one batch at a time is built in, pinned with `pin`."""
@@ -480,9 +571,11 @@ class _Slot:
         try:
             self.segment = _Segment(create=True, size=nbytes)
         except OSError as e:
-            raise DataError(f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
-                            f"the data loader ({e.strerror or e}); --workers 0 loads in this "
-                            f"process") from None
+            raise DataError(
+                f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
+                f"the data loader ({e.strerror or e}); --workers 0 loads in this "
+                f"process"
+            ) from None
         self.unpin = None
         self.pin_with(pin)
         self.nbytes = nbytes
@@ -507,11 +600,13 @@ def _check_shm_space(nbytes):
     try:
         free = shutil.disk_usage("/dev/shm").free
     except OSError:
-        return   # no /dev/shm (not Linux): shared_memory says what is wrong, if anything
+        return  # no /dev/shm (not Linux): shared_memory says what is wrong, if anything
     if nbytes > free:
-        raise DataError(f"/dev/shm has {free / 2**20:.0f} MiB free but the data loader "
-                        f"needs {nbytes / 2**20:.0f} MiB more for a batch: enlarge /dev/shm "
-                        f"(docker run --shm-size=...), or --workers 0 loads in this process")
+        raise DataError(
+            f"/dev/shm has {free / 2**20:.0f} MiB free but the data loader "
+            f"needs {nbytes / 2**20:.0f} MiB more for a batch: enlarge /dev/shm "
+            f"(docker run --shm-size=...), or --workers 0 loads in this process"
+        )
 
 
 class _Queued:
@@ -535,7 +630,8 @@ def start_worker_server():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return None
     from multiprocessing import forkserver
-    forkserver.set_forkserver_preload([__name__])   # read when the server starts
+
+    forkserver.set_forkserver_preload([__name__])  # read when the server starts
     with children_ignore_signals():
         resource_tracker.ensure_running()
         forkserver.ensure_running()
@@ -556,8 +652,8 @@ class _WorkerPool:
         # change).
         alive, self.alive = context.Pipe(duplex=False)
         self.slots = []
-        self.queued = {}      # batch index -> _Queued (current size)
-        self.by_ident = {}    # ident -> _Queued, dropped ones included until done
+        self.queued = {}  # batch index -> _Queued (current size)
+        self.by_ident = {}  # ident -> _Queued, dropped ones included until done
         self.next_ident = 0
         self.processes = []
         try:
@@ -567,8 +663,11 @@ class _WorkerPool:
                 for _ in range(workers):
                     current = context.RawValue("q", -1)
                     process = context.Process(
-                        target=_work, daemon=True, name="darknet-data",
-                        args=(maker, self.jobs, self.results, current, self.stopping, alive))
+                        target=_work,
+                        daemon=True,
+                        name="darknet-data",
+                        args=(maker, self.jobs, self.results, current, self.stopping, alive),
+                    )
                     process.start()
                     self.processes.append((process, current))
             trace_start(f"loader's {workers} workers started")
@@ -597,15 +696,25 @@ class _WorkerPool:
         # process tens of microseconds to send or receive.
         per_job = math.ceil(len(rows) / len(self.processes))
         for start in range(0, len(rows), per_job):
-            self.jobs.put((job.ident, slot.index, slot.segment.name, len(rows), size,
-                           self.train, k, rows[start:start + per_job]))
+            self.jobs.put(
+                (
+                    job.ident,
+                    slot.index,
+                    slot.segment.name,
+                    len(rows),
+                    size,
+                    self.train,
+                    k,
+                    rows[start : start + per_job],
+                )
+            )
 
     def _free_slot(self, nbytes):
         free = [s for s in self.slots if s.free]
         fits = [s for s in free if s.nbytes >= nbytes]
         if fits:
             return fits[0]
-        if free:   # too small for the new size: replace its segment
+        if free:  # too small for the new size: replace its segment
             slot = free[0]
             slot.close()
             self.slots[slot.index] = _Slot(slot.index, nbytes, self.pin)
@@ -632,8 +741,9 @@ class _WorkerPool:
             kind, text = job.error
             raise kind(text)
         count = len(job.outcomes)
-        block = np.frombuffer(job.slot.segment.buf, np.float32,
-                              sum(self.maker.floats(count, job.size)))
+        block = np.frombuffer(
+            job.slot.segment.buf, np.float32, sum(self.maker.floats(count, job.size))
+        )
         weakref.finalize(block, job.slot.release)
         x, truth = self.maker.views(block, count, job.size)
         return x, truth, job.outcomes
@@ -660,14 +770,16 @@ class _WorkerPool:
         for process, current in self.processes:
             if process.exitcode is not None:
                 code = process.exitcode
-                how = (f"killed by {signal.Signals(-code).name}" if code < 0
-                       else f"exit code {code}")
-                on = (f"while loading {self.maker.paths[current.value]}"
-                      if current.value >= 0 else "between images")
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                on = (
+                    f"while loading {self.maker.paths[current.value]}"
+                    if current.value >= 0
+                    else "between images"
+                )
                 raise DataError(f"a data loader worker (pid {process.pid}) died ({how}) {on}")
 
     def close(self):
-        self.stopping.value = 1   # workers skip the jobs still queued
+        self.stopping.value = 1  # workers skip the jobs still queued
         for _ in self.processes:
             self.jobs.put(None)
         for process, _ in self.processes:
@@ -676,7 +788,7 @@ class _WorkerPool:
                 process.kill()
                 process.join()
         for q in (self.jobs, self.results):
-            q.cancel_join_thread()   # nobody reads them any more: do not wait to flush
+            q.cancel_join_thread()  # nobody reads them any more: do not wait to flush
             q.close()
         for slot in self.slots:
             slot.close()
@@ -692,7 +804,7 @@ class _Segment(shared_memory.SharedMemory):
         try:
             self.close()
         except BufferError:
-            pass   # at interpreter exit, with batch arrays still referenced
+            pass  # at interpreter exit, with batch arrays still referenced
 
 
 # Segments that batch arrays still use: unlinked already, unmapped once those are gone.
@@ -707,7 +819,7 @@ def _close_segment(segment):
             s.close()
             _still_mapped.remove(s)
         except BufferError:
-            pass   # a batch handed out from it is still referenced
+            pass  # a batch handed out from it is still referenced
 
 
 def _work(maker, jobs, results, current, stopping, alive):
@@ -720,18 +832,19 @@ def _work(maker, jobs, results, current, stopping, alive):
     # behind the workers, which take every cycle it leaves.
     os.nice(WORKER_NICENESS)
     import cv2
-    cv2.setNumThreads(1)   # the parallelism is the workers
+
+    cv2.setNumThreads(1)  # the parallelism is the workers
     # Failures are reported by the parent in one line each; OpenCV's own warnings from
     # several processes would interleave.
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     results.cancel_join_thread()
     maker.current = current
-    segments = {}   # slot index -> SharedMemory
+    segments = {}  # slot index -> SharedMemory
     while True:
         try:
             job = jobs.get(timeout=1.0)
         except queue.Empty:
-            if alive.poll():   # readable: EOF, as nothing is ever sent
+            if alive.poll():  # readable: EOF, as nothing is ever sent
                 break
             continue
         if job is None:
@@ -746,7 +859,7 @@ def _work(maker, jobs, results, current, stopping, alive):
             segment = segments[slot] = shared_memory.SharedMemory(name=name)
         block = np.frombuffer(segment.buf, np.float32, sum(maker.floats(count, size)))
         x, truth = maker.views(block, count, size)
-        done = []   # (row, outcome, reports, error) of each row of the job
+        done = []  # (row, outcome, reports, error) of each row of the job
         for row, first in rows:
             reports, outcome, error = [], None, None
             try:
@@ -754,9 +867,12 @@ def _work(maker, jobs, results, current, stopping, alive):
             except DataError as e:
                 error = (DataError, str(e))
             except Exception:
-                error = (RuntimeError, f"the data loader failed on "
-                                       f"{maker.paths[max(current.value, 0)]}:\n"
-                                       f"{traceback.format_exc()}")
+                error = (
+                    RuntimeError,
+                    f"the data loader failed on "
+                    f"{maker.paths[max(current.value, 0)]}:\n"
+                    f"{traceback.format_exc()}",
+                )
             current.value = -1
             done.append((row, outcome, reports, error))
         del block, x, truth

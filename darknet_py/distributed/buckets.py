@@ -24,6 +24,7 @@ skips the same steps. docs/training.md gives the measured effect on the weights.
 DARKNET_BUCKET_MB=0 turns the buckets off: one sum of the unflattened arrays after the
 backward (DataParallel.reduce), in fp32.
 """
+
 import os
 
 from .. import precision as precisions
@@ -31,7 +32,7 @@ from .. import precision as precisions
 BUCKET_MB_ENV = "DARKNET_BUCKET_MB"
 EXCHANGE_ENV = "DARKNET_EXCHANGE"
 DEFAULT_BUCKET_MB = 25.0
-EXCHANGES = ("auto", "fp32")   # auto: 16 bits under fp16/bf16 training, else fp32
+EXCHANGES = ("auto", "fp32")  # auto: 16 bits under fp16/bf16 training, else fp32
 # Network._UPDATE_BUFFER's values: where a layer keeps an accumulated update.
 UPDATE_ATTRIBUTES = ("bias_updates", "scale_updates", "weight_updates")
 
@@ -47,8 +48,10 @@ def bucket_bytes(environ=os.environ):
     except ValueError:
         mb = -1.0
     if not mb >= 0 or mb == float("inf"):
-        raise ValueError(f"{BUCKET_MB_ENV}={text}: expected megabytes of gradients per bucket "
-                         f"(a number >= 0; 0 sums every gradient after the backward)")
+        raise ValueError(
+            f"{BUCKET_MB_ENV}={text}: expected megabytes of gradients per bucket "
+            f"(a number >= 0; 0 sums every gradient after the backward)"
+        )
     return int(mb * 2**20)
 
 
@@ -56,8 +59,10 @@ def exchange_setting(environ=os.environ):
     """DARKNET_EXCHANGE: auto (the default) or fp32; ValueError otherwise."""
     text = environ.get(EXCHANGE_ENV, "").strip().lower() or "auto"
     if text not in EXCHANGES:
-        raise ValueError(f"{EXCHANGE_ENV}={text}: expected {' or '.join(EXCHANGES)} (auto "
-                         f"exchanges 16-bit gradients under fp16/bf16 training)")
+        raise ValueError(
+            f"{EXCHANGE_ENV}={text}: expected {' or '.join(EXCHANGES)} (auto "
+            f"exchanges 16-bit gradients under fp16/bf16 training)"
+        )
     return text
 
 
@@ -78,8 +83,8 @@ class Bucket:
         self.entries = entries
         self.ready_after = ready_after
         self.size = sum(size for _, size in entries)
-        self.flat = None       # the fp32 array the entries' views live in
-        self.packed = None     # its 16-bit copy, in a 16-bit exchange
+        self.flat = None  # the fp32 array the entries' views live in
+        self.packed = None  # its 16-bit copy, in a 16-bit exchange
 
     @property
     def arrays(self):
@@ -135,12 +140,12 @@ class GradientBuckets:
         value_bytes = 2 if storage != precisions.DEFAULT else 4
         self.buckets = plan_buckets(net, cap_bytes, value_bytes)
         writers = update_buffer_writers(net)
-        for bucket in self.buckets:   # the update buffers become views of one flat array
+        for bucket in self.buckets:  # the update buffers become views of one flat array
             bucket.flat = be.zeros(bucket.size)
             offset, views = 0, []
             for array, size in bucket.entries:
-                view = bucket.flat[offset:offset + size]
-                be.copy(array, view)   # what earlier passes accumulated
+                view = bucket.flat[offset : offset + size]
+                be.copy(array, view)  # what earlier passes accumulated
                 for owner, attribute in writers[id(array)][1]:
                     setattr(owner, attribute, view)
                 views.append((view, size))
@@ -155,18 +160,20 @@ class GradientBuckets:
         end = net.backward_end
         stops = sorted({max(b.ready_after, end) for b in self.buckets} | {end}, reverse=True)
         self.stops = tuple(stops)
-        self.starts = [[b for b in self.buckets if max(b.ready_after, end) == stop]
-                       for stop in stops]
+        self.starts = [
+            [b for b in self.buckets if max(b.ready_after, end) == stop] for stop in stops
+        ]
         self._pending = []
         # Packing: fp16 values divided by the rank count so that their sum cannot overflow.
         self.pack_scale = 1.0 / self.world_size if storage == "fp16" else 1.0
-        net.graphs.drop("train")   # recorded passes wrote into the old buffers
+        net.graphs.drop("train")  # recorded passes wrote into the old buffers
 
     def matches(self, net):
         """Whether net's update buffers are still the views this plan made."""
         updates = net.update_buffers()[0]
-        return len(updates) == len(self.views) and \
-            all(a is b for a, b in zip(reversed(updates), self.views))
+        return len(updates) == len(self.views) and all(
+            a is b for a, b in zip(reversed(updates), self.views)
+        )
 
     def start(self, net, piece):
         """Start the sums of the buckets the backward completed with piece `piece` (the
@@ -194,5 +201,7 @@ class GradientBuckets:
             elif bucket.packed is not None:
                 be.widen_scaled(bucket.packed, bucket.flat, 1.0 / self.pack_scale)
         if len(pending) != len(self.buckets) + bool(self.statistics):
-            raise RuntimeError(f"{len(pending)} of the iteration's sums were started, "
-                               f"{len(self.buckets) + bool(self.statistics)} planned")
+            raise RuntimeError(
+                f"{len(pending)} of the iteration's sums were started, "
+                f"{len(self.buckets) + bool(self.statistics)} planned"
+            )

@@ -17,6 +17,7 @@ one rank on its local GPU, starting no process of its own (launcher.run_as_clust
 
 When both are there, torchrun's win (torchrun started inside a Slurm job).
 """
+
 import os
 import re
 from dataclasses import dataclass
@@ -33,19 +34,25 @@ class ClusterEnvironmentError(ValueError):
 @dataclass
 class ClusterRank:
     """This process's place in a run a cluster launcher started."""
-    launcher: str           # "torchrun" or "Slurm"
+
+    launcher: str  # "torchrun" or "Slurm"
     rank: int
     world_size: int
-    local_rank: int         # the GPU of this machine it trains on
-    local_world_size: int   # ranks on this machine (each gets a share of its CPUs)
-    master: tuple           # (host, port) where rank 0 listens
+    local_rank: int  # the GPU of this machine it trains on
+    local_world_size: int  # ranks on this machine (each gets a share of its CPUs)
+    master: tuple  # (host, port) where rank 0 listens
 
     def describe(self):
         """The start line's account of where the rank came from."""
-        names = ("RANK, WORLD_SIZE, LOCAL_RANK" if self.launcher == "torchrun"
-                 else "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID")
-        return (f"local rank {self.local_rank}, from the {self.launcher} environment "
-                f"({names}), rank 0 at {self.master[0]}:{self.master[1]}")
+        names = (
+            "RANK, WORLD_SIZE, LOCAL_RANK"
+            if self.launcher == "torchrun"
+            else "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID"
+        )
+        return (
+            f"local rank {self.local_rank}, from the {self.launcher} environment "
+            f"({names}), rank 0 at {self.master[0]}:{self.master[1]}"
+        )
 
 
 def expand_hostlist(text):
@@ -85,10 +92,11 @@ def _expand_item(item, whole):
         if "]" in item:
             raise ClusterEnvironmentError(f"host list {whole!r}: unbalanced brackets")
         return [item]
-    prefix, rest = item[:match.start()], item[match.end():]
+    prefix, rest = item[: match.start()], item[match.end() :]
     tails = _expand_item(rest, whole) if rest else [""]
-    return [prefix + number + tail for number in _expand_range(match.group(1), whole)
-            for tail in tails]
+    return [
+        prefix + number + tail for number in _expand_range(match.group(1), whole) for tail in tails
+    ]
 
 
 def _expand_range(spec, whole):
@@ -96,14 +104,16 @@ def _expand_range(spec, whole):
     for part in spec.split(","):
         low, sep, high = part.strip().partition("-")
         if not low.isdigit() or (sep and not high.isdigit()):
-            raise ClusterEnvironmentError(f"host list {whole!r}: [{spec}] is not a list of "
-                                          f"numbers and ranges such as [01-04,07]")
+            raise ClusterEnvironmentError(
+                f"host list {whole!r}: [{spec}] is not a list of "
+                f"numbers and ranges such as [01-04,07]"
+            )
         if not sep:
             numbers.append(low)
             continue
         if int(high) < int(low):
             raise ClusterEnvironmentError(f"host list {whole!r}: range {part} runs backwards")
-        width = len(low)   # node[01-10]: node01 .. node10
+        width = len(low)  # node[01-10]: node01 .. node10
         numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
     return numbers
 
@@ -111,8 +121,10 @@ def _expand_range(spec, whole):
 def _integer(env, name, minimum=0):
     text = env.get(name, "").strip()
     if not text.isdigit() or int(text) < minimum:
-        raise ClusterEnvironmentError(f"{name}={env.get(name, '')!r}: expected a whole number"
-                                      f"{' >= ' + str(minimum) if minimum else ''}")
+        raise ClusterEnvironmentError(
+            f"{name}={env.get(name, '')!r}: expected a whole number"
+            f"{' >= ' + str(minimum) if minimum else ''}"
+        )
     return int(text)
 
 
@@ -136,8 +148,10 @@ def read_cluster_environment(env=None):
 
 def _checked(rank, world_size, local_rank, rank_name, world_name):
     if world_size < 1 or rank >= world_size:
-        raise ClusterEnvironmentError(f"{rank_name}={rank} with {world_name}={world_size}: "
-                                      f"expected a rank from 0 to {world_size - 1}")
+        raise ClusterEnvironmentError(
+            f"{rank_name}={rank} with {world_name}={world_size}: "
+            f"expected a rank from 0 to {world_size - 1}"
+        )
     return rank, world_size, local_rank
 
 
@@ -146,44 +160,67 @@ def _torchrun(env):
         if not env.get(name, "").strip():
             raise ClusterEnvironmentError(
                 f"RANK and WORLD_SIZE are set (the torchrun environment) but {name} is not: "
-                f"set MASTER_ADDR and MASTER_PORT to where rank 0 listens")
+                f"set MASTER_ADDR and MASTER_PORT to where rank 0 listens"
+            )
     rank, world_size, local_rank = _checked(
-        _integer(env, "RANK"), _integer(env, "WORLD_SIZE", 1),
-        _integer(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0, "RANK", "WORLD_SIZE")
-    local_world_size = (_integer(env, "LOCAL_WORLD_SIZE", 1) if "LOCAL_WORLD_SIZE" in env
-                        else None)
+        _integer(env, "RANK"),
+        _integer(env, "WORLD_SIZE", 1),
+        _integer(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+        "RANK",
+        "WORLD_SIZE",
+    )
+    local_world_size = _integer(env, "LOCAL_WORLD_SIZE", 1) if "LOCAL_WORLD_SIZE" in env else None
     port = _port(env, "MASTER_PORT")
-    if "TORCHELASTIC_RUN_ID" in env:   # torchrun's agent listens on MASTER_PORT
+    if "TORCHELASTIC_RUN_ID" in env:  # torchrun's agent listens on MASTER_PORT
         port += TORCHRUN_PORT_OFFSET
         if port > 65535:
-            raise ClusterEnvironmentError(f"MASTER_PORT={port - TORCHRUN_PORT_OFFSET}: rank 0 "
-                                          f"listens on the port after it, which does not exist")
-    return ClusterRank("torchrun", rank, world_size, local_rank,
-                       local_world_size or local_rank + 1, (env["MASTER_ADDR"].strip(), port))
+            raise ClusterEnvironmentError(
+                f"MASTER_PORT={port - TORCHRUN_PORT_OFFSET}: rank 0 "
+                f"listens on the port after it, which does not exist"
+            )
+    return ClusterRank(
+        "torchrun",
+        rank,
+        world_size,
+        local_rank,
+        local_world_size or local_rank + 1,
+        (env["MASTER_ADDR"].strip(), port),
+    )
 
 
 def _slurm(env):
     rank, world_size, local_rank = _checked(
-        _integer(env, "SLURM_PROCID"), _integer(env, "SLURM_NTASKS", 1),
+        _integer(env, "SLURM_PROCID"),
+        _integer(env, "SLURM_NTASKS", 1),
         _integer(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-        "SLURM_PROCID", "SLURM_NTASKS")
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    )
     if env.get("MASTER_ADDR", "").strip():
         host = env["MASTER_ADDR"].strip()
     else:
-        name = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-                     if env.get(n, "").strip()), None)
+        name = next(
+            (
+                n
+                for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                if env.get(n, "").strip()
+            ),
+            None,
+        )
         if name is None:
             raise ClusterEnvironmentError(
                 "SLURM_PROCID is set but SLURM_JOB_NODELIST is not: set MASTER_ADDR to the "
-                "host of rank 0")
+                "host of rank 0"
+            )
         host = expand_hostlist(env[name])[0]
     if env.get("MASTER_PORT", "").strip():
         port = _port(env, "MASTER_PORT")
     else:
         job = env.get("SLURM_JOB_ID", "").strip()
         port = SLURM_PORT_BASE + (int(job) % SLURM_PORT_SPAN if job.isdigit() else 0)
-    return ClusterRank("Slurm", rank, world_size, local_rank,
-                       _slurm_local_tasks(env, local_rank), (host, port))
+    return ClusterRank(
+        "Slurm", rank, world_size, local_rank, _slurm_local_tasks(env, local_rank), (host, port)
+    )
 
 
 def _slurm_local_tasks(env, local_rank):
@@ -211,6 +248,8 @@ def slurm_without_srun(env=None):
     tasks = env.get("SLURM_NTASKS", "")
     if "SLURM_STEP_ID" in env or "RANK" in env or not tasks.isdigit() or int(tasks) < 2:
         return None
-    return (f"darknet-py: note: SLURM_NTASKS={tasks}, but srun did not start this process "
-            f"(no SLURM_STEP_ID): training as one process; `srun darknet-py train ...` "
-            f"runs {tasks} ranks (docs/clusters.md)")
+    return (
+        f"darknet-py: note: SLURM_NTASKS={tasks}, but srun did not start this process "
+        f"(no SLURM_STEP_ID): training as one process; `srun darknet-py train ...` "
+        f"runs {tasks} ranks (docs/clusters.md)"
+    )

@@ -4,6 +4,7 @@ broadcasts of a backend's arrays, barriers), and its TCP implementation.
 `TcpCommunicator` joins processes on one or several hosts over TCP (the NumPy backend's
 transport; CUDA ranks rendezvous through one and keep it for barriers, see nccl.py).
 """
+
 import selectors
 import socket
 import struct
@@ -14,8 +15,8 @@ import numpy as np
 
 from .. import precision as precisions
 
-DEFAULT_TIMEOUT = 600.0        # seconds a collective waits for a peer before giving up
-CONNECT_TIMEOUT = 120.0        # seconds the ranks have to find rank 0 at start
+DEFAULT_TIMEOUT = 600.0  # seconds a collective waits for a peer before giving up
+CONNECT_TIMEOUT = 120.0  # seconds the ranks have to find rank 0 at start
 _HEADER = struct.Struct("!cQ")  # message kind, payload bytes
 
 
@@ -42,6 +43,7 @@ class Communicator:
     """What data-parallel training needs from a transport. Arrays are a backend's arrays
     (`be`): sums and broadcasts happen in place; every rank calls every collective in the
     same order with arrays of the same sizes."""
+
     rank = 0
     world_size = 1
 
@@ -92,8 +94,9 @@ class DeviceThread:
 
     def __init__(self, work, context, name):
         self._error = None
-        self._thread = threading.Thread(target=self._run, args=(work, context), name=name,
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(work, context), name=name, daemon=True
+        )
         self._thread.start()
 
     def _run(self, work, context):
@@ -101,7 +104,7 @@ class DeviceThread:
             context.push()
         try:
             work()
-        except BaseException as e:   # raised again in wait()
+        except BaseException as e:  # raised again in wait()
             self._error = e
         finally:
             if context is not None:
@@ -117,16 +120,20 @@ class DeviceThread:
 
 
 def _flatten(be, arrays):
-    return np.concatenate([be.to_host(a).reshape(-1) for a in arrays]) if arrays else \
-        np.zeros(0, np.float32)
+    return (
+        np.concatenate([be.to_host(a).reshape(-1) for a in arrays])
+        if arrays
+        else np.zeros(0, np.float32)
+    )
 
 
 def _storage_of(be, arrays):
     """The storage the arrays of a sum share (fp32, fp16 or bf16)."""
     storages = {be.storage_of(a) for a in arrays} if hasattr(be, "storage_of") else set()
     if len(storages) > 1:
-        raise ValueError(f"all_reduce_sum: arrays kept at {', '.join(sorted(storages))}: "
-                         f"one storage per sum")
+        raise ValueError(
+            f"all_reduce_sum: arrays kept at {', '.join(sorted(storages))}: one storage per sum"
+        )
     return storages.pop() if storages else precisions.DEFAULT
 
 
@@ -136,8 +143,11 @@ def to_wire(values, storage):
     if storage == "fp16":
         return values.astype(np.float16).tobytes()
     if storage == "bf16":
-        return (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16) \
-            .astype(np.uint16).tobytes()
+        return (
+            (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16)
+            .astype(np.uint16)
+            .tobytes()
+        )
     return np.ascontiguousarray(values, np.float32).tobytes()
 
 
@@ -166,7 +176,7 @@ def sum_in_order(parts, storage):
 def _unflatten(be, arrays, flat):
     offset = 0
     for a in arrays:
-        be.write(a, flat[offset:offset + a.size])
+        be.write(a, flat[offset : offset + a.size])
         offset += a.size
 
 
@@ -175,12 +185,13 @@ class TcpCommunicator(Communicator):
     every rank's buffer, sums them in rank order (so every rank gets the same bits) and
     sends the sum back. Fine for the NumPy backend's speeds; GPUs use NCCL."""
 
-    def __init__(self, rank, world_size, master, timeout=DEFAULT_TIMEOUT,
-                 connect_timeout=CONNECT_TIMEOUT):
+    def __init__(
+        self, rank, world_size, master, timeout=DEFAULT_TIMEOUT, connect_timeout=CONNECT_TIMEOUT
+    ):
         self.rank, self.world_size = int(rank), int(world_size)
         self.timeout = timeout
         host, port = master if isinstance(master, tuple) else parse_master(master)
-        self.peers = {}          # rank 0: {rank: socket}; others: {0: socket}
+        self.peers = {}  # rank 0: {rank: socket}; others: {0: socket}
         if self.world_size == 1:
             return
         if self.rank == 0:
@@ -206,17 +217,21 @@ class TcpCommunicator(Communicator):
                     conn, _ = listener.accept()
                 except socket.timeout:
                     missing = sorted(set(range(1, self.world_size)) - set(self.peers))
-                    raise CommError(f"rank 0: rank{'s' if len(missing) > 1 else ''} "
-                                    f"{', '.join(map(str, missing))} did not connect within "
-                                    f"{connect_timeout:.0f} s") from None
+                    raise CommError(
+                        f"rank 0: rank{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(map(str, missing))} did not connect within "
+                        f"{connect_timeout:.0f} s"
+                    ) from None
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.settimeout(self.timeout)
                 rank, world = struct.unpack("!II", self._recv_exact(conn, 8, "?"))
                 if world != self.world_size or not 0 < rank < world or rank in self.peers:
                     conn.close()
-                    raise CommError(f"rank 0: a process joined as rank {rank} of {world}, "
-                                    f"but this run has {self.world_size} ranks (check "
-                                    f"--nodes, --node-rank and the device count of each node)")
+                    raise CommError(
+                        f"rank 0: a process joined as rank {rank} of {world}, "
+                        f"but this run has {self.world_size} ranks (check "
+                        f"--nodes, --node-rank and the device count of each node)"
+                    )
                 self.peers[rank] = conn
         finally:
             listener.close()
@@ -231,8 +246,10 @@ class TcpCommunicator(Communicator):
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise CommError(f"rank {self.rank}: cannot reach rank 0 at {host}:{port} "
-                                    f"({e.strerror or e})") from None
+                    raise CommError(
+                        f"rank {self.rank}: cannot reach rank 0 at {host}:{port} "
+                        f"({e.strerror or e})"
+                    ) from None
                 time.sleep(0.05)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.settimeout(max(1.0, deadline - time.monotonic()))
@@ -249,8 +266,10 @@ class TcpCommunicator(Communicator):
         try:
             chunk = conn.recv(min(n, 1 << 20))
         except socket.timeout:
-            raise CommError(f"rank {peer} did not answer rank {self.rank} within "
-                            f"{self.timeout:.0f} s (communication timeout)") from None
+            raise CommError(
+                f"rank {peer} did not answer rank {self.rank} within "
+                f"{self.timeout:.0f} s (communication timeout)"
+            ) from None
         except (ConnectionResetError, BrokenPipeError):
             chunk = b""
         except BlockingIOError:
@@ -272,18 +291,23 @@ class TcpCommunicator(Communicator):
         try:
             self.peers[peer].sendall(_HEADER.pack(kind, len(payload)) + payload)
         except socket.timeout:
-            raise CommError(f"rank {peer} did not take rank {self.rank}'s data within "
-                            f"{self.timeout:.0f} s (communication timeout)") from None
+            raise CommError(
+                f"rank {peer} did not take rank {self.rank}'s data within "
+                f"{self.timeout:.0f} s (communication timeout)"
+            ) from None
         except OSError:
-            raise CommError(f"rank {peer} ended (its connection to rank {self.rank} "
-                            f"closed)") from None
+            raise CommError(
+                f"rank {peer} ended (its connection to rank {self.rank} closed)"
+            ) from None
 
     def _recv(self, peer, kind, nbytes):
         conn = self.peers[peer]
         got_kind, size = _HEADER.unpack(self._recv_exact(conn, _HEADER.size, peer))
         if got_kind != kind or size != nbytes:
-            raise CommError(f"rank {peer} is out of step with rank {self.rank} (sent "
-                            f"{got_kind!r} of {size} bytes, expected {kind!r} of {nbytes})")
+            raise CommError(
+                f"rank {peer} is out of step with rank {self.rank} (sent "
+                f"{got_kind!r} of {size} bytes, expected {kind!r} of {nbytes})"
+            )
         return self._recv_exact(conn, nbytes, peer)
 
     def _gather_at_root(self, kind, nbytes, timeout):
@@ -301,13 +325,16 @@ class TcpCommunicator(Communicator):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     late = [r for r, b in pending.items() if len(b) < need]
-                    raise CommError(f"rank {late[0]} did not answer rank 0 within "
-                                    f"{timeout:.0f} s (communication timeout)")
+                    raise CommError(
+                        f"rank {late[0]} did not answer rank 0 within "
+                        f"{timeout:.0f} s (communication timeout)"
+                    )
                 for key, _ in selector.select(left):
                     rank = key.data
                     try:
-                        pending[rank] += self._recv_some(key.fileobj,
-                                                         need - len(pending[rank]), rank)
+                        pending[rank] += self._recv_some(
+                            key.fileobj, need - len(pending[rank]), rank
+                        )
                     except BlockingIOError:
                         continue
                     if len(pending[rank]) == need:
@@ -317,13 +344,14 @@ class TcpCommunicator(Communicator):
                         if got_kind != kind or size != nbytes:
                             raise CommError(
                                 f"rank {rank} is out of step with rank 0 (sent {got_kind!r} "
-                                f"of {size} bytes, expected {kind!r} of {nbytes})")
+                                f"of {size} bytes, expected {kind!r} of {nbytes})"
+                            )
         finally:
             selector.close()
             for conn in self.peers.values():
                 conn.setblocking(True)
                 conn.settimeout(self.timeout)
-        return {rank: bytes(b[_HEADER.size:]) for rank, b in pending.items()}
+        return {rank: bytes(b[_HEADER.size :]) for rank, b in pending.items()}
 
     # -- collectives --
     def all_reduce_sum(self, be, arrays):
@@ -333,8 +361,9 @@ class TcpCommunicator(Communicator):
         mine = to_wire(_flatten(be, arrays).astype(np.float32, copy=False), storage)
         if self.rank == 0:
             received = self._gather_at_root(b"S", len(mine), self.timeout)
-            parts = [from_wire(mine, storage)] + [from_wire(received[rank], storage)
-                                                  for rank in sorted(received)]
+            parts = [from_wire(mine, storage)] + [
+                from_wire(received[rank], storage) for rank in sorted(received)
+            ]
             total = to_wire(sum_in_order(parts, storage), storage)
             for rank in sorted(self.peers):
                 self._send(rank, b"s", total)
@@ -353,8 +382,9 @@ class TcpCommunicator(Communicator):
             for rank in sorted(self.peers):
                 self._send(rank, b"B", flat.tobytes())
         else:
-            _unflatten(be, arrays,
-                       np.frombuffer(self._recv(0, b"B", flat.nbytes), dtype=np.float32))
+            _unflatten(
+                be, arrays, np.frombuffer(self._recv(0, b"B", flat.nbytes), dtype=np.float32)
+            )
 
     def broadcast_bytes(self, data, nbytes):
         """Rank 0's `data` (nbytes long) on every rank: NCCL's unique id goes this way."""
@@ -393,4 +423,3 @@ class TcpCommunicator(Communicator):
         self.peers = {}
 
     close = abort
-

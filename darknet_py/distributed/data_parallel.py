@@ -1,6 +1,7 @@
 """The data-parallel policy training follows (see the package docstring): the update
 hook that sums the ranks' gradients, and what train() asks about the run it is part of
 (which rank writes, its shard of the images, its loader seed)."""
+
 import numpy as np
 
 from ..processes import trace_start
@@ -19,10 +20,10 @@ class DataParallel:
         buckets.py."""
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
-        self._sending = None   # send_parameters' broadcast (a DeviceThread), until arrived()
+        self._sending = None  # send_parameters' broadcast (a DeviceThread), until arrived()
         self.bucket_bytes = bucketing.bucket_bytes() if bucket_bytes is None else int(bucket_bytes)
         self.exchange_setting = bucketing.exchange_setting() if exchange is None else exchange
-        self._buckets = None   # the network's GradientBuckets, made at its first pass
+        self._buckets = None  # the network's GradientBuckets, made at its first pass
 
     def attach(self, net):
         """Make `net` a replica: rank 0's parameters on every rank, updates summed from
@@ -38,9 +39,11 @@ class DataParallel:
         Nothing may read or write the parameters in between."""
         net.data_parallel = self
         arrays = [a for layer in net.layers for _, a in layer.params()]
-        self._sending = DeviceThread(lambda: self.comm.broadcast(net.be, arrays),
-                                     getattr(net.be, "context", None),
-                                     name="darknet-py parameters from rank 0")
+        self._sending = DeviceThread(
+            lambda: self.comm.broadcast(net.be, arrays),
+            getattr(net.be, "context", None),
+            name="darknet-py parameters from rank 0",
+        )
 
     def arrived(self, net):
         """Wait for send_parameters' broadcast to be queued (later work on the backend's
@@ -53,7 +56,7 @@ class DataParallel:
     def buckets(self, net):
         """The bucket plan for net's training passes (made at the first, after the update
         buffers exist; made again if they were replaced); None without buckets."""
-        if self._sending is not None:   # a pass ran on parameters not yet rank 0's
+        if self._sending is not None:  # a pass ran on parameters not yet rank 0's
             raise RuntimeError("send_parameters() without arrived() before training")
         if not self.bucket_bytes or self.world_size == 1:
             return None
@@ -64,7 +67,7 @@ class DataParallel:
 
     def reduce(self, net):
         """Without buckets: every gradient summed after the backward, in one collective."""
-        if self._sending is not None:   # a pass ran on parameters not yet rank 0's
+        if self._sending is not None:  # a pass ran on parameters not yet rank 0's
             raise RuntimeError("send_parameters() without arrived() before training")
         updates, statistics = net.update_buffers()
         self.comm.all_reduce_sum(net.be, updates + statistics)
@@ -84,7 +87,7 @@ class Ranks:
         self.comm = comm
         self.rank = comm.rank if comm is not None else 0
         self.world_size = comm.world_size if comm is not None else 1
-        self.data_parallel = None   # attach()'s, for a rank of a data-parallel run
+        self.data_parallel = None  # attach()'s, for a rank of a data-parallel run
 
     @property
     def writer(self):
@@ -136,4 +139,3 @@ def rank_seed(seed, rank, world_size):
     if world_size == 1:
         return int(seed)
     return int(np.random.SeedSequence([int(seed), 0x5EED, int(rank)]).generate_state(1)[0])
-

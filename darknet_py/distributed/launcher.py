@@ -3,6 +3,7 @@ train, which nothing else in this package does) and reporting a failure in one l
 first rank to fail ends them all; a stop signal reaches them all, and they stop together.
 A rank that a cluster's launcher (srun, torchrun) started runs the same rank body in its
 own process (run_as_cluster_rank)."""
+
 import multiprocessing
 import os
 import signal
@@ -11,22 +12,28 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from .. import processes
 from ..backends import get_backend, start_device
 from ..data.loader import default_workers
 from ..errors import USER_ERRORS, DarknetError, describe_error
-from ..processes import (PARENT_SIGNALS, children_ignore_signals, say, set_process_start,
-                         trace_start)
-from .. import processes
+from ..processes import PARENT_SIGNALS, children_ignore_signals, say, set_process_start, trace_start
 from ..train import train
 from ..training.loop import describe_stop
 from ..training.stops import Stopped, exit_code, held_stop_signals, stopped
-from .comm import (CONNECT_TIMEOUT, DEFAULT_TIMEOUT, CommError, Communicator, DeviceThread,
-                   TcpCommunicator, free_port)
+from .comm import (
+    CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    CommError,
+    Communicator,
+    DeviceThread,
+    TcpCommunicator,
+    free_port,
+)
 from .nccl import NcclCommunicator
 
-EXIT_PEER_LOST = 3             # a rank that stopped because another one failed
-REPORT_WAIT = 0.5              # seconds a rank gets to report its own failure
-RANK_START_ENV = "DARKNET_RANK_START"   # fork or spawn: see rank_start_method
+EXIT_PEER_LOST = 3  # a rank that stopped because another one failed
+REPORT_WAIT = 0.5  # seconds a rank gets to report its own failure
+RANK_START_ENV = "DARKNET_RANK_START"  # fork or spawn: see rank_start_method
 
 
 def parse_gpus(text, device_count):
@@ -48,25 +55,30 @@ def parse_gpus(text, device_count):
         raise ValueError(f"--gpus {text}: a GPU is listed twice")
     for rank, index in enumerate(indices):
         if device_count is not None and not 0 <= index < device_count:
-            have = (f"{device_count} GPU{'s' if device_count != 1 else ''} "
-                    f"(0-{device_count - 1})" if device_count else "no CUDA GPU (or PyCUDA)")
-            raise ValueError(f"--gpus {text}: GPU {index} (local rank {rank}) does not exist; "
-                             f"this machine has {have}")
+            have = (
+                f"{device_count} GPU{'s' if device_count != 1 else ''} (0-{device_count - 1})"
+                if device_count
+                else "no CUDA GPU (or PyCUDA)"
+            )
+            raise ValueError(
+                f"--gpus {text}: GPU {index} (local rank {rank}) does not exist; "
+                f"this machine has {have}"
+            )
     return [f"cuda:{i}" for i in indices]
-
 
 
 @dataclass
 class RankSpec:
     """What one worker process needs to start."""
+
     rank: int
     world_size: int
-    device: str             # "cpu" or "cuda:N"
-    master: tuple           # (host, port) of rank 0's rendezvous
+    device: str  # "cpu" or "cuda:N"
+    master: tuple  # (host, port) of rank 0's rendezvous
     timeout: float
     train_kwargs: dict
-    origin: str = ""        # the start line's note on where the rank came from
-    started: float = None   # the launcher's start (time.monotonic()), the rank's clock's zero
+    origin: str = ""  # the start line's note on where the rank came from
+    started: float = None  # the launcher's start (time.monotonic()), the rank's clock's zero
 
 
 class LaunchError(DarknetError):
@@ -91,13 +103,16 @@ def run_rank(spec):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
         if spec.started is not None:
             set_process_start(spec.started)
-        say(f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
-            f"{spec.device}{spec.origin}")
+        say(
+            f"darknet-py: rank {spec.rank} of {spec.world_size}: pid {os.getpid()}, "
+            f"{spec.device}{spec.origin}"
+        )
         trace_start(f"rank {spec.rank} started")
-        comm = PendingCommunicator(spec.rank, spec.world_size, spec.device, spec.master,
-                                   spec.timeout)
+        comm = PendingCommunicator(
+            spec.rank, spec.world_size, spec.device, spec.master, spec.timeout
+        )
         kwargs = dict(spec.train_kwargs)
-        if spec.rank != 0:   # one log: rank 0's
+        if spec.rank != 0:  # one log: rank 0's
             kwargs.update(log=lambda line: None, verbose=False)
         else:
             kwargs["log"] = rank_log
@@ -112,7 +127,7 @@ def run_rank(spec):
         code, report = 2, ("error", describe_error(e))
     except KeyboardInterrupt:
         code, report = 130, None
-    except BaseException as e:   # a bug: keep its traceback on stderr
+    except BaseException as e:  # a bug: keep its traceback on stderr
         traceback.print_exc()
         code, report = 1, ("error", f"{type(e).__name__}: {e}")
     else:
@@ -126,15 +141,15 @@ def run_rank(spec):
 def _worker(spec, errors):
     """Body of a worker process: run_rank, its report through `errors` (a Pipe end) and
     its exit code."""
-    os.environ["NCCL_NVLS_ENABLE"] = "0"   # no NVLink SHARP multicast (docs/training.md)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # no NVLink SHARP multicast (docs/training.md)
     with held_stop_signals():
         code, report = run_rank(spec)
     if report is not None:
         try:
             errors.send(report)
-        except OSError:   # the launcher is gone: nobody to tell
+        except OSError:  # the launcher is gone: nobody to tell
             pass
-    os._exit(code)   # no atexit work (loader threads, CUDA teardown) may hang a failed rank
+    os._exit(code)  # no atexit work (loader threads, CUDA teardown) may hang a failed rank
 
 
 class PendingCommunicator(Communicator):
@@ -145,34 +160,45 @@ class PendingCommunicator(Communicator):
     thread of its own, backends.start_device: the driver, the context NCCL binds to),
     ncclCommInitRank (~0.6 s)."""
 
-    def __init__(self, rank, world_size, device, master, timeout=DEFAULT_TIMEOUT,
-                 connect_timeout=CONNECT_TIMEOUT):
+    def __init__(
+        self,
+        rank,
+        world_size,
+        device,
+        master,
+        timeout=DEFAULT_TIMEOUT,
+        connect_timeout=CONNECT_TIMEOUT,
+    ):
         self.rank, self.world_size = rank, world_size
         self._comm, self._aborted = None, False
         gpu = str(device).startswith("cuda")
         if gpu:
             start_device(device)
         self._making = DeviceThread(
-            lambda: self._connect(rank, world_size, device if gpu else None, master,
-                                  (timeout, connect_timeout)),
-            None, name=f"darknet-py rank {rank} communicator")
+            lambda: self._connect(
+                rank, world_size, device if gpu else None, master, (timeout, connect_timeout)
+            ),
+            None,
+            name=f"darknet-py rank {rank} communicator",
+        )
 
     def _connect(self, rank, world_size, gpu_device, master, timeouts):
         """The rendezvous, then NCCL on `gpu_device` ("cuda:N"; None: TCP alone)."""
-        tcp = TcpCommunicator(rank, world_size, master, timeout=timeouts[0],
-                              connect_timeout=timeouts[1])
+        tcp = TcpCommunicator(
+            rank, world_size, master, timeout=timeouts[0], connect_timeout=timeouts[1]
+        )
         trace_start(f"rank {rank} rendezvous done")
         if gpu_device is None:
             self._comm = tcp
         else:
-            be = get_backend(gpu_device)   # the device's start, its context current here
+            be = get_backend(gpu_device)  # the device's start, its context current here
             try:
                 self._comm = NcclCommunicator(tcp, int(str(gpu_device).partition(":")[2] or 0))
             except BaseException:
                 tcp.abort()
                 raise
             finally:
-                be.leave_thread()   # a thread must not end with a context pushed
+                be.leave_thread()  # a thread must not end with a context pushed
         trace_start(f"rank {rank} communicator ready")
         if self._aborted:
             self._comm.abort()
@@ -209,7 +235,7 @@ def connect(rank, world_size, device, master, timeout=DEFAULT_TIMEOUT):
     """The communicator for one rank: NCCL for CUDA devices, TCP for the CPU."""
     tcp = TcpCommunicator(rank, world_size, master, timeout=timeout)
     if str(device).startswith("cuda"):
-        get_backend(device)   # NCCL binds to the CUDA context current when it starts
+        get_backend(device)  # NCCL binds to the CUDA context current when it starts
         return NcclCommunicator(tcp, int(str(device).partition(":")[2] or 0))
     return tcp
 
@@ -226,8 +252,15 @@ def _describe_exit(code):
     return f"exit code {code}"
 
 
-def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
-           timeout=DEFAULT_TIMEOUT, check=None):
+def launch(
+    devices,
+    train_kwargs,
+    first_rank=0,
+    world_size=None,
+    master=None,
+    timeout=DEFAULT_TIMEOUT,
+    check=None,
+):
     """Run the ranks first_rank .. first_rank+len(devices)-1 of a world_size-rank run, one
     process per device, and wait for them. When one fails, the others are stopped within
     seconds and LaunchError names the first that failed. A stop signal (to this process
@@ -244,7 +277,7 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
         master = ("127.0.0.1", free_port())
     context = multiprocessing.get_context(rank_start_method(devices))
     trace_start("launching the ranks")
-    workers = []   # (rank, process, errors pipe end)
+    workers = []  # (rank, process, errors pipe end)
 
     def forward(signum):
         for _, process, _ in workers:
@@ -263,10 +296,18 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
                 for i, device in enumerate(devices):
                     rank = first_rank + i
                     receive, send = context.Pipe(duplex=False)
-                    spec = RankSpec(rank, world_size, device, master, timeout, train_kwargs,
-                                    started=processes.PROCESS_START)
-                    process = context.Process(target=_worker, args=(spec, send),
-                                              name=f"darknet-py rank {rank}")
+                    spec = RankSpec(
+                        rank,
+                        world_size,
+                        device,
+                        master,
+                        timeout,
+                        train_kwargs,
+                        started=processes.PROCESS_START,
+                    )
+                    process = context.Process(
+                        target=_worker, args=(spec, send), name=f"darknet-py rank {rank}"
+                    )
                     process.start()
                     send.close()
                     workers.append((rank, process, receive))
@@ -285,7 +326,7 @@ def launch(devices, train_kwargs, first_rank=0, world_size=None, master=None,
     stop = signals.stop or stopped_by
     if stop is not None and not (failed and failed[0] == "error"):
         interrupt = stopped(stop)
-        interrupt.reported = True   # rank 0 said it
+        interrupt.reported = True  # rank 0 said it
         raise interrupt
     if failed:
         raise LaunchError(failed[1])
@@ -302,8 +343,9 @@ def rank_start_method(devices):
     if asked not in ("", "fork", "spawn"):
         raise LaunchError(f"{RANK_START_ENV}={asked}: expected fork or spawn")
     cuda = any(str(d).startswith("cuda") for d in devices)
-    can_fork = ("fork" in multiprocessing.get_all_start_methods()
-                and not (cuda and "pycuda.driver" in sys.modules))
+    can_fork = "fork" in multiprocessing.get_all_start_methods() and not (
+        cuda and "pycuda.driver" in sys.modules
+    )
     return "fork" if asked != "spawn" and can_fork else "spawn"
 
 
@@ -315,7 +357,8 @@ def quiet_resource_tracker():
     quiet = "ignore:resource_tracker:UserWarning"
     if quiet not in os.environ.get("PYTHONWARNINGS", ""):
         os.environ["PYTHONWARNINGS"] = ",".join(
-            w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
+            w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w
+        )
 
 
 def _report(pipe, otherwise):
@@ -369,8 +412,10 @@ def _wait(workers, signals):
     if kind == "error":
         return ("error", f"rank {rank}: {message}"), stop
     if kind == "died":
-        return (kind, f"rank {rank} died ({_describe_exit(code)}); the other ranks were "
-                      f"stopped"), stop
+        return (
+            kind,
+            f"rank {rank} died ({_describe_exit(code)}); the other ranks were stopped",
+        ), stop
     return (kind, f"rank {rank}: {message}; the other ranks were stopped"), stop
 
 
@@ -381,15 +426,19 @@ def cluster_device(cluster, device, device_count):
     if device == "cpu" or (device == "auto" and device_count == 0):
         return "cpu"
     if device != "auto":
-        raise ValueError(f"--device {device}: under {cluster.launcher} each rank trains on "
-                         f"the GPU of its local rank; leave out --gpu/--device (or give "
-                         f"--device cpu for CPU ranks)")
+        raise ValueError(
+            f"--device {device}: under {cluster.launcher} each rank trains on "
+            f"the GPU of its local rank; leave out --gpu/--device (or give "
+            f"--device cpu for CPU ranks)"
+        )
     if cluster.local_rank < device_count:
         return f"cuda:{cluster.local_rank}"
-    if device_count == 1:   # CUDA_VISIBLE_DEVICES holds this rank's GPU alone
+    if device_count == 1:  # CUDA_VISIBLE_DEVICES holds this rank's GPU alone
         return "cuda:0"
-    raise ValueError(f"{cluster.launcher}: local rank {cluster.local_rank} has no GPU: this "
-                     f"machine shows {device_count} (0-{device_count - 1})")
+    raise ValueError(
+        f"{cluster.launcher}: local rank {cluster.local_rank} has no GPU: this "
+        f"machine shows {device_count} (0-{device_count - 1})"
+    )
 
 
 def cluster_workers(cluster, workers):
@@ -399,7 +448,7 @@ def cluster_workers(cluster, workers):
         return workers
     try:
         own_cpus = len(os.sched_getaffinity(0)) < (os.cpu_count() or 1)
-    except AttributeError:   # not on Linux
+    except AttributeError:  # not on Linux
         own_cpus = False
     return default_workers() if own_cpus else default_workers(cluster.local_world_size)
 
@@ -409,15 +458,22 @@ def run_as_cluster_rank(cluster, train_kwargs, device, timeout=DEFAULT_TIMEOUT):
     process: the same path as a launched rank (run_rank). A failure is one line on stderr
     naming the rank, and the process ends with its exit code (128 + signal after a stop
     signal); returns 0 after a finished run."""
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # as launched ranks (docs/training.md)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # as launched ranks (docs/training.md)
     quiet_resource_tracker()
-    spec = RankSpec(cluster.rank, cluster.world_size, device, cluster.master, timeout,
-                    train_kwargs, origin=f", {cluster.describe()}")
+    spec = RankSpec(
+        cluster.rank,
+        cluster.world_size,
+        device,
+        cluster.master,
+        timeout,
+        train_kwargs,
+        origin=f", {cluster.describe()}",
+    )
     with held_stop_signals():
         code, report = run_rank(spec)
     if report is not None and report[0] != "signal":
         say(f"darknet-py: error: rank {cluster.rank}: {report[1]}", sys.stderr)
-    if code:   # as a launched rank: no atexit work (loader threads, CUDA) may hang it
+    if code:  # as a launched rank: no atexit work (loader threads, CUDA) may hang it
         sys.stderr.flush()
         os._exit(code)
     return code

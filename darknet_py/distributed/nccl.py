@@ -5,6 +5,7 @@ extra: pip install '.[multigpu]'), else from the system's library path, when a C
 creates its NcclCommunicator (launcher.connect): machines without NCCL never load it. Every NCCL
 error becomes a CommError naming the rank, the call and NCCL's own words.
 """
+
 import ctypes
 import glob
 import importlib.util
@@ -22,13 +23,16 @@ NCCL_FLOAT32 = 7
 NCCL_BFLOAT16 = 9
 NCCL_SUM = 0
 NCCL_UNIQUE_ID_BYTES = 128
-GROUP_OPS = 256             # operations per ncclGroupStart/End (NCCL caps a group's count)
+GROUP_OPS = 256  # operations per ncclGroupStart/End (NCCL caps a group's count)
 
 
 # A CUDA backend array's element type -> NCCL's: fp32, and the 16-bit exchange's fp16 and
 # bf16 (the CUDA backend keeps bf16 as its bits in uint16).
-NCCL_TYPES = {np.dtype(np.float32): NCCL_FLOAT32, np.dtype(np.float16): NCCL_FLOAT16,
-              np.dtype(np.uint16): NCCL_BFLOAT16}
+NCCL_TYPES = {
+    np.dtype(np.float32): NCCL_FLOAT32,
+    np.dtype(np.float16): NCCL_FLOAT16,
+    np.dtype(np.uint16): NCCL_BFLOAT16,
+}
 
 
 def nccl_type(array):
@@ -41,10 +45,12 @@ class CudaStreams:
 
     def stream(self):
         import pycuda.driver as drv
+
         return drv.Stream()
 
     def event(self):
         import pycuda.driver as drv
+
         return drv.Event(drv.event_flags.DISABLE_TIMING)
 
 
@@ -80,9 +86,11 @@ def load_library(loader=ctypes.CDLL):
             return _declare(loader(candidate))
         except OSError as e:
             errors.append(str(e))
-    raise CommError("NCCL (libnccl.so.2) not found: install it with pip install "
-                    "nvidia-nccl-cu13 (darknet-py's multigpu extra) or from NVIDIA's "
-                    f"packages ({errors[-1]})")
+    raise CommError(
+        "NCCL (libnccl.so.2) not found: install it with pip install "
+        "nvidia-nccl-cu13 (darknet-py's multigpu extra) or from NVIDIA's "
+        f"packages ({errors[-1]})"
+    )
 
 
 def _declare(lib):
@@ -99,9 +107,17 @@ def _declare(lib):
     lib.ncclBroadcast.argtypes = [p, p, size, i, i, p, p]
     lib.ncclGroupStart.argtypes = []
     lib.ncclGroupEnd.argtypes = []
-    for name in ("ncclGetUniqueId", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort",
-                 "ncclCommGetAsyncError", "ncclAllReduce", "ncclBroadcast", "ncclGroupStart",
-                 "ncclGroupEnd"):
+    for name in (
+        "ncclGetUniqueId",
+        "ncclCommInitRank",
+        "ncclCommDestroy",
+        "ncclCommAbort",
+        "ncclCommGetAsyncError",
+        "ncclAllReduce",
+        "ncclBroadcast",
+        "ncclGroupStart",
+        "ncclGroupEnd",
+    ):
         getattr(lib, name).restype = i
     return lib
 
@@ -115,7 +131,7 @@ class NcclCommunicator(Communicator):
     def __init__(self, tcp, device_index, lib=None, streams=None):
         self.tcp = tcp
         self.streams = streams if streams is not None else CudaStreams()
-        self._sum_stream = None   # start_all_reduce_sum's, made at its first call
+        self._sum_stream = None  # start_all_reduce_sum's, made at its first call
         self.rank, self.world_size = tcp.rank, tcp.world_size
         self.device_index = device_index
         self.lib = lib if lib is not None else load_library()
@@ -124,25 +140,32 @@ class NcclCommunicator(Communicator):
         if self.rank == 0:
             self._check("ncclGetUniqueId", self.lib.ncclGetUniqueId(ctypes.byref(unique_id)))
         # The id is 128 raw bytes (NULs included): copied whole, never as a C string.
-        shared = tcp.broadcast_bytes(ctypes.string_at(ctypes.byref(unique_id),
-                                                      NCCL_UNIQUE_ID_BYTES),
-                                     NCCL_UNIQUE_ID_BYTES)
+        shared = tcp.broadcast_bytes(
+            ctypes.string_at(ctypes.byref(unique_id), NCCL_UNIQUE_ID_BYTES), NCCL_UNIQUE_ID_BYTES
+        )
         ctypes.memmove(ctypes.byref(unique_id), shared, NCCL_UNIQUE_ID_BYTES)
-        self._check("ncclCommInitRank", self.lib.ncclCommInitRank(
-            ctypes.byref(self.comm), self.world_size, unique_id, self.rank))
+        self._check(
+            "ncclCommInitRank",
+            self.lib.ncclCommInitRank(
+                ctypes.byref(self.comm), self.world_size, unique_id, self.rank
+            ),
+        )
 
     def _check(self, call, result):
         if result not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
             text = self.lib.ncclGetErrorString(result)
             text = text.decode(errors="replace") if text else f"error {result}"
-            raise CommError(f"rank {self.rank} (GPU {self.device_index}): {call} failed: "
-                            f"{text} (NCCL error {result})")
+            raise CommError(
+                f"rank {self.rank} (GPU {self.device_index}): {call} failed: "
+                f"{text} (NCCL error {result})"
+            )
 
     def _async_error(self):
         """An error NCCL met in the background (a peer lost mid-collective)."""
         state = ctypes.c_int(NCCL_SUCCESS)
-        self._check("ncclCommGetAsyncError",
-                    self.lib.ncclCommGetAsyncError(self.comm, ctypes.byref(state)))
+        self._check(
+            "ncclCommGetAsyncError", self.lib.ncclCommGetAsyncError(self.comm, ctypes.byref(state))
+        )
         self._check("a collective", state.value)
 
     def _grouped(self, be, name, call, arrays, *args, stream=None):
@@ -156,11 +179,21 @@ class NcclCommunicator(Communicator):
         for first in range(0, len(arrays), GROUP_OPS):
             self._check("ncclGroupStart", self.lib.ncclGroupStart())
             try:
-                for a in arrays[first:first + GROUP_OPS]:
-                    self._check(name, call(ctypes.c_void_p(a.ptr), ctypes.c_void_p(a.ptr),
-                                           a.size, nccl_type(a), *args, self.comm, stream))
+                for a in arrays[first : first + GROUP_OPS]:
+                    self._check(
+                        name,
+                        call(
+                            ctypes.c_void_p(a.ptr),
+                            ctypes.c_void_p(a.ptr),
+                            a.size,
+                            nccl_type(a),
+                            *args,
+                            self.comm,
+                            stream,
+                        ),
+                    )
             except CommError:
-                self.lib.ncclGroupEnd()   # close the group; the first error is the one to tell
+                self.lib.ncclGroupEnd()  # close the group; the first error is the one to tell
                 raise
             self._check("ncclGroupEnd", self.lib.ncclGroupEnd())
         self._async_error()
@@ -178,8 +211,9 @@ class NcclCommunicator(Communicator):
         queued = self.streams.event()
         queued.record(be.stream)
         self._sum_stream.wait_for_event(queued)
-        self._grouped(be, "ncclAllReduce", self.lib.ncclAllReduce, arrays, NCCL_SUM,
-                      stream=self._sum_stream)
+        self._grouped(
+            be, "ncclAllReduce", self.lib.ncclAllReduce, arrays, NCCL_SUM, stream=self._sum_stream
+        )
         done = self.streams.event()
         done.record(self._sum_stream)
         return StreamSum(be, done)

@@ -15,6 +15,7 @@ the pip command, and the CPU engine is NumPy.
   engine.py       OnnxRuntimeEngine: a network's predict() served by ONNX Runtime
   command.py      what `darknet-py export` and --engine do (cli.py registers them)
 """
+
 from ..errors import DarknetWarning
 from ..network import NetworkError
 
@@ -33,8 +34,11 @@ class EngineCacheWarning(DarknetWarning):
 def require(module):
     """Import onnx or onnxruntime, or say in one line how to install them."""
     import importlib
+
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ExportError(f"{module} is not installed; ONNX export and --engine onnxruntime "
-                          f"need onnx and onnxruntime: {PIP_COMMAND}") from None
+        raise ExportError(
+            f"{module} is not installed; ONNX export and --engine onnxruntime "
+            f"need onnx and onnxruntime: {PIP_COMMAND}"
+        ) from None

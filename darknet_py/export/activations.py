@@ -3,10 +3,10 @@
 
 activate(g, x, name) returns the activated tensor; x keeps its shape. The
 normalize_channels family works over axis 1 of (batch, channels, positions)."""
+
 import numpy as np
 
-from ..activations import (CHANNEL_EPS, GELU_A, GELU_B, MISH_THRESHOLD, SELU_ALPHA,
-                           SELU_LAMBDA)
+from ..activations import CHANNEL_EPS, GELU_A, GELU_B, MISH_THRESHOLD, SELU_ALPHA, SELU_LAMBDA
 
 
 def _where(g, cond, a, b, x):
@@ -29,22 +29,32 @@ def _plse(g, x):
     low = g.mul(g.add(x, 4.0), 0.01)
     high = g.add(g.mul(g.add(x, -4.0), 0.01), 1.0)
     mid = g.add(g.mul(x, 0.125), 0.5)
-    return _where(g, _cmp(g, "Less", x, -4.0), low,
-                  _where(g, _cmp(g, "Greater", x, 4.0), high, mid, x), x)
+    return _where(
+        g, _cmp(g, "Less", x, -4.0), low, _where(g, _cmp(g, "Greater", x, 4.0), high, mid, x), x
+    )
 
 
 def _lhtan(g, x):
-    return _where(g, _cmp(g, "Less", x, 0.0), g.mul(x, 0.001),
-                  _where(g, _cmp(g, "Greater", x, 1.0), g.add(g.mul(g.add(x, -1.0), 0.001), 1.0),
-                         x, x), x)
+    return _where(
+        g,
+        _cmp(g, "Less", x, 0.0),
+        g.mul(x, 0.001),
+        _where(g, _cmp(g, "Greater", x, 1.0), g.add(g.mul(g.add(x, -1.0), 0.001), 1.0), x, x),
+        x,
+    )
 
 
 def _softplus(g, x):
     """The fork's softplus: x above the threshold, exp(x) below minus it, else log1p(exp(x))."""
     exp = g.op("Exp", [x], g.shapes[x])
     log1p = g.op("Log", [g.add(exp, 1.0)], g.shapes[x])
-    return _where(g, _cmp(g, "Greater", x, MISH_THRESHOLD), x,
-                  _where(g, _cmp(g, "Less", x, -MISH_THRESHOLD), exp, log1p, x), x)
+    return _where(
+        g,
+        _cmp(g, "Greater", x, MISH_THRESHOLD),
+        x,
+        _where(g, _cmp(g, "Less", x, -MISH_THRESHOLD), exp, log1p, x),
+        x,
+    )
 
 
 def _gelu(g, x):
@@ -55,8 +65,13 @@ def _gelu(g, x):
 
 def _hard_mish(g, x):
     quad = g.op("Add", [g.mul(g.op("Mul", [x, x]), 0.5), x], g.shapes[x])
-    return _where(g, _cmp(g, "Greater", x, 0.0), x,
-                  _where(g, _cmp(g, "Greater", x, -2.0), quad, g.mul(x, 0.0), x), x)
+    return _where(
+        g,
+        _cmp(g, "Greater", x, 0.0),
+        x,
+        _where(g, _cmp(g, "Greater", x, -2.0), quad, g.mul(x, 0.0), x),
+        x,
+    )
 
 
 def _unary(op, **attrs):
@@ -79,7 +94,7 @@ _EXPORT = {
     "lhtan": _lhtan,
     "selu": _unary("Selu", alpha=SELU_ALPHA, gamma=SELU_LAMBDA),
     "relu6": lambda g, x: g.op("Clip", [x, g.scalar(0.0), g.scalar(6.0)], g.shapes[x]),
-    "revleaky": _unary("LeakyRelu", alpha=0.1),   # the fork's CPU: leaky
+    "revleaky": _unary("LeakyRelu", alpha=0.1),  # the fork's CPU: leaky
     "gelu": _gelu,
     "swish": lambda g, x: g.op("Mul", [x, g.op("Sigmoid", [x])], g.shapes[x]),
     "mish": lambda g, x: g.op("Mul", [x, g.op("Tanh", [_softplus(g, x)])], g.shapes[x]),

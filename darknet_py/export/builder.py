@@ -2,6 +2,7 @@
 
 Tensors carry the batch as their first dimension, symbolic or fixed; shapes here leave
 it out (per image), so a reshape is written as [0, ...] and keeps whatever batch comes."""
+
 import numpy as np
 
 
@@ -10,11 +11,11 @@ class GraphBuilder:
         self.onnx = onnx
         self.opset = opset
         self.helper = onnx.helper
-        self.dtype = np.dtype(dtype)     # the float type of activations and weights
+        self.dtype = np.dtype(dtype)  # the float type of activations and weights
         self.nodes = []
         self.initializers = []
-        self.shapes = {}                 # tensor name -> per-image shape (tuple)
-        self.outputs = {}                # layer index -> its output tensor
+        self.shapes = {}  # tensor name -> per-image shape (tuple)
+        self.outputs = {}  # layer index -> its output tensor
         self._names = 0
 
     def fresh(self, hint):
@@ -40,8 +41,11 @@ class GraphBuilder:
         """Add a node; returns its output name (or names, for outputs > 1). shape: the
         first output's per-image shape, when known."""
         names = [self.fresh(hint or op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(self.helper.make_node(op_type, list(inputs), names,
-                                                name=self.fresh(f"n_{op_type}"), **attrs))
+        self.nodes.append(
+            self.helper.make_node(
+                op_type, list(inputs), names, name=self.fresh(f"n_{op_type}"), **attrs
+            )
+        )
         if shape is not None:
             self.shapes[names[0]] = tuple(int(d) for d in shape)
         return names[0] if outputs == 1 else names
@@ -67,8 +71,11 @@ class GraphBuilder:
         return self.reshape(x, (int(np.prod(self.shapes[x])),))
 
     def slice(self, x, axis, start, end, step=1, shape=None):
-        return self.op("Slice", [x, self.ints([start]), self.ints([end]), self.ints([axis]),
-                                 self.ints([step])], shape)
+        return self.op(
+            "Slice",
+            [x, self.ints([start]), self.ints([end]), self.ints([axis]), self.ints([step])],
+            shape,
+        )
 
     def concat(self, inputs, axis, shape):
         if len(inputs) == 1:
@@ -76,9 +83,15 @@ class GraphBuilder:
         return self.op("Concat", inputs, shape, axis=axis)
 
     def mul(self, x, value, shape=None):
-        return self.op("Mul", [x, self.scalar(value) if np.isscalar(value) else value],
-                       shape or self.shapes.get(x))
+        return self.op(
+            "Mul",
+            [x, self.scalar(value) if np.isscalar(value) else value],
+            shape or self.shapes.get(x),
+        )
 
     def add(self, x, value, shape=None):
-        return self.op("Add", [x, self.scalar(value) if np.isscalar(value) else value],
-                       shape or self.shapes.get(x))
+        return self.op(
+            "Add",
+            [x, self.scalar(value) if np.isscalar(value) else value],
+            shape or self.shapes.get(x),
+        )

@@ -22,6 +22,7 @@ Files are written to a temporary name and renamed into place (a reader never see
 one). The cache lives in $DARKNET_ONNX_CACHE, else $XDG_CACHE_HOME/darknet-py/onnx, else
 ~/.cache/darknet-py/onnx: never beside the user's files.
 """
+
 import hashlib
 import os
 import platform
@@ -68,10 +69,18 @@ def weights_digest(path):
     """The SHA-256 of the weights file's bytes, remembered under its identity and change
     times (see the module docstring)."""
     stat = os.stat(path)
-    identity = "\0".join(str(v) for v in (os.path.realpath(path), stat.st_dev, stat.st_ino,
-                                          stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
-    memo = os.path.join(cache_dir(), "digests",
-                        hashlib.sha256(identity.encode()).hexdigest())
+    identity = "\0".join(
+        str(v)
+        for v in (
+            os.path.realpath(path),
+            stat.st_dev,
+            stat.st_ino,
+            stat.st_size,
+            stat.st_mtime_ns,
+            stat.st_ctime_ns,
+        )
+    )
+    memo = os.path.join(cache_dir(), "digests", hashlib.sha256(identity.encode()).hexdigest())
     try:
         with open(memo, encoding="ascii") as f:
             digest = f.read()
@@ -91,16 +100,21 @@ def entry_key(net, weights, seed=0, cutoff=None, transfer=False):
     if weights is None:
         return None
     try:
-        parts = [_FORMAT, _exporter_digest(), Path(net.path).read_bytes(),
-                 weights_digest(weights)]
-        for layer in net.layers:   # a class tree is read from its own file
+        parts = [_FORMAT, _exporter_digest(), Path(net.path).read_bytes(), weights_digest(weights)]
+        for layer in net.layers:  # a class tree is read from its own file
             hierarchy = getattr(layer, "hierarchy", None)
             if hierarchy is not None:
                 parts.append(Path(hierarchy.path).read_bytes())
     except OSError:
         return None
-    parts += [net.darknet, net.precision, str(seed), str(cutoff), str(bool(transfer)),
-              str(net.input_shape)]
+    parts += [
+        net.darknet,
+        net.precision,
+        str(seed),
+        str(cutoff),
+        str(bool(transfer)),
+        str(net.input_shape),
+    ]
     h = hashlib.sha256()
     for part in parts:
         h.update(part if isinstance(part, bytes) else part.encode())
@@ -160,7 +174,7 @@ def runtime_tag(runtime_version):
             for line in f:
                 if line.startswith(("model name", "flags", "Features", "CPU part")):
                     cpu += line
-                elif not line.strip():   # the first processor's block is enough
+                elif not line.strip():  # the first processor's block is enough
                     break
     except OSError:
         pass

@@ -1,5 +1,6 @@
 """The built-in check: run an exported model in ONNX Runtime and darknet-py's own forward
 on the same input, and measure the largest difference of each raw output."""
+
 import os
 
 import numpy as np
@@ -7,7 +8,7 @@ import numpy as np
 from . import require
 from .model import output_layers
 
-CHECK_TOLERANCE = 1e-4   # relative to the output's largest magnitude, as the fixtures' tests
+CHECK_TOLERANCE = 1e-4  # relative to the output's largest magnitude, as the fixtures' tests
 
 
 def session(model, threads=None, optimize=True, save_optimized=None):
@@ -18,16 +19,21 @@ def session(model, threads=None, optimize=True, save_optimized=None):
     optimised model to."""
     ort = require("onnxruntime")
     options = ort.SessionOptions()
-    options.log_severity_level = 3   # its warnings are not the user's business
+    options.log_severity_level = 3  # its warnings are not the user's business
     options.intra_op_num_threads = threads or intra_op_threads()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     if save_optimized:
         options.optimized_model_filepath, weights_file = save_optimized
         options.add_session_config_entry(
-            "session.optimized_model_external_initializers_file_name", weights_file)
+            "session.optimized_model_external_initializers_file_name", weights_file
+        )
         options.add_session_config_entry(
-            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+        )
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
@@ -77,5 +83,7 @@ def compare(net, sess, x):
         net.set_batch(len(x))
     net.predict(x)
     got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"input": x})))
-    return {name: relative_difference(got[name], net.layer_output(layer.index))
-            for name, layer in output_layers(net)}
+    return {
+        name: relative_difference(got[name], net.layer_output(layer.index))
+        for name, layer in output_layers(net)
+    }

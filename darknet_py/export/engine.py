@@ -16,6 +16,7 @@ the raw outputs (every detection head, or the output layer) into those layers' o
 buffers, where detect(), classify() and the validation code read them. Training leaves
 ONNX Runtime for good (the weights move); parameters changed by hand (params_changed,
 load_weights) are exported again, in memory."""
+
 import importlib.util
 import os
 import sys
@@ -29,19 +30,20 @@ from .check import CHECK_TOLERANCE, compare, session
 from .model import output_layers
 
 ENGINES = ("auto", "numpy", "onnxruntime")
-QUIET_KEY = "darknet_py.quiet"   # click's ctx.meta: the command's --quiet (engine_option)
+QUIET_KEY = "darknet_py.quiet"  # click's ctx.meta: the command's --quiet (engine_option)
 
 
 class OnnxRuntimeEngine:
     """ONNX Runtime serving one network's inference (Network.inference_engine)."""
+
     name = "onnxruntime"
 
     def __init__(self, net, key, required, threads=None):
-        self.key = key              # the cache entry's name; None: export in memory
-        self.required = required    # --engine onnxruntime: a failure is an error
+        self.key = key  # the cache entry's name; None: export in memory
+        self.required = required  # --engine onnxruntime: a failure is an error
         self.threads = threads
         self.session = None
-        self.where = None           # how the model came: "cached", "exported", ...
+        self.where = None  # how the model came: "cached", "exported", ...
         self.shape = net.input_shape
         self.outputs = output_layers(net)
 
@@ -55,10 +57,10 @@ class OnnxRuntimeEngine:
         (net.engine_note says why), or with `required` an ExportError says why."""
         if self.session is not None:
             return True
-        net.inference_engine = None   # the check runs NumPy's forward
+        net.inference_engine = None  # the check runs NumPy's forward
         try:
             self.session = self._session(net)
-        except Exception as e:   # the default engine falls back to NumPy, saying why
+        except Exception as e:  # the default engine falls back to NumPy, saying why
             if self.required:
                 if isinstance(e, ExportError):
                     raise ExportError(f"--engine onnxruntime: {e}") from None
@@ -82,7 +84,7 @@ class OnnxRuntimeEngine:
                 sess = session(optimized, self.threads, optimize=False)
                 self.where = f"its optimised export read from {optimized}"
                 return sess
-            except Exception as e:   # damaged: optimise the export again
+            except Exception as e:  # damaged: optimise the export again
                 _warn_damaged(optimized, e, "optimised again")
                 cache.remove(optimized)
         data = cache.read_entry(self.key)
@@ -90,12 +92,13 @@ class OnnxRuntimeEngine:
             staged = cache.stage_optimized(self.key, tag)
             try:
                 sess, staged = self._optimizing_session(data, staged)
-            except Exception as e:   # damaged: export again and replace it
+            except Exception as e:  # damaged: export again and replace it
                 _warn_damaged(cache.entry_path(self.key), e, "exported again")
             else:
                 saved = staged and cache.keep_optimized(staged, self.key, tag)
-                self.where = (f"its export read from {cache.entry_path(self.key)}"
-                              + (f", optimised and saved in {saved}" if saved else ""))
+                self.where = f"its export read from {cache.entry_path(self.key)}" + (
+                    f", optimised and saved in {saved}" if saved else ""
+                )
                 return sess
         return self._export(net, self.key, tag)
 
@@ -103,6 +106,7 @@ class OnnxRuntimeEngine:
         """Export the network, check it against NumPy and cache it under key (with its
         optimised form) when the key names an entry."""
         from .model import export_model
+
         data = export_model(net, batch=None).SerializeToString()
         staged = cache.stage_optimized(key, tag) if key else None
         sess, staged = self._optimizing_session(data, staged)
@@ -111,8 +115,10 @@ class OnnxRuntimeEngine:
             diffs = compare(net, sess, x)
             worst = max(diffs, key=diffs.get)
             if not diffs[worst] < CHECK_TOLERANCE:
-                raise ExportError(f"ONNX Runtime differs from NumPy by {diffs[worst]:.2e} "
-                                  f"(over {CHECK_TOLERANCE:g}) on {worst}")
+                raise ExportError(
+                    f"ONNX Runtime differs from NumPy by {diffs[worst]:.2e} "
+                    f"(over {CHECK_TOLERANCE:g}) on {worst}"
+                )
         except BaseException:
             cache.discard_staged(staged)
             raise
@@ -121,8 +127,11 @@ class OnnxRuntimeEngine:
             cache.keep_optimized(staged, key, tag)
         else:
             cache.discard_staged(staged)
-        self.where = (f"exported, checked against NumPy and cached in {path}" if path else
-                      "exported and checked against NumPy in memory")
+        self.where = (
+            f"exported, checked against NumPy and cached in {path}"
+            if path
+            else "exported and checked against NumPy in memory"
+        )
         return sess
 
     def _optimizing_session(self, data, staged):
@@ -131,7 +140,7 @@ class OnnxRuntimeEngine:
         if staged:
             try:
                 return session(data, self.threads, save_optimized=staged), staged
-            except Exception:   # saving failed (a full disk, say), or the model is bad
+            except Exception:  # saving failed (a full disk, say), or the model is bad
                 cache.discard_staged(staged)
         return session(data, self.threads), None
 
@@ -156,20 +165,26 @@ class OnnxRuntimeEngine:
 
 def _warn_damaged(path, error, remedy):
     detail = " ".join(str(error).split())
-    warnings.warn(EngineCacheWarning(
-        f"{path}: a damaged ONNX cache file ({type(error).__name__}: {detail[:200]}); "
-        f"{remedy}"), stacklevel=3)
+    warnings.warn(
+        EngineCacheWarning(
+            f"{path}: a damaged ONNX cache file ({type(error).__name__}: {detail[:200]}); {remedy}"
+        ),
+        stacklevel=3,
+    )
 
 
 def _reason(error):
-    text = str(error) if isinstance(error, ExportError) else \
-        f"ONNX Runtime could not serve the network ({type(error).__name__}: {error})"
+    text = (
+        str(error)
+        if isinstance(error, ExportError)
+        else f"ONNX Runtime could not serve the network ({type(error).__name__}: {error})"
+    )
     return " ".join(text.split())
 
 
 def onnxruntime_installed():
     """Whether ONNX Runtime can be imported (found, not imported: training never needs it)."""
-    if "onnxruntime" in sys.modules:   # None there: an import that failed, or was blocked
+    if "onnxruntime" in sys.modules:  # None there: an import that failed, or was blocked
         return sys.modules["onnxruntime"] is not None
     return importlib.util.find_spec("onnxruntime") is not None
 
@@ -187,7 +202,7 @@ def attach(net, engine, weights=None, seed=0, cutoff=None, transfer=False):
         if required:
             raise ExportError(f"--engine onnxruntime runs on the CPU, not on {net.be.name}")
         return
-    if engine == "numpy":   # asked for: nothing to note
+    if engine == "numpy":  # asked for: nothing to note
         return
     why = None if required else _why_numpy(net, weights)
     if why:
@@ -196,7 +211,8 @@ def attach(net, engine, weights=None, seed=0, cutoff=None, transfer=False):
     if required:
         require("onnxruntime")
     net.inference_engine = OnnxRuntimeEngine(
-        net, cache.entry_key(net, weights, seed, cutoff, transfer), required)
+        net, cache.entry_key(net, weights, seed, cutoff, transfer), required
+    )
 
 
 def _why_numpy(net, weights):
@@ -224,8 +240,10 @@ def describe(net):
     (so the first image is not the one that waits for the export); None off the CPU."""
     engine = net.inference_engine
     if engine is not None and engine.prepare(net):
-        return (f"inference on ONNX Runtime ({engine.where}; --engine numpy runs "
-                f"Darknet's exact arithmetic)")
+        return (
+            f"inference on ONNX Runtime ({engine.where}; --engine numpy runs "
+            f"Darknet's exact arithmetic)"
+        )
     return net.engine_note
 
 

@@ -9,6 +9,7 @@ which maps back to the image by undoing the letterbox (metadata `letterbox`). --
 ONNX's NonMaxSuppression, per class on IoU, which is Darknet's default NMS (and the
 fork's cornersnms, which compares IoU too); the fork's greedynms and diounms compare DIoU,
 which ONNX's operator cannot, and are refused."""
+
 import numpy as np
 
 from ..losses.gaussian_yolo import UH, UW, X, Y
@@ -24,14 +25,20 @@ def _planes(g, layer, x, entries, logistic, scale_xy=1, xy=(0, 1)):
     mask = np.zeros((1, entries, 1), dtype=bool)
     mask[0, logistic] = True
     if mask.any():
-        t = g.op("Where", [g.const(mask, "logistic_mask", np.bool_), g.op("Sigmoid", [t]), t],
-                 (n, entries, hw))
+        t = g.op(
+            "Where",
+            [g.const(mask, "logistic_mask", np.bool_), g.op("Sigmoid", [t]), t],
+            (n, entries, hw),
+        )
     if scale_xy != 1:
         a, b = np.ones((1, entries, 1)), np.zeros((1, entries, 1))
         a[0, list(xy)] = np.float32(scale_xy)
         b[0, list(xy)] = np.float32(-0.5 * (scale_xy - 1))
-        t = g.op("Add", [g.op("Mul", [t, g.const(a, "scale_x_y")]), g.const(b, "offset_x_y")],
-                 (n, entries, hw))
+        t = g.op(
+            "Add",
+            [g.op("Mul", [t, g.const(a, "scale_x_y")]), g.const(b, "offset_x_y")],
+            (n, entries, hw),
+        )
     return g.reshape(t, (layer.out_c, layer.out_h, layer.out_w))
 
 
@@ -51,8 +58,7 @@ def gaussian_yolo(g, layer, x):
 @exports("region")
 def region(g, layer, x):
     size, n, hw = layer.size, layer.n, layer.h * layer.w
-    logistic = [0, 1, layer.coords] + ([] if layer.softmax else
-                                       list(range(layer.coords + 1, size)))
+    logistic = [0, 1, layer.coords] + ([] if layer.softmax else list(range(layer.coords + 1, size)))
     if layer.hierarchy is not None:
         logistic = [0, 1, layer.coords]
     y = _planes(g, layer, x, size, logistic)
@@ -62,7 +68,7 @@ def region(g, layer, x):
     first = layer.coords + 1
     box = g.slice(t, 2, 0, first, shape=(n, first, hw))
     scores = g.slice(t, 2, first, size, shape=(n, layer.classes, hw))
-    if layer.hierarchy is not None:   # a softmax per sibling group, as Darknet's GPU build
+    if layer.hierarchy is not None:  # a softmax per sibling group, as Darknet's GPU build
         scores = g.op("Transpose", [scores], (layer.classes, n, hw), perm=[0, 2, 1, 3])
         scores = tree_softmax(g, scores, layer.hierarchy, (n, hw))
         classes = g.op("Transpose", [scores], (n, layer.classes, hw), perm=[0, 2, 1, 3])
@@ -79,10 +85,12 @@ def detection(g, layer, x):
     cells = layer.side * layer.side
     x = g.flat(x)
     probs = g.slice(x, 1, 0, cells * layer.classes, shape=(cells * layer.classes,))
-    probs = g.op("Softmax", [g.reshape(probs, (cells, layer.classes))], (cells, layer.classes),
-                 axis=-1)
-    rest = g.slice(x, 1, cells * layer.classes, layer.outputs,
-                   shape=(layer.outputs - cells * layer.classes,))
+    probs = g.op(
+        "Softmax", [g.reshape(probs, (cells, layer.classes))], (cells, layer.classes), axis=-1
+    )
+    rest = g.slice(
+        x, 1, cells * layer.classes, layer.outputs, shape=(layer.outputs - cells * layer.classes,)
+    )
     return g.concat([g.flat(probs), rest], 1, (layer.outputs,))
 
 
@@ -98,11 +106,15 @@ def decode_heads(g, net, heads):
     netw, neth = net.input_shape[2], net.input_shape[1]
     for layer in heads:
         if layer.type not in ("yolo", "region"):
-            raise ExportError(f"layer {layer.index} [{layer.type}]: --decode covers [yolo] "
-                              f"and [region] heads; export it without --decode")
+            raise ExportError(
+                f"layer {layer.index} [{layer.type}]: --decode covers [yolo] "
+                f"and [region] heads; export it without --decode"
+            )
         if getattr(layer, "hierarchy", None) is not None:
-            raise ExportError(f"layer {layer.index} [region]: --decode cannot walk a class "
-                              f"tree (tree=); export the raw outputs without --decode")
+            raise ExportError(
+                f"layer {layer.index} [region]: --decode cannot walk a class "
+                f"tree (tree=); export the raw outputs without --decode"
+            )
         b, s = _decode(g, layer, g.outputs[layer.index], netw, neth)
         boxes.append(b)
         scores.append(s)
@@ -114,7 +126,7 @@ def _decode(g, layer, y, netw, neth):
     n, w, h, hw = layer.n, layer.w, layer.h, layer.w * layer.h
     entries = layer.out_c // n
     t = g.reshape(y, (n, entries, hw))
-    cell, anchor = np.meshgrid(np.arange(hw), np.arange(n), indexing="ij")   # yolo's order
+    cell, anchor = np.meshgrid(np.arange(hw), np.arange(n), indexing="ij")  # yolo's order
     if layer.type == "yolo":
         t = g.op("Transpose", [t], (hw, n, entries), perm=[0, 3, 1, 2])
         anchors = layer.biases.reshape(-1, 2)[np.asarray(layer.mask)]
@@ -128,32 +140,50 @@ def _decode(g, layer, y, netw, neth):
     t = g.reshape(t, (count, entries))
     cell, anchor = cell.reshape(-1), anchor.reshape(-1)
     grid = np.stack([cell % w, cell // w], axis=1)
-    xy = g.op("Div", [g.op("Add", [g.slice(t, 2, 0, 2, shape=(count, 2)), g.const(grid, "grid")]),
-                      g.const([w, h], "grid_size")], (count, 2))
+    xy = g.op(
+        "Div",
+        [
+            g.op("Add", [g.slice(t, 2, 0, 2, shape=(count, 2)), g.const(grid, "grid")]),
+            g.const([w, h], "grid_size"),
+        ],
+        (count, 2),
+    )
     twh = g.slice(t, 2, 2, 4, shape=(count, 2))
     scale = anchors[anchor] / size
-    if getattr(layer, "new_coords", 0):   # (2t)² times the anchor
+    if getattr(layer, "new_coords", 0):  # (2t)² times the anchor
         wh = g.op("Mul", [g.op("Mul", [twh, twh]), g.const(4 * scale, "anchors")], (count, 2))
     else:
         wh = g.op("Mul", [g.op("Exp", [twh]), g.const(scale, "anchors")], (count, 2))
     obj = g.slice(t, 2, 4, 5, shape=(count, 1))
     probs = g.slice(t, 2, 5, entries, shape=(count, layer.classes))
-    return (g.concat([xy, wh], 2, (count, 4)),
-            g.op("Mul", [obj, probs], (count, layer.classes)))
+    return (g.concat([xy, wh], 2, (count, 4)), g.op("Mul", [obj, probs], (count, layer.classes)))
 
 
 def add_nms(g, boxes, scores, kind, iou_thresh, score_thresh):
     """ONNX NonMaxSuppression per class (center_point_box: Darknet's x, y, w, h boxes):
     `selected` [K, 3] rows of (image, class, box index)."""
     if kind not in ("default", "cornersnms"):
-        raise ExportError(f"--nms: the cfg's nms_kind={kind} compares DIoU, which ONNX's "
-                          f"NonMaxSuppression cannot; export with --decode and run that NMS "
-                          f"outside the model")
+        raise ExportError(
+            f"--nms: the cfg's nms_kind={kind} compares DIoU, which ONNX's "
+            f"NonMaxSuppression cannot; export with --decode and run that NMS "
+            f"outside the model"
+        )
     count = g.shapes[boxes][0]
-    boxes, scores = (g.op("Cast", [t], g.shapes[t], to=1) if g.dtype != np.float32 else t
-                     for t in (boxes, scores))
+    boxes, scores = (
+        g.op("Cast", [t], g.shapes[t], to=1) if g.dtype != np.float32 else t
+        for t in (boxes, scores)
+    )
     per_class = g.op("Transpose", [scores], None, perm=[0, 2, 1])
-    return g.op("NonMaxSuppression", [boxes, per_class, g.ints([count]),
-                                      g.const([iou_thresh], "iou_threshold", np.float32),
-                                      g.const([score_thresh], "score_threshold", np.float32)],
-                None, hint="selected", center_point_box=1)
+    return g.op(
+        "NonMaxSuppression",
+        [
+            boxes,
+            per_class,
+            g.ints([count]),
+            g.const([iou_thresh], "iou_threshold", np.float32),
+            g.const([score_thresh], "score_threshold", np.float32),
+        ],
+        None,
+        hint="selected",
+        center_point_box=1,
+    )

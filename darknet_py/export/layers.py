@@ -4,23 +4,26 @@ layer's forward computes it in inference (darknet-py's forward is the reference)
 A layer reads the previous layer's output as its own (c, h, w) (or flat) input, as
 Darknet's network state hands it over; the model walk (model.py) reshapes each result
 to the layer's output shape. The heads' functions are in heads.py."""
+
 import numpy as np
 
-from ..shapes import conv_strides
 from ..layers import layer_class
 from ..layers.batchnorm import FORK_BN_EPS
+from ..shapes import conv_strides
 from . import ExportError
 from .activations import activate
 
-EXPORTERS = {}   # layer class -> function
+EXPORTERS = {}  # layer class -> function
 
 
 def exports(*types):
     """Register a function as the exporter of the layer classes of these section types."""
+
     def register(fn):
         for t in types:
             EXPORTERS[layer_class(t)] = fn
         return fn
+
     return register
 
 
@@ -39,8 +42,10 @@ def layer_activation(g, layer, y):
 def bn_affine(layer, host):
     """(factor, offset) per output of Darknet's inference batch norm followed by the biases:
     scale / (sqrt(var) + 1e-6), or the fork's scale / sqrt(var + 1e-5), in float64."""
-    scales, mean, var, biases = (host(getattr(layer, n)).astype(np.float64) for n in
-                                 ("scales", "rolling_mean", "rolling_variance", "biases"))
+    scales, mean, var, biases = (
+        host(getattr(layer, n)).astype(np.float64)
+        for n in ("scales", "rolling_mean", "rolling_variance", "biases")
+    )
     if layer.darknet == "alexeyab":
         factor = scales / np.sqrt(var + FORK_BN_EPS)
     else:
@@ -51,19 +56,25 @@ def bn_affine(layer, host):
 # ---- computing layers ----------------------------------------------------------------------
 @exports("convolutional")
 def convolutional(g, layer, x):
-    weights, biases = layer.inference_params(g.net.be)   # batch norm folded as forward folds it
+    weights, biases = layer.inference_params(g.net.be)  # batch norm folded as forward folds it
     w = g.host(weights).reshape(layer.filters, layer.c // layer.groups, layer.size, layer.size)
     sy, sx = conv_strides(layer.stride)
     p, d = layer.padding, layer.dilation
     image = input_image(g, layer, x)
-    if layer.xnor:   # the input binarized as the backend's binarize does: +1 where > 0, else -1
+    if layer.xnor:  # the input binarized as the backend's binarize does: +1 where > 0, else -1
         shape = g.shapes[image]
         positive = g.op("Greater", [image, g.scalar(0.0)], shape)
         image = g.op("Where", [positive, g.scalar(1.0), g.scalar(-1.0)], shape)
-    y = g.op("Conv", [image, g.const(w, "weights"),
-                      g.const(g.host(biases), "biases")], output_image(layer),
-             kernel_shape=[layer.size] * 2, strides=[sy, sx], pads=[p] * 4, dilations=[d] * 2,
-             group=layer.groups)
+    y = g.op(
+        "Conv",
+        [image, g.const(w, "weights"), g.const(g.host(biases), "biases")],
+        output_image(layer),
+        kernel_shape=[layer.size] * 2,
+        strides=[sy, sx],
+        pads=[p] * 4,
+        dilations=[d] * 2,
+        group=layer.groups,
+    )
     return layer_activation(g, layer, y)
 
 
@@ -73,9 +84,14 @@ def deconvolutional(g, layer, x):
     layout; batch norm (or the biases) after it, per output channel."""
     w = g.host(layer.weights).reshape(layer.c, layer.filters, layer.size, layer.size)
     shape = output_image(layer)
-    y = g.op("ConvTranspose", [input_image(g, layer, x), g.const(w, "weights")], shape,
-             kernel_shape=[layer.size] * 2, strides=[layer.stride] * 2,
-             pads=[layer.padding] * 4)
+    y = g.op(
+        "ConvTranspose",
+        [input_image(g, layer, x), g.const(w, "weights")],
+        shape,
+        kernel_shape=[layer.size] * 2,
+        strides=[layer.stride] * 2,
+        pads=[layer.padding] * 4,
+    )
     if layer.batch_normalize:
         factor, offset = bn_affine(layer, g.host)
     else:
@@ -92,8 +108,9 @@ def connected(g, layer, x):
     if layer.batch_normalize:
         factor, b = bn_affine(layer, g.host)
         w = w * factor[:, None]
-    y = g.op("Gemm", [g.flat(x), g.const(w, "weights"), g.const(b, "biases")],
-             (layer.outputs,), transB=1)
+    y = g.op(
+        "Gemm", [g.flat(x), g.const(w, "weights"), g.const(b, "biases")], (layer.outputs,), transB=1
+    )
     return layer_activation(g, layer, y)
 
 
@@ -111,15 +128,22 @@ def local(g, layer, x):
     matrix per output position."""
     k, f, size = layer.ksize, layer.filters, layer.size
     unfold = np.eye(k, dtype=np.float32).reshape(k, layer.c, size, size)
-    cols = g.op("Conv", [input_image(g, layer, x), g.const(unfold, "unfold")],
-                (k, layer.out_h, layer.out_w), kernel_shape=[size] * 2,
-                strides=[layer.stride] * 2, pads=[layer.pad] * 4)
+    cols = g.op(
+        "Conv",
+        [input_image(g, layer, x), g.const(unfold, "unfold")],
+        (k, layer.out_h, layer.out_w),
+        kernel_shape=[size] * 2,
+        strides=[layer.stride] * 2,
+        pads=[layer.pad] * 4,
+    )
     cols = g.reshape(cols, (k, layer.locations))
     w = g.host(layer.weights).reshape(layer.locations, f, k)
-    y = g.op("Einsum", [cols, g.const(w, "weights")], (f, layer.locations),
-             equation="bkl,lfk->bfl")
-    y = g.op("Add", [y, g.const(g.host(layer.biases).reshape(f, layer.locations), "biases")],
-             (f, layer.locations))
+    y = g.op("Einsum", [cols, g.const(w, "weights")], (f, layer.locations), equation="bkl,lfk->bfl")
+    y = g.op(
+        "Add",
+        [y, g.const(g.host(layer.biases).reshape(f, layer.locations), "biases")],
+        (f, layer.locations),
+    )
     return layer_activation(g, layer, g.reshape(y, output_image(layer)))
 
 
@@ -133,12 +157,17 @@ def _window_pads(g, layer, x, fill):
     if max(top, bottom) < layer.size:
         return x, [top, top, bottom, bottom]
     if fill is None:
-        raise ExportError(f"layer {layer.index} [{layer.type}]: padding={layer.padding} "
-                          f"reaches a whole {layer.size}x{layer.size} window, which ONNX's "
-                          f"pooling cannot express")
+        raise ExportError(
+            f"layer {layer.index} [{layer.type}]: padding={layer.padding} "
+            f"reaches a whole {layer.size}x{layer.size} window, which ONNX's "
+            f"pooling cannot express"
+        )
     c, h, w = layer.c, layer.h, layer.w
-    padded = g.op("Pad", [x, g.ints([0, 0, top, top, 0, 0, bottom, bottom]), g.scalar(fill)],
-                  (c, h + layer.padding, w + layer.padding))
+    padded = g.op(
+        "Pad",
+        [x, g.ints([0, 0, top, top, 0, 0, bottom, bottom]), g.scalar(fill)],
+        (c, h + layer.padding, w + layer.padding),
+    )
     return padded, [0, 0, 0, 0]
 
 
@@ -148,8 +177,14 @@ def maxpool(g, layer, x):
     if layer.depth:
         return _maxpool_depth(g, layer, x)
     x, pads = _window_pads(g, layer, x, -np.inf)
-    return g.op("MaxPool", [x], output_image(layer), kernel_shape=[layer.size] * 2,
-                strides=[layer.stride_y, layer.stride_x], pads=pads)
+    return g.op(
+        "MaxPool",
+        [x],
+        output_image(layer),
+        kernel_shape=[layer.size] * 2,
+        strides=[layer.stride_y, layer.stride_x],
+        pads=pads,
+    )
 
 
 def _maxpool_depth(g, layer, x):
@@ -158,8 +193,11 @@ def _maxpool_depth(g, layer, x):
     k, c, hw = layer.out_c, layer.c, layer.h * layer.w
     groups = -(-c // k)
     if groups * k != c:
-        x = g.op("Pad", [x, g.ints([0, 0, 0, 0, 0, groups * k - c, 0, 0]), g.scalar(-np.inf)],
-                 (groups * k, layer.h, layer.w))
+        x = g.op(
+            "Pad",
+            [x, g.ints([0, 0, 0, 0, 0, groups * k - c, 0, 0]), g.scalar(-np.inf)],
+            (groups * k, layer.h, layer.w),
+        )
     y = g.reduce("ReduceMax", g.reshape(x, (groups, k, hw)), [1], (1, k, hw))
     return g.reshape(y, output_image(layer))
 
@@ -167,8 +205,15 @@ def _maxpool_depth(g, layer, x):
 @exports("local_avgpool")
 def local_avgpool(g, layer, x):
     x, pads = _window_pads(g, layer, input_image(g, layer, x), None)
-    return g.op("AveragePool", [x], output_image(layer), kernel_shape=[layer.size] * 2,
-                strides=[layer.stride_y, layer.stride_x], pads=pads, count_include_pad=0)
+    return g.op(
+        "AveragePool",
+        [x],
+        output_image(layer),
+        kernel_shape=[layer.size] * 2,
+        strides=[layer.stride_y, layer.stride_x],
+        pads=pads,
+        count_include_pad=0,
+    )
 
 
 @exports("avgpool")
@@ -188,7 +233,7 @@ def route(g, layer, x):
     parts = []
     for src in layer.sources:
         t = g.outputs[src.index]
-        if images:   # a group of the flat per-image output is a group of its channels
+        if images:  # a group of the flat per-image output is a group of its channels
             t = g.image(t, src.out_c, src.out_h, src.out_w)
             part = src.out_c // groups
             shape = (part, src.out_h, src.out_w)
@@ -208,8 +253,9 @@ def _fit_channels(g, t, c_from, c_to, h, w):
     if c_from > c_to:
         return g.slice(t, 1, 0, c_to, shape=(c_to, h, w))
     if c_from < c_to:
-        return g.op("Pad", [t, g.ints([0, 0, 0, 0, 0, c_to - c_from, 0, 0]), g.scalar(0.0)],
-                    (c_to, h, w))
+        return g.op(
+            "Pad", [t, g.ints([0, 0, 0, 0, 0, c_to - c_from, 0, 0]), g.scalar(0.0)], (c_to, h, w)
+        )
     return t
 
 
@@ -222,8 +268,11 @@ def shortcut(g, layer, x):
         y = x
         for src in layer.sources:
             t = g.image(g.outputs[src.index], src.out_c, src.out_h, src.out_w)
-            y = g.op("Add", [y, _fit_channels(g, t, src.out_c, layer.c, layer.h, layer.w)],
-                     output_image(layer))
+            y = g.op(
+                "Add",
+                [y, _fit_channels(g, t, src.out_c, layer.c, layer.h, layer.w)],
+                output_image(layer),
+            )
     else:
         y = _shortcut_weighted(g, layer, x)
     return layer_activation(g, layer, y)
@@ -240,8 +289,9 @@ def _shortcut_weighted(g, layer, x):
     y = None
     for t, c, w in zip(inputs, channels, weights):
         t = _fit_channels(g, t, c, layer.c, layer.h, layer.w)
-        term = g.op("Mul", [t, g.const(w.reshape(-1, 1, 1), "shortcut_weight")],
-                    output_image(layer))
+        term = g.op(
+            "Mul", [t, g.const(w.reshape(-1, 1, 1), "shortcut_weight")], output_image(layer)
+        )
         y = term if y is None else g.op("Add", [y, term], output_image(layer))
     return y
 
@@ -255,21 +305,36 @@ def _shortcut_original(g, layer, x):
     minc, minh, minw = min(c, src.out_c), min(h, src.out_h), min(w, src.out_w)
     a = g.image(g.outputs[src.index], src.out_c, src.out_h, src.out_w)
     if stride > 1 or minc < src.out_c:
-        a = g.op("Slice", [a, g.ints([0, 0, 0]), g.ints([minc, minh * stride, minw * stride]),
-                           g.ints([1, 2, 3]), g.ints([1, stride, stride])], (minc, minh, minw))
-    if sample > 1:   # spread onto every sample-th cell, zeros between, then to h x w
+        a = g.op(
+            "Slice",
+            [
+                a,
+                g.ints([0, 0, 0]),
+                g.ints([minc, minh * stride, minw * stride]),
+                g.ints([1, 2, 3]),
+                g.ints([1, stride, stride]),
+            ],
+            (minc, minh, minw),
+        )
+    if sample > 1:  # spread onto every sample-th cell, zeros between, then to h x w
         a = g.reshape(a, (minc, minh, 1, minw, 1))
-        a = g.op("Pad", [a, g.ints([0] * 6 + [0, 0, 0, sample - 1, 0, sample - 1]), g.scalar(0.0)],
-                 (minc, minh, sample, minw, sample))
+        a = g.op(
+            "Pad",
+            [a, g.ints([0] * 6 + [0, 0, 0, sample - 1, 0, sample - 1]), g.scalar(0.0)],
+            (minc, minh, sample, minw, sample),
+        )
         a = g.reshape(a, (minc, minh * sample, minw * sample))
-        a = g.op("Pad", [a, g.ints([0] * 4 + [0, 0, h - minh * sample, w - minw * sample]),
-                         g.scalar(0.0)], (minc, h, w))
+        a = g.op(
+            "Pad",
+            [a, g.ints([0] * 4 + [0, 0, h - minh * sample, w - minw * sample]), g.scalar(0.0)],
+            (minc, h, w),
+        )
     head = g.slice(x, 1, 0, minc, shape=(minc, h, w)) if minc < c else x
     mask = np.zeros((1, h, w))
-    mask[:, 0:minh * sample:sample, 0:minw * sample:sample] = 1
+    mask[:, 0 : minh * sample : sample, 0 : minw * sample : sample] = 1
     if layer.alpha == 1 and sample == 1:
         summed = head
-    else:   # alpha applies only where a value is added
+    else:  # alpha applies only where a value is added
         scale = 1 + (layer.alpha - 1) * mask
         summed = g.op("Mul", [head, g.const(scale, "alpha")], (minc, h, w))
     beta = a if layer.beta == 1 else g.mul(a, float(layer.beta))
@@ -283,13 +348,19 @@ def _shortcut_original(g, layer, x):
 def upsample(g, layer, x):
     x = input_image(g, layer, x)
     s = layer.stride
-    if layer.reverse:   # the adjoint of upsampling: each s x s cell summed, times scale
+    if layer.reverse:  # the adjoint of upsampling: each s x s cell summed, times scale
         y = g.op("AveragePool", [x], output_image(layer), kernel_shape=[s, s], strides=[s, s])
         factor = s * s * layer.scale
     else:
         scales = g.const(np.array([1, 1, s, s], dtype=np.float32), "scales", np.float32)
-        y = g.op("Resize", [x, "", scales], output_image(layer), mode="nearest",
-                 coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+        y = g.op(
+            "Resize",
+            [x, "", scales],
+            output_image(layer),
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+        )
         factor = layer.scale
     return y if factor == 1 else g.mul(y, float(factor))
 
@@ -310,10 +381,11 @@ def _reorg(g, x, w, h, c, s, forward):
 
 @exports("reorg")
 def reorg(g, layer, x):
-    if layer.extra:   # the values, then `extra` zeros
-        return g.op("Pad", [g.flat(x), g.ints([0, 0, 0, layer.extra]), g.scalar(0.0)],
-                    (layer.outputs,))
-    if layer.flatten:   # CHW <-> HWC per image
+    if layer.extra:  # the values, then `extra` zeros
+        return g.op(
+            "Pad", [g.flat(x), g.ints([0, 0, 0, layer.extra]), g.scalar(0.0)], (layer.outputs,)
+        )
+    if layer.flatten:  # CHW <-> HWC per image
         if layer.reverse:
             t = g.reshape(x, (layer.h, layer.w, layer.c))
             return g.op("Transpose", [t], (layer.c, layer.h, layer.w), perm=[0, 3, 1, 2])
@@ -331,8 +403,11 @@ def reorg3d(g, layer, x):
 def crop(g, layer, x):
     x = input_image(g, layer, x)
     dh, dw = (layer.h - layer.out_h) // 2, (layer.w - layer.out_w) // 2
-    y = g.op("Slice", [x, g.ints([dh, dw]), g.ints([dh + layer.out_h, dw + layer.out_w]),
-                       g.ints([2, 3])], output_image(layer))
+    y = g.op(
+        "Slice",
+        [x, g.ints([dh, dw]), g.ints([dh + layer.out_h, dw + layer.out_w]), g.ints([2, 3])],
+        output_image(layer),
+    )
     return y if layer.noadjust else g.add(g.mul(y, float(layer.scale)), float(layer.trans))
 
 
@@ -349,7 +424,7 @@ def activation(g, layer, x):
 
 
 @exports("logistic")
-def logistic(g, layer, x):   # its cost needs a truth: inference is the logistic alone
+def logistic(g, layer, x):  # its cost needs a truth: inference is the logistic alone
     return g.op("Sigmoid", [input_image(g, layer, x)], output_image(layer))
 
 
@@ -370,7 +445,7 @@ def normalization(g, layer, x):
     subtracted), then kappa added, ^-beta, times x."""
     c = layer.c
     counts, window = np.zeros((c, c)), np.zeros(c)
-    window[:min(layer.size // 2, c)] = 1
+    window[: min(layer.size // 2, c)] = 1
     counts[0] = window
     for k in range(1, c):
         prev, nxt = k - (layer.size - 1) // 2 - 1, k + layer.size // 2
@@ -383,8 +458,12 @@ def normalization(g, layer, x):
     shape = output_image(layer)
     squares = g.op("Mul", [image, image], shape)
     weights = (layer.alpha * counts).reshape(c, c, 1, 1)
-    norms = g.op("Conv", [squares, g.const(weights, "lrn_window"),
-                          g.const(np.full(c, layer.kappa), "kappa")], shape, kernel_shape=[1, 1])
+    norms = g.op(
+        "Conv",
+        [squares, g.const(weights, "lrn_window"), g.const(np.full(c, layer.kappa), "kappa")],
+        shape,
+        kernel_shape=[1, 1],
+    )
     return g.op("Mul", [g.op("Pow", [norms, g.scalar(-layer.beta)], shape), image], shape)
 
 

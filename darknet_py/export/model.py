@@ -6,19 +6,20 @@ predict leaves it), or `output` for any other network (predict's result); with d
 also `boxes` and `scores`, with nms `selected` (heads.py). B is the batch given, or the
 symbolic `batch` with dynamic_batch. fp16 keeps float32 inputs and outputs and casts
 inside, so callers feed and read the same arrays."""
+
 import json
 
 import numpy as np
 
-from ..predictions import DETECTOR_TYPES, nms_kind, output_layer
 from ..layers.heads import is_fork_flavour
+from ..predictions import DETECTOR_TYPES, nms_kind, output_layer
 from . import ExportError, require
 
 # The graph builder, the layers' and the heads' exporters are imported on the first export
 # (export_model): every darknet-py command imports this module, a cached export needs none.
 
 DEFAULT_OPSET = 17
-MIN_OPSET = 13        # ReduceSum's axes input, Resize's and Split's current forms
+MIN_OPSET = 13  # ReduceSum's axes input, Resize's and Split's current forms
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
 
 
@@ -44,18 +45,23 @@ def check_exportable(net):
     """Refuse, before anything is built, a layer no function is registered for (the
     recurrent layers, which carry state from call to call, among them)."""
     from .layers import EXPORTERS
+
     for layer in net.layers:
         if type(layer) not in EXPORTERS:
-            raise ExportError(f"layer {layer.index} [{layer.type}]: ONNX export does not "
-                              f"cover this layer type")
+            raise ExportError(
+                f"layer {layer.index} [{layer.type}]: ONNX export does not cover this layer type"
+            )
     if len(net.input_shape) != 3:
-        raise ExportError("ONNX export takes image networks ([net] width, height, channels); "
-                          "this one reads rows of [net] inputs")
+        raise ExportError(
+            "ONNX export takes image networks ([net] width, height, channels); "
+            "this one reads rows of [net] inputs"
+        )
 
 
 def build_layers(g, net, x):
     """Every layer's function in order."""
     from .layers import EXPORTERS
+
     for layer in net.layers:
         y = EXPORTERS[type(layer)](g, layer, x)
         y = g.reshape(y, layer.output_shape(1)[1:])
@@ -63,11 +69,21 @@ def build_layers(g, net, x):
         x = y
 
 
-def export_model(net, opset=DEFAULT_OPSET, batch=1, precision="fp32", decode=False, nms=False,
-                 names=None, thresh=0.5, nms_thresh=0.45):
+def export_model(
+    net,
+    opset=DEFAULT_OPSET,
+    batch=1,
+    precision="fp32",
+    decode=False,
+    nms=False,
+    names=None,
+    thresh=0.5,
+    nms_thresh=0.45,
+):
     """The network as an onnx.ModelProto. batch: an int, or None for a dynamic batch."""
     from .builder import GraphBuilder
     from .heads import add_nms, decode_heads
+
     onnx = require("onnx")
     if opset < MIN_OPSET or opset > onnx.defs.onnx_opset_version():
         raise ExportError(f"--opset {opset}: use {MIN_OPSET}..{onnx.defs.onnx_opset_version()}")
@@ -93,8 +109,14 @@ def export_model(net, opset=DEFAULT_OPSET, batch=1, precision="fp32", decode=Fal
         if nms:
             kind, _ = nms_kind(net)
             outputs.append(("selected", add_nms(g, boxes, scores, kind, nms_thresh, thresh)))
-    return _model(g, net, outputs, batch, opset, _metadata(net, names, precision, decode, nms,
-                                                          thresh, nms_thresh))
+    return _model(
+        g,
+        net,
+        outputs,
+        batch,
+        opset,
+        _metadata(net, names, precision, decode, nms, thresh, nms_thresh),
+    )
 
 
 def _model(g, net, outputs, batch, opset, metadata):
@@ -106,8 +128,9 @@ def _model(g, net, outputs, batch, opset, metadata):
         if name == "selected":
             g.op("Identity", [tensor], None, hint=name)
             g.nodes[-1].output[0] = name
-            graph_outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT64,
-                                                               [None, 3]))
+            graph_outputs.append(
+                helper.make_tensor_value_info(name, onnx.TensorProto.INT64, [None, 3])
+            )
             continue
         shape = g.shapes[tensor]
         to = [tensor] if g.dtype == np.float32 else [g.op("Cast", [tensor], shape, to=float_type)]
@@ -115,9 +138,12 @@ def _model(g, net, outputs, batch, opset, metadata):
         g.nodes[-1].output[0] = name
         graph_outputs.append(helper.make_tensor_value_info(name, float_type, [dim, *shape]))
     graph = helper.make_graph(
-        g.nodes, "darknet", [helper.make_tensor_value_info("input", float_type,
-                                                           [dim, *net.input_shape])],
-        graph_outputs, g.initializers)
+        g.nodes,
+        "darknet",
+        [helper.make_tensor_value_info("input", float_type, [dim, *net.input_shape])],
+        graph_outputs,
+        g.initializers,
+    )
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, producer_name="darknet-py", opset_imports=opsets)
     # The oldest IR version the opset allows, so older runtimes read the file too.
@@ -128,16 +154,27 @@ def _model(g, net, outputs, batch, opset, metadata):
 
 def _metadata(net, names, precision, decode, nms, thresh, nms_thresh):
     c, h, w = net.input_shape
-    meta = {"darknet": net.darknet, "input_width": str(w), "input_height": str(h),
-            "input_channels": str(c), "input_range": "0..1, RGB, CHW",
-            "letterbox": str(letterboxed(net)).lower(), "precision": precision,
-            "cfg": str(net.path)}
+    meta = {
+        "darknet": net.darknet,
+        "input_width": str(w),
+        "input_height": str(h),
+        "input_channels": str(c),
+        "input_range": "0..1, RGB, CHW",
+        "letterbox": str(letterboxed(net)).lower(),
+        "precision": precision,
+        "cfg": str(net.path),
+    }
     if names is not None:
         meta["names"] = json.dumps(list(names))
     if decode or nms:
-        meta["boxes"] = ("centre x, centre y, width, height relative to the network input; "
-                         "undo the letterbox (when letterbox is true) to map them to the image")
+        meta["boxes"] = (
+            "centre x, centre y, width, height relative to the network input; "
+            "undo the letterbox (when letterbox is true) to map them to the image"
+        )
     if nms:
-        meta.update(nms_iou_threshold=str(nms_thresh), score_threshold=str(thresh),
-                    nms_kind=nms_kind(net)[0])
+        meta.update(
+            nms_iou_threshold=str(nms_thresh),
+            score_threshold=str(thresh),
+            nms_kind=nms_kind(net)[0],
+        )
     return meta

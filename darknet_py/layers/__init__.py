@@ -1,4 +1,5 @@
 """One module per Darknet layer type; LAYER_TYPES maps a section type to its class."""
+
 import importlib
 
 # section type -> (module, class). Imported on first use.

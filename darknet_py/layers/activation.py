@@ -7,6 +7,7 @@ every other layer of darknet-py does, which is the same whenever nothing else wr
 The fork's swish, mish and hard_mish are computed, with their true gradient (through the
 kept input); the fork's CPU [activation] has no case for them and outputs (and passes) 0.
 """
+
 from .base import Layer, parse_activation
 
 
@@ -25,10 +26,10 @@ class ActivationLayer(Layer):
         return f" {self.activation:23s}{self.inputs:4d}  ->  {self.outputs:4d}"
 
     def forward(self, net):
-        net.be.copy(net.input[:self.batch * self.inputs], self.output)
+        net.be.copy(net.input[: self.batch * self.inputs], self.output)
         self.activate_output(net.be)
 
     def backward(self, net):
         self.activation_gradient(net.be)
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+            net.be.axpy(1.0, self.delta, net.delta[: self.batch * self.inputs])

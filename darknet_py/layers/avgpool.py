@@ -1,4 +1,5 @@
 """[avgpool]: global average pooling to one value per channel."""
+
 from .base import Layer
 
 
@@ -12,7 +13,7 @@ class AvgpoolLayer(Layer):
 
     def describe(self):
         # Darknet's row: "avg                     %4d x%4d x%4d   ->  %4d"
-        return (f"{'':18s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  {self.out_c:4d}")
+        return f"{'':18s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  {self.out_c:4d}"
 
     def forward(self, net):
         net.be.avgpool_forward(net.input, self.batch, self.c, self.h * self.w, self.output)

@@ -8,6 +8,7 @@ and backward receive the network, which carries Darknet's network state:
 delta, or None), ``net.truth`` (and its host copy ``net.truth_host``), ``net.train``,
 ``net.workspace`` and ``net.be``.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,27 +19,29 @@ from ..activations import ACTIVATIONS, CHANNEL_ACTIVATIONS, INPUT_GRADIENT
 @dataclass
 class UpdateArgs:
     """Darknet's update_args: what update() needs from the network."""
-    rate: object    # one-element backend array: learning rate / batch, written before each
-                    # update (read on the device, so a captured update follows the policy)
+
+    rate: object  # one-element backend array: learning rate / batch, written before each
+    # update (read on the device, so a captured update follows the policy)
     momentum: float
     decay: float
     batch: int  # images per update: batch * subdivisions
-    adam: object = None   # adam.Adam where this layer's Darknet updates it with Adam
+    adam: object = None  # adam.Adam where this layer's Darknet updates it with Adam
 
 
 @dataclass
 class BuildContext:
     """What a layer may look at while it is being built."""
-    layers: list        # the layers built so far (route/shortcut refer to them)
-    net: object         # NetOptions of the [net] section
+
+    layers: list  # the layers built so far (route/shortcut refer to them)
+    net: object  # NetOptions of the [net] section
     batch: int
-    darknet: str = "original"   # which Darknet's arithmetic (network.DARKNET_FLAVOURS)
-    fork_cpu: bool = False      # the fork trained as its CPU build does ("alexeyab-cpu")
+    darknet: str = "original"  # which Darknet's arithmetic (network.DARKNET_FLAVOURS)
+    fork_cpu: bool = False  # the fork trained as its CPU build does ("alexeyab-cpu")
 
 
 class Layer:
-    type = ""             # Darknet's section name, e.g. "convolutional"
-    image_shaped = True   # False where Darknet reports a 0x0x0 shape (softmax, cost, ...)
+    type = ""  # Darknet's section name, e.g. "convolutional"
+    image_shaped = True  # False where Darknet reports a 0x0x0 shape (softmax, cost, ...)
     # False where forward or backward works on the host (reads the device, draws from the
     # host RNG): such a step cannot be recorded once as a graph and replayed.
     capturable = True
@@ -57,7 +60,7 @@ class Layer:
     # Where the network shares delta arrays between layers (network.share_deltas): this
     # layer's view of one, which allocate takes as its delta; None: a delta of its own.
     shared_delta = None
-    shared_output = None   # a view of an array other layers' outputs use too (output_plan.py)
+    shared_output = None  # a view of an array other layers' outputs use too (output_plan.py)
 
     def __init__(self, index, section, c, h, w, inputs, ctx):
         self.index = index
@@ -70,8 +73,8 @@ class Layer:
         self.darknet = ctx.darknet
         # The fork's CPU-build rules ("alexeyab-cpu"); else its GPU build's (or the original).
         self.fork_cpu = ctx.darknet == "alexeyab" and ctx.fork_cpu
-        self.workspace_size = 0   # floats of the shared workspace this layer needs
-        self.cost = None          # set by layers that compute a loss
+        self.workspace_size = 0  # floats of the shared workspace this layer needs
+        self.cost = None  # set by layers that compute a loss
         # A loss computed on the backend leaves its figures in `scalars` (a small device
         # array, cost first) and sets `pending`; the network reads them all after the step
         # (collect), so no forward or backward waits on the device.
@@ -99,8 +102,10 @@ class Layer:
 
     def describe(self):
         """The middle of Darknet's layer-table row (after the index and type)."""
-        return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return (
+            f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+            f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
+        )
 
     def output_shape(self, batch):
         if self.image_shaped and self.out_c * self.out_h * self.out_w == self.outputs:
@@ -121,8 +126,9 @@ class Layer:
         else:
             self.delta = be.zeros(batch * self.outputs)
         # The input of an activation whose gradient needs it (see activations.py).
-        self.activation_input = (be.zeros(batch * self.outputs)
-                                 if train and keeps_activation_input(self) else None)
+        self.activation_input = (
+            be.zeros(batch * self.outputs) if train and keeps_activation_input(self) else None
+        )
 
     def views_its_input(self):
         """Whether the layer's output is an earlier layer's output array (new_output): a
@@ -186,16 +192,22 @@ class Layer:
         if self.activation_input is not None:
             be.copy(self.output, self.activation_input)
         if self.activation in CHANNEL_ACTIVATIONS:
-            be.normalize_channels(self.output, self.batch, *self._channels_spatial(),
-                                  self.activation)
+            be.normalize_channels(
+                self.output, self.batch, *self._channels_spatial(), self.activation
+            )
         else:
             be.activate(self.output, self.activation)
 
     def activation_gradient(self, be):
         """self.delta *= the activation's derivative (through the kept input where needed)."""
         if self.activation in CHANNEL_ACTIVATIONS:
-            be.normalize_channels_gradient(self.activation_input, self.batch,
-                                           *self._channels_spatial(), self.activation, self.delta)
+            be.normalize_channels_gradient(
+                self.activation_input,
+                self.batch,
+                *self._channels_spatial(),
+                self.activation,
+                self.delta,
+            )
         elif self.activation in INPUT_GRADIENT:
             be.gradient_from_input(self.activation_input, self.activation, self.delta)
         else:
@@ -205,9 +217,11 @@ class Layer:
 def filter_row(layer):
     """The layer-table row of a layer with filters over windows (convolution's layout):
     filters, window / stride, input -> output shapes."""
-    return (f"{layer.filters:5d} {layer.size:2d} x{layer.size:2d} /{layer.stride:2d}  "
-            f"{layer.w:4d} x{layer.h:4d} x{layer.c:4d}   ->  "
-            f"{layer.out_w:4d} x{layer.out_h:4d} x{layer.out_c:4d}")
+    return (
+        f"{layer.filters:5d} {layer.size:2d} x{layer.size:2d} /{layer.stride:2d}  "
+        f"{layer.w:4d} x{layer.h:4d} x{layer.c:4d}   ->  "
+        f"{layer.out_w:4d} x{layer.out_h:4d} x{layer.out_c:4d}"
+    )
 
 
 def keeps_activation_input(layer):
@@ -218,8 +232,9 @@ def keeps_activation_input(layer):
     activation = getattr(layer, "activation", "linear")
     if activation in CHANNEL_ACTIVATIONS:
         return True
-    return activation in INPUT_GRADIENT and (layer.stepped
-                                             or not getattr(layer, "batch_normalize", 0))
+    return activation in INPUT_GRADIENT and (
+        layer.stepped or not getattr(layer, "batch_normalize", 0)
+    )
 
 
 def host_param(rng, n, scale=0.0, kind="zeros"):
@@ -262,9 +277,12 @@ def parse_activation(section, default, key="activation", channels=False):
 def _earlier_layer(layer, section, ctx, key, ref):
     index = ref if ref >= 0 else layer.index + ref
     if not 0 <= index < layer.index:
-        raise section.error(f"layer {ref} is out of range: [{section.header}] at layer "
-                            f"{layer.index} can use layers 0..{layer.index - 1} or "
-                            f"-1..-{layer.index}", key)
+        raise section.error(
+            f"layer {ref} is out of range: [{section.header}] at layer "
+            f"{layer.index} can use layers 0..{layer.index - 1} or "
+            f"-1..-{layer.index}",
+            key,
+        )
     return ctx.layers[index]
 
 

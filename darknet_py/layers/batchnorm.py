@@ -22,14 +22,15 @@ is not fp32 takes its batch statistics from one read (mean_variance); one that k
 16-bit x takes batchnorm_delta's sums from its activation pass (batchnorm_delta_from_sums).
 fp32 keeps Darknet's passes, bit for bit.
 """
+
 from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
 from .base import Layer, host_param, momentum_update
 
-ROLLING_KEEP = 0.99        # rolling statistics: keep * old + (1 - keep) * batch
+ROLLING_KEEP = 0.99  # rolling statistics: keep * old + (1 - keep) * batch
 FORK_ROLLING_KEEP = 0.9
-FORK_CONNECTED_ROLLING_KEEP = 0.95   # the fork's forward_connected_layer moves them by 0.05
-FORK_BN_EPS = 1e-5         # the fork's forward: (x - mean) / sqrt(var + eps)
+FORK_CONNECTED_ROLLING_KEEP = 0.95  # the fork's forward_connected_layer moves them by 0.05
+FORK_BN_EPS = 1e-5  # the fork's forward: (x - mean) / sqrt(var + eps)
 
 
 def bn_init_params(layer, be, rng, n):
@@ -73,9 +74,11 @@ def product_into_x(layer, net):
     if net.be.storage_of(layer.output) == precisions.DEFAULT:
         return None
     if getattr(layer, "x", None) is None:
-        raise ValueError(f"layer {layer.index}: its output is kept at {at} but no x was "
-                         f"allocated to normalise an unfolded inference from; allocate the "
-                         f"network again after changing fold_batchnorm")
+        raise ValueError(
+            f"layer {layer.index}: its output is kept at {at} but no x was "
+            f"allocated to normalise an unfolded inference from; allocate the "
+            f"network again after changing fold_batchnorm"
+        )
     return at
 
 
@@ -87,8 +90,9 @@ def bn_allocate(layer, be, batch, train):
         layer.x_norm = be.zeros(batch * layer.outputs) if layer.stepped else None
 
 
-def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_ROLLING_KEEP,
-               from_x=False):
+def bn_forward(
+    layer, net, out_c, spatial, activation="linear", fork_keep=FORK_ROLLING_KEEP, from_x=False
+):
     """Normalise layer.output in place, then scale, add biases and apply `activation` (one
     pass after the statistics). fork_keep: how much of the rolling statistics the fork's
     layer keeps per pass. from_x (training, a 16-bit x): the input is already in layer.x,
@@ -98,12 +102,19 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
     fork = layer.darknet == "alexeyab"
     if net.train:
         if from_x:
-            be.mean_variance(layer.x, batch, out_c, spatial, layer.mean, layer.variance,
-                             x_precision=x_precision(layer))
+            be.mean_variance(
+                layer.x,
+                batch,
+                out_c,
+                spatial,
+                layer.mean,
+                layer.variance,
+                x_precision=x_precision(layer),
+            )
         elif getattr(layer, "precision", precisions.DEFAULT) == precisions.DEFAULT:
             be.mean(out, batch, out_c, spatial, layer.mean)
             be.variance(out, layer.mean, batch, out_c, spatial, layer.variance)
-        else:   # one read for both; the variance within 2e-7 of the two passes'
+        else:  # one read for both; the variance within 2e-7 of the two passes'
             # (double sums of x and x^2); fp32 keeps Darknet's two passes, bit for bit
             be.mean_variance(out, batch, out_c, spatial, layer.mean, layer.variance)
         keep = fork_keep if layer.fork_cpu else ROLLING_KEEP
@@ -119,13 +130,37 @@ def bn_forward(layer, net, out_c, spatial, activation="linear", fork_keep=FORK_R
     else:
         mean, variance = layer.rolling_mean, layer.rolling_variance
     if from_x:
-        be.batchnorm_rebuild(layer.x, out, mean, variance, layer.scales, layer.biases, batch,
-                             out_c, spatial, _forward_eps(layer), activation, x_precision(layer))
+        be.batchnorm_rebuild(
+            layer.x,
+            out,
+            mean,
+            variance,
+            layer.scales,
+            layer.biases,
+            batch,
+            out_c,
+            spatial,
+            _forward_eps(layer),
+            activation,
+            x_precision(layer),
+        )
         return
     # Training keeps x (the input, at x_precision) in the same pass.
-    be.batchnorm_apply(out, mean, variance, layer.scales, layer.biases, batch, out_c, spatial,
-                       _forward_eps(layer), activation, layer.x_norm if net.train else None,
-                       keep=layer.x if net.train else None, keep_precision=x_precision(layer))
+    be.batchnorm_apply(
+        out,
+        mean,
+        variance,
+        layer.scales,
+        layer.biases,
+        batch,
+        out_c,
+        spatial,
+        _forward_eps(layer),
+        activation,
+        layer.x_norm if net.train else None,
+        keep=layer.x if net.train else None,
+        keep_precision=x_precision(layer),
+    )
 
 
 def bn_rebuild_output(layer, net):
@@ -134,9 +169,20 @@ def bn_rebuild_output(layer, net):
     bit for bit; fp16/bf16 from x's 16 bits, the values batch norm's backward reads
     (output_plan.py: shared until then). For a layer whose activation joins
     batchnorm_apply (output_plan.rebuildable)."""
-    net.be.batchnorm_rebuild(layer.x, layer.output, layer.mean, layer.variance, layer.scales,
-                             layer.biases, layer.batch, layer.out_c, layer.out_h * layer.out_w,
-                             _forward_eps(layer), layer.activation, x_precision(layer))
+    net.be.batchnorm_rebuild(
+        layer.x,
+        layer.output,
+        layer.mean,
+        layer.variance,
+        layer.scales,
+        layer.biases,
+        layer.batch,
+        layer.out_c,
+        layer.out_h * layer.out_w,
+        _forward_eps(layer),
+        layer.activation,
+        x_precision(layer),
+    )
 
 
 def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
@@ -150,13 +196,14 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
     gradient and adds the parameters' sums (batchnorm_activation_backward); a gradient that
     mixes channels (normalize_channels) runs first, from its kept input."""
     be = net.be
-    activation = getattr(layer, "activation", "linear")   # [batchnorm] has none
+    activation = getattr(layer, "activation", "linear")  # [batchnorm] has none
     if layer.x_norm is not None or activation in CHANNEL_ACTIVATIONS:
         if activation != "linear":
             layer.activation_gradient(be)
         activation = "linear"
-    mean, variance = ((layer.mean, layer.variance) if net.train
-                      else (layer.rolling_mean, layer.rolling_variance))
+    mean, variance = (
+        (layer.mean, layer.variance) if net.train else (layer.rolling_mean, layer.rolling_variance)
+    )
     bias_updates = layer.bias_updates if train_beta else None
     x_at = x_precision(layer)
     # A 16-bit x (fp16/bf16): batchnorm_delta's two per-channel sums are the activation
@@ -165,23 +212,67 @@ def bn_activation_backward(layer, net, out_c, spatial, train_beta=True):
     from_sums = layer.x_norm is None and x_at != precisions.DEFAULT
     sums = (layer.delta_sum, layer.delta_x_norm_sum) if from_sums else (None, None)
     if layer.x_norm is not None:
-        be.bias_scale_updates(layer.delta, layer.x_norm, layer.batch, out_c, spatial,
-                              bias_updates, layer.scale_updates)
+        be.bias_scale_updates(
+            layer.delta,
+            layer.x_norm,
+            layer.batch,
+            out_c,
+            spatial,
+            bias_updates,
+            layer.scale_updates,
+        )
     else:
-        be.batchnorm_activation_backward(layer.x, mean, variance, layer.scales, layer.biases,
-                                         layer.output, layer.batch, out_c, spatial,
-                                         _forward_eps(layer), activation, layer.delta,
-                                         bias_updates, layer.scale_updates, x_precision=x_at,
-                                         delta_sum=sums[0], delta_x_norm_sum=sums[1])
+        be.batchnorm_activation_backward(
+            layer.x,
+            mean,
+            variance,
+            layer.scales,
+            layer.biases,
+            layer.output,
+            layer.batch,
+            out_c,
+            spatial,
+            _forward_eps(layer),
+            activation,
+            layer.delta,
+            bias_updates,
+            layer.scale_updates,
+            x_precision=x_at,
+            delta_sum=sums[0],
+            delta_x_norm_sum=sums[1],
+        )
     if from_sums:
-        be.batchnorm_delta_from_sums(layer.x, mean, variance, layer.scales, layer.batch, out_c,
-                                     spatial, _forward_eps(layer), *sums, layer.mean_delta,
-                                     layer.variance_delta, layer.delta, fork=layer.fork_cpu,
-                                     x_precision=x_at)
+        be.batchnorm_delta_from_sums(
+            layer.x,
+            mean,
+            variance,
+            layer.scales,
+            layer.batch,
+            out_c,
+            spatial,
+            _forward_eps(layer),
+            *sums,
+            layer.mean_delta,
+            layer.variance_delta,
+            layer.delta,
+            fork=layer.fork_cpu,
+            x_precision=x_at,
+        )
     else:
-        be.batchnorm_delta(layer.x, mean, variance, layer.scales, layer.batch, out_c, spatial,
-                           layer.mean_delta, layer.variance_delta, layer.delta,
-                           fork=layer.fork_cpu, x_precision=x_at)
+        be.batchnorm_delta(
+            layer.x,
+            mean,
+            variance,
+            layer.scales,
+            layer.batch,
+            out_c,
+            spatial,
+            layer.mean_delta,
+            layer.variance_delta,
+            layer.delta,
+            fork=layer.fork_cpu,
+            x_precision=x_at,
+        )
 
 
 def _forward_eps(layer):
@@ -190,12 +281,16 @@ def _forward_eps(layer):
 
 
 def bn_params(layer):
-    return [("scales", layer.scales), ("rolling_mean", layer.rolling_mean),
-            ("rolling_variance", layer.rolling_variance)]
+    return [
+        ("scales", layer.scales),
+        ("rolling_mean", layer.rolling_mean),
+        ("rolling_variance", layer.rolling_variance),
+    ]
 
 
 class BatchnormLayer(Layer):
     """[batchnorm]: a standalone normalisation with its own scales and biases."""
+
     type = "batchnorm"
     fork_train = True
 
@@ -223,7 +318,7 @@ class BatchnormLayer(Layer):
         return ([("biases", self.biases)] if self.darknet == "alexeyab" else []) + bn_params(self)
 
     def forward(self, net):
-        net.be.copy(net.input[:self.batch * self.inputs], self.output)
+        net.be.copy(net.input[: self.batch * self.inputs], self.output)
         bn_forward(self, net, self.out_c, self.out_h * self.out_w)
 
     def backward(self, net):
@@ -231,13 +326,14 @@ class BatchnormLayer(Layer):
         # The fork's backward_batchnorm_layer (both builds) copies its delta over the
         # previous layer's (what others left there is lost); its CPU build gives the
         # biases no gradient.
-        bn_activation_backward(self, net, self.out_c, self.out_h * self.out_w,
-                               train_beta=not self.fork_cpu)
+        bn_activation_backward(
+            self, net, self.out_c, self.out_h * self.out_w, train_beta=not self.fork_cpu
+        )
         if net.delta is not None:
             if fork:
-                net.be.copy(self.delta, net.delta[:self.batch * self.inputs])
+                net.be.copy(self.delta, net.delta[: self.batch * self.inputs])
             else:
-                net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+                net.be.axpy(1.0, self.delta, net.delta[: self.batch * self.inputs])
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)

@@ -4,11 +4,19 @@ Darknet's connected_layer.c: weights are stored outputs x inputs (one row per
 output), the whole batch goes through one GEMM, and batch normalisation (when
 asked for) is the shared batchnorm code with one value per output (spatial 1).
 """
+
 import math
 
 from .base import Layer, host_param, momentum_update, parse_activation
-from .batchnorm import (FORK_CONNECTED_ROLLING_KEEP, bn_activation_backward, bn_allocate,
-                        bn_forward, bn_init_params, bn_init_updates, bn_params)
+from .batchnorm import (
+    FORK_CONNECTED_ROLLING_KEEP,
+    bn_activation_backward,
+    bn_allocate,
+    bn_forward,
+    bn_init_params,
+    bn_init_updates,
+    bn_params,
+)
 
 
 class ConnectedLayer(Layer):
@@ -33,7 +41,7 @@ class ConnectedLayer(Layer):
 
     @property
     def fork_bflops(self):
-        return 0.0   # the fork's make_connected_layer sets no bflops
+        return 0.0  # the fork's make_connected_layer sets no bflops
 
     def describe(self):
         return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}"
@@ -69,8 +77,21 @@ class ConnectedLayer(Layer):
     def forward(self, net):
         be = net.be
         # output (batch x outputs) = input (batch x inputs) @ weights^T (inputs x outputs)
-        be.gemm(False, True, self.batch, self.outputs, self.inputs, 1.0, net.input, self.inputs,
-                self.weights, self.inputs, 0.0, self.output, self.outputs)
+        be.gemm(
+            False,
+            True,
+            self.batch,
+            self.outputs,
+            self.inputs,
+            1.0,
+            net.input,
+            self.inputs,
+            self.weights,
+            self.inputs,
+            0.0,
+            self.output,
+            self.outputs,
+        )
         if self.batch_normalize:
             bn_forward(self, net, self.outputs, 1, fork_keep=FORK_CONNECTED_ROLLING_KEEP)
         else:
@@ -85,12 +106,38 @@ class ConnectedLayer(Layer):
             self.activation_gradient(be)
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.outputs, 1)
         # weight_updates (outputs x inputs) += delta^T (outputs x batch) @ input (batch x inputs)
-        be.gemm(True, False, self.outputs, self.inputs, self.batch, 1.0, self.delta, self.outputs,
-                net.input, self.inputs, 1.0, self.weight_updates, self.inputs)
+        be.gemm(
+            True,
+            False,
+            self.outputs,
+            self.inputs,
+            self.batch,
+            1.0,
+            self.delta,
+            self.outputs,
+            net.input,
+            self.inputs,
+            1.0,
+            self.weight_updates,
+            self.inputs,
+        )
         if net.delta is not None:
             # previous delta (batch x inputs) += delta (batch x outputs) @ weights
-            be.gemm(False, False, self.batch, self.inputs, self.outputs, 1.0, self.delta,
-                    self.outputs, self.weights, self.inputs, 1.0, net.delta, self.inputs)
+            be.gemm(
+                False,
+                False,
+                self.batch,
+                self.inputs,
+                self.outputs,
+                1.0,
+                self.delta,
+                self.outputs,
+                self.weights,
+                self.inputs,
+                1.0,
+                net.delta,
+                self.inputs,
+            )
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)

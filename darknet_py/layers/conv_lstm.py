@@ -16,6 +16,7 @@ backward replaces the delta it writes). Only the CPU's semantics are followed: t
 GPU-only options (lstm_activation other than tanh, shortcut, time_normalizer) are warned
 about, bottleneck=1 is refused.
 """
+
 from .base import parse_activation, refuse_options
 from .recurrent import CellStateLayer, inner_section, step_state
 
@@ -26,7 +27,7 @@ class ConvLstmLayer(CellStateLayer):
     type = "conv_lstm"
     short = "convlstm"
     frozen_flavours = ()
-    fork_train = True   # the fork's make_conv_lstm_layer sets l.train
+    fork_train = True  # the fork's make_conv_lstm_layer sets l.train
     convolutional_steps = True
 
     def parse(self, s, ctx):
@@ -47,40 +48,59 @@ class ConvLstmLayer(CellStateLayer):
         self._warn_gpu_only(s)
         if self.c < 1 or self.h < 1 or self.w < 1:
             raise s.error("[conv_lstm] needs an image-shaped input (width, height, channels)")
-        conv = inner_section(s, "convolutional", filters=output, size=size, stride=stride,
-                             padding=padding, dilation=dilation, groups=groups,
-                             activation=activation, batch_normalize=self.batch_normalize)
-        order = (["vf", "vi", "vo"] if self.peephole else []) + \
-            [p + g for p in "wu" for g in GATES]
+        conv = inner_section(
+            s,
+            "convolutional",
+            filters=output,
+            size=size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            activation=activation,
+            batch_normalize=self.batch_normalize,
+        )
+        order = (["vf", "vi", "vo"] if self.peephole else []) + [p + g for p in "wu" for g in GATES]
         self.gates = {}
         for name in order:
             c = self.c if name[0] == "u" else output
-            self.gates[name] = self.make_inner(name, ctx, conv, c, self.h, self.w,
-                                               c * self.h * self.w)
+            self.gates[name] = self.make_inner(
+                name, ctx, conv, c, self.h, self.w, c * self.h * self.w
+            )
         self.inner = [self.gates[name] for name in order]
         uo = self.gates["uo"].layer
         if (uo.out_h, uo.out_w) != (self.h, self.w):
-            raise s.error(f"the state ({uo.out_w}x{uo.out_h}x{output}) must keep the input's "
-                          f"{self.w}x{self.h} size through the convolutions: use stride=1 and "
-                          f"pad=1", "stride")
+            raise s.error(
+                f"the state ({uo.out_w}x{uo.out_h}x{output}) must keep the input's "
+                f"{self.w}x{self.h} size through the convolutions: use stride=1 and "
+                f"pad=1",
+                "stride",
+            )
         self.out_c, self.out_h, self.out_w = output, uo.out_h, uo.out_w
         self.outputs = self.hidden = uo.outputs
 
     def _warn_gpu_only(self, s):
         if s.get_str("lstm_activation", "tanh") != "tanh":
-            s.warn("the fork's CPU code uses tanh whatever this says (only its GPU code "
-                   "reads it); darknet-py follows the CPU", "lstm_activation")
+            s.warn(
+                "the fork's CPU code uses tanh whatever this says (only its GPU code "
+                "reads it); darknet-py follows the CPU",
+                "lstm_activation",
+            )
         if s.get_int("shortcut", 0):
-            s.warn("only the fork's GPU code adds the shortcut; darknet-py follows its CPU "
-                   "code, which has none", "shortcut")
+            s.warn(
+                "only the fork's GPU code adds the shortcut; darknet-py follows its CPU "
+                "code, which has none",
+                "shortcut",
+            )
         if s.get_float("time_normalizer", 1.0) != 1.0:
-            s.warn("only the fork's GPU code scales by it; darknet-py follows its CPU code",
-                   "time_normalizer")
+            s.warn(
+                "only the fork's GPU code scales by it; darknet-py follows its CPU code",
+                "time_normalizer",
+            )
 
     @property
     def fork_bflops(self):
         return self.bflops + (12 if self.peephole else 9) * self.outputs * self.step_batch / 1e9
-
 
     def _sum_gate(self, be, gate, activation):
         out = getattr(self, gate)
@@ -101,10 +121,10 @@ class ConvLstmLayer(CellStateLayer):
         be, g = net.be, self.gates
         if net.train:
             self.zero_inner_deltas(be)
-            be.fill(self.delta, 0.0)   # as its C forward (the fork's network does not)
+            be.fill(self.delta, 0.0)  # as its C forward (the fork's network does not)
         n_in = self.step_batch * self.inputs
         for t in range(self.steps):
-            x = net.input[t * n_in:(t + 1) * n_in]
+            x = net.input[t * n_in : (t + 1) * n_in]
             for inner in self.inner:
                 inner.at(t)
             if self.peephole:
@@ -144,17 +164,24 @@ class ConvLstmLayer(CellStateLayer):
         """Back through o, g, i and f (self.temp2: the cell's delta), in the C order."""
         be = net.be
         peep = self.peephole
-        for gate, factor, activation in (("o", None, "logistic"), ("g", self.i, "tanh"),
-                                         ("i", self.g, "logistic"),
-                                         ("f", self.prev_cell, "logistic")):
+        for gate, factor, activation in (
+            ("o", None, "logistic"),
+            ("g", self.i, "tanh"),
+            ("i", self.g, "logistic"),
+            ("f", self.prev_cell, "logistic"),
+        ):
             if factor is not None:
                 be.copy(self.temp2, self.temp)
                 be.mul(factor, self.temp)
                 be.gradient(getattr(self, gate), activation, self.temp)
             if peep and gate != "g":
-                self._inner_backward(net, "v" + gate, t,
-                                     self._rows(self.cell, t) if gate == "o" else
-                                     self.prev_cell, self.stale_delta)
+                self._inner_backward(
+                    net,
+                    "v" + gate,
+                    t,
+                    self._rows(self.cell, t) if gate == "o" else self.prev_cell,
+                    self.stale_delta,
+                )
             self._inner_backward(net, "w" + gate, t, self.prev_state, self.stale_delta)
             self.stale_delta = delta_in
             self._inner_backward(net, "u" + gate, t, x, delta_in)
@@ -162,19 +189,23 @@ class ConvLstmLayer(CellStateLayer):
     def backward(self, net):
         be = net.be
         n_in = self.step_batch * self.inputs
-        self.stale_delta = None   # the C backward's `s.delta`, reused from gate to gate
+        self.stale_delta = None  # the C backward's `s.delta`, reused from gate to gate
         for t in range(self.steps - 1, -1, -1):
             if t:
                 be.copy(self._rows(self.cell, t - 1), self.prev_cell)
                 be.copy(self._rows(self.output, t - 1), self.prev_state)
             be.copy(self._rows(self.cell, t), self.c_t)
             be.copy(self._rows(self.output, t), self.h_t)
-            x = net.input[t * n_in:(t + 1) * n_in]
-            delta_in = net.delta[t * n_in:] if net.delta is not None else None
+            x = net.input[t * n_in : (t + 1) * n_in]
+            delta_in = net.delta[t * n_in :] if net.delta is not None else None
             for inner in self.inner:
                 inner.at(t)
-            for gate, activation in (("f", "logistic"), ("i", "logistic"), ("g", "tanh"),
-                                     ("o", "logistic")):
+            for gate, activation in (
+                ("f", "logistic"),
+                ("i", "logistic"),
+                ("g", "tanh"),
+                ("o", "logistic"),
+            ):
                 self._sum_gate(be, gate, activation)
             self._cell_and_output_deltas(be, t)
             self._gate_deltas(net, t, x, delta_in)

@@ -5,6 +5,7 @@ faster (ops/convolution/cuda_backward.py), with no im2col or col2im buffer.
 Inference (not training) with batch normalisation runs on weights and biases with the
 normalisation folded in, made once from the parameters (Network.fold_batchnorm switches
 it off); training keeps Darknet's exact unfolded path."""
+
 import math
 
 import numpy as np
@@ -12,11 +13,17 @@ import numpy as np
 from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
 from ..shapes import conv_out_size, conv_strides
-from .base import (Layer, host_param, momentum_update, parse_activation, refuse_options,
-                   source_layer)
-from .batchnorm import (FORK_BN_EPS, bn_activation_backward, bn_allocate, bn_forward,
-                        bn_init_params, bn_init_updates, bn_params, product_into_x)
-
+from .base import Layer, host_param, momentum_update, parse_activation, refuse_options, source_layer
+from .batchnorm import (
+    FORK_BN_EPS,
+    bn_activation_backward,
+    bn_allocate,
+    bn_forward,
+    bn_init_params,
+    bn_init_updates,
+    bn_params,
+    product_into_x,
+)
 
 # The most floats of shared workspace a convolution takes for a chunk of images
 # (512 MiB); a single image may need more, and then gets what it needs. Larger chunks
@@ -43,7 +50,7 @@ class ConvolutionalLayer(Layer):
         self.padding = s.get_int("padding", 0)
         if pad:  # Darknet: pad=1 means "same" padding, size/2 (scaled by dilation)
             self.padding = self.dilation * (self.size // 2)
-        self.share = None   # the fork's share_index: the layer whose parameters this one uses
+        self.share = None  # the fork's share_index: the layer whose parameters this one uses
         # The fork's CPU col2im clears the image before folding into it: the deltas later
         # layers (a route, a shortcut) left for this convolution's input are lost. Its GPU
         # build (cudnnConvolutionBackwardData with beta=1) adds to them.
@@ -58,30 +65,44 @@ class ConvolutionalLayer(Layer):
         # The fork's antialiasing adds a blur after the convolution: refused, not warned, as
         # reading past it would give other outputs.
         refuse_options(s, "antialiasing")
-        for key, v in (("filters", self.filters), ("size", self.size),
-                       ("stride", min(conv_strides(self.stride))),
-                       ("groups", self.groups), ("dilation", self.dilation)):
+        for key, v in (
+            ("filters", self.filters),
+            ("size", self.size),
+            ("stride", min(conv_strides(self.stride))),
+            ("groups", self.groups),
+            ("dilation", self.dilation),
+        ):
             if v < 1:
                 raise s.error(f"must be at least 1, got {v}", key)
         if self.c % self.groups or self.filters % self.groups:
-            raise s.error(f"groups={self.groups} must divide both the input channels "
-                          f"({self.c}) and filters ({self.filters})", "groups")
-        self.out_h, self.out_w = conv_out_size(self.h, self.w, self.size, self.stride,
-                                               self.padding, self.dilation)
+            raise s.error(
+                f"groups={self.groups} must divide both the input channels "
+                f"({self.c}) and filters ({self.filters})",
+                "groups",
+            )
+        self.out_h, self.out_w = conv_out_size(
+            self.h, self.w, self.size, self.stride, self.padding, self.dilation
+        )
         if self.out_h < 1 or self.out_w < 1:
-            raise s.error(f"a {self.size}x{self.size} kernel does not fit the "
-                          f"{self.w}x{self.h} input", "size")
+            raise s.error(
+                f"a {self.size}x{self.size} kernel does not fit the {self.w}x{self.h} input", "size"
+            )
         self.out_c = self.filters
         self.outputs = self.out_c * self.out_h * self.out_w
         self.nweights = self.c // self.groups * self.filters * self.size * self.size
         share = self.share
-        if share is not None and (share.type != "convolutional" or
-                                  (share.nweights, share.filters, share.batch_normalize)
-                                  != (self.nweights, self.filters, self.batch_normalize)):
-            raise s.error(f"layer {share.index} must be a [convolutional] with the same "
-                          f"filters, weights and batch_normalize", "share_index")
+        if share is not None and (
+            share.type != "convolutional"
+            or (share.nweights, share.filters, share.batch_normalize)
+            != (self.nweights, self.filters, self.batch_normalize)
+        ):
+            raise s.error(
+                f"layer {share.index} must be a [convolutional] with the same "
+                f"filters, weights and batch_normalize",
+                "share_index",
+            )
         m, k, n = self._gemm_dims()
-        self.workspace_size = (k + m) * n   # per image; allocate() sizes it for a chunk
+        self.workspace_size = (k + m) * n  # per image; allocate() sizes it for a chunk
         self._folded = None  # (weights, biases) with batch norm folded in; see forward()
 
     def _parse_binary(self, s):
@@ -111,16 +132,31 @@ class ConvolutionalLayer(Layer):
             padding = self.size // 2 if pad else s.get_int("padding", 0)
             self.padding = padding * self.dilation
             fork_h = (self.h + 2 * padding - self.size) // stride_y + 1
-            if fork_h != conv_out_size(self.h, self.w, self.size, self.stride, self.padding,
-                                       self.dilation)[0]:
-                raise s.error(f"dilation={self.dilation} with padding={padding}: the fork's "
-                              f"output size and its im2col disagree (use pad=1 and an odd "
-                              f"size)", "dilation")
+            if (
+                fork_h
+                != conv_out_size(
+                    self.h, self.w, self.size, self.stride, self.padding, self.dilation
+                )[0]
+            ):
+                raise s.error(
+                    f"dilation={self.dilation} with padding={padding}: the fork's "
+                    f"output size and its im2col disagree (use pad=1 and an odd "
+                    f"size)",
+                    "dilation",
+                )
 
     @property
     def bflops(self):
-        return (2.0 * self.filters * self.size * self.size * self.c / self.groups
-                * self.out_h * self.out_w) / 1e9
+        return (
+            2.0
+            * self.filters
+            * self.size
+            * self.size
+            * self.c
+            / self.groups
+            * self.out_h
+            * self.out_w
+        ) / 1e9
 
     @property
     def fork_bflops(self):
@@ -133,17 +169,19 @@ class ConvolutionalLayer(Layer):
         groups = f" g{self.groups}" if self.groups > 1 else "  "
         sy, sx = conv_strides(self.stride)
         stride = f"{sx:2d}" if sx == sy else f"{sx}x{sy}"
-        return (f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{stride}{groups}"
-                f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  {self.bflops:5.3f} BFLOPs")
+        return (
+            f"{self.filters:5d} {self.size:2d} x{self.size:2d} /{stride}{groups}"
+            f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+            f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  {self.bflops:5.3f} BFLOPs"
+        )
 
     # ---- buffers ----------------------------------------------------------------
     _SHARED = ("weights", "biases", "scales", "rolling_mean", "rolling_variance")
     _SHARED_UPDATES = ("weight_updates", "bias_updates", "scale_updates")
 
     def init_params(self, be, rng):
-        if self.share is not None:   # the same arrays: one set of parameters, trained once
-            for name in self._SHARED[:5 if self.batch_normalize else 2]:
+        if self.share is not None:  # the same arrays: one set of parameters, trained once
+            for name in self._SHARED[: 5 if self.batch_normalize else 2]:
                 setattr(self, name, getattr(self.share, name))
             return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
@@ -163,13 +201,13 @@ class ConvolutionalLayer(Layer):
         self.bias_updates = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_updates(self, be, self.filters)
-        if self.share is not None:   # gradients accumulate into the owner's updates
-            for name in self._SHARED_UPDATES[:3 if self.batch_normalize else 2]:
+        if self.share is not None:  # gradients accumulate into the owner's updates
+            for name in self._SHARED_UPDATES[: 3 if self.batch_normalize else 2]:
                 setattr(self, name, getattr(self.share, name))
 
     def params(self):
         if self.share is not None:
-            return []   # the fork stores shared parameters once, with their owner
+            return []  # the fork stores shared parameters once, with their owner
         p = [("biases", self.biases)]
         if self.batch_normalize:
             p += bn_params(self)
@@ -181,9 +219,9 @@ class ConvolutionalLayer(Layer):
     # image; on a GPU that is thousands of small launches per batch). The chunk is as
     # large as the workspace cap allows.
     def _gemm_dims(self):
-        m = self.filters // self.groups                   # filters per group
+        m = self.filters // self.groups  # filters per group
         k = self.size * self.size * self.c // self.groups  # weights per filter
-        n = self.out_h * self.out_w                       # output positions
+        n = self.out_h * self.out_w  # output positions
         return m, k, n
 
     def _chunk(self, batch):
@@ -219,24 +257,62 @@ class ConvolutionalLayer(Layer):
         step = self._chunk(self.batch)
         for b0 in range(0, self.batch, step):
             count = min(step, self.batch - b0)
-            yield b0, count, net.workspace[:k * count * n], net.workspace[k * count * n:][:m * count * n]
+            yield (
+                b0,
+                count,
+                net.workspace[: k * count * n],
+                net.workspace[k * count * n :][: m * count * n],
+            )
 
     def _im2col(self, be, images, b0, count, group, col):
         cg = self.c // self.groups
         offset = b0 * self.c * self.h * self.w + group * cg * self.h * self.w
-        be.im2col(images[offset:], cg, self.h, self.w, self.size, self.stride, self.padding,
-                  self.dilation, col, count, self.c * self.h * self.w)
+        be.im2col(
+            images[offset:],
+            cg,
+            self.h,
+            self.w,
+            self.size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            col,
+            count,
+            self.c * self.h * self.w,
+        )
 
     def _move(self, be, grouped, batched, b0, count, group, to_batched):
         """Copy a (m, count, n) product to/from the (batch, filters, n) layout."""
         m, _, n = self._gemm_dims()
         offset = b0 * self.filters * n + group * m * n
         if to_batched:
-            be.copy_blocks(grouped, 0, count * n, batched, offset, n, n, m,
-                           planes=count, src_plane_stride=n, dst_plane_stride=self.filters * n)
+            be.copy_blocks(
+                grouped,
+                0,
+                count * n,
+                batched,
+                offset,
+                n,
+                n,
+                m,
+                planes=count,
+                src_plane_stride=n,
+                dst_plane_stride=self.filters * n,
+            )
         else:
-            be.copy_blocks(batched, offset, n, grouped, 0, count * n, n, m,
-                           planes=count, src_plane_stride=self.filters * n, dst_plane_stride=n)
+            be.copy_blocks(
+                batched,
+                offset,
+                n,
+                grouped,
+                0,
+                count * n,
+                n,
+                m,
+                planes=count,
+                src_plane_stride=self.filters * n,
+                dst_plane_stride=n,
+            )
 
     def params_changed(self):
         self._folded = None
@@ -248,8 +324,10 @@ class ConvolutionalLayer(Layer):
         fork's scale / sqrt(var + 1e-5).
         The per-filter factors are worked out on the host in float64; the weights are
         scaled where they live (one multiply each, so folding adds one rounding)."""
-        host = {name: be.to_host(getattr(self, name)).astype(np.float64)
-                for name in ("scales", "rolling_variance", "rolling_mean", "biases")}
+        host = {
+            name: be.to_host(getattr(self, name)).astype(np.float64)
+            for name in ("scales", "rolling_variance", "rolling_mean", "biases")
+        }
         if self.darknet == "alexeyab":
             factor = host["scales"] / np.sqrt(host["rolling_variance"] + FORK_BN_EPS)
         else:
@@ -263,8 +341,9 @@ class ConvolutionalLayer(Layer):
         """The weights the forward multiplies by: binarized for binary=1 and xnor=1."""
         if not (self.binary or self.xnor):
             return self.weights
-        be.binarize_weights(self.weights, self.filters, self.nweights // self.filters,
-                            self.binary_weights)
+        be.binarize_weights(
+            self.weights, self.filters, self.nweights // self.filters, self.binary_weights
+        )
         return self.binary_weights
 
     def inference_params(self, be):
@@ -289,7 +368,7 @@ class ConvolutionalLayer(Layer):
         convolution without padding (nothing to unfold), else im2col into col."""
         if self.size == 1 and self.stride == 1 and self.padding == 0:
             cg = self.c // self.groups
-            return images[b * self.c * self.h * self.w + group * cg * self.h * self.w:]
+            return images[b * self.c * self.h * self.w + group * cg * self.h * self.w :]
         self._im2col(be, images, b, 1, group, col)
         return col
 
@@ -301,7 +380,7 @@ class ConvolutionalLayer(Layer):
         weights, biases = self._forward_params(net)
         images = net.input
         if self.xnor:
-            be.binarize(net.input[:self.batch * self.inputs], self.binary_input)
+            be.binarize(net.input[: self.batch * self.inputs], self.binary_input)
             images = self.binary_input
         # Bias (batch norm folded in) and activation in the GEMM's epilogue where they can
         # be: inference, or no batch norm, and an activation that needs neither its input
@@ -309,14 +388,19 @@ class ConvolutionalLayer(Layer):
         epilogue = biases is not None and self._activation_fuses()
         for b0, count, col, product in self._chunks(be, net):
             for g in range(self.groups):
-                group_biases = biases[g * m:] if epilogue else None
+                group_biases = biases[g * m :] if epilogue else None
                 if count == 1:  # one image: the GEMM writes straight into the output
-                    self._forward_gemm(be, weights[g * m * k:],
-                                       self._image_col(be, images, b0, g, col), n,
-                                       self.output[b0 * self.outputs + g * m * n:], group_biases)
+                    self._forward_gemm(
+                        be,
+                        weights[g * m * k :],
+                        self._image_col(be, images, b0, g, col),
+                        n,
+                        self.output[b0 * self.outputs + g * m * n :],
+                        group_biases,
+                    )
                     continue
                 self._im2col(be, images, b0, count, g, col)
-                self._forward_gemm(be, weights[g * m * k:], col, count * n, product, group_biases)
+                self._forward_gemm(be, weights[g * m * k :], col, count * n, product, group_biases)
                 self._move(be, product, self.output, b0, count, g, to_batched=True)
         if not epilogue:
             self._forward_tail(be, net, biases)
@@ -327,8 +411,9 @@ class ConvolutionalLayer(Layer):
         if biases is None:
             be.gemm(False, False, m, width, k, 1.0, weights, k, col, width, 0.0, out, width)
         else:
-            be.gemm_bias_activate(m, width, k, weights, k, col, width, out, width, biases,
-                                  self.activation)
+            be.gemm_bias_activate(
+                m, width, k, weights, k, col, width, out, width, biases, self.activation
+            )
 
     def _activation_fuses(self):
         """Whether the activation may join the last pass over the output (it needs neither
@@ -341,11 +426,16 @@ class ConvolutionalLayer(Layer):
         spatial = self.out_h * self.out_w
         fused = self._activation_fuses()
         if biases is None:
-            bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear",
-                       from_x=from_x)
+            bn_forward(
+                self,
+                net,
+                self.out_c,
+                spatial,
+                self.activation if fused else "linear",
+                from_x=from_x,
+            )
         elif fused:
-            be.bias_activate(self.output, biases, self.batch, self.out_c, spatial,
-                             self.activation)
+            be.bias_activate(self.output, biases, self.batch, self.out_c, spatial, self.activation)
         else:
             be.add_bias(self.output, biases, self.batch, self.out_c, spatial)
         if not fused:
@@ -357,8 +447,10 @@ class ConvolutionalLayer(Layer):
         packed = None if train else getattr(self, "_packed", None)
         if packed is None:
             m, k, _ = self._gemm_dims()
-            packed = [be.pack_weights(weights[g * m * k:], m, k, self.precision)
-                      for g in range(self.groups)]
+            packed = [
+                be.pack_weights(weights[g * m * k :], m, k, self.precision)
+                for g in range(self.groups)
+            ]
             self._packed = None if train else packed
         return packed
 
@@ -368,8 +460,11 @@ class ConvolutionalLayer(Layer):
         be = net.be
         m, _, n = self._gemm_dims()
         weights, biases = self._forward_params(net)
-        epilogue = (biases is not None and self.activation_input is None
-                    and self.activation in precisions.EPILOGUE_ACTIVATIONS)
+        epilogue = (
+            biases is not None
+            and self.activation_input is None
+            and self.activation in precisions.EPILOGUE_ACTIVATIONS
+        )
         # Training batch norm on a 16-bit x: the product goes straight into x, rounded as
         # batchnorm_apply kept it, and batch norm reads it from there (half the bytes of
         # an fp32 output written, read for the statistics and again to normalise).
@@ -380,11 +475,24 @@ class ConvolutionalLayer(Layer):
         out, out_at = (self.x, x_at) if to_x else (self.output, be.storage_of(self.output))
         cg, hw = self.c // self.groups, self.h * self.w
         for g, packed in enumerate(self._packed_weights(be, weights, net.train)):
-            be.conv_forward(packed, net.input[g * cg * hw:], cg, self.h, self.w, self.size,
-                            self.stride, self.padding, self.dilation, self.batch, self.c * hw,
-                            None if biases is None else biases[g * m:],
-                            self.activation if epilogue else "linear",
-                            out[g * m * n:], self.outputs, out_precision=out_at)
+            be.conv_forward(
+                packed,
+                net.input[g * cg * hw :],
+                cg,
+                self.h,
+                self.w,
+                self.size,
+                self.stride,
+                self.padding,
+                self.dilation,
+                self.batch,
+                self.c * hw,
+                None if biases is None else biases[g * m :],
+                self.activation if epilogue else "linear",
+                out[g * m * n :],
+                self.outputs,
+                out_precision=out_at,
+            )
         if biases is None:
             self._forward_tail(be, net, None, from_x=to_x)
         elif not epilogue:
@@ -399,9 +507,18 @@ class ConvolutionalLayer(Layer):
     def _implicit_backward(self, be, batch):
         """(weight gradient, data gradient): which products the backend runs as implicit
         GEMMs (conv_weight_grad, conv_data_grad: no im2col or col2im buffer)."""
-        return be.conv_backward_implicit(self.precision, batch, self.c // self.groups, self.h,
-                                         self.w, self.size, self.stride, self.padding,
-                                         self.dilation, self.filters // self.groups)
+        return be.conv_backward_implicit(
+            self.precision,
+            batch,
+            self.c // self.groups,
+            self.h,
+            self.w,
+            self.size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.filters // self.groups,
+        )
 
     def _backward_implicit(self, net, weights, data):
         """Per group: weight_updates += delta x input patches (weights); the input's delta
@@ -410,18 +527,40 @@ class ConvolutionalLayer(Layer):
         be = net.be
         m, k, n = self._gemm_dims()
         cg, hw = self.c // self.groups, self.h * self.w
-        geometry = (cg, self.h, self.w, self.size, self.stride, self.padding, self.dilation,
-                    self.batch)
+        geometry = (
+            cg,
+            self.h,
+            self.w,
+            self.size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.batch,
+        )
         for g in range(self.groups):
             if weights:
-                be.conv_weight_grad(self.precision, self.delta[g * m * n:], self.outputs,
-                                    net.input[g * cg * hw:], self.inputs, *geometry, m,
-                                    self.weight_updates[g * m * k:])
+                be.conv_weight_grad(
+                    self.precision,
+                    self.delta[g * m * n :],
+                    self.outputs,
+                    net.input[g * cg * hw :],
+                    self.inputs,
+                    *geometry,
+                    m,
+                    self.weight_updates[g * m * k :],
+                )
             if data and net.delta is not None:
-                be.conv_data_grad(self.precision, self.weights[g * m * k:], m,
-                                  self.delta[g * m * n:], self.outputs, *geometry,
-                                  net.delta[g * cg * hw:], self.inputs,
-                                  not self.clears_input_delta)
+                be.conv_data_grad(
+                    self.precision,
+                    self.weights[g * m * k :],
+                    m,
+                    self.delta[g * m * n :],
+                    self.outputs,
+                    *geometry,
+                    net.delta[g * cg * hw :],
+                    self.inputs,
+                    not self.clears_input_delta,
+                )
 
     def backward(self, net):
         be = net.be
@@ -437,7 +576,7 @@ class ConvolutionalLayer(Layer):
             be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c, spatial)
         implicit_weights, implicit_data = self._implicit_backward(be, self.batch)
         if net.delta is None:
-            implicit_data = True   # no data gradient to compute
+            implicit_data = True  # no data gradient to compute
         # The products read the fp32 delta: batch norm's result left at 16 bits for them was
         # 3 ms slower on yolov4 (the weight gradient's tiles ran slower on a 16-bit delta).
         if implicit_weights or implicit_data:
@@ -445,7 +584,7 @@ class ConvolutionalLayer(Layer):
         if implicit_weights and implicit_data:
             return
         if net.delta is not None and self.clears_input_delta and not implicit_data:
-            be.fill(net.delta[:self.batch * self.inputs], 0.0)
+            be.fill(net.delta[: self.batch * self.inputs], 0.0)
         for b0, count, col, delta_out in self._chunks(be, net):
             for g in range(self.groups):
                 self._move(be, delta_out, self.delta, b0, count, g, to_batched=False)
@@ -454,22 +593,59 @@ class ConvolutionalLayer(Layer):
                     cg = self.c // self.groups
                     offset = b0 * self.c * self.h * self.w + g * cg * self.h * self.w
                     be.conv_weight_grad_unfolded(
-                        self.precision, net.input[offset:], cg, self.h, self.w, self.size,
-                        self.stride, self.padding, self.dilation, count, self.c * self.h * self.w,
-                        delta_out, m, self.weight_updates[g * m * k:], col)
+                        self.precision,
+                        net.input[offset:],
+                        cg,
+                        self.h,
+                        self.w,
+                        self.size,
+                        self.stride,
+                        self.padding,
+                        self.dilation,
+                        count,
+                        self.c * self.h * self.w,
+                        delta_out,
+                        m,
+                        self.weight_updates[g * m * k :],
+                        col,
+                    )
                 if not implicit_data:
                     # d(col) = weights^T (k x m) @ delta (m x count*n), folded back and
                     # added (Darknet's 1x1 path overwrites here, losing shortcut deltas).
-                    gemm(True, False, k, count * n, m, 1.0, self.weights[g * m * k:], k,
-                         delta_out, count * n, 0.0, col, count * n)
+                    gemm(
+                        True,
+                        False,
+                        k,
+                        count * n,
+                        m,
+                        1.0,
+                        self.weights[g * m * k :],
+                        k,
+                        delta_out,
+                        count * n,
+                        0.0,
+                        col,
+                        count * n,
+                    )
                     cg = self.c // self.groups
                     offset = b0 * self.c * self.h * self.w + g * cg * self.h * self.w
-                    be.col2im(col, cg, self.h, self.w, self.size, self.stride, self.padding,
-                              self.dilation, net.delta[offset:], count, self.c * self.h * self.w)
+                    be.col2im(
+                        col,
+                        cg,
+                        self.h,
+                        self.w,
+                        self.size,
+                        self.stride,
+                        self.padding,
+                        self.dilation,
+                        net.delta[offset:],
+                        count,
+                        self.c * self.h * self.w,
+                    )
 
     def update(self, args):
         if self.share is not None:
-            return   # the owner applies the accumulated update
+            return  # the owner applies the accumulated update
         momentum_update(self.be, args, self.biases, self.bias_updates)
         if self.batch_normalize:
             momentum_update(self.be, args, self.scales, self.scale_updates)

@@ -7,6 +7,7 @@ layer's delta. The types other than sse are composed from the backend's
 elementwise ops (activations and their gradients supply the masks), so the
 CUDA backend needs no extra kernels for them.
 """
+
 from .base import Layer
 
 COST_TYPES = ("sse", "masked", "smooth", "L1", "seg")
@@ -22,18 +23,22 @@ class CostLayer(Layer):
         self.cost_type = s.get_str("type", "sse")
         if self.cost_type not in COST_TYPES:
             # Darknet falls back to sse with a message; a typo should not train silently.
-            raise s.error(f"unknown cost type '{self.cost_type}' (known: "
-                          f"{', '.join(COST_TYPES)})", "type")
+            raise s.error(
+                f"unknown cost type '{self.cost_type}' (known: {', '.join(COST_TYPES)})", "type"
+            )
         self.scale = s.get_float("scale", 1.0)
         # Darknet's GPU path reads ratio but then overrides its threshold with 0, so it
         # never changes a delta: accepted and ignored.
         s.get_float("ratio", 0.0)
         if s.get_float("thresh", 0.0) != 0.0:
-            raise s.error("thresh (a GPU-only delta suppression in Darknet) is not supported "
-                          "by darknet-py", "thresh")
+            raise s.error(
+                "thresh (a GPU-only delta suppression in Darknet) is not supported by darknet-py",
+                "thresh",
+            )
         if s.get_float("noobj", 1.0) != 1.0:
-            raise s.error("noobj (a GPU-only seg scaling in Darknet) is not supported by "
-                          "darknet-py", "noobj")
+            raise s.error(
+                "noobj (a GPU-only seg scaling in Darknet) is not supported by darknet-py", "noobj"
+            )
         self.out_c = self.out_h = self.out_w = 0
         self.outputs = self.inputs
 
@@ -90,7 +95,7 @@ class CostLayer(Layer):
         self._abs_inplace(be, error, self.tmp[0])
         positive = self.tmp[0]
         be.fill(positive, 1.0)
-        be.gradient(delta, "relu", positive)          # 1 where diff > 0, else 0
+        be.gradient(delta, "relu", positive)  # 1 where diff > 0, else 0
         be.copy(positive, delta)
         be.scal(2.0, delta)
         be.axpy(-1.0, self.ones, delta)
@@ -99,12 +104,12 @@ class CostLayer(Layer):
         # Darknet's smooth L1: |diff| < 1: error diff^2, delta diff; else error 2|diff| - 1,
         # delta sign(diff). (Darknet's CPU code flips that sign, its GPU kernel does not;
         # the GPU kernel is what Darknet trains with, and the sign that descends.)
-        be.l2(pred, truth, delta, error)              # delta = diff, error = diff^2
+        be.l2(pred, truth, delta, error)  # delta = diff, error = diff^2
         inside, outer, tmp = self.tmp
-        be.activate(delta, "hardtan")                 # clip(diff, -1, 1): the delta in both cases
+        be.activate(delta, "hardtan")  # clip(diff, -1, 1): the delta in both cases
         be.fill(inside, 1.0)
-        be.gradient(delta, "hardtan", inside)         # 1 where |diff| < 1, else 0
-        be.mul(inside, error)                         # diff^2 inside, 0 outside
+        be.gradient(delta, "hardtan", inside)  # 1 where |diff| < 1, else 0
+        be.mul(inside, error)  # diff^2 inside, 0 outside
         # outer = (2|diff| - 1) * (1 - inside); |diff| is rebuilt from diff = truth - pred.
         be.copy(truth, outer)
         be.axpy(-1.0, pred, outer)
@@ -112,7 +117,7 @@ class CostLayer(Layer):
         be.scal(2.0, outer)
         be.axpy(-1.0, self.ones, outer)
         be.scal(-1.0, inside)
-        be.axpy(1.0, self.ones, inside)               # inside := 1 - inside
+        be.axpy(1.0, self.ones, inside)  # inside := 1 - inside
         be.mul(inside, outer)
         be.axpy(1.0, outer, error)
 
@@ -121,12 +126,12 @@ class CostLayer(Layer):
         # delta and error there are 0. keep = 1 where truth != SECRET_NUM: (t - s) > 0 or < 0.
         offset, keep, below = self.tmp
         be.copy(truth, offset)
-        be.axpy(-SECRET_NUM, self.ones, offset)       # truth + 1234: exactly 0 at the marker
+        be.axpy(-SECRET_NUM, self.ones, offset)  # truth + 1234: exactly 0 at the marker
         be.fill(keep, 1.0)
-        be.gradient(offset, "relu", keep)             # 1 where truth > marker
+        be.gradient(offset, "relu", keep)  # 1 where truth > marker
         be.scal(-1.0, offset)
         be.fill(below, 1.0)
-        be.gradient(offset, "relu", below)            # 1 where truth < marker
+        be.gradient(offset, "relu", below)  # 1 where truth < marker
         be.axpy(1.0, below, keep)
         be.mul(keep, delta)
         be.copy(delta, error)
@@ -134,4 +139,4 @@ class CostLayer(Layer):
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.axpy(self.scale, self.delta, net.delta[:self.batch * self.inputs])
+            net.be.axpy(self.scale, self.delta, net.delta[: self.batch * self.inputs])

@@ -11,6 +11,7 @@ convolution backward replaces the delta it writes instead of adding to it
 (ConvolutionalLayer.clears_input_delta), so its [crnn] drops the delta a step's state gets
 from the next step (only the output's reaches it).
 """
+
 from .base import parse_activation, refuse_options
 from .recurrent import inner_section
 from .rnn import RnnLayer
@@ -20,7 +21,7 @@ class CrnnLayer(RnnLayer):
     type = "crnn"
     short = "crnn"
     frozen_flavours = ("original",)
-    fork_train = True   # the fork's make_crnn_layer sets l.train
+    fork_train = True  # the fork's make_crnn_layer sets l.train
     convolutional_steps = True
 
     def parse(self, s, ctx):
@@ -43,27 +44,42 @@ class CrnnLayer(RnnLayer):
             raise s.error("[crnn] needs an image-shaped input (width, height, channels)")
 
         def conv(filters):
-            return inner_section(s, "convolutional", filters=filters, size=size, stride=stride,
-                                 padding=padding, dilation=dilation, groups=groups,
-                                 activation=self.activation_name,
-                                 batch_normalize=self.batch_normalize)
+            return inner_section(
+                s,
+                "convolutional",
+                filters=filters,
+                size=size,
+                stride=stride,
+                padding=padding,
+                dilation=dilation,
+                groups=groups,
+                activation=self.activation_name,
+                batch_normalize=self.batch_normalize,
+            )
+
         # The original's parse_crnn hands make_crnn_layer (w, h) where it takes (h, w): its
         # convolutions see the image transposed (the same for square inputs), and so does
         # the layer after it.
         h, w = (self.h, self.w) if self.darknet == "alexeyab" else (self.w, self.h)
         first = self.make_inner("input_layer", ctx, conv(hidden), self.c, h, w, self.inputs)
         state = first.layer
-        self.inner = [first,
-                      self.make_inner("self_layer", ctx, conv(hidden), hidden, state.out_h,
-                                      state.out_w, state.outputs),
-                      self.make_inner("output_layer", ctx, conv(output), hidden, state.out_h,
-                                      state.out_w, state.outputs)]
+        self.inner = [
+            first,
+            self.make_inner(
+                "self_layer", ctx, conv(hidden), hidden, state.out_h, state.out_w, state.outputs
+            ),
+            self.make_inner(
+                "output_layer", ctx, conv(output), hidden, state.out_h, state.out_w, state.outputs
+            ),
+        ]
         if self.inner[1].layer.outputs != state.outputs:
-            raise s.error(f"the state ({state.out_w}x{state.out_h}x{hidden}) must keep its "
-                          f"size through the self convolution: use stride=1 and pad=1", "stride")
-        self.hidden = state.outputs   # floats of state per image
+            raise s.error(
+                f"the state ({state.out_w}x{state.out_h}x{hidden}) must keep its "
+                f"size through the self convolution: use stride=1 and pad=1",
+                "stride",
+            )
+        self.hidden = state.outputs  # floats of state per image
         last = self.inner[2].layer
         self.out_c, self.out_h, self.out_w = last.out_c, last.out_h, last.out_w
         self.outputs = last.outputs
         self.workspace_size = max(i.layer.workspace_size for i in self.inner)
-

@@ -9,6 +9,7 @@ is a data layer that sits on the network input, and no delta goes through it.
 angle, saturation, exposure and shift are read but, as in Darknet's CPU code,
 not applied (Darknet's GPU path uses them for colour and rotation jitter).
 """
+
 import numpy as np
 
 from .base import Layer
@@ -16,7 +17,7 @@ from .base import Layer
 
 class CropLayer(Layer):
     type = "crop"
-    capturable = False   # training crops on the host, at a random place
+    capturable = False  # training crops on the host, at a random place
     short = "crop"
 
     def parse(self, s, ctx):
@@ -30,8 +31,10 @@ class CropLayer(Layer):
         self.noadjust = s.get_int("noadjust", 0)
         if not (self.w and self.h and self.c):
             raise s.error("the layer before [crop] must output an image")
-        for key, size, limit in (("crop_height", self.crop_height, self.h),
-                                 ("crop_width", self.crop_width, self.w)):
+        for key, size, limit in (
+            ("crop_height", self.crop_height, self.h),
+            ("crop_width", self.crop_width, self.w),
+        ):
             if not 1 <= size <= limit:
                 raise s.error(f"must be between 1 and the input's {limit}, got {size}", key)
         self.out_c, self.out_h, self.out_w = self.c, self.crop_height, self.crop_width
@@ -40,8 +43,10 @@ class CropLayer(Layer):
 
     def describe(self):
         # Darknet prints a free-form "Crop Layer: ..." line; this is the table's layout.
-        return (f"{'':18s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return (
+            f"{'':18s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+            f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
+        )
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
@@ -83,9 +88,9 @@ class CropLayer(Layer):
         dh = int(rng.integers(h - oh + 1))
         dw = int(rng.integers(w - ow + 1))
         self.last_crop = (dh, dw, flip)
-        x = be.to_host(net.input[:self.batch * self.inputs]).reshape(self.batch, self.c, h, w)
+        x = be.to_host(net.input[: self.batch * self.inputs]).reshape(self.batch, self.c, h, w)
         cols = (w - dw - 1 - np.arange(ow)) if flip else (dw + np.arange(ow))
-        crop = x[:, :, dh:dh + oh, :][:, :, :, cols]
+        crop = x[:, :, dh : dh + oh, :][:, :, :, cols]
         dtype = crop.dtype.type
         be.write(self.output, crop * dtype(self.scale) + dtype(self.trans))
 

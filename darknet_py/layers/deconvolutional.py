@@ -11,12 +11,19 @@ windows add); backward unfolds the delta by im2col: W's update += input @ col^T,
 delta += W @ col. The original Darknet saves these weights but cannot read them back (its
 loader divides by the layer's groups, 0 for a deconvolution); darknet-py reads what it saves.
 """
+
 from ..activations import CHANNEL_ACTIVATIONS
 from .base import Layer, filter_row, host_param, momentum_update, parse_activation
-from .batchnorm import (bn_activation_backward, bn_allocate, bn_forward, bn_init_params,
-                        bn_init_updates, bn_params)
+from .batchnorm import (
+    bn_activation_backward,
+    bn_allocate,
+    bn_forward,
+    bn_init_params,
+    bn_init_updates,
+    bn_params,
+)
 
-INIT_SCALE = 0.02   # Darknet's deconvolution weights: 0.02 * normal * (output area / input area)
+INIT_SCALE = 0.02  # Darknet's deconvolution weights: 0.02 * normal * (output area / input area)
 
 
 class DeconvolutionalLayer(Layer):
@@ -43,8 +50,11 @@ class DeconvolutionalLayer(Layer):
         self.out_h = (self.h - 1) * self.stride + self.size - 2 * self.padding
         self.out_w = (self.w - 1) * self.stride + self.size - 2 * self.padding
         if self.out_h < 1 or self.out_w < 1:
-            raise s.error(f"padding {self.padding} leaves no output for a {self.w}x{self.h} "
-                          f"input and a {self.size}x{self.size} kernel", "padding")
+            raise s.error(
+                f"padding {self.padding} leaves no output for a {self.w}x{self.h} "
+                f"input and a {self.size}x{self.size} kernel",
+                "padding",
+            )
         self.out_c = self.filters
         self.outputs = self.out_c * self.out_h * self.out_w
         self.nweights = self.c * self.filters * self.size * self.size
@@ -88,26 +98,41 @@ class DeconvolutionalLayer(Layer):
 
     # ---- computation --------------------------------------------------------------
     def _fold(self, be, col, image):
-        be.col2im(col, self.out_c, self.out_h, self.out_w, self.size, self.stride,
-                  self.padding, 1, image)
+        be.col2im(
+            col, self.out_c, self.out_h, self.out_w, self.size, self.stride, self.padding, 1, image
+        )
 
     def forward(self, net):
         be = net.be
         m, k, n = self._col_rows(), self.c, self.h * self.w
-        col = net.workspace[:m * n]
+        col = net.workspace[: m * n]
         be.fill(self.output, 0.0)
         for b in range(self.batch):
             # col (m x n) = W^T (m x k) @ input (k x n), then added into the output's windows
-            be.gemm(True, False, m, n, k, 1.0, self.weights, m, net.input[b * self.inputs:],
-                    n, 0.0, col, n)
-            self._fold(be, col, self.output[b * self.outputs:][:self.outputs])
+            be.gemm(
+                True,
+                False,
+                m,
+                n,
+                k,
+                1.0,
+                self.weights,
+                m,
+                net.input[b * self.inputs :],
+                n,
+                0.0,
+                col,
+                n,
+            )
+            self._fold(be, col, self.output[b * self.outputs :][: self.outputs])
         spatial = self.out_h * self.out_w
         fused = self.activation_input is None and self.activation not in CHANNEL_ACTIVATIONS
         if self.batch_normalize:
             bn_forward(self, net, self.out_c, spatial, self.activation if fused else "linear")
         elif fused:
-            be.bias_activate(self.output, self.biases, self.batch, self.out_c, spatial,
-                             self.activation)
+            be.bias_activate(
+                self.output, self.biases, self.batch, self.out_c, spatial, self.activation
+            )
         else:
             be.add_bias(self.output, self.biases, self.batch, self.out_c, spatial)
         if not fused:
@@ -116,23 +141,46 @@ class DeconvolutionalLayer(Layer):
     def backward(self, net):
         be = net.be
         m, k, n = self._col_rows(), self.c, self.h * self.w
-        col = net.workspace[:m * n]
+        col = net.workspace[: m * n]
         if self.batch_normalize:
             bn_activation_backward(self, net, self.out_c, self.out_h * self.out_w)
         else:
             self.activation_gradient(be)
-            be.backward_bias(self.bias_updates, self.delta, self.batch, self.out_c,
-                             self.out_h * self.out_w)
+            be.backward_bias(
+                self.bias_updates, self.delta, self.batch, self.out_c, self.out_h * self.out_w
+            )
         for b in range(self.batch):
-            be.im2col(self.delta[b * self.outputs:][:self.outputs], self.out_c, self.out_h,
-                      self.out_w, self.size, self.stride, self.padding, 1, col)
-            image = net.input[b * self.inputs:]
+            be.im2col(
+                self.delta[b * self.outputs :][: self.outputs],
+                self.out_c,
+                self.out_h,
+                self.out_w,
+                self.size,
+                self.stride,
+                self.padding,
+                1,
+                col,
+            )
+            image = net.input[b * self.inputs :]
             # W's update (k x m) += input (k x n) @ col^T (n x m)
             be.gemm(False, True, k, m, n, 1.0, image, n, col, n, 1.0, self.weight_updates, m)
             if net.delta is not None:
                 # previous delta (k x n) += W (k x m) @ col (m x n)
-                be.gemm(False, False, k, n, m, 1.0, self.weights, m, col, n, 1.0,
-                        net.delta[b * self.inputs:], n)
+                be.gemm(
+                    False,
+                    False,
+                    k,
+                    n,
+                    m,
+                    1.0,
+                    self.weights,
+                    m,
+                    col,
+                    n,
+                    1.0,
+                    net.delta[b * self.inputs :],
+                    n,
+                )
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)

@@ -9,10 +9,11 @@ is Darknet's grid form (per cell: is_object, one-hot classes, x, y, w, h with x,
 relative to the cell), built on the backend from box rows when the data loader gives
 those.
 """
+
 import numpy as np
 
-from ..draws import uniform_hash
 from ..boxes import make_detections, thresholded
+from ..draws import uniform_hash
 from ..losses.detection import DETECTION_SCALARS, RANDOM_SEEN, DetectionHead, detection_loss
 from .base import Layer
 from .heads import keep_report, ratio
@@ -48,9 +49,12 @@ class DetectionLayer(Layer):
             raise s.error("forced=1 picks box 0 or 1: needs num >= 2", "forced")
         need = self.side * self.side * ((1 + self.coords) * self.n + self.classes)
         if need != self.inputs:
-            raise s.error(f"side={self.side}, num={self.n}, classes={self.classes} need "
-                          f"side*side*((1 + coords)*num + classes) = {need} inputs, but the "
-                          f"layer before gives {self.inputs}", "side")
+            raise s.error(
+                f"side={self.side}, num={self.n}, classes={self.classes} need "
+                f"side*side*((1 + coords)*num + classes) = {need} inputs, but the "
+                f"layer before gives {self.inputs}",
+                "side",
+            )
         self.outputs = self.inputs
         self.out_c = self.out_h = self.out_w = 0  # Darknet gives this layer no image shape
         self.truths = self.side * self.side * (1 + self.coords + self.classes)
@@ -63,15 +67,30 @@ class DetectionLayer(Layer):
     # ---- computation --------------------------------------------------------------
     def forward(self, net):
         be = net.be
-        be.copy(net.input[:self.batch * self.outputs], self.output)
+        be.copy(net.input[: self.batch * self.outputs], self.output)
         locations = self.side * self.side
         if self.softmax:
-            be.softmax(self.output, self.classes, self.batch, self.inputs, locations,
-                       self.classes, 1, 1.0, self.output)
+            be.softmax(
+                self.output,
+                self.classes,
+                self.batch,
+                self.inputs,
+                locations,
+                self.classes,
+                1,
+                1.0,
+                self.output,
+            )
         self.cost = None
         if net.train and net.truth is not None:
-            be.detection_loss(self.loss_head(), self.output, self.grid_truth(net),
-                              self.random_draws(net), self.delta, self.scalars)
+            be.detection_loss(
+                self.loss_head(),
+                self.output,
+                self.grid_truth(net),
+                self.random_draws(net),
+                self.delta,
+                self.scalars,
+            )
             self.print_stats = getattr(net, "verbose", False)
             self.pending = True
 
@@ -82,30 +101,47 @@ class DetectionLayer(Layer):
         self.scalars = be.zeros(len(DETECTION_SCALARS)) if train else None
 
     def loss_head(self):
-        return DetectionHead(self.batch, self.side, self.n, self.classes, self.sqrt,
-                             self.rescore, self.forced, self.coord_scale, self.object_scale,
-                             self.noobject_scale, self.class_scale)
+        return DetectionHead(
+            self.batch,
+            self.side,
+            self.n,
+            self.classes,
+            self.sqrt,
+            self.rescore,
+            self.forced,
+            self.coord_scale,
+            self.object_scale,
+            self.noobject_scale,
+            self.class_scale,
+        )
 
     def collect(self, values):
         """The detection_loss op's figures: the cost, the statistics and Darknet's line."""
         self.cost, self.stats = float(values[0]), self.statistics(values)
-        keep_report(self, f"Detection Avg IOU: {self.stats['avg_iou']:f}, "
-                          f"Pos Cat: {self.stats['pos_cat']:f}, "
-                          f"All Cat: {self.stats['all_cat']:f}, "
-                          f"Pos Obj: {self.stats['pos_obj']:f}, "
-                          f"Any Obj: {self.stats['any_obj']:f}, count: {self.stats['count']}")
+        keep_report(
+            self,
+            f"Detection Avg IOU: {self.stats['avg_iou']:f}, "
+            f"Pos Cat: {self.stats['pos_cat']:f}, "
+            f"All Cat: {self.stats['all_cat']:f}, "
+            f"Pos Obj: {self.stats['pos_obj']:f}, "
+            f"Any Obj: {self.stats['any_obj']:f}, count: {self.stats['count']}",
+        )
 
     def statistics(self, values):
         _, iou, pos_cat, all_cat, pos_obj, count, any_obj = (float(v) for v in values)
         count = int(count)
-        return {"avg_iou": ratio(iou, count), "pos_cat": ratio(pos_cat, count),
-                "all_cat": ratio(all_cat, count * self.classes), "pos_obj": ratio(pos_obj, count),
-                "any_obj": any_obj / (self.batch * self.side * self.side * self.n),
-                "count": count}
+        return {
+            "avg_iou": ratio(iou, count),
+            "pos_cat": ratio(pos_cat, count),
+            "all_cat": ratio(all_cat, count * self.classes),
+            "pos_obj": ratio(pos_obj, count),
+            "any_obj": any_obj / (self.batch * self.side * self.side * self.n),
+            "count": count,
+        }
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.outputs])
+            net.be.axpy(1.0, self.delta, net.delta[: self.batch * self.outputs])
 
     def check_truth(self, net, truth_host):
         """Refuse a truth that is neither the grid nor box rows. With random=1 early in
@@ -113,9 +149,11 @@ class DetectionLayer(Layer):
         keep: those steps run eagerly."""
         per_image = truth_host.shape[1]
         if per_image != self.truths and per_image % net.truth_size:
-            raise ValueError(f"[detection] layer {self.index} needs a truth of {self.truths} "
-                             f"floats per image (or box rows of {net.truth_size}), got "
-                             f"{per_image}")
+            raise ValueError(
+                f"[detection] layer {self.index} needs a truth of {self.truths} "
+                f"floats per image (or box rows of {net.truth_size}), got "
+                f"{per_image}"
+            )
         self.capturable = not (self.random and net.seen < RANDOM_SEEN)
 
     def grid_truth(self, net):
@@ -124,8 +162,15 @@ class DetectionLayer(Layer):
         form) into self.grid."""
         if net.truth_host.shape[1] == self.truths:
             return net.truth
-        net.be.detection_grid_truth(net.truth, self.batch, net.truth_size, self.max_boxes,
-                                    self.side, self.classes, self.grid)
+        net.be.detection_grid_truth(
+            net.truth,
+            self.batch,
+            net.truth_size,
+            self.max_boxes,
+            self.side,
+            self.classes,
+            self.grid,
+        )
         return self.grid
 
     def random_draws(self, net):
@@ -155,19 +200,23 @@ class DetectionLayer(Layer):
         do not apply: YOLOv1 input is plainly resized and its boxes are relative to the grid."""
         side, n, classes = self.side, self.n, self.classes
         loc = side * side
-        out = np.asarray(output, dtype=F32).reshape(-1)[:self.outputs]
-        cls = out[:loc * classes].reshape(loc, classes)
-        scale = out[loc * classes:loc * (classes + n)].reshape(loc * n)
-        coords = out[loc * (classes + n):].reshape(loc * n, self.coords)
+        out = np.asarray(output, dtype=F32).reshape(-1)[: self.outputs]
+        cls = out[: loc * classes].reshape(loc, classes)
+        scale = out[loc * classes : loc * (classes + n)].reshape(loc * n)
+        coords = out[loc * (classes + n) :].reshape(loc * n, self.coords)
         cell = np.repeat(np.arange(loc), n)
         col = (cell % side).astype(F32)
         row = (cell // side).astype(F32)
         power = 2 if self.sqrt else 1
         sx, sy = (1, 1) if relative else (img_w, img_h)
-        boxes = np.stack([(coords[:, 0] + col) / F32(side) * F32(sx),
-                          (coords[:, 1] + row) / F32(side) * F32(sy),
-                          (np.power(coords[:, 2].astype(np.float64), power) * sx).astype(F32),
-                          (np.power(coords[:, 3].astype(np.float64), power) * sy).astype(F32)],
-                         axis=1)
+        boxes = np.stack(
+            [
+                (coords[:, 0] + col) / F32(side) * F32(sx),
+                (coords[:, 1] + row) / F32(side) * F32(sy),
+                (np.power(coords[:, 2].astype(np.float64), power) * sx).astype(F32),
+                (np.power(coords[:, 3].astype(np.float64), power) * sy).astype(F32),
+            ],
+            axis=1,
+        )
         probs = thresholded(scale[:, None] * cls[cell], thresh)
         return make_detections(boxes, scale, probs, self.index)

@@ -6,6 +6,7 @@ Darknet runs dropout in place on the previous layer's buffers; here the layer
 has its own output and delta, which gives the same forward values and the same
 gradient for every activation Darknet's stock cfgs put before a dropout.
 """
+
 from .base import Layer
 
 
@@ -25,8 +26,10 @@ class DropoutLayer(Layer):
         self.outputs = self.inputs
 
     def describe(self):
-        return (f"       p = {self.probability:.2f}               "
-                f"{self.inputs:4d}  ->  {self.outputs:4d}")
+        return (
+            f"       p = {self.probability:.2f}               "
+            f"{self.inputs:4d}  ->  {self.outputs:4d}"
+        )
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
@@ -42,14 +45,20 @@ class DropoutLayer(Layer):
 
     def forward(self, net):
         be = net.be
-        be.copy(net.input[:self.batch * self.inputs], self.output)
+        be.copy(net.input[: self.batch * self.inputs], self.output)
         if net.train:
-            be.dropout(self.output, self.probability, self.scale, self.rand, net.step_seed,
-                       self.mask_seed())
+            be.dropout(
+                self.output,
+                self.probability,
+                self.scale,
+                self.rand,
+                net.step_seed,
+                self.mask_seed(),
+            )
 
     def backward(self, net):
         if net.delta is None:
             return
         be = net.be
         be.dropout_backward(self.rand, self.probability, self.scale, self.delta)
-        be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+        be.axpy(1.0, self.delta, net.delta[: self.batch * self.inputs])

@@ -12,6 +12,7 @@ both backends. The weights file stores the original's wz, wr, wh, uz, ur, uh and
 input_z, input_r, input_h, state_z, state_r, state_h (uz, ur, uh, wz, wr, wh); the fork
 never updates them (see recurrent.RecurrentLayer.frozen_flavours).
 """
+
 from .recurrent import RecurrentLayer, step_state
 
 ORIGINAL_ORDER = ("wz", "wr", "wh", "uz", "ur", "uh")
@@ -33,8 +34,9 @@ class GruLayer(RecurrentLayer):
         if self.inputs < 1:
             raise s.error("the layer before [gru] has no outputs")
         self.hidden = output
-        self.connected_gates(s, ctx, output,
-                             FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER)
+        self.connected_gates(
+            s, ctx, output, FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER
+        )
 
     def allocate(self, be, batch, train):
         old = self.carried_state() if getattr(self, "state", None) is not None else []
@@ -46,7 +48,8 @@ class GruLayer(RecurrentLayer):
         self.state = be.zeros(n)
         self.prev_state = be.zeros(n)
         self.z, self.r, self.h, self.forgot, self.forgot_delta, self.scratch = (
-            be.zeros(n) for _ in range(6))
+            be.zeros(n) for _ in range(6)
+        )
         self.keep_carried_state(old)
 
     def carried_state(self):
@@ -54,7 +57,7 @@ class GruLayer(RecurrentLayer):
 
     def _rows(self, array, t):
         n = self.step_batch * self.outputs
-        return array[t * n:(t + 1) * n]
+        return array[t * n : (t + 1) * n]
 
     def _gate(self, be, out, u, w, activation):
         be.copy(u.layer.output, out)
@@ -85,12 +88,12 @@ class GruLayer(RecurrentLayer):
     def forward(self, net):
         be, g = net.be, self.gates
         self.zero_inner_deltas(be)
-        if net.train:   # its C forward clears its delta (the fork's network does not)
+        if net.train:  # its C forward clears its delta (the fork's network does not)
             be.fill(self.delta, 0.0)
             be.copy(self.state, self.prev_state)
         n_in = self.step_batch * self.inputs
         for t in range(self.steps):
-            x = net.input[t * n_in:(t + 1) * n_in]
+            x = net.input[t * n_in : (t + 1) * n_in]
             for name in ("wz", "wr"):
                 g[name].at(t).forward(step_state(net, self.state))
             for name in ("uz", "ur", "uh"):
@@ -106,7 +109,7 @@ class GruLayer(RecurrentLayer):
         be, g = net.be, self.gates
         n_in = self.step_batch * self.inputs
         for t in range(self.steps - 1, -1, -1):
-            x = net.input[t * n_in:(t + 1) * n_in]
+            x = net.input[t * n_in : (t + 1) * n_in]
             prev = self._rows(self.output, t - 1) if t > 0 else self.prev_state
             prev_delta = self._rows(self.delta, t - 1) if t > 0 else None
             delta = self._rows(self.delta, t)
@@ -135,6 +138,6 @@ class GruLayer(RecurrentLayer):
             be.copy(uz_d, g["wz"].step_delta(t))
             for name in ("wr", "wz"):
                 g[name].layer.backward(step_state(net, prev, prev_delta))
-            delta_in = net.delta[t * n_in:(t + 1) * n_in] if net.delta is not None else None
+            delta_in = net.delta[t * n_in : (t + 1) * n_in] if net.delta is not None else None
             for name in ("uh", "ur", "uz"):
                 g[name].layer.backward(step_state(net, x, delta_in))

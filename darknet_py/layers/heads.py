@@ -1,5 +1,6 @@
 """What the detection heads ([yolo], [region], [detection]) share: anchors, the truth
 buffer's layout, the per-step statistics line and the class-id check."""
+
 import numpy as np
 
 from ..boxes import TRUTH_FIELDS, truth_per_image
@@ -23,18 +24,24 @@ def parse_anchors(s, count):
         # A warning, not an error: the fork's stock cspx-p7-mish_hp.cfg lacks a comma and so
         # a value, and the fork builds it.
         odd = "; anchors are width,height pairs" if len(anchors) % 2 else ""
-        s.warn(f"{counted(len(anchors), 'value')} given but num={count // 2} anchors take "
-               f"{count}{odd}; "
-               f"the missing values are 0.5, as in Darknet (a missing comma?)", "anchors")
+        s.warn(
+            f"{counted(len(anchors), 'value')} given but num={count // 2} anchors take "
+            f"{count}{odd}; "
+            f"the missing values are 0.5, as in Darknet (a missing comma?)",
+            "anchors",
+        )
     if len(anchors) > count:
-        s.warn(f"{counted(len(anchors), 'value')} given but num={count // 2} anchors take "
-               f"{count}; "
-               f"the rest are ignored, as Darknet does", "anchors")
+        s.warn(
+            f"{counted(len(anchors), 'value')} given but num={count // 2} anchors take "
+            f"{count}; "
+            f"the rest are ignored, as Darknet does",
+            "anchors",
+        )
         anchors = anchors[:count]
     bad = [a for a in anchors if not a > 0]
     if bad:
         raise s.error(f"anchor sizes must be above 0, got {bad[0]:g}", "anchors")
-    biases[:len(anchors)] = anchors
+    biases[: len(anchors)] = anchors
     return biases
 
 
@@ -48,8 +55,9 @@ def truth_boxes(net, batch, max_boxes):
     """Per image, the truth boxes Darknet's loss loops see (boxes.truth_per_image) in the
     network's staged truth: rows of net.truth_size floats (5, or the fork's 6 with a
     track id last), at most max_boxes."""
-    return truth_per_image(net.truth_host, batch, getattr(net, "truth_size", TRUTH_FIELDS),
-                           max_boxes)
+    return truth_per_image(
+        net.truth_host, batch, getattr(net, "truth_size", TRUTH_FIELDS), max_boxes
+    )
 
 
 def keep_report(layer, line):
@@ -64,5 +72,7 @@ def keep_report(layer, line):
 def check_classes(truth, classes, layer, whose="classes="):
     bad = truth[(truth[:, 4] < 0) | (truth[:, 4] >= classes), 4] if len(truth) else []
     if len(bad):
-        raise ValueError(f"a truth box has class {int(bad[0])} but [{layer.type}] layer "
-                         f"{layer.index} has {whose}{classes} (ids 0..{classes - 1})")
+        raise ValueError(
+            f"a truth box has class {int(bad[0])} but [{layer.type}] layer "
+            f"{layer.index} has {whose}{classes} (ids 0..{classes - 1})"
+        )

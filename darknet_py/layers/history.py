@@ -9,13 +9,14 @@ As the fork's CPU code does with time_steps=1: the output's first batch * inputs
 the input (not image by image; the rest keeps what it held) and backward adds the first
 batch * inputs deltas back.
 """
+
 from .base import Layer
 
 
 class HistoryLayer(Layer):
     type = "history"
     short = "history"
-    fork_train = True   # the fork's make_history_layer sets l.train
+    fork_train = True  # the fork's make_history_layer sets l.train
 
     def parse(self, s, ctx):
         if self.darknet != "alexeyab":
@@ -28,13 +29,17 @@ class HistoryLayer(Layer):
         self.outputs = self.inputs * self.history_size
 
     def describe(self):
-        return (f"{self.history_size:5d} x{self.steps:3d} steps{'':10s}{self.w:4d} x{self.h:4d}"
-                f" x{self.c:4d}   ->  {self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return (
+            f"{self.history_size:5d} x{self.steps:3d} steps{'':10s}{self.w:4d} x{self.h:4d}"
+            f" x{self.c:4d}   ->  {self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
+        )
 
     def allocate(self, be, batch, train):
         if batch % self.steps:
-            raise ValueError(f"layer {self.index} [history]: a batch of {batch} does not split "
-                             f"into time_steps={self.steps}")
+            raise ValueError(
+                f"layer {self.index} [history]: a batch of {batch} does not split "
+                f"into time_steps={self.steps}"
+            )
         old = getattr(self, "prev_state", None)
         super().allocate(be, batch, train)
         self.step_batch = batch // self.steps
@@ -48,16 +53,17 @@ class HistoryLayer(Layer):
     def forward(self, net):
         be, n = net.be, self.step_batch
         if self.steps == 1:
-            be.copy(net.input[:self.batch * self.inputs], self.output[:self.batch * self.inputs])
+            be.copy(net.input[: self.batch * self.inputs], self.output[: self.batch * self.inputs])
             return
         shift = self.inputs * (self.history_size - 1)
         prev = self.prev_state
         for t in range(self.steps):
-            out = self.output[t * n * self.outputs:(t + 1) * n * self.outputs]
+            out = self.output[t * n * self.outputs : (t + 1) * n * self.outputs]
             if shift:
                 be.copy_blocks(prev, 0, self.outputs, out, self.inputs, self.outputs, shift, n)
-            be.copy_blocks(net.input, t * n * self.inputs, self.inputs, out, 0, self.outputs,
-                           self.inputs, n)
+            be.copy_blocks(
+                net.input, t * n * self.inputs, self.inputs, out, 0, self.outputs, self.inputs, n
+            )
             prev = out
         be.copy(prev, self.prev_state)
 
@@ -68,5 +74,14 @@ class HistoryLayer(Layer):
             n = self.batch * self.inputs
             net.be.axpy(1.0, self.delta[:n], net.delta[:n])
             return
-        net.be.copy_blocks(self.delta, 0, self.outputs, net.delta, 0, self.inputs, self.inputs,
-                           self.batch, accumulate=True)
+        net.be.copy_blocks(
+            self.delta,
+            0,
+            self.outputs,
+            net.delta,
+            0,
+            self.inputs,
+            self.inputs,
+            self.batch,
+            accumulate=True,
+        )

@@ -6,6 +6,7 @@ weights' update and passes nothing back. Initial weights are mean + uniform(-std
 The fork never updates it (its update_network skips layers whose `train` flag is unset,
 which this one never sets), and darknet-py does the same.
 """
+
 from .base import Layer, host_param
 
 
@@ -22,12 +23,12 @@ class ImplicitLayer(Layer):
         for key, v in (("filters", filters), ("atoms", atoms)):
             if v < 1:
                 raise s.error(f"must be at least 1, got {v}", key)
-        self.c = self.h = self.w = 1   # the fork's make_implicit_layer: it reads no input
+        self.c = self.h = self.w = 1  # the fork's make_implicit_layer: it reads no input
         self.out_c, self.out_h, self.out_w = filters, atoms, 1
         self.outputs = self.nweights = filters * atoms
 
     def describe(self):
-        return (f"{'':24s}{'':16s}  ->  {self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return f"{'':24s}{'':16s}  ->  {self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
 
     def init_params(self, be, rng):
         values = host_param(rng, self.nweights, self.std_init, "uniform") + self.mean_init
@@ -40,8 +41,9 @@ class ImplicitLayer(Layer):
         return [("weights", self.weights)]
 
     def forward(self, net):
-        net.be.copy_blocks(self.weights, 0, 0, self.output, 0, self.nweights, self.nweights,
-                           self.batch)
+        net.be.copy_blocks(
+            self.weights, 0, 0, self.output, 0, self.nweights, self.nweights, self.batch
+        )
 
     def backward(self, net):
         # weight_updates[i] += sum over images of delta[image, i]: a bias gradient's sum

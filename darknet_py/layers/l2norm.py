@@ -5,6 +5,7 @@ of the input. Backward is Darknet's CPU one: the delta passes to the previous la
 unchanged (its GPU build adds a term its CPU build leaves out; the CPU's is followed).
 An all-zero position divides by zero, as in Darknet.
 """
+
 from .base import Layer
 
 
@@ -21,13 +22,13 @@ class L2normLayer(Layer):
         return (self.c, self.h * self.w) if self.c else (self.inputs, 1)
 
     def describe(self):
-        return f"{'':40s}{self.inputs:4d}"   # Darknet: "l2norm", then %4d
+        return f"{'':40s}{self.inputs:4d}"  # Darknet: "l2norm", then %4d
 
     def forward(self, net):
         be = net.be
-        be.copy(net.input[:self.batch * self.inputs], self.output)
+        be.copy(net.input[: self.batch * self.inputs], self.output)
         be.l2normalize(self.output, self.batch, *self._channels_spatial())
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+            net.be.axpy(1.0, self.delta, net.delta[: self.batch * self.inputs])

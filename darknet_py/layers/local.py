@@ -10,6 +10,7 @@ are per output value (filters x out_h x out_w). Darknet quirks kept:
   * the random initialisation fills only the first location's weights (the
     rest start at 0), with scale sqrt(2 / (size*size*c)).
 """
+
 import math
 
 from ..shapes import conv_out_size
@@ -37,17 +38,23 @@ class LocalLayer(Layer):
         self.out_h = (self.h - span) // self.stride + 1
         self.out_w = (self.w - span) // self.stride + 1
         if self.h < span or self.w < span or self.out_h < 1 or self.out_w < 1:
-            raise s.error(f"a {self.size}x{self.size} window does not fit the "
-                          f"{self.w}x{self.h} input", "size")
-        if conv_out_size(self.h, self.w, self.size, self.stride, self.pad) != (self.out_h,
-                                                                              self.out_w):
-            raise s.error(f"pad={self.pad} with size={self.size}: Darknet's output size "
-                          f"({self.out_w}x{self.out_h}) and its im2col (padding {self.pad}) "
-                          f"disagree; use pad=1 with size=3, or pad=0", "pad")
+            raise s.error(
+                f"a {self.size}x{self.size} window does not fit the {self.w}x{self.h} input", "size"
+            )
+        if conv_out_size(self.h, self.w, self.size, self.stride, self.pad) != (
+            self.out_h,
+            self.out_w,
+        ):
+            raise s.error(
+                f"pad={self.pad} with size={self.size}: Darknet's output size "
+                f"({self.out_w}x{self.out_h}) and its im2col (padding {self.pad}) "
+                f"disagree; use pad=1 with size=3, or pad=0",
+                "pad",
+            )
         self.out_c = self.filters
         self.outputs = self.out_c * self.out_h * self.out_w
         self.locations = self.out_h * self.out_w
-        self.ksize = self.size * self.size * self.c          # weights per filter and location
+        self.ksize = self.size * self.size * self.c  # weights per filter and location
         self.nweights = self.ksize * self.filters * self.locations
         self.workspace_size = self.ksize * self.locations
 
@@ -77,9 +84,8 @@ class LocalLayer(Layer):
 
     # ---- computation --------------------------------------------------------------
     def _im2col(self, be, net, b):
-        image = net.input[b * self.inputs:][:self.inputs]
-        be.im2col(image, self.c, self.h, self.w, self.size, self.stride, self.pad, 1,
-                  net.workspace)
+        image = net.input[b * self.inputs :][: self.inputs]
+        be.im2col(image, self.c, self.h, self.w, self.size, self.stride, self.pad, 1, net.workspace)
 
     def forward(self, net):
         be = net.be
@@ -88,11 +94,24 @@ class LocalLayer(Layer):
         be.add_bias(self.output, self.biases, self.batch, self.outputs, 1)  # one bias per value
         for b in range(self.batch):
             self._im2col(be, net, b)
-            out = self.output[b * self.outputs:]
+            out = self.output[b * self.outputs :]
             for j in range(L):
                 # out[:, j] (filters x 1) += W_j (filters x k) @ col[:, j] (k x 1)
-                be.gemm(False, False, f, 1, k, 1.0, self.weights[j * k * f:], k,
-                        net.workspace[j:], L, 1.0, out[j:], L)
+                be.gemm(
+                    False,
+                    False,
+                    f,
+                    1,
+                    k,
+                    1.0,
+                    self.weights[j * k * f :],
+                    k,
+                    net.workspace[j:],
+                    L,
+                    1.0,
+                    out[j:],
+                    L,
+                )
         self.activate_output(be)
 
     def backward(self, net):
@@ -102,18 +121,53 @@ class LocalLayer(Layer):
         be.backward_bias(self.bias_updates, self.delta, self.batch, self.outputs, 1)
         for b in range(self.batch):
             self._im2col(be, net, b)
-            delta = self.delta[b * self.outputs:]
+            delta = self.delta[b * self.outputs :]
             for j in range(L):
                 # W_j updates (filters x k) += delta[:, j] (filters x 1) @ col[:, j]^T (1 x k)
-                be.gemm(False, True, f, k, 1, 1.0, delta[j:], L, net.workspace[j:], L, 1.0,
-                        self.weight_updates[j * k * f:], k)
+                be.gemm(
+                    False,
+                    True,
+                    f,
+                    k,
+                    1,
+                    1.0,
+                    delta[j:],
+                    L,
+                    net.workspace[j:],
+                    L,
+                    1.0,
+                    self.weight_updates[j * k * f :],
+                    k,
+                )
             if net.delta is not None:
                 for j in range(L):
                     # col[:, j] (k x 1) = W_j^T (k x filters) @ delta[:, j] (filters x 1)
-                    be.gemm(True, False, k, 1, f, 1.0, self.weights[j * k * f:], k,
-                            delta[j:], L, 0.0, net.workspace[j:], L)
-                be.col2im(net.workspace, self.c, self.h, self.w, self.size, self.stride,
-                          self.pad, 1, net.delta[b * self.inputs:][:self.inputs])
+                    be.gemm(
+                        True,
+                        False,
+                        k,
+                        1,
+                        f,
+                        1.0,
+                        self.weights[j * k * f :],
+                        k,
+                        delta[j:],
+                        L,
+                        0.0,
+                        net.workspace[j:],
+                        L,
+                    )
+                be.col2im(
+                    net.workspace,
+                    self.c,
+                    self.h,
+                    self.w,
+                    self.size,
+                    self.stride,
+                    self.pad,
+                    1,
+                    net.delta[b * self.inputs :][: self.inputs],
+                )
 
     def update(self, args):
         momentum_update(self.be, args, self.biases, self.bias_updates)

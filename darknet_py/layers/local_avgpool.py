@@ -3,6 +3,7 @@
 The windows, strides and padding are [maxpool]'s; each output is the mean of its
 window's cells inside the image (padding cells are not counted). Backward is the
 exact adjoint (the fork divides by size*size there, also at the borders)."""
+
 from .maxpool import MaxpoolLayer
 
 
@@ -12,11 +13,22 @@ class LocalAvgpoolLayer(MaxpoolLayer):
     reads_depth = False
 
     def allocate(self, be, batch, train):
-        super(MaxpoolLayer, self).allocate(be, batch, train)   # no argmax indexes
+        super(MaxpoolLayer, self).allocate(be, batch, train)  # no argmax indexes
 
     def _pool(self, be, x, out, forward):
-        be.local_avgpool(x, self.batch, self.c, self.h, self.w, self.size, self.stride_x,
-                         self.stride_y, self.padding, out, forward)
+        be.local_avgpool(
+            x,
+            self.batch,
+            self.c,
+            self.h,
+            self.w,
+            self.size,
+            self.stride_x,
+            self.stride_y,
+            self.padding,
+            out,
+            forward,
+        )
 
     def forward(self, net):
         self._pool(net.be, net.input, self.output, True)

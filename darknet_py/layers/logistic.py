@@ -6,6 +6,7 @@ and their sum as the layer's cost; backward adds delta to the previous layer's d
 Darknet's CPU code takes the logs without an epsilon (its GPU build adds 1e-7): so do both
 backends here, so a saturated p = 1 with t < 1 gives an infinite cost, as on Darknet's CPU.
 """
+
 from .base import Layer
 
 
@@ -18,7 +19,7 @@ class LogisticLayer(Layer):
         self.outputs = self.inputs
 
     def describe(self):
-        return f"{'':40s}{self.inputs:4d}"   # Darknet: "logistic x entropy", then %4d
+        return f"{'':40s}{self.inputs:4d}"  # Darknet: "logistic x entropy", then %4d
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
@@ -31,7 +32,7 @@ class LogisticLayer(Layer):
 
     def forward(self, net):
         be = net.be
-        be.copy(net.input[:self.batch * self.inputs], self.output)
+        be.copy(net.input[: self.batch * self.inputs], self.output)
         be.activate(self.output, "logistic")
         self.cost = None
         if net.truth is not None:
@@ -41,4 +42,4 @@ class LogisticLayer(Layer):
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.axpy(1.0, self.delta, net.delta[:self.batch * self.inputs])
+            net.be.axpy(1.0, self.delta, net.delta[: self.batch * self.inputs])

@@ -14,6 +14,7 @@ and passes no delta further back; the cell delta carries over from one backward 
 The fork stores wf, wi, wg, wo, uf, ui, ug, uo, the original wi, wf, wo, wg, ui, uf, uo, ug;
 the fork never updates them (recurrent.RecurrentLayer.frozen_flavours).
 """
+
 from .recurrent import CellStateLayer, step_state
 
 ORIGINAL_ORDER = ("wi", "wf", "wo", "wg", "ui", "uf", "uo", "ug")
@@ -34,8 +35,9 @@ class LstmLayer(CellStateLayer):
         if self.inputs < 1:
             raise s.error("the layer before [lstm] has no outputs")
         self.hidden = output
-        self.connected_gates(s, ctx, output,
-                             FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER)
+        self.connected_gates(
+            s, ctx, output, FORK_ORDER if self.darknet == "alexeyab" else ORIGINAL_ORDER
+        )
 
     def _gates(self, be, t):
         """f, i, g, o of step t from the inner layers' outputs."""
@@ -50,11 +52,11 @@ class LstmLayer(CellStateLayer):
     def forward(self, net):
         be, g = net.be, self.gates
         self.zero_inner_deltas(be)
-        if net.train:   # its C forward clears its delta (the fork's network does not)
+        if net.train:  # its C forward clears its delta (the fork's network does not)
             be.fill(self.delta, 0.0)
         n_in = self.step_batch * self.inputs
         for t in range(self.steps):
-            x = net.input[t * n_in:(t + 1) * n_in]
+            x = net.input[t * n_in : (t + 1) * n_in]
             for gate in "figo":
                 g["w" + gate].at(t).forward(step_state(net, self.h_t))
             for gate in "figo":
@@ -88,8 +90,8 @@ class LstmLayer(CellStateLayer):
             be.copy(self._rows(self.cell, t), self.c_t)
             be.copy(self._rows(self.output, t), self.h_t)
             dh = self._rows(self.delta, t - 1) if t else None
-            x = net.input[t * n_in:(t + 1) * n_in]
-            delta_in = net.delta[t * n_in:(t + 1) * n_in] if net.delta is not None else None
+            x = net.input[t * n_in : (t + 1) * n_in]
+            delta_in = net.delta[t * n_in : (t + 1) * n_in] if net.delta is not None else None
             self._gates(be, t)
             self._cell_and_output_deltas(be, t)
             self._gate_backward(net, t, "o", x, dh, delta_in)

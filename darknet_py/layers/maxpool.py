@@ -4,6 +4,7 @@ The AlexeyAB fork adds stride_x/stride_y (across and down, overriding stride) an
 maxpool_depth=1 with out_channels=K: a maximum across channels instead of space,
 output channel g taking the maximum over input channels g, g+K, g+2K, ... at the
 same position."""
+
 from .base import Layer
 
 
@@ -11,7 +12,7 @@ class MaxpoolLayer(Layer):
     type = "maxpool"
     fork_train = True
     short = "max"
-    reads_depth = True   # [local_avgpool] shares the window options, not maxpool_depth
+    reads_depth = True  # [local_avgpool] shares the window options, not maxpool_depth
 
     def parse(self, s, ctx):
         self.stride = s.get_int("stride", 1)
@@ -21,8 +22,12 @@ class MaxpoolLayer(Layer):
         self.padding = s.get_int("padding", self.size - 1)
         self.depth = s.get_int("maxpool_depth", 0) if self.reads_depth else 0
         self.depth_channels = s.get_int("out_channels", 1) if self.reads_depth else 1
-        for key, v in (("size", self.size), ("stride", self.stride),
-                       ("stride_x", self.stride_x), ("stride_y", self.stride_y)):
+        for key, v in (
+            ("size", self.size),
+            ("stride", self.stride),
+            ("stride_x", self.stride_x),
+            ("stride_y", self.stride_y),
+        ):
             if v < 1:
                 raise s.error(f"must be at least 1, got {v}", key)
         if not (self.w and self.h and self.c):
@@ -36,8 +41,9 @@ class MaxpoolLayer(Layer):
             self.out_w = (self.w + self.padding - self.size) // self.stride_x + 1
             self.out_c = self.c
         if self.out_h < 1 or self.out_w < 1:
-            raise s.error(f"a {self.size}x{self.size} window does not fit the {self.w}x{self.h} "
-                          f"input", "size")
+            raise s.error(
+                f"a {self.size}x{self.size} window does not fit the {self.w}x{self.h} input", "size"
+            )
         self.outputs = self.out_c * self.out_h * self.out_w
 
     @property
@@ -47,12 +53,17 @@ class MaxpoolLayer(Layer):
 
     def describe(self):
         # Darknet's row: "max          %d x %d / %d  %4d x%4d x%4d   ->  ..."
-        stride = (f"{self.stride_x:d}" if self.stride_x == self.stride_y
-                  else f"{self.stride_x:d}x{self.stride_y:d}")
+        stride = (
+            f"{self.stride_x:d}"
+            if self.stride_x == self.stride_y
+            else f"{self.stride_x:d}x{self.stride_y:d}"
+        )
         window = "depth    " if self.depth else f"{self.size:d} x {self.size:d} / {stride}"
-        return (f"{'':7s}{window}  "
-                f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return (
+            f"{'':7s}{window}  "
+            f"{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+            f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
+        )
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
@@ -61,23 +72,59 @@ class MaxpoolLayer(Layer):
     def forward(self, net):
         be = net.be
         if self.depth:
-            be.maxpool_depth_forward(net.input, self.batch, self.c, self.h * self.w, self.out_c,
-                                     self.output, self.indexes)
+            be.maxpool_depth_forward(
+                net.input,
+                self.batch,
+                self.c,
+                self.h * self.w,
+                self.out_c,
+                self.output,
+                self.indexes,
+            )
         elif self.stride_x == self.stride_y:
-            be.maxpool_forward(net.input, self.batch, self.c, self.h, self.w, self.size,
-                               self.stride_x, self.padding, self.output,
-                               self.indexes if net.train else None)
+            be.maxpool_forward(
+                net.input,
+                self.batch,
+                self.c,
+                self.h,
+                self.w,
+                self.size,
+                self.stride_x,
+                self.padding,
+                self.output,
+                self.indexes if net.train else None,
+            )
         else:
-            be.maxpool_forward_xy(net.input, self.batch, self.c, self.h, self.w, self.size,
-                                  self.stride_x, self.stride_y, self.padding, self.output,
-                                  self.indexes if net.train else None)
+            be.maxpool_forward_xy(
+                net.input,
+                self.batch,
+                self.c,
+                self.h,
+                self.w,
+                self.size,
+                self.stride_x,
+                self.stride_y,
+                self.padding,
+                self.output,
+                self.indexes if net.train else None,
+            )
 
     def backward(self, net):
         if net.delta is None:
             return
         if self.depth:
             net.be.maxpool_backward(self.delta, self.indexes, self.batch * self.outputs, net.delta)
-        else:   # windows known: deterministic on every backend
-            net.be.maxpool_backward_xy(self.delta, self.indexes, self.batch, self.c, self.h,
-                                       self.w, self.size, self.stride_x, self.stride_y,
-                                       self.padding, net.delta)
+        else:  # windows known: deterministic on every backend
+            net.be.maxpool_backward_xy(
+                self.delta,
+                self.indexes,
+                self.batch,
+                self.c,
+                self.h,
+                self.w,
+                self.size,
+                self.stride_x,
+                self.stride_y,
+                self.padding,
+                net.delta,
+            )

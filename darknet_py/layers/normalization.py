@@ -8,6 +8,7 @@ never enters a window, quirks of Darknet kept for its numbers). Backward is Dark
 approximation: the previous delta gets norms^-beta * delta (Darknet overwrites it; it is
 added here, the same when nothing else wrote it).
 """
+
 from .base import Layer
 
 
@@ -35,11 +36,21 @@ class NormalizationLayer(Layer):
         self.norms = be.zeros(batch * self.outputs)
 
     def forward(self, net):
-        net.be.lrn_forward(net.input[:self.batch * self.inputs], self.batch, self.c,
-                           self.h * self.w, self.size, self.alpha, self.beta, self.kappa,
-                           self.norms, self.output)
+        net.be.lrn_forward(
+            net.input[: self.batch * self.inputs],
+            self.batch,
+            self.c,
+            self.h * self.w,
+            self.size,
+            self.alpha,
+            self.beta,
+            self.kappa,
+            self.norms,
+            self.output,
+        )
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.lrn_backward(self.norms, self.delta, self.beta,
-                                net.delta[:self.batch * self.inputs])
+            net.be.lrn_backward(
+                self.norms, self.delta, self.beta, net.delta[: self.batch * self.inputs]
+            )

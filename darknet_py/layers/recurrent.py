@@ -7,6 +7,7 @@ The network's batch holds `steps` time steps of batch / steps sequences, step-ma
 buffers for every step; for step t its output, delta and batch-norm arrays are pointed at
 that step's rows (Darknet's increment_layer), and it runs with batch / steps images.
 """
+
 from types import SimpleNamespace
 
 from ..cfg import Option, Section
@@ -30,7 +31,7 @@ class Inner:
     def __init__(self, name, layer):
         self.name = name
         self.layer = layer
-        layer.stepped = True   # keeps x_norm and the activation's input per step
+        layer.stepped = True  # keeps x_norm and the activation's input per step
         self.full = {}
 
     def allocate(self, be, batch, steps, train):
@@ -44,27 +45,35 @@ class Inner:
         n = self.step_batch * self.layer.outputs
         for key, full in self.full.items():
             if full is not None:
-                setattr(self.layer, key, full[step * n:(step + 1) * n])
+                setattr(self.layer, key, full[step * n : (step + 1) * n])
         self.layer.batch = self.step_batch
         return self.layer
 
     def step_delta(self, step):
         n = self.step_batch * self.layer.outputs
-        return self.full["delta"][step * n:(step + 1) * n]
+        return self.full["delta"][step * n : (step + 1) * n]
 
     def step_output(self, step):
         n = self.step_batch * self.layer.outputs
-        return self.full["output"][step * n:(step + 1) * n]
+        return self.full["output"][step * n : (step + 1) * n]
 
 
 def step_state(net, input, delta=None):
     """The network state an inner layer sees for one step (Darknet's `network s`)."""
-    return SimpleNamespace(be=net.be, input=input, delta=delta, train=net.train,
-                           workspace=net.workspace, fold_batchnorm=False, truth=None)
+    return SimpleNamespace(
+        be=net.be,
+        input=input,
+        delta=delta,
+        train=net.train,
+        workspace=net.workspace,
+        fold_batchnorm=False,
+        truth=None,
+    )
 
 
 class RecurrentLayer(Layer):
     """Shared plumbing: `self.inner` lists the Inner layers in the weights file's order."""
+
     image_shaped = True
     # The Darknets whose update never moves this layer's weights. The fork's update_network
     # skips layers whose `train` flag is unset (Layer.fork_train; the network skips them),
@@ -86,15 +95,18 @@ class RecurrentLayer(Layer):
         """Darknet's layer-table row: inputs -> outputs, or the image shapes of the
         convolution-based layers, and the time steps."""
         if self.convolutional_steps:
-            return (f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                    f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  ({self.steps} steps)")
+            return (
+                f"{'':24s}{self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}  ({self.steps} steps)"
+            )
         return f"{'':28s}{self.inputs:4d}  ->  {self.outputs:4d}  ({self.steps} steps)"
 
     def connected_gates(self, s, ctx, output, order):
         """[gru]'s and [lstm]'s gates: an inner [connected] layer each, in the weights
         file's `order`; the "u" gates read the input, the "w" gates the hidden state."""
-        section = inner_section(s, "connected", output=output, activation="linear",
-                                batch_normalize=self.batch_normalize)
+        section = inner_section(
+            s, "connected", output=output, activation="linear", batch_normalize=self.batch_normalize
+        )
         self.gates = {}
         for name in order:
             n_in = self.inputs if name[0] == "u" else output
@@ -109,15 +121,23 @@ class RecurrentLayer(Layer):
 
     def make_inner(self, name, ctx, section, c, h, w, inputs):
         from . import layer_class
-        inner_ctx = BuildContext(layers=ctx.layers, net=ctx.net, batch=ctx.batch,
-                                 darknet=ctx.darknet, fork_cpu=ctx.fork_cpu)
+
+        inner_ctx = BuildContext(
+            layers=ctx.layers,
+            net=ctx.net,
+            batch=ctx.batch,
+            darknet=ctx.darknet,
+            fork_cpu=ctx.fork_cpu,
+        )
         layer = layer_class(section.type)(self.index, section, c, h, w, inputs, inner_ctx)
         return Inner(name, layer)
 
     def check_batch(self, batch):
         if batch % self.steps:
-            raise ValueError(f"layer {self.index} [{self.type}]: a batch of {batch} does not "
-                             f"split into time_steps={self.steps}")
+            raise ValueError(
+                f"layer {self.index} [{self.type}]: a batch of {batch} does not "
+                f"split into time_steps={self.steps}"
+            )
 
     @property
     def bflops(self):
@@ -183,6 +203,7 @@ class CellStateLayer(RecurrentLayer):
     """What [lstm] and the fork's [conv_lstm] share: the hidden and cell state (h_t, c_t)
     and the C backward's leftovers carried across calls, per-step gate scratch, and a
     step's rows of a buffer."""
+
     _SCRATCH = ("f", "i", "g", "o", "temp", "temp2", "temp3")
 
     def allocate(self, be, batch, train):
@@ -193,8 +214,9 @@ class CellStateLayer(RecurrentLayer):
         self.delta = be.zeros(batch * self.outputs) if train else None
         self.cell = be.zeros(batch * self.outputs)
         self.activation_input = None
-        self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc = (be.zeros(n)
-                                                                        for _ in range(5))
+        self.h_t, self.c_t, self.prev_state, self.prev_cell, self.dc = (
+            be.zeros(n) for _ in range(5)
+        )
         for name in self._SCRATCH:
             setattr(self, name, be.zeros(n))
         self.keep_carried_state(old)
@@ -205,7 +227,7 @@ class CellStateLayer(RecurrentLayer):
 
     def _rows(self, array, t):
         n = self.step_batch * self.outputs
-        return array[t * n:(t + 1) * n]
+        return array[t * n : (t + 1) * n]
 
     def _cell_and_output_deltas(self, be, t):
         """Step t's backward through h = o * tanh(c): temp3 <- d(h); temp2 <- the cell's

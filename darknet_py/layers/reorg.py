@@ -9,6 +9,7 @@ pjreddie's reorg_layer.c, including its quirks:
   * extra=N appends N values (kept at 0) to each image and reports a 0x0x0 shape.
 Backward applies the inverse permutation and adds it into the previous delta.
 """
+
 from .base import Layer
 
 
@@ -41,18 +42,25 @@ class ReorgLayer(Layer):
         self.outputs = self.out_w * self.out_h * self.out_c
         if not self.flatten and self.c % (st * st):
             # reorg_cpu splits the channels into stride^2 groups in both directions.
-            raise s.error(f"stride={st} needs the input channels ({self.c}) to be a multiple "
-                          f"of {st * st}", "stride")
+            raise s.error(
+                f"stride={st} needs the input channels ({self.c}) to be a multiple of {st * st}",
+                "stride",
+            )
         if self.outputs != self.inputs:
-            raise s.error(f"stride={st} does not fit the {self.w}x{self.h}x{self.c} input: "
-                          f"the {self.out_w}x{self.out_h}x{self.out_c} output would hold "
-                          f"{self.outputs} values, not {self.inputs}", "stride")
+            raise s.error(
+                f"stride={st} does not fit the {self.w}x{self.h}x{self.c} input: "
+                f"the {self.out_w}x{self.out_h}x{self.out_c} output would hold "
+                f"{self.outputs} values, not {self.inputs}",
+                "stride",
+            )
 
     def describe(self):
         if self.extra:
             return f"{'':13s}{self.inputs:4d}   ->  {self.outputs:4d}"
-        return (f"{'':13s}/{self.stride:2d}  {self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return (
+            f"{'':13s}/{self.stride:2d}  {self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+            f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
+        )
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
@@ -74,7 +82,7 @@ class ReorgLayer(Layer):
                     else:
                         be.copy_blocks(src, base + ch, layers, dst, base + ch * size, 1, 1, size)
             else:
-                for i in range(size):     # one strided copy per position
+                for i in range(size):  # one strided copy per position
                     if to_hwc:
                         be.copy_blocks(src, base + i, size, dst, base + i * layers, 1, 1, layers)
                     else:
@@ -82,16 +90,16 @@ class ReorgLayer(Layer):
 
     def forward(self, net):
         be = net.be
-        x = net.input[:self.batch * self.inputs]
+        x = net.input[: self.batch * self.inputs]
         if self.flatten:
             self._transpose(be, x, self.output, to_hwc=not self.reverse)
         elif self.extra:
             # The appended values are never written: zero from allocation, as Darknet's calloc.
-            be.copy_blocks(x, 0, self.inputs, self.output, 0, self.outputs, self.inputs,
-                           self.batch)
+            be.copy_blocks(x, 0, self.inputs, self.output, 0, self.outputs, self.inputs, self.batch)
         else:
-            be.reorg(x, self.w, self.h, self.c, self.batch, self.stride,
-                     bool(self.reverse), self.output)
+            be.reorg(
+                x, self.w, self.h, self.c, self.batch, self.stride, bool(self.reverse), self.output
+            )
 
     def backward(self, net):
         if net.delta is None:
@@ -103,9 +111,11 @@ class ReorgLayer(Layer):
         elif self.extra:
             # (Darknet tests reverse before extra here, unlike its forward; this follows
             # the forward so the gradient matches it.)
-            be.copy_blocks(self.delta, 0, self.outputs, back, 0, self.inputs, self.inputs,
-                           self.batch)
+            be.copy_blocks(
+                self.delta, 0, self.outputs, back, 0, self.inputs, self.inputs, self.batch
+            )
         else:
-            be.reorg(self.delta, self.w, self.h, self.c, self.batch, self.stride,
-                     not self.reverse, back)
-        be.axpy(1.0, back, net.delta[:self.batch * self.inputs])
+            be.reorg(
+                self.delta, self.w, self.h, self.c, self.batch, self.stride, not self.reverse, back
+            )
+        be.axpy(1.0, back, net.delta[: self.batch * self.inputs])

@@ -3,6 +3,7 @@
 Space to depth: (w, h, c) -> (w/stride, h/stride, c*stride^2), placed by reorg_cpu
 run over the *output* shape with forward=0 (the original runs it over the input
 shape). reverse=1 is refused: the fork's version of it divides the channels twice."""
+
 from .base import Layer, refuse_options
 
 
@@ -22,8 +23,10 @@ class Reorg3dLayer(Layer):
         self.outputs = self.inputs
 
     def describe(self):
-        return (f"{'':13s}/{self.stride:2d}  {self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return (
+            f"{'':13s}/{self.stride:2d}  {self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+            f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
+        )
 
     def allocate(self, be, batch, train):
         super().allocate(be, batch, train)
@@ -31,12 +34,28 @@ class Reorg3dLayer(Layer):
         self.delta_in = be.zeros(batch * self.inputs) if train else None
 
     def forward(self, net):
-        net.be.reorg(net.input[:self.batch * self.inputs], self.out_w, self.out_h, self.out_c,
-                     self.batch, self.stride, False, self.output)
+        net.be.reorg(
+            net.input[: self.batch * self.inputs],
+            self.out_w,
+            self.out_h,
+            self.out_c,
+            self.batch,
+            self.stride,
+            False,
+            self.output,
+        )
 
     def backward(self, net):
         if net.delta is None:
             return
-        net.be.reorg(self.delta, self.out_w, self.out_h, self.out_c, self.batch, self.stride,
-                     True, self.delta_in)
-        net.be.axpy(1.0, self.delta_in, net.delta[:self.batch * self.inputs])
+        net.be.reorg(
+            self.delta,
+            self.out_w,
+            self.out_h,
+            self.out_c,
+            self.batch,
+            self.stride,
+            True,
+            self.delta_in,
+        )
+        net.be.axpy(1.0, self.delta_in, net.delta[: self.batch * self.inputs])

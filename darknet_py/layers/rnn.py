@@ -9,6 +9,7 @@ the input layer's delta is the self layer's delta after the self layer's own act
 gradient. The original sizes the hidden state by `output`; the fork has `hidden` (state
 size) apart from `output`, and `logistic=1|2` for a logistic/loggy self layer.
 """
+
 from .base import parse_activation
 from .recurrent import RecurrentLayer, inner_section, step_state
 
@@ -31,8 +32,11 @@ class RnnLayer(RecurrentLayer):
         else:
             self.hidden = output
             if s.has("hidden") and s.get_int("hidden") != output:
-                s.warn(f"the original Darknet ignores hidden= (its state has output={output} "
-                       f"values); use --darknet alexeyab for the fork's hidden size", "hidden")
+                s.warn(
+                    f"the original Darknet ignores hidden= (its state has output={output} "
+                    f"values); use --darknet alexeyab for the fork's hidden size",
+                    "hidden",
+                )
         for key, v in (("output", output), ("hidden", self.hidden)):
             if v < 1:
                 raise s.error(f"must be at least 1, got {v}", key)
@@ -40,15 +44,42 @@ class RnnLayer(RecurrentLayer):
             raise s.error("the layer before [rnn] has no outputs")
 
         def connected(n_out, activation):
-            return inner_section(s, "connected", output=n_out, activation=activation,
-                                 batch_normalize=self.batch_normalize)
+            return inner_section(
+                s,
+                "connected",
+                output=n_out,
+                activation=activation,
+                batch_normalize=self.batch_normalize,
+            )
+
         self.inner = [
-            self.make_inner("input_layer", ctx, connected(self.hidden, self.activation_name),
-                            self.inputs, 1, 1, self.inputs),
-            self.make_inner("self_layer", ctx, connected(self.hidden, self_activation),
-                            self.hidden, 1, 1, self.hidden),
-            self.make_inner("output_layer", ctx, connected(output, self.activation_name),
-                            self.hidden, 1, 1, self.hidden),
+            self.make_inner(
+                "input_layer",
+                ctx,
+                connected(self.hidden, self.activation_name),
+                self.inputs,
+                1,
+                1,
+                self.inputs,
+            ),
+            self.make_inner(
+                "self_layer",
+                ctx,
+                connected(self.hidden, self_activation),
+                self.hidden,
+                1,
+                1,
+                self.hidden,
+            ),
+            self.make_inner(
+                "output_layer",
+                ctx,
+                connected(output, self.activation_name),
+                self.hidden,
+                1,
+                1,
+                self.hidden,
+            ),
         ]
         self.out_c, self.out_h, self.out_w = output, 1, 1
         self.outputs = output
@@ -69,7 +100,7 @@ class RnnLayer(RecurrentLayer):
 
     def slot(self, t):
         n = self.step_batch * self.hidden
-        return self.state[t * n:(t + 1) * n]
+        return self.state[t * n : (t + 1) * n]
 
     def forward(self, net):
         be = net.be
@@ -79,7 +110,7 @@ class RnnLayer(RecurrentLayer):
             be.fill(self.slot(0), 0.0)
         n_in = self.step_batch * self.inputs
         for t in range(self.steps):
-            x = net.input[t * n_in:(t + 1) * n_in]
+            x = net.input[t * n_in : (t + 1) * n_in]
             inp.at(t).forward(step_state(net, x))
             prev = self.slot(t if net.train else 0)
             slf.at(t).forward(step_state(net, prev))
@@ -101,10 +132,11 @@ class RnnLayer(RecurrentLayer):
             be.copy(inp.step_output(t), state)
             be.axpy(1.0, slf.step_output(t), state)
             out.at(t).backward(step_state(net, state, slf.step_delta(t)))
-            slf.at(t).backward(step_state(net, self.slot(t),
-                                          slf.step_delta(t - 1) if t > 0 else None))
+            slf.at(t).backward(
+                step_state(net, self.slot(t), slf.step_delta(t - 1) if t > 0 else None)
+            )
             be.copy(slf.step_delta(t), inp.step_delta(t))
             if t > 0 and self.shortcut:
                 be.axpy(1.0, slf.step_delta(t), slf.step_delta(t - 1))
-            delta = net.delta[t * n_in:(t + 1) * n_in] if net.delta is not None else None
-            inp.at(t).backward(step_state(net, net.input[t * n_in:(t + 1) * n_in], delta))
+            delta = net.delta[t * n_in : (t + 1) * n_in] if net.delta is not None else None
+            inp.at(t).backward(step_state(net, net.input[t * n_in : (t + 1) * n_in], delta))

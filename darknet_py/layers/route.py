@@ -2,13 +2,14 @@
 
 The AlexeyAB fork's groups=G, group_id=k take from each input only the k-th of G
 contiguous slices of its per-image output (channels k*C/G .. (k+1)*C/G - 1)."""
+
 from ..plurals import counted
 from .base import Layer, source_layers
 
 
 class RouteLayer(Layer):
     type = "route"
-    is_view = False   # set by allocate: the output is the one source's output array
+    is_view = False  # set by allocate: the output is the one source's output array
 
     def parse(self, s, ctx):
         self.sources = source_layers(self, s, ctx, "layers")
@@ -17,9 +18,12 @@ class RouteLayer(Layer):
         self.out_c = 0
         for src in self.sources:
             if (src.out_w, src.out_h) != (self.out_w, self.out_h):
-                raise s.error(f"layer {src.index} is {src.out_w}x{src.out_h} but layer "
-                              f"{first.index} is {self.out_w}x{self.out_h}: routed layers must "
-                              f"have the same width and height", "layers")
+                raise s.error(
+                    f"layer {src.index} is {src.out_w}x{src.out_h} but layer "
+                    f"{first.index} is {self.out_w}x{self.out_h}: routed layers must "
+                    f"have the same width and height",
+                    "layers",
+                )
             self.out_c += src.out_c
         self.groups = s.get_int("groups", 1)
         self.group_id = s.get_int("group_id", 0)
@@ -29,8 +33,11 @@ class RouteLayer(Layer):
             raise s.error(f"must be in 0..{self.groups - 1} for groups={self.groups}", "group_id")
         for src in self.sources:
             if src.out_c % self.groups:
-                raise s.error(f"groups={self.groups} does not divide the "
-                              f"{counted(src.out_c, 'channel')} of layer {src.index}", "groups")
+                raise s.error(
+                    f"groups={self.groups} does not divide the "
+                    f"{counted(src.out_c, 'channel')} of layer {src.index}",
+                    "groups",
+                )
         self.out_c //= self.groups
         self.outputs = sum(src.outputs for src in self.sources) // self.groups
         self.inputs = self.outputs
@@ -48,8 +55,9 @@ class RouteLayer(Layer):
     def new_output(self, be, batch):
         source = self.sources[0].output
         # A source that keeps more than this batch (a recurrent layer's steps) is copied.
-        self.is_view = (self.views_its_input() and source is not None
-                        and source.size == batch * self.outputs)
+        self.is_view = (
+            self.views_its_input() and source is not None and source.size == batch * self.outputs
+        )
         return source if self.is_view else super().new_output(be, batch)
 
     def _parts(self):
@@ -64,11 +72,21 @@ class RouteLayer(Layer):
         if self.is_view:
             return
         for src, start, part, offset in self._parts():
-            net.be.copy_blocks(src.output, start, src.outputs, self.output, offset, self.outputs,
-                               part, self.batch)
+            net.be.copy_blocks(
+                src.output, start, src.outputs, self.output, offset, self.outputs, part, self.batch
+            )
 
     def backward(self, net):
         for src, start, part, offset in self._parts():
             if src.delta is not None:
-                net.be.copy_blocks(self.delta, offset, self.outputs, src.delta, start, src.outputs,
-                                   part, self.batch, accumulate=True)
+                net.be.copy_blocks(
+                    self.delta,
+                    offset,
+                    self.outputs,
+                    src.delta,
+                    start,
+                    src.outputs,
+                    part,
+                    self.batch,
+                    accumulate=True,
+                )

@@ -1,6 +1,7 @@
 """[sam]: the AlexeyAB fork's spatial attention: out = activation(prev * from), element-wise.
 
 The `from` layer and the previous layer must have the same shape; the output has it."""
+
 from .base import Layer, parse_activation, source_layer
 
 
@@ -13,9 +14,12 @@ class SamLayer(Layer):
         self.activation = parse_activation(s, "linear")
         src = self.source
         if (src.out_w, src.out_h, src.out_c) != (self.w, self.h, self.c):
-            raise s.error(f"layer {src.index} is {src.out_w}x{src.out_h}x{src.out_c} but the "
-                          f"previous layer is {self.w}x{self.h}x{self.c}: [sam] multiplies "
-                          f"them element-wise", "from")
+            raise s.error(
+                f"layer {src.index} is {src.out_w}x{src.out_h}x{src.out_c} but the "
+                f"previous layer is {self.w}x{self.h}x{self.c}: [sam] multiplies "
+                f"them element-wise",
+                "from",
+            )
 
     def describe(self):
         return f"{self.source.index:4d}{'':20s}{self.w:4d} x{self.h:4d} x{self.c:4d}"

@@ -3,6 +3,7 @@
 out[b, c, y, x] = prev[b, c] * from[b, c, y, x], the previous layer being 1x1xC and
 the output taking the `from` layer's shape; scale_wh=1 swaps the roles: the previous
 layer is WxHx1 and scales every channel at each position."""
+
 from .base import Layer, parse_activation, source_layer
 
 
@@ -22,15 +23,17 @@ class ScaleChannelsLayer(Layer):
             fits = self.w == 1 and self.h == 1 and self.c == src.out_c
             need = f"1x1x{src.out_c}"
         if not fits:
-            raise s.error(f"the previous layer is {self.w}x{self.h}x{self.c}; with layer "
-                          f"{src.index} ({src.out_w}x{src.out_h}x{src.out_c}) it must be "
-                          f"{need}", "from")
+            raise s.error(
+                f"the previous layer is {self.w}x{self.h}x{self.c}; with layer "
+                f"{src.index} ({src.out_w}x{src.out_h}x{src.out_c}) it must be "
+                f"{need}",
+                "from",
+            )
         self.out_c, self.out_h, self.out_w = src.out_c, src.out_h, src.out_w
         self.outputs = src.outputs
 
     def describe(self):
-        return (f"{self.source.index:4d}{'':20s}{self.out_w:4d} x{self.out_h:4d} x"
-                f"{self.out_c:4d}")
+        return f"{self.source.index:4d}{'':20s}{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
 
     def _shape(self):
         return self.batch, self.out_c, self.out_h * self.out_w, self.scale_wh
@@ -41,5 +44,6 @@ class ScaleChannelsLayer(Layer):
 
     def backward(self, net):
         self.activation_gradient(net.be)
-        net.be.scale_channels_backward(net.input, self.source.output, self.delta, *self._shape(),
-                                       net.delta, self.source.delta)
+        net.be.scale_channels_backward(
+            net.input, self.source.output, self.delta, *self._shape(), net.delta, self.source.delta
+        )

@@ -5,6 +5,7 @@ classes instead, and outputs whose truth is tree.NO_TRUTH (groups holding none o
 image's classes) give no delta and no cost: Darknet's GPU build masks them (its CPU build
 does not, and trains on the -1234 marker).
 """
+
 from ..plurals import counted
 from ..tree import NO_TRUTH, TreeArrays, tree_option
 from .base import Layer
@@ -25,9 +26,12 @@ class SoftmaxLayer(Layer):
         if self.temperature <= 0:
             raise s.error("must be positive", "temperature")
         if self.hierarchy is not None and self.hierarchy.n != self.inputs:
-            raise s.error(f"{self.hierarchy.path} has "
-                          f"{counted(self.hierarchy.n, 'class', 'classes')} but the layer gets "
-                          f"{counted(self.inputs, 'input')}", "tree")
+            raise s.error(
+                f"{self.hierarchy.path} has "
+                f"{counted(self.hierarchy.n, 'class', 'classes')} but the layer gets "
+                f"{counted(self.inputs, 'input')}",
+                "tree",
+            )
         self.out_c = self.out_h = self.out_w = 0
         self.outputs = self.inputs
 
@@ -43,12 +47,30 @@ class SoftmaxLayer(Layer):
     def forward(self, net):
         be = net.be
         if self.tree is not None:
-            be.softmax_tree(net.input, 1, self.batch, self.inputs, self.temperature,
-                            self.tree.offset, self.tree.size, self.tree.classes, self.output)
+            be.softmax_tree(
+                net.input,
+                1,
+                self.batch,
+                self.inputs,
+                self.temperature,
+                self.tree.offset,
+                self.tree.size,
+                self.tree.classes,
+                self.output,
+            )
         else:
             n = self.inputs // self.groups
-            be.softmax(net.input, n, self.batch, self.inputs, self.groups, n, 1,
-                       self.temperature, self.output)
+            be.softmax(
+                net.input,
+                n,
+                self.batch,
+                self.inputs,
+                self.groups,
+                n,
+                1,
+                self.temperature,
+                self.output,
+            )
         if net.truth is not None and net.train and not self.noloss:
             be.softmax_x_ent(self.output, net.truth, self.delta, self.loss)
             if self.tree is not None:
@@ -61,5 +83,8 @@ class SoftmaxLayer(Layer):
     def backward(self, net):
         if net.delta is not None:
             # The fork's GPU build scales the gradient by its loss_scale (1 elsewhere).
-            net.be.axpy(getattr(net, "fork_loss_scale", 1.0), self.delta,
-                        net.delta[:self.batch * self.inputs])
+            net.be.axpy(
+                getattr(net, "fork_loss_scale", 1.0),
+                self.delta,
+                net.delta[: self.batch * self.inputs],
+            )

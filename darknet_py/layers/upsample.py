@@ -1,4 +1,5 @@
 """[upsample]: nearest-neighbour upsampling by an integer stride (negative: downsample)."""
+
 from .base import Layer
 
 
@@ -23,26 +24,64 @@ class UpsampleLayer(Layer):
     def describe(self):
         # Darknet's row: "upsample           %2dx  %4d x..." (reverse: "downsample         ")
         pad = 9 if self.reverse else 11
-        return (f"{'':{pad}s}{self.stride:2d}x  {self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
-                f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}")
+        return (
+            f"{'':{pad}s}{self.stride:2d}x  {self.w:4d} x{self.h:4d} x{self.c:4d}   ->  "
+            f"{self.out_w:4d} x{self.out_h:4d} x{self.out_c:4d}"
+        )
 
     def forward(self, net):
         be = net.be
         if self.reverse:  # downsample: the adjoint of upsampling, into a zeroed output
             be.fill(self.output, 0.0)
-            be.upsample(self.output, self.out_w, self.out_h, self.c, self.batch, self.stride,
-                        False, self.scale, net.input)
+            be.upsample(
+                self.output,
+                self.out_w,
+                self.out_h,
+                self.c,
+                self.batch,
+                self.stride,
+                False,
+                self.scale,
+                net.input,
+            )
         else:
-            be.upsample(net.input, self.w, self.h, self.c, self.batch, self.stride, True,
-                        self.scale, self.output)
+            be.upsample(
+                net.input,
+                self.w,
+                self.h,
+                self.c,
+                self.batch,
+                self.stride,
+                True,
+                self.scale,
+                self.output,
+            )
 
     def backward(self, net):
         if net.delta is None:
             return
         be = net.be
         if self.reverse:
-            be.upsample(self.delta, self.out_w, self.out_h, self.c, self.batch, self.stride,
-                        True, self.scale, net.delta)
+            be.upsample(
+                self.delta,
+                self.out_w,
+                self.out_h,
+                self.c,
+                self.batch,
+                self.stride,
+                True,
+                self.scale,
+                net.delta,
+            )
         else:
-            be.upsample(net.delta, self.w, self.h, self.c, self.batch, self.stride, False,
-                        self.scale, self.delta)
+            be.upsample(
+                net.delta,
+                self.w,
+                self.h,
+                self.c,
+                self.batch,
+                self.stride,
+                False,
+                self.scale,
+                self.delta,
+            )

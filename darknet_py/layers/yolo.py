@@ -14,24 +14,52 @@ smoothing, iou_thresh, ...; `loss` and `fork_loss` run them on host arrays). The
 is used when the network is the fork's flavour or the section sets any option only the
 fork knows.
 """
+
 from dataclasses import replace
 
 import numpy as np
 
-from ..boxes import (IOU_KINDS, NMS_KINDS, TRUTH_FIELDS, correct_yolo_boxes, make_detections,
-                     thresholded)
-from ..losses.yolo import (FLT_MAX, IOU_LOSSES, SCALARS, YoloLossSpec, decode, every_truth,
-                         loss_stats, yolo_loss)
+from ..boxes import (
+    IOU_KINDS,
+    NMS_KINDS,
+    TRUTH_FIELDS,
+    correct_yolo_boxes,
+    make_detections,
+    thresholded,
+)
+from ..losses.yolo import (
+    FLT_MAX,
+    IOU_LOSSES,
+    SCALARS,
+    YoloLossSpec,
+    decode,
+    every_truth,
+    loss_stats,
+    yolo_loss,
+)
 from ..plurals import counted
 from .base import Layer, refuse_options
 from .heads import check_classes, is_fork_flavour, keep_report, parse_anchors
 
 F32 = np.float32
 # Options only the AlexeyAB fork reads: any of them switches the layer to the fork's loss.
-FORK_OPTIONS = ("scale_x_y", "new_coords", "iou_loss", "iou_normalizer", "obj_normalizer",
-                "cls_normalizer", "max_delta", "iou_thresh", "iou_thresh_kind", "beta_nms",
-                "nms_kind", "label_smooth_eps", "objectness_smooth", "counters_per_class",
-                "resize")
+FORK_OPTIONS = (
+    "scale_x_y",
+    "new_coords",
+    "iou_loss",
+    "iou_normalizer",
+    "obj_normalizer",
+    "cls_normalizer",
+    "max_delta",
+    "iou_thresh",
+    "iou_thresh_kind",
+    "beta_nms",
+    "nms_kind",
+    "label_smooth_eps",
+    "objectness_smooth",
+    "counters_per_class",
+    "resize",
+)
 
 
 class YoloLayer(Layer):
@@ -73,13 +101,19 @@ class YoloLayer(Layer):
         if self.mask and self.total <= max(self.mask) < listed:
             # The fork's stock cspx-p7 cfgs mask anchors past num that anchors= does list;
             # the C code then reads past its array. Use the listed anchors instead.
-            s.warn(f"mask uses anchor {max(self.mask)} but num={self.total}; taking "
-                   f"num={listed}, the anchors listed", "num")
+            s.warn(
+                f"mask uses anchor {max(self.mask)} but num={self.total}; taking "
+                f"num={listed}, the anchors listed",
+                "num",
+            )
             self.total = listed
         for m in self.mask:
             if not 0 <= m < self.total:
-                raise s.error(f"anchor {m} does not exist: num={self.total} anchors are "
-                              f"numbered 0..{self.total - 1}", "mask")
+                raise s.error(
+                    f"anchor {m} does not exist: num={self.total} anchors are "
+                    f"numbered 0..{self.total - 1}",
+                    "mask",
+                )
         self.biases = parse_anchors(s, 2 * self.total)
         self.entries = entries
         self.out_c = self.n * entries
@@ -87,10 +121,13 @@ class YoloLayer(Layer):
         self.outputs = self.out_c * self.out_h * self.out_w
         if self.outputs != self.inputs:
             box = entries - 1 - self.classes
-            raise s.error(f"the layer before [{self.short}] gives {counted(self.c, 'channel')} "
-                          f"but {counted(self.n, 'masked anchor')} x ({box} + 1 + "
-                          f"{counted(self.classes, 'class', 'classes')}) need {self.out_c}: "
-                          f"set its filters={self.out_c}", "classes")
+            raise s.error(
+                f"the layer before [{self.short}] gives {counted(self.c, 'channel')} "
+                f"but {counted(self.n, 'masked anchor')} x ({box} + 1 + "
+                f"{counted(self.classes, 'class', 'classes')}) need {self.out_c}: "
+                f"set its filters={self.out_c}",
+                "classes",
+            )
 
     def parse_fork_options(self, s):
         """The fork's [yolo] options (parse_yolo in its parser.c), with its defaults."""
@@ -112,15 +149,18 @@ class YoloLayer(Layer):
         self.show_details = s.get_int("show_details", 1)
         self.delta_normalizer = s.get_float("delta_normalizer", 1.0)
         if self.delta_normalizer != 1.0 and self.fork_cpu:
-            s.warn("has no effect with --darknet alexeyab-cpu: the fork's CPU build ignores it "
-                   "(its GPU build, the default alexeyab, scales the gradient by it)",
-                   "delta_normalizer")
+            s.warn(
+                "has no effect with --darknet alexeyab-cpu: the fork's CPU build ignores it "
+                "(its GPU build, the default alexeyab, scales the gradient by it)",
+                "delta_normalizer",
+            )
         counters = s.get_int_list("counters_per_class", None)
         self.class_multipliers = None
         if counters is not None:
             if len(counters) != self.classes:
-                raise s.error(f"{len(counters)} counts given for classes={self.classes}",
-                              "counters_per_class")
+                raise s.error(
+                    f"{len(counters)} counts given for classes={self.classes}", "counters_per_class"
+                )
             # get_classes_multipliers: rarer classes weigh more, capped at max_delta.
             counts = np.maximum(np.array(counters, dtype=F32), F32(1))
             self.class_multipliers = np.minimum(counts.max() / counts, F32(self.max_delta))
@@ -138,17 +178,25 @@ class YoloLayer(Layer):
     # ---- computation --------------------------------------------------------------
     def forward(self, net):
         be = net.be
-        be.copy(net.input[:self.batch * self.outputs], self.output)
+        be.copy(net.input[: self.batch * self.outputs], self.output)
         wh = self.w * self.h
         rows, stride = self.batch * self.n, (5 + self.classes) * wh
         if not self.new_coords:
             be.activate_strided(self.output, rows, stride, 0, 2 * wh, "logistic")
-            be.activate_strided(self.output, rows, stride, 4 * wh, (1 + self.classes) * wh,
-                                "logistic")
+            be.activate_strided(
+                self.output, rows, stride, 4 * wh, (1 + self.classes) * wh, "logistic"
+            )
         if self.scale_x_y != 1:
             # The fork passes the offset as a float computed in double.
-            be.scale_add_strided(self.output, rows, stride, 0, 2 * wh, F32(self.scale_x_y),
-                                 F32(-0.5 * (self.scale_x_y - 1)))
+            be.scale_add_strided(
+                self.output,
+                rows,
+                stride,
+                0,
+                2 * wh,
+                F32(self.scale_x_y),
+                F32(-0.5 * (self.scale_x_y - 1)),
+            )
         self.cost = None
         if net.train and net.truth is not None:
             self.loss_spec = self._loss_spec(net)
@@ -157,8 +205,9 @@ class YoloLayer(Layer):
             self.print_stats = getattr(net, "verbose", False)
 
     def _loss_spec(self, net):
-        return self.spec(net.input_shape[2], net.input_shape[1],
-                         getattr(net, "truth_size", TRUTH_FIELDS))
+        return self.spec(
+            net.input_shape[2], net.input_shape[1], getattr(net, "truth_size", TRUTH_FIELDS)
+        )
 
     def check_truth(self, net, truth_host):
         # The loss runs on the backend (and may be a replayed graph): class ids are checked
@@ -175,16 +224,33 @@ class YoloLayer(Layer):
         """The loss's view of this layer (yolo_loss.YoloLossSpec) for a netw x neth input;
         fork: the flavour (default: the layer's)."""
         return YoloLossSpec(
-            batch=self.batch, n=self.n, classes=self.classes, h=self.h, w=self.w,
-            total=self.total, mask=tuple(self.mask), biases=self.biases, netw=netw, neth=neth,
-            truth_fields=truth_fields, max_boxes=self.max_boxes,
-            fork=self.fork if fork is None else fork, ignore_thresh=self.ignore_thresh,
-            truth_thresh=self.truth_thresh, new_coords=self.new_coords,
-            iou_loss=self.iou_loss, iou_normalizer=self.iou_normalizer,
-            obj_normalizer=self.obj_normalizer, cls_normalizer=self.cls_normalizer,
-            max_delta=self.max_delta, iou_thresh=self.iou_thresh,
-            iou_thresh_kind=self.iou_thresh_kind, label_smooth_eps=self.label_smooth_eps,
-            objectness_smooth=self.objectness_smooth, class_multipliers=self.class_multipliers)
+            batch=self.batch,
+            n=self.n,
+            classes=self.classes,
+            h=self.h,
+            w=self.w,
+            total=self.total,
+            mask=tuple(self.mask),
+            biases=self.biases,
+            netw=netw,
+            neth=neth,
+            truth_fields=truth_fields,
+            max_boxes=self.max_boxes,
+            fork=self.fork if fork is None else fork,
+            ignore_thresh=self.ignore_thresh,
+            truth_thresh=self.truth_thresh,
+            new_coords=self.new_coords,
+            iou_loss=self.iou_loss,
+            iou_normalizer=self.iou_normalizer,
+            obj_normalizer=self.obj_normalizer,
+            cls_normalizer=self.cls_normalizer,
+            max_delta=self.max_delta,
+            iou_thresh=self.iou_thresh,
+            iou_thresh_kind=self.iou_thresh_kind,
+            label_smooth_eps=self.label_smooth_eps,
+            objectness_smooth=self.objectness_smooth,
+            class_multipliers=self.class_multipliers,
+        )
 
     def collect(self, values):
         """The cost and statistics the backend's yolo_loss left in scalars."""
@@ -199,19 +265,24 @@ class YoloLayer(Layer):
         st = self.stats
         if self.fork:
             kind = self.iou_loss if self.iou_loss in ("mse", "giou") else "iou"
-            return (f"v3 ({kind} loss, Normalizer: (iou: {self.iou_normalizer:.2f}, obj: "
-                    f"{self.obj_normalizer:.2f}, cls: {self.cls_normalizer:.2f}) Region "
-                    f"{self.index} Avg (IOU: {st['avg_iou']:f}), count: {st['count']}, "
-                    f"class_loss = {st['class_loss']:f}, iou_loss = {st['iou_loss']:f}, "
-                    f"total_loss = {st['total_loss']:f} ")
-        return (f"Region {self.index} Avg IOU: {st['avg_iou']:f}, Class: {st['class']:f}, "
-                f"Obj: {st['obj']:f}, No Obj: {st['no_obj']:f}, .5R: {st['recall']:f}, "
-                f".75R: {st['recall75']:f},  count: {st['count']}")
+            return (
+                f"v3 ({kind} loss, Normalizer: (iou: {self.iou_normalizer:.2f}, obj: "
+                f"{self.obj_normalizer:.2f}, cls: {self.cls_normalizer:.2f}) Region "
+                f"{self.index} Avg (IOU: {st['avg_iou']:f}), count: {st['count']}, "
+                f"class_loss = {st['class_loss']:f}, iou_loss = {st['iou_loss']:f}, "
+                f"total_loss = {st['total_loss']:f} "
+            )
+        return (
+            f"Region {self.index} Avg IOU: {st['avg_iou']:f}, Class: {st['class']:f}, "
+            f"Obj: {st['obj']:f}, No Obj: {st['no_obj']:f}, .5R: {st['recall']:f}, "
+            f".75R: {st['recall75']:f},  count: {st['count']}"
+        )
 
     def backward(self, net):
         if net.delta is not None:
-            net.be.axpy(self.gradient_scale(net), self.delta,
-                        net.delta[:self.batch * self.outputs])
+            net.be.axpy(
+                self.gradient_scale(net), self.delta, net.delta[: self.batch * self.outputs]
+            )
 
     def gradient_scale(self, net):
         """What the delta is multiplied by on its way back: the fork's GPU build's
@@ -225,8 +296,21 @@ class YoloLayer(Layer):
     def decode(self, tx, ty, tw, th, col, row, anchor_w, anchor_h, netw, neth):
         """get_yolo_box on arrays (broadcasting): boxes (..., 4) float32 relative to the
         network input."""
-        return decode(tx, ty, tw, th, col, row, anchor_w, anchor_h, self.w, self.h, netw, neth,
-                      self.new_coords)
+        return decode(
+            tx,
+            ty,
+            tw,
+            th,
+            col,
+            row,
+            anchor_w,
+            anchor_h,
+            self.w,
+            self.h,
+            netw,
+            neth,
+            self.new_coords,
+        )
 
     def loss(self, output, truths, netw, neth):
         """The original Darknet's loss on host arrays: output (batch * outputs) after
@@ -252,7 +336,7 @@ class YoloLayer(Layer):
         detection per anchor and cell whose objectness is above thresh, cells in row-major
         order, anchors inner."""
         wh = self.w * self.h
-        out = np.asarray(output, dtype=F32).reshape(-1)[:self.outputs]
+        out = np.asarray(output, dtype=F32).reshape(-1)[: self.outputs]
         out = out.reshape(self.n, 5 + self.classes, wh).transpose(2, 0, 1)  # (cell, anchor, entry)
         obj = out[:, :, 4]
         cell, anchor = np.nonzero(obj > F32(thresh))
@@ -260,8 +344,9 @@ class YoloLayer(Layer):
         row = (cell // self.w).astype(F32)
         e = out[cell, anchor]
         biases = self.biases.reshape(-1, 2)[np.asarray(self.mask, dtype=np.int64)[anchor]]
-        boxes = self.decode(e[:, 0], e[:, 1], e[:, 2], e[:, 3], col, row, biases[:, 0],
-                            biases[:, 1], netw, neth).reshape(-1, 4)
+        boxes = self.decode(
+            e[:, 0], e[:, 1], e[:, 2], e[:, 3], col, row, biases[:, 0], biases[:, 1], netw, neth
+        ).reshape(-1, 4)
         objectness = e[:, 4]
         probs = thresholded(objectness[:, None] * e[:, 5:], thresh)
         boxes = correct_yolo_boxes(boxes, img_w, img_h, netw, neth, relative, letter)

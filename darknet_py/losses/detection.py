@@ -6,6 +6,7 @@ The truth is Darknet's grid form: per image and cell, is_object, one-hot classes
 x, y, w, h (x, y relative to the cell); detection_grid_truth builds it from the data
 loader's box rows as fill_truth_region does.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,9 +14,9 @@ import numpy as np
 from ..boxes import TRUTH_FIELDS, box_iou, box_rmse, truth_table
 
 F32 = np.float32
-RANDOM_SEEN = 64000    # with random=1, images seen before which the responsible box is random
-MIN_REGION_BOX = .005  # fill_truth_region drops boxes narrower or shorter than this
-NO_RMSE = 20.0         # the RMSE a box must beat when no box overlaps the truth
+RANDOM_SEEN = 64000  # with random=1, images seen before which the responsible box is random
+MIN_REGION_BOX = 0.005  # fill_truth_region drops boxes narrower or shorter than this
+NO_RMSE = 20.0  # the RMSE a box must beat when no box overlaps the truth
 # The op's figures (layer.scalars), cost first; the rest are sums over the batch's objects,
 # then the objectness summed over every box predictor and cell.
 DETECTION_SCALARS = ("cost", "iou", "pos_cat", "all_cat", "pos_obj", "count", "any_obj")
@@ -24,6 +25,7 @@ DETECTION_SCALARS = ("cost", "iou", "pos_cat", "all_cat", "pos_obj", "count", "a
 @dataclass(frozen=True)
 class DetectionHead:
     """What the loss takes from a [detection] layer (coords = 4)."""
+
     batch: int
     side: int
     n: int
@@ -53,12 +55,15 @@ def detection_grid_truth(truth, batch, truth_size, max_boxes, side, classes, gri
     or high are dropped; a class id outside 0..classes-1 sets no class."""
     rows, valid = truth_table(truth, batch, truth_size, max_boxes)
     loc, per_cell = side * side, 5 + classes
-    g = grid[:batch * loc * per_cell].reshape(batch * loc, per_cell)
+    g = grid[: batch * loc * per_cell].reshape(batch * loc, per_cell)
     g[...] = 0
     # Darknet compares the float sizes with the double .005.
-    keep = (valid & (rows[:, :, 2].astype(np.float64) >= MIN_REGION_BOX)
-            & (rows[:, :, 3].astype(np.float64) >= MIN_REGION_BOX))
-    b, k = np.nonzero(keep)            # image-major, box order within an image
+    keep = (
+        valid
+        & (rows[:, :, 2].astype(np.float64) >= MIN_REGION_BOX)
+        & (rows[:, :, 3].astype(np.float64) >= MIN_REGION_BOX)
+    )
+    b, k = np.nonzero(keep)  # image-major, box order within an image
     x, y, w, h, cls = (rows[b, k, f] for f in range(TRUTH_FIELDS))
     col = np.clip((x * F32(side)).astype(np.int64), 0, side - 1)
     row = np.clip((y * F32(side)).astype(np.int64), 0, side - 1)
@@ -68,8 +73,9 @@ def detection_grid_truth(truth, batch, truth_size, max_boxes, side, classes, gri
     cls = cls.astype(np.int64)
     known = (cls >= 0) & (cls < classes)
     g[cells[known], 1 + cls[known]] = 1
-    g[cells, 1 + classes:] = np.stack([x * F32(side) - col.astype(F32),
-                                       y * F32(side) - row.astype(F32), w, h], axis=1)
+    g[cells, 1 + classes :] = np.stack(
+        [x * F32(side) - col.astype(F32), y * F32(side) - row.astype(F32), w, h], axis=1
+    )
 
 
 def random_choices(draws, n):
@@ -84,9 +90,9 @@ def detection_loss(head, output, grid, draws, delta, scalars):
     of delta and scalars[:len(DETECTION_SCALARS)]."""
     B, n, C, side = head.batch, head.n, head.classes, head.side
     loc = side * side
-    out = np.asarray(output, dtype=F32)[:B * head.outputs].reshape(B, -1)
-    truth = np.asarray(grid, dtype=F32)[:B * loc * head.cell_truth].reshape(B, loc, -1)
-    d = delta[:out.size].reshape(B, -1)
+    out = np.asarray(output, dtype=F32)[: B * head.outputs].reshape(B, -1)
+    truth = np.asarray(grid, dtype=F32)[: B * loc * head.cell_truth].reshape(B, loc, -1)
+    d = delta[: out.size].reshape(B, -1)
     choices = None if draws is None else random_choices(draws, n).reshape(B, loc)
     p_base, box_base = loc * C, loc * (C + n)
     d[...] = 0
@@ -96,11 +102,11 @@ def detection_loss(head, output, grid, draws, delta, scalars):
         o, db = out[b], d[b]
         for cell in np.nonzero(truth[b, :, 0].astype(np.int64))[0]:
             t = truth[b, cell]
-            cls = o[cell * C:(cell + 1) * C]
-            db[cell * C:(cell + 1) * C] = F32(head.class_scale) * (t[1:1 + C] - cls)
-            tbox = t[1 + C:5 + C].copy()
+            cls = o[cell * C : (cell + 1) * C]
+            db[cell * C : (cell + 1) * C] = F32(head.class_scale) * (t[1 : 1 + C] - cls)
+            tbox = t[1 + C : 5 + C].copy()
             tbox[:2] /= F32(side)
-            boxes = _boxes(o[box_base + cell * n * 4:][:n * 4].reshape(n, 4), head)
+            boxes = _boxes(o[box_base + cell * n * 4 :][: n * 4].reshape(n, 4), head)
             ious, rmses = box_iou(boxes, tbox), box_rmse(boxes, tbox)
             best, best_iou, best_rmse = -1, F32(0), NO_RMSE
             for k in range(n):  # IoU decides once any is positive, else the RMSE
@@ -110,26 +116,33 @@ def detection_loss(head, output, grid, draws, delta, scalars):
                 elif rmses[k] < best_rmse:
                     best, best_rmse = k, rmses[k]
             if head.forced:
-                best = 1 if float(tbox[2] * tbox[3]) < .1 else 0  # C compares in double
+                best = 1 if float(tbox[2] * tbox[3]) < 0.1 else 0  # C compares in double
             if choices is not None:
                 best = int(choices[b, cell])
             # best stays -1 when every IoU is 0 and every RMSE >= NO_RMSE; Darknet then uses
             # the slots just before this cell's, which are still inside the image.
             box_index = box_base + (cell * n + best) * 4
-            iou = float(box_iou(_boxes(o[box_index:box_index + 4], head), tbox)[0])
+            iou = float(box_iou(_boxes(o[box_index : box_index + 4], head), tbox)[0])
             p_index = p_base + cell * n + best
             db[p_index] = F32(head.object_scale) * (
-                (F32(iou) if head.rescore else F32(1)) - o[p_index])
-            targets = t[1 + C:5 + C].copy()
+                (F32(iou) if head.rescore else F32(1)) - o[p_index]
+            )
+            targets = t[1 + C : 5 + C].copy()
             if head.sqrt:
                 targets[2:] = np.sqrt(targets[2:])
-            db[box_index:box_index + 4] = F32(head.coord_scale) * (
-                targets - o[box_index:box_index + 4])
-            sums[1:6] += (iou, cls[t[1:1 + C] != 0].sum(dtype=np.float64),
-                          cls.sum(dtype=np.float64), float(o[p_index]), 1)
+            db[box_index : box_index + 4] = F32(head.coord_scale) * (
+                targets - o[box_index : box_index + 4]
+            )
+            sums[1:6] += (
+                iou,
+                cls[t[1 : 1 + C] != 0].sum(dtype=np.float64),
+                cls.sum(dtype=np.float64),
+                float(o[p_index]),
+                1,
+            )
     sums[0] = np.sum(np.square(d, dtype=np.float64))
     sums[6] = out[:, p_base:box_base].sum(dtype=np.float64)
-    scalars[:len(sums)] = sums
+    scalars[: len(sums)] = sums
 
 
 def _boxes(coords, head):

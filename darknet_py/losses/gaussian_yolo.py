@@ -7,6 +7,7 @@ with an IoU loss, the IoU's gradient for the box while σ keeps the likelihood's
 `layer` is the GaussianYoloLayer: its options and its box decoding (gaussian_boxes,
 image_boxes, point_shift, truth_cell), which detection shares with the loss.
 """
+
 import math
 
 import numpy as np
@@ -15,10 +16,10 @@ from ..boxes import box_giou, box_iou_kind, box_iou_matrix, dx_box_iou, fork_iou
 from .yolo import FLT_MAX, ratio
 
 F32 = np.float32
-X, UX, Y, UY, W, UW, H, UH, OBJ, CLS = range(10)   # entries of one anchor's block
+X, UX, Y, UY, W, UW, H, UH, OBJ, CLS = range(10)  # entries of one anchor's block
 COORDS = [X, Y, W, H]
 SIGMAS = [UX, UY, UW, UH]
-SIGMA_CONST = 0.3   # the fork's floor added to σ in the Gaussian's normaliser
+SIGMA_CONST = 0.3  # the fork's floor added to σ in the Gaussian's normaliser
 EPSILON = 1e-9
 
 
@@ -32,20 +33,26 @@ def gaussian_box_delta(layer, truth, o, d, anchor, a, j, i, netw, neth, iou_norm
     t = truth[:4]
     iou = float(fork_iou(pred, t))
     giou = float(box_giou(pred, t))
-    pred[2:][pred[2:] == 0] = 1   # the fork's guard against NaN in dx_box_iou
+    pred[2:][pred[2:] == 0] = 1  # the fork's guard against NaN in dx_box_iou
     dx, dy = layer.point_shift(t[2], t[3])
-    target = np.array([(t[0] - dx) * F32(layer.w) - F32(i),
-                       (t[1] - dy) * F32(layer.h) - F32(j),
-                       np.log(np.float64(t[2] * F32(netw) / aw)),
-                       np.log(np.float64(t[3] * F32(neth) / ah))], dtype=F32)
+    target = np.array(
+        [
+            (t[0] - dx) * F32(layer.w) - F32(i),
+            (t[1] - dy) * F32(layer.h) - F32(j),
+            np.log(np.float64(t[2] * F32(netw) / aw)),
+            np.log(np.float64(t[3] * F32(neth) / ah)),
+        ],
+        dtype=F32,
+    )
     scale = float(F32(2) - t[2] * t[3])
     diff = (target - e[COORDS]).astype(F32)
     sigma = e[SIGMAS].astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         z = (diff / e[SIGMAS]).astype(F32)
         z2 = np.square(z.astype(np.float64)).astype(F32)
-        density = (np.exp(-0.5 * z2.astype(np.float64))
-                   / (math.sqrt(2 * math.pi) * (sigma + SIGMA_CONST))).astype(F32)
+        density = (
+            np.exp(-0.5 * z2.astype(np.float64)) / (math.sqrt(2 * math.pi) * (sigma + SIGMA_CONST))
+        ).astype(F32)
         weight = (0.5 / (density + EPSILON) * density * scale).astype(F32)
         coord = (weight * z.astype(np.float64) * (1.0 / sigma)).astype(F32)
         spread = (weight * (z2 / sigma - 1.0 / (sigma + SIGMA_CONST))).astype(F32)
@@ -66,6 +73,7 @@ def gaussian_box_delta(layer, truth, o, d, anchor, a, j, i, netw, neth, iou_norm
     d[a, SIGMAS, j, i] += spread
     return iou
 
+
 def gaussian_class_delta(layer, o, d, a, j, i, class_id):
     """delta_gaussian_yolo_class: label-smoothed targets; class_id's delta times its
     counters_per_class multiplier. When class_id's delta is already set (an earlier
@@ -85,13 +93,17 @@ def gaussian_class_delta(layer, o, d, a, j, i, class_id):
         d[a, CLS + class_id, j, i] *= mult[class_id]
     return float(p[class_id])
 
+
 def gaussian_loss(layer, output, truths, netw, neth):
     """The fork's forward_gaussian_yolo_layer training part on host arrays: output
     (batch * outputs) after activation, truths a list (per image) of truth rows.
     Returns (delta, cost, stats) with delta shaped like output; cost is Σ delta²."""
     B, n, C, h, w = layer.batch, layer.n, layer.classes, layer.h, layer.w
-    out = np.asarray(output, dtype=F32).reshape(-1)[:B * layer.outputs].reshape(
-        B, n, layer.entries, h, w)
+    out = (
+        np.asarray(output, dtype=F32)
+        .reshape(-1)[: B * layer.outputs]
+        .reshape(B, n, layer.entries, h, w)
+    )
     delta = np.zeros_like(out)
     anchor_shapes = np.zeros((layer.total, 4), dtype=F32)
     anchor_shapes[:, 2:] = layer.biases.reshape(-1, 2) / np.array([netw, neth], dtype=F32)
@@ -104,8 +116,9 @@ def gaussian_loss(layer, output, truths, netw, neth):
         d[:, OBJ] = cls_norm * (F32(0) - obj)
         if len(truth):
             pred = layer.image_boxes(o, netw, neth)
-            iou = np.nan_to_num(box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]),
-                                nan=0.0).reshape(n, h, w, -1)
+            iou = np.nan_to_num(box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]), nan=0.0).reshape(
+                n, h, w, -1
+            )
             best_iou = np.max(iou, axis=-1, initial=F32(0))
             best_t = np.argmax(iou, axis=-1)
             # Not punished for objectness near a truth when it names some class.
@@ -116,9 +129,19 @@ def gaussian_loss(layer, output, truths, netw, neth):
                 class_id = int(t[4])
                 d[a, OBJ, j, i] = cls_norm * (F32(1) - obj[a, j, i])
                 gaussian_class_delta(layer, o, d, a, j, i, class_id)
-                gaussian_box_delta(layer, t, o, d, layer.mask[a], a, j, i, netw, neth,
-                                        F32(layer.iou_normalizer)
-                                        * layer.class_multiplier(class_id))
+                gaussian_box_delta(
+                    layer,
+                    t,
+                    o,
+                    d,
+                    layer.mask[a],
+                    a,
+                    j,
+                    i,
+                    netw,
+                    neth,
+                    F32(layer.iou_normalizer) * layer.class_multiplier(class_id),
+                )
         for t in truth:
             j, i = layer.truth_cell(t)
             shape = np.array([0, 0, t[2], t[3]], dtype=F32)
@@ -127,28 +150,39 @@ def gaussian_loss(layer, output, truths, netw, neth):
             assigned = [best_n] if best_n in layer.mask else []
             if layer.iou_thresh < 1:
                 kind_iou = box_iou_kind(anchor_shapes, shape, layer.iou_thresh_kind)
-                assigned += [k for k in range(layer.total) if k in layer.mask and
-                             k != best_n and kind_iou[k] > layer.iou_thresh]
+                assigned += [
+                    k
+                    for k in range(layer.total)
+                    if k in layer.mask and k != best_n and kind_iou[k] > layer.iou_thresh
+                ]
             for anchor in assigned:
                 _gaussian_assign(layer, t, o, d, anchor, j, i, netw, neth, tot)
         # Average the accumulated box deltas over the classes each slot was told.
         told = (d[:, CLS:] > 0).sum(axis=1)
-        d[:, :CLS - 1] /= np.maximum(told, 1)[:, None].astype(F32)
+        d[:, : CLS - 1] /= np.maximum(told, 1)[:, None].astype(F32)
     box_free = delta.copy()
     box_free[:, :, :OBJ] = 0
     class_loss = float(np.sum(np.square(box_free, dtype=np.float64)))
     no_size = delta.copy()
-    no_size[:, :, W:OBJ] = 0   # the fork's "except uncertainty" clears w, σw, h, σh
+    no_size[:, :, W:OBJ] = 0  # the fork's "except uncertainty" clears w, σw, h, σh
     except_uc_loss = float(np.sum(np.square(no_size, dtype=np.float64)))
     loss = float(np.sum(np.square(delta, dtype=np.float64)))
     count = tot["count"]
-    stats = {"avg_iou": ratio(tot["iou"], count), "class": ratio(tot["cat"], count),
-             "obj": ratio(tot["obj"], count), "no_obj": tot["anyobj"] / (w * h * n * B),
-             "recall": ratio(tot["recall"], count),
-             "recall75": ratio(tot["recall75"], count), "count": count,
-             "class_loss": class_loss / B, "iou_loss": (except_uc_loss - class_loss) / B,
-             "uc_loss": (loss - except_uc_loss) / B, "total_loss": loss / B}
+    stats = {
+        "avg_iou": ratio(tot["iou"], count),
+        "class": ratio(tot["cat"], count),
+        "obj": ratio(tot["obj"], count),
+        "no_obj": tot["anyobj"] / (w * h * n * B),
+        "recall": ratio(tot["recall"], count),
+        "recall75": ratio(tot["recall75"], count),
+        "count": count,
+        "class_loss": class_loss / B,
+        "iou_loss": (except_uc_loss - class_loss) / B,
+        "uc_loss": (loss - except_uc_loss) / B,
+        "total_loss": loss / B,
+    }
     return delta.reshape(-1), loss, stats
+
 
 def _gaussian_assign(layer, t, o, d, anchor, j, i, netw, neth, tot):
     """Make anchor (an index into the biases, one of the mask) of cell (j, i)
@@ -156,12 +190,13 @@ def _gaussian_assign(layer, t, o, d, anchor, j, i, netw, neth, tot):
     a = layer.mask.index(anchor)
     class_id = int(t[4])
     mult = layer.class_multiplier(class_id)
-    iou = gaussian_box_delta(layer, t, o, d, anchor, a, j, i, netw, neth,
-                                  F32(layer.iou_normalizer) * mult)
+    iou = gaussian_box_delta(
+        layer, t, o, d, anchor, a, j, i, netw, neth, F32(layer.iou_normalizer) * mult
+    )
     tot["obj"] += float(o[a, OBJ, j, i])
     d[a, OBJ, j, i] = mult * F32(layer.cls_normalizer) * (F32(1) - o[a, OBJ, j, i])
     tot["cat"] += gaussian_class_delta(layer, o, d, a, j, i, class_id)
     tot["count"] += 1
-    tot["recall"] += iou > .5
-    tot["recall75"] += iou > .75
+    tot["recall"] += iou > 0.5
+    tot["recall75"] += iou > 0.75
     tot["iou"] += iou

@@ -8,6 +8,7 @@ where it calls exp/log or compares in double, so both backends take the same dec
 is vectorised over the batch; truths are taken in order, all images at once per truth
 index, because a later truth in an image may overwrite an earlier one's deltas.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,9 +16,9 @@ import numpy as np
 from ..boxes import box_iou, truth_table
 
 F32 = np.float32
-REGION_TRUTHS = 30   # forward_region_layer reads at most 30 boxes per image
-PRIOR_SEEN = 12800   # images seen before which every box is pulled towards its anchor
-PRIOR_SCALE = .01
+REGION_TRUTHS = 30  # forward_region_layer reads at most 30 boxes per image
+PRIOR_SEEN = 12800  # images seen before which every box is pulled towards its anchor
+PRIOR_SCALE = 0.01
 # The op's figures (layer.scalars), cost first; the rest are sums over the batch's truths,
 # then the objectness summed over every anchor and cell.
 REGION_SCALARS = ("cost", "iou", "recall", "class", "obj", "count", "any_obj")
@@ -26,6 +27,7 @@ REGION_SCALARS = ("cost", "iou", "recall", "class", "obj", "count", "any_obj")
 @dataclass(frozen=True)
 class RegionHead:
     """What the loss takes from a [region] layer (coords = 4)."""
+
     batch: int
     n: int
     h: int
@@ -50,6 +52,7 @@ class RegionHead:
 class RegionClasses:
     """How a [region] layer reads truth classes: class_map (map=, a class id for each truth
     class id) and tree (tree=, a tree.TreeArrays), each backend int arrays or None."""
+
     class_map: object = None
     tree: object = None
 
@@ -61,8 +64,8 @@ def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars, 
     element of delta and scalars[:len(REGION_SCALARS)]."""
     B, n, h, w, C = head.batch, head.n, head.h, head.w, head.classes
     shape = (B, n, head.entries, h, w)
-    out = np.asarray(output, dtype=F32)[:np.prod(shape)].reshape(shape)
-    d = delta[:out.size].reshape(shape)
+    out = np.asarray(output, dtype=F32)[: np.prod(shape)].reshape(shape)
+    d = delta[: out.size].reshape(shape)
     anchors = np.asarray(anchors, dtype=F32).reshape(n, 2)
     rows, valid = truth_table(truth, B, truth_size, REGION_TRUTHS)
     pred = _pred_boxes(out, anchors, h, w)
@@ -79,8 +82,8 @@ def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars, 
         d[:, :, 4][covered] = 0
     if seen < PRIOR_SEEN:
         # Darknet's prior truth: centre (i + .5)/w in double, stored in a float.
-        tx = ((np.arange(w) + .5) / w).astype(F32) * F32(w) - np.arange(w, dtype=F32)
-        ty = ((np.arange(h) + .5) / h).astype(F32) * F32(h) - np.arange(h, dtype=F32)
+        tx = ((np.arange(w) + 0.5) / w).astype(F32) * F32(w) - np.arange(w, dtype=F32)
+        ty = ((np.arange(h) + 0.5) / h).astype(F32) * F32(h) - np.arange(h, dtype=F32)
         shape_w, shape_h = anchors[:, 0] / F32(w), anchors[:, 1] / F32(h)
         tw = _log(shape_w * F32(w) / anchors[:, 0])[:, None, None]
         th = _log(shape_h * F32(h) / anchors[:, 1])[:, None, None]
@@ -98,19 +101,23 @@ def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars, 
         tr = rows[b, t]
         i = np.clip((tr[:, 0] * F32(w)).astype(np.int64), 0, w - 1)
         j = np.clip((tr[:, 1] * F32(h)).astype(np.int64), 0, h - 1)
-        shapes = pred[b, :, j, i].copy()             # (truths, n, 4)
+        shapes = pred[b, :, j, i].copy()  # (truths, n, 4)
         if head.bias_match:
             shapes[:, :, 2] = anchors[:, 0] / F32(w)
             shapes[:, :, 3] = anchors[:, 1] / F32(h)
         shapes[:, :, :2] = 0
-        fit = box_iou(shapes, np.concatenate([np.zeros_like(tr[:, :2]), tr[:, 2:4]],
-                                             axis=1)[:, None])
+        fit = box_iou(
+            shapes, np.concatenate([np.zeros_like(tr[:, :2]), tr[:, 2:4]], axis=1)[:, None]
+        )
         fit[np.isnan(fit)] = 0
         a = np.argmax(fit, axis=1)
         box_scale = scale["coord_scale"] * (F32(2) - tr[:, 2] * tr[:, 3])
-        targets = (tr[:, 0] * F32(w) - i.astype(F32), tr[:, 1] * F32(h) - j.astype(F32),
-                   _log(tr[:, 2] * F32(w) / anchors[a, 0]),
-                   _log(tr[:, 3] * F32(h) / anchors[a, 1]))
+        targets = (
+            tr[:, 0] * F32(w) - i.astype(F32),
+            tr[:, 1] * F32(h) - j.astype(F32),
+            _log(tr[:, 2] * F32(w) / anchors[a, 0]),
+            _log(tr[:, 3] * F32(h) / anchors[a, 1]),
+        )
         for k, target in enumerate(targets):
             d[b, a, k, j, i] = box_scale * (target - out[b, a, k, j, i])
         iou = box_iou(pred[b, a, j, i], tr[:, :4])
@@ -119,11 +126,17 @@ def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars, 
         cls = tr[:, 4].astype(np.int64)
         if classes is not None and classes.class_map is not None:
             cls = np.asarray(classes.class_map)[cls]
-        sums[1:6] += (iou.sum(dtype=np.float64), np.count_nonzero(iou > F32(.5)), 0,
-                      p.sum(dtype=np.float64), b.size)
+        sums[1:6] += (
+            iou.sum(dtype=np.float64),
+            np.count_nonzero(iou > F32(0.5)),
+            0,
+            p.sum(dtype=np.float64),
+            b.size,
+        )
         if classes is not None and classes.tree is not None:
-            sums[3] += _tree_class_deltas(d, out, classes.tree, b, a, j, i, cls,
-                                          scale["class_scale"])
+            sums[3] += _tree_class_deltas(
+                d, out, classes.tree, b, a, j, i, cls, scale["class_scale"]
+            )
             continue
         # delta_region_class: with softmax=0 (Darknet's tag), a class-0 delta an earlier
         # truth left here means only this class's delta is set, and not counted.
@@ -131,13 +144,15 @@ def region_loss(head, output, truth, truth_size, anchors, seen, delta, scalars, 
         u, g = ~tagged, tagged
         onehot = (np.arange(C) == cls[u, None]).astype(F32)
         d[b[u], a[u], 5:, j[u], i[u]] = scale["class_scale"] * (
-            onehot - out[b[u], a[u], 5:, j[u], i[u]])
+            onehot - out[b[u], a[u], 5:, j[u], i[u]]
+        )
         d[b[g], a[g], 5 + cls[g], j[g], i[g]] = scale["class_scale"] * (
-            F32(1) - out[b[g], a[g], 5 + cls[g], j[g], i[g]])
+            F32(1) - out[b[g], a[g], 5 + cls[g], j[g], i[g]]
+        )
         sums[3] += out[b[u], a[u], 5 + cls[u], j[u], i[u]].sum(dtype=np.float64)
     sums[0] = np.sum(np.square(d, dtype=np.float64))
     sums[6] = obj.sum(dtype=np.float64)
-    scalars[:len(sums)] = sums
+    scalars[: len(sums)] = sums
 
 
 def _tree_class_deltas(d, out, tree, b, a, j, i, cls, class_scale):
@@ -154,7 +169,9 @@ def _tree_class_deltas(d, out, tree, b, a, j, i, cls, class_scale):
         while c >= 0:
             pred = F32(pred * o[c])
             first = offset[group[c]]
-            dc[first:first + size[group[c]]] = class_scale * (F32(0) - o[first:first + size[group[c]]])
+            dc[first : first + size[group[c]]] = class_scale * (
+                F32(0) - o[first : first + size[group[c]]]
+            )
             dc[c] = class_scale * (F32(1) - o[c])
             c = parent[c]
         total += float(pred)
@@ -172,5 +189,7 @@ def _pred_boxes(out, anchors, h, w):
     j = np.arange(h, dtype=F32)[:, None]
     bw = np.exp(out[:, :, 2].astype(np.float64)) * anchors[:, 0, None, None] / w
     bh = np.exp(out[:, :, 3].astype(np.float64)) * anchors[:, 1, None, None] / h
-    return np.stack([(i + out[:, :, 0]) / F32(w), (j + out[:, :, 1]) / F32(h),
-                     bw.astype(F32), bh.astype(F32)], axis=-1)
+    return np.stack(
+        [(i + out[:, :, 0]) / F32(w), (j + out[:, :, 1]) / F32(h), bw.astype(F32), bh.astype(F32)],
+        axis=-1,
+    )

@@ -7,13 +7,23 @@ smoothing, iou_thresh, ...). Both give the delta shaped like the head's output a
 float64 vector of sums named by SCALARS (the cost first); `loss_stats` turns that vector
 into the statistics of Darknet's report line, so both backends report alike.
 """
+
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from ..boxes import (IOU_KINDS, box_giou, box_iou, box_iou_kind, box_iou_matrix, dx_box_iou,
-                    fork_iou, truth_per_image, truth_table)
+from ..boxes import (
+    IOU_KINDS,
+    box_giou,
+    box_iou,
+    box_iou_kind,
+    box_iou_matrix,
+    dx_box_iou,
+    fork_iou,
+    truth_per_image,
+    truth_table,
+)
 
 F32 = np.float32
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -22,25 +32,38 @@ IOU_LOSSES = ("mse",) + IOU_KINDS
 # batch of the truths' IoU, class probability and objectness, every prediction's
 # objectness, the truths above .5 and .75 IoU, the truths assigned, Σ delta², Σ delta² of
 # all but the box entries, and the IoU and GIoU losses Σ (1 - IoU), Σ (1 - GIoU).
-SCALARS = ("cost", "iou", "cat", "obj", "anyobj", "recall", "recall75", "count",
-           "loss", "box_free_loss", "iou_loss", "giou_loss")
+SCALARS = (
+    "cost",
+    "iou",
+    "cat",
+    "obj",
+    "anyobj",
+    "recall",
+    "recall75",
+    "count",
+    "loss",
+    "box_free_loss",
+    "iou_loss",
+    "giou_loss",
+)
 
 
 @dataclass(frozen=True)
 class YoloLossSpec:
     """What the loss of one [yolo] head needs to know: its shape, anchors, the network's
     input size and truth layout, and its options (the fork's with their defaults)."""
+
     batch: int
-    n: int                   # masked anchors
+    n: int  # masked anchors
     classes: int
     h: int
     w: int
-    total: int               # anchors listed (num)
+    total: int  # anchors listed (num)
     mask: tuple
-    biases: np.ndarray       # float32 (2 * total,): anchor widths and heights in pixels
+    biases: np.ndarray  # float32 (2 * total,): anchor widths and heights in pixels
     netw: int
     neth: int
-    truth_fields: int        # floats per truth box: 5, or the fork's 6
+    truth_fields: int  # floats per truth box: 5, or the fork's 6
     max_boxes: int
     fork: bool
     ignore_thresh: float
@@ -55,7 +78,7 @@ class YoloLossSpec:
     iou_thresh_kind: str = "iou"
     label_smooth_eps: float = 0.0
     objectness_smooth: int = 0
-    class_multipliers: Optional[np.ndarray] = None   # float32 (classes,), counters_per_class
+    class_multipliers: Optional[np.ndarray] = None  # float32 (classes,), counters_per_class
 
     def class_multiplier(self, class_id):
         return F32(1) if self.class_multipliers is None else self.class_multipliers[class_id]
@@ -105,16 +128,23 @@ def loss_stats(spec, sums):
     """The statistics of Darknet's report line from a SCALARS vector (host values)."""
     s = dict(zip(SCALARS, (float(v) for v in sums)))
     count = int(round(s["count"]))
-    stats = {"avg_iou": ratio(s["iou"], count), "class": ratio(s["cat"], count),
-             "obj": ratio(s["obj"], count),
-             "no_obj": s["anyobj"] / (spec.w * spec.h * spec.n * spec.batch),
-             "recall": ratio(s["recall"], count), "recall75": ratio(s["recall75"], count),
-             "count": count}
+    stats = {
+        "avg_iou": ratio(s["iou"], count),
+        "class": ratio(s["cat"], count),
+        "obj": ratio(s["obj"], count),
+        "no_obj": s["anyobj"] / (spec.w * spec.h * spec.n * spec.batch),
+        "recall": ratio(s["recall"], count),
+        "recall75": ratio(s["recall75"], count),
+        "count": count,
+    }
     if spec.fork:
         class_loss = float(F32(spec.obj_normalizer)) * s["box_free_loss"]
-        stats.update(avg_iou=s["iou"] / max(count, 1), class_loss=class_loss / spec.batch,
-                     iou_loss=(s["loss"] - class_loss) / spec.batch,
-                     total_loss=s["loss"] / spec.batch)
+        stats.update(
+            avg_iou=s["iou"] / max(count, 1),
+            class_loss=class_loss / spec.batch,
+            iou_loss=(s["loss"] - class_loss) / spec.batch,
+            total_loss=s["loss"] / spec.batch,
+        )
     return stats
 
 
@@ -126,8 +156,9 @@ def ratio(num, den):
 def _arrays(spec, output):
     """The output as (batch, n, 5 + classes, h, w), a zero delta shaped like it, and every
     anchor as a box at the origin (total, 4) for matching truths by shape alone."""
-    out = np.asarray(output, dtype=F32).reshape(-1)[:spec.batch * spec.n * (5 + spec.classes)
-                                                     * spec.h * spec.w]
+    out = np.asarray(output, dtype=F32).reshape(-1)[
+        : spec.batch * spec.n * (5 + spec.classes) * spec.h * spec.w
+    ]
     out = out.reshape(spec.batch, spec.n, 5 + spec.classes, spec.h, spec.w)
     anchors = spec.biases.reshape(-1, 2)
     anchor_shapes = np.zeros((spec.total, 4), dtype=F32)
@@ -138,19 +169,31 @@ def _arrays(spec, output):
 
 def pred_boxes(spec, out):
     """get_yolo_box for every anchor and cell of one image: (n, h, w, 4) float32."""
-    j, i = np.meshgrid(np.arange(spec.h, dtype=F32), np.arange(spec.w, dtype=F32),
-                       indexing="ij")
+    j, i = np.meshgrid(np.arange(spec.h, dtype=F32), np.arange(spec.w, dtype=F32), indexing="ij")
     anchors = spec.biases.reshape(-1, 2)[list(spec.mask)]
-    return decode(out[:, 0], out[:, 1], out[:, 2], out[:, 3], i, j, anchors[:, 0, None, None],
-                  anchors[:, 1, None, None], spec.w, spec.h, spec.netw, spec.neth,
-                  spec.new_coords)
+    return decode(
+        out[:, 0],
+        out[:, 1],
+        out[:, 2],
+        out[:, 3],
+        i,
+        j,
+        anchors[:, 0, None, None],
+        anchors[:, 1, None, None],
+        spec.w,
+        spec.h,
+        spec.netw,
+        spec.neth,
+        spec.new_coords,
+    )
 
 
 def _best_truths(pred, truth, n, h, w):
     """Per prediction the best IoU with a truth (0 when none overlaps; a NaN IoU never
     passes Darknet's `iou > best_iou`) and that truth's index, the first of equals."""
-    iou = np.nan_to_num(box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]),
-                        nan=0.0).reshape(n, h, w, -1)
+    iou = np.nan_to_num(box_iou_matrix(pred.reshape(-1, 4), truth[:, :4]), nan=0.0).reshape(
+        n, h, w, -1
+    )
     return np.max(iou, axis=-1, initial=F32(0)), np.argmax(iou, axis=-1)
 
 
@@ -162,10 +205,17 @@ def _truth_cell(spec, t):
 def _sums(spec, delta, cost, tot):
     box_free = delta.copy()
     box_free[:, :, :4] = 0
-    return np.array([cost] + [tot[k] for k in SCALARS[1:8]]
-                    + [float(np.sum(np.square(delta, dtype=np.float64))),
-                       float(np.sum(np.square(box_free, dtype=np.float64))),
-                       tot["iou_loss"], tot["giou_loss"]], dtype=np.float64)
+    return np.array(
+        [cost]
+        + [tot[k] for k in SCALARS[1:8]]
+        + [
+            float(np.sum(np.square(delta, dtype=np.float64))),
+            float(np.sum(np.square(box_free, dtype=np.float64))),
+            tot["iou_loss"],
+            tot["giou_loss"],
+        ],
+        dtype=np.float64,
+    )
 
 
 def _totals():
@@ -196,7 +246,7 @@ def class_delta(out, delta, a, j, i, class_id, classes):
     else:
         onehot = np.zeros(classes, dtype=F32)
         onehot[class_id] = 1
-        delta[a, c0:c0 + classes, j, i] = onehot - out[a, c0:c0 + classes, j, i]
+        delta[a, c0 : c0 + classes, j, i] = onehot - out[a, c0 : c0 + classes, j, i]
     return float(out[a, c0 + class_id, j, i])
 
 
@@ -234,8 +284,8 @@ def original_loss(spec, output, truths):
             d[a, 4, j, i] = F32(1) - o[a, 4, j, i]
             tot["cat"] += class_delta(o, d, a, j, i, int(t[4]), C)
             tot["count"] += 1
-            tot["recall"] += iou > .5
-            tot["recall75"] += iou > .75
+            tot["recall"] += iou > 0.5
+            tot["recall75"] += iou > 0.75
             tot["iou"] += iou
     cost = float(np.sum(np.square(delta), dtype=np.float64))
     return delta.reshape(-1), _sums(spec, delta, cost, tot)
@@ -248,19 +298,33 @@ def fork_box_delta(spec, truth, out, delta, anchor, a, j, i, iou_normalizer):
     differences, or the gradient of the iou_loss. Returns (iou, giou) of the prediction
     with the truth."""
     aw, ah = spec.biases[2 * anchor], spec.biases[2 * anchor + 1]
-    pred = decode(*out[a, :4, j, i], F32(i), F32(j), aw, ah, spec.w, spec.h, spec.netw,
-                  spec.neth, spec.new_coords)
+    pred = decode(
+        *out[a, :4, j, i],
+        F32(i),
+        F32(j),
+        aw,
+        ah,
+        spec.w,
+        spec.h,
+        spec.netw,
+        spec.neth,
+        spec.new_coords,
+    )
     t = truth[:4]
     iou, giou = float(fork_iou(pred, t)), float(box_giou(pred, t))
     if spec.iou_loss == "mse":
         scale = F32(2) - truth[2] * truth[3]
         target = [truth[0] * F32(spec.w) - F32(i), truth[1] * F32(spec.h) - F32(j)]
         if spec.new_coords:
-            target += [F32(np.sqrt(np.float64(truth[2] * F32(spec.netw) / (F32(4) * aw)))),
-                       F32(np.sqrt(np.float64(truth[3] * F32(spec.neth) / (F32(4) * ah))))]
+            target += [
+                F32(np.sqrt(np.float64(truth[2] * F32(spec.netw) / (F32(4) * aw)))),
+                F32(np.sqrt(np.float64(truth[3] * F32(spec.neth) / (F32(4) * ah)))),
+            ]
         else:
-            target += [F32(np.log(np.float64(truth[2] * F32(spec.netw) / aw))),
-                       F32(np.log(np.float64(truth[3] * F32(spec.neth) / ah)))]
+            target += [
+                F32(np.log(np.float64(truth[2] * F32(spec.netw) / aw))),
+                F32(np.log(np.float64(truth[3] * F32(spec.neth) / ah))),
+            ]
         for k in range(4):
             delta[a, k, j, i] += scale * (target[k] - out[a, k, j, i]) * F32(iou_normalizer)
         return iou, giou
@@ -284,8 +348,8 @@ def fork_class_delta(spec, out, delta, a, j, i, class_id):
     set (an earlier truth in the same cell and anchor) only it is rewritten.
     Returns the predicted probability of class_id."""
     c0, mult = 5, spec.class_multipliers
-    p = out[a, c0:c0 + spec.classes, j, i]
-    d = delta[a, c0:c0 + spec.classes, j, i]
+    p = out[a, c0 : c0 + spec.classes, j, i]
+    d = delta[a, c0 : c0 + spec.classes, j, i]
     if d[class_id]:
         r = spec.smoothed(1) - p[class_id]
         if np.isfinite(r):
@@ -324,8 +388,9 @@ def fork_loss(spec, output, truths):
             best_match = np.where(named, best_iou, F32(0))
             near = best_match > spec.ignore_thresh
             if spec.objectness_smooth:
-                d[:, 4] = np.where(near, np.maximum(d[:, 4], obj_norm * (best_match - obj)),
-                                   d[:, 4])
+                d[:, 4] = np.where(
+                    near, np.maximum(d[:, 4], obj_norm * (best_match - obj)), d[:, 4]
+                )
             else:
                 d[:, 4][near] = 0
             for a, j, i in zip(*np.nonzero(best_iou > spec.truth_thresh)):
@@ -338,10 +403,10 @@ def fork_loss(spec, output, truths):
                 fork_class_delta(spec, o, d, a, j, i, class_id)
                 mult = spec.class_multiplier(class_id)
                 if spec.objectness_smooth:
-                    d[a, 5 + class_id, j, i] = mult * (best_iou[a, j, i] ** 2
-                                                       - o[a, 5 + class_id, j, i])
-                fork_box_delta(spec, t, o, d, mask[a], a, j, i,
-                               F32(spec.iou_normalizer) * mult)
+                    d[a, 5 + class_id, j, i] = mult * (
+                        best_iou[a, j, i] ** 2 - o[a, 5 + class_id, j, i]
+                    )
+                fork_box_delta(spec, t, o, d, mask[a], a, j, i, F32(spec.iou_normalizer) * mult)
         for t in truth:
             j, i = _truth_cell(spec, t)
             shape = np.array([0, 0, t[2], t[3]], dtype=F32)
@@ -350,16 +415,18 @@ def fork_loss(spec, output, truths):
             assigned = [best_n] if best_n in mask else []
             if spec.iou_thresh < 1:
                 kind_iou = box_iou_kind(anchor_shapes, shape, spec.iou_thresh_kind)
-                assigned += [k for k in range(spec.total) if k in mask and
-                             k != best_n and kind_iou[k] > spec.iou_thresh]
+                assigned += [
+                    k
+                    for k in range(spec.total)
+                    if k in mask and k != best_n and kind_iou[k] > spec.iou_thresh
+                ]
             for anchor in assigned:
                 _fork_assign(spec, t, o, d, anchor, j, i, tot)
         if spec.iou_thresh < 1:
             # Average the accumulated box deltas over the classes the slot was told.
             told = (d[:, 5:] > 0).sum(axis=1)
             spread = (d[:, 4] != 0) & (told > 0)
-            d[:, :4] = np.where(spread[:, None], d[:, :4] / np.maximum(told, 1)[:, None],
-                                d[:, :4])
+            d[:, :4] = np.where(spread[:, None], d[:, :4] / np.maximum(told, 1)[:, None], d[:, :4])
     count = max(tot["count"], 1)
     if spec.iou_loss == "mse":
         cost = float(np.sum(np.square(delta, dtype=np.float64)))
@@ -389,5 +456,5 @@ def _fork_assign(spec, t, o, d, anchor, j, i, tot):
         d[a, 4, j, i] = fresh
     tot["cat"] += fork_class_delta(spec, o, d, a, j, i, class_id)
     tot["count"] += 1
-    tot["recall"] += iou > .5
-    tot["recall75"] += iou > .75
+    tot["recall"] += iou > 0.5
+    tot["recall75"] += iou > 0.75

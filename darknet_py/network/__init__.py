@@ -7,6 +7,7 @@ executor.py (forward, backward, update, training steps, graphs, costs) and infer
 network from a cfg (load_network, build_network) and holds what every part reads: the
 constructor's state, the layers, the weights files and the host-memory check.
 """
+
 import os
 
 import numpy as np
@@ -18,8 +19,18 @@ from ..graphs import StepGraphs
 from ..layers import LAYER_TYPES, layer_class
 from ..layers.base import BuildContext
 from ..names import load_names
-from ..net_options import (DARKNET_FLAVOURS, FORK_CPU, NetOptions, NetworkError,  # noqa: F401
-                           check_flavour, cfg_flavour, parse_net_options, weights_flavour)
+
+# DARKNET_FLAVOURS, NetOptions and NetworkError are the package's public names, read here
+from ..net_options import (
+    DARKNET_FLAVOURS,  # noqa: F401
+    FORK_CPU,
+    NetOptions,  # noqa: F401
+    NetworkError,  # noqa: F401
+    cfg_flavour,
+    check_flavour,
+    parse_net_options,
+    weights_flavour,
+)
 from ..weights import FORK_WEIGHTS_HEADER, load_weights, save_weights
 from .arguments import whole_number
 from .executor import NetworkExecutor
@@ -30,11 +41,24 @@ from .planner import NetworkPlanner
 class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
     """Build with load_network(); see docs/python-api.md for the Python API."""
 
-    def __init__(self, sections, path="<cfg>", batch=None, backend=None, seed=0, allocate=True,
-                 darknet=None, random_init=True, precision=None):
+    def __init__(
+        self,
+        sections,
+        path="<cfg>",
+        batch=None,
+        backend=None,
+        seed=0,
+        allocate=True,
+        darknet=None,
+        random_init=True,
+        precision=None,
+    ):
         if sections[0].type != "net":
-            raise CfgError(f"the first section must be [net], not [{sections[0].header}]",
-                           path, sections[0].line)
+            raise CfgError(
+                f"the first section must be [net], not [{sections[0].header}]",
+                path,
+                sections[0].line,
+            )
         self.path = os.fspath(path)
         # Which Darknet's arithmetic this network follows (see DARKNET_FLAVOURS).
         self.flavour = check_flavour(darknet) or cfg_flavour(sections)
@@ -45,7 +69,7 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
         self.net_precision = precisions.read_net_section(sections[0])
         try:
             self.precision = precisions.resolve(precision, self.net_precision)
-        except precisions.PrecisionError as e:   # precision= or $DARKNET_PRECISION
+        except precisions.PrecisionError as e:  # precision= or $DARKNET_PRECISION
             raise NetworkError(str(e)) from None
         sections[0].warn_unused()
         if batch is not None:
@@ -68,7 +92,7 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
         # Data-parallel training (distributed/data_parallel.py): the replicas' gradients are
         # summed before each update; None for one process. `seen` counts every replica's images.
         self.data_parallel = None
-        self.names = None         # class names, when a .data/.names file gave them
+        self.names = None  # class names, when a .data/.names file gave them
         self.weights_header = FORK_WEIGHTS_HEADER if self.darknet == "alexeyab" else (0, 2, 0)
         self.layers = self._build(sections[1:])
         if not self.layers:
@@ -78,32 +102,32 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
         softmaxes = [layer for layer in self.layers if layer.type == "softmax"]
         self.hierarchy = softmaxes[-1].hierarchy if softmaxes else None
         precisions.assign(self.layers, self.precision)
-        self.loss_scaler = precisions.loss_scaler(self)   # fp16 training's; else None
+        self.loss_scaler = precisions.loss_scaler(self)  # fp16 training's; else None
         # Darknet's network state seen by the layer being run.
         self.input = None
-        self.truth = None         # the truth buffer on the backend (softmax, cost)
-        self.truth_host = None    # the same values as float32 (N, T), for host-side losses
+        self.truth = None  # the truth buffer on the backend (softmax, cost)
+        self.truth_host = None  # the same values as float32 (N, T), for host-side losses
         self.delta = None
         self.train = False
         self.cost = None
-        self._prefetched = []     # [[(host array, backend array, upload), ...]]: prefetch()
-        self._net_input = None    # the input of the last forward, on the backend
+        self._prefetched = []  # [[(host array, backend array, upload), ...]]: prefetch()
+        self._net_input = None  # the input of the last forward, on the backend
         self._training_ready = False
         self._params_ready = False
         # Values a step reads from the backend, written before it (so that a step replayed
         # as a graph sees this step's): dropout's per-step seed and the update's rate.
         self.step_seed = self.be.int_zeros(1)
         self.update_rate = self.be.zeros(1)
-        self.adam = None   # adam.Adam, made for the first training step when adam=1
+        self.adam = None  # adam.Adam, made for the first training step when adam=1
         self.graphs = StepGraphs(self.be)
         # Inference folds batch norm into the convolution weights (made once, remade after
         # the parameters change); False runs Darknet's unfolded normalisation.
         self._fold_batchnorm = True
-        self._share_deltas, self.delta_plan = False, None   # see share_deltas
-        self._share_outputs, self.output_plan = False, None   # see share_outputs
-        self._half_outputs = True   # see half_outputs
-        self._zero_before = {}    # backward step -> the shared deltas zeroed before it
-        self._rebuild_before = {}   # backward step -> the layers whose output is made again
+        self._share_deltas, self.delta_plan = False, None  # see share_deltas
+        self._share_outputs, self.output_plan = False, None  # see share_outputs
+        self._half_outputs = True  # see half_outputs
+        self._zero_before = {}  # backward step -> the shared deltas zeroed before it
+        self._rebuild_before = {}  # backward step -> the layers whose output is made again
         if allocate:  # info only needs shapes
             self._allocate(self.batch, train=False)
             # random_init=False: the caller loads every parameter next (no draws to waste).
@@ -117,8 +141,9 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
         c, h, w = o.channels, o.height, o.width
         inputs = o.inputs
         layers = []
-        ctx = BuildContext(layers=layers, net=o, batch=self.batch, darknet=self.darknet,
-                           fork_cpu=self.fork_cpu)
+        ctx = BuildContext(
+            layers=layers, net=o, batch=self.batch, darknet=self.darknet, fork_cpu=self.fork_cpu
+        )
         for index, section in enumerate(sections):
             if section.type == "net":
                 raise CfgError("[net] may only be the first section", self.path, section.line)
@@ -126,7 +151,7 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
                 raise CfgError(f"unknown layer type [{section.header}]", self.path, section.line)
             layer = layer_class(section.type)(index, section, c, h, w, inputs, ctx)
             layer.stopbackward = section.get_int("stopbackward", 0)
-            section.get_int("dontload", 0)            # read by the weights loader
+            section.get_int("dontload", 0)  # read by the weights loader
             section.get_int("dontloadscales", 0)
             section.warn_unused()
             layers.append(layer)
@@ -157,7 +182,8 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
             raise NetworkError(
                 f"{self.path}: this network needs about {need / 2**30:.1f} GiB of memory at "
                 f"batch {batch}{' for training' if train else ''}, more than this machine's "
-                f"{have / 2**30:.1f} GiB; lower batch (raise subdivisions) or the layer sizes")
+                f"{have / 2**30:.1f} GiB; lower batch (raise subdivisions) or the layer sizes"
+            )
 
     @property
     def bflops(self):
@@ -175,8 +201,9 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
         """Darknet's layer table, as text lines, with the total BFLOPs last."""
         lines = ["layer     filters    size              input                output"]
         for layer in self.layers:
-            lines.append(f"{layer.index:5d} {getattr(layer, 'short', layer.type):<6s}"
-                         f"{layer.describe()}")
+            lines.append(
+                f"{layer.index:5d} {getattr(layer, 'short', layer.type):<6s}{layer.describe()}"
+            )
         lines.append(f"Total BFLOPs: {self.bflops:.3f}")
         return lines
 
@@ -210,8 +237,19 @@ def host_memory_bytes():
 ENGINE_HOOK = {"attach": None}
 
 
-def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=None,
-                 transfer=False, darknet=None, names=None, precision=None, engine=None):
+def load_network(
+    cfg,
+    weights=None,
+    batch=None,
+    device="cpu",
+    seed=0,
+    cutoff=None,
+    transfer=False,
+    darknet=None,
+    names=None,
+    precision=None,
+    engine=None,
+):
     """Parse a cfg, build the network on `device` ("cpu", "cuda", "cuda:N" or "auto"),
     and load `weights` if given. `batch` overrides the cfg's batch/subdivisions.
     transfer=True accepts weights trained for another class count: the layers whose
@@ -237,9 +275,16 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
     if darknet is None and weights is not None:
         darknet = weights_flavour(weights)
     backend = get_backend(device)
-    net = Network(sections, cfg, batch=batch, backend=backend, seed=seed, darknet=darknet,
-                  random_init=weights is None or cutoff is not None or transfer,
-                  precision=precision)
+    net = Network(
+        sections,
+        cfg,
+        batch=batch,
+        backend=backend,
+        seed=seed,
+        darknet=darknet,
+        random_init=weights is None or cutoff is not None or transfer,
+        precision=precision,
+    )
     net.transfer_report = None
     if weights is not None:
         loaded = net.load_weights(weights, cutoff, transfer=transfer)
@@ -253,5 +298,10 @@ def load_network(cfg, weights=None, batch=None, device="cpu", seed=0, cutoff=Non
 
 def build_network(cfg, batch=None, darknet=None):
     """Parse and work out every layer's shape, allocating nothing: for `info` and checks."""
-    return Network(parse_cfg(cfg), cfg, batch=batch if batch is not None else 1, allocate=False,
-                   darknet=check_flavour(darknet))
+    return Network(
+        parse_cfg(cfg),
+        cfg,
+        batch=batch if batch is not None else 1,
+        allocate=False,
+        darknet=check_flavour(darknet),
+    )

@@ -11,6 +11,7 @@ exactly as forward_network/backward_network do.
 A mixin of darknet_py.network.Network, which composes it with the planner and the
 inference front end: its methods read and write the Network's state through self.
 """
+
 import warnings
 from dataclasses import replace
 
@@ -25,10 +26,8 @@ from ..layers.batchnorm import bn_rebuild_output
 from ..net_options import NetworkError
 from ..predictions import DETECTOR_TYPES
 
-
 # The buffer each parameter's gradient accumulates in (Darknet's names).
-_UPDATE_BUFFER = {"biases": "bias_updates", "scales": "scale_updates",
-                  "weights": "weight_updates"}
+_UPDATE_BUFFER = {"biases": "bias_updates", "scales": "scale_updates", "weights": "weight_updates"}
 
 
 class NetworkExecutor:
@@ -52,8 +51,13 @@ class NetworkExecutor:
 
     @property
     def learning_rate(self):
-        return optimizer.current_rate(self.options.learning_rate, self.options.policy,
-                                      self.iteration, self.options.max_batches, self.rng)
+        return optimizer.current_rate(
+            self.options.learning_rate,
+            self.options.policy,
+            self.iteration,
+            self.options.max_batches,
+            self.rng,
+        )
 
     @property
     def truth_size(self):
@@ -84,7 +88,7 @@ class NetworkExecutor:
         rows = truth.reshape(truth.shape[0], width // fields, fields)
         out = np.zeros(rows.shape[:2] + (self.truth_size,), dtype=np.float32)
         common = min(fields, self.truth_size)
-        out[:, :, :common] = rows[:, :, :common]   # the fork's track id: 0
+        out[:, :, :common] = rows[:, :, :common]  # the fork's track id: 0
         return out.reshape(truth.shape[0], -1)
 
     def checked_truth(self, truth, n):
@@ -97,25 +101,38 @@ class NetworkExecutor:
         if self._is_detector():
             head = next(l for l in reversed(self.layers) if l.type in DETECTOR_TYPES)
             grid = getattr(head, "truths", None) if head.type == "detection" else None
-            fits = per_image > 0 and (per_image % 5 == 0 or per_image % self.truth_size == 0
-                                      or per_image == grid)
+            fits = per_image > 0 and (
+                per_image % 5 == 0 or per_image % self.truth_size == 0 or per_image == grid
+            )
             fields = "x, y, w, h, class" + (", track id" if self.truth_size == 6 else "")
-            want = (f"({n}, {self.max_boxes * self.truth_size}): {self.max_boxes} boxes of "
-                    f"({fields}) per image, zero padded (any whole number of boxes does)")
+            want = (
+                f"({n}, {self.max_boxes * self.truth_size}): {self.max_boxes} boxes of "
+                f"({fields}) per image, zero padded (any whole number of boxes does)"
+            )
         else:
-            readers = [l for l in self.layers if l.type in ("softmax", "logistic", "cost")
-                       and not getattr(l, "noloss", 0)]
+            readers = [
+                l
+                for l in self.layers
+                if l.type in ("softmax", "logistic", "cost") and not getattr(l, "noloss", 0)
+            ]
             if not readers:
-                return truth.reshape(n, -1)   # nothing reads it
+                return truth.reshape(n, -1)  # nothing reads it
             reader = readers[-1]
             fits = per_image == reader.outputs
-            want = (f"({n}, {reader.outputs}): per image the {reader.outputs} values its "
-                    f"[{reader.type}] layer {reader.index} is trained towards"
-                    + (" (one-hot: 1 at the image's class)" if reader.type == "softmax"
-                       and self.hierarchy is None else ""))
+            want = (
+                f"({n}, {reader.outputs}): per image the {reader.outputs} values its "
+                f"[{reader.type}] layer {reader.index} is trained towards"
+                + (
+                    " (one-hot: 1 at the image's class)"
+                    if reader.type == "softmax" and self.hierarchy is None
+                    else ""
+                )
+            )
         if not (rows_ok and fits):
-            raise ValueError(f"truth of shape {truth.shape} for {n} image"
-                             f"{'s' if n != 1 else ''}: this network wants {want}")
+            raise ValueError(
+                f"truth of shape {truth.shape} for {n} image"
+                f"{'s' if n != 1 else ''}: this network wants {want}"
+            )
         return truth.reshape(n, -1)
 
     # How many prefetched batches are kept: the one a step is about to use and the next.
@@ -140,7 +157,7 @@ class NetworkExecutor:
 
     def _forget_prefetched(self):
         for _, _, upload in self._prefetched.pop(0):
-            self.be.finish_upload(upload)   # its host memory may be reused after this
+            self.be.finish_upload(upload)  # its host memory may be reused after this
 
     def finish_prefetch(self):
         """Wait for every prefetched upload and forget them: call it before their host
@@ -160,7 +177,7 @@ class NetworkExecutor:
                 offset, misaligned = divmod(start - first, host.itemsize)
                 if not misaligned and 0 <= offset and offset + x.size <= host.size:
                     self.be.wait_upload(upload)
-                    return array[offset:offset + x.size]
+                    return array[offset : offset + x.size]
         return None
 
     def _upload(self, x, name, buf_attr, per_image):
@@ -169,8 +186,11 @@ class NetworkExecutor:
         x = np.asarray(x, dtype=np.float32)
         n = x.shape[0] if x.ndim > 1 else 1
         if x.size != n * per_image:
-            raise (self._input_shape_error(x.shape) if name == "input" else
-                   ValueError(f"{name} has shape {x.shape}; expected (N, {per_image})"))
+            raise (
+                self._input_shape_error(x.shape)
+                if name == "input"
+                else ValueError(f"{name} has shape {x.shape}; expected (N, {per_image})")
+            )
         buf = getattr(self, buf_attr)
         if buf is None or buf.size != x.size:
             buf = self.be.zeros(x.size)
@@ -183,14 +203,20 @@ class NetworkExecutor:
         return buf
 
     def _input_shape_error(self, shape):
-        return ValueError(f"input has shape {shape}; the network needs "
-                          f"(N, {', '.join(map(str, self.input_shape))})")
+        return ValueError(
+            f"input has shape {shape}; the network needs "
+            f"(N, {', '.join(map(str, self.input_shape))})"
+        )
 
     def forward(self, x, truth=None, train=False):
         """Run every layer on host array x (N, C, H, W); returns nothing (read outputs with
         layer_output). With train=True, batch statistics are used and deltas zeroed."""
-        if not train and truth is None and self.inference_engine is not None \
-                and self.inference_engine.infer(self, x):
+        if (
+            not train
+            and truth is None
+            and self.inference_engine is not None
+            and self.inference_engine.infer(self, x)
+        ):
             return
         net_input = self._stage(x, truth, train)
         if train:
@@ -215,8 +241,10 @@ class NetworkExecutor:
             # The YOLO/region/detection losses read the host copy: no round trip from the GPU.
             truth_host = np.asarray(truth, dtype=np.float32)
             if truth_host.size % n:
-                raise ValueError(f"truth has shape {truth_host.shape}, which is not rows for "
-                                 f"{n} image{'s' if n != 1 else ''}")
+                raise ValueError(
+                    f"truth has shape {truth_host.shape}, which is not rows for "
+                    f"{n} image{'s' if n != 1 else ''}"
+                )
             truth_host = truth_host.reshape(n, -1)
             if train:
                 for layer in self.layers:
@@ -240,8 +268,12 @@ class NetworkExecutor:
             # The fork's GPU build (and the original) clear every delta before a pass, its
             # CPU build only those of its l.train layers (see Layer.fork_train); a shared
             # delta is zeroed in the backward instead, before its first writer's.
-            if train and layer.delta is not None and layer.shared_delta is None \
-                    and (layer.fork_train or not self.fork_cpu):
+            if (
+                train
+                and layer.delta is not None
+                and layer.shared_delta is None
+                and (layer.fork_train or not self.fork_cpu)
+            ):
                 self.be.fill(layer.delta, 0.0)
             layer.forward(self)
             self.input = layer.output
@@ -291,9 +323,9 @@ class NetworkExecutor:
         """The backward of layers top down to bottom (none below backward_end)."""
         for i in range(top, max(bottom, self.backward_end) - 1, -1):
             layer = self.layers[i]
-            for delta in self._zero_before.get(i, ()):   # shared: zeroed as the forward did
+            for delta in self._zero_before.get(i, ()):  # shared: zeroed as the forward did
                 self.be.fill(delta, 0.0)
-            for rebuilt in self._rebuild_before.get(i, ()):   # remade: output_plan.py
+            for rebuilt in self._rebuild_before.get(i, ()):  # remade: output_plan.py
                 bn_rebuild_output(rebuilt, self)
             if i == 0:
                 self.input, self.delta = self._net_input, None
@@ -306,6 +338,7 @@ class NetworkExecutor:
         """A training pass (no update) as pieces run in turn: the forward and the backward
         down to layer stops[0], then down to each further stop (descending, the last
         backward_end)."""
+
         def first():
             self._forward_layers(net_input, True)
             self._backward_start()
@@ -313,6 +346,7 @@ class NetworkExecutor:
 
         def down_to(k):
             return lambda: self._backward_layers(stops[k - 1] - 1, stops[k])
+
         return [first] + [down_to(k) for k in range(1, len(stops))]
 
     def _write_update_rate(self):
@@ -320,7 +354,7 @@ class NetworkExecutor:
         returns the learning rate."""
         rate = self.learning_rate
         scale = self.fork_loss_scale
-        if scale != 1.0:   # the fork's GPU update: float learning_rate = rate / loss_scale
+        if scale != 1.0:  # the fork's GPU update: float learning_rate = rate / loss_scale
             rate_scaled = float(np.float32(rate) / np.float32(scale))
         else:
             rate_scaled = rate
@@ -341,16 +375,21 @@ class NetworkExecutor:
     def _update_layers(self):
         """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
         _write_update_rate)."""
-        args = UpdateArgs(rate=self.update_rate, momentum=self.options.momentum,
-                          decay=self.options.decay * self.fork_loss_scale,
-                          batch=self.images_per_iteration)
+        args = UpdateArgs(
+            rate=self.update_rate,
+            momentum=self.options.momentum,
+            decay=self.options.decay * self.fork_loss_scale,
+            batch=self.images_per_iteration,
+        )
         # (adam_update_gpu's decay is not scaled by loss_scale)
-        adam_args = (replace(args, adam=self.adam, decay=self.options.decay)
-                     if self.adam is not None else args)
+        adam_args = (
+            replace(args, adam=self.adam, decay=self.options.decay)
+            if self.adam is not None
+            else args
+        )
         for layer in self.layers:
-            if layer.fork_train or layer.darknet != "alexeyab":   # see Layer.fork_train
-                layer.update(adam_args if self.adam is not None and self.adam.uses(layer)
-                             else args)
+            if layer.fork_train or layer.darknet != "alexeyab":  # see Layer.fork_train
+                layer.update(adam_args if self.adam is not None and self.adam.uses(layer) else args)
 
     def update_buffers(self):
         """(accumulated updates, batch-norm rolling statistics): the backend arrays that
@@ -375,7 +414,7 @@ class NetworkExecutor:
         inference's folded weights are stale, and with them the recorded forward passes
         that read them."""
         self.graphs.drop("predict")
-        if self.inference_engine is not None:   # it exports the new values on its next run
+        if self.inference_engine is not None:  # it exports the new values on its next run
             self.inference_engine.params_changed()
         for layer in self.layers:
             layer.params_changed()
@@ -391,7 +430,7 @@ class NetworkExecutor:
         """step(): a forward (and backward, update) on net_input; replayed as a graph when
         the network allows it, for steps of the same kind, key and buffers. step may be a
         list of pieces run in turn, between(k) called after piece k (graphs.py)."""
-        self.train, self._net_input = train, net_input   # as the step sets them eagerly
+        self.train, self._net_input = train, net_input  # as the step sets them eagerly
         if self.capturable:
             self.graphs.run(kind, key, (net_input, self.truth), step, self.layers, between)
         else:
@@ -401,11 +440,15 @@ class NetworkExecutor:
         if self.options.adam and self.adam is None:
             self.adam = Adam(self.be, self.darknet, *self.options.adam_betas_eps)
             if self.adam.rules == "original" and any(l.type == "crnn" for l in self.layers):
-                warnings.warn(CfgWarning(
-                    f"{self.path}: [crnn] with adam=1: pjreddie's GPU build fails here (it "
-                    f"gives the inner convolutions no Adam state); darknet-py updates them "
-                    f"with Adam"), stacklevel=2)
-        self.inference_engine = None   # training runs on the backend; its weights move
+                warnings.warn(
+                    CfgWarning(
+                        f"{self.path}: [crnn] with adam=1: pjreddie's GPU build fails here (it "
+                        f"gives the inner convolutions no Adam state); darknet-py updates them "
+                        f"with Adam"
+                    ),
+                    stacklevel=2,
+                )
+        self.inference_engine = None  # training runs on the backend; its weights move
         for layer in self.layers:
             layer.init_updates(self.be)
         self._training_ready = True
@@ -418,8 +461,10 @@ class NetworkExecutor:
         of a data-parallel run); another count would change the iteration count and with
         it the learning rate, as Darknet never does (its net->batch is fixed at load)."""
         if not self._params_ready:
-            raise NetworkError(f"{self.path}: the network was built without its arrays "
-                               f"(build_network); load it with load_network to train it")
+            raise NetworkError(
+                f"{self.path}: the network was built without its arrays "
+                f"(build_network); load it with load_network to train it"
+            )
         shape = tuple(self.input_shape)
         images = self.images_per_pass * (self.subdivisions if step == "train_iteration" else 1)
         x = np.asarray(x)
@@ -427,29 +472,35 @@ class NetworkExecutor:
             raise ValueError(
                 f"{step} takes float images (N, {', '.join(map(str, shape))}) with values "
                 f"in [0, 1]; got dtype {x.dtype}"
-                + (" (uint8 pixels: divide them by 255)" if x.dtype == np.uint8 else ""))
+                + (" (uint8 pixels: divide them by 255)" if x.dtype == np.uint8 else "")
+            )
         if x.ndim < 2 or x.shape[1:] not in (shape, (self.inputs,)):
             rows = f" or flat rows ({images}, {self.inputs})" if len(shape) > 1 else ""
-            raise ValueError(f"{step} takes images of shape ({images}, "
-                             f"{', '.join(map(str, shape))}){rows}; got shape {x.shape}")
+            raise ValueError(
+                f"{step} takes images of shape ({images}, "
+                f"{', '.join(map(str, shape))}){rows}; got shape {x.shape}"
+            )
         if len(x) != images:
             if step == "train_iteration":
                 passes = self.subdivisions
-                what = (f"subdivisions={passes} pass{'es' if passes != 1 else ''} of "
-                        f"net.images_per_pass={self.images_per_pass}"
-                        + (f" on each of {self.replicas} processes" if self.replicas > 1
-                           else ""))
+                what = (
+                    f"subdivisions={passes} pass{'es' if passes != 1 else ''} of "
+                    f"net.images_per_pass={self.images_per_pass}"
+                    + (f" on each of {self.replicas} processes" if self.replicas > 1 else "")
+                )
             else:
                 what = "net.images_per_pass"
-            raise ValueError(f"{step} takes {images} image{'s' if images != 1 else ''} "
-                             f"({what}), got {len(x)}; "
-                             f"load_network's batch= sets the images per pass")
+            raise ValueError(
+                f"{step} takes {images} image{'s' if images != 1 else ''} "
+                f"({what}), got {len(x)}; "
+                f"load_network's batch= sets the images per pass"
+            )
         truth = self.checked_truth(truth, images)
         truth_rows = self.truth_for_network(truth)
-        for layer in self.layers:   # class ids beyond a head's classes, ...
+        for layer in self.layers:  # class ids beyond a head's classes, ...
             layer.check_truth(self, truth_rows)
         if self.be.name == "cpu" and (images != self.batch or not self.train_buffers):
-            self._check_host_memory(images, True)   # before seen and the buffers change
+            self._check_host_memory(images, True)  # before seen and the buffers change
         return x.astype(np.float32, copy=False), truth
 
     def train_iteration(self, x, truth):
@@ -462,7 +513,7 @@ class NetworkExecutor:
         n = self.images_per_pass
         total = 0.0
         for start in range(0, len(x), n):
-            cost = self.train_pass(x[start:start + n], truth[start:start + n])
+            cost = self.train_pass(x[start : start + n], truth[start : start + n])
             total += cost if cost is not None else 0.0
         return total / len(x)
 
@@ -499,8 +550,14 @@ class NetworkExecutor:
                 self._update_layers()
 
         o = self.options
-        key = (self.batch, fused_update, o.momentum, o.decay, self.images_per_iteration,
-               scaler and scaler.scale)
+        key = (
+            self.batch,
+            fused_update,
+            o.momentum,
+            o.decay,
+            self.images_per_iteration,
+            scaler and scaler.scale,
+        )
         if buckets is None:
             self._run_step("train", key, net_input, True, step)
         else:
@@ -511,14 +568,19 @@ class NetworkExecutor:
             # and a capture that fails midway (the step then runs eagerly) would leave this
             # rank's NCCL calls out of step with the other ranks'. A split costs one graph
             # launch per piece (about a dozen for yolov4).
-            self._run_step("train", key + (buckets.stops,), net_input, True,
-                           self._train_pieces(net_input, buckets.stops),
-                           between=lambda piece: buckets.start(self, piece))
+            self._run_step(
+                "train",
+                key + (buckets.stops,),
+                net_input,
+                True,
+                self._train_pieces(net_input, buckets.stops),
+                between=lambda piece: buckets.start(self, piece),
+            )
         if parallel is None:
-            if update and scaler is not None:   # it looks at the gradients before updating
+            if update and scaler is not None:  # it looks at the gradients before updating
                 scaler.update(self)
         else:
-            if update:   # the replicas' gradients are summed between backward and update
+            if update:  # the replicas' gradients are summed between backward and update
                 if buckets is None:
                     parallel.reduce(self)
                 else:
@@ -528,8 +590,8 @@ class NetworkExecutor:
                 else:
                     self._update_layers()
                 parallel.updated(self)
-        self._params_updated()   # the update, and the forward's batch-norm rolling statistics
-        self.collect_costs()   # after the update: the step's launches queue without a wait
+        self._params_updated()  # the update, and the forward's batch-norm rolling statistics
+        self.collect_costs()  # after the update: the step's launches queue without a wait
         return self.cost
 
     def layer_delta(self, i):
@@ -537,7 +599,9 @@ class NetworkExecutor:
         if layer.delta is None:
             raise NetworkError(f"layer {i} has no delta: the network has not been trained")
         if layer.shared_delta is not None:
-            raise NetworkError(f"layer {i}: its delta shares an array with other layers' and "
-                               f"lasts only through the backward; set net.share_deltas = "
-                               f"False before training to read it")
+            raise NetworkError(
+                f"layer {i}: its delta shares an array with other layers' and "
+                f"lasts only through the backward; set net.share_deltas = "
+                f"False before training to read it"
+            )
         return self.be.to_host(layer.delta).reshape(layer.output_shape(self.batch))

@@ -6,6 +6,7 @@ on the CPU where load_network attached it (export/engine.py).
 A mixin of darknet_py.network.Network, which composes it with the planner and the
 executor: its methods read and write the Network's state through self.
 """
+
 import os
 
 import numpy as np
@@ -50,18 +51,29 @@ class NetworkInference:
         letterboxed (letter) or resized into the network input on the backend
         (letterbox_images: image.py's arithmetic, its bits)."""
         if self.input_shape[0] != 3 or len(self.input_shape) != 3:
-            raise ValueError(f"infer_photos: the network takes {self.input_shape} inputs, "
-                             f"not 3-channel images")
+            raise ValueError(
+                f"infer_photos: the network takes {self.input_shape} inputs, not 3-channel images"
+            )
         if not len(photos):
             raise ValueError("infer_photos: no images")
         one_array = isinstance(photos, np.ndarray)
         for photo in [photos] if one_array else photos:
-            if not (isinstance(photo, np.ndarray) and photo.dtype == np.uint8 and photo.size
-                    and photo.ndim == (4 if one_array else 3) and photo.shape[-1] == 3):
-                got = (f"{photo.dtype} of shape {photo.shape}" if isinstance(photo, np.ndarray)
-                       else type(photo).__name__)
-                raise ValueError(f"infer_photos takes OpenCV BGR uint8 (H, W, 3) photos or one "
-                                 f"(N, H, W, 3) uint8 array; got {got}")
+            if not (
+                isinstance(photo, np.ndarray)
+                and photo.dtype == np.uint8
+                and photo.size
+                and photo.ndim == (4 if one_array else 3)
+                and photo.shape[-1] == 3
+            ):
+                got = (
+                    f"{photo.dtype} of shape {photo.shape}"
+                    if isinstance(photo, np.ndarray)
+                    else type(photo).__name__
+                )
+                raise ValueError(
+                    f"infer_photos takes OpenCV BGR uint8 (H, W, 3) photos or one "
+                    f"(N, H, W, 3) uint8 array; got {got}"
+                )
         if len(photos) != self.batch:
             self._allocate(len(photos), self.train_buffers)
         staged = self._upload_photos(photos)
@@ -71,8 +83,11 @@ class NetworkInference:
     def _upload_photos(self, photos):
         """(backend uint8 array, its upload, the photos' shapes): the photos' bytes, copied
         on the copy stream after the work queued so far."""
-        host = (photos if isinstance(photos, np.ndarray)
-                else np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in photos]))
+        host = (
+            photos
+            if isinstance(photos, np.ndarray)
+            else np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in photos])
+        )
         array, upload = self.be.upload_bytes_async(np.ascontiguousarray(host))
         return array, upload, [p.shape[:2] for p in photos]
 
@@ -88,8 +103,13 @@ class NetworkInference:
         self.be.wait_upload(upload)
         offsets = np.cumsum([0] + [h * w * 3 for h, w in shapes[:-1]])
         self.be.letterbox_images(array, shapes, offsets, width, height, letter, buf)
-        self._run_step("predict", (self.batch, self.fold_batchnorm), buf, False,
-                       lambda: self._forward_layers(buf, False))
+        self._run_step(
+            "predict",
+            (self.batch, self.fold_batchnorm),
+            buf,
+            False,
+            lambda: self._forward_layers(buf, False),
+        )
         self.collect_costs()
 
     def _predict_photos_in_parts(self, photos, part):
@@ -98,12 +118,12 @@ class NetworkInference:
         output, result, rows, parts = self._parts_of(photos, part)
         staged, pending = [self._upload_photos(parts[0])], None
         for k in range(len(parts)):
-            if k + 1 < len(parts):   # queued before part k's layers: copies beside them
+            if k + 1 < len(parts):  # queued before part k's layers: copies beside them
                 staged.append(self._upload_photos(parts[k + 1]))
             self._run_photos(staged[k], True)
             if pending is not None:
                 self.be.finish_download(pending)
-            pending = self.be.download_async(output, rows[k * part:(k + 1) * part])
+            pending = self.be.download_async(output, rows[k * part : (k + 1) * part])
         self.be.finish_download(pending)
         for _, upload, _ in staged:
             self.be.finish_upload(upload)
@@ -114,8 +134,11 @@ class NetworkInference:
         uint8 array, when it is photos a 3-channel network can take from their bytes;
         None for anything else (float input, other channel counts), and where ONNX Runtime
         serves inference (it takes the float input sized on the host)."""
-        if (len(self.input_shape) != 3 or self.input_shape[0] != 3
-                or self.inference_engine is not None):
+        if (
+            len(self.input_shape) != 3
+            or self.input_shape[0] != 3
+            or self.inference_engine is not None
+        ):
             return None
         if isinstance(x, np.ndarray):
             if x.dtype == np.uint8 and x.ndim == 4 and x.shape[3] == 3:
@@ -126,8 +149,13 @@ class NetworkInference:
         for item in items:
             if isinstance(item, (str, os.PathLike)):
                 item = decode_image(item, 3)[0]
-            if not (isinstance(item, np.ndarray) and item.dtype == np.uint8 and item.ndim == 3
-                    and item.shape[2] == 3 and item.size):
+            if not (
+                isinstance(item, np.ndarray)
+                and item.dtype == np.uint8
+                and item.ndim == 3
+                and item.shape[2] == 3
+                and item.size
+            ):
                 return None
             photos.append(item)
         return photos or None
@@ -152,12 +180,12 @@ class NetworkInference:
             # layers (from the second part on), it runs beside them.
             if k and k + 1 < len(parts):
                 self.prefetch(parts[k + 1])
-            self.infer(images)   # takes its prefetched upload
+            self.infer(images)  # takes its prefetched upload
             if k == 0 and len(parts) > 1:
                 self.prefetch(parts[1])
             if pending is not None:
                 self.be.finish_download(pending)
-            pending = self.be.download_async(output, rows[k * part:(k + 1) * part])
+            pending = self.be.download_async(output, rows[k * part : (k + 1) * part])
         self.be.finish_download(pending)
         self.finish_prefetch()
         return result.astype(self.be.dtype, copy=False)
@@ -169,17 +197,20 @@ class NetworkInference:
             raise ValueError(f"{len(x)} images do not split into parts of {part}")
         self.set_batch(part)
         layer = self.layers[self.output_index]
-        output = layer.output[:part * layer.outputs]
+        output = layer.output[: part * layer.outputs]
         result = np.empty(layer.output_shape(len(x)), dtype=output.dtype)
-        parts = [x[start:start + part] for start in range(0, len(x), part)]
+        parts = [x[start : start + part] for start in range(0, len(x), part)]
         return output, result, result.reshape(len(x), -1), parts
 
     def infer(self, x=None):
         """Inference on x as predict runs it, every output left on the backend (read the
         ones needed with layer_output): no copy back, no wait for the device. x=None runs
         again on the input staged last (what `bench` times as the GPU-only forward)."""
-        if x is not None and self.inference_engine is not None \
-                and self.inference_engine.infer(self, x):
+        if (
+            x is not None
+            and self.inference_engine is not None
+            and self.inference_engine.infer(self, x)
+        ):
             return
         if x is None:
             net_input = self._net_input
@@ -187,8 +218,13 @@ class NetworkInference:
                 raise NetworkError("infer() without an input: no input was staged before")
         else:
             net_input = self._stage(self._as_network_input(x), None, False)
-        self._run_step("predict", (self.batch, self.fold_batchnorm), net_input, False,
-                       lambda: self._forward_layers(net_input, False))
+        self._run_step(
+            "predict",
+            (self.batch, self.fold_batchnorm),
+            net_input,
+            False,
+            lambda: self._forward_layers(net_input, False),
+        )
         self.collect_costs()
 
     @property
@@ -204,20 +240,24 @@ class NetworkInference:
         uint8 array) is letterboxed to the network size for you; an array of another shape
         is refused with the shape expected."""
         from ..image import letterbox
-        if len(self.input_shape) == 1:   # [net] inputs=N without an image size (rnn.cfg)
+
+        if len(self.input_shape) == 1:  # [net] inputs=N without an image size (rnn.cfg)
             x = np.asarray(x, dtype=np.float32)
             rows = x[None] if x.ndim == 1 else x
             if rows.ndim != 2 or rows.shape[1] != self.inputs:
-                raise ValueError(f"predict takes float32 rows of {self.inputs} inputs, shape "
-                                 f"(N, {self.inputs}); got shape {x.shape}")
+                raise ValueError(
+                    f"predict takes float32 rows of {self.inputs} inputs, shape "
+                    f"(N, {self.inputs}); got shape {x.shape}"
+                )
             return rows
         channels, height, width = self.input_shape
-        if isinstance(x, (str, os.PathLike)) or (getattr(x, "dtype", None) == np.uint8
-                                                  and np.ndim(x) in (2, 3)):
+        if isinstance(x, (str, os.PathLike)) or (
+            getattr(x, "dtype", None) == np.uint8 and np.ndim(x) in (2, 3)
+        ):
             x = letterbox(as_image(x, channels), width, height)
         x = np.asarray(x, dtype=np.float32)
         given = x.shape
-        if x.ndim == 2 and x.shape[1] == self.inputs:   # flat rows, as Darknet's float *input
+        if x.ndim == 2 and x.shape[1] == self.inputs:  # flat rows, as Darknet's float *input
             x = x.reshape((len(x),) + tuple(self.input_shape))
         if x.ndim == len(self.input_shape):
             x = x[None]
@@ -226,7 +266,8 @@ class NetworkInference:
                 f"predict takes float32 images of shape (N, {channels}, {height}, {width}) "
                 f"(RGB, 0-1), or a photo (a path or an OpenCV (H, W, 3) uint8 array) that it "
                 f"letterboxes; got shape {given} (letter-box a photo yourself with "
-                f"darknet_py.letterbox(load_image(path), {width}, {height}))")
+                f"darknet_py.letterbox(load_image(path), {width}, {height}))"
+            )
         return x
 
     def layer_output(self, i):
@@ -236,11 +277,14 @@ class NetworkInference:
             raise NetworkError(
                 f"layer {layer.index} [{layer.type}]: ONNX Runtime ran the last inference and "
                 f"gives only the outputs of layers {sorted(self.engine_outputs)}; load the "
-                f"network with engine=\"numpy\" for every layer's")
+                f"network with engine=\"numpy\" for every layer's"
+            )
         if getattr(self, "train_buffers", False) and output_is_shared(layer):
-            raise NetworkError(f"layer {i}: its output shares an array with other layers' and "
-                               f"lives only while its readers use it; set "
-                               f"net.share_outputs = False before training to read it")
+            raise NetworkError(
+                f"layer {i}: its output shares an array with other layers' and "
+                f"lives only while its readers use it; set "
+                f"net.share_outputs = False before training to read it"
+            )
         return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
 
     # ---- applications ---------------------------------------------------------------
@@ -251,8 +295,14 @@ class NetworkInference:
         of images, a list of such lists, `batch` images per forward pass. See
         predictions.py."""
         if isinstance(image, (list, tuple)):
-            return detect_batch(self, list(image), thresh=thresh, hier=hier, nms=nms,
-                                batch=whole_number(batch, "detect's batch"))
+            return detect_batch(
+                self,
+                list(image),
+                thresh=thresh,
+                hier=hier,
+                nms=nms,
+                batch=whole_number(batch, "detect's batch"),
+            )
         return detect(self, image, thresh=thresh, hier=hier, nms=nms)
 
     def classify(self, image, top=5):

@@ -6,6 +6,7 @@ them, the memory estimate, the input and output shapes, and set_batch/resize.
 A mixin of darknet_py.network.Network, which composes it with the executor and the
 inference front end: its methods read and write the Network's state through self.
 """
+
 import warnings
 
 import numpy as np
@@ -30,28 +31,42 @@ class NetworkPlanner:
             self._check_host_memory(batch, train)
         try:
             self.workspace = None  # free the old one before sizing the new
-            for layer in self.layers:   # and the old outputs and deltas before the new are
-                layer.output = layer.delta = None   # made (not both at once at the peak)
+            for layer in self.layers:  # and the old outputs and deltas before the new are
+                layer.output = layer.delta = None  # made (not both at once at the peak)
             self.input = self.delta = None
-            assign_output_storage(self.layers, self.output_index, self.precision, train,
-                                  self.fold_batchnorm, on=self._half_outputs)
-            self.delta_plan = share_delta_arrays(self.layers, be, batch, train and
-                                                 self._share_deltas and not self.fork_cpu)
-            self.output_plan = share_output_arrays(self.layers, be, batch, train and
-                                                   self._share_outputs and not self.fork_cpu,
-                                                   self.output_index)
+            assign_output_storage(
+                self.layers,
+                self.output_index,
+                self.precision,
+                train,
+                self.fold_batchnorm,
+                on=self._half_outputs,
+            )
+            self.delta_plan = share_delta_arrays(
+                self.layers, be, batch, train and self._share_deltas and not self.fork_cpu
+            )
+            self.output_plan = share_output_arrays(
+                self.layers,
+                be,
+                batch,
+                train and self._share_outputs and not self.fork_cpu,
+                self.output_index,
+            )
             for layer in self.layers:
                 layer.allocate(be, batch, train)  # may size its workspace for this batch
             self._zero_before = zeroing_steps(self.layers, self.delta_plan)
-            self._rebuild_before = {step: [self.layers[i] for i in rebuilt] for step, rebuilt
-                                    in self.output_plan.rebuild_before.items()}
+            self._rebuild_before = {
+                step: [self.layers[i] for i in rebuilt]
+                for step, rebuilt in self.output_plan.rebuild_before.items()
+            }
             self.workspace = be.zeros(max([1] + [l.workspace_size for l in self.layers]))
         except DeviceOutOfMemory:
             need = self.memory_bytes(batch, train)
             raise NetworkError(
                 f"out of GPU memory: this network needs about {need / 2**20:.0f} MiB at batch "
                 f"{batch}{' for training' if train else ''}; raise subdivisions in [net] "
-                f"(or lower batch) to fit") from None
+                f"(or lower batch) to fit"
+            ) from None
         self.batch = batch
         self.train_buffers = train
         self._input_buf = None
@@ -133,31 +148,60 @@ class NetworkPlanner:
         """A close estimate of the device memory the network's arrays take (a BN layer's
         x at 2 bytes a value under fp16/bf16, as the CUDA backend keeps it)."""
         # A recurrent layer's inner layers hold their own outputs (and deltas) per image.
-        sizes = [l.outputs + sum(o.outputs for o in l.param_owners() if o is not l)
-                 for l in self.layers]
+        sizes = [
+            l.outputs + sum(o.outputs for o in l.param_owners() if o is not l) for l in self.layers
+        ]
         per_image = sum(sizes)
-        if train:   # deltas, and a third array where a layer may keep one
-            per_image = 2 * per_image + sum(n for l, n in zip(self.layers, sizes)
-                                            if keeps_a_third_array(l))
+        if train:  # deltas, and a third array where a layer may keep one
+            per_image = 2 * per_image + sum(
+                n for l, n in zip(self.layers, sizes) if keeps_a_third_array(l)
+            )
         # A [route] of one whole input shares its output array (route.py).
         per_image -= sum(l.outputs for l in self.layers if l.views_its_input())
         if train and self._share_deltas and not self.fork_cpu:
             per_image -= plan_deltas(self.layers).saved_floats
-        storage = (plan_output_storage(self.layers, self.output_index, self.precision, train,
-                                       self.fold_batchnorm) if self._half_outputs else None)
-        outputs = plan_outputs(self.layers, self.output_index,
-                               train and self._share_outputs and not self.fork_cpu, storage)
+        storage = (
+            plan_output_storage(
+                self.layers, self.output_index, self.precision, train, self.fold_batchnorm
+            )
+            if self._half_outputs
+            else None
+        )
+        outputs = plan_outputs(
+            self.layers,
+            self.output_index,
+            train and self._share_outputs and not self.fork_cpu,
+            storage,
+        )
         per_image -= outputs.saved_floats
-        if storage is not None:   # outputs kept at 16 bits: half a float a value
-            per_image -= sum(l.outputs for l in self.layers if storage[l.index] != "fp32"
-                             and l.index not in outputs.buffer_of
-                             and not l.views_its_input()) / 2
-            per_image -= sum(n for n, stored in zip(outputs.buffer_floats,
-                                                    outputs.buffer_storage)
-                             if stored != "fp32") / 2
-        if train:   # a BN layer's x kept at 16 bits (fp16/bf16): half a float a value
-            per_image -= sum(l.outputs for l in self.layers if getattr(l, "batch_normalize", 0)
-                             and x_precision(l) != precisions.DEFAULT) / 2
+        if storage is not None:  # outputs kept at 16 bits: half a float a value
+            per_image -= (
+                sum(
+                    l.outputs
+                    for l in self.layers
+                    if storage[l.index] != "fp32"
+                    and l.index not in outputs.buffer_of
+                    and not l.views_its_input()
+                )
+                / 2
+            )
+            per_image -= (
+                sum(
+                    n
+                    for n, stored in zip(outputs.buffer_floats, outputs.buffer_storage)
+                    if stored != "fp32"
+                )
+                / 2
+            )
+        if train:  # a BN layer's x kept at 16 bits (fp16/bf16): half a float a value
+            per_image -= (
+                sum(
+                    l.outputs
+                    for l in self.layers
+                    if getattr(l, "batch_normalize", 0) and x_precision(l) != precisions.DEFAULT
+                )
+                / 2
+            )
         try:
             params = sum(a.size for l in self.layers for _, a in l.params())
         except AttributeError:  # parameters not created yet
@@ -214,16 +258,20 @@ class NetworkPlanner:
                 warnings.simplefilter("ignore")
                 layers = self._build([layer.section for layer in old])
             for new, prev in _layer_pairs(layers, old):
-                if (prev.type in ("connected", "local")
-                        and (new.inputs, new.outputs) != (prev.inputs, prev.outputs)):
-                    raise NetworkError(f"cannot resize this network to {width}x{height}: layer "
-                                       f"{prev.index} [{prev.type}] has weights sized by its input")
-            if self.be.name == "cpu":   # refused while the old size's arrays are still there
+                if prev.type in ("connected", "local") and (new.inputs, new.outputs) != (
+                    prev.inputs,
+                    prev.outputs,
+                ):
+                    raise NetworkError(
+                        f"cannot resize this network to {width}x{height}: layer "
+                        f"{prev.index} [{prev.type}] has weights sized by its input"
+                    )
+            if self.be.name == "cpu":  # refused while the old size's arrays are still there
                 self._check_host_memory(self.batch, self.train_buffers, layers)
         except Exception:
             o.width, o.height, o.inputs = old_size
             raise
-        for layer in old:   # the old size's outputs and deltas go before the new are made
+        for layer in old:  # the old size's outputs and deltas go before the new are made
             layer.output = layer.delta = None
         self.layers = layers
         self._allocate(self.batch, self.train_buffers)
@@ -232,7 +280,6 @@ class NetworkPlanner:
             for name, value in vars(prev).items():
                 if name not in own:
                     setattr(new, name, value)
-
 
 
 def _layer_pairs(layers, old):
@@ -251,5 +298,8 @@ def keeps_a_third_array(layer):
     """Whether training may keep a third array of a layer's size besides its output and
     delta (memory_bytes): a batch-normalised layer's x, an activation's kept input,
     maxpool's indexes, and, to be safe, any type not known to keep none."""
-    return (layer.type not in OUTPUT_AND_DELTA_ONLY or bool(getattr(layer, "batch_normalize", 0))
-            or keeps_activation_input(layer))
+    return (
+        layer.type not in OUTPUT_AND_DELTA_ONLY
+        or bool(getattr(layer, "batch_normalize", 0))
+        or keeps_activation_input(layer)
+    )

@@ -1,6 +1,7 @@
 """The training chart (chart_<cfg>.png: loss, average loss and the evaluation score over
 the iterations) and the history behind it (<cfg>.history.json beside the backup, so a
 resumed run's chart shows the whole run)."""
+
 import json
 import math
 import os
@@ -29,8 +30,9 @@ def _tick_label(value):
     return f"{value:.4g}"
 
 
-def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.5",
-               title="", max_batches=None):
+def draw_chart(
+    path, losses, averages, iterations, scores=(), score_name="mAP@0.5", title="", max_batches=None
+):
     """Write a PNG chart: loss (grey) and average loss (blue) against the iteration on the
     left axis, the evaluation score (red, 0..1) on the right axis. Atomic write."""
     import cv2
@@ -45,10 +47,10 @@ def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.
     # The first iterations' losses are far larger than the rest: scale the axis to the
     # average loss after the first tenth of the run, so later progress stays visible
     # (the start of the grey raw-loss line is clipped at the top).
-    settled = [v for v in averages[len(averages) // 10:] if math.isfinite(v)]
+    settled = [v for v in averages[len(averages) // 10 :] if math.isfinite(v)]
     everything = [v for v in list(averages) + list(losses) if math.isfinite(v)]
     y_end = _nice_ceiling(max(settled) * 1.1) if settled else 1.0
-    if everything and max(everything) <= 1.5 * y_end:   # nothing far above: show it all
+    if everything and max(everything) <= 1.5 * y_end:  # nothing far above: show it all
         y_end = _nice_ceiling(max(everything) * 1.05)
 
     def px(it):
@@ -57,54 +59,70 @@ def draw_chart(path, losses, averages, iterations, scores=(), score_name="mAP@0.
     def py(v, end):
         return int(round(top + ph * (1 - min(max(v, 0.0), end) / end)))
 
-    for k in range(6):   # grid and axis ticks
+    for k in range(6):  # grid and axis ticks
         y = top + ph * k // 5
         cv2.line(img, (left, y), (left + pw, y), grid, 1)
         label = _tick_label(y_end * (5 - k) / 5)
         (tw, th), _ = cv2.getTextSize(label, font, 0.45, 1)
         cv2.putText(img, label, (left - tw - 8, y + th // 2), font, 0.45, ink, 1, cv2.LINE_AA)
         if scores:
-            cv2.putText(img, f"{(5 - k) / 5:.1f}", (left + pw + 8, y + th // 2), font, 0.45,
-                        (0, 0, 200), 1, cv2.LINE_AA)
+            cv2.putText(
+                img,
+                f"{(5 - k) / 5:.1f}",
+                (left + pw + 8, y + th // 2),
+                font,
+                0.45,
+                (0, 0, 200),
+                1,
+                cv2.LINE_AA,
+            )
         x = left + pw * k // 5
         cv2.line(img, (x, top), (x, top + ph), grid, 1)
         label = _tick_label(round(x_end * k / 5))
         (tw, th), _ = cv2.getTextSize(label, font, 0.45, 1)
-        cv2.putText(img, label, (x - tw // 2, top + ph + th + 8), font, 0.45, ink, 1,
-                    cv2.LINE_AA)
+        cv2.putText(img, label, (x - tw // 2, top + ph + th + 8), font, 0.45, ink, 1, cv2.LINE_AA)
     cv2.rectangle(img, (left, top), (left + pw, top + ph), ink, 1)
 
     def polyline(values, end, colour, thickness):
         pts = [(px(i), py(v, end)) for i, v in zip(iterations, values) if math.isfinite(v)]
         if len(pts) > 1:
-            cv2.polylines(img, [np.array(pts, dtype=np.int32)], False, colour, thickness,
-                          cv2.LINE_AA)
+            cv2.polylines(
+                img, [np.array(pts, dtype=np.int32)], False, colour, thickness, cv2.LINE_AA
+            )
 
     polyline(losses, y_end, (190, 190, 190), 1)
     polyline(averages, y_end, (200, 80, 0), 2)
     if scores:
         pts = [(px(i), py(v, 1.0)) for i, v in scores]
         if len(pts) > 1:
-            cv2.polylines(img, [np.array(pts, dtype=np.int32)], False, (0, 0, 200), 2,
-                          cv2.LINE_AA)
+            cv2.polylines(img, [np.array(pts, dtype=np.int32)], False, (0, 0, 200), 2, cv2.LINE_AA)
         for (i, v), p in zip(scores, pts):
             cv2.circle(img, p, 4, (0, 0, 200), -1, cv2.LINE_AA)
         best = max(scores, key=lambda s: s[1])
-        cv2.putText(img, f"best {score_name} {best[1]:.4f} at {best[0]}",
-                    (left + pw - 330, top + 22), font, 0.5, (0, 0, 200), 1, cv2.LINE_AA)
+        cv2.putText(
+            img,
+            f"best {score_name} {best[1]:.4f} at {best[0]}",
+            (left + pw - 330, top + 22),
+            font,
+            0.5,
+            (0, 0, 200),
+            1,
+            cv2.LINE_AA,
+        )
     cv2.putText(img, title, (left, 32), font, 0.65, ink, 1, cv2.LINE_AA)
-    cv2.putText(img, "iteration", (left + pw // 2 - 35, height - 18), font, 0.55, ink, 1,
-                cv2.LINE_AA)
+    cv2.putText(
+        img, "iteration", (left + pw // 2 - 35, height - 18), font, 0.55, ink, 1, cv2.LINE_AA
+    )
     legend = "loss (grey), average loss (blue)"
     if scores:
         legend += f", {score_name} (red, right axis)"
     (tw, _), _ = cv2.getTextSize(legend, font, 0.45, 1)
     cv2.putText(img, legend, (width - right - tw, 32), font, 0.45, ink, 1, cv2.LINE_AA)
-    vertical = np.full((20, 100, 3), 255, dtype=np.uint8)   # the y-axis title, rotated
+    vertical = np.full((20, 100, 3), 255, dtype=np.uint8)  # the y-axis title, rotated
     cv2.putText(vertical, "loss", (30, 15), font, 0.55, ink, 1, cv2.LINE_AA)
     vertical = cv2.rotate(vertical, cv2.ROTATE_90_COUNTERCLOCKWISE)
     y0 = top + ph // 2 - 50
-    img[y0:y0 + 100, 8:28] = vertical
+    img[y0 : y0 + 100, 8:28] = vertical
     with atomic_output(path, kind="chart") as tmp:
         if not cv2.imwrite(tmp, img):
             raise OSError(f"{path}: cannot write the chart")
@@ -133,7 +151,9 @@ def load_history(path, up_to, log):
         losses = [tuple(row) for row in saved["losses"] if row[0] <= up_to]
         scores = [tuple(row) for row in saved["scores"] if row[0] <= up_to]
     except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-        log(f"darknet-py: warning: {path}: cannot read the training history ({e}); the "
-            f"chart starts at this run")
+        log(
+            f"darknet-py: warning: {path}: cannot read the training history ({e}); the "
+            f"chart starts at this run"
+        )
         return [], []
     return losses, scores

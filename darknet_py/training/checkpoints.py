@@ -15,6 +15,7 @@ temporary file that the next run removes. A weights file that appears under one 
 run's names after its start (a second run with the same backup directory) is never
 replaced: the run writes beside it (files.OutputClaims).
 """
+
 import os
 import re
 from dataclasses import dataclass, field
@@ -37,8 +38,8 @@ def cfg_base(path):
 @dataclass
 class Checkpoints:
     backup_dir: str
-    base: str               # cfg_base of the cfg
-    writer: bool = True     # only rank 0 of a data-parallel run writes
+    base: str  # cfg_base of the cfg
+    writer: bool = True  # only rank 0 of a data-parallel run writes
     # the weights files claimed at the start; a name someone else writes meanwhile is not
     # replaced
     claims: OutputClaims = field(default_factory=OutputClaims)
@@ -109,6 +110,7 @@ class Checkpoints:
         except OSError:
             return []
         if task == "detector":
+
             def written(n):
                 return start < n <= max_batches and detector_snapshot_due(n)
         else:
@@ -117,19 +119,26 @@ class Checkpoints:
 
             def written(n):
                 return first < n <= last
-        return [self._path(name) for name in sorted(names)
-                if (m := pattern.match(name)) and written(int(m.group(1)))]
+
+        return [
+            self._path(name)
+            for name in sorted(names)
+            if (m := pattern.match(name)) and written(int(m.group(1)))
+        ]
 
 
 def writable_dir(path):
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise TrainError(f"{path}: cannot create the backup directory ({e.strerror}); set "
-                         f"backup= in the .data file") from None
+        raise TrainError(
+            f"{path}: cannot create the backup directory ({e.strerror}); set "
+            f"backup= in the .data file"
+        ) from None
     if not os.access(path, os.W_OK):
-        raise TrainError(f"{path}: the backup directory is not writable; set backup= in "
-                         f"the .data file")
+        raise TrainError(
+            f"{path}: the backup directory is not writable; set backup= in the .data file"
+        )
 
 
 def last_saved_backup(path, net):
@@ -144,5 +153,8 @@ def last_saved_backup(path, net):
 
 def finite_weights(net):
     """False when a parameter holds NaN or infinite values (weights not worth saving)."""
-    return all(np.isfinite(net.be.to_host(array)).all()
-               for layer in net.layers for _, array in layer.params())
+    return all(
+        np.isfinite(net.be.to_host(array)).all()
+        for layer in net.layers
+        for _, array in layer.params()
+    )

@@ -1,16 +1,17 @@
 """Darknet's training schedules: when numbered weights are due, how often --map evaluates,
 the input sizes of multi-scale training (random=1), and warnings about learning-rate
 schedules that cannot do what their numbers say."""
+
 import numpy as np
 
 from ..network import NetworkError
 from ..predictions import detector_layers
 from .stops import TrainError
 
-BACKUP_EVERY = 100          # iterations between <cfg>.backup saves (Darknet's detector)
-MULTISCALE_EVERY = 10       # iterations between input sizes with random=1 (train_detector)
-CLASSIFIER_MULTISCALE_EVERY = 40   # train_classifier's interval for [net] random=1
-FINAL_SIZE_ITERATIONS = 200        # the last 200 iterations run at the largest size
+BACKUP_EVERY = 100  # iterations between <cfg>.backup saves (Darknet's detector)
+MULTISCALE_EVERY = 10  # iterations between input sizes with random=1 (train_detector)
+CLASSIFIER_MULTISCALE_EVERY = 40  # train_classifier's interval for [net] random=1
+FINAL_SIZE_ITERATIONS = 200  # the last 200 iterations run at the largest size
 
 
 def detector_snapshot_due(iteration):
@@ -60,13 +61,17 @@ def check_policy(cfg, options, log):
     that never ends (the rate stays near 0 the whole run) and steps never reached."""
     policy, max_batches = options.policy, options.max_batches
     if policy["burn_in"] >= max_batches:
-        log(f"darknet-py: warning: {cfg}: burn_in={policy['burn_in']} is not below "
+        log(
+            f"darknet-py: warning: {cfg}: burn_in={policy['burn_in']} is not below "
             f"max_batches={max_batches}: the learning rate ramps up from 0 for the whole "
-            f"run and never reaches learning_rate={options.learning_rate:g}")
+            f"run and never reaches learning_rate={options.learning_rate:g}"
+        )
     late = [step for step in policy.get("steps", ()) if step >= max_batches]
     if late:
-        log(f"darknet-py: warning: {cfg}: steps={','.join(map(str, late))} at or beyond "
-            f"max_batches={max_batches}: the rate never changes there")
+        log(
+            f"darknet-py: warning: {cfg}: steps={','.join(map(str, late))} at or beyond "
+            f"max_batches={max_batches}: the rate never changes there"
+        )
 
 
 def resize_network(net, width, height):

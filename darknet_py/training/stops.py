@@ -20,6 +20,7 @@ goes on. One SIGUSR1 to a run's process group reaches each rank twice (directly,
 passed on by the launcher) and lands on either side of a step's end on different ranks:
 one backup answers every SIGUSR1 that came before it or within SAVE_REPEAT_SECONDS after.
 """
+
 import contextlib
 import os
 import signal
@@ -28,7 +29,7 @@ import time
 
 from ..errors import DarknetError
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # in the order they win
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # in the order they win
 SAVE_SIGNAL = signal.SIGUSR1
 # A SIGUSR1 this soon after a backup is the same request (a copy passed on, or the group's
 # signal reaching this rank after the others agreed on the backup).
@@ -66,12 +67,17 @@ def single_row_batch_norm(net):
             section = layer.section
             option = section.options.get("batch_normalize")
             where = f"{section.path}:{option.line if option else section.line}"
-            what = ("1 row per time step (batch / subdivisions = 1)" if stepped else
-                    "1 value per channel (batch / subdivisions = 1, 1x1 outputs)")
-            return (f"{where}: layer {layer.index} [{layer.type}] batch-normalizes {what}: "
-                    f"the variance of a single row is 0/0, so the loss is nan from the first "
-                    f"iteration; raise batch= to 2 or more times subdivisions, or set "
-                    f"batch_normalize=0")
+            what = (
+                "1 row per time step (batch / subdivisions = 1)"
+                if stepped
+                else "1 value per channel (batch / subdivisions = 1, 1x1 outputs)"
+            )
+            return (
+                f"{where}: layer {layer.index} [{layer.type}] batch-normalizes {what}: "
+                f"the variance of a single row is 0/0, so the loss is nan from the first "
+                f"iteration; raise batch= to 2 or more times subdivisions, or set "
+                f"batch_normalize=0"
+            )
     return None
 
 
@@ -82,7 +88,7 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, signum=signal.SIGINT):
         super().__init__(signal_name(signum))
         self.signum = int(signum)
-        self.reported = False   # set once a line has said what the stop did
+        self.reported = False  # set once a line has said what the stop did
 
 
 class Terminated(Stopped):
@@ -119,11 +125,11 @@ class StopSignals:
     def __init__(self):
         self.stop = None
         self.save = False
-        self.saved_at = None   # time.monotonic() of the last backup a SIGUSR1 asked for
+        self.saved_at = None  # time.monotonic() of the last backup a SIGUSR1 asked for
         self.immediate = True
         self.forward = None
         self._previous = {}
-        self.pid = os.getpid()   # a forked child holds a copy that is not its own
+        self.pid = os.getpid()  # a forked child holds a copy that is not its own
 
     def install(self):
         for s in STOP_SIGNALS + (SAVE_SIGNAL,):
@@ -139,14 +145,13 @@ class StopSignals:
         if self.forward is not None:
             self.forward(signum)
         if signum == SAVE_SIGNAL:
-            if (self.saved_at is None
-                    or time.monotonic() - self.saved_at >= SAVE_REPEAT_SECONDS):
+            if self.saved_at is None or time.monotonic() - self.saved_at >= SAVE_REPEAT_SECONDS:
                 self.save = True
             return
         if self.stop is None:
             self.stop = signum
             if self.immediate:
-                self.immediate = False   # a second signal must not break the save
+                self.immediate = False  # a second signal must not break the save
                 raise stopped(signum)
 
     def take_save(self):
@@ -171,7 +176,7 @@ class StopSignals:
             self.immediate = immediate and self.stop is None
 
 
-_held = None   # the StopSignals a command holds for its run (held_stop_signals)
+_held = None  # the StopSignals a command holds for its run (held_stop_signals)
 
 
 def _held_here():

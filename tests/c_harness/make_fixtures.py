@@ -7,6 +7,7 @@ cost) into tests/fixtures/layers/<name>.npz. tests/test_layers_c_fixtures.py rea
 
 usage: python tests/c_harness/make_fixtures.py [--orig DIR] [--ab DIR] [NAME ...]
 """
+
 import argparse
 import subprocess
 import sys
@@ -69,7 +70,11 @@ activation=linear
 
 # name -> (harness, [net] shape (c, h, w), batch, layer sections, truth kind)
 FIXTURES = {
-    "activation": ("orig", (3, 5, 5), 2, """
+    "activation": (
+        "orig",
+        (3, 5, 5),
+        2,
+        """
 [convolutional]
 filters=4
 size=3
@@ -86,8 +91,14 @@ activation=leaky
 [activation]
 
 [cost]
-""", "uniform"),
-    "logistic": ("orig", (3, 4, 4), 2, """
+""",
+        "uniform",
+    ),
+    "logistic": (
+        "orig",
+        (3, 4, 4),
+        2,
+        """
 [convolutional]
 filters=3
 size=3
@@ -96,8 +107,14 @@ pad=1
 activation=linear
 
 [logistic]
-""", "binary"),
-    "l2norm": ("orig", (3, 4, 4), 2, """
+""",
+        "binary",
+    ),
+    "l2norm": (
+        "orig",
+        (3, 4, 4),
+        2,
+        """
 [convolutional]
 filters=4
 size=3
@@ -108,8 +125,14 @@ activation=linear
 [l2norm]
 
 [cost]
-""", "uniform"),
-    "lrn": ("orig", (3, 4, 4), 2, """
+""",
+        "uniform",
+    ),
+    "lrn": (
+        "orig",
+        (3, 4, 4),
+        2,
+        """
 [convolutional]
 filters=7
 size=3
@@ -130,8 +153,14 @@ beta=0.5
 kappa=2
 
 [cost]
-""", "uniform"),
-    "deconv": ("orig", (3, 4, 4), 2, """
+""",
+        "uniform",
+    ),
+    "deconv": (
+        "orig",
+        (3, 4, 4),
+        2,
+        """
 [convolutional]
 filters=3
 size=1
@@ -154,7 +183,9 @@ padding=1
 activation=linear
 
 [cost]
-""", "uniform"),
+""",
+        "uniform",
+    ),
     "xnor": ("orig", (3, 8, 8), 2, XNOR_LAYERS.format(bin_output=""), "uniform"),
     "xnor_ab": ("ab", (3, 8, 8), 2, XNOR_LAYERS.format(bin_output="\nbin_output=1"), "uniform"),
 }
@@ -179,11 +210,27 @@ def fork_objects(ab, workdir):
     fixed = workdir / "convolutional_layer.c"
     fixed.write_text(src.replace(FORK_XNOR_CALL, FORK_XNOR_FIXED))
     obj = workdir / "convolutional_layer.o"
-    subprocess.run(["gcc", f"-I{ab}/include", f"-I{ab}/src", f"-I{ab}/3rdparty/stb/include",
-                    "-Wno-unused-result", "-fPIC", "-Ofast", "-c", str(fixed), "-o", str(obj)],
-                   check=True)
-    return [str(obj)] + sorted(str(p) for p in (Path(ab) / "obj").glob("*.o")
-                               if p.name not in ("darknet.o", "convolutional_layer.o"))
+    subprocess.run(
+        [
+            "gcc",
+            f"-I{ab}/include",
+            f"-I{ab}/src",
+            f"-I{ab}/3rdparty/stb/include",
+            "-Wno-unused-result",
+            "-fPIC",
+            "-Ofast",
+            "-c",
+            str(fixed),
+            "-o",
+            str(obj),
+        ],
+        check=True,
+    )
+    return [str(obj)] + sorted(
+        str(p)
+        for p in (Path(ab) / "obj").glob("*.o")
+        if p.name not in ("darknet.o", "convolutional_layer.o")
+    )
 
 
 def build(harness, orig, ab, workdir):
@@ -206,7 +253,7 @@ def truth_values(kind, rng, n):
 
 def xnor_inputs(cfg):
     """Indexes of the layers whose outputs an xnor layer binarizes."""
-    layers = cfg.split("\n[")[1:]   # the text of each section after [net]
+    layers = cfg.split("\n[")[1:]  # the text of each section after [net]
     return [i - 1 for i, text in enumerate(layers) if "xnor=1" in text and i > 0]
 
 
@@ -229,16 +276,23 @@ def run_harness(name, exe, d, cfg, seed):
     # The truth size is the last layer's outputs: the harness reads as many as it needs.
     truth = truth_values(truth_kind, rng, batch * 4096)
     truth.tofile(d / "truth.f32")
-    log = subprocess.run([str(exe), str(d / "net.cfg"), str(d / "input.f32"),
-                          str(d / "truth.f32"), str(d)], capture_output=True, text=True)
+    log = subprocess.run(
+        [str(exe), str(d / "net.cfg"), str(d / "input.f32"), str(d / "truth.f32"), str(d)],
+        capture_output=True,
+        text=True,
+    )
     if log.returncode:
         sys.exit(f"{name}: harness failed:\n{log.stderr}")
     last = max(int(f.stem.split("_")[1]) for f in d.glob("out_*.f32"))
     truths = (d / f"out_{last}.f32").stat().st_size // 4
-    arrays = {"cfg": np.array(cfg), "input": x, "truth": truth[:truths],
-              "weights0": np.frombuffer((d / "weights0.weights").read_bytes(), np.uint8),
-              "weights1": np.frombuffer((d / "weights1.weights").read_bytes(), np.uint8),
-              "cost": np.fromfile(d / "cost_0.f32", np.float32)}
+    arrays = {
+        "cfg": np.array(cfg),
+        "input": x,
+        "truth": truth[:truths],
+        "weights0": np.frombuffer((d / "weights0.weights").read_bytes(), np.uint8),
+        "weights1": np.frombuffer((d / "weights1.weights").read_bytes(), np.uint8),
+        "cost": np.fromfile(d / "cost_0.f32", np.float32),
+    }
     for f in sorted(d.glob("*_*.f32")):
         if not f.name.startswith("cost"):
             arrays[f.stem] = np.fromfile(f, np.float32)
@@ -252,7 +306,7 @@ def make(name, exe, workdir):
     d.mkdir()
     (d / "net.cfg").write_text(cfg)
     seed = sum(map(ord, name))
-    for seed in range(seed, seed + 100):   # the first input without ties (see ties_at_zero)
+    for seed in range(seed, seed + 100):  # the first input without ties (see ties_at_zero)
         arrays = run_harness(name, exe, d, cfg, seed)
         if not ties_at_zero(arrays, cfg):
             break
@@ -260,8 +314,10 @@ def make(name, exe, workdir):
         sys.exit(f"{name}: every input gave a binarized value at a rounding residue")
     OUT.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT / f"{name}.npz", **arrays)
-    print(f"{name}: {(OUT / f'{name}.npz').stat().st_size} bytes, input seed {seed}, "
-          f"cost {arrays['cost'][0]:.6g}")
+    print(
+        f"{name}: {(OUT / f'{name}.npz').stat().st_size} bytes, input seed {seed}, "
+        f"cost {arrays['cost'][0]:.6g}"
+    )
 
 
 def main():

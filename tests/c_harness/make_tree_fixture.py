@@ -3,6 +3,7 @@ as tests/fixtures/tree/tree_reference.npz (used by tests/test_tree.py).
 
     python tests/c_harness/make_tree_fixture.py /path/to/darknet   # with libdarknet.a built
 """
+
 import subprocess
 import sys
 import tempfile
@@ -18,11 +19,26 @@ def main(darknet):
     darknet = Path(darknet).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "tree_harness"
-        subprocess.run(["gcc", "-O0", "-I", str(darknet / "include"), "-I", str(darknet / "src"),
-                        str(HERE / "tree_harness.c"), str(darknet / "libdarknet.a"), "-lm",
-                        "-pthread", "-o", str(exe)], check=True)
-        text = subprocess.run([str(exe), str(FIXTURES / "small.tree")], check=True,
-                              capture_output=True, text=True).stdout
+        subprocess.run(
+            [
+                "gcc",
+                "-O0",
+                "-I",
+                str(darknet / "include"),
+                "-I",
+                str(darknet / "src"),
+                str(HERE / "tree_harness.c"),
+                str(darknet / "libdarknet.a"),
+                "-lm",
+                "-pthread",
+                "-o",
+                str(exe),
+            ],
+            check=True,
+        )
+        text = subprocess.run(
+            [str(exe), str(FIXTURES / "small.tree")], check=True, capture_output=True, text=True
+        ).stdout
     arrays = {}
     for line in text.splitlines():
         name, kind, count, *values = line.split()

@@ -6,6 +6,7 @@ darknet-py) and inputs, runs the harness, and packs what it dumped:
     python tests/c_harness_rnn/make_fixtures.py --orig /work/cbuild/darknet-orig \
         --fork /work/cbuild/darknet-ab [CASE ...]
 """
+
 import argparse
 import glob
 import os
@@ -37,51 +38,125 @@ HEAD = "[connected]\noutput={classes}\nactivation=linear\n[softmax]\n"
 # name -> (flavour, inputs, sequences per batch, steps, recurrent section(s))
 CASES = {
     "rnn": ("original", 6, 2, 3, "[rnn]\noutput=5\nactivation=leaky\n"),
-    "rnn_bn_shortcut": ("original", 6, 4, 3,
-                        "[rnn]\noutput=5\nactivation=tanh\nbatch_normalize=1\nshortcut=1\n"),
-    "rnn_fork_hidden": ("alexeyab", 6, 2, 3,
-                        "[rnn]\noutput=5\nhidden=4\nactivation=leaky\nlogistic=1\n"),
-    "rnn_fork_bn": ("alexeyab", 6, 4, 3,
-                    "[rnn]\noutput=5\nhidden=4\nactivation=leaky\nbatch_normalize=1\n"
-                    "shortcut=1\n"),
+    "rnn_bn_shortcut": (
+        "original",
+        6,
+        4,
+        3,
+        "[rnn]\noutput=5\nactivation=tanh\nbatch_normalize=1\nshortcut=1\n",
+    ),
+    "rnn_fork_hidden": (
+        "alexeyab",
+        6,
+        2,
+        3,
+        "[rnn]\noutput=5\nhidden=4\nactivation=leaky\nlogistic=1\n",
+    ),
+    "rnn_fork_bn": (
+        "alexeyab",
+        6,
+        4,
+        3,
+        "[rnn]\noutput=5\nhidden=4\nactivation=leaky\nbatch_normalize=1\nshortcut=1\n",
+    ),
     "gru": ("original", 6, 2, 3, "[gru]\noutput=5\n"),
     "gru_tanh_bn": ("original", 6, 4, 3, "[gru]\noutput=5\ntanh=1\nbatch_normalize=1\n"),
     "gru_fork": ("alexeyab", 6, 2, 3, "[gru]\noutput=4\n"),
     "lstm": ("original", 6, 2, 3, "[lstm]\noutput=5\n"),
     "lstm_bn": ("original", 6, 4, 3, "[lstm]\noutput=5\nbatch_normalize=1\n"),
     "lstm_fork": ("alexeyab", 6, 2, 3, "[lstm]\noutput=4\n"),
-    "crnn": ("original", 24, 2, 3, "[crnn]\nhidden_filters=3\noutput_filters=2\n"
-             "activation=leaky\n"),
-    "crnn_bn_shortcut": ("original", 24, 3, 2, "[crnn]\nhidden_filters=3\noutput_filters=2\n"
-                         "activation=tanh\nbatch_normalize=1\nshortcut=1\n"),
+    "crnn": (
+        "original",
+        24,
+        2,
+        3,
+        "[crnn]\nhidden_filters=3\noutput_filters=2\nactivation=leaky\n",
+    ),
+    "crnn_bn_shortcut": (
+        "original",
+        24,
+        3,
+        2,
+        "[crnn]\nhidden_filters=3\noutput_filters=2\n"
+        "activation=tanh\nbatch_normalize=1\nshortcut=1\n",
+    ),
     "conv_lstm": ("alexeyab", 24, 2, 3, "[conv_lstm]\noutput=2\nsize=3\npad=1\n"),
-    "conv_lstm_peephole_bn": ("alexeyab", 24, 2, 3, "[conv_lstm]\noutput=2\nsize=3\npad=1\n"
-                              "peephole=1\nbatch_normalize=1\nactivation=leaky\n"),
+    "conv_lstm_peephole_bn": (
+        "alexeyab",
+        24,
+        2,
+        3,
+        "[conv_lstm]\noutput=2\nsize=3\npad=1\npeephole=1\nbatch_normalize=1\nactivation=leaky\n",
+    ),
     # (output = the input's 2 channels: the C backward writes the w gates' deltas into the
     # input's delta, past its end where they are larger)
-    "conv_lstm_clamped": ("alexeyab", 24, 2, 2, "[conv_lstm]\noutput=2\nsize=1\npeephole=1\n"
-                          "state_constrain=1\n"),
+    "conv_lstm_clamped": (
+        "alexeyab",
+        24,
+        2,
+        2,
+        "[conv_lstm]\noutput=2\nsize=1\npeephole=1\nstate_constrain=1\n",
+    ),
     "history": ("alexeyab", 24, 2, 3, "[history]\nhistory_size=3\n"),
     "history_one_step": ("alexeyab", 24, 3, 1, "[history]\nhistory_size=2\n"),
     "implicit": ("alexeyab", 24, 2, 1, "[implicit]\nfilters=5\natoms=2\n"),
-    "crnn_fork_plain": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
-                        "activation=leaky\n"),
-    "crnn_fork": ("alexeyab", 24, 2, 3, "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\n"
-                  "activation=leaky\nbatch_normalize=1\n"),
+    "crnn_fork_plain": (
+        "alexeyab",
+        24,
+        2,
+        3,
+        "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\nactivation=leaky\n",
+    ),
+    "crnn_fork": (
+        "alexeyab",
+        24,
+        2,
+        3,
+        "[crnn]\nhidden=3\noutput=2\nsize=3\npad=1\nactivation=leaky\nbatch_normalize=1\n",
+    ),
 }
 
 
 def build_harness(orig, fork, tmp):
     here = os.path.dirname(os.path.abspath(__file__))
     src = os.path.join(here, "harness.c")
-    exe = {"original": os.path.join(tmp, "harness_orig"),
-           "alexeyab": os.path.join(tmp, "harness_fork")}
-    subprocess.run(["gcc", "-O2", f"-I{orig}/include", f"-I{orig}/src", src,
-                    f"{orig}/libdarknet.a", "-lm", "-pthread", "-o", exe["original"]],
-                   check=True)
+    exe = {
+        "original": os.path.join(tmp, "harness_orig"),
+        "alexeyab": os.path.join(tmp, "harness_fork"),
+    }
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            f"-I{orig}/include",
+            f"-I{orig}/src",
+            src,
+            f"{orig}/libdarknet.a",
+            "-lm",
+            "-pthread",
+            "-o",
+            exe["original"],
+        ],
+        check=True,
+    )
     objs = [o for o in sorted(glob.glob(f"{fork}/obj/*.o")) if not o.endswith("/darknet.o")]
-    subprocess.run(["gcc", "-O2", "-DFORK", f"-I{fork}/include", f"-I{fork}/src", src, *objs,
-                    "-lm", "-pthread", "-lstdc++", "-o", exe["alexeyab"]], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-DFORK",
+            f"-I{fork}/include",
+            f"-I{fork}/src",
+            src,
+            *objs,
+            "-lm",
+            "-pthread",
+            "-lstdc++",
+            "-o",
+            exe["alexeyab"],
+        ],
+        check=True,
+    )
     return exe
 
 
@@ -133,17 +208,25 @@ def make_case(name, exe, out_dir, tmp):
     rows = seqs * steps
     classes = 6
     x = np.eye(inputs, dtype=np.float32)[rng.integers(0, inputs, rows)]
-    x += rng.uniform(-0.2, 0.2, x.shape).astype(np.float32)   # not only one-hot rows
+    x += rng.uniform(-0.2, 0.2, x.shape).astype(np.float32)  # not only one-hot rows
     y = np.eye(classes, dtype=np.float32)[rng.integers(0, classes, rows)]
     x.tofile(paths["x.bin"])
     y.tofile(paths["y.bin"])
-    run = subprocess.run([exe[flavour], paths["case.cfg"], paths["w.weights"], paths["x.bin"],
-                          paths["y.bin"], work], stderr=subprocess.PIPE, text=True)
+    run = subprocess.run(
+        [exe[flavour], paths["case.cfg"], paths["w.weights"], paths["x.bin"], paths["y.bin"], work],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if run.returncode:
         sys.exit(f"{name}: the harness failed:\n{run.stderr}")
-    arrays = {"cfg": np.frombuffer(cfg_text.encode(), np.uint8), "flavour": np.array(flavour),
-              "weights": np.fromfile(paths["w.weights"], np.uint8), "x": x, "y": y,
-              "updated": np.fromfile(os.path.join(work, "updated.weights"), np.uint8)}
+    arrays = {
+        "cfg": np.frombuffer(cfg_text.encode(), np.uint8),
+        "flavour": np.array(flavour),
+        "weights": np.fromfile(paths["w.weights"], np.uint8),
+        "x": x,
+        "y": y,
+        "updated": np.fromfile(os.path.join(work, "updated.weights"), np.uint8),
+    }
     for f in sorted(os.listdir(work)):
         if f.endswith(".bin") and f not in ("x.bin", "y.bin"):
             arrays[f[:-4]] = np.fromfile(os.path.join(work, f), np.float32)

@@ -19,6 +19,7 @@ of that name (FIXTURES_AB, default ../shared/fixtures-ab, made by the fork's CPU
 harness/abharness.c), so that the GPU build's step of it can be set beside it; its fixture
 stores none of them (tests/test_fork_train_a5.py reads them from there).
 """
+
 import os
 import re
 import subprocess
@@ -174,10 +175,17 @@ def tiny_yolov4(classes=3, shrink=16):
     """The fork's stock yolov4-tiny.cfg with its [net] replaced, filters / shrink (heads:
     3 * (classes + 5)), `classes` classes."""
     text = (STOCK / "yolov4-tiny.cfg").read_text()
-    body = text[text.index("[convolutional]"):]
+    body = text[text.index("[convolutional]") :]
     head = 3 * (classes + 5)
-    body = re.sub(r"filters=(\d+)", lambda m: f"filters={head}" if m.group(1) == "255"
-                  else f"filters={max(int(m.group(1)) // shrink, 2)}", body)
+    body = re.sub(
+        r"filters=(\d+)",
+        lambda m: (
+            f"filters={head}"
+            if m.group(1) == "255"
+            else f"filters={max(int(m.group(1)) // shrink, 2)}"
+        ),
+        body,
+    )
     return body.replace("classes=80", f"classes={classes}")
 
 
@@ -199,53 +207,98 @@ def truth_rows(rng, images, boxes, classes=3):
 STEPS = "policy=steps\nsteps=3,5\nscales=.5,.1"
 
 
-def small(yolo="", net_extra=STEPS, mid_act="leaky", head_act="linear", batch=2, size=32,
-          iterations=2, rate=0.01, burn_in=2):
-    return dict(cfg=NET.format(batch=batch, subdivisions=1, size=size, rate=rate,
-                               burn_in=burn_in, net_extra=net_extra)
-                + SMALL.format(yolo=yolo, mid_act=mid_act, head_act=head_act, head=24),
-                iterations=iterations, size=size, images=batch)
+def small(
+    yolo="",
+    net_extra=STEPS,
+    mid_act="leaky",
+    head_act="linear",
+    batch=2,
+    size=32,
+    iterations=2,
+    rate=0.01,
+    burn_in=2,
+):
+    return dict(
+        cfg=NET.format(
+            batch=batch, subdivisions=1, size=size, rate=rate, burn_in=burn_in, net_extra=net_extra
+        )
+        + SMALL.format(yolo=yolo, mid_act=mid_act, head_act=head_act, head=24),
+        iterations=iterations,
+        size=size,
+        images=batch,
+    )
 
 
 CASES = {
     # The issue's case: yolov4-tiny, filters / 16, 3 classes, 160x160, batch 2, 3 iterations.
-    "yolov4tiny_step": dict(cfg=NET.format(batch=2, subdivisions=1, size=160, rate=0.00261,
-                                           burn_in=2, net_extra=STEPS)
-                            + tiny_yolov4(), iterations=1, size=160, images=2),
-    "subdivisions": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01,
-                                        burn_in=0, net_extra=STEPS)
-                         + SMALL.format(yolo="iou_loss=ciou\niou_normalizer=0.07",
-                                        mid_act="leaky", head_act="linear", head=24),
-                         iterations=2, size=32, images=4),
+    "yolov4tiny_step": dict(
+        cfg=NET.format(batch=2, subdivisions=1, size=160, rate=0.00261, burn_in=2, net_extra=STEPS)
+        + tiny_yolov4(),
+        iterations=1,
+        size=160,
+        images=2,
+    ),
+    "subdivisions": dict(
+        cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0, net_extra=STEPS)
+        + SMALL.format(
+            yolo="iou_loss=ciou\niou_normalizer=0.07", mid_act="leaky", head_act="linear", head=24
+        ),
+        iterations=2,
+        size=32,
+        images=4,
+    ),
     "mse": small("iou_loss=mse\nignore_thresh=.5\nscale_x_y=1.2"),
     "iou": small("iou_loss=iou\niou_normalizer=0.5\ncls_normalizer=2.0\nobj_normalizer=0.7"),
     "giou": small("iou_loss=giou\niou_normalizer=0.3\nmax_delta=0.05\nignore_thresh=.3"),
     "diou": small("iou_loss=diou\niou_normalizer=0.1\niou_thresh=0.2\nlabel_smooth_eps=0.1"),
-    "ciou": small("iou_loss=ciou\niou_normalizer=0.07\nscale_x_y=1.05\nobjectness_smooth=1\n"
-                  "delta_normalizer=0.5"),
-    "new_coords": small("iou_loss=ciou\niou_normalizer=0.07\nscale_x_y=2.0\nnew_coords=1\n"
-                        "iou_thresh=0.2", head_act="logistic"),
-    "mish_sgdr": small("iou_loss=ciou", net_extra="policy=sgdr\nsgdr_cycle=2\npower=2\n"
-                       "mosaic=0\ncutmix=0", mid_act="mish", iterations=4, burn_in=2),
+    "ciou": small(
+        "iou_loss=ciou\niou_normalizer=0.07\nscale_x_y=1.05\nobjectness_smooth=1\n"
+        "delta_normalizer=0.5"
+    ),
+    "new_coords": small(
+        "iou_loss=ciou\niou_normalizer=0.07\nscale_x_y=2.0\nnew_coords=1\niou_thresh=0.2",
+        head_act="logistic",
+    ),
+    "mish_sgdr": small(
+        "iou_loss=ciou",
+        net_extra="policy=sgdr\nsgdr_cycle=2\npower=2\nmosaic=0\ncutmix=0",
+        mid_act="mish",
+        iterations=4,
+        burn_in=2,
+    ),
     "loss_scale": small("iou_loss=giou", net_extra=STEPS + "\nloss_scale=128", iterations=2),
     "adam": small("iou_loss=ciou", net_extra=STEPS + "\nadam=1\nB1=0.8\nB2=0.99\neps=0.0001"),
-    "multipliers": small("iou_loss=ciou\niou_normalizer=0.07\ncounters_per_class=10,50,200\n"
-                         "max_delta=5\niou_thresh=0.3\niou_thresh_kind=giou"),
+    "multipliers": small(
+        "iou_loss=ciou\niou_normalizer=0.07\ncounters_per_class=10,50,200\n"
+        "max_delta=5\niou_thresh=0.3\niou_thresh_kind=giou"
+    ),
     "resumed": dict(small("iou_loss=ciou\niou_normalizer=0.07"), seen=8),
     "show_details": small("iou_loss=giou\niou_normalizer=0.3\nshow_details=0"),
     # probability=0: the C RNG's draws cannot be matched, the dropout's delta handling can.
-    "dropout": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
-                                   net_extra=STEPS)
-                    + SMALL.format(yolo="iou_loss=ciou", mid_act="leaky", head_act="linear",
-                                   head=24).replace("\n[convolutional]\nsize=1",
-                                                    "\n[dropout]\nprobability=0\n\n"
-                                                    "[convolutional]\nsize=1", 1),
-                    iterations=2, size=32, images=4),
-    "classifier": dict(cfg=NET.format(batch=4, subdivisions=2, size=16, rate=0.1, burn_in=0,
-                                      net_extra=STEPS) + CLASSIFIER, iterations=2, size=16,
-                       images=4, classes=3),
-    "layers": dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0,
-                                  net_extra=STEPS) + LAYERS, iterations=3, size=32, images=4),
+    "dropout": dict(
+        cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0, net_extra=STEPS)
+        + SMALL.format(yolo="iou_loss=ciou", mid_act="leaky", head_act="linear", head=24).replace(
+            "\n[convolutional]\nsize=1", "\n[dropout]\nprobability=0\n\n[convolutional]\nsize=1", 1
+        ),
+        iterations=2,
+        size=32,
+        images=4,
+    ),
+    "classifier": dict(
+        cfg=NET.format(batch=4, subdivisions=2, size=16, rate=0.1, burn_in=0, net_extra=STEPS)
+        + CLASSIFIER,
+        iterations=2,
+        size=16,
+        images=4,
+        classes=3,
+    ),
+    "layers": dict(
+        cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=0, net_extra=STEPS)
+        + LAYERS,
+        iterations=3,
+        size=32,
+        images=4,
+    ),
 }
 
 
@@ -315,9 +368,13 @@ num=6
 iou_loss=ciou
 scale_x_y=1.05
 """
-CASES["grouped_route"] = dict(cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01,
-                                             burn_in=2, net_extra=STEPS) + GROUPED_ROUTE,
-                              iterations=2, size=32, images=4)
+CASES["grouped_route"] = dict(
+    cfg=NET.format(batch=4, subdivisions=2, size=32, rate=0.01, burn_in=2, net_extra=STEPS)
+    + GROUPED_ROUTE,
+    iterations=2,
+    size=32,
+    images=4,
+)
 
 # A shared fixture's step (see the module's docstring): one iteration, as that fixture has.
 CASES["a5_train_yolov4tiny"] = dict(shared=True, iterations=1)
@@ -325,7 +382,7 @@ CASES["a5_train_yolov4tiny"] = dict(shared=True, iterations=1)
 
 def max_pool_inputs(cfg):
     """The indices of the layers whose output a [maxpool] reads (the one before it)."""
-    sections = re.findall(r"^\[(\w+)\]", cfg, re.MULTILINE)[1:]   # after [net]
+    sections = re.findall(r"^\[(\w+)\]", cfg, re.MULTILINE)[1:]  # after [net]
     return {i - 1 for i, name in enumerate(sections) if name == "maxpool" and i}
 
 
@@ -348,8 +405,12 @@ def shared_case(name):
     if not source.is_dir():
         return None
     ref = np.load(source / f"{name}.npz")
-    return ((source / f"{name}.cfg").read_text(), ref["input"], ref["truth"],
-            str(source / f"{name}.weights"))
+    return (
+        (source / f"{name}.cfg").read_text(),
+        ref["input"],
+        ref["truth"],
+        str(source / f"{name}.weights"),
+    )
 
 
 def make(harness, name, case, seed, debug=None):
@@ -366,9 +427,10 @@ def make(harness, name, case, seed, debug=None):
         images, size = case["images"], case["size"]
         pixels = rng.integers(0, 256, (images, 3, size, size), dtype=np.uint8)
         x = image_floats(pixels)
-        if case.get("classes"):   # a classifier: one-hot rows
-            y = np.eye(case["classes"], dtype=np.float32)[rng.integers(case["classes"],
-                                                                       size=images)]
+        if case.get("classes"):  # a classifier: one-hot rows
+            y = np.eye(case["classes"], dtype=np.float32)[
+                rng.integers(case["classes"], size=images)
+            ]
         else:
             y = truth_rows(rng, images, boxes=3)
     with tempfile.TemporaryDirectory() as tmp:
@@ -378,16 +440,38 @@ def make(harness, name, case, seed, debug=None):
         y.tofile(tmp / "y.f32")
         if case.get("seen"):
             # Resume: the fork's random start with `seen` images in the weights header.
-            subprocess.run([harness, str(tmp / "net.cfg"), "-", str(tmp / "x.f32"),
-                            str(tmp / "y.f32"), "0", str(tmp / "out.bin"),
-                            str(tmp / "start.weights")], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    harness,
+                    str(tmp / "net.cfg"),
+                    "-",
+                    str(tmp / "x.f32"),
+                    str(tmp / "y.f32"),
+                    "0",
+                    str(tmp / "out.bin"),
+                    str(tmp / "start.weights"),
+                ],
+                check=True,
+                capture_output=True,
+            )
             blob = bytearray((tmp / "start.weights").read_bytes())
             blob[12:20] = np.uint64(case["seen"]).tobytes()
             (tmp / "start.weights").write_bytes(bytes(blob))
             start = str(tmp / "start.weights")
-        subprocess.run([harness, str(tmp / "net.cfg"), start, str(tmp / "x.f32"),
-                        str(tmp / "y.f32"), str(case["iterations"]), str(tmp / "out.bin"),
-                        str(tmp / "init.weights")], check=True, capture_output=True)
+        subprocess.run(
+            [
+                harness,
+                str(tmp / "net.cfg"),
+                start,
+                str(tmp / "x.f32"),
+                str(tmp / "y.f32"),
+                str(case["iterations"]),
+                str(tmp / "out.bin"),
+                str(tmp / "init.weights"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         arrays = read_records((tmp / "out.bin").read_bytes())
         init = np.frombuffer((tmp / "init.weights").read_bytes(), np.uint8)
     if debug:
@@ -395,13 +479,19 @@ def make(harness, name, case, seed, debug=None):
         np.savez(Path(debug) / f"{name}_full.npz", **arrays)
     pinned = max_pool_inputs(cfg) if case.get("shared") else ()
     arrays = {k: v for k, v in arrays.items() if keep(k, v, arrays, pinned)}
-    if case.get("shared"):   # cfg, weights, input and truth: the shared fixture's
+    if case.get("shared"):  # cfg, weights, input and truth: the shared fixture's
         given = dict(shared_case=name)
     else:
         given = dict(init_weights=init, pixels=pixels, truth=y)
     OUT.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(OUT / f"{name}.npz", cfg=cfg, iterations=case["iterations"],
-                        darknet_commit=BUILD, **given, **arrays)
+    np.savez_compressed(
+        OUT / f"{name}.npz",
+        cfg=cfg,
+        iterations=case["iterations"],
+        darknet_commit=BUILD,
+        **given,
+        **arrays,
+    )
     print(name, (OUT / f"{name}.npz").stat().st_size, "bytes, losses", arrays["losses"])
 
 
@@ -409,7 +499,7 @@ def read_records(blob):
     arrays, pos = {}, 0
     while pos < len(blob):
         (n,) = np.frombuffer(blob, np.int32, 1, pos)
-        name = blob[pos + 4:pos + 4 + n].decode()
+        name = blob[pos + 4 : pos + 4 + n].decode()
         pos += 4 + n
         (count,) = np.frombuffer(blob, np.int32, 1, pos)
         arrays[name] = np.frombuffer(blob, np.float32, count, pos + 4).copy()
@@ -442,17 +532,39 @@ def make_nms(detector, name, case):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "net.cfg").write_text(cfg)
-        subprocess.run([detector, str(tmp / "net.cfg"), str(weights),
-                        str(shared / "images" / "dog.jpg"), str(case["thresh"]), str(case["nms"]),
-                        str(case["beta"]), str(tmp / "out.bin")], check=True, capture_output=True)
+        subprocess.run(
+            [
+                detector,
+                str(tmp / "net.cfg"),
+                str(weights),
+                str(shared / "images" / "dog.jpg"),
+                str(case["thresh"]),
+                str(case["nms"]),
+                str(case["beta"]),
+                str(tmp / "out.bin"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         arrays = read_records((tmp / "out.bin").read_bytes())
     n, classes, img_w, img_h = (int(v) for v in arrays.pop("meta"))
     shaped = {k: v.reshape(n, -1) if v.size != n else v for k, v in arrays.items()}
-    kept = {f"{kind}_kept": int((shaped[f"{kind}_probs"].max(axis=1) > case["thresh"]).sum())
-            for kind in NMS_KINDS}
+    kept = {
+        f"{kind}_kept": int((shaped[f"{kind}_probs"].max(axis=1) > case["thresh"]).sum())
+        for kind in NMS_KINDS
+    }
     NMS_OUT.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(NMS_OUT / f"{name}.npz", cfg=cfg, classes=classes, image_w=img_w,
-                        image_h=img_h, darknet_commit="59596d78", **case, **kept, **shaped)
+    np.savez_compressed(
+        NMS_OUT / f"{name}.npz",
+        cfg=cfg,
+        classes=classes,
+        image_w=img_w,
+        image_h=img_h,
+        darknet_commit="59596d78",
+        **case,
+        **kept,
+        **shaped,
+    )
     print(name, (NMS_OUT / f"{name}.npz").stat().st_size, "bytes,", n, "detections, kept", kept)
 
 

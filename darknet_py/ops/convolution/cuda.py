@@ -1,9 +1,11 @@
 """The CUDA backend's convolution path: SGEMM (gemm.cu), the tensor-core GEMM and
 implicit-GEMM convolution forward with its weight packing (gemm_tc_*.cu,
 gemm_core.cuh), im2col/col2im (ops/convolution/im2col.cu). A mixin of CudaBackend."""
+
 import numpy as np
 
-from ... import activations, precision as precisions
+from ... import activations
+from ... import precision as precisions
 from ...backends.cuda_core import _BLOCK, _ceil_div
 from ...shapes import conv_out_size, conv_strides
 from . import wgmma
@@ -26,30 +28,43 @@ _TC_TILES = {
 # precision -> (kernel name part, bytes of an operand element)
 _TC_PRECISIONS = {"fp16": ("f16", 2), "bf16": ("bf16", 2), "tf32": ("tf32", 4)}
 _TC_CONV_ARGS = "PiPqiiiiiiiiiiiiPiPq"
-_TC_SLICE_BYTES = 64   # SLICE_BYTES of gemm_tc.cuh: K advances by this many bytes a row
+_TC_SLICE_BYTES = 64  # SLICE_BYTES of gemm_tc.cuh: K advances by this many bytes a row
 # The sgemm / splitk_reduce epilogue's (bias, activation) when there is none: a null
 # pointer, and linear (gemm.cu EPI_NONE).
 _NO_EPILOGUE = (0, activations.ACTIVATION_IDS["linear"])
 
 KERNELS = {
     "gemm.cu": dict(
-        {f"sgemm_{tile}_{case}": _GEMM_ARGS for tile in _GEMM_TILES for case in ("nn", "nt", "tn", "tt")},
+        {
+            f"sgemm_{tile}_{case}": _GEMM_ARGS
+            for tile in _GEMM_TILES
+            for case in ("nn", "nt", "tn", "tt")
+        },
         splitk_reduce="iiiPffPiPi",
     ),
     # One file a precision (gemm_tc.cuh's TC_PRECISION_ENTRIES): a third of the compile each.
-    **{f"gemm_tc_{p}.cu": dict(
-        {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for tile in _TC_TILES},
-        **{f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq" for tile in _TC_TILES
-           for case in ("nn", "nt", "tn")},
-        **{f"pack_weights_{p}": "PiiiP"},
-    ) for p, _ in _TC_PRECISIONS.values()},
+    **{
+        f"gemm_tc_{p}.cu": dict(
+            {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for tile in _TC_TILES},
+            **{
+                f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq"
+                for tile in _TC_TILES
+                for case in ("nn", "nt", "tn")
+            },
+            **{f"pack_weights_{p}": "PiiiP"},
+        )
+        for p, _ in _TC_PRECISIONS.values()
+    },
     # The forward with a 16-bit side (fp16/bf16), a file of its own a precision: fp32 images
     # into a 16-bit output (_h), and images at the precision's 16 bits (_in16; the last
     # argument: the output at 16 bits too).
-    **{f"conv_tc_half_{p}.cu": dict(
-        {f"conv_tc_{p}_{tile}_h": _TC_CONV_ARGS for tile in _TC_TILES},
-        **{f"conv_tc_{p}_{tile}_in16": _TC_CONV_ARGS + "i" for tile in _TC_TILES},
-    ) for p in ("f16", "bf16")},
+    **{
+        f"conv_tc_half_{p}.cu": dict(
+            {f"conv_tc_{p}_{tile}_h": _TC_CONV_ARGS for tile in _TC_TILES},
+            **{f"conv_tc_{p}_{tile}_in16": _TC_CONV_ARGS + "i" for tile in _TC_TILES},
+        )
+        for p in ("f16", "bf16")
+    },
     "im2col.cu": {
         "im2col_kernel": "PiiiiiiiiiiPiq",
         **{f"im2col_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
@@ -57,8 +72,7 @@ KERNELS = {
         # the images a 16-bit layer output (storage_zeros): into fp32, or at their own bits
         **{f"im2col_from_{part}_kernel": "PiiiiiiiiiiPiq" for part in ("f16", "bf16")},
         **{f"im2col_{part}_from_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
-        **{f"im2col_rows_{part}_from_{part}_kernel": "PiiiiiiiiiPiqq"
-           for part in ("f16", "bf16")},
+        **{f"im2col_rows_{part}_from_{part}_kernel": "PiiiiiiiiiPiqq" for part in ("f16", "bf16")},
         "col2im_kernel": "PiiiiiiiiiiPiq",
     },
 }
@@ -83,8 +97,10 @@ class CudaConv:
         tf32)."""
         stored = self.storage_of(im)
         if stored != precisions.DEFAULT and stored != precision:
-            raise ValueError(f"{what}: the input is kept at {stored}, the op runs at {precision} "
-                             f"(an input must be fp32 or at the op's own 16-bit precision)")
+            raise ValueError(
+                f"{what}: the input is kept at {stored}, the op runs at {precision} "
+                f"(an input must be fp32 or at the op's own 16-bit precision)"
+            )
         return stored
 
     def gemm_plan(self, m, n, k):
@@ -124,8 +140,23 @@ class CudaConv:
         run as a pass of their own after."""
         self._check_size("gemm_bias_activate biases", biases, m)
         fused = activation in precisions.EPILOGUE_ACTIVATIONS
-        self._sgemm(False, False, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, biases,
-                    activation if fused else "linear")
+        self._sgemm(
+            False,
+            False,
+            m,
+            n,
+            k,
+            1.0,
+            a,
+            lda,
+            b,
+            ldb,
+            0.0,
+            c,
+            ldc,
+            biases,
+            activation if fused else "linear",
+        )
         if not fused:
             self.activate_strided(c, m, ldc, 0, n, activation)
 
@@ -155,16 +186,54 @@ class CudaConv:
             splits, chunk = 1, max(k, 1)
         pa, pb, pc = self._ptr(a), self._ptr(b), self._ptr(c)
         alpha, beta = float(alpha), float(beta)
-        epilogue = (0 if biases is None else self._ptr(biases),   # 0: a null pointer
-                    activations.ACTIVATION_IDS[activation])
+        epilogue = (
+            0 if biases is None else self._ptr(biases),  # 0: a null pointer
+            activations.ACTIVATION_IDS[activation],
+        )
         if splits == 1:
             vec4 = int(pc % 16 == 0 and ldc % 4 == 0)
-            self._launch(kernel, grid_mn + (1,), (threads,), m, n, k, alpha, pa, lda, pb, ldb,
-                         beta, pc, ldc, chunk, vec4, 0, *epilogue)
+            self._launch(
+                kernel,
+                grid_mn + (1,),
+                (threads,),
+                m,
+                n,
+                k,
+                alpha,
+                pa,
+                lda,
+                pb,
+                ldb,
+                beta,
+                pc,
+                ldc,
+                chunk,
+                vec4,
+                0,
+                *epilogue,
+            )
             return
         ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
-        self._launch(kernel, grid_mn + (splits,), (threads,), m, n, k, 1.0, pa, lda, pb, ldb,
-                     0.0, ws, n, chunk, int(n % 4 == 0), m * n, *_NO_EPILOGUE)
+        self._launch(
+            kernel,
+            grid_mn + (splits,),
+            (threads,),
+            m,
+            n,
+            k,
+            1.0,
+            pa,
+            lda,
+            pb,
+            ldb,
+            0.0,
+            ws,
+            n,
+            chunk,
+            int(n % 4 == 0),
+            m * n,
+            *_NO_EPILOGUE,
+        )
         self._splitk_reduce(m, n, splits, ws, alpha, beta, pc, ldc, epilogue)
 
     def _splitk_reduce(self, m, n, splits, ws, alpha, beta, pc, ldc, epilogue=None):
@@ -172,9 +241,20 @@ class CudaConv:
         # Threads per output: one per 16 splits, up to 32 (a block is 256 threads).
         per_output = min(32, 1 << (max(1, splits // 16).bit_length() - 1))
         width = _BLOCK // per_output
-        self._launch("splitk_reduce", (_ceil_div(m * n, width),), (width, per_output), m, n,
-                     splits, ws, float(alpha), float(beta), pc, ldc,
-                     *(epilogue or _NO_EPILOGUE))
+        self._launch(
+            "splitk_reduce",
+            (_ceil_div(m * n, width),),
+            (width, per_output),
+            m,
+            n,
+            splits,
+            ws,
+            float(alpha),
+            float(beta),
+            pc,
+            ldc,
+            *(epilogue or _NO_EPILOGUE),
+        )
 
     # ---- reduced precision: tensor cores (gemm_tc_*.cu) -------------------
     def tc_plan(self, m, n, k, split=True):
@@ -202,8 +282,10 @@ class CudaConv:
         try:
             return _TC_PRECISIONS[precision]
         except KeyError:
-            raise ValueError(f"no tensor-core kernels for precision '{precision}' "
-                             f"(use one of {', '.join(_TC_PRECISIONS)})") from None
+            raise ValueError(
+                f"no tensor-core kernels for precision '{precision}' "
+                f"(use one of {', '.join(_TC_PRECISIONS)})"
+            ) from None
 
     def gemm_lowp(self, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         """gemm on the tensor cores: op(A), op(B) rounded to `precision`, fp32 sums."""
@@ -227,12 +309,29 @@ class CudaConv:
         grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
         pa, pb, pc = self._ptr(a), self._ptr(b), self._ptr(c)
         if splits == 1:
-            self._launch(kernel, grid, (threads,), m, n, k, float(alpha), pa, lda, pb, ldb,
-                         float(beta), pc, ldc, chunk, 0)
+            self._launch(
+                kernel,
+                grid,
+                (threads,),
+                m,
+                n,
+                k,
+                float(alpha),
+                pa,
+                lda,
+                pb,
+                ldb,
+                float(beta),
+                pc,
+                ldc,
+                chunk,
+                0,
+            )
             return
         ws = self._ptr(self._scratch_buffer("gemm", 4 * splits * m * n))
-        self._launch(kernel, grid, (threads,), m, n, k, 1.0, pa, lda, pb, ldb, 0.0, ws, n,
-                     chunk, m * n)
+        self._launch(
+            kernel, grid, (threads,), m, n, k, 1.0, pa, lda, pb, ldb, 0.0, ws, n, chunk, m * n
+        )
         self._splitk_reduce(m, n, splits, ws, alpha, beta, pc, ldc)
 
     def pack_weights(self, weights, rows, k, precision):
@@ -244,12 +343,37 @@ class CudaConv:
         pitch = _ceil_div(k, 16 // size) * (16 // size)
         data = self._new(rows * pitch, np.float16 if size == 2 else np.float32)
         words = rows * pitch * size // 4
-        self._launch(f"pack_weights_{part}", self._grid1d(words), (_BLOCK,), self._ptr(weights),
-                     rows, k, pitch, self._ptr(data))
+        self._launch(
+            f"pack_weights_{part}",
+            self._grid1d(words),
+            (_BLOCK,),
+            self._ptr(weights),
+            rows,
+            k,
+            pitch,
+            self._ptr(data),
+        )
         return precisions.PackedWeights(data, rows, k, pitch, precision)
 
-    def conv_forward(self, packed, im, channels, height, width, ksize, stride, pad, dilation,
-                     batch, im_stride, biases, activation, out, out_stride, out_precision="fp32"):
+    def conv_forward(
+        self,
+        packed,
+        im,
+        channels,
+        height,
+        width,
+        ksize,
+        stride,
+        pad,
+        dilation,
+        batch,
+        im_stride,
+        biases,
+        activation,
+        out,
+        out_stride,
+        out_precision="fp32",
+    ):
         """NumpyBackend.conv_forward as one implicit-GEMM launch (no col buffer); a 16-bit
         out (out_precision fp16/bf16: storage_zeros' array) written by the `_h` entries. im:
         fp32, or a 16-bit layer output at packed.precision (storage_of), whose bits the
@@ -259,80 +383,153 @@ class CudaConv:
         half_in = self._input_storage("conv_forward im", im, packed.precision) != precisions.DEFAULT
         half_out = precisions.storage(out_precision) != precisions.DEFAULT
         if half_out and out_precision != packed.precision:
-            raise ValueError(f"conv_forward at {packed.precision} writes fp32 or "
-                             f"{packed.precision}, not {out_precision}")
-        self._x_suffix(out, out_precision)   # TypeError: out is not that storage
+            raise ValueError(
+                f"conv_forward at {packed.precision} writes fp32 or "
+                f"{packed.precision}, not {out_precision}"
+            )
+        self._x_suffix(out, out_precision)  # TypeError: out is not that storage
         if activation not in precisions.EPILOGUE_ACTIVATIONS:
-            raise ValueError(f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
-                             f"not {activation}")
+            raise ValueError(
+                f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
+                f"not {activation}"
+            )
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         stride_y, stride_x = conv_strides(stride)
         batch, positions = int(batch), out_h * out_w
         im_stride = int(im_stride) or channels * height * width
         if packed.k != channels * ksize * ksize:
-            raise ValueError(f"conv_forward: weights of {packed.k} per filter for "
-                             f"{channels} channels of {ksize}x{ksize}")
-        self._check_size("conv_forward im", im,
-                         (batch - 1) * im_stride + channels * height * width)
-        self._check_size("conv_forward out", out,
-                         (batch - 1) * out_stride + packed.rows * positions)
+            raise ValueError(
+                f"conv_forward: weights of {packed.k} per filter for "
+                f"{channels} channels of {ksize}x{ksize}"
+            )
+        self._check_size("conv_forward im", im, (batch - 1) * im_stride + channels * height * width)
+        self._check_size(
+            "conv_forward out", out, (batch - 1) * out_stride + packed.rows * positions
+        )
         if biases is not None:
             self._check_size("conv_forward biases", biases, packed.rows)
         # Hopper: the layers whose implicit GEMM is bound by its math go to wgmma.
-        if wgmma.conv_forward(self, packed, im, channels, height, width, ksize, stride,
-                                   pad, dilation, batch, im_stride, biases, activation, out,
-                                   out_stride, half_out):
+        if wgmma.conv_forward(
+            self,
+            packed,
+            im,
+            channels,
+            height,
+            width,
+            ksize,
+            stride,
+            pad,
+            dilation,
+            batch,
+            im_stride,
+            biases,
+            activation,
+            out,
+            out_stride,
+            half_out,
+        ):
             return
         n = batch * positions
         tile, _ = self.tc_plan(packed.rows, n, packed.k, split=False)
         bm, bn, threads = _TC_TILES[tile]
         # a 16-bit image: the _in16 entry, whose last argument picks the output's storage
-        kernel, last = ((f"conv_tc_{part}_{tile}_in16", (int(half_out),)) if half_in
-                        else (f"conv_tc_{part}_{tile}{'_h' if half_out else ''}", ()))
-        self._launch(kernel,
-                     (_ceil_div(n, bn), _ceil_div(packed.rows, bm)),
-                     (threads,), self._ptr(packed.data), packed.pitch, self._ptr(im), im_stride,
-                     int(height), int(width), int(ksize), int(stride_y), int(stride_x), int(pad),
-                     int(dilation), int(out_h), int(out_w), packed.rows, packed.k, n,
-                     0 if biases is None else self._ptr(biases),
-                     activations.ACTIVATION_IDS[activation], self._ptr(out), int(out_stride), *last)
+        kernel, last = (
+            (f"conv_tc_{part}_{tile}_in16", (int(half_out),))
+            if half_in
+            else (f"conv_tc_{part}_{tile}{'_h' if half_out else ''}", ())
+        )
+        self._launch(
+            kernel,
+            (_ceil_div(n, bn), _ceil_div(packed.rows, bm)),
+            (threads,),
+            self._ptr(packed.data),
+            packed.pitch,
+            self._ptr(im),
+            im_stride,
+            int(height),
+            int(width),
+            int(ksize),
+            int(stride_y),
+            int(stride_x),
+            int(pad),
+            int(dilation),
+            int(out_h),
+            int(out_w),
+            packed.rows,
+            packed.k,
+            n,
+            0 if biases is None else self._ptr(biases),
+            activations.ACTIVATION_IDS[activation],
+            self._ptr(out),
+            int(out_stride),
+            *last,
+        )
 
     # ---- convolution helpers -----------------------------------------------
     def _conv_args(self, src, channels, height, width, ksize, stride, pad, dilation, dst):
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         stride_y, stride_x = conv_strides(stride)
-        return (self._ptr(src), int(channels), int(height), int(width), int(ksize), int(stride_y),
-                int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), self._ptr(dst))
+        return (
+            self._ptr(src),
+            int(channels),
+            int(height),
+            int(width),
+            int(ksize),
+            int(stride_y),
+            int(stride_x),
+            int(pad),
+            int(dilation),
+            int(out_h),
+            int(out_w),
+            self._ptr(dst),
+        )
 
-    def im2col(self, im, channels, height, width, ksize, stride, pad, dilation, col,
-               batch=1, im_stride=0):
+    def im2col(
+        self, im, channels, height, width, ksize, stride, pad, dilation, col, batch=1, im_stride=0
+    ):
         """Unfold images (`im_stride` apart; 0: packed) into col, laid out
         (channels*k*k) x batch x (out_h*out_w). im: fp32, or a 16-bit layer output
         (storage_zeros), widened exactly."""
         stored = self.storage_of(im)
-        kernel = ("im2col_kernel" if stored == precisions.DEFAULT
-                  else f"im2col_from_{_STORAGE_PARTS[stored]}_kernel")
+        kernel = (
+            "im2col_kernel"
+            if stored == precisions.DEFAULT
+            else f"im2col_from_{_STORAGE_PARTS[stored]}_kernel"
+        )
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         batch, im_stride = int(batch), int(im_stride) or channels * height * width
         self._check_size("im2col im", im, (batch - 1) * im_stride + channels * height * width)
-        self._check_size("im2col col", col,
-                         channels * ksize * ksize * batch * max(out_h, 0) * max(out_w, 0))
+        self._check_size(
+            "im2col col", col, channels * ksize * ksize * batch * max(out_h, 0) * max(out_w, 0)
+        )
         if out_h > 0 and out_w > 0:
             # one thread per (channel, image, output position)
-            self._launch_rows(kernel, channels * batch, out_h * out_w,
-                              *self._conv_args(im, channels, height, width, ksize, stride, pad,
-                                               dilation, col), batch, im_stride)
+            self._launch_rows(
+                kernel,
+                channels * batch,
+                out_h * out_w,
+                *self._conv_args(im, channels, height, width, ksize, stride, pad, dilation, col),
+                batch,
+                im_stride,
+            )
 
-    def col2im(self, col, channels, height, width, ksize, stride, pad, dilation, im,
-               batch=1, im_stride=0):
+    def col2im(
+        self, col, channels, height, width, ksize, stride, pad, dilation, im, batch=1, im_stride=0
+    ):
         """Fold col back, *adding* into the images (the adjoint of im2col)."""
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         batch, im_stride = int(batch), int(im_stride) or channels * height * width
         self._check_size("col2im im", im, (batch - 1) * im_stride + channels * height * width)
-        self._check_size("col2im col", col,
-                         channels * ksize * ksize * batch * max(out_h, 0) * max(out_w, 0))
+        self._check_size(
+            "col2im col", col, channels * ksize * ksize * batch * max(out_h, 0) * max(out_w, 0)
+        )
         if out_h > 0 and out_w > 0:
             # one thread per image element: (channel, image) x pixels
-            self._launch_rows("col2im_kernel", channels * batch, height * width,
-                              *self._conv_args(col, channels, height, width, ksize, stride, pad,
-                                               dilation, im), batch, im_stride)
+            self._launch_rows(
+                "col2im_kernel",
+                channels * batch,
+                height * width,
+                *self._conv_args(col, channels, height, width, ksize, stride, pad, dilation, im),
+                batch,
+                im_stride,
+            )

@@ -2,6 +2,7 @@
 the weight gradient and the data gradient read the input and the output delta where
 they lie, with no im2col or col2im buffer, in fp32 (FFMA) or on the tensor cores
 (tf32 / fp16 / bf16 operands, fp32 sums). A mixin of CudaBackend."""
+
 import os
 
 from ... import precision as precisions
@@ -15,12 +16,19 @@ from .numpy import unfolded_weight_grad
 _PARTS = {"fp32": ("f32", 4), "tf32": ("tf32", 4), "fp16": ("f16", 2), "bf16": ("bf16", 2)}
 _PARTS_BYTES = dict(_PARTS.values())
 # conv_backward_entries.cuh's tiles -> (BM, BN, threads per block)
-_WGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
-                   "32x128": (32, 128, 128), "64x64": (64, 64, 128), "32x64": (32, 64, 64)}
-_DGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256),
-                   "32x128": (32, 128, 128)}
-_WGRAD_F32_TILES = {"128x128x8": (128, 128, 256), "64x64x16": (64, 64, 256),
-                    "32x32x16": (32, 32, 64)}
+_WGRAD_TC_TILES = {
+    "128x128": (128, 128, 256),
+    "64x128": (64, 128, 256),
+    "32x128": (32, 128, 128),
+    "64x64": (64, 64, 128),
+    "32x64": (32, 64, 64),
+}
+_DGRAD_TC_TILES = {"128x128": (128, 128, 256), "64x128": (64, 128, 256), "32x128": (32, 128, 128)}
+_WGRAD_F32_TILES = {
+    "128x128x8": (128, 128, 256),
+    "64x64x16": (64, 64, 256),
+    "32x32x16": (32, 32, 64),
+}
 _DGRAD_F32_TILES = {"128x128x8": (128, 128, 256), "64x64x16": (64, 64, 256)}
 # Split-K chunks are whole multiples of this many k (every tile's slice divides it).
 _K_STEP = 32
@@ -29,7 +37,7 @@ _PARTIALS_CAP = 1 << 25
 # The fewest input channels of a data gradient run as the wgmma forward of the deltas.
 _FORWARD_DGRAD_MIN_CHANNELS = 256
 # Indexes inside the kernels are int32 per image and over images * pixels.
-_INT32 = 2 ** 31 - 1
+_INT32 = 2**31 - 1
 
 _WGRAD_ARGS = "PqPqiiiiiiiiiiiiiPifq"
 _DGRAD_ARGS = "PiPqiiiiiiiiiiPqi"
@@ -38,15 +46,21 @@ _PACK_ARGS = "PiiiiiiiiiiP"
 
 # One file a precision (conv_backward_entries.cuh): a quarter of the compile each.
 KERNELS = {
-    **{f"conv_backward_{part}.cu": dict(
-        {f"conv_wgrad_{part}_{tile}": _WGRAD_ARGS for tile in _WGRAD_TC_TILES},
-        # the images at the precision's own 16 bits (a 16-bit layer output)
-        **{f"conv_wgrad_{part}_{tile}_in16": _WGRAD_ARGS for tile in _WGRAD_TC_TILES
-           if part != "tf32"},
-        **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
-        **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
-        **{f"pack_transposed_{part}": _PACK_ARGS},
-    ) for part in ("f16", "bf16", "tf32")},
+    **{
+        f"conv_backward_{part}.cu": dict(
+            {f"conv_wgrad_{part}_{tile}": _WGRAD_ARGS for tile in _WGRAD_TC_TILES},
+            # the images at the precision's own 16 bits (a 16-bit layer output)
+            **{
+                f"conv_wgrad_{part}_{tile}_in16": _WGRAD_ARGS
+                for tile in _WGRAD_TC_TILES
+                if part != "tf32"
+            },
+            **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
+            **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
+            **{f"pack_transposed_{part}": _PACK_ARGS},
+        )
+        for part in ("f16", "bf16", "tf32")
+    },
     "conv_backward_f32.cu": dict(
         {f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
         **{f"conv_dgrad_f32_{tile}": _DGRAD_ARGS for tile in _DGRAD_F32_TILES},
@@ -59,9 +73,24 @@ KERNELS = {
 class CudaConvBackward:
     """conv_backward_implicit, conv_weight_grad, conv_data_grad, conv_weight_grad_unfolded."""
 
-    def conv_weight_grad_unfolded(self, precision, im, channels, height, width, ksize,
-                                  stride, pad, dilation, batch, im_stride, delta, filters,
-                                  weight_updates, col):
+    def conv_weight_grad_unfolded(
+        self,
+        precision,
+        im,
+        channels,
+        height,
+        width,
+        ksize,
+        stride,
+        pad,
+        dilation,
+        batch,
+        im_stride,
+        delta,
+        filters,
+        weight_updates,
+        col,
+    ):
         """NumpyBackend.conv_weight_grad_unfolded. Where the Hopper GEMM takes the product
         (fp16/bf16, wgmma.handles), im2col unfolds the images straight into its
         half-precision K-major operand (no fp32 col, no conversion pass: half the bytes
@@ -73,15 +102,50 @@ class CudaConvBackward:
         im_stride = int(im_stride) or channels * height * width
         if wgmma.handles(self, precision, filters, n, k):
             self._check_size("conv_weight_grad_unfolded delta", delta, filters * k)
-            self._check_size("conv_weight_grad_unfolded weight_updates", weight_updates, filters * n)
-            self._check_size("conv_weight_grad_unfolded im", im,
-                             (batch - 1) * im_stride + channels * height * width)
-            wgmma.weight_grad_unfolded(self, precision, im, channels, height, width, ksize,
-                                            stride, pad, dilation, batch, im_stride, delta,
-                                            filters, weight_updates)
+            self._check_size(
+                "conv_weight_grad_unfolded weight_updates", weight_updates, filters * n
+            )
+            self._check_size(
+                "conv_weight_grad_unfolded im",
+                im,
+                (batch - 1) * im_stride + channels * height * width,
+            )
+            wgmma.weight_grad_unfolded(
+                self,
+                precision,
+                im,
+                channels,
+                height,
+                width,
+                ksize,
+                stride,
+                pad,
+                dilation,
+                batch,
+                im_stride,
+                delta,
+                filters,
+                weight_updates,
+            )
             return
-        unfolded_weight_grad(self, precision, im, channels, height, width, ksize, stride, pad,
-                             dilation, batch, im_stride, delta, filters, weight_updates, col)
+        unfolded_weight_grad(
+            self,
+            precision,
+            im,
+            channels,
+            height,
+            width,
+            ksize,
+            stride,
+            pad,
+            dilation,
+            batch,
+            im_stride,
+            delta,
+            filters,
+            weight_updates,
+            col,
+        )
 
     # "auto": each product where it measured faster (conv_backward_implicit); "always" and
     # "never" (im2col + GEMM + col2im) for benchmarks and the tests that compare the paths.
@@ -102,8 +166,9 @@ class CudaConvBackward:
             return tuple(_WGRAD_F32_TILES), tuple(_DGRAD_F32_TILES)
         return tuple(_WGRAD_TC_TILES), tuple(_DGRAD_TC_TILES)
 
-    def conv_backward_implicit(self, precision, batch, channels, height, width, ksize, stride,
-                               pad, dilation, filters):
+    def conv_backward_implicit(
+        self, precision, batch, channels, height, width, ksize, stride, pad, dilation, filters
+    ):
         """(weight gradient, data gradient): whether conv_weight_grad and conv_data_grad
         take them for this convolution group; False: the caller unfolds im2col. Rules from
         timing both paths on every yolov4 shape (bench/kernels/conv_backward.py):
@@ -124,20 +189,33 @@ class CudaConvBackward:
             return False, False
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         per_image = max(channels * height * width, filters * out_h * out_w)
-        if not (out_h > 0 and out_w > 0 and batch * per_image <= _INT32
-                and filters * ksize * ksize * channels <= _INT32):
+        if not (
+            out_h > 0
+            and out_w > 0
+            and batch * per_image <= _INT32
+            and filters * ksize * ksize * channels <= _INT32
+        ):
             return False, False
         if mode == "always":
             return True, True
         positions, strided = out_h * out_w, conv_strides(stride) != (1, 1)
-        if precision == "fp32":   # FFMA against im2col + SGEMM + col2im
-            weights = ((ksize == 1 and positions >= 52 * 52 and filters <= 128)
-                       or channels * ksize * ksize <= 32)
+        if precision == "fp32":  # FFMA against im2col + SGEMM + col2im
+            weights = (
+                ksize == 1 and positions >= 52 * 52 and filters <= 128
+            ) or channels * ksize * ksize <= 32
             data = (ksize == 1 and positions >= 26 * 26) or (strided and positions >= 52 * 52)
             return weights, data
-        weights = (ksize == 1 and positions >= 52 * 52) or (filters <= 128 and positions >= 104 * 104)
-        data = ksize == 1 or positions >= 26 * 26 or strided or self.data_grad_takes_forward(
-            precision, batch, channels, height, width, ksize, pad, dilation, filters)
+        weights = (ksize == 1 and positions >= 52 * 52) or (
+            filters <= 128 and positions >= 104 * 104
+        )
+        data = (
+            ksize == 1
+            or positions >= 26 * 26
+            or strided
+            or self.data_grad_takes_forward(
+                precision, batch, channels, height, width, ksize, pad, dilation, filters
+            )
+        )
         return weights, data
 
     # ---- plans ------------------------------------------------------------------------
@@ -164,8 +242,12 @@ class CudaConvBackward:
         # at least 16 one-warp blocks per SM, 4 of four warps or 2 of eight, and splits of
         # ~2700 of K (the sweep's best on the 3x3 layers at 208x208: 512 splits of 1.4M)
         target = sms * {64: 16, 128: 4, 256: 2}[threads]
-        splits = min(max(_ceil_div(target, tiles), k // 2700), k // 1024,
-                     max(1, _PARTIALS_CAP // (m * n)), 4096)
+        splits = min(
+            max(_ceil_div(target, tiles), k // 2700),
+            k // 1024,
+            max(1, _PARTIALS_CAP // (m * n)),
+            4096,
+        )
         return tile, max(1, splits)
 
     def dgrad_plan(self, precision, m, n):
@@ -178,8 +260,23 @@ class CudaConvBackward:
         return "32x128" if m <= 32 else "64x128" if m <= 64 else "128x128"
 
     # ---- the ops --------------------------------------------------------------------------
-    def _backward_geometry(self, what, delta, delta_stride, im, im_stride, channels, height,
-                           width, ksize, stride, pad, dilation, batch, filters):
+    def _backward_geometry(
+        self,
+        what,
+        delta,
+        delta_stride,
+        im,
+        im_stride,
+        channels,
+        height,
+        width,
+        ksize,
+        stride,
+        pad,
+        dilation,
+        batch,
+        filters,
+    ):
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
         batch, positions = int(batch), out_h * out_w
         delta_stride = int(delta_stride) or filters * positions
@@ -190,18 +287,48 @@ class CudaConvBackward:
         geometry = (int(ksize), int(stride_y), int(stride_x), int(pad), int(dilation))
         return out_h, out_w, delta_stride, im_stride, geometry
 
-    def conv_weight_grad(self, precision, delta, delta_stride, im, im_stride, channels, height,
-                         width, ksize, stride, pad, dilation, batch, filters, weight_updates):
+    def conv_weight_grad(
+        self,
+        precision,
+        delta,
+        delta_stride,
+        im,
+        im_stride,
+        channels,
+        height,
+        width,
+        ksize,
+        stride,
+        pad,
+        dilation,
+        batch,
+        filters,
+        weight_updates,
+    ):
         """NumpyBackend.conv_weight_grad as one implicit GEMM (K split over images and
         positions, partials added in a fixed order). im: fp32, or a 16-bit layer output at
         `precision` (its bits the operand's; ValueError for another)."""
         part, _ = _PARTS[precision]
         half_in = self._input_storage("conv_weight_grad im", im, precision) != precisions.DEFAULT
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
-        out_h, out_w, delta_stride, im_stride, (ksize, sy, sx, pad, dilation) = \
-            self._backward_geometry("conv_weight_grad", delta, delta_stride, im, im_stride,
-                                    channels, height, width, ksize, stride, pad, dilation,
-                                    batch, filters)
+        out_h, out_w, delta_stride, im_stride, (ksize, sy, sx, pad, dilation) = (
+            self._backward_geometry(
+                "conv_weight_grad",
+                delta,
+                delta_stride,
+                im,
+                im_stride,
+                channels,
+                height,
+                width,
+                ksize,
+                stride,
+                pad,
+                dilation,
+                batch,
+                filters,
+            )
+        )
         m, n, k = filters, channels * ksize * ksize, int(batch) * out_h * out_w
         self._check_size("conv_weight_grad weight_updates", weight_updates, m * n)
         if m <= 0 or n <= 0 or k <= 0:
@@ -211,8 +338,25 @@ class CudaConvBackward:
         chunk = _ceil_div(_ceil_div(k, max(1, splits)), _K_STEP) * _K_STEP
         splits = _ceil_div(k, chunk)
         grid = (_ceil_div(n, bn), _ceil_div(m, bm), splits)
-        args = (self._ptr(delta), delta_stride, self._ptr(im), im_stride, height, width, ksize,
-                sy, sx, pad, dilation, out_h, out_w, m, n, k, chunk)
+        args = (
+            self._ptr(delta),
+            delta_stride,
+            self._ptr(im),
+            im_stride,
+            height,
+            width,
+            ksize,
+            sy,
+            sx,
+            pad,
+            dilation,
+            out_h,
+            out_w,
+            m,
+            n,
+            k,
+            chunk,
+        )
         kernel = f"conv_wgrad_{part}_{tile}{'_in16' if half_in else ''}"
         if splits == 1:
             self._launch(kernel, grid, (threads,), *args, self._ptr(weight_updates), n, 1.0, 0)
@@ -221,50 +365,135 @@ class CudaConvBackward:
         self._launch(kernel, grid, (threads,), *args, partials, n, 0.0, m * n)
         self._splitk_reduce(m, n, splits, partials, 1.0, 1.0, self._ptr(weight_updates), n)
 
-    def conv_data_grad(self, precision, weights, filters, delta, delta_stride, channels, height,
-                       width, ksize, stride, pad, dilation, batch, dx, dx_stride, accumulate):
+    def conv_data_grad(
+        self,
+        precision,
+        weights,
+        filters,
+        delta,
+        delta_stride,
+        channels,
+        height,
+        width,
+        ksize,
+        stride,
+        pad,
+        dilation,
+        batch,
+        dx,
+        dx_stride,
+        accumulate,
+    ):
         """NumpyBackend.conv_data_grad as implicit GEMMs: each input pixel gathers the
         delta entries its taps reached (no col buffer, no atomics). Unit strides: one
         launch; others: one per parity class of the input pixels, each over only the taps
         that reach the delta from that class (a stride-2 3x3 kernel: 1, 2, 2 and 4 taps)."""
         part, _ = _PARTS[precision]
         channels, height, width, filters = int(channels), int(height), int(width), int(filters)
-        out_h, out_w, delta_stride, dx_stride, (ksize, sy, sx, pad, dilation) = \
-            self._backward_geometry("conv_data_grad", delta, delta_stride, dx, dx_stride,
-                                    channels, height, width, ksize, stride, pad, dilation,
-                                    batch, filters)
+        out_h, out_w, delta_stride, dx_stride, (ksize, sy, sx, pad, dilation) = (
+            self._backward_geometry(
+                "conv_data_grad",
+                delta,
+                delta_stride,
+                dx,
+                dx_stride,
+                channels,
+                height,
+                width,
+                ksize,
+                stride,
+                pad,
+                dilation,
+                batch,
+                filters,
+            )
+        )
         self._check_size("conv_data_grad weights", weights, filters * channels * ksize * ksize)
         batch = int(batch)
         if channels <= 0 or batch * height * width <= 0:
             return
         common = (self._ptr(delta), delta_stride, out_h, out_w)
         if (sy, sx) == (1, 1):
-            if self._data_grad_as_forward(precision, weights, filters, delta, delta_stride,
-                                          channels, height, width, ksize, pad, dilation, batch,
-                                          dx, dx_stride, accumulate):
+            if self._data_grad_as_forward(
+                precision,
+                weights,
+                filters,
+                delta,
+                delta_stride,
+                channels,
+                height,
+                width,
+                ksize,
+                pad,
+                dilation,
+                batch,
+                dx,
+                dx_stride,
+                accumulate,
+            ):
                 return
             k, n = filters * ksize * ksize, batch * height * width
-            packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
-                                                  (0, 1, ksize), (0, 1, ksize))
+            packed, pitch = self._pack_transposed(
+                part, weights, filters, channels, ksize, (0, 1, ksize), (0, 1, ksize)
+            )
             tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
-            self._launch(f"conv_dgrad_{part}_{tile}", (_ceil_div(n, bn), _ceil_div(channels, bm)),
-                         (threads,), self._ptr(packed), pitch, *common, ksize, pad, dilation, height, width,
-                         channels, k, n, self._ptr(dx), dx_stride, int(bool(accumulate)))
+            self._launch(
+                f"conv_dgrad_{part}_{tile}",
+                (_ceil_div(n, bn), _ceil_div(channels, bm)),
+                (threads,),
+                self._ptr(packed),
+                pitch,
+                *common,
+                ksize,
+                pad,
+                dilation,
+                height,
+                width,
+                channels,
+                k,
+                n,
+                self._ptr(dx),
+                dx_stride,
+                int(bool(accumulate)),
+            )
             return
         for py, *taps_y, cy0, dy, hc in _parity_classes(height, sy, pad, dilation, ksize):
             for px, *taps_x, cx0, dx_, wc in _parity_classes(width, sx, pad, dilation, ksize):
                 ny, nx, n = taps_y[2], taps_x[2], batch * hc * wc
                 if n == 0 or (accumulate and ny * nx == 0):
-                    continue   # no pixels; or nothing to add
-                packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
-                                                      taps_y, taps_x)
+                    continue  # no pixels; or nothing to add
+                packed, pitch = self._pack_transposed(
+                    part, weights, filters, channels, ksize, taps_y, taps_x
+                )
                 tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
-                self._launch(f"conv_dgrad_class_{part}_{tile}",
-                             (_ceil_div(n, bn), _ceil_div(channels, bm)), (threads,),
-                             self._ptr(packed),
-                             pitch, *common, hc, wc, ny, nx, cy0, cx0, dy, dx_, channels,
-                             filters * ny * nx, n, self._ptr(dx), dx_stride, height, width, py,
-                             px, sy, sx, int(bool(accumulate)))
+                self._launch(
+                    f"conv_dgrad_class_{part}_{tile}",
+                    (_ceil_div(n, bn), _ceil_div(channels, bm)),
+                    (threads,),
+                    self._ptr(packed),
+                    pitch,
+                    *common,
+                    hc,
+                    wc,
+                    ny,
+                    nx,
+                    cy0,
+                    cx0,
+                    dy,
+                    dx_,
+                    channels,
+                    filters * ny * nx,
+                    n,
+                    self._ptr(dx),
+                    dx_stride,
+                    height,
+                    width,
+                    py,
+                    px,
+                    sy,
+                    sx,
+                    int(bool(accumulate)),
+                )
 
     @staticmethod
     def _flipped_pad(ksize, pad, dilation):
@@ -272,50 +501,95 @@ class CudaConvBackward:
         deltas padded so that the flipped kernel's taps reach what the forward's reached."""
         return dilation * (ksize - 1) - pad
 
-    def data_grad_takes_forward(self, precision, batch, channels, height, width, ksize, pad,
-                                dilation, filters):
+    def data_grad_takes_forward(
+        self, precision, batch, channels, height, width, ksize, pad, dilation, filters
+    ):
         """Whether conv_data_grad runs this unit-stride data gradient as the wgmma forward
         of the deltas (_data_grad_as_forward): _data_grad_takes_forward, unless
         data_grad_as_forward is off."""
         return self.data_grad_as_forward and self._data_grad_takes_forward(
-            precision, batch, channels, height, width, ksize, pad, dilation, filters)
+            precision, batch, channels, height, width, ksize, pad, dilation, filters
+        )
 
-    def _data_grad_takes_forward(self, precision, batch, channels, height, width, ksize, pad,
-                                 dilation, filters):
+    def _data_grad_takes_forward(
+        self, precision, batch, channels, height, width, ksize, pad, dilation, filters
+    ):
         """Whether a unit-stride data gradient runs as _data_grad_as_forward's convolution:
         where the wgmma forward takes it and its rows (the input's channels) fill the
         kernel's pairs of 128-row tiles. Fewer than 256 channels leave half a pair idle:
         yolov4's and yolov3-tiny's 64-128 channel layers at 26x26-52x52 measured 10-80%
         slower than the implicit kernel, those of 256 channels or more even to 45% faster
         (b32 fp16)."""
-        return (channels >= _FORWARD_DGRAD_MIN_CHANNELS
-                and self._flipped_pad(ksize, pad, dilation) >= 0
-                and wgmma.forward_takes(self, precision, channels, batch * height * width,
-                                             filters * ksize * ksize, ksize, height * width))
+        return (
+            channels >= _FORWARD_DGRAD_MIN_CHANNELS
+            and self._flipped_pad(ksize, pad, dilation) >= 0
+            and wgmma.forward_takes(
+                self,
+                precision,
+                channels,
+                batch * height * width,
+                filters * ksize * ksize,
+                ksize,
+                height * width,
+            )
+        )
 
-    def _data_grad_as_forward(self, precision, weights, filters, delta, delta_stride, channels,
-                              height, width, ksize, pad, dilation, batch, dx, dx_stride,
-                              accumulate):
+    def _data_grad_as_forward(
+        self,
+        precision,
+        weights,
+        filters,
+        delta,
+        delta_stride,
+        channels,
+        height,
+        width,
+        ksize,
+        pad,
+        dilation,
+        batch,
+        dx,
+        dx_stride,
+        accumulate,
+    ):
         """A unit-stride data gradient on Hopper (fp16/bf16) as the forward convolution of
         the deltas with the weights transposed (filters become channels) and flipped,
         padded by _flipped_pad: the wgmma forward's kernel, its sums added into dx
         (written, unless accumulate), no col buffer (folding a col's nine taps a pixel
         cost what the GEMM saved). False, having done nothing, where that kernel does not
         take the product."""
-        if not self.data_grad_takes_forward(precision, batch, channels, height, width, ksize,
-                                            pad, dilation, filters):
+        if not self.data_grad_takes_forward(
+            precision, batch, channels, height, width, ksize, pad, dilation, filters
+        ):
             return False
         part, _ = _PARTS[precision]
         last = ksize - 1
-        packed, pitch = self._pack_transposed(part, weights, filters, channels, ksize,
-                                              (last, -1, ksize), (last, -1, ksize))
-        flipped = precisions.PackedWeights(packed, channels, filters * ksize * ksize, pitch,
-                                           precision)
+        packed, pitch = self._pack_transposed(
+            part, weights, filters, channels, ksize, (last, -1, ksize), (last, -1, ksize)
+        )
+        flipped = precisions.PackedWeights(
+            packed, channels, filters * ksize * ksize, pitch, precision
+        )
         out_h, out_w = conv_out_size(height, width, ksize, 1, pad, dilation)
-        return wgmma.conv_forward(self, flipped, delta, filters, out_h, out_w, ksize, 1,
-                                       self._flipped_pad(ksize, pad, dilation), dilation, batch,
-                                       delta_stride, None, "linear", dx, dx_stride,
-                                       accumulate=accumulate)
+        return wgmma.conv_forward(
+            self,
+            flipped,
+            delta,
+            filters,
+            out_h,
+            out_w,
+            ksize,
+            1,
+            self._flipped_pad(ksize, pad, dilation),
+            dilation,
+            batch,
+            delta_stride,
+            None,
+            "linear",
+            dx,
+            dx_stride,
+            accumulate=accumulate,
+        )
 
     def _dgrad_tile(self, precision, m, n):
         tile = self.dgrad_plan(precision, m, n)
@@ -331,9 +605,19 @@ class CudaConvBackward:
         per = 16 // size
         pitch = _ceil_div(max(k, 1), per) * per
         packed = self._scratch_buffer("conv_dgrad_weights", channels * pitch * size)
-        self._launch(f"pack_transposed_{part}", self._grid1d(channels * pitch * size // 4),
-                     (_BLOCK,), self._ptr(weights), filters, channels, ksize, *taps_y, *taps_x,
-                     pitch, self._ptr(packed))
+        self._launch(
+            f"pack_transposed_{part}",
+            self._grid1d(channels * pitch * size // 4),
+            (_BLOCK,),
+            self._ptr(weights),
+            filters,
+            channels,
+            ksize,
+            *taps_y,
+            *taps_x,
+            pitch,
+            self._ptr(packed),
+        )
         return packed, pitch
 
 

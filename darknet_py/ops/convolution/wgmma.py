@@ -22,6 +22,7 @@ share B; a product of one 128-row tile row (m <= 128) runs instead on the same k
 built with lone blocks (gemm_wgmma_solo.cu, solo_kernels), where the pair's second block
 would multiply only zeros.
 """
+
 import ctypes
 import functools
 import os
@@ -64,10 +65,10 @@ _IMAGES, _IMAGES_16, _IMAGES_ADD = 3, 4, 5
 MIN_SPLIT_MACS = 1 << 26
 # precision -> (kernel name part, CUtensorMapDataType)
 PRECISIONS = {"fp16": ("f16", 6), "bf16": ("bf16", 9)}
-_FLOAT32 = 7   # CUtensorMapDataType
-CONVERT_TILE = (32, 64)     # KM_ROWS, KM_COLS of gemm_wgmma.cu
+_FLOAT32 = 7  # CUtensorMapDataType
+CONVERT_TILE = (32, 64)  # KM_ROWS, KM_COLS of gemm_wgmma.cu
 CONVERT_BLOCK = (32, 8)
-_ROW_ALIGN = 8              # halves: TMA wants row strides in multiples of 16 bytes
+_ROW_ALIGN = 8  # halves: TMA wants row strides in multiples of 16 bytes
 # cuTensorMapEncodeTiled enums (cuda.h)
 _SWIZZLE_128B, _L2_PROMOTION_256B = 3, 3
 
@@ -93,11 +94,12 @@ class _Kernels:
         if image is None:
             with open(prebuilt.kernel_paths()[source]) as f:
                 text = f.read()
-            binaries, _ = prebuilt.binaries({source: text}, ARCH, kernel_cache.KERNEL_OPTIONS,
-                                            include_dirs=prebuilt.KERNEL_DIRS)
+            binaries, _ = prebuilt.binaries(
+                {source: text}, ARCH, kernel_cache.KERNEL_OPTIONS, include_dirs=prebuilt.KERNEL_DIRS
+            )
             image = binaries[source]
         lib = _driver()
-        self._image = image   # kept alive as long as the module
+        self._image = image  # kept alive as long as the module
         self.shared_bytes, self.cluster = shared_bytes, cluster
         module = ctypes.c_void_p()
         _check(lib, "cuModuleLoadData", lib.cuModuleLoadData(ctypes.byref(module), self._image))
@@ -105,24 +107,37 @@ class _Kernels:
         for part, _ in PRECISIONS.values():
             for name in (f"wgmma_gemm_{part}", f"to_kmajor_{part}"):
                 fn = ctypes.c_void_p()
-                _check(lib, "cuModuleGetFunction",
-                       lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()))
+                _check(
+                    lib,
+                    "cuModuleGetFunction",
+                    lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
+                )
                 self.functions[name] = fn
-            _check(lib, "cuFuncSetAttribute", lib.cuFuncSetAttribute(
-                self.functions[f"wgmma_gemm_{part}"], _MAX_DYNAMIC_SHARED, shared_bytes))
+            _check(
+                lib,
+                "cuFuncSetAttribute",
+                lib.cuFuncSetAttribute(
+                    self.functions[f"wgmma_gemm_{part}"], _MAX_DYNAMIC_SHARED, shared_bytes
+                ),
+            )
         # Clusters that fit on the chip at once: the persistent grid's size (a GPC with an
         # odd count of free SMs leaves one idle).
         config = _LaunchConfig((cluster, 1, 1), (THREADS, 1, 1), shared_bytes, None, None, 0)
         count = ctypes.c_int()
-        _check(lib, "cuOccupancyMaxActiveClusters", lib.cuOccupancyMaxActiveClusters(
-            ctypes.byref(count), self.functions["wgmma_gemm_f16"], ctypes.byref(config)))
+        _check(
+            lib,
+            "cuOccupancyMaxActiveClusters",
+            lib.cuOccupancyMaxActiveClusters(
+                ctypes.byref(count), self.functions["wgmma_gemm_f16"], ctypes.byref(config)
+            ),
+        )
         if count.value < 1:
             raise WgmmaError(f"no cluster of {cluster} wgmma blocks fits on this GPU")
         self.max_clusters = count.value
 
 
-_loaded = {}   # device index -> _Kernels, or None where this device cannot run them
-_loaded_solo = {}   # the same for solo_kernels
+_loaded = {}  # device index -> _Kernels, or None where this device cannot run them
+_loaded_solo = {}  # the same for solo_kernels
 
 
 def kernels(be):
@@ -135,8 +150,10 @@ def kernels(be):
             try:
                 _loaded[index] = _Kernels()
             except (kernel_cache.KernelCompileError, WgmmaError, OSError) as e:
-                print(f"darknet-py: the Hopper GEMM (wgmma) is unavailable, using mma.sync: {e}",
-                      file=sys.stderr)
+                print(
+                    f"darknet-py: the Hopper GEMM (wgmma) is unavailable, using mma.sync: {e}",
+                    file=sys.stderr,
+                )
     return _loaded[index]
 
 
@@ -174,9 +191,9 @@ def handles(be, precision, m, n, k):
 # work item's fixed cost (pipeline fill, epilogue) in slices, and the partials' traffic
 # (written by the items, read by the reduction).
 _SLICE_US, _ITEM_SLICES, _PARTIAL_BYTES_PER_US = 0.75, 5, 3e6
-_PARTIALS_CAP = 1 << 25     # floats of partial products (128 MiB)
+_PARTIALS_CAP = 1 << 25  # floats of partial products (128 MiB)
 _MAX_RUNS = 64
-split_override = None       # runs of K for every product (tests); None: split_plan's
+split_override = None  # runs of K for every product (tests); None: split_plan's
 
 
 def split_plan(kern, m, n, k):
@@ -203,7 +220,7 @@ def _cheapest_split(cluster, clusters, m, n, k):
     best = None
     for runs in range(1, min(_MAX_RUNS, slices, max(1, _PARTIALS_CAP // (m * n))) + 1):
         per = _ceil_div(slices, runs)
-        used = _ceil_div(slices, per)   # runs of `per` slices that K fills
+        used = _ceil_div(slices, per)  # runs of `per` slices that K fills
         waves = _ceil_div(pairs * used, clusters)
         cost = waves * (per + _ITEM_SLICES) * _SLICE_US
         if used > 1:
@@ -215,12 +232,19 @@ def _cheapest_split(cluster, clusters, m, n, k):
 
 class _LaunchConfig(ctypes.Structure):
     """CUlaunchConfig (cuda.h)."""
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("num_attrs", ctypes.c_uint),
+    ]
 
 
 _lib = None
-_MAX_DYNAMIC_SHARED = 8   # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 def _driver():
@@ -230,16 +254,36 @@ def _driver():
         vp, u32, u64p = ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)
         u32p = ctypes.POINTER(ctypes.c_uint32)
         for name, args in (
-                ("cuTensorMapEncodeTiled", (vp, ctypes.c_int, u32, vp, u64p, u64p, u32p, u32p,
-                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)),
-                ("cuModuleLoadData", (ctypes.POINTER(vp), ctypes.c_char_p)),
-                ("cuModuleGetFunction", (ctypes.POINTER(vp), vp, ctypes.c_char_p)),
-                ("cuFuncSetAttribute", (vp, ctypes.c_int, ctypes.c_int)),
-                ("cuLaunchKernel", (vp, u32, u32, u32, u32, u32, u32, u32, vp,
-                                    ctypes.POINTER(vp), ctypes.POINTER(vp))),
-                ("cuOccupancyMaxActiveClusters", (ctypes.POINTER(ctypes.c_int), vp,
-                                                  ctypes.POINTER(_LaunchConfig))),
-                ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)))):
+            (
+                "cuTensorMapEncodeTiled",
+                (
+                    vp,
+                    ctypes.c_int,
+                    u32,
+                    vp,
+                    u64p,
+                    u64p,
+                    u32p,
+                    u32p,
+                    ctypes.c_int,
+                    ctypes.c_int,
+                    ctypes.c_int,
+                    ctypes.c_int,
+                ),
+            ),
+            ("cuModuleLoadData", (ctypes.POINTER(vp), ctypes.c_char_p)),
+            ("cuModuleGetFunction", (ctypes.POINTER(vp), vp, ctypes.c_char_p)),
+            ("cuFuncSetAttribute", (vp, ctypes.c_int, ctypes.c_int)),
+            (
+                "cuLaunchKernel",
+                (vp, u32, u32, u32, u32, u32, u32, u32, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)),
+            ),
+            (
+                "cuOccupancyMaxActiveClusters",
+                (ctypes.POINTER(ctypes.c_int), vp, ctypes.POINTER(_LaunchConfig)),
+            ),
+            ("cuGetErrorName", (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))),
+        ):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, ctypes.c_int
         _lib = lib
@@ -253,7 +297,7 @@ def _check(lib, call, code, what=""):
         raise WgmmaError(f"{call} failed{what}: {(name.value or b'CUDA error %d' % code).decode()}")
 
 
-_maps = {}   # tensor_map's arguments -> its bytes: encoding costs ~10 us of host time
+_maps = {}  # tensor_map's arguments -> its bytes: encoding costs ~10 us of host time
 
 
 def tensor_map(ptr, rows, cols, pitch, box_rows, data_type, box_cols=TILE_K, item=2):
@@ -272,16 +316,30 @@ def _encode_map(ptr, rows, cols, pitch, box_rows, data_type, box_cols, item):
     `item`-byte elements at `ptr` (rows `pitch` elements apart): boxes of box_cols x box_rows
     (box_cols * item = 128 bytes), 128-byte swizzle, zeros outside the matrix."""
     buf = ctypes.create_string_buffer(128 + 64)
-    address = (ctypes.addressof(buf) + 63) & ~63      # the driver wants it 64-byte aligned
+    address = (ctypes.addressof(buf) + 63) & ~63  # the driver wants it 64-byte aligned
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(pitch * item)
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     steps = (ctypes.c_uint32 * 2)(1, 1)
-    err = _driver().cuTensorMapEncodeTiled(address, data_type, 2, ptr, dims, strides, box, steps, 0,
-                                           _SWIZZLE_128B, _L2_PROMOTION_256B, 0)
+    err = _driver().cuTensorMapEncodeTiled(
+        address,
+        data_type,
+        2,
+        ptr,
+        dims,
+        strides,
+        box,
+        steps,
+        0,
+        _SWIZZLE_128B,
+        _L2_PROMOTION_256B,
+        0,
+    )
     if err:
-        raise WgmmaError(f"cuTensorMapEncodeTiled failed (CUresult {err}) for a {rows} x {cols} "
-                         f"matrix at 0x{ptr:x}, row pitch {pitch}")
+        raise WgmmaError(
+            f"cuTensorMapEncodeTiled failed (CUresult {err}) for a {rows} x {cols} "
+            f"matrix at 0x{ptr:x}, row pitch {pitch}"
+        )
     return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(address, 128))
 
 
@@ -289,12 +347,18 @@ def _launch(be, kern, name, grid, block, *args, shared=0):
     """Queue kernel `name` on be's stream; args are ctypes values (a tensor map: 128 bytes)."""
     grid = (*map(int, grid), 1, 1)[:3]
     block = (*map(int, block), 1, 1)[:3]
-    pointers = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p)
-                                               for a in args))
+    pointers = (ctypes.c_void_p * len(args))(
+        *(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args)
+    )
     lib = _driver()
-    _check(lib, "cuLaunchKernel", lib.cuLaunchKernel(kern.functions[name], *grid, *block, shared,
-                                                     be.stream.handle, pointers, None),
-           f" for kernel {name} with grid={grid} block={block}")
+    _check(
+        lib,
+        "cuLaunchKernel",
+        lib.cuLaunchKernel(
+            kern.functions[name], *grid, *block, shared, be.stream.handle, pointers, None
+        ),
+        f" for kernel {name} with grid={grid} block={block}",
+    )
     be._launched(name, grid, block, WgmmaError)
 
 
@@ -306,12 +370,42 @@ def row_pitch(k):
 def _to_kmajor(be, kern, part, src, ld, rows, cols, transposed, dst, pitch):
     grid = (_ceil_div(rows, CONVERT_TILE[0]), _ceil_div(cols, CONVERT_TILE[1]))
     i = ctypes.c_int
-    _launch(be, kern, f"to_kmajor_{part}", grid, CONVERT_BLOCK, ctypes.c_uint64(src), i(ld), i(rows),
-            i(cols), i(int(transposed)), ctypes.c_uint64(dst), i(pitch))
+    _launch(
+        be,
+        kern,
+        f"to_kmajor_{part}",
+        grid,
+        CONVERT_BLOCK,
+        ctypes.c_uint64(src),
+        i(ld),
+        i(rows),
+        i(cols),
+        i(int(transposed)),
+        ctypes.c_uint64(dst),
+        i(pitch),
+    )
 
 
-def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, images=None,
-              bias=0, act=_LINEAR, store=_IMAGES):
+def _multiply(
+    be,
+    kern,
+    precision,
+    m,
+    n,
+    k,
+    alpha,
+    a,
+    lda,
+    b,
+    ldb,
+    beta,
+    c,
+    ldc,
+    images=None,
+    bias=0,
+    act=_LINEAR,
+    store=_IMAGES,
+):
     """C = alpha * A @ B^T + beta * C on the wgmma kernel, A and B already K-major. images:
     (positions, image_stride): C is a convolution's output, column j going to position
     j % positions of image j / positions, bias (a pointer or 0) added and the activation
@@ -323,26 +417,46 @@ def _multiply(be, kern, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
         kern = solo_kernels(be) or kern
     part, data_type = PRECISIONS[precision]
     a_map = tensor_map(a, m, k, lda, TILE_M, data_type)
-    b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)   # each block its part
+    b_map = tensor_map(b, n, k, ldb, TILE_N // kern.cluster, data_type)  # each block its part
     tile_pairs = _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N)
     per, runs = (_ceil_div(k, TILE_K), 1) if images else split_plan(kern, m, n, k)
     out, out_ld, out_alpha, out_beta = c, ldc, alpha, beta
-    if runs > 1:   # each run's partial product (m x n, rows n apart), added up below
+    if runs > 1:  # each run's partial product (m x n, rows n apart), added up below
         out = be._ptr(be._scratch_buffer("gemm", 4 * runs * m * n))
         out_ld, out_alpha, out_beta = n, 1.0, 0.0
-    c_map = a_map   # unused but by TMA stores
+    c_map = a_map  # unused but by TMA stores
     if not images:
         if TMA_STORE and runs == 1 and beta == 0 and c % 16 == 0 and ldc % 4 == 0:
             store, c_map = 2, tensor_map(c, m, n, ldc, 64, _FLOAT32, box_cols=32, item=4)
-        else:   # float2 stores where aligned, else scalar
+        else:  # float2 stores where aligned, else scalar
             store = int(out % 8 == 0 and out_ld % 2 == 0 and (runs == 1 or m * n % 2 == 0))
     positions, image_stride = images or (0, 0)
     i, f = ctypes.c_int, ctypes.c_float
-    _launch(be, kern, f"wgmma_gemm_{part}",
-            (kern.cluster * min(tile_pairs * runs, kern.max_clusters),), (THREADS,), a_map, b_map,
-            c_map, i(m), i(n), i(k), f(out_alpha), f(out_beta), ctypes.c_uint64(out), i(out_ld),
-            i(store), i(per), ctypes.c_int64(m * n), i(positions), ctypes.c_int64(image_stride),
-            ctypes.c_uint64(bias), i(act), shared=kern.shared_bytes)
+    _launch(
+        be,
+        kern,
+        f"wgmma_gemm_{part}",
+        (kern.cluster * min(tile_pairs * runs, kern.max_clusters),),
+        (THREADS,),
+        a_map,
+        b_map,
+        c_map,
+        i(m),
+        i(n),
+        i(k),
+        f(out_alpha),
+        f(out_beta),
+        ctypes.c_uint64(out),
+        i(out_ld),
+        i(store),
+        i(per),
+        ctypes.c_int64(m * n),
+        i(positions),
+        ctypes.c_int64(image_stride),
+        ctypes.c_uint64(bias),
+        i(act),
+        shared=kern.shared_bytes,
+    )
     if runs > 1:
         be._splitk_reduce(m, n, runs, out, alpha, beta, c, ldc)
 
@@ -369,8 +483,23 @@ def gemm_lowp(be, precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ld
     return True
 
 
-def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stride, pad,
-                         dilation, batch, im_stride, delta, filters, weight_updates):
+def weight_grad_unfolded(
+    be,
+    precision,
+    im,
+    channels,
+    height,
+    width,
+    ksize,
+    stride,
+    pad,
+    dilation,
+    batch,
+    im_stride,
+    delta,
+    filters,
+    weight_updates,
+):
     """CudaBackend.conv_weight_grad_unfolded on the wgmma kernel (arguments checked by the
     caller, handles() true): delta (filters x batch*positions fp32) rounded into the A
     operand by to_kmajor, the images unfolded by im2col_{f16,bf16}_kernel (im2col.cu)
@@ -389,12 +518,29 @@ def weight_grad_unfolded(be, precision, im, channels, height, width, ksize, stri
     _to_kmajor(be, kern, part, be._ptr(delta), k, m, k, False, a16, pitch)
     # A thread: two columns of col (4-byte stores), ~4 channels (its columns' image and
     # window origin worked out once for them).
-    be._launch_rows(unfold, _ceil_div(channels, 4), _ceil_div(k, 2), be._ptr(im),
-                    int(channels), int(height), int(width), int(ksize), int(stride_y),
-                    int(stride_x), int(pad), int(dilation), int(out_h), int(out_w), b16,
-                    int(batch), int(im_stride), int(pitch))
-    _multiply(be, kern, precision, m, n, k, 1.0, a16, pitch, b16, pitch, 1.0,
-              be._ptr(weight_updates), n)
+    be._launch_rows(
+        unfold,
+        _ceil_div(channels, 4),
+        _ceil_div(k, 2),
+        be._ptr(im),
+        int(channels),
+        int(height),
+        int(width),
+        int(ksize),
+        int(stride_y),
+        int(stride_x),
+        int(pad),
+        int(dilation),
+        int(out_h),
+        int(out_w),
+        b16,
+        int(batch),
+        int(im_stride),
+        int(pitch),
+    )
+    _multiply(
+        be, kern, precision, m, n, k, 1.0, a16, pitch, b16, pitch, 1.0, be._ptr(weight_updates), n
+    )
 
 
 def _unfolding(be, what, im, precision, kernel):
@@ -430,8 +576,26 @@ def forward_takes(be, precision, m, n, k, ksize, positions):
     return _ceil_div(m, TILE_M * kern.cluster) * _ceil_div(n, TILE_N) >= kern.max_clusters // 2
 
 
-def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, dilation, batch,
-                 im_stride, biases, activation, out, out_stride, half_out=False, accumulate=False):
+def conv_forward(
+    be,
+    packed,
+    im,
+    channels,
+    height,
+    width,
+    ksize,
+    stride,
+    pad,
+    dilation,
+    batch,
+    im_stride,
+    biases,
+    activation,
+    out,
+    out_stride,
+    half_out=False,
+    accumulate=False,
+):
     """CudaBackend.conv_forward on the wgmma kernel where it pays (arguments checked by the
     caller, activation one of precision.EPILOGUE_ACTIVATIONS); False, having done nothing,
     where forward_takes() says no. The images are unfolded position by position
@@ -451,15 +615,45 @@ def conv_forward(be, packed, im, channels, height, width, ksize, stride, pad, di
     stride_y, stride_x = conv_strides(stride)
     pitch = row_pitch(k)
     b16 = be._ptr(be._scratch_buffer("wgmma_b", 2 * n * pitch))
-    be._launch(_unfolding(be, "conv_forward im", im, precision, f"im2col_rows_{part}"),
-               (_ceil_div(n, _ROWS_TILE) * _ceil_div(channels, _ROW_CHANNELS),), (_ROWS_THREADS,),
-               be._ptr(im), int(channels), int(height), int(width), int(stride_y), int(stride_x),
-               int(pad), int(dilation), int(out_h), int(out_w), b16, int(n), int(im_stride),
-               int(pitch))
-    _multiply(be, kern, precision, m, n, k, 1.0, be._ptr(packed.data), packed.pitch, b16, pitch,
-              0.0, be._ptr(out), 0, images=(positions, int(out_stride)),
-              bias=0 if biases is None else be._ptr(biases), act=ACTIVATION_IDS[activation],
-              store=_IMAGES_16 if half_out else _IMAGES_ADD if accumulate else _IMAGES)
+    be._launch(
+        _unfolding(be, "conv_forward im", im, precision, f"im2col_rows_{part}"),
+        (_ceil_div(n, _ROWS_TILE) * _ceil_div(channels, _ROW_CHANNELS),),
+        (_ROWS_THREADS,),
+        be._ptr(im),
+        int(channels),
+        int(height),
+        int(width),
+        int(stride_y),
+        int(stride_x),
+        int(pad),
+        int(dilation),
+        int(out_h),
+        int(out_w),
+        b16,
+        int(n),
+        int(im_stride),
+        int(pitch),
+    )
+    _multiply(
+        be,
+        kern,
+        precision,
+        m,
+        n,
+        k,
+        1.0,
+        be._ptr(packed.data),
+        packed.pitch,
+        b16,
+        pitch,
+        0.0,
+        be._ptr(out),
+        0,
+        images=(positions, int(out_stride)),
+        bias=0 if biases is None else be._ptr(biases),
+        act=ACTIVATION_IDS[activation],
+        store=_IMAGES_16 if half_out else _IMAGES_ADD if accumulate else _IMAGES,
+    )
     return True
 
 
@@ -470,14 +664,23 @@ def gemm_half(be, precision, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     m, n, k, lda, ldb, ldc = (int(v) for v in (m, n, k, lda, ldb, ldc))
     kern = kernels(be)
     if kern is None:
-        raise WgmmaError(f"gemm_half needs the sm_90a wgmma kernels; {be.device_name} cannot run them")
+        raise WgmmaError(
+            f"gemm_half needs the sm_90a wgmma kernels; {be.device_name} cannot run them"
+        )
     if precision not in PRECISIONS:
         raise ValueError(f"gemm_half multiplies {' or '.join(PRECISIONS)}, not {precision}")
     for what, arr, rows, ld in (("A", a, m, lda), ("B", b, n, ldb)):
-        if arr.dtype != np.float16 or ld % _ROW_ALIGN or ld < k or arr.size < (rows - 1) * ld + k \
-                or arr.ptr % 16:
-            raise ValueError(f"gemm_half {what}: want a 16-byte aligned float16 array of {rows} rows "
-                             f"of {k}, {ld} apart (a multiple of {_ROW_ALIGN})")
+        if (
+            arr.dtype != np.float16
+            or ld % _ROW_ALIGN
+            or ld < k
+            or arr.size < (rows - 1) * ld + k
+            or arr.ptr % 16
+        ):
+            raise ValueError(
+                f"gemm_half {what}: want a 16-byte aligned float16 array of {rows} rows "
+                f"of {k}, {ld} apart (a multiple of {_ROW_ALIGN})"
+            )
     if c.size < (m - 1) * ldc + n:
         raise ValueError(f"gemm_half C: {c.size} elements for {m} x {n} rows {ldc} apart")
     if m <= 0 or n <= 0 or k <= 0:

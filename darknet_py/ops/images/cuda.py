@@ -1,6 +1,7 @@
 """The CUDA backend's image input: photos uploaded as their uint8 bytes (a quarter of the
 float input's) on the copy stream, then converted, letterboxed or resized and normalised
 into the network input by preprocess.cu. A mixin of CudaBackend."""
+
 import numpy as np
 import pycuda.driver as drv
 
@@ -13,7 +14,7 @@ KERNELS = {
     },
 }
 
-GEOMETRY_WORDS = 10   # G_WORDS of preprocess.cu (enum Geometry)
+GEOMETRY_WORDS = 10  # G_WORDS of preprocess.cu (enum Geometry)
 # Page-locked host slots the geometry is copied from, used in turn: a copy from pageable
 # memory may wait for the stream to drain (the host could not queue the next part's
 # work ahead), one from a slot is a DMA. A slot is reused once its last copy has run;
@@ -31,9 +32,18 @@ def image_geometry(shapes, offsets, width, height, letter):
         new_w, new_h = sized_shape(iw, ih, width, height, letter)
         scale_x = np.float32((iw - 1) / (new_w - 1)) if new_w > 1 else np.float32(0)
         scale_y = np.float32((ih - 1) / (new_h - 1)) if new_h > 1 else np.float32(0)
-        row[:] = (int(offset) & 0xFFFFFFFF, int(offset) >> 32, ih, iw, new_h, new_w,
-                  (height - new_h) // 2, (width - new_w) // 2,
-                  scale_y.view(np.uint32), scale_x.view(np.uint32))
+        row[:] = (
+            int(offset) & 0xFFFFFFFF,
+            int(offset) >> 32,
+            ih,
+            iw,
+            new_h,
+            new_w,
+            (height - new_h) // 2,
+            (width - new_w) // 2,
+            scale_y.view(np.uint32),
+            scale_x.view(np.uint32),
+        )
     return words.astype(np.uint32).view(np.int32).reshape(-1)
 
 
@@ -62,14 +72,21 @@ class CudaImages:
         if not shapes:
             return
         words = image_geometry(shapes, offsets, width, height, letter)
-        geometry = self._scratch_buffer("image_geometry", words.nbytes)   # stream-ordered
+        geometry = self._scratch_buffer("image_geometry", words.nbytes)  # stream-ordered
         if words.size <= GEOMETRY_SLOT_WORDS:
             self._geometry_copy(geometry, words)
         else:
             self._htod(geometry, words)
-        self._launch("letterbox_u8_kernel", (_ceil_div(height * width, _BLOCK), len(shapes)),
-                     (_BLOCK,), self._ptr(src), self._ptr(geometry), int(height), int(width),
-                     self._ptr(out))
+        self._launch(
+            "letterbox_u8_kernel",
+            (_ceil_div(height * width, _BLOCK), len(shapes)),
+            (_BLOCK,),
+            self._ptr(src),
+            self._ptr(geometry),
+            int(height),
+            int(width),
+            self._ptr(out),
+        )
 
     def _geometry_copy(self, geometry, words):
         """Queue words -> geometry on the stream through the next page-locked slot."""
@@ -79,7 +96,7 @@ class CudaImages:
         if turn == len(slots):
             slots.append((drv.pagelocked_empty(GEOMETRY_SLOT_WORDS, np.int32), drv.Event()))
         host, copied = slots[turn]
-        copied.synchronize()   # its last copy (GEOMETRY_SLOTS calls ago) has run
-        host[:words.size] = words
-        drv.memcpy_htod_async(self._ptr(geometry), host[:words.size], self.stream)
+        copied.synchronize()  # its last copy (GEOMETRY_SLOTS calls ago) has run
+        host[: words.size] = words
+        drv.memcpy_htod_async(self._ptr(geometry), host[: words.size], self.stream)
         copied.record(self.stream)

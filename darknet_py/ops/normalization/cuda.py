@@ -10,12 +10,14 @@ picked by the ops' x_precision. Those twins also compute in fast forms (the divi
 reciprocal, fused multiply-adds, mish/swish/logistic from one __expf: activations.cuh's
 BatchnormChannel: a few ulp of fp32, far under a 16-bit x's rounding); an fp32 x keeps the
 exact steps, the C code's bits."""
+
 import functools
 
 import numpy as np
 import pycuda.driver as drv
 
-from ... import activations, precision as precisions
+from ... import activations
+from ... import precision as precisions
 from ...backends.cuda_core import _BLOCK, _MAX_GRID_Y, _ceil_div
 from .numpy import delta_sums_given, rebuild_storage
 
@@ -41,12 +43,18 @@ KERNELS = {
         "mean_variance_finalize_wide": "PPiiqPP",
         "round_copy_f16": "PPq",
         "round_copy_bf16": "PPq",
-        **{f"{kernel}{suffix}": signature
-           for kernel, signature in (("channel_sums", "PPPiiiiiPP"),
-                                     ("normalize_delta_kernel", "PPPPPiiifPPi"))
-           for suffix in ("_x_f16", "_x_bf16")},
-        **{f"batchnorm_activation_rows{suffix}": "PPPPPPiiifiiiiiPPP"
-           for suffix in ("_x_f16", "_x_bf16")},
+        **{
+            f"{kernel}{suffix}": signature
+            for kernel, signature in (
+                ("channel_sums", "PPPiiiiiPP"),
+                ("normalize_delta_kernel", "PPPPPiiifPPi"),
+            )
+            for suffix in ("_x_f16", "_x_bf16")
+        },
+        **{
+            f"batchnorm_activation_rows{suffix}": "PPPPPPiiifiiiiiPPP"
+            for suffix in ("_x_f16", "_x_bf16")
+        },
         **{f"normalize_delta_eights{suffix}": "PPPPPqiifPPi" for suffix in ("_x_f16", "_x_bf16")},
         **{f"channel_moments_rows{suffix}": "PiiiiiiPP" for suffix in ("_x_f16", "_x_bf16")},
     },
@@ -56,10 +64,14 @@ KERNELS = {
         "lrn_backward_kernel": "iPPfP",
     },
     "activations.cu": {
-        **{f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP"
-           for suffix in ("", "_x_f16", "_x_bf16")},
-        **{f"batchnorm_rebuild_kernel{suffix}": "PPPPPPiiifi"
-           for suffix in ("", "_x_f16", "_x_bf16", "_x_f16_out", "_x_bf16_out")},
+        **{
+            f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP"
+            for suffix in ("", "_x_f16", "_x_bf16")
+        },
+        **{
+            f"batchnorm_rebuild_kernel{suffix}": "PPPPPPiiifi"
+            for suffix in ("", "_x_f16", "_x_bf16", "_x_f16_out", "_x_bf16_out")
+        },
         **{f"batchnorm_rebuild_eights{suffix}": "PPPPPPqiifi" for suffix in ("_x_f16", "_x_bf16")},
     },
 }
@@ -116,10 +128,14 @@ _FINAL_MEAN, _FINAL_VARIANCE, _FINAL_ACCUMULATE, _FINAL_MEAN_DELTA, _FINAL_VARIA
 
 # How x is kept, per storage precision: the array's dtype and the suffix of the kernels
 # that read it.
-_X_STORAGE = {"fp32": (np.float32, ""), "fp16": (np.float16, "_x_f16"),
-              "bf16": (np.uint16, "_x_bf16")}
-_STORAGE_OF_DTYPE = {np.dtype(dtype): name for name, (dtype, _) in _X_STORAGE.items()
-                     if name != "fp32"}
+_X_STORAGE = {
+    "fp32": (np.float32, ""),
+    "fp16": (np.float16, "_x_f16"),
+    "bf16": (np.uint16, "_x_bf16"),
+}
+_STORAGE_OF_DTYPE = {
+    np.dtype(dtype): name for name, (dtype, _) in _X_STORAGE.items() if name != "fp32"
+}
 
 
 class CudaNorm:
@@ -129,17 +145,47 @@ class CudaNorm:
     def add_bias(self, output, biases, batch, n, size):
         self._check_size("add_bias output", output, batch * n * size)
         self._check_size("add_bias biases", biases, n)
-        self._launch_rows("add_bias", batch * n, size, self._ptr(output), self._ptr(biases),
-                          int(batch * n), int(n), int(size))
+        self._launch_rows(
+            "add_bias",
+            batch * n,
+            size,
+            self._ptr(output),
+            self._ptr(biases),
+            int(batch * n),
+            int(n),
+            int(size),
+        )
 
     def scale_bias(self, output, scales, batch, n, size):
         self._check_size("scale_bias output", output, batch * n * size)
         self._check_size("scale_bias scales", scales, n)
-        self._launch_rows("scale_bias", batch * n, size, self._ptr(output), self._ptr(scales),
-                          int(batch * n), int(n), int(size))
+        self._launch_rows(
+            "scale_bias",
+            batch * n,
+            size,
+            self._ptr(output),
+            self._ptr(scales),
+            int(batch * n),
+            int(n),
+            int(size),
+        )
 
-    def _channel_reduce(self, term, a, b, mean, batch, filters, spatial, final_op, out,
-                        variance=None, scales=None, sum_a=None, b_suffix=""):
+    def _channel_reduce(
+        self,
+        term,
+        a,
+        b,
+        mean,
+        batch,
+        filters,
+        spatial,
+        final_op,
+        out,
+        variance=None,
+        scales=None,
+        sum_a=None,
+        b_suffix="",
+    ):
         """out[f] <- final_op(sum over batch and space of term(a, b, mean) for channel f),
         the sum first multiplied by scales[f] when scales is given. sum_a = (final_op,
         out): the same for the sum of a alone, from the same pass over a. b_suffix: b is a
@@ -155,10 +201,32 @@ class CudaNorm:
                 self._check_size("channel reduction per-channel array", arr, filters)
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
         parts, partial, partial_a = self._channel_partials(batch, filters, spatial, sum_a)
-        self._launch("channel_sums" + b_suffix, (parts, filters), (_BLOCK,), self._ptr(a), ptr(b),
-                     ptr(mean), term, batch, filters, spatial, parts, partial, partial_a)
-        self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
-                               (final_op, out), sum_a, variance, scales)
+        self._launch(
+            "channel_sums" + b_suffix,
+            (parts, filters),
+            (_BLOCK,),
+            self._ptr(a),
+            ptr(b),
+            ptr(mean),
+            term,
+            batch,
+            filters,
+            spatial,
+            parts,
+            partial,
+            partial_a,
+        )
+        self._channel_finalize(
+            parts,
+            partial,
+            partial_a,
+            batch * spatial,
+            filters,
+            (final_op, out),
+            sum_a,
+            variance,
+            scales,
+        )
 
     def _channel_partials(self, batch, filters, spatial, two_sums):
         """(parts, partial, partial_a) for a channel reduction: how many blocks split each
@@ -188,8 +256,9 @@ class CudaNorm:
             blocks = device.get_attribute(attribute.MAX_BLOCKS_PER_MULTIPROCESSOR)
             warps = _BLOCK // 32
             per_sm = min(threads // _BLOCK, blocks)
-            family = {name + suffix for name in _CHANNEL_REDUCTIONS
-                      for _, suffix in _X_STORAGE.values()}
+            family = {
+                name + suffix for name in _CHANNEL_REDUCTIONS for _, suffix in _X_STORAGE.values()
+            }
             # By name (channel_moments_rows_* is not of it); each loaded as it is looked up.
             for name in sorted(family):
                 if name in self._fn:
@@ -199,8 +268,20 @@ class CudaNorm:
             capacity = self._channel_reduction_capacity = max(1, per_sm) * self.sm_count
         return capacity
 
-    def _channel_finalize(self, parts, partial, partial_a, count, filters, final, final_a,
-                          variance=None, scales=None, sum_outs=(None, None), rows=False):
+    def _channel_finalize(
+        self,
+        parts,
+        partial,
+        partial_a,
+        count,
+        filters,
+        final,
+        final_a,
+        variance=None,
+        scales=None,
+        sum_outs=(None, None),
+        rows=False,
+    ):
         """Each channel's partial sums added in a fixed order, then (final_op, out) applied
         (out None: nothing); final_a likewise for partial_a's, unless None. sum_outs: arrays
         that get each channel's plain sum (partial's, partial_a's), unless None. rows: the
@@ -209,9 +290,22 @@ class CudaNorm:
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
         name, grid = self._finalize_launch("channel_finalize", filters, parts if rows else 0)
         for (op, destination), sums, sum_out in ((final, partial, sum_outs[0]),) + (
-                ((final_a, partial_a, sum_outs[1]),) if final_a else ()):
-            self._launch(name, grid, (_BLOCK,), sums, parts, filters, op, count, ptr(variance),
-                         ptr(scales), ptr(destination), ptr(sum_out))
+            ((final_a, partial_a, sum_outs[1]),) if final_a else ()
+        ):
+            self._launch(
+                name,
+                grid,
+                (_BLOCK,),
+                sums,
+                parts,
+                filters,
+                op,
+                count,
+                ptr(variance),
+                ptr(scales),
+                ptr(destination),
+                ptr(sum_out),
+            )
 
     @staticmethod
     def _finalize_launch(kernel, filters, row_parts):
@@ -224,19 +318,29 @@ class CudaNorm:
 
     def backward_bias(self, bias_updates, delta, batch, n, size):
         """bias_updates += sum of delta over batch and space."""
-        self._channel_reduce(_TERM_A, delta, None, None, batch, n, size, _FINAL_ACCUMULATE,
-                             bias_updates)
+        self._channel_reduce(
+            _TERM_A, delta, None, None, batch, n, size, _FINAL_ACCUMULATE, bias_updates
+        )
 
     def backward_scale(self, x_norm, delta, batch, n, size, scale_updates):
-        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
-                             _FINAL_ACCUMULATE, scale_updates)
+        self._channel_reduce(
+            _TERM_A_TIMES_B, delta, x_norm, None, batch, n, size, _FINAL_ACCUMULATE, scale_updates
+        )
 
     def bias_scale_updates(self, delta, x_norm, batch, n, size, bias_updates, scale_updates):
         """backward_bias (unless bias_updates is None) and backward_scale in one pass."""
-        self._channel_reduce(_TERM_A_TIMES_B, delta, x_norm, None, batch, n, size,
-                             _FINAL_ACCUMULATE, scale_updates,
-                             sum_a=None if bias_updates is None else (_FINAL_ACCUMULATE,
-                                                                      bias_updates))
+        self._channel_reduce(
+            _TERM_A_TIMES_B,
+            delta,
+            x_norm,
+            None,
+            batch,
+            n,
+            size,
+            _FINAL_ACCUMULATE,
+            scale_updates,
+            sum_a=None if bias_updates is None else (_FINAL_ACCUMULATE, bias_updates),
+        )
 
     # ---- batch normalisation ------------------------------------------------
     def storage_zeros(self, n, precision):
@@ -264,8 +368,14 @@ class CudaNorm:
             return
         self._sizes_match("copy_rounded", src, dst)
         self._x_suffix(dst, stored)
-        self._launch(f"round_copy_{stored.replace('fp', 'f')}", self._grid1d(src.size),
-                     (_BLOCK,), self._ptr(src), self._ptr(dst), int(src.size))
+        self._launch(
+            f"round_copy_{stored.replace('fp', 'f')}",
+            self._grid1d(src.size),
+            (_BLOCK,),
+            self._ptr(src),
+            self._ptr(dst),
+            int(src.size),
+        )
 
     @staticmethod
     def _x_suffix(x, x_precision):
@@ -273,14 +383,31 @@ class CudaNorm:
         dtype is not storage_zeros'; x None: the suffix alone)."""
         dtype, suffix = _X_STORAGE[precisions.storage(x_precision)]
         if x is not None and x.dtype != dtype:
-            raise TypeError(f"x kept at {x_precision} is a {np.dtype(dtype).name} array, "
-                            f"got {x.dtype}")
+            raise TypeError(
+                f"x kept at {x_precision} is a {np.dtype(dtype).name} array, got {x.dtype}"
+            )
         return suffix
 
-    def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
-                                      filters, spatial, eps, activation, delta, bias_updates,
-                                      scale_updates, x_precision="fp32", delta_sum=None,
-                                      delta_x_norm_sum=None):
+    def batchnorm_activation_backward(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        biases,
+        output,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        delta,
+        bias_updates,
+        scale_updates,
+        x_precision="fp32",
+        delta_sum=None,
+        delta_x_norm_sum=None,
+    ):
         """NumpyBackend.batchnorm_activation_backward in one pass over x and delta (and the
         output, for gradients from it): batchnorm.cu's batchnorm_activation_sums,
         whose sums are bias_scale_updates' to the bit (and delta_sum's and
@@ -296,48 +423,91 @@ class CudaNorm:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
         act = self._activation_id(activation)
         total = batch * filters * spatial
-        if suffix:   # a 16-bit x: the output recomputed from it, never read
+        if suffix:  # a 16-bit x: the output recomputed from it, never read
             output = None
-        checked = (("x", x, total), ("output", output, total), ("delta", delta, total),
-                   ("mean", mean, filters), ("variance", variance, filters),
-                   ("scales", scales, filters), ("biases", biases, filters),
-                   ("scale_updates", scale_updates, filters), ("bias_updates", bias_updates,
-                                                               filters),
-                   ("delta_sum", delta_sum, filters), ("delta_x_norm_sum", delta_x_norm_sum,
-                                                       filters))
+        checked = (
+            ("x", x, total),
+            ("output", output, total),
+            ("delta", delta, total),
+            ("mean", mean, filters),
+            ("variance", variance, filters),
+            ("scales", scales, filters),
+            ("biases", biases, filters),
+            ("scale_updates", scale_updates, filters),
+            ("bias_updates", bias_updates, filters),
+            ("delta_sum", delta_sum, filters),
+            ("delta_x_norm_sum", delta_x_norm_sum, filters),
+        )
         optional = ("bias_updates", "delta_sum", "delta_x_norm_sum") + (
-            ("output",) if suffix else ())
+            ("output",) if suffix else ()
+        )
         for what, arr, need in checked:
             if arr is not None or what not in optional:
                 self._check_size(f"batchnorm_activation_backward {what}", arr, need)
         if filters <= 0 or batch * spatial <= 0:
             return
         two_sums = bias_updates is not None or sums
-        args = (self._ptr(x), 0 if output is None else self._ptr(output), self._ptr(mean),
-                self._ptr(variance), self._ptr(scales), self._ptr(biases), batch, filters, spatial,
-                -1.0 if eps is None else float(eps), act,
-                int(activation in activations.INPUT_GRADIENT))
-        if suffix:   # a 16-bit x: row by row (plain offsets), each row's pieces a part
+        args = (
+            self._ptr(x),
+            0 if output is None else self._ptr(output),
+            self._ptr(mean),
+            self._ptr(variance),
+            self._ptr(scales),
+            self._ptr(biases),
+            batch,
+            filters,
+            spatial,
+            -1.0 if eps is None else float(eps),
+            act,
+            int(activation in activations.INPUT_GRADIENT),
+        )
+        if suffix:  # a 16-bit x: row by row (plain offsets), each row's pieces a part
             threads, chunk, chunks, parts, grid = self._rows_plan(batch, filters, spatial)
             partial, partial_a = self._partial_buffers(filters, parts, two_sums)
-            self._launch("batchnorm_activation_rows" + suffix, grid, (_BLOCK,), *args,
-                         threads, chunk, chunks, self._ptr(delta), partial, partial_a)
+            self._launch(
+                "batchnorm_activation_rows" + suffix,
+                grid,
+                (_BLOCK,),
+                *args,
+                threads,
+                chunk,
+                chunks,
+                self._ptr(delta),
+                partial,
+                partial_a,
+            )
         else:
             parts, partial, partial_a = self._channel_partials(batch, filters, spatial, two_sums)
-            self._launch("batchnorm_activation_sums", (parts, filters), (_BLOCK,), *args, parts,
-                         self._ptr(delta), partial, partial_a)
-        self._channel_finalize(parts, partial, partial_a, batch * spatial, filters,
-                               (_FINAL_ACCUMULATE, scale_updates),
-                               (_FINAL_ACCUMULATE, bias_updates) if two_sums else None,
-                               sum_outs=(delta_x_norm_sum, delta_sum), rows=bool(suffix))
+            self._launch(
+                "batchnorm_activation_sums",
+                (parts, filters),
+                (_BLOCK,),
+                *args,
+                parts,
+                self._ptr(delta),
+                partial,
+                partial_a,
+            )
+        self._channel_finalize(
+            parts,
+            partial,
+            partial_a,
+            batch * spatial,
+            filters,
+            (_FINAL_ACCUMULATE, scale_updates),
+            (_FINAL_ACCUMULATE, bias_updates) if two_sums else None,
+            sum_outs=(delta_x_norm_sum, delta_sum),
+            rows=bool(suffix),
+        )
 
     def mean(self, x, batch, filters, spatial, mean):
         self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
 
     def variance(self, x, mean, batch, filters, spatial, variance):
         self._check_size("variance mean", mean, filters)
-        self._channel_reduce(_TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial,
-                             _FINAL_VARIANCE, variance)
+        self._channel_reduce(
+            _TERM_A_MINUS_MEAN_SQ, x, None, mean, batch, filters, spatial, _FINAL_VARIANCE, variance
+        )
 
     @staticmethod
     def _rows_plan(batch, filters, spatial):
@@ -363,43 +533,112 @@ class CudaNorm:
         if suffix:
             threads, chunk, chunks, parts, grid = self._rows_plan(batch, filters, spatial)
             partial, partial_a = self._partial_buffers(filters, parts, True)
-            self._launch("channel_moments_rows" + suffix, grid, (_BLOCK,), self._ptr(x), batch,
-                         filters, spatial, threads, chunk, chunks, partial, partial_a)
-        else:   # fp32: channel by channel, Darknet's bits
+            self._launch(
+                "channel_moments_rows" + suffix,
+                grid,
+                (_BLOCK,),
+                self._ptr(x),
+                batch,
+                filters,
+                spatial,
+                threads,
+                chunk,
+                chunks,
+                partial,
+                partial_a,
+            )
+        else:  # fp32: channel by channel, Darknet's bits
             parts, partial, partial_a = self._channel_partials(batch, filters, spatial, True)
-            self._launch("channel_moments", (parts, filters), (_BLOCK,), self._ptr(x), batch,
-                         filters, spatial, parts, partial, partial_a)
-        name, grid = self._finalize_launch("mean_variance_finalize", filters,
-                                           parts if suffix else 0)
-        self._launch(name, grid, (_BLOCK,), partial, partial_a, parts, filters, batch * spatial,
-                     self._ptr(mean), self._ptr(variance))
+            self._launch(
+                "channel_moments",
+                (parts, filters),
+                (_BLOCK,),
+                self._ptr(x),
+                batch,
+                filters,
+                spatial,
+                parts,
+                partial,
+                partial_a,
+            )
+        name, grid = self._finalize_launch(
+            "mean_variance_finalize", filters, parts if suffix else 0
+        )
+        self._launch(
+            name,
+            grid,
+            (_BLOCK,),
+            partial,
+            partial_a,
+            parts,
+            filters,
+            batch * spatial,
+            self._ptr(mean),
+            self._ptr(variance),
+        )
 
     def normalize(self, x, mean, variance, batch, filters, spatial):
         self._check_size("normalize x", x, batch * filters * spatial)
         self._check_size("normalize mean", mean, filters)
         self._check_size("normalize variance", variance, filters)
-        self._launch_rows("normalize_kernel", batch * filters, spatial, self._ptr(x), self._ptr(mean),
-                          self._ptr(variance), int(batch * filters), int(filters), int(spatial))
+        self._launch_rows(
+            "normalize_kernel",
+            batch * filters,
+            spatial,
+            self._ptr(x),
+            self._ptr(mean),
+            self._ptr(variance),
+            int(batch * filters),
+            int(filters),
+            int(spatial),
+        )
 
     def normalize_sqrt_eps(self, x, mean, variance, batch, filters, spatial, eps):
         """x = (x - mean) / sqrt(variance + eps) per channel (the AlexeyAB fork's forward)."""
         self._check_size("normalize_sqrt_eps x", x, batch * filters * spatial)
         self._check_size("normalize_sqrt_eps mean", mean, filters)
         self._check_size("normalize_sqrt_eps variance", variance, filters)
-        self._launch_rows("normalize_sqrt_eps_kernel", batch * filters, spatial, self._ptr(x),
-                          self._ptr(mean), self._ptr(variance), int(batch * filters), int(filters),
-                          int(spatial), float(eps))
+        self._launch_rows(
+            "normalize_sqrt_eps_kernel",
+            batch * filters,
+            spatial,
+            self._ptr(x),
+            self._ptr(mean),
+            self._ptr(variance),
+            int(batch * filters),
+            int(filters),
+            int(spatial),
+            float(eps),
+        )
 
-    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
-                        activation, x_norm, keep=None, keep_precision="fp32"):
+    def batchnorm_apply(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        biases,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        x_norm,
+        keep=None,
+        keep_precision="fp32",
+    ):
         """NumpyBackend.batchnorm_apply in one pass (ops/elementwise/activations.cu), keep (unless
         None: storage_zeros(n, keep_precision)'s array) written as x is read. Under a
         keep_precision of fp16/bf16 the normalisation, scale, bias and activation take
         their fast forms (activations.cuh's BatchnormChannel; within ~1e-6 of the exact)."""
         total = batch * filters * spatial
         self._check_size("batchnorm_apply x", x, total)
-        for what, arr in (("mean", mean), ("variance", variance), ("scales", scales),
-                          ("biases", biases)):
+        for what, arr in (
+            ("mean", mean),
+            ("variance", variance),
+            ("scales", scales),
+            ("biases", biases),
+        ):
             self._check_size(f"batchnorm_apply {what}", arr, filters)
         for what, arr in (("x_norm", x_norm), ("keep", keep)):
             if arr is not None:
@@ -408,23 +647,57 @@ class CudaNorm:
         # fp16/bf16 takes the fast steps whether it keeps x (training) or not (activations.cuh).
         suffix = self._x_suffix(keep, keep_precision)
         ptr = lambda arr: 0 if arr is None else self._ptr(arr)  # noqa: E731 (0: null)
-        self._launch_rows("batchnorm_apply_kernel" + suffix, batch * filters, spatial,
-                          self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(scales),
-                          self._ptr(biases), int(batch * filters), int(filters), int(spatial),
-                          -1.0 if eps is None else float(eps), self._activation_id(activation),
-                          ptr(x_norm), ptr(keep), per_thread=_ROW_ELEMENTS)
+        self._launch_rows(
+            "batchnorm_apply_kernel" + suffix,
+            batch * filters,
+            spatial,
+            self._ptr(x),
+            self._ptr(mean),
+            self._ptr(variance),
+            self._ptr(scales),
+            self._ptr(biases),
+            int(batch * filters),
+            int(filters),
+            int(spatial),
+            -1.0 if eps is None else float(eps),
+            self._activation_id(activation),
+            ptr(x_norm),
+            ptr(keep),
+            per_thread=_ROW_ELEMENTS,
+        )
 
-    def batchnorm_rebuild(self, x, out, mean, variance, scales, biases, batch, filters,
-                          spatial, eps, activation, x_precision="fp32"):
+    def batchnorm_rebuild(
+        self,
+        x,
+        out,
+        mean,
+        variance,
+        scales,
+        biases,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        x_precision="fp32",
+    ):
         """NumpyBackend.batchnorm_rebuild in one pass (ops/elementwise/activations.cu), x kept at
         x_precision (storage_zeros' array, widened as it is read); out fp32 or x's 16-bit
         storage (the _out twins: the same fp32 value rounded once as it is stored)."""
-        out_suffix = "" if rebuild_storage(self.storage_of, x_precision, out) == \
-            precisions.DEFAULT else "_out"
+        out_suffix = (
+            ""
+            if rebuild_storage(self.storage_of, x_precision, out) == precisions.DEFAULT
+            else "_out"
+        )
         total = batch * filters * spatial
-        for what, arr, need in (("x", x, total), ("out", out, total), ("mean", mean, filters),
-                                ("variance", variance, filters), ("scales", scales, filters),
-                                ("biases", biases, filters)):
+        for what, arr, need in (
+            ("x", x, total),
+            ("out", out, total),
+            ("mean", mean, filters),
+            ("variance", variance, filters),
+            ("scales", scales, filters),
+            ("biases", biases, filters),
+        ):
             self._check_size(f"batchnorm_rebuild {what}", arr, need)
         x_suffix = self._x_suffix(x, x_precision)
         constants = (self._ptr(mean), self._ptr(variance), self._ptr(scales), self._ptr(biases))
@@ -432,107 +705,312 @@ class CudaNorm:
         if out_suffix and total % 8 == 0 and self._ptr(x) % 16 == 0 and self._ptr(out) % 16 == 0:
             # 16 bits in and out: eight elements a thread, 16-byte accesses (2-byte ones
             # ran at a quarter of the memory's rate)
-            self._launch("batchnorm_rebuild_eights" + x_suffix,
-                         (_ceil_div(total // 8, _BLOCK),), (_BLOCK,), self._ptr(x),
-                         self._ptr(out), *constants, int(total), int(filters), int(spatial),
-                         *tail)
+            self._launch(
+                "batchnorm_rebuild_eights" + x_suffix,
+                (_ceil_div(total // 8, _BLOCK),),
+                (_BLOCK,),
+                self._ptr(x),
+                self._ptr(out),
+                *constants,
+                int(total),
+                int(filters),
+                int(spatial),
+                *tail,
+            )
             return
-        self._launch_rows("batchnorm_rebuild_kernel" + x_suffix + out_suffix,
-                          batch * filters, spatial, self._ptr(x), self._ptr(out), *constants,
-                          int(batch * filters), int(filters), int(spatial), *tail,
-                          per_thread=_ROW_ELEMENTS)
+        self._launch_rows(
+            "batchnorm_rebuild_kernel" + x_suffix + out_suffix,
+            batch * filters,
+            spatial,
+            self._ptr(x),
+            self._ptr(out),
+            *constants,
+            int(batch * filters),
+            int(filters),
+            int(spatial),
+            *tail,
+            per_thread=_ROW_ELEMENTS,
+        )
 
     def mean_delta(self, delta, variance, batch, filters, spatial, mean_delta):
         self._check_size("mean_delta variance", variance, filters)
-        self._channel_reduce(_TERM_A, delta, None, None, batch, filters, spatial, _FINAL_MEAN_DELTA,
-                             mean_delta, variance=variance)
+        self._channel_reduce(
+            _TERM_A,
+            delta,
+            None,
+            None,
+            batch,
+            filters,
+            spatial,
+            _FINAL_MEAN_DELTA,
+            mean_delta,
+            variance=variance,
+        )
 
     def variance_delta(self, x, delta, mean, variance, batch, filters, spatial, variance_delta):
         self._check_size("variance_delta mean", mean, filters)
         self._check_size("variance_delta variance", variance, filters)
-        self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
-                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance)
+        self._channel_reduce(
+            _TERM_A_TIMES_B_MINUS_MEAN,
+            delta,
+            x,
+            mean,
+            batch,
+            filters,
+            spatial,
+            _FINAL_VARIANCE_DELTA,
+            variance_delta,
+            variance=variance,
+        )
 
-    def _normalize_delta(self, x, mean, variance, mean_delta, variance_delta, scales,
-                         batch, filters, spatial, delta, fork, x_suffix=""):
+    def _normalize_delta(
+        self,
+        x,
+        mean,
+        variance,
+        mean_delta,
+        variance_delta,
+        scales,
+        batch,
+        filters,
+        spatial,
+        delta,
+        fork,
+        x_suffix="",
+    ):
         total = batch * filters * spatial
-        for what, arr, need in (("x", x, total), ("delta", delta, total),
-                                ("mean", mean, filters), ("variance", variance, filters),
-                                ("mean_delta", mean_delta, filters), ("variance_delta", variance_delta, filters)):
+        for what, arr, need in (
+            ("x", x, total),
+            ("delta", delta, total),
+            ("mean", mean, filters),
+            ("variance", variance, filters),
+            ("mean_delta", mean_delta, filters),
+            ("variance_delta", variance_delta, filters),
+        ):
             self._check_size(f"normalize_delta {what}", arr, need)
         if x_suffix and total % 8 == 0 and self._ptr(x) % 16 == 0 and self._ptr(delta) % 16 == 0:
             # a 16-bit x: eight elements a thread, 16-byte accesses (7.1 -> 3.7 ms a
             # yolov4 fp16 pass)
-            self._launch("normalize_delta_eights" + x_suffix, (_ceil_div(total // 8, _BLOCK),),
-                         (_BLOCK,), self._ptr(x), self._ptr(mean), self._ptr(variance),
-                         self._ptr(mean_delta), self._ptr(variance_delta), int(total),
-                         int(filters), int(spatial), float(batch * spatial),
-                         0 if scales is None else self._ptr(scales), self._ptr(delta),
-                         int(bool(fork)))
+            self._launch(
+                "normalize_delta_eights" + x_suffix,
+                (_ceil_div(total // 8, _BLOCK),),
+                (_BLOCK,),
+                self._ptr(x),
+                self._ptr(mean),
+                self._ptr(variance),
+                self._ptr(mean_delta),
+                self._ptr(variance_delta),
+                int(total),
+                int(filters),
+                int(spatial),
+                float(batch * spatial),
+                0 if scales is None else self._ptr(scales),
+                self._ptr(delta),
+                int(bool(fork)),
+            )
             return
-        self._launch_rows("normalize_delta_kernel" + x_suffix, batch * filters, spatial,
-                          self._ptr(x), self._ptr(mean), self._ptr(variance), self._ptr(mean_delta),
-                          self._ptr(variance_delta), int(batch * filters), int(filters), int(spatial),
-                          float(batch * spatial), 0 if scales is None else self._ptr(scales),
-                          self._ptr(delta), int(bool(fork)), per_thread=_ROW_ELEMENTS)
+        self._launch_rows(
+            "normalize_delta_kernel" + x_suffix,
+            batch * filters,
+            spatial,
+            self._ptr(x),
+            self._ptr(mean),
+            self._ptr(variance),
+            self._ptr(mean_delta),
+            self._ptr(variance_delta),
+            int(batch * filters),
+            int(filters),
+            int(spatial),
+            float(batch * spatial),
+            0 if scales is None else self._ptr(scales),
+            self._ptr(delta),
+            int(bool(fork)),
+            per_thread=_ROW_ELEMENTS,
+        )
 
-    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
-                        batch, filters, spatial, delta, fork=False):
-        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, None,
-                              batch, filters, spatial, delta, fork)
+    def normalize_delta(
+        self,
+        x,
+        mean,
+        variance,
+        mean_delta,
+        variance_delta,
+        batch,
+        filters,
+        spatial,
+        delta,
+        fork=False,
+    ):
+        self._normalize_delta(
+            x,
+            mean,
+            variance,
+            mean_delta,
+            variance_delta,
+            None,
+            batch,
+            filters,
+            spatial,
+            delta,
+            fork,
+        )
 
-    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
-                        variance_delta, delta, fork=False, x_precision="fp32"):
+    def batchnorm_delta(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        batch,
+        filters,
+        spatial,
+        mean_delta,
+        variance_delta,
+        delta,
+        fork=False,
+        x_precision="fp32",
+    ):
         """NumpyBackend.batchnorm_delta in two passes over delta instead of five: one
         reduction gives both sums of the unscaled delta (each then times the channel's
         scale), and normalize_delta scales delta as it reads it. x_precision: as
         batchnorm_activation_backward's."""
         suffix = self._x_suffix(x, x_precision)
         self._check_size("batchnorm_delta mean", mean, filters)
-        self._channel_reduce(_TERM_A_TIMES_B_MINUS_MEAN, delta, x, mean, batch, filters, spatial,
-                             _FINAL_VARIANCE_DELTA, variance_delta, variance=variance,
-                             scales=scales, sum_a=(_FINAL_MEAN_DELTA, mean_delta),
-                             b_suffix=suffix)
-        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
-                              batch, filters, spatial, delta, fork, suffix)
+        self._channel_reduce(
+            _TERM_A_TIMES_B_MINUS_MEAN,
+            delta,
+            x,
+            mean,
+            batch,
+            filters,
+            spatial,
+            _FINAL_VARIANCE_DELTA,
+            variance_delta,
+            variance=variance,
+            scales=scales,
+            sum_a=(_FINAL_MEAN_DELTA, mean_delta),
+            b_suffix=suffix,
+        )
+        self._normalize_delta(
+            x,
+            mean,
+            variance,
+            mean_delta,
+            variance_delta,
+            scales,
+            batch,
+            filters,
+            spatial,
+            delta,
+            fork,
+            suffix,
+        )
 
-    def batchnorm_delta_from_sums(self, x, mean, variance, scales, batch, filters, spatial, eps,
-                                  delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
-                                  delta, fork=False, x_precision="fp32"):
+    def batchnorm_delta_from_sums(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        batch,
+        filters,
+        spatial,
+        eps,
+        delta_sum,
+        delta_x_norm_sum,
+        mean_delta,
+        variance_delta,
+        delta,
+        fork=False,
+        x_precision="fp32",
+    ):
         """NumpyBackend.batchnorm_delta_from_sums: batchnorm_delta_factors (a thread a
         channel), then normalize_delta scaling delta as it reads it; no pass over delta
         for the sums."""
         suffix = self._x_suffix(x, x_precision)
-        for what, arr in (("variance", variance), ("scales", scales), ("delta_sum", delta_sum),
-                          ("delta_x_norm_sum", delta_x_norm_sum), ("mean_delta", mean_delta),
-                          ("variance_delta", variance_delta)):
+        for what, arr in (
+            ("variance", variance),
+            ("scales", scales),
+            ("delta_sum", delta_sum),
+            ("delta_x_norm_sum", delta_x_norm_sum),
+            ("mean_delta", mean_delta),
+            ("variance_delta", variance_delta),
+        ):
             self._check_size(f"batchnorm_delta_from_sums {what}", arr, filters)
         if filters <= 0:
             return
-        self._launch("batchnorm_delta_factors", (_ceil_div(filters, _BLOCK),), (_BLOCK,),
-                     self._ptr(delta_sum), self._ptr(delta_x_norm_sum), self._ptr(variance),
-                     self._ptr(scales), int(filters), -1.0 if eps is None else float(eps),
-                     self._ptr(mean_delta), self._ptr(variance_delta))
-        self._normalize_delta(x, mean, variance, mean_delta, variance_delta, scales,
-                              batch, filters, spatial, delta, fork, suffix)
+        self._launch(
+            "batchnorm_delta_factors",
+            (_ceil_div(filters, _BLOCK),),
+            (_BLOCK,),
+            self._ptr(delta_sum),
+            self._ptr(delta_x_norm_sum),
+            self._ptr(variance),
+            self._ptr(scales),
+            int(filters),
+            -1.0 if eps is None else float(eps),
+            self._ptr(mean_delta),
+            self._ptr(variance_delta),
+        )
+        self._normalize_delta(
+            x,
+            mean,
+            variance,
+            mean_delta,
+            variance_delta,
+            scales,
+            batch,
+            filters,
+            spatial,
+            delta,
+            fork,
+            suffix,
+        )
 
     # ---- normalisations across channels ([l2norm], [lrn]) ----------------------------
     def l2normalize(self, x, batch, filters, spatial):
         self._check_size("l2normalize x", x, batch * filters * spatial)
-        self._launch("l2normalize_kernel", self._grid1d(batch * spatial), (_BLOCK,),
-                     self._ptr(x), int(batch), int(filters), int(spatial))
+        self._launch(
+            "l2normalize_kernel",
+            self._grid1d(batch * spatial),
+            (_BLOCK,),
+            self._ptr(x),
+            int(batch),
+            int(filters),
+            int(spatial),
+        )
 
     def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
         n = batch * c * spatial
         for what, arr in (("x", x), ("norms", norms), ("out", out)):
             self._check_size(f"lrn_forward {what}", arr, n)
-        self._launch("lrn_forward_kernel", self._grid1d(batch * spatial), (_BLOCK,),
-                     self._ptr(x), int(batch), int(c), int(spatial), int(size), float(alpha),
-                     float(beta), float(kappa), self._ptr(norms), self._ptr(out))
+        self._launch(
+            "lrn_forward_kernel",
+            self._grid1d(batch * spatial),
+            (_BLOCK,),
+            self._ptr(x),
+            int(batch),
+            int(c),
+            int(spatial),
+            int(size),
+            float(alpha),
+            float(beta),
+            float(kappa),
+            self._ptr(norms),
+            self._ptr(out),
+        )
 
     def lrn_backward(self, norms, delta, beta, delta_in):
         n = norms.size
         for what, arr in (("delta", delta), ("delta_in", delta_in)):
             self._check_size(f"lrn_backward {what}", arr, n)
-        self._launch("lrn_backward_kernel", self._grid1d(n), (_BLOCK,), n, self._ptr(norms),
-                     self._ptr(delta), float(beta), self._ptr(delta_in))
+        self._launch(
+            "lrn_backward_kernel",
+            self._grid1d(n),
+            (_BLOCK,),
+            n,
+            self._ptr(norms),
+            self._ptr(delta),
+            float(beta),
+            self._ptr(delta_in),
+        )

@@ -6,9 +6,11 @@ A BN layer's x kept at 16 bits under fp16/bf16 (precision.HALF_STORAGE) is emula
 float values rounded with precision.round_to (storage_zeros, copy_rounded); the ops that
 read x take its x_precision and do their usual math on those values, as the CUDA kernels
 do on the widened 16-bit values."""
+
 import numpy as np
 
-from ... import activations, precision as precisions
+from ... import activations
+from ... import precision as precisions
 
 
 def delta_sums_given(delta_sum, delta_x_norm_sum):
@@ -29,11 +31,10 @@ def one_storage(op, storage_of, allowed=None, **arrays):
     mixed = len(storages) > 1
     storage = precisions.DEFAULT if mixed or not storages else next(iter(storages))
     if not mixed and (allowed is None or storage in allowed):
-        return storage   # the common case: no message to build
+        return storage  # the common case: no message to build
     named = ", ".join(f"{name} kept at {stored}" for name, stored in kept.items())
     if mixed:
-        raise ValueError(f"{op}: {named}: a 16-bit array mixes only with arrays of its "
-                         f"own storage")
+        raise ValueError(f"{op}: {named}: a 16-bit array mixes only with arrays of its own storage")
     raise TypeError(f"{op}: {named}: takes {' or '.join(allowed)} arrays only")
 
 
@@ -42,6 +43,7 @@ class StoredArray(np.ndarray):
     a BN layer's x, a 16-bit layer output). The values are float32, already rounded; the
     ops that write into one round what they store (storage_of tells them), as the CUDA
     kernels' 16-bit stores do. Slices and reshapes keep the precision."""
+
     precision = precisions.DEFAULT
 
     def __array_finalize__(self, obj):
@@ -54,8 +56,10 @@ def rebuild_storage(storage_of, x_precision, out):
     kept = storage_of(out)
     x_storage = precisions.storage(x_precision)
     if kept != precisions.DEFAULT and kept != x_storage:
-        raise ValueError(f"batchnorm_rebuild: x kept at {x_storage}, out kept at {kept}: a "
-                         f"16-bit out takes x's own storage")
+        raise ValueError(
+            f"batchnorm_rebuild: x kept at {x_storage}, out kept at {kept}: a "
+            f"16-bit out takes x's own storage"
+        )
     return kept
 
 
@@ -77,9 +81,9 @@ class NumpyBatchnorm:
         deviations. x_precision: how x is kept (storage_zeros' array: the statistics of a
         16-bit x, as a convolution writes it); here its values are
         already the rounded ones, read as they are."""
-        precisions.storage(x_precision)   # a known precision, as on CUDA
+        precisions.storage(x_precision)  # a known precision, as on CUDA
         n = batch * spatial
-        v = x[:batch * filters * spatial].reshape(batch, filters, spatial).astype(np.float64)
+        v = x[: batch * filters * spatial].reshape(batch, filters, spatial).astype(np.float64)
         s, q = v.sum(axis=(0, 2)), (v * v).sum(axis=(0, 2))
         m = (s / n).astype(self.dtype).astype(np.float64)
         mean[:filters] = m
@@ -125,8 +129,21 @@ class NumpyBatchnorm:
         else:
             dst[...] = precisions.round_to(src, stored)
 
-    def batchnorm_rebuild(self, x, out, mean, variance, scales, biases, batch, filters,
-                          spatial, eps, activation, x_precision="fp32"):
+    def batchnorm_rebuild(
+        self,
+        x,
+        out,
+        mean,
+        variance,
+        scales,
+        biases,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        x_precision="fp32",
+    ):
         """out <- what batchnorm_apply made of x in training (keep=x, no x_norm), made again
         from the kept x alone (storage_zeros(n, x_precision)'s array; here its values are
         already the rounded ones): fp32 bit for bit; fp16/bf16 from x's 16 bits. out: fp32,
@@ -134,14 +151,28 @@ class NumpyBatchnorm:
         gets the same fp32 values rounded once."""
         stored = rebuild_storage(self.storage_of, x_precision, out)
         total = batch * filters * spatial
-        value = np.array(x[:total], dtype=self.dtype)   # plain floats: the fp32 arithmetic
-        self.batchnorm_apply(value, mean, variance, scales, biases, batch, filters, spatial,
-                             eps, activation, None)
-        out[:total] = value if stored == precisions.DEFAULT else precisions.round_to(value,
-                                                                                     stored)
+        value = np.array(x[:total], dtype=self.dtype)  # plain floats: the fp32 arithmetic
+        self.batchnorm_apply(
+            value, mean, variance, scales, biases, batch, filters, spatial, eps, activation, None
+        )
+        out[:total] = value if stored == precisions.DEFAULT else precisions.round_to(value, stored)
 
-    def batchnorm_apply(self, x, mean, variance, scales, biases, batch, filters, spatial, eps,
-                        activation, x_norm, keep=None, keep_precision="fp32"):
+    def batchnorm_apply(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        biases,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        x_norm,
+        keep=None,
+        keep_precision="fp32",
+    ):
         """Batch norm's forward after its statistics, in place on x: copy x into keep
         unless it is None, as copy_rounded(x, keep, keep_precision) would (keep:
         storage_zeros' array; the x a training layer keeps), normalize (eps None:
@@ -160,10 +191,26 @@ class NumpyBatchnorm:
         self.add_bias(x, biases, batch, filters, spatial)
         self.activate(x, activation)
 
-    def batchnorm_activation_backward(self, x, mean, variance, scales, biases, output, batch,
-                                      filters, spatial, eps, activation, delta, bias_updates,
-                                      scale_updates, x_precision="fp32", delta_sum=None,
-                                      delta_x_norm_sum=None):
+    def batchnorm_activation_backward(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        biases,
+        output,
+        batch,
+        filters,
+        spatial,
+        eps,
+        activation,
+        delta,
+        bias_updates,
+        scale_updates,
+        x_precision="fp32",
+        delta_sum=None,
+        delta_x_norm_sum=None,
+    ):
         """delta *= the activation's gradient, then bias_scale_updates, with x_norm and the
         activation's input recomputed from x as batchnorm_apply computed them (same bits):
         a BN layer's backward keeps x only. Gradient from the output, or from the input for
@@ -175,12 +222,12 @@ class NumpyBatchnorm:
         itself be kept at 16 bits (issue 26); an fp32 x reads output, Darknet's way. delta_sum and
         delta_x_norm_sum (both or neither): set to this pass's sums of delta and of
         delta * x_norm per channel (not accumulated; batchnorm_delta_from_sums reads them)."""
-        precisions.storage(x_precision)   # a known precision, as on CUDA
+        precisions.storage(x_precision)  # a known precision, as on CUDA
         sums = delta_sums_given(delta_sum, delta_x_norm_sum)
         if activation in activations.CHANNEL_ACTIVATIONS:
             raise ValueError(f"{activation} mixes channels: normalize_channels_gradient first")
         total = batch * filters * spatial
-        x_norm = np.array(x[:total], dtype=self.dtype)   # plain floats, not x's StoredArray
+        x_norm = np.array(x[:total], dtype=self.dtype)  # plain floats, not x's StoredArray
         if eps is None:
             self.normalize(x_norm, mean, variance, batch, filters, spatial)
         else:
@@ -191,7 +238,7 @@ class NumpyBatchnorm:
             self.add_bias(activation_input, biases, batch, filters, spatial)
             self.gradient_from_input(activation_input, activation, delta[:total])
         elif precisions.storage(x_precision) != precisions.DEFAULT:
-            if activation != "linear":   # the output batchnorm_rebuild makes of x, in fp32
+            if activation != "linear":  # the output batchnorm_rebuild makes of x, in fp32
                 rebuilt = x_norm.copy()
                 self.scale_bias(rebuilt, scales, batch, filters, spatial)
                 self.add_bias(rebuilt, biases, batch, filters, spatial)
@@ -200,14 +247,16 @@ class NumpyBatchnorm:
         else:
             self.gradient(output[:total], activation, delta[:total])
         if not sums:
-            self.bias_scale_updates(delta[:total], x_norm, batch, filters, spatial,
-                                    bias_updates, scale_updates)
+            self.bias_scale_updates(
+                delta[:total], x_norm, batch, filters, spatial, bias_updates, scale_updates
+            )
             return
         delta_sum[:filters] = 0
         delta_x_norm_sum[:filters] = 0
-        self.bias_scale_updates(delta[:total], x_norm, batch, filters, spatial, delta_sum,
-                                delta_x_norm_sum)
-        if bias_updates is not None:   # the same sums added: bias_scale_updates' bits
+        self.bias_scale_updates(
+            delta[:total], x_norm, batch, filters, spatial, delta_sum, delta_x_norm_sum
+        )
+        if bias_updates is not None:  # the same sums added: bias_scale_updates' bits
             bias_updates[:filters] += delta_sum[:filters]
         scale_updates[:filters] += delta_x_norm_sum[:filters]
 
@@ -220,8 +269,19 @@ class NumpyBatchnorm:
         s = (delta.reshape(batch, filters, spatial) * xc).sum(axis=(0, 2))
         variance_delta[:filters] = s * -0.5 * np.power(variance[:filters] + 1e-5, -1.5)
 
-    def normalize_delta(self, x, mean, variance, mean_delta, variance_delta,
-                        batch, filters, spatial, delta, fork=False):
+    def normalize_delta(
+        self,
+        x,
+        mean,
+        variance,
+        mean_delta,
+        variance_delta,
+        batch,
+        filters,
+        spatial,
+        delta,
+        fork=False,
+    ):
         """delta / sqrt(var + 1e-5) + the mean and variance terms; fork: the AlexeyAB fork's
         CPU divisor sqrt(var) + 1e-5 (its forward and other terms keep sqrt(var + 1e-5))."""
         shape = (1, filters, 1)
@@ -232,13 +292,30 @@ class NumpyBatchnorm:
             divisor = (np.sqrt(variance[:filters]) + self.dtype.type(1e-5)).reshape(shape)
         else:
             divisor = np.sqrt(variance[:filters] + 1e-5).reshape(shape)
-        d[...] = (d / divisor
-                  + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
-                  + mean_delta[:filters].reshape(shape) / n)
+        d[...] = (
+            d / divisor
+            + variance_delta[:filters].reshape(shape) * 2.0 * xc / n
+            + mean_delta[:filters].reshape(shape) / n
+        )
 
-    def batchnorm_delta_from_sums(self, x, mean, variance, scales, batch, filters, spatial, eps,
-                                  delta_sum, delta_x_norm_sum, mean_delta, variance_delta,
-                                  delta, fork=False, x_precision="fp32"):
+    def batchnorm_delta_from_sums(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        batch,
+        filters,
+        spatial,
+        eps,
+        delta_sum,
+        delta_x_norm_sum,
+        mean_delta,
+        variance_delta,
+        delta,
+        fork=False,
+        x_precision="fp32",
+    ):
         """batchnorm_delta without its pass over delta for the sums: mean_delta and
         variance_delta from the per-channel sums of delta (g, not yet scaled) and of
         g * x_norm that batchnorm_activation_backward left in delta_sum and
@@ -249,18 +326,36 @@ class NumpyBatchnorm:
         precisions.storage(x_precision)
         v = np.asarray(variance[:filters], np.float64) + 1e-5
         scale = np.asarray(scales[:filters], np.float64)
-        vf = variance[:filters]   # the forward's divisor, rounded as normalize rounded it
-        divisor = (np.sqrt(vf) + self.dtype.type(1e-6) if eps is None
-                   else np.sqrt(vf + self.dtype.type(eps))).astype(np.float64)
+        vf = variance[:filters]  # the forward's divisor, rounded as normalize rounded it
+        divisor = (
+            np.sqrt(vf) + self.dtype.type(1e-6)
+            if eps is None
+            else np.sqrt(vf + self.dtype.type(eps))
+        ).astype(np.float64)
         mean_delta[:filters] = delta_sum[:filters] * scale * (-1.0 / np.sqrt(v))
-        variance_delta[:filters] = (delta_x_norm_sum[:filters] * scale * divisor * -0.5
-                                    * np.power(v, -1.5))
+        variance_delta[:filters] = (
+            delta_x_norm_sum[:filters] * scale * divisor * -0.5 * np.power(v, -1.5)
+        )
         self.scale_bias(delta, scales, batch, filters, spatial)
-        self.normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
-                             spatial, delta, fork)
+        self.normalize_delta(
+            x, mean, variance, mean_delta, variance_delta, batch, filters, spatial, delta, fork
+        )
 
-    def batchnorm_delta(self, x, mean, variance, scales, batch, filters, spatial, mean_delta,
-                        variance_delta, delta, fork=False, x_precision="fp32"):
+    def batchnorm_delta(
+        self,
+        x,
+        mean,
+        variance,
+        scales,
+        batch,
+        filters,
+        spatial,
+        mean_delta,
+        variance_delta,
+        delta,
+        fork=False,
+        x_precision="fp32",
+    ):
         """Batch norm's backward from its scaled output to its input, in place on delta:
         delta *= scales, then mean_delta, variance_delta and normalize_delta (fork: see
         normalize_delta). x_precision: as batchnorm_activation_backward's."""
@@ -268,5 +363,6 @@ class NumpyBatchnorm:
         self.scale_bias(delta, scales, batch, filters, spatial)
         self.mean_delta(delta, variance, batch, filters, spatial, mean_delta)
         self.variance_delta(x, delta, mean, variance, batch, filters, spatial, variance_delta)
-        self.normalize_delta(x, mean, variance, mean_delta, variance_delta, batch, filters,
-                             spatial, delta, fork)
+        self.normalize_delta(
+            x, mean, variance, mean_delta, variance_delta, batch, filters, spatial, delta, fork
+        )

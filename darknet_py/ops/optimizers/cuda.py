@@ -7,8 +7,11 @@ update rules grow apart from the layers' kernels; CudaBackend loads KERNELS with
 KERNELS = {
     "optimizer.cu": {
         "adam_update_kernel": "iPPPPPffff",
-        **{f"{kernel}_{suffix}": "PPqf" for kernel in ("round_scaled", "widen_scaled")
-           for suffix in ("f16", "bf16")},
+        **{
+            f"{kernel}_{suffix}": "PPqf"
+            for kernel in ("round_scaled", "widen_scaled")
+            for suffix in ("f16", "bf16")
+        },
     },
 }
 _BLOCK = 256
@@ -21,15 +24,29 @@ class CudaOptimizerOps:
         for what, other in (("d", d), ("m", m), ("v", v)):
             self._sizes_match(f"adam_update {what}", w, other)
         self._check_size("adam_update step", step, 2)
-        self._launch("adam_update_kernel", self._grid1d(w.size, _BLOCK), (_BLOCK,), w.size,
-                     self._ptr(w), self._ptr(d), self._ptr(m), self._ptr(v), self._ptr(step),
-                     float(b1), float(b2), float(eps), float(decay))
+        self._launch(
+            "adam_update_kernel",
+            self._grid1d(w.size, _BLOCK),
+            (_BLOCK,),
+            w.size,
+            self._ptr(w),
+            self._ptr(d),
+            self._ptr(m),
+            self._ptr(v),
+            self._ptr(step),
+            float(b1),
+            float(b2),
+            float(eps),
+            float(decay),
+        )
 
     def _exchange_suffix(self, op, half, src, dst):
         suffix = _SUFFIX.get(self.storage_of(half))
         if suffix is None:
-            raise TypeError(f"{op}: takes a 16-bit array (storage_zeros), got one kept at "
-                            f"{self.storage_of(half)}")
+            raise TypeError(
+                f"{op}: takes a 16-bit array (storage_zeros), got one kept at "
+                f"{self.storage_of(half)}"
+            )
         self._sizes_match(op, src, dst)
         return suffix
 
@@ -37,12 +54,26 @@ class CudaOptimizerOps:
         """NumpyOptimizerOps.round_scaled: dst (16 bits) <- src * scale, rounded once."""
         suffix = self._exchange_suffix("round_scaled", dst, src, dst)
         if src.size:
-            self._launch(f"round_scaled_{suffix}", self._grid1d(src.size, _BLOCK), (_BLOCK,),
-                         self._ptr(src), self._ptr(dst), int(src.size), float(scale))
+            self._launch(
+                f"round_scaled_{suffix}",
+                self._grid1d(src.size, _BLOCK),
+                (_BLOCK,),
+                self._ptr(src),
+                self._ptr(dst),
+                int(src.size),
+                float(scale),
+            )
 
     def widen_scaled(self, src, dst, scale):
         """NumpyOptimizerOps.widen_scaled: dst (fp32) <- src (16 bits) widened * scale."""
         suffix = self._exchange_suffix("widen_scaled", src, src, dst)
         if src.size:
-            self._launch(f"widen_scaled_{suffix}", self._grid1d(src.size, _BLOCK), (_BLOCK,),
-                         self._ptr(src), self._ptr(dst), int(src.size), float(scale))
+            self._launch(
+                f"widen_scaled_{suffix}",
+                self._grid1d(src.size, _BLOCK),
+                (_BLOCK,),
+                self._ptr(src),
+                self._ptr(dst),
+                int(src.size),
+                float(scale),
+            )

@@ -1,6 +1,7 @@
 """The NumPy reference of the optimizer ops (mixed into NumpyBackend): Adam's update as
 both Darknets' GPU builds run it (adam_update_gpu in src/blas_kernels.cu; see adam.py), and
 the 16-bit gradient exchange's packing (distributed/buckets.py)."""
+
 import numpy as np
 
 from ... import precision as precisions
@@ -36,8 +37,9 @@ class NumpyOptimizerOps:
         16-bit exchange."""
         stored = self.storage_of(dst)
         if stored == precisions.DEFAULT:
-            raise TypeError(f"round_scaled: dst kept at {stored}: takes a 16-bit array "
-                            f"(storage_zeros)")
+            raise TypeError(
+                f"round_scaled: dst kept at {stored}: takes a 16-bit array (storage_zeros)"
+            )
         if src.size != dst.size:
             raise ValueError(f"round_scaled: src has {src.size} values, dst {dst.size}")
         with np.errstate(over="ignore", invalid="ignore"):
@@ -47,8 +49,10 @@ class NumpyOptimizerOps:
         """dst (fp32) <- the values of src (a 16-bit array, widened exactly) * scale: a
         summed 16-bit bucket back into its gradients."""
         if self.storage_of(src) == precisions.DEFAULT:
-            raise TypeError(f"widen_scaled: src kept at {self.storage_of(src)}: takes a "
-                            f"16-bit array (storage_zeros)")
+            raise TypeError(
+                f"widen_scaled: src kept at {self.storage_of(src)}: takes a "
+                f"16-bit array (storage_zeros)"
+            )
         if src.size != dst.size:
             raise ValueError(f"widen_scaled: src has {src.size} values, dst {dst.size}")
         with np.errstate(over="ignore", invalid="ignore"):
