@@ -224,7 +224,8 @@ def format_report(r):
     """The benchmark as text lines."""
     lines = [
         f"{r['cfg']}: batch {r['batch']}, {r['device']}, {r.get('precision', 'fp32')}, "
-        f"{r['bflops']:.3f} BFLOPs per image; medians of {r['repeats']} runs after {r['warmup']} warm-up",
+        f"{r['bflops']:.3f} BFLOPs per image; "
+        f"medians of {r['repeats']} runs after {r['warmup']} warm-up",
         f"forward:       {r['forward_ms']:10.2f} ms  {r['forward_images_per_s']:9.1f} images/s",
     ]
     if "gpu_forward_ms" in r:  # not with ONNX Runtime, which reads host arrays itself

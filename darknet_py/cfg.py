@@ -256,8 +256,8 @@ def parse_cfg_text(text, path="<cfg>"):
             raise CfgError(f"malformed line '{raw.strip()}' (empty key)", path, lineno)
         if current is None:
             raise CfgError("option before the first [section]", path, lineno, key)
-        if key in current.options:
-            warnings.warn(
+        if key in current.options:  # the message names the file and line itself
+            warnings.warn(  # noqa: B028
                 CfgWarning(
                     f"{path}:{lineno}: {key}: repeated; this value replaces "
                     f"line {current.options[key].line}"

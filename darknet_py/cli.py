@@ -7,8 +7,9 @@ and prints their warnings (errors.USER_WARNINGS) one line each. Any other except
 bug in darknet-py and keeps its traceback.
 
 Commands that run a network take the shared options from `device_options` and
-`names_options` (cli_options.py, with the other shared pieces); new commands (training: train, valid, anchors) go in the marked
-section near the end and get the same error handling by being added to `cli`.
+`names_options` (cli_options.py, with the other shared pieces); new commands (training:
+train, valid, anchors) go in the marked section near the end and get the same error
+handling by being added to `cli`.
 """
 
 import errno
@@ -158,7 +159,7 @@ def classify_command(cfg, weights, images, top, names, data, device, engine, dar
         predictions = net.classify(path, top=top)
         seconds = time.perf_counter() - start
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
-        for class_id, prob, name in predictions:
+        for class_id, prob, _ in predictions:
             click.echo(f"{100 * prob:5.2f}%: {class_name(names, class_id)}")
 
     if run_on_images(paths, classify_one):

@@ -152,7 +152,8 @@ def labels_overview_picture(per_class, names, boxes):
         (("box centres", (1, 2), ("x", "y")), ("box sizes", (3, 4), ("width", "height")))
     ):
         x0 = 530 + k * 430
-        axes = Axes(img, (x0, 50, x0 + 330, 380), title=title, xlabel=labels[0], ylabel=labels[1])
+        # the frame, ticks and labels drawn on img; the density below fills it
+        Axes(img, (x0, 50, x0 + 330, 380), title=title, xlabel=labels[0], ylabel=labels[1])
         density = np.zeros((331, 331), np.float32)
         if len(boxes):
             xs = np.clip(boxes[:, cols[0]], 0, 1) * 330

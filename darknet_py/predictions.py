@@ -254,7 +254,8 @@ def output_layer(net):
 def classify(net, image, top=5):
     """Classify one image as Darknet's `classifier predict` does: letterbox to the network
     size, batch 1, and the top-k outputs of the last non-cost layer (ties keep the lower
-    index first, as Darknet's top_k); with a class tree, of the leaves' P(class). Returns [(class_id, prob, name or None), ...]."""
+    index first, as Darknet's top_k); with a class tree, of the leaves' P(class). Returns
+    [(class_id, prob, name or None), ...]."""
     channels, neth, netw = net.input_shape
     img = as_image(image, channels)
     sized = letterbox(img, netw, neth)

@@ -22,7 +22,7 @@ def reference_place_in_arrays(intervals, floats):
     users' intervals it meets (every interval of every array scanned)."""
     buffer_of, buffer_floats, users = {}, [], []
     for i in sorted(intervals, key=lambda i: (-floats[i], i)):
-        for number, taken in enumerate(users):
+        for number, taken in enumerate(users):  # noqa: B007 (number is read after a break)
             if all(high < a or b < low for low, high in intervals[i] for a, b in taken):
                 break
         else:
@@ -38,7 +38,7 @@ def random_intervals(rng, count, span, two, sizes):
     """count layers' intervals in [0, span): one each, or with `two` a second one (apart
     from, touching or overlapping the first), sizes drawn from `sizes`."""
     intervals = {}
-    for i in range(count):
+    for _i in range(count):
         low = int(rng.integers(0, span))
         own = [(low, low + int(rng.integers(0, span // 4 + 1)))]
         if two and rng.random() < 0.7:

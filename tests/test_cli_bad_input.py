@@ -1,6 +1,6 @@
 """Bad input, one table: every case must give exit code 2, one error line (ours, or click's
-for an option value) with the words listed, no traceback, and leave every file in its folder as it was (no
-output written, nothing replaced, nothing deleted)."""
+for an option value) with the words listed, no traceback, and leave every file in its
+folder as it was (no output written, nothing replaced, nothing deleted)."""
 
 import hashlib
 import os

@@ -358,7 +358,7 @@ def test_every_rank_skips_the_step_whose_gradients_overflow_on_one_rank():
     ranks = train_ranks(3, iterations=4, bucket_bytes=600, make=make, before_iteration=poison)
     assert [net.loss_scaler.skipped for net, _ in ranks] == [1, 1, 1]
     assert len({net.loss_scaler.scale for net, _ in ranks}) == 1
-    for net, p in ranks:
+    for _net, p in ranks:
         assert all(np.isfinite(a).all() for _, a in p)
         assert_same_params(p, ranks[0][1])
 

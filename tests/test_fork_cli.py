@@ -37,7 +37,7 @@ def printed_detections(out):
     return [line for line in out.splitlines() if re.match(r"^\w[\w ]*: \d+%", line)]
 
 
-# ---- -thresh: .25 in the fork's flavour, .5 in pjreddie's --------------------------------------
+# ---- -thresh: .25 in the fork's flavour, .5 in pjreddie's ----------------------------------------
 @needs_weights
 def test_thresh_default_is_the_flavours(tmp_path):
     common = [
@@ -85,7 +85,7 @@ def test_default_thresh_follows_the_flavour():
     assert predictions.default_thresh(Net()) == 0.5
 
 
-# ---- -letter_box ----------------------------------------------------------------------------------
+# ---- -letter_box ---------------------------------------------------------------------------------
 @needs_weights
 def test_letter_box_letterboxes_a_fork_flavour_detector(tmp_path, coco_data):
     """detector test -letter_box: the boxes differ from the plain resize's and are the
@@ -121,7 +121,10 @@ def test_letter_box_letterboxes_a_fork_flavour_detector(tmp_path, coco_data):
     boxed, letter_objects = run("-letter_box", out="letter.json")
     _, plain_objects = run(out="plain.json")
     assert "-letter_box" not in boxed.err  # mapped, not dropped
-    coords = lambda objects: sorted(tuple(o["relative_coordinates"].values()) for o in objects)
+
+    def coords(objects):
+        return sorted(tuple(o["relative_coordinates"].values()) for o in objects)
+
     assert coords(letter_objects) != coords(plain_objects)
 
     net = load_network(
@@ -207,7 +210,7 @@ def test_letterboxes_decides_per_flavour_and_flag():
     assert predictions.letterboxes(Net())
 
 
-# ---- -i / -gpus without a GPU ---------------------------------------------------------------------
+# ---- -i / -gpus without a GPU --------------------------------------------------------------------
 def test_gpu_flags_without_a_gpu_run_on_the_cpu(monkeypatch):
     monkeypatch.setattr(darknet_forms, "gpu_present", lambda: False)
     out, note = translate("detector test d.data c.cfg w dog.jpg -i 0".split())
@@ -246,7 +249,7 @@ def test_detector_test_with_i_0_runs_without_a_gpu(monkeypatch, tmp_path, coco_d
     assert len(printed_detections(r.out)) == 5  # pjreddie's weights: .5
 
 
-# ---- the batch idiom: paths on stdin, -out result.json in the fork's layout -----------------------
+# ---- the batch idiom: paths on stdin, -out result.json in the fork's layout ----------------------
 def test_fork_json_text_is_the_forks_sprintf():
     car_truck = Detection(
         box=np.array([0.5, 0.25, 0.125, 0.0625], np.float32),
@@ -341,7 +344,7 @@ def test_batch_idiom_writes_the_forks_json(tmp_path, coco_data):
     assert lines[-1].startswith("bird: 76%\t(left_x: ")
 
 
-# ---- help and .onnx -------------------------------------------------------------------------------
+# ---- help and .onnx ------------------------------------------------------------------------------
 @pytest.mark.parametrize("head", ["detector", "classifier"])
 def test_form_help(head):
     r = run_in_process([head, "--help"])

@@ -35,7 +35,7 @@ def row(net, i):
     return f"{getattr(layer, 'short', layer.type):<6s}{layer.describe()}"
 
 
-# ---- [connected] --------------------------------------------------------------------------
+# ---- [connected] ---------------------------------------------------------------------------------
 def connected_reference(x, weights, biases, act):
     batch, inputs = x.shape
     outputs = biases.size
@@ -94,7 +94,7 @@ def test_connected_batch_normalize_forward():
     np.testing.assert_allclose(layer.rolling_variance, 0.99 * rolling[1] + 0.01 * var, rtol=1e-12)
 
 
-# ---- [dropout] ----------------------------------------------------------------------------
+# ---- [dropout] -----------------------------------------------------------------------------------
 def test_dropout_inference_copies_and_training_drops_with_a_fresh_mask_per_step():
     net = build("[dropout]\nprobability=0.3\n", 8, 8, 4)
     layer = net.layers[0]
@@ -118,7 +118,7 @@ def test_dropout_inference_copies_and_training_drops_with_a_fresh_mask_per_step(
     assert not np.array_equal(net.layer_output(0) == 0, first == 0)
 
 
-# ---- [cost] -----------------------------------------------------------------------------------
+# ---- [cost] --------------------------------------------------------------------------------------
 def cost_reference(kind, pred, truth):
     """Darknet's l2_cpu / l1_cpu / smooth_l1 (GPU sign) / masked, element by element."""
     error, delta = np.zeros_like(pred), np.zeros_like(pred)
@@ -166,7 +166,7 @@ def test_cost_smooth_uses_both_branches():
     np.testing.assert_allclose(delta, [0.5, -0.25, 1.0, -1.0])
 
 
-# ---- [shortcut] ---------------------------------------------------------------------------------
+# ---- [shortcut] ----------------------------------------------------------------------------------
 def shortcut_reference(batch, w1, h1, c1, add, w2, h2, c2, s1, s2, out):
     """A transcription of Darknet's shortcut_cpu (blas.c)."""
     stride, sample = max(1, w1 // w2), max(1, w2 // w1)
@@ -231,7 +231,7 @@ def test_shortcut_forward(case):
         assert untouched.any() and not untouched.all()
 
 
-# ---- [reorg] ------------------------------------------------------------------------------------
+# ---- [reorg] -------------------------------------------------------------------------------------
 def reorg_reference(x, w, h, c, batch, stride, forward):
     """A transcription of Darknet's reorg_cpu (blas.c)."""
     out = np.zeros_like(x)
@@ -316,7 +316,7 @@ def test_reorg_extra_appends_zeros():
     assert not out[:, 9:].any()
 
 
-# ---- [crop] -------------------------------------------------------------------------------------
+# ---- [crop] --------------------------------------------------------------------------------------
 def crop_reference(x, out_h, out_w, dh, dw, flip, scale, trans):
     """A transcription of Darknet's forward_crop_layer loop for given offsets."""
     batch, c, h, w = x.shape
@@ -356,7 +356,7 @@ def test_crop_training_draws_offsets_and_flips():
     assert len({s[2] for s in seen}) == 2 and len(seen) > 10
 
 
-# ---- [local] ------------------------------------------------------------------------------------
+# ---- [local] -------------------------------------------------------------------------------------
 def local_reference(x, weights, biases, filters, size, stride, pad, out_h, out_w, act):
     """Per output location its own filters: Darknet's im2col + per-location gemm, as loops."""
     batch, c, h, w = x.shape
@@ -413,7 +413,7 @@ def test_local_forward(options, size, out_size):
     np.testing.assert_allclose(net.predict(x), ref, rtol=1e-12, atol=1e-14)
 
 
-# ---- the layer table ------------------------------------------------------------------------------
+# ---- the layer table -----------------------------------------------------------------------------
 def test_rows_follow_darknets_printf_formats():
     body = """
 [reorg]
@@ -448,7 +448,7 @@ extra=2
     assert row(net, 6) == "cost                                             12"
 
 
-# ---- errors that name the key -------------------------------------------------------------------
+# ---- errors that name the key --------------------------------------------------------------------
 ERRORS = [
     ("[convolutional]\nfilters=3\nsize=1\n\n[route]\nlayers=-3\n", "layers", "out of range"),
     ("[convolutional]\nfilters=3\nsize=1\n\n[route]\nlayers=1\n", "layers", "out of range"),

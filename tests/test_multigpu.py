@@ -43,7 +43,7 @@ def test_nccl_sums_and_broadcasts_device_arrays():
     for p in ranks:
         p.join(30)
         assert p.exitcode == 0
-    for rank, summed, shared, total in got:
+    for _rank, summed, shared, total in got:
         np.testing.assert_array_equal(summed, np.arange(1000) * 3)
         np.testing.assert_array_equal(shared, np.full(7, 3.0))  # rank 0's
         assert total == 3

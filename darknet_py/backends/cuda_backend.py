@@ -2,8 +2,8 @@
 
 Arrays are 1-D float32 ``DeviceArray``s (int32 for maxpool indexes): a pointer
 into a pool allocation and a length. A flat slice ``a[i:j]`` is a view, and kernels
-get raw pointers, so views work everywhere. Every op is asynchronous on the backend's one stream except those
-that hand data to the host (to_host, sum, synchronize).
+get raw pointers, so views work everywhere. Every op is asynchronous on the backend's one
+stream except those that hand data to the host (to_host, sum, synchronize).
 
 The ops live in one mixin per family, each family's kernel table beside its launchers:
 cuda_core here (device, arrays, launches, sync, copies, graph capture), and in the

@@ -523,7 +523,8 @@ def fork_classifier_sample(hwc, truth, draw_image, aug, w, h, rng):
     (mosaic, cutmix-or-mosaic) other images, each augmented likewise, CUTMIX_OR_MOSAIC
     picking cutmix or mosaic per sample; then, with blur, a quarter of the samples
     blurred. Every truth row is smoothed first (label_smooth_eps), as the fork fills
-    its rows with fill_truth_smooth before mixing. `draw_image()` returns another random (image, truth) of the training list.
+    its rows with fill_truth_smooth before mixing. `draw_image()` returns another random
+    (image, truth) of the training list.
     The fork tosses its coin once per loader thread's share of a batch; here each sample
     tosses its own (as the detector's mosaic does), so that a sample depends on its own
     seed only."""

@@ -4,8 +4,9 @@ A batch is assembled in a slot of shared memory (multiprocessing.shared_memory):
 loader queues a batch's rows as a few jobs (about one per worker), a worker decodes and
 augments each image of its job and writes it and its truth row straight into the slot,
 and next_batch() returns arrays that are views of the slot, so batches are neither
-pickled nor copied (a GPU training run page-locks the slots, and uploads from them). A slot is reused once every array
-handed out from it is garbage; the ring of slots grows while the caller keeps batches.
+pickled nor copied (a GPU training run page-locks the slots, and uploads from them). A slot
+is reused once every array handed out from it is garbage; the ring of slots grows while the
+caller keeps batches.
 
 Workers are started with forkserver (spawn where there is none), never fork: a parent
 that has initialised CUDA cannot fork safely. Each image's randomness comes from

@@ -395,7 +395,7 @@ def _wait(workers, signals):
             # Let the ranks that fail with it report in, then stop the rest with SIGKILL:
             # SIGTERM would make rank 0 save a backup, and the checkpoint must stay as
             # the last good iteration left it.
-            for sentinel, (rank, process, pipe) in list(running.items()):
+            for _, (rank, process, pipe) in list(running.items()):
                 process.join(REPORT_WAIT)
                 if process.is_alive():
                     process.kill()

@@ -98,7 +98,7 @@ def gaussian_loss(layer, output, truths, netw, neth):
     """The fork's forward_gaussian_yolo_layer training part on host arrays: output
     (batch * outputs) after activation, truths a list (per image) of truth rows.
     Returns (delta, cost, stats) with delta shaped like output; cost is Σ delta²."""
-    B, n, C, h, w = layer.batch, layer.n, layer.classes, layer.h, layer.w
+    B, n, h, w = layer.batch, layer.n, layer.h, layer.w
     out = (
         np.asarray(output, dtype=F32)
         .reshape(-1)[: B * layer.outputs]

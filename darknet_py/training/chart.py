@@ -96,7 +96,7 @@ def draw_chart(
         pts = [(px(i), py(v, 1.0)) for i, v in scores]
         if len(pts) > 1:
             cv2.polylines(img, [np.array(pts, dtype=np.int32)], False, (0, 0, 200), 2, cv2.LINE_AA)
-        for (i, v), p in zip(scores, pts):
+        for p in pts:
             cv2.circle(img, p, 4, (0, 0, 200), -1, cv2.LINE_AA)
         best = max(scores, key=lambda s: s[1])
         cv2.putText(

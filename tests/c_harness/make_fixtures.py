@@ -305,8 +305,8 @@ def make(name, exe, workdir):
     d = workdir / name
     d.mkdir()
     (d / "net.cfg").write_text(cfg)
-    seed = sum(map(ord, name))
-    for seed in range(seed, seed + 100):  # the first input without ties (see ties_at_zero)
+    first = sum(map(ord, name))
+    for seed in range(first, first + 100):  # the first input without ties (see ties_at_zero)
         arrays = run_harness(name, exe, d, cfg, seed)
         if not ties_at_zero(arrays, cfg):
             break
