@@ -333,66 +333,33 @@ def detect_command(
 ):
     from . import fork_json
     from .image import decode_image, from_bgr
-    from .predictions import (
-        default_thresh,
-        detect,
-        detection_classes,
-        detections_to_json,
-        detector_layers,
-        draw_detections,
-        ext_output_lines,
-        pixel_box,
-        yolo_txt,
-    )
+    from .predictions import default_thresh, detect, detections_to_json, detector_layers
     from .video import is_video
 
     refuse_onnx_model(cfg, weights, images, "detect")
 
     if camera is not None or any(is_video(image) for image in images):
-        if engine == "onnxruntime":
-            raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
-        from .video import detect_video_command
-
-        if json_format != "darknet-py":
-            raise UserError(
-                "--json-format alexeyab is for images; a video's --json is darknet-py's layout"
-            )
-        return detect_video_command(
+        return detect_video(
             cfg,
             weights,
             images,
             camera,
             out,
             json_file,
+            json_format,
             dict(thresh=thresh, nms=nms, hier=hier_thresh),
             names,
             device,
+            engine,
             overwrite,
             darknet,
         )
     if not images:
         raise UserError("give an IMAGE (or a video file, or --camera N)")
     paths = expand_images(images)
-    drawn = out is None or out.lower() != "none"
-    numbered = out is None or not drawn  # our default names: past an earlier run's
-
-    def run_outputs(run):  # per image: (drawing or None, YOLO .txt or None)
-        base = run_numbered("predictions.jpg", run) if numbered else out
-        return [
-            (p if drawn else None, os.path.splitext(p)[0] + ".txt" if save_txt else None)
-            for p in output_paths(base, paths)
-        ]
-
-    outputs = first_free_run(run_outputs, files_of) if numbered else run_outputs(1)
+    outputs = detection_outputs(paths, out, save_txt)
     claim_outputs(files_of(outputs) + ([json_file] if json_file else []), overwrite)
-    net = load_with_engine(
-        load_network, engine, device, cfg=cfg, weights=weights, batch=1, darknet=darknet
-    )
-    if not detector_layers(net):
-        raise UserError(
-            f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
-            f"classify with `{PROG} test`"
-        )
+    net = load_detector(cfg, weights, engine, device, darknet)
     classes = detector_layers(net)[-1].classes
     net.names = names = check_names(names, classes, weights, cfg)
     thresh = default_thresh(net) if thresh is None else thresh
@@ -410,28 +377,10 @@ def detect_command(
         # The same stable sort detect() makes without darknet_order.
         dets = in_nms_order if darknet_order else sorted(in_nms_order, key=lambda d: -d.prob)
         click.echo(f"{path}: Predicted in {seconds:f} seconds.")
-        if ext_output:
-            for line in ext_output_lines(in_nms_order, width, height, names, thresh):
-                click.echo(line)
-        else:
-            for det in dets:
-                left, top, right, bottom = pixel_box(det.box, width, height)
-                # Like Darknet's draw_detections: a line for every class above thresh.
-                for class_id, prob in detection_classes(det):
-                    if darknet_order:
-                        click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%")
-                    else:
-                        click.echo(
-                            f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
-                            f"left={left} top={top} width={right - left} "
-                            f"height={bottom - top}"
-                        )
-        if output is not None:
-            write_image(output, draw_detections(bgr, dets, names, classes=classes))
-            click.echo(f"{PROG}: wrote {output} (boxes drawn on {path})", err=True)
-        if txt is not None:
-            write_text_atomically(txt, yolo_txt(dets))
-            click.echo(f"{PROG}: wrote {txt} (detections in {path}, YOLO format)", err=True)
+        print_detections(
+            in_nms_order, dets, width, height, names, thresh, ext_output, darknet_order
+        )
+        write_image_outputs(path, output, txt, bgr, dets, names, classes)
         results.append(
             {
                 "image": path,
@@ -446,27 +395,143 @@ def detect_command(
 
     failed = run_on_images(paths, detect_one)
     if json_file is not None and json_format == "alexeyab":
-        write_text_atomically(json_file, fork_json.results_file(fork_entries))
-        click.echo(
-            f"{PROG}: wrote {json_file} (the fork's layout, {len(fork_entries)} image"
-            f"{'s' if len(fork_entries) != 1 else ''})",
-            err=True,
-        )
+        write_fork_json(json_file, fork_entries)
     elif json_file is not None:
-        with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
-            json.dump(
-                {"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms, "images": results},
-                json_out,
-                indent=1,
-            )
-            json_out.write("\n")
-        click.echo(
-            f"{PROG}: wrote {json_file} (detections of {len(results)} image"
-            f"{'s' if len(results) != 1 else ''})",
-            err=True,
-        )
+        write_detections_json(json_file, cfg, weights, thresh, nms, results)
     if failed:
         sys.exit(UserError.exit_code)
+
+
+def write_image_outputs(path, output, txt, bgr, dets, names, classes):
+    """One image's drawing with its boxes and its YOLO .txt, each where one is wanted."""
+    from .predictions import draw_detections, yolo_txt
+
+    if output is not None:
+        write_image(output, draw_detections(bgr, dets, names, classes=classes))
+        click.echo(f"{PROG}: wrote {output} (boxes drawn on {path})", err=True)
+    if txt is not None:
+        write_text_atomically(txt, yolo_txt(dets))
+        click.echo(f"{PROG}: wrote {txt} (detections in {path}, YOLO format)", err=True)
+
+
+def detect_video(
+    cfg,
+    weights,
+    images,
+    camera,
+    out,
+    json_file,
+    json_format,
+    thresholds,
+    names,
+    device,
+    engine,
+    overwrite,
+    darknet,
+):
+    """`detect` on a video file or a camera: Darknet's `detector demo`, without a window."""
+    if engine == "onnxruntime":
+        raise UserError("--engine onnxruntime serves images; videos run on --engine numpy")
+    from .video import detect_video_command
+
+    if json_format != "darknet-py":
+        raise UserError(
+            "--json-format alexeyab is for images; a video's --json is darknet-py's layout"
+        )
+    return detect_video_command(
+        cfg,
+        weights,
+        images,
+        camera,
+        out,
+        json_file,
+        thresholds,
+        names,
+        device,
+        overwrite,
+        darknet,
+    )
+
+
+def detection_outputs(paths, out, save_txt):
+    """Per image: (its drawing or None, its YOLO .txt or None). Our default names go past
+    an earlier run's files; a name the user gave is used as given."""
+    drawn = out is None or out.lower() != "none"
+    numbered = out is None or not drawn
+
+    def run_outputs(run):
+        base = run_numbered("predictions.jpg", run) if numbered else out
+        return [
+            (p if drawn else None, os.path.splitext(p)[0] + ".txt" if save_txt else None)
+            for p in output_paths(base, paths)
+        ]
+
+    return first_free_run(run_outputs, files_of) if numbered else run_outputs(1)
+
+
+def load_detector(cfg, weights, engine, device, darknet):
+    """The network for `detect`, refused unless it ends in a detection layer."""
+    from .predictions import detector_layers
+
+    net = load_with_engine(
+        load_network, engine, device, cfg=cfg, weights=weights, batch=1, darknet=darknet
+    )
+    if not detector_layers(net):
+        raise UserError(
+            f"{cfg}: the network has no [yolo], [region] or [detection] layer; "
+            f"classify with `{PROG} test`"
+        )
+    return net
+
+
+def print_detections(in_nms_order, dets, width, height, names, thresh, ext_output, darknet_order):
+    """One image's detections on stdout, in the layout the options chose."""
+    from .predictions import detection_classes, ext_output_lines, pixel_box
+
+    if ext_output:
+        for line in ext_output_lines(in_nms_order, width, height, names, thresh):
+            click.echo(line)
+        return
+    for det in dets:
+        left, top, right, bottom = pixel_box(det.box, width, height)
+        # Like Darknet's draw_detections: a line for every class above thresh.
+        for class_id, prob in detection_classes(det):
+            if darknet_order:
+                click.echo(f"{class_name(names, class_id)}: {100 * prob:.0f}%")
+            else:
+                click.echo(
+                    f"{class_name(names, class_id)}: {100 * prob:.0f}%  "
+                    f"left={left} top={top} width={right - left} "
+                    f"height={bottom - top}"
+                )
+
+
+def write_fork_json(json_file, fork_entries):
+    """--json-format alexeyab: the fork's `detector test -out` file."""
+    from . import fork_json
+
+    write_text_atomically(json_file, fork_json.results_file(fork_entries))
+    click.echo(
+        f"{PROG}: wrote {json_file} (the fork's layout, {len(fork_entries)} image"
+        f"{'s' if len(fork_entries) != 1 else ''})",
+        err=True,
+    )
+
+
+def write_detections_json(json_file, cfg, weights, thresh, nms, results):
+    """--json: every image's detections, in darknet-py's layout."""
+    with atomic_output(json_file) as tmp, open(tmp, "w", encoding="utf-8") as json_out:
+        json.dump(
+            {"cfg": cfg, "weights": weights, "thresh": thresh, "nms": nms, "images": results},
+            json_out,
+            indent=1,
+        )
+        json_out.write("\n")
+    click.echo(
+        f"{PROG}: wrote {json_file} (detections of {len(results)} image"
+        f"{'s' if len(results) != 1 else ''})",
+        err=True,
+    )
 
 
 def refuse_onnx_model(cfg, weights, images, command):

@@ -107,7 +107,7 @@ def _draw_predictions(net, paths, names, out_path):
         raise OSError(f"{out_path}: cannot write the image")
 
 
-def main(argv=None):
+def _parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m darknet_py.demo", description=__doc__.split("\n\n")[0]
     )
@@ -117,32 +117,22 @@ def main(argv=None):
         help="working directory, rebuilt on each run [default: demo-run]",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds data and training")
-    args = parser.parse_args(argv)
-    if argv is None:
-        _single_threaded_blas()
+    return parser.parse_args(argv)
 
+
+def _log(line):
+    print(f"   {line}", flush=True)
+
+
+def _build_datasets(out, seed):
+    """Step 1: the classification and detection sets, each with an empty backup folder."""
     from . import demo_data
-    from .backends import cuda_available
-    from .network import load_network
-    from .train import train
-    from .validate import validate
-
-    for cfg in (CLASSIFIER_CFG, DETECTOR_CFG):
-        if not os.path.isfile(cfg):
-            sys.exit(f"darknet-py demo: {cfg} not found (run the demo from a darknet-py checkout)")
-    started = time.perf_counter()
-    out = os.path.abspath(args.out)
-    device = "cuda" if cuda_available() else "cpu"
-    where = "a CUDA GPU" if device == "cuda" else "the CPU (NumPy)"
-    print(f"darknet-py demo: training on {where}; working directory {_relative(out)}/")
 
     _step("1/5 Building the datasets from the bundled UCI digits")
     t = time.perf_counter()
-    cls_data = demo_data.build_classification_set(
-        os.path.join(out, "classification"), seed=args.seed
-    )
+    cls_data = demo_data.build_classification_set(os.path.join(out, "classification"), seed=seed)
     det_data = demo_data.build_detection_set(
-        os.path.join(out, "detection"), seed=args.seed, **DETECTION_SET
+        os.path.join(out, "detection"), seed=seed, **DETECTION_SET
     )
     for path in (cls_data, det_data):
         _clean_backup(path)
@@ -152,18 +142,22 @@ def main(argv=None):
         f"{DETECTION_SET['canvas_size']}x{DETECTION_SET['canvas_size']} "
         f"({time.perf_counter() - t:.1f} s)"
     )
+    return cls_data, det_data
 
-    def log(line):
-        print(f"   {line}", flush=True)
+
+def _train_classifier(cls_data, seed, device):
+    """Steps 2 and 3: the classifier's training run and its validation."""
+    from .train import train
+    from .validate import validate
 
     _step("2/5 Training the classifier")
     _command(f"darknet-py train {_relative(CLASSIFIER_CFG)} {_relative(cls_data)}")
     cls = train(
         CLASSIFIER_CFG,
         cls_data,
-        seed=args.seed,
+        seed=seed,
         device=device,
-        log=log,
+        log=_log,
         log_every=50,
         overwrite=True,
     )
@@ -172,7 +166,15 @@ def main(argv=None):
         f"darknet-py valid {_relative(CLASSIFIER_CFG)} {_relative(cls_data)} "
         f"{_relative(cls.final_weights)}"
     )
-    top = validate(CLASSIFIER_CFG, cls_data, cls.final_weights, device=device, log=log)
+    top = validate(CLASSIFIER_CFG, cls_data, cls.final_weights, device=device, log=_log)
+    return cls, top
+
+
+def _train_detector(out, cls, det_data, seed, device):
+    """Step 4: the classifier's first layers cut into a backbone, the detector trained
+    from it."""
+    from .network import load_network
+    from .train import train
 
     _step("4/5 Training the detector from the classifier's first layers")
     backbone = os.path.join(out, f"digits-classifier.conv.{BACKBONE_LAYERS}")
@@ -187,19 +189,27 @@ def main(argv=None):
         f"darknet-py train {_relative(DETECTOR_CFG)} {_relative(det_data)} "
         f"--weights {_relative(backbone)} --map --map-every 300"
     )
-    det = train(
+    return train(
         DETECTOR_CFG,
         det_data,
         weights=backbone,
-        seed=args.seed,
+        seed=seed,
         device=device,
-        log=log,
+        log=_log,
         log_every=50,
         map_eval=True,
         map_every=300,
         verbose=False,
         overwrite=True,
     )
+
+
+def _validate_detector(out, det, det_data, device):
+    """Step 5: the detector's validation, and its detections on held-out canvases drawn
+    into predictions.png (returned with the validation's result)."""
+    from . import demo_data
+    from .network import load_network
+    from .validate import validate
 
     _step("5/5 Validating the detector and detecting on held-out canvases")
     results = os.path.join(out, "detection", "results")
@@ -212,7 +222,7 @@ def main(argv=None):
         det_data,
         det.final_weights,
         device=device,
-        log=log,
+        log=_log,
         results_dir=results,
         overwrite=True,
     )
@@ -228,7 +238,11 @@ def main(argv=None):
         f"{_relative(held_out[0])} --data {_relative(det_data)} --thresh {SHOW_THRESH}"
     )
     _draw_predictions(detector, held_out, names, predictions)
+    return found, predictions
 
+
+def _summary(started, cls, top, det, found, predictions):
+    """Print what both networks reached; the exit code: 1 when the classifier fell short."""
     minutes, seconds = divmod(round(time.perf_counter() - started, 1), 60)
     _step("Summary")
     print(
@@ -249,6 +263,29 @@ def main(argv=None):
         )
         return 1
     return 0
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    if argv is None:
+        _single_threaded_blas()
+
+    from .backends import cuda_available
+
+    for cfg in (CLASSIFIER_CFG, DETECTOR_CFG):
+        if not os.path.isfile(cfg):
+            sys.exit(f"darknet-py demo: {cfg} not found (run the demo from a darknet-py checkout)")
+    started = time.perf_counter()
+    out = os.path.abspath(args.out)
+    device = "cuda" if cuda_available() else "cpu"
+    where = "a CUDA GPU" if device == "cuda" else "the CPU (NumPy)"
+    print(f"darknet-py demo: training on {where}; working directory {_relative(out)}/")
+
+    cls_data, det_data = _build_datasets(out, args.seed)
+    cls, top = _train_classifier(cls_data, args.seed, device)
+    det = _train_detector(out, cls, det_data, args.seed, device)
+    found, predictions = _validate_detector(out, det, det_data, device)
+    return _summary(started, cls, top, det, found, predictions)
 
 
 if __name__ == "__main__":

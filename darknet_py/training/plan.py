@@ -88,28 +88,7 @@ def plan_training(
     ranks = Ranks(comm)
     layout = network_layout(cfg, weights, darknet)
     task = network_task(layout)
-    if task == "detector":  # before anything is written
-        classes = detector_layers(layout)[-1].classes
-        if ranks.writer:  # every label file read: once, not once per rank (its warnings
-            # are rank 0's to print; a refusal ends rank 0, which ends the others)
-            check_detector_dataset(
-                paths,
-                classes,
-                warn=lambda m: log(f"darknet-py: warning: {m}"),
-                darknet=layout.darknet,
-            )
-        check_detector_labels(paths, classes, layout.darknet)
-    if map_eval and ranks.writer:  # before iteration 1 (a bad valid set stopped runs at
-        # the first evaluation), on the rank that evaluates
-        check_valid_set(
-            valid_paths,
-            config.valid,
-            task,
-            labels=config.labels,
-            classes=(detector_layers(layout)[-1].classes if task == "detector" else None),
-            warn=lambda m: log(f"darknet-py: warning: {m}"),
-            darknet=layout.darknet,
-        )
+    _check_labels(paths, valid_paths, config, layout, task, ranks, map_eval, log)
     trace_start("labels checked")
     plan = TrainPlan(
         cfg=cfg,
@@ -166,6 +145,32 @@ def plan_training(
             plan.loader.close()
         raise
     return plan
+
+
+def _check_labels(paths, valid_paths, config, layout, task, ranks, map_eval, log):
+    """The training and (with --map) validation labels, checked before anything is written."""
+    if task == "detector":  # before anything is written
+        classes = detector_layers(layout)[-1].classes
+        if ranks.writer:  # every label file read: once, not once per rank (its warnings
+            # are rank 0's to print; a refusal ends rank 0, which ends the others)
+            check_detector_dataset(
+                paths,
+                classes,
+                warn=lambda m: log(f"darknet-py: warning: {m}"),
+                darknet=layout.darknet,
+            )
+        check_detector_labels(paths, classes, layout.darknet)
+    if map_eval and ranks.writer:  # before iteration 1 (a bad valid set stopped runs at
+        # the first evaluation), on the rank that evaluates
+        check_valid_set(
+            valid_paths,
+            config.valid,
+            task,
+            labels=config.labels,
+            classes=(detector_layers(layout)[-1].classes if task == "detector" else None),
+            warn=lambda m: log(f"darknet-py: warning: {m}"),
+            darknet=layout.darknet,
+        )
 
 
 def _data_settings(plan, layout, log):
