@@ -381,20 +381,8 @@ class CudaConv:
         (ValueError for 16 bits of another precision)."""
         part, _ = self._tc_name(packed.precision)
         half_in = self._input_storage("conv_forward im", im, packed.precision) != precisions.DEFAULT
-        half_out = precisions.storage(out_precision) != precisions.DEFAULT
-        if half_out and out_precision != packed.precision:
-            raise ValueError(
-                f"conv_forward at {packed.precision} writes fp32 or "
-                f"{packed.precision}, not {out_precision}"
-            )
-        self._x_suffix(out, out_precision)  # TypeError: out is not that storage
-        if activation not in precisions.EPILOGUE_ACTIVATIONS:
-            raise ValueError(
-                f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
-                f"not {activation}"
-            )
+        half_out = self._conv_forward_writes_half(packed, activation, out, out_precision)
         out_h, out_w = conv_out_size(height, width, ksize, stride, pad, dilation)
-        stride_y, stride_x = conv_strides(stride)
         batch, positions = int(batch), out_h * out_w
         im_stride = int(im_stride) or channels * height * width
         if packed.k != channels * ksize * ksize:
@@ -429,7 +417,72 @@ class CudaConv:
             half_out,
         ):
             return
-        n = batch * positions
+        self._conv_forward_implicit_gemm(
+            part,
+            packed,
+            im,
+            im_stride,
+            height,
+            width,
+            ksize,
+            stride,
+            pad,
+            dilation,
+            batch * positions,
+            out_h,
+            out_w,
+            biases,
+            activation,
+            out,
+            out_stride,
+            half_in,
+            half_out,
+        )
+
+    def _conv_forward_writes_half(self, packed, activation, out, out_precision):
+        """Whether conv_forward writes a 16-bit out (the `_h` entries), having checked that
+        out is kept at out_precision, fp32 or packed's own 16 bits, and that the epilogue
+        applies the activation (ValueError, TypeError)."""
+        half_out = precisions.storage(out_precision) != precisions.DEFAULT
+        if half_out and out_precision != packed.precision:
+            raise ValueError(
+                f"conv_forward at {packed.precision} writes fp32 or "
+                f"{packed.precision}, not {out_precision}"
+            )
+        self._x_suffix(out, out_precision)  # TypeError: out is not that storage
+        if activation not in precisions.EPILOGUE_ACTIVATIONS:
+            raise ValueError(
+                f"conv_forward applies {', '.join(precisions.EPILOGUE_ACTIVATIONS)}, "
+                f"not {activation}"
+            )
+        return half_out
+
+    def _conv_forward_implicit_gemm(
+        self,
+        part,
+        packed,
+        im,
+        im_stride,
+        height,
+        width,
+        ksize,
+        stride,
+        pad,
+        dilation,
+        n,
+        out_h,
+        out_w,
+        biases,
+        activation,
+        out,
+        out_stride,
+        half_in,
+        half_out,
+    ):
+        """conv_forward's checked arguments as one tensor-core implicit-GEMM launch
+        (conv_tc_*) over n = images * output positions, where the Hopper kernel did not
+        take them."""
+        stride_y, stride_x = conv_strides(stride)
         tile, _ = self.tc_plan(packed.rows, n, packed.k, split=False)
         bm, bn, threads = _TC_TILES[tile]
         # a 16-bit image: the _in16 entry, whose last argument picks the output's storage

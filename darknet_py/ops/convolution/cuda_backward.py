@@ -414,12 +414,14 @@ class CudaConvBackward:
             return
         common = (self._ptr(delta), delta_stride, out_h, out_w)
         if (sy, sx) == (1, 1):
-            if self._data_grad_as_forward(
+            self._data_grad_unit_stride(
                 precision,
+                part,
                 weights,
                 filters,
                 delta,
                 delta_stride,
+                common,
                 channels,
                 height,
                 width,
@@ -430,33 +432,117 @@ class CudaConvBackward:
                 dx,
                 dx_stride,
                 accumulate,
-            ):
-                return
-            k, n = filters * ksize * ksize, batch * height * width
-            packed, pitch = self._pack_transposed(
-                part, weights, filters, channels, ksize, (0, 1, ksize), (0, 1, ksize)
-            )
-            tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
-            self._launch(
-                f"conv_dgrad_{part}_{tile}",
-                (_ceil_div(n, bn), _ceil_div(channels, bm)),
-                (threads,),
-                self._ptr(packed),
-                pitch,
-                *common,
-                ksize,
-                pad,
-                dilation,
-                height,
-                width,
-                channels,
-                k,
-                n,
-                self._ptr(dx),
-                dx_stride,
-                int(bool(accumulate)),
             )
             return
+        self._data_grad_by_parity_class(
+            precision,
+            part,
+            weights,
+            filters,
+            common,
+            channels,
+            height,
+            width,
+            ksize,
+            sy,
+            sx,
+            pad,
+            dilation,
+            batch,
+            dx,
+            dx_stride,
+            accumulate,
+        )
+
+    def _data_grad_unit_stride(
+        self,
+        precision,
+        part,
+        weights,
+        filters,
+        delta,
+        delta_stride,
+        common,
+        channels,
+        height,
+        width,
+        ksize,
+        pad,
+        dilation,
+        batch,
+        dx,
+        dx_stride,
+        accumulate,
+    ):
+        """conv_data_grad at unit strides: the wgmma forward of the deltas where it takes
+        the product (_data_grad_as_forward), else one implicit-GEMM launch (conv_dgrad_*).
+        common: (delta pointer, delta_stride, out_h, out_w), the kernels' shared arguments."""
+        if self._data_grad_as_forward(
+            precision,
+            weights,
+            filters,
+            delta,
+            delta_stride,
+            channels,
+            height,
+            width,
+            ksize,
+            pad,
+            dilation,
+            batch,
+            dx,
+            dx_stride,
+            accumulate,
+        ):
+            return
+        k, n = filters * ksize * ksize, batch * height * width
+        packed, pitch = self._pack_transposed(
+            part, weights, filters, channels, ksize, (0, 1, ksize), (0, 1, ksize)
+        )
+        tile, bm, bn, threads = self._dgrad_tile(precision, channels, n)
+        self._launch(
+            f"conv_dgrad_{part}_{tile}",
+            (_ceil_div(n, bn), _ceil_div(channels, bm)),
+            (threads,),
+            self._ptr(packed),
+            pitch,
+            *common,
+            ksize,
+            pad,
+            dilation,
+            height,
+            width,
+            channels,
+            k,
+            n,
+            self._ptr(dx),
+            dx_stride,
+            int(bool(accumulate)),
+        )
+
+    def _data_grad_by_parity_class(
+        self,
+        precision,
+        part,
+        weights,
+        filters,
+        common,
+        channels,
+        height,
+        width,
+        ksize,
+        sy,
+        sx,
+        pad,
+        dilation,
+        batch,
+        dx,
+        dx_stride,
+        accumulate,
+    ):
+        """conv_data_grad at other strides: a launch (conv_dgrad_class_*) per parity class
+        of the input pixels that has pixels (and, when accumulating, taps), over only the
+        taps that reach the delta from it. common: as _data_grad_unit_stride's."""
         for py, *taps_y, cy0, dy, hc in _parity_classes(height, sy, pad, dilation, ksize):
             for px, *taps_x, cx0, dx_, wc in _parity_classes(width, sx, pad, dilation, ksize):
                 ny, nx, n = taps_y[2], taps_x[2], batch * hc * wc

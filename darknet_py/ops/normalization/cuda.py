@@ -461,6 +461,25 @@ class CudaNorm:
             act,
             int(activation in activations.INPUT_GRADIENT),
         )
+        parts, partial, partial_a = self._activation_sums_pass(
+            suffix, args, batch, filters, spatial, two_sums, delta
+        )
+        self._channel_finalize(
+            parts,
+            partial,
+            partial_a,
+            batch * spatial,
+            filters,
+            (_FINAL_ACCUMULATE, scale_updates),
+            (_FINAL_ACCUMULATE, bias_updates) if two_sums else None,
+            sum_outs=(delta_x_norm_sum, delta_sum),
+            rows=bool(suffix),
+        )
+
+    def _activation_sums_pass(self, suffix, args, batch, filters, spatial, two_sums, delta):
+        """batchnorm_activation_backward's one pass over x and delta (args: the leading
+        arguments both of its kernels take): row by row for a 16-bit x (suffix), else
+        channel by channel. (parts, partial, partial_a): where the partial sums lie."""
         if suffix:  # a 16-bit x: row by row (plain offsets), each row's pieces a part
             threads, chunk, chunks, parts, grid = self._rows_plan(batch, filters, spatial)
             partial, partial_a = self._partial_buffers(filters, parts, two_sums)
@@ -488,17 +507,7 @@ class CudaNorm:
                 partial,
                 partial_a,
             )
-        self._channel_finalize(
-            parts,
-            partial,
-            partial_a,
-            batch * spatial,
-            filters,
-            (_FINAL_ACCUMULATE, scale_updates),
-            (_FINAL_ACCUMULATE, bias_updates) if two_sums else None,
-            sum_outs=(delta_x_norm_sum, delta_sum),
-            rows=bool(suffix),
-        )
+        return parts, partial, partial_a
 
     def mean(self, x, batch, filters, spatial, mean):
         self._channel_reduce(_TERM_A, x, None, None, batch, filters, spatial, _FINAL_MEAN, mean)
