@@ -55,9 +55,12 @@ from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS
 from ..ops.optimizers.cuda import CudaOptimizerOps
 from ..ops.pooling.cuda import KERNELS as _POOLING_KERNELS
 from ..ops.pooling.cuda import CudaPooling
-from .cuda_core import (
+from .cuda_core import (  # noqa: F401
+    _KERNEL_OPTIONS,
     CudaCore,
-    _Device,  # noqa: F401
+    CudaError,
+    DeviceArray,
+    _Device,
     merge_kernel_tables,
 )
 
