@@ -153,6 +153,8 @@ def test_check_wheel_finds_a_binary_that_does_not_match_the_wheels_source(tmp_pa
         with zipfile.ZipFile(path, "w") as z:
             for folder in [*prebuilt.KERNEL_DIRS, os.path.join(prebuilt.PACKAGE_DIR, "cfgs")]:
                 for name in os.listdir(folder):
+                    if not os.path.isfile(os.path.join(folder, name)):  # __pycache__
+                        continue
                     with open(os.path.join(folder, name)) as f:
                         text = f.read()
                     z.writestr(
