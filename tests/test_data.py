@@ -989,3 +989,25 @@ def test_a_batch_larger_than_dev_shm_is_a_clear_error(tiny_detection_set):
     ):
         loader.next_batch()
     assert loader.workers == [] and wait_until(lambda: process_gone(pid))
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
+def test_a_segment_cut_short_by_ctrl_c_is_still_unlinked(monkeypatch):
+    # Ctrl-C right after shm_open, before Python holds the segment or has sized it: the
+    # name, given before creation, is what the pool's close unlinks by.
+    import _posixshmem
+
+    from darknet_py.data import loader
+
+    def interrupted(name, create, size):
+        os.close(_posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loader, "_Segment", interrupted)
+    names = []
+    with pytest.raises(KeyboardInterrupt):
+        loader._Slot(0, 4096, None, names)
+    assert len(names) == 1 and names[0] in shm_segments()
+    loader._unlink_segment_named(names[0])
+    assert names[0] not in shm_segments()
+    loader._unlink_segment_named(names[0])  # gone already: nothing to do, no error

@@ -25,6 +25,11 @@ import traceback
 import weakref
 from multiprocessing import resource_tracker, shared_memory
 
+try:  # unlink a segment by name, as multiprocessing.shared_memory does
+    from _posixshmem import shm_unlink
+except ImportError:  # Windows: a segment goes with its last handle
+    shm_unlink = None
+
 import numpy as np
 
 from ..boxes import TRUTH_FIELDS
@@ -566,11 +571,15 @@ class _SampleMaker:
 class _Slot:
     """A shared-memory segment one batch at a time is built in, pinned with `pin`."""
 
-    def __init__(self, index, nbytes, pin):
+    def __init__(self, index, nbytes, pin, names):
         _check_shm_space(nbytes)
         self.index = index
+        # The name is the pool's before the segment exists: a Ctrl-C that lands inside the
+        # creation (after shm_open, before Python has the object) leaves a segment only
+        # the name finds, and the pool's close unlinks it.
+        names.append(f"dnpy{os.getpid()}_{len(names)}_{os.urandom(3).hex()}")
         try:
-            self.segment = _Segment(create=True, size=nbytes)
+            self.segment = _Segment(name=names[-1], create=True, size=nbytes)
         except OSError as e:
             raise DataError(
                 f"cannot create {nbytes / 2**20:.0f} MiB of shared memory for "
@@ -653,6 +662,7 @@ class _WorkerPool:
         # change).
         alive, self.alive = context.Pipe(duplex=False)
         self.slots = []
+        self.segment_names = []  # every segment's name, given before it is made (_Slot)
         self.queued = {}  # batch index -> _Queued (current size)
         self.by_ident = {}  # ident -> _Queued, dropped ones included until done
         self.next_ident = 0
@@ -718,9 +728,9 @@ class _WorkerPool:
         if free:  # too small for the new size: replace its segment
             slot = free[0]
             slot.close()
-            self.slots[slot.index] = _Slot(slot.index, nbytes, self.pin)
+            self.slots[slot.index] = _Slot(slot.index, nbytes, self.pin, self.segment_names)
             return self.slots[slot.index]
-        self.slots.append(_Slot(len(self.slots), nbytes, self.pin))
+        self.slots.append(_Slot(len(self.slots), nbytes, self.pin, self.segment_names))
         trace_start(f"loader slot {len(self.slots) - 1} made ({nbytes >> 20} MB)")
         return self.slots[-1]
 
@@ -793,6 +803,8 @@ class _WorkerPool:
             q.close()
         for slot in self.slots:
             slot.close()
+        for name in self.segment_names:  # any a Ctrl-C left half made
+            _unlink_segment_named(name)
         self.alive.close()
         # Dropping the queues unlinks their named semaphores (in /dev/shm) now.
         self.processes, self.slots, self.jobs, self.results = [], [], None, None
@@ -808,12 +820,27 @@ class _Segment(shared_memory.SharedMemory):
             pass  # at interpreter exit, with batch arrays still referenced
 
 
+def _unlink_segment_named(name):
+    """Unlink the segment `name` if it is still there. By name, not by attaching to it: a
+    segment cut short before its size was set cannot be mapped. (CPython's own unlink,
+    which its resource tracker uses too.)"""
+    if shm_unlink is None:
+        return
+    try:
+        shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
 # Segments that batch arrays still use: unlinked already, unmapped once those are gone.
 _still_mapped = []
 
 
 def _close_segment(segment):
-    segment.unlink()
+    try:
+        segment.unlink()
+    except FileNotFoundError:  # unlinked already (a slot replaced, then closed again)
+        pass
     _still_mapped.append(segment)
     for s in list(_still_mapped):
         try:
