@@ -282,15 +282,20 @@ def test_copy_run_matches_the_kernel():
 
 
 def test_kernels_include_only_the_kernel_folders_headers():
-    # What a kernel includes besides the toolkit's <...> headers is in one of the op
-    # families' folders, and in one only (found by nvcc -I and hashed into the cache key
-    # and the prebuilt manifest: kernel_digest).
+    # What a kernel file or header includes besides the toolkit's <...> headers is found
+    # beside it, as nvcc finds it with no -I (a family's own headers, or ../common/'s),
+    # and lies in one of the op families' folders (hashed into the cache key and the
+    # prebuilt manifest: kernel_digest).
     paths = prebuilt.kernel_paths()
     assert "gemm.cu" in paths and "preprocess.cu" in paths
-    for path in map(Path, paths.values()):
+    folders = {Path(folder).resolve() for folder in prebuilt.KERNEL_DIRS}
+    files = [p for folder in folders for p in folder.iterdir() if p.suffix in (".cu", ".cuh")]
+    for path in files:
         for line in path.read_text().splitlines():
-            if line.strip().startswith("#include \""):
-                _kernel_file(line.split('"')[1])
+            if line.strip().startswith('#include "'):
+                header = (path.parent / line.split('"')[1]).resolve()
+                assert header.is_file(), f"{path}: {line.strip()} is not beside it"
+                assert header.parent in folders, f"{path}: {header} is outside the ops folders"
 
 
 # =============================================================================

@@ -127,7 +127,7 @@ def test_every_kernel_file_names_only_headers_that_exist():
 @needs_nvcc
 def test_a_kernel_with_a_header_compiles(tmp_path):
     source = prebuilt.kernel_sources()["blas.cu"]
-    assert '#include "common.cuh"' in source
+    assert '#include "../common/common.cuh"' in source
     got = kernel_cache.cubins(
         {"blas.cu": source}, ARCH, directory=tmp_path, include_dirs=prebuilt.KERNEL_DIRS
     )

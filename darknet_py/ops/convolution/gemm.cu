@@ -25,7 +25,7 @@
 //
 // Full fp32 FFMA throughout: no tensor cores, no TF32.
 
-#include "activations.cuh"
+#include "../common/activations.cuh"
 #include "gemm_core.cuh"
 
 // v + bias[m], then the activation: what the epilogue stores for row m.

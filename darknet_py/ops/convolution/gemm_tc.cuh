@@ -20,9 +20,9 @@
 // order, as fp32 or (the `_h` entries) rounded to the precision's own 16 bits: a
 // batch-normalised layer's x under fp16/bf16 training, which batch norm then reads.
 #pragma once
-#include "activations.cuh"
+#include "../common/activations.cuh"
 #include "gemm_core.cuh"
-#include "x_storage.cuh"
+#include "../common/x_storage.cuh"
 
 template <class X, class Y> struct same_type { static constexpr bool value = false; };
 template <class X> struct same_type<X, X> { static constexpr bool value = true; };

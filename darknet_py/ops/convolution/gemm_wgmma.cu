@@ -31,7 +31,7 @@
 // parameters, built on the host with cuTensorMapEncodeTiled; the launcher passes one
 // pointer per argument (cuLaunchKernel), so the driver places each 64-byte aligned.
 
-#include "activations.cuh"   // the convolution epilogue's activation (store_tile_images)
+#include "../common/activations.cuh"   // the convolution epilogue's activation (store_tile_images)
 
 constexpr int WG_THREADS = 384;      // producer + 2 consumer warpgroups
 // Blocks per cluster (along M), sharing B through multicast (a third less L2 traffic: pairs

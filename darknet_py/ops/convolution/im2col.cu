@@ -5,7 +5,7 @@
 // for every output position (oh, ow), so one GEMM covers the whole batch. With
 // batch 1 this is Darknet's im2col. Groups are the caller's business (it offsets im).
 
-#include "x_storage.cuh"
+#include "../common/x_storage.cuh"
 
 // The images may be fp32 or a 16-bit layer output (X: XF16 / XBF16 storage). The kernels
 // unfolding into fp32 read through X (widened exactly); those unfolding into 16 bits take

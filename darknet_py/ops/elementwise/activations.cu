@@ -1,8 +1,8 @@
 // Darknet's activations over arrays (the device functions are in activations.cuh), the
 // batch-norm forward's last pass and the fork's normalize_channels family.
 
-#include "activations.cuh"
-#include "x_storage.cuh"
+#include "../common/activations.cuh"
+#include "../common/x_storage.cuh"
 
 // x[i] = act(x[i]) for i < n
 extern "C" __global__ void activate_array(float* __restrict__ x, int n, int act)

@@ -1,7 +1,7 @@
 // Level-1 BLAS-like ops over flat float arrays (Darknet's blas_kernels.cu family).
 // Element-wise kernels use grid-stride loops so the launch grid can be capped.
 
-#include "common.cuh"
+#include "../common/common.cuh"
 
 // y += alpha * x
 extern "C" __global__ void axpy_kernel(int n, float alpha, const float* __restrict__ x,

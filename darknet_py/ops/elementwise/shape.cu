@@ -6,7 +6,7 @@
 // over x_storage.cuh's types each, the arithmetic in fp32 and one rounding at the store
 // (XF32's the identity: the fp32 kernels' bits).
 
-#include "x_storage.cuh"
+#include "../common/x_storage.cuh"
 
 // dst[p*dst_plane_stride + r*dst_stride + c] (+)= src[p*src_plane_stride + r*src_stride + c]
 // for p < planes, r < rows, c < width: route concatenation (one plane) and the

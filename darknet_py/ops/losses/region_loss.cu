@@ -9,7 +9,7 @@
 // One thread walks one image's truths in order, because a later truth may overwrite an
 // earlier one's deltas.
 
-#include "common.cuh"   // Box, box_iou
+#include "../common/common.cuh"   // Box, box_iou
 
 __device__ __forceinline__ Box truth_box(const float* t)
 {

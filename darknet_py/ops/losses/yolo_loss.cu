@@ -14,7 +14,7 @@
 // The arithmetic follows the NumPy reference's float32 (double where it uses float64)
 // operation by operation; the backend compiles this file without fused multiply-adds.
 
-#include "common.cuh"
+#include "../common/common.cuh"
 
 struct YoloArgs {          // packed by cuda_backend._yolo_args, in this order
     int batch, n, classes, h, w, total, netw, neth;

@@ -9,9 +9,9 @@
 // op's formula (channel_finalize_wide: a block a channel, for the row kernels' many
 // partials).
 
-#include "activations.cuh"
-#include "common.cuh"
-#include "x_storage.cuh"
+#include "../common/activations.cuh"
+#include "../common/common.cuh"
+#include "../common/x_storage.cuh"
 
 // ---- x kept at 16 bits (fp16/bf16 training): x_storage.cuh's XF32/XF16/XBF16 -------------
 // dst[i] = src[i] rounded to X's 16 bits (x kept for the backward).

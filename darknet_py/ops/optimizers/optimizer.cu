@@ -1,7 +1,7 @@
 // Optimizer updates (backends/cuda_optimizer.py launches them; adam.py says which Darknet
 // rule each follows), and the 16-bit gradient exchange's packing (distributed/buckets.py).
 
-#include "x_storage.cuh"
+#include "../common/x_storage.cuh"
 
 // Adam as both Darknets' GPU builds apply it (adam_update_gpu, src/blas_kernels.cu), its
 // seven kernels fused into one pass: each element is rounded as theirs is. Their axpy

@@ -1,6 +1,6 @@
 // Max and average pooling (Darknet's maxpool and avgpool layers).
 
-#include "x_storage.cuh"
+#include "../common/x_storage.cuh"
 
 // Output element i of (planes) x out_h x out_w: its column, row and plane.
 __device__ __forceinline__ long long pool_position(long long i, int out_w, int out_h, int* ow, int* oh)
