@@ -83,6 +83,19 @@ def test_parallel_covers_every_item_once_and_raises_a_workers_error(monkeypatch)
         cpu_threads.parallel(1000, fail, 10)
 
 
+def test_parallel_splits_the_same_way_whatever_the_load(monkeypatch):
+    # A part's bounds can decide its values' last bits: they follow the machine's cores,
+    # not how many threads the load leaves this moment.
+    monkeypatch.setattr(cpu_threads, "_THREADS", 2)
+    splits = []
+    for threads in (1, 2):
+        monkeypatch.setattr(cpu_threads, "_FIXED_THREADS", threads)
+        parts = []
+        cpu_threads.parallel(1000, lambda start, stop: parts.append((start, stop)), 10)
+        splits.append(sorted(parts))
+    assert splits[0] == splits[1] and len(splits[0]) == 8
+
+
 def test_threads_now_leaves_the_cores_other_processes_use(monkeypatch):
     monkeypatch.setattr(cpu_threads, "_THREADS", 4)
     monkeypatch.setattr(cpu_threads, "_threads_checked", float("-inf"))

@@ -22,16 +22,20 @@ def parallel(count, work, grain):
     """work(start, stop) over [0, count) in contiguous parts of at least `grain` items,
     a few per core. The calling thread and the pool's threads claim parts until none is
     left, and the caller returns once every part is done: a pool thread the OS has not
-    scheduled yet (a loaded machine) finds nothing left instead of being waited for."""
+    scheduled yet (a loaded machine) finds nothing left instead of being waited for.
+    The parts follow the machine's core count, not the load (threads_now): a part's
+    bounds can decide its values' last bits (NumPy's vector loops treat a run's tail
+    elements apart), so the same work splits the same way however busy the machine is."""
     global _pool
+    parts = max(1, min(_PARTS_PER_THREAD * _THREADS, count // max(1, grain)))
+    bounds = [count * i // parts for i in range(parts + 1)]
     threads = threads_now()
-    parts = min(_PARTS_PER_THREAD * threads, count // max(1, grain))
-    if parts <= 1 or threads <= 1:
-        work(0, count)
+    if parts == 1 or threads <= 1:
+        for i in range(parts):
+            work(bounds[i], bounds[i + 1])
         return
     if _pool is None:
         _pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="darknet-py")
-    bounds = [count * i // parts for i in range(parts + 1)]
     claims = itertools.count()  # next() on it is atomic under the GIL
     finished, errors = [], []
     all_done = threading.Event()
