@@ -175,6 +175,8 @@ class LossScaler:
     `skipped` read the backend when asked (the log line): a wait for the queued work."""
 
     def __init__(self, scale=None, growth_interval=1000):
+        if int(growth_interval) < 1:
+            raise ValueError(f"growth_interval must be at least 1, got {growth_interval}")
         self.dynamic = scale is None
         self.growth_interval = int(growth_interval)
         self._scale = float(2.0**12 if scale is None else scale)  # until bound

@@ -19,6 +19,8 @@ from darknet_py.cfg import parse_cfg_text
 from darknet_py.network import Network
 
 gpu = pytest.mark.gpu
+# The forced overflows' inf and NaN pass through NumPy's arithmetic, which warns of them.
+OVERFLOWS = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 CFG = """[net]
 batch=4
@@ -174,6 +176,7 @@ def train(net, data, poisoned=()):
     [(1, "", None), (2, "", None), (1, "adam=1", None), (2, "", 64.0), (1, "", 1000.3)],
     ids=["sgd", "sgd-subdivisions", "adam", "static", "static-not-power-of-two"],
 )
+@OVERFLOWS
 def test_device_scaler_trains_as_the_host_scaler_did(subdivisions, net_extra, scale):
     poisoned = {1, 2, 6}
     nets = [
@@ -198,6 +201,7 @@ def test_device_scaler_trains_as_the_host_scaler_did(subdivisions, net_extra, sc
     assert nets[1].graphs.captured > nets[0].graphs.captured or scale is not None
 
 
+@OVERFLOWS
 def test_a_skipped_update_leaves_the_weights_and_zeroes_the_buffers():
     net = make_net(NumpyBackend(), precisions.LossScaler, subdivisions=1)
     data = list(batches(net, 3))
@@ -215,6 +219,7 @@ def test_a_skipped_update_leaves_the_weights_and_zeroes_the_buffers():
     assert precisions.log_note(net) == ", fp16 loss scale 2048, 1 skipped"
 
 
+@OVERFLOWS
 def test_scale_set_by_hand_reaches_the_recorded_step():
     net = make_net(NumpyBackend(), precisions.LossScaler)
     data = list(batches(net, 4))
@@ -226,6 +231,11 @@ def test_scale_set_by_hand_reaches_the_recorded_step():
     net.train_iteration(*data[3])
     assert (net.loss_scaler.scale, net.loss_scaler.skipped) == (8.0, 1)
     assert net.graphs.captured == 1 and net.graphs.replayed == 3
+
+
+def test_growth_interval_must_be_positive():
+    with pytest.raises(ValueError, match="growth_interval must be at least 1, got 0"):
+        precisions.LossScaler(growth_interval=0)
 
 
 # ---- the ops, on the NumPy backend -------------------------------------------------------
@@ -461,6 +471,7 @@ def train_setting_scales(net, data, scales_at):
 
 @gpu
 @pytest.mark.parametrize("net_extra", ["", "adam=1"])
+@OVERFLOWS
 def test_cuda_fp16_training_matches_the_host_scaler(cuda, net_extra):
     """The same fp16 training on the GPU with the device scaler and with the host-side one
     it replaced, the scale forced up to overflow twice: the same scale history and skipped
