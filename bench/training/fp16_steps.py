@@ -1,0 +1,65 @@
+"""fp16 against bf16 training steps, run after run (issue 42: fp16's step was slow and
+unsteady while bf16's held): `darknet-py bench --train` on the fork's yolov4.cfg with 3
+classes at 416x416, batch 32, each run a process of its own, the precisions interleaved.
+
+    python3 bench/training/fp16_steps.py [--runs 5] [--batch 32] [--json FILE]
+
+Prints each run's training step (ms; the bench's median of 20 timed steps after 3 warm-up
+ones) and per precision the median and the spread (max - min) over the runs.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import SHARED, three_class_cfg  # noqa: E402
+
+PRECISIONS = ("fp16", "bf16")
+
+
+def one_run(cfg, precision, batch, out):
+    """The training step (ms) of one `darknet-py bench --train` process."""
+    command = [sys.executable, "-m", "darknet_py", "bench", str(cfg), "--train"]
+    command += ["--precision", precision, "--batch", str(batch), "--device", "cuda:0"]
+    command += ["--json", str(out), "--overwrite"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"fp16_steps: {' '.join(command)} failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(Path(out).read_text())["train_step_ms"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--json", type=Path, help="write {precision: [ms per run]} here")
+    args = parser.parse_args()
+    if not (SHARED / "darknet-cfg-ab" / "yolov4.cfg").is_file():
+        sys.exit(f"fp16_steps: needs {SHARED}/darknet-cfg-ab/yolov4.cfg (the fork's cfgs)")
+    steps = {p: [] for p in PRECISIONS}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = three_class_cfg("yolov4.cfg", tmp)
+        for run in range(1, args.runs + 1):
+            for precision in PRECISIONS:
+                ms = one_run(cfg, precision, args.batch, Path(tmp) / f"{precision}.json")
+                steps[precision].append(ms)
+                print(f"run {run} {precision}: training step {ms:.2f} ms", flush=True)
+    for precision, figures in steps.items():
+        print(
+            f"{precision}: median {statistics.median(figures):.2f} ms, spread "
+            f"{max(figures) - min(figures):.2f} ms over {len(figures)} runs "
+            f"({', '.join(f'{ms:.1f}' for ms in figures)})"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(steps, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
