@@ -3,9 +3,13 @@ unsteady while bf16's held): `darknet-py bench --train` on the fork's yolov4.cfg
 classes at 416x416, batch 32, each run a process of its own, the precisions interleaved.
 
     python3 bench/training/fp16_steps.py [--runs 5] [--batch 32] [--json FILE]
+    python3 bench/training/fp16_steps.py --trace [--passes 23]
 
 Prints each run's training step (ms; the bench's median of 20 timed steps after 3 warm-up
-ones) and per precision the median and the spread (max - min) over the runs.
+ones) and per precision the median and the spread (max - min) over the runs. --trace
+instead runs the bench's passes in this process, one precision after the other, and prints
+each pass: its time, whether it updated, the loss scale and skipped count after it, and
+the recorded graphs so far (captured, replayed): where the time of a slow pass goes.
 """
 
 import argparse
@@ -24,10 +28,10 @@ from bench.common import SHARED, three_class_cfg  # noqa: E402
 PRECISIONS = ("fp16", "bf16")
 
 
-def one_run(cfg, precision, batch, out):
+def one_run(cfg, precision, batch, out, device="cuda:0"):
     """The training step (ms) of one `darknet-py bench --train` process."""
     command = [sys.executable, "-m", "darknet_py", "bench", str(cfg), "--train"]
-    command += ["--precision", precision, "--batch", str(batch), "--device", "cuda:0"]
+    command += ["--precision", precision, "--batch", str(batch), "--device", device]
     command += ["--json", str(out), "--overwrite"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
@@ -35,14 +39,52 @@ def one_run(cfg, precision, batch, out):
     return json.loads(Path(out).read_text())["train_step_ms"]
 
 
+def trace(cfg, precision, batch, passes, device="cuda:0"):
+    """Each of `passes` bench training passes timed on its own, with what happened in it."""
+    import numpy as np
+
+    from darknet_py.bench import prepare, random_truth
+    from darknet_py.network import load_network
+
+    net = load_network(cfg, batch=batch, device=device, precision=precision)
+    prepare(net)
+    net.share_deltas = net.share_outputs = True  # as run_bench trains
+    rng = np.random.default_rng(0)
+    x = rng.random((net.batch,) + net.input_shape, dtype=np.float32)
+    truth = random_truth(net, rng)
+    timer = net.be.timer()
+    scaler = net.loss_scaler
+    print(f"{precision}: {net.images_per_pass} images a pass, {net.subdivisions} passes an update")
+    for k in range(1, passes + 1):
+        timer.start()
+        net.train_pass(x, truth)
+        ms = 1e3 * timer.stop()
+        scale = f"scale {scaler.scale:g}, {scaler.skipped} skipped, " if scaler else ""
+        print(
+            f"  pass {k:2d}: {ms:8.2f} ms{' update' if net.last_rate is not None else ''}, "
+            f"{scale}graphs captured {net.graphs.captured}, replayed {net.graphs.replayed}",
+            flush=True,
+        )
+    if net.graphs.fallback:
+        print(f"  graphs fell back to eager steps: {net.graphs.fallback}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--json", type=Path, help="write {precision: [ms per run]} here")
+    parser.add_argument("--trace", action="store_true", help="each pass, in this process")
+    parser.add_argument("--passes", type=int, default=23, help="passes --trace runs")
     args = parser.parse_args()
     if not (SHARED / "darknet-cfg-ab" / "yolov4.cfg").is_file():
         sys.exit(f"fp16_steps: needs {SHARED}/darknet-cfg-ab/yolov4.cfg (the fork's cfgs)")
+    if args.trace:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = three_class_cfg("yolov4.cfg", tmp)
+            for precision in PRECISIONS:
+                trace(cfg, precision, args.batch, args.passes)
+        return
     steps = {p: [] for p in PRECISIONS}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = three_class_cfg("yolov4.cfg", tmp)
