@@ -105,8 +105,9 @@ extern "C" __global__ void rescale_or_zero_kernel(const long long* __restrict__ 
 // The step's bookkeeping, one thread: a skipped step counts, restarts the clean run and (dynamic)
 // halves the scale down to 1; a clean one counts, and (dynamic) doubles the scale after every
 // growth_interval clean updates in a row. A static scale never moves (its inverse was written by
-// the host, as the host scaler computed it). A dynamic scale stays a power of two times what was
-// set, so its inverse here is exact.
+// the host, as the host scaler computed it). A dynamic one's inverse is 1/scale rounded once to
+// float, which is what the host scaler's double 1.0 / scale rounded to float gave for a scale
+// held in float (a double division rounds to the same float for float operands).
 extern "C" __global__ void loss_scale_step_kernel(float* __restrict__ scales,
                                                   int* __restrict__ counts, int dynamic,
                                                   int growth_interval)
