@@ -427,3 +427,27 @@ def test_region_and_detection_steps_replay_once_their_early_phase_is_over(kind, 
         assert_same(state(replayed), state(eager))
         assert replayed.graphs.captured == (step >= 3)
     assert replayed.graphs.replayed == 4  # step 2 eager, 3 captured and replayed, then 4-6
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_small_predict_replays_its_copies_with_the_layers(kind, monkeypatch):
+    """predict() of a small float batch is one recorded step: the input's copy from
+    page-locked memory, the layers, the output's copy back. Each replay reads the new
+    input and gives the eager network's output; a batch over the size limit takes the
+    staged path (no whole-call buffers)."""
+    from darknet_py.network import inference
+
+    replayed = network(make_backend(kind))
+    eager = network(eager_backend(kind), graphs=False)
+    rng = np.random.default_rng(5)
+    for i in range(4):
+        x = rng.random((2,) + replayed.input_shape, dtype=np.float32)
+        got = replayed.predict(x)
+        np.testing.assert_array_equal(got, eager.predict(x))
+        assert got.shape == eager.predict(x).shape
+    assert replayed._whole_call is not None and replayed._whole_call.host_in.shape[0] == 2
+    assert replayed.graphs.replayed == 3  # eager, captured and replayed, replayed twice
+    monkeypatch.setattr(inference, "WHOLE_CALL_MAX_BYTES", 0)
+    x = rng.random((3,) + replayed.input_shape, dtype=np.float32)
+    np.testing.assert_array_equal(replayed.predict(x), eager.predict(x))
+    assert replayed._whole_call.host_in.shape[0] == 2  # not used for that one
