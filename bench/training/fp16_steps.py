@@ -2,8 +2,11 @@
 unsteady while bf16's held): `darknet-py bench --train` on the fork's yolov4.cfg with 3
 classes at 416x416, batch 32, each run a process of its own, the precisions interleaved.
 
-    python3 bench/training/fp16_steps.py [--runs 5] [--batch 32] [--json FILE]
-    python3 bench/training/fp16_steps.py --trace [--passes 23]
+    python3 bench/training/fp16_steps.py [--runs 5] [--batch 32] [--subdivisions N] [--json FILE]
+    python3 bench/training/fp16_steps.py --trace [--passes 23] [--subdivisions N]
+
+--subdivisions N rewrites the cfg's (the stock 8 updates at every 8th pass; 1 at every pass,
+where the update's cost shows in each timed step).
 
 Prints each run's training step (ms; the bench's median of 20 timed steps after 3 warm-up
 ones) and per precision the median and the spread (max - min) over the runs. --trace
@@ -74,20 +77,22 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--json", type=Path, help="write {precision: [ms per run]} here")
+    parser.add_argument("--subdivisions", type=int, help="the cfg's subdivisions= (stock: 8)")
     parser.add_argument("--trace", action="store_true", help="each pass, in this process")
     parser.add_argument("--passes", type=int, default=23, help="passes --trace runs")
     args = parser.parse_args()
     if not (SHARED / "darknet-cfg-ab" / "yolov4.cfg").is_file():
         sys.exit(f"fp16_steps: needs {SHARED}/darknet-cfg-ab/yolov4.cfg (the fork's cfgs)")
+    net = {} if args.subdivisions is None else {"subdivisions": args.subdivisions}
     if args.trace:
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = three_class_cfg("yolov4.cfg", tmp)
+            cfg = three_class_cfg("yolov4.cfg", tmp, **net)
             for precision in PRECISIONS:
                 trace(cfg, precision, args.batch, args.passes)
         return
     steps = {p: [] for p in PRECISIONS}
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = three_class_cfg("yolov4.cfg", tmp)
+        cfg = three_class_cfg("yolov4.cfg", tmp, **net)
         for run in range(1, args.runs + 1):
             for precision in PRECISIONS:
                 ms = one_run(cfg, precision, args.batch, Path(tmp) / f"{precision}.json")
