@@ -29,7 +29,7 @@ class _WholeCall:
 
     def __init__(self, be, shape, output):
         self.output = output
-        self.host_in = np.empty(shape, dtype=np.float32)
+        self.host_in = np.empty(shape, dtype=be.dtype)
         self.host_out = np.empty(output.size, dtype=output.dtype)
         self._unpin = [be.pin(self.host_in), be.pin(self.host_out)]
 
@@ -110,7 +110,11 @@ class NetworkInference:
         out = call.host_out
         if out.dtype == np.uint16:  # bf16 storage: the upper half of a float32
             out = (out.astype(np.uint32) << 16).view(np.float32)
-        return out.astype(np.float32).reshape(layer.output_shape(n))
+        elif out.dtype == np.float16:
+            out = out.astype(np.float32)
+        else:  # the backend's own floats (float64 for a float64 NumPy network)
+            out = out.copy()
+        return out.reshape(layer.output_shape(n))
 
     def infer_photos(self, photos, letter=True):
         """infer() on photos: OpenCV BGR uint8 (H, W, 3) arrays of any sizes, or one
