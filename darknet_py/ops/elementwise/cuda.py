@@ -9,7 +9,7 @@ import pycuda.driver as drv
 from ... import activations
 from ... import precision as precisions
 from ...backends.cuda_core import _BLOCK, _ceil_div
-from ..normalization.numpy import one_storage
+from ..common.numpy import one_storage
 
 KERNELS = {
     "blas.cu": {

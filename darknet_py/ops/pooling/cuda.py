@@ -4,8 +4,8 @@ maxpool_depth), local and global average pooling (pooling.cu). A mixin of CudaBa
 import numpy as np
 
 from ...backends.cuda_core import _BLOCK
+from ..common.numpy import one_storage
 from ..elementwise.cuda import _STORAGE_SUFFIX
-from ..normalization.numpy import one_storage
 
 KERNELS = {
     "pooling.cu": {
