@@ -1,19 +1,12 @@
 """The CUDA optimizer ops (mixed into CudaBackend): optimizer.cu's launchers, the
 same contract as numpy.NumpyOptimizerOps beside it (Adam's update, the 16-bit gradient
-exchange's packing). Kept out of cuda_backend.py so the
-update rules grow apart from the layers' kernels; CudaBackend loads KERNELS with its own."""
+exchange's packing). Kept out of cuda_backend.py so the update rules grow apart from the
+layers' kernels; CudaBackend loads its KERNEL_FILES with its own."""
 
-# Kernel file -> {entry point: argument format} (struct codes as cuda_backend._KERNELS).
-KERNELS = {
-    "optimizer.cu": {
-        "adam_update_kernel": "iPPPPPffff",
-        **{
-            f"{kernel}_{suffix}": "PPqf"
-            for kernel in ("round_scaled", "widen_scaled")
-            for suffix in ("f16", "bf16")
-        },
-    },
-}
+# The kernel file this family launches from (formats from its declarations,
+# backends/kernel_signatures.py).
+KERNEL_FILES = ("optimizer.cu",)
+
 _BLOCK = 256
 _SUFFIX = {"fp16": "f16", "bf16": "bf16"}
 
