@@ -11,9 +11,12 @@ with every kernel the name can be.
 An argument's kind is read from its expression: self._ptr(a) / a.ptr / ctypes.c_uint64 a
 pointer (0: a null pointer, or an integer), int() / len() / np.int32 / ctypes.c_int an
 integer, float() / np.float32 / ctypes.c_float and float literals a float, a name from what
-the function assigns to it (or, for a parameter, from what the module's calls pass), a
-starred tuple from the tuple it names. A launch whose arguments cannot be read so fails,
-naming the argument: write it so that its kind shows.
+the function assigns to it (a private helper's parameter: from what the module's calls of
+it pass, each call followed on its own; a backend op's parameter or an object's field: a
+number from the layers, which pass arrays to kernels only through self._ptr), a starred
+tuple from the tuple it names. A number of unknown kind is checked for not being a pointer
+only. A launch whose arguments cannot be read so fails, naming the argument: write it so
+that its kind shows.
 """
 
 import ast
