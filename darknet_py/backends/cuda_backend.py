@@ -12,7 +12,8 @@ im2col/col2im), convolution/cuda_backward.py (the convolution backward as implic
 normalization/cuda.py (bias/scale, batch norm, channel reductions, l2norm, lrn),
 elementwise/cuda.py (vector ops, activations, shape ops, dropout), pooling/cuda.py,
 losses/cuda.py (softmax, costs, yolo/region/detection losses), images/cuda.py (photos
-uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's update).
+uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's and SGD's
+updates, fp16's loss scaler).
 
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.

@@ -563,6 +563,28 @@ class CudaCore:
         landed.record(self.stream)
         return landed
 
+    def upload_from(self, arr, host):
+        """Queue the copy of host array `host` (contiguous, arr.size elements of arr's
+        dtype, page-locked by pin(): a DMA on the stream, which a captured graph can record,
+        reading the host memory at each replay) into `arr`."""
+        if host.size != arr.size or host.dtype != arr.dtype or not host.flags.c_contiguous:
+            raise ValueError(
+                f"upload_from: {host.size} {host.dtype} for an array of {arr.size} {arr.dtype}"
+            )
+        if arr.size:
+            drv.memcpy_htod_async(self._ptr(arr), host, self.stream)
+
+    def download_into(self, arr, out):
+        """Queue the copy of `arr` into host array `out` (contiguous, arr.size elements of
+        arr's dtype, page-locked by pin(): a DMA on the stream, which a captured graph can
+        record); it has landed once the work queued so far is done (synchronize)."""
+        if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"download_into: {out.size} {out.dtype} for an array of {arr.size} {arr.dtype}"
+            )
+        if arr.size:
+            drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
+
     def finish_download(self, download):
         try:
             download.finish() if hasattr(download, "finish") else download.synchronize()

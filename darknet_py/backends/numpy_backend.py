@@ -82,6 +82,18 @@ class NumpyBackend(
     def finish_download(self, download):
         """Return once the download_async `download` has filled its host array."""
 
+    def upload_from(self, arr, host):
+        """Queue the copy of host array `host` (contiguous, arr.size elements of arr's
+        dtype, page-locked by pin() on a GPU) into `arr`, reading `host` when the copy runs:
+        a graph captured around it reads the host memory's values at each replay."""
+        arr[...] = host.reshape(-1)
+
+    def download_into(self, arr, out):
+        """Queue the copy of `arr` into host array `out` (contiguous, arr.size elements of
+        arr's dtype, page-locked by pin() on a GPU); it has landed once the work queued so
+        far is done (synchronize). A graph captured around it replays the copy."""
+        out.reshape(-1)[...] = arr
+
     def write(self, arr, host):
         """Copy host data (any shape, arr.size elements) into an existing array (cast to
         the array's dtype: an int_zeros array stays integer)."""
