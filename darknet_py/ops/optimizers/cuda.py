@@ -2,30 +2,16 @@
 launchers, the same contract as numpy.NumpyOptimizerOps beside it (Adam's and SGD's
 updates, fp16's loss scaler, the 16-bit gradient exchange's packing). Kept out of
 cuda_backend.py so the update rules grow apart from the layers' kernels; CudaBackend loads
-KERNELS with its own."""
+its KERNEL_FILES with its own."""
 
 import numpy as np
 
 from ...backends.errors import GraphCaptureError
 
-# Kernel file -> {entry point: argument format} (struct codes as cuda_backend._KERNELS).
-KERNELS = {
-    "optimizer.cu": {
-        "adam_update_kernel": "iPPPPPffffP",
-        "sgd_update_kernel": "iPPPfifP",
-        **{
-            f"{kernel}_{suffix}": "PPqf"
-            for kernel in ("round_scaled", "widen_scaled")
-            for suffix in ("f16", "bf16")
-        },
-    },
-    "loss_scale.cu": {
-        "scale_by_kernel": "iPP",
-        "unscale_check_kernel": "PiqPP",
-        "rescale_or_zero_kernel": "PiqPP",
-        "loss_scale_step_kernel": "PPii",
-    },
-}
+# The kernel files this family launches from (formats from their declarations,
+# backends/kernel_signatures.py).
+KERNEL_FILES = ("optimizer.cu", "loss_scale.cu")
+
 _BLOCK = 256
 # Elements a block of the table kernels takes from one buffer (loss_scale.cu's
 # CHUNK_PER_THREAD elements a thread).
