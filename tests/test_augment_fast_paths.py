@@ -42,7 +42,7 @@ def random_boxes(rng, n):
 
 @pytest.mark.parametrize(
     "shape",
-    [(416, 416, 3), (480, 640, 3), (37, 53, 3), (64, 64, 1), (1, 1, 3), (300, 200, 4)],
+    [(416, 416, 3), (480, 640, 3), (37, 53, 3), (64, 64, 1), (1, 1, 3), (300, 200, 4), (9, 7, 2)],
 )
 def test_mean_colour_is_numpys_mean_bit_for_bit(shape):
     rng = np.random.default_rng(sum(shape))
@@ -58,10 +58,15 @@ def test_mean_colour_is_numpys_mean_bit_for_bit(shape):
 
 def test_mean_colour_checks_opencv_once_and_falls_back_to_numpy(monkeypatch):
     image = photo(np.random.default_rng(1), 50, 70)
-    monkeypatch.setattr(A, "_integral_sums_agree", None)
+    monkeypatch.setattr(A, "_integral_sums_agree", {})
     monkeypatch.setattr(A, "_sums_in_order", lambda flat: np.zeros(flat.shape[1], np.float32))
     assert same_bits(mean_colour(image), image.reshape(-1, 3).mean(axis=0))
-    assert A._integral_sums_agree is False
+    assert A._integral_sums_agree == {3: False}
+
+
+def test_mean_colour_uses_opencv_where_it_agrees():
+    mean_colour(photo(np.random.default_rng(1), 5, 5))
+    assert A._integral_sums_agree[3], "the fast path is off: OpenCV sums differently here"
 
 
 def test_mirror_is_numpys_reversed_copy():

@@ -55,6 +55,11 @@ from darknet_py.data.augment import DetectorAugment  # noqa: E402
 from darknet_py.data.augment_fork import ForkAugment  # noqa: E402
 from darknet_py.data.loader import DataLoader, _SampleMaker  # noqa: E402
 
+try:
+    from darknet_py.data.loader import keep_freed_memory  # noqa: E402
+except ImportError:  # the code before it (bench/NOTES.md, L1): workers did not set it
+    keep_freed_memory = None
+
 IMAGE_W, IMAGE_H = 640, 480
 CLASSES = 80
 
@@ -207,8 +212,10 @@ def stage_times(stats):
 
 def sample_profile(paths, size, augment, samples):
     """(CPU ms per sample unprofiled, {stage: profiled CPU ms per sample}): a worker's
-    sample-making in this process, OpenCV single-threaded as in a worker."""
+    sample-making in this process, OpenCV single-threaded and malloc set as in a worker."""
     cv2.setNumThreads(1)
+    if keep_freed_memory is not None:
+        keep_freed_memory()
     maker = _SampleMaker(
         paths=paths,
         task="detector",
