@@ -174,15 +174,39 @@ def fork_fill_truth(boxes, dx, dy, sx, sy, flip, w, h, rng, max_boxes=MAX_BOXES)
     return b, min_side
 
 
-def _crop_with_fill(hwc, pleft, ptop, swidth, sheight):
+def _resize_reads(lo, hi, source, target):
+    """The first and last of `source` pixels that OpenCV's bilinear resize to `target`
+    reads for the outputs lo..hi-1 (it samples (x + 0.5) * source / target - 0.5 and
+    the pixel after), two more each side for its float32 rounding."""
+    scale = source / target
+    first = math.floor((lo + 0.5) * scale - 0.5) - 2
+    last = math.floor((hi - 0.5) * scale - 0.5) + 3
+    return max(first, 0), min(last, source - 1)
+
+
+def _crop_with_fill(hwc, pleft, ptop, swidth, sheight, reads=None):
     """The swidth x sheight window of hwc at (pleft, ptop); pixels outside the image take
-    its mean colour. A window inside the image is a view (no mean to compute)."""
+    its mean colour. A window inside the image is a view (no mean to compute).
+    `reads` (first column, last column, first row, last row of the window): the only
+    pixels anything will read; when they are all the image's, the fill's colour never
+    shows and is left 0 (no mean to compute either)."""
     oh, ow, channels = hwc.shape
     x0, y0 = max(0, pleft), max(0, ptop)
     x1, y1 = min(ow, pleft + swidth), min(oh, ptop + sheight)
     if (x0, y0, x1, y1) == (pleft, ptop, pleft + swidth, ptop + sheight):
         return hwc[y0:y1, x0:x1]
-    fill = mean_colour(hwc)
+    first_x, last_x, first_y, last_y = reads or (-1, -1, -1, -1)
+    fill_unread = (
+        reads is not None
+        and x0 - pleft <= first_x
+        and last_x < x1 - pleft
+        and y0 - ptop <= first_y
+        and last_y < y1 - ptop
+    )
+    if fill_unread:
+        fill = np.zeros(channels, dtype=np.float32)
+    else:
+        fill = mean_colour(hwc)
     if x1 <= x0 or y1 <= y0 or channels > 4:
         cropped = np.empty((sheight, swidth, channels), dtype=np.float32)
         cropped[:] = fill
@@ -257,7 +281,16 @@ def image_data_augmentation(
     if (pleft, ptop, swidth, sheight) == (0, 0, ow, oh):
         cropped = hwc
     else:
-        cropped = _crop_with_fill(hwc, pleft, ptop, swidth, sheight)
+        reads = None
+        if window is not None and not blur and not noise:
+            x0, y0, x1, y1 = window
+            if flip:  # the window's columns before the mirror
+                x0, x1 = w - x1, w - x0
+            reads = (
+                *_resize_reads(x0, x1, swidth, w),
+                *_resize_reads(y0, y1, sheight, h),
+            )
+        cropped = _crop_with_fill(hwc, pleft, ptop, swidth, sheight, reads)
     sized = _channels_kept(cv2.resize(cropped, (w, h), interpolation=cv2.INTER_LINEAR))
     if flip:
         sized = mirror_hwc(sized)
