@@ -56,6 +56,12 @@ def test_mean_colour_is_numpys_mean_bit_for_bit(shape):
         assert same_bits(mean_colour(image), want)
 
 
+def test_mean_colour_of_a_large_image_adds_it_in_chunks(monkeypatch):
+    monkeypatch.setattr(A, "_SUM_CHUNK", 1000)  # 7 chunks, the last one short
+    image = photo(np.random.default_rng(5), 61, 107)
+    assert same_bits(mean_colour(image), image.reshape(-1, 3).mean(axis=0))
+
+
 def test_mean_colour_checks_opencv_once_and_falls_back_to_numpy(monkeypatch):
     image = photo(np.random.default_rng(1), 50, 70)
     monkeypatch.setattr(A, "_integral_sums_agree", {})

@@ -59,12 +59,21 @@ def mirror_hwc(hwc):
 _integral_sums_agree = {}  # channels -> bool
 
 
+_SUM_CHUNK = 1 << 19  # pixels an integral adds at a time: its output is 8 floats a pixel
+
+
 def _sums_in_order(flat):
     """Each column of the float32 (N, C) array, C = 2 to 4, summed in row order, in float32."""
     cv2 = _cv2()
     n, c = flat.shape
-    sums = cv2.integral(flat.reshape(1, n, c), sdepth=cv2.CV_32F)[1, -1]
-    return np.array(sums, dtype=np.float32).reshape(c)
+    sums = np.zeros(c, dtype=np.float32)
+    for start in range(0, n, _SUM_CHUNK):
+        chunk = flat[start : start + _SUM_CHUNK]
+        if start:  # go on from the sums so far: they lead the chunk as its first pixel
+            chunk = np.concatenate([sums[None], chunk])
+        row = chunk.reshape(1, len(chunk), c)
+        sums = np.array(cv2.integral(row, sdepth=cv2.CV_32F)[1, -1], dtype=np.float32)
+    return sums.reshape(c)
 
 
 def mean_colour(hwc):
