@@ -415,7 +415,8 @@ def main():
                     }
                 )
                 print(
-                    f"| {size}x{size} | {workers} | {rate:.0f} | {cpu_ms:.1f} | {slowdown:.2f}x |",
+                    f"| {size}x{size} | {workers} | {rate:.0f} | {cpu_ms:.1f} | "
+                    f"{'-' if args.no_consumer else f'{slowdown:.2f}x'} |",
                     flush=True,
                 )
     if args.out:
