@@ -2,6 +2,7 @@
 of the code before the fast paths) and how they run (one thread each, freed memory kept)."""
 
 import os
+import subprocess
 import sys
 
 import augment_reference as before
@@ -88,11 +89,37 @@ def test_workers_run_one_thread_each(jpeg_set):
             assert len(os.listdir(f"/proc/{pid}/task")) <= 2, pid
 
 
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
+    reason="counts threads in /proc; with one CPU the libraries start no extra threads",
+)
+def test_workers_run_one_thread_each_under_a_script_that_imports_opencv(jpeg_set, tmp_path):
+    """A worker re-imports the main script before any loader code runs: OpenCV loads there,
+    with the server's one-thread settings already in the worker's environment."""
+    script = tmp_path / "train_script.py"
+    script.write_text(
+        "import os\n"
+        "import cv2  # loaded again in each worker, as this script is\n"
+        "from darknet_py.data.augment_fork import ForkAugment\n"
+        "from darknet_py.data.loader import DataLoader\n"
+        "if __name__ == '__main__':\n"
+        "    paths = os.environ['JPEGS'].split(',')\n"
+        "    with DataLoader(paths, task='detector', width=96, height=96, batch=2,\n"
+        "                    classes=3, augment=ForkAugment(mosaic=True), workers=1) as loader:\n"
+        "        loader.next_batch()\n"
+        "        print(len(os.listdir(f'/proc/{loader.workers[0]}/task')))\n"
+    )
+    env = dict(os.environ, JPEGS=",".join(jpeg_set))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) <= 2
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_keep_freed_memory_sets_glibcs_malloc():
     # In a child: the setting stays with the process that makes it.
-    import subprocess
-
     code = "from darknet_py.data.loader import keep_freed_memory; print(keep_freed_memory())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

@@ -643,7 +643,8 @@ def start_worker_server():
         return None
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload([__name__])  # read when the server starts
+    # Read when the server starts: this module, then the workers' one-thread settings.
+    forkserver.set_forkserver_preload([__name__, f"{__package__}.worker_env"])
     with children_ignore_signals():
         resource_tracker.ensure_running()
         forkserver.ensure_running()
@@ -884,9 +885,10 @@ def _work(maker, jobs, results, current, stopping, alive):
     # Below the training loop's priority: it feeds the GPU and must not wait for a CPU
     # behind the workers, which take every cycle it leaves.
     os.nice(WORKER_NICENESS)
-    # One thread each: the parallelism is the workers. Set before OpenCV loads here (the
-    # server the workers fork from never loads it): its bundled OpenBLAS starts a thread
-    # for every CPU but one as it loads, 63 idle ones a worker on a 64-CPU host.
+    # One thread each: the parallelism is the workers. The server set them already
+    # (worker_env), unless something else started it; set before OpenCV loads here (the
+    # server never loads it): its bundled OpenBLAS starts a thread for every CPU but one as
+    # it loads, 63 idle ones a worker on a 64-CPU host.
     os.environ.update(dict.fromkeys(WORKER_THREAD_VARIABLES, "1"))
     import cv2
 
