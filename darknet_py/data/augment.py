@@ -57,8 +57,6 @@ def mirror_hwc(hwc):
 # pixels laid out as one row adds them in that order too, 3-4x faster; mean_colour checks
 # once a process, for each C, that both agree.
 _integral_sums_agree = {}  # channels -> bool
-
-
 _SUM_CHUNK = 1 << 19  # pixels an integral adds at a time: its output is 8 floats a pixel
 
 
