@@ -117,6 +117,32 @@ def test_workers_run_one_thread_each_under_a_script_that_imports_opencv(jpeg_set
     assert int(out.stdout.strip()) <= 2
 
 
+def _threads_around_a_matrix_product(results):
+    before = len(os.listdir("/proc/self/task"))
+    a = np.ones((512, 512), np.float32)
+    (a @ a).sum()
+    cv2.gemm(a, a, 1, None, 0)
+    results.put((before, len(os.listdir("/proc/self/task"))))
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
+    reason="counts threads in /proc; with one CPU the libraries start no extra threads",
+)
+def test_a_matrix_product_in_a_worker_starts_no_threads():
+    """NumPy's OpenBLAS is loaded in the worker server already: it is set to one thread
+    there, or a worker's first product would start a thread for every CPU but one."""
+    context = L.start_worker_server()
+    if context is None:
+        pytest.skip("no fork server here")
+    results = context.Queue()
+    worker = context.Process(target=_threads_around_a_matrix_product, args=(results,))
+    worker.start()
+    before, after = results.get(timeout=60)
+    worker.join()
+    assert after == before
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_keep_freed_memory_sets_glibcs_malloc():
     # In a child: the setting stays with the process that makes it.
