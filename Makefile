@@ -47,8 +47,10 @@ dist: install
 	$(PYTHON) -m darknet_py.backends.prebuilt --check-wheel dist/*.whl
 	@ls dist/*.whl
 
+# GPU_TEST_JOBS=4 make gpu-test: the test files in 4 processes sharing the GPU
+# (scripts/gpu_test.sh).
 gpu-test:
-	$(GPU_PYTHON) -m pytest -q -m gpu
+	GPU_PYTHON=$(GPU_PYTHON) bash scripts/gpu_test.sh
 
 # Kernels, whole networks, then training end to end against the C Darknet and beside
 # PyTorch (bench/run.py's default subjects; `python3 bench/run.py --list` names the others).
