@@ -67,9 +67,10 @@ PAYS_BELOW = 0.8
 
 
 def eligible(layer):
-    """Whether a [convolutional] layer is a plain 3x3 stride-1 pad-1 convolution."""
+    """Whether a layer is a plain 3x3 stride-1 pad-1 [convolutional] layer."""
     return (
-        layer.size == 3
+        layer.type == "convolutional"
+        and layer.size == 3
         and conv_strides(layer.stride) == (1, 1)
         and layer.padding == 1
         and layer.dilation == 1
@@ -96,7 +97,7 @@ def predicted_seconds(c, k, h, w):
 
 
 def chosen(layer, which):
-    """Whether export_model(winograd=which) rewrites this [convolutional] layer: "auto"
+    """Whether export_model(winograd=which) rewrites this layer: "auto"
     where the cost model says it pays, "all" wherever it is eligible (for tests)."""
     if not which or not eligible(layer):
         return False
