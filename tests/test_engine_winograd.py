@@ -13,11 +13,11 @@ from darknet_py.export import cache as cache_module
 from darknet_py.export import engine as engine_module
 from darknet_py.export import winograd
 from darknet_py.export.check import CHECK_TOLERANCE, compare, relative_difference, session
+from darknet_py.export.model import export_model
 
 onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install onnx onnxruntime)")
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 
-from darknet_py.export.model import export_model  # noqa: E402
 from helpers import unit_rolling_variance  # noqa: E402
 from test_cli import run_in_process  # noqa: E402
 from test_onnx_export import network_from_text, randomize  # noqa: E402
@@ -124,6 +124,9 @@ def test_the_transform_matrices_compute_a_3x3_correlation():
     v = winograd.input_kernels().reshape(36, 36) @ tile.reshape(36)
     u = winograd.transformed_weights(kernel[None, None]).reshape(36)
     assert np.allclose((winograd.output_matrix() @ (u * v)).reshape(4, 4), direct, atol=1e-12)
+    # the biases, added to the products at one position, reach each output exactly once
+    b = winograd.transformed_biases(np.array([0.25]))
+    assert np.array_equal(winograd.output_matrix() @ b, np.full(16, 0.25))
 
 
 def test_every_eligible_layer_as_winograd_agrees_with_numpy_on_a_batch():
@@ -136,10 +139,11 @@ def test_every_eligible_layer_as_winograd_agrees_with_numpy_on_a_batch():
     assert ops(model).count("DepthToSpace") == len(eligible)
     assert conv_kernels(model).count((3, 3)) == 2  # the stride-2 and the grouped layer
     x = np.random.default_rng(6).random((2,) + net.input_shape, dtype=np.float32)
-    differences = compare(net, session(model.SerializeToString()), x)
-    assert differences["output"] < CHECK_TOLERANCE
-    plain = compare(net, session(export_model(net, batch=None).SerializeToString()), x)
-    assert differences["output"] != plain["output"]  # another arithmetic, not the plain graph
+    served = session(model.SerializeToString())
+    assert compare(net, served, x)["output"] < CHECK_TOLERANCE
+    plain = session(export_model(net, batch=None).SerializeToString())
+    # another arithmetic than the plain graph's, not the plain graph under another name
+    assert not np.array_equal(served.run(None, {"input": x})[0], plain.run(None, {"input": x})[0])
 
 
 def test_the_cost_model_leaves_small_layers_direct():
@@ -173,9 +177,7 @@ def test_darknet_py_export_still_writes_plain_conv(tmp_path):
     assert conv_weights == [(l.out_c, l.c // l.groups, l.size, l.size) for l in convs]
 
 
-def test_the_engine_falls_back_to_plain_conv_when_winograd_misses_the_check(
-    tmp_path, monkeypatch
-):
+def test_the_engine_falls_back_to_plain_conv_when_winograd_misses_the_check(tmp_path, monkeypatch):
     monkeypatch.setenv("DARKNET_ONNX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(engine_module, "ENGINE_GRAPH_FORMS", ("all", None))
     wrong = winograd.output_matrix() * 1.01  # a broken transform: 1% off everywhere

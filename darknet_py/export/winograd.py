@@ -53,6 +53,8 @@ A_T = np.array(
     dtype=np.float64,
 )
 
+BIAS_POSITION = 1 * SPAN + 1
+
 # The cost model's rates, measured with ONNX Runtime 1.32 on 2 threads of the shared AMD
 # EPYC (bench/NOTES.md, issue 39): the direct NCHWc Conv's and the grouped product's
 # arithmetic, the memory rate that bounds a product whose transformed weights outweigh
@@ -114,6 +116,16 @@ def transformed_weights(w):
     return u.reshape(POSITIONS * k, c, 1, 1)
 
 
+def transformed_biases(biases):
+    """The biases as the product's: added at the one tile position whose column of the
+    output transform is all ones (A^T's column 1 squared), they reach every output once
+    and the Add after the transform goes."""
+    k = len(biases)
+    out = np.zeros((POSITIONS, k))
+    out[BIAS_POSITION] = biases
+    return out.reshape(-1)
+
+
 def input_kernels():
     """The input transform B^T d B as 36 fixed 6x6 kernels (36, 1, 6, 6)."""
     return np.einsum("ia,jb->ijab", B_T, B_T).reshape(POSITIONS, 1, SPAN, SPAN)
@@ -145,6 +157,7 @@ def convolution(g, image, w, biases, c, k, h, width):
         [
             g.reshape(by_position, (POSITIONS * c, th, tw)),
             g.const(transformed_weights(w), "winograd_weights"),
+            g.const(transformed_biases(biases), "winograd_biases"),
         ],
         (POSITIONS * k, th, tw),
         kernel_shape=[1, 1],
@@ -168,4 +181,4 @@ def convolution(g, image, w, biases, c, k, h, width):
             [tiled, g.ints([0, 0]), g.ints([h, width]), g.ints([2, 3])],
             (k, h, width),
         )
-    return g.op("Add", [tiled, g.const(np.reshape(biases, (k, 1, 1)), "biases")], (k, h, width))
+    return tiled
