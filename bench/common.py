@@ -34,12 +34,17 @@ def gpu_name():
 
 def merge_json(path, figures, gpu, digits=None):
     """Add `figures` ({key: number}) to the JSON object in `path` (made if absent), with
-    `gpu` and the run's `date`; rounded to `digits` places where given."""
+    `gpu` and the run's `date` (the latest run's), and each figure's own card and date under
+    "measured" (the file gathers figures of several runs and machines); rounded to `digits`
+    places where given."""
     path = Path(path)
     data = json.loads(path.read_text()) if path.is_file() else {}
     data.update({k: v if digits is None else round(v, digits) for k, v in figures.items()})
     data["gpu"] = gpu
     data["date"] = utc_now()
+    measured = data.setdefault("measured", {})
+    for key in figures:
+        measured[key] = {"gpu": gpu, "date": data["date"]}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
 

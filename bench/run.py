@@ -47,6 +47,7 @@ SUBJECTS = {
                 [
                     "networks/forward.py",
                     "--torch",
+                    "--batch1",
                     "--precisions",
                     "fp32",
                     "tf32",
@@ -232,6 +233,11 @@ def main(argv=None):
                 )
                 if code:
                     failed.append(f"bench/{script} (exit {code})")
+    if not args.dry_run and Path(args.json).is_file():
+        # The README's speed table follows results.json (bench/readme_speed.py).
+        from bench import readme_speed
+
+        readme_speed.main(["--json", args.json])
     if skipped:
         print(f"skipped (inputs missing): {', '.join(skipped)}")
     if failed:

@@ -101,4 +101,6 @@ class Adam:
         m, v = self.moments(param)
         # Darknet's -decay*batch: a float times an int, in float
         decay = float(np.float32(args.decay) * np.float32(args.batch))
-        be.adam_update(param, update, m, v, self.step, self.b1, self.b2, self.eps, decay)
+        be.adam_update(
+            param, update, m, v, self.step, self.b1, self.b2, self.eps, decay, skip=args.skip
+        )

@@ -158,55 +158,101 @@ class LossScaler:
     buffers then hold scale x their value, and the update unscales them first.
 
     Static (the fork's [net] loss_scale=): a step whose gradients hold inf or NaN is
-    skipped. Dynamic (no loss_scale): also halves the scale on such a step, and doubles it
-    after `growth_interval` clean updates. `skipped` counts the skipped updates.
+    skipped. Dynamic (no loss_scale): also halves the scale on such a step (to at least 1),
+    and doubles it after `growth_interval` clean updates in a row. `skipped` counts the
+    skipped updates.
 
     Darknet's update leaves momentum x the last update in the buffers, and gradients add
     to that: the buffers stay in scaled units between updates (unscaled for the update,
     scaled again after), so momentum is untouched by the scale. A skipped update drops its
-    gradients and the momentum history with them (the buffers are zeroed)."""
+    gradients and the momentum history with them (the buffers are zeroed).
+
+    The state lives on the backend, as PyTorch's GradScaler keeps it on the GPU: `scales`
+    (scale, 1/scale) and `counts` (found inf, clean updates in a row, skipped), made at
+    the first use. Every step of the scaler is a backend op that reads them there (the
+    optimizer ops of ops/optimizers): a training step with its update is one recorded graph
+    whatever the scale does, and the host never waits on the gradients. `scale` and
+    `skipped` read the backend when asked (the log line): a wait for the queued work."""
 
     def __init__(self, scale=None, growth_interval=1000):
+        if int(growth_interval) < 1:
+            raise ValueError(f"growth_interval must be at least 1, got {growth_interval}")
         self.dynamic = scale is None
-        self.scale = float(2.0**12 if scale is None else scale)
-        self.growth_interval = growth_interval
-        self.skipped = 0
-        self._clean = 0
-        self._sums = None
+        self.growth_interval = int(growth_interval)
+        self._scale = float(2.0**12 if scale is None else scale)  # until bound
+        self.be = None
+        self.scales = None  # backend (scale, 1/scale)
+        self.counts = None  # backend int (found inf, clean, skipped)
+        self._table = None  # be.array_table of the update buffers, and those buffers
+        self._table_arrays = ()
+
+    def bind(self, be):
+        """Make the state on backend `be` (once; the scale set so far carried over)."""
+        if self.be is be:
+            return
+        self.be = be
+        self.scales = be.zeros(2)
+        self.counts = be.int_zeros(3)
+        self._write_scale(self._scale)
+        self._table, self._table_arrays = None, ()
+
+    def _write_scale(self, value):
+        # The inverse from the host's double, as the host scaler's scal(1.0 / scale) took it
+        # (a static scale that is no power of two keeps the same rounding).
+        self.be.write(self.scales, [value, 1.0 / value])
+
+    @property
+    def scale(self):
+        """The loss scale now (a dynamic one read from the backend: a wait)."""
+        if self.be is None or not self.dynamic:
+            return self._scale
+        return float(self.be.to_host(self.scales)[0])
+
+    @scale.setter
+    def scale(self, value):
+        self._scale = float(value)
+        if self.be is not None:
+            self._write_scale(self._scale)
+
+    @property
+    def skipped(self):
+        """Updates skipped so far (read from the backend: a wait)."""
+        if self.be is None:
+            return 0
+        return int(self.be.to_host(self.counts)[2])
+
+    def graph_key(self):
+        """What a recorded step of this scaler depends on beyond the backend's state: the
+        scaler itself (its arrays) and the rule the bookkeeping kernel was given."""
+        return (self, self.dynamic, self.growth_interval)
 
     def scale_deltas(self, net):
         """Multiply the gradient sources (the heads' deltas, written in forward) by the scale."""
+        self.bind(net.be)
         for layer in net.layers:
             if layer.type in HEAD_TYPES and getattr(layer, "delta", None) is not None:
-                net.be.scal(self.scale, layer.delta)
+                net.be.scale_by(self.scales[0:1], layer.delta)
+
+    def _update_table(self, be, updates):
+        if len(updates) != len(self._table_arrays) or any(
+            a is not b for a, b in zip(updates, self._table_arrays)
+        ):
+            self._table, self._table_arrays = be.array_table(updates), tuple(updates)
+        return self._table
 
     def update(self, net):
-        """The iteration's update: applied unscaled when every gradient is finite, else
-        skipped (buffers zeroed); the scale adapted when dynamic. Returns True if applied."""
+        """The iteration's update, queued on the backend: applied unscaled when every
+        gradient is finite, else skipped (buffers zeroed); the scale adapted when dynamic,
+        the counts moved. Nothing is read back."""
         be = net.be
-        updates = net.update_buffers()[0]
-        if self._sums is None or self._sums.size < len(updates):
-            self._sums = be.zeros(max(1, len(updates)))
-        for i, buffer in enumerate(updates):
-            be.sum_into(buffer, self._sums[i : i + 1])
-        finite = bool(np.all(np.isfinite(be.to_host(self._sums)[: len(updates)])))
-        if finite:
-            for buffer in updates:
-                be.scal(1.0 / self.scale, buffer)
-            net._update_layers()
-            self._clean += 1
-            if self.dynamic and self._clean % self.growth_interval == 0:
-                self.scale *= 2.0
-        else:
-            for buffer in updates:
-                be.fill(buffer, 0.0)
-            self.skipped += 1
-            self._clean = 0
-            if self.dynamic:
-                self.scale = max(1.0, self.scale / 2.0)
-        for buffer in updates:  # momentum's history, back in scaled units
-            be.scal(self.scale, buffer)
-        return finite
+        self.bind(be)
+        table = self._update_table(be, net.update_buffers()[0])
+        found_inf = self.counts[0:1]
+        be.fill(found_inf, 0)
+        be.unscale_check(table, self.scales, self.counts)
+        net._update_layers(skip=found_inf)
+        be.loss_scale_step(self.scales, self.counts, self.dynamic, self.growth_interval)
+        be.rescale_or_zero(table, self.scales, self.counts)  # momentum's history, scaled again
 
 
 def loss_scaler(net):

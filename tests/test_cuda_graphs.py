@@ -64,9 +64,9 @@ activation=linear
 
 # Ops that hand data to or from the host: a graph cannot record them (the CUDA backend's
 # capture fails on the synchronisation they need).
-_HOST_OPS = {"to_host", "from_host", "write", "sum", "synchronize"}
+_HOST_OPS = {"to_host", "from_host", "write", "sum", "synchronize", "array_table"}
 # Not recorded: capture itself, and what answers a question rather than doing work.
-_NOT_OPS = {"capture", "timer", "conv_backward_implicit"}
+_NOT_OPS = {"capture", "timer", "conv_backward_implicit", "storage_of"}
 
 
 class RecordingBackend(NumpyBackend):
@@ -95,6 +95,14 @@ def _recorded(name):
             return result
         if name in _HOST_OPS:
             raise GraphCaptureError(f"{name} while capturing")
+        if name == "pack_weights":  # made once; the recorded kernel refills it (fp16, bf16)
+            packed = op(self, *args, **kwargs)
+
+            def refill(*a, **k):
+                packed.data[...] = op(self, *a, **k).data
+
+            self.recording.append((refill, args, kwargs))
+            return packed
         self.recording.append((functools.partial(op, self), args, kwargs))
         return None
 
@@ -124,8 +132,13 @@ def eager_backend(kind):
 BACKENDS = ["recording", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def network(be, subdivisions=1, graphs=True, cfg=CFG):
-    net = Network(parse_cfg_text(cfg.format(subdivisions=subdivisions)), backend=be, seed=3)
+def network(be, subdivisions=1, graphs=True, cfg=CFG, precision=None):
+    net = Network(
+        parse_cfg_text(cfg.format(subdivisions=subdivisions)),
+        backend=be,
+        seed=3,
+        precision=precision,
+    )
     net.graphs.enabled = graphs
     return net
 
@@ -175,6 +188,50 @@ def test_replayed_training_equals_eager_bit_for_bit(kind, subdivisions):
     assert replayed.graphs.captured == subdivisions
     assert replayed.graphs.replayed == 3 * subdivisions
     assert eager.graphs.replayed == 0
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("subdivisions", [1, 2])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the forced overflows' inf and NaN
+def test_fp16_steps_replay_while_the_loss_scale_moves(kind, subdivisions):
+    """fp16 training's loss scaler (its update inside the recorded step): the scale set
+    by hand to overflow fp16 (a skipped update, the scale halved), then low enough to grow
+    (growth_interval=2); the replayed network equals the eager one bit for bit, its scale
+    and skipped count too, with one recording per kind of pass."""
+    from darknet_py.precision import LossScaler
+
+    replayed = network(make_backend(kind), subdivisions, precision="fp16")
+    eager = network(eager_backend(kind), subdivisions, graphs=False, precision="fp16")
+    for net in (replayed, eager):
+        net.loss_scaler = LossScaler(growth_interval=2)
+    scales_at = {2: 2.0**100, 4: 16.0}
+    history = []
+    for i, (x, truth) in enumerate(batches(eager, 8 * subdivisions)):
+        iteration = i // subdivisions
+        if i % subdivisions == 0 and iteration in scales_at:
+            for net in (replayed, eager):
+                net.loss_scaler.scale = scales_at[iteration]
+        costs = [net.train_pass(x, truth) for net in (replayed, eager)]
+        assert costs[0] == costs[1] or np.isnan(costs).all()
+        assert_same(state(replayed), state(eager))
+        figures = [(net.loss_scaler.scale, net.loss_scaler.skipped) for net in (replayed, eager)]
+        assert figures[0] == figures[1]
+        if i % subdivisions == subdivisions - 1:
+            history.append(figures[0])
+    # 2: 2^100 overflows, skipped and halved; 3: 2^99 still overflows; 4: set to 16, clean;
+    # 5: the second clean update in a row doubles it; 7: again.
+    assert history == [
+        (4096, 0),
+        (8192, 0),
+        (2.0**99, 1),
+        (2.0**98, 2),
+        (16, 2),
+        (32, 2),
+        (32, 2),
+        (64, 2),
+    ]
+    assert replayed.graphs.captured == subdivisions
+    assert replayed.graphs.replayed == 7 * subdivisions
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
@@ -370,3 +427,27 @@ def test_region_and_detection_steps_replay_once_their_early_phase_is_over(kind, 
         assert_same(state(replayed), state(eager))
         assert replayed.graphs.captured == (step >= 3)
     assert replayed.graphs.replayed == 4  # step 2 eager, 3 captured and replayed, then 4-6
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_small_predict_replays_its_copies_with_the_layers(kind, monkeypatch):
+    """predict() of a small float batch is one recorded step: the input's copy from
+    page-locked memory, the layers, the output's copy back. Each replay reads the new
+    input and gives the eager network's output; a batch over the size limit takes the
+    staged path (no whole-call buffers)."""
+    from darknet_py.network import inference
+
+    replayed = network(make_backend(kind))
+    eager = network(eager_backend(kind), graphs=False)
+    rng = np.random.default_rng(5)
+    for i in range(4):
+        x = rng.random((2,) + replayed.input_shape, dtype=np.float32)
+        got = replayed.predict(x)
+        np.testing.assert_array_equal(got, eager.predict(x))
+        assert got.shape == eager.predict(x).shape
+    assert replayed._whole_call is not None and replayed._whole_call.host_in.shape[0] == 2
+    assert replayed.graphs.replayed == 3  # eager, captured and replayed, replayed twice
+    monkeypatch.setattr(inference, "WHOLE_CALL_MAX_BYTES", 0)
+    x = rng.random((3,) + replayed.input_shape, dtype=np.float32)
+    np.testing.assert_array_equal(replayed.predict(x), eager.predict(x))
+    assert replayed._whole_call.host_in.shape[0] == 2  # not used for that one

@@ -11,7 +11,7 @@ than 1,000 terms; indexes and dropout masks must match exactly.
 The CPU-side tests (not marked) read cuda_backend.py, its op-family mixins
 (backends/cuda_*.py, ops/*/*.py) and the kernel files (ops/*/*.cu) as text, so
 they run without PyCUDA: every NumpyBackend op exists on CudaBackend with the
-same parameters, and every kernel's argument format matches its C signature.
+same parameters. (Every launch against its kernel's declaration: test_kernel_launches.py.)
 """
 
 import ast
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from darknet_py import activations
-from darknet_py.backends import kernel_cache, prebuilt
+from darknet_py.backends import prebuilt
 from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.shapes import conv_out_size
 
@@ -128,130 +128,6 @@ def test_cuda_backend_class_attributes_and_constructor():
     assert "float32" in ast.unparse(attrs["dtype"])
     init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
     assert _params(init.args)[0] == ("device_index", 0)
-
-
-def _module_kernel_table(tree, where):
-    """A family module's KERNELS, evaluated over the module's literal constants (None if
-    it has none)."""
-    env, table = {}, None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-            if name == "KERNELS":
-                table = node.value
-            else:
-                try:
-                    env[name] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-    if table is None:
-        return None
-    # One namespace for all (comprehensions see only globals).
-    env["__builtins__"] = {"dict": dict}
-    return eval(compile(ast.Expression(table), f"{where} KERNELS", "eval"), env)
-
-
-def _kernel_table():
-    """Every family module's KERNELS merged per kernel file (as cuda_backend's _KERNELS)."""
-    merged = {}
-    for path, tree in _family_modules().items():
-        table = _module_kernel_table(tree, path.name)
-        for filename, entries in (table or {}).items():
-            into = merged.setdefault(filename, {})
-            twice = set(into) & set(entries)
-            assert not twice, f"{path.name}: kernels of {filename} listed twice: {sorted(twice)}"
-            into.update(entries)
-    assert merged, "no KERNELS table in the op families' modules"
-    return merged
-
-
-_C_TYPES = {"int": "i", "unsigned int": "I", "long long": "q", "float": "f"}
-
-
-def _params_format(name, params):
-    """The struct format of a C parameter list."""
-    fmt = ""
-    for p in params.split(","):
-        p = re.sub(r"\b(const|__restrict__)\b", " ", p.split("//")[0]).strip()
-        if "*" in p:
-            fmt += "P"
-        else:
-            ctype = " ".join(p.split()[:-1])
-            assert ctype in _C_TYPES, f"{name}: unexpected parameter type '{ctype}'"
-            fmt += _C_TYPES[ctype]
-    return fmt
-
-
-_ENTRY = r'extern "C" __global__ void\s+(?:__launch_bounds__\(.*?\)\s+)?(\w+)\s*\(([^)]*)\)'
-
-
-def _kernel_source(filename):
-    """A kernel file as the compiler reads it, as far as its entry points go: the
-    headers it includes, then its own text, then each invocation of a
-    one-precision macro (`#define NAME(PREC, P)`: gemm_tc.cuh's TC_PRECISION_ENTRIES,
-    conv_backward_entries.cuh's CONV_BACKWARD_TC_ENTRIES) written out a line per
-    macro line, PREC and P replaced."""
-    text = _kernel_file(filename).read_text()
-    headers = kernel_cache.included_headers(text, prebuilt.KERNEL_DIRS)
-    full = "\n".join(h for _, h in headers) + "\n" + text
-    for macro, body in re.findall(
-        r"^#define (\w+)\(PREC, P\)\s*\\\n((?:.*\\\n)*.*)$", full, flags=re.M
-    ):
-        lines = [line.rstrip("\\").strip() for line in body.splitlines()]
-        for prec, p in re.findall(rf"^{macro}\((\w+), (\w+)\)$", text, flags=re.M):
-            full += "\n" + "\n".join(
-                re.sub(r"\bP\b", p, re.sub(r"(##)?PREC(##)?", prec, line)) for line in lines if line
-            )
-    return full
-
-
-def _kernel_signatures(text):
-    """{entry point: struct format} of a .cu file's extern "C" __global__ functions,
-    those of macros whose first parameter is the name (gemm.cu's SGEMM_ENTRY,
-    conv_backward_entries.cuh's) included: each line invoking such a macro is an entry
-    point."""
-    text = text.replace("\\\n", " ")
-    sigs = {
-        name: _params_format(name, params)
-        for name, params in re.findall(_ENTRY, text, flags=re.S)
-        if name != "NAME"
-    }
-    for macro, body in re.findall(r"^#define (\w+)\(NAME,(.*)$", text, flags=re.M):
-        entry = re.search(_ENTRY, body, flags=re.S)
-        for name in re.findall(rf"^{macro}\((\w+),", text, flags=re.M):
-            sigs[name] = _params_format(name, entry.group(2)) if entry else None
-    if "ENTRY" in sigs:  # gemm_tc.cuh: TC_*_ENTRY through the TC_TILES X-macro
-        sigs.update(_tc_entry_signatures(text))
-        sigs.pop("ENTRY")
-    return sigs
-
-
-def _tc_entry_signatures(text):
-    """gemm_tc.cuh's entry points: TC_TILES(TC_CONV_X, TC_CONV_HALF_X or TC_GEMM_X,
-    precision, P) expanded."""
-    formats = {}
-    for macro in ("TC_CONV_ENTRY", "TC_GEMM_ENTRY"):
-        body = re.search(rf"#define {macro}\(.*?ENTRY\((.*?)\)\s*\{{", text, flags=re.S).group(1)
-        formats[macro] = _kernel_signatures(f'extern "C" __global__ void x({body})')["x"]
-    tiles = re.findall(r"X\(PREC, P, (\w+),", text)
-    sigs = {}
-    for x_macro, precision in re.findall(r"^TC_TILES\((TC_\w+_X), (\w+), \w+\)", text, flags=re.M):
-        for tile in tiles:
-            if x_macro in ("TC_CONV_X", "TC_CONV_HALF_X"):
-                out = "_h" if x_macro == "TC_CONV_HALF_X" else ""
-                sigs[f"conv_tc_{precision}_{tile}{out}"] = formats["TC_CONV_ENTRY"]
-            else:
-                for case in ("nn", "nt", "tn"):
-                    sigs[f"gemm_tc_{precision}_{tile}_{case}"] = formats["TC_GEMM_ENTRY"]
-    return sigs
-
-
-def test_kernel_argument_formats_match_the_kernels():
-    for filename, entries in _kernel_table().items():
-        sigs = _kernel_signatures(_kernel_source(filename))
-        for name, fmt in entries.items():
-            assert name in sigs, f"{filename} has no kernel {name}"
-            assert sigs[name] == fmt, f"{name}: backend passes '{fmt}', kernel takes '{sigs[name]}'"
 
 
 def test_activation_kernel_ids_match_activations_py():

@@ -41,6 +41,7 @@ FLOORS = [
         [
             "backends.errors",
             "backends.kernel_cache",
+            "backends.kernel_signatures",
             "backends.prebuilt",
             "backends.cpu_threads",
             "backends.pinning",

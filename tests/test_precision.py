@@ -15,9 +15,10 @@ import pytest
 from test_cuda_ops import assert_close, nan, rand
 
 from darknet_py import precision as precisions
-from darknet_py.backends.numpy_backend import NumpyBackend, conv_out_size
+from darknet_py.backends.numpy_backend import NumpyBackend
 from darknet_py.cfg import CfgError
 from darknet_py.network import NetworkError, load_network
+from darknet_py.shapes import conv_out_size
 
 gpu = pytest.mark.gpu
 REDUCED = ("tf32", "fp16", "bf16")

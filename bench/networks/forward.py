@@ -19,6 +19,11 @@ Rows (ms, medians; fp16 unless named otherwise):
   * torch_yolov3tiny_b64_forward_layers_ms_fp16 (--torch): the same network in PyTorch
     (bench/torch_port.py), AMP (autocast fp16) + channels_last + cudnn.benchmark, replayed
     as a CUDA graph (PyTorch is used here only, as the reference a user would pick instead).
+  * yolov3tiny_b1_forward_whole_ms (--batch1): one image's whole call, predict() on a float32
+    (1, 3, 416, 416) array to the output on the host, wall clock, in tf32 (the arithmetic of
+    PyTorch's twin); beside it ..._fp32 and ..._fp16, and torch_yolov3tiny_b1_forward_whole_ms
+    (--torch): the port in TF32 replayed as a CUDA graph, the array copied in and the output
+    copied back to a NumPy array in the timed call.
 Other precisions (--precisions fp32 tf32 bf16) give the layers' rows, printed and appended
 to --results only.
 """
@@ -119,6 +124,64 @@ def whole_call_parts(net, photos, floats, repeats):
     return parts
 
 
+def batch1_rows(repeats):
+    """{key: ms} of one image's whole call (predict on a float32 array, the output back on
+    the host) in fp32, tf32 and fp16, and of its layers alone (graph replay, waited)."""
+    rows = {}
+    x = np.random.default_rng(0).random((1, 3, 416, 416), dtype=np.float32)
+    for precision in ("fp32", "tf32", "fp16"):
+        net = load_network(CFG, batch=1, device="cuda", precision=precision)
+        prepare(net)
+        be = net.be
+        whole = wall_ms(be, lambda: net.predict(x), 5, 5 * repeats)
+        net.predict(x)
+        layers = wall_ms(be, lambda: (net.infer(), be.synchronize()), 5, 5 * repeats)
+        rows[f"yolov3tiny_b1_forward_whole_ms_{precision}"] = whole
+        rows[f"yolov3tiny_b1_forward_layers_ms_{precision}"] = layers
+    rows["yolov3tiny_b1_forward_whole_ms"] = rows["yolov3tiny_b1_forward_whole_ms_tf32"]
+    return rows
+
+
+def torch_batch1_ms(repeats):
+    """PyTorch's whole call on one image: the float32 NumPy array copied into the graph's
+    input, yolov3-tiny in TF32 (cuDNN, channels_last) replayed as a CUDA graph, the output
+    copied back to a NumPy array; wall ms, median."""
+    import torch
+
+    from bench.torch_port import DarknetPort
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model = DarknetPort(CFG).cuda().eval().to(memory_format=torch.channels_last)
+    static_in = torch.zeros(1, 3, 416, 416, device="cuda").to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                model(static_in)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = model(static_in)
+        out = static_out[-1] if isinstance(static_out, (list, tuple)) else static_out
+        x = np.random.default_rng(0).random((1, 3, 416, 416), dtype=np.float32)
+
+        def call():
+            static_in.copy_(torch.from_numpy(x))
+            graph.replay()
+            return out.cpu().numpy()
+
+        times = []
+        for i in range(5 + 5 * repeats):
+            t0 = time.perf_counter()
+            call()
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def torch_layers_ms(repeats):
     """PyTorch's forward of yolov3-tiny (bench/torch_port.py: the cfg's layers one for one),
     AMP fp16, channels_last, one CUDA graph replay per timed run; ms, median."""
@@ -184,6 +247,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precisions", nargs="+", default=["fp16"], choices=sorted(DATASHEET_PEAK))
     ap.add_argument("--torch", action="store_true", help="also time PyTorch's twin")
+    ap.add_argument("--batch1", action="store_true", help="also time one image's whole call")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", help=f"merge fp16's rows into this file ({RESULTS_JSON})")
     ap.add_argument("--results", help="append a dated section to this Markdown file")
@@ -195,10 +259,15 @@ def main():
         parts.update(got_parts)
     if args.torch:
         rows["torch_yolov3tiny_b64_forward_layers_ms_fp16"] = torch_layers_ms(args.repeats)
+    if args.batch1:
+        rows.update(batch1_rows(args.repeats))
+        if args.torch:
+            rows["torch_yolov3tiny_b1_forward_whole_ms"] = torch_batch1_ms(args.repeats)
     lines = markdown(gpu, args.repeats, per_precision, parts, rows)
     print("\n".join(lines))
     if args.json:
-        merge_json(args.json, {k: v for k, v in rows.items() if "_fp16" in k}, gpu, digits=3)
+        kept = {k: v for k, v in rows.items() if "_fp16" in k or "_b1_" in k}
+        merge_json(args.json, kept, gpu, digits=3)
     if args.results:
         append_section(args.results, lines)
 

@@ -5,14 +5,15 @@ into a pool allocation and a length. A flat slice ``a[i:j]`` is a view, and kern
 get raw pointers, so views work everywhere. Every op is asynchronous on the backend's one
 stream except those that hand data to the host (to_host, sum, synchronize).
 
-The ops live in one mixin per family, each family's kernel table beside its launchers:
+The ops live in one mixin per family, each family's kernel files named beside its launchers:
 cuda_core here (device, arrays, launches, sync, copies, graph capture), and in the
 families' folders ops/<family>/: convolution/cuda.py (GEMMs, tensor-core convolution,
 im2col/col2im), convolution/cuda_backward.py (the convolution backward as implicit GEMMs),
 normalization/cuda.py (bias/scale, batch norm, channel reductions, l2norm, lrn),
 elementwise/cuda.py (vector ops, activations, shape ops, dropout), pooling/cuda.py,
 losses/cuda.py (softmax, costs, yolo/region/detection losses), images/cuda.py (photos
-uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's update).
+uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's and SGD's
+updates, fp16's loss scaler).
 
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
@@ -40,40 +41,42 @@ import numpy as np
 # Names other modules import from here: CudaBackend, DeviceArray, CudaError, and for the
 # benches _TC_TILES, _KERNELS, _KERNEL_OPTIONS.
 from ..ops.convolution.cuda import _TC_TILES, CudaConv  # noqa: F401
-from ..ops.convolution.cuda import KERNELS as _CONV_KERNELS
-from ..ops.convolution.cuda_backward import KERNELS as _CONV_BACKWARD_KERNELS
+from ..ops.convolution.cuda import KERNEL_FILES as _CONV_FILES
+from ..ops.convolution.cuda_backward import KERNEL_FILES as _CONV_BACKWARD_FILES
 from ..ops.convolution.cuda_backward import CudaConvBackward
-from ..ops.elementwise.cuda import KERNELS as _ELEMENTWISE_KERNELS
+from ..ops.elementwise.cuda import KERNEL_FILES as _ELEMENTWISE_FILES
 from ..ops.elementwise.cuda import CudaElementwise
-from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
+from ..ops.images.cuda import KERNEL_FILES as _IMAGE_FILES
 from ..ops.images.cuda import CudaImages
-from ..ops.losses.cuda import KERNELS as _LOSS_KERNELS
+from ..ops.losses.cuda import KERNEL_FILES as _LOSS_FILES
 from ..ops.losses.cuda import CudaLosses
-from ..ops.normalization.cuda import KERNELS as _NORM_KERNELS
+from ..ops.normalization.cuda import KERNEL_FILES as _NORM_FILES
 from ..ops.normalization.cuda import CudaNorm
-from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS
+from ..ops.optimizers.cuda import KERNEL_FILES as _OPTIMIZER_FILES
 from ..ops.optimizers.cuda import CudaOptimizerOps
-from ..ops.pooling.cuda import KERNELS as _POOLING_KERNELS
+from ..ops.pooling.cuda import KERNEL_FILES as _POOLING_FILES
 from ..ops.pooling.cuda import CudaPooling
+from . import kernel_signatures
 from .cuda_core import (  # noqa: F401
     _KERNEL_OPTIONS,
     CudaCore,
     CudaError,
     DeviceArray,
     _Device,
-    merge_kernel_tables,
 )
 
-# Every kernel file's entry points and argument formats, from the families' tables.
-_KERNELS = merge_kernel_tables(
-    _CONV_KERNELS,
-    _CONV_BACKWARD_KERNELS,
-    _NORM_KERNELS,
-    _ELEMENTWISE_KERNELS,
-    _POOLING_KERNELS,
-    _LOSS_KERNELS,
-    _IMAGE_KERNELS,
-    _OPTIMIZER_KERNELS,
+# {kernel file: {entry point: argument format}} of the files the families launch from, each
+# format read from the kernel's declaration (kernel_signatures): a launch names its kernel
+# and passes its arguments, nothing else.
+_KERNELS = kernel_signatures.kernel_table(
+    _CONV_FILES
+    + _CONV_BACKWARD_FILES
+    + _NORM_FILES
+    + _ELEMENTWISE_FILES
+    + _POOLING_FILES
+    + _LOSS_FILES
+    + _IMAGE_FILES
+    + _OPTIMIZER_FILES
 )
 
 

@@ -3,8 +3,9 @@ their allocation, kernel launches and their errors, synchronisation, host<->devi
 (synchronous, asynchronous on the copy stream, page-locked) and graph capture.
 
 CudaCore is one of the mixins CudaBackend (cuda_backend.py) is composed of; each op
-family's mixin lists its kernels in a KERNELS table ({kernel file: {entry point: argument
-format}}) beside its launchers, and cuda_backend.py merges them for _Device.
+family's mixin names the kernel files it launches from (KERNEL_FILES) beside its launchers,
+and cuda_backend.py reads their entry points and argument formats from the files
+(kernel_signatures) for _Device.
 """
 
 import atexit
@@ -18,7 +19,7 @@ from pycuda.tools import DeviceMemoryPool
 
 from .. import precision as precisions
 from ..processes import trace_start
-from . import cuda_graph, cuda_transfer, kernel_cache, prebuilt
+from . import cuda_graph, cuda_transfer, kernel_cache, kernel_signatures, prebuilt
 from .errors import DeviceOutOfMemory, GraphCaptureError
 from .pinning import unpin_nothing
 
@@ -26,21 +27,6 @@ _KERNEL_OPTIONS = kernel_cache.KERNEL_OPTIONS
 
 _BLOCK = 256
 _MAX_GRID_Y = 65535
-
-
-def merge_kernel_tables(*tables):
-    """One {kernel file: {entry point: argument format}} table (formats are struct codes:
-    P device pointer, i int32, I uint32, q int64, f float32) from the families' KERNELS (a file's
-    entry points may come from several families); an entry point listed twice is an error."""
-    merged = {}
-    for table in tables:
-        for filename, entries in table.items():
-            into = merged.setdefault(filename, {})
-            for name, fmt in entries.items():
-                if name in into:
-                    raise ValueError(f"kernel {name} of {filename} listed twice")
-                into[name] = fmt
-    return merged
 
 
 class _EventTimer:
@@ -117,7 +103,7 @@ class _KernelTable(collections.abc.Mapping):
         if fn is None:
             filename = self._file_of[name]  # KeyError: no such kernel
             fn = self._module(filename).get_function(name)
-            fn.prepare(self._format[name])
+            fn.prepare(kernel_signatures.pycuda_format(name, self._format[name]))
             self._functions[name] = fn
         return fn
 
@@ -576,6 +562,28 @@ class CudaCore:
         landed = drv.Event(drv.event_flags.DISABLE_TIMING)
         landed.record(self.stream)
         return landed
+
+    def upload_from(self, arr, host):
+        """Queue the copy of host array `host` (contiguous, arr.size elements of arr's
+        dtype, page-locked by pin(): a DMA on the stream, which a captured graph can record,
+        reading the host memory at each replay) into `arr`."""
+        if host.size != arr.size or host.dtype != arr.dtype or not host.flags.c_contiguous:
+            raise ValueError(
+                f"upload_from: {host.size} {host.dtype} for an array of {arr.size} {arr.dtype}"
+            )
+        if arr.size:
+            drv.memcpy_htod_async(self._ptr(arr), host, self.stream)
+
+    def download_into(self, arr, out):
+        """Queue the copy of `arr` into host array `out` (contiguous, arr.size elements of
+        arr's dtype, page-locked by pin(): a DMA on the stream, which a captured graph can
+        record); it has landed once the work queued so far is done (synchronize)."""
+        if out.size != arr.size or out.dtype != arr.dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"download_into: {out.size} {out.dtype} for an array of {arr.size} {arr.dtype}"
+            )
+        if arr.size:
+            drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
 
     def finish_download(self, download):
         try:

@@ -59,7 +59,7 @@ KERNEL_DIRS = kernel_folders()
 
 def kernel_paths(kernel_dirs=KERNEL_DIRS):
     """{file name: path} of every .cu file in kernel_dirs; kernels are named by their file
-    alone (the cache, the manifest, the launchers' KERNELS tables), so a name in two
+    alone (the cache, the manifest, the launchers' KERNEL_FILES), so a name in two
     folders is an error."""
     paths = {}
     for folder in kernel_dirs:

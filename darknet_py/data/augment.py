@@ -41,6 +41,58 @@ def _cv2():
 # Darknet's (C, H, W).
 
 
+def _channels_kept(out):
+    """OpenCV returns a one-channel image as (H, W): give it its channel axis back."""
+    return out[:, :, None] if out.ndim == 2 else out
+
+
+def mirror_hwc(hwc):
+    """hwc mirrored left to right, as a new contiguous array (OpenCV's flip: ~15x faster
+    than NumPy's copy of a reversed view)."""
+    return _channels_kept(_cv2().flip(hwc, 1))
+
+
+# NumPy's float32 mean over axis 0 of (pixels, C), C = 2 to 4, adds the pixels one by one in
+# float32, in order (one channel: pairwise, and fast). OpenCV's float32 integral of the
+# pixels laid out as one row adds them in that order too, 3-4x faster; mean_colour checks
+# once a process, for each C, that both agree.
+_integral_sums_agree = {}  # channels -> bool
+_SUM_CHUNK = 1 << 19  # pixels an integral adds at a time: its output is 8 floats a pixel
+
+
+def _sums_in_order(flat):
+    """Each column of the float32 (N, C) array, C = 2 to 4, summed in row order, in float32."""
+    cv2 = _cv2()
+    n, c = flat.shape
+    sums = np.zeros(c, dtype=np.float32)
+    for start in range(0, n, _SUM_CHUNK):
+        chunk = flat[start : start + _SUM_CHUNK]
+        if start:  # go on from the sums so far: they lead the chunk as its first pixel
+            chunk = np.concatenate([sums[None], chunk])
+        row = chunk.reshape(1, len(chunk), c)
+        sums = np.array(cv2.integral(row, sdepth=cv2.CV_32F)[1, -1], dtype=np.float32)
+    return sums.reshape(c)
+
+
+def mean_colour(hwc):
+    """The mean of each channel of a float32 (H, W, C) image: bit for bit what
+    hwc.reshape(-1, C).mean(axis=0) gives (for 2 to 4 channels its float32 sum in pixel
+    order, divided as NumPy's mean divides), at a quarter of its cost."""
+    flat = np.ascontiguousarray(hwc, dtype=np.float32).reshape(-1, hwc.shape[-1])
+    channels = flat.shape[1]
+    if not 2 <= channels <= 4 or not len(flat):
+        return flat.mean(axis=0)
+    if channels not in _integral_sums_agree:
+        probe = np.random.default_rng(channels).random((100_003, channels), dtype=np.float32)
+        _integral_sums_agree[channels] = bool(
+            np.array_equal(_sums_in_order(probe), probe.sum(axis=0))
+        )
+    if not _integral_sums_agree[channels]:
+        return flat.mean(axis=0)
+    sums = _sums_in_order(flat)
+    return np.true_divide(sums, np.intp(len(flat)), out=sums, casting="unsafe")
+
+
 def to_hwc(img):
     return np.ascontiguousarray(img.transpose(1, 2, 0), dtype=np.float32)
 
@@ -233,7 +285,7 @@ def augment_classifier_hwc(hwc, augment, w, h, rng):
         )
         out = _warp_hwc(hwc, source_of, w, h, False)
     if augment.flip and rng.integers(2):
-        out = np.ascontiguousarray(out[:, ::-1])
+        out = mirror_hwc(out)
     return _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
 
 
@@ -258,7 +310,7 @@ def augment_detection_hwc(hwc, boxes, augment, w, h, rng, max_boxes=MAX_BOXES):
     out = _random_distort_hwc(out, rng, augment.hue, augment.saturation, augment.exposure)
     flip = bool(augment.flip and rng.integers(2))
     if flip:
-        out = np.ascontiguousarray(out[:, ::-1])
+        out = mirror_hwc(out)
     return out, detection_truth(boxes, max_boxes, -dx / w, -dy / h, nw / w, nh / h, flip, rng)
 
 

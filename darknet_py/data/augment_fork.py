@@ -28,17 +28,21 @@ import numpy as np
 from .augment import (
     ClassifierAugment,
     DetectorAugment,
+    _channels_kept,
     _cv2,
     _rand_int,
     _rand_scale,
     _rand_uniform,
     augment_classifier_hwc,
+    mean_colour,
+    mirror_hwc,
 )
 from .config import DataError
 from .labels import MAX_BOXES, correct_boxes
 
 TRUTH_FIELDS = 5
 MOSAIC_MIN_OFFSET = 0.2  # the mosaic's centre stays 20% away from every border
+SIMD_COLUMNS = 64  # a colour jitter window's column alignment (image_data_augmentation)
 
 
 @dataclass
@@ -170,38 +174,137 @@ def fork_fill_truth(boxes, dx, dy, sx, sy, flip, w, h, rng, max_boxes=MAX_BOXES)
     return b, min_side
 
 
+def _resize_reads(lo, hi, source, target):
+    """The first and last of `source` pixels that OpenCV's bilinear resize to `target`
+    reads for the outputs lo..hi-1 (it samples (x + 0.5) * source / target - 0.5 and
+    the pixel after), two more each side for its float32 rounding."""
+    scale = source / target
+    first = math.floor((lo + 0.5) * scale - 0.5) - 2
+    last = math.floor((hi - 0.5) * scale - 0.5) + 3
+    return max(first, 0), min(last, source - 1)
+
+
+def _crop_with_fill(hwc, pleft, ptop, swidth, sheight, reads=None):
+    """The swidth x sheight window of hwc at (pleft, ptop); pixels outside the image take
+    its mean colour. A window inside the image is a view (no mean to compute).
+    `reads` (first column, last column, first row, last row of the window): the only
+    pixels anything will read; when they are all the image's, the fill's colour never
+    shows and is left 0 (no mean to compute either)."""
+    oh, ow, channels = hwc.shape
+    x0, y0 = max(0, pleft), max(0, ptop)
+    x1, y1 = min(ow, pleft + swidth), min(oh, ptop + sheight)
+    if (x0, y0, x1, y1) == (pleft, ptop, pleft + swidth, ptop + sheight):
+        return hwc[y0:y1, x0:x1]
+    first_x, last_x, first_y, last_y = reads or (-1, -1, -1, -1)
+    fill_unread = (
+        reads is not None
+        and x0 - pleft <= first_x
+        and last_x < x1 - pleft
+        and y0 - ptop <= first_y
+        and last_y < y1 - ptop
+    )
+    if fill_unread:
+        fill = np.zeros(channels, dtype=np.float32)
+    else:
+        fill = mean_colour(hwc)
+    if x1 <= x0 or y1 <= y0 or channels > 4:
+        cropped = np.empty((sheight, swidth, channels), dtype=np.float32)
+        cropped[:] = fill
+        if x1 > x0 and y1 > y0:
+            cropped[y0 - ptop : y1 - ptop, x0 - pleft : x1 - pleft] = hwc[y0:y1, x0:x1]
+        return cropped
+    # One pass: the image's part of the window and the fill around it (a float32 border
+    # value is exact through OpenCV's double Scalar).
+    cv2 = _cv2()
+    cropped = cv2.copyMakeBorder(
+        hwc[y0:y1, x0:x1],
+        y0 - ptop,
+        ptop + sheight - y1,
+        x0 - pleft,
+        pleft + swidth - x1,
+        cv2.BORDER_CONSTANT,
+        value=tuple(float(v) for v in fill) + (0.0,) * (4 - channels),
+    )
+    return _channels_kept(cropped)
+
+
+def wrap_degrees(hue):
+    """np.mod(hue, 360) in place on float32 hues in (-360, 720), bit for bit, without its
+    slow fmod: one of 360 or more loses a turn (exact), a negative one gains a turn
+    (rounded as np.mod rounds it: a tiny negative hue becomes 360.0, as there)."""
+    np.subtract(hue, np.float32(360), out=hue, where=hue >= 360)
+    np.add(hue, np.float32(360), out=hue, where=hue < 0)
+    return hue
+
+
+def _fork_colour_jitter(rgb, dhue, dsat, dexp):
+    """The fork's HSV jitter of a float32 (H, W, C) image (a view allowed), as a new array:
+    hue shifted by 179 * dhue of OpenCV's 8-bit hue steps (wrapping), saturation and value
+    scaled, the result clipped to [0, 1] as the fork's 8-bit image saturates."""
+    cv2 = _cv2()
+    if rgb.shape[2] < 3:
+        out = rgb * np.float32(dexp)
+    else:
+        hue, sat, val = cv2.split(cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV))  # hue in degrees
+        hue += np.float32(2 * 179 * dhue)
+        wrap_degrees(hue)
+        sat *= np.float32(dsat)
+        val *= np.float32(dexp)
+        out = cv2.cvtColor(cv2.merge((hue, sat, val)), cv2.COLOR_HSV2RGB)
+    return np.clip(out, 0, 1, out=out)
+
+
 def image_data_augmentation(
-    hwc, w, h, pleft, ptop, swidth, sheight, flip, dhue, dsat, dexp, noise, blur, truth, rng
+    hwc,
+    w,
+    h,
+    pleft,
+    ptop,
+    swidth,
+    sheight,
+    flip,
+    dhue,
+    dsat,
+    dexp,
+    noise,
+    blur,
+    truth,
+    rng,
+    window=None,
 ):
     """The fork's image_data_augmentation: crop (outside the image: its mean colour),
-    resize to w x h (OpenCV, bilinear), mirror, HSV, blur, positive noise."""
+    resize to w x h (OpenCV, bilinear), mirror, HSV, blur, positive noise.
+    `window` (x0, y0, x1, y1): only that part of the result is used (a mosaic's corner),
+    the colour jitter skips the rest (left as resized), unless blur or noise need it."""
     cv2 = _cv2()
     oh, ow = hwc.shape[:2]
     if (pleft, ptop, swidth, sheight) == (0, 0, ow, oh):
         cropped = hwc
     else:
-        cropped = np.empty((sheight, swidth, hwc.shape[2]), dtype=np.float32)
-        cropped[:] = hwc.reshape(-1, hwc.shape[2]).mean(axis=0)
-        x0, y0 = max(0, pleft), max(0, ptop)
-        x1, y1 = min(ow, pleft + swidth), min(oh, ptop + sheight)
-        if x1 > x0 and y1 > y0:
-            cropped[y0 - ptop : y1 - ptop, x0 - pleft : x1 - pleft] = hwc[y0:y1, x0:x1]
-    sized = cv2.resize(cropped, (w, h), interpolation=cv2.INTER_LINEAR)
-    sized = sized[:, :, None] if sized.ndim == 2 else sized
+        reads = None
+        if window is not None and not blur and not noise:
+            x0, y0, x1, y1 = window
+            if flip:  # the window's columns before the mirror
+                x0, x1 = w - x1, w - x0
+            reads = (
+                *_resize_reads(x0, x1, swidth, w),
+                *_resize_reads(y0, y1, sheight, h),
+            )
+        cropped = _crop_with_fill(hwc, pleft, ptop, swidth, sheight, reads)
+    sized = _channels_kept(cv2.resize(cropped, (w, h), interpolation=cv2.INTER_LINEAR))
     if flip:
-        sized = sized[:, ::-1]
-    sized = np.ascontiguousarray(sized, dtype=np.float32)
+        sized = mirror_hwc(sized)
+    if sized.dtype != np.float32 or not sized.flags.c_contiguous:
+        sized = np.ascontiguousarray(sized, dtype=np.float32)
     if dsat != 1 or dexp != 1 or dhue != 0:
-        if sized.shape[2] >= 3:
-            hsv = cv2.cvtColor(sized, cv2.COLOR_RGB2HSV)  # hue in degrees
-            # 8-bit OpenCV hue has 180 steps: the fork adds 179*dhue of them.
-            hsv[:, :, 0] = np.mod(hsv[:, :, 0] + np.float32(2 * 179 * dhue), 360)
-            hsv[:, :, 1] *= np.float32(dsat)
-            hsv[:, :, 2] *= np.float32(dexp)
-            sized = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
-        else:
-            sized = sized * np.float32(dexp)
-        sized = np.clip(sized, 0, 1).astype(np.float32)  # the fork's 8-bit image saturates
+        x0, y0, x1, y1 = (0, 0, w, h) if window is None or blur or noise else window
+        # OpenCV's RGB->HSV gives the last pixels of a row that fill no whole SIMD vector
+        # (its scalar code) slightly different hues: a window's columns start and end where
+        # the whole image's rows have vector boundaries (multiples of 64 pixels hold those
+        # of every vector width), so each of its pixels takes the same path as there.
+        x0, x1 = x0 - x0 % SIMD_COLUMNS, min(w, x1 + (-x1) % SIMD_COLUMNS)
+        if x1 > x0 and y1 > y0:
+            sized[y0:y1, x0:x1] = _fork_colour_jitter(sized[y0:y1, x0:x1], dhue, dsat, dexp)
     if blur:
         size = 17 if blur == 1 else (blur // 2) * 2 + 1
         blurred = cv2.GaussianBlur(sized, (size, size), 0)
@@ -223,8 +326,10 @@ def image_data_augmentation(
     return np.ascontiguousarray(sized, dtype=np.float32)
 
 
-def augment_piece(hwc, boxes, aug, w, h, rng, max_boxes, piece=None):
-    """One image of a sample: returns (image (h, w, C), truth (n, 5), borders, flip)."""
+def augment_piece(hwc, boxes, aug, w, h, rng, max_boxes, piece=None, window_of=None):
+    """One image of a sample: returns (image (h, w, C), truth (n, 5), borders, flip).
+    `window_of(borders, flip)`, when given, says which part (x0, y0, x1, y1) of the image
+    will be used (a mosaic's corner): only that part is sure to be finished."""
     oh, ow = hwc.shape[:2]
     d = PieceDraws.draw(rng, aug)
     pleft, pright, ptop, pbot = crop_borders(ow, oh, w, h, aug, d, piece)
@@ -235,6 +340,7 @@ def augment_piece(hwc, boxes, aug, w, h, rng, max_boxes, piece=None):
     blur = d.blur
     if blur > 1 and min_side / 8 < blur:
         blur = int(min_side / 8)  # a small object would vanish under a wide blur
+    borders = (pleft, pright, ptop, pbot)
     out = image_data_augmentation(
         hwc,
         w,
@@ -251,8 +357,32 @@ def augment_piece(hwc, boxes, aug, w, h, rng, max_boxes, piece=None):
         blur,
         truth,
         rng,
+        window=None if window_of is None else window_of(borders, d.flip),
     )
-    return out, truth, (pleft, pright, ptop, pbot), d.flip
+    return out, truth, borders, d.flip
+
+
+def _mosaic_corner(piece, borders, flip, ow, oh, cut_x, cut_y, w, h):
+    """Where a mosaic's piece goes: (shifts, (sx, sy), (dx, dy), (width, height)): the
+    padding skipped on each side (network pixels), the corner's origin in the piece's image
+    and in the mosaic, and its size."""
+    pleft, pright, ptop, pbot = borders
+    if flip:
+        pleft, pright = pright, pleft
+    # How much of the piece is padding on each side, in network pixels: the window moves
+    # past it so that image content fills the corner.
+    shifts = (
+        min(cut_x, max(0, math.trunc(-pleft * w / ow))),
+        min(w - cut_x, max(0, math.trunc(-pright * w / ow))),
+        min(cut_y, max(0, math.trunc(-ptop * h / oh))),
+        min(h - cut_y, max(0, math.trunc(-pbot * h / oh))),
+    )
+    left_shift, right_shift, top_shift, bot_shift = shifts
+    sx = w - cut_x - right_shift if piece in (0, 2) else left_shift
+    sy = h - cut_y - bot_shift if piece in (0, 1) else top_shift
+    dx, dwid = (0, cut_x) if piece in (0, 2) else (cut_x, w - cut_x)
+    dy, dhei = (0, cut_y) if piece in (0, 1) else (cut_y, h - cut_y)
+    return shifts, (sx, sy), (dx, dy), (dwid, dhei)
 
 
 def mosaic_truth(truth, piece, cut_x, cut_y, shifts, w, h, bound=False):
@@ -320,24 +450,18 @@ def fork_detection_sample(hwc, boxes, draw_image, aug, w, h, rng, max_boxes=MAX_
         for piece in range(4):
             image, piece_boxes = (hwc, boxes) if piece == 0 else draw_image()
             oh, ow = image.shape[:2]
-            ai, truth, (pleft, pright, ptop, pbot), flip = augment_piece(
-                image, piece_boxes, aug, w, h, rng, max_boxes, piece
+
+            def corner_of(borders, flip, piece=piece, ow=ow, oh=oh):
+                return _mosaic_corner(piece, borders, flip, ow, oh, cut_x, cut_y, w, h)
+
+            def window_of(borders, flip, corner_of=corner_of):
+                _, (sx, sy), _, (dwid, dhei) = corner_of(borders, flip)
+                return sx, sy, sx + dwid, sy + dhei
+
+            ai, truth, borders, flip = augment_piece(
+                image, piece_boxes, aug, w, h, rng, max_boxes, piece, window_of
             )
-            if flip:
-                pleft, pright = pright, pleft
-            # How much of the piece is padding on each side, in network pixels: the
-            # window moves past it so that image content fills the corner.
-            shifts = (
-                min(cut_x, max(0, math.trunc(-pleft * w / ow))),
-                min(w - cut_x, max(0, math.trunc(-pright * w / ow))),
-                min(cut_y, max(0, math.trunc(-ptop * h / oh))),
-                min(h - cut_y, max(0, math.trunc(-pbot * h / oh))),
-            )
-            left_shift, right_shift, top_shift, bot_shift = shifts
-            sx = w - cut_x - right_shift if piece in (0, 2) else left_shift
-            sy = h - cut_y - bot_shift if piece in (0, 1) else top_shift
-            dx, dwid = (0, cut_x) if piece in (0, 2) else (cut_x, w - cut_x)
-            dy, dhei = (0, cut_y) if piece in (0, 1) else (cut_y, h - cut_y)
+            shifts, (sx, sy), (dx, dy), (dwid, dhei) = corner_of(borders, flip)
             out[dy : dy + dhei, dx : dx + dwid] = ai[sy : sy + dhei, sx : sx + dwid]
             parts.append(mosaic_truth(truth, piece, cut_x, cut_y, shifts, w, h, aug.mosaic_bound))
         truth = np.concatenate(parts)

@@ -83,6 +83,8 @@ MISSING_LABELS_LISTED = 3  # paths named in the summary of images without a labe
 _POLL_SECONDS = 0.5  # how often a waiting loader checks that its workers live
 _STOP_SECONDS = 5.0  # how long close() waits for a worker before terminating it
 WORKER_NICENESS = 10  # added to the workers' nice value (lower CPU priority)
+# Thread counts of the math libraries a worker may load, set to 1 in each worker.
+WORKER_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def default_workers(ranks=1):
@@ -641,7 +643,8 @@ def start_worker_server():
         return None
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload([__name__])  # read when the server starts
+    # Read when the server starts: this module, then the workers' one-thread settings.
+    forkserver.set_forkserver_preload([__name__, f"{__package__}.worker_env"])
     with children_ignore_signals():
         resource_tracker.ensure_running()
         forkserver.ensure_running()
@@ -850,6 +853,29 @@ def _close_segment(segment):
             pass  # a batch handed out from it is still referenced
 
 
+# glibc's mallopt parameters (malloc.h) and the values a worker sets.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_WORKER_MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks below come from the heap
+_WORKER_TRIM_THRESHOLD = 1 << 30  # keep up to 1 GiB of freed heap instead of returning it
+
+
+def keep_freed_memory():
+    """Make this process's malloc keep the memory of freed images for the next ones (glibc;
+    elsewhere nothing). By default each image-sized block (over 128 KiB) is mapped fresh
+    and unmapped when freed: every sample then page-faults its few MB in again, which was a
+    third of a worker's CPU time (kernel time). Returns whether it was set."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, _WORKER_MMAP_THRESHOLD)
+        and mallopt(_M_TRIM_THRESHOLD, _WORKER_TRIM_THRESHOLD)
+    )
+
+
 def _work(maker, jobs, results, current, stopping, alive):
     """A worker process: build rows from `jobs` into shared memory until told to stop
     (None), or until the loader's process is gone (EOF on `alive`)."""
@@ -859,9 +885,15 @@ def _work(maker, jobs, results, current, stopping, alive):
     # Below the training loop's priority: it feeds the GPU and must not wait for a CPU
     # behind the workers, which take every cycle it leaves.
     os.nice(WORKER_NICENESS)
+    # One thread each: the parallelism is the workers. The server set them already
+    # (worker_env), unless something else started it; set before OpenCV loads here (the
+    # server never loads it): its bundled OpenBLAS starts a thread for every CPU but one as
+    # it loads, 63 idle ones a worker on a 64-CPU host.
+    os.environ.update(dict.fromkeys(WORKER_THREAD_VARIABLES, "1"))
     import cv2
 
     cv2.setNumThreads(1)  # the parallelism is the workers
+    keep_freed_memory()
     # Failures are reported by the parent in one line each; OpenCV's own warnings from
     # several processes would interleave.
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)

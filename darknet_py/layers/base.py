@@ -26,6 +26,9 @@ class UpdateArgs:
     decay: float
     batch: int  # images per update: batch * subdivisions
     adam: object = None  # adam.Adam where this layer's Darknet updates it with Adam
+    # fp16's loss scaler's found-inf flag (a one-element int backend array): the update
+    # does nothing when it is set, read on the device (precision.LossScaler). None: no scaler.
+    skip: object = None
 
 
 @dataclass
@@ -254,9 +257,21 @@ def host_param(rng, n, scale=0.0, kind="zeros"):
 def momentum_update(be, args, param, update, weight_decay=False):
     """Darknet's SGD step for one parameter array and its accumulated update:
     (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum.
-    With adam=1, Adam's step instead (adam.py: every parameter decays, the update is zeroed)."""
+    With adam=1, Adam's step instead (adam.py: every parameter decays, the update is zeroed).
+    Under a loss scaler (args.skip) the step is one op that the device's flag may skip."""
     if args.adam is not None:
         args.adam.update(be, args, param, update)
+        return
+    if args.skip is not None:
+        be.sgd_update(
+            param,
+            update,
+            args.rate,
+            -args.decay * args.batch,
+            args.momentum,
+            skip=args.skip,
+            weight_decay=weight_decay,
+        )
         return
     if weight_decay:
         be.axpy(-args.decay * args.batch, param, update)

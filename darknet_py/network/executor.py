@@ -372,14 +372,16 @@ class NetworkExecutor:
             return 1.0
         return self.options.loss_scale
 
-    def _update_layers(self):
+    def _update_layers(self, skip=None):
         """Every layer's SGD step, or Adam's where its Darknet uses it (the rate and t written by
-        _write_update_rate)."""
+        _write_update_rate); none of them when the backend's flag `skip` (the loss scaler's
+        found inf) is set as they run."""
         args = UpdateArgs(
             rate=self.update_rate,
             momentum=self.options.momentum,
             decay=self.options.decay * self.fork_loss_scale,
             batch=self.images_per_iteration,
+            skip=skip,
         )
         # (adam_update_gpu's decay is not scaled by loss_scale)
         adam_args = (
@@ -540,14 +542,18 @@ class NetworkExecutor:
         buckets = parallel.buckets(self) if update and parallel is not None else None
 
         # A data-parallel pass records its forward and backward as the first passes of an
-        # iteration are: the update waits for the replicas' gradients.
-        fused_update = update and parallel is None and scaler is None
+        # iteration are: the update waits for the replicas' gradients. A loss scaler's
+        # update is recorded with the step: its state stays on the backend (LossScaler).
+        fused_update = update and parallel is None
 
         def step():
             self._forward_layers(net_input, True)
             self.backward()
             if fused_update:
-                self._update_layers()
+                if scaler is not None:
+                    scaler.update(self)
+                else:
+                    self._update_layers()
 
         o = self.options
         key = (
@@ -556,7 +562,7 @@ class NetworkExecutor:
             o.momentum,
             o.decay,
             self.images_per_iteration,
-            scaler and scaler.scale,
+            scaler and scaler.graph_key(),
         )
         if buckets is None:
             self._run_step("train", key, net_input, True, step)
@@ -576,10 +582,7 @@ class NetworkExecutor:
                 self._train_pieces(net_input, buckets.stops),
                 between=lambda piece: buckets.start(self, piece),
             )
-        if parallel is None:
-            if update and scaler is not None:  # it looks at the gradients before updating
-                scaler.update(self)
-        else:
+        if parallel is not None:
             if update:  # the replicas' gradients are summed between backward and update
                 if buckets is None:
                     parallel.reduce(self)

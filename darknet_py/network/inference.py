@@ -17,6 +17,27 @@ from ..output_plan import output_is_shared
 from ..predictions import as_image, classify, detect, detect_batch, detector_layers
 from .arguments import whole_number
 
+# predict() of a float batch of at most this many bytes runs as one graph with its copies
+# (_predict_whole_call); a larger one is staged by threads beside the copy engine
+# (backends/cuda_transfer.py), which a single copy from page-locked memory would not beat.
+WHOLE_CALL_MAX_BYTES = 8 << 20
+
+
+class _WholeCall:
+    """Page-locked host buffers of predict()'s whole-call graph: its input and the output
+    layer's values, in the output array's own dtype (16-bit storage widened after)."""
+
+    def __init__(self, be, shape, output):
+        self.output = output
+        self.host_in = np.empty(shape, dtype=be.dtype)
+        self.host_out = np.empty(output.size, dtype=output.dtype)
+        self._unpin = [be.pin(self.host_in), be.pin(self.host_out)]
+
+    def close(self):
+        for unpin in self._unpin:
+            unpin()
+        self._unpin = []
+
 
 class NetworkInference:
     """Inference on a Network (see the module's docstring)."""
@@ -26,6 +47,8 @@ class NetworkInference:
     inference_engine = None
 
     engine_note = None
+
+    _whole_call = None  # _WholeCall: predict()'s page-locked buffers, made at first use
 
     # The layers whose outputs the last inference wrote when ONNX Runtime ran it (its
     # outputs: the heads, or the output layer); None: every layer's (the backend ran it).
@@ -40,9 +63,58 @@ class NetworkInference:
         photos = self.as_photos(x)
         if photos is not None:
             self.infer_photos(photos)
-        else:
-            self.infer(x)
+            return self.layer_output(self.output_index)
+        if self.inference_engine is None:
+            x = self._as_network_input(x)
+            if x.nbytes <= WHOLE_CALL_MAX_BYTES and self.capturable:
+                return self._predict_whole_call(x)
+        self.infer(x)
         return self.layer_output(self.output_index)
+
+    def _predict_whole_call(self, x):
+        """predict() of a small float batch as one step: the input's copy from page-locked
+        host memory, the layers and the output's copy back, replayed as one graph (a batch
+        of one spends more in the copies' separate calls and staging than in its layers)."""
+        be, layer = self.be, self.layers[self.output_index]
+        n = len(x)
+        if n != self.batch:
+            self._allocate(n, self.train_buffers)
+        if self._input_buf is None or self._input_buf.size != x.size:
+            self._input_buf = be.zeros(x.size)
+        call = self._whole_call
+        if call is None or call.host_in.shape != x.shape or call.output is not layer.output:
+            if call is not None:
+                call.close()
+            call = self._whole_call = _WholeCall(be, x.shape, layer.output)
+        np.copyto(call.host_in, x)
+        net_input = self._input_buf
+
+        def step():
+            be.upload_from(net_input, call.host_in)
+            self._forward_layers(net_input, False)
+            be.download_into(layer.output, call.host_out)
+
+        self.truth = self.truth_host = None
+        self.train, self._net_input = False, net_input  # as the step sets them eagerly
+        # Kind "predict": dropped with the other forwards when the parameters move. The
+        # graph holds the buffers it copies from and to.
+        self.graphs.run(
+            "predict",
+            ("whole call", self.batch, self.fold_batchnorm),
+            (net_input, call),
+            step,
+            self.layers,
+        )
+        be.synchronize()
+        self.collect_costs()
+        out = call.host_out
+        if out.dtype == np.uint16:  # bf16 storage: the upper half of a float32
+            out = (out.astype(np.uint32) << 16).view(np.float32)
+        elif out.dtype == np.float16:
+            out = out.astype(np.float32)
+        else:  # the backend's own floats (float64 for a float64 NumPy network)
+            out = out.copy()
+        return out.reshape(layer.output_shape(n))
 
     def infer_photos(self, photos, letter=True):
         """infer() on photos: OpenCV BGR uint8 (H, W, 3) arrays of any sizes, or one

@@ -1,3 +1,3 @@
 """Convolution: the GEMMs, im2col/col2im, the tensor-core convolution, the convolution
 backward as implicit GEMMs and Hopper's wgmma GEMM (cuda.py, cuda_backward.py, wgmma.py;
-numpy.py: the backward's NumPy reference; gemm*.cu, conv_*.cu, im2col.cu and their headers)."""
+numpy.py: their NumPy reference; gemm*.cu, conv_*.cu, im2col.cu and their headers)."""

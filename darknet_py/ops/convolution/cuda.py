@@ -10,8 +10,6 @@ from ...backends.cuda_core import _BLOCK, _ceil_div
 from ...shapes import conv_out_size, conv_strides
 from . import wgmma
 
-# Argument formats (struct codes, see cuda_core.merge_kernel_tables) of the GEMM entry points.
-_GEMM_ARGS = "iiifPiPifPiiiqPi"
 _GEMM_TILES = {  # variant (see gemm.cu) -> (BM, BN, BK, threads per block)
     "128x128x8s4": (128, 128, 8, 256),
     "64x64x8s4r8": (64, 64, 8, 64),
@@ -27,55 +25,22 @@ _TC_TILES = {
 }
 # precision -> (kernel name part, bytes of an operand element)
 _TC_PRECISIONS = {"fp16": ("f16", 2), "bf16": ("bf16", 2), "tf32": ("tf32", 4)}
-_TC_CONV_ARGS = "PiPqiiiiiiiiiiiiPiPq"
 _TC_SLICE_BYTES = 64  # SLICE_BYTES of gemm_tc.cuh: K advances by this many bytes a row
 # The sgemm / splitk_reduce epilogue's (bias, activation) when there is none: a null
 # pointer, and linear (gemm.cu EPI_NONE).
 _NO_EPILOGUE = (0, activations.ACTIVATION_IDS["linear"])
 
-KERNELS = {
-    "gemm.cu": dict(
-        {
-            f"sgemm_{tile}_{case}": _GEMM_ARGS
-            for tile in _GEMM_TILES
-            for case in ("nn", "nt", "tn", "tt")
-        },
-        splitk_reduce="iiiPffPiPi",
-    ),
-    # One file a precision (gemm_tc.cuh's TC_PRECISION_ENTRIES): a third of the compile each.
-    **{
-        f"gemm_tc_{p}.cu": dict(
-            {f"conv_tc_{p}_{tile}": _TC_CONV_ARGS for tile in _TC_TILES},
-            **{
-                f"gemm_tc_{p}_{tile}_{case}": _GEMM_ARGS[:11] + "iq"
-                for tile in _TC_TILES
-                for case in ("nn", "nt", "tn")
-            },
-            **{f"pack_weights_{p}": "PiiiP"},
-        )
-        for p, _ in _TC_PRECISIONS.values()
-    },
-    # The forward with a 16-bit side (fp16/bf16), a file of its own a precision: fp32 images
-    # into a 16-bit output (_h), and images at the precision's 16 bits (_in16; the last
-    # argument: the output at 16 bits too).
-    **{
-        f"conv_tc_half_{p}.cu": dict(
-            {f"conv_tc_{p}_{tile}_h": _TC_CONV_ARGS for tile in _TC_TILES},
-            **{f"conv_tc_{p}_{tile}_in16": _TC_CONV_ARGS + "i" for tile in _TC_TILES},
-        )
-        for p in ("f16", "bf16")
-    },
-    "im2col.cu": {
-        "im2col_kernel": "PiiiiiiiiiiPiq",
-        **{f"im2col_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
-        **{f"im2col_rows_{part}_kernel": "PiiiiiiiiiPiqq" for part in ("f16", "bf16")},
-        # the images a 16-bit layer output (storage_zeros): into fp32, or at their own bits
-        **{f"im2col_from_{part}_kernel": "PiiiiiiiiiiPiq" for part in ("f16", "bf16")},
-        **{f"im2col_{part}_from_{part}_kernel": "PiiiiiiiiiiPiqq" for part in ("f16", "bf16")},
-        **{f"im2col_rows_{part}_from_{part}_kernel": "PiiiiiiiiiPiqq" for part in ("f16", "bf16")},
-        "col2im_kernel": "PiiiiiiiiiiPiq",
-    },
-}
+# The kernel files this family launches from; each kernel's argument format is read from its
+# declaration there (backends/kernel_signatures.py). gemm_tc_*.cu: one file a precision
+# (gemm_tc.cuh's TC_PRECISION_ENTRIES), a third of the compile each; conv_tc_half_*.cu: the
+# forward with a 16-bit side (fp32 images into a 16-bit output, _h, and images at the
+# precision's 16 bits, _in16), a file of its own a precision.
+KERNEL_FILES = (
+    "gemm.cu",
+    *(f"gemm_tc_{p}.cu" for p, _ in _TC_PRECISIONS.values()),
+    *(f"conv_tc_half_{p}.cu" for p in ("f16", "bf16")),
+    "im2col.cu",
+)
 
 
 # storage_of's 16-bit storages -> the kernel name part of their bits

@@ -39,35 +39,10 @@ _FORWARD_DGRAD_MIN_CHANNELS = 256
 # Indexes inside the kernels are int32 per image and over images * pixels.
 _INT32 = 2**31 - 1
 
-_WGRAD_ARGS = "PqPqiiiiiiiiiiiiiPifq"
-_DGRAD_ARGS = "PiPqiiiiiiiiiiPqi"
-_DGRAD_CLASS_ARGS = "PiPqiiiiiiiiiiiiiPqiiiiiii"
-_PACK_ARGS = "PiiiiiiiiiiP"
-
-# One file a precision (conv_backward_entries.cuh): a quarter of the compile each.
-KERNELS = {
-    **{
-        f"conv_backward_{part}.cu": dict(
-            {f"conv_wgrad_{part}_{tile}": _WGRAD_ARGS for tile in _WGRAD_TC_TILES},
-            # the images at the precision's own 16 bits (a 16-bit layer output)
-            **{
-                f"conv_wgrad_{part}_{tile}_in16": _WGRAD_ARGS
-                for tile in _WGRAD_TC_TILES
-                if part != "tf32"
-            },
-            **{f"conv_dgrad_{part}_{tile}": _DGRAD_ARGS for tile in _DGRAD_TC_TILES},
-            **{f"conv_dgrad_class_{part}_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_TC_TILES},
-            **{f"pack_transposed_{part}": _PACK_ARGS},
-        )
-        for part in ("f16", "bf16", "tf32")
-    },
-    "conv_backward_f32.cu": dict(
-        {f"conv_wgrad_f32_{tile}": _WGRAD_ARGS for tile in _WGRAD_F32_TILES},
-        **{f"conv_dgrad_f32_{tile}": _DGRAD_ARGS for tile in _DGRAD_F32_TILES},
-        **{f"conv_dgrad_class_f32_{tile}": _DGRAD_CLASS_ARGS for tile in _DGRAD_F32_TILES},
-        pack_transposed_f32=_PACK_ARGS,
-    ),
-}
+# The kernel files this family launches from (formats from their declarations,
+# backends/kernel_signatures.py): one file a precision (conv_backward_entries.cuh), a quarter
+# of the compile each.
+KERNEL_FILES = tuple(f"conv_backward_{part}.cu" for part in ("f16", "bf16", "tf32", "f32"))
 
 
 class CudaConvBackward:

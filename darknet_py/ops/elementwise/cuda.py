@@ -9,54 +9,11 @@ import pycuda.driver as drv
 from ... import activations
 from ... import precision as precisions
 from ...backends.cuda_core import _BLOCK, _ceil_div
-from ..normalization.numpy import one_storage
+from ..common.numpy import one_storage
 
-KERNELS = {
-    "blas.cu": {
-        "axpy_kernel": "ifPP",
-        "axpy_array_kernel": "iPPP",
-        "scal_kernel": "ifP",
-        "constrain_kernel": "ifP",
-        "mul_kernel": "iPP",
-        "scale_add_strided": "Piiiff",
-        "mul_add_kernel": "iPPP",
-        "sum_partial": "iPP",
-        "sum_final": "iPP",
-        "sum_final_f32": "iPP",
-    },
-    "activations.cu": {
-        "activate_array": "Pii",
-        "bias_activate": "PPiiii",
-        "activate_strided": "Piiii",
-        "gradient_array": "PiiP",
-        "gradient_strided": "PiiiiP",
-        "gradient_from_input_array": "PiiP",
-        "normalize_channels_kernel": "Piiii",
-        "normalize_channels_gradient_kernel": "PiiiiP",
-    },
-    "shape.cu": {
-        **{f"copy_blocks_kernel{suffix}": "PiqPiqiiii" for suffix in ("", "_f16", "_bf16")},
-        **{f"upsample_forward_kernel{suffix}": "PiiiifP" for suffix in ("", "_f16", "_bf16")},
-        "upsample_backward_kernel": "PiiiifP",
-        "reorg_kernel": "PiiiiiiP",
-        **{f"shortcut_kernel{suffix}": "iiiiiiPiiiPiiiff" for suffix in ("", "_f16", "_bf16")},
-        "scale_channels_kernel": "PPiiiiP",
-        "scale_channels_src_delta_kernel": "PPiiiiP",
-        "scale_channels_scale_delta_kernel": "PPiiiiP",
-        "shortcut_weights_kernel": "PiiiP",
-        "channel_weighted_add_kernel": "PiPiiiPi",
-        "channel_weighted_dot_kernel": "PiPiiiiP",
-    },
-    "binary.cu": {
-        "binarize_weights_kernel": "PiiP",
-        "binarize_kernel": "iPP",
-    },
-    "dropout.cu": {
-        "dropout_forward_kernel": "PiffPIP",
-        "dropout_backward_kernel": "PiffP",
-        "uniform_kernel": "PiI",
-    },
-}
+# The kernel files this family launches from (formats from their declarations,
+# backends/kernel_signatures.py).
+KERNEL_FILES = ("blas.cu", "activations.cu", "shape.cu", "binary.cu", "dropout.cu")
 
 _COPY_RUN = 4  # COPY_RUN of shape.cu
 # The twins of the kernels that take a layer's output kept at 16 bits (issue 26:

@@ -1,1 +1,2 @@
-"""Images: photos uploaded as uint8 and letterboxed on the device (cuda.py, preprocess.cu)."""
+"""Images: photos uploaded as uint8 and letterboxed on the device (numpy.py, cuda.py,
+preprocess.cu)."""

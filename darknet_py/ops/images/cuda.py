@@ -8,11 +8,9 @@ import pycuda.driver as drv
 from ...backends.cuda_core import _BLOCK, _ceil_div
 from ...image import sized_shape
 
-KERNELS = {
-    "preprocess.cu": {
-        "letterbox_u8_kernel": "PPiiP",
-    },
-}
+# The kernel file this family launches from (formats from its declarations,
+# backends/kernel_signatures.py).
+KERNEL_FILES = ("preprocess.cu",)
 
 GEOMETRY_WORDS = 10  # G_WORDS of preprocess.cu (enum Geometry)
 # Page-locked host slots the geometry is copied from, used in turn: a copy from pageable

@@ -10,31 +10,9 @@ from ...losses.detection import DETECTION_SCALARS
 from ...losses.region import PRIOR_SEEN, REGION_SCALARS, REGION_TRUTHS
 from ...losses.yolo import FLT_MAX, IOU_LOSSES, SCALARS
 
-KERNELS = {
-    "softmax.cu": {
-        "softmax_kernel": "PiiiiiifP",
-        "softmax_x_ent_kernel": "iPPPP",
-        "softmax_tree_kernel": "PiiifPPiP",
-        "mask_kernel": "iPPf",
-        "l2_kernel": "iPPPP",
-        "logistic_x_ent_kernel": "iPPPP",
-    },
-    "region_loss.cu": {
-        "region_cells": "PPiiiPiiiiiffiP",
-        "region_truths": "PPiiiPiiiiiiiifffPPPPPPP",
-        "detection_grid": "PiiiiiiP",
-        "detection_base": "PiiiifP",
-        "detection_objects": "PPPiiiiiiifffPP",
-        "loss_sums": "PPiiiiP",
-        "loss_final": "PiPiiP",
-    },
-    "yolo_loss.cu": {
-        "yolo_predictions": "PPPP",
-        "yolo_truths": "PPPPP",
-        "yolo_finish": "PPPP",
-        "yolo_reduce": "PPiPP",
-    },
-}
+# The kernel files this family launches from (formats from their declarations,
+# backends/kernel_signatures.py).
+KERNEL_FILES = ("softmax.cu", "region_loss.cu", "yolo_loss.cu")
 
 # Per-image figures the truth kernels of region_loss.cu leave for loss_final.
 _LOSS_IMAGE_STATS = 5

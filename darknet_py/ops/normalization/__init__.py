@@ -1,2 +1,2 @@
 """Normalization: bias and scale, batch norm, the channel reductions, l2norm and lrn
-(numpy.py: batch norm's NumPy reference; cuda.py; batchnorm.cu, normalization.cu)."""
+(numpy.py, cuda.py; batchnorm.cu, normalization.cu)."""

@@ -26,55 +26,9 @@ from .numpy import delta_sums_given, rebuild_storage
 # divisions than on the bytes).
 _ROW_ELEMENTS = 4
 
-KERNELS = {
-    "batchnorm.cu": {
-        "add_bias": "PPiii",
-        "scale_bias": "PPiii",
-        "channel_sums": "PPPiiiiiPP",
-        "channel_finalize": "PiiiqPPPP",
-        "channel_finalize_wide": "PiiiqPPPP",
-        "batchnorm_delta_factors": "PPPPifPP",
-        "normalize_kernel": "PPPiii",
-        "normalize_sqrt_eps_kernel": "PPPiiif",
-        "normalize_delta_kernel": "PPPPPiiifPPi",
-        "batchnorm_activation_sums": "PPPPPPiiifiiiPPP",
-        "channel_moments": "PiiiiPP",
-        "mean_variance_finalize": "PPiiqPP",
-        "mean_variance_finalize_wide": "PPiiqPP",
-        "round_copy_f16": "PPq",
-        "round_copy_bf16": "PPq",
-        **{
-            f"{kernel}{suffix}": signature
-            for kernel, signature in (
-                ("channel_sums", "PPPiiiiiPP"),
-                ("normalize_delta_kernel", "PPPPPiiifPPi"),
-            )
-            for suffix in ("_x_f16", "_x_bf16")
-        },
-        **{
-            f"batchnorm_activation_rows{suffix}": "PPPPPPiiifiiiiiPPP"
-            for suffix in ("_x_f16", "_x_bf16")
-        },
-        **{f"normalize_delta_eights{suffix}": "PPPPPqiifPPi" for suffix in ("_x_f16", "_x_bf16")},
-        **{f"channel_moments_rows{suffix}": "PiiiiiiPP" for suffix in ("_x_f16", "_x_bf16")},
-    },
-    "normalization.cu": {
-        "l2normalize_kernel": "Piii",
-        "lrn_forward_kernel": "PiiiifffPP",
-        "lrn_backward_kernel": "iPPfP",
-    },
-    "activations.cu": {
-        **{
-            f"batchnorm_apply_kernel{suffix}": "PPPPPiiifiPP"
-            for suffix in ("", "_x_f16", "_x_bf16")
-        },
-        **{
-            f"batchnorm_rebuild_kernel{suffix}": "PPPPPPiiifi"
-            for suffix in ("", "_x_f16", "_x_bf16", "_x_f16_out", "_x_bf16_out")
-        },
-        **{f"batchnorm_rebuild_eights{suffix}": "PPPPPPqiifi" for suffix in ("_x_f16", "_x_bf16")},
-    },
-}
+# The kernel files this family launches from (formats from their declarations,
+# backends/kernel_signatures.py); activations.cu: batch norm's fused apply and rebuild.
+KERNEL_FILES = ("batchnorm.cu", "normalization.cu", "activations.cu")
 
 # The channel reductions, whose blocks split each channel's terms alike (_channel_partials):
 # paired paths (a pass's own sums against channel_sums over the stored arrays) must add the

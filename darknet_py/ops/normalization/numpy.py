@@ -11,6 +11,7 @@ import numpy as np
 
 from ... import activations
 from ... import precision as precisions
+from ..common.numpy import one_storage  # noqa: F401  (its home before ops/common)
 
 
 def delta_sums_given(delta_sum, delta_x_norm_sum):
@@ -18,24 +19,6 @@ def delta_sums_given(delta_sum, delta_x_norm_sum):
     if (delta_sum is None) != (delta_x_norm_sum is None):
         raise ValueError("delta_sum and delta_x_norm_sum: both or neither")
     return delta_sum is not None
-
-
-def one_storage(op, storage_of, allowed=None, **arrays):
-    """The storage (storage_of: fp32, fp16, bf16) that the named arrays share, None ones
-    skipped: a 16-bit array mixes only with arrays of its own storage (issue 26), so a mix
-    raises a ValueError naming op and each array's storage. allowed: the storages op takes
-    (None: any); another raises a TypeError naming op and the array's storage. Both
-    backends call it with their storage_of."""
-    kept = {name: storage_of(a) for name, a in arrays.items() if a is not None}
-    storages = set(kept.values())
-    mixed = len(storages) > 1
-    storage = precisions.DEFAULT if mixed or not storages else next(iter(storages))
-    if not mixed and (allowed is None or storage in allowed):
-        return storage  # the common case: no message to build
-    named = ", ".join(f"{name} kept at {stored}" for name, stored in kept.items())
-    if mixed:
-        raise ValueError(f"{op}: {named}: a 16-bit array mixes only with arrays of its own storage")
-    raise TypeError(f"{op}: {named}: takes {' or '.join(allowed)} arrays only")
 
 
 class StoredArray(np.ndarray):
@@ -63,7 +46,66 @@ def rebuild_storage(storage_of, x_precision, out):
     return kept
 
 
-class NumpyBatchnorm:
+class NumpyNorm:
+    """NumpyBackend's normalisation ops: bias and scale, batch norm, l2norm, lrn."""
+
+    def add_bias(self, output, biases, batch, n, size):
+        output.reshape(batch, n, size)[...] += biases[:n].reshape(1, n, 1)
+
+    def scale_bias(self, output, scales, batch, n, size):
+        output.reshape(batch, n, size)[...] *= scales[:n].reshape(1, n, 1)
+
+    def backward_bias(self, bias_updates, delta, batch, n, size):
+        """bias_updates += sum of delta over batch and space."""
+        bias_updates[:n] += delta.reshape(batch, n, size).sum(axis=(0, 2))
+
+    def backward_scale(self, x_norm, delta, batch, n, size, scale_updates):
+        scale_updates[:n] += (delta.reshape(batch, n, size) * x_norm.reshape(batch, n, size)).sum(
+            axis=(0, 2)
+        )
+
+    def bias_scale_updates(self, delta, x_norm, batch, n, size, bias_updates, scale_updates):
+        """Batch norm's parameter gradients: backward_bias (skipped when bias_updates is
+        None) and backward_scale."""
+        if bias_updates is not None:
+            self.backward_bias(bias_updates, delta, batch, n, size)
+        self.backward_scale(x_norm, delta, batch, n, size, scale_updates)
+
+    def l2normalize(self, x, batch, filters, spatial):
+        """x /= sqrt(sum over the filters of x^2), per image and position (Darknet's
+        l2normalize_cpu, without its unused gradient output)."""
+        v = x.reshape(batch, filters, spatial)
+        total = np.zeros((batch, spatial), dtype=x.dtype)
+        for f in range(filters):  # Darknet's order of additions
+            total += v[:, f] * v[:, f]
+        v /= np.sqrt(total)[:, None, :]
+
+    def lrn_forward(self, x, batch, c, spatial, size, alpha, beta, kappa, norms, out):
+        """Darknet's local response normalisation: norms = kappa + alpha * the sum of x^2
+        over each channel's window, built as its running sum (channel 0 adds channels
+        [0, size/2); channel k starts from k-1's, subtracts k-(size-1)/2-1 and adds
+        k+size/2: channel size/2 never enters, as in Darknet); out = x * norms^-beta."""
+        v = x.reshape(batch, c, spatial)
+        n = norms.reshape(batch, c, spatial)
+        alpha = self.dtype.type(alpha)
+        squared = v * v
+        norm = np.full((batch, spatial), kappa, dtype=x.dtype)
+        for k in range(min(size // 2, c)):
+            norm += alpha * squared[:, k]
+        n[:, 0] = norm
+        for k in range(1, c):
+            prev, nxt = k - (size - 1) // 2 - 1, k + size // 2
+            if prev >= 0:
+                norm += -alpha * squared[:, prev]
+            if nxt < c:
+                norm += alpha * squared[:, nxt]
+            n[:, k] = norm
+        out[...] = np.power(norms, -self.dtype.type(beta)) * x
+
+    def lrn_backward(self, norms, delta, beta, delta_in):
+        """Darknet's approximate LRN gradient: delta_in += norms^-beta * delta."""
+        delta_in += np.power(norms, -self.dtype.type(beta)) * delta
+
     def mean(self, x, batch, filters, spatial, mean):
         mean[:filters] = x.reshape(batch, filters, spatial).mean(axis=(0, 2))
 

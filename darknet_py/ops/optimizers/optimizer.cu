@@ -1,5 +1,9 @@
-// Optimizer updates (backends/cuda_optimizer.py launches them; adam.py says which Darknet
+// Optimizer updates (ops/optimizers/cuda.py launches them; adam.py says which Darknet
 // rule each follows), and the 16-bit gradient exchange's packing (distributed/buckets.py).
+//
+// skip: null, or an int in device memory (fp16's loss scaler's found-inf flag,
+// loss_scale.cu) that, when nonzero, makes the update do nothing: a recorded step skips an
+// overflowing update without the host looking at the gradients.
 
 #include "../common/x_storage.cuh"
 
@@ -13,8 +17,9 @@
 extern "C" __global__ void adam_update_kernel(int n, float* __restrict__ w, float* __restrict__ d,
                                              float* __restrict__ m, float* __restrict__ v,
                                              const float* __restrict__ step, float b1, float b2,
-                                             float eps, float decay)
+                                             float eps, float decay, const int* __restrict__ skip)
 {
+    if (skip && *skip) return;
     const float rate = step[0], t = step[1];
     const float m_scale = 1.f - powf(b1, t), v_scale = 1.f - powf(b2, t);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
@@ -28,6 +33,27 @@ extern "C" __global__ void adam_update_kernel(int n, float* __restrict__ w, floa
         const float vhat = __fdiv_rn(vi, v_scale);
         w[i] = __fadd_rn(wi, __fdiv_rn(__fmul_rn(rate, mhat), __fadd_rn(__fsqrt_rn(vhat), eps)));
         d[i] = 0.f;
+    }
+}
+
+// Darknet's SGD step of one parameter (layers/base.py momentum_update), the three kernels its
+// GPU builds run fused into one pass, each element rounded as those kernels round it (blas.cu,
+// nvcc's default contraction: axpy's y += a*x is an FMA, scal's product is rounded):
+//   with_decay: d += decay * w   (decay = -decay * batch);   w += rate[0] * d;   d *= momentum
+// rate read from device memory, as axpy_array reads it.
+extern "C" __global__ void sgd_update_kernel(int n, float* __restrict__ w, float* __restrict__ d,
+                                            const float* __restrict__ rate, float decay,
+                                            int with_decay, float momentum,
+                                            const int* __restrict__ skip)
+{
+    if (skip && *skip) return;
+    const float r = *rate;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float di = d[i];
+        float wi = w[i];
+        if (with_decay) di = fmaf(decay, wi, di);
+        w[i] = fmaf(r, di, wi);
+        d[i] = __fmul_rn(di, momentum);
     }
 }
 

@@ -1,1 +1,1 @@
-"""Pooling: maxpool, local and global average pooling (cuda.py, pooling.cu)."""
+"""Pooling: maxpool, local and global average pooling (numpy.py, cuda.py, pooling.cu)."""

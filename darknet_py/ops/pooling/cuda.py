@@ -4,21 +4,12 @@ maxpool_depth), local and global average pooling (pooling.cu). A mixin of CudaBa
 import numpy as np
 
 from ...backends.cuda_core import _BLOCK
+from ..common.numpy import one_storage
 from ..elementwise.cuda import _STORAGE_SUFFIX
-from ..normalization.numpy import one_storage
 
-KERNELS = {
-    "pooling.cu": {
-        **{f"maxpool_forward_kernel{suffix}": "PiiiiiiiiiPP" for suffix in ("", "_f16", "_bf16")},
-        "maxpool_depth_kernel": "PiiiiPP",
-        "local_avgpool_forward_kernel": "PiiiiiiiiiP",
-        "local_avgpool_backward_kernel": "PiiiiiiiiiP",
-        "maxpool_backward_kernel": "PPiP",
-        "maxpool_backward_gather_kernel": "PPiiiiiiiiiP",
-        "avgpool_forward_kernel": "PiiP",
-        "avgpool_backward_kernel": "PiiP",
-    },
-}
+# The kernel file this family launches from (formats from its declarations,
+# backends/kernel_signatures.py).
+KERNEL_FILES = ("pooling.cu",)
 
 
 class CudaPooling:
