@@ -112,7 +112,8 @@ def chosen(layer, which):
 def transformed_weights(w):
     """(K, C, 3, 3) -> the group=36 product's (36*K, C, 1, 1): G g G^T per position."""
     k, c = w.shape[:2]
-    u = np.einsum("ia,kcab,jb->ijkc", G, np.asarray(w, dtype=np.float64), G)
+    # one matrix product by G (x) G, in float64 (einsum's loop took 0.5 s on yolov3-tiny)
+    u = np.kron(G, G) @ np.asarray(w, dtype=np.float64).reshape(k * c, 9).T
     return u.reshape(POSITIONS * k, c, 1, 1)
 
 
