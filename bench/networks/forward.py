@@ -124,6 +124,23 @@ def whole_call_parts(net, photos, floats, repeats):
     return parts
 
 
+def torch_graph(model, x):
+    """(graph, its output) of model(x) recorded as a CUDA graph after 3 warm-up calls on a
+    side stream, as PyTorch's documentation records one."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(x)
+    return graph, out
+
+
 def batch1_rows(repeats):
     """{key: ms} of one image's whole call (predict on a float32 array, the output back on
     the host) in fp32, tf32 and fp16, and of its layers alone (graph replay, waited)."""
@@ -156,15 +173,7 @@ def torch_batch1_ms(repeats):
     model = DarknetPort(CFG).cuda().eval().to(memory_format=torch.channels_last)
     static_in = torch.zeros(1, 3, 416, 416, device="cuda").to(memory_format=torch.channels_last)
     with torch.inference_mode():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                model(static_in)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = model(static_in)
+        graph, static_out = torch_graph(model, static_in)
         out = static_out[-1] if isinstance(static_out, (list, tuple)) else static_out
         x = np.random.default_rng(0).random((1, 3, 416, 416), dtype=np.float32)
 
@@ -193,15 +202,7 @@ def torch_layers_ms(repeats):
     model = DarknetPort(CFG).cuda().eval().to(memory_format=torch.channels_last)
     x = torch.rand(BATCH, 3, 416, 416, device="cuda").to(memory_format=torch.channels_last)
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                model(x)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            model(x)
+        graph, _ = torch_graph(model, x)
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):
         graph.replay()

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from ..backends.pinning import unpin_nothing
 from ..image import decode_image
 from ..net_options import NetworkError
 from ..output_plan import output_is_shared
@@ -32,6 +33,9 @@ class _WholeCall:
         self.host_in = np.empty(shape, dtype=be.dtype)
         self.host_out = np.empty(output.size, dtype=output.dtype)
         self._unpin = [be.pin(self.host_in), be.pin(self.host_out)]
+        # A GPU's graph can record copies from and to page-locked memory only; where the
+        # driver refused to lock them, predict() takes the staged path instead.
+        self.usable = be.name == "cpu" or unpin_nothing not in self._unpin
 
     def close(self):
         for unpin in self._unpin:
@@ -86,6 +90,9 @@ class NetworkInference:
             if call is not None:
                 call.close()
             call = self._whole_call = _WholeCall(be, x.shape, layer.output)
+        if not call.usable:
+            self.infer(x)
+            return self.layer_output(self.output_index)
         np.copyto(call.host_in, x)
         net_input = self._input_buf
 
