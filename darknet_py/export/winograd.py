@@ -53,6 +53,7 @@ A_T = np.array(
     dtype=np.float64,
 )
 
+# row 1, column 1 of the 6x6 positions: A^T's column 1 is all ones (see transformed_biases)
 BIAS_POSITION = 1 * SPAN + 1
 
 # The cost model's rates, measured with ONNX Runtime 1.32 on 2 threads of the shared AMD
