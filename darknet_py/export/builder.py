@@ -17,6 +17,7 @@ class GraphBuilder:
         self.shapes = {}  # tensor name -> per-image shape (tuple)
         self.outputs = {}  # layer index -> its output tensor
         self._names = 0
+        self.winograd = None  # which 3x3 convolutions become Winograd (winograd.py)
 
     def fresh(self, hint):
         self._names += 1

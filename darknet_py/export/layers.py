@@ -10,7 +10,7 @@ import numpy as np
 from ..layers import layer_class
 from ..layers.batchnorm import FORK_BN_EPS
 from ..shapes import conv_strides
-from . import ExportError
+from . import ExportError, winograd
 from .activations import activate
 
 EXPORTERS = {}  # layer class -> function
@@ -65,6 +65,11 @@ def convolutional(g, layer, x):
         shape = g.shapes[image]
         positive = g.op("Greater", [image, g.scalar(0.0)], shape)
         image = g.op("Where", [positive, g.scalar(1.0), g.scalar(-1.0)], shape)
+    if g.dtype == np.float32 and winograd.chosen(layer, g.winograd):
+        y = winograd.convolution(
+            g, image, w, g.host(biases), layer.c, layer.out_c, layer.h, layer.w
+        )
+        return layer_activation(g, layer, y)
     y = g.op(
         "Conv",
         [image, g.const(w, "weights"), g.const(g.host(biases), "biases")],

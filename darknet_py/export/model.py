@@ -79,8 +79,12 @@ def export_model(
     names=None,
     thresh=0.5,
     nms_thresh=0.45,
+    winograd=None,
 ):
-    """The network as an onnx.ModelProto. batch: an int, or None for a dynamic batch."""
+    """The network as an onnx.ModelProto. batch: an int, or None for a dynamic batch.
+    winograd: None, plain Conv (what `darknet-py export` writes); "auto", 3x3 stride-1
+    convolutions as Winograd F(4x4, 3x3) where that pays on the CPU (the CPU engine's
+    graph, winograd.py); "all", every such convolution (tests)."""
     from .builder import GraphBuilder
     from .heads import add_nms, decode_heads
 
@@ -92,6 +96,7 @@ def export_model(
     check_exportable(net)
     g = GraphBuilder(onnx, opset, PRECISIONS[precision])
     g.net = net
+    g.winograd = winograd
     g.host = lambda arr: np.asarray(net.be.to_host(arr), dtype=np.float32)
     c, h, w = net.input_shape
     x = "input"
