@@ -12,7 +12,8 @@ im2col/col2im), convolution/cuda_backward.py (the convolution backward as implic
 normalization/cuda.py (bias/scale, batch norm, channel reductions, l2norm, lrn),
 elementwise/cuda.py (vector ops, activations, shape ops, dropout), pooling/cuda.py,
 losses/cuda.py (softmax, costs, yolo/region/detection losses), images/cuda.py (photos
-uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's update).
+uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's update),
+nhwc/cuda.py (the NHWC 16-bit layer outputs' ops, issue 42).
 
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
@@ -49,6 +50,8 @@ from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
 from ..ops.images.cuda import CudaImages
 from ..ops.losses.cuda import KERNELS as _LOSS_KERNELS
 from ..ops.losses.cuda import CudaLosses
+from ..ops.nhwc.cuda import KERNELS as _NHWC_KERNELS
+from ..ops.nhwc.cuda import CudaNhwc
 from ..ops.normalization.cuda import KERNELS as _NORM_KERNELS
 from ..ops.normalization.cuda import CudaNorm
 from ..ops.optimizers.cuda import KERNELS as _OPTIMIZER_KERNELS
@@ -74,6 +77,7 @@ _KERNELS = merge_kernel_tables(
     _LOSS_KERNELS,
     _IMAGE_KERNELS,
     _OPTIMIZER_KERNELS,
+    _NHWC_KERNELS,
 )
 
 
@@ -87,6 +91,7 @@ class CudaBackend(
     CudaLosses,
     CudaImages,
     CudaOptimizerOps,
+    CudaNhwc,
 ):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 

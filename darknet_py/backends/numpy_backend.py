@@ -29,6 +29,7 @@ from ..losses import detection as detection_loss
 from ..losses import region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
 from ..ops.convolution.numpy import NumpyConvBackward
+from ..ops.nhwc.numpy import NumpyNhwc
 from ..ops.normalization.numpy import NumpyBatchnorm, one_storage
 from ..ops.optimizers.numpy import NumpyOptimizerOps
 from ..shapes import conv_out_size, conv_strides
@@ -36,7 +37,8 @@ from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
 from .pinning import unpin_nothing
 
 
-class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):  # ops in their files
+# Op families in their own files (ops/<family>/numpy.py).
+class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps, NumpyNhwc):
     name = "cpu"
 
     def __init__(self, dtype=np.float32, seed=0):
