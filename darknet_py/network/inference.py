@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ..image import decode_image
+from ..layers.nhwc_forward import is_nhwc, nchw_output
 from ..net_options import NetworkError
 from ..output_plan import output_is_shared
 from ..predictions import as_image, classify, detect, detect_batch, detector_layers
@@ -285,7 +286,10 @@ class NetworkInference:
                 f"lives only while its readers use it; set "
                 f"net.share_outputs = False before training to read it"
             )
-        return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
+        output = layer.output
+        if is_nhwc(layer):  # kept NHWC at 16 bits: NCHW fp32 as every other layer's
+            output = nchw_output(layer, self.be)
+        return self.be.to_host(output).reshape(layer.output_shape(self.batch))
 
     # ---- applications ---------------------------------------------------------------
     def detect(self, image, thresh=0.5, hier=0.5, nms=0.45, batch=8):
