@@ -214,13 +214,15 @@ def _writes_in_place(src, route, offset, last, nhwc, placed, read_by, layers):
 
 
 def assign_layouts(layers, output_index, precision, train, fold_batchnorm=True, on=False):
-    """Set each layer's `layout` (plan_layouts) and, under NHWC, its output_precision: the
-    16-bit precision for NHWC outputs, fp32 for every other (their NCHW copies included).
-    Returns the plan; with none NHWC, output_precision is left as output_storage set it."""
+    """Set each layer's `layout` (plan_layouts) and, under NHWC, its output_precision (of
+    Layer.output): the 16-bit precision for an NHWC output (its tensor), fp32 for every
+    other and for an NHWC layer's NCHW copy (layout.boundary). Returns the plan; with none
+    NHWC, output_precision is left as output_storage set it."""
     plan = plan_layouts(layers, output_index, precision, train, fold_batchnorm, on)
     any_nhwc = any(p.nhwc for p in plan)
     for layer, layout in zip(layers, plan):
         layer.layout = layout
         if any_nhwc:
-            layer.output_precision = precision if layout.nhwc else precisions.DEFAULT
+            tensor = layout.nhwc and not layout.boundary
+            layer.output_precision = precision if tensor else precisions.DEFAULT
     return plan

@@ -171,7 +171,9 @@ class NetworkPlanner:
 
     @nhwc.setter
     def nhwc(self, on):
-        self._nhwc = bool(switch(on, "net.nhwc"))
+        on = bool(switch(on, "net.nhwc"))
+        self._refuse_nhwc_without_its_convolution(on)
+        self._nhwc = on
         if getattr(self, "train_buffers", None) is not None:
             self._allocate(self.batch, self.train_buffers)
 
@@ -181,6 +183,12 @@ class NetworkPlanner:
         wanted = getattr(self, "_nhwc", None)
         if wanted is None:
             wanted = self.be.name == "cuda" and nhwc_from_environment()
+        self._refuse_nhwc_without_its_convolution(wanted)
+        return wanted
+
+    def _refuse_nhwc_without_its_convolution(self, wanted):
+        """NetworkError (one line) when NHWC is wanted for a 16-bit network on a backend
+        without conv_nhwc_forward."""
         if (
             wanted
             and self.precision in precisions.HALF_STORAGE
@@ -190,7 +198,6 @@ class NetworkPlanner:
                 f"NHWC layer outputs (net.nhwc, DARKNET_NHWC) need an NHWC convolution, "
                 f"which the {self.be.name} backend does not have yet"
             )
-        return wanted
 
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take (a BN layer's
