@@ -411,3 +411,92 @@ def test_nhwc_outputs_close_to_the_nchw_16_bit_network(precision):
     tolerance = 1e-2 if precision == "fp16" else 6e-2
     error = np.max(np.abs(output - want)) / max(1.0, np.max(np.abs(want)))
     assert error < tolerance
+
+
+def photos(rng, count):
+    return [
+        rng.integers(0, 256, (int(rng.integers(30, 90)), int(rng.integers(30, 90)), 3), np.uint8)
+        for _ in range(count)
+    ]
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_photos_are_letterboxed_into_the_nhwc_input(precision):
+    """predict on photos letterboxes them straight into the first convolution's NHWC
+    input (no fp32 image, no conversion): the same outputs as predict on the letterboxed
+    float images."""
+    from darknet_py.image import from_bgr, letterbox
+
+    net, _, _ = run_nhwc("yolov3-tiny", precision, batch=3)
+    shots = photos(np.random.default_rng(4), 3)
+    calls = []
+    for op in ("letterbox_images", "letterbox_images_nhwc"):
+        original = getattr(net.be, op)
+        setattr(net.be, op, lambda *a, op=op, original=original: calls.append(op) or original(*a))
+    got = net.predict(shots)
+    assert calls == ["letterbox_images_nhwc"]
+    assert net.layers[0].nhwc_input_ready is False  # served once
+    del net.be.letterbox_images, net.be.letterbox_images_nhwc
+    images = np.stack([letterbox(from_bgr(p, 3), 64, 64) for p in shots])
+    want = net.predict(images)
+    assert np.array_equal(got, want)
+
+
+# =============================================================================
+# GPU: the wiring on CUDA against the NumPy run
+# =============================================================================
+
+
+def cuda_stand_in(cuda):
+    """The CUDA backend with conv_nhwc_forward standing in as conv_nhwc_forward above on
+    the host (the NHWC convolution is another change's): every other op on the device."""
+
+    def host_conv(precision, x, batch, h, w, cx, weights, cout, ksize, stride, pad, out,
+                  out_pitch, out_offset, bias=None, activation="linear", stats=None):  # fmt: skip
+        ref = NhwcNumpy()
+        hx, hw, ho = (ref.storage_zeros(a.size, precision) for a in (x, weights, out))
+        hx[...], hw[...] = cuda.to_host(x), cuda.to_host(weights)
+        ho[...] = cuda.to_host(out)
+        hb = None if bias is None else cuda.to_host(bias)
+        ref.conv_nhwc_forward(precision, hx, batch, h, w, cx, hw, cout, ksize, stride, pad,
+                              ho, out_pitch, out_offset, hb, activation, stats)  # fmt: skip
+        cuda.copy_rounded(cuda.from_host(np.asarray(ho, np.float32)), out, precision)
+
+    cuda.conv_nhwc_forward = host_conv
+    return cuda
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", HALF)
+@pytest.mark.parametrize("name", ["yolov3-tiny", "yolov4-tiny"])
+def test_cuda_nhwc_inference_matches_numpy(cuda, name, precision):
+    want_net, x, want = run_nhwc(name, precision)
+    be = cuda_stand_in(cuda)
+    try:
+        net = Network(parse_cfg_text(text(name, precision, size=64, batch=2)), batch=2,
+                      backend=be, seed=3)  # fmt: skip
+        net.graphs.enabled = False  # the stand-in reads the device
+        for mine, theirs in zip(net.layers, want_net.layers):  # the NumPy run's parameters
+            if mine.type != "convolutional":
+                continue
+            for attr in ("weights", "biases", "scales", "rolling_mean", "rolling_variance"):
+                if getattr(theirs, attr, None) is not None:
+                    be.write(getattr(mine, attr), np.asarray(getattr(theirs, attr)))
+        net.params_changed()
+        net.nhwc = True
+        got = net.predict(x)
+        for layer in net.layers:
+            g, w = net.layer_output(layer.index), want_net.layer_output(layer.index)
+            if layer.layout.nhwc:  # 16-bit values moved, or the same host convolution
+                assert np.array_equal(g, w), f"layer {layer.index} [{layer.type}]"
+            else:  # fp32 heads: CUDA's fp32 convolution against NumPy's
+                assert np.max(np.abs(g - w)) <= 1e-4 * max(1.0, np.max(np.abs(w))), layer.index
+        assert np.max(np.abs(got - want)) <= 1e-4 * max(1.0, np.max(np.abs(want)))
+        # photos letterboxed on the device straight into the NHWC input
+        shots = photos(np.random.default_rng(4), 2)
+        from darknet_py.image import from_bgr, letterbox
+
+        images = np.stack([letterbox(from_bgr(p, 3), 64, 64) for p in shots])
+        assert np.array_equal(net.predict(shots), net.predict(images))
+    finally:
+        del cuda.conv_nhwc_forward

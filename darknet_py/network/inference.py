@@ -14,6 +14,7 @@ import numpy as np
 from ..image import decode_image
 from ..layers.nhwc_forward import is_nhwc, nchw_output
 from ..net_options import NetworkError
+from ..ops.nhwc.numpy import pixel_pitch
 from ..output_plan import output_is_shared
 from ..predictions import as_image, classify, detect, detect_batch, detector_layers
 from .arguments import whole_number
@@ -103,6 +104,24 @@ class NetworkInference:
             buf = self._input_buf = self.be.zeros(len(shapes) * self.inputs)
         self.be.wait_upload(upload)
         offsets = np.cumsum([0] + [h * w * 3 for h, w in shapes[:-1]])
+        first = self.layers[0]
+        if is_nhwc(first) and first.layout.input_boundary and first.c == 3:
+            # issue 42: letterboxed straight into the first convolution's NHWC input; a
+            # step of its own (its recorded graph converts no fp32 input)
+            self.be.letterbox_images_nhwc(
+                array, shapes, offsets, width, height, letter, first.nhwc_input, pixel_pitch(3)
+            )
+
+            def step():
+                first.nhwc_input_ready = True
+                self._forward_layers(buf, False)
+
+            self._run_step(
+                "predict", (self.batch, self.fold_batchnorm, "nhwc photos"), buf, False, step
+            )
+            self._net_input = None  # buf holds no image: infer() must be given one
+            self.collect_costs()
+            return
         self.be.letterbox_images(array, shapes, offsets, width, height, letter, buf)
         self._run_step(
             "predict",
