@@ -321,6 +321,19 @@ def expected_mover(net, layer, inputs):
             x.reshape(-1), layer.w, layer.h, layer.c, batch, layer.stride, True, layer.scale, out
         )
         return precisions.round_to(out, p).reshape(batch, layer.out_c, layer.out_h, layer.out_w)
+    if layer.type == "shortcut":  # Darknet's sum in fp32 (the fork: rounded after each)
+        value = x.astype(np.float32).copy()
+        fork = layer.darknet == "alexeyab"
+        s1, s2 = (1.0, 1.0) if fork else (layer.alpha, layer.beta)
+        for k, (src, add) in enumerate(zip(layer.sources, inputs[1:])):
+            common = min(layer.c, src.out_c)
+            value[:, :common] = s1 * value[:, :common] + s2 * add[:, :common]
+            if k == len(layer.sources) - 1:
+                flat = value.reshape(-1)
+                be.activate(flat, layer.activation)
+                value = flat.reshape(value.shape)
+            value = precisions.round_to(value, p).reshape(value.shape)
+        return value
     raise AssertionError(layer.type)
 
 
@@ -338,9 +351,14 @@ def set_statistics(net, rng):
     net.params_changed()
 
 
-def run_nhwc(name, precision, size=64, batch=2):
-    cfg = text(name, precision, size=size, batch=batch)
-    net = Network(parse_cfg_text(cfg), batch=batch, backend=NhwcNumpy(), seed=3)
+def run_nhwc(name, precision, size=64, batch=2, darknet=None):
+    """A network (architectures.py's `name`, or a cfg text) on NumPy with NHWC outputs,
+    batch norm statistics of a trained network's scale, after predict on random images."""
+    if name in ("yolov3-tiny", "yolov4-tiny"):
+        cfg = text(name, precision, size=size, batch=batch)
+    else:
+        cfg = name.replace("[net]\n", f"[net]\nprecision={precision}\n", 1)
+    net = Network(parse_cfg_text(cfg), batch=batch, backend=NhwcNumpy(), seed=3, darknet=darknet)
     net.nhwc = True
     rng = np.random.default_rng(1)
     set_statistics(net, rng)
@@ -354,6 +372,15 @@ def run_nhwc(name, precision, size=64, batch=2):
 def test_nhwc_inference_layer_by_layer(name, precision):
     net, x, output = run_nhwc(name, precision)
     assert net.nhwc
+    check_layer_by_layer(net, x, output, precision)
+    head_input = [l for l in net.layers if l.type == "yolo"][0].index - 2
+    assert net.layers[head_input].layout.boundary
+    assert net.layers[head_input].output.dtype == np.float32
+
+
+def check_layer_by_layer(net, x, output, precision):
+    """Every NHWC layer's output (layer_output: NCHW fp32) against the NCHW op on its
+    inputs' outputs; predict's output is the output layer's."""
     assert np.isfinite(output).all()
     outs = {}
     for layer in net.layers:
@@ -371,14 +398,101 @@ def test_nhwc_inference_layer_by_layer(name, precision):
         elif layer.type == "route":
             want = expected_mover(net, layer, [outs[s.index] for s in layer.sources])
             assert np.array_equal(outs[i], want), f"layer {i} [route]"
+        elif layer.type == "shortcut":
+            adds = [outs[s.index] for s in layer.sources]
+            want = expected_mover(net, layer, [previous] + adds)
+            assert np.array_equal(outs[i], want), f"layer {i} [shortcut]"
         else:
             want = expected_mover(net, layer, [previous])
             assert np.array_equal(outs[i], want), f"layer {i} [{layer.type}]"
-    # the heads read the NCHW copies: predict's output is the last head's
     assert np.array_equal(output, outs[net.output_index])
-    head_input = [l for l in net.layers if l.type == "yolo"][0].index - 2
-    assert net.layers[head_input].layout.boundary
-    assert net.layers[head_input].output.dtype == np.float32
+
+
+MOVERS = """[net]
+width=32
+height=32
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+pad=1
+activation=mish
+
+[shortcut]
+from=-2
+activation=linear
+
+[maxpool]
+size=5
+stride=1
+
+[route]
+layers=-2
+
+[maxpool]
+size=9
+stride=1
+
+[route]
+layers=-1,-3,-4
+
+[convolutional]
+filters=8
+size=1
+activation=linear
+
+[shortcut]
+from=-6
+activation=leaky
+
+[upsample]
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=24
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[route]
+layers=-1,-3
+groups=2
+group_id=1
+
+[convolutional]
+filters=8
+size=1
+activation=linear
+"""
+
+
+@pytest.mark.parametrize("precision", HALF)
+@pytest.mark.parametrize("darknet", ["original", "alexeyab"])
+def test_nhwc_movers_layer_by_layer(precision, darknet):
+    """Shortcuts (of different channel counts, with an activation; the fork's of two
+    inputs), SPP's maxpools written in place into their route and read from there, a
+    grouped route, an upsample, the output layer's NCHW copy."""
+    cfg = MOVERS
+    if darknet == "alexeyab":
+        cfg = cfg.replace("from=-6\nactivation=leaky", "from=-6,-2\nactivation=leaky")
+    net, x, output = run_nhwc(cfg, precision, size=32, darknet=darknet)
+    plan = [l.layout for l in net.layers]
+    assert all(p.nhwc for p in plan)
+    assert [(plan[i].owner, plan[i].offset) for i in (5, 3, 2)] == [(6, 0), (6, 16), (6, 32)]
+    assert plan[6].pitch == 48 and plan[12].boundary
+    assert len(net.layers[8].sources) == (2 if darknet == "alexeyab" else 1)
+    check_layer_by_layer(net, x, output, precision)
 
 
 @pytest.mark.parametrize("precision", HALF)
