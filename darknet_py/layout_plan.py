@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from . import precision as precisions
 from .activations import CHANNEL_ACTIVATIONS
 from .layers.base import keeps_activation_input
+from .net_options import NetworkError
 from .ops.nhwc.numpy import PIXEL_ALIGN, pixel_pitch
 
 NCHW, NHWC = "nchw", "nhwc"
@@ -65,9 +66,14 @@ class Layout:
 
 
 def nhwc_from_environment():
-    """Whether DARKNET_NHWC asks for NHWC outputs (1/on/yes/true); off when unset."""
-    value = os.environ.get(ENV, "").strip().lower()
-    return value in ("1", "on", "yes", "true")
+    """Whether DARKNET_NHWC asks for NHWC outputs: 1/on/yes/true, or 0/off/no/false (or
+    unset); NetworkError naming the variable for anything else."""
+    value = os.environ.get(ENV, "").strip()
+    if value.lower() in ("1", "on", "yes", "true"):
+        return True
+    if value.lower() in ("", "0", "off", "no", "false"):
+        return False
+    raise NetworkError(f"{ENV}={value}: use 1 (NHWC layer outputs under fp16/bf16) or 0")
 
 
 def _convolution_runs_nhwc(layer, precision, fold_batchnorm):

@@ -199,12 +199,28 @@ def test_the_option_off_changes_nothing(precision, monkeypatch):
         assert np.array_equal(got, w)
 
 
+@pytest.mark.parametrize("value,wanted", [("1", True), ("on", True), ("0", False), ("", False)])
+def test_the_environment_variable(monkeypatch, value, wanted):
+    from darknet_py.layout_plan import nhwc_from_environment
+
+    monkeypatch.setenv(ENV, value)
+    assert nhwc_from_environment() is wanted
+    monkeypatch.setenv(ENV, "maybe")
+    with pytest.raises(NetworkError, match=r"^DARKNET_NHWC=maybe: use 1 \(NHWC"):
+        nhwc_from_environment()
+
+
+class WithoutNhwcConvolution(NumpyBackend):
+    conv_nhwc_forward = None  # as a backend before the NHWC convolution landed
+
+
 def test_asking_a_backend_without_the_nhwc_convolution_is_refused_in_one_line():
-    net = Network(parse_cfg_text(text("yolov3-tiny", "fp16", size=64)), backend=NumpyBackend())
+    be = WithoutNhwcConvolution()
+    net = Network(parse_cfg_text(text("yolov3-tiny", "fp16", size=64)), backend=be)
     with pytest.raises(NetworkError, match=r"^NHWC layer outputs .* the cpu backend does not"):
         net.nhwc = True
     assert not net.nhwc  # refused: left as it was
-    fp32 = Network(parse_cfg_text(text("yolov3-tiny", "fp32", size=64)), backend=NumpyBackend())
+    fp32 = Network(parse_cfg_text(text("yolov3-tiny", "fp32", size=64)), backend=be)
     fp32.nhwc = True  # nothing to keep at 16 bits: nothing asked of the backend
     assert all(not l.layout.nhwc for l in fp32.layers)
 

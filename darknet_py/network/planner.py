@@ -192,7 +192,7 @@ class NetworkPlanner:
         if (
             wanted
             and self.precision in precisions.HALF_STORAGE
-            and not hasattr(self.be, "conv_nhwc_forward")
+            and getattr(self.be, "conv_nhwc_forward", None) is None
         ):
             raise NetworkError(
                 f"NHWC layer outputs (net.nhwc, DARKNET_NHWC) need an NHWC convolution, "
