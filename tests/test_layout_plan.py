@@ -511,6 +511,52 @@ def test_nhwc_movers_layer_by_layer(precision, darknet):
     check_layer_by_layer(net, x, output, precision)
 
 
+BOUNDARIES = """[net]
+width=32
+height=32
+channels=3
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+pad=1
+activation=leaky
+
+[reorg]
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=24
+size=3
+pad=1
+activation=leaky
+
+[route]
+layers=-1,-2
+
+[convolutional]
+filters=8
+size=1
+activation=linear
+"""
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_a_layer_without_nhwc_op_in_the_middle(precision):
+    """[reorg] has no NHWC op: the convolution before it gives it an NCHW fp32 copy, the
+    one after converts its NCHW input, and a [route] of the two stays NCHW (the
+    convolution's NCHW copy)."""
+    net, x, output = run_nhwc(BOUNDARIES, precision, size=32)
+    plan = [l.layout for l in net.layers]
+    assert [p.nhwc for p in plan] == [True, False, True, False, True]
+    assert plan[0].boundary and plan[2].boundary and plan[4].boundary  # 4: the output
+    assert [p.input_boundary for p in plan] == [True, False, True, False, True]
+    assert net.layers[0].output.dtype == np.float32
+    check_layer_by_layer(net, x, output, precision)
+
+
 @pytest.mark.parametrize("precision", HALF)
 def test_route_slices_are_written_in_place(precision):
     net, _, _ = run_nhwc("yolov3-tiny", precision)
