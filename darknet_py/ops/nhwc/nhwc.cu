@@ -74,10 +74,6 @@ __device__ __forceinline__ void store_lanes(Half16* __restrict__ base, int first
     }
 }
 
-// How many lanes of a group starting at tensor channel `first` hold the tensor's channels
-// (the scalar path reads only those; a negative first reads from its first own lane on).
-__device__ __forceinline__ int lanes_valid(int first, int c) { return min(8, c - first); }
-
 // Lanes of tensor channels first.. of pixel `pixel` of (x, pitch, offset); lanes before
 // channel 0 or past c read as zero (the scalar path; the vector path's first is >= 0 and
 // its lanes past c are dropped at the store).
