@@ -9,9 +9,10 @@ in training, every output is NCHW and nothing changes.
 
 A layer's output is NHWC ("nhwc") when the layer can write it so:
   * a convolution at the network's 16-bit precision that conv_nhwc_forward can run: one
-    group, no dilation, one stride, not binary/xnor nor stepped, an activation its epilogue
-    applies (precision.EPILOGUE_ACTIVATIONS), batch norm folded or none. Its input may be
-    NCHW (the network's image, an fp32 layer's output): it is converted at its input.
+    group, no dilation, stride 1 or 2 (across and down alike), not binary/xnor nor
+    stepped, an activation its epilogue applies (precision.EPILOGUE_ACTIVATIONS), batch
+    norm folded or none. Its input may be NCHW (the network's image, an fp32 layer's
+    output): it is converted at its input.
     A convolution feeding a head runs at fp32 (precision.assign), so it stays NCHW and its
     input is converted for it: the heads' boundary;
   * a [route], a 2-D [maxpool], an [upsample] (not reverse) and a [shortcut] without the
@@ -83,7 +84,7 @@ def _convolution_runs_nhwc(layer, precision, fold_batchnorm):
         and not layer.stepped
         and layer.groups == 1
         and layer.dilation == 1
-        and isinstance(layer.stride, int)
+        and layer.stride in (1, 2)  # one stride (not the fork's pair), as the kernel takes
         and not getattr(layer, "binary", 0)
         and not getattr(layer, "xnor", 0)
         and layer.activation in precisions.EPILOGUE_ACTIVATIONS

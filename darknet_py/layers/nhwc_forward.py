@@ -44,18 +44,23 @@ def _previous(layer, net):
 
 def nhwc_weights(layer, be, weights):
     """The convolution's weights as conv_nhwc_forward takes them: 16-bit [cout, k, k, cx]
-    (cx: the input's pixel pitch, the padding channels' weights zero), made on the host
-    once per set of inference weights (cached until params_changed)."""
+    (cx: the input's pixel pitch, the padding channels' weights zero), made once per set
+    of inference weights (cached until params_changed): by the backend's
+    pack_nhwc_weights, which comes with its conv_nhwc_forward, else here on the host."""
     cached = getattr(layer, "_nhwc_weights", None)
     if cached is not None and cached[0] is weights:
         return cached[1]
     k, c, cout = layer.size, layer.c, layer.filters
     cx = pixel_pitch(c)
-    host = np.asarray(be.to_host(weights), np.float32)[: cout * c * k * k]
-    packed = np.zeros((cout, k, k, cx), np.float32)
-    packed[..., :c] = host.reshape(cout, c, k, k).transpose(0, 2, 3, 1)
-    array = be.storage_zeros(packed.size, layer.precision)
-    be.copy_rounded(be.from_host(packed.reshape(-1)), array, layer.precision)
+    pack = getattr(be, "pack_nhwc_weights", None)
+    if pack is not None:
+        array = pack(weights, cout, c, k, cx, layer.precision)
+    else:
+        host = np.asarray(be.to_host(weights), np.float32)[: cout * c * k * k]
+        packed = np.zeros((cout, k, k, cx), np.float32)
+        packed[..., :c] = host.reshape(cout, c, k, k).transpose(0, 2, 3, 1)
+        array = be.storage_zeros(packed.size, layer.precision)
+        be.copy_rounded(be.from_host(packed.reshape(-1)), array, layer.precision)
     layer._nhwc_weights = (weights, array)
     return array
 
