@@ -676,3 +676,36 @@ def test_cuda_nhwc_inference_matches_numpy(cuda, name, precision):
         assert np.array_equal(net.predict(shots), net.predict(images))
     finally:
         del cuda.conv_nhwc_forward
+
+
+class PackingNumpy(NhwcNumpy):
+    """A backend with the agreed pack_nhwc_weights, the packing counted."""
+
+    packed = 0
+
+    def pack_nhwc_weights(self, weights, cout, c, ksize, cx, precision):
+        PackingNumpy.packed += 1
+        w = np.asarray(weights[: cout * c * ksize * ksize], np.float32)
+        out = np.zeros((cout, ksize, ksize, cx), np.float32)
+        out[..., :c] = w.reshape(cout, c, ksize, ksize).transpose(0, 2, 3, 1)
+        array = self.storage_zeros(out.size, precision)
+        array[...] = precisions.round_to(out.reshape(-1), precision)
+        return array
+
+
+def test_the_backends_weight_packing_is_used_once():
+    cfg = MOVERS.replace("[net]\n", "[net]\nprecision=fp16\n", 1)
+    net = Network(parse_cfg_text(cfg), batch=1, backend=PackingNumpy(), seed=3)
+    set_statistics(net, np.random.default_rng(1))
+    net.nhwc = True
+    x = np.random.default_rng(2).uniform(0, 1, (1, 3, 32, 32)).astype(np.float32)
+    PackingNumpy.packed = 0
+    net.predict(x)
+    convolutions = sum(l.type == "convolutional" for l in net.layers)
+    assert PackingNumpy.packed == convolutions
+    net.predict(x)
+    assert PackingNumpy.packed == convolutions  # cached
+    net.params_changed()
+    net.predict(x)
+    assert PackingNumpy.packed == 2 * convolutions  # made again from the new weights
+    check_layer_by_layer(net, x, net.layer_output(net.output_index), "fp16")
