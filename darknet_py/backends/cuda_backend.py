@@ -13,7 +13,7 @@ normalization/cuda.py (bias/scale, batch norm, channel reductions, l2norm, lrn),
 elementwise/cuda.py (vector ops, activations, shape ops, dropout), pooling/cuda.py,
 losses/cuda.py (softmax, costs, yolo/region/detection losses), images/cuda.py (photos
 uploaded as uint8, letterboxed on the device), optimizers/cuda.py (Adam's and SGD's
-updates, fp16's loss scaler).
+updates, fp16's loss scaler), nhwc/cuda.py (the NHWC 16-bit layer outputs' ops).
 
 Design:
   * The device's primary context is retained and pushed at start, popped at exit.
@@ -50,6 +50,8 @@ from ..ops.images.cuda import KERNEL_FILES as _IMAGE_FILES
 from ..ops.images.cuda import CudaImages
 from ..ops.losses.cuda import KERNEL_FILES as _LOSS_FILES
 from ..ops.losses.cuda import CudaLosses
+from ..ops.nhwc.cuda import KERNEL_FILES as _NHWC_FILES
+from ..ops.nhwc.cuda import CudaNhwc
 from ..ops.normalization.cuda import KERNEL_FILES as _NORM_FILES
 from ..ops.normalization.cuda import CudaNorm
 from ..ops.optimizers.cuda import KERNEL_FILES as _OPTIMIZER_FILES
@@ -77,6 +79,7 @@ _KERNELS = kernel_signatures.kernel_table(
     + _LOSS_FILES
     + _IMAGE_FILES
     + _OPTIMIZER_FILES
+    + _NHWC_FILES
 )
 
 
@@ -90,6 +93,7 @@ class CudaBackend(
     CudaLosses,
     CudaImages,
     CudaOptimizerOps,
+    CudaNhwc,
 ):
     """NumpyBackend's op contract on one CUDA device (float32)."""
 

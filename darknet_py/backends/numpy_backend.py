@@ -25,6 +25,7 @@ from ..ops.convolution.numpy import NumpyConv, NumpyConvBackward
 from ..ops.elementwise.numpy import NumpyElementwise
 from ..ops.images.numpy import NumpyImages
 from ..ops.losses.numpy import NumpyLosses
+from ..ops.nhwc.numpy import NumpyNhwc
 from ..ops.normalization.numpy import NumpyNorm
 from ..ops.optimizers.numpy import NumpyOptimizerOps
 from ..ops.pooling.numpy import NumpyPooling
@@ -40,6 +41,7 @@ class NumpyBackend(
     NumpyLosses,
     NumpyImages,
     NumpyOptimizerOps,
+    NumpyNhwc,
 ):
     """The backend core (arrays, copies, transfers, capture, timing) here; the ops in
     their families' mixins, ops/<family>/numpy.py, as CudaBackend's in ops/<family>/cuda.py."""

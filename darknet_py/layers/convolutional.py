@@ -13,6 +13,7 @@ import numpy as np
 from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
 from ..shapes import conv_out_size, conv_strides
+from . import nhwc_forward
 from .base import Layer, host_param, momentum_update, parse_activation, refuse_options, source_layer
 from .batchnorm import (
     FORK_BN_EPS,
@@ -317,6 +318,7 @@ class ConvolutionalLayer(Layer):
     def params_changed(self):
         self._folded = None
         self._packed = None
+        self._nhwc_weights = None  # nhwc_forward.nhwc_weights' 16-bit [cout, k, k, cx]
 
     def _fold_batchnorm(self, be):
         """Weights and biases that give in one GEMM + bias what conv + Darknet's inference
@@ -373,6 +375,8 @@ class ConvolutionalLayer(Layer):
         return col
 
     def forward(self, net):
+        if nhwc_forward.is_nhwc(self):  # the layout plan's NHWC 16-bit output (issue 42)
+            return nhwc_forward.forward(self, net)
         if self.precision != precisions.DEFAULT:
             return self._forward_reduced(net)
         be = net.be

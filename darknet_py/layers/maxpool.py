@@ -5,6 +5,7 @@ maxpool_depth=1 with out_channels=K: a maximum across channels instead of space,
 output channel g taking the maximum over input channels g, g+K, g+2K, ... at the
 same position."""
 
+from . import nhwc_forward
 from .base import Layer
 
 
@@ -70,6 +71,8 @@ class MaxpoolLayer(Layer):
         self.indexes = be.int_zeros(batch * self.outputs)
 
     def forward(self, net):
+        if nhwc_forward.is_nhwc(self):  # the layout plan's NHWC 16-bit output (issue 42)
+            return nhwc_forward.forward(self, net)
         be = net.be
         if self.depth:
             be.maxpool_depth_forward(

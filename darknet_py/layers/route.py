@@ -4,6 +4,7 @@ The AlexeyAB fork's groups=G, group_id=k take from each input only the k-th of G
 contiguous slices of its per-image output (channels k*C/G .. (k+1)*C/G - 1)."""
 
 from ..plurals import counted
+from . import nhwc_forward
 from .base import Layer, source_layers
 
 
@@ -69,6 +70,8 @@ class RouteLayer(Layer):
             offset += part
 
     def forward(self, net):
+        if nhwc_forward.is_nhwc(self):  # the layout plan's NHWC 16-bit output (issue 42)
+            return nhwc_forward.forward(self, net)
         if self.is_view:
             return
         for src, start, part, offset in self._parts():

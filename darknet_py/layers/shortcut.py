@@ -15,6 +15,7 @@ stored in the .weights file at the layer's place. Their gradient is the fork's: 
 product of delta and input, as if the normalisation were not there.
 """
 
+from . import nhwc_forward
 from .base import Layer, momentum_update, parse_activation, source_layer, source_layers
 
 WEIGHTS_TYPES = ("none", "per_feature", "per_channel")
@@ -161,6 +162,8 @@ class ShortcutLayer(Layer):
 
     # ---- computation ----------------------------------------------------------------
     def forward(self, net):
+        if nhwc_forward.is_nhwc(self):  # the layout plan's NHWC 16-bit output (issue 42)
+            return nhwc_forward.forward(self, net)
         be = net.be
         if self.darknet != "alexeyab":
             src = self.source

@@ -1,5 +1,6 @@
 """[upsample]: nearest-neighbour upsampling by an integer stride (negative: downsample)."""
 
+from . import nhwc_forward
 from .base import Layer
 
 
@@ -30,6 +31,8 @@ class UpsampleLayer(Layer):
         )
 
     def forward(self, net):
+        if nhwc_forward.is_nhwc(self):  # the layout plan's NHWC 16-bit output (issue 42)
+            return nhwc_forward.forward(self, net)
         be = net.be
         if self.reverse:  # downsample: the adjoint of upsampling, into a zeroed output
             be.fill(self.output, 0.0)

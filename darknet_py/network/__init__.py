@@ -126,6 +126,8 @@ class Network(NetworkPlanner, NetworkExecutor, NetworkInference):
         self._share_deltas, self.delta_plan = False, None  # see share_deltas
         self._share_outputs, self.output_plan = False, None  # see share_outputs
         self._half_outputs = True  # see half_outputs
+        self._nhwc = None  # see nhwc: None follows DARKNET_NHWC (on CUDA)
+        self.layout_plan = None  # layout_plan.py's, made with the arrays
         self._zero_before = {}  # backward step -> the shared deltas zeroed before it
         self._rebuild_before = {}  # backward step -> the layers whose output is made again
         if allocate:  # info only needs shapes

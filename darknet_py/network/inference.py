@@ -13,7 +13,9 @@ import numpy as np
 
 from ..backends.pinning import unpin_nothing
 from ..image import decode_image
+from ..layers.nhwc_forward import is_nhwc, nchw_output
 from ..net_options import NetworkError
+from ..ops.nhwc.numpy import pixel_pitch
 from ..output_plan import output_is_shared
 from ..predictions import as_image, classify, detect, detect_batch, detector_layers
 from .arguments import whole_number
@@ -181,6 +183,24 @@ class NetworkInference:
             buf = self._input_buf = self.be.zeros(len(shapes) * self.inputs)
         self.be.wait_upload(upload)
         offsets = np.cumsum([0] + [h * w * 3 for h, w in shapes[:-1]])
+        first = self.layers[0]
+        if is_nhwc(first) and first.layout.input_boundary and first.c == 3:
+            # issue 42: letterboxed straight into the first convolution's NHWC input; a
+            # step of its own (its recorded graph converts no fp32 input)
+            self.be.letterbox_images_nhwc(
+                array, shapes, offsets, width, height, letter, first.nhwc_input, pixel_pitch(3)
+            )
+
+            def step():
+                first.nhwc_input_ready = True
+                self._forward_layers(buf, False)
+
+            self._run_step(
+                "predict", (self.batch, self.fold_batchnorm, "nhwc photos"), buf, False, step
+            )
+            self._net_input = None  # buf holds no image: infer() must be given one
+            self.collect_costs()
+            return
         self.be.letterbox_images(array, shapes, offsets, width, height, letter, buf)
         self._run_step(
             "predict",
@@ -364,7 +384,10 @@ class NetworkInference:
                 f"lives only while its readers use it; set "
                 f"net.share_outputs = False before training to read it"
             )
-        return self.be.to_host(layer.output).reshape(layer.output_shape(self.batch))
+        output = layer.output
+        if is_nhwc(layer):  # kept NHWC at 16 bits: NCHW fp32 as every other layer's
+            output = nchw_output(layer, self.be)
+        return self.be.to_host(output).reshape(layer.output_shape(self.batch))
 
     # ---- applications ---------------------------------------------------------------
     def detect(self, image, thresh=0.5, hier=0.5, nms=0.45, batch=8):

@@ -16,6 +16,8 @@ from ..backends import DeviceOutOfMemory
 from ..delta_plan import plan_deltas, share_delta_arrays, zeroing_steps
 from ..layers.base import keeps_activation_input
 from ..layers.batchnorm import x_precision
+from ..layers.nhwc_forward import give_nhwc_arrays, is_nhwc
+from ..layout_plan import assign_layouts, nhwc_from_environment
 from ..net_options import NetworkError
 from ..output_plan import plan_outputs, share_output_arrays
 from ..output_storage import assign_output_storage, plan_output_storage
@@ -42,6 +44,14 @@ class NetworkPlanner:
                 self.fold_batchnorm,
                 on=self._half_outputs,
             )
+            self.layout_plan = assign_layouts(
+                self.layers,
+                self.output_index,
+                self.precision,
+                train,
+                self.fold_batchnorm,
+                on=self._nhwc_wanted(),
+            )
             self.delta_plan = share_delta_arrays(
                 self.layers, be, batch, train and self._share_deltas and not self.fork_cpu
             )
@@ -52,8 +62,14 @@ class NetworkPlanner:
                 train and self._share_outputs and not self.fork_cpu,
                 self.output_index,
             )
+            nhwc_arrays = give_nhwc_arrays(self.layers, be, batch, self.precision)
             for layer in self.layers:
+                if is_nhwc(layer) and not layer.layout.boundary:
+                    layer.shared_output = layer.nhwc_output  # allocate takes it as output
                 layer.allocate(be, batch, train)  # may size its workspace for this batch
+                if is_nhwc(layer) and layer.type == "route" and layer.views_its_input():
+                    layer.output, layer.is_view = layer.sources[0].output, True
+            del nhwc_arrays  # the layers hold them
             self._zero_before = zeroing_steps(self.layers, self.delta_plan)
             self._rebuild_before = {
                 step: [self.layers[i] for i in rebuilt]
@@ -143,6 +159,45 @@ class NetworkPlanner:
             self._half_outputs = bool(on)
             if getattr(self, "train_buffers", None) is not None:
                 self._allocate(self.batch, self.train_buffers)
+
+    @property
+    def nhwc(self):
+        """Whether fp16/bf16 inference keeps layer outputs channels-last (NHWC) at 16 bits
+        where layout_plan.py allows (issue 42: convolutions as implicit GEMMs with no
+        unfolding). Default: the environment's DARKNET_NHWC=1 on a CUDA backend, else off;
+        setting it asks for it on any backend (the NumPy one runs the NHWC references).
+        The backend needs conv_nhwc_forward. Setting it re-allocates."""
+        return self._nhwc_wanted()
+
+    @nhwc.setter
+    def nhwc(self, on):
+        on = bool(switch(on, "net.nhwc"))
+        self._refuse_nhwc_without_its_convolution(on)
+        self._nhwc = on
+        if getattr(self, "train_buffers", None) is not None:
+            self._allocate(self.batch, self.train_buffers)
+
+    def _nhwc_wanted(self):
+        """net.nhwc as set, else DARKNET_NHWC on CUDA; a backend without conv_nhwc_forward
+        (the NHWC convolution) refuses it in one line."""
+        wanted = getattr(self, "_nhwc", None)
+        if wanted is None:
+            wanted = self.be.name == "cuda" and nhwc_from_environment()
+        self._refuse_nhwc_without_its_convolution(wanted)
+        return wanted
+
+    def _refuse_nhwc_without_its_convolution(self, wanted):
+        """NetworkError (one line) when NHWC is wanted for a 16-bit network on a backend
+        without conv_nhwc_forward."""
+        if (
+            wanted
+            and self.precision in precisions.HALF_STORAGE
+            and getattr(self.be, "conv_nhwc_forward", None) is None
+        ):
+            raise NetworkError(
+                f"NHWC layer outputs (net.nhwc, DARKNET_NHWC) need an NHWC convolution, "
+                f"which the {self.be.name} backend does not have yet"
+            )
 
     def memory_bytes(self, batch, train):
         """A close estimate of the device memory the network's arrays take (a BN layer's

@@ -15,6 +15,8 @@
 // Letterbox: the resized image at (dx, dy) on a 0.5 grey canvas; the host works out the
 // sizes (image.letterbox_size) and the float32 scales.
 
+#include "../common/x_storage.cuh"
+
 // One image's geometry, int32 words (darknet_py/backends/cuda_images.py GEOMETRY_WORDS).
 enum Geometry {
     G_OFFSET_LO = 0,   // the image's first byte in `src`, low and high 32 bits
@@ -89,3 +91,46 @@ extern "C" __global__ void letterbox_u8_kernel(const unsigned char* __restrict__
 #pragma unroll
     for (int c = 0; c < 3; ++c) o[c * plane] = inside ? resized(image, g, ry, rx, c) : 0.5f;
 }
+
+// The same images into a 16-bit NHWC network input (issue 42): pixel p of image b at
+// ((b * height * width) + p) * pitch, its 3 channels rounded to X's 16 bits, then zeros to
+// channel 8 (the first convolution's padded input). `vector`: out 16-byte aligned and the
+// pitch a multiple of 8, so a pixel is one 16-byte store.
+template <class X>
+__device__ __forceinline__ void letterbox_u8_nhwc_of(const unsigned char* __restrict__ src,
+                                                     const int* __restrict__ geometry,
+                                                     int height, int width,
+                                                     unsigned short* __restrict__ out, int pitch,
+                                                     int vector)
+{
+    const int b = blockIdx.y;
+    const int* g = geometry + b * G_WORDS;
+    const long long plane = (long long)height * width;
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= plane) return;
+    const int y = p / width, x = p - (p / width) * width;
+    const long long offset = ((long long)(unsigned)g[G_OFFSET_HI] << 32) | (unsigned)g[G_OFFSET_LO];
+    const unsigned char* image = src + offset;
+    const int ry = y - g[G_DY], rx = x - g[G_DX];
+    const bool inside = ry >= 0 && ry < g[G_NEW_H] && rx >= 0 && rx < g[G_NEW_W];
+    unsigned short v[3];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) v[c] = X::rounded(inside ? resized(image, g, ry, rx, c) : 0.5f);
+    unsigned short* o = out + (b * plane + p) * pitch;
+    if (vector) {
+        *reinterpret_cast<uint4*>(o) = make_uint4(v[0] | ((unsigned)v[1] << 16), v[2], 0u, 0u);
+    } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) o[c] = c < 3 ? v[c] : (unsigned short)0;
+    }
+}
+
+#define LETTERBOX_NHWC(NAME, X)                                                                   \
+    extern "C" __global__ void NAME(const unsigned char* __restrict__ src,                        \
+                                    const int* __restrict__ geometry, int height, int width,      \
+                                    unsigned short* __restrict__ out, int pitch, int vector)      \
+    {                                                                                             \
+        letterbox_u8_nhwc_of<X>(src, geometry, height, width, out, pitch, vector);                \
+    }
+LETTERBOX_NHWC(letterbox_u8_nhwc_kernel_f16, XF16)
+LETTERBOX_NHWC(letterbox_u8_nhwc_kernel_bf16, XBF16)
