@@ -9,6 +9,7 @@ The ops live in one mixin per family, each family's kernel table beside its laun
 cuda_core here (device, arrays, launches, sync, copies, graph capture), and in the
 families' folders ops/<family>/: convolution/cuda.py (GEMMs, tensor-core convolution,
 im2col/col2im), convolution/cuda_backward.py (the convolution backward as implicit GEMMs),
+convolution/nhwc.py (the channels-last 16-bit forward on Hopper: wgmma fed by TMA im2col),
 normalization/cuda.py (bias/scale, batch norm, channel reductions, l2norm, lrn),
 elementwise/cuda.py (vector ops, activations, shape ops, dropout), pooling/cuda.py,
 losses/cuda.py (softmax, costs, yolo/region/detection losses), images/cuda.py (photos
@@ -43,6 +44,7 @@ from ..ops.convolution.cuda import _TC_TILES, CudaConv  # noqa: F401
 from ..ops.convolution.cuda import KERNELS as _CONV_KERNELS
 from ..ops.convolution.cuda_backward import KERNELS as _CONV_BACKWARD_KERNELS
 from ..ops.convolution.cuda_backward import CudaConvBackward
+from ..ops.convolution.nhwc import CudaConvNhwc
 from ..ops.elementwise.cuda import KERNELS as _ELEMENTWISE_KERNELS
 from ..ops.elementwise.cuda import CudaElementwise
 from ..ops.images.cuda import KERNELS as _IMAGE_KERNELS
@@ -81,6 +83,7 @@ class CudaBackend(
     CudaCore,
     CudaConv,
     CudaConvBackward,
+    CudaConvNhwc,
     CudaNorm,
     CudaElementwise,
     CudaPooling,

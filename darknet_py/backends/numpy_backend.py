@@ -28,6 +28,7 @@ from ..image import from_bgr, letterbox, resize_image, sized_shape
 from ..losses import detection as detection_loss
 from ..losses import region as region_loss
 from ..losses.yolo import image_truths, yolo_loss
+from ..ops.convolution.nhwc_numpy import NumpyConvNhwc
 from ..ops.convolution.numpy import NumpyConvBackward
 from ..ops.normalization.numpy import NumpyBatchnorm, one_storage
 from ..ops.optimizers.numpy import NumpyOptimizerOps
@@ -36,7 +37,9 @@ from .cpu_threads import GRAIN_FLOATS, blas_threads, parallel
 from .pinning import unpin_nothing
 
 
-class NumpyBackend(NumpyBatchnorm, NumpyConvBackward, NumpyOptimizerOps):  # ops in their files
+class NumpyBackend(
+    NumpyBatchnorm, NumpyConvBackward, NumpyConvNhwc, NumpyOptimizerOps
+):  # ops in their files
     name = "cpu"
 
     def __init__(self, dtype=np.float32, seed=0):
