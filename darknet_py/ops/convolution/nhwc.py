@@ -39,6 +39,9 @@ STATS_BYTES = 4 * TILE_N * 8
 # align the ring to 1024 bytes (conv_nhwc_body's layout).
 SHARED_BYTES = STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 1024 + 2 * STATS_BYTES + 1024
 PACK_BLOCK = 256
+# True: every convolution through im2col copies, 1x1 stride-1 unpadded ones too (tests
+# compare the two ways of copying A).
+always_im2col = False
 # cuTensorMapEncode* enums (cuda.h)
 _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS = 0, 3, 3, 0
 # Drivers up to 13.1 mis-handle a TMA descriptor over a tensor under 128 KiB now and then;
@@ -270,7 +273,7 @@ def launch_forward(
     _aligned("out", out, 4)
     part, data_type = wgmma.PRECISIONS[precision]
     m, n = batch * out_h * out_w, cout
-    plain = ksize == 1 and stride == 1 and pad == 0
+    plain = ksize == 1 and stride == 1 and pad == 0 and not always_im2col
     if plain:  # the pixels themselves are A's rows
         a_map = tiled_map(
             kern, x.ptr, (cx, batch * h * w), (TILE_K, TILE_M), data_type, "the images"
