@@ -39,6 +39,9 @@ STATS_BYTES = 4 * TILE_N * 8
 # align the ring to 1024 bytes (conv_nhwc_body's layout).
 SHARED_BYTES = STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 1024 + 2 * STATS_BYTES + 1024
 PACK_BLOCK = 256
+# None: clear the descriptor bit below on the drivers CUTLASS names; True / False: always /
+# never (tests run both ways, in case the workaround itself misbehaves on a driver).
+small_tensor_fix = None
 # True: every convolution through im2col copies, 1x1 stride-1 unpadded ones too (tests
 # compare the two ways of copying A).
 always_im2col = False
@@ -97,7 +100,7 @@ class NhwcKernels:
         self.max_clusters = count.value
         version = ctypes.c_int()
         wgmma._check(lib, "cuDriverGetVersion", lib.cuDriverGetVersion(ctypes.byref(version)))
-        self.small_tensor_fix = version.value <= _LAST_AFFECTED_DRIVER
+        self.driver_needs_fix = version.value <= _LAST_AFFECTED_DRIVER
 
 
 _loaded = {}  # device index -> NhwcKernels, or None where the device cannot run them
@@ -154,9 +157,10 @@ def _cached(key, encode):
     return found
 
 
-def _descriptor(encode_call, what, tensor_bytes, small_tensor_fix):
+def _descriptor(encode_call, what, tensor_bytes, fix):
     """The 128 bytes of a tensor map that encode_call(address) writes (CUresult 0) at a
-    64-byte aligned address; NhwcConvError naming `what` if the driver refuses it."""
+    64-byte aligned address; NhwcConvError naming `what` if the driver refuses it. fix:
+    clear the small-tensor bit (_fix_small_tensors)."""
     buf = ctypes.create_string_buffer(128 + 64)
     address = (ctypes.addressof(buf) + 63) & ~63
     err = encode_call(address)
@@ -165,9 +169,13 @@ def _descriptor(encode_call, what, tensor_bytes, small_tensor_fix):
             f"conv_nhwc_forward: the driver refused the tensor map of {what} (CUresult {err})"
         )
     words = (ctypes.c_uint64 * 16).from_address(address)
-    if small_tensor_fix and tensor_bytes < _SMALL_TENSOR_BYTES:
+    if fix and tensor_bytes < _SMALL_TENSOR_BYTES:
         words[1] &= ~(1 << _SMALL_TENSOR_BIT)
     return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(address, 128))
+
+
+def _fix_small_tensors(kern):
+    return kern.driver_needs_fix if small_tensor_fix is None else bool(small_tensor_fix)
 
 
 def im2col_map(kern, ptr, batch, h, w, cx, ksize, stride, pad, data_type):
@@ -201,9 +209,10 @@ def im2col_map(kern, ptr, batch, h, w, cx, ksize, stride, pad, data_type):
         what = (
             f"the {batch}x{h}x{w}x{cx} images (im2col, {ksize}x{ksize} pad {pad} stride {stride})"
         )
-        return _descriptor(call, what, batch * h * w * cx * 2, kern.small_tensor_fix)
+        return _descriptor(call, what, batch * h * w * cx * 2, fix)
 
-    return _cached(("im2col", ptr, batch, h, w, cx, ksize, stride, pad, data_type), encode)
+    fix = _fix_small_tensors(kern)
+    return _cached(("im2col", ptr, batch, h, w, cx, ksize, stride, pad, data_type, fix), encode)
 
 
 def tiled_map(kern, ptr, dims, box, data_type, what):
@@ -232,9 +241,10 @@ def tiled_map(kern, ptr, dims, box, data_type, what):
                 _OOB_FILL_ZEROS,
             )
 
-        return _descriptor(call, what, int(np.prod(dims)) * 2, kern.small_tensor_fix)
+        return _descriptor(call, what, int(np.prod(dims)) * 2, fix)
 
-    return _cached(("tiled", ptr, tuple(dims), tuple(box), data_type), encode)
+    fix = _fix_small_tensors(kern)
+    return _cached(("tiled", ptr, tuple(dims), tuple(box), data_type, fix), encode)
 
 
 def _aligned(what, arr, alignment):
