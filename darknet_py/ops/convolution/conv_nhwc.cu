@@ -1,10 +1,12 @@
 // Channels-last (NHWC) 16-bit convolution forward on Hopper: an implicit GEMM on wgmma, its
 // A operand (the unfolded images) copied by TMA in im2col mode, so no unfold buffer exists.
-// Built for sm_90a only, like gemm_wgmma.cu, whose pipeline this reuses as it is (the
-// producer warpgroup, the ring of 128-byte-swizzled stages, the two consumer warpgroups'
-// m64n256k16 wgmmas, clusters of WG_CLUSTER blocks sharing B by multicast); on any other
-// target the kernels compile to an empty body and are never launched (ops/convolution/
-// nhwc.py loads this file's sm_90a build).
+// Built for sm_90a only, like gemm_wgmma.cu, whose pipeline this reuses (the producer
+// warpgroup, the ring of 128-byte-swizzled stages, the two consumer warpgroups' wgmmas,
+// clusters of WG_CLUSTER blocks sharing B by multicast); on any other target the kernels
+// compile to an empty body and are never launched (ops/convolution/nhwc.py loads this
+// file's sm_90a build). Tiles are 128 pixels x BN channels, BN 256, 128 or 64 (one kernel
+// each: a layer of 64 filters would leave three quarters of a 256-wide tile empty); the
+// narrower tiles' smaller stages let the ring run deeper (NcTile).
 //
 // The product: C (M x N) = A (M x K) @ B (N x K)^T with
 //   M = batch * out_h * out_w output pixels (row m: image m / positions, pixel m % positions),
@@ -19,7 +21,7 @@
 // B's slice is a tiled copy of a 3-D map over the packed weights (cx, taps, cout): box 64 x
 // 1 x rows, so channels past cx come back as zeros rather than the next tap's weights.
 //
-// Epilogue, per consumer's 64 x 256 part: v = act(acc + bias[col]) rounded to the operands'
+// Epilogue, per consumer's 64 x BN part: v = act(acc + bias[col]) rounded to the operands'
 // 16 bits, stored at out[pixel * out_pitch + out_offset + col] (a slice of a wider NHWC
 // buffer: a route's concatenation); with statistics, each output channel's sum and sum of
 // squares of the stored (rounded) values, over the tile's pixels inside M, reduced over the
@@ -53,8 +55,105 @@ struct NhwcConv {
 };
 
 #ifdef DARKNET_WGMMA
-// Per consumer: each warp's column sums and sums of squares (float2 per column).
-constexpr int NC_STATS_BYTES = 4 * WG_BN * 8;
+// The shape of a BN-wide tile's pipeline: its B stage, the ring's depth (the ring within
+// ~192 KB), and per consumer each warp's column sums and squares (a float2 a column).
+template <int BN> struct NcTile {
+    static constexpr int B_BYTES = BN * WG_BK * 2;
+    static constexpr int STAGE_BYTES = WG_A_BYTES + B_BYTES;
+    static constexpr int STAGES = BN == 256 ? 4 : BN == 128 ? 6 : 8;
+    static constexpr int STATS_BYTES = 4 * BN * 8;
+};
+
+// d (+)= A (64 x 16) @ B (N x 16)^T for N = 128 and 64, as gemm_wgmma.cu's wgmma_64x256.
+#define NC_ACCUMULATORS_64 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+#define NC_ACCUMULATORS_32 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define NC_WGMMA_64X128(TYPE)                                                                               \
+    asm volatile("{\n"                                                                                      \
+                 ".reg .pred acc;\n"                                                                         \
+                 "setp.ne.b32 acc, %66, 0;\n"                                                                \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                            \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+                 "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+                 "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, acc, 1, 1, 0, 0;\n"                       \
+                 "}\n"                                                                                       \
+                 : NC_ACCUMULATORS_64                                                                        \
+                 : "l"(a), "l"(b), "r"(accumulate))
+
+#define NC_WGMMA_64X64(TYPE)                                                                                \
+    asm volatile("{\n"                                                                                      \
+                 ".reg .pred acc;\n"                                                                         \
+                 "setp.ne.b32 acc, %34, 0;\n"                                                                \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                             \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, acc, 1, 1, 0, 0;\n"   \
+                 "}\n"                                                                                       \
+                 : NC_ACCUMULATORS_32                                                                        \
+                 : "l"(a), "l"(b), "r"(accumulate))
+
+__device__ __forceinline__ void nc_wgmma(F16Op, float (&d)[128], unsigned long long a, unsigned long long b,
+                                         int accumulate)
+{
+    wgmma_64x256(F16Op{}, d, a, b, accumulate);
+}
+__device__ __forceinline__ void nc_wgmma(BF16Op, float (&d)[128], unsigned long long a, unsigned long long b,
+                                         int accumulate)
+{
+    wgmma_64x256(BF16Op{}, d, a, b, accumulate);
+}
+__device__ __forceinline__ void nc_wgmma(F16Op, float (&d)[64], unsigned long long a, unsigned long long b,
+                                         int accumulate)
+{
+    NC_WGMMA_64X128("f16");
+}
+__device__ __forceinline__ void nc_wgmma(BF16Op, float (&d)[64], unsigned long long a, unsigned long long b,
+                                         int accumulate)
+{
+    NC_WGMMA_64X128("bf16");
+}
+__device__ __forceinline__ void nc_wgmma(F16Op, float (&d)[32], unsigned long long a, unsigned long long b,
+                                         int accumulate)
+{
+    NC_WGMMA_64X64("f16");
+}
+__device__ __forceinline__ void nc_wgmma(BF16Op, float (&d)[32], unsigned long long a, unsigned long long b,
+                                         int accumulate)
+{
+    NC_WGMMA_64X64("bf16");
+}
+
+template <int R>
+__device__ __forceinline__ void nc_pin(float (&d)[R])
+{
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// gemm_wgmma.cu's tile_origin for BN-wide tiles.
+template <int BN>
+__device__ __forceinline__ void nc_tile_origin(int t, int pair_rows, int tiles_n, unsigned rank, int& m0, int& n0)
+{
+    const int group = t / (WG_GROUP_M * tiles_n);
+    const int first = group * WG_GROUP_M;
+    const int rows = min(pair_rows - first, WG_GROUP_M);
+    const int in_group = t - group * WG_GROUP_M * tiles_n;
+    m0 = ((first + in_group % rows) * WG_CLUSTER + (int)rank) * WG_BM;
+    n0 = (in_group / rows) * BN;
+}
 
 // A box of the 4-D NHWC image map in im2col mode: 128 pixels from the one whose window's
 // corner is (w, h) of image `image`, each read at (w + off_w, h + off_h), channels from c.
@@ -89,10 +188,10 @@ __device__ __forceinline__ void tma_load_weights(unsigned dst, const TensorMap* 
 #endif
 }
 
-// One consumer's 64 x 256 part of the tile out to the NHWC buffer (see the file's head);
-// `stats` is this consumer's NC_STATS_BYTES of shared memory.
-template <class Op>
-__device__ __forceinline__ void store_tile_nhwc(const float (&d)[128], int row0, int col0, const NhwcConv& p,
+// One consumer's 64 x BN part of the tile out to the NHWC buffer (see the file's head);
+// `stats` is this consumer's NcTile<BN>::STATS_BYTES of shared memory.
+template <class Op, int BN>
+__device__ __forceinline__ void store_tile_nhwc(const float (&d)[BN / 2], int row0, int col0, const NhwcConv& p,
                                                 int consumer, float2* stats)
 {
     const Fragment f(row0, col0);
@@ -103,7 +202,7 @@ __device__ __forceinline__ void store_tile_nhwc(const float (&d)[128], int row0,
     const bool pairs = ((p.out_pitch | (long long)p.out_offset) & 1) == 0;
     const bool inside[2] = {f.r_base < p.m, f.r_base + 8 < p.m};
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < BN / 8; ++j) {
         const int col = f.c_base + j * 8;   // this thread's columns col and col + 1
         float bias[2];
 #pragma unroll
@@ -140,21 +239,19 @@ __device__ __forceinline__ void store_tile_nhwc(const float (&d)[128], int row0,
                     sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], delta);
                     square[e] += __shfl_xor_sync(0xffffffffu, square[e], delta);
                 }
-                if (lane < 4) stats[warp * WG_BN + (col - col0) + e] = make_float2(sum[e], square[e]);
+                if (lane < 4) stats[warp * BN + (col - col0) + e] = make_float2(sum[e], square[e]);
             }
         }
     }
     if (with_stats) {
         consumer_sync(consumer);   // every warp's sums are in shared memory
-        const int t = threadIdx.x & 127;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int c = t + k * 128;
+        for (int c = threadIdx.x & 127; c < BN; c += 128) {
             if (col0 + c >= p.n) continue;
             float s = 0.0f, q = 0.0f;
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
-                const float2 part = stats[w * WG_BN + c];
+                const float2 part = stats[w * BN + c];
                 s += part.x;
                 q += part.y;
             }
@@ -165,21 +262,22 @@ __device__ __forceinline__ void store_tile_nhwc(const float (&d)[128], int row0,
     }
 }
 
-template <class Op>
+template <class Op, int BN>
 __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const TensorMap* b_map, const NhwcConv& p)
 {
+    using Tile = NcTile<BN>;
     extern __shared__ unsigned char wg_dynamic[];
     // Stage buffers 1024-byte aligned (the launcher asks for 1 KB of slack).
     const unsigned raw = wg_smem(wg_dynamic);
     const unsigned base = (raw + 1023u) & ~1023u;
     const unsigned a_tiles = base;
-    const unsigned b_tiles = base + WG_STAGES * WG_A_BYTES;
-    const unsigned full_bar = b_tiles + WG_STAGES * WG_B_BYTES;
-    const unsigned empty_bar = full_bar + WG_STAGES * 8;
-    const unsigned stats_area = full_bar + 1024;   // after the barriers, NC_STATS_BYTES a consumer
+    const unsigned b_tiles = base + Tile::STAGES * WG_A_BYTES;
+    const unsigned full_bar = b_tiles + Tile::STAGES * Tile::B_BYTES;
+    const unsigned empty_bar = full_bar + Tile::STAGES * 8;
+    const unsigned stats_area = full_bar + 1024;   // after the barriers, Tile::STATS_BYTES a consumer
 
     const int pair_rows = (p.m + WG_BM * WG_CLUSTER - 1) / (WG_BM * WG_CLUSTER);
-    const int tiles_n = (p.n + WG_BN - 1) / WG_BN;
+    const int tiles_n = (p.n + BN - 1) / BN;
     const int pairs = pair_rows * tiles_n;
     const unsigned rank = cluster_rank();
     const int cluster = blockIdx.x / WG_CLUSTER, clusters = gridDim.x / WG_CLUSTER;
@@ -188,7 +286,7 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
     const int warpgroup = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < WG_STAGES; ++s) {
+        for (int s = 0; s < Tile::STAGES; ++s) {
             mbar_init(full_bar + 8 * s, 1);
             mbar_init(empty_bar + 8 * s, WG_EMPTY_ARRIVALS);
         }
@@ -205,7 +303,7 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
             unsigned phase = 0;
             for (int t = cluster; t < pairs; t += clusters) {
                 int m0, n0;
-                tile_origin(t, pair_rows, tiles_n, rank, m0, n0);
+                nc_tile_origin<BN>(t, pair_rows, tiles_n, rank, m0, n0);
                 // The tile's first pixel, where TMA's walk over the output pixels starts: its
                 // window's top-left corner in the image (a row past M: an image past the last,
                 // all zeros).
@@ -217,7 +315,7 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
                 for (int kb = 0; kb < k_blocks; ++kb) {
                     mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
                     const unsigned full = full_bar + 8 * stage;
-                    mbar_expect_tx(full, WG_STAGE_BYTES);   // A + every block's part of B
+                    mbar_expect_tx(full, Tile::STAGE_BYTES);   // A + every block's part of B
                     const unsigned a_dst = a_tiles + stage * WG_A_BYTES;
                     if (p.im2col) {
                         const int ky = tap / p.ksize;
@@ -226,13 +324,13 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
                     } else {
                         tma_load(a_dst, a_map, full, slice * WG_BK, m0);
                     }
-                    tma_load_weights(b_tiles + stage * WG_B_BYTES + rank * (WG_B_BYTES / WG_CLUSTER), b_map, full,
-                                     slice * WG_BK, tap, n0 + (int)rank * (WG_BN / WG_CLUSTER));
+                    tma_load_weights(b_tiles + stage * Tile::B_BYTES + rank * (Tile::B_BYTES / WG_CLUSTER), b_map,
+                                     full, slice * WG_BK, tap, n0 + (int)rank * (BN / WG_CLUSTER));
                     if (++slice == p.c_slices) {
                         slice = 0;
                         ++tap;
                     }
-                    if (++stage == WG_STAGES) {
+                    if (++stage == Tile::STAGES) {
                         stage = 0;
                         phase ^= 1u;
                     }
@@ -244,38 +342,38 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
         const int consumer = warpgroup - 1;
         const bool releaser = (threadIdx.x & 31) == 0;   // one arrival per warp and block
         float2* const stats =
-            reinterpret_cast<float2*>(wg_dynamic + (stats_area - raw) + consumer * NC_STATS_BYTES);
-        float d[128];
+            reinterpret_cast<float2*>(wg_dynamic + (stats_area - raw) + consumer * Tile::STATS_BYTES);
+        float d[BN / 2];
 #pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+        for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
         int stage = 0;
         unsigned phase = 0;
         for (int t = cluster; t < pairs; t += clusters) {
             int m0, n0;
-            tile_origin(t, pair_rows, tiles_n, rank, m0, n0);
+            nc_tile_origin<BN>(t, pair_rows, tiles_n, rank, m0, n0);
             int previous = -1;
-            pin_accumulators(d);
+            nc_pin(d);
             for (int kb = 0; kb < k_blocks; ++kb) {
                 mbar_wait(full_bar + 8 * stage, phase);
                 const unsigned a = a_tiles + stage * WG_A_BYTES + consumer * (WG_A_BYTES / 2);
-                const unsigned b = b_tiles + stage * WG_B_BYTES;
+                const unsigned b = b_tiles + stage * Tile::B_BYTES;
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; ++kk)   // 16 halves = 32 bytes along K
-                    wgmma_64x256(Op{}, d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), kb > 0 || kk > 0);
+                    nc_wgmma(Op{}, d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), kb > 0 || kk > 0);
                 wgmma_commit();
                 wgmma_wait<1>();   // the previous slice's MMAs are done: its stage is free
                 if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
                 previous = stage;
-                if (++stage == WG_STAGES) {
+                if (++stage == Tile::STAGES) {
                     stage = 0;
                     phase ^= 1u;
                 }
             }
             wgmma_wait<0>();
-            pin_accumulators(d);
+            nc_pin(d);
             if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
-            store_tile_nhwc<Op>(d, m0 + consumer * 64, n0, p, consumer, stats);
+            store_tile_nhwc<Op, BN>(d, m0 + consumer * 64, n0, p, consumer, stats);
         }
     }
     cluster_sync();   // no block leaves while its partner may still arrive on its barriers
@@ -283,12 +381,12 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
 #endif   // DARKNET_WGMMA
 
 #ifdef DARKNET_WGMMA
-#define CONV_NHWC_BODY(OP) conv_nhwc_body<OP>(&a_map, &b_map, p);
+#define CONV_NHWC_BODY(OP, BN) conv_nhwc_body<OP, BN>(&a_map, &b_map, p);
 #else
-#define CONV_NHWC_BODY(OP)
+#define CONV_NHWC_BODY(OP, BN)
 #endif
 
-#define CONV_NHWC_KERNEL(NAME, OP)                                                                                 \
+#define CONV_NHWC_KERNEL(NAME, OP, BN)                                                                                 \
     extern "C" __global__ void __cluster_dims__(WG_CLUSTER, 1, 1) __launch_bounds__(WG_THREADS, 1)               \
         NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map, int im2col, int m, \
              int n, int c_slices, int ksize, int out_h, int out_w, int stride, int pad, unsigned short* out,      \
@@ -297,11 +395,15 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
         const NhwcConv p{im2col, m,   n,    c_slices,   ksize, out_h, out_w, stride,                             \
                          pad,    out, out_pitch, out_offset, bias, act,  sums,  squares};                          \
         (void)p;                                                                                                  \
-        CONV_NHWC_BODY(OP)                                                                                        \
+        CONV_NHWC_BODY(OP, BN)                                                                                    \
     }
 
-CONV_NHWC_KERNEL(conv_nhwc_f16, F16Op)
-CONV_NHWC_KERNEL(conv_nhwc_bf16, BF16Op)
+CONV_NHWC_KERNEL(conv_nhwc_f16_n256, F16Op, 256)
+CONV_NHWC_KERNEL(conv_nhwc_bf16_n256, BF16Op, 256)
+CONV_NHWC_KERNEL(conv_nhwc_f16_n128, F16Op, 128)
+CONV_NHWC_KERNEL(conv_nhwc_bf16_n128, BF16Op, 128)
+CONV_NHWC_KERNEL(conv_nhwc_f16_n64, F16Op, 64)
+CONV_NHWC_KERNEL(conv_nhwc_bf16_n64, BF16Op, 64)
 
 // ---- Darknet's fp32 weights [cout][c][k][k] into the packed [cout][k][k][cx] -----------
 // dst[(o * taps + tap) * cx + ch] = 16-bit weights[(o * c + ch) * taps + tap] for ch < c, 0

@@ -4,16 +4,18 @@ launcher; a mixin of CudaBackend (CudaConvNhwc), NumpyBackend's nhwc_numpy.py th
 reference.
 
 The kernel is gemm_wgmma.cu's pipeline (persistent blocks in clusters of wgmma.CLUSTER
-along M, 128 x 256 tiles, 64-wide K slices in a ring of 4 stages) with M the output
-pixels, N the output channels and K the filter taps x the pixel pitch cx, (tap, channel):
+along M, 64-wide K slices in a ring of stages) with M the output pixels, N the output
+channels and K the filter taps x the pixel pitch cx, (tap, channel); tiles of 128 pixels x
+64, 128 or 256 channels, the narrowest that holds the layer's (tile_width; one kernel
+each, the narrower with deeper rings):
   * A: a 4-D im2col tensor map over the images (dims cx, w, h, batch; the window's
     corners -pad and pad - (ksize - 1) in W and H; elementStrides the convolution's
     stride; 64 channels x 128 pixels a copy, 128-byte swizzle); a copy names the tile's
     first pixel by its window's corner (w, h, image) and the tap by the im2col offsets
     (kx, ky). A 1x1 stride-1 unpadded convolution is a plain GEMM: a 2-D tiled map over
     the batch's pixels (rows) x cx.
-  * B: a 3-D tiled map over the packed weights (dims cx, taps, cout; box 64 x 1 x 128,
-    each block of a pair copying its half of the 256 rows, multicast to both).
+  * B: a 3-D tiled map over the packed weights (dims cx, taps, cout; box 64 x 1 x
+    width / 2, each block of a pair copying its half of the tile's rows, multicast to both).
 The sm_90a build is loaded on the first call, as wgmma.py's (prebuilt.FILE_ARCHS builds
 this file for sm_90a only); on any other GPU conv_nhwc_forward refuses in one line.
 """
@@ -31,13 +33,25 @@ from .nhwc_common import NhwcConvError, check_forward, check_pack, pack_host
 
 SOURCE = "conv_nhwc.cu"
 ARCH = "sm_90a"
-TILE_M, TILE_N, TILE_K = wgmma.TILE_M, wgmma.TILE_N, wgmma.TILE_K
-STAGES, THREADS, CLUSTER = wgmma.STAGES, wgmma.THREADS, wgmma.CLUSTER
-# conv_nhwc.cu's NC_STATS_BYTES a consumer: each warp's float2 (sum, square) per column.
-STATS_BYTES = 4 * TILE_N * 8
-# The stage ring, 1 KB for its mbarriers, both consumers' statistics, and 1 KB of slack to
-# align the ring to 1024 bytes (conv_nhwc_body's layout).
-SHARED_BYTES = STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 1024 + 2 * STATS_BYTES + 1024
+TILE_M, TILE_K, THREADS, CLUSTER = wgmma.TILE_M, wgmma.TILE_K, wgmma.THREADS, wgmma.CLUSTER
+# The tiles' widths (output channels), one kernel each, and conv_nhwc.cu's NcTile<BN>::STAGES.
+TILE_WIDTHS = (64, 128, 256)
+_RING_STAGES = {256: 4, 128: 6, 64: 8}
+
+
+def shared_bytes(width):
+    """Dynamic shared memory of the BN = width kernel (conv_nhwc_body's layout): the stage
+    ring, 1 KB for its mbarriers, both consumers' statistics (each warp's float2 a column),
+    and 1 KB of slack to align the ring to 1024 bytes."""
+    ring = _RING_STAGES[width] * (TILE_M + width) * TILE_K * 2
+    return ring + 1024 + 2 * 4 * width * 8 + 1024
+
+
+def tile_width(cout):
+    """The narrowest tile that holds cout channels (256 past that)."""
+    return next((w for w in TILE_WIDTHS if cout <= w), TILE_WIDTHS[-1])
+
+
 PACK_BLOCK = 256
 # None: clear the descriptor bit below on the drivers CUTLASS names; True / False: always /
 # never (tests run both ways, in case the workaround itself misbehaves on a driver).
@@ -66,41 +80,55 @@ class NhwcKernels:
             image = binaries[SOURCE]
         lib = _driver()
         self._image = image  # kept alive as long as the module
-        self.shared_bytes, self.cluster = SHARED_BYTES, CLUSTER
+        self.cluster = CLUSTER
         module = ctypes.c_void_p()
         wgmma._check(lib, "cuModuleLoadData", lib.cuModuleLoadData(ctypes.byref(module), image))
         self.functions = {}
-        for part, _ in wgmma.PRECISIONS.values():
-            for name in (f"conv_nhwc_{part}", f"pack_nhwc_weights_{part}"):
-                fn = ctypes.c_void_p()
-                wgmma._check(
-                    lib,
-                    "cuModuleGetFunction",
-                    lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
-                )
-                self.functions[name] = fn
+        names = [f"pack_nhwc_weights_{part}" for part, _ in wgmma.PRECISIONS.values()]
+        names += [self.conv_name(p, width) for p in wgmma.PRECISIONS for width in TILE_WIDTHS]
+        for name in names:
+            fn = ctypes.c_void_p()
             wgmma._check(
                 lib,
-                "cuFuncSetAttribute",
-                lib.cuFuncSetAttribute(
-                    self.functions[f"conv_nhwc_{part}"], wgmma._MAX_DYNAMIC_SHARED, SHARED_BYTES
+                "cuModuleGetFunction",
+                lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
+            )
+            self.functions[name] = fn
+        self.max_clusters = {}  # tile width -> clusters that fit on the chip at once
+        for width in TILE_WIDTHS:
+            for p in wgmma.PRECISIONS:
+                wgmma._check(
+                    lib,
+                    "cuFuncSetAttribute",
+                    lib.cuFuncSetAttribute(
+                        self.functions[self.conv_name(p, width)],
+                        wgmma._MAX_DYNAMIC_SHARED,
+                        shared_bytes(width),
+                    ),
+                )
+            config = wgmma._LaunchConfig(
+                (CLUSTER, 1, 1), (THREADS, 1, 1), shared_bytes(width), None, None, 0
+            )
+            count = ctypes.c_int()
+            wgmma._check(
+                lib,
+                "cuOccupancyMaxActiveClusters",
+                lib.cuOccupancyMaxActiveClusters(
+                    ctypes.byref(count),
+                    self.functions[self.conv_name("fp16", width)],
+                    ctypes.byref(config),
                 ),
             )
-        config = wgmma._LaunchConfig((CLUSTER, 1, 1), (THREADS, 1, 1), SHARED_BYTES, None, None, 0)
-        count = ctypes.c_int()
-        wgmma._check(
-            lib,
-            "cuOccupancyMaxActiveClusters",
-            lib.cuOccupancyMaxActiveClusters(
-                ctypes.byref(count), self.functions["conv_nhwc_f16"], ctypes.byref(config)
-            ),
-        )
-        if count.value < 1:
-            raise wgmma.WgmmaError(f"no cluster of {CLUSTER} conv_nhwc blocks fits on this GPU")
-        self.max_clusters = count.value
+            if count.value < 1:
+                raise wgmma.WgmmaError(f"no cluster of {CLUSTER} conv_nhwc blocks fits on this GPU")
+            self.max_clusters[width] = count.value
         version = ctypes.c_int()
         wgmma._check(lib, "cuDriverGetVersion", lib.cuDriverGetVersion(ctypes.byref(version)))
         self.driver_needs_fix = version.value <= _LAST_AFFECTED_DRIVER
+
+    @staticmethod
+    def conv_name(precision, width):
+        return f"conv_nhwc_{wgmma.PRECISIONS[precision][0]}_n{width}"
 
 
 _loaded = {}  # device index -> NhwcKernels, or None where the device cannot run them
@@ -281,8 +309,9 @@ def launch_forward(
     _aligned("x", x, 16)
     _aligned("weights", weights, 16)
     _aligned("out", out, 4)
-    part, data_type = wgmma.PRECISIONS[precision]
+    _, data_type = wgmma.PRECISIONS[precision]
     m, n = batch * out_h * out_w, cout
+    width = tile_width(cout)
     plain = ksize == 1 and stride == 1 and pad == 0 and not always_im2col
     if plain:  # the pixels themselves are A's rows
         a_map = tiled_map(
@@ -294,18 +323,18 @@ def launch_forward(
         kern,
         weights.ptr,
         (cx, ksize * ksize, cout),
-        (TILE_K, 1, TILE_N // kern.cluster),
+        (TILE_K, 1, width // kern.cluster),
         data_type,
         "the weights",
     )
-    pairs = wgmma._ceil_div(m, TILE_M * kern.cluster) * wgmma._ceil_div(n, TILE_N)
+    pairs = wgmma._ceil_div(m, TILE_M * kern.cluster) * wgmma._ceil_div(n, width)
     sums, squares = stats if stats is not None else (None, None)
     i, pointer = ctypes.c_int, ctypes.c_uint64
     wgmma._launch(
         be,
         kern,
-        f"conv_nhwc_{part}",
-        (kern.cluster * min(pairs, kern.max_clusters),),
+        kern.conv_name(precision, width),
+        (kern.cluster * min(pairs, kern.max_clusters[width]),),
         (THREADS,),
         a_map,
         b_map,
@@ -325,7 +354,7 @@ def launch_forward(
         i(ACTIVATION_IDS[activation]),
         pointer(0 if sums is None else sums.ptr),
         pointer(0 if squares is None else squares.ptr),
-        shared=kern.shared_bytes,
+        shared=shared_bytes(width),
     )
 
 
