@@ -10,9 +10,10 @@ Each distinct layer shape (yolov4.cfg of the AlexeyAB fork, 110 convolutions in 
 listed below) runs on random 16-bit images and weights with a bias and leaky (the
 inference epilogue): the median of `reps` CUDA-event timings after 3 warm-ups, for each
 path; TFLOP/s counts 2 x pixels x filters x channels x ksize^2 (the channels the layer
-has, not the padded pitch). Both paths' first images are compared (max |NHWC - NCHW| /
-max |NCHW|, two 16-bit roundings apart). The last table line weighs each shape by its
-count: one batch's forward convolutions, each path.
+has, not the padded pitch). NHWC pitches are the channels rounded up to 8 (the input's
+cx, and the output's, which is the next layer's cx). Both paths' first images are
+compared (max |NHWC - NCHW| / max |NCHW|, two 16-bit roundings apart). The last table
+line weighs each shape by its count: one batch's forward convolutions, each path.
 """
 
 import argparse
@@ -108,11 +109,12 @@ def one_shape(be, precision, batch, reps, c, size, f, k, s, rng):
     x = stored(be, nhwc_images.reshape(-1), precision)
     del nhwc_images
     packed_nhwc = be.pack_nhwc_weights(w, f, c, k, cx, precision)
-    out_nhwc = be.storage_zeros(batch * positions * f, precision)
+    pitch = -(-f // 8) * 8  # the next layer's cx
+    out_nhwc = be.storage_zeros(batch * positions * pitch, precision)
 
     def nhwc():
         be.conv_nhwc_forward(
-            precision, x, batch, size, size, cx, packed_nhwc, f, k, s, pad, out_nhwc, f, 0,
+            precision, x, batch, size, size, cx, packed_nhwc, f, k, s, pad, out_nhwc, pitch, 0,
             bias=bias, activation="leaky",
         )  # fmt: skip
 
@@ -120,7 +122,7 @@ def one_shape(be, precision, batch, reps, c, size, f, k, s, rng):
     for name, run in (("nchw", nchw), ("nhwc", nhwc)):
         times[name] = median_seconds(be, run, 3, reps)
     first_nchw = be.to_host(out_nchw[: f * positions]).reshape(f, positions).T
-    first_nhwc = be.to_host(out_nhwc[: positions * f]).reshape(positions, f)
+    first_nhwc = be.to_host(out_nhwc[: positions * pitch]).reshape(positions, pitch)[:, :f]
     agree = float(np.abs(first_nhwc - first_nchw).max() / np.abs(first_nchw).max())
     return {
         "flops": flops,
