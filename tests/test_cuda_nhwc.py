@@ -184,6 +184,56 @@ def assert_matches(case, got_rows, want_rows, what):
     assert differing <= 0.05, f"{what}: {differing:.1%} of the values differ"
 
 
+# The simplest cases first (pytest runs them in file order), each a step further from the
+# GEMM gemm_wgmma.cu runs today: if a later one hangs, these have already said how far
+# things work.
+SMOKE = [
+    (2, 64, 64, 8, 16, 256, 1, 1, 0, 256, 0, "linear"),  # plain GEMM: tiled A, 256 wide
+    (2, 64, 64, 8, 16, 256, 3, 1, 1, 256, 0, "linear"),  # im2col A, one channel slice
+    (2, 64, 64, 8, 16, 128, 3, 1, 1, 128, 0, "linear"),  # 128-wide tiles
+    (2, 64, 64, 8, 16, 64, 3, 1, 1, 64, 0, "linear"),  # 64-wide tiles
+    (2, 128, 128, 8, 16, 256, 3, 2, 1, 256, 0, "linear"),  # two slices a tap, stride 2
+]
+
+
+@gpu
+@pytest.mark.parametrize("shape", SMOKE, ids=_shape_id)
+def test_smoke(hopper, shape):
+    case = Case(shape, "fp16", 29)
+    got, _ = case.run(hopper)
+    want, _ = case.reference()
+    assert_matches(case, got, want, f"smoke {_shape_id(shape)}" + _diagnosis(case, got))
+
+
+def _diagnosis(case, got):
+    """Which near miss the GPU's output matches, if it is wrong: the taps' offsets swapped
+    (kx for ky), or the windows not shifted by the padding; '' when it matches the
+    reference or none of them."""
+    lo, hi = case.out_offset, case.out_offset + case.cout
+    mine = got[:, lo:hi]
+    want = case.reference()[0][:, lo:hi]
+    if np.array_equal(mine, want):
+        return ""
+    k, c = case.ksize, case.channels
+    darknet = case.weights.reshape(case.cout, c, k, k)
+    variants = {}
+    swapped = Case.__new__(Case)
+    swapped.__dict__.update(case.__dict__)
+    swapped.weights = np.ascontiguousarray(darknet.transpose(0, 1, 3, 2)).reshape(-1)
+    variants["taps' x and y swapped"] = swapped.reference()[0][:, lo:hi]
+    if case.pad:
+        unshifted = Case.__new__(Case)
+        unshifted.__dict__.update(case.__dict__)
+        images = case.images.reshape(case.batch, case.h, case.w, case.cx)
+        moved = np.zeros_like(images)  # the window at the corner, not at -pad
+        p = case.pad
+        moved[:, : case.h - p, : case.w - p] = images[:, p:, p:]
+        unshifted.images = moved.reshape(-1)
+        variants["windows not shifted by pad"] = unshifted.reference()[0][:, lo:hi]
+    found = [name for name, v in variants.items() if np.mean(np.abs(mine - v) < 1e-2) > 0.9]
+    return f" (it matches: {', '.join(found)})" if found else " (no near miss matches)"
+
+
 @gpu
 @pytest.mark.parametrize("precision", HALF)
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
@@ -191,7 +241,7 @@ def test_conv_nhwc_matches_numpy(hopper, precision, shape):
     case = Case(shape, precision, hash((shape, precision)) % 2**32)
     got, _ = case.run(hopper)
     want, _ = case.reference()
-    assert_matches(case, got, want, f"{precision} {_shape_id(shape)}")
+    assert_matches(case, got, want, f"{precision} {_shape_id(shape)}" + _diagnosis(case, got))
 
 
 @gpu
