@@ -193,6 +193,7 @@ SMOKE = [
     (2, 64, 64, 8, 16, 128, 3, 1, 1, 128, 0, "linear"),  # 128-wide tiles
     (2, 64, 64, 8, 16, 64, 3, 1, 1, 64, 0, "linear"),  # 64-wide tiles
     (2, 128, 128, 8, 16, 256, 3, 2, 1, 256, 0, "linear"),  # two slices a tap, stride 2
+    (2, 3, 8, 8, 16, 64, 3, 1, 1, 64, 0, "linear"),  # 8-channel chunks (a first layer)
 ]
 
 
@@ -303,6 +304,32 @@ def test_plain_gemm_and_im2col_copies_agree(hopper, precision, monkeypatch):
     assert_matches(case, plain, want, f"{precision} 1x1 plain GEMM")
     lo, hi = 3, 133
     assert np.array_equal(plain[:, lo:hi], through_im2col[:, lo:hi])
+
+
+@gpu
+@pytest.mark.parametrize("chunks", [True, False], ids=["8-channel chunks", "64-channel slices"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 3, 8, 21, 17, 32, 3, 1, 1, 32, 0, "leaky"),
+        (1, 13, 16, 12, 9, 70, 3, 2, 1, 72, 2, "linear"),
+        (2, 20, 24, 11, 10, 130, 5, 1, 2, 136, 6, "mish"),  # 3 chunks a tap: taps cross stages
+        (1, 32, 32, 9, 14, 64, 3, 1, 0, 64, 0, "relu"),
+        (3, 50, 56, 7, 6, 40, 7, 2, 3, 40, 0, "swish"),
+        (2, 8, 8, 6, 6, 24, 1, 2, 0, 24, 0, "linear"),  # 1x1 stride 2: one chunk a tap
+    ],
+    ids=_shape_id,
+)
+def test_pixels_under_64_channels_both_ways(hopper, chunks, shape, monkeypatch):
+    # cx < 64: by 8-channel chunks (the default) or by 64-channel slices mostly zeros
+    _, nhwc = hopper
+    monkeypatch.setattr(nhwc, "narrow_chunks", chunks)
+    for precision in HALF:
+        case = Case(shape, precision, 31)
+        got, _ = case.run(hopper)
+        want, _ = case.reference()
+        what = f"{precision} {'chunks' if chunks else 'slices'} {_shape_id(shape)}"
+        assert_matches(case, got, want, what + _diagnosis(case, got))
 
 
 @gpu

@@ -21,6 +21,15 @@
 // B's slice is a tiled copy of a 3-D map over the packed weights (cx, taps, cout): box 64 x
 // 1 x rows, so channels past cx come back as zeros rather than the next tap's weights.
 //
+// Narrow pixels (cx < 64: a first layer's 3 channels in a pitch of 8) would leave most of a
+// 64-channel slice zeros. There (mode NC_NARROW) K goes in chunks of 8 channels instead, a
+// stage 8 chunks in (tap, channel) order, crossing taps: 8 im2col copies of 128 pixels x 8
+// channels (16 bytes a pixel, no swizzle), each its own 2 KB block, which is the wgmma's
+// no-swizzle K-major layout (core matrices of 8 rows x 16 bytes: 128 bytes between 8-row
+// groups, 2 KB between K chunks). B is then the packed weights as a plain [cout][taps * cx]
+// matrix (a 2-D map, 64 columns a stage, zeros past the last tap); copies of chunks past
+// the last repeat the last one, finite values that B's zeros cancel.
+//
 // Epilogue, per consumer's 64 x BN part: v = act(acc + bias[col]) rounded to the operands'
 // 16 bits, stored at out[pixel * out_pitch + out_offset + col] (a slice of a wider NHWC
 // buffer: a route's concatenation); with statistics, each output channel's sum and sum of
@@ -40,10 +49,13 @@ __device__ __forceinline__ float widened(F16Op, unsigned short h)
 __device__ __forceinline__ float widened(BF16Op, unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 
 // The convolution's scalars, gathered once from the kernel's parameters.
+enum NhwcMode { NC_PLAIN = 0, NC_IM2COL = 1, NC_NARROW = 2 };
+
 struct NhwcConv {
-    int im2col;        // 1: A by im2col copies; 0: a plain GEMM, A tiled (1x1, stride 1, no padding)
+    int mode;          // NhwcMode: A tiled (a 1x1 stride-1 unpadded plain GEMM), im2col by 64-channel
+                       // slices, or im2col by 8-channel chunks (cx < 64)
     int m, n;          // output pixels, output channels
-    int c_slices;      // 64-wide channel runs a tap (ceil(cx / 64))
+    int c_slices;      // 64-wide channel runs a tap (ceil(cx / 64)); NC_NARROW: 8-channel chunks a tap
     int ksize, out_h, out_w, stride, pad;
     unsigned short* out;
     long long out_pitch;
@@ -188,6 +200,15 @@ __device__ __forceinline__ void tma_load_weights(unsigned dst, const TensorMap* 
 #endif
 }
 
+// Shared-memory matrix descriptor of NC_NARROW's A: K-major, no swizzle, K's 8-element chunks
+// 2048 bytes apart (leading byte offset), 8-row groups 128 bytes apart (stride byte offset).
+constexpr unsigned NC_CHUNK_BYTES = WG_BM * 16;   // one 8-channel im2col copy: 128 pixels
+__device__ __forceinline__ unsigned long long narrow_desc(unsigned address)
+{
+    return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(NC_CHUNK_BYTES >> 4) << 16) |
+           ((128ull >> 4) << 32);
+}
+
 // One consumer's 64 x BN part of the tile out to the NHWC buffer (see the file's head);
 // `stats` is this consumer's NcTile<BN>::STATS_BYTES of shared memory.
 template <class Op, int BN>
@@ -282,7 +303,9 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
     const unsigned rank = cluster_rank();
     const int cluster = blockIdx.x / WG_CLUSTER, clusters = gridDim.x / WG_CLUSTER;
     const int taps = p.ksize * p.ksize;
-    const int k_blocks = taps * p.c_slices;
+    const bool narrow = p.mode == NC_NARROW;
+    const int chunks = taps * p.c_slices;   // NC_NARROW's 8-channel chunks
+    const int k_blocks = narrow ? (chunks + 7) / 8 : taps * p.c_slices;
     const int warpgroup = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -317,15 +340,32 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
                     const unsigned full = full_bar + 8 * stage;
                     mbar_expect_tx(full, Tile::STAGE_BYTES);   // A + every block's part of B
                     const unsigned a_dst = a_tiles + stage * WG_A_BYTES;
-                    if (p.im2col) {
-                        const int ky = tap / p.ksize;
-                        tma_load_im2col(a_dst, a_map, full, slice * WG_BK, w0, h0, image,
-                                        (unsigned short)(tap - ky * p.ksize), (unsigned short)ky);
+                    const unsigned b_dst = b_tiles + stage * Tile::B_BYTES + rank * (Tile::B_BYTES / WG_CLUSTER);
+                    const int b_row = n0 + (int)rank * (BN / WG_CLUSTER);
+                    if (narrow) {
+                        for (int i = 0; i < 8; ++i) {
+                            const int q = min(kb * 8 + i, chunks - 1);
+                            const int chunk_tap = q / p.c_slices;
+                            const int ky = chunk_tap / p.ksize;
+                            tma_load_im2col(a_dst + i * NC_CHUNK_BYTES, a_map, full, (q - chunk_tap * p.c_slices) * 8,
+                                            w0, h0, image, (unsigned short)(chunk_tap - ky * p.ksize),
+                                            (unsigned short)ky);
+                        }
+#if WG_CLUSTER == 1
+                        tma_load(b_dst, b_map, full, kb * WG_BK, b_row);
+#else
+                        tma_load_multicast(b_dst, b_map, full, kb * WG_BK, b_row, (1u << WG_CLUSTER) - 1u);
+#endif
                     } else {
-                        tma_load(a_dst, a_map, full, slice * WG_BK, m0);
+                        if (p.mode == NC_IM2COL) {
+                            const int ky = tap / p.ksize;
+                            tma_load_im2col(a_dst, a_map, full, slice * WG_BK, w0, h0, image,
+                                            (unsigned short)(tap - ky * p.ksize), (unsigned short)ky);
+                        } else {
+                            tma_load(a_dst, a_map, full, slice * WG_BK, m0);
+                        }
+                        tma_load_weights(b_dst, b_map, full, slice * WG_BK, tap, b_row);
                     }
-                    tma_load_weights(b_tiles + stage * Tile::B_BYTES + rank * (Tile::B_BYTES / WG_CLUSTER), b_map,
-                                     full, slice * WG_BK, tap, n0 + (int)rank * (BN / WG_CLUSTER));
                     if (++slice == p.c_slices) {
                         slice = 0;
                         ++tap;
@@ -355,12 +395,22 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
             nc_pin(d);
             for (int kb = 0; kb < k_blocks; ++kb) {
                 mbar_wait(full_bar + 8 * stage, phase);
-                const unsigned a = a_tiles + stage * WG_A_BYTES + consumer * (WG_A_BYTES / 2);
+                const unsigned a_stage = a_tiles + stage * WG_A_BYTES;
                 const unsigned b = b_tiles + stage * Tile::B_BYTES;
                 wgmma_fence();
+                // K by 16: 32 bytes along a swizzled row, or two 8-channel chunks (NC_NARROW, whose
+                // consumer's 64 rows start 1 KB into each chunk)
+                if (narrow) {
 #pragma unroll
-                for (int kk = 0; kk < WG_BK / 16; ++kk)   // 16 halves = 32 bytes along K
-                    nc_wgmma(Op{}, d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), kb > 0 || kk > 0);
+                    for (int kk = 0; kk < WG_BK / 16; ++kk)
+                        nc_wgmma(Op{}, d, narrow_desc(a_stage + consumer * 1024 + kk * 2 * NC_CHUNK_BYTES),
+                                 smem_desc(b + kk * 32), kb > 0 || kk > 0);
+                } else {
+                    const unsigned a = a_stage + consumer * (WG_A_BYTES / 2);
+#pragma unroll
+                    for (int kk = 0; kk < WG_BK / 16; ++kk)
+                        nc_wgmma(Op{}, d, smem_desc(a + kk * 32), smem_desc(b + kk * 32), kb > 0 || kk > 0);
+                }
                 wgmma_commit();
                 wgmma_wait<1>();   // the previous slice's MMAs are done: its stage is free
                 if (previous >= 0 && releaser) release_stage(empty_bar + 8 * previous);
@@ -388,11 +438,11 @@ __device__ __forceinline__ void conv_nhwc_body(const TensorMap* a_map, const Ten
 
 #define CONV_NHWC_KERNEL(NAME, OP, BN)                                                                                 \
     extern "C" __global__ void __cluster_dims__(WG_CLUSTER, 1, 1) __launch_bounds__(WG_THREADS, 1)               \
-        NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map, int im2col, int m, \
+        NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap b_map, int mode, int m,   \
              int n, int c_slices, int ksize, int out_h, int out_w, int stride, int pad, unsigned short* out,      \
              long long out_pitch, int out_offset, const float* bias, int act, float* sums, float* squares)        \
     {                                                                                                             \
-        const NhwcConv p{im2col, m,   n,    c_slices,   ksize, out_h, out_w, stride,                             \
+        const NhwcConv p{mode, m,   n,    c_slices,   ksize, out_h, out_w, stride,                               \
                          pad,    out, out_pitch, out_offset, bias, act,  sums,  squares};                          \
         (void)p;                                                                                                  \
         CONV_NHWC_BODY(OP, BN)                                                                                    \

@@ -16,6 +16,9 @@ each, the narrower with deeper rings):
     the batch's pixels (rows) x cx.
   * B: a 3-D tiled map over the packed weights (dims cx, taps, cout; box 64 x 1 x
     width / 2, each block of a pair copying its half of the tile's rows, multicast to both).
+  * Pixels under 64 channels (cx < 64: a first layer's 3 channels in a pitch of 8) go by
+    8-channel chunks instead: A by 8 im2col copies a stage of 128 pixels x 8 channels
+    (no swizzle), B by a 2-D map over the weights as [cout][taps * cx].
 The sm_90a build is loaded on the first call, as wgmma.py's (prebuilt.FILE_ARCHS builds
 this file for sm_90a only); on any other GPU conv_nhwc_forward refuses in one line.
 """
@@ -56,6 +59,11 @@ PACK_BLOCK = 256
 # None: clear the descriptor bit below on the drivers CUTLASS names; True / False: always /
 # never (tests run both ways, in case the workaround itself misbehaves on a driver).
 small_tensor_fix = None
+# Images with a pitch under 64 channels go by 8-channel chunks (conv_nhwc.cu's NC_NARROW)
+# rather than 64-channel slices mostly zeros; False: by slices (tests compare the two).
+narrow_chunks = True
+_PLAIN, _IM2COL, _NARROW = 0, 1, 2  # conv_nhwc.cu's NhwcMode
+_SWIZZLE_NONE, _CHUNK = 0, 8
 # True: every convolution through im2col copies, 1x1 stride-1 unpadded ones too (tests
 # compare the two ways of copying A).
 always_im2col = False
@@ -206,8 +214,10 @@ def _fix_small_tensors(kern):
     return kern.driver_needs_fix if small_tensor_fix is None else bool(small_tensor_fix)
 
 
-def im2col_map(kern, ptr, batch, h, w, cx, ksize, stride, pad, data_type):
-    """The im2col tensor map over NHWC images [batch, h, w, cx] (see the module's docstring)."""
+def im2col_map(kern, ptr, batch, h, w, cx, ksize, stride, pad, data_type, narrow=False):
+    """The im2col tensor map over NHWC images [batch, h, w, cx] (see the module's docstring):
+    64 channels a pixel, 128-byte swizzle; narrow: 8 channels a pixel, no swizzle."""
+    channels, swizzle = (_CHUNK, _SWIZZLE_NONE) if narrow else (TILE_K, _SWIZZLE_128B)
 
     def encode():
         def call(address):
@@ -225,11 +235,11 @@ def im2col_map(kern, ptr, batch, h, w, cx, ksize, stride, pad, data_type):
                 strides,
                 lower,
                 upper,
-                TILE_K,
+                channels,
                 TILE_M,
                 steps,
                 _INTERLEAVE_NONE,
-                _SWIZZLE_128B,
+                swizzle,
                 _L2_PROMOTION_256B,
                 _OOB_FILL_ZEROS,
             )
@@ -240,7 +250,8 @@ def im2col_map(kern, ptr, batch, h, w, cx, ksize, stride, pad, data_type):
         return _descriptor(call, what, batch * h * w * cx * 2, fix)
 
     fix = _fix_small_tensors(kern)
-    return _cached(("im2col", ptr, batch, h, w, cx, ksize, stride, pad, data_type, fix), encode)
+    key = ("im2col", ptr, batch, h, w, cx, ksize, stride, pad, data_type, narrow, fix)
+    return _cached(key, encode)
 
 
 def tiled_map(kern, ptr, dims, box, data_type, what):
@@ -312,21 +323,24 @@ def launch_forward(
     _, data_type = wgmma.PRECISIONS[precision]
     m, n = batch * out_h * out_w, cout
     width = tile_width(cout)
-    plain = ksize == 1 and stride == 1 and pad == 0 and not always_im2col
-    if plain:  # the pixels themselves are A's rows
+    taps = ksize * ksize
+    if ksize == 1 and stride == 1 and pad == 0 and not always_im2col:
+        # the pixels themselves are A's rows
+        mode, runs = _PLAIN, wgmma._ceil_div(cx, TILE_K)
         a_map = tiled_map(
             kern, x.ptr, (cx, batch * h * w), (TILE_K, TILE_M), data_type, "the images"
         )
+    elif cx < TILE_K and narrow_chunks:
+        mode, runs = _NARROW, cx // _CHUNK
+        a_map = im2col_map(kern, x.ptr, batch, h, w, cx, ksize, stride, pad, data_type, narrow=True)
     else:
+        mode, runs = _IM2COL, wgmma._ceil_div(cx, TILE_K)
         a_map = im2col_map(kern, x.ptr, batch, h, w, cx, ksize, stride, pad, data_type)
-    b_map = tiled_map(
-        kern,
-        weights.ptr,
-        (cx, ksize * ksize, cout),
-        (TILE_K, 1, width // kern.cluster),
-        data_type,
-        "the weights",
-    )
+    if mode == _NARROW:  # K runs across the taps: the weights as [cout][taps * cx]
+        dims, box = (taps * cx, cout), (TILE_K, width // kern.cluster)
+    else:  # a slice never crosses a tap: past cx come zeros, not the next tap's weights
+        dims, box = (cx, taps, cout), (TILE_K, 1, width // kern.cluster)
+    b_map = tiled_map(kern, weights.ptr, dims, box, data_type, "the weights")
     pairs = wgmma._ceil_div(m, TILE_M * kern.cluster) * wgmma._ceil_div(n, width)
     sums, squares = stats if stats is not None else (None, None)
     i, pointer = ctypes.c_int, ctypes.c_uint64
@@ -338,10 +352,10 @@ def launch_forward(
         (THREADS,),
         a_map,
         b_map,
-        i(0 if plain else 1),
+        i(mode),
         i(m),
         i(n),
-        i(wgmma._ceil_div(cx, TILE_K)),
+        i(runs),
         i(ksize),
         i(out_h),
         i(out_w),
