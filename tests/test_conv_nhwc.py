@@ -183,3 +183,111 @@ def test_bad_arguments_are_refused_in_one_line(kwargs, message):
 def test_packing_refuses_a_pitch_under_the_channels():
     with pytest.raises(NhwcConvError, match="pitch cx=8 is under the 9 channels"):
         NumpyBackend().pack_nhwc_weights(np.ones(9 * 9), 1, 9, 3, 8, "bf16")
+
+
+# ---- the CUDA launcher's host side, without a GPU ------------------------------------
+
+_C_CTYPES = {"int": "c_int", "long long": "int64", "TensorMap": "c_ubyte_Array_128"}
+
+
+def _kernel_parameters(source, macro):
+    """[C type] of the parameters of the kernels `macro` defines in conv_nhwc.cu."""
+    body = source[source.index(f"#define {macro}(") :]
+    params = body[body.index("NAME(") + 5 : body.index(")", body.index("NAME("))]
+    types = []
+    for p in params.replace("\\", " ").split(","):
+        words = [w for w in p.split() if w not in ("const", "__grid_constant__")]
+        types.append("pointer" if "*" in p else " ".join(words[:-1]))
+    return types
+
+
+def _ctype_name(value):
+    """A launch argument's kind: pointers go as unsigned 64-bit, long long as signed."""
+    name = type(value).__name__
+    if name in ("c_ulong", "c_ulonglong"):
+        return "pointer"
+    return "int64" if name in ("c_long", "c_longlong") else name
+
+
+class _FakeKernels:
+    cluster = 2
+    max_clusters = {64: 66, 128: 66, 256: 66}
+    driver_needs_fix = False
+
+    @staticmethod
+    def conv_name(precision, width):
+        return f"conv_nhwc_{'f16' if precision == 'fp16' else 'bf16'}_n{width}"
+
+
+class _Arr:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+@pytest.mark.parametrize(
+    "shape, mode, width",
+    [
+        ((2, 8, 8, 32, 3, 1, 1), 2, 64),  # cx 8: 8-channel chunks; 32 filters: 64 wide
+        ((2, 64, 64, 128, 3, 2, 1), 1, 128),  # 64-channel slices
+        ((2, 72, 72, 255, 1, 1, 0), 0, 256),  # 1x1 stride 1: plain GEMM
+        ((2, 16, 16, 300, 1, 2, 0), 2, 256),  # 1x1 stride 2: im2col
+    ],
+)
+def test_launcher_passes_what_the_kernel_declares(shape, mode, width, monkeypatch):
+    from pathlib import Path
+
+    from darknet_py.ops.convolution import nhwc, wgmma
+
+    batch, h, cx, cout, k, stride, pad = shape
+    launches, maps = [], []
+    monkeypatch.setattr(wgmma, "_launch", lambda *a, **kw: launches.append((a, kw)))
+    blank = (nhwc.ctypes.c_ubyte * 128)()
+
+    def fake_map(kind):
+        def make(*args, **kwargs):
+            maps.append((kind, args, kwargs))
+            return blank
+
+        return make
+
+    monkeypatch.setattr(nhwc, "tiled_map", fake_map("tiled"))
+    monkeypatch.setattr(nhwc, "im2col_map", fake_map("im2col"))
+    out_h = (h + 2 * pad - k) // stride + 1
+    nhwc.launch_forward(
+        None, _FakeKernels(), "bf16", _Arr(256), batch, h, h, cx, _Arr(512), cout, k, stride,
+        pad, _Arr(1024), cout + 1, 1, None, "mish", None, out_h, out_h,
+    )  # fmt: skip
+    ((args, kwargs),) = launches
+    be, kern, name, grid, block, *params = args
+    assert name == f"conv_nhwc_bf16_n{width}" and block == (nhwc.THREADS,)
+    assert kwargs["shared"] == nhwc.shared_bytes(width) <= 227 * 1024
+    source = (Path(nhwc.__file__).parent / "conv_nhwc.cu").read_text()
+    declared = _kernel_parameters(source, "CONV_NHWC_KERNEL")
+    passed = [_ctype_name(p) for p in params]
+    assert passed == [_C_CTYPES.get(t, t) for t in declared]
+    values = [getattr(p, "value", None) for p in params]
+    assert values[2] == mode and values[3] == batch * out_h * out_h and values[4] == cout
+    assert values[5] == (cx // 8 if mode == 2 else -(-cx // 64))
+    assert values[11:14] == [1024, cout + 1, 1] and values[14] == 0  # out, pitch, offset, no bias
+    pairs = -(-batch * out_h * out_h // 256) * -(-cout // width)
+    assert grid == (2 * min(pairs, 66),)
+    kinds = [m[0] for m in maps]
+    assert kinds == (["tiled", "tiled"] if mode == 0 else ["im2col", "tiled"])
+    weights_dims, weights_box = maps[-1][1][2], maps[-1][1][3]
+    if mode == 2:  # the weights as [cout][taps * cx]
+        assert weights_dims == (k * k * cx, cout) and weights_box == (64, width // 2)
+    else:
+        assert weights_dims == (cx, k * k, cout) and weights_box == (64, 1, width // 2)
+
+
+def test_pack_kernel_declaration_matches_the_launch():
+    from pathlib import Path
+
+    from darknet_py.ops.convolution import nhwc
+
+    source = (Path(nhwc.__file__).parent / "conv_nhwc.cu").read_text()
+    start = source.index("pack_nhwc_weights_f16(")
+    params = source[start + len("pack_nhwc_weights_f16(") : source.index(")", start)]
+    assert [p.split()[-1].lstrip("*") for p in params.split(",")] == [
+        "weights", "cout", "c", "taps", "cx", "dst",
+    ]  # fmt: skip
