@@ -48,9 +48,10 @@ __device__ __forceinline__ float widened(F16Op, unsigned short h)
 }
 __device__ __forceinline__ float widened(BF16Op, unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 
-// The convolution's scalars, gathered once from the kernel's parameters.
+// How A is copied (nhwc.py's _PLAIN, _IM2COL, _NARROW).
 enum NhwcMode { NC_PLAIN = 0, NC_IM2COL = 1, NC_NARROW = 2 };
 
+// The convolution's scalars, gathered once from the kernel's parameters.
 struct NhwcConv {
     int mode;          // NhwcMode: A tiled (a 1x1 stride-1 unpadded plain GEMM), im2col by 64-channel
                        // slices, or im2col by 8-channel chunks (cx < 64)
