@@ -9,6 +9,8 @@ in the last place of the 16-bit format, and few do. Tolerances: max |got - want|
 of the values differing at all.
 """
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -82,7 +84,7 @@ def assert_close_16(got, want, precision, what):
 def test_reference_matches_the_nchw_path(precision, shape):
     batch, channels, cx, h, w, cout, ksize, stride, pad, out_pitch, out_offset, activation = shape
     be = NumpyBackend()
-    rng = np.random.default_rng(hash(shape) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr(shape).encode()))
     images, nchw = nhwc_images(rng, batch, channels, cx, h, w)
     weights = rand(rng, cout * channels * ksize * ksize, 0.5)
     bias = rand(rng, cout, 0.3)

@@ -21,6 +21,7 @@ WATCHDOG_S: a kernel that hangs on a barrier fails instead of stalling the run.
 
 import faulthandler
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -241,7 +242,7 @@ def _diagnosis(case, got):
 @pytest.mark.parametrize("precision", HALF)
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 def test_conv_nhwc_matches_numpy(hopper, precision, shape):
-    case = Case(shape, precision, hash((shape, precision)) % 2**32)
+    case = Case(shape, precision, zlib.crc32(repr((shape, precision)).encode()))
     got, _ = case.run(hopper)
     want, _ = case.reference()
     assert_matches(case, got, want, f"{precision} {_shape_id(shape)}" + _diagnosis(case, got))
