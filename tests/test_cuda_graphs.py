@@ -440,7 +440,7 @@ def test_small_predict_replays_its_copies_with_the_layers(kind, monkeypatch):
     replayed = network(make_backend(kind))
     eager = network(eager_backend(kind), graphs=False)
     rng = np.random.default_rng(5)
-    for i in range(4):
+    for _ in range(4):
         x = rng.random((2,) + replayed.input_shape, dtype=np.float32)
         got = replayed.predict(x)
         np.testing.assert_array_equal(got, eager.predict(x))

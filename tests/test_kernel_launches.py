@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "darknet_py"
 WGMMA_PY = PACKAGE / "ops" / "convolution" / "wgmma.py"
 WGMMA_FILES = ("gemm_wgmma.cu", "gemm_wgmma_solo.cu")
+# The channels-last forward's launcher: wgmma.py's ctypes launch, conv_nhwc.cu's kernels.
+NHWC_PY = PACKAGE / "ops" / "convolution" / "nhwc.py"
+NHWC_FILE = "conv_nhwc.cu"
 
 POINTER, ZERO, INT, FLOAT, NUMBER, TENSOR_MAP, UNKNOWN = "P", "0", "i", "f", "n", "T", "?"
 _ACCEPTS = {  # a parameter's struct code -> the argument kinds it takes
@@ -527,7 +530,8 @@ class Reader:
             return FLOAT
         if func in _POINTER_CALLS or func.endswith("._ptr") or func == "_ptr":
             return POINTER
-        if func == "tensor_map" or func.endswith(".tensor_map"):
+        # wgmma.py's maps, and nhwc.py's (tiled, and im2col for the images)
+        if func in ("tensor_map", "tiled_map", "im2col_map") or func.endswith(".tensor_map"):
             return TENSOR_MAP
         if func == "_number_from_caller":
             return NUMBER
@@ -812,19 +816,29 @@ _WGMMA_LAUNCH = (2, 5)
 
 
 def launches(modules):
-    """[(path, line, call, name index, first argument index, pycuda)] of every launch."""
+    """[(path, line, call, name index, first argument index, launcher)] of every launch;
+    launcher "pycuda" (the families' kernel files), "wgmma" (gemm_wgmma.cu's, through
+    ctypes) or "nhwc" (conv_nhwc.cu's, through wgmma.py's ctypes launch)."""
     found = []
     for path, tree in modules.items():
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
             f = node.func
-            if isinstance(f, ast.Attribute) and f.attr in _PYCUDA_LAUNCHES:
+            if (
+                path == NHWC_PY
+                and isinstance(f, ast.Attribute)
+                and f.attr == "_launch"
+                and isinstance(f.value, ast.Name)
+                and f.value.id == "wgmma"
+            ):
+                found.append((path, node.lineno, node, *_WGMMA_LAUNCH, "nhwc"))
+            elif isinstance(f, ast.Attribute) and f.attr in _PYCUDA_LAUNCHES:
                 if _inside(tree, node, "_launch_rows"):  # its callers are checked
                     continue
-                found.append((path, node.lineno, node, *_PYCUDA_LAUNCHES[f.attr], True))
+                found.append((path, node.lineno, node, *_PYCUDA_LAUNCHES[f.attr], "pycuda"))
             elif isinstance(f, ast.Name) and f.id == "_launch" and path == WGMMA_PY:
-                found.append((path, node.lineno, node, *_WGMMA_LAUNCH, False))
+                found.append((path, node.lineno, node, *_WGMMA_LAUNCH, "wgmma"))
     return found
 
 
@@ -894,14 +908,18 @@ def launch_problems(modules=None, kernel_dirs=None):
     modules = launcher_modules() if modules is None else modules
     pycuda = kernel_signatures.kernel_table(family_kernel_files(modules), kernel_dirs)
     pycuda_kernels = {n: f for entries in pycuda.values() for n, f in entries.items()}
-    wgmma = kernel_signatures.signatures(WGMMA_FILES[0], kernel_dirs)
+    by_launcher = {
+        "pycuda": pycuda_kernels,
+        "wgmma": kernel_signatures.signatures(WGMMA_FILES[0], kernel_dirs),
+        "nhwc": kernel_signatures.signatures(NHWC_FILE, kernel_dirs),
+    }
     readers = {path: Reader(_Module(tree)) for path, tree in modules.items()}
     for reader in readers.values():
         reader.others = [r for r in readers.values() if r is not reader]
     problems = []
-    for path, line, call, name_at, args_at, by_pycuda in launches(modules):
+    for path, line, call, name_at, args_at, launcher in launches(modules):
         where = f"{path.relative_to(ROOT)}:{line}"
-        kernels = pycuda_kernels if by_pycuda else wgmma
+        kernels = by_launcher[launcher]
         problems += check_launch(readers[path], call, name_at, args_at, kernels, where)
     return problems
 
@@ -916,14 +934,14 @@ def test_every_launch_agrees_with_its_kernels_declaration():
     assert not problems, "\n".join(problems)
 
 
-def launched_kernels(modules, kernels, pycuda=True):
-    """The names in `kernels` that some launch (of PyCUDA's, or wgmma.py's) can name."""
+def launched_kernels(modules, kernels, launcher="pycuda"):
+    """The names in `kernels` that some launch of `launcher` (launches()) can name."""
     readers = {path: Reader(_Module(tree)) for path, tree in modules.items()}
     for reader in readers.values():
         reader.others = [r for r in readers.values() if r is not reader]
     found = set()
-    for path, _, call, name_at, _, by_pycuda in launches(modules):
-        if by_pycuda == pycuda:
+    for path, _, call, name_at, _, by in launches(modules):
+        if by == launcher:
             patterns = readers[path].name_patterns(call.args[name_at])
             found |= {n for n in kernels if any(re.fullmatch(p, n) for p in patterns)}
     return found
@@ -938,7 +956,11 @@ def test_every_declared_kernel_is_one_a_launch_names():
     assert len(declared) > 250
     assert declared - launched_kernels(modules, declared) == set()
     wgmma = kernel_signatures.signatures(WGMMA_FILES[0])
-    assert set(wgmma) - launched_kernels(modules, wgmma, pycuda=False) == set()
+    assert set(wgmma) - launched_kernels(modules, wgmma, "wgmma") == set()
+    # conv_nhwc.cu includes gemm_wgmma.cu for its pipeline: its own kernels are the rest
+    nhwc = {n: f for n, f in kernel_signatures.signatures(NHWC_FILE).items() if n not in wgmma}
+    assert len(nhwc) == 8
+    assert set(nhwc) - launched_kernels(modules, nhwc, "nhwc") == set()
 
 
 def test_the_solo_wgmma_file_declares_the_same_kernels():

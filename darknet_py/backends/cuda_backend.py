@@ -9,6 +9,7 @@ The ops live in one mixin per family, each family's kernel files named beside it
 cuda_core here (device, arrays, launches, sync, copies, graph capture), and in the
 families' folders ops/<family>/: convolution/cuda.py (GEMMs, tensor-core convolution,
 im2col/col2im), convolution/cuda_backward.py (the convolution backward as implicit GEMMs),
+convolution/nhwc.py (the channels-last 16-bit forward on Hopper: wgmma fed by TMA im2col),
 normalization/cuda.py (bias/scale, batch norm, channel reductions, l2norm, lrn),
 elementwise/cuda.py (vector ops, activations, shape ops, dropout), pooling/cuda.py,
 losses/cuda.py (softmax, costs, yolo/region/detection losses), images/cuda.py (photos
@@ -44,6 +45,7 @@ from ..ops.convolution.cuda import _TC_TILES, CudaConv  # noqa: F401
 from ..ops.convolution.cuda import KERNEL_FILES as _CONV_FILES
 from ..ops.convolution.cuda_backward import KERNEL_FILES as _CONV_BACKWARD_FILES
 from ..ops.convolution.cuda_backward import CudaConvBackward
+from ..ops.convolution.nhwc import CudaConvNhwc
 from ..ops.elementwise.cuda import KERNEL_FILES as _ELEMENTWISE_FILES
 from ..ops.elementwise.cuda import CudaElementwise
 from ..ops.images.cuda import KERNEL_FILES as _IMAGE_FILES
@@ -87,6 +89,7 @@ class CudaBackend(
     CudaCore,
     CudaConv,
     CudaConvBackward,
+    CudaConvNhwc,
     CudaNorm,
     CudaElementwise,
     CudaPooling,

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import precision as precisions
 from ..ops.common.numpy import one_storage
+from ..ops.convolution.nhwc_numpy import NumpyConvNhwc
 from ..ops.convolution.numpy import NumpyConv, NumpyConvBackward
 from ..ops.elementwise.numpy import NumpyElementwise
 from ..ops.images.numpy import NumpyImages
@@ -35,6 +36,7 @@ from .pinning import unpin_nothing
 class NumpyBackend(
     NumpyConv,
     NumpyConvBackward,
+    NumpyConvNhwc,
     NumpyNorm,
     NumpyElementwise,
     NumpyPooling,

@@ -28,8 +28,12 @@ from . import kernel_cache
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 # Files built for other architectures than ARCHS: the Hopper GEMM uses sm_90a's own
 # instructions (wgmma, setmaxnreg), which no other target has (ops/convolution/wgmma.py
-# loads it).
-FILE_ARCHS = {"gemm_wgmma.cu": ("sm_90a",), "gemm_wgmma_solo.cu": ("sm_90a",)}
+# and nhwc.py load them).
+FILE_ARCHS = {
+    "gemm_wgmma.cu": ("sm_90a",),
+    "gemm_wgmma_solo.cu": ("sm_90a",),
+    "conv_nhwc.cu": ("sm_90a",),
+}
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS_DIR = os.path.join(PACKAGE_DIR, "ops")
 PREBUILT_DIR = os.path.join(PACKAGE_DIR, "kernels_bin")
