@@ -65,6 +65,7 @@ FLOORS = [
             "delta_plan",
             "output_plan",
             "output_storage",
+            "layout_plan",
             "network.*",
             "demo_data",
         ],
