@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from . import precision as precisions
 from .activations import CHANNEL_ACTIVATIONS
 from .layers.base import keeps_activation_input
+from .layers.nhwc_forward import tensor
 from .net_options import NetworkError
 from .ops.nhwc.numpy import PIXEL_ALIGN, pixel_pitch
 
@@ -233,3 +234,17 @@ def assign_layouts(layers, output_index, precision, train, fold_batchnorm=True, 
             tensor = layout.nhwc and not layout.boundary
             layer.output_precision = precision if tensor else precisions.DEFAULT
     return plan
+
+
+def nchw_output(layer, be):
+    """An NHWC layer's output as NCHW fp32 on the backend (layer_output): its boundary copy
+    where it has one, else converted now."""
+    from .output_plan import array_owner
+
+    owner = array_owner(layer)
+    if owner.layout.boundary:
+        return owner.output
+    array, pitch, offset = tensor(layer)
+    out = be.zeros(layer.batch * layer.outputs)
+    be.nhwc_to_nchw(array, layer.batch, layer.out_c, layer.out_h, layer.out_w, pitch, offset, out)
+    return out

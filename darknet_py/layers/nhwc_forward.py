@@ -260,17 +260,3 @@ def give_nhwc_arrays(layers, be, batch, precision):
                 batch * layer.h * layer.w * pixel_pitch(layer.c), stored
             )
     return arrays
-
-
-def nchw_output(layer, be):
-    """An NHWC layer's output as NCHW fp32 on the backend (layer_output): its boundary copy
-    where it has one, else converted now."""
-    from ..output_plan import array_owner
-
-    owner = array_owner(layer)
-    if owner.layout.boundary:
-        return owner.output
-    array, pitch, offset = tensor(layer)
-    out = be.zeros(layer.batch * layer.outputs)
-    be.nhwc_to_nchw(array, layer.batch, layer.out_c, layer.out_h, layer.out_w, pitch, offset, out)
-    return out

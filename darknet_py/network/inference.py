@@ -13,7 +13,8 @@ import numpy as np
 
 from ..backends.pinning import unpin_nothing
 from ..image import decode_image
-from ..layers.nhwc_forward import is_nhwc, nchw_output
+from ..layers.nhwc_forward import is_nhwc
+from ..layout_plan import nchw_output
 from ..net_options import NetworkError
 from ..ops.nhwc.numpy import pixel_pitch
 from ..output_plan import output_is_shared
