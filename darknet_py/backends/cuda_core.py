@@ -135,6 +135,29 @@ class _KernelTable(collections.abc.Mapping):
         return module
 
 
+class _PinnedRange:
+    """pin()'s handle on a page-locked range: calling it unpins the range; so does dropping
+    it, before the memory it holds can be freed. (A freed range left registered would be
+    taken for page-locked memory by a later array at its address: copies from it failed
+    with "invalid argument", or read the old pages.)"""
+
+    def __init__(self, dev, host, pointer):
+        self._dev, self._host, self._pointer = dev, host, pointer  # _host: kept mapped
+
+    def __call__(self):
+        if self._host is None:
+            return
+        self._dev.pinned.pop(self._pointer, None)
+        try:
+            cuda_graph.unregister_host(self._pointer)
+        except Exception:  # the context is gone (at exit), and the registration with it
+            pass
+        self._host = None
+
+    def __del__(self):
+        self()
+
+
 class _Device:
     """Per-process state of one GPU: primary context, stream, pool, compiled kernels.
 
@@ -617,19 +640,8 @@ class CudaCore:
             cuda_graph.register_host(pointer, host.nbytes)
         except cuda_graph.GraphError:
             return unpin_nothing
-        holder = [host]  # the memory must stay mapped while registered
         self._dev.pinned[pointer] = host.nbytes  # its copies need no staging
-
-        def unpin():
-            self._dev.pinned.pop(pointer, None)
-            if holder:
-                try:
-                    cuda_graph.unregister_host(pointer)
-                except cuda_graph.GraphError:
-                    pass  # the context is gone (at exit), and the registration with it
-                holder.clear()
-
-        return unpin
+        return _PinnedRange(self._dev, host, pointer)
 
     def upload_async(self, host):
         """(array, upload): a backend array that receives host's values (flattened), and
