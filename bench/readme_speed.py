@@ -93,7 +93,7 @@ ROWS = (
         "ms",
     ),
     (
-        "yolov3-tiny 416, batch 1, whole call (array in, output out), tf32",
+        "yolov3-tiny 416, batch 1, whole call (array in, output out), fp32",
         "yolov3tiny_b1_forward_whole_ms",
         "torch_yolov3tiny_b1_forward_whole_ms",
         "PyTorch TF32 graph",
