@@ -21,9 +21,9 @@ Rows (ms, medians; fp16 unless named otherwise):
     as a CUDA graph (PyTorch is used here only, as the reference a user would pick instead).
   * yolov3tiny_b1_forward_whole_ms (--batch1): one image's whole call, predict() on a float32
     (1, 3, 416, 416) array to the output on the host, wall clock, in fp32 (the default, and
-    at batch 1 the fastest: tf32's tiles lose there); beside it ..._tf32 and ..._fp16, and torch_yolov3tiny_b1_forward_whole_ms
-    (--torch): the port in TF32 replayed as a CUDA graph, the array copied in and the output
-    copied back to a NumPy array in the timed call.
+    at batch 1 the fastest: tf32's tiles lose there); beside it ..._tf32 and ..._fp16, and
+    torch_yolov3tiny_b1_forward_whole_ms (--torch): the port in TF32 replayed as a CUDA
+    graph, the array copied in and the output copied back to a NumPy array in the timed call.
 Other precisions (--precisions fp32 tf32 bf16) give the layers' rows, printed and appended
 to --results only.
 """
