@@ -129,6 +129,17 @@ def round_to(x, precision):
     return np.where(finite, out, x)
 
 
+def widened(host):
+    """A host copy of 16-bit storage as the float32 values it holds, widened exactly:
+    float16, or uint16 holding bf16's bits (the upper half of a float32). Other arrays are
+    returned as they are."""
+    if host.dtype == np.uint16:
+        return (host.astype(np.uint32) << 16).view(np.float32)
+    if host.dtype == np.float16:
+        return host.astype(np.float32)
+    return host
+
+
 def storage(precision):
     """How a layer of `precision` keeps its batch norm's x: fp16 or bf16 (HALF_STORAGE),
     else fp32 (PrecisionError for a name not in PRECISIONS)."""

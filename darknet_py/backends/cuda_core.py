@@ -557,8 +557,8 @@ class CudaCore:
             if arr.size:
                 drv.memcpy_dtoh_async(out, self._ptr(arr), self.stream)
             self._sync("to_host")
-        if out.dtype == np.uint16:  # bf16: the upper half of a float32
-            return (out.astype(np.uint32) << 16).view(np.float32)
+        if out.dtype == np.uint16:  # bf16's bits
+            return precisions.widened(out)
         return out.astype(self.dtype if arr.dtype.kind == "f" else np.int64, copy=False)
 
     def download_async(self, arr, out):

@@ -153,10 +153,9 @@ def to_wire(values, storage):
 
 def from_wire(data, storage):
     """to_wire's bytes back as float32 values (16-bit ones widened exactly)."""
-    if storage == "fp16":
-        return np.frombuffer(data, np.float16).astype(np.float32)
-    if storage == "bf16":
-        return (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if storage in ("fp16", "bf16"):
+        wire = np.float16 if storage == "fp16" else np.uint16  # bf16's bits
+        return precisions.widened(np.frombuffer(data, wire))
     return np.frombuffer(data, np.float32)
 
 

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from .. import precision as precisions
 from ..backends.pinning import unpin_nothing
 from ..image import decode_image
 from ..layers.nhwc_forward import is_nhwc
@@ -117,12 +118,8 @@ class NetworkInference:
         )
         be.synchronize()
         self.collect_costs()
-        out = call.host_out
-        if out.dtype == np.uint16:  # bf16 storage: the upper half of a float32
-            out = (out.astype(np.uint32) << 16).view(np.float32)
-        elif out.dtype == np.float16:
-            out = out.astype(np.float32)
-        else:  # the backend's own floats (float64 for a float64 NumPy network)
+        out = precisions.widened(call.host_out)  # 16-bit storage as float32
+        if out is call.host_out:  # the backend's own floats: a copy the next call leaves
             out = out.copy()
         return out.reshape(layer.output_shape(n))
 
