@@ -43,6 +43,8 @@ from .layers.base import keeps_activation_input
 from .layers.nhwc_forward import tensor
 from .net_options import NetworkError
 from .ops.nhwc.numpy import PIXEL_ALIGN, pixel_pitch
+from .output_plan import array_owner, readers
+from .output_storage import input_layers
 
 NCHW, NHWC = "nchw", "nhwc"
 ENV = "DARKNET_NHWC"
@@ -114,13 +116,6 @@ def _mover_writes_nhwc(layer):
     return False
 
 
-def _sources(layer, layers):
-    """The layers whose outputs a layer's forward reads (output_storage._input_layers)."""
-    from .output_storage import _input_layers
-
-    return _input_layers(layer, layers)
-
-
 def _reads_any_slice(reader, nhwc):
     """Whether `reader` reads its input at any pitch and offset (see the docstring)."""
     if reader.index not in nhwc:
@@ -130,8 +125,6 @@ def _reads_any_slice(reader, nhwc):
 
 def plan_layouts(layers, output_index, precision, train, fold_batchnorm=True, on=False):
     """Each layer output's Layout, a list by layer index (see the module's docstring)."""
-    from .output_plan import array_owner, readers
-
     plain = [Layout() for _ in layers]
     if not on or train or precision not in precisions.HALF_STORAGE:
         return plain
@@ -150,7 +143,7 @@ def plan_layouts(layers, output_index, precision, train, fold_batchnorm=True, on
             layer = layers[i]
             if layer.type == "convolutional":
                 continue
-            sources = _sources(layer, layers)
+            sources = input_layers(layer, layers)
             if sources is None or not all(array_owner(s).index in nhwc for s in sources):
                 nhwc.discard(i)
                 dropped = True
@@ -191,7 +184,7 @@ def plan_layouts(layers, output_index, precision, train, fold_batchnorm=True, on
         )
         input_boundary = False
         if layer.type == "convolutional":
-            inputs = _sources(layer, layers)
+            inputs = input_layers(layer, layers)
             input_boundary = inputs is None or array_owner(inputs[0]).index not in nhwc
         plan.append(
             Layout(
@@ -239,8 +232,6 @@ def assign_layouts(layers, output_index, precision, train, fold_batchnorm=True, 
 def nchw_output(layer, be):
     """An NHWC layer's output as NCHW fp32 on the backend (layer_output): its boundary copy
     where it has one, else converted now."""
-    from .output_plan import array_owner
-
     owner = array_owner(layer)
     if owner.layout.boundary:
         return owner.output

@@ -36,7 +36,7 @@ from .layers.base import keeps_activation_input
 MOVERS = ("route", "shortcut", "maxpool", "upsample")
 
 
-def _input_layers(layer, layers):
+def input_layers(layer, layers):
     """The layers whose outputs a layer's forward reads: the previous one (net.input) and
     the ones it names ([route]'s layers=, [shortcut]'s from=); None where it reads the
     network's input."""
@@ -112,7 +112,7 @@ def plan_output_storage(layers, output_index, precision, train, fold_batchnorm=T
         dropped = False
         for i in sorted(chosen):
             layer = layers[i]
-            sources = _input_layers(layer, layers)
+            sources = input_layers(layer, layers)
             inputs_fit = layer.type == "convolutional" or (
                 sources is not None and all(array_owner(src).index in chosen for src in sources)
             )
