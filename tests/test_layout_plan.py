@@ -713,3 +713,12 @@ def test_the_backends_weight_packing_is_used_once():
     net.predict(x)
     assert PackingNumpy.packed == 2 * convolutions  # made again from the new weights
     check_layer_by_layer(net, x, net.layer_output(net.output_index), "fp16")
+
+
+def test_a_bad_value_is_refused_on_the_cpu_too(monkeypatch):
+    """DARKNET_NHWC asks the GPU's backend alone, but a value it cannot read is refused
+    wherever the network runs (never ignored)."""
+    monkeypatch.setenv(ENV, "maybe")
+    with pytest.raises(NetworkError, match=r"^DARKNET_NHWC=maybe: use 1 \(NHWC"):
+        net = Network(parse_cfg_text(text("yolov3-tiny", "fp16", size=64)), backend=NumpyBackend())
+        net.predict(np.zeros((1, 3, 64, 64), np.float32))

@@ -182,7 +182,8 @@ class NetworkPlanner:
         (the NHWC convolution) refuses it in one line."""
         wanted = getattr(self, "_nhwc", None)
         if wanted is None:
-            wanted = self.be.name == "cuda" and nhwc_from_environment()
+            # read (and a bad value refused) on every backend; it asks the GPU's alone
+            wanted = nhwc_from_environment() and self.be.name == "cuda"
         self._refuse_nhwc_without_its_convolution(wanted)
         return wanted
 
