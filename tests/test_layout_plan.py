@@ -195,10 +195,10 @@ def test_the_option_off_changes_nothing(precision, monkeypatch):
     assert storages(net) == storages(plain)
     assert "fp16" in storages(net) or "bf16" in storages(net)
     net.predict(x)
-    # Within a few float32 ulps, not bit for bit: the NumPy backend's GEMM gives other last
-    # bits about once in 300 calls while another thread runs BLAS (measured 2026-11-28, a
-    # fp32 head's 255x32x256 product, 4e-6; cause not found). A layout or storage change
-    # would move them by 16-bit roundings (1e-3).
+    # Within a few float32 ulps, not bit for bit: two such networks' fp32 head (layer 22,
+    # a 255x32x256 product) differed by 4e-6 in about 1 run of 10 (2026-11-28; also with
+    # OPENBLAS_NUM_THREADS=1; cause not found). A layout or storage change would move the
+    # outputs by 16-bit roundings (1e-3).
     for got, w in zip([net.layer_output(i) for i in (16, 23)], want):
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
 
