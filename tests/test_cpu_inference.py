@@ -2,6 +2,7 @@
 bias + activation, maxpool without argmax indexes. Each must give what the exact path
 (Darknet's unfolded normalisation, separate passes) gives."""
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,37 @@ def test_parallel_splits_the_same_way_whatever_the_load(monkeypatch):
         cpu_threads.parallel(1000, lambda start, stop: parts.append((start, stop)), 10)
         splits.append(sorted(parts))
     assert splits[0] == splits[1] and len(splits[0]) == 8
+
+
+@pytest.mark.skipif(cpu_threads._SET_BLAS_THREADS is None, reason="no OpenBLAS thread setter")
+def test_gemm_tiles_run_on_one_blas_thread_while_others_finish(monkeypatch):
+    # NumPy's OpenBLAS keeps one thread count for the whole process: a pool thread done
+    # with its tiles must not hand BLAS its threads back while another still computes one
+    # (OpenBLAS would split that tile its own way, and its sums would change with timing:
+    # a CI run's losses once differed in the 7th digit).
+    from darknet_py.ops.convolution import numpy as conv_numpy
+
+    monkeypatch.setattr(cpu_threads, "_THREADS", 2)
+    monkeypatch.setattr(cpu_threads, "_FIXED_THREADS", 2)
+    tile = conv_numpy._gemm_tile
+    counts = []
+
+    def counted_tile(*args):
+        time.sleep(0.002)  # long enough for the other thread to run out of parts
+        before = cpu_threads._SET_BLAS_THREADS(1)  # reads the count (and puts it back)
+        cpu_threads._SET_BLAS_THREADS(before)
+        counts.append(before)
+        tile(*args)
+
+    monkeypatch.setattr(conv_numpy, "_gemm_tile", counted_tile)
+    rng = np.random.default_rng(1)
+    m, n, k = 8, 16 * conv_numpy._GEMM_COLUMNS, 9
+    a, b = rng.normal(size=m * k).astype(np.float32), rng.normal(size=k * n).astype(np.float32)
+    c = np.zeros(m * n, np.float32)
+    for _ in range(3):
+        NumpyBackend().gemm(False, False, m, n, k, 1.0, a, k, b, n, 0.0, c, n)
+    assert len(counts) == 48 and set(counts) == {1}
+    np.testing.assert_allclose(c.reshape(m, n), a.reshape(m, k) @ b.reshape(k, n), atol=1e-5)
 
 
 def test_threads_now_leaves_the_cores_other_processes_use(monkeypatch):

@@ -107,8 +107,10 @@ def _openblas_local_threads():
 
 
 class blas_threads:
-    """Runs the block with BLAS on this thread limited to n threads (never raised above
-    what it had), and leaves it as it was."""
+    """Runs the block with BLAS limited to n threads (never raised above what it had), and
+    leaves it as it was. The limit is this thread's where OpenBLAS keeps a count per thread
+    (OpenMP builds) and the whole process's where it keeps one (pthreads builds: NumPy's
+    wheels), so a block that hands BLAS work to other threads holds it until they finish."""
 
     def __init__(self, n):
         self.n = n

@@ -73,13 +73,15 @@ class NumpyConv:
         # how many threads split a product, and the thread count here follows the
         # machine's load (cpu_threads.threads_now), so one product split its own way would
         # give other last bits under load. Threads only decide which thread computes which
-        # tile.
+        # tile. The caller holds BLAS at one thread for the whole product too: OpenBLAS's
+        # pthreads builds (NumPy's wheels) keep one count for the process, so a pool thread
+        # leaving its tiles would otherwise let BLAS split a tile another is still on.
         col_tiles = -(-n // _GEMM_COLUMNS)
         row_tiles = -(-m // _GEMM_ROWS) if col_tiles == 1 else 1
         rows = _GEMM_ROWS if row_tiles > 1 else m
 
         def tiles(t0, t1):
-            with blas_threads(1):
+            with blas_threads(1):  # this thread's own count, where the build keeps one
                 for t in range(t0, t1):
                     row, col = divmod(t, col_tiles)
                     i, j = row * rows, col * _GEMM_COLUMNS
@@ -91,7 +93,8 @@ class NumpyConv:
                         beta,
                     )
 
-        parallel(row_tiles * col_tiles, tiles, 1)
+        with blas_threads(1):
+            parallel(row_tiles * col_tiles, tiles, 1)
 
     def gemm_bias_activate(self, m, n, k, a, lda, b, ldb, c, ldc, biases, activation):
         """C = activation(A @ B + biases[row]) (A m x k, B k x n, row-major): a convolution's
