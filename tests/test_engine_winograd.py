@@ -136,7 +136,7 @@ def test_every_eligible_layer_as_winograd_agrees_with_numpy_on_a_batch():
     assert eligible == [0, 1, 3, 7]  # not the stride-2, the 1x1 or the grouped one
     model = export_model(net, batch=None, winograd="all")
     onnx.checker.check_model(model)
-    assert ops(model).count("DepthToSpace") == len(eligible)
+    assert ops(model).count("ConvTranspose") == len(eligible)
     assert conv_kernels(model).count((3, 3)) == 2  # the stride-2 and the grouped layer
     x = np.random.default_rng(6).random((2,) + net.input_shape, dtype=np.float32)
     served = session(model.SerializeToString())
@@ -150,7 +150,7 @@ def test_the_cost_model_leaves_small_layers_direct():
     net = network_from_text(MIXED_CFG)
     assert not any(winograd.chosen(l, "auto") for l in net.layers if l.type == "convolutional")
     model = export_model(net, batch=None, winograd="auto")
-    assert "DepthToSpace" not in ops(model)
+    assert "ConvTranspose" not in ops(model)
     # the large layers of a 13x13 and a 26x26 map pay; a 3-channel 416x416 one does not
     direct, fast = winograd.predicted_seconds(512, 1024, 13, 13)
     assert fast < 0.8 * direct
@@ -169,7 +169,7 @@ def test_darknet_py_export_still_writes_plain_conv(tmp_path):
     r = run_in_process(["export", cfg, weights, out])
     assert r.code == 0, r
     model = onnx.load(str(out))
-    assert not {"DepthToSpace", "MatMul", "Transpose"} & set(ops(model))
+    assert not {"ConvTranspose", "Transpose"} & set(ops(model))
     convs = [l for l in net.layers if l.type == "convolutional"]
     assert conv_kernels(model) == [(l.size, l.size) for l in convs]
     shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
@@ -194,7 +194,7 @@ def test_the_engine_falls_back_to_plain_conv_when_winograd_misses_the_check(tmp_
     assert relative_difference(served.predict(x), reference.predict(x)) < CHECK_TOLERANCE
     assert served.engine == "onnxruntime"
     (entry,) = (tmp_path / "cache").glob("*.onnx")
-    assert "DepthToSpace" not in ops(onnx.load(str(entry)))
+    assert "ConvTranspose" not in ops(onnx.load(str(entry)))
 
 
 def test_the_cache_key_follows_the_winograd_source(monkeypatch):
@@ -215,7 +215,7 @@ def test_real_yolov3_tiny_engine_graph_agrees_with_numpy():
     chosen = [l.index for l in net.layers if winograd.chosen(l, "auto")]
     assert chosen == [12, 21]  # 512->1024 at 13x13 and 384->256 at 26x26
     model = export_model(net, batch=None, winograd="auto")
-    assert ops(model).count("DepthToSpace") == 2
+    assert ops(model).count("ConvTranspose") == 2
     sess = session(model.SerializeToString())
     c, h, w = net.input_shape
     worst = 0.0
