@@ -176,8 +176,8 @@ def convolution(g, image, w, biases, c, k, h, width):
         kernel_shape=[1, 1],
         group=POSITIONS,
     )
-    by_row = g.reshape(products, (POSITIONS, k * th, tw))  # tile (ty, tx) of filter k at
-    # pixel (k*th + ty, tx)
+    # tile (ty, tx) of filter k at pixel (k*th + ty, tx) of a 36-channel image
+    by_row = g.reshape(products, (POSITIONS, k * th, tw))
     tall = g.op(
         "ConvTranspose",
         [by_row, g.const(output_kernels(), "winograd_output")],
