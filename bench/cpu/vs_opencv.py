@@ -9,7 +9,11 @@ batch 1.
 Darknet importer) and runs this. OpenCV runs in that virtualenv as a worker process; the
 engines' forwards alternate (A, B, C, A, B, C, ...) so that load from other processes falls
 on all alike. Each engine times its own forward with perf_counter; medians are compared.
-Also times `darknet-py detect` on one photo as a whole process (Python start included).
+Also times `darknet-py detect` on one photo as a whole process (Python start included),
+on the default engine and with `--engine numpy`, interleaved.
+
+Goals (issue 39): the default engine's forward at most 0.6x OpenCV's; its whole `detect`
+no slower than `--engine numpy`'s.
 """
 
 import argparse
@@ -29,17 +33,17 @@ OPENCV_PYTHON = ROOT / "bench" / ".venv-opencv4" / "bin" / "python"
 PHOTO = SHARED / "images" / "dog.jpg"
 BEGIN, END = "<!-- cpu_vs_opencv: begin -->", "<!-- cpu_vs_opencv: end -->"
 
-# (name, cfg, real weights or None for random ones, goal: darknet-py / OpenCV ratio)
+# (name, cfg, real weights or None for random ones, goal: the default engine's forward
+# over OpenCV's)
 CASES = [
     (
         "yolov3-tiny 416",
         SHARED / "darknet-cfg" / "yolov3-tiny.cfg",
         SHARED / "weights" / "yolov3-tiny.weights",
-        1.0,
+        0.6,
     ),
-    ("darknet19 256", SHARED / "darknet-cfg" / "darknet19.cfg", None, 1.0),
+    ("darknet19 256", SHARED / "darknet-cfg" / "darknet19.cfg", None, 0.6),
 ]
-DETECT_GOAL_S = 0.5
 
 
 def opencv_worker():
@@ -174,6 +178,8 @@ def onnxruntime_version():
 
 
 def detect_process_seconds(repeats, tmp):
+    """{engine: median seconds} of whole `darknet-py detect` processes on one photo, the
+    default engine's and `--engine numpy`'s alternating."""
     cfg, weights = CASES[0][1], CASES[0][2]
     cmd = [
         sys.executable,
@@ -189,12 +195,14 @@ def detect_process_seconds(repeats, tmp):
         str(tmp / "predictions.jpg"),
         "--overwrite",
     ]
-    times = []
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)  # the engine's cache made
+    times = {"default": [], "numpy": []}
     for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for engine, extra in (("default", []), ("numpy", ["--engine", "numpy"])):
+            start = time.perf_counter()
+            subprocess.run(cmd + extra, check=True, stdout=subprocess.DEVNULL)
+            times[engine].append(time.perf_counter() - start)
+    return {engine: statistics.median(t) for engine, t in times.items()}
 
 
 def load_average():
@@ -231,22 +239,24 @@ def report(rows, detect_s, repeats, load_before):
         f"engine, interleaved; input: ../shared/images/dog.jpg letterboxed.",
         "",
         "| network | darknet-py NumPy ms | darknet-py ONNX Runtime ms | OpenCV ms | "
-        "ratio NumPy | ratio ONNX Runtime | goal |",
+        "ratio NumPy | ratio ONNX Runtime | goal (the default engine) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        best = min(r["ratio"], r["onnxruntime_ratio"])  # NaN without the extra: NumPy's
-        verdict = "met" if best <= r["goal"] else "not met"
+        # the default engine's: ONNX Runtime's where it is installed, else NumPy's
+        default = r["ratio"] if np.isnan(r["onnxruntime_ratio"]) else r["onnxruntime_ratio"]
+        verdict = "met" if default <= r["goal"] else "not met"
         lines.append(
             f"| {r['name']} | {r['darknet_py_ms']:.1f} | {r['onnxruntime_ms']:.1f} | "
             f"{r['opencv_ms']:.1f} | {r['ratio']:.2f} | {r['onnxruntime_ratio']:.2f} | "
             f"<= {r['goal']:.1f} ({verdict}) |"
         )
-    verdict = "met" if detect_s <= DETECT_GOAL_S else "not met"
+    verdict = "met" if detect_s["default"] <= detect_s["numpy"] else "not met"
     lines += [
         "",
-        f"`darknet-py detect` yolov3-tiny on one photo, whole process: "
-        f"{detect_s:.2f} s (goal <= {DETECT_GOAL_S} s: {verdict}).",
+        f"`darknet-py detect` yolov3-tiny on one photo, whole process (medians, the two "
+        f"alternating): default engine {detect_s['default']:.3f} s, `--engine numpy` "
+        f"{detect_s['numpy']:.3f} s (goal: default <= numpy: {verdict}).",
         END,
     ]
     return "\n".join(lines) + "\n"
@@ -299,7 +309,10 @@ def main():
             )
         worker.close()
         detect_s = detect_process_seconds(args.detect_repeats, tmp)
-    print(f"darknet-py detect, whole process: {detect_s:.2f} s (goal <= {DETECT_GOAL_S} s)")
+    print(
+        f"darknet-py detect, whole process: default engine {detect_s['default']:.3f} s, "
+        f"--engine numpy {detect_s['numpy']:.3f} s (goal: default <= numpy)"
+    )
     text = report(rows, detect_s, args.repeats, load_before)
     if args.results:
         write_results(args.results, text)
