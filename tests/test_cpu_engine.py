@@ -46,12 +46,12 @@ activation=leaky
 """
 
 
-def wider_detector(directory):
+def wider_detector(directory, seed=4):
     """untrained_detector with 32 filters: weights arrays over 1 KiB, which the optimised
     model keeps in a file of their own."""
     cfg = directory / "wide.cfg"
     cfg.write_text(DETECTOR_CFG.replace("filters=4\n", "filters=32\n", 1))
-    net = darknet_py.load_network(str(cfg), seed=4)
+    net = darknet_py.load_network(str(cfg), seed=seed)
     unit_rolling_variance(net)
     weights = str(directory / "wide.weights")
     net.save_weights(weights)
@@ -301,6 +301,60 @@ def test_a_weights_digest_is_remembered_until_the_file_changes(tmp_path, cache, 
     changed = cache_module.weights_digest(path)
     assert len(hashed) == 4 and changed != first
     assert changed == cache_module.file_sha256(path)
+
+
+def test_the_cache_keeps_to_its_bound_dropping_the_entries_used_longest_ago(
+    tmp_path, cache, monkeypatch, exports
+):
+    from darknet_py.export import cache as cache_module
+
+    image = photo(tmp_path)
+    nets = {}
+    for seed, name in enumerate("ab"):
+        folder = tmp_path / name
+        folder.mkdir()
+        nets[name] = wider_detector(folder, seed)  # an export, an optimised model + weights
+
+    def keys():
+        return set(cache_module.entries())
+
+    first = darknet_py.load_network(*nets["a"], device="cpu")
+    head_outputs(first, image)
+    (key_a,) = keys()
+    size_a, used_a, paths_a = cache_module.entries()[key_a]
+    assert len(paths_a) == 3 and size_a > 0  # .onnx, optimized/.onnx, optimized/.data
+    # A bound that holds one entry: the second network's entry pushes the first one out,
+    # whole; the one being served stays even where it alone is over the bound.
+    monkeypatch.setenv("DARKNET_ONNX_CACHE_MB", str(1.5 * size_a / 2**20))
+    head_outputs(darknet_py.load_network(*nets["b"], device="cpu"), image)
+    (key_b,) = keys()
+    assert key_b != key_a and not any(os.path.exists(p) for p in paths_a)
+    monkeypatch.setenv("DARKNET_ONNX_CACHE_MB", "0")
+    assert cache_module.trim(keep=key_b) == [] and keys() == {key_b}
+    assert len(exports) == 2
+    # a read marks its entry used: with room for two, a third drops the one read longest ago
+    monkeypatch.setenv("DARKNET_ONNX_CACHE_MB", str(2.5 * size_a / 2**20))
+    head_outputs(darknet_py.load_network(*nets["a"], device="cpu"), image)  # exported again
+    assert len(exports) == 3 and keys() == {key_a, key_b}
+    for key, when in ((key_a, 1), (key_b, 2)):  # both used long ago, a before b
+        for path in cache_module.entries()[key][2]:
+            os.utime(path, (when, when))
+    darknet_py.load_network(*nets["a"], device="cpu").predict(image)  # a: read now
+    assert len(exports) == 3
+    folder = tmp_path / "c"
+    folder.mkdir()
+    head_outputs(darknet_py.load_network(*wider_detector(folder, 2), device="cpu"), image)
+    assert key_a in keys() and key_b not in keys() and len(keys()) == 2
+
+
+def test_a_cache_bound_that_is_not_a_size_is_a_warning_and_the_default(monkeypatch):
+    from darknet_py.export import cache as cache_module
+
+    monkeypatch.setenv("DARKNET_ONNX_CACHE_MB", "lots")
+    with pytest.warns(EngineCacheWarning, match="DARKNET_ONNX_CACHE_MB='lots' is not a size"):
+        assert cache_module.limit_bytes() == cache_module.LIMIT_MB << 20
+    monkeypatch.setenv("DARKNET_ONNX_CACHE_MB", "512")
+    assert cache_module.limit_bytes() == 512 << 20
 
 
 def test_a_cache_hit_does_not_import_onnx(tmp_path, cache):

@@ -21,16 +21,27 @@ digest of the CPU's model and flags, and another runtime or CPU optimises the en
 Files are written to a temporary name and renamed into place (a reader never sees half of
 one). The cache lives in $DARKNET_ONNX_CACHE, else $XDG_CACHE_HOME/darknet-py/onnx, else
 ~/.cache/darknet-py/onnx: never beside the user's files.
+
+The cache is bounded: every new entry (and every entry optimised again) is followed by a
+trim, which removes whole entries (the export and its optimised files), those used
+longest ago first, until the cache holds at most LIMIT_MB (DARKNET_ONNX_CACHE_MB sets
+another bound); the entry in use always stays. A command that reads an entry marks it used
+(its file's modification time). Without the bound every new cfg, weights file or
+darknet-py version would leave its entry behind for good: on yolov2-tiny an entry with
+its optimised form is 300 MB.
 """
 
 import hashlib
 import os
 import platform
+import re
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from ..version import __version__
+from . import EngineCacheWarning
 
 _FORMAT = "darknet-py onnx cache v2"
 # A weights digest is remembered only for a file last changed longer ago than this: a
@@ -39,6 +50,10 @@ _SETTLED_S = 2.0
 # An optimised model's weights file older than this, which the model in place does not
 # name, is left over from a model replaced since, not one being written now.
 _STAGING_S = 600.0
+# The cache's default bound (trim): a few networks' entries with their optimised forms.
+LIMIT_MB = 4096
+LIMIT_VARIABLE = "DARKNET_ONNX_CACHE_MB"
+_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 def cache_dir():
@@ -127,12 +142,14 @@ def entry_path(key):
 
 
 def read_entry(key):
-    """The model bytes cached under key, or None."""
+    """The model bytes cached under key (marked used), or None."""
     try:
         with open(entry_path(key), "rb") as f:
-            return f.read()
+            data = f.read()
     except OSError:
         return None
+    mark_used(entry_path(key))
+    return data
 
 
 def write_entry(key, data):
@@ -147,6 +164,81 @@ def remove(path):
         os.unlink(path)
     except OSError:
         pass
+
+
+def mark_used(path):
+    """Record that a cache file was just read: the trim removes the entries whose files
+    were used longest ago first."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def limit_bytes():
+    """The cache's bound in bytes: DARKNET_ONNX_CACHE_MB, else LIMIT_MB. A value that is
+    not a size gets a warning naming it, and the default."""
+    text = os.environ.get(LIMIT_VARIABLE, "").strip()
+    if not text:
+        return LIMIT_MB << 20
+    try:
+        mb = float(text)
+        if not mb >= 0 or mb == float("inf"):
+            raise ValueError
+    except ValueError:
+        warnings.warn(
+            EngineCacheWarning(
+                f"{LIMIT_VARIABLE}={text!r} is not a size in MB; the ONNX cache keeps its "
+                f"default bound of {LIMIT_MB} MB"
+            ),
+            stacklevel=2,
+        )
+        return LIMIT_MB << 20
+    return int(mb * (1 << 20))
+
+
+def entries():
+    """{key: (bytes, last used, paths)} of the cache's entries: each export with its
+    optimised models and their weights files (files being written left out)."""
+    found = {}
+    root = cache_dir()
+    for folder in (root, os.path.join(root, "optimized")):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            key = name[:64]
+            if not _KEY.fullmatch(key):
+                continue  # ".tmp-..." being written, the digests folder
+            path = os.path.join(folder, name)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            size, used, paths = found.get(key, (0, 0.0, ()))
+            found[key] = (size + stat.st_size, max(used, stat.st_mtime), paths + (path,))
+    return found
+
+
+def trim(keep):
+    """Remove whole entries, those used longest ago first, until the cache is within its
+    bound (limit_bytes); never the entry `keep` (the one in use). Returns the keys
+    removed."""
+    limit = limit_bytes()
+    found = entries()
+    total = sum(size for size, _, _ in found.values())
+    removed = []
+    for key, (size, _, paths) in sorted(found.items(), key=lambda item: item[1][1]):
+        if total <= limit:
+            break
+        if key == keep:
+            continue
+        for path in paths:
+            remove(path)  # a file another process has open stays readable to it
+        total -= size
+        removed.append(key)
+    return removed
 
 
 def _write_atomically(path, data):

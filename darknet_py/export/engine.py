@@ -84,6 +84,7 @@ class OnnxRuntimeEngine:
         if os.path.exists(optimized):
             try:
                 sess = session(optimized, self.threads, optimize=False)
+                cache.mark_used(optimized)
                 self.where = f"its optimised export read from {optimized}"
                 return sess
             except Exception as e:  # damaged: optimise the export again
@@ -98,6 +99,8 @@ class OnnxRuntimeEngine:
                 _warn_damaged(cache.entry_path(self.key), e, "exported again")
             else:
                 saved = staged and cache.keep_optimized(staged, self.key, tag)
+                if saved:
+                    cache.trim(self.key)
                 self.where = f"its export read from {cache.entry_path(self.key)}" + (
                     f", optimised and saved in {saved}" if saved else ""
                 )
@@ -138,6 +141,8 @@ class OnnxRuntimeEngine:
             cache.keep_optimized(staged, key, tag)
         else:
             cache.discard_staged(staged)
+        if path:
+            cache.trim(key)
         self.where = (
             f"exported, checked against NumPy and cached in {path}"
             if path
