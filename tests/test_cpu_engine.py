@@ -347,6 +347,33 @@ def test_the_cache_keeps_to_its_bound_dropping_the_entries_used_longest_ago(
     assert key_a in keys() and key_b not in keys() and len(keys()) == 2
 
 
+def test_a_cache_that_cannot_be_written_serves_from_memory(tmp_path, monkeypatch, exports):
+    cfg, weights = untrained_detector(tmp_path)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("DARKNET_ONNX_CACHE", str(blocked / "cache"))
+    image = photo(tmp_path)
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    assert net.engine == "onnxruntime"
+    assert net.inference_engine.where == "exported and checked against NumPy in memory"
+    want = head_outputs(darknet_py.load_network(cfg, weights, device="cpu", engine="numpy"), image)
+    got = head_outputs(net, image)
+    assert all(relative_difference(g, w) < CHECK_TOLERANCE for g, w in zip(got, want))
+    assert darknet_py.load_network(cfg, weights, device="cpu").engine == "onnxruntime"
+    assert len(exports) == 2  # nothing was cached: exported again
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")) == []
+
+
+def test_a_staged_entry_is_put_in_place_or_dropped_whole(cache):
+    from darknet_py.export import cache as cache_module
+
+    kept = cache_module.StagedEntry("a" * 64, b"model bytes")
+    assert kept.keep() == cache_module.entry_path("a" * 64)
+    assert cache_module.read_entry("a" * 64) == b"model bytes"
+    cache_module.StagedEntry("b" * 64, b"other bytes").discard()
+    assert sorted(p.name for p in cache.iterdir()) == ["a" * 64 + ".onnx"]
+
+
 def test_a_cache_bound_that_is_not_a_size_is_a_warning_and_the_default(monkeypatch):
     from darknet_py.export import cache as cache_module
 

@@ -122,7 +122,7 @@ def test_the_transform_matrices_compute_a_3x3_correlation():
         [[np.sum(tile[i : i + 3, j : j + 3] * kernel) for j in range(4)] for i in range(4)]
     )
     v = winograd.input_kernels().reshape(36, 36) @ tile.reshape(36)
-    u = winograd.transformed_weights(kernel[None, None]).reshape(36)
+    u = winograd.transformed_weights(kernel[None, None], np.float64).reshape(36)
     assert np.allclose((winograd.output_matrix() @ (u * v)).reshape(4, 4), direct, atol=1e-12)
     # the biases, added to the products at one position, reach each output exactly once
     b = winograd.transformed_biases(np.array([0.25]))
@@ -195,6 +195,8 @@ def test_the_engine_falls_back_to_plain_conv_when_winograd_misses_the_check(tmp_
     assert served.engine == "onnxruntime"
     (entry,) = (tmp_path / "cache").glob("*.onnx")
     assert "ConvTranspose" not in ops(onnx.load(str(entry)))
+    # the Winograd graph's bytes, written while it was checked, were dropped with it
+    assert not [p.name for p in (tmp_path / "cache").rglob(".tmp-*")]
 
 
 def test_the_cache_key_follows_the_winograd_source(monkeypatch):

@@ -13,7 +13,9 @@ class GraphBuilder:
         self.helper = onnx.helper
         self.dtype = np.dtype(dtype)  # the float type of activations and weights
         self.nodes = []
-        self.initializers = []
+        # The model under construction: each constant is written into its graph once, as
+        # it is made (a network's weights are then never copied from message to message).
+        self.model = onnx.ModelProto()
         self.shapes = {}  # tensor name -> per-image shape (tuple)
         self.outputs = {}  # layer index -> its output tensor
         self._names = 0
@@ -28,7 +30,12 @@ class GraphBuilder:
         """A constant tensor (an initializer) in the graph's float type unless dtype says."""
         array = np.asarray(value, dtype=dtype or self.dtype)
         name = self.fresh(hint)
-        self.initializers.append(self.onnx.numpy_helper.from_array(array, name))
+        tensor = self.model.graph.initializer.add()
+        tensor.name = name
+        tensor.data_type = self.helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        # ONNX's raw data is little-endian whatever the machine's order
+        tensor.raw_data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
         return name
 
     def ints(self, values, hint="ints"):

@@ -116,9 +116,10 @@ class OnnxRuntimeEngine:
 
         for form in ENGINE_GRAPH_FORMS:
             data = export_model(net, batch=None, winograd=form).SerializeToString()
+            entry = cache.StagedEntry(key, data) if key else None  # written meanwhile
             staged = cache.stage_optimized(key, tag) if key else None
-            sess, staged = self._optimizing_session(data, staged)
             try:
+                sess, staged = self._optimizing_session(data, staged)
                 x = np.random.default_rng(0).random((1,) + net.input_shape, dtype=np.float32)
                 diffs = compare(net, sess, x)
                 worst = max(diffs, key=diffs.get)
@@ -127,16 +128,15 @@ class OnnxRuntimeEngine:
                         f"ONNX Runtime differs from NumPy by {diffs[worst]:.2e} "
                         f"(over {CHECK_TOLERANCE:g}) on {worst}"
                     )
-            except ExportError:
+            except BaseException as e:
                 cache.discard_staged(staged)
-                if form is None:
-                    raise
-                continue
-            except BaseException:
-                cache.discard_staged(staged)
+                if entry:
+                    entry.discard()
+                if isinstance(e, ExportError) and form is not None:
+                    continue
                 raise
             break
-        path = cache.write_entry(key, data) if key else None
+        path = entry.keep() if entry else None
         if path and staged:
             cache.keep_optimized(staged, key, tag)
         else:

@@ -142,15 +142,16 @@ def _model(g, net, outputs, batch, opset, metadata):
         g.op("Identity", to, shape)
         g.nodes[-1].output[0] = name
         graph_outputs.append(helper.make_tensor_value_info(name, float_type, [dim, *shape]))
-    graph = helper.make_graph(
-        g.nodes,
-        "darknet",
-        [helper.make_tensor_value_info("input", float_type, [dim, *net.input_shape])],
-        graph_outputs,
-        g.initializers,
-    )
+    # Filled in place (helper.make_graph and make_model would copy the weights twice).
+    model = g.model
+    graph = model.graph
+    graph.name = "darknet"
+    graph.node.extend(g.nodes)
+    graph.input.append(helper.make_tensor_value_info("input", float_type, [dim, *net.input_shape]))
+    graph.output.extend(graph_outputs)
     opsets = [helper.make_opsetid("", opset)]
-    model = helper.make_model(graph, producer_name="darknet-py", opset_imports=opsets)
+    model.opset_import.extend(opsets)
+    model.producer_name = "darknet-py"
     # The oldest IR version the opset allows, so older runtimes read the file too.
     model.ir_version = max(7, helper.find_min_ir_version_for(opsets))
     helper.set_model_props(model, metadata)

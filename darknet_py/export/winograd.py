@@ -30,6 +30,8 @@ from ..shapes import conv_strides
 TILE = 4  # outputs per tile side: F(4x4, 3x3)
 SPAN = TILE + 2  # input tile side
 POSITIONS = SPAN * SPAN
+# 3x3 kernels transformed per float64 product (transformed_weights): 9 MB a slice
+_KERNELS_PER_SLICE = 1 << 15
 
 # Lavin & Gray's F(4, 3) for correlation: input transform B^T, kernel G, output A^T.
 B_T = np.array(
@@ -115,12 +117,20 @@ def chosen(layer, which):
     return winograd <= PAYS_BELOW * direct
 
 
-def transformed_weights(w):
-    """(K, C, 3, 3) -> the group=36 product's (36*K, C, 1, 1): G g G^T per position."""
+def transformed_weights(w, dtype=np.float32):
+    """(K, C, 3, 3) -> the group=36 product's (36*K, C, 1, 1): G g G^T per position,
+    computed in float64 and stored as `dtype`."""
     k, c = w.shape[:2]
-    # one matrix product by G (x) G, in float64 (einsum's loop took 0.5 s on yolov3-tiny)
-    u = np.kron(G, G) @ np.asarray(w, dtype=np.float64).reshape(k * c, 9).T
-    return u.reshape(POSITIONS * k, c, 1, 1)
+    # Matrix products by G (x) G in float64 (einsum's loop took 0.5 s on yolov3-tiny), a
+    # slice of the kernels at a time, each stored (rounded) as it comes: the whole
+    # float64 product (151 MB on yolov3-tiny) cost more in fresh pages than in arithmetic.
+    kernels = np.asarray(w).reshape(k * c, 9)
+    transform = np.kron(G, G)
+    out = np.empty((POSITIONS, k * c), dtype)
+    for start in range(0, k * c, _KERNELS_PER_SLICE):
+        part = kernels[start : start + _KERNELS_PER_SLICE].astype(np.float64)
+        out[:, start : start + len(part)] = transform @ part.T
+    return out.reshape(POSITIONS * k, c, 1, 1)
 
 
 def transformed_biases(biases):
