@@ -264,6 +264,17 @@ class _Bound(ast.expr):
         self.reader, self.function, self.call = reader, function, call
 
 
+def _joined(items, read):
+    """read(item) for each item, concatenated; None where one of them cannot be read."""
+    found = []
+    for item in items:
+        more = read(item)
+        if more is None:
+            return None
+        found += more
+    return found
+
+
 def _bound(tuples, reader, function, call):
     return [
         t if isinstance(t, _AnyParts) else [_Bound(e, reader, function, call) for e in t]
@@ -340,6 +351,19 @@ class Reader:
                 return found
         return []
 
+    def from_returns(self, call, read):
+        """read(reader, r) for each expression r the functions `call` names return, read
+        with the call's arguments bound and bound to them in turn; None where one cannot
+        be read."""
+        found = []
+        for reader, function, r in self.returned(call):
+            with reader.binding(function, call):
+                more = read(reader, r)
+            if more is None:
+                return None
+            found += _bound(more, reader, function, call)
+        return found
+
     def elements(self, node, depth=0):
         """The tuples (lists of part expressions) the elements of an iterated expression
         may be: a list built by appends, a literal, what a called function returns."""
@@ -356,41 +380,19 @@ class Reader:
                 parts = [node.left, node.right]
             else:
                 parts = [node.body, node.orelse]
-            found = []
-            for part in parts:
-                more = self.elements(part, depth + 1)
-                if more is None:
-                    return None
-                found += more
-            return found
+            return _joined(parts, lambda part: self.elements(part, depth + 1))
         if isinstance(node, (ast.List, ast.Tuple)):
-            found = []
-            for e in node.elts:
-                more = self._tuples(e, depth + 1)
-                if more is None:
-                    return None
-                found += more
-            return found
+            return _joined(node.elts, lambda e: self._tuples(e, depth + 1))
         if isinstance(node, ast.Call):
-            found = []
-            for reader, function, r in self.returned(node):
-                with reader.binding(function, node):
-                    more = reader.elements(r, depth + 1)
-                if more is None:
-                    return None
-                found += _bound(more, reader, function, node)
-            return found or None
+            return self.from_returns(node, lambda reader, r: reader.elements(r, depth + 1)) or None
         if isinstance(node, ast.Name):
             function = self.m.function_of(node)
             values = self._values_of(node, depth)
             if not values or function is None:
                 return None
-            found = []
-            for v in values:
-                more = self.elements(v, depth + 1)
-                if more is None:
-                    return None
-                found += more
+            found = _joined(values, lambda v: self.elements(v, depth + 1))
+            if found is None:
+                return None
             for call in ast.walk(function):  # name.append(x)
                 if (
                     isinstance(call, ast.Call)
@@ -456,13 +458,7 @@ class Reader:
             return [ast.Call(func=ast.Name(id="int"), args=[], keywords=[])]
         tuples = self._tuples(node.value, depth + 1)
         if tuples is None and isinstance(node.value, ast.Call):
-            tuples = []
-            for reader, function, r in self.returned(node.value):
-                with reader.binding(function, node.value):
-                    more = reader._tuples(r, depth + 1)
-                if more is None:
-                    return None
-                tuples += _bound(more, reader, function, node.value)
+            tuples = self.from_returns(node.value, lambda reader, r: reader._tuples(r, depth + 1))
         if not tuples or not all(isinstance(i, int) and i < len(t) for t in tuples):
             return None
         return [t[i] for t in tuples]
@@ -669,33 +665,14 @@ class Reader:
             return [_AnyParts()]  # set elsewhere (a plan a benchmark forces)
         if isinstance(node, (ast.IfExp, ast.BoolOp)):
             parts = [node.body, node.orelse] if isinstance(node, ast.IfExp) else node.values
-            found = []
-            for part in parts:
-                more = self._tuples(part, depth + 1)
-                if more is None:
-                    return None
-                found += more
-            return found
+            return _joined(parts, lambda part: self._tuples(part, depth + 1))
         if isinstance(node, ast.Name):
             values = self._values_of(node, depth)
             if not values:
                 return None
-            found = []
-            for v in values:
-                more = self._tuples(v, depth + 1)
-                if more is None:
-                    return None
-                found += more
-            return found
+            return _joined(values, lambda v: self._tuples(v, depth + 1))
         if isinstance(node, ast.Call):
-            found = []
-            for reader, function, r in self.returned(node):
-                with reader.binding(function, node):
-                    more = reader._tuples(r, depth + 1)
-                if more is None:
-                    return None
-                found += _bound(more, reader, function, node)
-            return found or None
+            return self.from_returns(node, lambda reader, r: reader._tuples(r, depth + 1)) or None
         if isinstance(node, ast.Subscript):
             values = self.literals(node)  # a module table's rows
             if values and all(isinstance(v, (tuple, list)) for v in values):
@@ -703,13 +680,7 @@ class Reader:
             parts = self.part_of(node, depth)
             if parts is None:
                 return None
-            found = []
-            for part in parts:
-                more = self._tuples(part, depth + 1)
-                if more is None:
-                    return None
-                found += more
-            return found
+            return _joined(parts, lambda part: self._tuples(part, depth + 1))
         return None
 
     # ---- kernel names --------------------------------------------------------------
