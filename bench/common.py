@@ -32,19 +32,21 @@ def gpu_name():
         return "unknown GPU"
 
 
-def merge_json(path, figures, gpu, digits=None):
+def merge_json(path, figures, gpu, digits=None, headline=True):
     """Add `figures` ({key: number}) to the JSON object in `path` (made if absent), with
-    `gpu` and the run's `date` (the latest run's), and each figure's own card and date under
-    "measured" (the file gathers figures of several runs and machines); rounded to `digits`
-    places where given."""
+    `gpu` and the run's `date` (the latest run's; headline=False leaves those to the GPU
+    runs, whose figures without a record of their own fall back on them), and each
+    figure's own card (or machine) and date under "measured" (the file gathers figures of
+    several runs and machines); rounded to `digits` places where given."""
     path = Path(path)
     data = json.loads(path.read_text()) if path.is_file() else {}
     data.update({k: v if digits is None else round(v, digits) for k, v in figures.items()})
-    data["gpu"] = gpu
-    data["date"] = utc_now()
+    date = utc_now()
+    if headline:
+        data["gpu"], data["date"] = gpu, date
     measured = data.setdefault("measured", {})
     for key in figures:
-        measured[key] = {"gpu": gpu, "date": data["date"]}
+        measured[key] = {"gpu": gpu, "date": date}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
+RESULTS_JSON = ROOT / "bench" / "results.json"
 OPENCV_PYTHON = ROOT / "bench" / ".venv-opencv4" / "bin" / "python"
 PHOTO = SHARED / "images" / "dog.jpg"
 BEGIN, END = "<!-- cpu_vs_opencv: begin -->", "<!-- cpu_vs_opencv: end -->"
@@ -209,7 +210,8 @@ def load_average():
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
-def machine(load_before):
+def cpu_name():
+    """This machine's CPU as results.json records it: "2 CPU cores (AMD EPYC)"."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
@@ -218,8 +220,12 @@ def machine(load_before):
                 break
     except OSError:
         pass
+    return f"{os.cpu_count()} CPU cores ({cpu})"
+
+
+def machine(load_before):
     return (
-        f"{os.cpu_count()} CPU cores ({cpu}), load average {load_before:.2f} before the "
+        f"{cpu_name()}, load average {load_before:.2f} before the "
         f"run and {load_average():.2f} after (other processes slow the engines, unevenly)"
     )
 
@@ -317,6 +323,30 @@ def main():
     if args.results:
         write_results(args.results, text)
         print(f"wrote {args.results}")
+        from bench.common import merge_json
+
+        merge_json(RESULTS_JSON, json_figures(rows, detect_s), cpu_name(), 3, headline=False)
+        print(f"wrote {RESULTS_JSON}")
+
+
+def json_figures(rows, detect_s):
+    """results.json's CPU keys: each network's forward on both engines and OpenCV's (ms),
+    the default engine's ratio to OpenCV's (goal <= 0.6), and the whole detect's seconds
+    on the default engine and on NumPy (goal: default <= numpy)."""
+    figures = {}
+    for r in rows:
+        net = "cpu_" + r["name"].replace("-", "").replace(" ", "_")  # cpu_yolov3tiny_416
+        figures.update(
+            {
+                f"{net}_forward_ms_numpy": r["darknet_py_ms"],
+                f"{net}_forward_ms_onnxruntime": r["onnxruntime_ms"],
+                f"{net}_forward_ms_opencv": r["opencv_ms"],
+                f"{net}_onnxruntime_over_opencv": r["onnxruntime_ratio"],
+            }
+        )
+    figures["cpu_detect_yolov3tiny_s_default"] = detect_s["default"]
+    figures["cpu_detect_yolov3tiny_s_numpy"] = detect_s["numpy"]
+    return {k: v for k, v in figures.items() if v == v}  # no NaN (no ONNX Runtime)
 
 
 if __name__ == "__main__":
