@@ -49,6 +49,7 @@ from .files import atomic_output, first_free_run, run_numbered, write_text_atomi
 from .network import DARKNET_FLAVOURS, build_network, load_network
 from .plurals import counted
 from .predictions import check_names
+from .processes import exit_process
 from .weights import floats_needed
 
 
@@ -1292,8 +1293,16 @@ def export_command(names, data, **options):
 
 
 def main(argv=None):
-    """Console entry point (`darknet-py`)."""
-    return cli.main(args=argv, prog_name=PROG)
+    """Console entry point (`darknet-py`). Given argv (tests, callers in Python) it returns
+    or raises SystemExit as click does; run as the command (argv None) it ends the process
+    when the command is done, skipping the interpreter's teardown (exit_process)."""
+    if argv is not None:
+        return cli.main(args=argv, prog_name=PROG)
+    try:
+        cli.main(prog_name=PROG)
+    except SystemExit as e:
+        exit_process(e.code)
+    exit_process(0)
 
 
 if __name__ == "__main__":

@@ -97,3 +97,31 @@ def trace_start(event):
     run's start goes."""
     if os.environ.get("DARKNET_TRACE_START") == "1":
         say(f"darknet-py: trace pid {os.getpid()}: {event} at {since_start():.3f} s")
+
+
+def exit_process(code):
+    """End the process with `code` (a SystemExit's: None, a number or a message) as the
+    interpreter's own exit does, less its last step. The command's threads are waited
+    for and the exit handlers run (multiprocessing's joins its workers, logging flushes),
+    then the standard streams are flushed; what Python would do after that is take every
+    module and object apart, memory the process is about to give back anyway: 40-70 ms
+    after a `detect` on a 2-core machine, a tenth of the whole command. Every file the
+    commands write is closed by then (with blocks, VideoWriter.release)."""
+    import atexit
+
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is None:  # an interpreter without it: the ordinary exit
+        sys.exit(code)
+    shutdown()  # as at a normal exit: executors told to stop, other threads joined
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed pipe, closed or no stream
+            pass
+    os._exit(code)

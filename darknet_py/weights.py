@@ -93,7 +93,7 @@ def _read_floats(path, need=None, at_least=False):
     check_input_file(path, "weights file", WeightsError)
     with open(path, "rb") as f:
         header, seen, transpose, offset = read_header(f, path)
-        body = f.read()
+        body = _read_rest(f)
     if len(body) % 4:
         raise WeightsError(
             f"{path}: {len(body)} bytes after the header is not a whole "
@@ -104,7 +104,23 @@ def _read_floats(path, need=None, at_least=False):
                 else ""
             )
         )
-    return header, seen, transpose, np.frombuffer(body, dtype="<f4"), offset
+    return header, seen, transpose, body.view("<f4"), offset
+
+
+def _read_rest(f):
+    """The rest of an open file as a uint8 array. Read straight into a NumPy array: a
+    bytes object of the same size costs three times as long to fill on a machine where
+    fresh pages are dear (NumPy asks for huge pages; 35 MB: ~10 ms against ~40)."""
+    size = max(os.fstat(f.fileno()).st_size - f.tell(), 0)
+    body = np.empty(size, np.uint8)
+    filled = 0
+    while filled < size:  # a file that shrank since its size was read gives what it has
+        got = f.readinto(memoryview(body)[filled:])
+        if not got:
+            return body[:filled]
+        filled += got
+    rest = f.read()  # a file that grew since: the whole of it, as a read to the end would
+    return np.concatenate([body, np.frombuffer(rest, np.uint8)]) if rest else body
 
 
 def _sizes(found_bytes, offset, need, at_least=False):

@@ -254,6 +254,15 @@ def host_param(rng, n, scale=0.0, kind="zeros"):
     return np.zeros(n)
 
 
+def initial_param(be, rng, n, scale=0.0, kind="zeros"):
+    """A backend array holding a parameter's first values (host_param's). Zeros, and the
+    draws a weights file is about to replace (rng None), are the backend's own zeros: no
+    host array to make and copy (for yolov3-tiny's weights that copy cost 18 ms)."""
+    if kind == "zeros" or (rng is None and kind in ("normal", "uniform")):
+        return be.zeros(n)
+    return be.from_host(host_param(rng, n, scale, kind))
+
+
 def momentum_update(be, args, param, update, weight_decay=False):
     """Darknet's SGD step for one parameter array and its accumulated update:
     (weights only) update -= decay*batch*param; param += lr/batch*update; update *= momentum.

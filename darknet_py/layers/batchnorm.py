@@ -25,7 +25,7 @@ fp32 keeps Darknet's passes, bit for bit.
 
 from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
-from .base import Layer, host_param, momentum_update
+from .base import Layer, initial_param, momentum_update
 
 ROLLING_KEEP = 0.99  # rolling statistics: keep * old + (1 - keep) * batch
 FORK_ROLLING_KEEP = 0.9
@@ -34,7 +34,7 @@ FORK_BN_EPS = 1e-5  # the fork's forward: (x - mean) / sqrt(var + eps)
 
 
 def bn_init_params(layer, be, rng, n):
-    layer.scales = be.from_host(host_param(rng, n, kind="ones"))
+    layer.scales = initial_param(be, rng, n, kind="ones")
     layer.rolling_mean = be.zeros(n)
     layer.rolling_variance = be.zeros(n)
 

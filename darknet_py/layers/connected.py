@@ -7,7 +7,7 @@ asked for) is the shared batchnorm code with one value per output (spatial 1).
 
 import math
 
-from .base import Layer, host_param, momentum_update, parse_activation
+from .base import Layer, initial_param, momentum_update, parse_activation
 from .batchnorm import (
     FORK_CONNECTED_ROLLING_KEEP,
     bn_activation_backward,
@@ -50,7 +50,7 @@ class ConnectedLayer(Layer):
     def init_params(self, be, rng):
         # Darknet: uniform in [-scale, scale] with scale = sqrt(2 / inputs), biases 0.
         scale = math.sqrt(2.0 / self.inputs)
-        self.weights = be.from_host(host_param(rng, self.nweights, scale, "uniform"))
+        self.weights = initial_param(be, rng, self.nweights, scale, "uniform")
         self.biases = be.zeros(self.outputs)
         if self.batch_normalize:
             bn_init_params(self, be, rng, self.outputs)

@@ -14,7 +14,14 @@ from .. import precision as precisions
 from ..activations import CHANNEL_ACTIVATIONS
 from ..shapes import conv_out_size, conv_strides
 from . import nhwc_forward
-from .base import Layer, host_param, momentum_update, parse_activation, refuse_options, source_layer
+from .base import (
+    Layer,
+    initial_param,
+    momentum_update,
+    parse_activation,
+    refuse_options,
+    source_layer,
+)
 from .batchnorm import (
     FORK_BN_EPS,
     bn_activation_backward,
@@ -187,12 +194,12 @@ class ConvolutionalLayer(Layer):
             return
         scale = math.sqrt(2.0 / (self.size * self.size * self.c / self.groups))
         if self.darknet == "alexeyab" and self.activation.startswith("normalize_channels"):
-            self.weights = be.from_host(host_param(rng, self.nweights, kind="ones"))
+            self.weights = initial_param(be, rng, self.nweights, kind="ones")
         else:
             # The fork draws scale * uniform(-1, 1) (std scale / sqrt 3), the original
             # scale * normal: a start of the fork's size trains as the fork's does.
             kind = "uniform" if self.darknet == "alexeyab" else "normal"
-            self.weights = be.from_host(host_param(rng, self.nweights, scale, kind))
+            self.weights = initial_param(be, rng, self.nweights, scale, kind)
         self.biases = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_params(self, be, rng, self.filters)

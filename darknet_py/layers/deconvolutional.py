@@ -13,7 +13,7 @@ loader divides by the layer's groups, 0 for a deconvolution); darknet-py reads w
 """
 
 from ..activations import CHANNEL_ACTIVATIONS
-from .base import Layer, filter_row, host_param, momentum_update, parse_activation
+from .base import Layer, filter_row, initial_param, momentum_update, parse_activation
 from .batchnorm import (
     bn_activation_backward,
     bn_allocate,
@@ -74,7 +74,7 @@ class DeconvolutionalLayer(Layer):
     # ---- buffers ----------------------------------------------------------------
     def init_params(self, be, rng):
         scale = INIT_SCALE * (self.out_w * self.out_h) / (self.w * self.h)
-        self.weights = be.from_host(host_param(rng, self.nweights, scale, "normal"))
+        self.weights = initial_param(be, rng, self.nweights, scale, "normal")
         self.biases = be.zeros(self.filters)
         if self.batch_normalize:
             bn_init_params(self, be, rng, self.filters)
