@@ -283,7 +283,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--detect-repeats", type=int, default=3)
+    ap.add_argument("--detect-repeats", type=int, default=9)
     ap.add_argument(
         "--pause",
         type=float,
