@@ -2,6 +2,7 @@
 
 from .cfg import CfgError
 from .export.engine import attach as _attach_engine
+from .export.engine import served_from_cache as _served_from_cache
 from .image import letterbox, load_image, resize_image
 from .network import ENGINE_HOOK, Network, build_network, load_network
 from .version import __version__
@@ -20,3 +21,4 @@ __all__ = [
 ]
 
 ENGINE_HOOK["attach"] = _attach_engine  # load_network's engine= (export/engine.py)
+ENGINE_HOOK["served_from_cache"] = _served_from_cache

@@ -550,3 +550,72 @@ def test_map_and_valid_note_the_engine_and_map_quiet_drops_it(tmp_path, cache):
         assert len([l for l in r.err.splitlines() if "inference on ONNX Runtime" in l]) == 1
     quiet = run_in_process(["map", cfg, data, weights, "--device", "cpu", "--quiet"])
     assert quiet.code == 0 and "inference on" not in quiet.err, quiet.err
+
+
+def cached_detector(directory):
+    """A detector whose optimised model is in the cache: the first load's inference made
+    it, so the next load_network leaves the weights pending."""
+    cfg, weights = wider_detector(directory)
+    darknet_py.load_network(cfg, weights, device="cpu").predict(
+        np.zeros((1, 3, 32, 32), np.float32)
+    )
+    return cfg, weights
+
+
+def pending(net):
+    return [layer.index for layer in net.layers if "pending_parameters" in vars(layer)]
+
+
+def same_parameters(net, reference):
+    return all(
+        np.array_equal(a, b)
+        for layer, ref in zip(net.layers, reference.layers)
+        for (_, a), (_, b) in zip(layer.params(), ref.params())
+    )
+
+
+def test_a_cache_hit_leaves_the_weights_unwritten_until_one_is_read(tmp_path, cache):
+    cfg, weights = cached_detector(tmp_path)
+    reference = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
+    assert pending(reference) == []
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    assert pending(net) and "weights" not in vars(net.layers[0])
+    x = np.random.default_rng(3).random((1, 3, 32, 32), dtype=np.float32)
+    got = net.predict(x).copy()
+    assert pending(net)  # ONNX Runtime served it from the cache: nothing read them
+    assert relative_difference(got, reference.predict(x)) < CHECK_TOLERANCE
+    assert np.array_equal(net.layers[0].weights, reference.layers[0].weights)
+    assert pending(net) == []  # the first read wrote them all
+    assert same_parameters(net, reference)
+    assert net.engine == "onnxruntime"  # reading is not changing: no export again
+
+
+@pytest.mark.parametrize("use", ["train", "save", "resize", "numpy forward", "export"])
+def test_every_use_of_pending_weights_sees_the_files_values(tmp_path, cache, use):
+    cfg, weights = cached_detector(tmp_path)
+    net = darknet_py.load_network(cfg, weights, device="cpu")
+    reference = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
+    assert pending(net)
+    x = np.random.default_rng(1).random((1, 3, 32, 32), dtype=np.float32)
+    if use == "train":
+        truth = np.zeros((1, 90 * 5), np.float32)
+        truth[0, :5] = (0.5, 0.5, 0.3, 0.3, 2)
+        assert net.train_pass(x, truth) == reference.train_pass(x, truth)
+    elif use == "save":
+        net.save_weights(tmp_path / "again.weights")
+        assert (tmp_path / "again.weights").read_bytes() == Path(weights).read_bytes()
+    elif use == "resize":
+        net.resize(64, 64)
+        reference.resize(64, 64)
+    elif use == "numpy forward":
+        net.inference_engine = None
+        assert np.array_equal(net.predict(x), reference.predict(x))
+    else:  # the cached model damaged and its export gone: exported again, from the file's values
+        for path in cache.rglob("*"):
+            if path.is_file():
+                path.write_bytes(b"damaged")
+        with pytest.warns(EngineCacheWarning):
+            got = net.predict(x)
+        assert relative_difference(got, reference.predict(x)) < CHECK_TOLERANCE
+    assert pending(net) == []
+    assert same_parameters(net, reference)

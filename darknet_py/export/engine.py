@@ -231,6 +231,23 @@ def attach(net, engine, weights=None, seed=0, cutoff=None, transfer=False):
     )
 
 
+def served_from_cache(net, engine, weights, seed=0, cutoff=None, transfer=False):
+    """Whether `engine` will serve this freshly built `net` from an optimised model already
+    in the cache, so that load_network may leave the weights unwritten
+    (weights.PendingParameters): nothing on that path reads them."""
+    if engine not in (None, "auto", "onnxruntime") or net.be.name != "cpu":
+        return False
+    if cutoff is not None or transfer or _why_numpy(net, weights):
+        return False
+    if not os.path.isfile(weights):  # the loader refuses it by name (a pipe would block here)
+        return False
+    key = cache.entry_key(net, weights, seed, cutoff, transfer)
+    if key is None:
+        return False
+    ort = require("onnxruntime")
+    return os.path.exists(cache.optimized_path(key, cache.runtime_tag(ort.__version__)))
+
+
 def _why_numpy(net, weights):
     """Why the default engine is NumPy for this network, or None."""
     if not onnxruntime_installed():

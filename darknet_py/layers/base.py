@@ -65,6 +65,18 @@ class Layer:
     shared_delta = None
     shared_output = None  # a view of an array other layers' outputs use too (output_plan.py)
 
+    def __getattr__(self, name):
+        # Reached only when the attribute is missing: a parameter load_network left
+        # pending (weights.PendingParameters) is written, with all the others, on its
+        # first read.
+        pending = self.__dict__.get("pending_parameters")
+        if pending is not None and any(
+            layer is self and n == name for layer, n, _, _ in pending.held
+        ):
+            pending.write()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def __init__(self, index, section, c, h, w, inputs, ctx):
         self.index = index
         self.section = section

@@ -234,9 +234,11 @@ def host_memory_bytes():
 
 
 # export/engine.py's attach(net, engine, weights, seed, cutoff, transfer), which puts
-# load_network's engine= into effect; darknet_py's __init__ installs it (the export
-# package stands on a higher floor than this module).
-ENGINE_HOOK = {"attach": None}
+# load_network's engine= into effect, and its served_from_cache (same arguments), whether
+# ONNX Runtime will serve the network from its cache (then the weights wait unwritten:
+# weights.PendingParameters); darknet_py's __init__ installs them (the export package
+# stands on a higher floor than this module).
+ENGINE_HOOK = {"attach": None, "served_from_cache": None}
 
 
 def load_network(
@@ -289,7 +291,13 @@ def load_network(
     )
     net.transfer_report = None
     if weights is not None:
-        loaded = net.load_weights(weights, cutoff, transfer=transfer)
+        cached = ENGINE_HOOK["served_from_cache"]
+        defer = cached is not None and cached(net, engine, weights, seed, cutoff, transfer)
+        loaded = (
+            load_weights(net, weights, defer=True)
+            if defer
+            else net.load_weights(weights, cutoff, transfer=transfer)
+        )
         if not isinstance(loaded, int):
             net.transfer_report = loaded
     net.names = names

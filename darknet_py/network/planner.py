@@ -21,6 +21,7 @@ from ..layout_plan import assign_layouts, nhwc_from_environment
 from ..net_options import NetworkError
 from ..output_plan import plan_outputs, share_output_arrays
 from ..output_storage import assign_output_storage, plan_output_storage
+from ..weights import write_pending_parameters
 from .arguments import switch, whole_number
 
 
@@ -306,6 +307,7 @@ class NetworkPlanner:
         o = self.options
         if (width, height) == (o.width, o.height):
             return
+        write_pending_parameters(self)  # the old layers' attributes are carried over below
         old_size = (o.width, o.height, o.inputs)
         o.width, o.height, o.inputs = width, height, width * height * o.channels
         old = self.layers
