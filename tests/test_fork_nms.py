@@ -82,3 +82,35 @@ def test_the_kind_comes_from_the_networks_last_layer():
         backend=NumpyBackend(),
     )
     assert nms_kind(tail) == ("default", 0.6)
+
+
+def crowded_detections(seed, count=600, classes=20):
+    """Many overlapping boxes, some of no area (their IoU is NaN), probabilities with ties
+    and zeros: what a network early in training scores above a low threshold."""
+    rng = np.random.default_rng(seed)
+    boxes = rng.uniform(0.3, 0.7, (count, 4)).astype(np.float32)
+    boxes[:, 2:] = rng.uniform(0.0, 0.4, (count, 2))
+    boxes[::37, 2] = 0  # no width
+    probs = np.round(rng.uniform(-0.5, 1, (count, classes)), 2).clip(0).astype(np.float32)
+    return [
+        Detection(box=tuple(map(float, b)), objectness=1.0, probs=p.copy())
+        for b, p in zip(boxes, probs)
+    ]
+
+
+@pytest.mark.parametrize("kind", NMS_KINDS)
+def test_pairs_compared_once_keep_what_row_by_row_keeps(kind, monkeypatch):
+    """do_nms_sort's overlaps of every pair at once (PAIRWISE_MAX_BOXES) against its row by
+    row form, which it keeps for more boxes than that: the same boxes, probabilities and
+    order, bit for bit."""
+    import darknet_py.boxes as boxes_module
+
+    once = crowded_detections(7)
+    do_nms_sort(once, 20, 0.45, kind, 0.6)
+    monkeypatch.setattr(boxes_module, "PAIRWISE_MAX_BOXES", 0)
+    rows = crowded_detections(7)
+    do_nms_sort(rows, 20, 0.45, kind, 0.6)
+    assert [d.box for d in once] == [d.box for d in rows]
+    np.testing.assert_array_equal(np.array([d.probs for d in once]), [d.probs for d in rows])
+    kept = np.array([d.probs for d in once]) > 0
+    assert 0 < kept.sum() < (np.array([d.probs for d in crowded_detections(7)]) > 0).sum()
