@@ -248,9 +248,11 @@ class PendingParameters:
                 shape = _connected_shape(layer, name, arr) if transpose else None
                 self.held.append((layer, name, arr, shape))
         self.be = net.be
+        self.names = {}  # id(layer) -> the attributes it waits for (Layer.__getattr__)
         for layer, name, _, _ in self.held:
             del layer.__dict__[name]
             layer.__dict__["pending_parameters"] = self
+            self.names.setdefault(id(layer), set()).add(name)
 
     @staticmethod
     def possible(net, layers):
@@ -259,10 +261,10 @@ class PendingParameters:
         if net.be.name != "cpu" or any(getattr(l, "share", None) is not None for l in net.layers):
             return False
         for layer in layers:
-            names = [name for name, _ in _arrays(layer)]
-            if len(set(names)) != len(names):
+            arrays = _arrays(layer)
+            if len({name for name, _ in arrays}) != len(arrays):
                 return False
-            for name, arr in _arrays(layer):
+            for name, arr in arrays:
                 if layer.__dict__.get(name) is not arr or any(
                     name in vars(cls) for cls in type(layer).__mro__
                 ):
@@ -284,7 +286,7 @@ class PendingParameters:
             for layer, name, arr, _ in self.held:
                 layer.__dict__[name] = arr
                 layer.__dict__.pop("pending_parameters", None)
-            self.data = None
+            self.data, self.names = None, {}
 
 
 def write_pending_parameters(net):

@@ -619,3 +619,29 @@ def test_every_use_of_pending_weights_sees_the_files_values(tmp_path, cache, use
         assert relative_difference(got, reference.predict(x)) < CHECK_TOLERANCE
     assert pending(net) == []
     assert same_parameters(net, reference)
+
+
+def test_threads_reading_pending_weights_at_once_all_see_the_files_values(tmp_path, cache):
+    import threading
+
+    cfg, weights = cached_detector(tmp_path)
+    reference = darknet_py.load_network(cfg, weights, device="cpu", engine="numpy")
+    convolutions = [l.index for l in reference.layers if l.type == "convolutional"][:2]
+    for _ in range(5):
+        net = darknet_py.load_network(cfg, weights, device="cpu")
+        assert pending(net)
+        start, seen = threading.Barrier(4), []
+
+        def read(index):
+            start.wait()
+            seen.append((index, np.array(net.layers[index].weights)))
+
+        threads = [threading.Thread(target=read, args=(convolutions[i % 2],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(seen) == 4
+        for index, values in seen:
+            assert np.array_equal(values, reference.layers[index].weights)
+        assert pending(net) == []

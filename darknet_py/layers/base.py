@@ -70,10 +70,9 @@ class Layer:
         # pending (weights.PendingParameters) is written, with all the others, on its
         # first read.
         pending = self.__dict__.get("pending_parameters")
-        if pending is not None and any(
-            layer is self and n == name for layer, n, _, _ in pending.held
-        ):
+        if pending is not None and name in pending.names.get(id(self), ()):
             pending.write()
+        if name in self.__dict__:  # written now, or by another thread since the lookup
             return self.__dict__[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
