@@ -36,7 +36,8 @@ def check_input_file(path, what, error):
     except ValueError:  # a NUL byte in the path
         raise error(f"{path!r}: not a valid path (it holds a NUL byte)") from None
     if stat.S_ISDIR(mode):
-        raise error(f"{path}: is a directory, not the {what} file")
+        noun = what if what.endswith("file") else f"{what} file"  # "weights file", "image file"
+        raise error(f"{path}: is a directory, not the {noun}")
     if not stat.S_ISREG(mode):
         raise error(
             f"{path}: not a regular file (a pipe, socket or device); give the {what} as a file"

@@ -37,6 +37,11 @@ def test_check_input_file_refuses_what_is_not_a_regular_file(tmp_path):
             check_input_file(path, "thing", ValueError)
     (tmp_path / "ok").write_text("x")
     assert check_input_file(tmp_path / "ok", "thing", ValueError) == str(tmp_path / "ok")
+    # the file's kind named once: "weights file" is not "weights file file"
+    for what, noun in (("weights file", "the weights file"), ("image", "the image file")):
+        with pytest.raises(ValueError) as refused:
+            check_input_file(tmp_path, what, ValueError)
+        assert str(refused.value) == f"{tmp_path}: is a directory, not {noun}"
 
 
 def test_refuse_overwrite_names_existing_outputs_unless_told(tmp_path):
